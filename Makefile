@@ -1,0 +1,35 @@
+# The two commands of the README's quick start, and the checks behind them. Each target installs what it
+# needs into .venv first (uv resolves the pinned set in seconds; plain pip backtracks for minutes).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: demo test lint types unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)          ## the main job on the embedded default
+	$(BIN)/gpucert demo
+
+test: lint types unit   ## everything CI runs
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+bench: $(STAMP)         ## detection quality and compare speed: figures, not pass/fail
+	$(BIN)/python benchmarks/detection.py
+	$(BIN)/python benchmarks/compare_speed.py
+
+clean:
+	rm -rf $(VENV) gpucert-demo .pytest_cache .mypy_cache .ruff_cache

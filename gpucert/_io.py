@@ -1,0 +1,39 @@
+"""Writing tables to files without ever leaving half of one behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import InputError
+
+__all__ = ["TABLE_SUFFIXES", "write_table"]
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+def write_table(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+    """Write ``frame`` as CSV or Parquet (by suffix) through a temporary file and an atomic rename."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise InputError(f"{target}: write .csv or .parquet (got {suffix or 'no suffix'!r})")
+    if not target.parent.exists():
+        raise InputError(f"{target}: the folder {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        if suffix == ".csv":
+            frame.to_csv(tmp, index=False)
+        else:
+            frame.to_parquet(tmp, index=False)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target

@@ -1,0 +1,119 @@
+"""The ``gpucert`` command line.
+
+Exit status: 0 done; 2 bad input (a file, flag or policy to fix; the message names it); 3 verdicts at or
+above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind). A user
+never sees a traceback: set ``GPUCERT_DEBUG=1`` to get one when reporting a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import GpucertError, InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS = 0, 1, 2, 3
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpucert",
+        description="Prove that a Kubernetes GPU cluster runs at the speed it was paid for.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpucert {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    compare = commands.add_parser(
+        "compare", help="judge benchmark results against the baselines and write verdicts",
+        description="Judge RESULTS (CSV, Parquet or JSON lines) against the store's current baselines. "
+        "Exits 0 when verdicts were written, whatever they say; 3 with --fail-on when a verdict reaches "
+        "it; 2 on bad input.",
+    )
+    compare.add_argument("results", nargs="+", metavar="RESULTS")
+    compare.add_argument("--baselines", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    compare.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
+    compare.add_argument("--out", required=True, metavar="VERDICTS", help="a .csv or .parquet file to write")
+    compare.add_argument("--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse")
+    compare.add_argument("--version-of-baseline", metavar="VERSION", dest="baseline_version",
+                         help="judge against this baseline version instead of the current one")
+
+    baseline = commands.add_parser("baseline", help="build, list, roll back or re-seed baselines")
+    actions = baseline.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = actions.add_parser("build", help="merge what passing runs teach into a new baseline version")
+    build.add_argument("results", nargs="+", metavar="RESULTS")
+    build.add_argument("--store", required=True, metavar="URI")
+    build.add_argument("--policy", metavar="FILE")
+    build.add_argument("--stack", metavar="FILE", help="stack.json: the versions the runs were made on")
+    rollback = actions.add_parser("rollback", help="make an earlier version current again")
+    rollback.add_argument("version", metavar="VERSION")
+    rollback.add_argument("--store", required=True, metavar="URI")
+    rebuild = actions.add_parser(
+        "rebuild", help="forget the own baselines of nodes (after a repair or stack change) to re-seed them"
+    )
+    rebuild.add_argument("nodes", nargs="+", metavar="NODE")
+    rebuild.add_argument("--store", required=True, metavar="URI")
+    rebuild.add_argument("--results", nargs="*", default=[], metavar="RESULTS",
+                         help="seed the forgotten baselines from these runs at once")
+    rebuild.add_argument("--policy", metavar="FILE")
+    listing = actions.add_parser("list", help="the baseline versions, oldest first")
+    listing.add_argument("--store", required=True, metavar="URI")
+
+    demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
+    demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
+    demo.add_argument("--nodes", type=int, default=16)
+    demo.add_argument("--seed", type=int, default=7)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except InputError as exc:
+        print(f"gpucert: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except GpucertError as exc:
+        print(f"gpucert: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("gpucert: interrupted; nothing half-written was left behind", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last line of defence: a bug, reported without a wall of traceback
+        if os.environ.get("GPUCERT_DEBUG"):
+            traceback.print_exc()
+        print(f"gpucert: internal error: {type(exc).__name__}: {exc} "
+              "(set GPUCERT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from . import commands  # the heavy imports (pandas) only once the arguments parsed
+
+    if args.command == "compare":
+        return commands.compare(args.results, baselines=args.baselines, policy_file=args.policy, out=args.out,
+                                fail_on=args.fail_on, baseline_version=args.baseline_version)
+    if args.command == "baseline":
+        if args.action == "build":
+            return commands.baseline_build(args.results, store=args.store, policy_file=args.policy,
+                                           stack_file=args.stack)
+        if args.action == "rollback":
+            return commands.baseline_rollback(args.version, store=args.store)
+        if args.action == "rebuild":
+            return commands.baseline_rebuild(args.nodes, store=args.store, results=args.results,
+                                             policy_file=args.policy)
+        return commands.baseline_list(store=args.store)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(workdir=args.workdir, nodes=args.nodes, seed=args.seed)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

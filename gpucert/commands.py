@@ -1,0 +1,150 @@
+"""What each ``gpucert`` command does, as plain functions the command line and the tests call.
+
+Each checks the cheap things first (the policy, the output path) so a typo fails in milliseconds, not
+after reading a fleet's results; each writes its output whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from ._io import TABLE_SUFFIXES, write_table
+from .baseline import build_baseline, forget
+from .errors import InputError
+from .policy import load_policy
+from .results import read_results
+from .store import open_store
+from .verdict import judge
+
+__all__ = ["baseline_build", "baseline_list", "baseline_rebuild", "baseline_rollback", "compare", "summarize"]
+
+_ORDER = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
+
+
+def _check_out(out: str) -> None:
+    path = Path(out)
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise InputError(f"--out {out}: write .csv or .parquet")
+    if not path.parent.exists():
+        raise InputError(f"--out {out}: the folder {path.parent} does not exist")
+
+
+def summarize(verdicts: pd.DataFrame) -> str:
+    """One line: how many verdicts of each kind, and fleet findings apart."""
+    fleet = verdicts["reference_kind"] == "fleet"
+    counts = verdicts.loc[~fleet, "verdict"].value_counts()
+    parts = [f"{counts.get(v, 0):,} {v}" for v in ("pass", "warn", "fail", "inconclusive")]
+    line = f"{int((~fleet).sum()):,} verdicts: " + ", ".join(parts)
+    if fleet.any():
+        line += f"; {int(fleet.sum())} fleet-level finding{'s' if fleet.sum() != 1 else ''}"
+    return line
+
+
+def compare(
+    results: Sequence[str],
+    *,
+    baselines: str,
+    policy_file: str | None,
+    out: str,
+    fail_on: str | None = None,
+    baseline_version: str | None = None,
+) -> int:
+    policy = load_policy(policy_file)
+    _check_out(out)
+    store = open_store(baselines)
+    frame = read_results(results)
+    table = store.read(baseline_version)
+    if table.empty:
+        print("gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only")
+    verdicts = judge(frame, table, policy)
+    write_table(verdicts, out)
+    print(f"wrote {out}: {summarize(verdicts)}")
+    if fail_on is not None:
+        entity = verdicts[verdicts["reference_kind"] != "fleet"]
+        worst = entity["verdict"].map(_ORDER).max() if len(entity) else 0
+        if worst >= _ORDER[fail_on]:
+            return 3
+    return 0
+
+
+def _read_stack(stack_file: str | None) -> dict[str, str]:
+    if stack_file is None:
+        return {}
+    try:
+        loaded = json.loads(Path(stack_file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"--stack {stack_file}: cannot read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--stack {stack_file}: not JSON ({exc})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, str) for v in loaded.values()):
+        raise InputError(f"--stack {stack_file}: expected an object of component → version strings")
+    return {str(k): v for k, v in loaded.items()}
+
+
+def baseline_build(
+    results: Sequence[str], *, store: str, policy_file: str | None, stack_file: str | None
+) -> int:
+    policy = load_policy(policy_file)
+    stack = _read_stack(stack_file)
+    target = open_store(store)
+    frame = read_results(results)
+    reports = []
+
+    def merge(table: pd.DataFrame) -> pd.DataFrame:
+        built, report = build_baseline(table, frame, policy=policy, stack=stack)
+        reports.append(report)
+        return built
+
+    runs = ", ".join(sorted(frame["run_id"].unique().astype(str)))
+    version = target.update(merge, message=f"baseline build from {runs}")
+    report = reports[-1]
+    print(
+        f"baseline {version} is current: {len(report.runs)} run(s); {report.seeded:,} own baselines seeded or "
+        f"extended, {report.held:,} held, {report.rejected:,} entities not passing left out, "
+        f"{report.models} model references rebuilt"
+    )
+    return 0
+
+
+def baseline_rollback(version: str, *, store: str) -> int:
+    target = open_store(store)
+    target.rollback(version)
+    print(f"baseline {version} is current again")
+    return 0
+
+
+def baseline_rebuild(
+    nodes: Sequence[str], *, store: str, results: Sequence[str], policy_file: str | None
+) -> int:
+    policy = load_policy(policy_file)
+    target = open_store(store)
+    frame = read_results(results) if results else None
+    dropped: list[int] = []
+
+    def reseed(table: pd.DataFrame) -> pd.DataFrame:
+        kept, count = forget(table, nodes)
+        dropped.append(count)
+        if frame is not None:
+            kept, _ = build_baseline(kept, frame[frame["node"].isin(nodes)], policy=policy)
+        return kept
+
+    version = target.update(reseed, message=f"baseline rebuild {' '.join(nodes)}")
+    how = "re-seeded from the given runs" if frame is not None else "to be seeded by their next passing runs"
+    print(f"baseline {version} is current: {dropped[-1]:,} own baselines of {len(nodes)} node(s) forgotten, {how}")
+    return 0
+
+
+def baseline_list(*, store: str) -> int:
+    target = open_store(store)
+    versions = target.versions()
+    if not versions:
+        print(f"{target.uri}: no baseline versions yet")
+        return 0
+    for info in versions:
+        mark = "*" if info.is_current else " "
+        print(f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}")
+    return 0

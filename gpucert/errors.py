@@ -1,0 +1,107 @@
+"""The errors gpucert raises, and what each one means to the caller.
+
+Every error a user can cause or fix derives from :class:`GpucertError`; the command line turns
+:class:`InputError` into exit status 2 and a message that names the file, row, field or node, and
+never shows a traceback for any of them::
+
+    GpucertError
+    ├── InputError              bad input: the user must fix a file, a flag or a policy (exit 2)
+    │   ├── ResultsError        a results file breaks the data contract (carries every problem found)
+    │   ├── PolicyError         a policy file has an unknown key, a wrong type or an impossible value
+    │   └── BaselineFormatError a stored baseline does not have the contract's columns or types
+    └── StoreError              the baseline store could not do what was asked
+        ├── StoreConflict       another writer moved ``baselines/current`` first (retry the update)
+        ├── VersionNotFound     no such baseline version (rollback to a typo, or an empty store)
+        └── StoreUnavailable    the backend failed (I/O error, S3 5xx, a dropped connection)
+
+Nothing here is retried automatically except :class:`StoreConflict`, which
+:meth:`gpucert.store.BaselineStore.update` retries by re-reading and re-merging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "BaselineFormatError",
+    "GpucertError",
+    "InputError",
+    "PolicyError",
+    "Problem",
+    "ResultsError",
+    "StoreConflict",
+    "StoreError",
+    "StoreUnavailable",
+    "VersionNotFound",
+]
+
+
+class GpucertError(Exception):
+    """Base of every error gpucert raises on purpose."""
+
+
+class InputError(GpucertError):
+    """The user gave input gpucert cannot use; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input file: where it is and what is wrong.
+
+    ``row`` is the 1-based line of a CSV or JSON-lines file (the header is line 1 of a CSV), or the
+    1-based row of a Parquet file; ``None`` when the problem is about the whole file or a column.
+    """
+
+    message: str
+    row: int | None = None
+    column: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.column is not None:
+            where.append(f"column {self.column!r}")
+        return f"{', '.join(where)}: {self.message}" if where else self.message
+
+
+class ResultsError(InputError):
+    """A results file breaks the data contract; ``problems`` lists what was found, worst first."""
+
+    #: How many problems the message spells out; the rest are counted.
+    SHOWN = 12
+
+    def __init__(self, source: str, problems: Sequence[Problem], *, total: int | None = None) -> None:
+        self.source = source
+        self.problems = list(problems)
+        self.total = total if total is not None else len(self.problems)
+        lines = [f"{source}: {self.total} problem{'s' if self.total != 1 else ''} in the results"]
+        lines += [f"  {p}" for p in self.problems[: self.SHOWN]]
+        if self.total > self.SHOWN:
+            lines.append(f"  … and {self.total - self.SHOWN} more")
+        super().__init__("\n".join(lines))
+
+
+class PolicyError(InputError):
+    """A policy file cannot be used as written."""
+
+
+class BaselineFormatError(InputError):
+    """A baseline table does not follow the contract of DESIGN.md."""
+
+
+class StoreError(GpucertError):
+    """The baseline store could not complete an operation."""
+
+
+class StoreConflict(StoreError):
+    """A conditional write lost: ``current`` is no longer the version the writer read."""
+
+
+class VersionNotFound(StoreError):
+    """The baseline version asked for does not exist in the store."""
+
+
+class StoreUnavailable(StoreError):
+    """The storage backend failed; nothing was changed."""

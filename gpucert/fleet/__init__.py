@@ -1,0 +1,60 @@
+"""The simulated GPU fleet: healthy noise and injected faults, emitted in the results contract.
+
+One model serves the tests, the detection benchmark, the demo and the simulated cluster::
+
+    fleet = Fleet.generate(nodes=16, seed=1)
+    wave = fleet.run("night-1", ts=now, seed=7, faults=[Fault("pcie_gen4", fleet.node_names[3], gpu=2)])
+    wave.results   # DESIGN.md "Results", with the dtypes of gpucert._frames.RESULT_DTYPES
+    wave.truth     # one row per injected fault: kind, scope, expected cause, signature, cost, params
+
+``_model.py`` holds identities, noise and the wave generator (REFERENCE §1.1, §2, §3 "Healthy
+generator"); ``_faults.py`` holds the fault catalog (REFERENCE §3 table).
+"""
+
+from ._faults import (
+    CAUSES,
+    FAULTS,
+    Bernoulli,
+    Choice,
+    Fault,
+    FaultSpec,
+    IntUniform,
+    LogUniform,
+    ResolvedFault,
+    Uniform,
+    random_faults,
+)
+from ._model import (
+    DEFAULT_NOISE,
+    GPU_PERF_METRICS,
+    GPU_TELEMETRY_METRICS,
+    MODELS,
+    NODE_PERF_METRICS,
+    Fleet,
+    ModelSpec,
+    NoiseModel,
+    Wave,
+)
+
+__all__ = [
+    "CAUSES",
+    "DEFAULT_NOISE",
+    "FAULTS",
+    "GPU_PERF_METRICS",
+    "GPU_TELEMETRY_METRICS",
+    "MODELS",
+    "NODE_PERF_METRICS",
+    "Bernoulli",
+    "Choice",
+    "Fault",
+    "FaultSpec",
+    "Fleet",
+    "IntUniform",
+    "LogUniform",
+    "ModelSpec",
+    "NoiseModel",
+    "ResolvedFault",
+    "Uniform",
+    "Wave",
+    "random_faults",
+]

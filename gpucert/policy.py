@@ -1,0 +1,213 @@
+"""The certification policy: every threshold the verdict engine uses, with defaults from REFERENCE.md.
+
+The defaults live in ``gpucert/data/policy.yaml`` (commented, one place to read them). A user's policy
+file is merged over them key by key, so it names only what it changes; an unknown key, a wrong type or
+an impossible value is a :class:`~gpucert.errors.PolicyError` that names the file and the key path.
+Spec floors per GPU model come from ``gpucert/data/spec_floors.csv`` unless a policy names its own file.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import PolicyError
+from .metrics import METRICS, PERF_METRICS
+
+__all__ = ["MetricPolicy", "Policy", "default_policy", "load_policy", "spec_floors"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MetricPolicy(_Strict):
+    cv_rep: float = Field(gt=0, lt=1, description="expected run-to-run coefficient of variation")
+    cv_unit: float = Field(gt=0, lt=1, description="expected GPU-to-GPU (or node-to-node) CV")
+    warn_drop_pct: float = Field(gt=0, lt=100)
+    warn_z: float = Field(gt=0)
+    fail_drop_pct: float = Field(gt=0, lt=100)
+    node_drop_pct: float | None = Field(default=None, gt=0, lt=100)
+
+    @model_validator(mode="after")
+    def _fail_beyond_warn(self) -> MetricPolicy:
+        if self.fail_drop_pct < self.warn_drop_pct:
+            raise ValueError("fail_drop_pct must be at least warn_drop_pct")
+        return self
+
+
+class RepeatsPolicy(_Strict):
+    unstable_factor: float = Field(gt=1)
+    transient_pct: float = Field(gt=0, lt=100)
+
+
+class PeersPolicy(_Strict):
+    min_nodes: int = Field(ge=2)
+    cv_floor_factor: float = Field(gt=0, le=1)
+    with_history_z: float = Field(gt=0)
+
+
+class NodeWidePolicy(_Strict):
+    drop_factor: float = Field(gt=0, le=1)
+    z: float = Field(gt=0)
+    cause_share: float = Field(gt=0, le=1)
+
+
+class FleetPolicy(_Strict):
+    min_gpus: int = Field(ge=2)
+    min_nodes: int = Field(ge=1)
+    report_pct: float = Field(gt=0, lt=100)
+
+
+class GatesPolicy(_Strict):
+    pcie_replays_per_min: float = Field(ge=0)
+    pcie_replays_replace_per_min: float = Field(ge=0)
+    hw_slowdown_frac: float = Field(ge=0, le=1)
+    temp_margin_c: float = Field(ge=0)
+    power_limit_tolerance_pct: float = Field(ge=0, lt=100)
+    sbe_volatile_warn: float = Field(ge=0)
+    nvlink_crc_errors: float = Field(ge=0)
+    xid_repeat_warn: int = Field(ge=1)
+
+
+class BaselinePolicy(_Strict):
+    seed_runs: int = Field(ge=1, le=50)
+    trim_pct: float = Field(gt=0, lt=100)
+    min_model_samples: int = Field(ge=1)
+
+
+class BlastRadiusPolicy(_Strict):
+    min_nodes: int = Field(ge=0)
+    fraction: float = Field(ge=0, le=1)
+
+
+class Policy(_Strict):
+    metrics: dict[str, MetricPolicy]
+    repeats: RepeatsPolicy
+    peers: PeersPolicy
+    node_wide: NodeWidePolicy
+    fleet: FleetPolicy
+    gates: GatesPolicy
+    baseline: BaselinePolicy
+    blast_radius: BlastRadiusPolicy
+    observe_only: bool = False
+    spec_floors_file: str | None = Field(
+        default=None, description="a CSV of gpu_model,metric,floor replacing the shipped floors"
+    )
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> Policy:
+        unknown = sorted(set(self.metrics) - set(PERF_METRICS))
+        if unknown:
+            raise ValueError(f"metrics: {', '.join(unknown)} not performance metrics of the registry")
+        missing = sorted(set(PERF_METRICS) - set(self.metrics))
+        if missing:
+            raise ValueError(f"metrics: no thresholds for {', '.join(missing)}")
+        return self
+
+    def max_tainted_nodes(self, gpu_nodes: int) -> int:
+        """How many nodes one run may taint before the blast-radius guard stops it (DESIGN.md)."""
+        return max(self.blast_radius.min_nodes, math.floor(self.blast_radius.fraction * gpu_nodes))
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _defaults() -> dict[str, Any]:
+    text = resources.files("gpucert").joinpath("data/policy.yaml").read_text(encoding="utf-8")
+    loaded = yaml.safe_load(text)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _build(raw: Mapping[str, Any], source: str) -> Policy:
+    try:
+        return Policy.model_validate(_merge(_defaults(), raw))
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            problems.append(f"  {where}: {err['msg']}")
+        raise PolicyError(f"{source}: invalid policy\n" + "\n".join(problems)) from None
+
+
+@cache
+def default_policy() -> Policy:
+    """The shipped defaults (REFERENCE.md)."""
+    return _build({}, "the default policy")
+
+
+def load_policy(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Policy:
+    """Load ``path`` (YAML) merged over the defaults, then ``overrides``; raises ``PolicyError``."""
+    raw: dict[str, Any] = {}
+    source = "the default policy"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError(f"{path}: cannot read the policy file ({exc.strerror or exc})") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{path}: not valid YAML ({exc})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise PolicyError(f"{path}: a policy is a mapping of sections, got {type(loaded).__name__}")
+        raw = loaded
+    if overrides:
+        raw = _merge(raw, overrides)
+    if path is None and not overrides:
+        return default_policy()
+    return _build(raw, source)
+
+
+def spec_floors(policy: Policy | None = None) -> dict[tuple[str, str], float]:
+    """The absolute floors per (GPU model, metric): the policy's file, else the shipped one."""
+    path = policy.spec_floors_file if policy is not None else None
+    return _read_floors(path)
+
+
+@cache
+def _read_floors(path: str | None) -> dict[tuple[str, str], float]:
+    if path is None:
+        text = resources.files("gpucert").joinpath("data/spec_floors.csv").read_text(encoding="utf-8")
+        source = "spec_floors.csv"
+    else:
+        source = path
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PolicyError(f"{path}: cannot read the spec floors ({exc.strerror or exc})") from None
+    floors: dict[tuple[str, str], float] = {}
+    reader = csv.DictReader(text.splitlines())
+    for line, row in enumerate(reader, start=2):
+        model, name, value = row.get("gpu_model"), row.get("metric"), row.get("floor")
+        if not model or not name or value is None:
+            raise PolicyError(f"{source}: line {line}: needs gpu_model, metric and floor")
+        if name not in METRICS or METRICS[name].kind != "perf":
+            raise PolicyError(f"{source}: line {line}: {name!r} is not a performance metric")
+        try:
+            floor = float(value)
+        except ValueError:
+            raise PolicyError(f"{source}: line {line}: floor {value!r} is not a number") from None
+        if not math.isfinite(floor) or floor <= 0:
+            raise PolicyError(f"{source}: line {line}: floor must be a positive number")
+        floors[(model, name)] = floor
+    return floors

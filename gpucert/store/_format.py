@@ -1,0 +1,268 @@
+"""The baseline table's contract: its columns, their canonical dtypes, and the rules a stored table obeys.
+
+Every baseline that enters or leaves the store goes through :func:`validate_baseline`, in both
+directions: a bad table is refused before it becomes a version (so ``current`` never points at one),
+and a stored file that was edited by hand, truncated or written by a foreign tool is refused on read
+with a message naming the object, instead of surfacing later as a ``KeyError`` deep in the engine.
+
+The columns are DESIGN.md's nine plus ``node`` (a gpucert extension): for a ``gpu`` row, the node the
+GPU was last measured on, so a report can say where a GPU with a drifting baseline lives; empty for
+``node`` and ``model`` rows, whose key already is the node or the model.
+
+Canonical dtypes: text columns use pandas' own ``str`` dtype (the default for text in pandas 3, and
+what Parquet reads back as), numbers are ``float64``/``int64``, timestamps ``datetime64[us, UTC]``, so
+a table read from the store compares equal to the one written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import BaselineFormatError, Problem
+from ..metrics import PERF_METRICS
+
+__all__ = [
+    "BASELINE_COLUMNS",
+    "BASELINE_DTYPES",
+    "BASELINE_LEVELS",
+    "empty_baseline",
+    "validate_baseline",
+]
+
+BASELINE_COLUMNS: tuple[str, ...] = (
+    "level",
+    "key",
+    "metric",
+    "center",
+    "spread",
+    "n",
+    "first_ts",
+    "last_ts",
+    "stack",
+    "node",
+)
+
+#: What a row's ``key`` names: a GPU UUID, a node name, or a GPU model (the per-model reference).
+BASELINE_LEVELS: tuple[str, ...] = ("gpu", "node", "model")
+
+_TS = pd.DatetimeTZDtype(unit="us", tz="UTC")
+
+BASELINE_DTYPES: dict[str, Any] = {
+    "level": "str",
+    "key": "str",
+    "metric": "str",
+    "center": "float64",
+    "spread": "float64",
+    "n": "int64",
+    "first_ts": _TS,
+    "last_ts": _TS,
+    "stack": "str",
+    "node": "str",
+}
+assert tuple(BASELINE_DTYPES) == BASELINE_COLUMNS
+
+#: Text columns that identify a row and so may not be empty.
+_REQUIRED_TEXT = ("level", "key", "metric")
+#: Text columns where an empty value is meaningful (no stack recorded; not a GPU row).
+_OPTIONAL_TEXT = ("stack", "node")
+
+#: How many problems the message spells out; the rest are counted (as for results files).
+_SHOWN = 12
+
+
+def empty_baseline() -> pd.DataFrame:
+    """An empty baseline table with the contract's columns and canonical dtypes."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in BASELINE_DTYPES.items()})
+
+
+class _Problems:
+    """Collects problems cheaply: a 500,000-row table may fail one check everywhere, and building a
+    :class:`Problem` per row would cost more than the check; only the first few of each are kept."""
+
+    def __init__(self) -> None:
+        self.found: list[Problem] = []
+        self.total = 0
+
+    def whole(self, message: str, column: str | None = None) -> None:
+        self.found.append(Problem(message, column=column))
+        self.total += 1
+
+    def rows(self, mask: np.ndarray[Any, Any], column: str, describe: Callable[[int], str]) -> None:
+        positions = np.flatnonzero(mask)
+        self.total += len(positions)
+        for pos in positions[:_SHOWN]:
+            self.found.append(Problem(describe(int(pos)), row=int(pos) + 1, column=column))
+
+    def raise_if_any(self, source: str) -> None:
+        if not self.total:
+            return
+        order = {c: i for i, c in enumerate(BASELINE_COLUMNS)}
+        # Whole-table problems first (they usually explain the row problems), then in file order.
+        shown = sorted(
+            self.found,
+            key=lambda p: (p.row is not None, p.row or 0, order.get(p.column or "", -1)),
+        )[:_SHOWN]
+        plural = "s" if self.total != 1 else ""
+        lines = [f"{source}: {self.total} problem{plural} in the baseline table"]
+        lines += [f"  {p}" for p in shown]
+        if self.total > len(shown):
+            lines.append(f"  … and {self.total - len(shown)} more")
+        raise BaselineFormatError("\n".join(lines))
+
+
+def _text(col: pd.Series[Any], name: str, problems: _Problems, *, required: bool) -> pd.Series[Any] | None:
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype(object)
+    if col.dtype == object:
+        values = col.to_numpy()
+        null = col.isna().to_numpy()
+        not_text = ~null & ~np.fromiter((isinstance(v, str) for v in values), bool, len(values))
+        problems.rows(not_text, name, lambda i: f"must be text, not {values[i]!r}")
+        if not_text.any():
+            return None
+    elif not pd.api.types.is_string_dtype(col.dtype):
+        problems.whole(f"must hold text, not {col.dtype}", column=name)
+        return None
+    text = col.astype("str")
+    null = text.isna().to_numpy()
+    if required:
+        empty = null | (text.fillna("").to_numpy() == "")
+        problems.rows(empty, name, lambda _i: "is empty")
+    return text.fillna("").astype("str")
+
+
+def _numbers(col: pd.Series[Any], name: str, problems: _Problems) -> np.ndarray[Any, Any] | None:
+    if pd.api.types.is_bool_dtype(col.dtype):
+        problems.whole(f"must hold numbers, not {col.dtype}", column=name)
+        return None
+    if pd.api.types.is_numeric_dtype(col.dtype):
+        return col.to_numpy(dtype="float64", na_value=np.nan)
+    # Text that spells numbers (a table built from CSV) is accepted; anything else is named.
+    converted = pd.to_numeric(col, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    raw = col.to_numpy()
+    bad = np.isnan(converted) & ~col.isna().to_numpy()
+    problems.rows(bad, name, lambda i: f"is not a number: {raw[i]!r}")
+    return None if bad.any() else converted
+
+
+def _times(col: pd.Series[Any], name: str, problems: _Problems) -> pd.Series[Any] | None:
+    if isinstance(col.dtype, pd.DatetimeTZDtype):
+        ts = col.dt.tz_convert("UTC")
+    elif pd.api.types.is_datetime64_dtype(col.dtype):
+        # DESIGN.md keeps every timestamp in UTC; a naive one can only have meant UTC.
+        ts = col.dt.tz_localize("UTC")
+    else:
+        ts = pd.to_datetime(col, utc=True, errors="coerce", format="ISO8601")
+        raw = col.to_numpy()
+        bad = ts.isna().to_numpy() & ~col.isna().to_numpy()
+        problems.rows(bad, name, lambda i: f"is not a timestamp: {raw[i]!r}")
+        if bad.any():
+            return None
+    problems.rows(ts.isna().to_numpy(), name, lambda _i: "is empty")
+    converted: pd.Series[Any] = ts.astype(_TS)
+    return converted
+
+
+def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Check ``frame`` against the baseline contract and return it with the canonical columns and dtypes.
+
+    ``source`` names where the table came from (an object key, a file) and starts the message of the
+    :class:`~gpucert.errors.BaselineFormatError` raised on any problem; row numbers are 1-based
+    positions in ``frame``. Row order is kept; the index is reset.
+    """
+    problems = _Problems()
+    if not isinstance(frame, pd.DataFrame):
+        problems.whole(f"expected a table, got {type(frame).__name__}")
+        problems.raise_if_any(source)
+    columns = [str(c) for c in frame.columns]
+    missing = [c for c in BASELINE_COLUMNS if c not in columns]
+    unknown = [c for c in columns if c not in BASELINE_DTYPES]
+    if missing:
+        problems.whole(f"missing column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+    if unknown:
+        # The contract is closed: an older gpucert that dropped a column it does not know would write
+        # the next version without it, so a foreign column is refused rather than silently lost.
+        plural = "s" if len(unknown) > 1 else ""
+        problems.whole(f"unknown column{plural} {', '.join(map(repr, unknown))}")
+    if len(set(columns)) != len(columns):
+        problems.whole("a column name repeats")
+    problems.raise_if_any(source)
+
+    frame = frame.reset_index(drop=True)
+    text = {c: _text(frame[c], c, problems, required=True) for c in _REQUIRED_TEXT}
+    text |= {c: _text(frame[c], c, problems, required=False) for c in _OPTIONAL_TEXT}
+    numbers = {c: _numbers(frame[c], c, problems) for c in ("center", "spread", "n")}
+    times = {c: _times(frame[c], c, problems) for c in ("first_ts", "last_ts")}
+
+    level, metric, node, stack = text["level"], text["metric"], text["node"], text["stack"]
+    if level is not None:
+        lv = level.to_numpy()
+        bad = ~level.isin(BASELINE_LEVELS).to_numpy() & (lv != "")
+        problems.rows(bad, "level", lambda i: f"{lv[i]!r} is not one of {', '.join(BASELINE_LEVELS)}")
+        if node is not None:
+            nd = node.to_numpy()
+            # Only a valid non-gpu level is judged here; an unknown level is already reported above.
+            stray = np.isin(lv, ("node", "model")) & (nd != "")
+            problems.rows(stray, "node", lambda i: f"is {nd[i]!r}; only gpu rows name a node")
+    if metric is not None:
+        mt = metric.to_numpy()
+        bad = ~metric.isin(PERF_METRICS).to_numpy() & (mt != "")
+        problems.rows(bad, "metric", lambda i: f"{mt[i]!r} is not a performance metric of the registry")
+    if stack is not None:
+        # Few distinct stacks exist in a fleet, so parsing each distinct value once stays cheap.
+        broken = []
+        for value in stack.unique():
+            if value:
+                try:
+                    json.loads(value)
+                except ValueError:
+                    broken.append(value)
+        if broken:
+            st = stack.to_numpy()
+            problems.rows(stack.isin(broken).to_numpy(), "stack", lambda i: f"is not JSON: {st[i]!r}")
+
+    center, spread, n = numbers["center"], numbers["spread"], numbers["n"]
+    if center is not None:
+        c = center
+        bad = ~(np.isfinite(c) & (c > 0))
+        problems.rows(bad, "center", lambda i: f"must be a finite number > 0, not {float(c[i])!r}")
+    if spread is not None:
+        s = spread
+        bad = ~(np.isfinite(s) & (s >= 0))
+        problems.rows(bad, "spread", lambda i: f"must be a finite number ≥ 0, not {float(s[i])!r}")
+    if n is not None:
+        k = n
+        bad = ~(np.isfinite(k) & (k >= 1) & (k == np.floor(k)))
+        problems.rows(bad, "n", lambda i: f"must be a whole number ≥ 1, not {float(k[i]):g}")
+
+    first, last = times["first_ts"], times["last_ts"]
+    if first is not None and last is not None:
+        reversed_ = (first > last).fillna(False).to_numpy(dtype=bool)
+        problems.rows(reversed_, "last_ts", lambda i: f"is before first_ts ({last[i]} < {first[i]})")
+
+    if all(text[c] is not None for c in _REQUIRED_TEXT):
+        ident = pd.DataFrame({c: text[c] for c in _REQUIRED_TEXT})
+        dup = ident.duplicated(keep="first").to_numpy()
+        if dup.any():
+            rows = ident.to_numpy()
+
+            def first_of(i: int) -> str:
+                same = np.flatnonzero((rows == rows[i]).all(axis=1))
+                return f"(level, key, metric) = {tuple(rows[i])!r} repeats row {int(same[0]) + 1}"
+
+            problems.rows(dup, "key", first_of)
+
+    problems.raise_if_any(source)
+    out = {
+        **{c: text[c] for c in (*_REQUIRED_TEXT, *_OPTIONAL_TEXT)},
+        "center": numbers["center"],
+        "spread": numbers["spread"],
+        "n": np.asarray(numbers["n"]).astype("int64"),
+        **times,
+    }
+    return pd.DataFrame({c: pd.Series(out[c], dtype=BASELINE_DTYPES[c]) for c in BASELINE_COLUMNS})

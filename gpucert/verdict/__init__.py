@@ -1,0 +1,104 @@
+"""The verdict engine: results and baselines in, one explained verdict per GPU, node and pair out.
+
+Stages follow REFERENCE.md §4: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
+medians (:mod:`._repeats`), each median compared with the GPU's own baseline, its cohort, its node and
+the spec (:mod:`._compare`), causes read from the joined telemetry (:mod:`._causes`), and the findings
+reduced to DESIGN.md's verdict table (:mod:`._assemble`). Everything is vectorised over the fleet; the
+only Python loops run over runs, metrics, or the (few) flagged entities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..policy import Policy, default_policy, spec_floors
+from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
+from ._causes import attribute_causes
+from ._compare import compare_references, node_wide_findings
+from ._findings import concat_findings
+from ._gates import gate_findings, missing_findings, node_wide_gate_findings
+from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
+from ._repeats import reduce_repeats
+
+__all__ = ["VERDICT_COLUMNS", "RunEvaluation", "evaluate_run", "judge", "judge_run"]
+
+
+@dataclass(frozen=True)
+class RunEvaluation:
+    """A run's verdicts, and the medians they were made from (what a baseline learns)."""
+
+    verdicts: pd.DataFrame
+    #: scope, node, gpu, gpu_uuid, gpu_model, peer, metric, x (median of repeats), n (repeats)
+    medians: pd.DataFrame
+
+
+def judge(
+    results: pd.DataFrame,
+    baseline: pd.DataFrame,
+    policy: Policy | None = None,
+    floors: dict[tuple[str, str], float] | None = None,
+) -> pd.DataFrame:
+    """Verdicts for every run in ``results`` (canonical dtypes) against ``baseline`` (the store's table)."""
+    policy = policy or default_policy()
+    floors = spec_floors(policy) if floors is None else floors
+    runs = [judge_run(part, baseline, policy, floors)
+            for _, part in results.groupby("run_id", observed=True, sort=True)]
+    if not runs:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in VERDICT_COLUMNS})
+    return pd.concat(runs, ignore_index=True)
+
+
+def judge_run(
+    results: pd.DataFrame,
+    baseline: pd.DataFrame,
+    policy: Policy,
+    floors: dict[tuple[str, str], float],
+) -> pd.DataFrame:
+    """Verdicts for one run."""
+    return evaluate_run(results, baseline, policy, floors).verdicts
+
+
+def evaluate_run(
+    results: pd.DataFrame,
+    baseline: pd.DataFrame,
+    policy: Policy,
+    floors: dict[tuple[str, str], float],
+) -> RunEvaluation:
+    """Verdicts and medians for one run."""
+    run = index_run(results)
+    measured, repeat_findings = reduce_repeats(run, policy)
+    judged = compare_references(run, measured, baseline, policy, floors)
+    gates = gate_findings(run, policy)
+    node_gates = node_wide_gate_findings(run, gates, policy)
+    gate_causes = node_gates.drop_duplicates("node").set_index("node")["cause"] if len(node_gates) else pd.Series(
+        dtype=object
+    )
+    node_stats = node_wide_findings(run, judged.table, policy, gate_causes)
+    node_causes = pd.concat([gate_causes, node_stats.drop_duplicates("node").set_index("node")["cause"]])
+    node_causes = node_causes[~node_causes.index.duplicated()]
+    findings = concat_findings(
+        [gates, node_gates, node_stats, repeat_findings, judged.findings, missing_findings(run, measured)]
+    )
+    findings = attribute_causes(run, findings, node_causes, policy)
+    findings = concat_findings([findings, escalate_nodes(findings), judged.fleet])
+    return RunEvaluation(verdicts=assemble(run, findings), medians=_medians(run, measured))
+
+
+def _medians(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:
+    eids = measured["eid"].to_numpy()
+    return pd.DataFrame(
+        {
+            "scope": np.asarray(SCOPE_NAMES, dtype=object)[run.scope[eids]],
+            "node": run.node_names(eids),
+            "gpu": run.gpu[eids],
+            "gpu_uuid": run.uuid_names(eids),
+            "gpu_model": run.model_names(eids),
+            "peer": run.peer_names(eids),
+            "metric": np.asarray(METRIC_NAMES, dtype=object)[measured["mcode"].to_numpy()],
+            "x": measured["x"].to_numpy(),
+            "n": measured["n"].to_numpy(),
+        }
+    )

@@ -1,0 +1,119 @@
+"""Causes for statistical findings, read from the telemetry joined on the same GPU or node (§4.7).
+
+A drop the statistics found is named by what the telemetry says happened while it was measured: throttle
+bits (thermal, power), a power limit below default (config), a PCIe link below its maximum (pcie), NVLinks
+down (nvlink). Without a signature, a drop shared by the GPUs of a node is a node cause (the host for
+PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric (DESIGN.md), a pair
+deficit is the network, and a lone GPU that is slow against its peers is slow silicon.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..policy import Policy
+from ._gates import HW_POWER_BRAKE, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
+from ._index import MCODE, SCOPE_GPU, RunIndex
+
+__all__ = ["ACTION_FOR_CAUSE", "attribute_causes"]
+
+_COMPUTE = {"gemm_bf16_tflops", "gemm_fp8_tflops", "hbm_copy_gbps"}
+_HOST = {"h2d_gbps", "d2h_gbps"}
+
+#: What a technician does first about a confirmed statistical fail of each cause (REFERENCE.md §5).
+ACTION_FOR_CAUSE = {
+    "thermal": "check_cooling",
+    "power": "check_power",
+    "config": "fix_config",
+    "pcie": "reseat",
+    "nvlink": "reset_gpu",
+    "network": "check_network",
+    "slow_silicon": "retest",
+    "unknown": "retest",
+}
+
+
+def _entity_of(run: RunIndex, findings: pd.DataFrame) -> np.ndarray:
+    """Entity ids of GPU or node findings (-1 where the entity is not in the run's index)."""
+    node_code = run.nodes.get_indexer(findings["node"].astype(str))
+    gpu = findings["gpu"].to_numpy(dtype=np.int64)
+    scope = np.where(findings["scope"].to_numpy() == "gpu", 0, 1)
+    ent_key = pd.Index((run.scope.astype(np.int64) << 42) | (run.node_code << 21) | np.maximum(run.gpu, 0))
+    keys = (scope.astype(np.int64) << 42) | (node_code.astype(np.int64) << 21) | np.maximum(gpu, 0)
+    return np.where(node_code >= 0, ent_key.get_indexer(keys), -1)
+
+
+def attribute_causes(
+    run: RunIndex, findings: pd.DataFrame, node_causes: pd.Series, policy: Policy
+) -> pd.DataFrame:
+    """Fill cause, action and ticket of the findings that have no cause yet.
+
+    ``node_causes`` maps a node name to a node-wide cause already established (a shared gate, or a
+    node-wide drop); it names the cause of its GPUs' drops that carry no signature of their own.
+    """
+    todo = (findings["cause"] == "") & findings["rank"].isin([1, 2]) & (findings["severity"] >= 2)
+    if not todo.any():
+        return findings
+    part = findings[todo]
+    eid = _entity_of(run, part)
+    known = eid >= 0
+    tele = np.full((len(part), run.telemetry.shape[1]), np.nan)
+    tele[known] = run.telemetry[eid[known]]
+
+    def t(name: str) -> np.ndarray:
+        return tele[:, MCODE[name]]
+
+    bits = np.nan_to_num(t("clocks_event_reasons"), nan=0).astype(np.int64)
+    hot = t("temp_max_c") >= t("temp_slowdown_c") - policy.gates.temp_margin_c
+    capped = ((bits & SW_POWER_CAP) > 0) & (
+        t("power_limit_w") < t("power_limit_default_w") * (1 - policy.gates.power_limit_tolerance_pct / 100)
+    )
+    link_low = (t("pcie_gen") < t("pcie_gen_max")) | (t("pcie_width") < t("pcie_width_max")) | (
+        t("pcie_replays_per_min") > policy.gates.pcie_replays_per_min
+    )
+    metric = part["metric"].to_numpy(dtype=object)
+    compute = np.isin(metric, list(_COMPUTE))
+    host = np.isin(metric, list(_HOST))
+    scope = part["scope"].to_numpy(dtype=object)
+    node_cause = node_causes.reindex(part["node"]).to_numpy(dtype=object)
+    has_node_cause = pd.notna(node_cause)
+    nvlink_node = _nodes_with_nvlink_trouble(run, policy).reindex(part["node"]).fillna(False).to_numpy(bool)
+    alone = part["reference_kind"].isin(["peer", "model", "node", "spec"]).to_numpy()
+
+    cause = np.select(
+        [
+            scope == "pair",
+            (scope == "node") & nvlink_node,
+            (scope == "node") & has_node_cause,
+            scope == "node",
+            compute & ((bits & HW_POWER_BRAKE) > 0),
+            compute & (((bits & (HW_THERMAL | SW_THERMAL)) > 0) | hot),
+            compute & capped,
+            host & link_low,
+            has_node_cause,
+            host,
+            compute & alone,
+        ],
+        ["network", "nvlink", node_cause, "nvlink", "power", "thermal", "config", "pcie", node_cause,
+         "unknown", "slow_silicon"],
+        default="unknown",
+    )
+    severity = part["severity"].to_numpy()
+    action = np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(),
+                      "retest")
+    ticket = np.where(severity >= 3, "remediation", "none")
+    findings = findings.copy()
+    findings.loc[todo, "cause"] = cause
+    findings.loc[todo, "action"] = action
+    findings.loc[todo, "ticket"] = ticket
+    return findings
+
+
+def _nodes_with_nvlink_trouble(run: RunIndex, policy: Policy) -> pd.Series:
+    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
+    bad = (run.telemetry[gpus, MCODE["nvlink_down"]] > 0) | (
+        run.telemetry[gpus, MCODE["nvlink_crc_errors"]] > policy.gates.nvlink_crc_errors
+    )
+    names = np.asarray(run.nodes)[run.node_code[gpus[bad]]]
+    return pd.Series(True, index=pd.Index(np.unique(names)), dtype=bool)

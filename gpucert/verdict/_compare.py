@@ -1,0 +1,438 @@
+"""Stages 2 and 3 (REFERENCE.md §4.4-4.5): each median against its references, flagged only when the drop
+is both large (a deviation gate) and strong (a z gate).
+
+References, per entity × metric:
+
+* **own** — the GPU's (or node's) own baseline. The most precise reference, because a GPU's unit-to-unit
+  offset is part of it; a GPU that has one is judged by it first. Corrected by the *fleet factor* — the
+  median ratio of the whole cohort to its own baselines — so a new driver that makes every GPU 2 % slower
+  flags no GPU and is reported once instead (a ``fleet`` row).
+* **peer** — the run's cohort of the same model: robust median and MAD, the spread floored at a share of
+  the expected GPU-to-GPU CV. It judges GPUs with no history (new or swapped); it needs ``peers.min_nodes``.
+  A GPU with history is still warned when it sits a fail-size drop and ``with_history_z`` spreads below its
+  peers, so a baseline seeded on an already-weak GPU cannot hide it for ever.
+* **model** — the stored per-model reference, for a GPU with no history in a cohort too small for peers.
+* **node** — the other GPUs of the same node (leave-one-out median), on baseline-normalised values, so a
+  GPU that falls behind its neighbours fails at a smaller drop than against its own history alone.
+* **spec** — the absolute floor per model, whatever the statistics say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..policy import Policy
+from ._findings import concat_findings, make_findings
+from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+
+__all__ = ["Judged", "compare_references"]
+
+_MAD_TO_SIGMA = 1.4826
+_MEDIAN_EFFICIENCY = 1.2533  # sd of a sample median / (sigma / sqrt(n)) for normal data
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Every entity × metric with the comparison that judged it, plus what it found."""
+
+    #: eid, mcode, x, kind, ref, d, z, sigma, has_own, d_node; one row per measured entity × metric
+    table: pd.DataFrame
+    #: stat and spec findings (cause left empty: causes are attributed with the telemetry afterwards)
+    findings: pd.DataFrame
+    #: fleet-level findings (one per model × metric whose whole cohort shifted)
+    fleet: pd.DataFrame
+
+
+def _per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarray:
+    out = np.full(N_METRICS, default)
+    for i, name in enumerate(METRIC_NAMES):
+        entry = policy.metrics.get(name)
+        if entry is not None:
+            value = getattr(entry, field)
+            out[i] = np.nan if value is None else value
+    return out
+
+
+def _lookup(index_keys: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """values[position of keys in index_keys], NaN where absent."""
+    if len(index_keys) == 0:
+        return np.full(len(keys), np.nan)
+    series = pd.Series(values, index=pd.Index(index_keys)).groupby(level=0).first()
+    return series.reindex(keys).to_numpy(dtype=np.float64)
+
+
+def _baseline_keys(
+    baseline: pd.DataFrame, level: str, names: pd.Index
+) -> tuple[np.ndarray, pd.DataFrame]:
+    rows = baseline[baseline["level"] == level]
+    codes = names.get_indexer(rows["key"].astype(str)) if len(names) else np.full(len(rows), -1)
+    known = codes >= 0
+    rows = rows[known]
+    mcodes = np.array([METRIC_NAMES.index(m) for m in rows["metric"]], dtype=np.int64)
+    return codes[known].astype(np.int64) * N_METRICS + mcodes, rows
+
+
+def compare_references(
+    run: RunIndex,
+    measured: pd.DataFrame,
+    baseline: pd.DataFrame,
+    policy: Policy,
+    floors: dict[tuple[str, str], float],
+) -> Judged:
+    eid = measured["eid"].to_numpy()
+    mcode = measured["mcode"].to_numpy()
+    x = measured["x"].to_numpy()
+    scope = run.scope[eid]
+    model = run.model_code[eid]
+    node = run.node_code[eid]
+    cv_rep = _per_metric(policy, "cv_rep")[mcode]
+    cv_unit = _per_metric(policy, "cv_unit")[mcode]
+
+    # -- own baselines: GPUs by UUID, nodes by name ------------------------------------------------
+    own_center = np.full(len(x), np.nan)
+    own_spread = np.full(len(x), np.nan)
+    for level, scope_id, codes in (
+        ("gpu", SCOPE_GPU, run.uuid_code[eid]),
+        ("node", SCOPE_NODE, node),
+    ):
+        names = run.uuids if level == "gpu" else run.nodes
+        bkeys, brows = _baseline_keys(baseline, level, names)
+        if len(bkeys) == 0:
+            continue
+        mine = (scope == scope_id) & (codes >= 0)
+        keys = codes[mine] * N_METRICS + mcode[mine]
+        own_center[mine] = _lookup(bkeys, brows["center"].to_numpy(float), keys)
+        own_spread[mine] = _lookup(bkeys, brows["spread"].to_numpy(float), keys)
+    has_own = np.isfinite(own_center) & (own_center > 0)
+
+    # -- stored per-model reference ----------------------------------------------------------------
+    mkeys, mrows = _baseline_keys(baseline, "model", run.models)
+    model_center = _lookup(mkeys, mrows["center"].to_numpy(float), model * N_METRICS + mcode)
+    model_spread = _lookup(mkeys, mrows["spread"].to_numpy(float), model * N_METRICS + mcode)
+
+    # -- the run's cohort: same scope, model and metric --------------------------------------------
+    cohort = (scope * (len(run.models) + 1) + model) * N_METRICS + mcode
+    frame = pd.DataFrame({"c": cohort, "x": x, "node": node})
+    grouped = frame.groupby("c", sort=False)
+    peer_median = grouped["x"].transform("median").to_numpy()
+    frame["dev"] = np.abs(x - peer_median)
+    peer_mad = frame.groupby("c", sort=False)["dev"].transform("median").to_numpy()
+    peer_nodes = grouped["node"].transform("nunique").to_numpy()
+    has_peers = peer_nodes >= policy.peers.min_nodes
+    with np.errstate(divide="ignore", invalid="ignore"):
+        peer_sigma = np.maximum(
+            _MAD_TO_SIGMA * peer_mad / peer_median, policy.peers.cv_floor_factor * cv_unit
+        )
+        d_peer = x / peer_median - 1
+        z_peer = d_peer / peer_sigma
+
+    # -- the fleet factor: how the whole cohort moved against its own baselines --------------------
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(has_own, x / own_center, np.nan)
+    fleet_frame = pd.DataFrame({"c": cohort, "q": ratio, "node": np.where(has_own, node, -1)})
+    fleet_frame = fleet_frame[has_own]
+    fg = fleet_frame.groupby("c", sort=False)
+    fleet_stats = pd.DataFrame(
+        {"f": fg["q"].median(), "gpus": fg["q"].size(), "nodes": fg["node"].nunique()}
+    )
+    scope_of_cohort = fleet_stats.index.to_numpy() // N_METRICS // (len(run.models) + 1)
+    enough = (fleet_stats["nodes"].to_numpy() >= policy.fleet.min_nodes) & (
+        (fleet_stats["gpus"].to_numpy() >= policy.fleet.min_gpus) | (scope_of_cohort != SCOPE_GPU)
+    )
+    fleet_stats["usable"] = enough
+    factor_by_cohort = fleet_stats["f"].where(fleet_stats["usable"])
+    fleet_factor = factor_by_cohort.reindex(cohort).to_numpy()
+    fleet_factor = np.where(np.isfinite(fleet_factor), fleet_factor, 1.0)
+
+    # -- the primary reference of each result ------------------------------------------------------
+    has_model = np.isfinite(model_center) & (model_center > 0)
+    kind = np.where(has_own, "own", np.where(has_peers, "peer", np.where(has_model, "model", "")))
+    ref = np.select(
+        [has_own, has_peers, has_model],
+        [own_center * fleet_factor, peer_median, model_center * fleet_factor],
+        default=np.nan,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        own_sigma = np.maximum(own_spread / own_center, cv_rep)
+        model_sigma = np.maximum(model_spread / model_center, cv_unit)
+    sigma = np.select([has_own, has_peers, has_model], [own_sigma, peer_sigma, model_sigma], default=np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = x / ref - 1
+        z = d / sigma
+
+    # -- node-internal: leave-one-out median of the baseline-normalised GPUs of the node ------------
+    d_node = np.full(len(x), np.nan)
+    gpu_own = (scope == SCOPE_GPU) & has_own
+    if gpu_own.any():
+        idx = np.where(gpu_own, ratio / fleet_factor, np.nan)
+        loo = _leave_one_out_median(node[gpu_own] * N_METRICS + mcode[gpu_own], idx[gpu_own])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d_node[gpu_own] = idx[gpu_own] / loo - 1
+
+    table = pd.DataFrame(
+        {
+            "eid": eid,
+            "mcode": mcode,
+            "x": x,
+            "kind": kind,
+            "ref": ref,
+            "d": d,
+            "z": z,
+            "sigma": sigma,
+            "has_own": has_own,
+            "d_node": d_node,
+            "fleet_factor": fleet_factor,
+        }
+    )
+    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100
+    warn_z = _per_metric(policy, "warn_z")[mcode]
+    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
+    node_drop = _per_metric(policy, "node_drop_pct")[mcode] / 100
+
+    strong = z <= -warn_z
+    # An unstable median is not judged to a fail: it warns, and the reasons ask for a re-run (§4.3).
+    unstable = measured["unstable"].to_numpy() if "unstable" in measured else np.zeros(len(x), dtype=bool)
+    primary_fail = strong & (d <= -fail_drop) & ~unstable
+    primary_warn = strong & (d <= -warn_drop) & ~primary_fail
+    peer_warn = has_own & has_peers & (d_peer <= -fail_drop) & (z_peer <= -policy.peers.with_history_z)
+    node_fail = np.isfinite(d_node) & (d_node <= -node_drop) & ~unstable
+
+    floor = _floors(run, model, mcode, floors)
+    below_floor = np.isfinite(floor) & (x < floor) & ~unstable
+
+    shift = np.where(np.abs(fleet_factor - 1) >= 1e-4, fleet_factor - 1, np.nan)
+    findings = concat_findings(
+        [
+            _stat(run, table, primary_fail, "fail", ref, d, z, kind, shift),
+            _stat(run, table, primary_warn, "warn", ref, d, z, kind, shift),
+            _stat(run, table, peer_warn & ~primary_fail, "warn", peer_median, d_peer, z_peer, "peer", None),
+            _stat(run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None),
+            _spec(run, table, below_floor, floor),
+        ]
+    )
+    fleet = _fleet_rows(run, fleet_stats, policy)
+    return Judged(table=table, findings=findings, fleet=fleet)
+
+
+def _leave_one_out_median(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each value, the median of the *other* values of its group (NaN for groups under 3)."""
+    order = np.lexsort((values, group))
+    g_sorted = group[order]
+    v_sorted = values[order]
+    starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
+    sizes = np.diff(np.r_[starts, len(g_sorted)])
+    size = np.repeat(sizes, sizes)
+    start = np.repeat(starts, sizes)
+    rank = np.arange(len(g_sorted)) - start
+    m = size - 1  # how many others
+
+    def pick(k: np.ndarray) -> np.ndarray:
+        pos = start + k + (k >= rank)
+        return v_sorted[np.clip(pos, 0, len(v_sorted) - 1)]
+
+    lo = pick((m - 1) // 2)
+    hi = pick(m // 2)
+    out_sorted = np.where(m >= 2, (lo + hi) / 2, np.nan)
+    out = np.empty_like(out_sorted)
+    out[order] = out_sorted
+    return out
+
+
+def _floors(
+    run: RunIndex, model: np.ndarray, mcode: np.ndarray, floors: dict[tuple[str, str], float]
+) -> np.ndarray:
+    if not floors:
+        return np.full(len(model), np.nan)
+    table = np.full((len(run.models) + 1, N_METRICS), np.nan)
+    model_pos = {str(name): i for i, name in enumerate(run.models)}
+    for (model_name, metric_name), value in floors.items():
+        if model_name in model_pos and metric_name in METRIC_NAMES:
+            table[model_pos[model_name], METRIC_NAMES.index(metric_name)] = value
+    return table[model, mcode]
+
+
+_REF_WORDS = {
+    "own": "its own baseline",
+    "peer": "the median of its peers in this run",
+    "model": "the stored reference for its model",
+    "node": "the other GPUs of its node",
+}
+
+
+def _stat(
+    run: RunIndex,
+    table: pd.DataFrame,
+    mask: np.ndarray,
+    severity: str,
+    ref: np.ndarray,
+    d: np.ndarray,
+    z: np.ndarray,
+    kind: np.ndarray | str,
+    shift: np.ndarray | None,
+) -> pd.DataFrame:
+    rows = np.flatnonzero(mask)
+    if len(rows) == 0:
+        return make_findings("gpu", [], severity=severity, rank="stat", reason=[])
+    eids = table["eid"].to_numpy()[rows]
+    names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
+    kinds = np.broadcast_to(np.asarray(kind, dtype=object), mask.shape)[rows]
+    x = table["x"].to_numpy()[rows]
+    shifts = shift[rows] if shift is not None else np.full(len(rows), np.nan)
+    reason = [
+        f"{m} {xv:.4g} is {-dv * 100:.1f} % below {_REF_WORDS[k]} ({rv:.4g}"
+        + (f", z {zv:.1f}" if np.isfinite(zv) else "")
+        + (f", after the fleet-wide {sv * 100:+.1f} % shift" if k == "own" and np.isfinite(sv) else "")
+        + ")"
+        for m, xv, dv, k, rv, zv, sv in zip(names, x, d[rows], kinds, ref[rows], z[rows], shifts, strict=True)
+    ]
+    return make_findings(
+        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity=severity,
+        rank="stat",
+        metric=names,
+        value=x,
+        reference=ref[rows],
+        deviation_pct=d[rows] * 100,
+        z=z[rows],
+        reference_kind=kinds,
+        reason=reason,
+    )
+
+
+def _spec(run: RunIndex, table: pd.DataFrame, mask: np.ndarray, floor: np.ndarray) -> pd.DataFrame:
+    rows = np.flatnonzero(mask)
+    if len(rows) == 0:
+        return make_findings("gpu", [], severity="fail", rank="spec", reason=[])
+    eids = table["eid"].to_numpy()[rows]
+    names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
+    x = table["x"].to_numpy()[rows]
+    f = floor[rows]
+    models = run.model_names(eids)
+    reason = [
+        f"{m} {xv:.4g} is under the spec floor {fv:.4g} for {mo}"
+        for m, xv, fv, mo in zip(names, x, f, models, strict=True)
+    ]
+    return make_findings(
+        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity="fail",
+        rank="spec",
+        metric=names,
+        value=x,
+        reference=f,
+        deviation_pct=(x / f - 1) * 100,
+        reference_kind="spec",
+        reason=reason,
+    )
+
+
+def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    shifted = stats[stats["usable"] & (np.abs(stats["f"] - 1) * 100 >= policy.fleet.report_pct)]
+    if shifted.empty:
+        return make_findings("fleet", [], severity="warn", rank="stat", reason=[])
+    keys = shifted.index.to_numpy(dtype=np.int64)
+    mcodes = keys % N_METRICS
+    models = np.asarray(run.models, dtype=object)[keys // N_METRICS % (len(run.models) + 1)]
+    names = np.array(METRIC_NAMES, dtype=object)[mcodes]
+    f = shifted["f"].to_numpy()
+    reason = [
+        f"{m}: the {mo} cohort measures {(fv - 1) * 100:+.1f} % against its own baselines (median of {g} "
+        f"GPUs or nodes on {n} nodes). A shift of the whole fleet points at the stack (driver, CUDA, "
+        "firmware) or the benchmark, not at GPUs: no GPU is flagged for it; compare the run's stack with "
+        "the baseline's"
+        for m, mo, fv, g, n in zip(names, models, f, shifted["gpus"], shifted["nodes"], strict=True)
+    ]
+    return make_findings(
+        "fleet",
+        np.full(len(keys), "", dtype=object),
+        severity="warn",
+        rank="stat",
+        metric=names,
+        value=f,
+        reference=1.0,
+        deviation_pct=(f - 1) * 100,
+        reference_kind="fleet",
+        cause="config",
+        action="review_stack",
+        reason=reason,
+    )
+
+
+def node_wide_findings(
+    run: RunIndex, table: pd.DataFrame, policy: Policy, gate_causes: pd.Series
+) -> pd.DataFrame:
+    """Node findings where the GPUs of a node all lose about the same share on one metric.
+
+    The median drop of a node's GPUs is far more precise than any one GPU's, so a node-wide cause (a host
+    that starves PCIe, cooling, power) is found at half the single-GPU warn drop (``node_wide``).
+    """
+    gpu_rows = table[(run.scope[table["eid"].to_numpy()] == SCOPE_GPU) & np.isfinite(table["d"])]
+    if gpu_rows.empty:
+        return make_findings("node", [], severity="warn", rank="stat", reason=[])
+    frame = pd.DataFrame(
+        {
+            "node": run.node_code[gpu_rows["eid"].to_numpy()],
+            "mcode": gpu_rows["mcode"].to_numpy(),
+            "d": gpu_rows["d"].to_numpy(),
+            "sigma": gpu_rows["sigma"].to_numpy(),
+            "x": gpu_rows["x"].to_numpy(),
+            "ref": gpu_rows["ref"].to_numpy(),
+            "own": gpu_rows["has_own"].to_numpy(),
+        }
+    )
+    agg = frame.groupby(["node", "mcode"], sort=False).agg(
+        d=("d", "median"), sigma=("sigma", "median"), n=("d", "size"), x=("x", "median"),
+        ref=("ref", "median"), own=("own", "mean"),
+    ).reset_index()
+    mcode = agg["mcode"].to_numpy()
+    cv_rep = _per_metric(policy, "cv_rep")[mcode]
+    n = agg["n"].to_numpy()
+    node_sigma = np.sqrt((_MEDIAN_EFFICIENCY * agg["sigma"].to_numpy() / np.sqrt(n)) ** 2 + cv_rep**2)
+    d = agg["d"].to_numpy()
+    z = d / node_sigma
+    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100 * policy.node_wide.drop_factor
+    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
+    flagged = (n >= 3) & (d <= -warn_drop) & (z <= -policy.node_wide.z)
+    if not flagged.any():
+        return make_findings("node", [], severity="warn", rank="stat", reason=[])
+    hit = agg[flagged]
+    names = np.array(METRIC_NAMES, dtype=object)[hit["mcode"].to_numpy()]
+    node_names = np.asarray(run.nodes, dtype=object)[hit["node"].to_numpy()]
+    host = np.isin(names, ["h2d_gbps", "d2h_gbps"])
+    gate = gate_causes.reindex(node_names).to_numpy(dtype=object)
+    cause = np.where(pd.notna(gate), gate, np.where(host, "config", "unknown"))
+    severity = np.where(d[flagged] <= -fail_drop[flagged], 3, 2)
+    kinds = np.where(hit["own"].to_numpy() > 0.5, "own", "peer")
+    words = {"config": "the host (CPU contention, NUMA binding, BIOS): fix the node's affinity and settings",
+             "unknown": "no telemetry names it: re-test, then reboot the node"}
+    reason = [
+        f"{m}: all {k} GPUs of the node are {-dv * 100:.1f} % below {_REF_WORDS[kd]} (median, z {zv:.1f}): "
+        f"a node-wide cause — {words.get(c, c)}"
+        for m, k, dv, kd, zv, c in zip(names, hit["n"], d[flagged], kinds, z[flagged], cause, strict=True)
+    ]
+    from ._causes import ACTION_FOR_CAUSE
+
+    return make_findings(
+        "node",
+        node_names,
+        severity=severity,
+        rank="stat",
+        metric=names,
+        value=hit["x"].to_numpy(),
+        reference=hit["ref"].to_numpy(),
+        deviation_pct=d[flagged] * 100,
+        z=z[flagged],
+        reference_kind=kinds,
+        cause=cause,
+        action=np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).to_numpy(), "retest"),
+        ticket=np.where(severity >= 3, "remediation", "none"),
+        reason=reason,
+    )

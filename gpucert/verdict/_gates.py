@@ -1,0 +1,343 @@
+"""Stage 0 (REFERENCE.md §4.2): rules on telemetry and events that need no statistics.
+
+A gate names its cause from the signal itself (a PCIe link below its maximum is ``pcie``; a row-remap
+failure is ``row_remap``), and its action and ticket from REFERENCE.md §5's decision table. This module
+also owns what is *missing*: a GPU the node should have but that reports nothing fails (DESIGN.md), while
+a benchmark step that errored or a result that is absent, without a GPU signal, is inconclusive.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..policy import Policy
+from ..xid import xid_rules
+from ._findings import SEVERITY, concat_findings, empty_findings, make_findings
+from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+
+__all__ = ["gate_findings", "missing_findings", "node_wide_gate_findings"]
+
+HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE, SW_POWER_CAP = 0x08, 0x20, 0x40, 0x80, 0x04
+
+
+def _gpu_findings(
+    run: RunIndex, eids: np.ndarray, *, severity: str | np.ndarray, cause: object, action: object,
+    ticket: object, metric: str, value: np.ndarray, reference: object = np.nan, reason: list[str],
+) -> pd.DataFrame:
+    if isinstance(severity, np.ndarray):
+        severity = np.array([SEVERITY[s] for s in severity], dtype=np.int64)
+    return make_findings(
+        "gpu",
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        severity=severity,
+        rank="gate",
+        metric=metric,
+        value=value,
+        reference=reference,
+        reference_kind="gate",
+        cause=cause,
+        action=action,
+        ticket=ticket,
+        reason=reason,
+    )
+
+
+def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
+    """Every telemetry gate, XID and benchmark error of the run."""
+    gates = policy.gates
+    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
+
+    def t(name: str) -> np.ndarray:
+        return run.telemetry[gpus, MCODE[name]]
+
+    parts: list[pd.DataFrame] = []
+
+    failure = t("remapped_rows_failure") > 0
+    e = gpus[failure]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="row_remap", action="run_field_diag", ticket="replacement",
+        metric="remapped_rows_failure", value=t("remapped_rows_failure")[failure],
+        reason=["row-remap failure: a memory bank has no spare rows left; drain, reset the GPU and run the "
+                "field diagnostic (NVIDIA's RMA criterion when it confirms)"] * len(e)))
+
+    dbe = t("ecc_dbe_volatile")
+    pending = t("remapped_rows_pending") > 0
+    has_dbe = dbe > 0
+    e = gpus[has_dbe]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause=np.where(pending[has_dbe], "row_remap", "ecc"), action="reset_gpu",
+        ticket="remediation", metric="ecc_dbe_volatile", value=dbe[has_dbe], reference=0.0,
+        reason=[f"{int(n)} uncorrectable ECC error(s) since the last reset"
+                + ("; a row remap is pending: reset the GPU to apply it, then re-certify" if p else
+                   ": reset the GPU and re-certify; recurring → RMA")
+                for n, p in zip(dbe[has_dbe], pending[has_dbe], strict=True)]))
+    only_pending = pending & ~has_dbe
+    e = gpus[only_pending]
+    parts.append(_gpu_findings(
+        run, e, severity="warn", cause="row_remap", action="reset_gpu", ticket="remediation",
+        metric="remapped_rows_pending", value=t("remapped_rows_pending")[only_pending],
+        reason=["row remap pending: reset the GPU at the next idle window to apply it"] * len(e)))
+
+    gen, gen_max = t("pcie_gen"), t("pcie_gen_max")
+    low_gen = gen < gen_max
+    e = gpus[low_gen]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="pcie", action="reboot_node", ticket="remediation",
+        metric="pcie_gen", value=gen[low_gen], reference=gen_max[low_gen],
+        reason=[f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to retrain; if it "
+                "persists reseat the GPU, riser or cable" for g, m in zip(gen[low_gen], gen_max[low_gen],
+                                                                     strict=True)]))
+    width, width_max = t("pcie_width"), t("pcie_width_max")
+    narrow = width < width_max
+    e = gpus[narrow]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="pcie", action="reseat", ticket="remediation",
+        metric="pcie_width", value=width[narrow], reference=width_max[narrow],
+        reason=[f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists replace the "
+                "riser, retimer or GPU" for w, m in zip(width[narrow], width_max[narrow], strict=True)]))
+    replays = t("pcie_replays_per_min")
+    noisy = replays > gates.pcie_replays_per_min
+    e = gpus[noisy]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="pcie", action="reseat",
+        ticket=np.where(replays[noisy] > gates.pcie_replays_replace_per_min, "replacement", "remediation"),
+        metric="pcie_replays_per_min", value=replays[noisy], reference=gates.pcie_replays_per_min,
+        reason=[f"{r:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal signal "
+                "integrity; reseat at the next window" for r in replays[noisy]]))
+
+    down = t("nvlink_down")
+    links_down = down > 0
+    e = gpus[links_down]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="nvlink", action="reset_gpu", ticket="remediation",
+        metric="nvlink_down", value=down[links_down], reference=0.0,
+        reason=[(f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); "
+                 "reset the GPU and restart Fabric Manager") if n >= 18 else
+                (f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or "
+                 "baseboard") for n in down[links_down]]))
+    crc = t("nvlink_crc_errors")
+    crc_bad = crc > gates.nvlink_crc_errors
+    e = gpus[crc_bad]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="nvlink", action="reset_gpu", ticket="remediation",
+        metric="nvlink_crc_errors", value=crc[crc_bad], reference=gates.nvlink_crc_errors,
+        reason=[f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on the same "
+                "link → reseat or baseboard" for n in crc[crc_bad]]))
+
+    bits = np.nan_to_num(t("clocks_event_reasons"), nan=0).astype(np.int64)
+    temp, slowdown = t("temp_max_c"), t("temp_slowdown_c")
+    hot = temp >= slowdown - gates.temp_margin_c
+    frac = t("hw_slowdown_frac")
+    slowed = frac > gates.hw_slowdown_frac
+    is_power = (bits & HW_POWER_BRAKE) > 0
+    is_thermal = ((bits & HW_THERMAL) > 0) | (~is_power & hot)
+    cause = np.where(is_power, "power", np.where(is_thermal, "thermal", "power"))
+    e = gpus[slowed]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause=cause[slowed],
+        action=np.where(cause[slowed] == "power", "check_power", "check_cooling"), ticket="remediation",
+        metric="hw_slowdown_frac", value=frac[slowed], reference=gates.hw_slowdown_frac,
+        reason=[f"hardware slowdown active {f * 100:.0f} % of the benchmark"
+                + (" (power brake): check the PSU, PDU and BMC power-capping events" if c == "power" else
+                   " (thermal): check fans, airflow and inlet temperature")
+                for f, c in zip(frac[slowed], cause[slowed], strict=True)]))
+    hot_only = hot & ~slowed
+    e = gpus[hot_only]
+    parts.append(_gpu_findings(
+        run, e, severity="warn", cause="thermal", action="check_cooling", ticket="remediation",
+        metric="temp_max_c", value=temp[hot_only], reference=slowdown[hot_only],
+        reason=[f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown threshold "
+                f"{sv:.0f} °C: check fans, airflow and inlet temperature"
+                for tv, sv in zip(temp[hot_only], slowdown[hot_only], strict=True)]))
+
+    limit, default = t("power_limit_w"), t("power_limit_default_w")
+    capped = limit < default * (1 - gates.power_limit_tolerance_pct / 100)
+    e = gpus[capped]
+    parts.append(_gpu_findings(
+        run, e, severity="fail", cause="config", action="fix_config", ticket="remediation",
+        metric="power_limit_w", value=limit[capped], reference=default[capped],
+        reason=[f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
+                "(nvidia-smi -pl) and fix the BMC or host power policy"
+                for lv, dv in zip(limit[capped], default[capped], strict=True)]))
+
+    sbe = t("ecc_sbe_volatile")
+    storm = sbe >= gates.sbe_volatile_warn
+    e = gpus[storm]
+    parts.append(_gpu_findings(
+        run, e, severity="warn", cause="ecc", action="run_field_diag", ticket="remediation",
+        metric="ecc_sbe_volatile", value=sbe[storm], reference=gates.sbe_volatile_warn,
+        reason=[f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): schedule "
+                "diagnostics; progression to uncorrectable errors → RMA" for n in sbe[storm]]))
+
+    parts.append(_xid_findings(run, policy))
+    parts.append(_error_findings(run))
+    parts.append(_gpu_count_findings(run))
+    return concat_findings(parts)
+
+
+def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
+    rows = run.rows_of("xid")
+    if len(rows) == 0:
+        return empty_findings()
+    events = pd.DataFrame({"eid": run.eid[rows], "xid": run.value[rows].astype(np.int64)})
+    counts = events.groupby(["eid", "xid"], sort=True).size().rename("count").reset_index()
+    rules = xid_rules().reindex(counts["xid"])
+    unknown = rules["klass"].isna().to_numpy()
+    rules = rules.fillna({"klass": "unknown", "severity": "warn", "repeat_only": False, "cause": "xid",
+                          "action": "retest", "ticket": "remediation", "mnemonic": "not in the Xid catalog"})
+    severity = rules["severity"].to_numpy(dtype=object).copy()
+    repeat_only = rules["repeat_only"].to_numpy(dtype=bool)
+    count = counts["count"].to_numpy()
+    severity[repeat_only & (count < policy.gates.xid_repeat_warn)] = "note"
+    eids = counts["eid"].to_numpy()
+    advice = {
+        "application": "an application fault, not the GPU's",
+        "informational": "informational",
+        "reset": "reset the GPU, then re-certify; recurring → hardware",
+        "reboot": "drain and reboot the node; recurring → reseat, riser or RMA",
+        "workflow": "drain and reset the GPU, then re-certify",
+        "monitor": "recurring: schedule diagnostics; a sustained storm → RMA",
+        "rma": "an RMA candidate: run the field diagnostic",
+        "physical": "check the node's mechanicals and firmware",
+        "unknown": "an XID gpucert does not classify: re-test and read the kernel log",
+    }
+    reason = [
+        f"XID {x} ({m.split(' / ')[0]}) ×{c}: {advice.get(k, k)}"
+        + (" (XID not in NVIDIA's catalog)" if u else "")
+        for x, m, c, k, u in zip(counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True)
+    ]
+    is_note = severity == "note"
+    return make_findings(
+        "gpu",
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        severity=np.array([SEVERITY[s] for s in severity], dtype=np.int64),
+        rank="gate",
+        metric="xid",
+        value=counts["xid"].to_numpy(dtype=float),
+        reference_kind=np.where(is_note, "", "gate"),
+        cause=np.where(is_note, "", rules["cause"].to_numpy(dtype=object)),
+        action=np.where(is_note, "none", rules["action"].to_numpy(dtype=object)),
+        ticket=np.where(is_note, "none", rules["ticket"].to_numpy(dtype=object)),
+        reason=reason,
+    )
+
+
+def _error_findings(run: RunIndex) -> pd.DataFrame:
+    rows = run.rows_of("error")
+    if len(rows) == 0:
+        return empty_findings()
+    counts = pd.Series(1, index=run.eid[rows]).groupby(level=0).size()
+    eids = counts.index.to_numpy(dtype=np.int64)
+    scope = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
+    reason = [f"{n} benchmark step(s) failed on this {s}: see the run's log" for n, s in
+              zip(counts.to_numpy(), scope, strict=True)]
+    return make_findings(
+        scope, run.node_names(eids), gpu=run.gpu[eids], severity="inconclusive", rank="missing",
+        metric="error", value=counts.to_numpy(dtype=float), action="retest", reason=reason,
+    )
+
+
+def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
+    """A node that sees fewer GPUs than it should: the node fails, and so does each GPU that is missing."""
+    nodes = np.flatnonzero(run.scope == SCOPE_NODE)
+    seen = run.telemetry[nodes, MCODE["gpu_count"]]
+    expected = run.telemetry[nodes, MCODE["gpu_count_expected"]]
+    short = seen < expected
+    if not short.any():
+        return empty_findings()
+    node_eids = nodes[short]
+    xid79 = set(run.eid[run.rows_of("xid")][run.value[run.rows_of("xid")] == 79].tolist())
+    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
+    reporting = gpus[np.isfinite(run.telemetry[gpus]).any(axis=1) | _has_perf(run)[gpus]]
+    present = pd.DataFrame({"node": run.node_code[reporting], "gpu": run.gpu[reporting]})
+    gpu_eid = {(int(n), int(g)): int(e) for n, g, e in
+               zip(run.node_code[gpus], run.gpu[gpus], gpus, strict=True)
+               if n in set(run.node_code[node_eids].tolist())}
+
+    parts = [make_findings(
+        "node", run.node_names(node_eids), severity="fail", rank="gate", metric="gpu_count",
+        value=seen[short], reference=expected[short], reference_kind="gate", cause="xid",
+        action="reboot_node", ticket="remediation",
+        reason=[f"the node sees {s:.0f} of its {x:.0f} GPUs: a GPU fell off the bus or is hidden from NVML; "
+                "drain and reboot; recurring → reseat, riser or RMA"
+                for s, x in zip(seen[short], expected[short], strict=True)])]
+    # A loop over the (few) short nodes, not over GPUs: each names the indices that report nothing.
+    for node_eid, want in zip(node_eids, expected[short], strict=True):
+        code = int(run.node_code[node_eid])
+        have = set(present.loc[present["node"] == code, "gpu"].tolist())
+        missing = [g for g in range(int(want)) if g not in have]
+        if not missing:
+            continue
+        with79 = [gpu_eid.get((code, g)) in xid79 for g in missing]
+        parts.append(make_findings(
+            "gpu", [str(run.nodes[code])] * len(missing), gpu=np.array(missing), severity="fail",
+            rank="missing", metric="gpu_count", reference_kind="gate",
+            cause=["xid" if w else "unknown" for w in with79], action="reboot_node", ticket="remediation",
+            reason=[f"GPU {g} should be on this node but reports nothing"
+                    + (" (XID 79: fallen off the bus)" if w else "") for g, w in zip(missing, with79, strict=True)]))
+    return concat_findings(parts)
+
+
+def _has_perf(run: RunIndex) -> np.ndarray:
+    has = np.zeros(run.n_entities, dtype=bool)
+    perf_rows = np.isin(run.mcode, [MCODE[m] for m in METRIC_NAMES if m.endswith(("tflops", "gbps"))])
+    has[run.eid[perf_rows]] = True
+    return has
+
+
+def missing_findings(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:
+    """Inconclusive findings for results most of an entity's cohort has but it lacks."""
+    present = np.zeros((run.n_entities, N_METRICS), dtype=bool)
+    present[measured["eid"].to_numpy(), measured["mcode"].to_numpy()] = True
+    has_data = present.any(axis=1) | np.isfinite(run.telemetry).any(axis=1)
+    cohort = run.scope * (len(run.models) + 1) + run.model_code
+    frame = pd.DataFrame(present[has_data]).groupby(cohort[has_data]).mean()
+    share = frame.reindex(cohort).to_numpy()
+    expected = np.nan_to_num(share, nan=0.0) >= 0.5
+    lacking = expected & ~present & has_data[:, None]
+    eids, mcodes = np.nonzero(lacking)
+    if len(eids) == 0:
+        return empty_findings()
+    names = np.array(METRIC_NAMES, dtype=object)[mcodes]
+    return make_findings(
+        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
+        run.node_names(eids), gpu=run.gpu[eids], peer=run.peer_names(eids), severity="inconclusive",
+        rank="missing", metric=names, action="retest",
+        reason=[f"no {m} result although its peers have one" for m in names],
+    )
+
+
+def node_wide_gate_findings(run: RunIndex, findings: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """Node findings where most GPUs of a node carry a gate with the same cause (power brake, FM)."""
+    gpu_gates = findings[(findings["scope"] == "gpu") & (findings["rank"] >= 3)
+                         & (findings["severity"] >= SEVERITY["warn"])
+                         & findings["cause"].isin(["power", "thermal", "config", "nvlink", "pcie"])]
+    if gpu_gates.empty:
+        return empty_findings()
+    per = (gpu_gates.groupby(["node", "cause"])
+           .agg(gpus=("gpu", "nunique"), severity=("severity", "max"), action=("action", "first"))
+           .reset_index())
+    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
+    per_node = pd.Series(run.node_code[gpus]).value_counts()
+    per_node.index = np.asarray(run.nodes)[per_node.index.to_numpy()]
+    total = per_node.reindex(per["node"]).to_numpy()
+    wide = per[per["gpus"].to_numpy() >= np.maximum(2, policy.node_wide.cause_share * total)]
+    if wide.empty:
+        return empty_findings()
+    # FM degraded mode (links down on every GPU) is baseboard / NVSwitch work: REFERENCE.md §5.
+    ticket = np.where(wide["cause"] == "nvlink", "replacement", "remediation")
+    words = {"power": "power delivery: check the PSU, PDU and BMC power capping",
+             "thermal": "cooling: check the rack's airflow and CRAH",
+             "config": "configuration: fix the node's power or host policy",
+             "nvlink": "the NVLink fabric: Fabric Manager degraded mode or an NVSwitch; reset, restart FM, "
+                       "then baseboard",
+             "pcie": "the PCIe complex: check the host's BIOS and risers"}
+    return make_findings(
+        "node", wide["node"], severity=wide["severity"], rank="gate", reference_kind="gate",
+        cause=wide["cause"], action=wide["action"], ticket=ticket,
+        reason=[f"{g} GPUs of this node share one fault — a node-wide cause, {words[c]}"
+                for g, c in zip(wide["gpus"], wide["cause"], strict=True)],
+    )

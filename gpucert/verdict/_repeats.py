@@ -1,0 +1,130 @@
+"""Stage 1 (REFERENCE.md §4.3): repeated measurements reduced to a median, and their stability judged.
+
+The median of the repeats is what the references compare, so one transient bad repeat among three moves
+nothing; it is still *named*, because a technician reading the report should know it happened. When the
+repeats disagree as a whole (robust CV above ``unstable_factor`` × the expected run-to-run CV) the result
+is UNSTABLE — oscillating throttling or a noisy neighbour — which warns and asks for a re-run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..policy import Policy
+from ._findings import make_findings
+from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex
+
+__all__ = ["reduce_repeats"]
+
+_MAD_TO_SIGMA = 1.4826
+
+
+def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Return (one row per entity × perf metric: eid, mcode, x, n, cv_mad, unstable; findings)."""
+    rows = np.flatnonzero(IS_PERF[run.mcode])
+    key = run.eid[rows] * N_METRICS + run.mcode[rows]
+    values = run.value[rows]
+    cv_rep = np.array([_cv_rep(policy, METRIC_NAMES[m]) for m in range(N_METRICS)])
+
+    median = pd.Series(values).groupby(key, sort=False).transform("median").to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = (values - median) / median
+    # A transient is a repeat farther *below* its median than the noise could put it (interference only
+    # ever slows a benchmark down; the hardware caps the upside). It is named, and left out of the
+    # stability judgement; with three repeats the median already ignores it.
+    limit = np.maximum(policy.repeats.transient_pct / 100, 4 * cv_rep[run.mcode[rows]])
+    transient = DIRECTION[run.mcode[rows]] * rel < -limit
+
+    good = ~transient
+    good_median = pd.Series(values[good]).groupby(key[good], sort=False).transform("median").to_numpy()
+    spread = pd.DataFrame({"k": key[good], "dev": np.abs(values[good] - good_median)})
+    good_stats = spread.groupby("k", sort=False)["dev"].agg(["median", "size"])
+
+    agg = pd.DataFrame({"k": key, "v": values}).groupby("k", sort=False)["v"].agg(["median", "size"])
+    keys = agg.index.to_numpy(dtype=np.int64)
+    measured = pd.DataFrame(
+        {
+            "eid": keys // N_METRICS,
+            "mcode": keys % N_METRICS,
+            "x": agg["median"].to_numpy(),
+            "n": agg["size"].to_numpy(dtype=np.int64),
+        }
+    )
+    mad = good_stats["median"].reindex(keys).to_numpy()
+    n_good = good_stats["size"].reindex(keys).fillna(0).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        measured["cv_mad"] = _MAD_TO_SIGMA * mad / measured["x"].to_numpy()
+    n_far = measured["n"].to_numpy() - n_good
+    # Twice the limit above: a median pulled down by two transients leaves the good repeat 10-30 % above
+    # it, while plain noise on the noisiest metric (H2D, 1.5 %) reaches 6 % above a median now and then.
+    above = pd.Series(DIRECTION[run.mcode[rows]] * rel > 2 * limit).groupby(key, sort=False).sum()
+    n_above = above.reindex(keys).to_numpy()
+    # Two repeats far below the median, or one far above it, mean the median itself may be a transient.
+    unstable = (measured["n"].to_numpy() >= 3) & (
+        (n_far >= 2)
+        | (n_above >= 1)
+        | (
+            (n_good >= 3)
+            & (measured["cv_mad"].to_numpy() > policy.repeats.unstable_factor * cv_rep[measured["mcode"].to_numpy()])
+        )
+    )
+    measured["unstable"] = unstable
+    named = transient & ~np.isin(key, keys[unstable])
+    findings = [
+        _unstable_findings(run, measured[unstable], cv_rep),
+        _transient_notes(run, rows[named], rel[named]),
+    ]
+    return measured, pd.concat([f for f in findings if len(f)] or [findings[0]], ignore_index=True)
+
+
+def _cv_rep(policy: Policy, metric: str) -> float:
+    entry = policy.metrics.get(metric)
+    return entry.cv_rep if entry is not None else np.inf
+
+
+def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, cv_rep: np.ndarray) -> pd.DataFrame:
+    eids = unstable["eid"].to_numpy()
+    names = np.array(METRIC_NAMES, dtype=object)[unstable["mcode"].to_numpy()]
+    cv = unstable["cv_mad"].to_numpy() * 100
+    expected = cv_rep[unstable["mcode"].to_numpy()] * 100
+    reason = [
+        f"{m}: repeats unstable (robust CV {c:.1f} % vs {e:.1f} % expected, or several far from their "
+        "median): oscillating throttling or a noisy neighbour; re-run before judging"
+        for m, c, e in zip(names, np.nan_to_num(cv), expected, strict=True)
+    ]
+    return make_findings(
+        _scope_name(run, eids),
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity="warn",
+        rank="stat",
+        metric=names,
+        value=unstable["x"].to_numpy(),
+        cause="unknown",
+        action="retest",
+        reason=reason,
+    )
+
+
+def _transient_notes(run: RunIndex, rows: np.ndarray, rel: np.ndarray) -> pd.DataFrame:
+    eids = run.eid[rows]
+    names = np.array(METRIC_NAMES, dtype=object)[run.mcode[rows]]
+    reason = [
+        f"{m}: repeat {r} was a transient ({p:+.1f} % from the median of its repeats), ignored"
+        for m, r, p in zip(names, run.repeat[rows], rel * 100, strict=True)
+    ]
+    return make_findings(
+        _scope_name(run, eids),
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity="note",
+        rank="note",
+        reason=reason,
+    )
+
+
+def _scope_name(run: RunIndex, eids: np.ndarray) -> np.ndarray:
+    return np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]

@@ -1,0 +1,70 @@
+"""XID codes sorted into what they mean for a certification: ignore, warn, or fail with a cause.
+
+The NVIDIA Xid catalog (``data/xid_catalog.csv``, its "Xids" sheet as vendored in REFERENCE.md) gives each
+code an *immediate action* bucket. REFERENCE.md §5 groups those buckets into the project's classes and
+names the exceptions this module encodes: 48 is an ECC double-bit error, 64 a row-remap failure (RMA path),
+74 an NVLink error, 79 a GPU fallen off the bus, 92 an SBE storm that warns when it repeats, 157 a
+retirement failure (an RMA candidate), and 167/168/169 have no bucket in the catalog (project defaults).
+Application-class XIDs (13, 31, 94, …) are the workload's fault, never the GPU's verdict.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from io import StringIO
+
+import pandas as pd
+
+__all__ = ["XID_RULE_COLUMNS", "xid_rules"]
+
+XID_RULE_COLUMNS = ("klass", "severity", "repeat_only", "cause", "action", "ticket", "mnemonic")
+
+# (class, severity, fires only when repeated, cause, action, ticket) per catalog immediate action.
+_BY_BUCKET: dict[str, tuple[str, str, bool, str, str, str]] = {
+    "RESTART_APP": ("application", "note", False, "", "none", "none"),
+    "IGNORE": ("informational", "note", False, "", "none", "none"),
+    "XID_154": ("informational", "note", False, "", "none", "none"),
+    "WORKFLOW_XID_45": ("informational", "note", False, "", "none", "none"),
+    "RESET_GPU": ("reset", "fail", False, "xid", "reset_gpu", "remediation"),
+    "RESTART_BM": ("reboot", "fail", False, "xid", "reboot_node", "remediation"),
+    "RESTART_VM": ("reboot", "fail", False, "xid", "reboot_node", "remediation"),
+    "WORKFLOW_XID_48": ("workflow", "fail", False, "ecc", "reset_gpu", "remediation"),
+    "WORKFLOW_NVLINK_ERR": ("workflow", "fail", False, "nvlink", "reset_gpu", "remediation"),
+    "CHECK_MECHANICALS": ("physical", "warn", False, "power", "check_power", "remediation"),
+    "UPDATE_SWFW": ("physical", "warn", False, "config", "fix_config", "remediation"),
+}
+
+# Codes whose meaning is more specific than their bucket (REFERENCE.md §5 table and XID buckets).
+_OVERRIDES: dict[int, tuple[str, str, bool, str, str, str]] = {
+    64: ("reset", "fail", False, "row_remap", "run_field_diag", "replacement"),
+    95: ("reset", "fail", False, "ecc", "reset_gpu", "remediation"),
+    140: ("reset", "fail", False, "ecc", "reset_gpu", "remediation"),
+    92: ("monitor", "warn", True, "ecc", "run_field_diag", "remediation"),
+    157: ("rma", "fail", False, "row_remap", "run_field_diag", "replacement"),
+    167: ("reset", "fail", False, "pcie", "reset_gpu", "remediation"),
+    169: ("reset", "fail", False, "xid", "reset_gpu", "remediation"),
+    168: ("physical", "warn", False, "config", "fix_config", "remediation"),
+    171: ("informational", "note", False, "", "none", "none"),
+    172: ("informational", "note", False, "", "none", "none"),
+}
+
+#: The rule for a code the catalog does not know or that does not apply to data-centre GPUs.
+UNKNOWN_RULE = ("unknown", "warn", False, "xid", "retest", "remediation", "")
+
+
+@cache
+def xid_rules() -> pd.DataFrame:
+    """One row per catalog XID, indexed by code: what a certification does when a GPU logs it."""
+    text = resources.files("gpucert").joinpath("data/xid_catalog.csv").read_text(encoding="utf-8")
+    catalog = pd.read_csv(StringIO(text), usecols=["xid", "mnemonic", "h100", "immediate_action"])
+    rows = []
+    for code, mnemonic, applies, bucket in catalog.itertuples(index=False):  # 172 catalog rows, once
+        rule = _OVERRIDES.get(int(code))
+        if rule is None and applies == "YES" and isinstance(bucket, str):
+            rule = _BY_BUCKET.get(bucket)
+        if rule is None:
+            rule = UNKNOWN_RULE[:6]
+        rows.append((int(code), *rule, str(mnemonic)))
+    table = pd.DataFrame(rows, columns=["xid", *XID_RULE_COLUMNS]).set_index("xid")
+    return table

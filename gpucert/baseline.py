@@ -4,7 +4,8 @@ Three kinds of rows, in one table:
 
 * ``gpu`` (keyed by GPU UUID) and ``node`` (keyed by node name): an entity's **own** baseline. It is
   seeded from the entity's first ``seed_runs`` *passing* runs — each run judged against the baseline as
-  it stands, so a GPU that is already slow when it arrives never teaches gpucert that slow is normal —
+  it stands, so a GPU that is already slow when it arrives never teaches gpucert that slow is normal
+  (a mild warn against peers alone still seeds: see :func:`_seedable`) —
   and then **held**: later runs do not move it, so slow drift stays measurable against it. Only a
   deliberate re-baseline (:func:`forget`: a stack change, a repair, ``gpucert baseline rebuild``) clears
   it to be seeded again. ``center`` is the mean of the run medians and ``spread`` their standard
@@ -79,9 +80,9 @@ def build_baseline(
     seeded = held = rejected = 0
     for run_id in order.index:
         part = results[results["run_id"] == run_id]
-        evaluation = evaluate_run(part, table, policy, floors)
-        accepted = _accepted(evaluation.verdicts, evaluation.medians)
-        rejected += int(_rejected_entities(evaluation.verdicts))
+        evaluation = evaluate_run(part, table, policy, floors, with_medians=True)
+        accepted = _accepted(evaluation.verdicts, evaluation.medians, policy)
+        rejected += int(_rejected_entities(evaluation.verdicts, policy))
         ts = pd.Timestamp(order[run_id])
         table, s, h = _extend_own(table, accepted, ts, policy.baseline.seed_runs, stack_json)
         seeded += s
@@ -101,14 +102,31 @@ def forget(table: pd.DataFrame, nodes: Sequence[str]) -> tuple[pd.DataFrame, int
     return table[~drop].reset_index(drop=True), int(drop.sum())
 
 
-def _rejected_entities(verdicts: pd.DataFrame) -> int:
+def _rejected_entities(verdicts: pd.DataFrame, policy: Policy) -> int:
     entity = verdicts[verdicts["reference_kind"] != "fleet"]
-    return int((entity["verdict"] != "pass").sum())
+    return int((~_seedable(entity, policy)).sum())
 
 
-def _accepted(verdicts: pd.DataFrame, medians: pd.DataFrame) -> pd.DataFrame:
-    """The medians of the entities whose verdict in this run is a pass."""
-    passed = verdicts[verdicts["verdict"] == "pass"]
+def _seedable(verdicts: pd.DataFrame, policy: Policy) -> pd.Series:
+    """Which verdicts may teach an own baseline.
+
+    A pass, and also a warn whose only ground is a mild deficit against peers or the model reference
+    (weaker than ``peers.seed_z``): GPUs sit up to ~5 % apart by binning alone (REFERENCE.md §2),
+    and one in the tail of that spread would otherwise warn at every seeding run, never get a history of
+    its own, and warn every night for ever. A GPU clearly below its peers still never seeds.
+    """
+    mild = (
+        (verdicts["verdict"] == "warn")
+        & verdicts["reference_kind"].isin(["peer", "model"])
+        & (verdicts["z"] > -policy.peers.seed_z)
+        & (verdicts["cause"] == "slow_silicon")
+    )
+    return (verdicts["verdict"] == "pass") | mild
+
+
+def _accepted(verdicts: pd.DataFrame, medians: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """The medians of the entities whose verdict in this run may seed their own baseline."""
+    passed = verdicts[_seedable(verdicts, policy)]
     gpu_ok = passed[passed["gpu"].notna()]
     node_ok = passed[passed["gpu"].isna() & passed["peer"].isna() & passed["node"].notna()]
     gpus = medians[medians["scope"] == "gpu"].merge(
@@ -131,7 +149,7 @@ def _extend_own(
             "key": np.where(accepted["scope"] == "gpu", accepted["gpu_uuid"], accepted["node"]),
             "metric": accepted["metric"].to_numpy(),
             "x": accepted["x"].to_numpy(),
-            "node_of": np.where(accepted["scope"] == "gpu", accepted["node"], None),
+            "node_of": accepted["node"].where(accepted["scope"] == "gpu").to_numpy(),
         }
     )
     merged = new.merge(table, on=_KEY, how="left")

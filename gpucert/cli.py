@@ -30,18 +30,27 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     compare = commands.add_parser(
-        "compare", help="judge benchmark results against the baselines and write verdicts",
+        "compare",
+        help="judge benchmark results against the baselines and write verdicts",
         description="Judge RESULTS (CSV, Parquet or JSON lines) against the store's current baselines. "
         "Exits 0 when verdicts were written, whatever they say; 3 with --fail-on when a verdict reaches "
         "it; 2 on bad input.",
     )
     compare.add_argument("results", nargs="+", metavar="RESULTS")
-    compare.add_argument("--baselines", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    compare.add_argument(
+        "--baselines", required=True, metavar="URI", help="store root: file:///path or s3://…"
+    )
     compare.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     compare.add_argument("--out", required=True, metavar="VERDICTS", help="a .csv or .parquet file to write")
-    compare.add_argument("--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse")
-    compare.add_argument("--version-of-baseline", metavar="VERSION", dest="baseline_version",
-                         help="judge against this baseline version instead of the current one")
+    compare.add_argument(
+        "--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse"
+    )
+    compare.add_argument(
+        "--version-of-baseline",
+        metavar="VERSION",
+        dest="baseline_version",
+        help="judge against this baseline version instead of the current one",
+    )
 
     baseline = commands.add_parser("baseline", help="build, list, roll back or re-seed baselines")
     actions = baseline.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -58,8 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument("nodes", nargs="+", metavar="NODE")
     rebuild.add_argument("--store", required=True, metavar="URI")
-    rebuild.add_argument("--results", nargs="*", default=[], metavar="RESULTS",
-                         help="seed the forgotten baselines from these runs at once")
+    rebuild.add_argument(
+        "--results",
+        nargs="*",
+        default=[],
+        metavar="RESULTS",
+        help="seed the forgotten baselines from these runs at once",
+    )
     rebuild.add_argument("--policy", metavar="FILE")
     listing = actions.add_parser("list", help="the baseline versions, oldest first")
     listing.add_argument("--store", required=True, metavar="URI")
@@ -87,8 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the last line of defence: a bug, reported without a wall of traceback
         if os.environ.get("GPUCERT_DEBUG"):
             traceback.print_exc()
-        print(f"gpucert: internal error: {type(exc).__name__}: {exc} "
-              "(set GPUCERT_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"gpucert: internal error: {type(exc).__name__}: {exc} (set GPUCERT_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 
@@ -96,17 +112,25 @@ def _dispatch(args: argparse.Namespace) -> int:
     from . import commands  # the heavy imports (pandas) only once the arguments parsed
 
     if args.command == "compare":
-        return commands.compare(args.results, baselines=args.baselines, policy_file=args.policy, out=args.out,
-                                fail_on=args.fail_on, baseline_version=args.baseline_version)
+        return commands.compare(
+            args.results,
+            baselines=args.baselines,
+            policy_file=args.policy,
+            out=args.out,
+            fail_on=args.fail_on,
+            baseline_version=args.baseline_version,
+        )
     if args.command == "baseline":
         if args.action == "build":
-            return commands.baseline_build(args.results, store=args.store, policy_file=args.policy,
-                                           stack_file=args.stack)
+            return commands.baseline_build(
+                args.results, store=args.store, policy_file=args.policy, stack_file=args.stack
+            )
         if args.action == "rollback":
             return commands.baseline_rollback(args.version, store=args.store)
         if args.action == "rebuild":
-            return commands.baseline_rebuild(args.nodes, store=args.store, results=args.results,
-                                             policy_file=args.policy)
+            return commands.baseline_rebuild(
+                args.nodes, store=args.store, results=args.results, policy_file=args.policy
+            )
         return commands.baseline_list(store=args.store)
     if args.command == "demo":
         from .demo import run_demo

@@ -59,7 +59,9 @@ def compare(
     frame = read_results(results)
     table = store.read(baseline_version)
     if table.empty:
-        print("gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only")
+        print(
+            "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
+        )
     verdicts = judge(frame, table, policy)
     write_table(verdicts, out)
     print(f"wrote {out}: {summarize(verdicts)}")
@@ -134,7 +136,9 @@ def baseline_rebuild(
 
     version = target.update(reseed, message=f"baseline rebuild {' '.join(nodes)}")
     how = "re-seeded from the given runs" if frame is not None else "to be seeded by their next passing runs"
-    print(f"baseline {version} is current: {dropped[-1]:,} own baselines of {len(nodes)} node(s) forgotten, {how}")
+    print(
+        f"baseline {version} is current: {dropped[-1]:,} own baselines of {len(nodes)} node(s) forgotten, {how}"
+    )
     return 0
 
 
@@ -146,5 +150,7 @@ def baseline_list(*, store: str) -> int:
         return 0
     for info in versions:
         mark = "*" if info.is_current else " "
-        print(f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}")
+        print(
+            f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}"
+        )
     return 0

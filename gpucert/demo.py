@@ -60,12 +60,15 @@ def run_demo(*, workdir: str, nodes: int = 16, seed: int = 7) -> int:
 
     tonight = fleet.replace_gpus(1 / (nodes * 8), seed=seed)
     faults = _night_faults(tonight)
-    night = tonight.run("night-1", ts=start + dt.timedelta(days=30), seed=seed * 100 + 99, faults=faults,
-                        fleet_shift=-0.02)
+    night = tonight.run(
+        "night-1", ts=start + dt.timedelta(days=30), seed=seed * 100 + 99, faults=faults, fleet_shift=-0.02
+    )
     night_file = root / "runs" / "night-1.parquet"
     write_results(night.results, night_file)
-    console.print("\n[bold]2. Tonight[/]: a new driver costs every GPU 2 %, one GPU was swapped, and these "
-                  "faults were injected:")
+    console.print(
+        "\n[bold]2. Tonight[/]: a new driver costs every GPU 2 %, one GPU was swapped, and these "
+        "faults were injected:"
+    )
     for fault in faults:
         where = fault.node + (f" GPU {fault.gpu}" if fault.gpu is not None else " (whole node)")
         console.print(f"   • {fault.kind:<16} {where}")
@@ -77,22 +80,38 @@ def run_demo(*, workdir: str, nodes: int = 16, seed: int = 7) -> int:
     _print_findings(console, verdicts)
     _print_truth(console, night.truth, verdicts)
     console.print(f"\nFiles: {root}/  (results in runs/, baselines in store/, verdicts in {out.name})")
-    console.print("Try: [cyan]gpucert compare " + f"{night_file} --baselines {store} --out v.csv --fail-on fail")
+    console.print(
+        "Try: [cyan]gpucert compare " + f"{night_file} --baselines {store} --out v.csv --fail-on fail"
+    )
     return 0
 
 
 def _print_findings(console: Console, verdicts: pd.DataFrame) -> None:
     flagged = verdicts[verdicts["verdict"] != "pass"].fillna({"node": "(fleet)", "cause": "", "reasons": ""})
     table = Table(title="What gpucert found (every row that is not a pass)", show_lines=False, expand=True)
-    for column, style in (("node", "bold"), ("gpu", ""), ("verdict", ""), ("cause", "magenta"),
-                          ("action", "cyan"), ("ticket", ""), ("why", "")):
+    for column, style in (
+        ("node", "bold"),
+        ("gpu", ""),
+        ("verdict", ""),
+        ("cause", "magenta"),
+        ("action", "cyan"),
+        ("ticket", ""),
+        ("why", ""),
+    ):
         table.add_column(column, style=style, overflow="fold", ratio=4 if column == "why" else None)
     colours = {"fail": "red", "warn": "yellow", "inconclusive": "blue"}
-    for row in flagged.itertuples(index=False):  # the flagged rows only: a handful
-        gpu = "" if pd.isna(row.gpu) else str(row.gpu)
-        why = str(row.reasons).split("; ")[0]
-        table.add_row(str(row.node), gpu, f"[{colours.get(row.verdict, '')}]{row.verdict}", str(row.cause),
-                      str(row.action), str(row.ticket), why)
+    for row in flagged.to_dict("records"):  # the flagged rows only: a handful
+        gpu = "" if pd.isna(row["gpu"]) else str(row["gpu"])
+        why = str(row["reasons"]).split("; ")[0]
+        table.add_row(
+            str(row["node"]),
+            gpu,
+            f"[{colours.get(str(row['verdict']), '')}]{row['verdict']}",
+            str(row["cause"]),
+            str(row["action"]),
+            str(row["ticket"]),
+            why,
+        )
     console.print(table)
 
 
@@ -100,15 +119,18 @@ def _print_truth(console: Console, truth: pd.DataFrame, verdicts: pd.DataFrame) 
     table = Table(title="Injected faults against the verdicts")
     for column in ("fault", "where", "expected cause", "verdict", "cause", "right?"):
         table.add_column(column)
-    for row in truth.itertuples(index=False):
-        if pd.isna(row.gpu):
-            hit = verdicts[(verdicts["node"] == row.node) & verdicts["gpu"].isna()]
-        else:
-            hit = verdicts[(verdicts["node"] == row.node) & (verdicts["gpu"] == row.gpu)]
-        verdict = hit["verdict"].iloc[0] if len(hit) else "(no row)"
-        cause = hit["cause"].fillna("").iloc[0] if len(hit) else ""
+    for fault in truth.to_dict("records"):
+        on_gpu = not pd.isna(fault["gpu"])
+        same_node = verdicts["node"] == fault["node"]
+        hit = (
+            verdicts[same_node & (verdicts["gpu"] == fault["gpu"])]
+            if on_gpu
+            else verdicts[same_node & verdicts["gpu"].isna() & verdicts["peer"].isna()]
+        )
+        verdict = str(hit["verdict"].iloc[0]) if len(hit) else "(no row)"
+        cause = str(hit["cause"].fillna("").iloc[0]) if len(hit) else ""
         found = verdict in ("warn", "fail")
-        right = "✓" if found and (cause == row.expected_cause or not row.signature) else "✗"
-        where = str(row.node) + ("" if pd.isna(row.gpu) else f" GPU {row.gpu}")
-        table.add_row(str(row.kind), where, str(row.expected_cause), str(verdict), str(cause), right)
+        right = "✓" if found and (cause == fault["expected_cause"] or not fault["signature"]) else "✗"
+        where = str(fault["node"]) + (f" GPU {fault['gpu']}" if on_gpu else "")
+        table.add_row(str(fault["kind"]), where, str(fault["expected_cause"]), verdict, cause, right)
     console.print(table)

@@ -52,6 +52,7 @@ class RepeatsPolicy(_Strict):
 class PeersPolicy(_Strict):
     min_nodes: int = Field(ge=2)
     cv_floor_factor: float = Field(gt=0, le=1)
+    seed_z: float = Field(gt=0)
     with_history_z: float = Field(gt=0)
 
 

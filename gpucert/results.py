@@ -66,6 +66,7 @@ PathArg = str | os.PathLike[str]
 Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
+Codes = npt.NDArray[np.integer[Any]]
 
 _REQUIRED_TEXT: Final = frozenset({"run_id", "node", "gpu_model", "metric"})
 _RUN_ID: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -104,7 +105,12 @@ def read_results(paths: PathArg | Sequence[PathArg]) -> pd.DataFrame:
     for path in files:
         raw = _read_file(path)
         found = _Findings(_Rows(raw.rows), len(raw.frame), raw.problems, raw.total)
-        canonical = _validate(raw.frame, found, raw.duplicated_columns)
+        try:
+            canonical = _validate(raw.frame, found, raw.duplicated_columns)
+        except (TypeError, ValueError, pa.ArrowException) as exc:
+            # Values of a type no rule foresaw (a list in a Parquet column, say): still no traceback.
+            problem = Problem(f"cannot read the values: {_one_line(exc)}")
+            raise ResultsError(os.fspath(path), [*found.problems, problem], total=found.total + 1) from None
         found.raise_for(os.fspath(path))
         parts.append(_tidy_categories(canonical))
         numbers.append(raw.rows)
@@ -216,34 +222,34 @@ class _Findings:
 
     def groups(
         self,
-        group: Ints,
-        mask: Bools,
+        positions: Ints,
+        keys: Ints,
         column: str,
-        describe: Callable[[Ints], str],
-        value: Ints | None = None,
+        describe: Callable[[Ints, Codes | None], str],
+        values: Codes | None = None,
     ) -> None:
-        """One problem per group of rows (rows flagged in ``mask``, grouped by ``group``), in row order.
+        """One problem per group of flagged rows: ``positions`` (ascending) grouped by ``keys``.
 
-        ``describe`` gets the group's positions in row order. The problem points at the first row that
-        disagrees with the group's first row (its ``value`` differs), or without ``value`` at the second
-        row (the first repeat).
+        ``describe`` gets a group's positions in row order and, when given, their ``values``. The problem
+        points at the first row whose value differs from the group's first, or without values at the
+        second row (the first repeat). Groups are reported in the order of their first row.
         """
-        positions = np.flatnonzero(mask)
         if positions.size == 0:
             return
-        ordered = positions[np.argsort(group[positions], kind="stable")]
-        keys = group[ordered]
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        ends = np.r_[starts[1:], keys.size]
+        order = np.argsort(keys, kind="stable")
+        ordered, sorted_keys = positions[order], keys[order]
+        starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        ends = np.r_[starts[1:], sorted_keys.size]
         self.total += int(starts.size)
         for g in np.argsort(ordered[starts], kind="stable")[:_CAP]:
             members = ordered[starts[g] : ends[g]]
-            if value is None:
+            member_values = None if values is None else values[order[starts[g] : ends[g]]]
+            if member_values is None:
                 pointer = members[min(1, members.size - 1)]
             else:
-                pointer = members[np.argmax(value[members] != value[members[0]])]
+                pointer = members[np.argmax(member_values != member_values[0])]
             row = self.rows.number(int(pointer))
-            self.problems.append(Problem(describe(members), row=row, column=column))
+            self.problems.append(Problem(describe(members, member_values), row=row, column=column))
 
     def raise_for(self, source: str) -> None:
         if self.total:
@@ -271,9 +277,10 @@ def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequenc
     """
     missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
     for name in duplicated_columns:
-        found.whole(f"column {name!r} appears more than once", column=name)
+        found.whole("the header names this column more than once", column=name)
     if len(frame) == 0:
-        found.whole("no result rows")
+        if not found.total:  # a file whose every line was unreadable has said so already
+            found.whole("no result rows")
         if 0 < len(missing) < len(RESULT_COLUMNS):
             found.whole(_missing_message(missing))
         return _empty_canonical()
@@ -282,23 +289,17 @@ def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequenc
     if missing or duplicated_columns:
         return _empty_canonical()
 
-    out: dict[str, Any] = {}
-    for name in CATEGORY_COLUMNS:
-        out[name] = _category_column(frame[name], name, found)
-    gpu, gpu_given = _integer_column(frame["gpu"], "gpu", found, required=False)
-    repeat, _ = _integer_column(frame["repeat"], "repeat", found, required=True)
-    out["gpu"] = pd.Series(gpu, index=frame.index, name="gpu")
-    out["repeat"] = pd.Series(repeat.to_numpy(dtype=np.int64, na_value=0), index=frame.index, name="repeat")
+    # Each column comes back as it was when it already has its canonical dtype: no copy, no conversion.
+    out = {name: _category_column(frame[name], name, found) for name in CATEGORY_COLUMNS}
+    out["gpu"], gpu_given = _integer_column(frame["gpu"], "gpu", found, nullable=True)
+    out["repeat"], _ = _integer_column(frame["repeat"], "repeat", found, nullable=False)
     out["ts"] = _ts_column(frame["ts"], found)
-
     levels = _check_metrics(out["metric"], found)
     _check_run_ids(out["run_id"], found)
-    out["value"] = pd.Series(
-        _value_column(frame["value"], out["metric"], levels, found), index=frame.index, name="value"
-    )
+    out["value"] = _value_column(frame["value"], out["metric"], levels, found)
     _check_levels(levels, gpu_given, out["peer"].cat.codes.to_numpy() >= 0, out["metric"], found)
 
-    canonical = pd.DataFrame({name: out[name] for name in RESULT_COLUMNS})
+    canonical = pd.DataFrame({name: out[name] for name in RESULT_COLUMNS}, copy=False)
     _check_relations(_Codes.of(canonical), found)
     return canonical
 
@@ -346,9 +347,8 @@ def _to_text(value: object) -> str:
 def _canonical_categories(column: pd.Series) -> pd.Series:
     """Make the categories strings, and blank ones missing; untouched when they already are."""
     categories = column.cat.categories
-    if categories.dtype == _STR:
-        as_text = categories
-    else:
+    as_text = categories
+    if categories.dtype != _STR:
         as_text = pd.Index([_to_text(c) for c in categories], dtype=_STR)
     blank = np.asarray(as_text.str.strip() == "", dtype=bool)
     if categories.dtype == _STR and not blank.any():
@@ -366,7 +366,7 @@ def _recode(column: pd.Series, mapping: Ints, categories: pd.Index) -> pd.Series
     # Appending -1 makes the missing code (-1) map to itself in the same gather.
     new_codes = np.append(mapping, -1)[codes]
     categorical = pd.Categorical.from_codes(new_codes, dtype=pd.CategoricalDtype(categories))
-    return pd.Series(categorical, index=column.index, name=column.name)
+    return pd.Series(categorical, index=column.index, name=column.name, copy=False)
 
 
 def _per_category(column: pd.Series, flags: Bools, *, missing: bool = False) -> Bools:
@@ -457,17 +457,17 @@ def _parse_numbers(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
             masked = isinstance(dtype, pd.api.extensions.ExtensionDtype)
             missing = raw.isna().to_numpy(dtype=bool) if masked else np.zeros(n, dtype=bool)
         return _Numbers(values, missing, np.zeros(n, dtype=bool))
-    return _parse_number_text(raw)
+    return _parse_number_text(raw, nan_is_missing=nan_is_missing)
 
 
-def _parse_number_text(raw: pd.Series) -> _Numbers:
+def _parse_number_text(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
     fast = _arrow_cast(raw, pa.float64())
     if fast is not None:
         cast, missing = fast
         values = np.asarray(pc.fill_null(cast, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
         return _Numbers(values, missing, np.zeros(len(raw), dtype=bool))
     # Slow path, taken only when some value is not a clean number: find which, keeping the text.
-    blank = _blank(raw)
+    blank = _blank(raw, nan_is_missing=nan_is_missing)
     values = pd.to_numeric(raw.where(~blank), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     unparsed = np.isnan(values) & ~blank
     if unparsed.any():
@@ -478,9 +478,17 @@ def _parse_number_text(raw: pd.Series) -> _Numbers:
     return _Numbers(values, blank, unparsed)
 
 
-def _blank(raw: pd.Series) -> Bools:
+def _blank(raw: pd.Series, *, nan_is_missing: bool = True) -> Bools:
+    """Missing or only white space. Among Python objects (a JSON line, a frame built by hand) a float NaN
+    is a NaN measured unless ``nan_is_missing``; elsewhere NaN is how pandas marks a missing string."""
+    missing = np.array(raw.isna(), dtype=bool)  # a copy: it is written to below
+    if raw.dtype != object:
+        return missing | (raw.str.strip() == "").to_numpy(dtype=bool)
+    if not nan_is_missing and missing.any():
+        idx = np.flatnonzero(missing)
+        missing[idx] = [not isinstance(v, float) for v in raw.iloc[idx]]
     text = raw.map(_to_text, na_action="ignore")
-    return (raw.isna() | (text.str.strip() == "")).to_numpy(dtype=bool)
+    return missing | (text.str.strip() == "").to_numpy(dtype=bool)
 
 
 def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
@@ -502,9 +510,12 @@ def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
 
 
 def _integer_column(
-    raw: pd.Series, name: str, found: _Findings, *, required: bool
-) -> tuple[pd.arrays.IntegerArray, Bools]:
-    """An integer ≥ 0 column as ``Int64``; also returns where a value was given (even a bad one)."""
+    raw: pd.Series, name: str, found: _Findings, *, nullable: bool
+) -> tuple[pd.Series, Bools]:
+    """An integer ≥ 0 column: ``Int64`` when ``nullable``, else ``int64`` and required.
+
+    Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
+    """
     dtype = raw.dtype
     if pd.api.types.is_integer_dtype(dtype) and not isinstance(dtype, pd.CategoricalDtype):
         # The usual case (Parquet, a generated frame): no float round trip, no text.
@@ -520,17 +531,23 @@ def _integer_column(
         not_integer = ~missing & ~whole
         values = np.where(whole, parsed.values, 0).astype(np.int64)
     negative = ~missing & ~not_integer & (values < 0)
-    if required:
+    if not nullable:
         found.each(missing, name, lambda i: f"{name} is empty")
     found.each(not_integer, name, lambda i: f"{name} {_text_at(raw, i)!r} is not an integer")
     found.each(negative, name, lambda i: f"{name} {_text_at(raw, i)!r} is negative")
-    mask = missing | not_integer | negative
-    return pd.arrays.IntegerArray(np.where(mask, 0, values), mask), ~missing
+    given = ~missing
+    if dtype == RESULT_DTYPES[name]:
+        return raw, given
+    unusable = missing | not_integer | negative
+    if unusable.any():
+        values = np.where(unusable, 0, values)
+    column = pd.arrays.IntegerArray(values, unusable) if nullable else values
+    return pd.Series(column, index=raw.index, name=name, copy=False), given
 
 
 def _value_column(
     raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8], found: _Findings
-) -> Floats:
+) -> pd.Series:
     parsed = _parse_numbers(raw, nan_is_missing=False)
     values = parsed.values
     found.each(parsed.missing, "value", lambda i: "value is empty")
@@ -553,7 +570,9 @@ def _value_column(
             return f"negative value {text!r}: {name!r} is never negative"
 
         found.each(negative & (levels != _UNKNOWN), "value", describe)
-    return values
+    if raw.dtype == np.float64:
+        return raw
+    return pd.Series(values, index=raw.index, name="value", copy=False)
 
 
 # Timestamps ---------------------------------------------------------------------------------------------
@@ -563,7 +582,9 @@ def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
     """Timestamps in UTC, microseconds; a timestamp without a zone is taken as UTC."""
     dtype = raw.dtype
     garbage = np.zeros(len(raw), dtype=bool)
-    if isinstance(dtype, pd.DatetimeTZDtype):
+    if dtype == _TS:
+        ts = raw
+    elif isinstance(dtype, pd.DatetimeTZDtype):
         ts = raw.dt.tz_convert("UTC")
     elif pd.api.types.is_datetime64_dtype(dtype):
         ts = raw.dt.tz_localize("UTC")
@@ -573,7 +594,7 @@ def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
         garbage = raw.notna().to_numpy(dtype=bool)
     else:
         ts, garbage = _parse_ts_text(raw)
-    utc: pd.Series = ts.dt.as_unit("us")
+    utc: pd.Series = ts if ts.dtype == _TS else ts.dt.as_unit("us")
     missing = utc.isna().to_numpy(dtype=bool) & ~garbage
     found.each(missing, "ts", lambda i: "ts is empty")
     found.each(
@@ -581,23 +602,27 @@ def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
         "ts",
         lambda i: f"ts {_text_at(raw, i)!r} is not a timestamp (ISO 8601, e.g. 2024-05-01T12:00:00Z)",
     )
-    utc.name = "ts"
-    return utc
+    return utc if utc.name == "ts" else utc.rename("ts")
 
 
 def _parse_ts_text(raw: pd.Series) -> tuple[pd.Series, Bools]:
+    """Parse ISO 8601 text to UTC; also returns the mask of values that are not timestamps."""
     if isinstance(raw.dtype, pd.CategoricalDtype):
         parsed, garbage = _parse_ts_text(pd.Series(raw.cat.categories, dtype=object))
         codes = raw.cat.codes.to_numpy()
-        ts = pd.Series(pd.DatetimeIndex(parsed).take(codes, allow_fill=True), index=raw.index)
+        values = np.append(parsed.to_numpy(dtype="datetime64[us]"), np.datetime64("NaT", "us"))[codes]
+        ts = pd.Series(values, index=raw.index, copy=False).dt.tz_localize("UTC")
         return ts, np.append(garbage, False)[codes]
-    fast = _arrow_cast(raw, pa.timestamp("us", tz="UTC"))
-    if fast is not None:
-        return pd.Series(fast[0].to_pandas().array, index=raw.index), np.zeros(len(raw), dtype=bool)
-    # Slow path: zone-less timestamps (Arrow wants an offset to cast to UTC) or some bad text.
+    # Arrow first (fast): with offsets, or else all without one, which are UTC by the contract.
+    for arrow_type in (pa.timestamp("us", tz="UTC"), pa.timestamp("us")):
+        fast = _arrow_cast(raw, arrow_type)
+        if fast is not None:
+            cast = fast[0] if arrow_type.tz else pc.assume_timezone(fast[0], "UTC")
+            return pd.Series(cast.to_pandas().array, index=raw.index), np.zeros(len(raw), dtype=bool)
+    # Slow path: offsets and no offsets mixed, or some bad text.
     blank = _blank(raw)
-    text = raw.map(_to_text, na_action="ignore").where(~blank)
-    ts = pd.to_datetime(text, utc=True, format="ISO8601", errors="coerce")
+    text = raw if raw.dtype != object else raw.map(_to_text, na_action="ignore")
+    ts = pd.to_datetime(text.where(~blank), utc=True, format="ISO8601", errors="coerce")
     return ts, ts.isna().to_numpy(dtype=bool) & ~blank
 
 
@@ -631,23 +656,25 @@ def _check_levels(
 
 @dataclass(frozen=True)
 class _Codes:
-    """A canonical frame as integer codes: what the checks across rows compare."""
+    """A canonical frame as integer arrays (category codes as they are, -1 where missing): what the
+    checks across rows compare. ``pos`` maps a subset's rows back to the frame's positions."""
 
     frame: pd.DataFrame
-    run: Ints
-    node: Ints
-    gpu: Ints  # -1: no GPU
-    uuid: Ints  # -1: no UUID
-    model: Ints
-    metric: Ints
+    run: Codes
+    node: Codes
+    gpu: Ints
+    uuid: Codes
+    model: Codes
+    metric: Codes
     repeat: Ints
-    peer: Ints  # -1: no peer
+    peer: Codes
     event: Bools
+    pos: Ints | None = None
 
     @classmethod
     def of(cls, frame: pd.DataFrame) -> _Codes:
-        def codes(name: str) -> Ints:
-            return frame[name].cat.codes.to_numpy().astype(np.int64)
+        def codes(name: str) -> Codes:
+            return frame[name].cat.codes.to_numpy()
 
         metric = frame["metric"]
         is_event = np.array([str(c) in EVENT_METRICS for c in metric.cat.categories], dtype=bool)
@@ -664,139 +691,220 @@ class _Codes:
             event=_per_category(metric, is_event),
         )
 
+    def take(self, mask: Bools) -> _Codes:
+        """The rows of ``mask``; unchanged (no copy) when that is every row."""
+        if mask.all():
+            return self
+        idx = np.flatnonzero(mask)
+        return _Codes(
+            frame=self.frame,
+            run=self.run[idx],
+            node=self.node[idx],
+            gpu=self.gpu[idx],
+            uuid=self.uuid[idx],
+            model=self.model[idx],
+            metric=self.metric[idx],
+            repeat=self.repeat[idx],
+            peer=self.peer[idx],
+            event=self.event[idx],
+            pos=idx if self.pos is None else self.pos[idx],
+        )
+
+    def positions(self, mask: Bools) -> tuple[Ints, Ints]:
+        """Where ``mask`` is set: the indices into this subset and the frame's positions."""
+        idx = np.flatnonzero(mask)
+        return idx, (idx if self.pos is None else self.pos[idx])
+
     def text(self, name: str, i: int) -> str:
         return _text_at(self.frame[name], i)
 
     def gpu_words(self, i: int) -> str:
-        return f"node {self.text('node', i)!r} gpu {self.gpu[i]}"
+        gpu = self.frame["gpu"].iloc[i]
+        return f"node {self.text('node', i)!r} gpu {gpu}"
 
 
 def _check_relations(codes: _Codes, found: _Findings) -> None:
     """Duplicated samples and conflicting identities, among the rows without a problem of their own."""
-    ok = ~found.bad
-    runs = int(codes.run.max(initial=-1)) + 1
+    rows = codes.take(~found.bad)
+    several_runs = len(codes.frame["run_id"].cat.categories) > 1
 
     def in_run(i: int) -> str:
-        return f" in run {codes.text('run_id', i)!r}" if runs > 1 else ""
+        return f" in run {codes.text('run_id', i)!r}" if several_runs else ""
 
-    # A sample is (run_id, node, gpu, metric, repeat, peer); events (XIDs, errors) may repeat.
-    sample = ok & ~codes.event
-    parts = [codes.run, codes.node, codes.gpu + 1, codes.metric, codes.repeat, codes.peer + 1]
-    key = _group_ids(parts, sample)
-    duplicated = _conflicts(key, np.arange(key.size, dtype=np.int64), sample)
+    def report(
+        subset: _Codes,
+        *,
+        flagged: Bools | None,
+        keys: Ints,
+        column: str,
+        describe: Callable[[Ints, Codes | None], str],
+        values: Codes | None = None,
+    ) -> None:
+        if flagged is None:
+            return
+        idx, positions = subset.positions(flagged)
+        found.groups(positions, keys[idx], column, describe, None if values is None else values[idx])
 
-    def duplicate(rows: Ints) -> str:
-        i = int(rows[0])
+    # A sample is (run_id, node, gpu, metric, repeat, peer). Events (XIDs, errors) may repeat: a key holds
+    # one metric, so its rows are all events or none, and dropping event rows after the fact is exact.
+    key, span = _group_ids(
+        [(rows.run, 0), (rows.node, 0), (rows.gpu, 1), (rows.metric, 0), (rows.repeat, 0), (rows.peer, 1)]
+    )
+    repeated = _repeated(key, span)
+    if repeated is not None:
+        repeated &= ~rows.event
+
+    def duplicate(members: Ints, _: Codes | None) -> str:
+        i = int(members[0])
         peer = f", peer {codes.text('peer', i)!r}" if codes.peer[i] >= 0 else ""
         gpu = f", gpu {codes.gpu[i]}" if codes.gpu[i] >= 0 else ""
         return (
             f"duplicated sample (node {codes.text('node', i)!r}{gpu}, metric {codes.text('metric', i)!r}, "
-            f"repeat {codes.repeat[i]}{peer}){in_run(i)}: {found.rows.describe(rows)}"
+            f"repeat {codes.repeat[i]}{peer}){in_run(i)}: {found.rows.describe(members)}"
         )
 
-    found.groups(key, duplicated, "repeat", duplicate)
+    report(rows, flagged=repeated, keys=key, column="repeat", describe=duplicate)
 
-    # One GPU (node, index) has one UUID, and one UUID is one GPU, within a run.
-    has_gpu = ok & (codes.gpu >= 0) & (codes.uuid >= 0)
-    gpu_key = _group_ids([codes.run, codes.node, codes.gpu], has_gpu)
-    uuid_key = _group_ids([codes.run, codes.uuid], has_gpu)
-    several_uuids = _conflicts(gpu_key, codes.uuid, has_gpu)
-    found.groups(
-        gpu_key,
-        several_uuids,
-        "gpu_uuid",
-        lambda rows: (
-            f"{codes.gpu_words(int(rows[0]))}{in_run(int(rows[0]))} has several gpu_uuid values: "
-            + _values_with_rows(rows, codes.uuid, lambda i: repr(codes.text("gpu_uuid", i)), found.rows)
-        ),
-        value=codes.uuid,
+    # Within a run, one GPU (node, index) has one UUID and one UUID is one GPU. Rows without a GPU index or
+    # without a UUID say nothing about either, nor do node-level rows.
+    has_gpu = (rows.gpu >= 0) & (rows.uuid >= 0)
+    gpu_key, gpu_span = _group_ids([(rows.run, 0), (rows.node, 0), (rows.gpu, 1)])
+    uuid_key, uuid_span = _group_ids([(rows.run, 0), (rows.uuid, 1)])
+
+    def uuid_words(i: int) -> str:
+        return repr(codes.text("gpu_uuid", i))
+
+    def model_words(i: int) -> str:
+        return repr(codes.text("gpu_model", i))
+
+    def several_uuids(members: Ints, values: Codes | None) -> str:
+        i = int(members[0])
+        listed = _values_with_rows(members, values, uuid_words, found.rows)
+        return f"{codes.gpu_words(i)}{in_run(i)} has several gpu_uuid values: {listed}"
+
+    def several_gpus(members: Ints, values: Codes | None) -> str:
+        i = int(members[0])
+        listed = _values_with_rows(members, values, codes.gpu_words, found.rows)
+        return f"gpu_uuid {codes.text('gpu_uuid', i)!r}{in_run(i)} is on several GPUs: {listed}"
+
+    def several_models(members: Ints, values: Codes | None) -> str:
+        i = int(members[0])
+        listed = _values_with_rows(members, values, model_words, found.rows)
+        return f"node {codes.text('node', i)!r}{in_run(i)} has several gpu_model values: {listed}"
+
+    report(
+        rows,
+        flagged=_conflicting(gpu_key, rows.uuid, gpu_span, has_gpu),
+        keys=gpu_key,
+        column="gpu_uuid",
+        describe=several_uuids,
+        values=rows.uuid,
     )
-    several_gpus = _conflicts(uuid_key, gpu_key, has_gpu & ~several_uuids)
-    found.groups(
-        uuid_key,
-        several_gpus,
-        "gpu_uuid",
-        lambda rows: (
-            f"gpu_uuid {codes.text('gpu_uuid', int(rows[0]))!r}{in_run(int(rows[0]))} is on "
-            "several GPUs: " + _values_with_rows(rows, gpu_key, codes.gpu_words, found.rows)
-        ),
-        value=gpu_key,
+    report(
+        rows,
+        flagged=_conflicting(uuid_key, gpu_key, uuid_span, has_gpu),
+        keys=uuid_key,
+        column="gpu_uuid",
+        describe=several_gpus,
+        values=gpu_key,
     )
-    # One node has one GPU model within a run.
-    node_key = _group_ids([codes.run, codes.node], ok)
-    found.groups(
-        node_key,
-        _conflicts(node_key, codes.model, ok),
-        "gpu_model",
-        lambda rows: (
-            f"node {codes.text('node', int(rows[0]))!r}{in_run(int(rows[0]))} has several "
-            "gpu_model values: "
-            + _values_with_rows(rows, codes.model, lambda i: repr(codes.text("gpu_model", i)), found.rows)
-        ),
-        value=codes.model,
+    # Within a run, one node has one GPU model.
+    node_key, node_span = _group_ids([(rows.run, 0), (rows.node, 0)])
+    report(
+        rows,
+        flagged=_conflicting(node_key, rows.model, node_span),
+        keys=node_key,
+        column="gpu_model",
+        describe=several_models,
+        values=rows.model,
     )
 
 
-def _values_with_rows(rows: Ints, value: Ints, words: Callable[[int], str], where: _Rows) -> str:
+def _values_with_rows(members: Ints, values: Codes | None, words: Callable[[int], str], where: _Rows) -> str:
     """``'A' (rows 2, 3), 'B' (row 7)``: each distinct value of a group, in the order met, with its rows."""
+    assert values is not None
     parts = []
-    seen = value[rows]
-    _, first = np.unique(seen, return_index=True)
+    _, first = np.unique(values, return_index=True)
     for j in np.sort(first)[:_LISTED]:
-        members = rows[seen == seen[j]]
-        parts.append(f"{words(int(members[0]))} ({where.describe(members)})")
+        rows = members[values == values[j]]
+        parts.append(f"{words(int(rows[0]))} ({where.describe(rows)})")
     return ", ".join(parts)
 
 
-def _group_ids(parts: Sequence[Ints], mask: Bools) -> Ints:
-    """One int64 per row identifying the combination of ``parts`` (all ≥ 0) among rows in ``mask``.
+def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Ints, int]:
+    """One int64 per row naming its combination of ``parts`` (each an array and an offset making it ≥ 0).
 
-    Mixed radix while the product of ranges fits in int64 (always, in practice); otherwise the key so far
-    is compressed by factorizing. Rows outside ``mask`` get -1. Ids stay below ``_dense_limit(n)`` so the
-    checks can index arrays by them.
+    Mixed radix, so no hashing; the ids stay below the returned span, which is kept small enough (by
+    factorizing, if ever needed) for the checks to index a table by id.
     """
-    n = parts[0].size
+    n = parts[0][0].size
     key = np.zeros(n, dtype=np.int64)
     span = 1
-    for part in parts:
-        p = np.where(mask, part, 0)
-        radix = int(p.max(initial=0)) + 1
+    for part, offset in parts:
+        radix = int(part.max(initial=-offset)) + offset + 1
+        if radix == 1:
+            continue  # one value only (a single run, no peers): no information
         if span * radix >= 2**62:
-            codes, uniques = pd.factorize(np.where(mask, key, -1))
+            codes, uniques = pd.factorize(key)
             key, span = codes.astype(np.int64), len(uniques)
-        key = key * radix + p
+        key *= radix
+        key += part
+        if offset:
+            key += offset
         span *= radix
     if span > _dense_limit(n):
-        codes, _ = pd.factorize(np.where(mask, key, -1))
-        key = codes.astype(np.int64)
-    return np.where(mask, key, -1)
+        codes, uniques = pd.factorize(key)
+        key, span = codes.astype(np.int64), len(uniques)
+    return key, span
 
 
 def _dense_limit(n: int) -> int:
-    # Tables indexed by group id cost 9 bytes an entry: a few times the rows, or 4M entries, is cheap;
-    # a wider key goes through a hash factorization instead.
+    # A table indexed by id costs 4 to 8 bytes an entry: a few entries per row, or 4M, is cheap; a wider
+    # key goes through a hash factorization instead.
     return 4 * n + (1 << 22)
 
 
-def _conflicts(group: Ints, value: Ints, mask: Bools) -> Bools:
-    """Rows of ``mask`` whose group (same ``group`` id) holds more than one distinct ``value``.
+def _repeated(key: Ints, span: int) -> Bools | None:
+    """Rows whose key occurs more than once; ``None`` when none does.
 
-    Without sorting or hashing: scatter each row's value to its group slot (the last write wins), then a
-    group conflicts exactly when one of its rows disagrees with its slot.
+    No sort, no hash: every row writes its position to its key's slot and one write per key survives, so
+    a key is repeated exactly when some row finds another row's position in its slot.
     """
-    if not mask.any():
-        return np.zeros(group.size, dtype=bool)
-    size = int(group.max()) + 2
-    slot = np.full(size, -1, dtype=np.int64)
-    g = np.where(mask, group, size - 1)
-    slot[g] = np.where(mask, value, -1)
-    differs: Bools = mask & (slot[g] != value)
+    n = key.size
+    slot = np.empty(span, dtype=np.int32 if n < 2**31 else np.int64)
+    position = np.arange(n, dtype=slot.dtype)
+    slot[key] = position
+    overwritten = slot[key] != position
+    if not overwritten.any():
+        return None
+    slot[key[overwritten]] = -1
+    repeated: Bools = slot[key] == -1
+    return repeated
+
+
+def _conflicting(group: Ints, value: Codes, span: int, among: Bools | None = None) -> Bools | None:
+    """Rows of groups holding more than one distinct ``value``; ``None`` when no group does.
+
+    The same idea as :func:`_repeated`: one write per group survives, so a group conflicts exactly when
+    one of its rows disagrees with its slot. Rows outside ``among`` share one extra slot, never reported
+    (cheaper than taking the subset of every array).
+    """
+    if among is not None and not among.all():
+        group = np.where(among, group, span)
+        span += 1
+    slot = np.empty(span, dtype=value.dtype)
+    slot[group] = value
+    differs = slot[group] != value
+    if among is not None:
+        differs &= among
     if not differs.any():
-        return differs
-    conflicting = np.zeros(size, dtype=bool)
-    conflicting[g[differs]] = True
-    conflicting[size - 1] = False
-    return conflicting[g]
+        return None
+    bad = np.zeros(span, dtype=bool)
+    bad[group[differs]] = True
+    conflicting: Bools = bad[group]
+    if among is not None:
+        conflicting &= among
+    return conflicting
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -829,7 +937,7 @@ def _concat(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
             columns[name] = pd.Series(union, name=name)
         else:
             columns[name] = pd.concat([p[name] for p in parts], ignore_index=True)
-    return pd.DataFrame(columns)
+    return pd.DataFrame(columns, copy=False)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -890,12 +998,46 @@ def _read_csv(path: PathArg) -> _Raw:
         return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
     wanted = [c for c in RESULT_COLUMNS if c in header]
     duplicated = [c for c in wanted if header.count(c) > 1]
+    table, skipped = _csv_table(path, wanted, threads=True)
+    rows = np.arange(2, table.num_rows + 2, dtype=np.int64)
+    problems: list[Problem] = []
+    if skipped:
+        # Arrow numbers the lines it skips only when it reads on one thread: read again to say where.
+        table, skipped = _csv_table(path, wanted, threads=False)
+        lines = np.arange(2, table.num_rows + len(skipped) + 2, dtype=np.int64)
+        rows = lines[~np.isin(lines, [line for line, _, _ in skipped])]
+        ragged = [(line, expected, actual) for line, expected, actual in skipped if actual]
+        problems = [
+            Problem(f"{actual} fields where the header has {expected}", row=line)
+            for line, expected, actual in ragged[:_CAP]
+        ]
+        total = len(ragged)
+    else:
+        total = 0
+    frame, rows = _drop_blank_lines(_arrow_to_frame(table), rows)
+    return _Raw(frame, rows, problems, total, duplicated)
+
+
+def _csv_table(
+    path: PathArg, wanted: list[str], *, threads: bool
+) -> tuple[pa.Table, list[tuple[int, int, int]]]:
+    """The wanted columns as text, and the lines Arrow skipped as ``(line, expected, actual)`` fields
+    (``actual`` 0 for a line of blanks)."""
+    skipped: list[tuple[int, int, int]] = []
+
+    def skip(row: Any) -> str:
+        actual = row.actual_columns if str(row.text).strip() else 0
+        skipped.append((row.number or 0, row.expected_columns, actual))
+        return "skip"
+
     # Everything is read as text so that a bad value can be shown as written; strings of the category
-    # columns come dictionary-encoded, so they arrive as categoricals without a conversion pass.
+    # columns come dictionary-encoded, so they arrive as categoricals without a conversion pass. Empty
+    # lines are kept (as rows of empty strings, dropped later) so that every row keeps its line number.
     types = {c: _CSV_DICT if c in CATEGORY_COLUMNS else pa.string() for c in wanted}
     table = pa_csv.read_csv(
         path,
-        read_options=pa_csv.ReadOptions(block_size=32 << 20),
+        read_options=pa_csv.ReadOptions(block_size=32 << 20, use_threads=threads),
+        parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=skip),
         convert_options=pa_csv.ConvertOptions(
             include_columns=wanted,
             column_types=types,
@@ -903,8 +1045,25 @@ def _read_csv(path: PathArg) -> _Raw:
             quoted_strings_can_be_null=False,
         ),
     )
-    frame = _arrow_to_frame(table)
-    return _Raw(frame, np.arange(2, len(frame) + 2, dtype=np.int64), duplicated_columns=duplicated)
+    return table, skipped
+
+
+def _drop_blank_lines(frame: pd.DataFrame, rows: Ints) -> tuple[pd.DataFrame, Ints]:
+    """Drop the rows that were empty lines: every contract column an empty string."""
+    blank: Bools | None = None
+    for name in (c for c in RESULT_COLUMNS if c in frame.columns):
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            empty = np.asarray(column.cat.categories == "", dtype=bool)
+            this = _per_category(column, empty)
+        else:
+            this = (column == "").to_numpy(dtype=bool)
+        blank = this if blank is None else blank & this
+        if not blank.any():
+            return frame, rows  # the usual case, known after the first column
+    if blank is None:
+        return frame, rows
+    return frame[~blank].reset_index(drop=True), rows[~blank]
 
 
 def _read_parquet(path: PathArg) -> _Raw:
@@ -958,7 +1117,9 @@ def _read_jsonl(path: PathArg) -> _Raw:
     if objects.size == 0:
         raw = _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
         if data.lstrip().startswith(b"["):
-            raw.problems.append(Problem("a JSON array: results are JSON lines, one object a line"))
+            raw.problems.append(
+                Problem("no result rows: a JSON array; results are JSON lines, one object a line")
+            )
             raw.total = 1
         return raw
     fast = _jsonl_fast(data, starts, ends, objects, all_objects)
@@ -1018,8 +1179,10 @@ def _jsonl_fast(data: bytes, starts: Ints, ends: Ints, objects: Ints, all_object
     if table.num_rows != objects.size:
         return None  # two objects on a line, say: line numbers would not match
     # The explicit schema fills an absent key with nulls; a key named nowhere in the file is a missing
-    # column. (A key inside a string value would hide it; the exact parser is not worth that cost.)
-    present = [c for c in RESULT_COLUMNS if f'"{c}"'.encode() in payload]
+    # column. The first object usually names them all, which saves scanning a large file for each.
+    # (A key inside a string value would hide a missing column; the exact parser is not worth that cost.)
+    first = data[starts[objects[0]] : ends[objects[0]]]
+    present = [c for c in RESULT_COLUMNS if (key := f'"{c}"'.encode()) in first or key in payload]
     if not present:
         return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
     table = table.select(present)
@@ -1071,7 +1234,7 @@ def _json_value(value: object) -> object:
 
 def _json_error(exc: Exception) -> str:
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at column {exc.colno}"
+        return f"{exc.msg} (column {exc.colno})"
     return _one_line(exc)
 
 
@@ -1091,7 +1254,18 @@ def _write_csv(frame: pd.DataFrame, path: PathArg) -> None:
     for name in CATEGORY_COLUMNS:
         columns[name] = pc.cast(columns[name], pa.large_string())
     columns["ts"] = pa.array(_iso_utc(frame["ts"]))
-    pa_csv.write_csv(pa.table(columns), path)
+    table = pa.table(columns)
+    with open(path, "wb") as f:
+        # Unquoted, as people and other tools write CSV, unless some value holds a comma, quote or newline.
+        for quoting in ("none", "needed"):
+            f.seek(0)
+            f.truncate()
+            f.write((",".join(RESULT_COLUMNS) + "\n").encode())
+            try:
+                pa_csv.write_csv(table, f, pa_csv.WriteOptions(include_header=False, quoting_style=quoting))
+                break
+            except pa.ArrowInvalid:
+                continue
 
 
 def _write_jsonl(frame: pd.DataFrame, path: PathArg) -> None:

@@ -28,17 +28,21 @@ class Seeded:
     fleet: Fleet
     baseline: pd.DataFrame
 
-    def night(self, faults: Sequence[Fault] = (), *, seed: int = 1000, fleet: Fleet | None = None,
-              **kwargs: object) -> Wave:
-        return (fleet or self.fleet).run(f"night-{seed}", ts=T0 + dt.timedelta(days=20), seed=seed,
-                                         faults=list(faults), **kwargs)  # type: ignore[arg-type]
+    def night(
+        self, faults: Sequence[Fault] = (), *, seed: int = 1000, fleet: Fleet | None = None, **kwargs: object
+    ) -> Wave:
+        return (fleet or self.fleet).run(
+            f"night-{seed}", ts=T0 + dt.timedelta(days=20), seed=seed, faults=list(faults), **kwargs
+        )  # type: ignore[arg-type]
 
     def judge(self, wave: Wave, baseline: pd.DataFrame | None = None, **kwargs: object) -> pd.DataFrame:
         return judge(wave.results, self.baseline if baseline is None else baseline, **kwargs)  # type: ignore[arg-type]
 
 
 def seed_waves(fleet: Fleet, count: int = 5, *, seed: int = 100) -> pd.DataFrame:
-    waves = [fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed + i).results for i in range(count)]
+    waves = [
+        fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed + i).results for i in range(count)
+    ]
     return pd.concat(waves, ignore_index=True)
 
 
@@ -72,7 +76,7 @@ def unexpected(verdicts: pd.DataFrame) -> pd.DataFrame:
     that ask "is anything else flagged?" look past those and only those.
     """
     rows = flagged(verdicts)
-    unstable_only = (rows["verdict"] == "warn") & rows["reasons"].str.contains("unstable") & (
-        rows["action"] == "retest"
+    unstable_only = (
+        (rows["verdict"] == "warn") & rows["reasons"].str.contains("unstable") & (rows["action"] == "retest")
     )
     return rows[~unstable_only]

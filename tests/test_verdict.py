@@ -89,8 +89,15 @@ def test_each_node_fault_is_a_node_finding(seeded: Seeded, kind: str) -> None:
 def test_the_most_specific_cause_wins() -> None:
     """A remap failure with its XID 64 and a DBE is row_remap (DESIGN.md), and asks for an RMA ticket."""
     fleet = Fleet.generate(nodes=12, seed=5)
-    wave = fleet.run("n", ts=T0, seed=9, faults=[Fault("remap_failure", node=fleet.node_names[0], gpu=1),
-                                                 Fault("remap_pending", node=fleet.node_names[0], gpu=1)])
+    wave = fleet.run(
+        "n",
+        ts=T0,
+        seed=9,
+        faults=[
+            Fault("remap_failure", node=fleet.node_names[0], gpu=1),
+            Fault("remap_pending", node=fleet.node_names[0], gpu=1),
+        ],
+    )
     got = row(judge(wave.results, empty_baseline()), fleet.node_names[0], 1)
     assert got["cause"] == "row_remap"
     assert got["ticket"] == "replacement"
@@ -100,8 +107,11 @@ def test_one_transient_repeat_does_not_move_a_verdict(seeded: Seeded) -> None:
     wave = seeded.night(seed=5001)
     results = wave.results.copy()
     node = seeded.fleet.node_names[7]
-    hit = (results["node"] == node) & (results["gpu"] == 4) & (results["metric"] == "gemm_bf16_tflops") & (
-        results["repeat"] == 1
+    hit = (
+        (results["node"] == node)
+        & (results["gpu"] == 4)
+        & (results["metric"] == "gemm_bf16_tflops")
+        & (results["repeat"] == 1)
     )
     results.loc[hit, "value"] *= 0.6
     verdicts = judge(results, seeded.baseline)
@@ -124,7 +134,9 @@ def test_repeats_that_disagree_are_unstable_and_warn(seeded: Seeded) -> None:
 
 def test_a_slow_gpu_is_judged_against_its_own_baseline(seeded: Seeded) -> None:
     node = seeded.fleet.node_names[9]
-    wave = seeded.night([Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.955, "hbm": 1.0})], seed=5003)
+    wave = seeded.night(
+        [Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.955, "hbm": 1.0})], seed=5003
+    )
     got = row(seeded.judge(wave), node, 6)
     assert got["verdict"] in ("warn", "fail")
     assert got["metric"] == "gemm_bf16_tflops"
@@ -140,8 +152,15 @@ def test_a_new_gpu_is_judged_by_its_peers(seeded: Seeded) -> None:
     assert flagged(verdicts).empty
     table = swapped.gpu_table()
     target = table[table["gpu_uuid"].isin(new)].iloc[0]
-    slow = seeded.night([Fault("slow_silicon", node=target["node"], gpu=int(target["gpu"]),
-                               params={"gemm": 0.88, "hbm": 1.0})], seed=5005, fleet=swapped)
+    slow = seeded.night(
+        [
+            Fault(
+                "slow_silicon", node=target["node"], gpu=int(target["gpu"]), params={"gemm": 0.88, "hbm": 1.0}
+            )
+        ],
+        seed=5005,
+        fleet=swapped,
+    )
     got = row(seeded.judge(slow), target["node"], int(target["gpu"]))
     assert got["verdict"] in ("warn", "fail")
     assert got["reference_kind"] == "peer"
@@ -152,8 +171,13 @@ def test_a_small_cohort_uses_the_model_reference(seeded: Seeded) -> None:
     """Below the peers' minimum node count, a GPU with no history is judged by the stored model reference."""
     swapped = seeded.fleet.replace_gpus(1.0, seed=4)
     nodes = swapped.node_names[:3]
-    wave = swapped.run("small", ts=T0 + dt.timedelta(days=21), seed=5006, nodes=nodes,
-                       faults=[Fault("slow_silicon", node=nodes[0], gpu=1, params={"gemm": 0.85, "hbm": 1.0})])
+    wave = swapped.run(
+        "small",
+        ts=T0 + dt.timedelta(days=21),
+        seed=5006,
+        nodes=nodes,
+        faults=[Fault("slow_silicon", node=nodes[0], gpu=1, params={"gemm": 0.85, "hbm": 1.0})],
+    )
     verdicts = seeded.judge(wave)
     got = row(verdicts, nodes[0], 1)
     assert got["verdict"] in ("warn", "fail")
@@ -175,11 +199,15 @@ def test_a_fleet_wide_shift_is_one_finding_not_a_fleet_of_flags(seeded: Seeded) 
     fleet = verdicts[verdicts["reference_kind"] == "fleet"]
     assert set(fleet["metric"]) >= {"gemm_bf16_tflops", "hbm_copy_gbps"}
     assert fleet["deviation_pct"].between(-2.6, -1.4).all()
-    assert fleet["node"].isna().all() and fleet["gpu"].isna().all()
+    assert fleet["node"].isna().all()
+    assert fleet["gpu"].isna().all()
     # ... and the faults of that night are still found, against the shifted cohort.
     node = seeded.fleet.node_names[2]
-    wave = seeded.night([Fault("slow_silicon", node=node, gpu=0, params={"gemm": 0.93, "hbm": 1.0})],
-                        seed=5009, fleet_shift=-0.02)
+    wave = seeded.night(
+        [Fault("slow_silicon", node=node, gpu=0, params={"gemm": 0.93, "hbm": 1.0})],
+        seed=5009,
+        fleet_shift=-0.02,
+    )
     got = row(seeded.judge(wave), node, 0)
     assert got["verdict"] in ("warn", "fail")
 
@@ -237,7 +265,8 @@ def test_application_xids_are_notes_and_unknown_xids_warn(seeded: Seeded) -> Non
     verdicts = judge(merged, seeded.baseline)
     app = row(verdicts, node, 1)
     assert app["verdict"] == "pass"
-    assert "XID 13" in app["reasons"] and "application" in app["reasons"]
+    assert "XID 13" in app["reasons"]
+    assert "application" in app["reasons"]
     unknown = row(verdicts, node, 2)
     assert unknown["verdict"] == "warn"
     assert unknown["cause"] == "xid"
@@ -269,10 +298,13 @@ def test_a_missing_gpu_gets_a_failing_row_even_without_any_row_of_its_own(seeded
 
 def test_observe_only_and_policy_thresholds_come_from_the_policy(seeded: Seeded, tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = seeded.fleet.node_names[9]
-    wave = seeded.night([Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.95, "hbm": 1.0})], seed=5015)
+    wave = seeded.night(
+        [Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.95, "hbm": 1.0})], seed=5015
+    )
     strict = tmp_path / "policy.yaml"
-    strict.write_text("metrics:\n  gemm_bf16_tflops:\n    warn_drop_pct: 20\n    fail_drop_pct: 30\n"
-                      "    node_drop_pct: 30\n")
+    strict.write_text(
+        "metrics:\n  gemm_bf16_tflops:\n    warn_drop_pct: 20\n    fail_drop_pct: 30\n    node_drop_pct: 30\n"
+    )
     got = row(seeded.judge(wave, policy=load_policy(strict)), node, 6)
     assert got["verdict"] == "pass"
     assert row(seeded.judge(wave, policy=default_policy()), node, 6)["verdict"] != "pass"
@@ -280,7 +312,6 @@ def test_observe_only_and_policy_thresholds_come_from_the_policy(seeded: Seeded,
 
 def test_without_any_baseline_the_first_run_is_judged_by_peers_and_floors() -> None:
     fleet = Fleet.generate(nodes=16, seed=21)
-    wave = fleet.run("first", ts=T0, seed=4,
-                     faults=[Fault("pcie_gen4", node=fleet.node_names[2], gpu=0)])
+    wave = fleet.run("first", ts=T0, seed=4, faults=[Fault("pcie_gen4", node=fleet.node_names[2], gpu=0)])
     verdicts = judge(wave.results, empty_baseline())
     assert set(flagged(verdicts)["node"]) == {fleet.node_names[2]}

@@ -17,7 +17,7 @@ import pandas as pd
 from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
 from ._causes import attribute_causes
-from ._compare import compare_references, node_wide_findings
+from ._compare import compare_references, node_wide_findings, pair_node_findings
 from ._findings import concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
@@ -31,7 +31,8 @@ class RunEvaluation:
     """A run's verdicts, and the medians they were made from (what a baseline learns)."""
 
     verdicts: pd.DataFrame
-    #: scope, node, gpu, gpu_uuid, gpu_model, peer, metric, x (median of repeats), n (repeats)
+    #: scope, node, gpu, gpu_uuid, gpu_model, peer, metric, x (median of repeats), n (repeats);
+    #: empty unless asked for (only a baseline build needs them)
     medians: pd.DataFrame
 
 
@@ -44,8 +45,14 @@ def judge(
     """Verdicts for every run in ``results`` (canonical dtypes) against ``baseline`` (the store's table)."""
     policy = policy or default_policy()
     floors = spec_floors(policy) if floors is None else floors
-    runs = [judge_run(part, baseline, policy, floors)
-            for _, part in results.groupby("run_id", observed=True, sort=True)]
+    run_ids = results["run_id"].unique()
+    if len(run_ids) == 1:  # the usual case: no split, no copy of a fleet's rows
+        runs = [judge_run(results, baseline, policy, floors)]
+    else:
+        runs = [
+            judge_run(part, baseline, policy, floors)
+            for _, part in results.groupby("run_id", observed=True, sort=True)
+        ]
     if not runs:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in VERDICT_COLUMNS})
     return pd.concat(runs, ignore_index=True)
@@ -66,15 +73,19 @@ def evaluate_run(
     baseline: pd.DataFrame,
     policy: Policy,
     floors: dict[tuple[str, str], float],
+    *,
+    with_medians: bool = False,
 ) -> RunEvaluation:
-    """Verdicts and medians for one run."""
+    """Verdicts (and, when asked, the medians they were judged on) for one run."""
     run = index_run(results)
     measured, repeat_findings = reduce_repeats(run, policy)
     judged = compare_references(run, measured, baseline, policy, floors)
     gates = gate_findings(run, policy)
     node_gates = node_wide_gate_findings(run, gates, policy)
-    gate_causes = node_gates.drop_duplicates("node").set_index("node")["cause"] if len(node_gates) else pd.Series(
-        dtype=object
+    gate_causes = (
+        node_gates.drop_duplicates("node").set_index("node")["cause"]
+        if len(node_gates)
+        else pd.Series(dtype=object)
     )
     node_stats = node_wide_findings(run, judged.table, policy, gate_causes)
     node_causes = pd.concat([gate_causes, node_stats.drop_duplicates("node").set_index("node")["cause"]])
@@ -83,8 +94,16 @@ def evaluate_run(
         [gates, node_gates, node_stats, repeat_findings, judged.findings, missing_findings(run, measured)]
     )
     findings = attribute_causes(run, findings, node_causes, policy)
-    findings = concat_findings([findings, escalate_nodes(findings), judged.fleet])
-    return RunEvaluation(verdicts=assemble(run, findings), medians=_medians(run, measured))
+    findings = concat_findings(
+        [
+            findings,
+            escalate_nodes(findings),
+            pair_node_findings(run, judged.table, policy, findings),
+            judged.fleet,
+        ]
+    )
+    medians = _medians(run, measured) if with_medians else pd.DataFrame()
+    return RunEvaluation(verdicts=assemble(run, findings), medians=medians)
 
 
 def _medians(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:

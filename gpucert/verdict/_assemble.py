@@ -4,6 +4,10 @@ The verdict is the worst severity among an entity's findings; the deciding compa
 highest-ranked finding of that severity (a gate over a floor over a statistic); the cause is the most
 specific one among them (``row_remap`` over ``ecc`` over ``xid``…), with its action and the heaviest
 ticket; ``reasons`` lists every finding, worst first, notes (transients, application XIDs) last.
+
+The work happens in entity-id space: findings (few) are mapped to ids and scattered into arrays as long
+as the fleet, and names come back as categoricals built from codes, so 100,000 passing GPUs cost a few
+array operations rather than a string merge.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ._findings import CAUSE_SPECIFICITY, SEVERITY, TICKET_RANK, VERDICT_OF
-from ._index import SCOPE_NAMES, RunIndex
+from ._index import SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR, RunIndex
 
 __all__ = ["VERDICT_COLUMNS", "assemble", "escalate_nodes"]
 
@@ -37,7 +41,8 @@ VERDICT_COLUMNS = (
     "peer",
 )
 
-_KEY = ["scope", "node", "gpu", "peer"]
+_SCOPE_CODE = {"gpu": SCOPE_GPU, "node": SCOPE_NODE, "pair": SCOPE_PAIR}
+_TICKET_OF = {v: k for k, v in TICKET_RANK.items()}
 
 
 def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
@@ -46,107 +51,205 @@ def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
     DESIGN.md: inconclusive is for reasons outside the GPU; an NCCL job that died with a GPU that fails a
     hard gate is explained by that GPU, so the node row fails with its cause instead.
     """
-    node_blocked = findings[(findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])]
-    gpu_fails = findings[(findings["scope"] == "gpu") & (findings["severity"] == SEVERITY["fail"])
-                         & (findings["rank"] >= 3)]
+    node_blocked = findings[
+        (findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])
+    ]
+    gpu_fails = findings[
+        (findings["scope"] == "gpu") & (findings["severity"] == SEVERITY["fail"]) & (findings["rank"] >= 3)
+    ]
     if node_blocked.empty or gpu_fails.empty:
         return findings.iloc[:0]
     gpu_fails = gpu_fails.assign(spec=gpu_fails["cause"].map(CAUSE_SPECIFICITY))
-    worst = (gpu_fails.sort_values(["node", "spec"], ascending=[True, False])
-             .drop_duplicates("node").set_index("node"))
+    worst = (
+        gpu_fails.sort_values(["node", "spec"], ascending=[True, False])
+        .drop_duplicates("node")
+        .set_index("node")
+    )
     nodes = pd.Index(node_blocked["node"].unique()).intersection(worst.index)
     if nodes.empty:
         return findings.iloc[:0]
     picked = worst.loc[nodes]
-    out = picked.reset_index()[list(findings.columns)].copy()
+    out: pd.DataFrame = picked.reset_index()[list(findings.columns)].copy()
     out["scope"] = "node"
     out["gpu"] = -1
     out["metric"] = "error"
     out["value"] = np.nan
     out["reference"] = np.nan
-    out["reason"] = [f"the node benchmark could not complete because GPU {g} failed: {r}"
-                     for g, r in zip(picked["gpu"], picked["reason"], strict=True)]
+    out["reason"] = [
+        f"the node benchmark could not complete because GPU {g} failed: {r}"
+        for g, r in zip(picked["gpu"], picked["reason"], strict=True)
+    ]
     return out
 
 
-def _entities(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
-    eids = np.arange(run.n_entities)
-    base = pd.DataFrame(
-        {
-            "scope": np.asarray(SCOPE_NAMES, dtype=object)[run.scope],
-            "node": run.node_names(eids),
-            "gpu": run.gpu,
-            "peer": run.peer_names(eids),
-            "gpu_uuid": run.uuid_names(eids),
-            "gpu_model": run.model_names(eids),
-        }
+def _entity_ids(run: RunIndex, findings: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Each finding's entity id; entities the run has no rows for (GPUs that report nothing) get new ids.
+
+    Returns the ids and the new entities (scope, node_code, gpu) in id order after the run's own.
+    """
+    scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
+    node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
+    gpu = findings["gpu"].to_numpy(dtype=np.int64)
+    peer_code = (
+        run.peers.get_indexer(pd.Index(findings["peer"].astype(str))).astype(np.int64)
+        if len(run.peers)
+        else np.full(len(findings), -1, dtype=np.int64)
     )
-    entity_findings = findings[findings["scope"] != "fleet"]
-    extra = entity_findings[_KEY].drop_duplicates().merge(base[_KEY], how="left", indicator=True)
-    extra = extra[extra["_merge"] == "left_only"].drop(columns="_merge")
+    sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
+    keys = (scope << 42) | (node_code << 21) | np.maximum(sub, 0)
+    own_sub = np.where(run.scope == SCOPE_GPU, run.gpu, np.where(run.scope == SCOPE_PAIR, run.peer_code, 0))
+    known = pd.Index((run.scope.astype(np.int64) << 42) | (run.node_code << 21) | own_sub)
+    eid = known.get_indexer(keys).astype(np.int64)
+    new = eid < 0
+    extra = pd.DataFrame(
+        {"key": keys[new], "scope": scope[new], "node_code": node_code[new], "gpu": gpu[new]}
+    )
+    extra = extra.drop_duplicates("key").reset_index(drop=True)
     if len(extra):
-        # GPUs that report nothing still get a row; their model is their node's.
-        node_model = base.drop_duplicates("node").set_index("node")["gpu_model"]
-        extra = extra.assign(gpu_uuid=None, gpu_model=node_model.reindex(extra["node"]).to_numpy())
-        base = pd.concat([base, extra], ignore_index=True)
-    return base
+        eid[new] = run.n_entities + pd.Index(extra["key"]).get_indexer(keys[new])
+    return eid, extra
 
 
 def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
-    base = _entities(run, findings)
-    entity = findings[findings["scope"] != "fleet"].copy()
-    entity["spec"] = entity["cause"].map(CAUSE_SPECIFICITY).fillna(0).astype(int)
-    entity["tkt"] = entity["ticket"].map(TICKET_RANK).fillna(0).astype(int)
-    entity = entity.sort_values(_KEY + ["severity", "rank"], ascending=[True] * 4 + [False, False], kind="stable")
-    top = entity.groupby(_KEY, sort=False)["severity"].transform("max")
-    at_top = entity[entity["severity"] == top]
-
-    deciding = at_top.drop_duplicates(_KEY).set_index(_KEY)
-    by_cause = at_top.sort_values(_KEY + ["spec", "rank"], ascending=[True] * 4 + [False, False],
-                                  kind="stable").drop_duplicates(_KEY).set_index(_KEY)
-    ticket = at_top.groupby(_KEY, sort=False)["tkt"].max()
-    reasons = entity.groupby(_KEY, sort=False)["reason"].agg("; ".join)
-
-    summary = deciding[["severity", "metric", "value", "reference", "deviation_pct", "z", "reference_kind"]].copy()
-    summary["cause"] = by_cause["cause"]
-    summary["action"] = by_cause["action"]
-    summary["ticket"] = ticket.reindex(summary.index).map({v: k for k, v in TICKET_RANK.items()})
-    summary["reasons"] = reasons.reindex(summary.index)
-
-    out = base.merge(summary.reset_index(), on=_KEY, how="left")
-    severity = out["severity"].fillna(0).astype(int)
-    out["verdict"] = severity.map(VERDICT_OF)
-    passing = severity.to_numpy() <= 0
-    for column in ("metric", "reference_kind", "cause"):
-        out[column] = out[column].where(~passing, "").fillna("")
-    for column in ("value", "reference", "deviation_pct", "z"):
-        out[column] = out[column].where(~passing)
-    inconclusive = severity.to_numpy() == SEVERITY["inconclusive"]
-    out["action"] = np.where(passing, "none", out["action"].fillna("retest"))
-    out.loc[inconclusive, "cause"] = ""
-    out.loc[inconclusive, "action"] = "retest"
-    out["ticket"] = np.where(passing | inconclusive, "none", out["ticket"].fillna("none"))
-    out["reasons"] = out["reasons"].fillna("")
-    out.loc[out["metric"].isin(["", "error"]) & ~pd.Series(passing), "metric"] = out["metric"]
-    out["gpu"] = out["gpu"].where(out["scope"] == "gpu").astype("Int64")
-    out["peer"] = out["peer"].replace("", None)
-    out["node"] = out["node"].astype(object)
-
     fleet = findings[findings["scope"] == "fleet"]
+    entity = findings[findings["scope"] != "fleet"].reset_index(drop=True)
+    eid, extra = _entity_ids(run, entity)
+    total = run.n_entities + len(extra)
+
+    severity = entity["severity"].to_numpy(dtype=np.int64)
+    rank = entity["rank"].to_numpy(dtype=np.int64)
+    specificity = entity["cause"].map(CAUSE_SPECIFICITY).fillna(0).to_numpy(dtype=np.int64)
+    ticket_rank = entity["ticket"].map(TICKET_RANK).fillna(0).to_numpy(dtype=np.int64)
+
+    top = np.zeros(total, dtype=np.int64)
+    np.maximum.at(top, eid, severity)
+    at_top = severity == top[eid]
+    # The deciding finding: highest rank at the top severity; the cause: most specific at it.
+    deciding = _first_per_entity(eid, at_top, (-rank,))
+    causing = _first_per_entity(eid, at_top, (-specificity, -rank))
+    ticket = np.zeros(total, dtype=np.int64)
+    np.maximum.at(ticket, eid[at_top], ticket_rank[at_top])
+
+    out, order = _identity_frame(run, extra)
+    verdict_sev = np.maximum(top, 0)
+    out["verdict"] = pd.Categorical.from_codes(
+        verdict_sev, categories=pd.Index([VERDICT_OF[i] for i in range(4)])
+    )
+    judged = verdict_sev >= SEVERITY["warn"]
+    flagged_eids = np.flatnonzero(verdict_sev > 0)
+    for column, source, fill in (
+        ("metric", "metric", ""),
+        ("value", "value", np.nan),
+        ("reference", "reference", np.nan),
+        ("deviation_pct", "deviation_pct", np.nan),
+        ("z", "z", np.nan),
+        ("reference_kind", "reference_kind", ""),
+    ):
+        out[column] = _scatter(total, flagged_eids, entity[source].to_numpy()[deciding[flagged_eids]], fill)
+    cause = _scatter(total, flagged_eids, entity["cause"].to_numpy()[causing[flagged_eids]], "")
+    action = _scatter(total, flagged_eids, entity["action"].to_numpy()[causing[flagged_eids]], "none")
+    cause[~judged] = ""
+    action[(verdict_sev == SEVERITY["inconclusive"])] = "retest"
+    out["cause"] = cause
+    out["action"] = action
+    out["ticket"] = np.where(judged, pd.Series(ticket).map(_TICKET_OF).to_numpy(), "none")
+
+    worst_first = np.lexsort((-rank, -severity, eid))
+    reason_eids, reasons = _join_per_entity(
+        eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first]
+    )
+    out["reasons"] = _scatter(total, reason_eids, reasons, "")
+
+    out = out.iloc[order].reset_index(drop=True)
     if len(fleet):
-        rows = pd.DataFrame(
-            {
-                "node": None, "gpu": pd.array([pd.NA] * len(fleet), dtype="Int64"), "gpu_uuid": None,
-                "verdict": fleet["severity"].map(VERDICT_OF).to_numpy(),
-                "metric": fleet["metric"].to_numpy(), "value": fleet["value"].to_numpy(),
-                "reference": fleet["reference"].to_numpy(), "deviation_pct": fleet["deviation_pct"].to_numpy(),
-                "z": np.nan, "reference_kind": "fleet", "cause": fleet["cause"].to_numpy(),
-                "action": fleet["action"].to_numpy(), "ticket": "none", "reasons": fleet["reason"].to_numpy(),
-                "gpu_model": None, "peer": None, "scope": "fleet",
-            }
-        )
-        out = pd.concat([out, rows], ignore_index=True)
+        out = pd.concat([out, _fleet_frame(fleet)], ignore_index=True)
     out["run_id"] = run.run_id
-    order = {"gpu": 0, "node": 1, "pair": 2, "fleet": 3}
-    out = out.assign(_o=out["scope"].map(order)).sort_values(["_o", "node", "gpu", "peer"], kind="stable")
-    return out[list(VERDICT_COLUMNS)].reset_index(drop=True)
+    return out[list(VERDICT_COLUMNS)]
+
+
+def _first_per_entity(eid: np.ndarray, mask: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """For each entity id, the position of its first masked finding when sorted by ``keys`` (-1: none)."""
+    positions = np.flatnonzero(mask)
+    order = np.lexsort((*(k[positions] for k in reversed(keys)), eid[positions]))
+    ordered = positions[order]
+    ids = eid[ordered]
+    first = np.r_[True, ids[1:] != ids[:-1]] if len(ids) else np.zeros(0, dtype=bool)
+    out = np.full(int(eid.max()) + 1 if len(eid) else 0, -1, dtype=np.int64)
+    out[ids[first]] = ordered[first]
+    return out
+
+
+def _join_per_entity(eids: np.ndarray, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ "; ".join of the texts of each run of equal ids (ids sorted), without a Python loop per group."""
+    if len(eids) == 0:
+        return eids, texts
+    starts = np.flatnonzero(np.r_[True, eids[1:] != eids[:-1]])
+    last = np.r_[starts[1:] - 1, len(eids) - 1]
+    pieces = texts.astype(object) + "; "
+    pieces[last] = texts[last]
+    return eids[starts], np.add.reduceat(pieces, starts)
+
+
+def _scatter(total: int, eids: np.ndarray, values: np.ndarray, fill: object) -> np.ndarray:
+    dtype = np.float64 if isinstance(fill, float) else object
+    out = np.full(total, fill, dtype=dtype)
+    out[eids] = values
+    return out
+
+
+def _identity_frame(run: RunIndex, extra: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """node, gpu, gpu_uuid, gpu_model, peer for every entity, in entity-id order; and the order in which
+    the table is written (GPUs, then nodes, then pairs; each by node name)."""
+    scope = np.r_[run.scope, extra["scope"].to_numpy(dtype=np.int64)]
+    node_code = np.r_[run.node_code, extra["node_code"].to_numpy(dtype=np.int64)]
+    gpu = np.r_[run.gpu, extra["gpu"].to_numpy(dtype=np.int64)]
+    peer_code = np.r_[run.peer_code, np.full(len(extra), -1, dtype=np.int64)]
+    uuid_code = np.r_[run.uuid_code, np.full(len(extra), -1, dtype=np.int64)]
+    # A GPU that reports nothing belongs to its node's model.
+    node_model = np.zeros(len(run.nodes), dtype=np.int64)
+    node_model[run.node_code] = run.model_code
+    model_code = np.r_[run.model_code, node_model[extra["node_code"].to_numpy(dtype=np.int64)]]
+
+    frame = pd.DataFrame(
+        {
+            "node": pd.Categorical.from_codes(node_code, categories=run.nodes),
+            "gpu": pd.array(gpu, dtype="Int64"),
+            "gpu_uuid": _names(uuid_code, run.uuids),
+            "gpu_model": _names(model_code, run.models),
+            "peer": _names(peer_code, run.peers),
+        }
+    )
+    frame.loc[scope != SCOPE_GPU, "gpu"] = pd.NA
+    node_rank = np.argsort(np.argsort(np.asarray(run.nodes, dtype=str)))[node_code]
+    order = np.lexsort((peer_code, gpu, node_rank, scope))
+    return frame, order
+
+
+def _names(codes: np.ndarray, categories: pd.Index) -> pd.Categorical:
+    if len(categories) == 0:
+        return pd.Categorical.from_codes(np.full(len(codes), -1), categories=pd.Index([], dtype=object))
+    return pd.Categorical.from_codes(codes, categories=categories)
+
+
+def _fleet_frame(fleet: pd.DataFrame) -> pd.DataFrame:
+    count = len(fleet)
+    return pd.DataFrame(
+        {
+            "node": [None] * count,
+            "gpu": pd.array([pd.NA] * count, dtype="Int64"),
+            "gpu_uuid": None,
+            "verdict": fleet["severity"].map(VERDICT_OF).to_numpy(),
+            "metric": fleet["metric"].to_numpy(),
+            "value": fleet["value"].to_numpy(),
+            "reference": fleet["reference"].to_numpy(),
+            "deviation_pct": fleet["deviation_pct"].to_numpy(),
+            "z": np.nan,
+            "reference_kind": "fleet",
+            "cause": fleet["cause"].to_numpy(),
+            "action": fleet["action"].to_numpy(),
+            "ticket": "none",
+            "reasons": fleet["reason"].to_numpy(),
+            "gpu_model": None,
+            "peer": None,
+        }
+    )

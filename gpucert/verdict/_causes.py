@@ -36,7 +36,7 @@ ACTION_FOR_CAUSE = {
 
 def _entity_of(run: RunIndex, findings: pd.DataFrame) -> np.ndarray:
     """Entity ids of GPU or node findings (-1 where the entity is not in the run's index)."""
-    node_code = run.nodes.get_indexer(findings["node"].astype(str))
+    node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str)))
     gpu = findings["gpu"].to_numpy(dtype=np.int64)
     scope = np.where(findings["scope"].to_numpy() == "gpu", 0, 1)
     ent_key = pd.Index((run.scope.astype(np.int64) << 42) | (run.node_code << 21) | np.maximum(run.gpu, 0))
@@ -69,8 +69,10 @@ def attribute_causes(
     capped = ((bits & SW_POWER_CAP) > 0) & (
         t("power_limit_w") < t("power_limit_default_w") * (1 - policy.gates.power_limit_tolerance_pct / 100)
     )
-    link_low = (t("pcie_gen") < t("pcie_gen_max")) | (t("pcie_width") < t("pcie_width_max")) | (
-        t("pcie_replays_per_min") > policy.gates.pcie_replays_per_min
+    link_low = (
+        (t("pcie_gen") < t("pcie_gen_max"))
+        | (t("pcie_width") < t("pcie_width_max"))
+        | (t("pcie_replays_per_min") > policy.gates.pcie_replays_per_min)
     )
     metric = part["metric"].to_numpy(dtype=object)
     compute = np.isin(metric, list(_COMPUTE))
@@ -95,13 +97,25 @@ def attribute_causes(
             host,
             compute & alone,
         ],
-        ["network", "nvlink", node_cause, "nvlink", "power", "thermal", "config", "pcie", node_cause,
-         "unknown", "slow_silicon"],
+        [
+            "network",
+            "nvlink",
+            node_cause,
+            "nvlink",
+            "power",
+            "thermal",
+            "config",
+            "pcie",
+            node_cause,
+            "unknown",
+            "slow_silicon",
+        ],
         default="unknown",
     )
     severity = part["severity"].to_numpy()
-    action = np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(),
-                      "retest")
+    action = np.where(
+        severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(), "retest"
+    )
     ticket = np.where(severity >= 3, "remediation", "none")
     findings = findings.copy()
     findings.loc[todo, "cause"] = cause

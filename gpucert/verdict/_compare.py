@@ -26,12 +26,14 @@ import pandas as pd
 
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
-from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR, RunIndex
 
 __all__ = ["Judged", "compare_references"]
 
 _MAD_TO_SIGMA = 1.4826
 _MEDIAN_EFFICIENCY = 1.2533  # sd of a sample median / (sigma / sqrt(n)) for normal data
+# Both pairs of a healthy node that low by chance: ~4e-5; one good pair of a bad node's neighbour: 0.6 %.
+_PAIR_Z = 2.5
 
 
 @dataclass(frozen=True)
@@ -57,22 +59,25 @@ def _per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarr
 
 
 def _lookup(index_keys: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """values[position of keys in index_keys], NaN where absent."""
+    """values[position of keys in index_keys], NaN where absent (index_keys are unique: the baseline's
+    (level, key, metric) is)."""
     if len(index_keys) == 0:
         return np.full(len(keys), np.nan)
-    series = pd.Series(values, index=pd.Index(index_keys)).groupby(level=0).first()
-    return series.reindex(keys).to_numpy(dtype=np.float64)
+    position = pd.Index(index_keys).get_indexer(keys)
+    return np.where(position >= 0, values[np.maximum(position, 0)], np.nan)
 
 
-def _baseline_keys(
-    baseline: pd.DataFrame, level: str, names: pd.Index
-) -> tuple[np.ndarray, pd.DataFrame]:
+def _baseline_keys(baseline: pd.DataFrame, level: str, names: pd.Index) -> tuple[np.ndarray, pd.DataFrame]:
+    """The rows of one baseline level, keyed as run code × metric code (rows the run lacks dropped)."""
     rows = baseline[baseline["level"] == level]
-    codes = names.get_indexer(rows["key"].astype(str)) if len(names) else np.full(len(rows), -1)
+    if not len(names):
+        return np.zeros(0, dtype=np.int64), rows.iloc[:0]
+    # Categorical codes: the fastest string → position lookup pandas has (100,000 UUIDs × 4 metrics).
+    codes = pd.Categorical(rows["key"], categories=names).codes.astype(np.int64)
     known = codes >= 0
     rows = rows[known]
-    mcodes = np.array([METRIC_NAMES.index(m) for m in rows["metric"]], dtype=np.int64)
-    return codes[known].astype(np.int64) * N_METRICS + mcodes, rows
+    mcodes = pd.Categorical(rows["metric"], categories=list(METRIC_NAMES)).codes.astype(np.int64)
+    return codes[known] * N_METRICS + mcodes, rows
 
 
 def compare_references(
@@ -135,9 +140,7 @@ def compare_references(
     fleet_frame = pd.DataFrame({"c": cohort, "q": ratio, "node": np.where(has_own, node, -1)})
     fleet_frame = fleet_frame[has_own]
     fg = fleet_frame.groupby("c", sort=False)
-    fleet_stats = pd.DataFrame(
-        {"f": fg["q"].median(), "gpus": fg["q"].size(), "nodes": fg["node"].nunique()}
-    )
+    fleet_stats = pd.DataFrame({"f": fg["q"].median(), "gpus": fg["q"].size(), "nodes": fg["node"].nunique()})
     scope_of_cohort = fleet_stats.index.to_numpy() // N_METRICS // (len(run.models) + 1)
     enough = (fleet_stats["nodes"].to_numpy() >= policy.fleet.min_nodes) & (
         (fleet_stats["gpus"].to_numpy() >= policy.fleet.min_gpus) | (scope_of_cohort != SCOPE_GPU)
@@ -209,7 +212,9 @@ def compare_references(
             _stat(run, table, primary_fail, "fail", ref, d, z, kind, shift),
             _stat(run, table, primary_warn, "warn", ref, d, z, kind, shift),
             _stat(run, table, peer_warn & ~primary_fail, "warn", peer_median, d_peer, z_peer, "peer", None),
-            _stat(run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None),
+            _stat(
+                run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None
+            ),
             _spec(run, table, below_floor, floor),
         ]
     )
@@ -231,7 +236,8 @@ def _leave_one_out_median(group: np.ndarray, values: np.ndarray) -> np.ndarray:
 
     def pick(k: np.ndarray) -> np.ndarray:
         pos = start + k + (k >= rank)
-        return v_sorted[np.clip(pos, 0, len(v_sorted) - 1)]
+        picked: np.ndarray = v_sorted[np.clip(pos, 0, len(v_sorted) - 1)]
+        return picked
 
     lo = pick((m - 1) // 2)
     hi = pick(m // 2)
@@ -251,7 +257,8 @@ def _floors(
     for (model_name, metric_name), value in floors.items():
         if model_name in model_pos and metric_name in METRIC_NAMES:
             table[model_pos[model_name], METRIC_NAMES.index(metric_name)] = value
-    return table[model, mcode]
+    out: np.ndarray = table[model, mcode]
+    return out
 
 
 _REF_WORDS = {
@@ -388,10 +395,18 @@ def node_wide_findings(
             "own": gpu_rows["has_own"].to_numpy(),
         }
     )
-    agg = frame.groupby(["node", "mcode"], sort=False).agg(
-        d=("d", "median"), sigma=("sigma", "median"), n=("d", "size"), x=("x", "median"),
-        ref=("ref", "median"), own=("own", "mean"),
-    ).reset_index()
+    agg = (
+        frame.groupby(["node", "mcode"], sort=False)
+        .agg(
+            d=("d", "median"),
+            sigma=("sigma", "median"),
+            n=("d", "size"),
+            x=("x", "median"),
+            ref=("ref", "median"),
+            own=("own", "mean"),
+        )
+        .reset_index()
+    )
     mcode = agg["mcode"].to_numpy()
     cv_rep = _per_metric(policy, "cv_rep")[mcode]
     n = agg["n"].to_numpy()
@@ -411,8 +426,10 @@ def node_wide_findings(
     cause = np.where(pd.notna(gate), gate, np.where(host, "config", "unknown"))
     severity = np.where(d[flagged] <= -fail_drop[flagged], 3, 2)
     kinds = np.where(hit["own"].to_numpy() > 0.5, "own", "peer")
-    words = {"config": "the host (CPU contention, NUMA binding, BIOS): fix the node's affinity and settings",
-             "unknown": "no telemetry names it: re-test, then reboot the node"}
+    words = {
+        "config": "the host (CPU contention, NUMA binding, BIOS): fix the node's affinity and settings",
+        "unknown": "no telemetry names it: re-test, then reboot the node",
+    }
     reason = [
         f"{m}: all {k} GPUs of the node are {-dv * 100:.1f} % below {_REF_WORDS[kd]} (median, z {zv:.1f}): "
         f"a node-wide cause — {words.get(c, c)}"
@@ -436,3 +453,96 @@ def node_wide_findings(
         ticket=np.where(severity >= 3, "remediation", "none"),
         reason=reason,
     )
+
+
+def pair_node_findings(
+    run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame
+) -> pd.DataFrame:
+    """A node whose every pair is low is the likelier culprit (REFERENCE.md §4.5, §4.7).
+
+    The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in,
+    while each of its partners keeps one good pair. The best pair must be low by the metric's warn drop
+    and by 2.5 of its spreads — two independent pairs both that low happen by chance in about four
+    healthy nodes in 100,000. A node sitting between two partners that are flagged themselves (a candidate
+    of this rule, or a node with findings of its own, such as a GPU on a degraded PCIe link) cannot be
+    told apart by its pairs alone: it gets a note asking to re-pair it with a known-good node, not a flag.
+    """
+    pair_rows = table[run.scope[table["eid"].to_numpy()] == SCOPE_PAIR]
+    pair_rows = pair_rows[np.isfinite(pair_rows["d"])]
+    if pair_rows.empty:
+        return make_findings("node", [], severity="warn", rank="stat", reason=[])
+    eids = pair_rows["eid"].to_numpy()
+    ends = pd.DataFrame(
+        {
+            "node": np.r_[run.node_names(eids), run.peer_names(eids)],
+            "partner": np.r_[run.peer_names(eids), run.node_names(eids)],
+            "d": np.r_[pair_rows["d"].to_numpy(), pair_rows["d"].to_numpy()],
+            "sigma": np.r_[pair_rows["sigma"].to_numpy(), pair_rows["sigma"].to_numpy()],
+            "mcode": np.r_[pair_rows["mcode"].to_numpy(), pair_rows["mcode"].to_numpy()],
+        }
+    )
+    ends = ends[ends["node"] != ""]
+    per = (
+        ends.groupby(["node", "mcode"], sort=False)
+        .agg(
+            pairs=("d", "size"),
+            best=("d", "max"),
+            worst=("d", "min"),
+            sigma=("sigma", "median"),
+            partners=("partner", lambda p: ", ".join(sorted(p))),
+        )
+        .reset_index()
+    )
+    mcode = per["mcode"].to_numpy()
+    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100
+    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
+    best = per["best"].to_numpy()
+    z = best / per["sigma"].to_numpy()
+    flagged = (per["pairs"].to_numpy() >= 2) & (best <= -warn_drop) & (z <= -_PAIR_Z)
+    if not flagged.any():
+        return make_findings("node", [], severity="warn", rank="stat", reason=[])
+
+    # A candidate keeps the blame when at least one partner is clean: neither flagged on its own nor a
+    # candidate itself. (Two adjacent culprits each still have a clean partner on their other side.)
+    candidates = set(per.loc[flagged, "node"])
+    flagged_on_own = set(findings.loc[(findings["scope"] != "pair") & (findings["severity"] >= 2), "node"])
+    low = ends[ends["node"].isin(candidates)]
+    clean = ~low["partner"].isin(candidates | flagged_on_own)
+    kept_nodes = set(low.loc[clean, "node"])
+    keep = flagged & per["node"].isin(kept_nodes).to_numpy()
+    doubtful = flagged & ~keep
+    hit = per[keep]
+    severity = np.where(best[keep] <= -fail_drop[keep], 3, 2)
+    names = np.array(METRIC_NAMES, dtype=object)[hit["mcode"].to_numpy()]
+    blamed = make_findings(
+        "node",
+        hit["node"],
+        severity=severity,
+        rank="stat",
+        metric=names,
+        deviation_pct=best[keep] * 100,
+        z=z[keep],
+        reference_kind="peer",
+        cause="network",
+        action="check_network",
+        ticket=np.where(severity >= 3, "remediation", "none"),
+        reason=[
+            f"{m}: every pair of this node is low (best {b * 100:.1f} %, worst {w * 100:.1f} % against the "
+            f"pairs' median; partners {p}): its network path — check its IB ports' state, rate and "
+            "error counters, then cables and transceivers"
+            for m, b, w, p in zip(names, best[keep], hit["worst"], hit["partners"], strict=True)
+        ],
+    )
+    unsure = per[doubtful]
+    noted = make_findings(
+        "node",
+        unsure["node"],
+        severity="note",
+        rank="note",
+        reason=[
+            f"every pair of this node is low, but its partners ({p}) are flagged themselves: re-pair it "
+            "with a known-good node to clear it"
+            for p in unsure["partners"]
+        ],
+    )
+    return concat_findings([blamed, noted])

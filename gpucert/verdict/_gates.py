@@ -22,8 +22,17 @@ HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE, SW_POWER_CAP = 0x08, 0x20, 
 
 
 def _gpu_findings(
-    run: RunIndex, eids: np.ndarray, *, severity: str | np.ndarray, cause: object, action: object,
-    ticket: object, metric: str, value: np.ndarray, reference: object = np.nan, reason: list[str],
+    run: RunIndex,
+    eids: np.ndarray,
+    *,
+    severity: str | np.ndarray,
+    cause: object,
+    action: object,
+    ticket: object,
+    metric: str,
+    value: np.ndarray,
+    reference: object = np.nan,
+    reason: list[str],
 ) -> pd.DataFrame:
     if isinstance(severity, np.ndarray):
         severity = np.array([SEVERITY[s] for s in severity], dtype=np.int64)
@@ -50,81 +59,188 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     gpus = np.flatnonzero(run.scope == SCOPE_GPU)
 
     def t(name: str) -> np.ndarray:
-        return run.telemetry[gpus, MCODE[name]]
+        column: np.ndarray = run.telemetry[gpus, MCODE[name]]
+        return column
 
     parts: list[pd.DataFrame] = []
 
     failure = t("remapped_rows_failure") > 0
     e = gpus[failure]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="row_remap", action="run_field_diag", ticket="replacement",
-        metric="remapped_rows_failure", value=t("remapped_rows_failure")[failure],
-        reason=["row-remap failure: a memory bank has no spare rows left; drain, reset the GPU and run the "
-                "field diagnostic (NVIDIA's RMA criterion when it confirms)"] * len(e)))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="row_remap",
+            action="run_field_diag",
+            ticket="replacement",
+            metric="remapped_rows_failure",
+            value=t("remapped_rows_failure")[failure],
+            reason=[
+                "row-remap failure: a memory bank has no spare rows left; drain, reset the GPU and run the "
+                "field diagnostic (NVIDIA's RMA criterion when it confirms)"
+            ]
+            * len(e),
+        )
+    )
 
     dbe = t("ecc_dbe_volatile")
     pending = t("remapped_rows_pending") > 0
     has_dbe = dbe > 0
     e = gpus[has_dbe]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause=np.where(pending[has_dbe], "row_remap", "ecc"), action="reset_gpu",
-        ticket="remediation", metric="ecc_dbe_volatile", value=dbe[has_dbe], reference=0.0,
-        reason=[f"{int(n)} uncorrectable ECC error(s) since the last reset"
-                + ("; a row remap is pending: reset the GPU to apply it, then re-certify" if p else
-                   ": reset the GPU and re-certify; recurring → RMA")
-                for n, p in zip(dbe[has_dbe], pending[has_dbe], strict=True)]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause=np.where(pending[has_dbe], "row_remap", "ecc"),
+            action="reset_gpu",
+            ticket="remediation",
+            metric="ecc_dbe_volatile",
+            value=dbe[has_dbe],
+            reference=0.0,
+            reason=[
+                f"{int(n)} uncorrectable ECC error(s) since the last reset"
+                + (
+                    "; a row remap is pending: reset the GPU to apply it, then re-certify"
+                    if p
+                    else ": reset the GPU and re-certify; recurring → RMA"
+                )
+                for n, p in zip(dbe[has_dbe], pending[has_dbe], strict=True)
+            ],
+        )
+    )
     only_pending = pending & ~has_dbe
     e = gpus[only_pending]
-    parts.append(_gpu_findings(
-        run, e, severity="warn", cause="row_remap", action="reset_gpu", ticket="remediation",
-        metric="remapped_rows_pending", value=t("remapped_rows_pending")[only_pending],
-        reason=["row remap pending: reset the GPU at the next idle window to apply it"] * len(e)))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="warn",
+            cause="row_remap",
+            action="reset_gpu",
+            ticket="remediation",
+            metric="remapped_rows_pending",
+            value=t("remapped_rows_pending")[only_pending],
+            reason=["row remap pending: reset the GPU at the next idle window to apply it"] * len(e),
+        )
+    )
 
     gen, gen_max = t("pcie_gen"), t("pcie_gen_max")
     low_gen = gen < gen_max
     e = gpus[low_gen]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="pcie", action="reboot_node", ticket="remediation",
-        metric="pcie_gen", value=gen[low_gen], reference=gen_max[low_gen],
-        reason=[f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to retrain; if it "
-                "persists reseat the GPU, riser or cable" for g, m in zip(gen[low_gen], gen_max[low_gen],
-                                                                     strict=True)]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="pcie",
+            action="reboot_node",
+            ticket="remediation",
+            metric="pcie_gen",
+            value=gen[low_gen],
+            reference=gen_max[low_gen],
+            reason=[
+                f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to retrain; if it "
+                "persists reseat the GPU, riser or cable"
+                for g, m in zip(gen[low_gen], gen_max[low_gen], strict=True)
+            ],
+        )
+    )
     width, width_max = t("pcie_width"), t("pcie_width_max")
     narrow = width < width_max
     e = gpus[narrow]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="pcie", action="reseat", ticket="remediation",
-        metric="pcie_width", value=width[narrow], reference=width_max[narrow],
-        reason=[f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists replace the "
-                "riser, retimer or GPU" for w, m in zip(width[narrow], width_max[narrow], strict=True)]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="pcie",
+            action="reseat",
+            ticket="remediation",
+            metric="pcie_width",
+            value=width[narrow],
+            reference=width_max[narrow],
+            reason=[
+                f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists replace the "
+                "riser, retimer or GPU"
+                for w, m in zip(width[narrow], width_max[narrow], strict=True)
+            ],
+        )
+    )
     replays = t("pcie_replays_per_min")
     noisy = replays > gates.pcie_replays_per_min
     e = gpus[noisy]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="pcie", action="reseat",
-        ticket=np.where(replays[noisy] > gates.pcie_replays_replace_per_min, "replacement", "remediation"),
-        metric="pcie_replays_per_min", value=replays[noisy], reference=gates.pcie_replays_per_min,
-        reason=[f"{r:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal signal "
-                "integrity; reseat at the next window" for r in replays[noisy]]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="pcie",
+            action="reseat",
+            ticket=np.where(
+                replays[noisy] > gates.pcie_replays_replace_per_min, "replacement", "remediation"
+            ),
+            metric="pcie_replays_per_min",
+            value=replays[noisy],
+            reference=gates.pcie_replays_per_min,
+            reason=[
+                f"{r:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal signal "
+                "integrity; reseat at the next window"
+                for r in replays[noisy]
+            ],
+        )
+    )
 
     down = t("nvlink_down")
     links_down = down > 0
     e = gpus[links_down]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="nvlink", action="reset_gpu", ticket="remediation",
-        metric="nvlink_down", value=down[links_down], reference=0.0,
-        reason=[(f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); "
-                 "reset the GPU and restart Fabric Manager") if n >= 18 else
-                (f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or "
-                 "baseboard") for n in down[links_down]]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="nvlink",
+            action="reset_gpu",
+            ticket="remediation",
+            metric="nvlink_down",
+            value=down[links_down],
+            reference=0.0,
+            reason=[
+                (
+                    f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); "
+                    "reset the GPU and restart Fabric Manager"
+                )
+                if n >= 18
+                else (
+                    f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or "
+                    "baseboard"
+                )
+                for n in down[links_down]
+            ],
+        )
+    )
     crc = t("nvlink_crc_errors")
     crc_bad = crc > gates.nvlink_crc_errors
     e = gpus[crc_bad]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="nvlink", action="reset_gpu", ticket="remediation",
-        metric="nvlink_crc_errors", value=crc[crc_bad], reference=gates.nvlink_crc_errors,
-        reason=[f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on the same "
-                "link → reseat or baseboard" for n in crc[crc_bad]]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="nvlink",
+            action="reset_gpu",
+            ticket="remediation",
+            metric="nvlink_crc_errors",
+            value=crc[crc_bad],
+            reference=gates.nvlink_crc_errors,
+            reason=[
+                f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on the same "
+                "link → reseat or baseboard"
+                for n in crc[crc_bad]
+            ],
+        )
+    )
 
     bits = np.nan_to_num(t("clocks_event_reasons"), nan=0).astype(np.int64)
     temp, slowdown = t("temp_max_c"), t("temp_slowdown_c")
@@ -135,41 +251,92 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     is_thermal = ((bits & HW_THERMAL) > 0) | (~is_power & hot)
     cause = np.where(is_power, "power", np.where(is_thermal, "thermal", "power"))
     e = gpus[slowed]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause=cause[slowed],
-        action=np.where(cause[slowed] == "power", "check_power", "check_cooling"), ticket="remediation",
-        metric="hw_slowdown_frac", value=frac[slowed], reference=gates.hw_slowdown_frac,
-        reason=[f"hardware slowdown active {f * 100:.0f} % of the benchmark"
-                + (" (power brake): check the PSU, PDU and BMC power-capping events" if c == "power" else
-                   " (thermal): check fans, airflow and inlet temperature")
-                for f, c in zip(frac[slowed], cause[slowed], strict=True)]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause=cause[slowed],
+            action=np.where(cause[slowed] == "power", "check_power", "check_cooling"),
+            ticket="remediation",
+            metric="hw_slowdown_frac",
+            value=frac[slowed],
+            reference=gates.hw_slowdown_frac,
+            reason=[
+                f"hardware slowdown active {f * 100:.0f} % of the benchmark"
+                + (
+                    " (power brake): check the PSU, PDU and BMC power-capping events"
+                    if c == "power"
+                    else " (thermal): check fans, airflow and inlet temperature"
+                )
+                for f, c in zip(frac[slowed], cause[slowed], strict=True)
+            ],
+        )
+    )
     hot_only = hot & ~slowed
     e = gpus[hot_only]
-    parts.append(_gpu_findings(
-        run, e, severity="warn", cause="thermal", action="check_cooling", ticket="remediation",
-        metric="temp_max_c", value=temp[hot_only], reference=slowdown[hot_only],
-        reason=[f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown threshold "
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="warn",
+            cause="thermal",
+            action="check_cooling",
+            ticket="remediation",
+            metric="temp_max_c",
+            value=temp[hot_only],
+            reference=slowdown[hot_only],
+            reason=[
+                f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown threshold "
                 f"{sv:.0f} °C: check fans, airflow and inlet temperature"
-                for tv, sv in zip(temp[hot_only], slowdown[hot_only], strict=True)]))
+                for tv, sv in zip(temp[hot_only], slowdown[hot_only], strict=True)
+            ],
+        )
+    )
 
     limit, default = t("power_limit_w"), t("power_limit_default_w")
     capped = limit < default * (1 - gates.power_limit_tolerance_pct / 100)
     e = gpus[capped]
-    parts.append(_gpu_findings(
-        run, e, severity="fail", cause="config", action="fix_config", ticket="remediation",
-        metric="power_limit_w", value=limit[capped], reference=default[capped],
-        reason=[f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="fail",
+            cause="config",
+            action="fix_config",
+            ticket="remediation",
+            metric="power_limit_w",
+            value=limit[capped],
+            reference=default[capped],
+            reason=[
+                f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
                 "(nvidia-smi -pl) and fix the BMC or host power policy"
-                for lv, dv in zip(limit[capped], default[capped], strict=True)]))
+                for lv, dv in zip(limit[capped], default[capped], strict=True)
+            ],
+        )
+    )
 
     sbe = t("ecc_sbe_volatile")
     storm = sbe >= gates.sbe_volatile_warn
     e = gpus[storm]
-    parts.append(_gpu_findings(
-        run, e, severity="warn", cause="ecc", action="run_field_diag", ticket="remediation",
-        metric="ecc_sbe_volatile", value=sbe[storm], reference=gates.sbe_volatile_warn,
-        reason=[f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): schedule "
-                "diagnostics; progression to uncorrectable errors → RMA" for n in sbe[storm]]))
+    parts.append(
+        _gpu_findings(
+            run,
+            e,
+            severity="warn",
+            cause="ecc",
+            action="run_field_diag",
+            ticket="remediation",
+            metric="ecc_sbe_volatile",
+            value=sbe[storm],
+            reference=gates.sbe_volatile_warn,
+            reason=[
+                f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): schedule "
+                "diagnostics; progression to uncorrectable errors → RMA"
+                for n in sbe[storm]
+            ],
+        )
+    )
 
     parts.append(_xid_findings(run, policy))
     parts.append(_error_findings(run))
@@ -185,8 +352,17 @@ def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     counts = events.groupby(["eid", "xid"], sort=True).size().rename("count").reset_index()
     rules = xid_rules().reindex(counts["xid"])
     unknown = rules["klass"].isna().to_numpy()
-    rules = rules.fillna({"klass": "unknown", "severity": "warn", "repeat_only": False, "cause": "xid",
-                          "action": "retest", "ticket": "remediation", "mnemonic": "not in the Xid catalog"})
+    rules = rules.fillna(
+        {
+            "klass": "unknown",
+            "severity": "warn",
+            "repeat_only": False,
+            "cause": "xid",
+            "action": "retest",
+            "ticket": "remediation",
+            "mnemonic": "not in the Xid catalog",
+        }
+    )
     severity = rules["severity"].to_numpy(dtype=object).copy()
     repeat_only = rules["repeat_only"].to_numpy(dtype=bool)
     count = counts["count"].to_numpy()
@@ -206,7 +382,9 @@ def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     reason = [
         f"XID {x} ({m.split(' / ')[0]}) ×{c}: {advice.get(k, k)}"
         + (" (XID not in NVIDIA's catalog)" if u else "")
-        for x, m, c, k, u in zip(counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True)
+        for x, m, c, k, u in zip(
+            counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True
+        )
     ]
     is_note = severity == "note"
     return make_findings(
@@ -232,11 +410,21 @@ def _error_findings(run: RunIndex) -> pd.DataFrame:
     counts = pd.Series(1, index=run.eid[rows]).groupby(level=0).size()
     eids = counts.index.to_numpy(dtype=np.int64)
     scope = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
-    reason = [f"{n} benchmark step(s) failed on this {s}: see the run's log" for n, s in
-              zip(counts.to_numpy(), scope, strict=True)]
+    reason = [
+        f"{n} benchmark step(s) failed on this {s}: see the run's log"
+        for n, s in zip(counts.to_numpy(), scope, strict=True)
+    ]
     return make_findings(
-        scope, run.node_names(eids), gpu=run.gpu[eids], severity="inconclusive", rank="missing",
-        metric="error", value=counts.to_numpy(dtype=float), action="retest", reason=reason,
+        scope,
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity="inconclusive",
+        rank="missing",
+        metric="error",
+        value=counts.to_numpy(dtype=float),
+        action="retest",
+        reason=reason,
     )
 
 
@@ -253,17 +441,32 @@ def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
     gpus = np.flatnonzero(run.scope == SCOPE_GPU)
     reporting = gpus[np.isfinite(run.telemetry[gpus]).any(axis=1) | _has_perf(run)[gpus]]
     present = pd.DataFrame({"node": run.node_code[reporting], "gpu": run.gpu[reporting]})
-    gpu_eid = {(int(n), int(g)): int(e) for n, g, e in
-               zip(run.node_code[gpus], run.gpu[gpus], gpus, strict=True)
-               if n in set(run.node_code[node_eids].tolist())}
+    gpu_eid = {
+        (int(n), int(g)): int(e)
+        for n, g, e in zip(run.node_code[gpus], run.gpu[gpus], gpus, strict=True)
+        if n in set(run.node_code[node_eids].tolist())
+    }
 
-    parts = [make_findings(
-        "node", run.node_names(node_eids), severity="fail", rank="gate", metric="gpu_count",
-        value=seen[short], reference=expected[short], reference_kind="gate", cause="xid",
-        action="reboot_node", ticket="remediation",
-        reason=[f"the node sees {s:.0f} of its {x:.0f} GPUs: a GPU fell off the bus or is hidden from NVML; "
+    parts = [
+        make_findings(
+            "node",
+            run.node_names(node_eids),
+            severity="fail",
+            rank="gate",
+            metric="gpu_count",
+            value=seen[short],
+            reference=expected[short],
+            reference_kind="gate",
+            cause="xid",
+            action="reboot_node",
+            ticket="remediation",
+            reason=[
+                f"the node sees {s:.0f} of its {x:.0f} GPUs: a GPU fell off the bus or is hidden from NVML; "
                 "drain and reboot; recurring → reseat, riser or RMA"
-                for s, x in zip(seen[short], expected[short], strict=True)])]
+                for s, x in zip(seen[short], expected[short], strict=True)
+            ],
+        )
+    ]
     # A loop over the (few) short nodes, not over GPUs: each names the indices that report nothing.
     for node_eid, want in zip(node_eids, expected[short], strict=True):
         code = int(run.node_code[node_eid])
@@ -272,12 +475,25 @@ def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
         if not missing:
             continue
         with79 = [gpu_eid.get((code, g)) in xid79 for g in missing]
-        parts.append(make_findings(
-            "gpu", [str(run.nodes[code])] * len(missing), gpu=np.array(missing), severity="fail",
-            rank="missing", metric="gpu_count", reference_kind="gate",
-            cause=["xid" if w else "unknown" for w in with79], action="reboot_node", ticket="remediation",
-            reason=[f"GPU {g} should be on this node but reports nothing"
-                    + (" (XID 79: fallen off the bus)" if w else "") for g, w in zip(missing, with79, strict=True)]))
+        parts.append(
+            make_findings(
+                "gpu",
+                [str(run.nodes[code])] * len(missing),
+                gpu=np.array(missing),
+                severity="fail",
+                rank="missing",
+                metric="gpu_count",
+                reference_kind="gate",
+                cause=["xid" if w else "unknown" for w in with79],
+                action="reboot_node",
+                ticket="remediation",
+                reason=[
+                    f"GPU {g} should be on this node but reports nothing"
+                    + (" (XID 79: fallen off the bus)" if w else "")
+                    for g, w in zip(missing, with79, strict=True)
+                ],
+            )
+        )
     return concat_findings(parts)
 
 
@@ -304,22 +520,32 @@ def missing_findings(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:
     names = np.array(METRIC_NAMES, dtype=object)[mcodes]
     return make_findings(
         np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
-        run.node_names(eids), gpu=run.gpu[eids], peer=run.peer_names(eids), severity="inconclusive",
-        rank="missing", metric=names, action="retest",
+        run.node_names(eids),
+        gpu=run.gpu[eids],
+        peer=run.peer_names(eids),
+        severity="inconclusive",
+        rank="missing",
+        metric=names,
+        action="retest",
         reason=[f"no {m} result although its peers have one" for m in names],
     )
 
 
 def node_wide_gate_findings(run: RunIndex, findings: pd.DataFrame, policy: Policy) -> pd.DataFrame:
     """Node findings where most GPUs of a node carry a gate with the same cause (power brake, FM)."""
-    gpu_gates = findings[(findings["scope"] == "gpu") & (findings["rank"] >= 3)
-                         & (findings["severity"] >= SEVERITY["warn"])
-                         & findings["cause"].isin(["power", "thermal", "config", "nvlink", "pcie"])]
+    gpu_gates = findings[
+        (findings["scope"] == "gpu")
+        & (findings["rank"] >= 3)
+        & (findings["severity"] >= SEVERITY["warn"])
+        & findings["cause"].isin(["power", "thermal", "config", "nvlink", "pcie"])
+    ]
     if gpu_gates.empty:
         return empty_findings()
-    per = (gpu_gates.groupby(["node", "cause"])
-           .agg(gpus=("gpu", "nunique"), severity=("severity", "max"), action=("action", "first"))
-           .reset_index())
+    per = (
+        gpu_gates.groupby(["node", "cause"])
+        .agg(gpus=("gpu", "nunique"), severity=("severity", "max"), action=("action", "first"))
+        .reset_index()
+    )
     gpus = np.flatnonzero(run.scope == SCOPE_GPU)
     per_node = pd.Series(run.node_code[gpus]).value_counts()
     per_node.index = np.asarray(run.nodes)[per_node.index.to_numpy()]
@@ -329,15 +555,25 @@ def node_wide_gate_findings(run: RunIndex, findings: pd.DataFrame, policy: Polic
         return empty_findings()
     # FM degraded mode (links down on every GPU) is baseboard / NVSwitch work: REFERENCE.md §5.
     ticket = np.where(wide["cause"] == "nvlink", "replacement", "remediation")
-    words = {"power": "power delivery: check the PSU, PDU and BMC power capping",
-             "thermal": "cooling: check the rack's airflow and CRAH",
-             "config": "configuration: fix the node's power or host policy",
-             "nvlink": "the NVLink fabric: Fabric Manager degraded mode or an NVSwitch; reset, restart FM, "
-                       "then baseboard",
-             "pcie": "the PCIe complex: check the host's BIOS and risers"}
+    words = {
+        "power": "power delivery: check the PSU, PDU and BMC power capping",
+        "thermal": "cooling: check the rack's airflow and CRAH",
+        "config": "configuration: fix the node's power or host policy",
+        "nvlink": "the NVLink fabric: Fabric Manager degraded mode or an NVSwitch; reset, restart FM, "
+        "then baseboard",
+        "pcie": "the PCIe complex: check the host's BIOS and risers",
+    }
     return make_findings(
-        "node", wide["node"], severity=wide["severity"], rank="gate", reference_kind="gate",
-        cause=wide["cause"], action=wide["action"], ticket=ticket,
-        reason=[f"{g} GPUs of this node share one fault — a node-wide cause, {words[c]}"
-                for g, c in zip(wide["gpus"], wide["cause"], strict=True)],
+        "node",
+        wide["node"],
+        severity=wide["severity"],
+        rank="gate",
+        reference_kind="gate",
+        cause=wide["cause"],
+        action=wide["action"],
+        ticket=ticket,
+        reason=[
+            f"{g} GPUs of this node share one fault — a node-wide cause, {words[c]}"
+            for g, c in zip(wide["gpus"], wide["cause"], strict=True)
+        ],
     )

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..metrics import METRICS
 
-__all__ = ["METRIC_NAMES", "MCODE", "RunIndex", "index_run"]
+__all__ = ["MCODE", "METRIC_NAMES", "RunIndex", "index_run"]
 
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
 MCODE: dict[str, int] = {name: i for i, name in enumerate(METRIC_NAMES)}
@@ -61,20 +61,25 @@ class RunIndex:
         return len(self.scope)
 
     def node_names(self, eids: np.ndarray) -> np.ndarray:
-        return np.asarray(self.nodes)[self.node_code[eids]]
+        names: np.ndarray = np.asarray(self.nodes, dtype=object)[self.node_code[eids]]
+        return names
 
     def peer_names(self, eids: np.ndarray) -> np.ndarray:
         codes = self.peer_code[eids]
         names = np.asarray(self.peers, dtype=object)
-        return np.where(codes >= 0, names[np.maximum(codes, 0)] if len(names) else "", "")
+        out: np.ndarray = np.where(codes >= 0, names[np.maximum(codes, 0)] if len(names) else "", "")
+        return out
 
     def uuid_names(self, eids: np.ndarray) -> np.ndarray:
         codes = self.uuid_code[eids]
-        names = np.asarray(self.uuids, dtype=object)
-        return np.where(codes >= 0, names[np.maximum(codes, 0)] if len(names) else None, None)
+        out = np.full(len(codes), None, dtype=object)
+        known = codes >= 0
+        out[known] = np.asarray(self.uuids, dtype=object)[codes[known]]
+        return out
 
     def model_names(self, eids: np.ndarray) -> np.ndarray:
-        return np.asarray(self.models, dtype=object)[self.model_code[eids]]
+        names: np.ndarray = np.asarray(self.models, dtype=object)[self.model_code[eids]]
+        return names
 
     def rows_of(self, metric: str) -> np.ndarray:
         """Row positions holding ``metric``."""

@@ -33,7 +33,7 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
     # A transient is a repeat farther *below* its median than the noise could put it (interference only
     # ever slows a benchmark down; the hardware caps the upside). It is named, and left out of the
     # stability judgement; with three repeats the median already ignores it.
-    limit = np.maximum(policy.repeats.transient_pct / 100, 4 * cv_rep[run.mcode[rows]])
+    limit = np.maximum(policy.repeats.transient_pct / 100, 5 * cv_rep[run.mcode[rows]])
     transient = DIRECTION[run.mcode[rows]] * rel < -limit
 
     good = ~transient
@@ -56,9 +56,9 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
     with np.errstate(divide="ignore", invalid="ignore"):
         measured["cv_mad"] = _MAD_TO_SIGMA * mad / measured["x"].to_numpy()
     n_far = measured["n"].to_numpy() - n_good
-    # Twice the limit above: a median pulled down by two transients leaves the good repeat 10-30 % above
+    # 1.5 × the limit above: a median pulled down by two transients leaves the good repeat 7-40 % above
     # it, while plain noise on the noisiest metric (H2D, 1.5 %) reaches 6 % above a median now and then.
-    above = pd.Series(DIRECTION[run.mcode[rows]] * rel > 2 * limit).groupby(key, sort=False).sum()
+    above = pd.Series(DIRECTION[run.mcode[rows]] * rel > 1.5 * limit).groupby(key, sort=False).sum()
     n_above = above.reindex(keys).to_numpy()
     # Two repeats far below the median, or one far above it, mean the median itself may be a transient.
     unstable = (measured["n"].to_numpy() >= 3) & (
@@ -66,7 +66,10 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
         | (n_above >= 1)
         | (
             (n_good >= 3)
-            & (measured["cv_mad"].to_numpy() > policy.repeats.unstable_factor * cv_rep[measured["mcode"].to_numpy()])
+            & (
+                measured["cv_mad"].to_numpy()
+                > policy.repeats.unstable_factor * cv_rep[measured["mcode"].to_numpy()]
+            )
         )
     )
     measured["unstable"] = unstable
@@ -127,4 +130,5 @@ def _transient_notes(run: RunIndex, rows: np.ndarray, rel: np.ndarray) -> pd.Dat
 
 
 def _scope_name(run: RunIndex, eids: np.ndarray) -> np.ndarray:
-    return np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
+    names: np.ndarray = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
+    return names

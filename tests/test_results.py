@@ -1,0 +1,395 @@
+"""Tests of gpucert.results: reading, validating and writing the results contract of DESIGN.md."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpucert._frames import RESULT_DTYPES
+from gpucert.errors import ResultsError
+from gpucert.metrics import RESULT_COLUMNS
+from gpucert.results import parse_results, read_results, write_results
+
+DATA = Path(__file__).parent / "data"
+BAD = DATA / "bad_results"
+GOOD_CSV = DATA / "good_results.csv"
+GOOD_JSONL = DATA / "good_results.jsonl"
+
+#: Every file of the bad-input corpus, with what its error must say besides the file's name: the row
+#: and column (as ``row N, column 'x'``) and the gist of the problem.
+CORPUS: dict[str, tuple[str, ...]] = {
+    "missing_column.csv": ("missing column 'ts'",),
+    "missing_key.jsonl": ("missing column 'peer'",),
+    "duplicated_column.csv": ("column 'node'", "more than once"),
+    "empty.csv": ("no result rows",),
+    "header_only.csv": ("no result rows",),
+    "json_array.json": ("no result rows", "JSON array"),
+    "malformed.csv": ("row 3: 11 fields where the header has 10",),
+    "unknown_metric.csv": (
+        "row 3, column 'metric'",
+        "unknown metric 'gemm_bf16_tflop' (did you mean 'gemm_bf16_tflops'?)",
+    ),
+    "value_not_a_number.csv": ("row 4, column 'value'", "'fast' is not a number"),
+    "value_not_a_number.jsonl": ("row 3, column 'value'", "'fast' is not a number"),
+    "value_nan.csv": ("row 3, column 'value'", "'NaN' is not a finite number"),
+    "value_inf.csv": ("row 2, column 'value'", "'inf' is not a finite number"),
+    "negative_bandwidth.csv": ("row 4, column 'value'", "negative bandwidth/throughput '-12.5'", "h2d_gbps"),
+    "negative_telemetry.csv": ("row 3, column 'value'", "negative value '-3'"),
+    "negative_repeat.csv": ("row 3, column 'repeat'", "'-1' is negative"),
+    "duplicated_sample.csv": ("row 4, column 'repeat'", "duplicated sample", "rows 2, 4"),
+    "bad_run_id.csv": ("row 2, column 'run_id'", "'Cert_Run-1' is not a DNS label"),
+    "empty_node.csv": ("row 3, column 'node'", "node is empty"),
+    "gpu_fraction.csv": ("row 3, column 'gpu'", "gpu '1.5' is not an integer"),
+    "gpu_fraction.ndjson": ("row 2, column 'gpu'", "gpu '1.5' is not an integer"),
+    "gpu_letter.csv": ("row 4, column 'gpu'", "gpu 'a' is not an integer"),
+    "gpu_metric_without_gpu.csv": (
+        "row 3, column 'gpu'",
+        "'hbm_copy_gbps' is a per-GPU metric: gpu must be set",
+    ),
+    "node_metric_with_gpu.csv": ("row 3, column 'gpu'", "node-level metric: gpu must be empty"),
+    "pair_without_peer.csv": ("row 3, column 'peer'", "pair metric: peer must name the other node"),
+    "peer_on_gpu_metric.csv": ("row 2, column 'peer'", "peer is only for pair metrics"),
+    "conflicting_uuid.csv": (
+        "row 4, column 'gpu_uuid'",
+        "node 'node-a' gpu 0 has several gpu_uuid values",
+        "'GPU-aaaa-0000' (row 2), 'GPU-ffff-9999' (row 4)",
+    ),
+    "uuid_on_two_gpus.csv": ("row 4, column 'gpu_uuid'", "'GPU-aaaa-0000' is on several GPUs"),
+    "conflicting_model.csv": ("row 3, column 'gpu_model'", "node 'node-a' has several gpu_model values"),
+    "bad_ts.csv": ("row 3, column 'ts'", "'yesterday noon' is not a timestamp"),
+    "pod_log_bad_json.log": ("row 5: not valid JSON",),
+    "json_array_pretty.json": ("row 2: not valid JSON",),
+    "not_results.txt": ("unknown file type '.txt'",),
+}
+
+
+@functools.cache
+def _good() -> pd.DataFrame:
+    """Both good example files, as one canonical frame (cached: hypothesis calls tests many times)."""
+    return read_results([GOOD_CSV, GOOD_JSONL])
+
+
+def _error(paths: Path | list[Path]) -> ResultsError:
+    with pytest.raises(ResultsError) as info:
+        read_results(paths)
+    return info.value
+
+
+def _assert_canonical(frame: pd.DataFrame) -> None:
+    assert tuple(frame.columns) == RESULT_COLUMNS
+    for name, dtype in RESULT_DTYPES.items():
+        assert frame[name].dtype == dtype, name
+
+
+# The bad-input corpus ------------------------------------------------------------------------------------
+
+
+def test_the_corpus_table_lists_every_corpus_file() -> None:
+    assert {p.name for p in BAD.iterdir()} == set(CORPUS)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_each_bad_file_names_itself_the_row_and_the_column(name: str) -> None:
+    error = _error(BAD / name)
+    message = str(error)
+    assert error.source == str(BAD / name)
+    assert message.startswith(str(BAD / name))
+    for expected in CORPUS[name]:
+        assert expected in message
+    assert error.total == len(error.problems) == 1, message
+
+
+def test_a_missing_file_is_a_results_error(tmp_path: Path) -> None:
+    message = str(_error(tmp_path / "nowhere.parquet"))
+    assert str(tmp_path / "nowhere.parquet") in message
+    assert "No such file" in message
+
+
+def test_a_directory_is_not_a_results_file(tmp_path: Path) -> None:
+    (tmp_path / "run.csv").mkdir()
+    assert "cannot read the file" in str(_error(tmp_path / "run.csv"))
+
+
+def test_no_files_at_all() -> None:
+    assert "no results files" in str(_error([]))
+
+
+# Parquet, built here (binary files do not belong in the corpus) --------------------------------------------
+
+
+def test_a_corrupt_parquet_file(tmp_path: Path) -> None:
+    path = tmp_path / "corrupt.parquet"
+    path.write_bytes(b"PAR1" + bytes(range(256)) * 4 + b"PAR1")
+    message = str(_error(path))
+    assert str(path) in message
+    assert "cannot parse the Parquet file" in message
+
+
+def test_a_truncated_parquet_file(tmp_path: Path) -> None:
+    path = tmp_path / "truncated.parquet"
+    write_results(_good(), path)
+    path.write_bytes(path.read_bytes()[:-200])
+    assert "cannot parse the Parquet file" in str(_error(path))
+
+
+def test_a_parquet_file_names_its_bad_row_one_based(tmp_path: Path) -> None:
+    frame = _good().copy()
+    frame.loc[3, "value"] = -7.5  # gemm_bf16_tflops
+    path = tmp_path / "negative.parquet"
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    message = str(_error(path))
+    assert "row 4, column 'value': negative bandwidth/throughput '-7.5'" in message
+
+
+def test_a_parquet_file_without_a_column(tmp_path: Path) -> None:
+    path = tmp_path / "no_peer.parquet"
+    pq.write_table(pa.Table.from_pandas(_good().drop(columns=["peer"]), preserve_index=False), path)
+    assert "missing column 'peer'" in str(_error(path))
+
+
+def test_a_parquet_file_of_another_tool_is_made_canonical(tmp_path: Path) -> None:
+    # Plain strings, a float gpu with NaN, naive nanosecond timestamps, an extra column.
+    good = _good()
+    table = pa.table(
+        {
+            "run_id": good["run_id"].astype(str),
+            "node": good["node"].astype(str),
+            "gpu": good["gpu"].astype("float64"),
+            "gpu_uuid": good["gpu_uuid"].astype(object),
+            "gpu_model": good["gpu_model"].astype(str),
+            "metric": good["metric"].astype(str),
+            "value": good["value"],
+            "repeat": good["repeat"].astype("int32"),
+            "peer": good["peer"].astype(object),
+            "ts": good["ts"].dt.tz_localize(None).astype("datetime64[ns]"),
+            "site": ["dc-1"] * len(good),
+        }
+    )
+    path = tmp_path / "other.pq"
+    pq.write_table(table, path)
+    frame = read_results(path)
+    _assert_canonical(frame)
+    pd.testing.assert_frame_equal(frame, good)
+
+
+# Good files ----------------------------------------------------------------------------------------------
+
+
+def test_the_good_csv_reads_in_canonical_dtypes() -> None:
+    frame = read_results(GOOD_CSV)
+    _assert_canonical(frame)
+    assert len(frame) == 15
+    assert frame["gpu"].isna().sum() == 4  # the node-level, pair and error rows
+    assert frame["peer"].notna().sum() == 1
+    assert frame["gpu_uuid"].isna().sum() == 4
+    assert frame["ts"].iloc[0] == pd.Timestamp("2024-05-01T12:00:00Z")
+
+
+def test_repeated_xid_events_are_not_duplicates() -> None:
+    frame = read_results(GOOD_CSV)
+    xids = frame[frame["metric"] == "xid"]
+    assert len(xids) == 2
+    assert xids[["node", "gpu", "repeat"]].duplicated().iloc[1]
+
+
+def test_a_pod_log_reads_around_its_other_lines() -> None:
+    frame = read_results(GOOD_JSONL)
+    _assert_canonical(frame)
+    assert len(frame) == 8  # the banner, NCCL line, blank line and a structured log object are skipped
+    assert frame["value"].tolist()[:3] == [702.5, 699.0, 55.2]
+    assert frame["ts"].iloc[2] == pd.Timestamp("2024-05-01T12:01:00.25Z")
+
+
+def test_a_bad_line_in_a_pod_log_is_named_and_the_lines_around_it_are_fine() -> None:
+    error = _error(BAD / "pod_log_bad_json.log")
+    assert [(p.row, p.column) for p in error.problems] == [(5, None)]
+
+
+def test_bad_lines_of_a_pod_log_are_reported_with_the_bad_values_of_good_lines(tmp_path: Path) -> None:
+    lines = (BAD / "pod_log_bad_json.log").read_text().splitlines()
+    lines[1] = lines[1].replace("812.4", "-1")
+    path = tmp_path / "pod.log"
+    path.write_text("\n".join(lines) + "\n")
+    error = _error(path)
+    assert [(p.row, p.column) for p in error.problems] == [(2, "value"), (5, None)]
+
+
+def test_naive_and_offset_timestamps_become_utc() -> None:
+    frame = parse_results(
+        pd.DataFrame(
+            {
+                "run_id": ["r1", "r1"],
+                "node": ["n1", "n1"],
+                "gpu": [0, 1],
+                "gpu_uuid": ["GPU-0", "GPU-1"],
+                "gpu_model": ["NVIDIA H200", "NVIDIA H200"],
+                "metric": ["h2d_gbps", "h2d_gbps"],
+                "value": [55.0, 56.0],
+                "repeat": [0, 0],
+                "peer": [None, None],
+                "ts": ["2024-05-01T12:00:00", "2024-05-01T14:00:00+02:00"],
+            }
+        ),
+        "frame",
+    )
+    _assert_canonical(frame)
+    assert (frame["ts"] == pd.Timestamp("2024-05-01T12:00:00Z")).all()
+
+
+# Several files -------------------------------------------------------------------------------------------
+
+
+def test_several_files_concatenate_with_canonical_categories() -> None:
+    frame = _good()
+    _assert_canonical(frame)
+    assert len(frame) == 23
+    assert list(frame["gpu_model"].cat.categories) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert frame["node"].iloc[-1] == "node-c"
+
+
+def test_a_sample_in_two_files_is_a_duplicate_naming_both(tmp_path: Path) -> None:
+    other = tmp_path / "rerun.csv"
+    header, first = GOOD_CSV.read_text().splitlines()[:2]
+    other.write_text(f"{header}\n{first.replace('812.4', '799.0')}\n")
+    error = _error([GOOD_CSV, other])
+    message = str(error)
+    assert f"{GOOD_CSV} row 2, {other} row 2" in message
+    assert "duplicated sample" in message
+    assert [(p.row, p.column) for p in error.problems] == [(2, "repeat")]
+
+
+def test_each_file_is_validated_on_its_own_first() -> None:
+    error = _error([GOOD_CSV, BAD / "value_nan.csv", BAD / "bad_ts.csv"])
+    assert error.source == str(BAD / "value_nan.csv")
+
+
+# parse_results and write_results ---------------------------------------------------------------------------
+
+
+def test_a_canonical_frame_passes_unchanged() -> None:
+    frame = _good()
+    pd.testing.assert_frame_equal(parse_results(frame, "frame"), frame)
+
+
+def test_extra_columns_are_dropped_and_columns_reordered() -> None:
+    frame = _good()
+    shuffled = frame[list(reversed(RESULT_COLUMNS))].assign(site="dc-1")
+    pd.testing.assert_frame_equal(parse_results(shuffled, "frame"), frame)
+
+
+def test_a_frame_of_plain_python_values() -> None:
+    frame = _good().astype(object)
+    frame["gpu"] = [None if pd.isna(g) else int(g) for g in frame["gpu"]]
+    frame["ts"] = frame["ts"].map(lambda t: t.isoformat())
+    parsed = parse_results(frame, "frame")
+    _assert_canonical(parsed)
+    pd.testing.assert_frame_equal(parsed, _good(), check_categorical=False)
+
+
+def test_rows_give_the_numbers_in_messages() -> None:
+    frame = _good().copy()
+    frame.loc[1, "value"] = np.inf
+    with pytest.raises(ResultsError) as info:
+        parse_results(frame, "generated", rows=np.arange(100, 100 + len(frame)))
+    assert "generated" in str(info.value)
+    assert info.value.problems[0].row == 101
+
+
+def test_every_problem_is_counted_but_only_some_are_built(tmp_path: Path) -> None:
+    header, first = GOOD_CSV.read_text().splitlines()[:2]
+    lines = [first.replace(",0,,2024", f",{r},,2024").replace("gemm_bf16_tflops", "gemm") for r in range(300)]
+    path = tmp_path / "many.csv"
+    path.write_text("\n".join([header, *lines]) + "\n")
+    error = _error(path)
+    assert error.total == 300
+    assert len(error.problems) < 300
+    assert [p.row for p in error.problems[:3]] == [2, 3, 4]
+    assert "… and 288 more" in str(error)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".jsonl"])
+def test_round_trip(tmp_path: Path, suffix: str) -> None:
+    frame = _good()
+    path = tmp_path / f"results{suffix}"
+    write_results(frame, path)
+    pd.testing.assert_frame_equal(read_results(path), frame)
+
+
+def test_round_trip_keeps_every_float_and_microsecond(tmp_path: Path) -> None:
+    frame = _good().copy()
+    awkward = [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308, 1e20, 2.5e-7, 0.0]
+    frame["value"] = [*awkward, *frame["value"].iloc[len(awkward) :]]
+    frame["ts"] = frame["ts"] + pd.to_timedelta(np.arange(len(frame)), unit="us")
+    for suffix in (".csv", ".parquet", ".jsonl"):
+        path = tmp_path / f"precise{suffix}"
+        write_results(frame, path)
+        pd.testing.assert_frame_equal(read_results(path), frame)
+
+
+def test_the_csv_writer_writes_integers_empties_and_utc(tmp_path: Path) -> None:
+    path = tmp_path / "out.csv"
+    write_results(read_results(GOOD_CSV), path)
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(RESULT_COLUMNS)
+    assert lines[1].startswith("cert-20240501-a1,node-a,0,GPU-")
+    assert lines[1].endswith(",812.4,0,,2024-05-01T12:00:00.000000Z")
+    assert ",node-a,,,NVIDIA H200,nccl_allreduce_busbw_gbps," in lines[9]
+
+
+def test_write_refuses_a_frame_it_could_not_read_back(tmp_path: Path) -> None:
+    frame = _good().copy()
+    frame.loc[0, "value"] = np.nan
+    with pytest.raises(ResultsError, match="not a finite number"):
+        write_results(frame, tmp_path / "out.parquet")
+    with pytest.raises(ResultsError, match="unknown file type"):
+        write_results(_good(), tmp_path / "out.xlsx")
+
+
+# Properties ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(order=st.permutations(range(23)), again=st.integers(0, 22))
+def test_shuffling_rows_does_not_change_validity(order: list[int], again: int) -> None:
+    good = _good()
+    shuffled = good.iloc[list(order)].reset_index(drop=True)
+    key = ["node", "ts", "metric", "value"]
+    pd.testing.assert_frame_equal(
+        parse_results(shuffled, "shuffled").sort_values(key, ignore_index=True),
+        good.sort_values(key, ignore_index=True),
+    )
+    # An invalid frame stays invalid wherever its bad rows are: a sample measured twice.
+    samples = shuffled.index[~shuffled["metric"].isin(["xid", "error"])]
+    duplicated = pd.concat([shuffled, shuffled.loc[[samples[again % len(samples)]]]], ignore_index=True)
+    with pytest.raises(ResultsError) as info:
+        parse_results(duplicated, "duplicated")
+    assert [p.column for p in info.value.problems] == ["repeat"]
+    assert info.value.problems[0].row == len(duplicated)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    order=st.permutations(range(23)),
+    row=st.integers(0, 22),
+    corruption=st.sampled_from(["nan", "negative", "unknown metric"]),
+)
+def test_a_single_corrupted_value_is_reported_at_its_row(order: list[int], row: int, corruption: str) -> None:
+    frame = _good().iloc[list(order)].reset_index(drop=True)
+    if corruption == "unknown metric":
+        frame["metric"] = frame["metric"].cat.add_categories(["gemm_bf16_tflopz"])
+        frame.loc[row, "metric"] = "gemm_bf16_tflopz"
+        column = "metric"
+    else:
+        frame.loc[row, "value"] = np.nan if corruption == "nan" else -1 - float(frame["value"].iloc[row])
+        column = "value"
+    with pytest.raises(ResultsError) as info:
+        parse_results(frame, "corrupted")
+    assert [(p.row, p.column) for p in info.value.problems] == [(row + 1, column)]

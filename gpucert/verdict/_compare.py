@@ -67,16 +67,23 @@ def _lookup(index_keys: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.
     return np.where(position >= 0, values[np.maximum(position, 0)], np.nan)
 
 
+def _positions(values: pd.Series, names: pd.Index) -> np.ndarray:
+    """Position of each value in ``names`` (-1 when absent): each distinct value is looked up once,
+    the fastest string → position mapping pandas offers at 400,000 baseline rows."""
+    categorical = values.astype("category")
+    lookup = np.r_[names.get_indexer(categorical.cat.categories), -1].astype(np.int64)
+    return lookup[np.asarray(categorical.cat.codes, dtype=np.int64)]
+
+
 def _baseline_keys(baseline: pd.DataFrame, level: str, names: pd.Index) -> tuple[np.ndarray, pd.DataFrame]:
     """The rows of one baseline level, keyed as run code × metric code (rows the run lacks dropped)."""
     rows = baseline[baseline["level"] == level]
     if not len(names):
         return np.zeros(0, dtype=np.int64), rows.iloc[:0]
-    # Categorical codes: the fastest string → position lookup pandas has (100,000 UUIDs × 4 metrics).
-    codes = pd.Categorical(rows["key"], categories=names).codes.astype(np.int64)
+    codes = _positions(rows["key"], names)
     known = codes >= 0
     rows = rows[known]
-    mcodes = pd.Categorical(rows["metric"], categories=list(METRIC_NAMES)).codes.astype(np.int64)
+    mcodes = _positions(rows["metric"], pd.Index(METRIC_NAMES))
     return codes[known] * N_METRICS + mcodes, rows
 
 

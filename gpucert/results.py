@@ -1113,6 +1113,12 @@ def _read_jsonl(path: PathArg) -> _Raw:
     data = Path(path).read_bytes()
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
+    lines = _count_object_lines(data)
+    if lines is not None:
+        # A plain JSON-lines file (the common large case): no line classification needed.
+        fast = _jsonl_fast(data, np.arange(1, lines + 1, dtype=np.int64))
+        if fast is not None:
+            return fast
     starts, ends, objects, all_objects = _object_lines(data)
     if objects.size == 0:
         raw = _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
@@ -1122,8 +1128,20 @@ def _read_jsonl(path: PathArg) -> _Raw:
             )
             raw.total = 1
         return raw
-    fast = _jsonl_fast(data, starts, ends, objects, all_objects)
+    # A Pod log loses its other lines first (blank lines Arrow skips by itself).
+    payload = data if all_objects else b"\n".join(data[starts[i] : ends[i]] for i in objects)
+    fast = _jsonl_fast(payload, objects + 1)
     return fast if fast is not None else _jsonl_slow(data, starts, ends, objects)
+
+
+def _count_object_lines(data: bytes) -> int | None:
+    """The number of lines if every line starts with ``{`` (no blank or other line), else ``None``.
+
+    Two byte counts in C, instead of classifying every line: a raw newline cannot occur inside JSON.
+    """
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    objects = data.count(b"\n{") + data.startswith(b"{")
+    return lines if data and objects == lines else None
 
 
 def _object_lines(data: bytes) -> tuple[Ints, Ints, Ints, bool]:
@@ -1162,10 +1180,11 @@ _JSON_TYPES: Final = {
 }
 
 
-def _jsonl_fast(data: bytes, starts: Ints, ends: Ints, objects: Ints, all_objects: bool) -> _Raw | None:
-    """Parse with Arrow when every object line is clean; ``None`` sends the file to the exact parser."""
-    # A plain JSON-lines file goes to Arrow as it is; a Pod log loses its other lines first.
-    payload = data if all_objects else b"\n".join(data[starts[i] : ends[i]] for i in objects)
+def _jsonl_fast(payload: bytes, rows: Ints) -> _Raw | None:
+    """Parse with Arrow when every object line is clean; ``None`` sends the file to the exact parser.
+
+    ``payload`` holds only object lines (and maybe blank ones); ``rows`` is each object's line number.
+    """
     try:
         table = pa_json.read_json(
             io.BytesIO(payload),
@@ -1176,17 +1195,16 @@ def _jsonl_fast(data: bytes, starts: Ints, ends: Ints, objects: Ints, all_object
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    if table.num_rows != objects.size:
+    if table.num_rows != rows.size:
         return None  # two objects on a line, say: line numbers would not match
     # The explicit schema fills an absent key with nulls; a key named nowhere in the file is a missing
     # column. The first object usually names them all, which saves scanning a large file for each.
     # (A key inside a string value would hide a missing column; the exact parser is not worth that cost.)
-    first = data[starts[objects[0]] : ends[objects[0]]]
+    first = payload[: payload.find(b"\n")]
     present = [c for c in RESULT_COLUMNS if (key := f'"{c}"'.encode()) in first or key in payload]
     if not present:
         return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
     table = table.select(present)
-    rows = objects + 1
     # Objects without any contract column are other tools' structured log lines.
     if present:
         nothing = np.logical_and.reduce(

@@ -33,6 +33,7 @@ CORPUS: dict[str, tuple[str, ...]] = {
     "header_only.csv": ("no result rows",),
     "json_array.json": ("no result rows", "JSON array"),
     "malformed.csv": ("row 3: 11 fields where the header has 10",),
+    "blank_lines.csv": ("row 5, column 'value'", "value is empty"),
     "unknown_metric.csv": (
         "row 3, column 'metric'",
         "unknown metric 'gemm_bf16_tflop' (did you mean 'gemm_bf16_tflops'?)",

@@ -118,6 +118,8 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
 
     severity = entity["severity"].to_numpy(dtype=np.int64)
     rank = entity["rank"].to_numpy(dtype=np.int64)
+    # Ties (two metrics failing a gate of one rank) break on the text, not on the order rows arrived in.
+    text_order = pd.factorize(entity["metric"].astype(str) + "\x00" + entity["reason"].astype(str), sort=True)[0]
     specificity = entity["cause"].map(CAUSE_SPECIFICITY).fillna(0).to_numpy(dtype=np.int64)
     ticket_rank = entity["ticket"].map(TICKET_RANK).fillna(0).to_numpy(dtype=np.int64)
 
@@ -125,16 +127,14 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     np.maximum.at(top, eid, severity)
     at_top = severity == top[eid]
     # The deciding finding: highest rank at the top severity; the cause: most specific at it.
-    deciding = _first_per_entity(eid, at_top, (-rank,))
-    causing = _first_per_entity(eid, at_top, (-specificity, -rank))
+    deciding = _first_per_entity(eid, at_top, (-rank, text_order))
+    causing = _first_per_entity(eid, at_top, (-specificity, -rank, text_order))
     ticket = np.zeros(total, dtype=np.int64)
     np.maximum.at(ticket, eid[at_top], ticket_rank[at_top])
 
     out, order = _identity_frame(run, extra)
     verdict_sev = np.maximum(top, 0)
-    out["verdict"] = pd.Categorical.from_codes(
-        verdict_sev, categories=pd.Index([VERDICT_OF[i] for i in range(4)])
-    )
+    out["verdict"] = np.array([VERDICT_OF[i] for i in range(4)], dtype=object)[verdict_sev]
     judged = verdict_sev >= SEVERITY["warn"]
     flagged_eids = np.flatnonzero(verdict_sev > 0)
     for column, source, fill in (
@@ -154,7 +154,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     out["action"] = action
     out["ticket"] = np.where(judged, pd.Series(ticket).map(_TICKET_OF).to_numpy(), "none")
 
-    worst_first = np.lexsort((-rank, -severity, eid))
+    worst_first = np.lexsort((text_order, -rank, -severity, eid))
     reason_eids, reasons = _join_per_entity(
         eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first]
     )

@@ -213,7 +213,7 @@ def compare_references(
     floor = _floors(run, model, mcode, floors)
     below_floor = np.isfinite(floor) & (x < floor) & ~unstable
 
-    shift = np.where(np.abs(fleet_factor - 1) >= 1e-4, fleet_factor - 1, np.nan)
+    shift = np.where(np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan)  # shown when it rounds to 0.1 %
     findings = concat_findings(
         [
             _stat(run, table, primary_fail, "fail", ref, d, z, kind, shift),

@@ -1,0 +1,171 @@
+"""The command line end to end: exit statuses, messages a user can act on, nothing half-written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpucert.cli import main
+from gpucert.fleet import Fault, Fleet
+from gpucert.results import write_results
+from gpucert.store import open_store
+
+from .conftest import T0
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    fleet = Fleet.generate(nodes=12, seed=31)
+    out = {}
+    for i in range(3):
+        path = root / f"seed-{i}.parquet"
+        write_results(fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=300 + i).results, path)
+        out[f"seed-{i}"] = path
+    night = fleet.run(
+        "night", ts=T0 + dt.timedelta(days=9), seed=399, faults=[Fault("pcie_gen4", node=fleet.node_names[1], gpu=2)]
+    )
+    write_results(night.results, root / "night.csv")
+    write_results(night.results, root / "night.jsonl")
+    healthy = fleet.run("healthy", ts=T0 + dt.timedelta(days=9), seed=398)
+    write_results(healthy.results, root / "healthy.parquet")
+    out.update(night_csv=root / "night.csv", night_jsonl=root / "night.jsonl", healthy=root / "healthy.parquet")
+    out["root"] = root
+    return out
+
+
+def store_uri(tmp_path: Path) -> str:
+    return (tmp_path / "store").as_uri()
+
+
+def build(files: dict[str, Path], store: str) -> None:
+    seeds = [str(files[f"seed-{i}"]) for i in range(3)]
+    assert main(["baseline", "build", *seeds, "--store", store]) == 0
+
+
+def test_build_then_compare_writes_verdicts(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = store_uri(tmp_path)
+    build(files, store)
+    out = tmp_path / "v.csv"
+    assert main(["compare", str(files["night_csv"]), "--baselines", store, "--out", str(out)]) == 0
+    verdicts = pd.read_csv(out)
+    assert (verdicts["verdict"] == "fail").sum() == 1
+    assert "1 fail" in capsys.readouterr().out
+    parquet = tmp_path / "v.parquet"
+    assert main(["compare", str(files["night_jsonl"]), "--baselines", store, "--out", str(parquet)]) == 0
+    assert len(pd.read_parquet(parquet)) == len(verdicts)
+
+
+def test_fail_on_turns_verdicts_into_exit_3(files: dict[str, Path], tmp_path: Path) -> None:
+    store = store_uri(tmp_path)
+    build(files, store)
+    out = str(tmp_path / "v.csv")
+    night = str(files["night_csv"])
+    assert main(["compare", night, "--baselines", store, "--out", out, "--fail-on", "fail"]) == 3
+    assert main(["compare", night, "--baselines", store, "--out", out, "--fail-on", "warn"]) == 3
+    healthy = str(files["healthy"])
+    assert main(["compare", healthy, "--baselines", store, "--out", out, "--fail-on", "fail"]) == 0
+
+
+def test_compare_with_an_empty_store_judges_by_peers(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "v.csv"
+    assert main(["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 0
+    assert "no baseline yet" in capsys.readouterr().out
+    assert (pd.read_csv(out)["verdict"] == "fail").sum() == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "{tmp}/v.txt"], "write .csv or .parquet"),
+        (["--out", "{tmp}/missing/v.csv"], "does not exist"),
+        (["--out", "{tmp}/v.csv", "--policy", "{tmp}/nope.yaml"], "cannot read the policy"),
+        (["--out", "{tmp}/v.csv", "--baselines", "ftp://x/y"], "ftp://x/y"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message_and_write_nothing(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    argv = ["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path)]
+    argv += [a.format(tmp=tmp_path) for a in args]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code in (1, 2)
+    assert message in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "v.csv").exists()
+
+
+def test_bad_results_exit_2_naming_file_row_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "run_id,node,gpu,gpu_uuid,gpu_model,metric,value,repeat,peer,ts\n"
+        "r1,n1,0,GPU-1,NVIDIA H200,gemm_bf16_tflops,700,0,,2026-11-01T00:00:00Z\n"
+        "r1,n1,0,GPU-1,NVIDIA H200,gemm_bf16_tflops,abc,1,,2026-11-01T00:00:00Z\n"
+    )
+    out = tmp_path / "v.csv"
+    assert main(["compare", str(bad), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err
+    assert "row 3" in err
+    assert "value" in err
+    assert not out.exists()
+
+
+def test_baseline_list_rollback_and_rebuild(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = store_uri(tmp_path)
+    assert main(["baseline", "build", str(files["seed-0"]), "--store", store]) == 0
+    first = open_store(store).current_version()
+    assert main(["baseline", "build", str(files["seed-1"]), "--store", store]) == 0
+    second = open_store(store).current_version()
+    assert first != second
+    assert main(["baseline", "list", "--store", store]) == 0
+    listing = capsys.readouterr().out
+    assert first in listing
+    assert f"* {second}" in listing
+    assert main(["baseline", "rollback", str(first), "--store", store]) == 0
+    assert open_store(store).current_version() == first
+    assert main(["baseline", "rollback", "20990101T000000Z-00000000", "--store", store]) == 1
+    node = "gpu-node-00001"
+    assert main(["baseline", "rebuild", node, "--store", store]) == 0
+    table = open_store(store).read()
+    assert not table["key"].eq(node).any()
+    assert main(["baseline", "rebuild", node, "--store", store, "--results", str(files["seed-2"])]) == 0
+    assert open_store(store).read()["key"].eq(node).any()
+
+
+def test_a_stack_file_is_recorded_and_a_bad_one_refused(files: dict[str, Path], tmp_path: Path) -> None:
+    store = store_uri(tmp_path)
+    stack = tmp_path / "stack.json"
+    stack.write_text('{"driver": "570.133.20", "cuda": "12.8"}')
+    assert main(["baseline", "build", str(files["seed-0"]), "--store", store, "--stack", str(stack)]) == 0
+    assert "570.133.20" in open_store(store).read()["stack"].iloc[0]
+    stack.write_text("[1, 2]")
+    assert main(["baseline", "build", str(files["seed-0"]), "--store", store, "--stack", str(stack)]) == 2
+
+
+def test_the_installed_command_runs_without_prefect(files: dict[str, Path], tmp_path: Path) -> None:
+    """The console script works and the core never imports Prefect (DESIGN.md, rules of the house)."""
+    probe = (
+        "import sys; from gpucert.cli import main; "
+        f"code = main(['compare', {str(files['healthy'])!r}, '--baselines', {store_uri(tmp_path)!r}, "
+        f"'--out', {str(tmp_path / 'v.csv')!r}]); "
+        "assert 'prefect' not in sys.modules, 'the core imported prefect'; sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_demo_runs_and_finds_what_was_injected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--workdir", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "Injected faults against the verdicts" in out
+    assert "✗" not in out
+    assert (tmp_path / "demo" / "verdicts-night-1.csv").exists()

@@ -223,7 +223,7 @@ class _Findings:
     def groups(
         self,
         positions: Ints,
-        keys: Ints,
+        keys: Codes,
         column: str,
         describe: Callable[[Ints, Codes | None], str],
         values: Codes | None = None,
@@ -735,7 +735,7 @@ def _check_relations(codes: _Codes, found: _Findings) -> None:
         subset: _Codes,
         *,
         flagged: Bools | None,
-        keys: Ints,
+        keys: Codes,
         column: str,
         describe: Callable[[Ints, Codes | None], str],
         values: Codes | None = None,
@@ -831,19 +831,34 @@ def _values_with_rows(members: Ints, values: Codes | None, words: Callable[[int]
     return ", ".join(parts)
 
 
-def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Ints, int]:
-    """One int64 per row naming its combination of ``parts`` (each an array and an offset making it ≥ 0).
+def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Codes, int]:
+    """One id per row naming its combination of ``parts`` (each an array and an offset making it ≥ 0).
 
-    Mixed radix, so no hashing; the ids stay below the returned span, which is kept small enough (by
-    factorizing, if ever needed) for the checks to index a table by id.
+    Mixed radix, so no hashing, and in int32 when the ids fit (less memory to touch). Ids stay below the
+    returned span, which is kept small enough (by factorizing, if ever needed) for the checks to index a
+    table by id.
     """
     n = parts[0][0].size
+    digits = [(part, offset, int(part.max(initial=-offset)) + offset + 1) for part, offset in parts]
+    # A part with one value only (a single run, no peers) tells no rows apart.
+    digits = [d for d in digits if d[2] > 1]
+    span = int(np.prod([radix for _, _, radix in digits], dtype=object))
+    if span > _dense_limit(n):
+        return _hashed_group_ids(digits, n)
+    key: Codes = np.zeros(n, dtype=np.int32) if span < 2**31 else np.zeros(n, dtype=np.int64)
+    for part, offset, radix in digits:
+        key *= radix
+        np.add(key, part, out=key, casting="unsafe")  # bounded by the radix, so never truncated
+        if offset:
+            key += offset
+    return key, span
+
+
+def _hashed_group_ids(digits: Sequence[tuple[Codes, int, int]], n: int) -> tuple[Codes, int]:
+    """Dense ids for a key too wide for a table: mixed radix in int64, factorized as it would overflow."""
     key = np.zeros(n, dtype=np.int64)
     span = 1
-    for part, offset in parts:
-        radix = int(part.max(initial=-offset)) + offset + 1
-        if radix == 1:
-            continue  # one value only (a single run, no peers): no information
+    for part, offset, radix in digits:
         if span * radix >= 2**62:
             codes, uniques = pd.factorize(key)
             key, span = codes.astype(np.int64), len(uniques)
@@ -852,10 +867,8 @@ def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Ints, int]:
         if offset:
             key += offset
         span *= radix
-    if span > _dense_limit(n):
-        codes, uniques = pd.factorize(key)
-        key, span = codes.astype(np.int64), len(uniques)
-    return key, span
+    codes, uniques = pd.factorize(key)
+    return codes.astype(np.int64), len(uniques)
 
 
 def _dense_limit(n: int) -> int:
@@ -864,7 +877,7 @@ def _dense_limit(n: int) -> int:
     return 4 * n + (1 << 22)
 
 
-def _repeated(key: Ints, span: int) -> Bools | None:
+def _repeated(key: Codes, span: int) -> Bools | None:
     """Rows whose key occurs more than once; ``None`` when none does.
 
     No sort, no hash: every row writes its position to its key's slot and one write per key survives, so
@@ -882,7 +895,7 @@ def _repeated(key: Ints, span: int) -> Bools | None:
     return repeated
 
 
-def _conflicting(group: Ints, value: Codes, span: int, among: Bools | None = None) -> Bools | None:
+def _conflicting(group: Codes, value: Codes, span: int, among: Bools | None = None) -> Bools | None:
     """Rows of groups holding more than one distinct ``value``; ``None`` when no group does.
 
     The same idea as :func:`_repeated`: one write per group survives, so a group conflicts exactly when
@@ -917,8 +930,9 @@ def _tidy_categories(frame: pd.DataFrame) -> pd.DataFrame:
     for name in CATEGORY_COLUMNS:
         column = frame[name]
         categories = column.cat.categories
-        codes = column.cat.codes.to_numpy()
-        used = np.bincount(codes[codes >= 0], minlength=len(categories)) > 0
+        seen = np.zeros(len(categories) + 1, dtype=bool)
+        seen[column.cat.codes.to_numpy()] = True  # a missing value (-1) marks the extra last slot
+        used = seen[:-1]
         if used.all() and categories.is_monotonic_increasing:
             continue
         kept = categories[used]
@@ -1206,13 +1220,12 @@ def _jsonl_fast(payload: bytes, rows: Ints) -> _Raw | None:
         return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
     table = table.select(present)
     # Objects without any contract column are other tools' structured log lines.
-    if present:
-        nothing = np.logical_and.reduce(
-            [np.asarray(c.is_null().to_numpy(zero_copy_only=False), dtype=bool) for c in table.columns]
-        )
-        if nothing.any():
-            rows = rows[~nothing]
-            table = table.filter(pa.array(~nothing))
+    nothing = np.logical_and.reduce(
+        [np.asarray(c.is_null().to_numpy(zero_copy_only=False), dtype=bool) for c in table.columns]
+    )
+    if nothing.any():
+        rows = rows[~nothing]
+        table = table.filter(pa.array(~nothing))
     return _Raw(_arrow_to_frame(table), rows)
 
 
@@ -1261,10 +1274,8 @@ def _json_error(exc: Exception) -> str:
 
 
 def _write_parquet(frame: pd.DataFrame, path: PathArg) -> None:
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    # A dictionary page large enough for 100,000 UUIDs keeps every string column dictionary-encoded, which
-    # is what lets the reader take them as categoricals without re-encoding.
-    pq.write_table(table, path, dictionary_pagesize_limit=64 << 20)
+    # Categoricals become dictionary columns, which the reader takes back as categoricals directly.
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
 
 
 def _write_csv(frame: pd.DataFrame, path: PathArg) -> None:

@@ -223,6 +223,23 @@ def test_bad_lines_of_a_pod_log_are_reported_with_the_bad_values_of_good_lines(t
     assert [(p.row, p.column) for p in error.problems] == [(2, "value"), (5, None)]
 
 
+def test_a_plain_json_lines_file_names_the_line_of_a_bad_value(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    write_results(_good(), path)
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].replace('"value": ', '"value": -')
+    path.write_text("\n".join(lines) + "\n")
+    error = _error(path)
+    assert [(p.row, p.column) for p in error.problems] == [(3, "value")]
+
+
+def test_two_objects_on_one_line_are_not_json_lines(tmp_path: Path) -> None:
+    lines = (BAD / "pod_log_bad_json.log").read_text().splitlines()
+    path = tmp_path / "joined.jsonl"
+    path.write_text(f"{lines[1]} {lines[6]}\n")
+    assert "row 1: not valid JSON: Extra data" in str(_error(path))
+
+
 def test_naive_and_offset_timestamps_become_utc() -> None:
     frame = parse_results(
         pd.DataFrame(
@@ -265,6 +282,18 @@ def test_a_sample_in_two_files_is_a_duplicate_naming_both(tmp_path: Path) -> Non
     assert f"{GOOD_CSV} row 2, {other} row 2" in message
     assert "duplicated sample" in message
     assert [(p.row, p.column) for p in error.problems] == [(2, "repeat")]
+
+
+def test_duplicates_are_found_however_wide_the_key() -> None:
+    # GPU indexes and repeats this large cannot index a table: the check falls back to hashing.
+    frame = _good().copy()
+    frame["gpu"] = frame["gpu"] * 10**12
+    frame["repeat"] = frame["repeat"] + 2**40
+    frame = pd.concat([frame, frame.iloc[[4]]], ignore_index=True)
+    with pytest.raises(ResultsError) as info:
+        parse_results(frame, "wide")
+    assert [(p.row, p.column) for p in info.value.problems] == [(24, "repeat")]
+    assert "rows 5, 24" in str(info.value)
 
 
 def test_each_file_is_validated_on_its_own_first() -> None:

@@ -357,12 +357,12 @@ def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFr
     models = np.asarray(run.models, dtype=object)[keys // N_METRICS % (len(run.models) + 1)]
     names = np.array(METRIC_NAMES, dtype=object)[mcodes]
     f = shifted["f"].to_numpy()
+    unit = np.where(keys // N_METRICS // (len(run.models) + 1) == SCOPE_GPU, "GPUs", "nodes")
     reason = [
-        f"{m}: the {mo} cohort measures {(fv - 1) * 100:+.1f} % against its own baselines (median of {g} "
-        f"GPUs or nodes on {n} nodes). A shift of the whole fleet points at the stack (driver, CUDA, "
-        "firmware) or the benchmark, not at GPUs: no GPU is flagged for it; compare the run's stack with "
-        "the baseline's"
-        for m, mo, fv, g, n in zip(names, models, f, shifted["gpus"], shifted["nodes"], strict=True)
+        f"{m}: the whole {mo} cohort measures {(fv - 1) * 100:+.1f} % against its own baselines (median of "
+        f"{g} {u} on {n} nodes): a fleet-wide shift points at the stack (driver, CUDA, firmware) or the "
+        "benchmark, so no GPU is flagged for it"
+        for m, mo, fv, g, u, n in zip(names, models, f, shifted["gpus"], unit, shifted["nodes"], strict=True)
     ]
     return make_findings(
         "fleet",

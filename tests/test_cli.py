@@ -29,13 +29,18 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_results(fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=300 + i).results, path)
         out[f"seed-{i}"] = path
     night = fleet.run(
-        "night", ts=T0 + dt.timedelta(days=9), seed=399, faults=[Fault("pcie_gen4", node=fleet.node_names[1], gpu=2)]
+        "night",
+        ts=T0 + dt.timedelta(days=9),
+        seed=399,
+        faults=[Fault("pcie_gen4", node=fleet.node_names[1], gpu=2)],
     )
     write_results(night.results, root / "night.csv")
     write_results(night.results, root / "night.jsonl")
     healthy = fleet.run("healthy", ts=T0 + dt.timedelta(days=9), seed=398)
     write_results(healthy.results, root / "healthy.parquet")
-    out.update(night_csv=root / "night.csv", night_jsonl=root / "night.jsonl", healthy=root / "healthy.parquet")
+    out.update(
+        night_csv=root / "night.csv", night_jsonl=root / "night.jsonl", healthy=root / "healthy.parquet"
+    )
     out["root"] = root
     return out
 
@@ -49,7 +54,9 @@ def build(files: dict[str, Path], store: str) -> None:
     assert main(["baseline", "build", *seeds, "--store", store]) == 0
 
 
-def test_build_then_compare_writes_verdicts(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_build_then_compare_writes_verdicts(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = store_uri(tmp_path)
     build(files, store)
     out = tmp_path / "v.csv"
@@ -73,9 +80,13 @@ def test_fail_on_turns_verdicts_into_exit_3(files: dict[str, Path], tmp_path: Pa
     assert main(["compare", healthy, "--baselines", store, "--out", out, "--fail-on", "fail"]) == 0
 
 
-def test_compare_with_an_empty_store_judges_by_peers(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_with_an_empty_store_judges_by_peers(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "v.csv"
-    assert main(["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 0
+    assert (
+        main(["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 0
+    )
     assert "no baseline yet" in capsys.readouterr().out
     assert (pd.read_csv(out)["verdict"] == "fail").sum() == 1
 
@@ -102,7 +113,9 @@ def test_bad_flags_exit_2_with_a_message_and_write_nothing(
     assert not (tmp_path / "v.csv").exists()
 
 
-def test_bad_results_exit_2_naming_file_row_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_results_exit_2_naming_file_row_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(
         "run_id,node,gpu,gpu_uuid,gpu_model,metric,value,repeat,peer,ts\n"
@@ -118,7 +131,9 @@ def test_bad_results_exit_2_naming_file_row_and_column(tmp_path: Path, capsys: p
     assert not out.exists()
 
 
-def test_baseline_list_rollback_and_rebuild(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_baseline_list_rollback_and_rebuild(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = store_uri(tmp_path)
     assert main(["baseline", "build", str(files["seed-0"]), "--store", store]) == 0
     first = open_store(store).current_version()
@@ -158,12 +173,19 @@ def test_the_installed_command_runs_without_prefect(files: dict[str, Path], tmp_
         f"'--out', {str(tmp_path / 'v.csv')!r}]); "
         "assert 'prefect' not in sys.modules, 'the core imported prefect'; sys.exit(code)"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
     assert done.returncode == 0, done.stderr
 
 
-def test_the_demo_runs_and_finds_what_was_injected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_demo_runs_and_finds_what_was_injected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["demo", "--workdir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "Injected faults against the verdicts" in out

@@ -72,7 +72,8 @@ def _positions(values: pd.Series, names: pd.Index) -> np.ndarray:
     the fastest string → position mapping pandas offers at 400,000 baseline rows."""
     categorical = values.astype("category")
     lookup = np.r_[names.get_indexer(categorical.cat.categories), -1].astype(np.int64)
-    return lookup[np.asarray(categorical.cat.codes, dtype=np.int64)]
+    positions: np.ndarray = lookup[np.asarray(categorical.cat.codes, dtype=np.int64)]
+    return positions
 
 
 def _baseline_keys(baseline: pd.DataFrame, level: str, names: pd.Index) -> tuple[np.ndarray, pd.DataFrame]:

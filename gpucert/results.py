@@ -363,8 +363,9 @@ def _canonical_categories(column: pd.Series) -> pd.Series:
 def _recode(column: pd.Series, mapping: Ints, categories: pd.Index) -> pd.Series:
     """Map each old category code through ``mapping`` (-1: missing) onto ``categories``."""
     codes = column.cat.codes.to_numpy()
-    # Appending -1 makes the missing code (-1) map to itself in the same gather.
-    new_codes = np.append(mapping, -1)[codes]
+    # Appending -1 makes the missing code (-1) map to itself in the same gather; the codes keep their
+    # (small) integer type, as there are never more new categories than old ones.
+    new_codes = np.append(mapping, -1).astype(codes.dtype)[codes]
     categorical = pd.Categorical.from_codes(new_codes, dtype=pd.CategoricalDtype(categories))
     return pd.Series(categorical, index=column.index, name=column.name, copy=False)
 
@@ -1003,6 +1004,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 _CSV_DICT: Final = pa.dictionary(pa.int32(), pa.string())
+#: The Arrow type of each contract column, as written to Parquet.
+_ARROW_TYPES: Final = {
+    **dict.fromkeys(CATEGORY_COLUMNS, _CSV_DICT),
+    "gpu": pa.int64(),
+    "value": pa.float64(),
+    "repeat": pa.int64(),
+    "ts": pa.timestamp("us", tz="UTC"),
+}
 
 
 def _read_csv(path: PathArg) -> _Raw:
@@ -1101,6 +1110,12 @@ def _read_parquet(path: PathArg) -> _Raw:
 
 def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
     """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``."""
+    for name in table.column_names:
+        if pa.types.is_null(table.schema.field(name).type) and name in _ARROW_TYPES:
+            # An all-empty column written without a type (no pair metric, no peer): typing it here spares a
+            # column of Python ``None`` objects.
+            i = table.schema.get_field_index(name)
+            table = table.set_column(i, name, table.column(name).cast(_ARROW_TYPES[name]))
     gpu = None
     if "gpu" in table.column_names and pa.types.is_integer(table.schema.field("gpu").type):
         # Arrow turns an integer column with nulls into float64; build the nullable array directly.
@@ -1274,8 +1289,11 @@ def _json_error(exc: Exception) -> str:
 
 
 def _write_parquet(frame: pd.DataFrame, path: PathArg) -> None:
-    # Categoricals become dictionary columns, which the reader takes back as categoricals directly.
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    # Categoricals become dictionary columns, which the reader takes back as categoricals directly; the
+    # explicit schema also types a column that is all empty (Arrow would write its "null" type, which
+    # outside tools read badly).
+    schema = pa.schema([(name, _ARROW_TYPES[name]) for name in RESULT_COLUMNS])
+    pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
 
 
 def _write_csv(frame: pd.DataFrame, path: PathArg) -> None:

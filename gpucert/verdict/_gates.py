@@ -8,6 +8,9 @@ a benchmark step that errored or a result that is absent, without a GPU signal, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -25,7 +28,7 @@ def _gpu_findings(
     run: RunIndex,
     eids: np.ndarray,
     *,
-    severity: str | np.ndarray,
+    severity: Any,
     cause: object,
     action: object,
     ticket: object,
@@ -57,285 +60,237 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     """Every telemetry gate, XID and benchmark error of the run."""
     gates = policy.gates
     gpus = np.flatnonzero(run.scope == SCOPE_GPU)
+    parts: list[pd.DataFrame] = []
 
     def t(name: str) -> np.ndarray:
         column: np.ndarray = run.telemetry[gpus, MCODE[name]]
         return column
 
-    parts: list[pd.DataFrame] = []
+    def emit(
+        mask: np.ndarray,
+        *,
+        metric: str,
+        value: np.ndarray,
+        reference: object = np.nan,
+        severity: object = "fail",
+        cause: object,
+        action: object,
+        ticket: object = "remediation",
+        reason: Callable[[np.ndarray, np.ndarray], list[str]],
+    ) -> None:
+        """One gate: the GPUs where ``mask`` holds, with the masked value, reference and words."""
 
-    failure = t("remapped_rows_failure") > 0
-    e = gpus[failure]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="row_remap",
-            action="run_field_diag",
-            ticket="replacement",
-            metric="remapped_rows_failure",
-            value=t("remapped_rows_failure")[failure],
-            reason=[
-                "row-remap failure: a memory bank has no spare rows left; drain, reset the GPU and run the "
-                "field diagnostic (NVIDIA's RMA criterion when it confirms)"
+        def pick(x: object) -> object:
+            return x[mask] if isinstance(x, np.ndarray) else x
+
+        v = value[mask]
+        r = np.broadcast_to(
+            np.asarray(reference, dtype=float) if not isinstance(reference, np.ndarray) else reference,
+            mask.shape,
+        )[mask]
+        parts.append(
+            _gpu_findings(
+                run,
+                gpus[mask],
+                severity=pick(severity),
+                cause=pick(cause),
+                action=pick(action),
+                ticket=pick(ticket),
+                metric=metric,
+                value=v,
+                reference=r,
+                reason=reason(v, r),
+            )
+        )
+
+    failure = t("remapped_rows_failure")
+    emit(
+        failure > 0,
+        metric="remapped_rows_failure",
+        value=failure,
+        cause="row_remap",
+        action="run_field_diag",
+        ticket="replacement",
+        reason=lambda v, r: (
+            [
+                "row-remap failure: a memory bank has no spare rows left; drain, reset the GPU "
+                "and run the field diagnostic (NVIDIA's RMA criterion when it confirms)"
             ]
-            * len(e),
-        )
+            * len(v)
+        ),
     )
 
-    dbe = t("ecc_dbe_volatile")
-    pending = t("remapped_rows_pending") > 0
-    has_dbe = dbe > 0
-    e = gpus[has_dbe]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause=np.where(pending[has_dbe], "row_remap", "ecc"),
-            action="reset_gpu",
-            ticket="remediation",
-            metric="ecc_dbe_volatile",
-            value=dbe[has_dbe],
-            reference=0.0,
-            reason=[
-                f"{int(n)} uncorrectable ECC error(s) since the last reset"
-                + (
-                    "; a row remap is pending: reset the GPU to apply it, then re-certify"
-                    if p
-                    else ": reset the GPU and re-certify; recurring → RMA"
-                )
-                for n, p in zip(dbe[has_dbe], pending[has_dbe], strict=True)
-            ],
-        )
+    dbe, pending = t("ecc_dbe_volatile"), t("remapped_rows_pending") > 0
+    emit(
+        dbe > 0,
+        metric="ecc_dbe_volatile",
+        value=dbe,
+        reference=0.0,
+        cause=np.where(pending, "row_remap", "ecc"),
+        action="reset_gpu",
+        reason=lambda v, r: [
+            f"{int(n)} uncorrectable ECC error(s) since the last reset"
+            + (
+                "; a row remap is pending: reset the GPU to apply it, then re-certify"
+                if p
+                else ": reset the GPU and re-certify; recurring → RMA"
+            )
+            for n, p in zip(v, pending[dbe > 0], strict=True)
+        ],
     )
-    only_pending = pending & ~has_dbe
-    e = gpus[only_pending]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="warn",
-            cause="row_remap",
-            action="reset_gpu",
-            ticket="remediation",
-            metric="remapped_rows_pending",
-            value=t("remapped_rows_pending")[only_pending],
-            reason=["row remap pending: reset the GPU at the next idle window to apply it"] * len(e),
-        )
+    emit(
+        pending & ~(dbe > 0),
+        metric="remapped_rows_pending",
+        value=t("remapped_rows_pending"),
+        severity="warn",
+        cause="row_remap",
+        action="reset_gpu",
+        reason=lambda v, r: ["row remap pending: reset the GPU at the next idle window to apply it"] * len(v),
     )
 
-    gen, gen_max = t("pcie_gen"), t("pcie_gen_max")
-    low_gen = gen < gen_max
-    e = gpus[low_gen]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="pcie",
-            action="reboot_node",
-            ticket="remediation",
-            metric="pcie_gen",
-            value=gen[low_gen],
-            reference=gen_max[low_gen],
-            reason=[
-                f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to retrain; if it "
-                "persists reseat the GPU, riser or cable"
-                for g, m in zip(gen[low_gen], gen_max[low_gen], strict=True)
-            ],
-        )
+    gen, width = t("pcie_gen"), t("pcie_width")
+    emit(
+        gen < t("pcie_gen_max"),
+        metric="pcie_gen",
+        value=gen,
+        reference=t("pcie_gen_max"),
+        cause="pcie",
+        action="reboot_node",
+        reason=lambda v, r: [
+            f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to "
+            "retrain; if it persists reseat the GPU, riser or cable"
+            for g, m in zip(v, r, strict=True)
+        ],
     )
-    width, width_max = t("pcie_width"), t("pcie_width_max")
-    narrow = width < width_max
-    e = gpus[narrow]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="pcie",
-            action="reseat",
-            ticket="remediation",
-            metric="pcie_width",
-            value=width[narrow],
-            reference=width_max[narrow],
-            reason=[
-                f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists replace the "
-                "riser, retimer or GPU"
-                for w, m in zip(width[narrow], width_max[narrow], strict=True)
-            ],
-        )
+    emit(
+        width < t("pcie_width_max"),
+        metric="pcie_width",
+        value=width,
+        reference=t("pcie_width_max"),
+        cause="pcie",
+        action="reseat",
+        reason=lambda v, r: [
+            f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists "
+            "replace the riser, retimer or GPU"
+            for w, m in zip(v, r, strict=True)
+        ],
     )
     replays = t("pcie_replays_per_min")
-    noisy = replays > gates.pcie_replays_per_min
-    e = gpus[noisy]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="pcie",
-            action="reseat",
-            ticket=np.where(
-                replays[noisy] > gates.pcie_replays_replace_per_min, "replacement", "remediation"
-            ),
-            metric="pcie_replays_per_min",
-            value=replays[noisy],
-            reference=gates.pcie_replays_per_min,
-            reason=[
-                f"{r:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal signal "
-                "integrity; reseat at the next window"
-                for r in replays[noisy]
-            ],
-        )
+    emit(
+        replays > gates.pcie_replays_per_min,
+        metric="pcie_replays_per_min",
+        value=replays,
+        reference=gates.pcie_replays_per_min,
+        cause="pcie",
+        action="reseat",
+        ticket=np.where(replays > gates.pcie_replays_replace_per_min, "replacement", "remediation"),
+        reason=lambda v, r: [
+            f"{n:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal "
+            "signal integrity; reseat at the next window"
+            for n in v
+        ],
     )
 
-    down = t("nvlink_down")
-    links_down = down > 0
-    e = gpus[links_down]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="nvlink",
-            action="reset_gpu",
-            ticket="remediation",
-            metric="nvlink_down",
-            value=down[links_down],
-            reference=0.0,
-            reason=[
-                (
-                    f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); "
-                    "reset the GPU and restart Fabric Manager"
-                )
-                if n >= 18
-                else (
-                    f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or "
-                    "baseboard"
-                )
-                for n in down[links_down]
-            ],
-        )
+    down, crc = t("nvlink_down"), t("nvlink_crc_errors")
+    emit(
+        down > 0,
+        metric="nvlink_down",
+        value=down,
+        reference=0.0,
+        cause="nvlink",
+        action="reset_gpu",
+        reason=lambda v, r: [
+            (
+                f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); reset "
+                "the GPU and restart Fabric Manager"
+            )
+            if n >= 18
+            else f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or baseboard"
+            for n in v
+        ],
     )
-    crc = t("nvlink_crc_errors")
-    crc_bad = crc > gates.nvlink_crc_errors
-    e = gpus[crc_bad]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="nvlink",
-            action="reset_gpu",
-            ticket="remediation",
-            metric="nvlink_crc_errors",
-            value=crc[crc_bad],
-            reference=gates.nvlink_crc_errors,
-            reason=[
-                f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on the same "
-                "link → reseat or baseboard"
-                for n in crc[crc_bad]
-            ],
-        )
+    emit(
+        crc > gates.nvlink_crc_errors,
+        metric="nvlink_crc_errors",
+        value=crc,
+        reference=gates.nvlink_crc_errors,
+        cause="nvlink",
+        action="reset_gpu",
+        reason=lambda v, r: [
+            f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on "
+            "the same link → reseat or baseboard"
+            for n in v
+        ],
     )
 
     bits = np.nan_to_num(t("clocks_event_reasons"), nan=0).astype(np.int64)
-    temp, slowdown = t("temp_max_c"), t("temp_slowdown_c")
+    temp, slowdown, frac = t("temp_max_c"), t("temp_slowdown_c"), t("hw_slowdown_frac")
     hot = temp >= slowdown - gates.temp_margin_c
-    frac = t("hw_slowdown_frac")
     slowed = frac > gates.hw_slowdown_frac
-    is_power = (bits & HW_POWER_BRAKE) > 0
-    is_thermal = ((bits & HW_THERMAL) > 0) | (~is_power & hot)
-    cause = np.where(is_power, "power", np.where(is_thermal, "thermal", "power"))
-    e = gpus[slowed]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause=cause[slowed],
-            action=np.where(cause[slowed] == "power", "check_power", "check_cooling"),
-            ticket="remediation",
-            metric="hw_slowdown_frac",
-            value=frac[slowed],
-            reference=gates.hw_slowdown_frac,
-            reason=[
-                f"hardware slowdown active {f * 100:.0f} % of the benchmark"
-                + (
-                    " (power brake): check the PSU, PDU and BMC power-capping events"
-                    if c == "power"
-                    else " (thermal): check fans, airflow and inlet temperature"
-                )
-                for f, c in zip(frac[slowed], cause[slowed], strict=True)
-            ],
-        )
+    braked = (bits & HW_POWER_BRAKE) > 0
+    thermal = ((bits & HW_THERMAL) > 0) | hot
+    cause = np.where(braked | ~thermal, "power", "thermal")
+    emit(
+        slowed,
+        metric="hw_slowdown_frac",
+        value=frac,
+        reference=gates.hw_slowdown_frac,
+        cause=cause,
+        action=np.where(cause == "power", "check_power", "check_cooling"),
+        reason=lambda v, r: [
+            f"hardware slowdown active {f * 100:.0f} % of the benchmark"
+            + (
+                " (power brake): check the PSU, PDU and BMC power-capping events"
+                if c == "power"
+                else " (thermal): check fans, airflow and inlet temperature"
+            )
+            for f, c in zip(v, cause[slowed], strict=True)
+        ],
     )
-    hot_only = hot & ~slowed
-    e = gpus[hot_only]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="warn",
-            cause="thermal",
-            action="check_cooling",
-            ticket="remediation",
-            metric="temp_max_c",
-            value=temp[hot_only],
-            reference=slowdown[hot_only],
-            reason=[
-                f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown threshold "
-                f"{sv:.0f} °C: check fans, airflow and inlet temperature"
-                for tv, sv in zip(temp[hot_only], slowdown[hot_only], strict=True)
-            ],
-        )
+    emit(
+        hot & ~slowed,
+        metric="temp_max_c",
+        value=temp,
+        reference=slowdown,
+        severity="warn",
+        cause="thermal",
+        action="check_cooling",
+        reason=lambda v, r: [
+            f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown "
+            f"threshold {sv:.0f} °C: check fans, airflow and inlet temperature"
+            for tv, sv in zip(v, r, strict=True)
+        ],
     )
 
     limit, default = t("power_limit_w"), t("power_limit_default_w")
-    capped = limit < default * (1 - gates.power_limit_tolerance_pct / 100)
-    e = gpus[capped]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="fail",
-            cause="config",
-            action="fix_config",
-            ticket="remediation",
-            metric="power_limit_w",
-            value=limit[capped],
-            reference=default[capped],
-            reason=[
-                f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
-                "(nvidia-smi -pl) and fix the BMC or host power policy"
-                for lv, dv in zip(limit[capped], default[capped], strict=True)
-            ],
-        )
+    emit(
+        limit < default * (1 - gates.power_limit_tolerance_pct / 100),
+        metric="power_limit_w",
+        value=limit,
+        reference=default,
+        cause="config",
+        action="fix_config",
+        reason=lambda v, r: [
+            f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
+            "(nvidia-smi -pl) and fix the BMC or host power policy"
+            for lv, dv in zip(v, r, strict=True)
+        ],
     )
 
     sbe = t("ecc_sbe_volatile")
-    storm = sbe >= gates.sbe_volatile_warn
-    e = gpus[storm]
-    parts.append(
-        _gpu_findings(
-            run,
-            e,
-            severity="warn",
-            cause="ecc",
-            action="run_field_diag",
-            ticket="remediation",
-            metric="ecc_sbe_volatile",
-            value=sbe[storm],
-            reference=gates.sbe_volatile_warn,
-            reason=[
-                f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): schedule "
-                "diagnostics; progression to uncorrectable errors → RMA"
-                for n in sbe[storm]
-            ],
-        )
+    emit(
+        sbe >= gates.sbe_volatile_warn,
+        metric="ecc_sbe_volatile",
+        value=sbe,
+        reference=gates.sbe_volatile_warn,
+        severity="warn",
+        cause="ecc",
+        action="run_field_diag",
+        reason=lambda v, r: [
+            f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): "
+            "schedule diagnostics; progression to uncorrectable errors → RMA"
+            for n in v
+        ],
     )
 
     parts.append(_xid_findings(run, policy))

@@ -515,12 +515,13 @@ class Fleet:
         level = (self.model.base[PAIR] * drift[j] * self.node_factors[a, j] * self.node_factors[b, j]
                  * np.minimum(end[a], end[b]))
         values = level[:, None] * rep
-        # A node whose NCCL job dies (lost GPU, uncontained ECC, hung GSP) fails its pairs as well.
+        # A node whose NCCL job dies (lost GPU, uncontained ECC, hung GSP) fails its pairs as well. DESIGN.md
+        # puts `error` rows at GPU or node level only, and the node's own NCCL error is already written: the
+        # pair simply has no value, which the verdict engine reports as an inconclusive pair.
         dead = eff.crash_nccl | eff.crash_pair
         ok = ~(dead[a] | dead[b])
         rows.add(node=np.repeat(a[ok], repeats), peer=np.repeat(b[ok], repeats), metric=_METRIC_CODE[PAIR],
                  value=values[ok].ravel(), repeat=np.tile(np.arange(repeats), int(ok.sum())))
-        rows.add(node=a[~ok], peer=b[~ok], metric=_METRIC_CODE["error"], value=1.0)
 
 
 # --- identities ------------------------------------------------------------------------------------

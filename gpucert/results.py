@@ -21,11 +21,12 @@ are then concatenated and checked once more across files (duplicated samples, co
 Columns outside the contract are dropped.
 
 What comes back is canonical, the shape every consumer takes (:data:`gpucert._frames.RESULT_DTYPES`):
-columns in :data:`~gpucert.metrics.RESULT_COLUMNS` order; string columns ``category`` with sorted string
-categories, a missing ``gpu_uuid`` or ``peer`` being NaN; ``gpu`` nullable ``Int64``; ``value`` float64;
-``repeat`` int64; ``ts`` ``datetime64[us, UTC]``. :func:`parse_results` validates a frame built in memory
-and returns it in the same dtypes; :func:`write_results` writes a frame so that :func:`read_results` gives
-it back identically.
+columns in :data:`~gpucert.metrics.RESULT_COLUMNS` order; string columns ``category`` (string categories,
+sorted and all in use, so the same table reads the same from any format), a missing ``gpu_uuid`` or
+``peer`` being NaN; ``gpu`` nullable ``Int64``; ``value`` float64; ``repeat`` int64; ``ts``
+``datetime64[us, UTC]``. :func:`parse_results` validates a frame built in memory and returns it in the same
+dtypes (a column that already has its canonical dtype comes back as it is, categories in their order);
+:func:`write_results` writes a frame so that :func:`read_results` gives it back identically.
 
 Speed matters: a fleet of 100,000 GPUs gives millions of rows, read inside a command with a time budget of
 seconds. So no check loops over rows in Python: string rules are checked on the few categories and mapped to
@@ -723,31 +724,24 @@ class _Codes:
         gpu = self.frame["gpu"].iloc[i]
         return f"node {self.text('node', i)!r} gpu {gpu}"
 
+    def in_run(self, i: int) -> str:
+        """`` in run 'x'`` when the table holds several runs (else it goes without saying)."""
+        several = len(self.frame["run_id"].cat.categories) > 1
+        return f" in run {self.text('run_id', i)!r}" if several else ""
+
 
 def _check_relations(codes: _Codes, found: _Findings) -> None:
     """Duplicated samples and conflicting identities, among the rows without a problem of their own."""
     rows = codes.take(~found.bad)
-    several_runs = len(codes.frame["run_id"].cat.categories) > 1
+    _check_duplicates(codes, rows, found)
+    _check_identities(codes, rows, found)
 
-    def in_run(i: int) -> str:
-        return f" in run {codes.text('run_id', i)!r}" if several_runs else ""
 
-    def report(
-        subset: _Codes,
-        *,
-        flagged: Bools | None,
-        keys: Codes,
-        column: str,
-        describe: Callable[[Ints, Codes | None], str],
-        values: Codes | None = None,
-    ) -> None:
-        if flagged is None:
-            return
-        idx, positions = subset.positions(flagged)
-        found.groups(positions, keys[idx], column, describe, None if values is None else values[idx])
+def _check_duplicates(codes: _Codes, rows: _Codes, found: _Findings) -> None:
+    """A sample is (run_id, node, gpu, metric, repeat, peer); events (XIDs, errors) may repeat.
 
-    # A sample is (run_id, node, gpu, metric, repeat, peer). Events (XIDs, errors) may repeat: a key holds
-    # one metric, so its rows are all events or none, and dropping event rows after the fact is exact.
+    A key holds one metric, so its rows are all events or none: dropping event rows afterwards is exact.
+    """
     key, span = _group_ids(
         [(rows.run, 0), (rows.node, 0), (rows.gpu, 1), (rows.metric, 0), (rows.repeat, 0), (rows.peer, 1)]
     )
@@ -755,70 +749,81 @@ def _check_relations(codes: _Codes, found: _Findings) -> None:
     if repeated is not None:
         repeated &= ~rows.event
 
-    def duplicate(members: Ints, _: Codes | None) -> str:
+    def describe(members: Ints, _: Codes | None) -> str:
         i = int(members[0])
         peer = f", peer {codes.text('peer', i)!r}" if codes.peer[i] >= 0 else ""
         gpu = f", gpu {codes.gpu[i]}" if codes.gpu[i] >= 0 else ""
         return (
             f"duplicated sample (node {codes.text('node', i)!r}{gpu}, metric {codes.text('metric', i)!r}, "
-            f"repeat {codes.repeat[i]}{peer}){in_run(i)}: {found.rows.describe(members)}"
+            f"repeat {codes.repeat[i]}{peer}){codes.in_run(i)}: {found.rows.describe(members)}"
         )
 
-    report(rows, flagged=repeated, keys=key, column="repeat", describe=duplicate)
+    _report(found, rows, repeated, keys=key, column="repeat", describe=describe)
 
-    # Within a run, one GPU (node, index) has one UUID and one UUID is one GPU. Rows without a GPU index or
-    # without a UUID say nothing about either, nor do node-level rows.
+
+def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
+    """Within a run, one GPU (node, index) has one UUID, one UUID is one GPU, one node one GPU model.
+
+    Rows without a GPU index or without a UUID (node-level rows) say nothing about the first two.
+    """
     has_gpu = (rows.gpu >= 0) & (rows.uuid >= 0)
     gpu_key, gpu_span = _group_ids([(rows.run, 0), (rows.node, 0), (rows.gpu, 1)])
     uuid_key, uuid_span = _group_ids([(rows.run, 0), (rows.uuid, 1)])
+    node_key, node_span = _group_ids([(rows.run, 0), (rows.node, 0)])
 
-    def uuid_words(i: int) -> str:
-        return repr(codes.text("gpu_uuid", i))
-
-    def model_words(i: int) -> str:
-        return repr(codes.text("gpu_model", i))
+    def quoted(name: str) -> Callable[[int], str]:
+        return lambda i: repr(codes.text(name, i))
 
     def several_uuids(members: Ints, values: Codes | None) -> str:
         i = int(members[0])
-        listed = _values_with_rows(members, values, uuid_words, found.rows)
-        return f"{codes.gpu_words(i)}{in_run(i)} has several gpu_uuid values: {listed}"
+        listed = _values_with_rows(members, values, quoted("gpu_uuid"), found.rows)
+        return f"{codes.gpu_words(i)}{codes.in_run(i)} has several gpu_uuid values: {listed}"
 
     def several_gpus(members: Ints, values: Codes | None) -> str:
         i = int(members[0])
         listed = _values_with_rows(members, values, codes.gpu_words, found.rows)
-        return f"gpu_uuid {codes.text('gpu_uuid', i)!r}{in_run(i)} is on several GPUs: {listed}"
+        return f"gpu_uuid {codes.text('gpu_uuid', i)!r}{codes.in_run(i)} is on several GPUs: {listed}"
 
     def several_models(members: Ints, values: Codes | None) -> str:
         i = int(members[0])
-        listed = _values_with_rows(members, values, model_words, found.rows)
-        return f"node {codes.text('node', i)!r}{in_run(i)} has several gpu_model values: {listed}"
+        listed = _values_with_rows(members, values, quoted("gpu_model"), found.rows)
+        return f"node {codes.text('node', i)!r}{codes.in_run(i)} has several gpu_model values: {listed}"
 
-    report(
-        rows,
-        flagged=_conflicting(gpu_key, rows.uuid, gpu_span, has_gpu),
-        keys=gpu_key,
-        column="gpu_uuid",
-        describe=several_uuids,
-        values=rows.uuid,
+    uuid_conflicts = _conflicting(gpu_key, rows.uuid, gpu_span, has_gpu)
+    _report(
+        found, rows, uuid_conflicts, keys=gpu_key, column="gpu_uuid", describe=several_uuids, values=rows.uuid
     )
-    report(
-        rows,
-        flagged=_conflicting(uuid_key, gpu_key, uuid_span, has_gpu),
-        keys=uuid_key,
-        column="gpu_uuid",
-        describe=several_gpus,
-        values=gpu_key,
+    gpu_conflicts = _conflicting(uuid_key, gpu_key, uuid_span, has_gpu)
+    _report(
+        found, rows, gpu_conflicts, keys=uuid_key, column="gpu_uuid", describe=several_gpus, values=gpu_key
     )
-    # Within a run, one node has one GPU model.
-    node_key, node_span = _group_ids([(rows.run, 0), (rows.node, 0)])
-    report(
+    model_conflicts = _conflicting(node_key, rows.model, node_span)
+    _report(
+        found,
         rows,
-        flagged=_conflicting(node_key, rows.model, node_span),
+        model_conflicts,
         keys=node_key,
         column="gpu_model",
         describe=several_models,
         values=rows.model,
     )
+
+
+def _report(
+    found: _Findings,
+    subset: _Codes,
+    flagged: Bools | None,
+    *,
+    keys: Codes,
+    column: str,
+    describe: Callable[[Ints, Codes | None], str],
+    values: Codes | None = None,
+) -> None:
+    """Record the groups of ``flagged`` rows of ``subset`` (``None``: none) as problems."""
+    if flagged is None:
+        return
+    idx, positions = subset.positions(flagged)
+    found.groups(positions, keys[idx], column, describe, None if values is None else values[idx])
 
 
 def _values_with_rows(members: Ints, values: Codes | None, words: Callable[[int], str], where: _Rows) -> str:

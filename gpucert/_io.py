@@ -7,6 +7,9 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
 from .errors import InputError
 
@@ -26,10 +29,12 @@ def write_table(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     try:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
         if suffix == ".csv":
-            frame.to_csv(tmp, index=False)
+            # pyarrow's writer: several times faster than DataFrame.to_csv on a fleet's verdicts.
+            pa_csv.write_csv(table, tmp)
         else:
-            frame.to_parquet(tmp, index=False)
+            pq.write_table(table, tmp)
         os.replace(tmp, target)
     except OSError as exc:
         raise InputError(f"{target}: cannot write ({exc.strerror or exc})") from None

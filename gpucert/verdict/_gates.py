@@ -83,6 +83,8 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         def pick(x: object) -> object:
             return x[mask] if isinstance(x, np.ndarray) else x
 
+        if not mask.any():
+            return
         v = value[mask]
         r = np.broadcast_to(
             np.asarray(reference, dtype=float) if not isinstance(reference, np.ndarray) else reference,
@@ -392,64 +394,55 @@ def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
     if not short.any():
         return empty_findings()
     node_eids = nodes[short]
-    xid79 = set(run.eid[run.rows_of("xid")][run.value[run.rows_of("xid")] == 79].tolist())
-    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
-    reporting = gpus[np.isfinite(run.telemetry[gpus]).any(axis=1) | _has_perf(run)[gpus]]
-    present = pd.DataFrame({"node": run.node_code[reporting], "gpu": run.gpu[reporting]})
-    gpu_eid = {
-        (int(n), int(g)): int(e)
-        for n, g, e in zip(run.node_code[gpus], run.gpu[gpus], gpus, strict=True)
-        if n in set(run.node_code[node_eids].tolist())
-    }
+    node_finding = make_findings(
+        "node",
+        run.node_names(node_eids),
+        severity="fail",
+        rank="gate",
+        metric="gpu_count",
+        value=seen[short],
+        reference=expected[short],
+        reference_kind="gate",
+        cause="xid",
+        action="reboot_node",
+        ticket="remediation",
+        reason=[
+            f"the node sees {s:.0f} of its {x:.0f} GPUs: a GPU fell off the bus or is hidden from NVML; "
+            "drain and reboot; recurring → reseat, riser or RMA"
+            for s, x in zip(seen[short], expected[short], strict=True)
+        ],
+    )
 
-    parts = [
-        make_findings(
-            "node",
-            run.node_names(node_eids),
-            severity="fail",
-            rank="gate",
-            metric="gpu_count",
-            value=seen[short],
-            reference=expected[short],
-            reference_kind="gate",
-            cause="xid",
-            action="reboot_node",
-            ticket="remediation",
-            reason=[
-                f"the node sees {s:.0f} of its {x:.0f} GPUs: a GPU fell off the bus or is hidden from NVML; "
-                "drain and reboot; recurring → reseat, riser or RMA"
-                for s, x in zip(seen[short], expected[short], strict=True)
-            ],
-        )
-    ]
-    # A loop over the (few) short nodes, not over GPUs: each names the indices that report nothing.
-    for node_eid, want in zip(node_eids, expected[short], strict=True):
-        code = int(run.node_code[node_eid])
-        have = set(present.loc[present["node"] == code, "gpu"].tolist())
-        missing = [g for g in range(int(want)) if g not in have]
-        if not missing:
-            continue
-        with79 = [gpu_eid.get((code, g)) in xid79 for g in missing]
-        parts.append(
-            make_findings(
-                "gpu",
-                [str(run.nodes[code])] * len(missing),
-                gpu=np.array(missing),
-                severity="fail",
-                rank="missing",
-                metric="gpu_count",
-                reference_kind="gate",
-                cause=["xid" if w else "unknown" for w in with79],
-                action="reboot_node",
-                ticket="remediation",
-                reason=[
-                    f"GPU {g} should be on this node but reports nothing"
-                    + (" (XID 79: fallen off the bus)" if w else "")
-                    for g, w in zip(missing, with79, strict=True)
-                ],
-            )
-        )
-    return concat_findings(parts)
+    # Every GPU index the short nodes should have, as (node, index) keys; those that report nothing fail.
+    short_codes = run.node_code[node_eids]
+    want = expected[short].astype(np.int64)
+    grid_node = np.repeat(short_codes, want)
+    grid_gpu = np.arange(want.sum()) - np.repeat(np.cumsum(want) - want, want)
+    grid = grid_node * 4096 + grid_gpu
+    gpus = np.flatnonzero((run.scope == SCOPE_GPU) & np.isin(run.node_code, short_codes))
+    reporting = gpus[np.isfinite(run.telemetry[gpus]).any(axis=1) | _has_perf(run)[gpus]]
+    missing = ~np.isin(grid, run.node_code[reporting] * 4096 + run.gpu[reporting])
+    xid_rows = run.rows_of("xid")
+    lost = run.eid[xid_rows[run.value[xid_rows] == 79]]
+    with79 = np.isin(grid[missing], run.node_code[lost] * 4096 + run.gpu[lost])
+    gpu_finding = make_findings(
+        "gpu",
+        np.asarray(run.nodes, dtype=object)[grid_node[missing]],
+        gpu=grid_gpu[missing],
+        severity="fail",
+        rank="missing",
+        metric="gpu_count",
+        reference_kind="gate",
+        cause=np.where(with79, "xid", "unknown"),
+        action="reboot_node",
+        ticket="remediation",
+        reason=[
+            f"GPU {g} should be on this node but reports nothing"
+            + (" (XID 79: fallen off the bus)" if w else "")
+            for g, w in zip(grid_gpu[missing], with79, strict=True)
+        ],
+    )
+    return concat_findings([node_finding, gpu_finding])
 
 
 def _has_perf(run: RunIndex) -> np.ndarray:

@@ -197,8 +197,10 @@ def test_a_fleet_wide_shift_is_one_finding_not_a_fleet_of_flags(seeded: Seeded) 
     verdicts = seeded.judge(seeded.night(seed=5008, fleet_shift=-0.02))
     assert flagged(verdicts).empty
     fleet = verdicts[verdicts["reference_kind"] == "fleet"]
-    assert set(fleet["metric"]) >= {"gemm_bf16_tflops", "hbm_copy_gbps"}
+    assert len(fleet) == 1  # DESIGN.md: one row, node and gpu empty
     assert fleet["deviation_pct"].between(-2.6, -1.4).all()
+    for metric in ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "nccl_allreduce_busbw_gbps"):
+        assert metric in fleet["reasons"].iloc[0]
     assert fleet["node"].isna().all()
     assert fleet["gpu"].isna().all()
     # ... and the faults of that night are still found, against the shifted cohort.

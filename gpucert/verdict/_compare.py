@@ -214,7 +214,9 @@ def compare_references(
     floor = _floors(run, model, mcode, floors)
     below_floor = np.isfinite(floor) & (x < floor) & ~unstable
 
-    shift = np.where(np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan)  # shown when it rounds to 0.1 %
+    shift = np.where(
+        np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan
+    )  # shown when it rounds to 0.1 %
     findings = concat_findings(
         [
             _stat(run, table, primary_fail, "fail", ref, d, z, kind, shift),
@@ -350,27 +352,46 @@ def _spec(run: RunIndex, table: pd.DataFrame, mask: np.ndarray, floor: np.ndarra
 
 
 def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """One fleet-level finding per GPU model whose cohort shifted against its own baselines (DESIGN.md:
+    "one row with node and gpu empty"); the largest shift decides, every shifted metric is a reason."""
     shifted = stats[stats["usable"] & (np.abs(stats["f"] - 1) * 100 >= policy.fleet.report_pct)]
     if shifted.empty:
         return make_findings("fleet", [], severity="warn", rank="stat", reason=[])
     keys = shifted.index.to_numpy(dtype=np.int64)
-    mcodes = keys % N_METRICS
-    models = np.asarray(run.models, dtype=object)[keys // N_METRICS % (len(run.models) + 1)]
-    names = np.array(METRIC_NAMES, dtype=object)[mcodes]
-    f = shifted["f"].to_numpy()
-    unit = np.where(keys // N_METRICS // (len(run.models) + 1) == SCOPE_GPU, "GPUs", "nodes")
+    cohort = keys // N_METRICS
+    frame = pd.DataFrame(
+        {
+            "model": np.asarray(run.models, dtype=object)[cohort % (len(run.models) + 1)],
+            "metric": np.array(METRIC_NAMES, dtype=object)[keys % N_METRICS],
+            "f": shifted["f"].to_numpy(),
+            "count": shifted["gpus"].to_numpy(),
+            "unit": np.where(cohort // (len(run.models) + 1) == SCOPE_GPU, "GPUs", "nodes"),
+            "nodes": shifted["nodes"].to_numpy(),
+        }
+    )
+    frame["size"] = np.abs(frame["f"] - 1)
+    frame = frame.sort_values(["model", "size", "metric"], ascending=[True, False, True])
+    frame["part"] = [
+        f"{m} {(fv - 1) * 100:+.1f} % (median of {c} {u} on {n} nodes)"
+        for m, fv, c, u, n in zip(
+            frame["metric"], frame["f"], frame["count"], frame["unit"], frame["nodes"], strict=True
+        )
+    ]
+    per_model = frame.groupby("model", sort=True).agg(
+        metric=("metric", "first"), f=("f", "first"), parts=("part", "; ".join)
+    )
+    f = per_model["f"].to_numpy()
     reason = [
-        f"{m}: the whole {mo} cohort measures {(fv - 1) * 100:+.1f} % against its own baselines (median of "
-        f"{g} {u} on {n} nodes): a fleet-wide shift points at the stack (driver, CUDA, firmware) or the "
-        "benchmark, so no GPU is flagged for it"
-        for m, mo, fv, g, u, n in zip(names, models, f, shifted["gpus"], unit, shifted["nodes"], strict=True)
+        f"the whole {model} cohort moved against its own baselines — {parts}: a fleet-wide shift points at the "
+        "stack (driver, CUDA, firmware) or the benchmark, so no GPU is flagged for it"
+        for model, parts in zip(per_model.index, per_model["parts"], strict=True)
     ]
     return make_findings(
         "fleet",
-        np.full(len(keys), "", dtype=object),
+        np.full(len(per_model), "", dtype=object),
         severity="warn",
         rank="stat",
-        metric=names,
+        metric=per_model["metric"].to_numpy(),
         value=f,
         reference=1.0,
         deviation_pct=(f - 1) * 100,

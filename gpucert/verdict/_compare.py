@@ -371,14 +371,15 @@ def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFr
     )
     frame["size"] = np.abs(frame["f"] - 1)
     frame = frame.sort_values(["model", "size", "metric"], ascending=[True, False, True])
+    # ", " between metrics: "; " separates whole reasons in the verdict table.
     frame["part"] = [
-        f"{m} {(fv - 1) * 100:+.1f} % (median of {c} {u} on {n} nodes)"
+        f"{m} {(fv - 1) * 100:+.1f} % ({c} {u}" + (f" on {n} nodes)" if u == "GPUs" else ")")
         for m, fv, c, u, n in zip(
             frame["metric"], frame["f"], frame["count"], frame["unit"], frame["nodes"], strict=True
         )
     ]
     per_model = frame.groupby("model", sort=True).agg(
-        metric=("metric", "first"), f=("f", "first"), parts=("part", "; ".join)
+        metric=("metric", "first"), f=("f", "first"), parts=("part", ", ".join)
     )
     f = per_model["f"].to_numpy()
     reason = [

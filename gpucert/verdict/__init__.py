@@ -2,9 +2,10 @@
 
 Stages follow REFERENCE.md §4: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
 medians (:mod:`._repeats`), each median compared with the GPU's own baseline, its cohort, its node and
-the spec (:mod:`._compare`), causes read from the joined telemetry (:mod:`._causes`), and the findings
-reduced to DESIGN.md's verdict table (:mod:`._assemble`). Everything is vectorised over the fleet; the
-only Python loops run over runs, metrics, or the (few) flagged entities.
+the spec (:mod:`._compare`), node-wide and pair findings (:mod:`._nodes`), causes read from the joined
+telemetry (:mod:`._causes`), and the findings reduced to DESIGN.md's verdict table (:mod:`._assemble`).
+Everything is vectorised over the fleet; the only Python loops run over runs, metrics, or the (few)
+flagged entities.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pandas as pd
 from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
 from ._causes import attribute_causes
-from ._compare import compare_references, node_wide_findings, pair_node_findings
+from ._compare import compare_references
 from ._findings import concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
+from ._nodes import node_wide_findings, pair_node_findings
 from ._repeats import reduce_repeats
 
 __all__ = ["VERDICT_COLUMNS", "RunEvaluation", "evaluate_run", "judge", "judge_run"]

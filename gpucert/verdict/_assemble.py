@@ -119,7 +119,9 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     severity = entity["severity"].to_numpy(dtype=np.int64)
     rank = entity["rank"].to_numpy(dtype=np.int64)
     # Ties (two metrics failing a gate of one rank) break on the text, not on the order rows arrived in.
-    text_order = pd.factorize(entity["metric"].astype(str) + "\x00" + entity["reason"].astype(str), sort=True)[0]
+    text_order = pd.factorize(
+        entity["metric"].astype(str) + "\x00" + entity["reason"].astype(str), sort=True
+    )[0]
     specificity = entity["cause"].map(CAUSE_SPECIFICITY).fillna(0).to_numpy(dtype=np.int64)
     ticket_rank = entity["ticket"].map(TICKET_RANK).fillna(0).to_numpy(dtype=np.int64)
 

@@ -26,14 +26,11 @@ import pandas as pd
 
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
-from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR, RunIndex
+from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
 
-__all__ = ["Judged", "compare_references"]
+__all__ = ["REF_WORDS", "Judged", "compare_references", "per_metric"]
 
 _MAD_TO_SIGMA = 1.4826
-_MEDIAN_EFFICIENCY = 1.2533  # sd of a sample median / (sigma / sqrt(n)) for normal data
-# Both pairs of a healthy node that low by chance: ~4e-5; one good pair of a bad node's neighbour: 0.6 %.
-_PAIR_Z = 2.5
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ class Judged:
     fleet: pd.DataFrame
 
 
-def _per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarray:
+def per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarray:
     out = np.full(N_METRICS, default)
     for i, name in enumerate(METRIC_NAMES):
         entry = policy.metrics.get(name)
@@ -101,8 +98,8 @@ def compare_references(
     scope = run.scope[eid]
     model = run.model_code[eid]
     node = run.node_code[eid]
-    cv_rep = _per_metric(policy, "cv_rep")[mcode]
-    cv_unit = _per_metric(policy, "cv_unit")[mcode]
+    cv_rep = per_metric(policy, "cv_rep")[mcode]
+    cv_unit = per_metric(policy, "cv_unit")[mcode]
 
     # -- own baselines: GPUs by UUID, nodes by name ------------------------------------------------
     own_center = np.full(len(x), np.nan)
@@ -198,10 +195,10 @@ def compare_references(
             "fleet_factor": fleet_factor,
         }
     )
-    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100
-    warn_z = _per_metric(policy, "warn_z")[mcode]
-    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
-    node_drop = _per_metric(policy, "node_drop_pct")[mcode] / 100
+    warn_drop = per_metric(policy, "warn_drop_pct")[mcode] / 100
+    warn_z = per_metric(policy, "warn_z")[mcode]
+    fail_drop = per_metric(policy, "fail_drop_pct")[mcode] / 100
+    node_drop = per_metric(policy, "node_drop_pct")[mcode] / 100
 
     strong = z <= -warn_z
     # An unstable median is not judged to a fail: it warns, and the reasons ask for a re-run (§4.3).
@@ -271,7 +268,7 @@ def _floors(
     return out
 
 
-_REF_WORDS = {
+REF_WORDS = {
     "own": "its own baseline",
     "peer": "the median of its peers in this run",
     "model": "the stored reference for its model",
@@ -299,7 +296,7 @@ def _stat(
     x = table["x"].to_numpy()[rows]
     shifts = shift[rows] if shift is not None else np.full(len(rows), np.nan)
     reason = [
-        f"{m} {xv:.4g} is {-dv * 100:.1f} % below {_REF_WORDS[k]} ({rv:.4g}"
+        f"{m} {xv:.4g} is {-dv * 100:.1f} % below {REF_WORDS[k]} ({rv:.4g}"
         + (f", z {zv:.1f}" if np.isfinite(zv) else "")
         + (f", after the fleet-wide {sv * 100:+.1f} % shift" if k == "own" and np.isfinite(sv) else "")
         + ")"
@@ -401,178 +398,3 @@ def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFr
         action="review_stack",
         reason=reason,
     )
-
-
-def node_wide_findings(
-    run: RunIndex, table: pd.DataFrame, policy: Policy, gate_causes: pd.Series
-) -> pd.DataFrame:
-    """Node findings where the GPUs of a node all lose about the same share on one metric.
-
-    The median drop of a node's GPUs is far more precise than any one GPU's, so a node-wide cause (a host
-    that starves PCIe, cooling, power) is found at half the single-GPU warn drop (``node_wide``).
-    """
-    gpu_rows = table[(run.scope[table["eid"].to_numpy()] == SCOPE_GPU) & np.isfinite(table["d"])]
-    if gpu_rows.empty:
-        return make_findings("node", [], severity="warn", rank="stat", reason=[])
-    frame = pd.DataFrame(
-        {
-            "node": run.node_code[gpu_rows["eid"].to_numpy()],
-            "mcode": gpu_rows["mcode"].to_numpy(),
-            "d": gpu_rows["d"].to_numpy(),
-            "sigma": gpu_rows["sigma"].to_numpy(),
-            "x": gpu_rows["x"].to_numpy(),
-            "ref": gpu_rows["ref"].to_numpy(),
-            "own": gpu_rows["has_own"].to_numpy(),
-        }
-    )
-    agg = (
-        frame.groupby(["node", "mcode"], sort=False)
-        .agg(
-            d=("d", "median"),
-            sigma=("sigma", "median"),
-            n=("d", "size"),
-            x=("x", "median"),
-            ref=("ref", "median"),
-            own=("own", "mean"),
-        )
-        .reset_index()
-    )
-    mcode = agg["mcode"].to_numpy()
-    cv_rep = _per_metric(policy, "cv_rep")[mcode]
-    n = agg["n"].to_numpy()
-    node_sigma = np.sqrt((_MEDIAN_EFFICIENCY * agg["sigma"].to_numpy() / np.sqrt(n)) ** 2 + cv_rep**2)
-    d = agg["d"].to_numpy()
-    z = d / node_sigma
-    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100 * policy.node_wide.drop_factor
-    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
-    flagged = (n >= 3) & (d <= -warn_drop) & (z <= -policy.node_wide.z)
-    if not flagged.any():
-        return make_findings("node", [], severity="warn", rank="stat", reason=[])
-    hit = agg[flagged]
-    names = np.array(METRIC_NAMES, dtype=object)[hit["mcode"].to_numpy()]
-    node_names = np.asarray(run.nodes, dtype=object)[hit["node"].to_numpy()]
-    host = np.isin(names, ["h2d_gbps", "d2h_gbps"])
-    gate = gate_causes.reindex(node_names).to_numpy(dtype=object)
-    cause = np.where(pd.notna(gate), gate, np.where(host, "config", "unknown"))
-    severity = np.where(d[flagged] <= -fail_drop[flagged], 3, 2)
-    kinds = np.where(hit["own"].to_numpy() > 0.5, "own", "peer")
-    words = {
-        "config": "the host (CPU contention, NUMA binding, BIOS): fix the node's affinity and settings",
-        "unknown": "no telemetry names it: re-test, then reboot the node",
-    }
-    reason = [
-        f"{m}: all {k} GPUs of the node are {-dv * 100:.1f} % below {_REF_WORDS[kd]} (median, z {zv:.1f}): "
-        f"a node-wide cause — {words.get(c, c)}"
-        for m, k, dv, kd, zv, c in zip(names, hit["n"], d[flagged], kinds, z[flagged], cause, strict=True)
-    ]
-    from ._causes import ACTION_FOR_CAUSE
-
-    return make_findings(
-        "node",
-        node_names,
-        severity=severity,
-        rank="stat",
-        metric=names,
-        value=hit["x"].to_numpy(),
-        reference=hit["ref"].to_numpy(),
-        deviation_pct=d[flagged] * 100,
-        z=z[flagged],
-        reference_kind=kinds,
-        cause=cause,
-        action=np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).to_numpy(), "retest"),
-        ticket=np.where(severity >= 3, "remediation", "none"),
-        reason=reason,
-    )
-
-
-def pair_node_findings(
-    run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame
-) -> pd.DataFrame:
-    """A node whose every pair is low is the likelier culprit (REFERENCE.md §4.5, §4.7).
-
-    The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in,
-    while each of its partners keeps one good pair. The best pair must be low by the metric's warn drop
-    and by 2.5 of its spreads — two independent pairs both that low happen by chance in about four
-    healthy nodes in 100,000. A node sitting between two partners that are flagged themselves (a candidate
-    of this rule, or a node with findings of its own, such as a GPU on a degraded PCIe link) cannot be
-    told apart by its pairs alone: it gets a note asking to re-pair it with a known-good node, not a flag.
-    """
-    pair_rows = table[run.scope[table["eid"].to_numpy()] == SCOPE_PAIR]
-    pair_rows = pair_rows[np.isfinite(pair_rows["d"])]
-    if pair_rows.empty:
-        return make_findings("node", [], severity="warn", rank="stat", reason=[])
-    eids = pair_rows["eid"].to_numpy()
-    ends = pd.DataFrame(
-        {
-            "node": np.r_[run.node_names(eids), run.peer_names(eids)],
-            "partner": np.r_[run.peer_names(eids), run.node_names(eids)],
-            "d": np.r_[pair_rows["d"].to_numpy(), pair_rows["d"].to_numpy()],
-            "sigma": np.r_[pair_rows["sigma"].to_numpy(), pair_rows["sigma"].to_numpy()],
-            "mcode": np.r_[pair_rows["mcode"].to_numpy(), pair_rows["mcode"].to_numpy()],
-        }
-    )
-    ends = ends[ends["node"] != ""]
-    per = (
-        ends.groupby(["node", "mcode"], sort=False)
-        .agg(
-            pairs=("d", "size"),
-            best=("d", "max"),
-            worst=("d", "min"),
-            sigma=("sigma", "median"),
-            partners=("partner", lambda p: ", ".join(sorted(p))),
-        )
-        .reset_index()
-    )
-    mcode = per["mcode"].to_numpy()
-    warn_drop = _per_metric(policy, "warn_drop_pct")[mcode] / 100
-    fail_drop = _per_metric(policy, "fail_drop_pct")[mcode] / 100
-    best = per["best"].to_numpy()
-    z = best / per["sigma"].to_numpy()
-    flagged = (per["pairs"].to_numpy() >= 2) & (best <= -warn_drop) & (z <= -_PAIR_Z)
-    if not flagged.any():
-        return make_findings("node", [], severity="warn", rank="stat", reason=[])
-
-    # A candidate keeps the blame when at least one partner is clean: neither flagged on its own nor a
-    # candidate itself. (Two adjacent culprits each still have a clean partner on their other side.)
-    candidates = set(per.loc[flagged, "node"])
-    flagged_on_own = set(findings.loc[(findings["scope"] != "pair") & (findings["severity"] >= 2), "node"])
-    low = ends[ends["node"].isin(candidates)]
-    clean = ~low["partner"].isin(candidates | flagged_on_own)
-    kept_nodes = set(low.loc[clean, "node"])
-    keep = flagged & per["node"].isin(kept_nodes).to_numpy()
-    doubtful = flagged & ~keep
-    hit = per[keep]
-    severity = np.where(best[keep] <= -fail_drop[keep], 3, 2)
-    names = np.array(METRIC_NAMES, dtype=object)[hit["mcode"].to_numpy()]
-    blamed = make_findings(
-        "node",
-        hit["node"],
-        severity=severity,
-        rank="stat",
-        metric=names,
-        deviation_pct=best[keep] * 100,
-        z=z[keep],
-        reference_kind="peer",
-        cause="network",
-        action="check_network",
-        ticket=np.where(severity >= 3, "remediation", "none"),
-        reason=[
-            f"{m}: every pair of this node is low (best {b * 100:.1f} %, worst {w * 100:.1f} % against the "
-            f"pairs' median; partners {p}): its network path — check its IB ports' state, rate and "
-            "error counters, then cables and transceivers"
-            for m, b, w, p in zip(names, best[keep], hit["worst"], hit["partners"], strict=True)
-        ],
-    )
-    unsure = per[doubtful]
-    noted = make_findings(
-        "node",
-        unsure["node"],
-        severity="note",
-        rank="note",
-        reason=[
-            f"every pair of this node is low, but its partners ({p}) are flagged themselves: re-pair it "
-            "with a known-good node to clear it"
-            for p in unsure["partners"]
-        ],
-    )
-    return concat_findings([blamed, noted])

@@ -1,0 +1,132 @@
+"""Read, validate and write results tables: the "Results" data contract of DESIGN.md.
+
+The reader's contract
+---------------------
+:func:`read_results` reads one or more files, the format chosen by suffix:
+
+* ``.csv`` — a header line with the contract's column names, then one sample a line. ``gpu``, ``gpu_uuid``
+  and ``peer`` may be empty; ``ts`` is ISO 8601 (a timestamp without an offset is taken as UTC).
+* ``.parquet`` / ``.pq`` — the same columns; strings, numbers and timestamps of any unit or zone.
+* ``.jsonl`` / ``.ndjson`` / ``.json`` / ``.log`` — JSON lines, one object a line with the contract's column
+  names: what the in-pod benchmark prints. So that a Kubernetes Pod log can be read as it is, blank lines and
+  lines that do not start with ``{`` (after leading blanks) are skipped, and so are objects carrying none of
+  the contract's columns (structured log lines of other tools); a line that starts with ``{`` but is not
+  valid JSON is an error naming its line.
+
+Every file is validated on its own and every problem found is collected: a bad file raises one
+:class:`~gpucert.errors.ResultsError` naming the file and, for each problem, its row (the line number of a
+CSV or JSON-lines file, counting the header and any skipped lines; the 1-based row of a Parquet file) and
+its column. Unreadable, malformed and corrupt files raise the same error, never a traceback. Several files
+are then concatenated and checked once more across files (duplicated samples, conflicting identities).
+Columns outside the contract are dropped.
+
+What comes back is canonical, the shape every consumer takes (:data:`gpucert._frames.RESULT_DTYPES`):
+columns in :data:`~gpucert.metrics.RESULT_COLUMNS` order; string columns ``category`` (string categories,
+sorted and all in use, so the same table reads the same from any format), a missing ``gpu_uuid`` or
+``peer`` being NaN; ``gpu`` nullable ``Int64``; ``value`` float64; ``repeat`` int64; ``ts``
+``datetime64[us, UTC]``. :func:`parse_results` validates a frame built in memory and returns it in the same
+dtypes (a column that already has its canonical dtype comes back as it is, categories in their order);
+:func:`write_results` writes a frame so that :func:`read_results` gives it back identically.
+
+Speed matters: a fleet of 100,000 GPUs gives millions of rows, read inside a command with a time budget of
+seconds. So no check loops over rows in Python: string rules are checked on the few categories and mapped to
+rows through the codes, numbers are checked with array operations, and Problem objects are built only for
+the first few bad rows of each rule (the rest are counted).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import Problem, ResultsError
+from ..metrics import RESULT_COLUMNS
+from ._columns import _validate
+from ._common import _CSV, _JSONL, _PARQUET, Ints, PathArg, _Findings, _Rows
+from ._read import _one_line, _read_file, _unknown_suffix
+from ._relations import _check_relations, _Codes, _concat, _tidy_categories
+from ._write import _write_csv, _write_jsonl, _write_parquet
+
+__all__ = ["parse_results", "read_results", "write_results"]
+
+# ---------------------------------------------------------------------------------------------------------
+# Public interface
+
+
+def read_results(paths: PathArg | Sequence[PathArg]) -> pd.DataFrame:
+    """Read and validate one or more results files; return one canonical frame.
+
+    Raises :class:`ResultsError` for the first file that breaks the contract (with every problem of that
+    file), or for problems that only show across files, such as a sample present in two of them.
+    """
+    files = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not files:
+        raise ResultsError("results", [Problem("no results files given")])
+    parts: list[pd.DataFrame] = []
+    numbers: list[Ints] = []
+    for path in files:
+        raw = _read_file(path)
+        found = _Findings(_Rows(raw.rows), len(raw.frame), raw.problems, raw.total)
+        try:
+            canonical = _validate(raw.frame, found, raw.duplicated_columns)
+        except (TypeError, ValueError, pa.ArrowException) as exc:
+            # Values of a type no rule foresaw (a list in a Parquet column, say): still no traceback.
+            problem = Problem(f"cannot read the values: {_one_line(exc)}")
+            raise ResultsError(os.fspath(path), [*found.problems, problem], total=found.total + 1) from None
+        found.raise_for(os.fspath(path))
+        parts.append(_tidy_categories(canonical))
+        numbers.append(raw.rows)
+    if len(parts) == 1:
+        return parts[0]
+    combined = _concat(parts)
+    names = tuple(os.fspath(p) for p in files)
+    rows = _Rows(
+        np.concatenate(numbers),
+        files=np.repeat(np.arange(len(parts)), [len(p) for p in parts]),
+        names=names,
+    )
+    found = _Findings(rows, len(combined))
+    _check_relations(_Codes.of(combined), found)
+    found.raise_for(", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more files")
+    return combined
+
+
+def parse_results(frame: pd.DataFrame, source: str, *, rows: npt.ArrayLike | None = None) -> pd.DataFrame:
+    """Validate an in-memory results frame; return it with the canonical columns and dtypes.
+
+    ``source`` names the frame in the error; ``rows`` gives each row's number for messages (default: the
+    1-based position). A frame that already is canonical comes back unchanged.
+    """
+    numbers = (
+        np.arange(1, len(frame) + 1, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    )
+    if numbers.shape != (len(frame),):
+        raise ValueError(f"rows has {numbers.size} numbers for a frame of {len(frame)} rows")
+    found = _Findings(_Rows(numbers), len(frame))
+    duplicated = sorted({c for c in frame.columns[frame.columns.duplicated()] if c in RESULT_COLUMNS})
+    canonical = _validate(frame, found, duplicated)
+    found.raise_for(source)
+    return canonical
+
+
+def write_results(frame: pd.DataFrame, path: PathArg) -> None:
+    """Write a results frame as CSV, Parquet or JSON lines (by suffix), readable by :func:`read_results`.
+
+    The frame is validated first: a file this module would refuse to read is never written.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in _CSV | _PARQUET | _JSONL:
+        raise ResultsError(os.fspath(path), [Problem(_unknown_suffix(suffix))])
+    canonical = parse_results(frame, f"results to write to {os.fspath(path)}")
+    if suffix in _CSV:
+        _write_csv(canonical, path)
+    elif suffix in _PARQUET:
+        _write_parquet(canonical, path)
+    else:
+        _write_jsonl(canonical, path)

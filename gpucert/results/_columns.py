@@ -1,0 +1,409 @@
+"""Column by column: each contract column parsed to its canonical dtype, every bad value a Problem."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._frames import CATEGORY_COLUMNS, RESULT_DTYPES
+from ..metrics import METRICS, RESULT_COLUMNS
+from ._common import (
+    _GPU,
+    _GPU_OR_NODE,
+    _LEVEL_CODE,
+    _LEVEL_WORDS,
+    _NAN_TEXT,
+    _NODE,
+    _PAIR,
+    _REQUIRED_TEXT,
+    _RUN_ID,
+    _STR,
+    _TS,
+    _UNKNOWN,
+    Bools,
+    Floats,
+    _Findings,
+    _per_category,
+    _recode,
+    _text_at,
+)
+from ._relations import _check_relations, _Codes
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequence[str] = ()) -> pd.DataFrame:
+    """Check ``frame`` against the contract, recording problems in ``found``; return the canonical frame.
+
+    The returned frame is only meaningful when nothing was found.
+    """
+    missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
+    for name in duplicated_columns:
+        found.whole("the header names this column more than once", column=name)
+    if len(frame) == 0:
+        if not found.total:  # a file whose every line was unreadable has said so already
+            found.whole("no result rows")
+        if 0 < len(missing) < len(RESULT_COLUMNS):
+            found.whole(_missing_message(missing))
+        return _empty_canonical()
+    if missing:
+        found.whole(_missing_message(missing))
+    if missing or duplicated_columns:
+        return _empty_canonical()
+
+    # Each column comes back as it was when it already has its canonical dtype: no copy, no conversion.
+    out = {name: _category_column(frame[name], name, found) for name in CATEGORY_COLUMNS}
+    out["gpu"], gpu_given = _integer_column(frame["gpu"], "gpu", found, nullable=True)
+    out["repeat"], _ = _integer_column(frame["repeat"], "repeat", found, nullable=False)
+    out["ts"] = _ts_column(frame["ts"], found)
+    levels = _check_metrics(out["metric"], found)
+    _check_run_ids(out["run_id"], found)
+    out["value"] = _value_column(frame["value"], out["metric"], levels, found)
+    _check_levels(levels, gpu_given, out["peer"].cat.codes.to_numpy() >= 0, out["metric"], found)
+
+    canonical = pd.DataFrame({name: out[name] for name in RESULT_COLUMNS}, copy=False)
+    _check_relations(_Codes.of(canonical), found)
+    return canonical
+
+
+def _missing_message(missing: Sequence[str]) -> str:
+    names = ", ".join(repr(c) for c in missing)
+    return f"missing column{'s' if len(missing) > 1 else ''} {names} (the contract needs all of " + (
+        ", ".join(RESULT_COLUMNS) + "; nullable ones may be empty)"
+    )
+
+
+def _empty_canonical() -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=dtype) for name, dtype in RESULT_DTYPES.items()})
+
+
+# Strings ------------------------------------------------------------------------------------------------
+
+
+def _category_column(raw: pd.Series, name: str, found: _Findings) -> pd.Series:
+    """A string column as a categorical of non-blank strings; a blank value becomes missing (NaN)."""
+    column = _canonical_categories(_as_categorical(raw))
+    if name in _REQUIRED_TEXT:
+        found.each(column.cat.codes.to_numpy() < 0, name, lambda i: f"{name} is empty")
+    return column
+
+
+def _as_categorical(raw: pd.Series) -> pd.Series:
+    if isinstance(raw.dtype, pd.CategoricalDtype):
+        return raw
+    try:
+        return raw.astype("category")
+    except TypeError:
+        # Unhashable values (lists, dicts) of a frame built by hand: compare them by their text.
+        return raw.map(_to_text, na_action="ignore").astype("category")
+
+
+def _to_text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def _canonical_categories(column: pd.Series) -> pd.Series:
+    """Make the categories strings, and blank ones missing; untouched when they already are."""
+    categories = column.cat.categories
+    as_text = categories
+    if categories.dtype != _STR:
+        as_text = pd.Index([_to_text(c) for c in categories], dtype=_STR)
+    blank = np.asarray(as_text.str.strip() == "", dtype=bool)
+    if categories.dtype == _STR and not blank.any():
+        return column
+    # Two categories can read the same once written as text (1 and "1"): factorize merges them.
+    uniques_codes, uniques = pd.factorize(as_text[~blank])
+    mapping = np.full(len(categories), -1, dtype=np.int64)
+    mapping[~blank] = uniques_codes
+    return _recode(column, mapping, pd.Index(uniques, dtype=_STR))
+
+
+def _check_metrics(metric: pd.Series, found: _Findings) -> npt.NDArray[np.int8]:
+    """Flag metric names outside the registry; return each row's level code (``_UNKNOWN`` if unknown)."""
+    names = [str(c) for c in metric.cat.categories]
+    levels = np.array([_level_code(n) for n in names] + [_UNKNOWN], dtype=np.int8)
+    row_levels = levels[metric.cat.codes.to_numpy()]
+    unknown = np.array([n not in METRICS for n in names], dtype=bool)
+    if unknown.any():
+        codes = metric.cat.codes.to_numpy()
+        messages = {int(i): _unknown_metric(names[i]) for i in np.flatnonzero(unknown)}
+        found.each(_per_category(metric, unknown), "metric", lambda i: messages[int(codes[i])])
+    return row_levels
+
+
+def _level_code(name: str) -> int:
+    entry = METRICS.get(name)
+    if entry is None:
+        return _UNKNOWN
+    # ``error`` is written at the level of the step that failed, a GPU's or the node's.
+    return _GPU_OR_NODE if name == "error" else _LEVEL_CODE[entry.level]
+
+
+def _unknown_metric(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), list(METRICS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown metric {name!r}{hint}"
+
+
+def _check_run_ids(run_id: pd.Series, found: _Findings) -> None:
+    categories = run_id.cat.categories
+    bad = np.array([_RUN_ID.fullmatch(str(c)) is None for c in categories], dtype=bool)
+    if bad.any():
+        found.each(
+            _per_category(run_id, bad),
+            "run_id",
+            lambda i: (
+                f"run_id {_text_at(run_id, i)!r} is not a DNS label (at most 63 characters of "
+                "a-z, 0-9 and '-', starting and ending with a letter or digit)"
+            ),
+        )
+
+
+# Numbers ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Numbers:
+    """A column read as numbers: NaN where a value is missing or is not a number."""
+
+    values: Floats
+    missing: Bools
+    garbage: Bools
+
+
+def _parse_numbers(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
+    """Read any column as float64, telling apart missing values, text that is no number, and numbers.
+
+    ``nan_is_missing``: whether a NaN of a numeric column means "no value" (it does for ``gpu``, which a
+    float column stores as NaN) rather than a NaN measured (it does not for ``value``).
+    """
+    n = len(raw)
+    dtype = raw.dtype
+    if isinstance(dtype, pd.CategoricalDtype):
+        # Parse the few categories, then gather: a categorical of numbers is parsed once per distinct value.
+        parsed = _parse_numbers(pd.Series(dtype.categories), nan_is_missing=nan_is_missing)
+        codes = raw.cat.codes.to_numpy()
+        return _Numbers(
+            np.append(parsed.values, np.nan)[codes],
+            np.append(parsed.missing, True)[codes],
+            np.append(parsed.garbage, False)[codes],
+        )
+    if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_datetime64_any_dtype(dtype):
+        values = np.full(n, np.nan)
+        missing = raw.isna().to_numpy(dtype=bool)
+        return _Numbers(values, missing, ~missing)
+    if pd.api.types.is_numeric_dtype(dtype):
+        values = raw.to_numpy(dtype=np.float64, na_value=np.nan)
+        if nan_is_missing:
+            missing = np.isnan(values)
+        else:
+            # Only a masked (nullable) array can say "no value" apart from a NaN measured.
+            masked = isinstance(dtype, pd.api.extensions.ExtensionDtype)
+            missing = raw.isna().to_numpy(dtype=bool) if masked else np.zeros(n, dtype=bool)
+        return _Numbers(values, missing, np.zeros(n, dtype=bool))
+    return _parse_number_text(raw, nan_is_missing=nan_is_missing)
+
+
+def _parse_number_text(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
+    fast = _arrow_cast(raw, pa.float64())
+    if fast is not None:
+        cast, missing = fast
+        values = np.asarray(pc.fill_null(cast, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+        return _Numbers(values, missing, np.zeros(len(raw), dtype=bool))
+    # Slow path, taken only when some value is not a clean number: find which, keeping the text.
+    blank = _blank(raw, nan_is_missing=nan_is_missing)
+    values = pd.to_numeric(raw.where(~blank), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    unparsed = np.isnan(values) & ~blank
+    if unparsed.any():
+        idx = np.flatnonzero(unparsed)
+        # "nan" is a number (a NaN); whether one is allowed is the column's rule, not the parser's.
+        is_nan = raw.iloc[idx].map(lambda v: _to_text(v).strip().lower() in _NAN_TEXT).to_numpy(dtype=bool)
+        unparsed[idx[is_nan]] = False
+    return _Numbers(values, blank, unparsed)
+
+
+def _blank(raw: pd.Series, *, nan_is_missing: bool = True) -> Bools:
+    """Missing or only white space. Among Python objects (a JSON line, a frame built by hand) a float NaN
+    is a NaN measured unless ``nan_is_missing``; elsewhere NaN is how pandas marks a missing string."""
+    missing = np.array(raw.isna(), dtype=bool)  # a copy: it is written to below
+    if raw.dtype != object:
+        return missing | (raw.str.strip() == "").to_numpy(dtype=bool)
+    if not nan_is_missing and missing.any():
+        idx = np.flatnonzero(missing)
+        missing[idx] = [not isinstance(v, float) for v in raw.iloc[idx]]
+    text = raw.map(_to_text, na_action="ignore")
+    return missing | (text.str.strip() == "").to_numpy(dtype=bool)
+
+
+def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
+    """Cast a text column with Arrow (fast); ``None`` when some value does not cast cleanly.
+
+    Empty strings count as missing. Returns the cast Arrow array and the mask of missing values.
+    """
+    if raw.dtype == object:
+        return None  # mixed Python objects: only the exact path knows what to make of them
+    try:
+        text = pa.array(raw)
+        if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+            return None
+        empty = pc.equal(text, pa.scalar("", text.type))
+        cast = pc.cast(pc.if_else(empty, pa.scalar(None, text.type), text), to)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return cast, np.asarray(cast.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _integer_column(
+    raw: pd.Series, name: str, found: _Findings, *, nullable: bool
+) -> tuple[pd.Series, Bools]:
+    """An integer ≥ 0 column: ``Int64`` when ``nullable``, else ``int64`` and required.
+
+    Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
+    """
+    dtype = raw.dtype
+    if pd.api.types.is_integer_dtype(dtype) and not isinstance(dtype, pd.CategoricalDtype):
+        # The usual case (Parquet, a generated frame): no float round trip, no text.
+        missing = raw.isna().to_numpy(dtype=bool)
+        values = raw.to_numpy(dtype=np.int64, na_value=0)
+        not_integer = np.zeros(len(raw), dtype=bool)
+    else:
+        parsed = _parse_numbers(raw, nan_is_missing=True)
+        missing = parsed.missing
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(parsed.values) & (parsed.values == np.trunc(parsed.values))
+            whole &= np.abs(parsed.values) <= 2.0**53
+        not_integer = ~missing & ~whole
+        values = np.where(whole, parsed.values, 0).astype(np.int64)
+    negative = ~missing & ~not_integer & (values < 0)
+    if not nullable:
+        found.each(missing, name, lambda i: f"{name} is empty")
+    found.each(not_integer, name, lambda i: f"{name} {_text_at(raw, i)!r} is not an integer")
+    found.each(negative, name, lambda i: f"{name} {_text_at(raw, i)!r} is negative")
+    given = ~missing
+    if dtype == RESULT_DTYPES[name]:
+        return raw, given
+    unusable = missing | not_integer | negative
+    if unusable.any():
+        values = np.where(unusable, 0, values)
+    column = pd.arrays.IntegerArray(values, unusable) if nullable else values
+    return pd.Series(column, index=raw.index, name=name, copy=False), given
+
+
+def _value_column(
+    raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8], found: _Findings
+) -> pd.Series:
+    parsed = _parse_numbers(raw, nan_is_missing=False)
+    values = parsed.values
+    found.each(parsed.missing, "value", lambda i: "value is empty")
+    found.each(parsed.garbage, "value", lambda i: f"value {_text_at(raw, i)!r} is not a number")
+    not_finite = ~parsed.missing & ~parsed.garbage & ~np.isfinite(values)
+    found.each(not_finite, "value", lambda i: f"value {_text_at(raw, i)!r} is not a finite number")
+    with np.errstate(invalid="ignore"):
+        negative = values < 0
+    if negative.any():
+        perf = np.array(
+            [METRICS[str(c)].kind == "perf" if str(c) in METRICS else False for c in metric.cat.categories],
+            dtype=bool,
+        )
+        row_perf = _per_category(metric, perf)
+
+        def describe(i: int) -> str:
+            text, name = _text_at(raw, i), _text_at(metric, i)
+            if row_perf[i]:
+                return f"negative bandwidth/throughput {text!r} for {name!r}"
+            return f"negative value {text!r}: {name!r} is never negative"
+
+        found.each(negative & (levels != _UNKNOWN), "value", describe)
+    if raw.dtype == np.float64:
+        return raw
+    return pd.Series(values, index=raw.index, name="value", copy=False)
+
+
+# Timestamps ---------------------------------------------------------------------------------------------
+
+
+def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
+    """Timestamps in UTC, microseconds; a timestamp without a zone is taken as UTC."""
+    dtype = raw.dtype
+    garbage = np.zeros(len(raw), dtype=bool)
+    if dtype == _TS:
+        ts = raw
+    elif isinstance(dtype, pd.DatetimeTZDtype):
+        ts = raw.dt.tz_convert("UTC")
+    elif pd.api.types.is_datetime64_dtype(dtype):
+        ts = raw.dt.tz_localize("UTC")
+    elif pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
+        # An epoch number is ambiguous (seconds? nanoseconds?): the contract asks for ISO 8601.
+        ts = pd.Series(pd.NaT, index=raw.index, dtype=_TS)
+        garbage = raw.notna().to_numpy(dtype=bool)
+    else:
+        ts, garbage = _parse_ts_text(raw)
+    utc: pd.Series = ts if ts.dtype == _TS else ts.dt.as_unit("us")
+    missing = utc.isna().to_numpy(dtype=bool) & ~garbage
+    found.each(missing, "ts", lambda i: "ts is empty")
+    found.each(
+        garbage,
+        "ts",
+        lambda i: f"ts {_text_at(raw, i)!r} is not a timestamp (ISO 8601, e.g. 2024-05-01T12:00:00Z)",
+    )
+    return utc if utc.name == "ts" else utc.rename("ts")
+
+
+def _parse_ts_text(raw: pd.Series) -> tuple[pd.Series, Bools]:
+    """Parse ISO 8601 text to UTC; also returns the mask of values that are not timestamps."""
+    if isinstance(raw.dtype, pd.CategoricalDtype):
+        parsed, garbage = _parse_ts_text(pd.Series(raw.cat.categories, dtype=object))
+        codes = raw.cat.codes.to_numpy()
+        values = np.append(parsed.to_numpy(dtype="datetime64[us]"), np.datetime64("NaT", "us"))[codes]
+        ts = pd.Series(values, index=raw.index, copy=False).dt.tz_localize("UTC")
+        return ts, np.append(garbage, False)[codes]
+    # Arrow first (fast): with offsets, or else all without one, which are UTC by the contract.
+    for arrow_type in (pa.timestamp("us", tz="UTC"), pa.timestamp("us")):
+        fast = _arrow_cast(raw, arrow_type)
+        if fast is not None:
+            cast = fast[0] if arrow_type.tz else pc.assume_timezone(fast[0], "UTC")
+            return pd.Series(cast.to_pandas().array, index=raw.index), np.zeros(len(raw), dtype=bool)
+    # Slow path: offsets and no offsets mixed, or some bad text.
+    blank = _blank(raw)
+    text = raw if raw.dtype != object else raw.map(_to_text, na_action="ignore")
+    ts = pd.to_datetime(text.where(~blank), utc=True, format="ISO8601", errors="coerce")
+    return ts, ts.isna().to_numpy(dtype=bool) & ~blank
+
+
+# Levels -------------------------------------------------------------------------------------------------
+
+
+def _check_levels(
+    levels: npt.NDArray[np.int8], gpu_given: Bools, peer_given: Bools, metric: pd.Series, found: _Findings
+) -> None:
+    """Each metric's level fixes which of ``gpu`` and ``peer`` a row fills (DESIGN.md, metric registry)."""
+
+    def words(i: int) -> str:
+        return f"{_text_at(metric, i)!r} is {_LEVEL_WORDS[int(levels[i])]} metric"
+
+    found.each((levels == _GPU) & ~gpu_given, "gpu", lambda i: f"{words(i)}: gpu must be set")
+    found.each(
+        ((levels == _NODE) | (levels == _PAIR)) & gpu_given, "gpu", lambda i: f"{words(i)}: gpu must be empty"
+    )
+    found.each(
+        (levels == _PAIR) & ~peer_given, "peer", lambda i: f"{words(i)}: peer must name the other node"
+    )
+    found.each(
+        (levels != _PAIR) & (levels != _UNKNOWN) & peer_given,
+        "peer",
+        lambda i: f"{words(i)}: peer is only for pair metrics and must be empty",
+    )

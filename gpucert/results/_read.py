@@ -1,0 +1,353 @@
+"""The file formats: CSV, Parquet and JSON lines (a Pod log with other lines mixed in) into raw frames."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from .._frames import CATEGORY_COLUMNS
+from ..errors import Problem, ResultsError
+from ..metrics import RESULT_COLUMNS
+from ._common import _CAP, _CSV, _JSONL, _PARQUET, Bools, Ints, PathArg, _per_category
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading files
+
+
+@dataclass
+class _Raw:
+    """A file as read, before validation: the frame, each row's number, and problems of the reading."""
+
+    frame: pd.DataFrame
+    rows: Ints
+    problems: list[Problem] = field(default_factory=list)
+    total: int = 0
+    duplicated_columns: list[str] = field(default_factory=list)
+
+
+def _read_file(path: PathArg) -> _Raw:
+    source = os.fspath(path)
+    suffix = Path(path).suffix.lower()
+    if suffix not in _CSV | _PARQUET | _JSONL:
+        raise ResultsError(source, [Problem(_unknown_suffix(suffix))])
+    try:
+        if not Path(path).is_file():
+            os.stat(path)  # raises the precise OSError (no such file, permission denied)
+            raise IsADirectoryError(21, "not a regular file")
+        if suffix in _CSV:
+            return _read_csv(path)
+        if suffix in _PARQUET:
+            return _read_parquet(path)
+        return _read_jsonl(path)
+    except OSError as exc:
+        raise ResultsError(source, [Problem(f"cannot read the file: {exc.strerror or exc}")]) from None
+    except (pa.ArrowException, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        kind = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}.get(suffix, "JSON-lines")
+        raise ResultsError(source, [Problem(f"cannot parse the {kind} file: {_one_line(exc)}")]) from None
+
+
+def _unknown_suffix(suffix: str) -> str:
+    return (
+        f"unknown file type {suffix or '(no suffix)'!r}: results are .csv, .parquet (.pq) or JSON lines "
+        "(.jsonl, .ndjson, .json, .log)"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "…"
+
+
+_CSV_DICT: Final = pa.dictionary(pa.int32(), pa.string())
+#: The Arrow type of each contract column, as written to Parquet.
+_ARROW_TYPES: Final = {
+    **dict.fromkeys(CATEGORY_COLUMNS, _CSV_DICT),
+    "gpu": pa.int64(),
+    "value": pa.float64(),
+    "repeat": pa.int64(),
+    "ts": pa.timestamp("us", tz="UTC"),
+}
+
+
+def _read_csv(path: PathArg) -> _Raw:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        header = next(csv.reader(f), None)
+    if header is None:
+        return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
+    wanted = [c for c in RESULT_COLUMNS if c in header]
+    duplicated = [c for c in wanted if header.count(c) > 1]
+    table, skipped = _csv_table(path, wanted, threads=True)
+    rows = np.arange(2, table.num_rows + 2, dtype=np.int64)
+    problems: list[Problem] = []
+    if skipped:
+        # Arrow numbers the lines it skips only when it reads on one thread: read again to say where.
+        table, skipped = _csv_table(path, wanted, threads=False)
+        lines = np.arange(2, table.num_rows + len(skipped) + 2, dtype=np.int64)
+        rows = lines[~np.isin(lines, [line for line, _, _ in skipped])]
+        ragged = [(line, expected, actual) for line, expected, actual in skipped if actual]
+        problems = [
+            Problem(f"{actual} fields where the header has {expected}", row=line)
+            for line, expected, actual in ragged[:_CAP]
+        ]
+        total = len(ragged)
+    else:
+        total = 0
+    frame, rows = _drop_blank_lines(_arrow_to_frame(table), rows)
+    return _Raw(frame, rows, problems, total, duplicated)
+
+
+def _csv_table(
+    path: PathArg, wanted: list[str], *, threads: bool
+) -> tuple[pa.Table, list[tuple[int, int, int]]]:
+    """The wanted columns as text, and the lines Arrow skipped as ``(line, expected, actual)`` fields
+    (``actual`` 0 for a line of blanks)."""
+    skipped: list[tuple[int, int, int]] = []
+
+    def skip(row: Any) -> str:
+        actual = row.actual_columns if str(row.text).strip() else 0
+        skipped.append((row.number or 0, row.expected_columns, actual))
+        return "skip"
+
+    # Everything is read as text so that a bad value can be shown as written; strings of the category
+    # columns come dictionary-encoded, so they arrive as categoricals without a conversion pass. Empty
+    # lines are kept (as rows of empty strings, dropped later) so that every row keeps its line number.
+    types = {c: _CSV_DICT if c in CATEGORY_COLUMNS else pa.string() for c in wanted}
+    table = pa_csv.read_csv(
+        path,
+        read_options=pa_csv.ReadOptions(block_size=32 << 20, use_threads=threads),
+        parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=skip),
+        convert_options=pa_csv.ConvertOptions(
+            include_columns=wanted,
+            column_types=types,
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    return table, skipped
+
+
+def _drop_blank_lines(frame: pd.DataFrame, rows: Ints) -> tuple[pd.DataFrame, Ints]:
+    """Drop the rows that were empty lines: every contract column an empty string."""
+    blank: Bools | None = None
+    for name in (c for c in RESULT_COLUMNS if c in frame.columns):
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            empty = np.asarray(column.cat.categories == "", dtype=bool)
+            this = _per_category(column, empty)
+        else:
+            this = (column == "").to_numpy(dtype=bool)
+        blank = this if blank is None else blank & this
+        if not blank.any():
+            return frame, rows  # the usual case, known after the first column
+    if blank is None:
+        return frame, rows
+    return frame[~blank].reset_index(drop=True), rows[~blank]
+
+
+def _read_parquet(path: PathArg) -> _Raw:
+    schema = pq.read_schema(path)
+    names: list[str] = list(schema.names)
+    wanted = [c for c in RESULT_COLUMNS if c in names]
+    text = [
+        c
+        for c in wanted
+        if c in CATEGORY_COLUMNS
+        and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))
+    ]
+    table = pq.read_table(path, columns=wanted, read_dictionary=text)
+    frame = _arrow_to_frame(table)
+    return _Raw(
+        frame,
+        np.arange(1, len(frame) + 1, dtype=np.int64),
+        duplicated_columns=[c for c in wanted if names.count(c) > 1],
+    )
+
+
+def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``."""
+    for name in table.column_names:
+        if pa.types.is_null(table.schema.field(name).type) and name in _ARROW_TYPES:
+            # An all-empty column written without a type (no pair metric, no peer): typing it here spares a
+            # column of Python ``None`` objects.
+            i = table.schema.get_field_index(name)
+            table = table.set_column(i, name, table.column(name).cast(_ARROW_TYPES[name]))
+    gpu = None
+    if "gpu" in table.column_names and pa.types.is_integer(table.schema.field("gpu").type):
+        # Arrow turns an integer column with nulls into float64; build the nullable array directly.
+        column = table.column("gpu")
+        gpu = pd.arrays.IntegerArray(
+            np.asarray(pc.fill_null(column, 0).to_numpy(), dtype=np.int64),
+            np.asarray(column.is_null().to_numpy(), dtype=bool),
+        )
+        table = table.drop_columns(["gpu"])
+    for name in CATEGORY_COLUMNS:
+        if name in table.column_names:
+            field_type = table.schema.field(name).type
+            if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
+                i = table.schema.get_field_index(name)
+                table = table.set_column(i, name, table.column(name).combine_chunks().dictionary_encode())
+    # The pandas metadata is ignored on purpose: this module sets every dtype itself, faster.
+    frame: pd.DataFrame = table.to_pandas(ignore_metadata=True, split_blocks=True, self_destruct=True)
+    if gpu is not None:
+        frame["gpu"] = gpu
+    return frame
+
+
+def _read_jsonl(path: PathArg) -> _Raw:
+    data = Path(path).read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    lines = _count_object_lines(data)
+    if lines is not None:
+        # A plain JSON-lines file (the common large case): no line classification needed.
+        fast = _jsonl_fast(data, np.arange(1, lines + 1, dtype=np.int64))
+        if fast is not None:
+            return fast
+    starts, ends, objects, all_objects = _object_lines(data)
+    if objects.size == 0:
+        raw = _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
+        if data.lstrip().startswith(b"["):
+            raw.problems.append(
+                Problem("no result rows: a JSON array; results are JSON lines, one object a line")
+            )
+            raw.total = 1
+        return raw
+    # A Pod log loses its other lines first (blank lines Arrow skips by itself).
+    payload = data if all_objects else b"\n".join(data[starts[i] : ends[i]] for i in objects)
+    fast = _jsonl_fast(payload, objects + 1)
+    return fast if fast is not None else _jsonl_slow(data, starts, ends, objects)
+
+
+def _count_object_lines(data: bytes) -> int | None:
+    """The number of lines if every line starts with ``{`` (no blank or other line), else ``None``.
+
+    Two byte counts in C, instead of classifying every line: a raw newline cannot occur inside JSON.
+    """
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    objects = data.count(b"\n{") + data.startswith(b"{")
+    return lines if data and objects == lines else None
+
+
+def _object_lines(data: bytes) -> tuple[Ints, Ints, Ints, bool]:
+    """Line bounds, the lines holding a JSON object, and whether every non-blank line does.
+
+    Vectorised over the bytes; only lines that start with a blank are looked at one by one.
+    """
+    buf = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == 0x0A)
+    starts = np.r_[0, newlines + 1].astype(np.int64)
+    ends = np.r_[newlines, buf.size].astype(np.int64)
+    nonempty = starts < ends
+    first = np.zeros(starts.size, dtype=np.uint8)
+    first[nonempty] = buf[starts[nonempty]]
+    is_object = first == ord("{")
+    indented = nonempty & ~is_object & np.isin(first, np.frombuffer(b" \t\r\x0b\x0c", dtype=np.uint8))
+    blank = ~nonempty
+    for i in np.flatnonzero(indented):
+        line = data[starts[i] : ends[i]].lstrip()
+        is_object[i] = line.startswith(b"{")
+        blank[i] = not line
+    return starts, ends, np.flatnonzero(is_object), bool(np.all(is_object | blank))
+
+
+_JSON_TYPES: Final = {
+    "run_id": pa.string(),
+    "node": pa.string(),
+    "gpu": pa.int64(),
+    "gpu_uuid": pa.string(),
+    "gpu_model": pa.string(),
+    "metric": pa.string(),
+    "value": pa.float64(),
+    "repeat": pa.int64(),
+    "peer": pa.string(),
+    "ts": pa.string(),
+}
+
+
+def _jsonl_fast(payload: bytes, rows: Ints) -> _Raw | None:
+    """Parse with Arrow when every object line is clean; ``None`` sends the file to the exact parser.
+
+    ``payload`` holds only object lines (and maybe blank ones); ``rows`` is each object's line number.
+    """
+    try:
+        table = pa_json.read_json(
+            io.BytesIO(payload),
+            read_options=pa_json.ReadOptions(block_size=16 << 20),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=pa.schema(list(_JSON_TYPES.items())), unexpected_field_behavior="ignore"
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    if table.num_rows != rows.size:
+        return None  # two objects on a line, say: line numbers would not match
+    # The explicit schema fills an absent key with nulls; a key named nowhere in the file is a missing
+    # column. The first object usually names them all, which saves scanning a large file for each.
+    # (A key inside a string value would hide a missing column; the exact parser is not worth that cost.)
+    first = payload[: payload.find(b"\n")]
+    present = [c for c in RESULT_COLUMNS if (key := f'"{c}"'.encode()) in first or key in payload]
+    if not present:
+        return _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
+    table = table.select(present)
+    # Objects without any contract column are other tools' structured log lines.
+    nothing = np.logical_and.reduce(
+        [np.asarray(c.is_null().to_numpy(zero_copy_only=False), dtype=bool) for c in table.columns]
+    )
+    if nothing.any():
+        rows = rows[~nothing]
+        table = table.filter(pa.array(~nothing))
+    return _Raw(_arrow_to_frame(table), rows)
+
+
+def _jsonl_slow(data: bytes, starts: Ints, ends: Ints, objects: Ints) -> _Raw:
+    """Parse line by line with :mod:`json`, naming each bad line; values are kept as written."""
+    records: list[dict[str, object]] = []
+    rows: list[int] = []
+    problems: list[Problem] = []
+    total = 0
+    for i in objects:
+        line_no = int(i) + 1
+        try:
+            obj = json.loads(data[starts[i] : ends[i]])
+        except (ValueError, UnicodeDecodeError) as exc:
+            total += 1
+            if len(problems) < _CAP:
+                problems.append(Problem(f"not valid JSON: {_json_error(exc)}", row=line_no))
+            continue
+        if not isinstance(obj, dict) or not any(c in obj for c in RESULT_COLUMNS):
+            continue
+        records.append({c: _json_value(obj[c]) for c in RESULT_COLUMNS if c in obj})
+        rows.append(line_no)
+    present = [c for c in RESULT_COLUMNS if any(c in r for r in records)]
+    columns = {c: pd.Series([r.get(c) for r in records], dtype=object) for c in present}
+    frame = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
+    return _Raw(frame, np.asarray(rows, dtype=np.int64), problems, total)
+
+
+def _json_value(value: object) -> object:
+    """Numbers and strings as they are; anything else as its JSON text, so no check mistakes its type."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return json.dumps(value)
+    return value
+
+
+def _json_error(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (column {exc.colno})"
+    return _one_line(exc)

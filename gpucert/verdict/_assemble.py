@@ -87,19 +87,10 @@ def _entity_ids(run: RunIndex, findings: pd.DataFrame) -> tuple[np.ndarray, pd.D
 
     Returns the ids and the new entities (scope, node_code, gpu) in id order after the run's own.
     """
+    keys, eid = run.locate(findings)
     scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
     node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
     gpu = findings["gpu"].to_numpy(dtype=np.int64)
-    peer_code = (
-        run.peers.get_indexer(pd.Index(findings["peer"].astype(str))).astype(np.int64)
-        if len(run.peers)
-        else np.full(len(findings), -1, dtype=np.int64)
-    )
-    sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
-    keys = (scope << 42) | (node_code << 21) | np.maximum(sub, 0)
-    own_sub = np.where(run.scope == SCOPE_GPU, run.gpu, np.where(run.scope == SCOPE_PAIR, run.peer_code, 0))
-    known = pd.Index((run.scope.astype(np.int64) << 42) | (run.node_code << 21) | own_sub)
-    eid = known.get_indexer(keys).astype(np.int64)
     new = eid < 0
     extra = pd.DataFrame(
         {"key": keys[new], "scope": scope[new], "node_code": node_code[new], "gpu": gpu[new]}

@@ -34,16 +34,6 @@ ACTION_FOR_CAUSE = {
 }
 
 
-def _entity_of(run: RunIndex, findings: pd.DataFrame) -> np.ndarray:
-    """Entity ids of GPU or node findings (-1 where the entity is not in the run's index)."""
-    node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str)))
-    gpu = findings["gpu"].to_numpy(dtype=np.int64)
-    scope = np.where(findings["scope"].to_numpy() == "gpu", 0, 1)
-    ent_key = pd.Index((run.scope.astype(np.int64) << 42) | (run.node_code << 21) | np.maximum(run.gpu, 0))
-    keys = (scope.astype(np.int64) << 42) | (node_code.astype(np.int64) << 21) | np.maximum(gpu, 0)
-    return np.where(node_code >= 0, ent_key.get_indexer(keys), -1)
-
-
 def attribute_causes(
     run: RunIndex, findings: pd.DataFrame, node_causes: pd.Series, policy: Policy
 ) -> pd.DataFrame:
@@ -56,7 +46,7 @@ def attribute_causes(
     if not todo.any():
         return findings
     part = findings[todo]
-    eid = _entity_of(run, part)
+    _, eid = run.locate(part)
     known = eid >= 0
     tele = np.full((len(part), run.telemetry.shape[1]), np.nan)
     tele[known] = run.telemetry[eid[known]]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..metrics import METRICS
 
-__all__ = ["MCODE", "METRIC_NAMES", "RunIndex", "index_run"]
+__all__ = ["MCODE", "METRIC_NAMES", "RunIndex", "entity_key", "index_run"]
 
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
 MCODE: dict[str, int] = {name: i for i, name in enumerate(METRIC_NAMES)}
@@ -23,6 +23,18 @@ N_METRICS = len(METRIC_NAMES)
 
 SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR = 0, 1, 2
 SCOPE_NAMES = ("gpu", "node", "pair")
+_SCOPE_CODE = {name: i for i, name in enumerate(SCOPE_NAMES)}
+
+
+def entity_key(scope: np.ndarray, node_code: np.ndarray, sub: np.ndarray) -> np.ndarray:
+    """An entity's identity packed in one int64: its scope, its node, and its GPU index or peer."""
+    key: np.ndarray = (
+        (scope.astype(np.int64) << 42)
+        | (node_code.astype(np.int64) << 21)
+        | np.maximum(sub, 0).astype(np.int64)
+    )
+    return key
+
 
 _KIND = np.array([METRICS[n].kind for n in METRIC_NAMES])
 IS_PERF = _KIND == "perf"
@@ -42,6 +54,7 @@ class RunIndex:
     value: np.ndarray
     repeat: np.ndarray
     # per entity
+    keys: np.ndarray  # entity_key() of each entity
     scope: np.ndarray
     node_code: np.ndarray
     gpu: np.ndarray  # -1 unless a GPU
@@ -81,6 +94,21 @@ class RunIndex:
         names: np.ndarray = np.asarray(self.models, dtype=object)[self.model_code[eids]]
         return names
 
+    def locate(self, findings: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(entity key, entity id or -1) of the entities that findings name by scope, node, gpu and peer."""
+        scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
+        node_code = self.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
+        gpu = findings["gpu"].to_numpy(dtype=np.int64)
+        peer_code = (
+            self.peers.get_indexer(pd.Index(findings["peer"].astype(str))).astype(np.int64)
+            if len(self.peers)
+            else np.full(len(findings), -1, dtype=np.int64)
+        )
+        sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
+        keys = entity_key(scope, node_code, sub)
+        eid = np.where(node_code >= 0, pd.Index(self.keys).get_indexer(keys), -1).astype(np.int64)
+        return keys, eid
+
     def rows_of(self, metric: str) -> np.ndarray:
         """Row positions holding ``metric``."""
         return np.flatnonzero(self.mcode == MCODE[metric])
@@ -106,8 +134,7 @@ def index_run(results: pd.DataFrame) -> RunIndex:
 
     scope = np.where(gpu >= 0, SCOPE_GPU, np.where(peer_code >= 0, SCOPE_PAIR, SCOPE_NODE))
     sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
-    key = (scope.astype(np.int64) << 42) | (node_code << 21) | sub
-    eid, uniques = pd.factorize(key)
+    eid, uniques = pd.factorize(entity_key(scope, node_code, sub))
     eid = eid.astype(np.int64)
     uniques = np.asarray(uniques, dtype=np.int64)
     n_ent = len(uniques)
@@ -129,6 +156,7 @@ def index_run(results: pd.DataFrame) -> RunIndex:
 
     return RunIndex(
         run_id=str(run_ids[0]),
+        keys=uniques,
         eid=eid,
         mcode=mcode,
         value=value,

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse"
     )
     compare.add_argument(
-        "--version-of-baseline",
+        "--baseline-version",
         metavar="VERSION",
         dest="baseline_version",
         help="judge against this baseline version instead of the current one",

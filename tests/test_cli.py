@@ -191,3 +191,28 @@ def test_the_demo_runs_and_finds_what_was_injected(
     assert "Injected faults against the verdicts" in out
     assert "✗" not in out
     assert (tmp_path / "demo" / "verdicts-night-1.csv").exists()
+
+
+def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_path: Path) -> None:
+    store = store_uri(tmp_path)
+    assert main(["baseline", "build", str(files["seed-0"]), "--store", store]) == 0
+    first = str(open_store(store).current_version())
+    assert main(["baseline", "build", str(files["seed-1"]), "--store", store]) == 0
+    out = str(tmp_path / "v.csv")
+    night = str(files["night_csv"])
+    assert main(["compare", night, "--baselines", store, "--out", out, "--baseline-version", first]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                night,
+                "--baselines",
+                store,
+                "--out",
+                out,
+                "--baseline-version",
+                "20990101T000000Z-00000000",
+            ]
+        )
+        == 1
+    )

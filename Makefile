@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0  # CPU wheel for the payload's tests: pip, never uv (uv would fetch a multi-GB CUDA build)
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)          ## the main job on the embedded default

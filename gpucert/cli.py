@@ -78,6 +78,23 @@ def _parser() -> argparse.ArgumentParser:
     listing = actions.add_parser("list", help="the baseline versions, oldest first")
     listing.add_argument("--store", required=True, metavar="URI")
 
+    sim = commands.add_parser("sim", help="serve a simulated GPU cluster that kubectl and the client drive")
+    sim_actions = sim.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = sim_actions.add_parser(
+        "up",
+        help="serve a simulated cluster on 127.0.0.1 until stopped (Ctrl-C or SIGTERM)",
+        description="Serve a simulated Kubernetes API with N GPU nodes on 127.0.0.1 and write its kubeconfig "
+        "once it answers. Stops cleanly on SIGINT or SIGTERM.",
+    )
+    up.add_argument("--nodes", type=int, default=4, metavar="N")
+    up.add_argument("--gpus", type=int, default=8, metavar="G", help="GPUs per node")
+    up.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
+    up.add_argument("--preconfigured", action="store_true", help="start as if configure had run")
+    up.add_argument("--port", type=int, default=0, metavar="P", help="port to serve on (default: a free one)")
+    up.add_argument("--faults", metavar="FILE", help="YAML with an 'api' section of API faults")
+    up.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
+    up.add_argument("--kubeconfig", required=True, metavar="PATH", help="where to write the kubeconfig")
+
     demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
     demo.add_argument("--nodes", type=int, default=16)
@@ -132,6 +149,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                 args.nodes, store=args.store, results=args.results, policy_file=args.policy
             )
         return commands.baseline_list(store=args.store)
+    if args.command == "sim":
+        from .sim import serve
+
+        return serve(
+            nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
+            preconfigured=args.preconfigured, port=args.port, faults_file=args.faults, seed=args.seed,
+        )
     if args.command == "demo":
         from .demo import run_demo
 

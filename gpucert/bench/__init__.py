@@ -1,0 +1,76 @@
+"""The in-pod benchmark payload: ``python -m gpucert.bench --run-id RUN [--device cuda|cpu] …``.
+
+It imports the standard library and, each only when present, torch and pynvml — never Prefect, the
+Kubernetes client, pandas or numpy — so a stock PyTorch image runs it from a ConfigMap holding the
+files :func:`payload_files` lists (``gpucert/__init__.py``, ``gpucert/metrics.py`` and this package).
+
+What it prints
+--------------
+stdout carries results rows only, one JSON object a line with the ten contract columns of DESIGN.md
+(run_id, node, gpu, gpu_uuid, gpu_model, metric, value, repeat, peer, ts), so that
+``gpucert.results.read_results`` reads the Pod log as it is:
+
+* per GPU, ``--repeats`` times each: ``gemm_bf16_tflops`` (BF16 matmul sustained for
+  ``--gemm-seconds`` after ``--gemm-warmup-seconds`` of untimed heating; 2·m·n·k·iterations/s/1e12),
+  ``hbm_copy_gbps`` (device-to-device copy, bytes read + written per second), ``h2d_gbps`` and
+  ``d2h_gbps`` (pinned host memory); one process drives each GPU in turn;
+* per node, ``--repeats`` times: ``nccl_allreduce_busbw_gbps`` — torch.distributed all-reduce over all
+  the node's GPUs (NCCL, one spawned process per GPU; gloo over ``--cpu-devices`` processes on the CPU),
+  busbw = algbw · 2(n−1)/n; or ``all_reduce_perf`` when ``--nccl-tests PATH`` is executable;
+* NVML telemetry sampled during the run (see :mod:`gpucert.bench._nvml` for each rule), ``xid`` events,
+  ``gpu_count`` and, when given, ``gpu_count_expected``;
+* ``error`` rows (value 1; gpu level for a per-GPU step, node level otherwise) wherever a step could
+  not run — no torch, no CUDA, no NVML, a GPU torch cannot use, out of memory, a hang, a failed
+  ``dcgmi diag`` test — with the reason on stderr. No number is ever made up; the exit status is 0
+  whenever rows were printed, 2 for bad arguments.
+
+stderr carries human messages (prefixed ``gpucert-bench:``), the stack record as one line
+``gpucert-stack: {…}`` (also written to ``--stack-json``; see :mod:`gpucert.bench._devices`) and, with
+``--dcgm``, the diagnostic summary as ``gpucert-dcgm: {…}``.
+
+On the CPU (``--device cpu``) the GPUs are pretend devices ``0..n−1`` with UUID ``CPU-<hostname>-<i>``
+and model ``cpu``: the whole pipeline runs here with small sizes and is tested.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._dcgm import DcgmDiag, DcgmError, parse_dcgm_diag
+from ._nccl_tests import AllReducePerf, NcclTestsError, parse_all_reduce_perf
+from ._nvml import GpuTelemetry, Sampler
+
+__all__ = [
+    "AllReducePerf",
+    "DcgmDiag",
+    "DcgmError",
+    "GpuTelemetry",
+    "NcclTestsError",
+    "Sampler",
+    "main",
+    "parse_all_reduce_perf",
+    "parse_dcgm_diag",
+    "payload_files",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``python -m gpucert.bench``)."""
+    from ._cli import main as cli_main
+
+    return cli_main(argv)
+
+
+def payload_files() -> dict[str, str]:
+    """Every file the payload needs, as path (relative to the directory on ``PYTHONPATH``) → text.
+
+    A benchmark Job ships these in a ConfigMap (keys cannot hold ``/``: map them with ``items``).
+    """
+    here = Path(__file__).resolve().parent
+    root = here.parent
+    files = {
+        f"gpucert/{name}": (root / name).read_text(encoding="utf-8") for name in ("__init__.py", "metrics.py")
+    }
+    for path in sorted(here.glob("*.py")):
+        files[f"gpucert/bench/{path.name}"] = path.read_text(encoding="utf-8")
+    return files

@@ -1,0 +1,182 @@
+"""``python -m gpucert.bench``: arguments, defaults per device, and a stdout that carries rows only."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from ._run import STEPS, Options, run
+
+__all__ = ["main", "parse_args"]
+
+_RUN_ID = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_GiB, _MiB = 1 << 30, 1 << 20
+
+#: (cuda, cpu) defaults of the sizes and durations: full size on a GPU, tiny on the CPU.
+_DEFAULTS: dict[str, tuple[float, float]] = {
+    "gemm_n": (8192, 256),
+    "gemm_seconds": (30.0, 0.05),
+    "gemm_warmup_seconds": (10.0, 0.0),
+    "copy_bytes": (2 * _GiB, 8 * _MiB),
+    "h2d_bytes": (1 * _GiB, 8 * _MiB),
+    "bw_seconds": (1.0, 0.02),
+    "allreduce_bytes": (8 * _GiB, 1 * _MiB),
+    "allreduce_iters": (20, 5),
+}
+
+
+def _size(text: str) -> int:
+    """Bytes: ``1073741824``, ``1G``, ``512M``, ``64K`` (binary units)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (bytes, or a number with K, M or G)"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be a finite number ≥ 0")
+    return value
+
+
+def _run_id(text: str) -> str:
+    if not _RUN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a DNS label (at most 63 characters of a-z, 0-9 and '-', starting and ending "
+            "with a letter or digit)"
+        )
+    return text
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().replace(",", "x").split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GEMM shape MxNxK (e.g. 2048x2048x13312)")
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gpucert.bench",
+        description="Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, "
+        "and the stack record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations "
+        "default to full size on cuda and to tiny values on cpu.",
+    )
+    p.add_argument("--run-id", required=True, type=_run_id, help="the certification run (a DNS label)")
+    p.add_argument("--node", default=None, help="node name (default: $NODE_NAME, else the hostname)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="measurements per benchmark (default 3)")
+    p.add_argument("--gemm-n", type=_positive_int, help="square BF16 GEMM size (cuda 8192, cpu 256)")
+    p.add_argument("--gemm-shape", type=_shape, help="GEMM shape MxNxK instead of --gemm-n")
+    p.add_argument("--gemm-seconds", type=_seconds, help="sustained time per GEMM repeat (cuda 30, cpu 0.05)")
+    p.add_argument("--gemm-warmup-seconds", type=_seconds,
+                   help="untimed GEMM first, so the GPU is hot when measured (cuda 10, cpu 0)")  # fmt: skip
+    p.add_argument("--copy-bytes", type=_size, help="HBM copy buffer (cuda 2G, cpu 8M)")
+    p.add_argument("--h2d-bytes", type=_size, help="pinned host↔device buffer (cuda 1G, cpu 8M)")
+    p.add_argument("--bw-seconds", type=_seconds, help="time per copy/H2D/D2H repeat (cuda 1, cpu 0.02)")
+    p.add_argument("--allreduce-bytes", type=_size, help="all-reduce message (cuda 8G, cpu 1M)")
+    p.add_argument(
+        "--allreduce-iters", type=_positive_int, help="all-reduces timed per repeat (cuda 20, cpu 5)"
+    )
+    p.add_argument("--cpu-devices", type=_positive_int, default=2, help="pretend GPUs on --device cpu (2)")
+    p.add_argument("--skip", action="append", choices=STEPS, default=[], help="leave a step out (repeatable)")
+    p.add_argument("--nccl-tests", metavar="PATH",
+                   help="all_reduce_perf: when executable it measures the all-reduce instead of torch")  # fmt: skip
+    p.add_argument("--dcgm", action="store_true", help="also run 'dcgmi diag -r 1 -j' when dcgmi is present")
+    p.add_argument("--stack-json", metavar="PATH", help="also write the stack record to this file")
+    p.add_argument("--expected-gpus", type=_positive_int,
+                   help="GPUs the node advertises (default: $GPUCERT_EXPECTED_GPUS; none: no row)")  # fmt: skip
+    p.add_argument("--sample-interval", type=_seconds, default=0.2, help="NVML sampling period (0.2 s)")
+    p.add_argument("--step-timeout", type=_seconds, default=0.0,
+                   help="seconds before a step counts as hung (default: from the step's length)")  # fmt: skip
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    col = 0 if a.device == "cuda" else 1
+
+    def pick(name: str) -> float:
+        given = getattr(a, name)
+        return float(given) if given is not None else _DEFAULTS[name][col]
+
+    expected = a.expected_gpus
+    if expected is None and os.environ.get("GPUCERT_EXPECTED_GPUS", "").strip():
+        raw = os.environ["GPUCERT_EXPECTED_GPUS"].strip()
+        if not raw.isdigit():
+            parser.error(f"GPUCERT_EXPECTED_GPUS={raw!r} is not a GPU count")
+        expected = int(raw)
+    n = int(pick("gemm_n"))
+    node = a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+    return Options(
+        run_id=a.run_id,
+        node=node,
+        device=a.device,
+        repeats=a.repeats,
+        gemm_shape=a.gemm_shape or (n, n, n),
+        gemm_seconds=pick("gemm_seconds"),
+        gemm_warmup_seconds=pick("gemm_warmup_seconds"),
+        copy_bytes=int(pick("copy_bytes")),
+        h2d_bytes=int(pick("h2d_bytes")),
+        bw_seconds=pick("bw_seconds"),
+        allreduce_bytes=int(pick("allreduce_bytes")),
+        allreduce_iters=int(pick("allreduce_iters")),
+        cpu_devices=a.cpu_devices,
+        skip=frozenset(a.skip),
+        nccl_tests=a.nccl_tests,
+        dcgm=a.dcgm,
+        stack_json=a.stack_json,
+        expected_gpus=expected,
+        sample_interval=a.sample_interval or 0.2,
+        step_timeout=a.step_timeout,
+    )
+
+
+def _rows_stream() -> TextIO:
+    """A private stream for the rows; fd 1 then points at stderr, so that anything else printing to
+    stdout (a C library, NCCL's logging) cannot slip lines between the rows."""
+    try:
+        sys.stdout.flush()
+        rows_fd = os.dup(sys.stdout.fileno())
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return sys.stdout  # no real file descriptors (an embedding host): print as usual
+    return os.fdopen(rows_fd, "w", buffering=1, encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0 once rows were printed, errors included; 2 for bad arguments (argparse)."""
+    opts = parse_args(argv)
+    out = _rows_stream()
+    try:
+        return run(opts, out=out)
+    finally:
+        out.flush()

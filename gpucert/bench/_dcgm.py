@@ -1,0 +1,135 @@
+"""``dcgmi diag -r 1 -j``: run it when the image has it, and read its JSON tolerantly.
+
+DCGM's JSON has changed between releases (``"DCGM GPU Diagnostic"`` in 2.x/3.x, ``"DCGM Diagnostic"``
+with entity groups in 4.x), so the reader does not depend on one schema: it walks the document and
+takes every object with a ``name`` and a ``results`` list (or a ``status``) as a test, each result's
+``status`` as the outcome and ``gpu_id`` / ``gpu_ids`` / ``entity_id`` as the GPU it concerns. A test
+fails when any of its results says ``fail``; ``skip``, ``not run``, ``warn`` and the like are kept as
+they are but are not failures. The payload writes an ``error`` row per failed test (at the GPU's level
+when the result names one GPU) and the whole summary on stderr as ``gpucert-dcgm: {…}``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DcgmDiag", "DcgmError", "DcgmTest", "parse_dcgm_diag", "run_dcgm_diag"]
+
+
+class DcgmError(ValueError):
+    """``dcgmi`` output that is not a diagnostic report, or a run that produced none."""
+
+
+@dataclass(frozen=True)
+class DcgmTest:
+    name: str
+    #: one (gpu, status) per result; gpu None when the result is not about one GPU
+    results: tuple[tuple[int | None, str], ...]
+
+    @property
+    def failed_gpus(self) -> tuple[int | None, ...]:
+        return tuple(g for g, s in self.results if s == "fail")
+
+    @property
+    def status(self) -> str:
+        statuses = {s for _, s in self.results}
+        for word in ("fail", "warn", "pass", "skip"):
+            if word in statuses:
+                return word
+        return next(iter(sorted(statuses)), "unknown")
+
+
+@dataclass(frozen=True)
+class DcgmDiag:
+    tests: tuple[DcgmTest, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not any(t.failed_gpus for t in self.tests)
+
+    def summary(self) -> dict[str, str]:
+        return {t.name: t.status for t in self.tests}
+
+
+def _status(value: object) -> str:
+    word = str(value).strip().lower()
+    if word.startswith("fail"):
+        return "fail"
+    if word.startswith("pass"):
+        return "pass"
+    if word.startswith("warn"):
+        return "warn"
+    if word.startswith("skip") or word in {"not run", "notrun", "not_run"}:
+        return "skip"
+    return word or "unknown"
+
+
+def _gpu_of(result: dict[str, Any]) -> int | None:
+    for key in ("gpu_id", "entity_id", "gpu_ids"):
+        value = result.get(key)
+        if value is None:
+            continue
+        text = str(value).strip()
+        if text.isdigit():
+            return int(text)
+        return None  # several GPUs ("0,1,2") or a non-GPU entity: the node's
+    return None
+
+
+def _tests(node: Any) -> Iterator[DcgmTest]:
+    if isinstance(node, dict):
+        name = node.get("name")
+        results = node.get("results")
+        if isinstance(name, str) and isinstance(results, list):
+            found = tuple(
+                (_gpu_of(r), _status(r.get("status")))
+                for r in results
+                if isinstance(r, dict) and "status" in r
+            )
+            if found:
+                yield DcgmTest(name, found)
+                return
+        if isinstance(name, str) and "status" in node and not isinstance(node.get("status"), dict | list):
+            yield DcgmTest(name, ((None, _status(node["status"])),))
+            return
+        for value in node.values():
+            yield from _tests(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _tests(value)
+
+
+def parse_dcgm_diag(text: str) -> DcgmDiag:
+    """Parse ``dcgmi diag -j`` output; :class:`DcgmError` when it holds no JSON report with tests."""
+    start = text.find("{")
+    if start < 0:
+        raise DcgmError("no JSON object in the dcgmi output")
+    try:
+        document = json.JSONDecoder().raw_decode(text[start:])[0]
+    except json.JSONDecodeError as exc:
+        raise DcgmError(f"the dcgmi output is not valid JSON ({exc})") from None
+    tests = tuple(_tests(document))
+    if not tests:
+        raise DcgmError("the dcgmi JSON names no test results")
+    return DcgmDiag(tests)
+
+
+def run_dcgm_diag(level: int = 1, *, timeout_s: float = 600.0) -> DcgmDiag | None:
+    """Run ``dcgmi diag -r LEVEL -j``; ``None`` when ``dcgmi`` is not on the PATH."""
+    exe = shutil.which("dcgmi")
+    if exe is None:
+        return None
+    done = subprocess.run(
+        [exe, "diag", "-r", str(level), "-j"], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    try:
+        # dcgmi exits non-zero when a test fails, and still prints the report: read it either way.
+        return parse_dcgm_diag(done.stdout)
+    except DcgmError as exc:
+        tail = " ".join((done.stderr or done.stdout).split()[-40:])
+        raise DcgmError(f"dcgmi diag exited with status {done.returncode}: {exc}; {tail}") from None

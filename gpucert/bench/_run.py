@@ -1,0 +1,362 @@
+"""The payload's run: discover, record the stack, benchmark each GPU in turn, all-reduce, summarise.
+
+Every step that cannot run writes an ``error`` row (gpu level for a per-GPU step, node level otherwise)
+and a reason on stderr, and the run goes on with the next step. A step that hangs (a GPU that stopped
+answering) is caught by a watchdog: it writes the step's ``error`` row and the telemetry gathered so far,
+then ends the process with status 0, since a hung CUDA call cannot be interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._allreduce import AllReduceConfig, run_allreduce
+from ._dcgm import DcgmError, run_dcgm_diag
+from ._devices import Discovery, discover, stack_record
+from ._nccl_tests import NcclTestsError, run_all_reduce_perf
+from ._nvml import Sampler, describe
+from ._rows import RowWriter
+from ._torch_steps import copy_gbps, gemm_tflops, heat, transfer_gbps
+
+__all__ = ["STEPS", "Options", "run"]
+
+#: Steps ``--skip`` accepts.
+STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm")
+
+STACK_PREFIX = "gpucert-stack: "
+DCGM_PREFIX = "gpucert-dcgm: "
+
+
+@dataclass(frozen=True)
+class Options:
+    run_id: str
+    node: str
+    device: str = "cuda"
+    repeats: int = 3
+    gemm_shape: tuple[int, int, int] = (8192, 8192, 8192)
+    gemm_seconds: float = 30.0
+    gemm_warmup_seconds: float = 10.0
+    copy_bytes: int = 2 << 30
+    h2d_bytes: int = 1 << 30
+    bw_seconds: float = 1.0
+    allreduce_bytes: int = 8 << 30
+    allreduce_iters: int = 20
+    cpu_devices: int = 2
+    skip: frozenset[str] = field(default_factory=frozenset)
+    nccl_tests: str | None = None
+    dcgm: bool = False
+    stack_json: str | None = None
+    expected_gpus: int | None = None
+    sample_interval: float = 0.2
+    step_timeout: float = 0.0  # 0: derived from the step's length
+    hostname: str | None = None
+
+
+class Watchdog:
+    """Calls ``on_expiry(step, gpu, seconds)`` from its own thread when a guarded block runs too long."""
+
+    def __init__(self, on_expiry: Callable[[str, int | None, float], None]) -> None:
+        self._on_expiry = on_expiry
+        self._cond = threading.Condition()
+        self._armed: tuple[str, int | None, float, float] | None = None
+        self._thread = threading.Thread(target=self._loop, name="gpucert-watchdog", daemon=True)
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def guard(self, step: str, gpu: int | None, seconds: float) -> Iterator[None]:
+        with self._cond:
+            self._armed = (step, gpu, seconds, time.monotonic() + seconds)
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._armed = None
+                self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._armed is None:
+                    self._cond.wait()
+                step, gpu, seconds, deadline = self._armed
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._armed = None
+            self._on_expiry(step, gpu, seconds)
+
+
+class _Run:
+    def __init__(self, opts: Options, found: Discovery, rows: RowWriter) -> None:
+        self.opts = opts
+        self.found = found
+        self.rows = rows
+        self.torch = found.torch
+        self.sampler: Sampler | None = None
+        self._telemetry_written = False
+        self._telemetry_lock = threading.Lock()
+        self.exit: Callable[[int], None] = os._exit
+        self.watchdog = Watchdog(self._hung)
+
+    # Steps ----------------------------------------------------------------------------------------------
+
+    def per_gpu_steps(self) -> None:
+        o = self.opts
+        steps: list[tuple[str, str, str, float, Callable[[Any], float]]] = [
+            ("gemm", "gemm_bf16_tflops", "compute", o.gemm_seconds,
+             lambda d: gemm_tflops(self.torch, d, o.gemm_shape, o.gemm_seconds)),
+            ("copy", "hbm_copy_gbps", "compute", o.bw_seconds,
+             lambda d: copy_gbps(self.torch, d, o.copy_bytes, o.bw_seconds)),
+            ("h2d", "h2d_gbps", "pcie", o.bw_seconds,
+             lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=True)),
+            ("d2h", "d2h_gbps", "pcie", o.bw_seconds,
+             lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=False)),
+        ]  # fmt: skip
+        chosen = [s for s in steps if s[0] not in o.skip]
+        if not chosen:
+            return
+        if not self.found.devices:
+            for _step, metric, _load, _secs, _fn in chosen:
+                self.rows.error(metric, self.found.torch_reason or "no GPU found (NVML and torch see none)")
+            return
+        for index, dev in sorted(self.found.devices.items()):
+            for step, metric, load, seconds, fn in chosen:
+                if self.torch is None or (self.found.torch_reason and self.found.kind == "cuda"):
+                    self.rows.error(metric, self.found.torch_reason or "torch is not available", index)
+                    continue
+                if dev.torch_index is None:
+                    self.rows.error(metric, f"torch cannot use this GPU (UUID {dev.uuid}): CUDA does not see it",
+                                    index)  # fmt: skip
+                    continue
+                device = self._torch_device(dev.torch_index)
+                self.rows.say(f"GPU {index}: {step} × {o.repeats}")
+                try:
+                    with self._current(device), self._loaded([index], load):
+                        if step == "gemm" and o.gemm_warmup_seconds > 0:
+                            with self.watchdog.guard(metric, index, self._timeout(o.gemm_warmup_seconds)):
+                                heat(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
+                        for repeat in range(o.repeats):
+                            with self.watchdog.guard(metric, index, self._timeout(seconds)):
+                                value = fn(device)
+                            if not self.rows.gpu(metric, index, value, repeat):
+                                break
+                except Exception as exc:
+                    self.rows.error(metric, describe(exc), index)
+                finally:
+                    self._free_memory()
+
+    def allreduce(self) -> None:
+        o, found = self.opts, self.found
+        metric = "nccl_allreduce_busbw_gbps"
+        if "allreduce" in o.skip:
+            return
+        if o.device == "cuda" and o.nccl_tests:
+            if os.access(o.nccl_tests, os.X_OK):
+                self._nccl_tests()
+                return
+            self.rows.say(f"{o.nccl_tests} is not an executable: the all-reduce runs on torch.distributed")
+        if self.torch is None:
+            self.rows.error(metric, found.torch_reason or "torch is not available")
+            return
+        if o.device == "cuda":
+            if found.torch_reason:
+                self.rows.error(metric, found.torch_reason)
+                return
+            usable = [d.torch_index for _, d in sorted(found.devices.items()) if d.torch_index is not None]
+            if len(usable) < len(found.devices):
+                self.rows.error(metric, f"torch can use {len(usable)} of the node's {len(found.devices)} GPUs: "
+                                "an all-reduce over fewer would not be the node's")  # fmt: skip
+                return
+            backend, ranks, devices = "nccl", len(usable), tuple(i for i in usable if i is not None)
+        else:
+            backend, ranks, devices = "gloo", o.cpu_devices, ()
+        if ranks < 2:
+            self.rows.say(f"{ranks} device(s): no intra-node all-reduce to measure")
+            return
+        timeout = self._timeout(max(30.0, o.repeats * o.allreduce_iters * 0.5))
+        cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, o.repeats,
+                              iters=o.allreduce_iters, timeout_s=timeout, devices=devices)  # fmt: skip
+        self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {o.repeats}")
+        try:
+            with self._loaded(sorted(found.devices), "compute"):
+                values = run_allreduce(self.torch, cfg)
+        except Exception as exc:
+            self.rows.error(metric, describe(exc))
+            return
+        for repeat, value in enumerate(values):
+            self.rows.node_row(metric, value, repeat)
+
+    def _nccl_tests(self) -> None:
+        o, metric = self.opts, "nccl_allreduce_busbw_gbps"
+        gpus = len(self.found.devices)
+        for repeat in range(o.repeats):
+            try:
+                with self._loaded(sorted(self.found.devices), "compute"):
+                    parsed, _out = run_all_reduce_perf(
+                        o.nccl_tests or "", gpus=gpus, nbytes=o.allreduce_bytes, iters=o.allreduce_iters,
+                        timeout_s=self._timeout(120.0),
+                    )  # fmt: skip
+            except (NcclTestsError, OSError, ValueError) as exc:
+                self.rows.error(metric, f"all_reduce_perf: {exc}")
+                return
+            except Exception as exc:  # a timeout, say
+                self.rows.error(metric, f"all_reduce_perf: {describe(exc)}")
+                return
+            self.rows.say(
+                f"all_reduce_perf: busbw {parsed.peak_busbw_gbps:.1f} GB/s at {parsed.largest_size:,} B"
+            )
+            self.rows.node_row(metric, parsed.peak_busbw_gbps, repeat)
+
+    def dcgm(self) -> None:
+        if not self.opts.dcgm or "dcgm" in self.opts.skip:
+            return
+        try:
+            diag = run_dcgm_diag(1)
+        except (DcgmError, OSError, ValueError) as exc:
+            self.rows.error("dcgm_diag", str(exc))
+            return
+        except Exception as exc:
+            self.rows.error("dcgm_diag", describe(exc))
+            return
+        if diag is None:
+            self.rows.say("dcgmi is not on the PATH: DCGM diagnostics skipped")
+            return
+        _line(DCGM_PREFIX + json.dumps(diag.summary(), sort_keys=True), self.rows.err)
+        for test in diag.tests:
+            for gpu in sorted(set(test.failed_gpus), key=lambda g: -1 if g is None else g):
+                target = gpu if gpu in self.found.devices else None
+                self.rows.error("dcgm_diag", f"dcgmi diag test {test.name!r} failed", target)
+
+    # Telemetry ------------------------------------------------------------------------------------------
+
+    def start_telemetry(self) -> None:
+        o, found = self.opts, self.found
+        if "telemetry" in o.skip:
+            return
+        if found.nvml is None:
+            self.rows.error("telemetry", found.nvml_reason or "NVML is not available")
+            return
+        if found.kind == "cpu":
+            return
+        if found.nvml_count is not None:
+            self.rows.node_row("gpu_count", found.nvml_count)
+        for index, problem in sorted(found.gpu_problems.items()):
+            self.rows.error("telemetry", problem, index)
+        if found.handles:
+            self.sampler = Sampler(found.nvml, found.handles, interval=o.sample_interval, say=self.rows.say)
+            self.sampler.start()
+
+    def finish_telemetry(self) -> None:
+        with self._telemetry_lock:
+            if self._telemetry_written or self.sampler is None:
+                return
+            self._telemetry_written = True
+            summary = self.sampler.stop()
+            if self.sampler.event_problem:
+                self.rows.say(f"XID events: {self.sampler.event_problem}")
+            for index, tele in sorted(summary.items()):
+                for note in tele.notes:
+                    self.rows.say(f"GPU {index}: {note}")
+                for metric, value in tele.values.items():
+                    self.rows.gpu(metric, index, value)
+                for code in tele.xids:
+                    self.rows.gpu("xid", index, code)
+                if tele.problems:
+                    self.rows.error("telemetry", "; ".join(tele.problems), index)
+
+    # Helpers --------------------------------------------------------------------------------------------
+
+    def _torch_device(self, torch_index: int) -> Any:
+        if self.opts.device == "cuda":
+            return self.torch.device("cuda", torch_index)
+        return self.torch.device("cpu")
+
+    def _current(self, device: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``device`` CUDA's current device, so every stream and event of the step is on it."""
+        if device.type == "cuda":
+            cm: contextlib.AbstractContextManager[Any] = self.torch.cuda.device(device)
+            return cm
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _loaded(self, gpus: list[int], kind: str) -> Iterator[None]:
+        if self.sampler is None:
+            yield
+            return
+        with self.sampler.loading(gpus, kind):
+            yield
+
+    def _free_memory(self) -> None:
+        if self.torch is not None and self.opts.device == "cuda":
+            with contextlib.suppress(Exception):
+                self.torch.cuda.empty_cache()
+
+    def _timeout(self, seconds: float) -> float:
+        if self.opts.step_timeout > 0:
+            return self.opts.step_timeout
+        return max(120.0, 4.0 * seconds + 60.0)
+
+    def _hung(self, step: str, gpu: int | None, seconds: float) -> None:
+        self.rows.error(
+            step, f"timed out after {seconds:.0f} s: the device stopped answering; run aborted", gpu
+        )
+        with contextlib.suppress(Exception):
+            self.finish_telemetry()
+        self.rows.close()
+        self.rows.say("aborted after a hung step: the rows above are all this run has")
+        self.exit(0)
+
+
+def _line(text: str, err: TextIO | None) -> None:
+    """A machine-read line on stderr, at the start of the line (no ``gpucert-bench:`` prefix)."""
+    print(text, file=err if err is not None else sys.stderr, flush=True)
+
+
+def run(opts: Options, *, out: TextIO, err: TextIO | None = None, nvml_module: Any = None) -> int:
+    """Run the payload, printing rows on ``out`` and messages on ``err``; returns the exit status (0)."""
+    t0 = time.monotonic()
+    found = discover(
+        opts.device,
+        cpu_devices=opts.cpu_devices,
+        hostname=opts.hostname,
+        nvml_module=nvml_module,
+        use_nvml="telemetry" not in opts.skip,
+    )
+    rows = RowWriter(opts.run_id, opts.node, found.model, found.devices, out=out, err=err)
+    for note in found.notes:
+        rows.say(note)
+    stack = stack_record(found, opts.node, opts.hostname)
+    _line(STACK_PREFIX + json.dumps(stack, sort_keys=True), err)
+    if opts.stack_json:
+        try:
+            Path(opts.stack_json).write_text(
+                json.dumps(stack, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+        except OSError as exc:
+            rows.say(f"cannot write --stack-json {opts.stack_json}: {exc}")
+    devices = ", ".join(f"{i}={d.uuid}" for i, d in sorted(found.devices.items())) or "none"
+    rows.say(f"run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}")
+
+    job = _Run(opts, found, rows)
+    if opts.expected_gpus is not None:
+        rows.node_row("gpu_count_expected", opts.expected_gpus)
+    job.start_telemetry()
+    try:
+        job.per_gpu_steps()
+        job.allreduce()
+        job.dcgm()
+    finally:
+        job.finish_telemetry()
+    rows.say(f"done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)")
+    return 0

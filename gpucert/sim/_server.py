@@ -1,0 +1,271 @@
+"""Starting and stopping a simulated cluster: a background event loop, a kubeconfig, a client.
+
+The server runs its own asyncio loop in a daemon thread so a synchronous test, the synchronous official
+client and the blocking ``gpucert sim up`` can all use it; it binds to 127.0.0.1 only (no auth, no TLS:
+it must never be reachable from elsewhere). The kubeconfig is written only once the port answers, so a
+reader that sees the file can connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from aiohttp import web
+
+from ..errors import InputError
+from ..fleet import Fleet
+from ._api import build_app
+from ._faults import ApiFaults, FaultInjector
+from ._nodes import register_nodes
+from ._resources import by_kind, lookup
+from ._store import DEFAULT_HISTORY, Obj, Store
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+__all__ = ["SimCluster", "serve"]
+
+_HOST = "127.0.0.1"
+_SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+_START_TIMEOUT_S = 30.0
+
+
+def kubeconfig_text(url: str, namespace: str = "default") -> str:
+    """A kubeconfig for ``url`` with no credentials (the simulator has no auth)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "gpucert-sim", "cluster": {"server": url}}],
+        "users": [{"name": "gpucert-sim", "user": {}}],
+        "contexts": [{"name": "gpucert-sim",
+                      "context": {"cluster": "gpucert-sim", "user": "gpucert-sim", "namespace": namespace}}],
+        "current-context": "gpucert-sim",
+        "preferences": {},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class SimCluster:
+    """A simulated Kubernetes cluster of GPU nodes, served over HTTP while started.
+
+    Use as a context manager::
+
+        with SimCluster(nodes=4, gpus=8, model="NVIDIA H200") as sim:
+            core = kubernetes.client.CoreV1Api(sim.api_client())
+            core.list_node(label_selector="nvidia.com/gpu.product=NVIDIA-H200")
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 0,
+        gpus: int = 8,
+        model: str = "NVIDIA H200",
+        preconfigured: bool = False,
+        seed: int = 0,
+        port: int = 0,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        faults: ApiFaults | None = None,
+        history: int = DEFAULT_HISTORY,
+        bookmark_interval_s: float = 5.0,
+    ) -> None:
+        try:
+            self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed)
+        except ValueError as exc:
+            raise InputError(f"sim: {exc}") from exc
+        self.preconfigured = preconfigured
+        self.store = Store(history=history)
+        self.faults = FaultInjector(faults)
+        self._port = port
+        self._kubeconfig = Path(kubeconfig) if kubeconfig is not None else None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self._bookmark_interval_s = bookmark_interval_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._bootstrap()
+
+    # --- state --------------------------------------------------------------------------------------
+
+    def _bootstrap(self) -> None:
+        namespaces = lookup("", "v1", "namespaces")
+        assert namespaces is not None
+        for name in _SYSTEM_NAMESPACES:
+            self.store.create(namespaces, {"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]},
+                                           "status": {"phase": "Active"}})
+        register_nodes(self.store, self.fleet, preconfigured=self.preconfigured)
+
+    def create(self, obj: Mapping[str, Any]) -> Obj:
+        """Seed an object straight into the store (test set-up; no HTTP, no validation)."""
+        resource = by_kind(str(obj.get("apiVersion")), str(obj.get("kind")))
+        if resource is None:
+            raise InputError(f"sim: no served resource for {obj.get('apiVersion')}/{obj.get('kind')}")
+        return self.store.create(resource, obj)
+
+    def set_faults(self, faults: ApiFaults | None) -> None:
+        """Change the API fault policy of the running server; None turns faults off."""
+        self.faults.set(faults or ApiFaults())
+
+    # --- serving ------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._runner is None:
+            raise RuntimeError("the simulated cluster is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{_HOST}:{self.port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        if self._kubeconfig is None:
+            raise RuntimeError("the simulated cluster is not started")
+        return self._kubeconfig
+
+    def api_client(self) -> ApiClient:
+        """An official-client ``ApiClient`` configured from the kubeconfig this cluster wrote."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig_path),  # type: ignore[no-untyped-call]
+                                client_configuration=configuration)
+        return client.ApiClient(configuration)
+
+    def start(self) -> SimCluster:
+        if self._thread is not None:
+            raise RuntimeError("the simulated cluster is already started")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(ready, failure), name="gpucert-sim", daemon=True)
+        self._thread.start()
+        if not ready.wait(_START_TIMEOUT_S):
+            raise RuntimeError("gpucert sim: the API server did not start in time")
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise InputError(f"sim: cannot serve on {_HOST}:{self._port}: {failure[0]}") from failure[0]
+        if self._kubeconfig is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="gpucert-sim-")
+            self._kubeconfig = Path(self._tmpdir.name) / "kubeconfig"
+        _write_atomically(self._kubeconfig, kubeconfig_text(self.url))
+        return self
+
+    def stop(self) -> None:
+        loop, runner, thread = self._loop, self._runner, self._thread
+        if loop is None or runner is None or thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=_START_TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=_START_TIMEOUT_S)
+        self._loop = self._runner = self._thread = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+            self._kubeconfig = None
+
+    def __enter__(self) -> SimCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._listen())
+        except OSError as exc:
+            failure.append(exc)
+            ready.set()
+            loop.close()
+            return
+        self._loop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _listen(self) -> None:
+        app = build_app(self.store, self.faults, bookmark_interval_s=self._bookmark_interval_s)
+        # A short shutdown timeout: open watches must not hold up stop() for their full timeout.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, _HOST, self._port)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._port = int(runner.addresses[0][1])
+        self._runner = runner
+
+
+def load_faults_file(path: str) -> ApiFaults:
+    """The ``api:`` section of a ``--faults`` YAML file (GPU and node faults come with the controllers)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"--faults {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"--faults {path}: expected a mapping with an 'api' section")
+    unknown = sorted(set(data) - {"api"})
+    if unknown:
+        raise InputError(f"--faults {path}: unsupported sections {unknown}; this version reads 'api' only")
+    section = data.get("api") or {}
+    if not isinstance(section, dict):
+        raise InputError(f"--faults {path}: 'api' must be a mapping")
+    return ApiFaults.from_mapping(section)
+
+
+def serve(
+    *,
+    nodes: int,
+    gpus: int,
+    model: str,
+    kubeconfig: str,
+    preconfigured: bool = False,
+    port: int = 0,
+    faults_file: str | None = None,
+    seed: int = 0,
+) -> int:
+    """``gpucert sim up``: serve until SIGINT or SIGTERM, then stop cleanly; returns the exit status."""
+    faults = load_faults_file(faults_file) if faults_file else None
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with SimCluster(nodes=nodes, gpus=gpus, model=model, preconfigured=preconfigured, port=port,
+                        kubeconfig=kubeconfig, faults=faults, seed=seed) as sim:
+            print(f"gpucert sim: serving {nodes} nodes × {gpus} {model} at {sim.url}", flush=True)
+            print(f"gpucert sim: kubeconfig written to {sim.kubeconfig_path}", flush=True)
+            while not stop.wait(0.5):
+                pass
+        print("gpucert sim: stopped", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

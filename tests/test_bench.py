@@ -1,0 +1,639 @@
+"""Tests of the in-pod payload (gpucert.bench): its rows pass the results contract, on the CPU and without
+torch; its parsers read real tool output; its NVML sampler follows the telemetry rules with a fake NVML.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucert.bench import parse_all_reduce_perf, parse_dcgm_diag, payload_files
+from gpucert.bench._cli import parse_args
+from gpucert.bench._dcgm import DcgmError
+from gpucert.bench._nccl_tests import NcclTestsError
+from gpucert.bench._nvml import Sampler
+from gpucert.bench._rows import Device, RowWriter
+from gpucert.bench._run import Options, Watchdog, run
+from gpucert.metrics import METRICS, RESULT_COLUMNS
+from gpucert.results import read_results
+
+FIXTURE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "fixtures"
+    / "nccl-tests"
+    / "all_reduce_perf_2x8_h100.txt"
+)
+TORCH_STEPS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps")
+TELEMETRY = {n for n, m in METRICS.items() if m.kind == "telemetry"} - {"gpu_count_expected"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    return True
+
+
+def _payload(
+    args: list[str], tmp: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Any:
+    full_env = {**os.environ, "NODE_NAME": "node-a", **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpucert.bench", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or ROOT,
+        timeout=120,
+        check=False,
+    )
+    rows = tmp / "rows.jsonl"
+    rows.write_text(done.stdout, encoding="utf-8")
+    return done, rows
+
+
+def _check_lines(stdout: str) -> list[dict[str, Any]]:
+    """Every stdout line is one row: a JSON object with exactly the contract's columns, in order."""
+    parsed = []
+    for line in stdout.splitlines():
+        row = json.loads(line)
+        assert list(row) == list(RESULT_COLUMNS), line
+        parsed.append(row)
+    assert parsed
+    return parsed
+
+
+def _stack(stderr: str) -> dict[str, str]:
+    lines = [line for line in stderr.splitlines() if line.startswith("gpucert-stack: ")]
+    assert len(lines) == 1, stderr
+    record = json.loads(lines[0].removeprefix("gpucert-stack: "))
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in record.items())
+    return dict(record)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole payload on the CPU
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
+    pytest.importorskip(
+        "torch", reason="the CPU run measures with torch (the Makefile installs the CPU wheel)"
+    )
+    tmp = tmp_path_factory.mktemp("cpu-run")
+    stack = tmp / "stack.json"
+    done, rows = _payload(
+        ["--device", "cpu", "--run-id", "t1", "--repeats", "2", "--stack-json", str(stack)],
+        tmp,
+        env={"GPUCERT_EXPECTED_GPUS": "2"},
+    )
+    return done, rows, stack
+
+
+def test_cpu_run_prints_valid_results(cpu_run: tuple[Any, Path, Path]) -> None:
+    done, rows, _ = cpu_run
+    assert done.returncode == 0, done.stderr
+    _check_lines(done.stdout)
+    frame = read_results(rows)
+    host = socket.gethostname()
+    assert set(frame["run_id"].astype(str)) == {"t1"}
+    assert set(frame["node"].astype(str)) == {"node-a"}
+    assert set(frame["gpu_model"].astype(str)) == {"cpu"}
+    gpu_rows = frame[frame["gpu"].notna()]
+    assert set(gpu_rows["gpu_uuid"].astype(str)) == {f"CPU-{host}-0", f"CPU-{host}-1"}
+    for metric in TORCH_STEPS:
+        for gpu in (0, 1):
+            got = frame[(frame["metric"] == metric) & (frame["gpu"] == gpu)]
+            assert sorted(got["repeat"]) == [0, 1], (metric, gpu)
+            assert (got["value"] > 0).all()
+    allreduce = frame[frame["metric"] == "nccl_allreduce_busbw_gbps"]
+    assert sorted(allreduce["repeat"]) == [0, 1]
+    assert allreduce["gpu"].isna().all()
+    assert (allreduce["value"] > 0).all()
+    expected = frame[frame["metric"] == "gpu_count_expected"]
+    assert expected["value"].tolist() == [2.0]
+
+
+def test_cpu_run_invents_no_telemetry(cpu_run: tuple[Any, Path, Path]) -> None:
+    done, rows, _ = cpu_run
+    frame = read_results(rows)
+    # On the CPU no telemetry is attributed to the pretend devices; without NVML, one node-level error.
+    assert not set(frame["metric"].astype(str)) & TELEMETRY
+    if not _nvml_works():
+        errors = frame[frame["metric"] == "error"]
+        assert len(errors) == 1
+        assert errors["gpu"].isna().all()
+        assert "NVML" in done.stderr
+
+
+def test_cpu_run_records_the_stack(cpu_run: tuple[Any, Path, Path]) -> None:
+    done, _, stack_file = cpu_run
+    record = _stack(done.stderr)
+    assert record == json.loads(stack_file.read_text(encoding="utf-8"))
+    assert record["node"] == "node-a"
+    assert record["gpu_model"] == "cpu"
+    assert record["torch"]
+    assert record["kernel"]
+    assert record["hostname"] == socket.gethostname()
+
+
+def test_without_torch_every_torch_step_is_an_error(tmp_path: Path) -> None:
+    """Run from the files a ConfigMap would ship, with torch made unimportable: error rows, exit 0, and
+    nothing imported beyond the standard library (no pandas, numpy, Prefect or Kubernetes client)."""
+    ship = tmp_path / "payload"
+    for rel, text in payload_files().items():
+        (ship / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ship / rel).write_text(text, encoding="utf-8")
+    (ship / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import atexit, sys
+
+            class _Block:
+                def find_spec(self, name, path=None, target=None):
+                    if name.split(".")[0] == "torch":
+                        raise ImportError("blocked for the test: torch is not installed")
+                    return None
+
+            sys.meta_path.insert(0, _Block())
+
+            def _report():
+                heavy = sorted(m for m in ("pandas", "numpy", "pyarrow", "prefect", "kubernetes") if m in sys.modules)
+                import gpucert
+                print("IMPORTED:" + json.dumps({"heavy": heavy, "gpucert": gpucert.__file__}), file=sys.stderr)
+
+            import json
+            atexit.register(_report)
+            """
+        ),
+        encoding="utf-8",
+    )
+    done, rows = _payload(
+        ["--device", "cpu", "--run-id", "no-torch", "--repeats", "2"],
+        tmp_path,
+        env={"PYTHONPATH": str(ship)},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    _check_lines(done.stdout)
+    frame = read_results(rows)
+    assert "torch is not installed" in done.stderr
+    perf = {n for n, m in METRICS.items() if m.kind == "perf"}
+    assert not set(frame["metric"].astype(str)) & perf
+    errors = frame[frame["metric"] == "error"]
+    per_gpu = errors[errors["gpu"].notna()]
+    assert sorted(per_gpu["gpu"].tolist()) == [0] * 4 + [1] * 4  # gemm, copy, h2d, d2h on each device
+    assert errors["gpu"].isna().sum() >= 1  # the all-reduce (and NVML, where missing)
+    imported = json.loads(next(x for x in done.stderr.splitlines() if x.startswith("IMPORTED:"))[9:])
+    assert imported["heavy"] == []
+    assert imported["gpucert"].startswith(str(ship))
+    _stack(done.stderr)
+
+
+def test_bad_arguments_exit_2() -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--run-id", "Not_A_Label"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--run-id", "ok", "--copy-bytes", "lots"])
+    opts = parse_args(["--run-id", "ok", "--device", "cpu", "--copy-bytes", "4M", "--gemm-shape", "64x32x16"])
+    assert opts.copy_bytes == 4 << 20
+    assert opts.gemm_shape == (64, 32, 16)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# nccl-tests and dcgmi
+
+
+def test_all_reduce_perf_parser_on_a_real_output() -> None:
+    if not FIXTURE.exists():
+        pytest.skip(f"fixture not present: {FIXTURE}")
+    parsed = parse_all_reduce_perf(FIXTURE.read_text(encoding="utf-8"))
+    assert len(parsed.points) == 2 * 31
+    assert parsed.largest_size == 8 * 2**30
+    assert parsed.peak_busbw_gbps == pytest.approx(338.82)
+    assert parsed.avg_busbw_gbps == pytest.approx(70.742)
+    assert parsed.out_of_bounds == 0
+    assert parsed.wrong == 0
+    last_in_place = [p for p in parsed.points if p.size == parsed.largest_size and p.in_place]
+    assert last_in_place[0].busbw_gbps == pytest.approx(337.35)
+    assert last_in_place[0].time_us == 47743
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("", "no all_reduce_perf table rows"),
+        ("hello, world\nSegmentation fault (core dumped)\n", "no all_reduce_perf table rows"),
+        (
+            "#  size count type\n    8589934592    2147483648     float     sum      -1    47535  180.71",
+            "truncated",
+        ),
+        ("  1024  256 float sum -1 12.0 abc 0.01 0 12.0 0.01 0.01 0", "not a number"),
+    ],
+)
+def test_all_reduce_perf_parser_refuses_garbage(text: str, says: str) -> None:
+    with pytest.raises(NcclTestsError, match=says):
+        parse_all_reduce_perf(text)
+
+
+def test_all_reduce_perf_parser_reads_unvalidated_runs() -> None:
+    text = "  1048576  262144 float sum -1 203.2 5.16 9.68 N/A 207.2 5.06 9.49 N/A\n"
+    parsed = parse_all_reduce_perf(text)
+    assert parsed.peak_busbw_gbps == pytest.approx(9.68)
+    assert parsed.points[0].wrong is None
+
+
+def _fake_tool(tmp_path: Path, output: str, status: int = 0) -> str:
+    out = tmp_path / "out.txt"
+    out.write_text(output, encoding="utf-8")
+    tool = tmp_path / "all_reduce_perf"
+    tool.write_text(f"#!/bin/sh\ncat '{out}'\nexit {status}\n", encoding="utf-8")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def _run_in_process(opts: Options) -> tuple[list[dict[str, Any]], str]:
+    out, err = io.StringIO(), io.StringIO()
+    assert run(opts, out=out, err=err, nvml_module=_NoNvml()) == 0
+    return _check_lines(out.getvalue()), err.getvalue()
+
+
+class _NoNvml:
+    class NVMLError(Exception):
+        value = 12
+
+    def nvmlInit(self) -> None:
+        raise self.NVMLError("NVML Shared Library Not Found")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for all_reduce_perf")
+def test_nccl_tests_step_reports_busbw_or_an_error(tmp_path: Path) -> None:
+    if not FIXTURE.exists():
+        pytest.skip(f"fixture not present: {FIXTURE}")
+    skip = frozenset({"gemm", "copy", "h2d", "d2h"})
+    good = _fake_tool(tmp_path, FIXTURE.read_text(encoding="utf-8"))
+    rows, _ = _run_in_process(Options("t2", "node-b", device="cuda", repeats=2, skip=skip, nccl_tests=good))
+    busbw = [r for r in rows if r["metric"] == "nccl_allreduce_busbw_gbps"]
+    assert [(r["repeat"], r["value"], r["gpu"]) for r in busbw] == [(0, 338.82, None), (1, 338.82, None)]
+
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    bad = _fake_tool(bad_dir, "# nThread 1 nGpus 8\n#  size count\n     1024   256 float", status=0)
+    rows, err = _run_in_process(Options("t2", "node-b", device="cuda", repeats=2, skip=skip, nccl_tests=bad))
+    assert not [r for r in rows if r["metric"] == "nccl_allreduce_busbw_gbps"]
+    assert [r["gpu"] for r in rows if r["metric"] == "error"].count(None) >= 1
+    assert "all_reduce_perf" in err
+    assert "truncated" in err
+
+
+DCGM_3 = {
+    "DCGM GPU Diagnostic": {
+        "test_categories": [
+            {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}]},
+            {
+                "category": "Hardware",
+                "tests": [
+                    {
+                        "name": "Memory",
+                        "results": [
+                            {"gpu_ids": "0", "status": "Pass"},
+                            {"gpu_ids": "1", "status": "Fail", "warnings": ["DBE"]},
+                        ],
+                    },
+                    {"name": "PCIe", "results": [{"gpu_ids": "0", "status": "Skip"}]},
+                ],
+            },
+        ]
+    },
+    "version": "3.3.5",
+}
+DCGM_4 = {
+    "DCGM Diagnostic": {
+        "test_categories": [
+            {
+                "category": "Deployment",
+                "tests": [
+                    {
+                        "name": "software",
+                        "results": [
+                            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"}
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+}
+
+
+def test_dcgm_parser_is_tolerant() -> None:
+    old = parse_dcgm_diag("Running diag…\n" + json.dumps(DCGM_3))
+    assert old.summary() == {"Denylist": "pass", "Memory": "fail", "PCIe": "skip"}
+    assert not old.passed
+    assert [t.failed_gpus for t in old.tests if t.name == "Memory"] == [(1,)]
+    new = parse_dcgm_diag(json.dumps(DCGM_4))
+    assert new.passed
+    assert new.summary() == {"software": "pass"}
+    for garbage in ("", "Error: unable to connect to host engine", "{not json", '{"a": 1}'):
+        with pytest.raises(DcgmError):
+            parse_dcgm_diag(garbage)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The NVML sampler, with a fake NVML
+
+
+class FakeNvml:
+    """Just enough of pynvml for the sampler: three GPUs, scripted answers."""
+
+    NVML_FEATURE_DISABLED = 0
+    NVML_FEATURE_ENABLED = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def __init__(self) -> None:
+        # GPU 0: sane H200 with NVLink, a link down and CRC errors; GPU 1: PCIe card, HW brake;
+        # GPU 2: falls off the bus after its first sample.
+        self.reasons = {0: [0x1, 0x4, 0x1, 0x20], 1: [0x80, 0x80, 0x1, 0x1]}
+        self.gen_loaded = {0: 5, 1: 4}
+        self.width_loaded = {0: 16, 1: 16}
+        self.load: dict[int, str | None] = {0: None, 1: None}
+        self.calls: dict[int, int] = {0: 0, 1: 0}
+        self.replays = {0: 10, 1: 0}
+        self.crc = {0: 100}
+        self.events: list[Any] = []
+        self.lost_after = 1
+        self.samples_of_2 = 0
+
+    # identity
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-{h:08d}"
+
+    def _lost(self, h: int) -> None:
+        if h == 2 and self.samples_of_2 > self.lost_after:
+            raise self.NVMLError(15)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        if h == 2:
+            self.samples_of_2 += 1
+            self._lost(h)
+            return 0
+        seq = self.reasons[h]
+        value = seq[min(self.calls[h], len(seq) - 1)]
+        self.calls[h] += 1
+        return value
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        self._lost(h)
+        return 60 + 5 * self.calls.get(h, 0)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
+        self._lost(h)
+        return self.gen_loaded.get(h, 5) if self.load.get(h) == "pcie" else 1
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
+        self._lost(h)
+        return self.width_loaded.get(h, 16) if self.load.get(h) == "pcie" else 16
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int:
+        return 16
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: int, kind: int) -> int:
+        return 87
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: int) -> int:
+        return 700_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        self._lost(h)
+        return 700_000 if h == 0 else 500_000
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
+        self._lost(h)
+        value = self.replays.get(h, 0)
+        self.replays[h] = value + 30 if h == 0 else value
+        return value
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        if h != 0:
+            raise self.NVMLError(3)  # not supported: no NVLink
+        if link >= 4:
+            raise self.NVMLError(2)  # invalid argument: no such link
+        return self.NVML_FEATURE_DISABLED if link == 2 else self.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
+        if counter == 3:
+            raise self.NVMLError(3)  # CRC data not counted on this GPU
+        return self.crc[h] + link
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
+        self._lost(h)
+        return 0 if kind == 1 else 7
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        self._lost(h)
+        return (0, 1, 1, 0) if h == 1 else (0, 0, 0, 0)
+
+    # events
+    def nvmlEventSetCreate(self) -> str:
+        return "es"
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
+        return 0xFF
+
+    def nvmlDeviceRegisterEvents(self, h: int, kinds: int, es: str) -> None:
+        assert kinds == 8
+
+    def nvmlEventSetWait(self, es: str, ms: int) -> Any:
+        if not self.events:
+            raise self.NVMLError(10)  # timeout
+        return self.events.pop(0)
+
+    def nvmlEventSetFree(self, es: str) -> None:
+        pass
+
+
+class _Event:
+    def __init__(self, device: int, kind: int, data: int) -> None:
+        self.device, self.eventType, self.eventData = device, kind, data
+
+
+def test_sampler_rules_with_a_fake_nvml() -> None:
+    nvml = FakeNvml()
+    now = [1000.0]
+    notes: list[str] = []
+    sampler = Sampler(nvml, {0: 0, 1: 1, 2: 2}, clock=lambda: now[0], say=notes.append)
+    sampler.begin()
+    nvml.crc[0] = 100  # start total over links 0..3: 100+101+102+103
+    with sampler.loading([0, 1], "pcie"):
+        nvml.load = {0: "pcie", 1: "pcie"}
+        sampler.sample()  # GPU 0: 0x1; GPU 1: 0x80 (HW power brake)
+    nvml.load = {0: None, 1: None}
+    with sampler.loading([0, 1], "compute"):
+        sampler.sample()  # GPU 0: 0x4; GPU 1: 0x80
+    sampler.sample()  # idle: GPU 0 0x1, GPU 1 0x1; link trained down to Gen1 (must not count)
+    nvml.events = [_Event(1, 8, 79), _Event(0, 0x2, 0), _Event(0, 8, 48)]
+    sampler.wait_events(0.2)
+    nvml.crc[0] = 105  # +5 on each of 4 links → +20
+    now[0] += 120.0  # two minutes
+    out = sampler.stop()
+
+    g0, g1, g2 = out[0].values, out[1].values, out[2]
+    assert g0["clocks_event_reasons"] == 0x1 | 0x4 | 0x1 | 0x20  # the last sample comes from stop()
+    assert g0["hw_slowdown_frac"] == 0.0
+    assert g1["clocks_event_reasons"] == 0x80 | 0x1
+    assert g1["hw_slowdown_frac"] == 1.0  # both benchmark samples braked; idle samples do not count
+    assert (g0["pcie_gen"], g0["pcie_width"], g0["pcie_gen_max"]) == (5, 16, 5)
+    assert g1["pcie_gen"] == 4  # measured under PCIe load: trained below its max of 5
+    assert g0["pcie_replays_per_min"] == pytest.approx(30 / 2)
+    assert g0["nvlink_down"] == 1
+    assert g0["nvlink_crc_errors"] == 20
+    assert "nvlink_down" not in g1
+    assert "nvlink_crc_errors" not in g1
+    assert any("NVLink" in n for n in out[1].notes)
+    assert g0["temp_slowdown_c"] == 87
+    assert g0["temp_max_c"] >= 60
+    assert (g0["power_limit_w"], g0["power_limit_default_w"], g1["power_limit_w"]) == (700, 700, 500)
+    assert (g0["ecc_dbe_volatile"], g0["ecc_sbe_volatile"]) == (0, 7)
+    assert (g1["remapped_rows_pending"], g1["remapped_rows_failure"]) == (1, 0)
+    assert out[0].xids == [48]
+    assert out[1].xids == [79]
+    assert not out[0].problems
+    assert not out[1].problems
+    # GPU 2 fell off the bus: a problem (an error row), and nothing read after it made up.
+    assert any("lost" in p for p in g2.problems)
+    assert "ecc_dbe_volatile" not in g2.values
+    assert "remapped_rows_pending" not in g2.values
+    assert set(g0) <= set(METRICS)
+
+
+def test_sampler_thread_runs_and_stops() -> None:
+    nvml = FakeNvml()
+    sampler = Sampler(nvml, {0: 0}, interval=0.01)
+    sampler.start()
+    time.sleep(0.1)
+    out = sampler.stop()
+    assert nvml.calls[0] >= 3
+    assert "clocks_event_reasons" in out[0].values
+
+
+def test_row_writer_refuses_a_non_number() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    rows = RowWriter(
+        "r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err
+    )
+    assert rows.gpu("gemm_bf16_tflops", 0, 700.5, 0)
+    assert not rows.gpu("hbm_copy_gbps", 0, float("nan"), 0)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [(r["metric"], r["value"], r["gpu_uuid"]) for r in lines] == [
+        ("gemm_bf16_tflops", 700.5, "GPU-x"),
+        ("error", 1.0, "GPU-x"),
+    ]
+    assert "hbm_copy_gbps" in err.getvalue()
+    assert lines[0]["ts"].endswith("Z")
+
+
+def test_watchdog_fires_on_a_hung_step() -> None:
+    fired: list[tuple[str, int | None, float]] = []
+    dog = Watchdog(lambda step, gpu, seconds: fired.append((step, gpu, seconds)))
+    with dog.guard("gemm_bf16_tflops", 3, 0.05):
+        time.sleep(0.3)
+    with dog.guard("h2d_gbps", 0, 5.0):
+        pass
+    time.sleep(0.05)
+    assert fired == [("gemm_bf16_tflops", 3, 0.05)]
+
+
+class FakeNode(FakeNvml):
+    """Two H200s NVML sees, for a whole run in CUDA mode on a machine where torch has no CUDA."""
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H200"  # old bindings return bytes
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "570.124.06"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return 12080
+
+    def nvmlDeviceGetVbiosVersion(self, h: int) -> str:
+        return "96.00.A5.00.01"
+
+
+def test_gpus_torch_cannot_use_get_error_rows_and_real_telemetry(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the case needs a torch that cannot use the GPUs")
+    nvml = FakeNode()
+    nvml.events = [_Event(1, 8, 94)]
+    out, err = io.StringIO(), io.StringIO()
+    opts = Options("t3", "gpu-node-1", device="cuda", repeats=2, expected_gpus=8, sample_interval=0.01)
+    assert run(opts, out=out, err=err, nvml_module=nvml) == 0
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_text(out.getvalue(), encoding="utf-8")
+    frame = read_results(rows_file)
+    assert set(frame["gpu_model"].astype(str)) == {"NVIDIA H200"}
+    errors = frame[frame["metric"] == "error"]
+    assert sorted(errors["gpu"].dropna().tolist()) == [0] * 4 + [1] * 4
+    assert errors["gpu"].isna().sum() == 1  # the all-reduce
+    assert not set(frame["metric"].astype(str)) & {n for n, m in METRICS.items() if m.kind == "perf"}
+    node = frame[frame["gpu"].isna() & (frame["metric"] != "error")].set_index("metric")["value"]
+    assert (node["gpu_count"], node["gpu_count_expected"]) == (2, 8)
+    gpu0 = frame[frame["gpu"] == 0].set_index("metric")["value"]
+    assert gpu0["pcie_gen_max"] == 5
+    assert gpu0["nvlink_down"] == 1
+    assert frame.loc[frame["metric"] == "xid", ["gpu", "value"]].values.tolist() == [[1, 94]]
+    assert set(frame.loc[frame["gpu"] == 1, "gpu_uuid"].astype(str)) == {"GPU-00000001"}
+    stack = _stack(err.getvalue())
+    assert stack["driver"] == "570.124.06"
+    assert stack["cuda_driver"] == "12.8"
+    assert stack["vbios.1"] == "96.00.A5.00.01"
+    assert "torch cannot" in err.getvalue() or "CUDA is not available" in err.getvalue()
+
+
+def test_dcgm_step_turns_failed_tests_into_error_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(DCGM_3), encoding="utf-8")
+    tool = tmp_path / "dcgmi"
+    tool.write_text(f"#!/bin/sh\ncat '{report}'\nexit 226\n", encoding="utf-8")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    skip = frozenset({"gemm", "copy", "h2d", "d2h", "allreduce", "telemetry"})
+    rows, err = _run_in_process(Options("t4", "node-c", device="cpu", skip=skip, dcgm=True))
+    assert [(r["metric"], r["gpu"]) for r in rows] == [("error", 1)]
+    line = next(x for x in err.splitlines() if x.startswith("gpucert-dcgm: "))
+    assert json.loads(line.removeprefix("gpucert-dcgm: "))["Memory"] == "fail"

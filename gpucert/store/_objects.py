@@ -1,7 +1,7 @@
 """The object layer: the few operations a storage backend must offer, and the local-file backend.
 
 The baseline store needs only whole-object reads and writes plus one conditional write, so a new
-backend (S3, a later issue) implements this small :class:`ObjectStore` protocol and inherits every
+backend (S3: :mod:`gpucert.store._s3`) implements this small :class:`ObjectStore` protocol and inherits every
 versioning rule from :mod:`gpucert.store._baselines` unchanged.
 
 Why etags: the conditional write is compare-and-swap on the object's *content*, not on a clock or a
@@ -259,18 +259,20 @@ def _raise(exc: OSError) -> None:
 
 
 def _open_s3(uri: str) -> ObjectStore:
-    # The hook for the S3 backend (boto3, If-Match / If-None-Match conditional PUTs): a later issue
-    # returns its ObjectStore here; nothing else needs to change.
-    raise StoreError(
-        f"the S3 backend is not available yet: cannot open {uri}; use a file:// URI or a local path"
-    )
+    # The S3 backend (boto3, If-Match / If-None-Match conditional PUTs), credentials from the standard
+    # boto3 chain. Imported here so that a file store never pays for importing boto3; a caller with a
+    # client of its own (the Prefect block) uses S3ObjectStore.from_uri(uri, client=...) instead.
+    from ._s3 import S3ObjectStore
+
+    return S3ObjectStore.from_uri(uri)
 
 
 def open_object_store(uri: str) -> ObjectStore:
     """Open the object layer for a store root URI.
 
-    ``file:///abs/path`` and a plain local path open the file backend; ``s3://bucket/prefix`` is
-    reserved for the S3 backend. Anything else raises :class:`~gpucert.errors.StoreError`.
+    ``file:///abs/path`` and a plain local path open the file backend; ``s3://bucket/prefix`` opens
+    the S3 backend (:class:`~gpucert.store._s3.S3ObjectStore`). Anything else raises
+    :class:`~gpucert.errors.StoreError`.
     """
     if not uri or not uri.strip():
         raise StoreError("the store URI is empty; give a file:// URI, a local path or an s3:// URI")

@@ -1,0 +1,301 @@
+"""The S3 backend of the object layer: boto3 against AWS or any S3-compatible endpoint.
+
+Every :class:`~gpucert.store._objects.ObjectStore` operation is one S3 request (``list`` is a paginated
+series), so the versioning rules of :mod:`gpucert.store._baselines` carry over unchanged:
+
+- ``put``: PutObject. S3 makes a PUT all-or-nothing (a reader sees the old object or the new one), so
+  there is no temp-and-rename step; a failed PUT leaves nothing behind.
+- ``put_if``: PutObject with ``If-Match: <etag>`` (``If-None-Match: *`` when the object must not exist
+  yet). The server compares and writes in one step: HTTP 412 PreconditionFailed, 409
+  ConditionalRequestConflict (a concurrent conditional write to the same key), and 404 NoSuchKey (the
+  object named by ``If-Match`` is gone) all mean "someone else moved it" and raise
+  :class:`~gpucert.errors.StoreConflict`.
+- ``get``/``exists``/``list``: GetObject, HeadObject, ListObjectsV2 (1,000 keys a page).
+
+Etags are kept exactly as S3 sends them, in double quotes (``"9b2cf535f27731c974343645a3985328"``). An
+etag that arrives without quotes (some S3-compatible servers, or a caller that stripped them) is quoted,
+and ``put_if`` quotes what it is given, so an etag from :meth:`S3ObjectStore.get` or a write is always
+the value the next conditional write sends back.
+
+Retries: botocore's *standard* retry mode retries dropped connections, timeouts, throttling and 5xx
+answers with jittered exponential backoff, up to ``max_attempts`` tries in all; whatever still fails
+becomes :class:`~gpucert.errors.StoreUnavailable`, naming the bucket, the key and the S3 error code.
+One case needs care: a conditional PUT whose answer was lost (the connection dropped after the server
+wrote it) is retried and then fails its own condition with 412. When a 412 comes after a retry, the
+object is read back; if it holds exactly the bytes this call wrote, the first attempt landed and the
+write succeeded, so :meth:`~gpucert.store.BaselineStore.update` does not re-apply a change it already
+made.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from ..errors import StoreConflict, StoreError, StoreUnavailable
+from ._objects import Blob, _check_prefix, check_key
+
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "S3ObjectStore", "normalise_etag"]
+
+#: Tries per request in all (the first one included), botocore standard retry mode.
+DEFAULT_MAX_ATTEMPTS = 5
+#: The environment variable gpucert reads for an S3-compatible endpoint, before boto3's own
+#: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``.
+ENDPOINT_ENV = "GPUCERT_S3_ENDPOINT"
+_BOTO_ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+#: The error codes of a conditional write whose condition did not hold.
+_CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+
+#: A boto3 S3 client (``boto3.client("s3")``, or prefect-aws ``AwsCredentials.get_s3_client()``).
+S3Client = Any
+
+
+def normalise_etag(etag: str) -> str:
+    """The etag in the quoted form S3 sends (``"abc"``), whether or not it came with quotes."""
+    etag = etag.strip()
+    if etag.startswith("W/"):
+        return etag  # a weak etag keeps its own quoting; S3 does not send them
+    if len(etag) >= 2 and etag.startswith('"') and etag.endswith('"'):
+        return etag
+    return f'"{etag.strip(chr(34))}"'
+
+
+def _error_code(exc: Exception) -> tuple[str, int | None]:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        response: dict[str, Any] = exc.response or {}
+        code = str(response.get("Error", {}).get("Code") or "")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code or (str(status) if status else "UnknownError"), status
+    return type(exc).__name__, None
+
+
+def _retried(exc: botocore.exceptions.ClientError) -> int:
+    return int((exc.response or {}).get("ResponseMetadata", {}).get("RetryAttempts") or 0)
+
+
+class S3ObjectStore:
+    """Objects under ``s3://bucket/prefix/``; the store of a fleet whose hosts share no file system.
+
+    ``client`` is any object with the boto3 S3 client interface: pass one built elsewhere (for example
+    from prefect-aws ``AwsCredentials.get_s3_client()``) and its own credentials, endpoint and retry
+    settings are used as they are. Without one, a client is built from the standard boto3 credential
+    chain (environment, shared profile, instance role), or from ``session`` when given, with
+    ``endpoint_url`` (default: ``$GPUCERT_S3_ENDPOINT``, then boto3's ``$AWS_ENDPOINT_URL_S3`` /
+    ``$AWS_ENDPOINT_URL``), ``region``, standard-mode retries and path-style addressing whenever an
+    endpoint is configured (local and most S3-compatible servers need it).
+
+    The bucket must exist: the store never creates one, and a missing bucket is
+    :class:`~gpucert.errors.StoreUnavailable` (``NoSuchBucket``) on every operation, reads included.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: S3Client | None = None,
+        session: Any | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+    ) -> None:
+        if not bucket or "/" in bucket or bucket != bucket.strip():
+            raise StoreError(f"{bucket!r} is not an S3 bucket name")
+        prefix = prefix.strip("/")
+        if prefix:
+            try:
+                check_key(prefix)
+            except ValueError as exc:
+                raise StoreError(f"cannot use s3://{bucket}/{prefix} as a store root: {exc}") from exc
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be ≥ 1, not {max_attempts}")
+        self.bucket = bucket
+        self.prefix = prefix
+        if client is None:
+            endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or None
+            configured = endpoint_url or any(os.environ.get(name) for name in _BOTO_ENDPOINT_ENVS)
+            config = Config(
+                # total_max_attempts counts the first try; botocore's "max_attempts" counts retries only.
+                retries={"mode": "standard", "total_max_attempts": max_attempts},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                s3={"addressing_style": "path" if configured else "auto"},
+                user_agent_extra="gpucert",
+            )
+            try:
+                # A session of its own: boto3's default session is not safe to share between threads
+                # that each open a store.
+                maker = session if session is not None else boto3.session.Session()
+                client = maker.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+            except (botocore.exceptions.BotoCoreError, ValueError) as exc:
+                raise StoreError(f"cannot open s3://{bucket}/{prefix}: {exc}") from exc
+        self._client: S3Client = client
+
+    @classmethod
+    def from_uri(cls, uri: str, **options: Any) -> S3ObjectStore:
+        """Open ``s3://bucket/prefix``; ``options`` are those of the constructor (``client=`` …)."""
+        parts = urlsplit(uri)
+        if parts.scheme.lower() != "s3":
+            raise StoreError(f"cannot open store {uri!r}: not an s3:// URI")
+        if not parts.netloc or parts.port is not None or "@" in parts.netloc:
+            raise StoreError(
+                f"cannot open store {uri!r}: an S3 URI names a bucket and a prefix, as in "
+                "s3://my-bucket/gpucert (the endpoint goes in $GPUCERT_S3_ENDPOINT)"
+            )
+        if parts.query or parts.fragment:
+            raise StoreError(f"cannot open store {uri!r}: an S3 store URI takes no ?query or #fragment")
+        return cls(parts.netloc, parts.path, **options)
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    @property
+    def client(self) -> S3Client:
+        """The boto3 client underneath."""
+        return self._client
+
+    def __repr__(self) -> str:
+        endpoint = getattr(getattr(self._client, "meta", None), "endpoint_url", None)
+        return f"S3ObjectStore({self.uri!r}, endpoint={endpoint!r})"
+
+    # --- keys and errors ------------------------------------------------------------------------
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self, s3_key: str) -> str:
+        return f"s3://{self.bucket}/{s3_key}"
+
+    def _unavailable(self, action: str, s3_key: str, exc: Exception) -> StoreUnavailable:
+        code, status = _error_code(exc)
+        where = f"{action} {self._where(s3_key)} (bucket {self.bucket!r}, key {s3_key!r})"
+        if isinstance(exc, botocore.exceptions.ClientError):
+            attempts = _retried(exc) + 1
+            message = str((exc.response or {}).get("Error", {}).get("Message") or "").strip()
+            tried = f", {attempts} attempts" if attempts > 1 else ""
+            detail = f"{code} (HTTP {status}{tried})" + (f": {message}" if message else "")
+            if code == "NoSuchBucket":
+                detail += f"; create the bucket {self.bucket!r} or fix the store URI"
+        else:
+            detail = f"{code}: {exc}"
+        return StoreUnavailable(f"S3 cannot {where}: {detail}")
+
+    # --- the ObjectStore protocol ---------------------------------------------------------------
+
+    def get(self, key: str) -> Blob | None:
+        s3_key = self._key(key)
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
+            data: bytes = response["Body"].read()
+        except botocore.exceptions.ClientError as exc:
+            if _error_code(exc)[0] in _MISSING_CODES:
+                return None
+            raise self._unavailable("read", s3_key, exc) from exc
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise self._unavailable("read", s3_key, exc) from exc
+        return Blob(data, normalise_etag(str(response["ETag"])))
+
+    def exists(self, key: str) -> bool:
+        s3_key = self._key(key)
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=s3_key)
+        except botocore.exceptions.ClientError as exc:
+            if _error_code(exc)[0] in _MISSING_CODES:
+                return False
+            raise self._unavailable("look up", s3_key, exc) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise self._unavailable("look up", s3_key, exc) from exc
+        return True
+
+    def put(self, key: str, data: bytes) -> str:
+        s3_key = self._key(key)
+        try:
+            response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise self._unavailable("write", s3_key, exc) from exc
+        return self._etag_of(response, s3_key)
+
+    def put_if(self, key: str, data: bytes, *, if_match: str | None) -> str:
+        s3_key = self._key(key)
+        condition: dict[str, str] = (
+            {"IfNoneMatch": "*"} if if_match is None else {"IfMatch": normalise_etag(if_match)}
+        )
+        try:
+            response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data, **condition)
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error_code(exc)
+            gone = if_match is not None and code in _MISSING_CODES
+            if code in _CONFLICT_CODES or status in (409, 412) or gone:
+                landed = self._own_write_landed(s3_key, data) if _retried(exc) else None
+                if landed is not None:
+                    return landed
+                raise self._conflict(s3_key, if_match, code, gone=gone) from exc
+            raise self._unavailable("write", s3_key, exc) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise self._unavailable("write", s3_key, exc) from exc
+        return self._etag_of(response, s3_key)
+
+    def list(self, prefix: str) -> list[str]:
+        _check_prefix(prefix)
+        root = f"{self.prefix}/" if self.prefix else ""
+        keys: list[str] = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + prefix
+            )
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    key = str(item["Key"])[len(root) :]
+                    try:
+                        check_key(key)
+                    except ValueError:
+                        continue  # a "folder" marker or a hidden name some other tool left: not an object
+                    keys.append(key)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise self._unavailable("list", root + prefix + "*", exc) from exc
+        return sorted(keys)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _etag_of(self, response: dict[str, Any], s3_key: str) -> str:
+        etag = response.get("ETag")
+        if etag:
+            return normalise_etag(str(etag))
+        # Some S3-compatible servers omit the etag from a PUT answer; ask for it.
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=s3_key)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise self._unavailable("look up", s3_key, exc) from exc
+        return normalise_etag(str(head["ETag"]))
+
+    def _own_write_landed(self, s3_key: str, data: bytes) -> str | None:
+        """After a retried conditional PUT failed: the etag if the object holds our bytes, else None."""
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
+            current: bytes = response["Body"].read()
+        except botocore.exceptions.ClientError as exc:
+            if _error_code(exc)[0] in _MISSING_CODES:
+                return None
+            raise self._unavailable("read", s3_key, exc) from exc
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise self._unavailable("read", s3_key, exc) from exc
+        return normalise_etag(str(response["ETag"])) if current == data else None
+
+    def _conflict(self, s3_key: str, if_match: str | None, code: str, *, gone: bool) -> StoreConflict:
+        where = self._where(s3_key)
+        if if_match is None:
+            return StoreConflict(f"{where} already exists ({code})")
+        found = "it is gone" if gone else "it has changed"
+        return StoreConflict(
+            f"{where} changed: expected etag {normalise_etag(if_match)}, but {found} ({code})"
+        )

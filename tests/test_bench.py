@@ -27,13 +27,7 @@ from gpucert.bench._run import Options, Watchdog, run
 from gpucert.metrics import METRICS, RESULT_COLUMNS
 from gpucert.results import read_results
 
-FIXTURE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "nccl-tests"
-    / "all_reduce_perf_2x8_h100.txt"
-)
+FIXTURE = Path(__file__).resolve().parent / "data" / "fixtures" / "nccl-tests" / "all_reduce_perf_2x8_h100.txt"
 TORCH_STEPS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps")
 TELEMETRY = {n for n, m in METRICS.items() if m.kind == "telemetry"} - {"gpu_count_expected"}
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,8 +215,6 @@ def test_bad_arguments_exit_2() -> None:
 
 
 def test_all_reduce_perf_parser_on_a_real_output() -> None:
-    if not FIXTURE.exists():
-        pytest.skip(f"fixture not present: {FIXTURE}")
     parsed = parse_all_reduce_perf(FIXTURE.read_text(encoding="utf-8"))
     assert len(parsed.points) == 2 * 31
     assert parsed.largest_size == 8 * 2**30
@@ -284,8 +276,6 @@ class _NoNvml:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for all_reduce_perf")
 def test_nccl_tests_step_reports_busbw_or_an_error(tmp_path: Path) -> None:
-    if not FIXTURE.exists():
-        pytest.skip(f"fixture not present: {FIXTURE}")
     skip = frozenset({"gemm", "copy", "h2d", "d2h"})
     good = _fake_tool(tmp_path, FIXTURE.read_text(encoding="utf-8"))
     rows, _ = _run_in_process(Options("t2", "node-b", device="cuda", repeats=2, skip=skip, nccl_tests=good))

@@ -32,7 +32,8 @@ _ns_counter = itertools.count()
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=NODES, gpus=8, model="NVIDIA H200", seed=3) as cluster:
+    # The bare API: no controllers, so objects stay exactly as the tests write them.
+    with SimCluster(nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, controllers=False) as cluster:
         yield cluster
 
 
@@ -127,7 +128,7 @@ def test_nodes_are_registered_from_the_fleet_with_gpu_labels(sim: SimCluster, co
 
 
 def test_preconfigured_nodes_advertise_their_gpus() -> None:
-    with SimCluster(nodes=1, gpus=4, preconfigured=True) as small:
+    with SimCluster(nodes=1, gpus=4, preconfigured=True, controllers=False) as small:
         node = client.CoreV1Api(small.api_client()).list_node().items[0]
         assert node.status.allocatable["nvidia.com/gpu"] == "4"
         assert small.kubeconfig_path.exists()

@@ -22,7 +22,8 @@ Kubectl = Callable[..., str]
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=3, gpus=8, model="NVIDIA H200") as cluster:
+    # The bare API: the test seeds a pod and its log itself.
+    with SimCluster(nodes=3, gpus=8, model="NVIDIA H200", controllers=False) as cluster:
         yield cluster
 
 

@@ -3,31 +3,44 @@
 No real API server or GPU exists where gpucert is built and tested, yet every flow must run its real
 code path (the official ``kubernetes`` client, and kubectl) against something that behaves like one.
 This package is that server: one generic code path for every resource in ``RESOURCES``, watches,
-patches, server-side apply, Kubernetes ``Status`` errors, and injectable API faults::
+patches, server-side apply, Kubernetes ``Status`` errors, and injectable API faults; with
+``controllers=True``, simulated kubelets, a scheduler, Job and DaemonSet controllers and the device
+plugin's effect, so Jobs run and benchmark pods log what gpucert's payload would print::
 
-    with SimCluster(nodes=16, gpus=8, model="NVIDIA H200") as sim:
+    with SimCluster(nodes=16, gpus=8, model="NVIDIA H200", controllers=True) as sim:
         api = kubernetes.client.CoreV1Api(sim.api_client())
         sim.set_faults(ApiFaults(throttle_rate=0.2))
+        sim.inject_fault(Fault("pcie_gen4", "gpu-node-00003", gpu=2))
 
 It never imports Prefect. Why an own server and not kmock: README.md, "Architecture notes".
 """
 
+from ._benchlogs import MANAGED_BY, rows_jsonl
+from ._controllers import SimTiming
+from ._deviceplugin import DEVICE_PLUGIN_LABELS
 from ._faults import ApiFaults
+from ._kubelet import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
 from ._nodes import gpu_node
 from ._resources import RESOURCES, ResourceType, by_kind, lookup
 from ._server import SimCluster, kubeconfig_text, load_faults_file, serve
 from ._store import Store
 
 __all__ = [
+    "DEVICE_PLUGIN_LABELS",
+    "EXIT_CODE_ANNOTATION",
+    "MANAGED_BY",
     "RESOURCES",
+    "RUN_SECONDS_ANNOTATION",
     "ApiFaults",
     "ResourceType",
     "SimCluster",
+    "SimTiming",
     "Store",
     "by_kind",
     "gpu_node",
     "kubeconfig_text",
     "load_faults_file",
     "lookup",
+    "rows_jsonl",
     "serve",
 ]

@@ -4,6 +4,12 @@ The server runs its own asyncio loop in a daemon thread so a synchronous test, t
 client and the blocking ``gpucert sim up`` can all use it; it binds to 127.0.0.1 only (no auth, no TLS:
 it must never be reachable from elsewhere). The kubeconfig is written only once the port answers, so a
 reader that sees the file can connect.
+
+By default the simulated kubelets, scheduler, Job and DaemonSet controllers and device plugin run on
+the same loop (:mod:`._controllers`), so pods run, Jobs finish and nodes advertise GPUs;
+``controllers=False`` serves the bare API, where objects stay exactly as written (the API tests).
+The cluster holds one fleet model matching its nodes (same names, same seed) and the GPU faults in force
+on it (:meth:`SimCluster.inject_fault`), which its benchmark pods measure.
 """
 
 from __future__ import annotations
@@ -23,11 +29,19 @@ import yaml
 from aiohttp import web
 
 from ..errors import InputError
-from ..fleet import Fleet
+from ..fleet import Fault, Fleet
 from ._api import build_app
+from ._benchlogs import PodLogs
+from ._controllers import Runtime, SimTiming
+from ._daemonsets import DaemonSetController
+from ._deviceplugin import DevicePlugin
 from ._faults import ApiFaults, FaultInjector
+from ._gpufaults import GpuFaults
+from ._jobs import JobController
+from ._kubelet import Kubelets
 from ._nodes import register_nodes
 from ._resources import by_kind, lookup
+from ._scheduler import Scheduler
 from ._store import DEFAULT_HISTORY, Obj, Store
 
 if TYPE_CHECKING:
@@ -70,6 +84,10 @@ class SimCluster:
         with SimCluster(nodes=4, gpus=8, model="NVIDIA H200") as sim:
             core = kubernetes.client.CoreV1Api(sim.api_client())
             core.list_node(label_selector="nvidia.com/gpu.product=NVIDIA-H200")
+
+    ``controllers=True`` runs the simulated kubelets and controllers (pods run, Jobs finish, DaemonSets
+    roll out, the device plugin advertises GPUs), with durations from ``timing``; ``label_prefix`` is
+    the prefix of gpucert's labels (``<prefix>/run-id`` marks a benchmark pod, see ``_benchlogs.py``).
     """
 
     def __init__(
@@ -85,12 +103,22 @@ class SimCluster:
         faults: ApiFaults | None = None,
         history: int = DEFAULT_HISTORY,
         bookmark_interval_s: float = 5.0,
+        controllers: bool = True,
+        timing: SimTiming | None = None,
+        label_prefix: str = "gpucert.io",
     ) -> None:
         try:
             self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed)
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
         self.preconfigured = preconfigured
+        self.seed = seed
+        self.timing = timing or SimTiming()
+        self.label_prefix = label_prefix
+        self.gpu_faults = GpuFaults(lambda: self.fleet)
+        self._controllers_on = controllers
+        #: The controller runtime while started with ``controllers=True`` (its ``errors`` list is for tests).
+        self.runtime: Runtime | None = None
         self.store = Store(history=history)
         self.faults = FaultInjector(faults)
         self._port = port
@@ -122,6 +150,26 @@ class SimCluster:
     def set_faults(self, faults: ApiFaults | None) -> None:
         """Change the API fault policy of the running server; None turns faults off."""
         self.faults.set(faults or ApiFaults())
+
+    def inject_fault(self, fault: Fault) -> None:
+        """Put a GPU or node fault of the fleet model's catalog in force; benchmark pods measure it."""
+        self.gpu_faults.inject(fault)
+
+    def clear_faults(self, node: str | None = None) -> int:
+        """Lift the GPU faults of ``node`` (of every node when None), as a repair; returns how many."""
+        return self.gpu_faults.clear(node)
+
+    def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]:
+        """New GPU nodes joining: the fleet grows by ``count`` nodes and their Node objects register.
+
+        DESIGN.md expects joining nodes to carry the ``gpucert.io/uncertified`` taint: pass it as
+        ``uncertified_taint``. Returns the new nodes' names.
+        """
+        with self.store.lock:
+            before = self.fleet.n_nodes
+            self.fleet = self.fleet.add_nodes(count, seed=self.seed * 1_000_003 + before)
+            return register_nodes(self.store, self.fleet, preconfigured=self.preconfigured,
+                                  uncertified_taint=uncertified_taint, names=self.fleet.node_names[before:])
 
     # --- serving ------------------------------------------------------------------------------------
 
@@ -173,6 +221,9 @@ class SimCluster:
         loop, runner, thread = self._loop, self._runner, self._thread
         if loop is None or runner is None or thread is None:
             return
+        if self.runtime is not None:
+            asyncio.run_coroutine_threadsafe(self.runtime.stop(), loop).result(timeout=_START_TIMEOUT_S)
+            self.runtime = None
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=_START_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_START_TIMEOUT_S)
@@ -219,6 +270,20 @@ class SimCluster:
             raise
         self._port = int(runner.addresses[0][1])
         self._runner = runner
+        if self._controllers_on:
+            self.runtime = self._start_controllers(asyncio.get_running_loop())
+
+    def _start_controllers(self, loop: asyncio.AbstractEventLoop) -> Runtime:
+        runtime = Runtime(self.store, loop)
+        logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, label_prefix=self.label_prefix)
+        # Order within a batch: bind, run, then the controllers that react to what pods did.
+        runtime.add(Scheduler(runtime))
+        runtime.add(Kubelets(runtime, self.timing, logs))
+        runtime.add(JobController(runtime))
+        runtime.add(DaemonSetController(runtime))
+        runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
+        runtime.start()
+        return runtime
 
 
 def load_faults_file(path: str) -> ApiFaults:
@@ -259,7 +324,7 @@ def serve(
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with SimCluster(nodes=nodes, gpus=gpus, model=model, preconfigured=preconfigured, port=port,
-                        kubeconfig=kubeconfig, faults=faults, seed=seed) as sim:
+                        kubeconfig=kubeconfig, faults=faults, seed=seed, controllers=True) as sim:
             print(f"gpucert sim: serving {nodes} nodes × {gpus} {model} at {sim.url}", flush=True)
             print(f"gpucert sim: kubeconfig written to {sim.kubeconfig_path}", flush=True)
             while not stop.wait(0.5):

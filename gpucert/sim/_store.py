@@ -8,6 +8,10 @@ from the stored dicts).
 
 Thread-safety: writes may come from the server's event-loop thread and from the test thread; one
 re-entrant lock serialises them, and watchers are woken through their loop's ``call_soon_threadsafe``.
+
+Listeners (:meth:`Store.subscribe`) are the simulated controllers' hook: they are called synchronously,
+under the lock, with every event as it is stored, so an index a controller keeps from them is never a
+step behind the objects it reads. They must be quick and must not write to the store.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import contextlib
 import secrets
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from threading import RLock
@@ -26,7 +30,7 @@ from typing import Any
 from ._resources import RESOURCES, ResourceType, lookup
 from ._status import ApiError, conflict, invalid, not_found
 
-__all__ = ["DEFAULT_HISTORY", "Obj", "Store", "WatchEvent", "Watcher", "now_rfc3339"]
+__all__ = ["DEFAULT_HISTORY", "Listener", "Obj", "Store", "WatchEvent", "Watcher", "now_rfc3339"]
 
 Obj = dict[str, Any]
 
@@ -65,6 +69,10 @@ class Watcher:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
 
+#: Called with each stored event, under the store's lock (see the module docstring).
+Listener = Callable[[WatchEvent], None]
+
+
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
@@ -82,6 +90,7 @@ class Store:
         self._compacted = 0  # every event with rv > this is still in the history
         self._watchers: dict[str, set[Watcher]] = {r.key: set() for r in RESOURCES}
         self._logs: dict[tuple[str, str], str] = {}
+        self._listeners: list[Listener] = []
 
     # --- reading ------------------------------------------------------------------------------------
 
@@ -231,6 +240,16 @@ class Store:
         with self.lock:
             self._watchers[watcher.resource].discard(watcher)
 
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener`` with every event from now on, synchronously and under the lock."""
+        with self.lock:
+            self._listeners.append(listener)
+
+    def unsubscribe(self, listener: Listener) -> None:
+        with self.lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
     # --- internals ----------------------------------------------------------------------------------
 
     def _generate_name(self, resource: ResourceType, namespace: str | None, prefix: str) -> str:
@@ -275,3 +294,5 @@ class Store:
             self._compacted = self._history.popleft().rv
         for watcher in self._watchers[resource.key]:
             watcher.push(event)
+        for listener in self._listeners:
+            listener(event)

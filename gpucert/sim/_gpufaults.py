@@ -1,0 +1,57 @@
+"""GPU faults injected into the simulated cluster's fleet, which its benchmark pods then measure.
+
+The fleet model (:mod:`gpucert.fleet`) applies faults per benchmark wave; a cluster needs them to
+persist instead: a GPU that has lost PCIe lanes stays slow for every benchmark run on its node until
+the fault is cleared (the part is "repaired"). This is that list, shared by the kubelets' benchmark
+logs (and, later, the DCGM exporters), changed from Python now and from the fault file and the HTTP
+endpoint later. A fault is checked against the fleet when injected, so a bad one fails at once rather
+than inside a pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from threading import Lock
+
+from ..errors import InputError
+from ..fleet import Fault, Fleet
+
+__all__ = ["GpuFaults"]
+
+
+class GpuFaults:
+    """The GPU and node faults in force, per node; thread-safe."""
+
+    def __init__(self, fleet: Callable[[], Fleet]) -> None:
+        self._fleet = fleet
+        self._lock = Lock()
+        self._faults: list[Fault] = []
+
+    def inject(self, fault: Fault) -> None:
+        """Add ``fault`` (a fault catalog kind on a node of the fleet); an invalid one is an InputError."""
+        try:
+            # The fleet model's own checks (kind, node, GPU index, scope), on a one-node, one-repeat wave.
+            self._fleet().run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, nodes=[fault.node],
+                              faults=[fault])
+        except ValueError as exc:
+            raise InputError(f"sim: cannot inject {fault.kind!r} on {fault.node!r}: {exc}") from exc
+        with self._lock:
+            if fault not in self._faults:
+                self._faults.append(fault)
+
+    def clear(self, node: str | None = None) -> int:
+        """Remove the faults of ``node`` (all faults when None); returns how many were removed."""
+        with self._lock:
+            kept = [f for f in self._faults if node is not None and f.node != node]
+            removed = len(self._faults) - len(kept)
+            self._faults = kept
+            return removed
+
+    def on_node(self, node: str) -> list[Fault]:
+        with self._lock:
+            return [f for f in self._faults if f.node == node]
+
+    def all(self) -> list[Fault]:
+        with self._lock:
+            return list(self._faults)

@@ -1,0 +1,214 @@
+"""The kubelets: run the pods bound to each node, write their status and their logs.
+
+gpucert watches pod phases and reads logs; DaemonSet rollouts wait for Ready. So a bound pod goes
+through what a real kubelet reports: Pending → Running (``startTime``, ``podIP``, ``hostIP``,
+``containerStatuses`` with ``state.running``, conditions Initialized/ContainersReady/Ready/
+PodScheduled) → Ready after :attr:`SimTiming.pod_ready_s` → for a pod that ends (``restartPolicy``
+Never or OnFailure) Succeeded or Failed after its run time, with ``state.terminated`` (exit code,
+reason ``Completed``/``Error``). A pod with ``restartPolicy: Always`` (the default; DaemonSet pods)
+runs until deleted, as a restarted container would. Pods are started only on a Ready node.
+
+Two annotations let a test or a rehearsal shape one pod: ``sim.gpucert.io/run-seconds`` (its run time,
+instead of :attr:`SimTiming.pod_run_s`) and ``sim.gpucert.io/exit-code`` (how its container exits;
+default 0, as gpucert's payload exits even when a GPU fails). Logs come from :class:`PodLogs`.
+
+Times are measured on the loop's monotonic clock, remembered per pod uid (a pod seeded already Running
+counts from when the kubelet first sees it); the timestamps written are wall-clock RFC 3339.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ._benchlogs import PodLogs
+from ._controllers import Runtime, SimTiming
+from ._objects import (
+    NODES,
+    PODS,
+    Key,
+    deleting,
+    key_of,
+    node_ready,
+    phase,
+    pod_ready,
+    set_condition,
+    terminal,
+)
+from ._store import Obj, WatchEvent, now_rfc3339
+
+__all__ = ["EXIT_CODE_ANNOTATION", "RUN_SECONDS_ANNOTATION", "Kubelets"]
+
+RUN_SECONDS_ANNOTATION = "sim.gpucert.io/run-seconds"
+EXIT_CODE_ANNOTATION = "sim.gpucert.io/exit-code"
+
+
+def _annotation_number(pod: Mapping[str, Any], name: str) -> float | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
+def _container_id(pod: Obj, name: str) -> str:
+    return "containerd://" + _digest(pod["metadata"]["uid"], name)
+
+
+def _image_id(image: str) -> str:
+    return f"{image.split(':', maxsplit=1)[0]}@sha256:{_digest(image)}"
+
+
+class Kubelets:
+    """The kubelet of every node; see the module docstring."""
+
+    def __init__(self, runtime: Runtime, timing: SimTiming, logs: PodLogs) -> None:
+        self.rt = runtime
+        self.store = runtime.store
+        self.timing = timing
+        self.logs = logs
+        self._bound: dict[str, float] = {}    # pod uid → when first seen bound (monotonic)
+        self._started: dict[str, tuple[float, datetime]] = {}  # pod uid → container start (mono, wall)
+        self._next_ip: dict[str, int] = {}
+
+    def resync(self) -> Iterable[Key]:
+        return [key_of(p) for p in self.store.list(PODS)[0] if (p.get("spec") or {}).get("nodeName")]
+
+    def keys(self, event: WatchEvent) -> Iterable[Key]:
+        if event.resource == NODES.key:
+            if event.type == "DELETED":
+                return ()
+            return [key_of(p) for p in self.rt.pods.on_node(event.obj["metadata"]["name"])
+                    if phase(p) == "Pending"]
+        if event.resource != PODS.key:
+            return ()
+        if event.type == "DELETED":
+            uid = event.obj["metadata"].get("uid", "")
+            self._bound.pop(uid, None)
+            self._started.pop(uid, None)
+            return ()
+        return (key_of(event.obj),) if (event.obj.get("spec") or {}).get("nodeName") else ()
+
+    def reconcile(self, key: Key) -> None:
+        pod = self.store.get(PODS, key[0], key[1])
+        if pod is None or deleting(pod) or terminal(pod):
+            return
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        uid, now = pod["metadata"]["uid"], self.rt.now()
+        if phase(pod) == "Pending":
+            if not node_ready(self.store.get(NODES, None, node)):
+                return  # a node event brings the pod back here when the node is Ready
+            due = self._bound.setdefault(uid, now) + self.timing.pod_start_s
+            if now < due:
+                self.rt.after(due - now, self, key)
+                return
+            pod = self._start(pod, node)
+        started, started_wall = self._started.setdefault(uid, (now, datetime.now(UTC)))
+        ready_at = started + self.timing.pod_ready_s
+        ends = (pod.get("spec") or {}).get("restartPolicy", "Always") != "Always"
+        run_s = _annotation_number(pod, RUN_SECONDS_ANNOTATION)
+        end_at = started + (self.timing.pod_run_s if run_s is None else max(0.0, run_s))
+        if ends and now >= end_at:
+            self._finish(pod, node, started_wall)
+            return
+        if not pod_ready(pod):
+            if now >= ready_at:
+                self._set_ready(pod)
+            else:
+                self.rt.after(ready_at - now, self, key)
+        if ends:
+            self.rt.after(end_at - now, self, key)
+
+    # --- transitions --------------------------------------------------------------------------------
+
+    def _start(self, pod: Obj, node_name: str) -> Obj:
+        node = self.store.get(NODES, None, node_name) or {}
+        now = now_rfc3339()
+        host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or ()
+                        if a.get("type") == "InternalIP"), "10.0.0.1")
+        pod_ip = self._pod_ip(node, node_name)
+        ready = self.timing.pod_ready_s <= 0
+        status = dict(pod.get("status") or {})
+        conditions = status.get("conditions")
+        for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"):
+            up = ready or kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled")
+            cond: dict[str, Any] = {"type": kind, "status": "True" if up else "False", "lastProbeTime": None,
+                                    "lastTransitionTime": now}
+            if not up:
+                cond.update(reason="ContainersNotReady", message="containers with unready status: "
+                            f"[{' '.join(c['name'] for c in pod['spec'].get('containers') or ())}]")
+            conditions = set_condition(conditions, cond)
+        status.update(
+            phase="Running", conditions=conditions, hostIP=host_ip, hostIPs=[{"ip": host_ip}], podIP=pod_ip,
+            podIPs=[{"ip": pod_ip}], startTime=now, qosClass=status.get("qosClass") or "BestEffort",
+            containerStatuses=[self._container(pod, c, {"running": {"startedAt": now}}, ready=ready)
+                               for c in pod["spec"].get("containers") or ()])
+        self.store.set_log(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
+                           self.logs.started(pod, node_name))
+        self._started[pod["metadata"]["uid"]] = (self.rt.now(), datetime.now(UTC))
+        return self.store.update(PODS, {**pod, "status": status})
+
+    def _set_ready(self, pod: Obj) -> None:
+        now = now_rfc3339()
+        status = dict(pod.get("status") or {})
+        conditions = status.get("conditions")
+        for kind in ("ContainersReady", "Ready"):
+            conditions = set_condition(conditions, {"type": kind, "status": "True", "lastProbeTime": None,
+                                                    "lastTransitionTime": now})
+        status["conditions"] = conditions
+        status["containerStatuses"] = [{**c, "ready": True} for c in status.get("containerStatuses") or ()]
+        self.store.update(PODS, {**pod, "status": status})
+
+    def _finish(self, pod: Obj, node: str, started_wall: datetime) -> None:
+        code = int(_annotation_number(pod, EXIT_CODE_ANNOTATION) or 0)
+        meta = pod["metadata"]
+        # The log first: whoever sees the terminal phase must find the whole log.
+        self.store.set_log(meta.get("namespace", ""), meta["name"],
+                           self.logs.finished(pod, node, started_wall, code))
+        now = now_rfc3339()
+        started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
+        reason = "Completed" if code == 0 else "Error"
+        status = dict(pod.get("status") or {})
+        conditions = status.get("conditions")
+        for kind in ("ContainersReady", "Ready"):
+            conditions = set_condition(conditions, {
+                "type": kind, "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed",
+                "lastProbeTime": None, "lastTransitionTime": now})
+        terminated = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started_at,
+                                     "finishedAt": now, "containerID": ""}}
+        statuses = []
+        for c in pod["spec"].get("containers") or ():
+            entry = self._container(pod, c, terminated, ready=False)
+            entry["state"]["terminated"]["containerID"] = entry["containerID"]
+            entry["started"] = False
+            statuses.append(entry)
+        status.update(phase="Succeeded" if code == 0 else "Failed", conditions=conditions,
+                      containerStatuses=statuses)
+        self.store.update(PODS, {**pod, "status": status})
+
+    # --- details ------------------------------------------------------------------------------------
+
+    def _container(self, pod: Obj, container: Mapping[str, Any], state: dict[str, Any], *,
+                   ready: bool) -> dict[str, Any]:
+        image = str(container.get("image") or "")
+        return {"name": container.get("name"), "image": image, "imageID": _image_id(image),
+                "containerID": _container_id(pod, str(container.get("name"))), "ready": ready,
+                "started": "running" in state, "restartCount": 0,
+                "state": {k: dict(v) for k, v in state.items()}, "lastState": {}}
+
+    def _pod_ip(self, node: Mapping[str, Any], name: str) -> str:
+        cidr = str((node.get("spec") or {}).get("podCIDR") or "10.244.0.0/24")
+        base = cidr.split("/", maxsplit=1)[0].rsplit(".", 1)[0]
+        n = self._next_ip.get(name, 0)
+        self._next_ip[name] = n + 1
+        return f"{base}.{n % 250 + 2}"

@@ -3,11 +3,11 @@
 No real API server or GPU exists where gpucert is built and tested, yet every flow must run its real
 code path (the official ``kubernetes`` client, and kubectl) against something that behaves like one.
 This package is that server: one generic code path for every resource in ``RESOURCES``, watches,
-patches, server-side apply, Kubernetes ``Status`` errors, and injectable API faults; with
-``controllers=True``, simulated kubelets, a scheduler, Job and DaemonSet controllers and the device
+patches, server-side apply, Kubernetes ``Status`` errors, and injectable API faults; and (unless
+``controllers=False``) simulated kubelets, a scheduler, Job and DaemonSet controllers and the device
 plugin's effect, so Jobs run and benchmark pods log what gpucert's payload would print::
 
-    with SimCluster(nodes=16, gpus=8, model="NVIDIA H200", controllers=True) as sim:
+    with SimCluster(nodes=16, gpus=8, model="NVIDIA H200") as sim:
         api = kubernetes.client.CoreV1Api(sim.api_client())
         sim.set_faults(ApiFaults(throttle_rate=0.2))
         sim.inject_fault(Fault("pcie_gen4", "gpu-node-00003", gpu=2))

@@ -85,8 +85,8 @@ class SimCluster:
             core = kubernetes.client.CoreV1Api(sim.api_client())
             core.list_node(label_selector="nvidia.com/gpu.product=NVIDIA-H200")
 
-    ``controllers=True`` runs the simulated kubelets and controllers (pods run, Jobs finish, DaemonSets
-    roll out, the device plugin advertises GPUs), with durations from ``timing``; ``label_prefix`` is
+    The simulated kubelets and controllers run unless ``controllers=False`` (pods run, Jobs finish,
+    DaemonSets roll out, the device plugin advertises GPUs), with durations from ``timing``; ``label_prefix`` is
     the prefix of gpucert's labels (``<prefix>/run-id`` marks a benchmark pod, see ``_benchlogs.py``).
     """
 
@@ -117,7 +117,7 @@ class SimCluster:
         self.label_prefix = label_prefix
         self.gpu_faults = GpuFaults(lambda: self.fleet)
         self._controllers_on = controllers
-        #: The controller runtime while started with ``controllers=True`` (its ``errors`` list is for tests).
+        #: The controller runtime while started with controllers (its ``errors`` list is for tests).
         self.runtime: Runtime | None = None
         self.store = Store(history=history)
         self.faults = FaultInjector(faults)

@@ -91,9 +91,29 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
     up.add_argument("--preconfigured", action="store_true", help="start as if configure had run")
     up.add_argument("--port", type=int, default=0, metavar="P", help="port to serve on (default: a free one)")
-    up.add_argument("--faults", metavar="FILE", help="YAML with an 'api' section of API faults")
+    up.add_argument("--faults", metavar="FILE",
+                    help="YAML of faults to inject at start: 'api', 'gpu' and 'nodes' sections")
     up.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
     up.add_argument("--kubeconfig", required=True, metavar="PATH", help="where to write the kubeconfig")
+    up.add_argument("--dcgm-host-label", choices=("hostname", "Hostname"), default="hostname",
+                    help="host label of the DCGM exporters: 'hostname' (exporter since #655) or 'Hostname'")
+    inject = sim_actions.add_parser(
+        "inject",
+        help="inject faults into a running simulated cluster",
+        description="Post faults to the simulator that KUBECONFIG points at: a FILE in the --faults shape "
+        "and/or options. Everything is checked before anything is applied; exit 2 names a bad entry.",
+    )
+    inject.add_argument("files", nargs="*", metavar="FILE", help="YAML with 'api', 'gpu' and 'nodes' sections")
+    inject.add_argument("--kubeconfig", required=True, metavar="PATH", help="the simulator's kubeconfig")
+    inject.add_argument("--gpu", nargs="+", action="append", default=[], metavar="ARG",
+                        help="a fault of the fleet catalog: KIND NODE [GPU] [NAME=VALUE …]")
+    inject.add_argument("--not-ready", action="append", default=[], metavar="NODE", help="the node goes NotReady")
+    inject.add_argument("--ready", action="append", default=[], metavar="NODE", help="the node is Ready again")
+    inject.add_argument("--delete-node", action="append", default=[], metavar="NODE", help="delete the node")
+    inject.add_argument("--join", type=int, default=0, metavar="N", help="N new nodes join (tainted uncertified)")
+    inject.add_argument("--join-untainted", action="store_true", help="joining nodes carry no uncertified taint")
+    inject.add_argument("--clear", action="store_true", help="first lift every fault (GPU, NotReady, API)")
+    inject.add_argument("--clear-node", metavar="NODE", help="first lift the faults of one node")
 
     demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
@@ -149,12 +169,21 @@ def _dispatch(args: argparse.Namespace) -> int:
                 args.nodes, store=args.store, results=args.results, policy_file=args.policy
             )
         return commands.baseline_list(store=args.store)
+    if args.command == "sim" and args.action == "inject":
+        from .sim._inject import inject_command
+
+        return inject_command(
+            kubeconfig=args.kubeconfig, files=args.files, gpu=args.gpu, not_ready=args.not_ready,
+            ready=args.ready, delete=args.delete_node, join=args.join, join_untainted=args.join_untainted,
+            clear=args.clear, clear_node=args.clear_node,
+        )
     if args.command == "sim":
         from .sim import serve
 
         return serve(
             nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
             preconfigured=args.preconfigured, port=args.port, faults_file=args.faults, seed=args.seed,
+            dcgm_host_label=args.dcgm_host_label,
         )
     if args.command == "demo":
         from .demo import run_demo

@@ -11,27 +11,40 @@ plugin's effect, so Jobs run and benchmark pods log what gpucert's payload would
         api = kubernetes.client.CoreV1Api(sim.api_client())
         sim.set_faults(ApiFaults(throttle_rate=0.2))
         sim.inject_fault(Fault("pcie_gen4", "gpu-node-00003", gpu=2))
+        sim.inject({"nodes": [{"event": "not_ready", "node": "gpu-node-00004"}]})
+        requests.get(f"{sim.url}/dcgm/gpu-node-00003/metrics")   # DCGM exporter text, fault included
 
 It never imports Prefect. Why an own server and not kmock: README.md, "Architecture notes".
 """
 
 from ._benchlogs import MANAGED_BY, rows_jsonl
 from ._controllers import SimTiming
+from ._dcgm import DCGM_PATH, HOST_LABELS
 from ._deviceplugin import DEVICE_PLUGIN_LABELS
+from ._endpoints import EXPORTER_LABELS, METRICS_PATH_ANNOTATION
 from ._faults import ApiFaults
+from ._inject import INJECT_PATH, FaultPlan, NodeEvent, load_fault_plan, parse_fault_plan
 from ._kubelet import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
 from ._nodes import gpu_node
 from ._resources import RESOURCES, ResourceType, by_kind, lookup
-from ._server import SimCluster, kubeconfig_text, load_faults_file, serve
+from ._server import STACK_NAMESPACE, SimCluster, kubeconfig_text, serve
 from ._store import Store
 
 __all__ = [
+    "DCGM_PATH",
     "DEVICE_PLUGIN_LABELS",
     "EXIT_CODE_ANNOTATION",
+    "EXPORTER_LABELS",
+    "HOST_LABELS",
+    "INJECT_PATH",
     "MANAGED_BY",
+    "METRICS_PATH_ANNOTATION",
     "RESOURCES",
     "RUN_SECONDS_ANNOTATION",
+    "STACK_NAMESPACE",
     "ApiFaults",
+    "FaultPlan",
+    "NodeEvent",
     "ResourceType",
     "SimCluster",
     "SimTiming",
@@ -39,8 +52,9 @@ __all__ = [
     "by_kind",
     "gpu_node",
     "kubeconfig_text",
-    "load_faults_file",
+    "load_fault_plan",
     "lookup",
+    "parse_fault_plan",
     "rows_jsonl",
     "serve",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -28,6 +28,8 @@ from ._watch import serve_watch
 __all__ = ["FAULTS_PATH", "build_app"]
 
 FAULTS_PATH = "/gpucert/faults"
+#: Paths that are not the Kubernetes API (control endpoints, DCGM exporters): API faults leave them alone.
+_NOT_KUBERNETES = ("/gpucert/", "/dcgm/")
 _LOG = logging.getLogger("gpucert.sim")
 _NOT_FOUND = "the server could not find the requested resource"
 _MAX_BODY = 64 * 1024 * 1024
@@ -68,7 +70,7 @@ async def _status_errors(request: web.Request, handler: Handler) -> web.StreamRe
 def _fault_middleware(faults: FaultInjector) -> Any:
     @web.middleware
     async def inject(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/gpucert/"):
+        if request.path.startswith(_NOT_KUBERNETES):  # the simulator's own endpoints: never faulted
             return await handler(request)
         decision = faults.decide()
         if decision.latency_s:
@@ -245,8 +247,9 @@ def _decode_yaml(raw: bytes) -> Any:
         raise bad_request(f"error decoding YAML: {exc}") from exc
 
 
-def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float = 5.0) -> web.Application:
-    """The aiohttp application of one simulated API server."""
+def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float = 5.0,
+              extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> web.Application:
+    """The aiohttp application of one simulated API server; ``extra_routes``: (method, path, handler)."""
     routes = _Routes(store, faults, bookmark_interval_s)
     app = web.Application(middlewares=[_status_errors, _fault_middleware(faults)], client_max_size=_MAX_BODY)
     add = app.router.add_route
@@ -262,4 +265,6 @@ def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float
     add("POST", FAULTS_PATH, routes.set_faults)
     add("PUT", FAULTS_PATH, routes.set_faults)
     add("DELETE", FAULTS_PATH, routes.clear_faults)
+    for method, path, handler in extra_routes:
+        add(method, path, handler)
     return app

@@ -3,13 +3,15 @@
 The fleet model (:mod:`gpucert.fleet`) applies faults per benchmark wave; a cluster needs them to
 persist instead: a GPU that has lost PCIe lanes stays slow for every benchmark run on its node until
 the fault is cleared (the part is "repaired"). This is that list, shared by the kubelets' benchmark
-logs (and, later, the DCGM exporters), changed from Python now and from the fault file and the HTTP
-endpoint later. A fault is checked against the fleet when injected, so a bad one fails at once rather
-than inside a pod.
+logs and the DCGM exporters, changed from Python, the ``--faults`` file and ``POST /gpucert/inject``.
+A fault is checked against the fleet when injected, so a bad one fails at once rather than inside a pod.
+Each fault remembers when it was injected (monotonic seconds): the DCGM exporters derive their counters
+from the time a fault has been in force, so ``rate()`` over them sees the fault's rate.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from threading import Lock
@@ -27,18 +29,24 @@ class GpuFaults:
         self._fleet = fleet
         self._lock = Lock()
         self._faults: list[Fault] = []
+        self._since: dict[Fault, float] = {}
 
-    def inject(self, fault: Fault) -> None:
-        """Add ``fault`` (a fault catalog kind on a node of the fleet); an invalid one is an InputError."""
+    def check(self, fault: Fault) -> None:
+        """An :class:`InputError` unless ``fault`` is a catalog kind that fits a node of the fleet."""
         try:
             # The fleet model's own checks (kind, node, GPU index, scope), on a one-node, one-repeat wave.
             self._fleet().run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, nodes=[fault.node],
                               faults=[fault])
         except ValueError as exc:
             raise InputError(f"sim: cannot inject {fault.kind!r} on {fault.node!r}: {exc}") from exc
+
+    def inject(self, fault: Fault) -> None:
+        """Add ``fault`` (a fault catalog kind on a node of the fleet); an invalid one is an InputError."""
+        self.check(fault)
         with self._lock:
             if fault not in self._faults:
                 self._faults.append(fault)
+                self._since[fault] = time.monotonic()
 
     def clear(self, node: str | None = None) -> int:
         """Remove the faults of ``node`` (all faults when None); returns how many were removed."""
@@ -46,11 +54,17 @@ class GpuFaults:
             kept = [f for f in self._faults if node is not None and f.node != node]
             removed = len(self._faults) - len(kept)
             self._faults = kept
+            self._since = {f: self._since[f] for f in kept}
             return removed
 
     def on_node(self, node: str) -> list[Fault]:
         with self._lock:
             return [f for f in self._faults if f.node == node]
+
+    def on_node_since(self, node: str) -> list[tuple[Fault, float]]:
+        """The faults of ``node`` with when each was injected (``time.monotonic()`` seconds)."""
+        with self._lock:
+            return [(f, self._since[f]) for f in self._faults if f.node == node]
 
     def all(self) -> list[Fault]:
         with self._lock:

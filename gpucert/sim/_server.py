@@ -9,7 +9,14 @@ By default the simulated kubelets, scheduler, Job and DaemonSet controllers and 
 the same loop (:mod:`._controllers`), so pods run, Jobs finish and nodes advertise GPUs;
 ``controllers=False`` serves the bare API, where objects stay exactly as written (the API tests).
 The cluster holds one fleet model matching its nodes (same names, same seed) and the GPU faults in force
-on it (:meth:`SimCluster.inject_fault`), which its benchmark pods measure.
+on it (:meth:`SimCluster.inject_fault`), which its benchmark pods measure and its DCGM exporters report
+(``GET /dcgm/<node>/metrics``, ``_dcgm.py``; found through the exporter Service's Endpoints,
+``_endpoints.py``). Faults of every sort come in one document shape (``_inject.py``): from
+``--faults FILE`` at start, ``POST /gpucert/inject`` or :meth:`SimCluster.inject` at run time.
+
+With ``preconfigured`` the cluster starts as if configure had run: GPUs advertised, and the stack's
+namespace (:data:`STACK_NAMESPACE`) with a selector-less ``dcgm-exporter`` Service whose Endpoints list
+every node, since the exporters are taken to run on the hosts.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -34,9 +42,22 @@ from ._api import build_app
 from ._benchlogs import PodLogs
 from ._controllers import Runtime, SimTiming
 from ._daemonsets import DaemonSetController
+from ._dcgm import DcgmExporters
+from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
+from ._endpoints import SERVICES, DcgmEndpoints, exporter_service
 from ._faults import ApiFaults, FaultInjector
 from ._gpufaults import GpuFaults
+from ._inject import (
+    FaultPlan,
+    InjectRoutes,
+    apply_plan,
+    check_plan,
+    delete_node,
+    load_fault_plan,
+    parse_fault_plan,
+)
+from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
@@ -47,7 +68,10 @@ from ._store import DEFAULT_HISTORY, Obj, Store
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-__all__ = ["SimCluster", "serve"]
+__all__ = ["STACK_NAMESPACE", "SimCluster", "serve"]
+
+#: The namespace of the GPU stack a preconfigured cluster starts with.
+STACK_NAMESPACE = "gpucert-system"
 
 _HOST = "127.0.0.1"
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -106,6 +130,7 @@ class SimCluster:
         controllers: bool = True,
         timing: SimTiming | None = None,
         label_prefix: str = "gpucert.io",
+        dcgm_host_label: str = "hostname",
     ) -> None:
         try:
             self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed)
@@ -120,6 +145,12 @@ class SimCluster:
         #: The controller runtime while started with controllers (its ``errors`` list is for tests).
         self.runtime: Runtime | None = None
         self.store = Store(history=history)
+        try:
+            #: The nodes' DCGM exporters; ``dcgm_host_label`` is ``hostname`` (exporter ≥ #655) or ``Hostname``.
+            self.dcgm = DcgmExporters(self.store, lambda: self.fleet, self.gpu_faults, seed=seed,
+                                      started_at=time.monotonic(), host_label=dcgm_host_label)
+        except ValueError as exc:
+            raise InputError(f"sim: {exc}") from exc
         self.faults = FaultInjector(faults)
         self._port = port
         self._kubeconfig = Path(kubeconfig) if kubeconfig is not None else None
@@ -139,6 +170,10 @@ class SimCluster:
             self.store.create(namespaces, {"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]},
                                            "status": {"phase": "Active"}})
         register_nodes(self.store, self.fleet, preconfigured=self.preconfigured)
+        if self.preconfigured:
+            self.store.create(namespaces, {"metadata": {"name": STACK_NAMESPACE},
+                                           "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+            self.store.create(SERVICES, exporter_service(STACK_NAMESPACE))
 
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """Seed an object straight into the store (test set-up; no HTTP, no validation)."""
@@ -158,6 +193,22 @@ class SimCluster:
     def clear_faults(self, node: str | None = None) -> int:
         """Lift the GPU faults of ``node`` (of every node when None), as a repair; returns how many."""
         return self.gpu_faults.clear(node)
+
+    def inject(self, document: FaultPlan | Mapping[str, Any], *, source: str = "SimCluster.inject") -> dict[str, Any]:
+        """Apply a fault document (``_inject.py``: ``api``, ``gpu``, ``nodes``); all checked before any applies.
+
+        Returns what was applied; a bad document is an :class:`InputError` naming ``source`` and the entry.
+        """
+        plan = document if isinstance(document, FaultPlan) else parse_fault_plan(document, source)
+        return apply_plan(self, plan, source)
+
+    def set_node_ready(self, node: str, ready: bool) -> None:
+        """Node ``node``'s kubelet stops (False) or resumes (True) posting Ready."""
+        _set_node_ready(self, node, ready)
+
+    def delete_node(self, node: str) -> None:
+        """Delete the Node ``node`` and its pods, as when a machine is removed from the cluster."""
+        delete_node(self, node)
 
     def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]:
         """New GPU nodes joining: the fleet grows by ``count`` nodes and their Node objects register.
@@ -258,7 +309,8 @@ class SimCluster:
             loop.close()
 
     async def _listen(self) -> None:
-        app = build_app(self.store, self.faults, bookmark_interval_s=self._bookmark_interval_s)
+        app = build_app(self.store, self.faults, bookmark_interval_s=self._bookmark_interval_s,
+                        extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes()])
         # A short shutdown timeout: open watches must not hold up stop() for their full timeout.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
         await runner.setup()
@@ -282,25 +334,9 @@ class SimCluster:
         runtime.add(JobController(runtime))
         runtime.add(DaemonSetController(runtime))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
+        runtime.add(DcgmEndpoints(runtime, lambda: self._port))
         runtime.start()
         return runtime
-
-
-def load_faults_file(path: str) -> ApiFaults:
-    """The ``api:`` section of a ``--faults`` YAML file (GPU and node faults come with the controllers)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"--faults {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"--faults {path}: expected a mapping with an 'api' section")
-    unknown = sorted(set(data) - {"api"})
-    if unknown:
-        raise InputError(f"--faults {path}: unsupported sections {unknown}; this version reads 'api' only")
-    section = data.get("api") or {}
-    if not isinstance(section, dict):
-        raise InputError(f"--faults {path}: 'api' must be a mapping")
-    return ApiFaults.from_mapping(section)
 
 
 def serve(
@@ -313,9 +349,14 @@ def serve(
     port: int = 0,
     faults_file: str | None = None,
     seed: int = 0,
+    dcgm_host_label: str = "hostname",
 ) -> int:
-    """``gpucert sim up``: serve until SIGINT or SIGTERM, then stop cleanly; returns the exit status."""
-    faults = load_faults_file(faults_file) if faults_file else None
+    """``gpucert sim up``: serve until SIGINT or SIGTERM, then stop cleanly; returns the exit status.
+
+    The ``--faults`` document is checked in full before the server starts (a bad one serves nothing)
+    and applied before the first request.
+    """
+    plan = load_fault_plan(faults_file) if faults_file else FaultPlan()
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -323,8 +364,13 @@ def serve(
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with SimCluster(nodes=nodes, gpus=gpus, model=model, preconfigured=preconfigured, port=port,
-                        kubeconfig=kubeconfig, faults=faults, seed=seed, controllers=True) as sim:
+        sim = SimCluster(nodes=nodes, gpus=gpus, model=model, preconfigured=preconfigured, port=port,
+                         kubeconfig=kubeconfig, faults=plan.api, seed=seed, controllers=True,
+                         dcgm_host_label=dcgm_host_label)
+        source = f"--faults {faults_file}"
+        check_plan(sim, plan, source)
+        apply_plan(sim, FaultPlan(None, plan.gpu, plan.nodes), source)
+        with sim:
             print(f"gpucert sim: serving {nodes} nodes × {gpus} {model} at {sim.url}", flush=True)
             print(f"gpucert sim: kubeconfig written to {sim.kubeconfig_path}", flush=True)
             while not stop.wait(0.5):

@@ -253,8 +253,9 @@ def test_endpoints_follow_the_exporter_daemonset_when_applied() -> None:
         # The joining node is tainted uncertified: the exporter DaemonSet (no toleration) skips it.
         time.sleep(0.2)
         assert _targets(core.read_namespaced_endpoints("dcgm-exporter", "gpu-stack"))[0] == [node(i) for i in range(3)]
-        # (Raw: the simulator answers a Service delete with a Status, where the client expects the Service.)
-        core.delete_namespaced_service("dcgm-exporter", "gpu-stack", _preload_content=False)
+        # A real API server answers a Service delete with the Service, as the client expects.
+        deleted = core.delete_namespaced_service("dcgm-exporter", "gpu-stack")
+        assert deleted.metadata.name == "dcgm-exporter"
         eventually(lambda: not core.list_namespaced_endpoints("gpu-stack").items)
         assert bare.runtime is not None
         assert bare.runtime.errors == []

@@ -49,7 +49,8 @@ class ResourceType:
     categories: tuple[str, ...] = ()
     #: Field selectors the real server accepts beyond metadata.name and metadata.namespace.
     field_labels: tuple[str, ...] = ()
-    #: Pods answer DELETE with the object; most kinds answer with a ``Status``.
+    #: Pods, Services and ServiceAccounts answer DELETE with the object (the official client parses it
+    #: as one: ``delete_namespaced_service`` returns a ``V1Service``); most kinds answer with a ``Status``.
     returns_deleted_object: bool = False
     #: Path of the dict in the object that ``metadata.generation`` tracks (real strategies: ``spec``).
     generation_tracks: str | None = "spec"
@@ -102,7 +103,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",),
                  fields=frozenset({"data", "binaryData", "immutable"}), generation_tracks=None),
     ResourceType("", "v1", "services", "Service", True, ("svc",), ("status",), categories=("all",),
-                 generation_tracks=None),
+                 returns_deleted_object=True, generation_tracks=None),
     ResourceType("", "v1", "endpoints", "Endpoints", True, ("ep",), fields=frozenset({"subsets"}),
                  generation_tracks=None),
     ResourceType("", "v1", "events", "Event", True, ("ev",), fields=_EVENT_FIELDS,
@@ -112,7 +113,7 @@ RESOURCES: tuple[ResourceType, ...] = (
                  generation_tracks=None),
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",),
                  fields=frozenset({"secrets", "imagePullSecrets", "automountServiceAccountToken"}),
-                 generation_tracks=None),
+                 returns_deleted_object=True, generation_tracks=None),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)),
     ResourceType("batch", "v1", "jobs", "Job", True, (), ("status",), categories=("all",),
                  field_labels=("status.successful",)),

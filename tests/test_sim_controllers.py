@@ -426,3 +426,25 @@ def test_a_daemonset_skips_nodes_its_selector_or_tolerations_exclude(bare: SimCl
     finally:
         core.patch_node(names[1], {"spec": {"taints": None}})
         core.delete_namespace("picky")
+
+
+def test_a_preconfigured_cluster_runs_the_whole_stack_on_every_gpu_node() -> None:
+    """As if configure had run: the stack's DaemonSets (DESIGN.md component labels) roll out everywhere."""
+    with SimCluster(nodes=4, gpus=8, preconfigured=True) as sim:
+        apps = client.AppsV1Api(sim.api_client())
+        core = client.CoreV1Api(sim.api_client())
+        components = {"driver", "container-toolkit", "device-plugin", "dcgm-exporter", "gpu-feature-discovery"}
+
+        def rolled_out() -> list[Any] | None:
+            sets = apps.list_namespaced_daemon_set(
+                "gpucert-system", label_selector="app.kubernetes.io/part-of=gpucert"
+            ).items
+            done = [d for d in sets if (d.status.number_ready or 0) == 4]
+            return sets if len(done) == len(components) else None
+
+        sets = eventually(rolled_out)
+        assert {d.metadata.labels["app.kubernetes.io/component"] for d in sets} == components
+        for node in core.list_node().items:
+            assert node.status.allocatable["nvidia.com/gpu"] == "8"
+        assert sim.runtime is not None
+        assert sim.runtime.errors == []

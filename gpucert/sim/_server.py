@@ -14,9 +14,10 @@ on it (:meth:`SimCluster.inject_fault`), which its benchmark pods measure and it
 ``_endpoints.py``). Faults of every sort come in one document shape (``_inject.py``): from
 ``--faults FILE`` at start, ``POST /gpucert/inject`` or :meth:`SimCluster.inject` at run time.
 
-With ``preconfigured`` the cluster starts as if configure had run: GPUs advertised, and the stack's
-namespace (:data:`STACK_NAMESPACE`) with a selector-less ``dcgm-exporter`` Service whose Endpoints list
-every node, since the exporters are taken to run on the hosts.
+With ``preconfigured`` the cluster starts as if configure had run: GPUs advertised, and in the stack's
+namespace (:data:`STACK_NAMESPACE`) the stack's DaemonSets (``_stack.py``) and a selector-less
+``dcgm-exporter`` Service whose Endpoints list every node, since the exporters are taken to run on the
+hosts.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
+from ._objects import DAEMONSETS
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
+from ._stack import stack_daemonsets
 from ._store import DEFAULT_HISTORY, Obj, Store
 
 if TYPE_CHECKING:
@@ -85,8 +88,12 @@ def kubeconfig_text(url: str, namespace: str = "default") -> str:
         "kind": "Config",
         "clusters": [{"name": "gpucert-sim", "cluster": {"server": url}}],
         "users": [{"name": "gpucert-sim", "user": {}}],
-        "contexts": [{"name": "gpucert-sim",
-                      "context": {"cluster": "gpucert-sim", "user": "gpucert-sim", "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": "gpucert-sim",
+                "context": {"cluster": "gpucert-sim", "user": "gpucert-sim", "namespace": namespace},
+            }
+        ],
         "current-context": "gpucert-sim",
         "preferences": {},
     }
@@ -147,8 +154,14 @@ class SimCluster:
         self.store = Store(history=history)
         try:
             #: The nodes' DCGM exporters; ``dcgm_host_label`` is ``hostname`` (exporter ≥ #655) or ``Hostname``.
-            self.dcgm = DcgmExporters(self.store, lambda: self.fleet, self.gpu_faults, seed=seed,
-                                      started_at=time.monotonic(), host_label=dcgm_host_label)
+            self.dcgm = DcgmExporters(
+                self.store,
+                lambda: self.fleet,
+                self.gpu_faults,
+                seed=seed,
+                started_at=time.monotonic(),
+                host_label=dcgm_host_label,
+            )
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
         self.faults = FaultInjector(faults)
@@ -167,13 +180,27 @@ class SimCluster:
         namespaces = lookup("", "v1", "namespaces")
         assert namespaces is not None
         for name in _SYSTEM_NAMESPACES:
-            self.store.create(namespaces, {"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]},
-                                           "status": {"phase": "Active"}})
+            self.store.create(
+                namespaces,
+                {
+                    "metadata": {"name": name},
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                },
+            )
         register_nodes(self.store, self.fleet, preconfigured=self.preconfigured)
         if self.preconfigured:
-            self.store.create(namespaces, {"metadata": {"name": STACK_NAMESPACE},
-                                           "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+            self.store.create(
+                namespaces,
+                {
+                    "metadata": {"name": STACK_NAMESPACE},
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                },
+            )
             self.store.create(SERVICES, exporter_service(STACK_NAMESPACE))
+            for daemonset in stack_daemonsets(STACK_NAMESPACE, self.label_prefix):
+                self.store.create(DAEMONSETS, daemonset)
 
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """Seed an object straight into the store (test set-up; no HTTP, no validation)."""
@@ -194,7 +221,9 @@ class SimCluster:
         """Lift the GPU faults of ``node`` (of every node when None), as a repair; returns how many."""
         return self.gpu_faults.clear(node)
 
-    def inject(self, document: FaultPlan | Mapping[str, Any], *, source: str = "SimCluster.inject") -> dict[str, Any]:
+    def inject(
+        self, document: FaultPlan | Mapping[str, Any], *, source: str = "SimCluster.inject"
+    ) -> dict[str, Any]:
         """Apply a fault document (``_inject.py``: ``api``, ``gpu``, ``nodes``); all checked before any applies.
 
         Returns what was applied; a bad document is an :class:`InputError` naming ``source`` and the entry.
@@ -219,8 +248,13 @@ class SimCluster:
         with self.store.lock:
             before = self.fleet.n_nodes
             self.fleet = self.fleet.add_nodes(count, seed=self.seed * 1_000_003 + before)
-            return register_nodes(self.store, self.fleet, preconfigured=self.preconfigured,
-                                  uncertified_taint=uncertified_taint, names=self.fleet.node_names[before:])
+            return register_nodes(
+                self.store,
+                self.fleet,
+                preconfigured=self.preconfigured,
+                uncertified_taint=uncertified_taint,
+                names=self.fleet.node_names[before:],
+            )
 
     # --- serving ------------------------------------------------------------------------------------
 
@@ -245,8 +279,10 @@ class SimCluster:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig_path),  # type: ignore[no-untyped-call]
-                                client_configuration=configuration)
+        config.load_kube_config(
+            config_file=str(self.kubeconfig_path),  # type: ignore[no-untyped-call]
+            client_configuration=configuration,
+        )
         return client.ApiClient(configuration)
 
     def start(self) -> SimCluster:
@@ -254,7 +290,9 @@ class SimCluster:
             raise RuntimeError("the simulated cluster is already started")
         ready = threading.Event()
         failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, args=(ready, failure), name="gpucert-sim", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready, failure), name="gpucert-sim", daemon=True
+        )
         self._thread.start()
         if not ready.wait(_START_TIMEOUT_S):
             raise RuntimeError("gpucert sim: the API server did not start in time")
@@ -287,8 +325,9 @@ class SimCluster:
     def __enter__(self) -> SimCluster:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
@@ -309,8 +348,12 @@ class SimCluster:
             loop.close()
 
     async def _listen(self) -> None:
-        app = build_app(self.store, self.faults, bookmark_interval_s=self._bookmark_interval_s,
-                        extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes()])
+        app = build_app(
+            self.store,
+            self.faults,
+            bookmark_interval_s=self._bookmark_interval_s,
+            extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes()],
+        )
         # A short shutdown timeout: open watches must not hold up stop() for their full timeout.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
         await runner.setup()
@@ -364,9 +407,18 @@ def serve(
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        sim = SimCluster(nodes=nodes, gpus=gpus, model=model, preconfigured=preconfigured, port=port,
-                         kubeconfig=kubeconfig, faults=plan.api, seed=seed, controllers=True,
-                         dcgm_host_label=dcgm_host_label)
+        sim = SimCluster(
+            nodes=nodes,
+            gpus=gpus,
+            model=model,
+            preconfigured=preconfigured,
+            port=port,
+            kubeconfig=kubeconfig,
+            faults=plan.api,
+            seed=seed,
+            controllers=True,
+            dcgm_host_label=dcgm_host_label,
+        )
         source = f"--faults {faults_file}"
         check_plan(sim, plan, source)
         apply_plan(sim, FaultPlan(None, plan.gpu, plan.nodes), source)

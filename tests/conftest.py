@@ -6,8 +6,10 @@ Building baselines judges five waves, so it is done once per session and shared 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pandas as pd
 import pytest
@@ -80,3 +82,22 @@ def unexpected(verdicts: pd.DataFrame) -> pd.DataFrame:
         (rows["verdict"] == "warn") & rows["reasons"].str.contains("unstable") & (rows["action"] == "retest")
     )
     return rows[~unstable_only]
+
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
+    """The first truthy answer of ``probe``, polled; fails the test after ``timeout_s``.
+
+    For the simulated cluster, whose controllers act on their own loop: a test waits for what a real
+    cluster would eventually show rather than sleeping a fixed time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {probe}")
+        time.sleep(0.01)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,13 +23,17 @@ from gpucert.fleet import Fault
 from gpucert.results import read_results
 from gpucert.sim import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION, SimCluster, SimTiming
 
+from .conftest import eventually
+
 T = TypeVar("T")
 NODES = 8
 _ns_counter = itertools.count()
 _UNCERTIFIED = "gpucert.io/uncertified"
 _UNHEALTHY = "gpucert.io/unhealthy"
-_GPUCERT_TOLERATIONS = [{"key": _UNCERTIFIED, "operator": "Exists", "effect": "NoSchedule"},
-                        {"key": _UNHEALTHY, "operator": "Exists", "effect": "NoSchedule"}]
+_GPUCERT_TOLERATIONS = [
+    {"key": _UNCERTIFIED, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": _UNHEALTHY, "operator": "Exists", "effect": "NoSchedule"},
+]
 
 
 def node(i: int) -> str:
@@ -38,8 +42,9 @@ def node(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, preconfigured=True,
-                    controllers=True) as cluster:
+    with SimCluster(
+        nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, preconfigured=True, controllers=True
+    ) as cluster:
         yield cluster
         assert cluster.runtime is not None
         assert cluster.runtime.errors == []
@@ -47,8 +52,9 @@ def sim() -> Iterator[SimCluster]:
 
 @pytest.fixture(scope="module")
 def bare() -> Iterator[SimCluster]:
-    with SimCluster(nodes=3, gpus=8, model="NVIDIA H200", seed=4, controllers=True,
-                    timing=SimTiming(pod_ready_s=0.2)) as cluster:
+    with SimCluster(
+        nodes=3, gpus=8, model="NVIDIA H200", seed=4, controllers=True, timing=SimTiming(pod_ready_s=0.2)
+    ) as cluster:
         yield cluster
         assert cluster.runtime is not None
         assert cluster.runtime.errors == []
@@ -77,18 +83,6 @@ def ns(core: client.CoreV1Api) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
-    """The first truthy answer of ``probe``, polled; fails the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {probe}")
-        time.sleep(0.01)
-
-
 def container(gpus: int = 0) -> dict[str, Any]:
     spec: dict[str, Any] = {"name": "main", "image": "ghcr.io/gpucert/payload:0.1"}
     if gpus:
@@ -96,35 +90,75 @@ def container(gpus: int = 0) -> dict[str, Any]:
     return spec
 
 
-def pod(name: str, *, gpus: int = 0, hostname: str | None = None, hosts: list[str] | None = None,
-        tolerations: list[dict[str, str]] | None = None) -> dict[str, Any]:
+def pod(
+    name: str,
+    *,
+    gpus: int = 0,
+    hostname: str | None = None,
+    hosts: list[str] | None = None,
+    tolerations: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": [container(gpus)]}
     if hostname:
         spec["nodeSelector"] = {"kubernetes.io/hostname": hostname}
     if hosts:
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": hosts}]}]}}}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": hosts}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
     if tolerations:
         spec["tolerations"] = tolerations
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def bench_job(name: str, target: str, run_id: str, *, annotations: dict[str, str] | None = None,
-              deadline_s: int = 600, ttl_s: int = 3600, gpus: int = 8) -> dict[str, Any]:
+def bench_job(
+    name: str,
+    target: str,
+    run_id: str,
+    *,
+    annotations: dict[str, str] | None = None,
+    deadline_s: int = 600,
+    ttl_s: int = 3600,
+    gpus: int = 8,
+) -> dict[str, Any]:
     """A benchmark Job as DESIGN.md's conventions shape it."""
     labels = {"app.kubernetes.io/managed-by": "gpucert", "gpucert.io/run-id": run_id}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels}, "spec": {
-        "backoffLimit": 0, "activeDeadlineSeconds": deadline_s, "ttlSecondsAfterFinished": ttl_s,
-        "template": {"metadata": {"labels": labels, "annotations": annotations or {}}, "spec": {
-            "restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": target},
-            "tolerations": _GPUCERT_TOLERATIONS, "containers": [container(gpus)]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline_s,
+            "ttlSecondsAfterFinished": ttl_s,
+            "template": {
+                "metadata": {"labels": labels, "annotations": annotations or {}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": target},
+                    "tolerations": _GPUCERT_TOLERATIONS,
+                    "containers": [container(gpus)],
+                },
+            },
+        },
+    }
 
 
 def finished(batch: client.BatchV1Api, ns: str, name: str, timeout_s: float = 5.0) -> client.V1Job:
     def probe() -> client.V1Job | None:
         job = batch.read_namespaced_job_status(name, ns)
-        done = [c for c in job.status.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
+        done = [
+            c for c in job.status.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"
+        ]
         return job if done else None
 
     return eventually(probe, timeout_s)
@@ -156,9 +190,9 @@ def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> client.V1PodCon
 # --- benchmark Jobs -----------------------------------------------------------------------------------
 
 
-def test_benchmark_job_runs_on_its_node_and_logs_that_nodes_rows(sim: SimCluster, core: client.CoreV1Api,
-                                                                 batch: client.BatchV1Api, ns: str,
-                                                                 tmp_path: Path) -> None:
+def test_benchmark_job_runs_on_its_node_and_logs_that_nodes_rows(
+    sim: SimCluster, core: client.CoreV1Api, batch: client.BatchV1Api, ns: str, tmp_path: Path
+) -> None:
     target = node(0)
     # A new node carries the uncertified taint: the benchmark's tolerations must let it through.
     core.patch_node(target, {"spec": {"taints": [{"key": _UNCERTIFIED, "effect": "NoSchedule"}]}})
@@ -196,14 +230,15 @@ def test_benchmark_job_runs_on_its_node_and_logs_that_nodes_rows(sim: SimCluster
     assert set(rows["run_id"].astype(str)) == {"night-1"}
     assert set(rows["gpu_model"].astype(str)) == {"NVIDIA H200"}
     index = sim.fleet.node_index[target]
-    uuids = {str(u) for u in sim.fleet.uuids[index * 8:(index + 1) * 8]}
+    uuids = {str(u) for u in sim.fleet.uuids[index * 8 : (index + 1) * 8]}
     assert set(rows["gpu_uuid"].dropna().astype(str)) == uuids
     assert "error" not in set(rows["metric"].astype(str))
     assert {"gemm_bf16_tflops"} <= set(rows["metric"].astype(str))
 
 
 def test_an_injected_gpu_fault_shows_in_the_rows_and_the_pod_still_succeeds(
-        sim: SimCluster, core: client.CoreV1Api, batch: client.BatchV1Api, ns: str, tmp_path: Path) -> None:
+    sim: SimCluster, core: client.CoreV1Api, batch: client.BatchV1Api, ns: str, tmp_path: Path
+) -> None:
     target = node(1)
     sim.inject_fault(Fault("uncontained_ecc", target, gpu=2))
     try:
@@ -246,7 +281,9 @@ def test_a_pod_asking_for_gpus_held_by_another_stays_pending(core: client.CoreV1
 
 def test_a_tainted_node_is_skipped_without_a_toleration(core: client.CoreV1Api, ns: str) -> None:
     tainted, clean = node(3), node(4)
-    core.patch_node(tainted, {"spec": {"taints": [{"key": _UNHEALTHY, "value": "pcie", "effect": "NoSchedule"}]}})
+    core.patch_node(
+        tainted, {"spec": {"taints": [{"key": _UNHEALTHY, "value": "pcie", "effect": "NoSchedule"}]}}
+    )
     try:
         core.create_namespaced_pod(ns, pod("either", gpus=8, hosts=[tainted, clean]))
         eventually(lambda: pod_phase(core, ns, "either") == "Running")
@@ -255,11 +292,27 @@ def test_a_tainted_node_is_skipped_without_a_toleration(core: client.CoreV1Api, 
         cond = unschedulable(core, ns, "only-tainted")
         assert f"1 node(s) had untolerated taint {{{_UNHEALTHY}: pcie}}" in cond.message
         # An Equal toleration of another value does not help; the matching one does.
-        core.create_namespaced_pod(ns, pod("wrong-value", hostname=tainted, tolerations=[
-            {"key": _UNHEALTHY, "operator": "Equal", "value": "xid", "effect": "NoSchedule"}]))
+        core.create_namespaced_pod(
+            ns,
+            pod(
+                "wrong-value",
+                hostname=tainted,
+                tolerations=[
+                    {"key": _UNHEALTHY, "operator": "Equal", "value": "xid", "effect": "NoSchedule"}
+                ],
+            ),
+        )
         unschedulable(core, ns, "wrong-value")
-        core.create_namespaced_pod(ns, pod("tolerant", hostname=tainted, tolerations=[
-            {"key": _UNHEALTHY, "operator": "Equal", "value": "pcie", "effect": "NoSchedule"}]))
+        core.create_namespaced_pod(
+            ns,
+            pod(
+                "tolerant",
+                hostname=tainted,
+                tolerations=[
+                    {"key": _UNHEALTHY, "operator": "Equal", "value": "pcie", "effect": "NoSchedule"}
+                ],
+            ),
+        )
         eventually(lambda: pod_phase(core, ns, "tolerant") == "Running")
     finally:
         core.patch_node(tainted, {"spec": {"taints": None}})
@@ -283,10 +336,12 @@ def test_a_cordoned_node_is_skipped_until_uncordoned(core: client.CoreV1Api, ns:
 # --- Job failure, deadline and clean-up ---------------------------------------------------------------
 
 
-def test_a_failed_pod_fails_a_job_with_backoff_limit_0(core: client.CoreV1Api, batch: client.BatchV1Api,
-                                                       ns: str) -> None:
-    batch.create_namespaced_job(ns, bench_job("crash", node(6), "night-3", gpus=0,
-                                              annotations={EXIT_CODE_ANNOTATION: "1"}))
+def test_a_failed_pod_fails_a_job_with_backoff_limit_0(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
+    batch.create_namespaced_job(
+        ns, bench_job("crash", node(6), "night-3", gpus=0, annotations={EXIT_CODE_ANNOTATION: "1"})
+    )
     job = finished(batch, ns, "crash")
     [cond] = job.status.conditions
     assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
@@ -297,10 +352,15 @@ def test_a_failed_pod_fails_a_job_with_backoff_limit_0(core: client.CoreV1Api, b
     assert p.status.container_statuses[0].state.terminated.exit_code == 1
 
 
-def test_a_job_past_its_deadline_fails_and_its_pod_goes(core: client.CoreV1Api, batch: client.BatchV1Api,
-                                                        ns: str) -> None:
-    batch.create_namespaced_job(ns, bench_job("slow", node(6), "night-4", gpus=0, deadline_s=1,
-                                              annotations={RUN_SECONDS_ANNOTATION: "60"}))
+def test_a_job_past_its_deadline_fails_and_its_pod_goes(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
+    batch.create_namespaced_job(
+        ns,
+        bench_job(
+            "slow", node(6), "night-4", gpus=0, deadline_s=1, annotations={RUN_SECONDS_ANNOTATION: "60"}
+        ),
+    )
     eventually(lambda: [p for p in job_pods(core, ns, "slow") if p.status.phase == "Running"])
     started = time.monotonic()
     job = finished(batch, ns, "slow")
@@ -312,13 +372,15 @@ def test_a_job_past_its_deadline_fails_and_its_pod_goes(core: client.CoreV1Api, 
     assert job_pods(core, ns, "slow") == []
 
 
-def test_ttl_after_finished_deletes_the_job_and_its_pods(core: client.CoreV1Api, batch: client.BatchV1Api,
-                                                         ns: str) -> None:
+def test_ttl_after_finished_deletes_the_job_and_its_pods(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
     start = core.list_namespaced_pod(ns).metadata.resource_version
     batch.create_namespaced_job(ns, bench_job("brief", node(7), "night-5", ttl_s=0))
     seen: list[tuple[str, list[str]]] = []
-    for event in watch.Watch().stream(client.BatchV1Api(core.api_client).list_namespaced_job, ns,
-                                      resource_version=start, timeout_seconds=5):
+    for event in watch.Watch().stream(
+        client.BatchV1Api(core.api_client).list_namespaced_job, ns, resource_version=start, timeout_seconds=5
+    ):
         conditions = [c.type for c in event["object"].status.conditions or ()]
         seen.append((event["type"], conditions))
         if event["type"] == "DELETED":
@@ -332,25 +394,44 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(core: client.CoreV1Api,
 # --- DaemonSets and the device plugin -----------------------------------------------------------------
 
 
-def daemonset(name: str, *, image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2",
-              component: str = "device-plugin", node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+def daemonset(
+    name: str,
+    *,
+    image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.16.2",
+    component: str = "device-plugin",
+    node_selector: dict[str, str] | None = None,
+) -> dict[str, Any]:
     labels = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": component}
-    spec: dict[str, Any] = {"containers": [{"name": component, "image": image}],
-                            "tolerations": [{"key": "gpucert.io", "operator": "Exists"}, *_GPUCERT_TOLERATIONS]}
+    spec: dict[str, Any] = {
+        "containers": [{"name": component, "image": image}],
+        "tolerations": [{"key": "gpucert.io", "operator": "Exists"}, *_GPUCERT_TOLERATIONS],
+    }
     if node_selector:
         spec["nodeSelector"] = node_selector
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": name, "labels": labels},
-            "spec": {"selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    }
 
 
 def rolled_out(apps: client.AppsV1Api, ns: str, name: str, nodes: int) -> client.V1DaemonSet:
     def probe() -> client.V1DaemonSet | None:
         ds = apps.read_namespaced_daemon_set_status(name, ns)
         s = ds.status
-        done = (s.observed_generation == ds.metadata.generation and s.desired_number_scheduled == nodes
-                and s.current_number_scheduled == s.number_ready == s.number_available
-                == s.updated_number_scheduled == nodes)
+        done = (
+            s.observed_generation == ds.metadata.generation
+            and s.desired_number_scheduled == nodes
+            and s.current_number_scheduled
+            == s.number_ready
+            == s.number_available
+            == s.updated_number_scheduled
+            == nodes
+        )
         return ds if done else None
 
     return eventually(probe)
@@ -381,7 +462,10 @@ def test_device_plugin_daemonset_rolls_out_and_nodes_advertise_gpus(bare: SimClu
 
     advertised: set[str] = set()
     for event in watch.Watch().stream(core.list_node, resource_version=nodes_rv, timeout_seconds=5):
-        if event["type"] == "MODIFIED" and (event["object"].status.allocatable or {}).get("nvidia.com/gpu") == "8":
+        if (
+            event["type"] == "MODIFIED"
+            and (event["object"].status.allocatable or {}).get("nvidia.com/gpu") == "8"
+        ):
             advertised.add(event["object"].metadata.name)
             if advertised == set(names):
                 break
@@ -413,11 +497,18 @@ def test_a_daemonset_skips_nodes_its_selector_or_tolerations_exclude(bare: SimCl
     core.create_namespace({"metadata": {"name": "picky"}})
     names = sorted(n.metadata.name for n in core.list_node().items)
     core.patch_node(names[0], {"metadata": {"labels": {"gpucert.io/exporter": "yes"}}})
-    core.patch_node(names[1], {"metadata": {"labels": {"gpucert.io/exporter": "yes"}},
-                               "spec": {"taints": [{"key": "example.com/private", "effect": "NoExecute"}]}})
+    core.patch_node(
+        names[1],
+        {
+            "metadata": {"labels": {"gpucert.io/exporter": "yes"}},
+            "spec": {"taints": [{"key": "example.com/private", "effect": "NoExecute"}]},
+        },
+    )
     try:
-        apps.create_namespaced_daemon_set("picky", daemonset("exporter", component="dcgm-exporter",
-                                                             node_selector={"gpucert.io/exporter": "yes"}))
+        apps.create_namespaced_daemon_set(
+            "picky",
+            daemonset("exporter", component="dcgm-exporter", node_selector={"gpucert.io/exporter": "yes"}),
+        )
         rolled_out(apps, "picky", "exporter", 1)
         assert [p.spec.node_name for p in core.list_namespaced_pod("picky").items] == [names[0]]
         # Labelling another node brings the DaemonSet there.
@@ -433,7 +524,13 @@ def test_a_preconfigured_cluster_runs_the_whole_stack_on_every_gpu_node() -> Non
     with SimCluster(nodes=4, gpus=8, preconfigured=True) as sim:
         apps = client.AppsV1Api(sim.api_client())
         core = client.CoreV1Api(sim.api_client())
-        components = {"driver", "container-toolkit", "device-plugin", "dcgm-exporter", "gpu-feature-discovery"}
+        components = {
+            "driver",
+            "container-toolkit",
+            "device-plugin",
+            "dcgm-exporter",
+            "gpu-feature-discovery",
+        }
 
         def rolled_out() -> list[Any] | None:
             sets = apps.list_namespaced_daemon_set(

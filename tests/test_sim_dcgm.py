@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -22,6 +22,8 @@ from gpucert.errors import InputError
 from gpucert.fleet import Fault
 from gpucert.sim import METRICS_PATH_ANNOTATION, STACK_NAMESPACE, SimCluster
 from gpucert.sim._dcgm import METRICS
+
+from .conftest import eventually
 
 T = TypeVar("T")
 Series = dict[tuple[str, int], float]  # (metric, gpu) → value
@@ -38,17 +40,6 @@ def sim() -> Iterator[SimCluster]:
         yield cluster
         assert cluster.runtime is not None
         assert cluster.runtime.errors == []
-
-
-def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s")
-        time.sleep(0.01)
 
 
 def fetch(url: str) -> tuple[int, str, str]:
@@ -68,7 +59,11 @@ def scrape(sim: SimCluster, name: str) -> tuple[str, list[Any]]:
 
 def samples(families: list[Any]) -> list[tuple[str, dict[str, str], float]]:
     """(name as exposed, labels, value); prometheus_client's parser appends "_total" to counter samples."""
-    return [(f.name if s.name == f.name + "_total" else s.name, s.labels, s.value) for f in families for s in f.samples]
+    return [
+        (f.name if s.name == f.name + "_total" else s.name, s.labels, s.value)
+        for f in families
+        for s in f.samples
+    ]
 
 
 def values(families: list[Any]) -> Series:
@@ -85,7 +80,7 @@ def test_names_types_and_labels_are_dcgm_exporters(sim: SimCluster) -> None:
         if name in always:
             assert f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n" in text
     for name in always:  # DCGM's exact names: no "_total" added to the counters
-        assert f"\n{name}{{gpu=\"0\",UUID=" in text
+        assert f'\n{name}{{gpu="0",UUID=' in text
     assert "_total" not in text
     found = samples(families)
     assert {name for name, _, _ in found} >= set(always)
@@ -98,7 +93,8 @@ def test_names_types_and_labels_are_dcgm_exporters(sim: SimCluster) -> None:
         assert labels["UUID"] == str(sim.fleet.uuids[int(labels["gpu"])])
         assert labels["UUID"] not in uuids
     assert sorted({labels["pci_bus_id"] for _, labels, _ in found}) == sorted(
-        f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"))
+        f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+    )
 
 
 def test_a_healthy_node_looks_healthy(sim: SimCluster) -> None:
@@ -112,9 +108,15 @@ def test_a_healthy_node_looks_healthy(sim: SimCluster) -> None:
         assert v["DCGM_FI_DEV_ENFORCED_POWER_LIMIT", g] == v["DCGM_FI_DEV_POWER_MGMT_LIMIT", g] == 700
         assert 0 < v["DCGM_FI_DEV_POWER_USAGE", g] <= 700
         assert v["DCGM_FI_DEV_SM_CLOCK", g] >= 1900
-        for name in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                     "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-                     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"):
+        for name in (
+            "DCGM_FI_DEV_THERMAL_VIOLATION",
+            "DCGM_FI_DEV_POWER_VIOLATION",
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "DCGM_FI_DEV_ROW_REMAP_PENDING",
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        ):
             assert v[name, g] == 0, name
         assert v["DCGM_FI_DEV_XID_ERRORS", g] in (0, 13, 31, 43)  # at most an application XID
 
@@ -137,8 +139,11 @@ def test_fault_signatures_and_counters_that_grow(sim: SimCluster) -> None:
     assert b["DCGM_FI_DEV_GPU_TEMP", 0] >= b["DCGM_FI_DEV_SLOWDOWN_TEMP", 0]
     assert b["DCGM_FI_DEV_SM_CLOCK", 0] <= 1000  # halved while the slowdown is active
     assert b["DCGM_FI_DEV_THERMAL_VIOLATION", 0] > a["DCGM_FI_DEV_THERMAL_VIOLATION", 0] > 0
-    events = {labels["clock_event"]: value for name, labels, value in samples(second)
-              if name == "DCGM_EXP_CLOCK_EVENTS_COUNT" and labels["gpu"] == "0"}
+    events = {
+        labels["clock_event"]: value
+        for name, labels, value in samples(second)
+        if name == "DCGM_EXP_CLOCK_EVENTS_COUNT" and labels["gpu"] == "0"
+    }
     assert events["hw_thermal"] > 0
     assert b["DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 3] > a["DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 3] > 0
     crc = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
@@ -164,8 +169,11 @@ def test_row_remap_xids_and_a_gpu_off_the_bus(sim: SimCluster) -> None:
     assert v["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1] == 1
     assert v["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 1] == 1
     assert v["DCGM_FI_DEV_XID_ERRORS", 1] == 63  # the last XID: 48 then 63
-    xids = {labels["xid"]: value for name, labels, value in samples(families)
-            if name == "DCGM_EXP_XID_ERRORS_COUNT" and labels["gpu"] == "1"}
+    xids = {
+        labels["xid"]: value
+        for name, labels, value in samples(families)
+        if name == "DCGM_EXP_XID_ERRORS_COUNT" and labels["gpu"] == "1"
+    }
     assert xids["48"] == xids["63"] == 1
 
 
@@ -182,7 +190,11 @@ def test_no_exporter_on_a_missing_or_not_ready_node(sim: SimCluster) -> None:
 def test_the_older_hostname_label() -> None:
     with SimCluster(nodes=1, gpus=2, controllers=False, dcgm_host_label="Hostname") as small:
         _, families = scrape(small, node(0))
-        assert all(s.labels["Hostname"] == node(0) and "hostname" not in s.labels for f in families for s in f.samples)
+        assert all(
+            s.labels["Hostname"] == node(0) and "hostname" not in s.labels
+            for f in families
+            for s in f.samples
+        )
     with pytest.raises(InputError, match="host label"):
         SimCluster(nodes=1, dcgm_host_label="host")
 
@@ -197,7 +209,9 @@ def _targets(endpoints: client.V1Endpoints) -> tuple[list[str], list[str]]:
 def test_preconfigured_endpoints_list_every_node_and_lead_to_its_exporter(sim: SimCluster) -> None:
     core = client.CoreV1Api(sim.api_client())
     found = core.list_namespaced_endpoints(
-        STACK_NAMESPACE, label_selector="app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter")
+        STACK_NAMESPACE,
+        label_selector="app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter",
+    )
     assert [e.metadata.name for e in found.items] == ["dcgm-exporter"]
     endpoints = found.items[0]
     ready, _ = _targets(endpoints)
@@ -211,6 +225,7 @@ def test_preconfigured_endpoints_list_every_node_and_lead_to_its_exporter(sim: S
 
     sim.set_node_ready(node(5), False)
     try:
+
         def moved() -> bool:
             r, n = _targets(core.read_namespaced_endpoints("dcgm-exporter", STACK_NAMESPACE))
             return node(5) not in r and n == [node(5)]
@@ -227,14 +242,30 @@ def test_endpoints_follow_the_exporter_daemonset_when_applied() -> None:
         labels = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "dcgm-exporter"}
         pod_labels = {"app": "dcgm-exporter"}
         core.create_namespace({"metadata": {"name": "gpu-stack"}})
-        core.create_namespaced_service("gpu-stack", {"metadata": {"name": "dcgm-exporter", "labels": labels},
-                                                     "spec": {"selector": pod_labels, "ports": [
-                                                         {"name": "gpu-metrics", "port": 9400}]}})
-        apps.create_namespaced_daemon_set("gpu-stack", {
-            "metadata": {"name": "dcgm-exporter", "labels": labels},
-            "spec": {"selector": {"matchLabels": pod_labels}, "template": {
-                "metadata": {"labels": {**pod_labels, **labels}},
-                "spec": {"containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3"}]}}}})
+        core.create_namespaced_service(
+            "gpu-stack",
+            {
+                "metadata": {"name": "dcgm-exporter", "labels": labels},
+                "spec": {"selector": pod_labels, "ports": [{"name": "gpu-metrics", "port": 9400}]},
+            },
+        )
+        apps.create_namespaced_daemon_set(
+            "gpu-stack",
+            {
+                "metadata": {"name": "dcgm-exporter", "labels": labels},
+                "spec": {
+                    "selector": {"matchLabels": pod_labels},
+                    "template": {
+                        "metadata": {"labels": {**pod_labels, **labels}},
+                        "spec": {
+                            "containers": [
+                                {"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3"}
+                            ]
+                        },
+                    },
+                },
+            },
+        )
 
         def listed() -> client.V1Endpoints | None:
             try:
@@ -252,7 +283,9 @@ def test_endpoints_follow_the_exporter_daemonset_when_applied() -> None:
         bare.inject({"nodes": [{"event": "join", "count": 1}]})
         # The joining node is tainted uncertified: the exporter DaemonSet (no toleration) skips it.
         time.sleep(0.2)
-        assert _targets(core.read_namespaced_endpoints("dcgm-exporter", "gpu-stack"))[0] == [node(i) for i in range(3)]
+        assert _targets(core.read_namespaced_endpoints("dcgm-exporter", "gpu-stack"))[0] == [
+            node(i) for i in range(3)
+        ]
         # A real API server answers a Service delete with the Service, as the client expects.
         deleted = core.delete_namespaced_service("dcgm-exporter", "gpu-stack")
         assert deleted.metadata.name == "dcgm-exporter"

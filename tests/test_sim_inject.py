@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +24,8 @@ from kubernetes import client, config, watch
 
 from gpucert.cli import main
 from gpucert.sim import INJECT_PATH, SimCluster
+
+from .conftest import eventually
 
 T = TypeVar("T")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -46,19 +48,9 @@ def core(sim: SimCluster) -> client.CoreV1Api:
     return client.CoreV1Api(sim.api_client())
 
 
-def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s")
-        time.sleep(0.01)
-
-
-def request(url: str, method: str = "GET", body: bytes | None = None,
-            content_type: str = "application/json") -> tuple[int, str]:
+def request(
+    url: str, method: str = "GET", body: bytes | None = None, content_type: str = "application/json"
+) -> tuple[int, str]:
     req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=10) as response:
@@ -82,10 +74,20 @@ def bench_rows(core: client.CoreV1Api, target: str, run_id: str) -> list[dict[st
     """Run a benchmark pod on ``target`` and return its result rows (what the payload printed)."""
     namespace = "default"
     name = f"bench-{run_id}"
-    core.create_namespaced_pod(namespace, {"metadata": {"name": name, "labels": {
-        "app.kubernetes.io/managed-by": "gpucert", "gpucert.io/run-id": run_id}}, "spec": {
-        "nodeName": target, "restartPolicy": "Never",
-        "containers": [{"name": "bench", "image": "ghcr.io/gpucert/payload:0.1"}]}})
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "gpucert", "gpucert.io/run-id": run_id},
+            },
+            "spec": {
+                "nodeName": target,
+                "restartPolicy": "Never",
+                "containers": [{"name": "bench", "image": "ghcr.io/gpucert/payload:0.1"}],
+            },
+        },
+    )
     eventually(lambda: core.read_namespaced_pod_status(name, namespace).status.phase == "Succeeded")
     log = core.read_namespaced_pod_log(name, namespace)
     return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
@@ -112,9 +114,25 @@ nodes:
 """)
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucert.cli", "sim", "up", "--nodes", "3", "--preconfigured", "--faults",
-         str(faults), "--kubeconfig", str(kubeconfig)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        [
+            sys.executable,
+            "-m",
+            "gpucert.cli",
+            "sim",
+            "up",
+            "--nodes",
+            "3",
+            "--preconfigured",
+            "--faults",
+            str(faults),
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         eventually(lambda: kubeconfig.exists() or proc.poll() is not None, 30)
         assert kubeconfig.exists(), proc.stderr.read() if proc.stderr else ""
@@ -133,8 +151,9 @@ nodes:
     assert proc.returncode == 0
 
 
-def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(sim: SimCluster,
-                                                                     core: client.CoreV1Api) -> None:
+def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(
+    sim: SimCluster, core: client.CoreV1Api
+) -> None:
     target = node(2)
     before = bench_rows(core, target, "http-0")
     assert value(before, "pcie_width", 3) == 16
@@ -150,9 +169,12 @@ def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(sim: SimCl
     assert [f["node"] for f in state["gpu"]] == [target]
 
     # YAML works as well, and DELETE with a node lifts that node's faults.
-    code, text = request(sim.url + INJECT_PATH, "POST",
-                         f"gpu:\n  - {{kind: power_cap, node: {node(3)}, params: {{limit_w: 500}}}}\n".encode(),
-                         "application/yaml")
+    code, text = request(
+        sim.url + INJECT_PATH,
+        "POST",
+        f"gpu:\n  - {{kind: power_cap, node: {node(3)}, params: {{limit_w: 500}}}}\n".encode(),
+        "application/yaml",
+    )
     assert code == 200, text
     assert dcgm(sim.url, node(3), "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", 0) == 500
     assert request(f"{sim.url}{INJECT_PATH}?node={target}", "DELETE")[0] == 200
@@ -163,9 +185,13 @@ def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(sim: SimCl
 
 
 def test_a_bad_document_over_http_changes_nothing(sim: SimCluster) -> None:
-    body = {"gpu": [{"kind": "pcie_gen4", "node": node(4), "gpu": 1},
-                    {"kind": "pcie_gen4", "node": node(4), "gpu": 99}],
-            "nodes": [{"event": "not_ready", "node": node(4)}]}
+    body = {
+        "gpu": [
+            {"kind": "pcie_gen4", "node": node(4), "gpu": 1},
+            {"kind": "pcie_gen4", "node": node(4), "gpu": 99},
+        ],
+        "nodes": [{"event": "not_ready", "node": node(4)}],
+    }
     code, text = request(sim.url + INJECT_PATH, "POST", json.dumps(body).encode())
     assert code == 400
     assert "gpu[1]" in json.loads(text)["error"]
@@ -178,19 +204,54 @@ def test_a_bad_document_over_http_changes_nothing(sim: SimCluster) -> None:
 def test_gpucert_sim_inject_against_a_running_cluster(sim: SimCluster, core: client.CoreV1Api) -> None:
     target, other = node(4), node(5)
     done = subprocess.run(
-        [sys.executable, "-m", "gpucert.cli", "sim", "inject", "--kubeconfig", str(sim.kubeconfig_path),
-         "--gpu", "hw_thermal", target, "6", "duty=0.5", "--not-ready", other],
-        check=False, capture_output=True, text=True, env=ENV, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "gpucert.cli",
+            "sim",
+            "inject",
+            "--kubeconfig",
+            str(sim.kubeconfig_path),
+            "--gpu",
+            "hw_thermal",
+            target,
+            "6",
+            "duty=0.5",
+            "--not-ready",
+            other,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     try:
         assert int(dcgm(sim.url, target, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 6) or 0) & 0x40
         assert ready(core, other) == "False"
-        assert next(c.reason for c in core.read_node_status(other).status.conditions
-                    if c.type == "Ready") == "KubeletNotReady"
+        assert (
+            next(c.reason for c in core.read_node_status(other).status.conditions if c.type == "Ready")
+            == "KubeletNotReady"
+        )
     finally:
         cleared = subprocess.run(
-            [sys.executable, "-m", "gpucert.cli", "sim", "inject", "--kubeconfig", str(sim.kubeconfig_path),
-             "--clear"], check=False, capture_output=True, text=True, env=ENV, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "gpucert.cli",
+                "sim",
+                "inject",
+                "--kubeconfig",
+                str(sim.kubeconfig_path),
+                "--clear",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=60,
+        )
     assert cleared.returncode == 0, cleared.stderr
     assert ready(core, other) == "True"
     assert not int(dcgm(sim.url, target, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 6) or 0) & 0x40
@@ -199,17 +260,27 @@ def test_gpucert_sim_inject_against_a_running_cluster(sim: SimCluster, core: cli
 def test_node_events_seen_through_a_watch(tmp_path: Path) -> None:
     with SimCluster(nodes=3, gpus=8, seed=12, preconfigured=True) as small:
         core = client.CoreV1Api(small.api_client())
-        pod = {"metadata": {"name": "sleeper"}, "spec": {"nodeName": node(2), "containers": [
-            {"name": "c", "image": "busybox"}]}}
+        pod = {
+            "metadata": {"name": "sleeper"},
+            "spec": {"nodeName": node(2), "containers": [{"name": "c", "image": "busybox"}]},
+        }
         core.create_namespaced_pod("default", pod)
         eventually(lambda: core.read_namespaced_pod_status("sleeper", "default").status.phase == "Running")
         rv = core.list_node().metadata.resource_version
 
-        small.inject({"nodes": [{"event": "not_ready", "node": node(0)}, {"event": "delete", "node": node(2)},
-                                {"event": "join", "count": 2}]})
+        small.inject(
+            {
+                "nodes": [
+                    {"event": "not_ready", "node": node(0)},
+                    {"event": "delete", "node": node(2)},
+                    {"event": "join", "count": 2},
+                ]
+            }
+        )
         # A pod bound to the NotReady node does not start.
-        core.create_namespaced_pod("default", {**pod, "metadata": {"name": "waiting"},
-                                               "spec": {**pod["spec"], "nodeName": node(0)}})
+        core.create_namespaced_pod(
+            "default", {**pod, "metadata": {"name": "waiting"}, "spec": {**pod["spec"], "nodeName": node(0)}}
+        )
         seen: list[tuple[str, str, Any]] = []
         wanted = {("MODIFIED", node(0)), ("DELETED", node(2)), ("ADDED", node(3)), ("ADDED", node(4))}
         # Read until every expected event came (a node may be MODIFIED more than once on the way).
@@ -222,16 +293,21 @@ def test_node_events_seen_through_a_watch(tmp_path: Path) -> None:
         assert ("DELETED", node(2)) in kinds
         assert ("ADDED", node(3)) in kinds
         assert ("ADDED", node(4)) in kinds
+
         def ready_condition(obj: Any) -> Any:
             return next(c for c in obj.status.conditions if c.type == "Ready")
 
         not_ready = next(o for t, n, o in seen if n == node(0) and ready_condition(o).status == "False")
         assert ready_condition(not_ready).reason == "KubeletNotReady"
         assert {(t.key, t.effect) for t in not_ready.spec.taints} == {
-            ("node.kubernetes.io/not-ready", "NoSchedule"), ("node.kubernetes.io/not-ready", "NoExecute")}
+            ("node.kubernetes.io/not-ready", "NoSchedule"),
+            ("node.kubernetes.io/not-ready", "NoExecute"),
+        }
         joined = next(o for t, n, o in seen if n == node(3))
         assert [(t.key, t.effect) for t in joined.spec.taints] == [("gpucert.io/uncertified", "NoSchedule")]
-        eventually(lambda: not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == "sleeper"])
+        eventually(
+            lambda: not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == "sleeper"]
+        )
         time.sleep(0.1)
         assert core.read_namespaced_pod_status("waiting", "default").status.phase == "Pending"
         small.set_node_ready(node(0), True)
@@ -240,19 +316,23 @@ def test_node_events_seen_through_a_watch(tmp_path: Path) -> None:
         assert small.runtime.errors == []
 
 
-@pytest.mark.parametrize(("text", "expect"), [
-    ("gpu:\n  - {kind: nosuch, node: gpu-node-00000, gpu: 0}\n", "gpu[0]: unknown fault kind 'nosuch'"),
-    ("gpu:\n  - {kind: pcie_gen4, node: gpu-node-00000}\n", "gpu[0]"),
-    ("gpu:\n  - {kind: pcie_gen4, node: gpu-node-00000, gpu: 0, params: {bogus: 1}}\n", "bogus"),
-    ("nodes:\n  - {event: not_ready, node: gpu-node-00099}\n", "nodes[0]: no node 'gpu-node-00099'"),
-    ("nodes:\n  - {event: explode, node: gpu-node-00000}\n", "nodes[0]: unknown node event 'explode'"),
-    ("nodes:\n  - {event: join, count: 0}\n", "nodes[0]: 'count'"),
-    ("api:\n  error_rate: 2\n", "api:"),
-    ("disks: []\n", "unknown keys ['disks']"),
-    ("gpu: [unclosed\n", "not valid YAML"),
-])
-def test_a_bad_fault_file_is_exit_2_naming_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       text: str, expect: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("gpu:\n  - {kind: nosuch, node: gpu-node-00000, gpu: 0}\n", "gpu[0]: unknown fault kind 'nosuch'"),
+        ("gpu:\n  - {kind: pcie_gen4, node: gpu-node-00000}\n", "gpu[0]"),
+        ("gpu:\n  - {kind: pcie_gen4, node: gpu-node-00000, gpu: 0, params: {bogus: 1}}\n", "bogus"),
+        ("nodes:\n  - {event: not_ready, node: gpu-node-00099}\n", "nodes[0]: no node 'gpu-node-00099'"),
+        ("nodes:\n  - {event: explode, node: gpu-node-00000}\n", "nodes[0]: unknown node event 'explode'"),
+        ("nodes:\n  - {event: join, count: 0}\n", "nodes[0]: 'count'"),
+        ("api:\n  error_rate: 2\n", "api:"),
+        ("disks: []\n", "unknown keys ['disks']"),
+        ("gpu: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_fault_file_is_exit_2_naming_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expect: str
+) -> None:
     faults = tmp_path / "bad.yaml"
     faults.write_text(text)
     kubeconfig = tmp_path / "kubeconfig"
@@ -265,14 +345,18 @@ def test_a_bad_fault_file_is_exit_2_naming_the_problem(tmp_path: Path, capsys: p
     assert not kubeconfig.exists()  # nothing served
 
 
-def test_gpucert_sim_inject_rejects_bad_input_with_exit_2(sim: SimCluster, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_gpucert_sim_inject_rejects_bad_input_with_exit_2(
+    sim: SimCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpu:\n  - {kind: pcie_gen4, node: gpu-node-00000, gpu: zero}\n")
     assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), str(bad)]) == 2
     assert f"{bad}: gpu[0]: 'gpu' must be a GPU index" in capsys.readouterr().err
     # Checked by the server: a node the fleet does not have.
-    assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), "--gpu", "pcie_gen4", "nope", "1"]) == 2
+    assert (
+        main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), "--gpu", "pcie_gen4", "nope", "1"])
+        == 2
+    )
     assert "gpu[0]" in capsys.readouterr().err
     assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path)]) == 2
     assert "nothing to inject" in capsys.readouterr().err

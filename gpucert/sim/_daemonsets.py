@@ -39,7 +39,7 @@ from ._objects import (
     NODES,
     PODS,
     Key,
-    controller_ref,
+    controlling_owner,
     deleting,
     key_of,
     owner_ref,
@@ -80,12 +80,16 @@ def _pod_spec(ds: Mapping[str, Any]) -> dict[str, Any]:
 def _eligible(pod_spec: Mapping[str, Any], node: Obj) -> bool:
     if not selects(pod_spec, node):
         return False
-    return untolerated_taint(pod_spec.get("tolerations") or (), (node.get("spec") or {}).get("taints") or ()) is None
+    return (
+        untolerated_taint(pod_spec.get("tolerations") or (), (node.get("spec") or {}).get("taints") or ())
+        is None
+    )
 
 
 def _max_unavailable(ds: Mapping[str, Any], desired: int) -> int:
-    raw = ((((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {})
-           .get("maxUnavailable", 1))
+    raw = (((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}).get(
+        "maxUnavailable", 1
+    )
     if isinstance(raw, str) and raw.endswith("%"):
         try:
             value = math.ceil(float(raw[:-1]) / 100 * desired)
@@ -113,13 +117,16 @@ class DaemonSetController:
         if event.resource == DAEMONSETS.key:
             return (key_of(event.obj),) if event.type != "DELETED" else ()
         if event.resource == NODES.key:
-            if event.type == "MODIFIED" and event.old is not None and not _scheduling_changed(event.old, event.obj):
+            if (
+                event.type == "MODIFIED"
+                and event.old is not None
+                and not _scheduling_changed(event.old, event.obj)
+            ):
                 return ()  # a status heartbeat or a GPU count changes nothing for DaemonSets
             return [key_of(d) for d in self.store.list(DAEMONSETS)[0]]
         if event.resource == PODS.key:
-            ref = controller_ref(event.obj)
-            if ref is not None and ref.get("kind") == "DaemonSet" and ref.get("apiVersion") == "apps/v1":
-                return ((event.obj["metadata"].get("namespace") or "", str(ref["name"])),)
+            owner = controlling_owner(event.obj, "DaemonSet", "apps/v1")
+            return (owner,) if owner is not None else ()
         return ()
 
     def reconcile(self, key: Key) -> None:
@@ -176,8 +183,11 @@ class DaemonSetController:
 
     def _roll(self, ds: Obj, desired: list[str], by_node: dict[str, list[Obj]], revision: str) -> None:
         """Delete old pods while the unavailable budget allows; their nodes get new pods after this."""
-        old = [(node, by_node[node][0]) for node in desired
-               if node in by_node and _revision(by_node[node][0]) != revision]
+        old = [
+            (node, by_node[node][0])
+            for node in desired
+            if node in by_node and _revision(by_node[node][0]) != revision
+        ]
         if not old:
             return
         unavailable = sum(1 for node in desired if node not in by_node or not pod_ready(by_node[node][0]))
@@ -194,29 +204,58 @@ class DaemonSetController:
     def _create(self, ds: Obj, node: str, pod_spec: Mapping[str, Any], revision: str) -> Obj:
         meta = ds["metadata"]
         tmeta = ((ds.get("spec") or {}).get("template") or {}).get("metadata") or {}
-        labels = {**(tmeta.get("labels") or {}), "controller-revision-hash": revision,
-                  "pod-template-generation": str(meta.get("generation", 1))}
-        pod_meta: dict[str, Any] = {"generateName": f"{meta['name']}-", "namespace": meta.get("namespace"),
-                                    "labels": labels, "ownerReferences": [owner_ref(ds)]}
+        labels = {
+            **(tmeta.get("labels") or {}),
+            "controller-revision-hash": revision,
+            "pod-template-generation": str(meta.get("generation", 1)),
+        }
+        pod_meta: dict[str, Any] = {
+            "generateName": f"{meta['name']}-",
+            "namespace": meta.get("namespace"),
+            "labels": labels,
+            "ownerReferences": [owner_ref(ds)],
+        }
         if tmeta.get("annotations"):
             pod_meta["annotations"] = dict(tmeta["annotations"])
         spec = copy.deepcopy(dict(pod_spec))
         spec["nodeName"] = node
-        spec["affinity"] = {**(spec.get("affinity") or {}), "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
-        pod = self.store.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec,
-                                       "status": {"phase": "Pending"}})
-        record_event(self.store, ds, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}",
-                     _COMPONENT)
+        spec["affinity"] = {
+            **(spec.get("affinity") or {}),
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                }
+            },
+        }
+        pod = self.store.create(
+            PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": pod_meta,
+                "spec": spec,
+                "status": {"phase": "Pending"},
+            },
+        )
+        record_event(
+            self.store,
+            ds,
+            "Normal",
+            "SuccessfulCreate",
+            f"Created pod: {pod['metadata']['name']}",
+            _COMPONENT,
+        )
         return pod
 
     def _delete(self, ds: Obj, pod: Obj) -> None:
         meta = pod["metadata"]
         if self.store.get(PODS, meta.get("namespace"), meta["name"]) is not None:
             self.store.delete(PODS, meta.get("namespace"), meta["name"])
-            record_event(self.store, ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}",
-                         _COMPONENT)
+            record_event(
+                self.store, ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}", _COMPONENT
+            )
 
 
 def _revision(pod: Obj) -> str | None:
@@ -227,5 +266,6 @@ def _revision(pod: Obj) -> str | None:
 
 def _scheduling_changed(old: Obj, new: Obj) -> bool:
     """Whether a node change can change which DaemonSets it runs: labels, taints, or Ready."""
-    return (old["metadata"].get("labels") != new["metadata"].get("labels")
-            or (old.get("spec") or {}).get("taints") != (new.get("spec") or {}).get("taints"))
+    return old["metadata"].get("labels") != new["metadata"].get("labels") or (old.get("spec") or {}).get(
+        "taints"
+    ) != (new.get("spec") or {}).get("taints")

@@ -33,7 +33,7 @@ from ._objects import (
     JOBS,
     PODS,
     Key,
-    controller_ref,
+    controlling_owner,
     deleting,
     key_of,
     owner_ref,
@@ -71,7 +71,7 @@ class JobController:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.store = runtime.store
-        self._started: dict[str, float] = {}   # job uid → startTime (monotonic), for exact deadlines
+        self._started: dict[str, float] = {}  # job uid → startTime (monotonic), for exact deadlines
         self._finished: dict[str, float] = {}  # job uid → finish time (monotonic), for exact TTLs
         self._ended: dict[str, dict[str, str]] = {}  # job uid → pod uid → final phase
 
@@ -87,9 +87,8 @@ class JobController:
                 return ()
             return (key_of(event.obj),)
         if event.resource == PODS.key:
-            ref = controller_ref(event.obj)
-            if ref is not None and ref.get("kind") == "Job" and ref.get("apiVersion") == "batch/v1":
-                return ((event.obj["metadata"].get("namespace") or "", str(ref["name"])),)
+            owner = controlling_owner(event.obj, "Job", "batch/v1")
+            return (owner,) if owner is not None else ()
         return ()
 
     def reconcile(self, key: Key) -> None:
@@ -133,17 +132,30 @@ class JobController:
             for pod in active:
                 self._delete_pod(job, pod)
             failed += len(active)
-            self._write(job, status, active=0, ready=0, succeeded=succeeded, failed=failed,
-                        condition=("Failed", *failure))
+            self._write(
+                job,
+                status,
+                active=0,
+                ready=0,
+                succeeded=succeeded,
+                failed=failed,
+                condition=("Failed", *failure),
+            )
             record_event(self.store, job, "Warning", failure[0], failure[1], _COMPONENT)
             return
 
-        complete = (succeeded >= int(completions) if completions is not None
-                    else succeeded >= 1 and not active)
+        complete = succeeded >= int(completions) if completions is not None else succeeded >= 1 and not active
         if complete and not active:
             status["completionTime"] = now_rfc3339()
-            self._write(job, status, active=0, ready=0, succeeded=succeeded, failed=failed,
-                        condition=("Complete", None, None))
+            self._write(
+                job,
+                status,
+                active=0,
+                ready=0,
+                succeeded=succeeded,
+                failed=failed,
+                condition=("Complete", None, None),
+            )
             record_event(self.store, job, "Normal", "Completed", "Job completed", _COMPONENT)
             return
 
@@ -162,28 +174,60 @@ class JobController:
     def _create_pod(self, job: Obj) -> Obj:
         meta, template = job["metadata"], copy.deepcopy((job.get("spec") or {}).get("template") or {})
         tmeta = template.get("metadata") or {}
-        labels = {**(tmeta.get("labels") or {}),
-                  "batch.kubernetes.io/controller-uid": meta["uid"], "batch.kubernetes.io/job-name": meta["name"],
-                  "controller-uid": meta["uid"], "job-name": meta["name"]}
-        pod_meta: dict[str, Any] = {"generateName": f"{meta['name']}-", "namespace": meta.get("namespace"),
-                                    "labels": labels, "ownerReferences": [owner_ref(job)]}
+        labels = {
+            **(tmeta.get("labels") or {}),
+            "batch.kubernetes.io/controller-uid": meta["uid"],
+            "batch.kubernetes.io/job-name": meta["name"],
+            "controller-uid": meta["uid"],
+            "job-name": meta["name"],
+        }
+        pod_meta: dict[str, Any] = {
+            "generateName": f"{meta['name']}-",
+            "namespace": meta.get("namespace"),
+            "labels": labels,
+            "ownerReferences": [owner_ref(job)],
+        }
         if tmeta.get("annotations"):
             pod_meta["annotations"] = dict(tmeta["annotations"])
-        pod = self.store.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta,
-                                       "spec": template.get("spec") or {}, "status": {"phase": "Pending"}})
-        record_event(self.store, job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}",
-                     _COMPONENT)
+        pod = self.store.create(
+            PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": pod_meta,
+                "spec": template.get("spec") or {},
+                "status": {"phase": "Pending"},
+            },
+        )
+        record_event(
+            self.store,
+            job,
+            "Normal",
+            "SuccessfulCreate",
+            f"Created pod: {pod['metadata']['name']}",
+            _COMPONENT,
+        )
         return pod
 
     def _delete_pod(self, job: Obj, pod: Obj) -> None:
         meta = pod["metadata"]
         if self.store.get(PODS, meta.get("namespace"), meta["name"]) is not None:
             self.store.delete(PODS, meta.get("namespace"), meta["name"])
-            record_event(self.store, job, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}",
-                         _COMPONENT)
+            record_event(
+                self.store, job, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}", _COMPONENT
+            )
 
-    def _write(self, job: Obj, status: dict[str, Any], *, active: int, ready: int, succeeded: int, failed: int,
-               condition: tuple[str, str | None, str | None] | None = None) -> None:
+    def _write(
+        self,
+        job: Obj,
+        status: dict[str, Any],
+        *,
+        active: int,
+        ready: int,
+        succeeded: int,
+        failed: int,
+        condition: tuple[str, str | None, str | None] | None = None,
+    ) -> None:
         new = dict(status)
         for name, value in (("active", active), ("succeeded", succeeded), ("failed", failed)):
             if value:
@@ -195,7 +239,12 @@ class JobController:
         if condition is not None:
             kind, reason, message = condition
             now = now_rfc3339()
-            cond: dict[str, Any] = {"type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now}
+            cond: dict[str, Any] = {
+                "type": kind,
+                "status": "True",
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+            }
             if reason:
                 cond.update(reason=reason, message=message)
             new["conditions"] = [*(new.get("conditions") or ()), cond]
@@ -211,7 +260,8 @@ class JobController:
         since = _seconds_since(str(done.get("lastTransitionTime") or "")) or 0.0
         due = self._finished.setdefault(uid, now - since) + float(ttl)
         if now >= due:
-            self.store.delete(JOBS, job["metadata"].get("namespace"), job["metadata"]["name"],
-                              propagation="Background")
+            self.store.delete(
+                JOBS, job["metadata"].get("namespace"), job["metadata"]["name"], propagation="Background"
+            )
         else:
             self.rt.after(due - now, self, key_of(job))

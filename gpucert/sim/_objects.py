@@ -22,6 +22,7 @@ __all__ = [
     "PODS",
     "Key",
     "controller_ref",
+    "controlling_owner",
     "deleting",
     "key_of",
     "node_ready",
@@ -96,13 +97,29 @@ def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def controlling_owner(obj: Mapping[str, Any], kind: str, api_version: str) -> Key | None:
+    """The key of the ``kind`` object that controls ``obj`` (same namespace), or None."""
+    ref = controller_ref(obj)
+    if ref is None or ref.get("kind") != kind or ref.get("apiVersion") != api_version:
+        return None
+    return (obj["metadata"].get("namespace") or "", str(ref["name"]))
+
+
 def owner_ref(owner: Mapping[str, Any]) -> dict[str, Any]:
     """The controller ownerReference a controller puts on what it creates (GC follows it)."""
-    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def set_condition(conditions: Sequence[Mapping[str, Any]] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None, new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """``conditions`` with ``new`` in place of the one of its type.
 
     The transition time is kept while the status stays the same, as controllers do: rewriting an
@@ -132,13 +149,28 @@ def record_event(store: Store, involved: Obj, kind: str, reason: str, message: s
     now = now_rfc3339()
     namespace = meta.get("namespace") or "default"
     suffix = secrets.token_hex(8)
-    store.create(EVENTS, {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{suffix}", "namespace": namespace},
-        "involvedObject": {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"),
-                           "name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion")},
-        "reason": reason, "message": message, "type": kind,
-        "source": {"component": component}, "reportingComponent": component, "reportingInstance": "",
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    })
+    store.create(
+        EVENTS,
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{suffix}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": component},
+            "reportingComponent": component,
+            "reportingInstance": "",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        },
+    )

@@ -193,7 +193,10 @@ class S3ObjectStore:
     # --- the ObjectStore protocol ---------------------------------------------------------------
 
     def get(self, key: str) -> Blob | None:
-        s3_key = self._key(key)
+        return self._read(self._key(key))
+
+    def _read(self, s3_key: str) -> Blob | None:
+        """The object at ``s3_key`` (None when missing); any other failure is StoreUnavailable."""
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
             data: bytes = response["Body"].read()
@@ -280,16 +283,8 @@ class S3ObjectStore:
 
     def _own_write_landed(self, s3_key: str, data: bytes) -> str | None:
         """After a retried conditional PUT failed: the etag if the object holds our bytes, else None."""
-        try:
-            response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
-            current: bytes = response["Body"].read()
-        except botocore.exceptions.ClientError as exc:
-            if _error_code(exc)[0] in _MISSING_CODES:
-                return None
-            raise self._unavailable("read", s3_key, exc) from exc
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
-            raise self._unavailable("read", s3_key, exc) from exc
-        return normalise_etag(str(response["ETag"])) if current == data else None
+        current = self._read(s3_key)
+        return current.etag if current is not None and current.data == data else None
 
     def _conflict(self, s3_key: str, if_match: str | None, code: str, *, gone: bool) -> StoreConflict:
         where = self._where(s3_key)

@@ -55,13 +55,19 @@ def per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarra
     return out
 
 
-def _lookup(index_keys: np.ndarray, values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """values[position of keys in index_keys], NaN where absent (index_keys are unique: the baseline's
-    (level, key, metric) is)."""
+def _center_spread(
+    index_keys: np.ndarray, rows: pd.DataFrame, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The baseline ``center`` and ``spread`` at each of ``keys`` (NaN where absent), from one hash lookup
+    (``index_keys`` are unique: the baseline's (level, key, metric) is)."""
     if len(index_keys) == 0:
-        return np.full(len(keys), np.nan)
+        return np.full(len(keys), np.nan), np.full(len(keys), np.nan)
     position = pd.Index(index_keys).get_indexer(keys)
-    return np.where(position >= 0, values[np.maximum(position, 0)], np.nan)
+    found = position >= 0
+    at = np.maximum(position, 0)
+    center = np.where(found, rows["center"].to_numpy(float)[at], np.nan)
+    spread = np.where(found, rows["spread"].to_numpy(float)[at], np.nan)
+    return center, spread
 
 
 def _positions(values: pd.Series, names: pd.Index) -> np.ndarray:
@@ -114,14 +120,12 @@ def compare_references(
             continue
         mine = (scope == scope_id) & (codes >= 0)
         keys = codes[mine] * N_METRICS + mcode[mine]
-        own_center[mine] = _lookup(bkeys, brows["center"].to_numpy(float), keys)
-        own_spread[mine] = _lookup(bkeys, brows["spread"].to_numpy(float), keys)
+        own_center[mine], own_spread[mine] = _center_spread(bkeys, brows, keys)
     has_own = np.isfinite(own_center) & (own_center > 0)
 
     # -- stored per-model reference ----------------------------------------------------------------
     mkeys, mrows = _baseline_keys(baseline, "model", run.models)
-    model_center = _lookup(mkeys, mrows["center"].to_numpy(float), model * N_METRICS + mcode)
-    model_spread = _lookup(mkeys, mrows["spread"].to_numpy(float), model * N_METRICS + mcode)
+    model_center, model_spread = _center_spread(mkeys, mrows, model * N_METRICS + mcode)
 
     # -- the run's cohort: same scope, model and metric --------------------------------------------
     cohort = (scope * (len(run.models) + 1) + model) * N_METRICS + mcode

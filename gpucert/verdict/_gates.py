@@ -9,7 +9,6 @@ a benchmark step that errored or a result that is absent, without a GPU signal, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,7 +27,7 @@ def _gpu_findings(
     run: RunIndex,
     eids: np.ndarray,
     *,
-    severity: Any,
+    severity: str,
     cause: object,
     action: object,
     ticket: object,
@@ -37,8 +36,6 @@ def _gpu_findings(
     reference: object = np.nan,
     reason: list[str],
 ) -> pd.DataFrame:
-    if isinstance(severity, np.ndarray):
-        severity = np.array([SEVERITY[s] for s in severity], dtype=np.int64)
     return make_findings(
         "gpu",
         run.node_names(eids),
@@ -72,7 +69,7 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         metric: str,
         value: np.ndarray,
         reference: object = np.nan,
-        severity: object = "fail",
+        severity: str = "fail",
         cause: object,
         action: object,
         ticket: object = "remediation",
@@ -94,7 +91,7 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
             _gpu_findings(
                 run,
                 gpus[mask],
-                severity=pick(severity),
+                severity=severity,
                 cause=pick(cause),
                 action=pick(action),
                 ticket=pick(ticket),

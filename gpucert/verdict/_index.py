@@ -9,6 +9,7 @@ entities and for the output table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -94,6 +95,12 @@ class RunIndex:
         names: np.ndarray = np.asarray(self.models, dtype=object)[self.model_code[eids]]
         return names
 
+    @cached_property
+    def _key_index(self) -> pd.Index:
+        """A hash index of the entity keys, built once per run however often findings are located."""
+        index: pd.Index = pd.Index(self.keys)
+        return index
+
     def locate(self, findings: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """(entity key, entity id or -1) of the entities that findings name by scope, node, gpu and peer."""
         scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
@@ -106,7 +113,7 @@ class RunIndex:
         )
         sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
         keys = entity_key(scope, node_code, sub)
-        eid = np.where(node_code >= 0, pd.Index(self.keys).get_indexer(keys), -1).astype(np.int64)
+        eid = np.where(node_code >= 0, self._key_index.get_indexer(pd.Index(keys)), -1).astype(np.int64)
         return keys, eid
 
     def rows_of(self, metric: str) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..policy import Policy
-from ._findings import make_findings
+from ._findings import concat_findings, make_findings
 from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex
 
 __all__ = ["reduce_repeats"]
@@ -82,7 +82,7 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
         _unstable_findings(run, measured[unstable], expected[unstable]),
         _transient_notes(run, rows[named], rel[named]),
     ]
-    return measured, pd.concat([f for f in findings if len(f)] or [findings[0]], ignore_index=True)
+    return measured, concat_findings(findings)
 
 
 def _cohort_noise(

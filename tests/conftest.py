@@ -6,13 +6,15 @@ Building baselines judges five waves, so it is done once per session and shared 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 import pytest
+from kubernetes import client
 
 from gpucert.baseline import build_baseline
 from gpucert.fleet import Fault, Fleet, Wave
@@ -101,3 +103,27 @@ def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {probe}")
         time.sleep(0.01)
+
+
+# --- the simulated cluster: client fixtures over a module's own ``sim`` fixture ------------------------
+_namespaces = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def api(sim: Any) -> client.ApiClient:
+    """The official client, configured for the module's simulated cluster (its ``sim`` fixture)."""
+    return sim.api_client()
+
+
+@pytest.fixture
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture
+def ns(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace for one test, deleted after it."""
+    name = f"t{next(_namespaces)}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)

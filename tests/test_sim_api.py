@@ -8,7 +8,6 @@ compacting the watch history, setting API faults from Python).
 from __future__ import annotations
 
 import http.client
-import itertools
 import json
 import os
 import signal
@@ -27,7 +26,6 @@ from kubernetes.client.rest import ApiException
 from gpucert.sim import ApiFaults, SimCluster
 
 NODES = 8
-_ns_counter = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -36,23 +34,6 @@ def sim() -> Iterator[SimCluster]:
     with SimCluster(nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, controllers=False) as cluster:
         yield cluster
 
-
-@pytest.fixture(scope="module")
-def api(sim: SimCluster) -> client.ApiClient:
-    return sim.api_client()
-
-
-@pytest.fixture
-def core(api: client.ApiClient) -> client.CoreV1Api:
-    return client.CoreV1Api(api)
-
-
-@pytest.fixture
-def ns(core: client.CoreV1Api) -> Iterator[str]:
-    name = f"t{next(_ns_counter)}"
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name)
 
 
 def raw(sim: SimCluster, method: str, path: str, body: bytes | None = None,

@@ -9,7 +9,6 @@ that no controller hit an error.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -27,7 +26,6 @@ from .conftest import eventually
 
 T = TypeVar("T")
 NODES = 8
-_ns_counter = itertools.count()
 _UNCERTIFIED = "gpucert.io/uncertified"
 _UNHEALTHY = "gpucert.io/unhealthy"
 _GPUCERT_TOLERATIONS = [
@@ -60,27 +58,10 @@ def bare() -> Iterator[SimCluster]:
         assert cluster.runtime.errors == []
 
 
-@pytest.fixture(scope="module")
-def api(sim: SimCluster) -> client.ApiClient:
-    return sim.api_client()
-
-
-@pytest.fixture
-def core(api: client.ApiClient) -> client.CoreV1Api:
-    return client.CoreV1Api(api)
-
-
 @pytest.fixture
 def batch(api: client.ApiClient) -> client.BatchV1Api:
     return client.BatchV1Api(api)
 
-
-@pytest.fixture
-def ns(core: client.CoreV1Api) -> Iterator[str]:
-    name = f"c{next(_ns_counter)}"
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name)
 
 
 def container(gpus: int = 0) -> dict[str, Any]:

@@ -115,6 +115,34 @@ def _parser() -> argparse.ArgumentParser:
     inject.add_argument("--clear", action="store_true", help="first lift every fault (GPU, NotReady, API)")
     inject.add_argument("--clear-node", metavar="NODE", help="first lift the faults of one node")
 
+    configure = commands.add_parser(
+        "configure",
+        help="install the GPU stack on the GPU nodes (runs the configure flow once)",
+        description="Inventory the GPU nodes, choose the stack for each GPU model from the compatibility "
+        "matrix (an incompatible request exits 2 before anything is written), then install driver, container "
+        "toolkit, device plugin, DCGM exporter and GPU feature discovery in that order, waiting for each on "
+        "every node; verify the GPUs are advertised and report drift. Running it again changes nothing.",
+    )
+    configure.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    configure.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    configure.add_argument("--release", metavar="R",
+                           help="a release of the compatibility matrix (default: the newest that fits)")
+    configure.add_argument("--set", dest="versions", action="append", default=[], metavar="COMPONENT=VERSION",
+                           help="pin a component, e.g. --set driver=570.195.03 (repeatable)")
+    configure.add_argument("--registry", metavar="HOST/PATH", help="pull every image from this registry (a mirror)")
+    configure.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
+                           help="configure only this GPU node (repeatable; default: all)")
+    configure.add_argument("--dry-run", metavar="DIR",
+                           help="render every manifest into DIR; write nothing to the cluster")
+    configure.add_argument("--namespace", default="gpucert-system", help="namespace of the stack")
+    configure.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels")
+    configure.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
+    configure.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+                           help="GPUs expected on a node without an nvidia.com/gpu.count label")
+    configure.add_argument("--timeout", type=float, default=900.0, metavar="S",
+                           help="seconds each component has to get Ready on every node")
+    configure.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
     demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
     demo.add_argument("--nodes", type=int, default=16)
@@ -184,6 +212,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
             preconfigured=args.preconfigured, port=args.port, faults_file=args.faults, seed=args.seed,
             dcgm_host_label=args.dcgm_host_label,
+        )
+    if args.command == "configure":
+        from ._flowcli import configure_command
+
+        return configure_command(
+            kubeconfig=args.kubeconfig, context=args.context, release=args.release, versions=args.versions,
+            registry=args.registry, nodes=args.nodes, dry_run=args.dry_run, namespace=args.namespace,
+            label_prefix=args.label_prefix, selector=args.selector, gpus_per_node=args.gpus_per_node,
+            timeout_s=args.timeout, as_json=args.json,
         )
     if args.command == "demo":
         from .demo import run_demo

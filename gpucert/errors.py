@@ -8,7 +8,10 @@ never shows a traceback for any of them::
     ├── InputError              bad input: the user must fix a file, a flag or a policy (exit 2)
     │   ├── ResultsError        a results file breaks the data contract (carries every problem found)
     │   ├── PolicyError         a policy file has an unknown key, a wrong type or an impossible value
-    │   └── BaselineFormatError a stored baseline does not have the contract's columns or types
+    │   ├── BaselineFormatError a stored baseline does not have the contract's columns or types
+    │   ├── MatrixError         a compatibility matrix file has an unknown key or an inconsistent fact
+    │   └── StackConflict       the GPU nodes and the requested stack cannot go together (every conflict)
+    ├── StackNotReady           a stack component did not get Ready on every target node in time (names them)
     └── StoreError              the baseline store could not do what was asked
         ├── StoreConflict       another writer moved ``baselines/current`` first (retry the update)
         ├── VersionNotFound     no such baseline version (rollback to a typo, or an empty store)
@@ -20,16 +23,19 @@ Nothing here is retried automatically except :class:`StoreConflict`, which
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "BaselineFormatError",
     "GpucertError",
     "InputError",
+    "MatrixError",
     "PolicyError",
     "Problem",
     "ResultsError",
+    "StackConflict",
+    "StackNotReady",
     "StoreConflict",
     "StoreError",
     "StoreUnavailable",
@@ -89,6 +95,35 @@ class PolicyError(InputError):
 
 class BaselineFormatError(InputError):
     """A baseline table does not follow the contract of DESIGN.md."""
+
+
+class MatrixError(InputError):
+    """A compatibility matrix file cannot be used; the message names the file and the field path."""
+
+
+class StackConflict(InputError):
+    """The GPU nodes and the requested stack cannot go together; nothing has been written.
+
+    ``conflicts`` holds every conflict found, one sentence each, naming the nodes concerned; the
+    message is a header line followed by one line per conflict.
+    """
+
+    def __init__(self, conflicts: Sequence[str], *, header: str | None = None) -> None:
+        self.conflicts = list(conflicts)
+        count = len(self.conflicts)
+        first = header or f"the GPU stack cannot be planned: {count} conflict{'s' if count != 1 else ''}"
+        super().__init__("\n".join([first, *(f"  - {c}" for c in self.conflicts)]))
+
+
+class StackNotReady(GpucertError):
+    """A configure step did not get ready on every target node in time; ``nodes`` maps each to why."""
+
+    def __init__(self, what: str, timeout_s: float, nodes: Mapping[str, str], total: int, *, shown: int = 10) -> None:
+        self.nodes = dict(nodes)
+        named = sorted(self.nodes)
+        listed = "; ".join(f"{n} ({self.nodes[n]})" for n in named[:shown])
+        more = f"; and {len(named) - shown} more" if len(named) > shown else ""
+        super().__init__(f"{what} not ready after {timeout_s:g} s on {len(named)} of {total} nodes: {listed}{more}")
 
 
 class StoreError(GpucertError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -127,3 +128,25 @@ def ns(core: client.CoreV1Api) -> Iterator[str]:
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+# --- Prefect: one test server for the whole run, flow heartbeats off (REFERENCE §9) -------------------
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """A temporary Prefect server (SQLite) for flow tests; request it with ``usefixtures``.
+
+    Heartbeats are turned off in code (the setting cannot be None from the environment): each one
+    joins a thread on exit and adds about a second to every flow call.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60), temporary_settings(
+        updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    ):
+        yield

@@ -526,3 +526,22 @@ def test_a_preconfigured_cluster_runs_the_whole_stack_on_every_gpu_node() -> Non
             assert node.status.allocatable["nvidia.com/gpu"] == "8"
         assert sim.runtime is not None
         assert sim.runtime.errors == []
+
+
+def test_a_node_gone_not_ready_keeps_its_daemonset_pods_but_gets_no_new_ones() -> None:
+    """The real controller leaves a pod on a node whose NoSchedule taints appeared after it (not-ready);
+    only a new pod needs them tolerated."""
+    with SimCluster(nodes=2, gpus=8) as sim:
+        apps = client.AppsV1Api(sim.api_client())
+        core = client.CoreV1Api(sim.api_client())
+        core.create_namespace({"metadata": {"name": "stay"}})
+        apps.create_namespaced_daemon_set("stay", daemonset("early"))
+        rolled_out(apps, "stay", "early", 2)
+        down = sim.fleet.node_names[1]
+        sim.set_node_ready(down, False)
+        apps.create_namespaced_daemon_set("stay", daemonset("late", component="dcgm-exporter"))
+        eventually(lambda: (apps.read_namespaced_daemon_set_status("late", "stay").status.number_ready or 0) == 1)
+        pods = core.list_namespaced_pod("stay").items
+        assert sorted((p.metadata.name.rsplit("-", 1)[0], p.spec.node_name) for p in pods) == sorted(
+            [("early", sim.fleet.node_names[0]), ("early", down), ("late", sim.fleet.node_names[0])]
+        )

@@ -212,7 +212,7 @@ def test_preconfigured_endpoints_list_every_node_and_lead_to_its_exporter(sim: S
         STACK_NAMESPACE,
         label_selector="app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter",
     )
-    assert [e.metadata.name for e in found.items] == ["dcgm-exporter"]
+    assert [e.metadata.name for e in found.items] == ["nvidia-dcgm-exporter"]
     endpoints = found.items[0]
     ready, _ = _targets(endpoints)
     assert ready == [node(i) for i in range(6)]
@@ -227,7 +227,7 @@ def test_preconfigured_endpoints_list_every_node_and_lead_to_its_exporter(sim: S
     try:
 
         def moved() -> bool:
-            r, n = _targets(core.read_namespaced_endpoints("dcgm-exporter", STACK_NAMESPACE))
+            r, n = _targets(core.read_namespaced_endpoints("nvidia-dcgm-exporter", STACK_NAMESPACE))
             return node(5) not in r and n == [node(5)]
 
         eventually(moved)

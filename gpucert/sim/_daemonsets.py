@@ -7,7 +7,8 @@ controller where gpucert can see it:
 * a node is eligible when it matches the template's ``nodeSelector``/required node affinity and every
   NoSchedule/NoExecute taint is tolerated, counting the tolerations the real controller adds to every
   DaemonSet pod (not-ready, unreachable, disk/memory/PID pressure, unschedulable: a cordoned node keeps
-  its stack);
+  its stack); a pod already on a node stays while its NoExecute taints are tolerated (a node gone
+  NotReady keeps its pods, which its Endpoints list as not ready);
 * eligible nodes without a pod get one (bound straight to the node, as the controller's node affinity
   would), pods on nodes no longer eligible (or gone) are deleted;
 * a template change is a new generation; pods carry ``controller-revision-hash`` (a hash of the
@@ -77,13 +78,15 @@ def _pod_spec(ds: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def _eligible(pod_spec: Mapping[str, Any], node: Obj) -> bool:
+def _eligible(pod_spec: Mapping[str, Any], node: Obj, *, running: bool = False) -> bool:
+    """Whether the node should run the DaemonSet's pod: selected, and its taints tolerated — for a pod
+    already ``running`` there only the NoExecute ones, as the real controller lets a pod stay on a node
+    that turned NotReady or unschedulable (``NoSchedule``) and evicts only what NoExecute would."""
     if not selects(pod_spec, node):
         return False
-    return (
-        untolerated_taint(pod_spec.get("tolerations") or (), (node.get("spec") or {}).get("taints") or ())
-        is None
-    )
+    taints = (node.get("spec") or {}).get("taints") or ()
+    effects = ("NoExecute",) if running else ("NoSchedule", "NoExecute")
+    return untolerated_taint(pod_spec.get("tolerations") or (), taints, effects) is None
 
 
 def _max_unavailable(ds: Mapping[str, Any], desired: int) -> int:
@@ -138,9 +141,6 @@ class DaemonSetController:
         pod_spec = _pod_spec(ds)
         revision = template_hash(spec.get("template") or {})
         nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)[0]}
-        desired = [name for name, node in nodes.items() if _eligible(pod_spec, node)]
-        wanted = set(desired)
-
         by_node: dict[str, list[Obj]] = {}
         for pod in self.rt.pods.owned_by(meta["uid"]):
             if deleting(pod) or terminal(pod):
@@ -148,6 +148,10 @@ class DaemonSetController:
                     self._delete(ds, pod)  # a DaemonSet pod that ended is replaced, as the real one is
                 continue
             by_node.setdefault(str((pod.get("spec") or {}).get("nodeName") or ""), []).append(pod)
+        desired = [
+            name for name, node in nodes.items() if _eligible(pod_spec, node, running=name in by_node)
+        ]
+        wanted = set(desired)
         misscheduled = sum(len(pods) for node, pods in by_node.items() if node not in wanted)
         for node, pods in list(by_node.items()):
             if node not in wanted:

@@ -18,7 +18,7 @@ from ._store import Store, now_rfc3339
 
 __all__ = ["gpu_node", "register_nodes"]
 
-_KUBELET = "v1.30.4"
+_KUBELET = "v1.33.5"
 # AWS names for the 8-GPU boxes the fleet models; other shapes get a descriptive made-up name.
 _INSTANCE_TYPES = {("NVIDIA H200", 8): "p5e.48xlarge", ("NVIDIA H100 80GB HBM3", 8): "p5.48xlarge"}
 _GPU_MEMORY_MIB = {"NVIDIA H200": "143771", "NVIDIA H100 80GB HBM3": "81559"}

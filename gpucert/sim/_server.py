@@ -39,6 +39,7 @@ from aiohttp import web
 
 from ..errors import InputError
 from ..fleet import Fault, Fleet
+from ..kube import FIELD_MANAGER
 from ._api import build_app
 from ._benchlogs import PodLogs
 from ._controllers import Runtime, SimTiming
@@ -46,7 +47,7 @@ from ._daemonsets import DaemonSetController
 from ._dcgm import DcgmExporters
 from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
-from ._endpoints import SERVICES, DcgmEndpoints, exporter_service
+from ._endpoints import DcgmEndpoints
 from ._faults import ApiFaults, FaultInjector
 from ._gpufaults import GpuFaults
 from ._inject import (
@@ -62,11 +63,11 @@ from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
-from ._objects import DAEMONSETS
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
-from ._stack import stack_daemonsets
+from ._stack import preconfigured_stack
 from ._store import DEFAULT_HISTORY, Obj, Store
+from ._verbs import managed_fields_entry
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -190,17 +191,26 @@ class SimCluster:
             )
         register_nodes(self.store, self.fleet, preconfigured=self.preconfigured)
         if self.preconfigured:
-            self.store.create(
-                namespaces,
-                {
-                    "metadata": {"name": STACK_NAMESPACE},
-                    "spec": {"finalizers": ["kubernetes"]},
-                    "status": {"phase": "Active"},
-                },
-            )
-            self.store.create(SERVICES, exporter_service(STACK_NAMESPACE))
-            for daemonset in stack_daemonsets(STACK_NAMESPACE, self.label_prefix):
-                self.store.create(DAEMONSETS, daemonset)
+            self._seed_stack()
+
+    def _seed_stack(self) -> None:
+        """The objects and node labels configure would have written (``_stack.py``)."""
+        nodes_type = lookup("", "v1", "nodes")
+        assert nodes_type is not None
+        nodes = self.store.list(nodes_type)[0]
+        objects, labels = preconfigured_stack(nodes, namespace=STACK_NAMESPACE, label_prefix=self.label_prefix)
+        for obj in objects:
+            resource = by_kind(str(obj["apiVersion"]), str(obj["kind"]))
+            assert resource is not None, obj["kind"]
+            meta = {**obj["metadata"], "managedFields": [managed_fields_entry(FIELD_MANAGER, resource)]}
+            seeded: dict[str, Any] = {**obj, "metadata": meta}
+            if resource.kind == "Namespace":
+                seeded["status"] = {"phase": "Active"}
+            self.store.create(resource, seeded)
+        for node in nodes:
+            meta = node["metadata"]
+            merged = {**meta["labels"], **labels[meta["name"]]}
+            self.store.update(nodes_type, {**node, "metadata": {**meta, "labels": merged}})
 
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """Seed an object straight into the store (test set-up; no HTTP, no validation)."""
@@ -243,7 +253,9 @@ class SimCluster:
         """New GPU nodes joining: the fleet grows by ``count`` nodes and their Node objects register.
 
         DESIGN.md expects joining nodes to carry the ``gpucert.io/uncertified`` taint: pass it as
-        ``uncertified_taint``. Returns the new nodes' names.
+        ``uncertified_taint``. A joining node is bare even in a preconfigured cluster — no stack labels,
+        no GPUs advertised — until configure (or onboarding) installs the stack there, as on a real
+        cluster. Returns the new nodes' names.
         """
         with self.store.lock:
             before = self.fleet.n_nodes
@@ -251,7 +263,6 @@ class SimCluster:
             return register_nodes(
                 self.store,
                 self.fleet,
-                preconfigured=self.preconfigured,
                 uncertified_taint=uncertified_taint,
                 names=self.fleet.node_names[before:],
             )

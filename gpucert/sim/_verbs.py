@@ -301,7 +301,7 @@ class Verbs:
                 if target.sub:
                     raise not_found(resource.group, resource.plural, target.name or "")
                 self._check_name(resource, target.name or "")
-                meta = {**obj["metadata"], "managedFields": [_managed(manager, resource)]}
+                meta = {**obj["metadata"], "managedFields": [managed_fields_entry(manager, resource)]}
                 fresh = {**obj, "metadata": meta}
                 if resource.kind in _INITIAL_STATUS:
                     fresh["status"] = dict(_INITIAL_STATUS[resource.kind])
@@ -315,12 +315,12 @@ class Verbs:
             if mine and probe == current:
                 return Reply(current, 200, warnings)
             merged["metadata"] = {**merged["metadata"],
-                                  "managedFields": [*managers, _managed(manager, resource)]}
+                                  "managedFields": [*managers, managed_fields_entry(manager, resource)]}
             expect = _metadata(obj).get("resourceVersion")
             return Reply(self.store.update(resource, merged, expect_rv=expect), 200, warnings)
 
 
-def _managed(manager: str, resource: ResourceType) -> dict[str, Any]:
+def managed_fields_entry(manager: str, resource: ResourceType) -> dict[str, Any]:
     return {"manager": manager, "operation": "Apply", "apiVersion": resource.api_version,
             "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": {}}
 

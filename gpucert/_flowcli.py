@@ -1,0 +1,107 @@
+"""The commands that run a lifecycle flow once, locally: the command line's one door to Prefect.
+
+Prefect is imported only here and only once a command was parsed, so ``gpucert compare`` and the
+rest start without it. Without ``PREFECT_API_URL`` Prefect runs the flow against a temporary local
+server; with it, the run shows up in that server's UI like a deployment's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import GpucertError, InputError
+
+__all__ = ["configure_command", "parse_versions"]
+
+
+def _prepare_prefect() -> None:
+    """Settings for a one-off local run, each only where the user set nothing.
+
+    Prefect's temporary server must migrate its database on first use, which takes longer than the
+    default 20 s on a small machine; anonymous usage reporting is off for a command-line tool.
+    """
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(_no_traceback_for_gpucert_errors)
+
+
+def _no_traceback_for_gpucert_errors(record: logging.LogRecord) -> bool:
+    """Keep Prefect's log line for an expected failure but drop its traceback: the message says it all,
+    and a user of the command line never gets a traceback (set GPUCERT_DEBUG=1 to keep them)."""
+    if (
+        record.exc_info
+        and isinstance(record.exc_info[1], GpucertError)
+        and not os.environ.get("GPUCERT_DEBUG")
+    ):
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+def parse_versions(pairs: Sequence[str]) -> dict[str, str]:
+    """``["driver=570.195.03", …]`` → ``{"driver": "570.195.03"}``; raises :class:`InputError` on a bad pair."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        component, sep, version = pair.partition("=")
+        if not sep or not component.strip() or not version.strip():
+            raise InputError(f"--set {pair!r}: write COMPONENT=VERSION, e.g. driver=570.195.03")
+        out[component.strip()] = version.strip()
+    return out
+
+
+def configure_command(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    release: str | None,
+    versions: Sequence[str],
+    registry: str | None,
+    nodes: Sequence[str],
+    dry_run: str | None,
+    namespace: str,
+    label_prefix: str,
+    selector: str,
+    gpus_per_node: int,
+    timeout_s: float,
+    as_json: bool,
+) -> int:
+    """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
+    pinned = parse_versions(versions)
+    _prepare_prefect()
+    from blocks.cluster import GpuCluster
+    from flows.configure import configure
+
+    try:
+        cluster = GpuCluster(
+            kubeconfig=kubeconfig,
+            context=context,
+            stack_namespace=namespace,
+            label_prefix=label_prefix,
+            gpu_node_selector=selector,
+        )
+    except ValueError as exc:  # pydantic's ValidationError names the field
+        raise InputError(str(exc)) from exc
+    result: dict[str, Any] = configure(
+        cluster=cluster,
+        release=release,
+        versions=pinned,
+        registry=registry,
+        nodes=list(nodes) or None,
+        dry_run_dir=dry_run,
+        gpus_per_node=gpus_per_node,
+        rollout_timeout_s=timeout_s,
+    )
+    if as_json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from .stack import ConfigureOutcome
+
+        sys.stdout.write(ConfigureOutcome.from_dict(result).markdown())
+    return 0

@@ -1,0 +1,283 @@
+"""A small dict-in, dict-out facade over the official client, with errors mapped and calls retried.
+
+Why not the typed APIs directly: they build a pydantic model per object (a list of 1,000 nodes costs
+more to model than to fetch), raise the client's exceptions, and need one method per kind. gpucert
+handles manifests as plain mappings — rendered from templates, compared, labelled — so every call
+goes through one path here: the official ``ApiClient`` serialises and authenticates the request
+(``param_serialize``, so tokens, client certificates and exec plugins of the kubeconfig work), the
+answer is parsed as JSON, a failure becomes a :class:`~._errors.KubeError`, and a transient one is
+retried by the :class:`~._retry.RetryPolicy`.
+
+Only the kinds gpucert manages are known (:data:`KINDS`); anything else is a programming error.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import urllib3
+
+from ._errors import KubeError, KubeNotFound, KubeUnreachable, from_api_exception, from_response
+from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+__all__ = ["FIELD_MANAGER", "KINDS", "Kube", "Resource"]
+
+#: The field manager of every server-side apply gpucert makes (issue 4).
+FIELD_MANAGER = "gpucert"
+_APPLY = "application/apply-patch+yaml"
+_MERGE = "application/merge-patch+json"
+_PAGE = 500
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the API."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{urllib.parse.quote(name, safe='')}"
+        if sub is not None:
+            base += f"/{sub}"
+        return base
+
+
+_RBAC = "rbac.authorization.k8s.io/v1"
+KINDS: dict[tuple[str, str], Resource] = {
+    (r.api_version, r.kind): r
+    for r in (
+        Resource("v1", "Namespace", "namespaces", False),
+        Resource("v1", "Node", "nodes", False),
+        Resource("v1", "Pod", "pods", True),
+        Resource("v1", "Service", "services", True),
+        Resource("v1", "Endpoints", "endpoints", True),
+        Resource("v1", "ConfigMap", "configmaps", True),
+        Resource("v1", "ServiceAccount", "serviceaccounts", True),
+        Resource("v1", "Event", "events", True),
+        Resource("apps/v1", "DaemonSet", "daemonsets", True),
+        Resource("batch/v1", "Job", "jobs", True),
+        Resource(_RBAC, "ClusterRole", "clusterroles", False),
+        Resource(_RBAC, "ClusterRoleBinding", "clusterrolebindings", False),
+        Resource(_RBAC, "Role", "roles", True),
+        Resource(_RBAC, "RoleBinding", "rolebindings", True),
+    )
+}
+
+
+def resource_of(api_version: str, kind: str) -> Resource:
+    """The :class:`Resource` of a kind gpucert manages; raises ``ValueError`` for any other."""
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"gpucert does not manage {api_version}/{kind}") from None
+
+
+def describe(obj: Mapping[str, Any]) -> str:
+    """``Kind namespace/name`` of an object, for messages."""
+    meta = obj.get("metadata") or {}
+    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{obj.get('kind')} {where}{meta.get('name')}"
+
+
+class Kube:
+    """The Kubernetes API as gpucert uses it; every method may raise a :class:`KubeError`."""
+
+    def __init__(self, api_client: ApiClient, retry: RetryPolicy | None = None) -> None:
+        self.api_client = api_client
+        self.retry = retry or RetryPolicy()
+
+    # --- the one request path --------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        doing: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str = "application/json",
+        timeout_s: float = 30.0,
+    ) -> Any:
+        """One API call, retried while transient; returns the parsed JSON body (text when not JSON)."""
+
+        def once() -> Any:
+            headers = {"Accept": accept}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            params = self.api_client.param_serialize(
+                method,
+                path,
+                query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            from kubernetes.client.exceptions import ApiException
+
+            try:
+                response = self.api_client.call_api(*params, _request_timeout=timeout_s)
+                data = response.read()  # type: ignore[no-untyped-call]
+            except ApiException as exc:
+                raise from_api_exception(exc, doing) from exc
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise KubeUnreachable(f"{doing}: no answer from the API server: {exc}") from exc
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+            if not 200 <= response.status <= 299:
+                raise from_response(response.status, text, response.headers, doing)
+            if accept == "application/json":
+                try:
+                    return json.loads(text) if text else None
+                except ValueError as exc:
+                    raise KubeError(f"{doing}: the API server answered something that is not JSON") from exc
+            return text
+
+        return self.retry.call(once)
+
+    # --- verbs ----------------------------------------------------------------------------------------
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """The object; raises :class:`KubeNotFound` when it does not exist."""
+        res = resource_of(api_version, kind)
+        doing = f"get {kind} {namespace + '/' if namespace else ''}{name}"
+        return dict(self.request("GET", res.path(namespace, name), doing=doing))
+
+    def find(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.get(api_version, kind, name, namespace)
+        except KubeNotFound:
+            return None
+
+    def list_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every matching object (all namespaces when ``namespace`` is None), paged by ``limit``/``continue``."""
+        return list(self._pages(api_version, kind, namespace, label_selector, field_selector))
+
+    def _pages(
+        self, api_version: str, kind: str, namespace: str | None, labels: str | None, fields: str | None
+    ) -> Iterator[dict[str, Any]]:
+        res = resource_of(api_version, kind)
+        token: str | None = None
+        while True:
+            page = self.request(
+                "GET",
+                res.path(namespace),
+                doing=f"list {res.plural}",
+                query={"labelSelector": labels, "fieldSelector": fields, "limit": _PAGE, "continue": token},
+            )
+            yield from page.get("items") or ()
+            token = (page.get("metadata") or {}).get("continue") or None
+            if not token:
+                return
+
+    def apply(self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply of ``obj`` (forcing ownership of its fields); returns the object as stored.
+
+        Applying what is already there writes nothing, so its ``resourceVersion`` stays put.
+        """
+        res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
+        meta = obj["metadata"]
+        return dict(
+            self.request(
+                "PATCH",
+                res.path(meta.get("namespace"), meta["name"]),
+                doing=f"apply {describe(obj)}",
+                query={"fieldManager": field_manager, "force": "true"},
+                body=dict(obj),
+                content_type=_APPLY,
+            )
+        )
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create ``obj``; raises :class:`KubeConflict` when it exists."""
+        res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
+        namespace = (obj.get("metadata") or {}).get("namespace")
+        return dict(
+            self.request("POST", res.path(namespace), doing=f"create {describe(obj)}", body=dict(obj))
+        )
+
+    def merge_patch(
+        self, api_version: str, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386): ``None`` deletes a key. Returns the patched object."""
+        res = resource_of(api_version, kind)
+        return dict(
+            self.request(
+                "PATCH",
+                res.path(namespace, name),
+                doing=f"patch {kind} {namespace + '/' if namespace else ''}{name}",
+                body=dict(patch),
+                content_type=_MERGE,
+            )
+        )
+
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str = "Background",
+    ) -> bool:
+        """Delete the object; True when it was there, False when it was already gone."""
+        res = resource_of(api_version, kind)
+        try:
+            self.request(
+                "DELETE",
+                res.path(namespace, name),
+                doing=f"delete {kind} {namespace + '/' if namespace else ''}{name}",
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
+            )
+        except KubeNotFound:
+            return False
+        return True
+
+    # --- nodes and pods -------------------------------------------------------------------------------
+
+    def nodes(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        """Every Node matching ``label_selector``."""
+        return self.list_objects("v1", "Node", label_selector=label_selector)
+
+    def label_node(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+        """Set (or, with None, remove) labels on a node; returns the node."""
+        return self.merge_patch("v1", "Node", name, {"metadata": {"labels": dict(labels)}})
+
+    def pod_log(self, name: str, namespace: str, *, container: str | None = None) -> str:
+        """The log of a pod's container (the first one unless named)."""
+        res = resource_of("v1", "Pod")
+        return str(
+            self.request(
+                "GET",
+                res.path(namespace, name, "log"),
+                doing=f"read the log of Pod {namespace}/{name}",
+                query={"container": container},
+                accept="*/*",
+            )
+        )

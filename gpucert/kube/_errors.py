@@ -1,0 +1,140 @@
+"""What can go wrong talking to the Kubernetes API, as gpucert's own exceptions.
+
+The official client raises ``ApiException`` (and its per-status subclasses) for an HTTP answer and
+urllib3's errors for no answer at all. Callers care about two things — is it worth retrying, and is it
+the object's absence or a conflict — so every failure is mapped once, here, onto::
+
+    GpucertError
+    └── KubeError                 a call failed; the message names the verb and the object
+        ├── KubeUnavailable       transient: retried with back-off (see :mod:`._retry`)
+        │   ├── KubeUnreachable   no answer: refused, reset, timed out
+        │   ├── KubeServerError   5xx
+        │   └── KubeThrottled     429 TooManyRequests; ``retry_after`` from the header
+        └── KubeRequestError      4xx: retrying the same request cannot help
+            ├── KubeNotFound      404
+            ├── KubeConflict      409 (an object that exists, a stale resourceVersion, an apply conflict)
+            ├── KubeForbidden     401 / 403: gpucert's role lacks a permission (RBAC in templates/stack)
+            └── KubeInvalid       400 / 422: the server refused the object (its message says which field)
+
+Following kopf, the mapping keeps the server's ``Status`` message, which is what a person needs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import GpucertError
+
+__all__ = [
+    "KubeConflict",
+    "KubeError",
+    "KubeForbidden",
+    "KubeInvalid",
+    "KubeNotFound",
+    "KubeRequestError",
+    "KubeServerError",
+    "KubeThrottled",
+    "KubeUnavailable",
+    "KubeUnreachable",
+    "from_api_exception",
+    "from_response",
+]
+
+
+class KubeError(GpucertError):
+    """A Kubernetes API call failed. ``status`` is the HTTP status, None when nothing answered."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class KubeUnavailable(KubeError):
+    """The API server did not do it this time; the same call may succeed later."""
+
+
+class KubeUnreachable(KubeUnavailable):
+    """No answer: the connection was refused, reset or timed out."""
+
+
+class KubeServerError(KubeUnavailable):
+    """The server answered 5xx."""
+
+
+class KubeThrottled(KubeUnavailable):
+    """The server answered 429; ``retry_after`` is how long it asked to wait (seconds), if it said."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, status=429)
+        self.retry_after = retry_after
+
+
+class KubeRequestError(KubeError):
+    """The server refused the request (4xx); repeating it unchanged cannot help."""
+
+
+class KubeNotFound(KubeRequestError):
+    """404: no such object (or no such resource on this server)."""
+
+
+class KubeConflict(KubeRequestError):
+    """409: the object exists, changed under us, or another field manager owns the field."""
+
+
+class KubeForbidden(KubeRequestError):
+    """401/403: the credentials in use may not do this."""
+
+
+class KubeInvalid(KubeRequestError):
+    """400/422: the server refused the object as written."""
+
+
+def _server_message(body: Any) -> str:
+    """The ``message`` of a Kubernetes ``Status`` body, or the body's text."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except (TypeError, ValueError):
+        return str(body)[:300]
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return str(body)[:300]
+
+
+def _retry_after(headers: Any) -> float | None:
+    raw = headers.get("Retry-After") if headers is not None else None
+    try:
+        return max(0.0, float(raw)) if raw is not None else None
+    except (TypeError, ValueError):
+        return None  # an HTTP-date form; the back-off schedule applies instead
+
+
+def from_api_exception(exc: Any, doing: str) -> KubeError:
+    """The :class:`KubeError` for an ``ApiException`` raised while ``doing`` (e.g. ``patch Node n1``)."""
+    status = int(getattr(exc, "status", 0) or 0)
+    if status == 0:
+        return KubeUnreachable(f"{doing}: no answer: {getattr(exc, 'reason', None) or exc}")
+    return from_response(status, getattr(exc, "body", None), getattr(exc, "headers", None), doing)
+
+
+def from_response(status: int, body: Any, headers: Any, doing: str) -> KubeError:
+    """The :class:`KubeError` for an HTTP answer ``status`` (not 2xx) to ``doing``."""
+    detail = _server_message(body)
+    message = f"{doing}: HTTP {status}" + (f": {detail}" if detail else "")
+    if status == 429:
+        return KubeThrottled(message, retry_after=_retry_after(headers))
+    if status >= 500:
+        return KubeServerError(message, status=status)
+    kinds: dict[int, type[KubeRequestError]] = {
+        404: KubeNotFound,
+        409: KubeConflict,
+        401: KubeForbidden,
+        403: KubeForbidden,
+        400: KubeInvalid,
+        422: KubeInvalid,
+    }
+    return kinds.get(status, KubeRequestError)(message, status=status)

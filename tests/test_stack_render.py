@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from gpucert._templates import template_dir, yaml_environment, yaml_value
 from gpucert.sim._dcgm import METRICS as SIM_METRICS
 from gpucert.sim._scheduler import selects
-from gpucert.stack._model import COMPONENTS, DriverVariant, Manifest, StackPlan
+from gpucert.stack import load_matrix, plan_stack
+from gpucert.stack._model import COMPONENTS, DriverVariant, Manifest, NodeInfo, StackPlan, StackRequest
 from gpucert.stack._render import (
     COUNTERS_FILE,
     STEPS,
@@ -35,14 +36,30 @@ from gpucert.stack._render import (
 )
 from gpucert.stack._rollout import component_targets, desired_target_labels
 
-#: The Kubernetes minors the stack must validate against. TODO(matrix): take the list from the
-#: compatibility matrix once it exists; until then the versions gpucert supports today.
-KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
+
+def _supported() -> list[tuple[str, str]]:
+    """(release, Kubernetes minor) for every minor each release of the packaged matrix supports."""
+    pairs = []
+    for release in load_matrix().releases:
+        low, high = (
+            tuple(int(p) for p in v.split(".")) for v in (release.kubernetes.min, release.kubernetes.max)
+        )
+        pairs += [(release.name, f"1.{minor}") for minor in range(low[1], high[1] + 1)]
+    return pairs
+
+
+#: Every (release, Kubernetes minor) the compatibility matrix supports: the stack must validate on each.
+SUPPORTED = _supported()
+KUBERNETES_VERSIONS = tuple(sorted({minor for _, minor in SUPPORTED}, key=lambda v: int(v.split(".")[1])))
 
 PREFIX = "gpucert.io"
 NS = "gpucert-system"
-V22 = DriverVariant("580-95-05-ubuntu22-04", "580.95.05", "ubuntu22.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04")
-V24 = DriverVariant("580-95-05-ubuntu24-04", "580.95.05", "ubuntu24.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu24.04")
+V22 = DriverVariant(
+    "580-95-05-ubuntu22-04", "580.95.05", "ubuntu22.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
+)
+V24 = DriverVariant(
+    "580-95-05-ubuntu24-04", "580.95.05", "ubuntu24.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu24.04"
+)
 VERSIONS = {
     "container-toolkit": "1.17.8",
     "device-plugin": "0.17.4",
@@ -127,10 +144,17 @@ def test_objects_and_install_order(manifests: list[Manifest]) -> None:
 
 
 def test_no_driver_daemonset_when_every_node_keeps_its_host_driver() -> None:
-    plan = make_plan(drivers=(), node_driver={}, host_driver=dict.fromkeys(("gpu-a", "gpu-b", "gpu-c"), "570.133.20"))
+    plan = make_plan(
+        drivers=(), node_driver={}, host_driver=dict.fromkeys(("gpu-a", "gpu-b", "gpu-c"), "570.133.20")
+    )
     steps = [m.step for m in render_stack(plan)]
     assert "driver" not in steps
-    assert steps[-6:] == ["container-toolkit", "device-plugin", *["dcgm-exporter"] * 3, "gpu-feature-discovery"]
+    assert steps[-6:] == [
+        "container-toolkit",
+        "device-plugin",
+        *["dcgm-exporter"] * 3,
+        "gpu-feature-discovery",
+    ]
 
 
 def test_manifests_do_not_depend_on_node_names(manifests: list[Manifest]) -> None:
@@ -149,11 +173,14 @@ def test_daemonsets_run_where_configure_targets_them(manifests: list[Manifest]) 
     # (_rollout.component_targets) agree with the DaemonSets' nodeSelector and node affinity, as the
     # simulator's scheduler (the real one's rules) matches them. gpu-d opts out of the exporter the GPU
     # Operator's way; a node gpucert does not target runs nothing.
-    plan = make_plan(nodes=("gpu-a", "gpu-b", "gpu-c", "gpu-d"), node_driver={"gpu-a": V22.id, "gpu-b": V24.id,
-                                                                                 "gpu-d": V22.id})
+    plan = make_plan(
+        nodes=("gpu-a", "gpu-b", "gpu-c", "gpu-d"),
+        node_driver={"gpu-a": V22.id, "gpu-b": V24.id, "gpu-d": V22.id},
+    )
     extra = {"gpu-d": {"nvidia.com/gpu.deploy.dcgm-exporter": "false"}, "cpu-1": {}}
     labels = {
-        node: {k: v for k, v in want.items() if v is not None} for node, want in desired_target_labels(plan).items()
+        node: {k: v for k, v in want.items() if v is not None}
+        for node, want in desired_target_labels(plan).items()
     }
     for node, more in extra.items():
         labels[node] = {**labels.get(node, {}), **more}
@@ -170,7 +197,9 @@ def test_daemonsets_run_where_configure_targets_them(manifests: list[Manifest]) 
         }
         assert got == want, component
     per_node = {
-        node: sorted(n for n, ds in sets.items() if selects(pod_spec(ds), {"metadata": {"name": node, "labels": lab}}))
+        node: sorted(
+            n for n, ds in sets.items() if selects(pod_spec(ds), {"metadata": {"name": node, "labels": lab}})
+        )
         for node, lab in labels.items()
     }
     others = [f"nvidia-{c}" for c in COMPONENTS[1:]]
@@ -212,7 +241,10 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
         component = ds["metadata"]["labels"]["app.kubernetes.io/component"]
         selector = ds["spec"]["selector"]["matchLabels"]
         pod_labels = ds["spec"]["template"]["metadata"]["labels"]
-        assert selector == {"app.kubernetes.io/name": f"nvidia-{component}", "app.kubernetes.io/instance": name}
+        assert selector == {
+            "app.kubernetes.io/name": f"nvidia-{component}",
+            "app.kubernetes.io/instance": name,
+        }
         assert selector.items() <= pod_labels.items()
         assert pod_labels["app.kubernetes.io/part-of"] == "gpucert"
         assert pod_labels["app.kubernetes.io/component"] == component
@@ -226,9 +258,11 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
         refused = ["false", "pre-installed"] if component == "driver" else ["false"]
         assert terms == {
             "nodeSelectorTerms": [
-                {"matchExpressions": [
-                    {"key": f"nvidia.com/gpu.deploy.{component}", "operator": "NotIn", "values": refused}
-                ]}
+                {
+                    "matchExpressions": [
+                        {"key": f"nvidia.com/gpu.deploy.{component}", "operator": "NotIn", "values": refused}
+                    ]
+                }
             ]
         }
         assert ("podAntiAffinity" in spec["affinity"]) == (component == "driver")
@@ -237,9 +271,15 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
         assert spec["serviceAccountName"] == "nvidia-stack"
         assert spec["automountServiceAccountToken"] is False
         budget = 1 if component == "driver" else "10%"
-        assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": budget}}
+        assert ds["spec"]["updateStrategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": budget},
+        }
         main = spec["containers"][0]["name"]
-        assert ds["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == main
+        assert (
+            ds["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"]
+            == main
+        )
     # Two DaemonSets never claim each other's pods.
     assert len(set(selectors)) == len(selectors)
 
@@ -273,7 +313,9 @@ def test_privileged_where_the_gpu_operator_is(manifests: list[Manifest]) -> None
         assert spec["containers"][0]["securityContext"]["privileged"] is True, name
         for init in spec.get("initContainers", []):
             # Waiting for a marker file needs no privilege; validating the host driver runs nvidia-smi.
-            assert init.get("securityContext", {}).get("privileged", False) == (init["name"] == "driver-validation")
+            assert init.get("securityContext", {}).get("privileged", False) == (
+                init["name"] == "driver-validation"
+            )
 
 
 # --- per-node readiness gates (REFERENCE §7) -------------------------------------------------------------
@@ -328,7 +370,9 @@ def test_exporter_service_configmap_and_daemonset(manifests: list[Manifest]) -> 
     for obj in (ds, service, counters):
         assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "dcgm-exporter"
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
+    ]
 
     spec = pod_spec(ds)
     container = spec["containers"][0]
@@ -375,13 +419,27 @@ def test_counters_parse_as_dcgm_exporter_format() -> None:
 
 #: The active rows of NVIDIA/dcgm-exporter's etc/default-counters.csv.
 EXPORTER_DEFAULTS = (
-    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
-    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_XID_ERRORS",
-    "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 )
 
 
@@ -406,14 +464,26 @@ def test_counters_turn_on_everything_gpucert_reads() -> None:
     # REFERENCE §6.2: ECC, violations, clock events, PCIe link and replays, NVLink errors, remapped rows.
     required = [
         *(f"DCGM_FI_DEV_ECC_{b}_{s}_TOTAL" for b in ("SBE", "DBE") for s in ("VOL", "AGG")),
-        *(f"DCGM_FI_DEV_{r}_VIOLATION" for r in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTIL",
-                                                  "RELIABILITY")),
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_EXP_XID_ERRORS_COUNT",
-        "DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
-        "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        *(f"DCGM_FI_DEV_NVLINK_{e}_ERROR_COUNT_TOTAL" for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")),
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        *(
+            f"DCGM_FI_DEV_{r}_VIOLATION"
+            for r in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTIL", "RELIABILITY")
+        ),
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "DCGM_EXP_CLOCK_EVENTS_COUNT",
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_FI_DEV_PCIE_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        *(
+            f"DCGM_FI_DEV_NVLINK_{e}_ERROR_COUNT_TOTAL"
+            for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")
+        ),
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
     ]
     missing = [name for name in required if name not in kinds]
     assert not missing
@@ -423,15 +493,26 @@ def test_counters_turn_on_everything_gpucert_reads() -> None:
 
 
 def _grants(rules: list[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
-def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(manifests: list[Manifest]) -> None:
+def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(
+    manifests: list[Manifest],
+) -> None:
     rbac = {(m.kind, m.name): m.obj for m in manifests if m.step == "rbac"}
     for (kind, name), obj in rbac.items():
         if kind.endswith("Binding"):
-            assert obj["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": kind.removesuffix("Binding"),
-                                      "name": name}
+            assert obj["roleRef"] == {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": kind.removesuffix("Binding"),
+                "name": name,
+            }
             assert obj["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NS}]
     grants = {key: _grants(obj["rules"]) for key, obj in rbac.items() if "rules" in obj}
     for kind in ("ClusterRole", "Role"):
@@ -459,6 +540,32 @@ def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(mani
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_manifest_validates_strictly(manifests: list[Manifest], version: str) -> None:
+    for m in manifests:
+        kubernetes_validate.validate(dict(m.obj), version, strict=True)
+
+
+@pytest.mark.parametrize(("release", "version"), SUPPORTED)
+def test_each_release_of_the_matrix_renders_valid_manifests_for_its_kubernetes(
+    release: str, version: str
+) -> None:
+    """The stack each release really renders (its images, versions, drivers), on the minors it supports."""
+    nodes = [
+        NodeInfo(
+            name=f"n{i}",
+            gpu_model=model,
+            gpu_count=8,
+            kernel="5.15.0-119-generic",
+            os_image=os_image,
+            container_runtime="containerd://1.7.20",
+            kubelet_version=f"v{version}.3",
+        )
+        for i, (model, os_image) in enumerate(
+            [("NVIDIA H200", "Ubuntu 22.04.4 LTS"), ("NVIDIA H100 80GB HBM3", "Ubuntu 24.04.1 LTS")]
+        )
+    ]
+    plan = plan_stack(nodes, StackRequest(release=release), load_matrix(), namespace=NS, label_prefix=PREFIX)
+    manifests = render_stack(plan)
+    assert len([m for m in manifests if m.step == "driver"]) == 2
     for m in manifests:
         kubernetes_validate.validate(dict(m.obj), version, strict=True)
 
@@ -573,7 +680,11 @@ def _valued_plan(values: Mapping[str, str]) -> StackPlan:
         images={c: values[f"image-{c}"] for c in COMPONENTS[1:]},
         drivers=(variant,),
         node_driver={"gpu-a": "v1", "gpu-b": "v1"},
-        model_driver={values["model-0"]: values["driver"], values["model-1"]: values["driver"], "other": "1.0"},
+        model_driver={
+            values["model-0"]: values["driver"],
+            values["model-1"]: values["driver"],
+            "other": "1.0",
+        },
     )
 
 
@@ -592,7 +703,9 @@ def _walk(benign: Any, hostile: Any, values: Mapping[str, str], path: str) -> It
         for i, (b, h) in enumerate(zip(benign, hostile, strict=True)):
             yield from _walk(b, h, values, f"{path}[{i}]")
     elif isinstance(benign, str) and path.endswith(".gpucert.io/gpu-models"):
-        models = sorted(values[SENTINELS_BY_VALUE[m]] if m in SENTINELS_BY_VALUE else m for m in json.loads(benign))
+        models = sorted(
+            values[SENTINELS_BY_VALUE[m]] if m in SENTINELS_BY_VALUE else m for m in json.loads(benign)
+        )
         if not isinstance(hostile, str) or sorted(json.loads(hostile)) != models:
             yield f"{path}: {hostile!r}"
     elif isinstance(benign, str):
@@ -641,20 +754,21 @@ def test_everything_in_one_hostile_value(benign: list[Manifest]) -> None:
     values = {key: f"{evil}{key}" for key in SENTINELS}
     hostile = render_stack(_valued_plan(values))
     assert len(hostile) == len(benign)
-    assert [p for b, h in zip(benign, hostile, strict=True) for p in _walk(b.obj, h.obj, values, b.name)] == []
+    assert [
+        p for b, h in zip(benign, hostile, strict=True) for p in _walk(b.obj, h.obj, values, b.name)
+    ] == []
 
 
 # --- yaml_value (gpucert/_templates.py) ------------------------------------------------------------------
 
 _scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.text()
-    | st.floats(allow_nan=False, allow_infinity=False)
+    st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False)
 )
-_json = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
-                     max_leaves=20)
+_json = st.recursive(
+    _scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
+    max_leaves=20,
+)
 
 
 @given(st.text())
@@ -689,15 +803,28 @@ def test_write_manifests(tmp_path: Path, manifests: list[Manifest]) -> None:
     out = tmp_path / "dry"
     paths = write_manifests(manifests, out)
     assert [p.name for p in paths] == [
-        "01-namespace.yaml", "02-rbac.yaml", "03-driver.yaml", "04-container-toolkit.yaml",
-        "05-device-plugin.yaml", "06-dcgm-exporter.yaml", "07-gpu-feature-discovery.yaml",
+        "01-namespace.yaml",
+        "02-rbac.yaml",
+        "03-driver.yaml",
+        "04-container-toolkit.yaml",
+        "05-device-plugin.yaml",
+        "06-dcgm-exporter.yaml",
+        "07-gpu-feature-discovery.yaml",
     ]
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # nothing else, no temp files
-    read = [Manifest(p.name[3:].removesuffix(".yaml"), o) for p in paths for o in load_manifests(p.read_text(), p.name)]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in paths
+    )  # nothing else, no temp files
+    read = [
+        Manifest(p.name[3:].removesuffix(".yaml"), o)
+        for p in paths
+        for o in load_manifests(p.read_text(), p.name)
+    ]
     assert read == manifests
 
 
-def test_write_manifests_removes_a_step_that_has_no_objects_now(tmp_path: Path, manifests: list[Manifest]) -> None:
+def test_write_manifests_removes_a_step_that_has_no_objects_now(
+    tmp_path: Path, manifests: list[Manifest]
+) -> None:
     write_manifests(manifests, tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     without_drivers = [m for m in manifests if m.step != "driver"]
@@ -731,8 +858,11 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
         core: Any = client.CoreV1Api(api)
         apps: Any = client.AppsV1Api(api)
         names = sorted(n.metadata.name for n in core.list_node().items)
-        plan = make_plan(nodes=tuple(names), node_driver={names[0]: V22.id, names[1]: V24.id},
-                         host_driver={names[2]: "570.133.20"})
+        plan = make_plan(
+            nodes=tuple(names),
+            node_driver={names[0]: V22.id, names[1]: V24.id},
+            host_driver={names[2]: "570.133.20"},
+        )
         for node, want in desired_target_labels(plan).items():
             core.patch_node(node, {"metadata": {"labels": want}})
         for m in render_stack(plan):
@@ -749,7 +879,9 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
             "nvidia-driver-580-95-05-ubuntu24-04": 1,
             **{f"nvidia-{c}": 3 for c in COMPONENTS[1:]},
         }
-        eventually(lambda: all(n.status.allocatable.get("nvidia.com/gpu") == "8" for n in core.list_node().items))
+        eventually(
+            lambda: all(n.status.allocatable.get("nvidia.com/gpu") == "8" for n in core.list_node().items)
+        )
 
         def exporter_addresses() -> list[str] | None:
             subsets = core.read_namespaced_endpoints("nvidia-dcgm-exporter", NS).subsets or []
@@ -761,7 +893,9 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
         assert sim.runtime.errors == []
 
 
-@pytest.mark.parametrize("evil", ["".join(HOSTILE), "trailing space \n", " \n\tindented\n", "a\n\n\nb\r\nc \u2028"])
+@pytest.mark.parametrize(
+    "evil", ["".join(HOSTILE), "trailing space \n", " \n\tindented\n", "a\n\n\nb\r\nc \u2028"]
+)
 def test_written_files_read_back_exactly_with_hostile_values(tmp_path: Path, evil: str) -> None:
     # Multi-line strings are written as literal blocks where one can hold them; where not, quoted.
     rendered = render_stack(_valued_plan({key: f"{evil}{key}" for key in SENTINELS}))

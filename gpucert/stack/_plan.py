@@ -173,8 +173,18 @@ def _node_facts(node: NodeInfo, matrix: Matrix, problems: list[tuple[str, str, s
         runtime = scheme
     else:
         problems.append((f"cannot read the container runtime {node.container_runtime!r}", name, ""))
-    host = node.host_driver.strip() if node.host_driver and node.host_driver.strip() else None
-    if host is not None and not _DRIVER.match(host):
+    host = node.host_driver.strip() if node.host_driver is not None else None
+    if host == "":
+        # Marked pre-installed, but no label says which driver: it cannot be checked against the matrix.
+        problems.append(
+            (
+                "host driver of unknown version: nvidia.com/gpu.deploy.driver=pre-installed without "
+                "nvidia.com/cuda.driver-version.full",
+                name,
+                "",
+            )
+        )
+    elif host is not None and not _DRIVER.match(host):
         problems.append((f"host driver version {host!r} is not a driver version (like 580.95.05)", name, ""))
     tag = os_tag(node.os_image)
     if tag is None and host is None:

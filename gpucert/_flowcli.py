@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import GpucertError, InputError
 
-__all__ = ["configure_command", "parse_versions"]
+__all__ = ["certify_command", "configure_command", "parse_versions"]
 
 
 def _prepare_prefect() -> None:
@@ -105,3 +105,79 @@ def configure_command(
 
         sys.stdout.write(ConfigureOutcome.from_dict(result).markdown())
     return 0
+
+
+def certify_command(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    store: str,
+    nodes: Sequence[str],
+    include_busy: bool,
+    run_id: str | None,
+    image: str | None,
+    policy_file: str | None,
+    observe_only: bool,
+    max_parallel: int,
+    label_prefix: str,
+    selector: str,
+    as_json: bool,
+) -> int:
+    """Run the certify flow once; prints what it found and did. Returns 0: a run that found faults did its job
+    (they are in the labels, taints, report and the printed summary)."""
+    _prepare_prefect()
+    import asyncio
+
+    from blocks.cluster import GpuCluster
+    from blocks.store import BaselineStore
+    from flows.certify import certify
+
+    from .policy import load_policy
+
+    load_policy(policy_file)  # a bad policy fails here, before any Job is started
+    try:
+        cluster = GpuCluster(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
+                             gpu_node_selector=selector)  # fmt: skip
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    result: dict[str, Any] = asyncio.run(
+        certify(
+            cluster=cluster,
+            store=BaselineStore(uri=store),
+            nodes=list(nodes) or None,
+            include_busy=include_busy,
+            run_id=run_id,
+            image=image,
+            policy_file=policy_file,
+            observe_only=observe_only or None,
+            max_parallel=max_parallel,
+        )
+    )
+    if as_json:
+        json.dump(result, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(_certify_text(result))
+    return 0
+
+
+def _certify_text(result: dict[str, Any]) -> str:
+    states = ", ".join(f"{n} {state}" for state, n in sorted(result["states"].items()))
+    lines = [f"certify {result['run_id']}: {len(result['nodes'])} nodes benchmarked: {states}"]
+    if result["skipped"]:
+        lines.append(f"skipped: {', '.join(f'{n} ({why})' for n, why in sorted(result['skipped'].items()))}")
+    for node, why in result["inconclusive"].items():
+        lines.append(f"inconclusive {node}: {why}")
+    for node, done in sorted(result["actions"].items()):
+        if "tainted" in done or "failed" in done or "degraded" in done:
+            lines.append(f"{node}: {done}")
+    if result["unconfirmed"]:
+        lines.append(
+            f"failed once, not confirmed by a re-run (not tainted): {', '.join(result['unconfirmed'])}"
+        )
+    if result["incident"]:
+        lines.append(f"INCIDENT: {result['incident']}")
+    if result["observe_only"]:
+        lines.append("observe-only: nothing was tainted or untainted")
+    lines.append(f"baseline version: {result['baseline_version']}; report: {result['report']}")
+    return "\n".join(lines) + "\n"

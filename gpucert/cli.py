@@ -143,6 +143,29 @@ def _parser() -> argparse.ArgumentParser:
                            help="seconds each component has to get Ready on every node")
     configure.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
+    cert = commands.add_parser(
+        "certify",
+        help="benchmark GPU nodes, judge them against the baselines, label and taint (runs the certify flow once)",
+        description="Run a benchmark Job on every idle GPU node (or the --node ones), judge the results against "
+        "the store's baselines, re-run fails to confirm them, label every node and taint confirmed fails "
+        "(never more than the blast radius allows), merge passing results into the baselines, and store the "
+        "run's results, verdicts and HTML report.",
+    )
+    cert.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    cert.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    cert.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    cert.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
+                      help="certify only this node (repeatable; default: every idle GPU node)")
+    cert.add_argument("--include-busy", action="store_true", help="also benchmark nodes where a workload holds GPUs")
+    cert.add_argument("--run-id", metavar="ID", help="the run id (a DNS label; default: cert-<time>-<random>)")
+    cert.add_argument("--image", metavar="IMAGE", help="the benchmark image (any image with python and torch)")
+    cert.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
+    cert.add_argument("--observe-only", action="store_true", help="label and report, never taint")
+    cert.add_argument("--max-parallel", type=int, default=16, metavar="N", help="benchmark Jobs at once")
+    cert.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels and taints")
+    cert.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
+    cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
     demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
     demo.add_argument("--nodes", type=int, default=16)
@@ -221,6 +244,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             registry=args.registry, nodes=args.nodes, dry_run=args.dry_run, namespace=args.namespace,
             label_prefix=args.label_prefix, selector=args.selector, gpus_per_node=args.gpus_per_node,
             timeout_s=args.timeout, as_json=args.json,
+        )
+    if args.command == "certify":
+        from ._flowcli import certify_command
+
+        return certify_command(
+            kubeconfig=args.kubeconfig, context=args.context, store=args.store, nodes=args.nodes,
+            include_busy=args.include_busy, run_id=args.run_id, image=args.image, policy_file=args.policy,
+            observe_only=args.observe_only, max_parallel=args.max_parallel, label_prefix=args.label_prefix,
+            selector=args.selector, as_json=args.json,
         )
     if args.command == "demo":
         from .demo import run_demo

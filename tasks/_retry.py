@@ -7,11 +7,18 @@ the stack plan or a node that never got ready would fail again the same way, so 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
 
 from gpucert.kube import KubeUnavailable
 
-__all__ = ["only_transient"]
+__all__ = ["kube_task", "only_transient"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def only_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -23,3 +30,16 @@ def only_transient(task: Any, task_run: Any, state: Any) -> bool:
     except Exception:
         return False
     return False
+
+
+def kube_task(name: str, task_run_name: str | None = None) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """A task that talks to the API server: retried twice when the control plane stayed unavailable,
+    never cached (it must see the cluster as it is)."""
+    return task(
+        name=name,
+        task_run_name=task_run_name,
+        retries=2,
+        retry_delay_seconds=[2, 10],
+        retry_condition_fn=only_transient,
+        cache_policy=NO_CACHE,
+    )

@@ -7,10 +7,9 @@ passed by reference and never cached (``NO_CACHE``): a configure run must look a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import ParamSpec, TypeVar
+from collections.abc import Mapping, Sequence
 
-from prefect import Task, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.kube import Kube
@@ -35,7 +34,7 @@ from gpucert.stack import (
 )
 from gpucert.stack import apply_manifests as _apply
 
-from ._retry import only_transient
+from ._retry import kube_task
 
 __all__ = [
     "apply_step",
@@ -48,23 +47,8 @@ __all__ = [
     "wait_for_component",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 
-
-def _kube_task(name: str, task_run_name: str | None = None) -> Callable[[Callable[P, R]], Task[P, R]]:
-    """A task that talks to the API server: retried when the control plane stayed unavailable, never cached."""
-    return task(
-        name=name,
-        task_run_name=task_run_name,
-        retries=2,
-        retry_delay_seconds=[2, 10],
-        retry_condition_fn=only_transient,
-        cache_policy=NO_CACHE,
-    )
-
-
-@_kube_task("inventory GPU nodes")
+@kube_task("inventory GPU nodes")
 def inventory(kube: Kube, selector: str) -> list[NodeInfo]:
     """Every GPU node of the cluster as preflight sees it (GPU model, OS, kernel, runtime, kubelet, host driver)."""
     return take_inventory(kube, selector=selector, known_models=load_matrix().gpu_models)
@@ -78,7 +62,7 @@ def choose_stack(
     return plan_stack(nodes, request, load_matrix(), namespace=namespace, label_prefix=label_prefix)
 
 
-@_kube_task("apply", "apply {step}")
+@kube_task("apply", "apply {step}")
 def apply_step(kube: Kube, step: str, manifests: Sequence[Manifest]) -> list[Applied]:
     """Server-side apply the step's manifests (field manager ``gpucert``); returns what the server holds."""
     applied = _apply(kube, [m for m in manifests if m.step == step])
@@ -86,7 +70,7 @@ def apply_step(kube: Kube, step: str, manifests: Sequence[Manifest]) -> list[App
     return applied
 
 
-@_kube_task("label target nodes")
+@kube_task("label target nodes")
 def label_targets(kube: Kube, plan: StackPlan) -> list[str]:
     """Mark the plan's nodes for the stack (and their driver variant); returns the nodes patched."""
     changed = label_nodes(kube, desired_target_labels(plan))
@@ -94,7 +78,7 @@ def label_targets(kube: Kube, plan: StackPlan) -> list[str]:
     return changed
 
 
-@_kube_task("wait for rollout", "wait for {component}")
+@kube_task("wait for rollout", "wait for {component}")
 def wait_for_component(
     kube: Kube, plan: StackPlan, component: str, labels: Mapping[str, Mapping[str, str]], timeout_s: float
 ) -> int:
@@ -112,7 +96,7 @@ def wait_for_component(
     return len(targets)
 
 
-@_kube_task("prune old driver variants")
+@kube_task("prune old driver variants")
 def prune_drivers(kube: Kube, plan: StackPlan) -> list[str]:
     """Delete driver DaemonSets no node uses any more (a driver upgrade's leftovers); returns their names."""
     pruned = prune_driver_variants(kube, plan)
@@ -121,7 +105,7 @@ def prune_drivers(kube: Kube, plan: StackPlan) -> list[str]:
     return pruned
 
 
-@_kube_task("verify GPUs advertised")
+@kube_task("verify GPUs advertised")
 def verify_gpus(kube: Kube, plan: StackPlan, expected: Mapping[str, int], timeout_s: float) -> int:
     """Wait until every target node advertises its ``nvidia.com/gpu`` count; returns the GPUs in all.
 
@@ -136,7 +120,7 @@ def verify_gpus(kube: Kube, plan: StackPlan, expected: Mapping[str, int], timeou
     return sum(expected.values())
 
 
-@_kube_task("record stack versions")
+@kube_task("record stack versions")
 def record_versions(kube: Kube, plan: StackPlan) -> dict[str, dict[str, str]]:
     """Label each target node with the versions verified running there; returns node → component → version."""
     observed = observed_versions(kube, plan)

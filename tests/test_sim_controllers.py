@@ -20,7 +20,15 @@ from kubernetes import client, watch
 
 from gpucert.fleet import Fault
 from gpucert.results import read_results
-from gpucert.sim import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION, SimCluster, SimTiming
+from gpucert.sim import (
+    EXIT_CODE_ANNOTATION,
+    IMAGE_PULL_ERROR_ANNOTATION,
+    RUN_SECONDS_ANNOTATION,
+    TERMINATED_REASON_ANNOTATION,
+    UNPULLABLE_IMAGE,
+    SimCluster,
+    SimTiming,
+)
 
 from .conftest import eventually
 
@@ -370,6 +378,82 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(
     assert ("MODIFIED", ["Complete"]) in seen
     assert seen[-1][0] == "DELETED"
     eventually(lambda: job_pods(core, ns, "brief") == [])
+
+
+def test_an_oom_killed_container_fails_its_pod_with_reason_oomkilled(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
+    annotations = {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"}
+    batch.create_namespaced_job(ns, bench_job("oom", node(6), "night-6", gpus=0, annotations=annotations))
+    job = finished(batch, ns, "oom")
+    [cond] = job.status.conditions
+    assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
+    [p] = job_pods(core, ns, "oom")
+    assert p.status.phase == "Failed"
+    ended = p.status.container_statuses[0].state.terminated
+    assert (ended.exit_code, ended.reason) == (137, "OOMKilled")
+    # Without the annotation a non-zero exit reads "Error", as before.
+    batch.create_namespaced_job(
+        ns, bench_job("kill", node(6), "night-6", gpus=0, annotations={EXIT_CODE_ANNOTATION: "137"})
+    )
+    finished(batch, ns, "kill")
+    [k] = job_pods(core, ns, "kill")
+    assert k.status.container_statuses[0].state.terminated.reason == "Error"
+
+
+def waiting_reason(core: client.CoreV1Api, ns: str, job: str) -> tuple[client.V1Pod, str]:
+    def probe() -> tuple[client.V1Pod, str] | None:
+        for p in job_pods(core, ns, job):
+            for cs in p.status.container_statuses or ():
+                if cs.state.waiting is not None:
+                    return p, str(cs.state.waiting.reason)
+        return None
+
+    return eventually(probe)
+
+
+def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_until_the_deadline(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
+    manifest = bench_job("no-image", node(5), "night-7", gpus=8, deadline_s=1)
+    [c] = manifest["spec"]["template"]["spec"]["containers"]
+    c["image"] = f"registry.example.com/{UNPULLABLE_IMAGE}:1"
+    batch.create_namespaced_job(ns, manifest)
+    p, reason = waiting_reason(core, ns, "no-image")
+    assert reason == "ErrImagePull"
+    assert p.status.phase == "Pending"
+    assert p.spec.node_name == node(5)  # bound: its GPUs are held, as on a real node
+    [cs] = p.status.container_statuses
+    assert UNPULLABLE_IMAGE in cs.state.waiting.message
+    assert cs.ready is False
+    assert cs.image_id == ""
+    conditions = {c.type: c.status for c in p.status.conditions}
+    assert conditions["PodScheduled"] == conditions["Initialized"] == "True"
+    assert conditions["Ready"] == "False"
+    time.sleep(0.2)
+    assert pod_phase(core, ns, p.metadata.name) == "Pending"  # it never starts on its own
+    job = finished(batch, ns, "no-image")
+    [cond] = job.status.conditions
+    assert (cond.type, cond.reason) == ("Failed", "DeadlineExceeded")
+    assert job_pods(core, ns, "no-image") == []
+
+
+def test_an_image_pull_error_can_be_asked_for_by_annotation(
+    core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
+) -> None:
+    batch.create_namespaced_job(
+        ns,
+        bench_job("backoff", node(6), "night-8", gpus=0,
+                  annotations={IMAGE_PULL_ERROR_ANNOTATION: "ImagePullBackOff"}),
+    )  # fmt: skip
+    batch.create_namespaced_job(
+        ns, bench_job("bad-ref", node(6), "night-8", gpus=0, annotations={IMAGE_PULL_ERROR_ANNOTATION: "yes"})
+    )
+    assert waiting_reason(core, ns, "backoff")[1] == "ImagePullBackOff"
+    assert waiting_reason(core, ns, "bad-ref")[1] == "ErrImagePull"
+    batch.delete_namespaced_job("backoff", ns, propagation_policy="Background")
+    batch.delete_namespaced_job("bad-ref", ns, propagation_policy="Background")
+    eventually(lambda: job_pods(core, ns, "backoff") == job_pods(core, ns, "bad-ref") == [])
 
 
 # --- DaemonSets and the device plugin -----------------------------------------------------------------

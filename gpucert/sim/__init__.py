@@ -24,7 +24,13 @@ from ._deviceplugin import DEVICE_PLUGIN_LABELS
 from ._endpoints import EXPORTER_LABELS, METRICS_PATH_ANNOTATION
 from ._faults import ApiFaults
 from ._inject import INJECT_PATH, FaultPlan, NodeEvent, load_fault_plan, parse_fault_plan
-from ._kubelet import EXIT_CODE_ANNOTATION, RUN_SECONDS_ANNOTATION
+from ._kubelet import (
+    EXIT_CODE_ANNOTATION,
+    IMAGE_PULL_ERROR_ANNOTATION,
+    RUN_SECONDS_ANNOTATION,
+    TERMINATED_REASON_ANNOTATION,
+    UNPULLABLE_IMAGE,
+)
 from ._nodes import gpu_node
 from ._resources import RESOURCES, ResourceType, by_kind, lookup
 from ._server import STACK_NAMESPACE, SimCluster, kubeconfig_text, serve
@@ -36,12 +42,15 @@ __all__ = [
     "EXIT_CODE_ANNOTATION",
     "EXPORTER_LABELS",
     "HOST_LABELS",
+    "IMAGE_PULL_ERROR_ANNOTATION",
     "INJECT_PATH",
     "MANAGED_BY",
     "METRICS_PATH_ANNOTATION",
     "RESOURCES",
     "RUN_SECONDS_ANNOTATION",
     "STACK_NAMESPACE",
+    "TERMINATED_REASON_ANNOTATION",
+    "UNPULLABLE_IMAGE",
     "ApiFaults",
     "FaultPlan",
     "NodeEvent",

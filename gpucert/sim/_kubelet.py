@@ -8,9 +8,18 @@ Never or OnFailure) Succeeded or Failed after its run time, with ``state.termina
 reason ``Completed``/``Error``). A pod with ``restartPolicy: Always`` (the default; DaemonSet pods)
 runs until deleted, as a restarted container would. Pods are started only on a Ready node.
 
-Two annotations let a test or a rehearsal shape one pod: ``sim.gpucert.io/run-seconds`` (its run time,
-instead of :attr:`SimTiming.pod_run_s`) and ``sim.gpucert.io/exit-code`` (how its container exits;
-default 0, as gpucert's payload exits even when a GPU fails). Logs come from :class:`PodLogs`.
+Annotations let a test or a rehearsal shape one pod: ``sim.gpucert.io/run-seconds`` (its run time,
+instead of :attr:`SimTiming.pod_run_s`), ``sim.gpucert.io/exit-code`` (how its container exits;
+default 0, as gpucert's payload exits even when a GPU fails) and ``sim.gpucert.io/terminated-reason``
+(the ``state.terminated.reason`` of a container that exits non-zero, e.g. ``OOMKilled`` with exit code
+137; default ``Error``). Logs come from :class:`PodLogs`.
+
+An image that cannot be pulled: a container whose image reference contains ``does-not-exist``, or a pod
+annotated ``sim.gpucert.io/image-pull-error`` (value ``ErrImagePull``, ``ImagePullBackOff`` or
+``InvalidImageName``; anything else reads as ``ErrImagePull``), never starts. The pod stays Pending, bound,
+its GPUs held, with ``Initialized=True``, ``Ready=False`` and the container ``waiting`` with that reason
+(no back-off cycle between ``ErrImagePull`` and ``ImagePullBackOff``), until it is deleted — as by the
+Job's deadline.
 
 Times are measured on the loop's monotonic clock, remembered per pod uid (a pod seeded already Running
 counts from when the kubelet first sees it); the timestamps written are wall-clock RFC 3339.
@@ -39,10 +48,22 @@ from ._objects import (
 )
 from ._store import Obj, WatchEvent, now_rfc3339
 
-__all__ = ["EXIT_CODE_ANNOTATION", "RUN_SECONDS_ANNOTATION", "Kubelets"]
+__all__ = [
+    "EXIT_CODE_ANNOTATION",
+    "IMAGE_PULL_ERROR_ANNOTATION",
+    "RUN_SECONDS_ANNOTATION",
+    "TERMINATED_REASON_ANNOTATION",
+    "UNPULLABLE_IMAGE",
+    "Kubelets",
+]
 
 RUN_SECONDS_ANNOTATION = "sim.gpucert.io/run-seconds"
 EXIT_CODE_ANNOTATION = "sim.gpucert.io/exit-code"
+TERMINATED_REASON_ANNOTATION = "sim.gpucert.io/terminated-reason"
+IMAGE_PULL_ERROR_ANNOTATION = "sim.gpucert.io/image-pull-error"
+#: An image reference containing this cannot be pulled.
+UNPULLABLE_IMAGE = "does-not-exist"
+_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
 
 def _annotation_number(pod: Mapping[str, Any], name: str) -> float | None:
@@ -53,6 +74,25 @@ def _annotation_number(pod: Mapping[str, Any], name: str) -> float | None:
         return float(raw)
     except ValueError:
         return None
+
+
+def _annotation(pod: Mapping[str, Any], name: str) -> str | None:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(name)
+    return None if raw is None else str(raw)
+
+
+def _pull_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(waiting reason, image) when the pod's image cannot be pulled, else None."""
+    containers = (pod.get("spec") or {}).get("containers") or ()
+    first = str((containers[0] if containers else {}).get("image") or "")
+    asked = _annotation(pod, IMAGE_PULL_ERROR_ANNOTATION)
+    if asked is not None:
+        return (asked if asked in _PULL_REASONS else "ErrImagePull"), first
+    for c in containers:
+        image = str(c.get("image") or "")
+        if UNPULLABLE_IMAGE in image:
+            return "ErrImagePull", image
+    return None
 
 
 def _digest(*parts: str) -> str:
@@ -112,6 +152,10 @@ class Kubelets:
             if now < due:
                 self.rt.after(due - now, self, key)
                 return
+            pulling = _pull_error(pod)
+            if pulling is not None:
+                self._pull_failed(pod, *pulling)
+                return
             pod = self._start(pod, node)
         started, started_wall = self._started.setdefault(uid, (now, datetime.now(UTC)))
         ready_at = started + self.timing.pod_ready_s
@@ -158,6 +202,37 @@ class Kubelets:
         self._started[pod["metadata"]["uid"]] = (self.rt.now(), datetime.now(UTC))
         return self.store.update(PODS, {**pod, "status": status})
 
+    def _pull_failed(self, pod: Obj, reason: str, image: str) -> None:
+        """The container never starts: Pending, waiting on ``reason``. Written once (a write would
+        bring the pod back here)."""
+        status = dict(pod.get("status") or {})
+        waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
+                   for c in status.get("containerStatuses") or ()]
+        if waiting and all(w == reason for w in waiting):
+            return
+        now = now_rfc3339()
+        names = " ".join(str(c.get("name")) for c in pod["spec"].get("containers") or ())
+        conditions = status.get("conditions")
+        for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"):
+            up = kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled")
+            cond: dict[str, Any] = {"type": kind, "status": "True" if up else "False", "lastProbeTime": None,
+                                    "lastTransitionTime": now}
+            if not up:
+                cond.update(reason="ContainersNotReady", message=f"containers with unready status: [{names}]")
+            conditions = set_condition(conditions, cond)
+        message = (f'Back-off pulling image "{image}"' if reason == "ImagePullBackOff" else
+                   f'failed to pull and unpack image "{image}": not found' if reason == "ErrImagePull" else
+                   f'Failed to apply default image tag "{image}": invalid reference format')
+        statuses = []
+        for c in pod["spec"].get("containers") or ():
+            entry = self._container(pod, c, {"waiting": {"reason": reason, "message": message}}, ready=False)
+            entry["imageID"] = ""  # nothing pulled, no container: as a kubelet reports it
+            entry.pop("containerID")
+            statuses.append(entry)
+        status.update(phase="Pending", conditions=conditions, startTime=status.get("startTime") or now,
+                      containerStatuses=statuses)
+        self.store.update(PODS, {**pod, "status": status})
+
     def _set_ready(self, pod: Obj) -> None:
         now = now_rfc3339()
         status = dict(pod.get("status") or {})
@@ -177,7 +252,7 @@ class Kubelets:
                            self.logs.finished(pod, node, started_wall, code))
         now = now_rfc3339()
         started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
-        reason = "Completed" if code == 0 else "Error"
+        reason = "Completed" if code == 0 else (_annotation(pod, TERMINATED_REASON_ANNOTATION) or "Error")
         status = dict(pod.get("status") or {})
         conditions = status.get("conditions")
         for kind in ("ContainersReady", "Ready"):

@@ -1,0 +1,149 @@
+"""From verdicts to what happens to each node: its state label, a taint or not, a re-run first or not.
+
+DESIGN.md's conventions, as pure functions over the verdict table (tested without a cluster):
+
+* state: any ``fail`` → ``failed``; else any ``warn`` → ``degraded``; else every row ``pass`` →
+  ``certified``; a node whose rows are only ``pass`` and ``inconclusive`` keeps the state it had (an
+  inconclusive run says nothing about the GPUs);
+* a ``failed`` node is tainted ``<prefix>/unhealthy=<cause>:NoSchedule`` — only after a re-run confirms
+  it (REFERENCE §4.6: the fail stands when 2 of 3 runs fail), unless a hard hardware gate fired (row-remap
+  failure, XID 64/79/95, a volatile double-bit ECC error), which needs no re-run;
+* the blast-radius guard: a run that would taint more than max(``min_nodes``, ``fraction`` × GPU nodes)
+  taints none — beyond that the likelier culprit is the baseline, the benchmark or the stack — and opens
+  one incident instead;
+* observe-only: labels and annotations, never a taint added or lifted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+__all__ = [
+    "HARD_GATE_XIDS",
+    "NodeDecision",
+    "blast_radius_limit",
+    "decide_nodes",
+    "fail_stands",
+]
+
+#: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
+#: uncontained ECC error.
+HARD_GATE_XIDS = frozenset({64, 79, 95})
+_HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile"})
+_RANK = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
+_STATE = {"pass": "certified", "warn": "degraded", "fail": "failed"}
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """What one run concluded about one node."""
+
+    node: str
+    #: ``certified``, ``degraded``, ``failed``, or None: leave the state label as it is (inconclusive).
+    state: str | None
+    #: The taint's value when ``state`` is ``failed``: the cause of its worst row (``unknown`` if none).
+    cause: str | None
+    #: A hard hardware gate fired: taint without a confirming re-run.
+    hard_gate: bool
+    #: One line for the node's annotation: what was found and what to do.
+    summary: str
+
+    @property
+    def needs_confirmation(self) -> bool:
+        return self.state == "failed" and not self.hard_gate
+
+
+def _hard_gate(rows: pd.DataFrame) -> pd.Series:
+    metric = rows["metric"].astype("string")
+    value = pd.to_numeric(rows["value"], errors="coerce")
+    xid = (metric == "xid") & value.isin(list(HARD_GATE_XIDS))
+    return (rows["verdict"] == "fail") & (metric.isin(list(_HARD_GATE_METRICS)) | xid)
+
+
+def _summary(node_rows: pd.DataFrame, worst: str) -> str:
+    flagged = node_rows[node_rows["verdict"].isin(["fail", "warn", "inconclusive"])]
+    if worst == "pass" or flagged.empty:
+        return "all checks passed"
+    first = flagged.iloc[0]
+    where = f"GPU {int(first['gpu'])}" if pd.notna(first["gpu"]) else "node"
+    reason = str(first["reasons"]).split(";")[0].strip() if pd.notna(first["reasons"]) else ""
+    action = str(first["action"]) if pd.notna(first["action"]) and first["action"] != "none" else ""
+    more = f" (+{len(flagged) - 1} more)" if len(flagged) > 1 else ""
+    text = f"{first['verdict']}: {where}: {reason}{more}"
+    return f"{text}; action: {action}" if action else text
+
+
+def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, NodeDecision]:
+    """Node → :class:`NodeDecision` for each of ``nodes`` (a node with no row at all is inconclusive).
+
+    Fleet rows (no node) flag nobody and are ignored here.
+    """
+    rows = verdicts[verdicts["node"].notna()].copy()
+    rows["rank"] = rows["verdict"].astype("string").map(_RANK).astype("int64")
+    rows["hard"] = _hard_gate(rows)
+    # Worst rows first, so each node's first row is its deciding one.
+    rows = rows.sort_values(["node", "rank"], ascending=[True, False], kind="stable")
+    out: dict[str, NodeDecision] = {}
+    groups = {str(node): part for node, part in rows.groupby("node", observed=True, sort=False)}
+    for node in nodes:
+        part = groups.get(node)
+        if part is None or part.empty:
+            out[node] = NodeDecision(node, None, None, False, "inconclusive: no result from this node")
+            continue
+        ranks = set(part["verdict"].astype("string"))
+        if "fail" in ranks:
+            worst = "fail"
+        elif "warn" in ranks:
+            worst = "warn"
+        elif ranks == {"pass"}:
+            worst = "pass"
+        else:
+            worst = "inconclusive"
+        cause = None
+        if worst == "fail":
+            fails = part[part["verdict"] == "fail"]
+            causes = fails["cause"].dropna().astype("string")
+            causes = causes[causes != ""]
+            cause = str(causes.iloc[0]) if len(causes) else "unknown"
+        out[node] = NodeDecision(
+            node,
+            _STATE.get(worst),
+            cause,
+            bool(part["hard"].any()),
+            _summary(part, worst),
+        )
+    return out
+
+
+def fail_stands(runs: Iterable[NodeDecision]) -> bool | None:
+    """REFERENCE §4.6 over a node's runs so far (first run first): True once 2 have failed, False once 2
+    have not, None while undecided (run once more). An inconclusive re-run counts as neither."""
+    failed = passed = 0
+    for decision in runs:
+        if decision.state == "failed":
+            failed += 1
+        elif decision.state is not None:
+            passed += 1
+    if failed >= 2:
+        return True
+    if passed >= 2 or (passed >= 1 and failed == 0):
+        return False
+    return None
+
+
+def blast_radius_limit(gpu_nodes: int, *, min_nodes: int, fraction: float) -> int:
+    """How many nodes one run may taint: max(``min_nodes``, ``fraction`` × ``gpu_nodes``), rounded down."""
+    return max(min_nodes, math.floor(fraction * gpu_nodes))
+
+
+def tally(decisions: Mapping[str, NodeDecision]) -> dict[str, int]:
+    """How many nodes of each state (``unchanged`` for inconclusive)."""
+    counts: dict[str, int] = {}
+    for decision in decisions.values():
+        key = decision.state or "unchanged"
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -1,0 +1,396 @@
+"""The benchmark Job and its payload ConfigMap, rendered from ``templates/certify/``.
+
+One Job per node, in gpucert's own namespace, runs ``python -m gpucert.bench`` on all of that node's
+GPUs (DESIGN.md "Kubernetes conventions"). The payload travels in a ConfigMap so that a stock PyTorch
+image serves: no image of gpucert's own to build, publish and keep in step with the code.
+
+What a template gets is data computed here (labels, the affinity, tolerations, arguments, the
+ConfigMap's items), serialised by the environment's ``finalize`` (:mod:`gpucert._templates`), and what
+comes back is parsed with the strict loader of :func:`gpucert.stack.load_manifests`, so a node name
+read from the cluster cannot add a key or a document to a manifest.
+
+Names
+-----
+* Job: :func:`job_name` — a DNS label of at most 63 characters (the Job controller copies it into the
+  ``job-name`` label of its pods), readable (``<run id>-<node>``, cut to fit) and always ending in a
+  hash of the run id and the node, so that two runs or two nodes never share a name however their
+  texts line up (``a-b`` + ``c`` against ``a`` + ``b-c``) or get cut.
+* ConfigMap: ``gpucert-payload-<hash of the files>``: a new payload is a new object, so a Job still
+  running never sees its files change; the object is immutable, and :func:`ensure_payload` takes the
+  one already there (another run's is the same). Nothing deletes old payloads yet (they are ~90 kB).
+
+The node goes in the label ``<prefix>/node`` when it is a valid label value (node names may run to 253
+characters with dots; label values stop at 63), and always in the annotation of the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from .._templates import yaml_environment
+from ..errors import GpucertError
+from ..kube import Kube, KubeConflict
+from ..stack import STACK_NAMESPACE, StackRenderError, check_label_prefix, load_manifests
+from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
+
+__all__ = [
+    "COMPONENT",
+    "DEFAULT_IMAGE",
+    "DEFAULT_LABEL_PREFIX",
+    "JOBS_NAMESPACE",
+    "JOB_TEMPLATE",
+    "PAYLOAD_DIR",
+    "PAYLOAD_TEMPLATE",
+    "BenchmarkSettings",
+    "JobRenderError",
+    "benchmark_job",
+    "ensure_payload",
+    "job_labels",
+    "job_name",
+    "payload_configmap",
+    "payload_items",
+    "payload_key",
+    "payload_path",
+]
+
+#: NVIDIA's PyTorch container: a tested torch + CUDA + NCCL build for every data-centre GPU gpucert
+#: certifies (Hopper, Blackwell), with ``python`` on the PATH and pynvml installed (it ships RAPIDS,
+#: which depends on it), so the NVML telemetry runs as well as the benchmarks. The plain
+#: ``pytorch/pytorch`` images have no pynvml: telemetry would be ``error`` rows there.
+DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
+#: gpucert's own namespace: where configure creates the namespace and grants the runtime role Jobs and
+#: ConfigMaps (``templates/stack/rbac.yaml.j2``); a Job elsewhere would need more rights.
+JOBS_NAMESPACE = STACK_NAMESPACE
+#: Where the payload is mounted in the container (and what ``PYTHONPATH`` names).
+PAYLOAD_DIR = "/opt/gpucert"
+JOB_TEMPLATE = "certify/benchmark-job.yaml.j2"
+PAYLOAD_TEMPLATE = "certify/payload-configmap.yaml.j2"
+
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_KEY_WORD = re.compile(r"[-_a-zA-Z0-9]+")
+_QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+#: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
+_CONFIGMAP_LIMIT = 1 << 20
+#: The payload flags this module sets itself; ``extra_args`` may not set them again.
+_OWN_FLAGS = ("--run-id", "--node", "--repeats", "--expected-gpus")
+_HASH = 8
+
+
+class JobRenderError(GpucertError):
+    """A benchmark template rendered into something that is not the expected object (a template bug,
+    or a value that tried to bend a manifest); the message names the template."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """How benchmark Jobs are made; every field has a default fit for an 8-GPU node.
+
+    Raises ``ValueError`` on construction for a value Kubernetes or the payload would refuse.
+    """
+
+    #: The namespace of the Jobs and the payload ConfigMaps.
+    namespace: str = JOBS_NAMESPACE
+    #: Any image with ``python`` and torch (pynvml too, for telemetry); see :data:`DEFAULT_IMAGE`.
+    image: str = DEFAULT_IMAGE
+    label_prefix: str = DEFAULT_LABEL_PREFIX
+    #: ``--repeats`` of the payload.
+    repeats: int = 3
+    #: The Job's ``activeDeadlineSeconds``: image pull (an NGC image is ~10 GB), scheduling and a full
+    #: run of 8 GPUs (about 2 minutes each, then the all-reduce) with room to spare.
+    deadline_s: int = 3600
+    #: ``ttlSecondsAfterFinished``: a day to read a finished Job's pod and log by hand.
+    ttl_s: int = 86400
+    #: A low PriorityClass for the pods; None leaves it out (the cluster's default priority).
+    priority_class: str | None = None
+    #: More payload arguments (sizes, ``--skip``, ``--dcgm``…), passed after the ones set here.
+    extra_args: tuple[str, ...] = ()
+    #: CPU and memory requested: enough for one process per GPU in the all-reduce, and a request at all
+    #: keeps the pod out of the BestEffort class, the first evicted under node pressure.
+    cpu_request: str = "4"
+    memory_request: str = "16Gi"
+    #: Size of the memory-backed /dev/shm.
+    shm_size: str = "16Gi"
+    #: Extra annotations on every benchmark pod (``sim.gpucert.io/…`` shapes a simulated pod).
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _DNS_LABEL.fullmatch(self.namespace):
+            raise ValueError(f"namespace {self.namespace!r} is not a DNS label")
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ValueError(f"image {self.image!r} is not an image reference")
+        check_label_prefix(self.label_prefix)
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, not {self.repeats}")
+        if self.deadline_s < 1:
+            raise ValueError(f"deadline_s must be at least 1 second, not {self.deadline_s}")
+        if self.ttl_s < 0:
+            raise ValueError(f"ttl_s must be 0 or more, not {self.ttl_s}")
+        if self.priority_class is not None and (
+            len(self.priority_class) > 253 or not _DNS_SUBDOMAIN.fullmatch(self.priority_class)
+        ):
+            raise ValueError(f"priority class {self.priority_class!r} is not a DNS subdomain")
+        for arg in self.extra_args:
+            if not isinstance(arg, str):
+                raise ValueError(f"extra_args must be strings, not {arg!r}")
+            if arg.split("=", 1)[0] in _OWN_FLAGS:
+                raise ValueError(f"extra_args may not set {arg.split('=', 1)[0]}: the Job sets it")
+        for name in ("cpu_request", "memory_request", "shm_size"):
+            if not _QUANTITY.fullmatch(getattr(self, name)):
+                raise ValueError(f"{name} {getattr(self, name)!r} is not a Kubernetes quantity")
+
+
+# --- names and labels -----------------------------------------------------------------------------------
+
+
+def _check_run_id(run_id: str) -> None:
+    if not _DNS_LABEL.fullmatch(run_id):
+        raise ValueError(
+            f"run id {run_id!r} is not a DNS label (at most 63 characters of a-z, 0-9 and '-', "
+            "starting and ending with a letter or digit)"
+        )
+
+
+def job_name(run_id: str, node: str) -> str:
+    """The benchmark Job's name for ``run_id`` on ``node``: a DNS label of at most 63 characters.
+
+    ``<run id>-<node>`` (characters other than ``a-z0-9-`` as ``-``), cut to fit, then ``-`` and 8 hex
+    digits of a hash of the run id and the node — the same two always give the same name, any other two
+    another. Raises ``ValueError`` when ``run_id`` is not a DNS label or ``node`` is empty.
+    """
+    _check_run_id(run_id)
+    if not node:
+        raise ValueError("node name is empty")
+    digest = hashlib.sha256(f"{run_id}\n{node}".encode()).hexdigest()[:_HASH]
+    readable = re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{node}".lower())
+    head = readable[: 63 - 1 - _HASH].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def _label_value_ok(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.fullmatch(value))
+
+
+def job_labels(run_id: str, node: str, label_prefix: str = DEFAULT_LABEL_PREFIX) -> dict[str, str]:
+    """The labels of a benchmark Job and its pods: gpucert's, ``<prefix>/run-id`` and, when the node's
+    name is a valid label value, ``<prefix>/node``. Raises ``ValueError`` for a bad run id."""
+    _check_run_id(run_id)
+    labels = {**COMMON_LABELS, f"{label_prefix}/run-id": run_id}
+    if _label_value_ok(node):
+        labels[f"{label_prefix}/node"] = node
+    return labels
+
+
+# --- the payload ConfigMap ------------------------------------------------------------------------------
+
+
+def payload_key(path: str) -> str:
+    """The ConfigMap key of a payload file: its path with ``/`` as ``.`` (``gpucert.bench._cli.py``).
+
+    Reversible (:func:`payload_path`) because a payload path is held to directories and a file stem
+    without dots and one suffix. Raises ``ValueError`` for a path that breaks that or holds characters
+    other than ``-_a-zA-Z0-9`` besides.
+    """
+    parts = path.split("/")
+    stem, dot, suffix = parts[-1].partition(".")
+    words = [*parts[:-1], stem, suffix]
+    if not dot or not all(_KEY_WORD.fullmatch(w) for w in words) or len(path) > 253:
+        raise ValueError(
+            f"payload file {path!r} cannot be a ConfigMap key (directories and a file name of "
+            "-_a-zA-Z0-9, one suffix)"
+        )
+    return path.replace("/", ".")
+
+
+def payload_path(key: str) -> str:
+    """The file path a ConfigMap key of the payload stands for (the inverse of :func:`payload_key`).
+
+    Raises ``ValueError`` for a key :func:`payload_key` cannot have made.
+    """
+    head, dot, suffix = key.rpartition(".")
+    path = f"{head.replace('.', '/')}.{suffix}"
+    try:
+        if dot and payload_key(path) == key:
+            return path
+    except ValueError:
+        pass
+    raise ValueError(f"{key!r} is not a payload ConfigMap key")
+
+
+def _payload(files: Mapping[str, str] | None) -> dict[str, str]:
+    if files is None:
+        from ..bench import payload_files
+
+        files = payload_files()
+    if not files:
+        raise ValueError("the payload has no files")
+    return {path: files[path] for path in sorted(files)}
+
+
+def payload_items(configmap: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The volume's ``items`` for a payload ConfigMap: each key of its ``data`` → the file's path under
+    the mount, in key order. Raises ``ValueError`` for a key that is no payload file's, or no data."""
+    data = configmap.get("data") or {}
+    if not data:
+        raise ValueError(f"ConfigMap {(configmap.get('metadata') or {}).get('name')!r} carries no payload")
+    return [{"key": key, "path": payload_path(key)} for key in sorted(data)]
+
+
+def _payload_digest(files: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    for path, text in files.items():
+        for part in (path, text):
+            data = part.encode("utf-8")
+            h.update(len(data).to_bytes(8, "big"))  # lengths first: no two file sets hash alike by splicing
+            h.update(data)
+    return h.hexdigest()
+
+
+def payload_configmap(
+    settings: BenchmarkSettings | None = None, files: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ConfigMap carrying the payload: ``gpucert-payload-<10 hex digits of the files' hash>``.
+
+    ``files`` (path → text) defaults to :func:`gpucert.bench.payload_files`; the full hash is in the
+    annotation ``<prefix>/payload-sha256``. Returns the object as a dict. Raises ``ValueError`` when a
+    path cannot be a key or the files exceed a ConfigMap's 1 MiB, and :class:`JobRenderError` when the
+    template does not render into one ConfigMap.
+    """
+    s = settings or BenchmarkSettings()
+    chosen = _payload(files)
+    data = {payload_key(path): text for path, text in chosen.items()}
+    size = sum(len(text.encode("utf-8")) + len(key) for key, text in data.items())
+    if size > _CONFIGMAP_LIMIT:
+        raise ValueError(f"the payload is {size:,} bytes: more than a ConfigMap holds (1 MiB)")
+    digest = _payload_digest(chosen)
+    context = {
+        "name": f"gpucert-payload-{digest[:10]}",
+        "namespace": s.namespace,
+        "labels": dict(COMMON_LABELS),
+        "annotations": {f"{s.label_prefix}/payload-sha256": digest},
+        "data": data,
+    }
+    return _render_one(PAYLOAD_TEMPLATE, {"cm": context}, "ConfigMap")
+
+
+def ensure_payload(kube: Kube, configmap: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the payload ConfigMap, or take the one already there (its name is its content's hash, so
+    another run's is the same). Returns the object as stored. Raises :class:`~gpucert.kube.KubeConflict`
+    when a ConfigMap of that name holds other files, and any other :class:`~gpucert.kube.KubeError` from
+    the API."""
+    try:
+        return kube.create(configmap)
+    except KubeConflict:
+        meta = configmap["metadata"]
+        stored = kube.get("v1", "ConfigMap", meta["name"], meta.get("namespace"))
+        if (stored.get("data") or {}) != (configmap.get("data") or {}):
+            raise KubeConflict(
+                f"ConfigMap {meta.get('namespace')}/{meta['name']} exists with other files: it was not made "
+                "by payload_configmap, or was edited",
+                status=409,
+            ) from None
+        return stored
+
+
+# --- the Job --------------------------------------------------------------------------------------------
+
+
+def _affinity(node: str) -> dict[str, Any]:
+    # matchFields on metadata.name: see the template's notes (why not nodeName, why not the hostname label).
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _tolerations(label_prefix: str) -> list[dict[str, str]]:
+    return [
+        {"key": f"{label_prefix}/uncertified", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": f"{label_prefix}/unhealthy", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+
+
+def benchmark_job(
+    run_id: str,
+    node: str,
+    gpus: int,
+    *,
+    payload: Mapping[str, Any],
+    settings: BenchmarkSettings | None = None,
+) -> dict[str, Any]:
+    """The benchmark Job of ``run_id`` on ``node``, requesting ``gpus`` (all the node's GPUs).
+
+    ``payload`` is the payload ConfigMap (:func:`payload_configmap`, or as read back): the pod mounts
+    it by name, its keys as the package tree.
+    The pod runs ``python -m gpucert.bench --run-id RUN --node $(NODE_NAME) --repeats N --expected-gpus
+    GPUS`` plus ``settings.extra_args``. Returns the Job as a dict. Raises ``ValueError`` for a bad run
+    id, an empty node, fewer than 1 GPU or a ConfigMap that is not a payload's, and
+    :class:`JobRenderError` when the template does not render into one Job.
+    """
+    s = settings or BenchmarkSettings()
+    name = job_name(run_id, node)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"a benchmark Job requests at least 1 GPU, not {gpus!r}")
+    payload_name = str((payload.get("metadata") or {}).get("name") or "")
+    if len(payload_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(payload_name):
+        raise ValueError(f"payload ConfigMap name {payload_name!r} is not a DNS subdomain")
+    items = payload_items(payload)
+    labels = job_labels(run_id, node, s.label_prefix)
+    node_annotation = {f"{s.label_prefix}/node": node}
+    args = [
+        "--run-id", run_id,
+        # $(NODE_NAME) is expanded by the kubelet from the downward API: the node the pod ran on.
+        "--node", "$(NODE_NAME)",
+        "--repeats", str(s.repeats),
+        "--expected-gpus", str(gpus),
+        *s.extra_args,
+    ]  # fmt: skip
+    context = {
+        "name": name,
+        "namespace": s.namespace,
+        "labels": labels,
+        "annotations": node_annotation,
+        "pod_annotations": {**node_annotation, **s.pod_annotations},
+        "deadline_s": s.deadline_s,
+        "ttl_s": s.ttl_s,
+        "priority_class": s.priority_class,
+        "affinity": _affinity(node),
+        "tolerations": _tolerations(s.label_prefix),
+        "image": s.image,
+        "args": args,
+        "resources": {
+            # Extended resources go in limits (requests follow); a string, as the API server returns it.
+            "limits": {"nvidia.com/gpu": str(gpus)},
+            "requests": {"cpu": s.cpu_request, "memory": s.memory_request, "nvidia.com/gpu": str(gpus)},
+        },
+        "payload": payload_name,
+        "payload_items": items,
+        "payload_dir": PAYLOAD_DIR,
+        "shm_size": s.shm_size,
+    }
+    return _render_one(JOB_TEMPLATE, {"job": context}, "Job")
+
+
+# --- rendering ------------------------------------------------------------------------------------------
+
+
+def _render_one(template: str, context: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    try:
+        text = yaml_environment().get_template(template).render(**context)
+        objects: Sequence[dict[str, Any]] = load_manifests(text, template)
+    except jinja2.TemplateError as exc:
+        raise JobRenderError(f"{template}: {exc}") from None
+    except StackRenderError as exc:
+        raise JobRenderError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        # yaml_value could not serialise a value (not plain data, or NaN): a renderer bug.
+        raise JobRenderError(f"{template}: a value cannot be written into a manifest: {exc}") from None
+    if len(objects) != 1 or objects[0].get("kind") != kind:
+        raise JobRenderError(f"{template}: rendered {len(objects)} object(s), not one {kind}")
+    return objects[0]

@@ -1,0 +1,19 @@
+"""Names the benchmark modules share: the default label prefix and the labels of gpucert's benchmark objects."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+__all__ = ["COMMON_LABELS", "COMPONENT", "DEFAULT_LABEL_PREFIX"]
+
+#: The prefix of gpucert's labels, annotations and taints unless a cluster says otherwise (DESIGN.md).
+DEFAULT_LABEL_PREFIX: Final = "gpucert.io"
+#: ``app.kubernetes.io/component`` of the Jobs, their pods and the payload ConfigMaps.
+COMPONENT: Final = "benchmark"
+#: Labels on every benchmark Job, its pods and the payload ConfigMaps (DESIGN.md "Kubernetes conventions").
+COMMON_LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/managed-by": "gpucert",
+    "app.kubernetes.io/part-of": "gpucert",
+    "app.kubernetes.io/component": COMPONENT,
+}

@@ -1,0 +1,20 @@
+"""The certify run's reports, built from the results and verdict tables (DESIGN.md "Data contracts").
+
+Three renderings, all pure functions (no Prefect here; the certify flow turns them into artifacts):
+
+* :func:`verdict_rows` — JSON-able rows for a Prefect table artifact: what did not pass, worst first,
+  and a count of what did;
+* :func:`summary_markdown` — a markdown summary: what failed, why, what to do, fleet-level findings and
+  the actions taken on nodes;
+* :func:`render_html` — a self-contained HTML page (``templates/report.html.j2``) with inline SVG
+  pictures: each GPU's performance relative to its reference per metric, stragglers marked, and a
+  node × GPU heat map. It is stored with the run (``runs/…/report.html``) and opened offline.
+"""
+
+from __future__ import annotations
+
+from ._html import render_html
+from ._rows import ROW_KEYS, is_summary_row, verdict_rows
+from ._summary import md_escape, summary_markdown
+
+__all__ = ["ROW_KEYS", "is_summary_row", "md_escape", "render_html", "summary_markdown", "verdict_rows"]

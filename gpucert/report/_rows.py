@@ -1,0 +1,101 @@
+"""The rows of the run's Prefect table artifact: what did not pass, worst first, then how much did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ._common import NON_PASS, entity_kinds, json_value, ordered_non_pass, require_columns
+
+__all__ = ["ROW_KEYS", "is_summary_row", "verdict_rows"]
+
+#: The keys of every row :func:`verdict_rows` returns, in display order.
+ROW_KEYS: tuple[str, ...] = (
+    "verdict",
+    "node",
+    "gpu",
+    "peer",
+    "cause",
+    "action",
+    "ticket",
+    "metric",
+    "value",
+    "reference",
+    "deviation_pct",
+    "z",
+    "reference_kind",
+    "reasons",
+    "gpu_model",
+    "gpu_uuid",
+)
+_DIGITS = {"value": 4, "reference": 4, "deviation_pct": 2, "z": 2}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _note(verdict: str | None, text: str) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
+    row["verdict"] = verdict
+    row["reasons"] = text
+    return row
+
+
+def is_summary_row(row: dict[str, Any]) -> bool:
+    """Whether ``row`` (one of :func:`verdict_rows`) is a summary row rather than a verdict."""
+    return all(row.get(k) is None for k in ROW_KEYS if k not in ("verdict", "reasons"))
+
+
+def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, Any]]:
+    """JSON-able rows for a Prefect table artifact of ``verdicts`` (DESIGN.md's verdict table).
+
+    Returns up to ``limit`` rows that are not ``pass``, fail → warn → inconclusive (fleet findings
+    first within a verdict, then by node, the node's row before its GPUs'), each a dict with the keys of
+    :data:`ROW_KEYS` (None where a value is empty; numbers rounded for reading). Passing rows are not
+    listed: they are counted instead. After the listed rows come at most two *summary rows*, with only
+    ``verdict`` and ``reasons`` set (every other key None), so a caller can tell them apart:
+
+    * when more than ``limit`` rows did not pass: ``verdict`` None and ``reasons`` saying how many
+      were left out, per verdict;
+    * when any row passed: ``verdict`` ``"pass"`` and ``reasons`` counting them per kind (GPUs, nodes,
+      pairs).
+
+    So the list holds at most ``limit + 2`` rows and is empty only for an empty table. Raises
+    ``ValueError`` when the table lacks the ``verdict``, ``node`` or ``gpu`` column or ``limit`` < 0.
+    """
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0: {limit}")
+    require_columns(verdicts, ("verdict", "node", "gpu", "reference_kind"), "verdicts")
+    ordered = ordered_non_pass(verdicts)
+    shown = ordered.iloc[:limit]
+    present = [k for k in ROW_KEYS if k in shown.columns]
+    rows: list[dict[str, Any]] = []
+    # Only the listed rows are converted: at most ``limit`` of them, whatever the fleet's size.
+    for record in shown[present].astype(object).to_dict("records"):
+        row = dict.fromkeys(ROW_KEYS)
+        for key, value in record.items():
+            row[str(key)] = json_value(value, _DIGITS.get(str(key)))
+        if row["gpu"] is not None:
+            row["gpu"] = int(row["gpu"])
+        rows.append(row)
+
+    left_out = ordered.iloc[limit:]
+    if len(left_out):
+        counts = left_out["verdict"].astype(object).value_counts()
+        order = [v for v in NON_PASS if v in counts] + [v for v in counts.index if v not in NON_PASS]
+        per = ", ".join(f"{v} {int(counts[v]):,}" for v in order)
+        rows.append(
+            _note(
+                None, f"{len(left_out):,} more rows that did not pass are not listed ({per}): see the report"
+            )
+        )
+
+    passing = verdicts[(verdicts["verdict"].astype(object) == "pass").to_numpy(dtype=bool)]
+    if len(passing):
+        kinds = pd.Series(entity_kinds(passing)).value_counts()
+        words = {"gpu": "GPU", "node": "node", "pair": "pair", "fleet": "fleet check"}
+        per_kind = ", ".join(_plural(int(kinds[k]), words[k]) for k in words if k in kinds)
+        rows.append(_note("pass", f"{len(passing):,} passing rows not listed: {per_kind}"))
+    return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
 from pydantic import Field
@@ -39,6 +41,11 @@ class BaselineStore(Block):
     endpoint_url: str | None = Field(
         default=None, description="An S3-compatible endpoint (SeaweedFS, MinIO, Ceph); empty for AWS."
     )
+
+    @classmethod
+    def default(cls) -> BaselineStore:
+        """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store``."""
+        return cls(uri=os.environ.get("GPUCERT_STORE") or "file://./gpucert-store")
 
     def open(self) -> Store:
         """The store; raises ``gpucert.errors.InputError`` for a URI it cannot open."""

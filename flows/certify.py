@@ -62,13 +62,14 @@ async def certify(
 ) -> dict[str, Any]:
     """Benchmark, judge and mark the cluster's GPU nodes (all, or ``nodes``); returns what was found/done.
 
-    ``store`` defaults to ``file://./gpucert-store``; ``observe_only`` overrides the policy's;
+    ``store`` defaults to ``$GPUCERT_STORE`` (else ``file://./gpucert-store``); ``observe_only`` overrides
+    the policy's;
     ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…`` ones).
     """
     log = get_run_logger()
     cluster = cluster or GpuCluster()
     kube = cluster.kube()
-    baseline_store = (store or StoreBlock(uri="file://./gpucert-store")).open()
+    baseline_store = (store or StoreBlock.default()).open()
     policy = load_policy(policy_file)
     observe = policy.observe_only if observe_only is None else observe_only
     run_id = run_id or new_run_id()

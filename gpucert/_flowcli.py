@@ -181,3 +181,27 @@ def _certify_text(result: dict[str, Any]) -> str:
         lines.append("observe-only: nothing was tainted or untainted")
     lines.append(f"baseline version: {result['baseline_version']}; report: {result['report']}")
     return "\n".join(lines) + "\n"
+
+
+def watch_nodes_command(*, kubeconfig: str | None, context: str | None, label_prefix: str, once: bool) -> int:
+    """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (those present at
+    start and those that join), once per node UID; runs until interrupted (``once``: only the present)."""
+    _prepare_prefect()
+    from prefect.events import emit_event
+
+    from .kube import connect
+    from .kube._watch import joined_nodes
+
+    kube = connect(kubeconfig, context=context)
+    for node, uid in joined_nodes(kube, taint=f"{label_prefix}/uncertified", follow=not once):
+        emit_event(
+            event="gpucert.node.joined",
+            resource={
+                "prefect.resource.id": f"gpucert.node.{uid}",
+                "prefect.resource.name": node,
+                "gpucert.node.uid": uid,
+            },
+        )
+        sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
+        sys.stdout.flush()
+    return 0

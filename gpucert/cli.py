@@ -123,8 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "toolkit, device plugin, DCGM exporter and GPU feature discovery in that order, waiting for each on "
         "every node; verify the GPUs are advertised and report drift. Running it again changes nothing.",
     )
-    configure.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
-    configure.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    _cluster_arguments(configure)
     configure.add_argument("--release", metavar="R",
                            help="a release of the compatibility matrix (default: the newest that fits)")
     configure.add_argument("--set", dest="versions", action="append", default=[], metavar="COMPONENT=VERSION",
@@ -135,8 +134,6 @@ def _parser() -> argparse.ArgumentParser:
     configure.add_argument("--dry-run", metavar="DIR",
                            help="render every manifest into DIR; write nothing to the cluster")
     configure.add_argument("--namespace", default="gpucert-system", help="namespace of the stack")
-    configure.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels")
-    configure.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
     configure.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
                            help="GPUs expected on a node without an nvidia.com/gpu.count label")
     configure.add_argument("--timeout", type=float, default=900.0, metavar="S",
@@ -151,8 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         "(never more than the blast radius allows), merge passing results into the baselines, and store the "
         "run's results, verdicts and HTML report.",
     )
-    cert.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
-    cert.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    _cluster_arguments(cert)
     cert.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
     cert.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
                       help="certify only this node (repeatable; default: every idle GPU node)")
@@ -162,15 +158,31 @@ def _parser() -> argparse.ArgumentParser:
     cert.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     cert.add_argument("--observe-only", action="store_true", help="label and report, never taint")
     cert.add_argument("--max-parallel", type=int, default=16, metavar="N", help="benchmark Jobs at once")
-    cert.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels and taints")
-    cert.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
     cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
+    watch = commands.add_parser(
+        "watch-nodes",
+        help="emit gpucert.node.joined Prefect events for nodes waiting to be onboarded",
+        description="Emit a gpucert.node.joined event (Prefect) for every node carrying <prefix>/uncertified: "
+        "those there now and each that joins, once per node UID. The onboard-node deployment's trigger "
+        "starts an onboarding run for each. Runs until interrupted.",
+    )
+    _cluster_arguments(watch)
+    watch.add_argument("--once", action="store_true", help="only the nodes waiting now, then exit")
 
     demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
     demo.add_argument("--nodes", type=int, default=16)
     demo.add_argument("--seed", type=int, default=7)
     return parser
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say which cluster a flow command works on (the GpuCluster block's fields)."""
+    parser.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    parser.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels and taints")
+    parser.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -253,6 +265,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             include_busy=args.include_busy, run_id=args.run_id, image=args.image, policy_file=args.policy,
             observe_only=args.observe_only, max_parallel=args.max_parallel, label_prefix=args.label_prefix,
             selector=args.selector, as_json=args.json,
+        )
+    if args.command == "watch-nodes":
+        from ._flowcli import watch_nodes_command
+
+        return watch_nodes_command(
+            kubeconfig=args.kubeconfig, context=args.context, label_prefix=args.label_prefix, once=args.once
         )
     if args.command == "demo":
         from .demo import run_demo

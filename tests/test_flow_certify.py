@@ -16,6 +16,7 @@ from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore
 from flows.certify import certify
 from gpucert.certify import BenchmarkSettings, benchmark_job, payload_configmap
+from gpucert.cli import main
 from gpucert.fleet import Fault
 from gpucert.kube import Kube, connect
 from gpucert.sim import SimCluster
@@ -130,3 +131,17 @@ def test_observe_only_and_the_blast_radius_taint_nothing(tmp_path: Path) -> None
         assert guarded["tainted"] == []
         assert "blast radius" in guarded["incident"]
         assert all(t == [] for t in _taints(kube).values())
+
+
+def test_command_line_certify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with SimCluster(nodes=2, preconfigured=True, seed=7) as sim:
+        kubeconfig = str(sim.kubeconfig_path)
+        bad = tmp_path / "policy.yaml"
+        bad.write_text("peers:\n  no_such_key: 1\n")
+        store = f"file://{tmp_path / 'store'}"
+        assert main(["certify", "--kubeconfig", kubeconfig, "--store", store, "--policy", str(bad)]) == 2
+        assert "no_such_key" in capsys.readouterr().err
+        assert main(["certify", "--kubeconfig", kubeconfig, "--store", store, "--run-id", "cli-run"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("certify cli-run: 2 nodes benchmarked: 2 certified")
+        assert "report: file://" in out

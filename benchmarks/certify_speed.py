@@ -1,0 +1,96 @@
+"""How long certify takes on a simulated cluster (issue 5's bars: 64 nodes × 8 GPUs with five faults of
+different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
+
+    python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16]
+
+A clean first run seeds the baselines (timed and printed too), then the measured run has faults of five
+kinds injected on five nodes. Runs under a temporary Prefect server started first (not counted). Prints
+what it measured: wall time, nodes per state, what was tainted, peak RSS of this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+KINDS = [
+    ("pcie_gen4", 2),
+    ("remap_failure", 5),
+    ("hw_thermal", 1),
+    ("nvlink_one_down", 6),
+    ("power_brake", None),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--faults", type=int, default=5, help="faulty nodes (kinds cycle through five)")
+    parser.add_argument("--max-parallel", type=int, default=16)
+    args = parser.parse_args()
+
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    from blocks.cluster import GpuCluster
+    from blocks.store import BaselineStore
+    from flows.certify import certify
+    from gpucert.fleet import Fault
+    from gpucert.sim import SimCluster
+
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    with (
+        prefect_test_harness(server_startup_timeout=120),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
+        print(f"prefect test server up in {time.perf_counter() - t0:.1f} s (not counted)", flush=True)
+        t1 = time.perf_counter()
+        with (
+            SimCluster(nodes=args.nodes, preconfigured=True, seed=3) as sim,
+            tempfile.TemporaryDirectory() as d,
+        ):
+            print(
+                f"simulated cluster of {args.nodes} nodes up in {time.perf_counter() - t1:.1f} s", flush=True
+            )
+            cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
+            store = BaselineStore(uri=f"file://{d}")
+
+            def run(run_id: str) -> tuple[float, dict[str, object]]:
+                start = time.perf_counter()
+                out = asyncio.run(
+                    certify(cluster=cluster, store=store, run_id=run_id, max_parallel=args.max_parallel)
+                )
+                return time.perf_counter() - start, out
+
+            seconds, clean = run("bench-clean")
+            print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean['states']}", flush=True)
+            names = sim.fleet.node_names
+            step = max(1, len(names) // max(1, args.faults))
+            injected = []
+            for i in range(args.faults):
+                kind, gpu = KINDS[i % len(KINDS)]
+                node = names[(i * step + step // 2) % len(names)]
+                sim.inject_fault(Fault(kind, node, gpu))
+                injected.append(f"{kind}@{node}")
+            seconds, night = run("bench-night")
+    print(f"faulty run: {seconds:6.1f} s for {args.nodes} nodes × 8 GPUs; injected {', '.join(injected)}")
+    print(f"  states {night['states']}; tainted {night['tainted']}; unconfirmed {night['unconfirmed']}")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,8 +17,6 @@ The runbook, top to bottom:
    verdict table, a markdown summary and a link to the HTML report as artifacts.
 """
 
-from __future__ import annotations
-
 import json
 import secrets
 from datetime import UTC, datetime
@@ -107,29 +105,35 @@ async def certify(
         _, confirm_failed, _ = await benchmark(
             kube, pending, confirm_id, payload, settings, baseline_store, max_parallel=max_parallel, day=day
         )
-        for node, decision in judge_wave(
-            baseline_store, confirm_id, day, confirm_failed, list(pending), policy
-        ).items():
+        # Judged among this run's other nodes: a re-run of a few nodes alone would be its own peer group.
+        rejudged = judge_wave(
+            baseline_store, confirm_id, day, confirm_failed, list(pending), policy, cohort_run=run_id if key else None
+        )
+        for node, decision in rejudged.items():
             history[node].append(decision)
 
     confirmed = {n for n, runs in history.items() if runs[0].state == "failed"
                  and (runs[0].hard_gate or fail_stands(runs) is True)}  # fmt: skip
     final = {n: _final(runs) for n, runs in history.items()}
 
-    # 5. act, within the blast radius
-    gpu_nodes = len(kube.nodes(cluster.gpu_node_selector))
+    # 5. act, within the blast radius: it counts the taints this run would add, not those already there
+    gpu_nodes = kube.nodes(cluster.gpu_node_selector)
+    unhealthy = f"{prefix}/unhealthy"
+    already = {n["metadata"]["name"] for n in gpu_nodes
+               if any(t.get("key") == unhealthy for t in (n.get("spec") or {}).get("taints") or ())}  # fmt: skip
+    new_taints = confirmed - already
     limit = blast_radius_limit(
-        gpu_nodes, min_nodes=policy.blast_radius.min_nodes, fraction=policy.blast_radius.fraction
+        len(gpu_nodes), min_nodes=policy.blast_radius.min_nodes, fraction=policy.blast_radius.fraction
     )
     incident = None
     may_taint = confirmed
-    if len(confirmed) > limit:
+    if len(new_taints) > limit:
         incident = (
-            f"{len(confirmed)} nodes failed, more than the blast radius allows ({limit} of {gpu_nodes}): "
+            f"{len(new_taints)} nodes newly failed, more than the blast radius allows ({limit} of {len(gpu_nodes)}): "
             "the baseline, the benchmark or the stack is the likelier culprit; nothing was tainted"
         )
         log.error(incident)
-        may_taint = set()
+        may_taint = confirmed & already  # taints already there stay; none is added
     actions = act_on_nodes(kube, final, may_taint, prefix=prefix, run_id=run_id, observe_only=observe)
 
     # 6. keep

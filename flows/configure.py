@@ -17,8 +17,6 @@ Every write is a server-side apply or a label patch made only when needed, so ru
 configured cluster changes nothing.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any
 

@@ -16,8 +16,6 @@ The runbook:
    reported (and ticketed, where ticketing is configured).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow, get_run_logger

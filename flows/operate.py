@@ -8,13 +8,11 @@ The runbook:
 3. leave a fleet report.
 """
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import acreate_markdown_artifact
 
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore
@@ -48,7 +46,9 @@ async def operate(
         result["certify"] = await certify(
             cluster=cluster, store=store, nodes=due.chosen, pod_annotations=pod_annotations
         )
-    create_markdown_artifact(key="operate-night", markdown=_fleet_report(result), description="operate")
+    await acreate_markdown_artifact(
+        key="operate-night", markdown=_fleet_report(result), description="operate"
+    )
     return result
 
 

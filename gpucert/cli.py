@@ -170,8 +170,17 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_arguments(watch)
     watch.add_argument("--once", action="store_true", help="only the nodes waiting now, then exit")
 
-    demo = commands.add_parser("demo", help="the lifecycle on a generated fleet: baselines, a faulty night")
+    demo = commands.add_parser(
+        "demo",
+        help="the whole lifecycle on the embedded default: configure, certify, a night of operate, onboarding",
+        description="Start a local Prefect server and a simulated 16-node cluster, then configure, certify (three "
+        "faults), run a night of operate (a new fault) and onboard a new node through the REST API; print what "
+        "was found and leave the Prefect UI running (Ctrl-C stops). --no-ui exits when done. --verdicts-only "
+        "runs the offline verdict demo instead (a generated fleet, no cluster, no Prefect).",
+    )
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
+    demo.add_argument("--no-ui", action="store_true", help="exit when the lifecycle is done")
+    demo.add_argument("--verdicts-only", action="store_true", help="the offline verdict demo on a generated fleet")
     demo.add_argument("--nodes", type=int, default=16)
     demo.add_argument("--seed", type=int, default=7)
     return parser
@@ -272,10 +281,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         return watch_nodes_command(
             kubeconfig=args.kubeconfig, context=args.context, label_prefix=args.label_prefix, once=args.once
         )
-    if args.command == "demo":
+    if args.command == "demo" and args.verdicts_only:
         from .demo import run_demo
 
         return run_demo(workdir=args.workdir, nodes=args.nodes, seed=args.seed)
+    if args.command == "demo":
+        from ._lifecycle import run_lifecycle_demo
+
+        return run_lifecycle_demo(workdir=args.workdir, nodes=args.nodes, seed=args.seed, ui=not args.no_ui)
     raise AssertionError(args.command)
 
 

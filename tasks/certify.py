@@ -157,15 +157,30 @@ def judge_wave(
     failed: Mapping[str, tuple[str | None, str]],
     nodes: Sequence[str],
     policy: Policy,
+    *,
+    cohort_run: str | None = None,
 ) -> dict[str, NodeDecision]:
     """Judge the wave's results against the current baseline (plus an inconclusive row per failed Job),
-    store ``verdicts.parquet``; returns node → decision."""
+    store ``verdicts.parquet``; returns node → decision.
+
+    A confirming re-run measures a few nodes: judged alone, its peers would be just those nodes. With
+    ``cohort_run`` the other nodes' results of that run join as peers, and only ``nodes`` are decided.
+    """
     parts = [job_failure_verdicts(run_id, failed)]
     if len(failed) < len(nodes):
         results = _stored_results(store, run_id, day)
+        if cohort_run is not None:
+            cohort = _stored_results(store, cohort_run, day)
+            cohort = cohort[~cohort["node"].isin(list(nodes))].assign(run_id=run_id)
+            results = parse_results(
+                pd.concat([results, cohort], ignore_index=True), f"results of run {run_id}"
+            )
         current = store.current_version()
         baseline = store.read(current) if current is not None else empty_baseline()
-        parts.insert(0, judge(results, baseline, policy))
+        judged = judge(results, baseline, policy)
+        if cohort_run is not None:
+            judged = judged[judged["node"].isin(list(nodes)) | judged["node"].isna()]
+        parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]
     buffer = io.BytesIO()

@@ -1,0 +1,229 @@
+"""``gpucert demo``: the whole lifecycle on the embedded default, for real.
+
+A local Prefect server (SQLite, in the work folder), a simulated 16-node cluster, a ``file://`` store:
+configure → certify (three faults caught) → a night of operate in which a new fault appears and is caught
+→ a new node onboarded through Prefect's REST API (``create_flow_run`` on the ``onboard-node``
+deployment, served by a runner in this process). It prints what was found and where everything is, then
+leaves the Prefect UI running to browse (Ctrl-C stops it all) — or, with ``--no-ui``, exits.
+
+This is the command line's side (it imports Prefect, lazily); the flows are the production ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import GpucertError
+
+__all__ = ["run_lifecycle_demo"]
+
+_SERVER_START_S = 180.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _prefect_server(home: Path) -> Iterator[str]:
+    """A Prefect server on a free local port with its SQLite database under ``home``; yields its API URL."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "DO_NOT_TRACK": "1", "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}  # fmt: skip
+    env.pop("PREFECT_API_URL", None)
+    log = (home / "server.log").open("wb")
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    process = subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + _SERVER_START_S
+        while True:
+            if process.poll() is not None:
+                raise GpucertError(f"the Prefect server stopped at start; see {home / 'server.log'}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise GpucertError(
+                    f"the Prefect server did not answer in {_SERVER_START_S:g} s; see {home / 'server.log'}"
+                )
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+@contextlib.contextmanager
+def _serving(flow: Any, name: str) -> Iterator[None]:
+    """Serve ``flow`` as deployment ``name`` from a runner on a thread of its own (polls every second)."""
+    from prefect.runner import Runner
+    from prefect.types.entrypoint import EntrypointType
+
+    runner = Runner(name="gpucert-demo", query_seconds=1, pause_on_shutdown=False)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    async def main() -> None:
+        # By module path: the run loads ``flows.onboard`` as the installed package has it, wherever this runs.
+        await runner.add_flow(flow, name=name, entrypoint_type=EntrypointType.MODULE_PATH)  # type: ignore[misc]
+        ready.set()
+        await runner.start()
+
+    async def stop() -> None:
+        await runner.stop()  # type: ignore[misc]
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
+    thread.start()
+    ready.wait(60)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=20)
+        thread.join(timeout=20)
+
+
+def run_lifecycle_demo(*, workdir: str, nodes: int = 16, seed: int = 7, ui: bool = True) -> int:
+    """Run the lifecycle (see the module docstring); returns 0 once done (after Ctrl-C with the UI)."""
+    from rich.console import Console
+
+    console = Console()
+    root = Path(workdir).resolve()
+    if root.exists():
+        shutil.rmtree(root)
+    (root / "prefect").mkdir(parents=True)
+    store_uri = f"file://{root / 'store'}"
+    started = time.monotonic()
+    console.print(f"[bold]gpucert demo[/]: work folder {root}")
+    with _prefect_server(root / "prefect") as api:
+        os.environ.update({"PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+                           "PREFECT_LOGGING_LEVEL": "WARNING", "GPUCERT_STORE": store_uri})  # fmt: skip
+        console.print(f"Prefect server up at {api.removesuffix('/api')} ({time.monotonic() - started:.0f} s)")
+        summary = _lifecycle(console, root, nodes=nodes, seed=seed, api=api)
+        console.print(f"\nDone in {time.monotonic() - started:.0f} s.")
+        for line in summary:
+            console.print(line)
+        if ui:
+            console.print(f"\nThe Prefect UI is at [bold]{api.removesuffix('/api')}[/]: Ctrl-C stops the demo.")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+    return 0
+
+
+def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> list[str]:
+    import httpx
+
+    from blocks.cluster import GpuCluster
+    from blocks.store import BaselineStore
+    from flows.certify import certify
+    from flows.configure import configure
+    from flows.onboard import idempotency_key, onboard
+    from flows.operate import operate
+
+    from .fleet import Fault
+    from .kube import connect
+    from .sim import SimCluster
+
+    with SimCluster(nodes=nodes, seed=seed, kubeconfig=root / "kubeconfig") as sim:
+        os.environ["KUBECONFIG"] = str(sim.kubeconfig_path)
+        cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
+        store = BaselineStore(uri=os.environ["GPUCERT_STORE"])
+        names = sim.fleet.node_names
+        kube = connect(sim.kubeconfig_path)
+
+        configured = configure(cluster=cluster, rollout_timeout_s=120)
+        console.print(f"1. configure: release {configured['release']}, {configured['gpus_verified']} GPUs advertised "
+                      f"on {len(configured['nodes'])} nodes, drift {len(configured['drift'])}")  # fmt: skip
+
+        first = [Fault("pcie_gen4", names[1], 3), Fault("remap_failure", names[5], 6), Fault("hw_thermal", names[9], 1)]
+        for fault in first:
+            sim.inject_fault(fault)
+        certified = asyncio.run(certify(cluster=cluster, store=store, run_id="demo-certify"))
+        console.print(f"2. certify with 3 faults injected: {certified['states']}; tainted {certified['tainted']}")
+
+        night_fault = Fault("nvlink_one_down", names[12], 0)
+        sim.inject_fault(night_fault)
+        night = asyncio.run(operate(cluster=cluster, store=store, rotation_days=0.0))
+        tonight = night["certify"] or {}
+        console.print(f"3. operate, a new fault tonight ({night_fault.kind} on {night_fault.node}): "
+                      f"{tonight.get('states')}; newly tainted {tonight.get('tainted')}")  # fmt: skip
+
+        [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
+        uid = kube.get("v1", "Node", new)["metadata"]["uid"]
+        with _serving(onboard, "onboard-node"):
+            answer = httpx.get(f"{api}/deployments/name/onboard-node/onboard-node", timeout=10)
+            answer.raise_for_status()
+            body = {"parameters": {"node": new, "uid": uid}, "idempotency_key": idempotency_key(new, uid)}
+            url = f"{api}/deployments/{answer.json()['id']}/create_flow_run"
+            for attempt in range(5):  # a busy SQLite server answers 503 now and then; the key makes retries safe
+                created = httpx.post(url, json=body, timeout=30)
+                if created.status_code < 500:
+                    break
+                time.sleep(1 + attempt)
+            if created.status_code >= 300:
+                raise GpucertError(f"create_flow_run answered {created.status_code}: {created.text[:500]}")
+            state = _wait_for_run(api, created.json()["id"])
+        node = kube.get("v1", "Node", new)
+        admitted = not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")]
+        console.print(f"4. onboard {new} through the REST API: run {state}, "
+                      f"state {node['metadata']['labels'].get('gpucert.io/state')}, admitted {admitted}")  # fmt: skip
+
+        injected = {f.node for f in [*first, night_fault]}
+        also = sorted(tainted_nodes(kube) - injected)
+        tainted = tainted_nodes(kube)
+        caught = "all caught" if injected <= tainted else f"MISSED: {', '.join(sorted(injected - tainted))}"
+        return [
+            f"Faults injected on {len(injected)} nodes: {', '.join(sorted(injected))} — {caught}",
+            f"Nodes tainted unhealthy: {', '.join(sorted(tainted)) or 'none'}"
+            + (f" (not injected, found by peers: {', '.join(also)} — the fleet model's slow silicon)" if also else ""),
+            f"Reports: {certified['report']}" + (f" and {tonight['report']}" if tonight.get("report") else ""),
+            f"Store: {os.environ['GPUCERT_STORE']}; kubeconfig of the simulated cluster: {sim.kubeconfig_path}",
+        ]
+
+
+def tainted_nodes(kube: Any) -> set[str]:
+    """The nodes carrying gpucert's ``unhealthy`` taint."""
+    return {
+        n["metadata"]["name"]
+        for n in kube.nodes()
+        if any(t["key"] == "gpucert.io/unhealthy" for t in n["spec"].get("taints") or [])
+    }
+
+
+def _wait_for_run(api: str, run_id: str, timeout_s: float = 180.0) -> str:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    state = "PENDING"
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return str(state)
+        time.sleep(1)
+    return f"{state} after {timeout_s:g} s"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
@@ -44,8 +45,8 @@ class BaselineStore(Block):
 
     @classmethod
     def default(cls) -> BaselineStore:
-        """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store``."""
-        return cls(uri=os.environ.get("GPUCERT_STORE") or "file://./gpucert-store")
+        """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store`` (made absolute)."""
+        return cls(uri=os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri())
 
     def open(self) -> Store:
         """The store; raises ``gpucert.errors.InputError`` for a URI it cannot open."""

@@ -26,10 +26,12 @@ from prefect import flow, get_run_logger
 
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore as StoreBlock
+from blocks.ticketing import Ticketing
 from gpucert.certify import BenchmarkSettings, NodeDecision, blast_radius_limit, fail_stands, tally
 from gpucert.policy import load_policy
 from tasks.certify import act_on_nodes, benchmark, judge_wave, keep_baselines, prepare, select_nodes
 from tasks.report import publish_report
+from tasks.tickets import ticket_run
 
 __all__ = ["certify", "new_run_id"]
 
@@ -57,12 +59,14 @@ async def certify(
     repeats: int = 3,
     deadline_s: int = 3600,
     pod_annotations: dict[str, str] | None = None,
+    ticketing: Ticketing | None = None,
 ) -> dict[str, Any]:
     """Benchmark, judge and mark the cluster's GPU nodes (all, or ``nodes``); returns what was found/done.
 
-    ``store`` defaults to ``$GPUCERT_STORE`` (else ``file://./gpucert-store``); ``observe_only`` overrides
+    ``store`` defaults to ``$GPUCERT_STORE`` (else ``./gpucert-store``); ``observe_only`` overrides
     the policy's;
-    ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…`` ones).
+    ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…`` ones);
+    ``ticketing`` defaults to local tickets in a ``file://`` store's folder (none for an S3 store).
     """
     log = get_run_logger()
     cluster = cluster or GpuCluster()
@@ -107,7 +111,13 @@ async def certify(
         )
         # Judged among this run's other nodes: a re-run of a few nodes alone would be its own peer group.
         rejudged = judge_wave(
-            baseline_store, confirm_id, day, confirm_failed, list(pending), policy, cohort_run=run_id if key else None
+            baseline_store,
+            confirm_id,
+            day,
+            confirm_failed,
+            list(pending),
+            policy,
+            cohort_run=run_id if key else None,
         )
         for node, decision in rejudged.items():
             history[node].append(decision)
@@ -145,15 +155,24 @@ async def certify(
         run_id, day.date(), "stack.json", json.dumps(stacks, indent=2, sort_keys=True).encode()
     )
     report = publish_report(baseline_store, run_id, day, actions=actions, incident=incident)
+    unconfirmed = sorted(n for n, runs in history.items() if runs[0].state == "failed" and n not in confirmed)
+    tickets: list[dict[str, Any]] = []
+    if ticketing is None and baseline_store.uri.startswith("file://"):
+        # The embedded default: tickets.sqlite in the store's folder.
+        ticketing = Ticketing(backend="local", path=baseline_store.uri)
+    if ticketing is not None and not incident:
+        backend = ticketing.open()
+        tickets = ticket_run(
+            backend, baseline_store, run_id, day, unconfirmed=unconfirmed, report=report, stacks=stacks
+        )
     outcome = {
         "run_id": run_id,
         "nodes": sorted(gpus),
         "skipped": skipped,
         "states": tally(final),
         "tainted": sorted(n for n, a in actions.items() if "tainted" in a),
-        "unconfirmed": sorted(
-            n for n, runs in history.items() if runs[0].state == "failed" and n not in confirmed
-        ),
+        "unconfirmed": unconfirmed,
+        "tickets": tickets,
         "inconclusive": {n: f"{r}: {m}" for n, (r, m) in sorted(failed.items())},
         "actions": actions,
         "incident": incident,

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import GpucertError, InputError
 
-__all__ = ["certify_command", "configure_command", "parse_versions"]
+__all__ = ["certify_command", "configure_command", "parse_versions", "release_command", "watch_nodes_command"]
 
 
 def _prepare_prefect() -> None:
@@ -205,3 +205,43 @@ def watch_nodes_command(*, kubeconfig: str | None, context: str | None, label_pr
         sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
         sys.stdout.flush()
     return 0
+
+
+def release_command(
+    *,
+    nodes: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    store: str,
+    label_prefix: str,
+    selector: str,
+    action: str | None,
+    note: str,
+) -> int:
+    """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
+    passed (its taint lifted), 3 when one did not."""
+    _prepare_prefect()
+    import asyncio
+    from datetime import UTC, datetime
+
+    from blocks.cluster import GpuCluster
+    from blocks.store import BaselineStore
+    from flows.certify import certify
+
+    from .tickets import open_backend, record_repairs
+
+    now = datetime.now(UTC)
+    if store.startswith("file://"):
+        for event in record_repairs(
+            open_backend(store), nodes, now, action=action, note=note, by="gpucert release"
+        ):
+            sys.stdout.write(f"{event.ticket.id}: {event.detail}\n")
+    cluster = GpuCluster(
+        kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, gpu_node_selector=selector
+    )
+    result: dict[str, Any] = asyncio.run(
+        certify(cluster=cluster, store=BaselineStore(uri=store), nodes=list(nodes), include_busy=True)
+    )
+    sys.stdout.write(_certify_text(result))
+    released = result["states"].get("certified", 0) == len(nodes)
+    return 0 if released else 3

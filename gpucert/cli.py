@@ -160,6 +160,28 @@ def _parser() -> argparse.ArgumentParser:
     cert.add_argument("--max-parallel", type=int, default=16, metavar="N", help="benchmark Jobs at once")
     cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
+    tickets = commands.add_parser("tickets", help="the remediation and replacement tickets")
+    ticket_actions = tickets.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = ticket_actions.add_parser("list", help="list the tickets of a local ticket file")
+    listing.add_argument("--tickets", default=None, metavar="PATH",
+                         help="a tickets .sqlite file or a store root holding tickets.sqlite "
+                              "(default: the --store's, else gpucert-store/)")  # fmt: skip
+    listing.add_argument("--store", metavar="URI", help="a file:// store whose tickets to list")
+    listing.add_argument("--state", choices=("open", "resolved"), help="only open or only resolved tickets")
+    listing.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE")
+
+    release = commands.add_parser(
+        "release",
+        help="re-certify repaired nodes; lift their taint on a pass",
+        description="Record the repair on each open ticket of the NODEs, then re-certify them (busy or not); a "
+        "pass lifts gpucert's taints and resolves their tickets, a fail keeps them out.",
+    )
+    release.add_argument("nodes", nargs="+", metavar="NODE")
+    _cluster_arguments(release)
+    release.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    release.add_argument("--action", metavar="ACTION", help="what was done (default: what each ticket asked for)")
+    release.add_argument("--note", default="", help="a note for the tickets")
+
     watch = commands.add_parser(
         "watch-nodes",
         help="emit gpucert.node.joined Prefect events for nodes waiting to be onboarded",
@@ -274,6 +296,19 @@ def _dispatch(args: argparse.Namespace) -> int:
             include_busy=args.include_busy, run_id=args.run_id, image=args.image, policy_file=args.policy,
             observe_only=args.observe_only, max_parallel=args.max_parallel, label_prefix=args.label_prefix,
             selector=args.selector, as_json=args.json,
+        )
+    if args.command == "tickets":
+        from .tickets import DEFAULT_TICKETS, tickets_list
+
+        where = args.tickets or args.store or DEFAULT_TICKETS
+        print(tickets_list(where, args.state, nodes=args.nodes or None))
+        return EXIT_OK
+    if args.command == "release":
+        from ._flowcli import release_command
+
+        return release_command(
+            nodes=args.nodes, kubeconfig=args.kubeconfig, context=args.context, store=args.store,
+            label_prefix=args.label_prefix, selector=args.selector, action=args.action, note=args.note,
         )
     if args.command == "watch-nodes":
         from ._flowcli import watch_nodes_command

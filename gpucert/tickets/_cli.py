@@ -1,0 +1,120 @@
+"""What ``gpucert tickets …`` needs: a local backend from a path or URI, and the ticket table as text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ._backend import TicketBackend
+from ._local import LocalTickets
+from ._model import State, Ticket, TicketConfigError
+
+__all__ = ["DEFAULT_TICKETS", "TICKETS_FILE", "format_tickets", "local_path", "open_backend", "tickets_list"]
+
+#: The ticket file's name inside a store root.
+TICKETS_FILE = "tickets.sqlite"
+#: Where tickets live when nothing is said: next to the default store's files.
+DEFAULT_TICKETS = f"gpucert-store/{TICKETS_FILE}"
+_FILE_SUFFIXES = frozenset({".sqlite", ".sqlite3", ".db"})
+
+
+def local_path(spec: str | os.PathLike[str]) -> Path:
+    """The SQLite file a local ticket spec names.
+
+    ``sqlite:///abs/path.sqlite`` and ``file:///abs/path`` are absolute (as in a ``file://`` store URI); a plain
+    path may be relative. A path ending in ``.sqlite``, ``.sqlite3`` or ``.db`` is the file itself; any other
+    is a store root (a folder) that holds ``tickets.sqlite``. Raises :class:`TicketConfigError` for an
+    ``s3://`` store (SQLite needs a local file), any other scheme or an empty spec.
+    """
+    text = os.fspath(spec).strip()
+    if not text:
+        raise TicketConfigError(f"the ticket location is empty; give a path such as {DEFAULT_TICKETS}")
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower() if "://" in text else ""
+    if scheme in ("sqlite", "file"):
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise TicketConfigError(
+                f"cannot open tickets at {text!r}: a {scheme}:// URI names an absolute path, "
+                f"as in {scheme}:///srv/gpucert/{TICKETS_FILE} (three slashes)"
+            )
+        path = Path(unquote(parts.path))
+    elif scheme == "s3":
+        raise TicketConfigError(
+            f"cannot keep tickets in {text!r}: the local ticket file is SQLite and needs a local path; "
+            "give one (e.g. /srv/gpucert/tickets.sqlite) or use the Jira backend"
+        )
+    elif scheme:
+        raise TicketConfigError(
+            f"cannot open tickets at {text!r}: unknown scheme {scheme!r}; give a path, sqlite:///path or "
+            "file:///store-root (Jira and webhooks are configured in the Ticketing block)"
+        )
+    else:
+        path = Path(text).expanduser()
+    return path if path.suffix.lower() in _FILE_SUFFIXES else path / TICKETS_FILE
+
+
+def open_backend(spec: str | os.PathLike[str] = DEFAULT_TICKETS) -> LocalTickets:
+    """The local ticket backend at ``spec`` (see :func:`local_path`); raises :class:`TicketConfigError`."""
+    return LocalTickets(local_path(spec))
+
+
+def format_tickets(tickets: list[Ticket], *, state: State | None = None) -> str:
+    """The tickets as an aligned text table, one line each (``no tickets`` when there are none)."""
+    if not tickets:
+        return f"no {state} tickets" if state else "no tickets"
+    header = (
+        "ID",
+        "STATE",
+        "KIND",
+        "NODE",
+        "GPU",
+        "CAUSE",
+        "ACTION",
+        "SEEN",
+        "FIXES",
+        "UPDATED",
+        "ESCALATION",
+    )
+    rows = [
+        (
+            t.id,
+            t.state,
+            t.kind,
+            t.node,
+            ("-" if not t.gpu_uuid else str(t.gpu) if t.gpu is not None else t.gpu_uuid),
+            t.cause,
+            t.action or "-",
+            str(t.occurrences),
+            str(len(t.remediations)),
+            f"{t.updated:%Y-%m-%d %H:%M}",
+            t.escalation or "-",
+        )
+        for t in tickets
+    ]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in (header, *rows)
+    ]
+    return "\n".join(lines)
+
+
+def tickets_list(
+    backend_uri_or_path: str | os.PathLike[str] | TicketBackend = DEFAULT_TICKETS,
+    state: str | None = None,
+    *,
+    nodes: list[str] | None = None,
+) -> str:
+    """``gpucert tickets list``: the tickets (``open`` or ``resolved`` only, when ``state`` says; on ``nodes``)
+    as a text table. Raises :class:`TicketConfigError` for a bad location or state, :class:`TicketError`
+    when the backend fails."""
+    if state not in (None, "open", "resolved"):
+        raise TicketConfigError(f"unknown ticket state {state!r}: use open or resolved")
+    backend = (
+        backend_uri_or_path
+        if isinstance(backend_uri_or_path, TicketBackend)
+        else open_backend(backend_uri_or_path)
+    )
+    wanted: State | None = "open" if state == "open" else "resolved" if state == "resolved" else None
+    return format_tickets(backend.tickets(state=wanted, nodes=nodes), state=wanted)

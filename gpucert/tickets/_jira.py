@@ -1,0 +1,351 @@
+"""``JiraTickets``: one Jira issue per fingerprint, through the ``jira`` client (REST API v2).
+
+The issue is the ticket: its labels say what it is (``gpucert``, ``gpucert-open`` while open,
+``gpucert-fp-<hash>`` for its fingerprint, ``gpucert-node-<node>``, ``gpucert-<kind>``,
+``gpucert-cause-<cause>``), its priority follows its kind, its description is the ticket in words followed
+by gpucert's record (the ticket as JSON, rewritten on each change), each change adds a comment, and
+resolving and reopening are workflow transitions (``Done``, ``Reopen`` by default). Jira's own status wins
+over the record: an issue a person closed is a resolved ticket, one they reopened an open ticket.
+
+Jira offers no transaction: two gpucert processes reconciling the same fault at the same moment may
+both create an issue. Run one reconcile at a time per project (the certify flow does).
+
+The wire contract is REST v2 as Jira Server/Data Center speaks it; Jira Cloud's v3 differs (ADF bodies,
+``/rest/api/3/search/jql``), and the ``jira`` client switches to it on a Cloud server by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr
+
+from ._backend import Change
+from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
+from ._secrets import redact_url, reveal, scrub
+
+if TYPE_CHECKING:
+    from jira import JIRA
+
+__all__ = ["JiraTickets"]
+
+BASE_LABEL = "gpucert"
+OPEN_LABEL = "gpucert-open"
+#: What the client fetches of an issue: all a ticket is made of, not ``*all``.
+_FIELDS = ("summary", "description", "labels", "status", "priority", "created", "updated", "resolutiondate")
+#: Jira's limit on a text field is 32,767 characters; the record leaves some room for the words above it.
+_MAX_DESCRIPTION = 32_000
+_RECORD_HEAD = "gpucert record (kept by gpucert: edits to it are overwritten):"
+_RECORD = re.compile(r"\{noformat\}\n(\{.*?\})\n\{noformat\}", re.S)
+_DONE_NAMES = frozenset({"done", "closed", "resolved"})
+
+
+def fingerprint_label(fingerprint: Fingerprint) -> str:
+    """The label that finds a fingerprint's issue."""
+    return f"gpucert-fp-{fingerprint.digest}"
+
+
+def node_label(node: str) -> str:
+    """The label that finds a node's issues (Kubernetes node names are valid Jira labels)."""
+    return f"gpucert-node-{node}"
+
+
+class JiraTickets:
+    """Tickets as issues of one Jira project.
+
+    ``user`` and ``token`` authenticate (basic auth: a Jira Cloud e-mail and API token, or a Server user and
+    password); with no ``user`` the token is a personal access token (bearer). ``issue_types`` and
+    ``priorities`` map each kind to a name in the project (an empty ``priorities`` sets none, for projects
+    whose screens have no priority). ``client`` is an already built ``jira.JIRA`` (tests, custom auth).
+    """
+
+    def __init__(
+        self,
+        server: str,
+        user: str,
+        token: SecretStr | str,
+        project: str,
+        *,
+        issue_types: Mapping[str, str] | None = None,
+        priorities: Mapping[str, str] | None = None,
+        labels: Sequence[str] = (),
+        done_transition: str = "Done",
+        reopen_transition: str = "Reopen",
+        timeout_s: float = 30.0,
+        max_retries: int = 3,
+        client: JIRA | None = None,
+    ) -> None:
+        if urlsplit(server).scheme not in ("http", "https"):
+            raise TicketConfigError(f"the Jira server must be an http(s) URL, not {redact_url(server)}")
+        if not project.strip():
+            raise TicketConfigError("Jira tickets need a project key")
+        unknown = (set(issue_types or {}) | set(priorities or {})) - {"remediation", "replacement"}
+        if unknown:
+            raise TicketConfigError(f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement")
+        self.server = server.rstrip("/")
+        self.user = user
+        self.project = project.strip()
+        self.issue_types = {"remediation": "Task", "replacement": "Task"}
+        self.issue_types.update(issue_types or {})
+        defaults = {"remediation": "High", "replacement": "Highest"}
+        self.priorities = defaults if priorities is None else dict(priorities)
+        self.labels = tuple(labels)
+        self.done_transition = done_transition
+        self.reopen_transition = reopen_transition
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self._token = token if isinstance(token, SecretStr) else SecretStr(token)
+        self._jira = client
+        self._where = redact_url(self.server, keep_path=True)
+
+    def __repr__(self) -> str:
+        return f"JiraTickets(server={self._where!r}, project={self.project!r}, user={self.user!r})"
+
+    # --- the TicketBackend protocol ---------------------------------------------------------------------
+
+    def change(self, fingerprint: Fingerprint, change: Change) -> TicketEvent | None:
+        """See :meth:`TicketBackend.change`: read the issue by its fingerprint label, change, write it back
+        (create, or update and comment; transition on resolve and reopen). Not atomic (see the module)."""
+        label = fingerprint_label(fingerprint)
+        found = self._search(f'labels = "{label}"', f"find the ticket of {fingerprint}")
+        issue = _pick(found)
+        current = _parse(issue) if issue is not None else None
+        if issue is not None and current is None:
+            raise TicketError(f"Jira issue {issue.get('key')} carries {label} but no gpucert record")
+        others = [
+            t
+            for raw in self._search(
+                f'labels = "{node_label(fingerprint.node)}"', f"read {fingerprint.node}'s tickets"
+            )
+            if label not in _labels(raw) and (t := _parse(raw)) is not None
+        ]
+        event = change(current, others)
+        if event is None:
+            return None
+        ticket = event.ticket
+        if issue is None or current is None:
+            key = self._create(ticket)
+        else:
+            key = str(issue["key"])
+            if (
+                current.state == "resolved"
+                and ticket.state == "open"
+                and not self._transition(key, self.reopen_transition)
+            ):
+                # The workflow cannot reopen: the fault carries on in a new issue, the old one points to it.
+                old, key = key, self._create(ticket)
+                self._comment(old, f"{event.detail}\n\ngpucert continues this ticket in {key}.")
+            else:
+                self._update(key, ticket)
+                self._comment(key, event.detail)
+                if (
+                    ticket.state == "resolved"
+                    and current.state == "open"
+                    and not self._transition(key, self.done_transition)
+                ):
+                    raise TicketError(
+                        f"Jira {self._where}: {key} has no transition named {self.done_transition!r}; "
+                        "set the Ticketing block's done transition"
+                    )
+        return replace(event, ticket=ticket.model_copy(update={"id": key, "external_key": key}))
+
+    def get(self, ticket_id: str) -> Ticket:
+        """See :meth:`TicketBackend.get`; ``ticket_id`` is the issue key."""
+        jira = self._client()
+        with self._calling(f"read {ticket_id}", missing=TicketNotFound):
+            issue = jira.issue(ticket_id, fields=",".join(_FIELDS))
+        ticket = _parse(issue.raw)
+        if ticket is None:
+            raise TicketNotFound(f"Jira issue {ticket_id} is not a gpucert ticket")
+        return ticket
+
+    def tickets(self, *, state: State | None = None, nodes: Iterable[str] | None = None) -> list[Ticket]:
+        """See :meth:`TicketBackend.tickets`; open tickets are found by their ``gpucert-open`` label, then
+        checked against the issue's status."""
+        label = OPEN_LABEL if state == "open" else BASE_LABEL
+        wanted = set(nodes) if nodes is not None else None
+        found = [t for raw in self._search(f'labels = "{label}"', "list tickets") if (t := _parse(raw))]
+        return sorted(
+            (
+                t
+                for t in found
+                if (state is None or t.state == state) and (wanted is None or t.node in wanted)
+            ),
+            key=lambda t: (t.created, t.id),
+        )
+
+    # --- Jira calls -------------------------------------------------------------------------------------
+
+    def _client(self) -> JIRA:
+        if self._jira is None:
+            from jira import JIRA
+
+            token = reveal(self._token)
+            with self._calling("connect"):
+                if self.user:
+                    self._jira = JIRA(
+                        self.server, options={"check_update": False}, basic_auth=(self.user, token),
+                        timeout=self.timeout_s, max_retries=self.max_retries,
+                    )  # fmt: skip
+                else:
+                    self._jira = JIRA(
+                        self.server, options={"check_update": False}, token_auth=token,
+                        timeout=self.timeout_s, max_retries=self.max_retries,
+                    )  # fmt: skip
+        return self._jira
+
+    @contextlib.contextmanager
+    def _calling(self, what: str, *, missing: type[TicketError] = TicketError) -> Iterator[None]:
+        """Turn the client's errors into :class:`TicketError` (``missing`` for a 404).
+
+        ``from None``: a ``JIRAError`` prints the request's headers, Authorization included, so it must
+        not ride along as the cause of what gpucert raises (and logs).
+        """
+        import requests
+        from jira.exceptions import JIRAError
+
+        secrets = [reveal(self._token)]
+        try:
+            yield
+        except JIRAError as exc:
+            text = scrub(str(exc.text or "")[:300], secrets)
+            if exc.status_code == 404:
+                raise missing(f"Jira {self._where}: {what} failed: HTTP 404 (not found): {text}") from None
+            raise TicketError(f"Jira {self._where}: {what} failed: HTTP {exc.status_code}: {text}") from None
+        except requests.RequestException as exc:
+            raise TicketError(f"Jira {self._where}: {what} failed: {type(exc).__name__}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            detail = scrub(str(exc)[:200], secrets)
+            raise TicketError(f"Jira {self._where}: {what}: unexpected answer ({detail})") from None
+
+    def _search(self, where: str, what: str) -> list[dict[str, Any]]:
+        jira = self._client()
+        jql = f'project = "{_quote(self.project)}" AND {where}'
+        with self._calling(what):
+            found = jira.search_issues(jql, maxResults=False, fields=list(_FIELDS))
+        return [cast(dict[str, Any], issue.raw) for issue in cast(Iterable[Any], found)]
+
+    def _fields(self, ticket: Ticket) -> dict[str, Any]:
+        labels = [BASE_LABEL, *self.labels, fingerprint_label(ticket.fingerprint), node_label(ticket.node),
+                  f"gpucert-{ticket.kind}", f"gpucert-cause-{ticket.cause}"]  # fmt: skip
+        if ticket.state == "open":
+            labels.append(OPEN_LABEL)
+        fields: dict[str, Any] = {
+            "summary": ticket.title[:250],
+            "description": _description(ticket),
+            "labels": list(dict.fromkeys(labels)),
+        }
+        if self.priorities.get(ticket.kind):
+            fields["priority"] = {"name": self.priorities[ticket.kind]}
+        return fields
+
+    def _create(self, ticket: Ticket) -> str:
+        jira = self._client()
+        fields = self._fields(ticket)
+        fields["project"] = self.project  # the client resolves the key to the project's id
+        fields["issuetype"] = {"name": self.issue_types.get(ticket.kind, "Task")}
+        with self._calling(f"create the ticket of {ticket.fingerprint}"):
+            issue = jira.create_issue(fields=fields, prefetch=False)
+        return str(issue.key)
+
+    def _update(self, key: str, ticket: Ticket) -> None:
+        jira = self._client()
+        with self._calling(f"update {key}"):
+            jira.issue(key, fields="labels").update(fields=self._fields(ticket))
+
+    def _comment(self, key: str, text: str) -> None:
+        jira = self._client()
+        with self._calling(f"comment on {key}"):
+            jira.add_comment(key, text)
+
+    def _transition(self, key: str, name: str) -> bool:
+        """Move ``key`` through the transition called ``name``; returns False when it has none by that name."""
+        jira = self._client()
+        with self._calling(f"transition {key} ({name})"):
+            for transition in jira.transitions(key):
+                if str(transition.get("name", "")).lower() == name.lower():
+                    jira.transition_issue(key, str(transition["id"]))
+                    return True
+        return False
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _labels(raw: Mapping[str, Any]) -> list[str]:
+    return list((raw.get("fields") or {}).get("labels") or [])
+
+
+def _is_done(raw: Mapping[str, Any]) -> bool:
+    status = (raw.get("fields") or {}).get("status") or {}
+    category = (status.get("statusCategory") or {}).get("key")
+    return category == "done" or str(status.get("name", "")).lower() in _DONE_NAMES
+
+
+def _pick(issues: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The issue that is the fingerprint's ticket: the open one, else the newest."""
+    if not issues:
+        return None
+    ordered = sorted(issues, key=lambda raw: int(raw.get("id") or 0))
+    live = [raw for raw in ordered if not _is_done(raw)]
+    return (live or ordered)[-1]
+
+
+def _record_json(ticket: Ticket) -> str:
+    # "{noformat}" ends the block; inside a JSON string it can be written with an escaped brace instead.
+    return ticket.model_dump_json(exclude={"id", "external_key"}).replace("{noformat}", "\\u007bnoformat}")
+
+
+def _description(ticket: Ticket) -> str:
+    """The issue description: the ticket in words, then the record (oldest evidence dropped to fit)."""
+    body = ticket.body()
+    for keep in range(len(ticket.evidence), -1, -1):
+        trimmed = ticket.model_copy(update={"evidence": ticket.evidence[len(ticket.evidence) - keep :]})
+        text = f"{body}\n\n----\n{_RECORD_HEAD}\n{{noformat}}\n{_record_json(trimmed)}\n{{noformat}}"
+        if len(text) <= _MAX_DESCRIPTION:
+            return text
+    raise TicketError(f"the ticket of {ticket.fingerprint} does not fit a Jira description")
+
+
+def _parse(raw: Mapping[str, Any]) -> Ticket | None:
+    """The ticket an issue holds (Jira's status deciding its state), or None for an issue without a record."""
+    fields = raw.get("fields") or {}
+    description = str(fields.get("description") or "")
+    head = description.rfind(_RECORD_HEAD)
+    if head < 0:
+        return None
+    found = _RECORD.search(description, head)
+    if found is None:
+        return None
+    try:
+        ticket = Ticket.model_validate_json(found.group(1))
+    except ValueError:
+        return None
+    key = str(raw.get("key", ""))
+    update: dict[str, Any] = {"id": key, "external_key": key}
+    done = _is_done(raw)
+    if done and ticket.state == "open":  # closed by a person
+        closed = (
+            _jira_time(fields.get("resolutiondate")) or _jira_time(fields.get("updated")) or ticket.updated
+        )
+        update |= {"state": "resolved", "resolved": closed}
+    elif not done and ticket.state == "resolved":  # reopened by a person
+        update |= {"state": "open", "resolved": None}
+    return ticket.model_copy(update=update)
+
+
+def _jira_time(value: object) -> datetime | None:
+    """A Jira timestamp (``2026-11-21T02:00:00.000+0000``), or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    for pattern in ("%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"):
+        with contextlib.suppress(ValueError):
+            return datetime.strptime(value, pattern)
+    return None

@@ -1,0 +1,217 @@
+"""``WebhookTickets``: each ticket change POSTed as JSON, Slack-compatible (``text`` plus ``blocks``).
+
+A webhook keeps no state, so the tickets live in a :class:`LocalTickets` file and every change is announced
+inside its transaction: when the POST fails (after retrying 5xx, 429 and connection errors with exponential
+backoff), the change is rolled back and the next reconcile tries again, so no change is stored unannounced.
+
+Secrets stay secret: the URL (a Slack webhook URL *is* its secret), header values and the signing secret
+are ``SecretStr``; messages and logs name the endpoint as ``scheme://host/…`` only. With a signing secret
+each request carries ``X-Gpucert-Signature: sha256=<HMAC-SHA256 of the body>`` for the receiver to check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr
+
+from ._backend import Change
+from ._local import LocalTickets
+from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent
+from ._secrets import redact_url, reveal, scrub
+
+__all__ = ["WebhookTickets", "slack_payload"]
+
+log = logging.getLogger("gpucert.tickets")
+
+_ICON = {
+    "opened": ":rotating_light:",
+    "reopened": ":repeat:",
+    "escalated": ":warning:",
+    "updated": ":arrows_counterclockwise:",
+    "resolved": ":white_check_mark:",
+    "remediated": ":wrench:",
+}
+#: Slack's limits: a section's text, a header's text, a field's text.
+_SECTION, _HEADER, _FIELD = 3000, 150, 2000
+
+
+def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, Any]:
+    """The JSON body announcing ``event``: Slack's ``text`` (the notification line) and ``blocks`` (the
+    message), plus ``gpucert`` (the event and ticket as data) when ``structured``."""
+    t = event.ticket
+    text = f"{_ICON[event.kind]} gpucert {event.kind}: {t.title or t.fingerprint.key}"
+    facts = [
+        ("Node", t.node),
+        (
+            "GPU",
+            f"{t.gpu if t.gpu is not None else '-'} {t.gpu_uuid}".strip() if t.gpu_uuid else "node-level",
+        ),
+        ("Cause", t.cause),
+        ("Action", t.action or "none"),
+        ("Kind", t.kind),
+        ("State", t.state),
+        ("Occurrences", str(t.occurrences)),
+        ("Remediations", ", ".join(r.action for r in t.remediations[-5:]) or "none"),
+    ]
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "header",
+            "text": {"type": "plain_text", "text": f"{event.kind}: ticket {t.id} {t.kind}"[:_HEADER]},
+        },
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{t.title}*\n{event.detail}"[:_SECTION]}},
+        {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"[:_FIELD]} for k, v in facts]},
+    ]
+    if t.escalation:
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*Escalated:* {t.escalation}"[:_SECTION]}}
+        )
+    if t.evidence:
+        last = t.evidence[-1]
+        context = [f"run {last.run_id}"]
+        if last.report:
+            link = last.report
+            context.append(
+                f"<{link}|report>" if link.startswith(("http://", "https://")) else f"report {link}"
+            )
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(context)}]})
+    payload: dict[str, Any] = {"text": text, "blocks": blocks}
+    if structured:
+        payload["gpucert"] = event.as_dict()
+    return payload
+
+
+class WebhookTickets:
+    """Tickets kept in a SQLite file at ``state``, every change POSTed to ``url``.
+
+    ``headers`` are sent with each request (``Authorization`` and the like); ``retries`` more attempts
+    follow a 5xx, a 429 or a connection error, ``backoff_s`` × 2ⁿ apart (a 429's ``Retry-After`` when
+    longer), at most ``max_backoff_s``; ``structured`` adds the ``gpucert`` object to the body.
+    """
+
+    def __init__(
+        self,
+        url: SecretStr | str,
+        state: str | os.PathLike[str],
+        *,
+        headers: Mapping[str, SecretStr | str] | None = None,
+        signing_secret: SecretStr | str | None = None,
+        structured: bool = True,
+        timeout_s: float = 10.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self._url = url if isinstance(url, SecretStr) else SecretStr(url)
+        plain = reveal(self._url)
+        if urlsplit(plain).scheme not in ("http", "https"):
+            raise TicketConfigError(f"the webhook URL must be http(s), not {redact_url(plain)}")
+        self._headers = {
+            k: v if isinstance(v, SecretStr) else SecretStr(v) for k, v in (headers or {}).items()
+        }
+        self._signing = (
+            signing_secret if isinstance(signing_secret, SecretStr) or signing_secret is None
+            else SecretStr(signing_secret)
+        )  # fmt: skip
+        self.structured = structured
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.where = redact_url(plain)
+        self.local = LocalTickets(state, on_event=self.announce)
+
+    def __repr__(self) -> str:
+        return f"WebhookTickets(url={self.where!r}, state={str(self.local.path)!r})"
+
+    # --- the TicketBackend protocol, over the local file ------------------------------------------------
+
+    def change(self, fingerprint: Fingerprint, change: Change) -> TicketEvent | None:
+        """See :meth:`TicketBackend.change`; a change whose announcement fails is not stored."""
+        return self.local.change(fingerprint, change)
+
+    def get(self, ticket_id: str) -> Ticket:
+        """See :meth:`TicketBackend.get`."""
+        return self.local.get(ticket_id)
+
+    def tickets(self, *, state: State | None = None, nodes: Iterable[str] | None = None) -> list[Ticket]:
+        """See :meth:`TicketBackend.tickets`."""
+        return self.local.tickets(state=state, nodes=nodes)
+
+    # --- the POST ---------------------------------------------------------------------------------------
+
+    def announce(self, event: TicketEvent) -> None:
+        """POST ``event``; raises :class:`TicketError` when every attempt failed or the receiver refused it."""
+        body = json.dumps(slack_payload(event, structured=self.structured)).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "gpucert"}
+        headers |= {k: reveal(v) for k, v in self._headers.items()}
+        if self._signing is not None:
+            digest = hmac.new(reveal(self._signing).encode(), body, hashlib.sha256).hexdigest()
+            headers["X-Gpucert-Signature"] = f"sha256={digest}"
+        attempts = self.retries + 1
+        what = ""
+        for attempt in range(attempts):
+            outcome, retry_after = self._post(body, headers)
+            if outcome is None:
+                return
+            retryable, what = outcome
+            if not retryable:
+                raise TicketError(f"webhook {self.where}: {what}; the ticket change was not stored")
+            if attempt + 1 == attempts:
+                break
+            delay = min(self.max_backoff_s, max(self.backoff_s * 2**attempt, retry_after))
+            log.warning(
+                "webhook %s: %s; retry %d of %d in %.2f s", self.where, what, attempt + 1, self.retries, delay
+            )
+            time.sleep(delay)
+        raise TicketError(
+            f"webhook {self.where}: {what} after {attempts} attempts; the ticket change was not stored"
+        )
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[tuple[bool, str] | None, float]:
+        """One POST: None when accepted, else (whether to retry, what happened in words) and a Retry-After."""
+        request = urllib.request.Request(reveal(self._url), data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read()
+                return None, 0.0
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            retry_after = _seconds(exc.headers.get("Retry-After") if exc.headers else None)
+            exc.close()
+            return (status >= 500 or status == 429, f"HTTP {status}"), retry_after
+        except (urllib.error.URLError, OSError) as exc:
+            # The reason may name the host; never the path (the secret part) or a header.
+            reason = getattr(exc, "reason", exc)
+            return (True, self._scrub(f"{type(exc).__name__}: {reason}")), 0.0
+
+    def _scrub(self, text: str) -> str:
+        url = reveal(self._url)
+        parts = urlsplit(url)
+        secrets = [
+            url,
+            parts.path,
+            parts.query,
+            parts.password or "",
+            *(reveal(v) for v in self._headers.values()),
+        ]
+        if self._signing is not None:
+            secrets.append(reveal(self._signing))
+        return scrub(text, secrets)
+
+
+def _seconds(value: str | None) -> float:
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0

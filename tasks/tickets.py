@@ -1,0 +1,55 @@
+"""The ticket step of a run: open, update, escalate or resolve one ticket per fault fingerprint."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Collection, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from gpucert.errors import StoreError
+from gpucert.results import parse_results
+from gpucert.store import BaselineStore
+from gpucert.tickets import RunEvidence, TicketBackend, reconcile
+
+__all__ = ["ticket_run"]
+
+
+@task(name="tickets", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
+def ticket_run(
+    backend: TicketBackend,
+    store: BaselineStore,
+    run_id: str,
+    day: datetime,
+    *,
+    unconfirmed: Collection[str],
+    report: str,
+    stacks: Mapping[str, Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Reconcile the tickets with the run's verdicts; returns the events (kind, ticket id, title, detail).
+
+    A node whose fail was not confirmed by its re-runs opens no ticket (never a ticket on a guess) — but
+    its rows still do not pass, so they resolve nothing either; passing rows resolve the open tickets of
+    what they cover.
+    """
+    verdicts = pd.read_parquet(io.BytesIO(store.read_run_file(run_id, day.date(), "verdicts.parquet")))
+    if unconfirmed:
+        guess = verdicts["node"].isin(list(unconfirmed)) & (verdicts["verdict"] == "fail")
+        verdicts = verdicts.assign(ticket=verdicts["ticket"].where(~guess, "none"))
+    try:
+        raw = store.read_run_file(run_id, day.date(), "results.parquet")
+        results = parse_results(pd.read_parquet(io.BytesIO(raw)), f"results of run {run_id}")
+    except StoreError:
+        results = None
+    evidence = RunEvidence(report=report, stacks=stacks, results=results)
+    events = reconcile(backend, verdicts, run_id=run_id, now=datetime.now(UTC), evidence=evidence)
+    out = [{"kind": e.kind, "ticket": e.ticket.id, "ticket_kind": e.ticket.kind, "node": e.ticket.node,
+            "cause": e.ticket.cause, "detail": e.detail} for e in events]  # fmt: skip
+    if out:
+        get_run_logger().info("tickets: %s", json.dumps([(e["kind"], e["ticket"]) for e in out]))
+    return out

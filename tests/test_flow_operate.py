@@ -1,0 +1,65 @@
+"""Operate over three nights on the simulator, with local tickets in the store's folder (issue 6's bars): a
+fault injected between two nights is caught by the second night with the right cause and a ticket of the
+right kind; the same fault the next night updates that ticket instead of opening another; a remap failure
+ends in a replacement ticket; ``gpucert release`` after the repair lifts the taint and resolves the ticket."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blocks.cluster import GpuCluster
+from blocks.store import BaselineStore
+from flows.operate import operate
+from gpucert.cli import main
+from gpucert.fleet import Fault
+from gpucert.kube import connect
+from gpucert.sim import SimCluster
+from gpucert.tickets import open_backend
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def _night(sim: SimCluster, store: Path) -> dict[str, Any]:
+    cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
+    return asyncio.run(operate(cluster=cluster, store=BaselineStore(uri=store.as_uri()), rotation_days=0.0))
+
+
+def test_three_nights_with_tickets_and_a_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with SimCluster(nodes=8, preconfigured=True, seed=3) as sim:
+        names = sim.fleet.node_names
+        kube = connect(sim.kubeconfig_path)
+        first = _night(sim, tmp_path)
+        assert first["certify"]["tainted"] == []
+
+        sim.inject_fault(Fault("pcie_gen4", names[2], 4))
+        sim.inject_fault(Fault("remap_failure", names[6], 1))
+        second = _night(sim, tmp_path)
+        assert second["certify"]["tainted"] == [names[2], names[6]]
+        tickets = {t.node: t for t in open_backend(tmp_path).tickets(state="open")}
+        assert set(tickets) == {names[2], names[6]}
+        assert (tickets[names[2]].cause, tickets[names[2]].kind) == ("pcie", "remediation")
+        assert (tickets[names[6]].cause, tickets[names[6]].kind) == ("row_remap", "replacement")
+
+        third = _night(sim, tmp_path)
+        assert {e["kind"] for e in third["certify"]["tickets"] if e["node"] == names[2]} == {"updated"}
+        again = {t.node: t for t in open_backend(tmp_path).tickets(state="open")}
+        assert again[names[2]].id == tickets[names[2]].id
+        assert again[names[2]].occurrences == 2
+        assert len(open_backend(tmp_path).tickets()) == 2  # no second ticket for the same fault
+
+        sim.clear_faults(names[2])  # the technician reseated the GPU
+        kubeconfig = str(sim.kubeconfig_path)
+        assert main(["release", names[2], "--kubeconfig", kubeconfig, "--store", tmp_path.as_uri()]) == 0
+        assert "gpucert.io/unhealthy" not in {
+            t["key"] for t in kube.get("v1", "Node", names[2])["spec"].get("taints") or []
+        }
+        resolved = {t.node for t in open_backend(tmp_path).tickets(state="resolved")}
+        assert resolved == {names[2]}
+        assert main(["tickets", "list", "--store", tmp_path.as_uri(), "--state", "open"]) == 0
+        listed = capsys.readouterr().out
+        assert names[6] in listed
+        assert "replacement" in listed

@@ -127,7 +127,7 @@ def run_lifecycle_demo(*, workdir: str, nodes: int = 16, seed: int = 7, ui: bool
         summary = _lifecycle(console, root, nodes=nodes, seed=seed, api=api)
         console.print(f"\nDone in {time.monotonic() - started:.0f} s.")
         for line in summary:
-            console.print(line)
+            console.print(line, markup=False, highlight=False)  # titles hold "[replacement]": not markup
         if ui:
             console.print(f"\nThe Prefect UI is at [bold]{api.removesuffix('/api')}[/]: Ctrl-C stops the demo.")
             with contextlib.suppress(KeyboardInterrupt):
@@ -197,11 +197,16 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
         injected = {f.node for f in [*first, night_fault]}
         also = sorted(tainted_nodes(kube) - injected)
         tainted = tainted_nodes(kube)
+        from .tickets import open_backend, title_of
+
+        open_tickets = open_backend(os.environ["GPUCERT_STORE"]).tickets(state="open")
         caught = "all caught" if injected <= tainted else f"MISSED: {', '.join(sorted(injected - tainted))}"
         return [
             f"Faults injected on {len(injected)} nodes: {', '.join(sorted(injected))} — {caught}",
             f"Nodes tainted unhealthy: {', '.join(sorted(tainted)) or 'none'}"
             + (f" (not injected, found by peers: {', '.join(also)} — the fleet model's slow silicon)" if also else ""),
+            f"Tickets open ({len(open_tickets)}): " + "; ".join(f"{t.id} {title_of(t)}" for t in open_tickets),
+            f"   (gpucert tickets list --store {os.environ['GPUCERT_STORE']})",
             f"Reports: {certified['report']}" + (f" and {tonight['report']}" if tonight.get("report") else ""),
             f"Store: {os.environ['GPUCERT_STORE']}; kubeconfig of the simulated cluster: {sim.kubeconfig_path}",
         ]

@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-ui", action="store_true", help="exit when the lifecycle is done")
     demo.add_argument("--verdicts-only", action="store_true", help="the offline verdict demo on a generated fleet")
     demo.add_argument("--nodes", type=int, default=16)
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--seed", type=int, default=None,
+                      help="seed of the generated fleet (default: one whose 16 nodes have no slow-silicon straggler)")
     return parser
 
 
@@ -319,11 +320,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo" and args.verdicts_only:
         from .demo import run_demo
 
-        return run_demo(workdir=args.workdir, nodes=args.nodes, seed=args.seed)
+        return run_demo(workdir=args.workdir, nodes=args.nodes, seed=7 if args.seed is None else args.seed)
     if args.command == "demo":
         from ._lifecycle import run_lifecycle_demo
 
-        return run_lifecycle_demo(workdir=args.workdir, nodes=args.nodes, seed=args.seed, ui=not args.no_ui)
+        seed = 3 if args.seed is None else args.seed
+        return run_lifecycle_demo(workdir=args.workdir, nodes=args.nodes, seed=seed, ui=not args.no_ui)
     raise AssertionError(args.command)
 
 

@@ -169,7 +169,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
 
         night_fault = Fault("nvlink_one_down", names[12], 0)
         sim.inject_fault(night_fault)
-        night = asyncio.run(operate(cluster=cluster, store=store, rotation_days=0.0))
+        night = asyncio.run(operate(cluster=cluster, store=store, rotation_days=0.0, scrape_interval_s=1.0))
         tonight = night["certify"] or {}
         console.print(f"3. operate, a new fault tonight ({night_fault.kind} on {night_fault.node}): "
                       f"{tonight.get('states')}; newly tainted {tonight.get('tainted')}")  # fmt: skip

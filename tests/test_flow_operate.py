@@ -23,9 +23,16 @@ from gpucert.tickets import open_backend
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def _night(sim: SimCluster, store: Path) -> dict[str, Any]:
+def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> dict[str, Any]:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
-    return asyncio.run(operate(cluster=cluster, store=BaselineStore(uri=store.as_uri()), rotation_days=0.0))
+    return asyncio.run(
+        operate(
+            cluster=cluster,
+            store=BaselineStore(uri=store.as_uri()),
+            rotation_days=rotation_days,
+            scrape_interval_s=1.0,
+        )
+    )
 
 
 def test_three_nights_with_tickets_and_a_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -63,3 +70,16 @@ def test_three_nights_with_tickets_and_a_release(tmp_path: Path, capsys: pytest.
         listed = capsys.readouterr().out
         assert names[6] in listed
         assert "replacement" in listed
+
+
+def test_telemetry_asks_for_a_node_that_is_not_due(tmp_path: Path) -> None:
+    """Between rotations, a node whose DCGM telemetry fails a gate is re-certified that night — and only
+    it; the certification, not the telemetry, taints it."""
+    with SimCluster(nodes=6, preconfigured=True, seed=3) as sim:
+        names = sim.fleet.node_names
+        assert _night(sim, tmp_path)["certify"]["tainted"] == []
+        sim.inject_fault(Fault("pcie_gen4", names[4], 2))
+        night = _night(sim, tmp_path, rotation_days=30.0)
+        assert night["due"] == [names[4]]
+        assert night["asked"][names[4]].startswith("telemetry: ")
+        assert night["certify"]["tainted"] == [names[4]]

@@ -1,0 +1,58 @@
+"""Passive telemetry and drift detection for the operate stage (DESIGN.md "operate"; REFERENCE §4.8, §6.2).
+
+Between certifications gpucert watches two things, both without touching a GPU:
+
+* **DCGM telemetry since the last run** — :class:`PrometheusSource` reads it from Prometheus' HTTP API
+  (either host label, ``Hostname`` or ``hostname``); :class:`ExporterScrape` scrapes the DCGM exporters
+  directly where no Prometheus is configured. Both return a :class:`Telemetry` whose ``results`` are rows
+  of the results contract (DESIGN.md "Results": the registry's telemetry metrics per GPU, XID events, GPU
+  counts per node), so the verdict engine's hard gates judge them as they judge a certification's
+  telemetry; what could not be read is a per-node problem, never an invented number.
+* **Slow drift on each GPU's own history** — :func:`history_from_store` gathers the per-run medians of
+  the performance metrics from the store's runs, and :func:`drift_alarms` runs a lower CUSUM or EWMA per
+  GPU × metric against its own baseline. A drift alarm asks for a re-certification; it never drains or
+  taints on its own.
+
+Nothing here imports Prefect::
+
+    source = PrometheusSource("http://prometheus.monitoring:9090")
+    seen = source.read(start=last_run_at, run_id="operate-2026-11-02")
+    verdicts = judge(seen.results, baseline)             # the Stage 0 gates on the window's telemetry
+
+    history = history_from_store(store, last_runs=30)
+    alarms = drift_alarms(history, store.read())          # rows: node, gpu, metric, statistic, reason …
+"""
+
+from ._common import HOST_LABELS, SIGNALS, Signal, Telemetry, TelemetryError
+from ._drift import (
+    DRIFT_COLUMNS,
+    DRIFT_METRICS,
+    HISTORY_COLUMNS,
+    drift_alarms,
+    ewma_limit,
+    history_from_store,
+    run_medians,
+)
+from ._prometheus import PrometheusSource, PromSeries
+from ._scrape import EXPORTER_SELECTOR, METRICS_PATH_ANNOTATION, ExporterScrape, ExporterTarget
+
+__all__ = [
+    "DRIFT_COLUMNS",
+    "DRIFT_METRICS",
+    "EXPORTER_SELECTOR",
+    "HISTORY_COLUMNS",
+    "HOST_LABELS",
+    "METRICS_PATH_ANNOTATION",
+    "SIGNALS",
+    "ExporterScrape",
+    "ExporterTarget",
+    "PromSeries",
+    "PrometheusSource",
+    "Signal",
+    "Telemetry",
+    "TelemetryError",
+    "drift_alarms",
+    "ewma_limit",
+    "history_from_store",
+    "run_medians",
+]

@@ -1,0 +1,369 @@
+"""What both telemetry sources share: the signals gpucert reads, the reading they return, and how raw
+per-GPU readings become rows of the results contract (DESIGN.md "Results").
+
+A source first produces *readings*: one row per GPU (node, index, UUID, model), registry metric and
+value, already reduced over its window, possibly with duplicates (two Prometheus jobs scraping one
+exporter, an exporter pod restarted within the window). :func:`to_results` combines the duplicates the
+way the metric's reduction says (the worst of two minima is the lower one, of two maxima the higher),
+settles identities the results contract requires to be unique within a run (one UUID per GPU slot, one
+slot per UUID, one model per node), adds XID events and the node-level GPU counts, and validates the
+frame with :func:`gpucert.results.parse_results`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from .._frames import empty_results
+from ..errors import GpucertError
+from ..metrics import RESULT_COLUMNS
+from ..results import parse_results
+
+__all__ = [
+    "HOST_LABELS",
+    "SIGNALS",
+    "Signal",
+    "Telemetry",
+    "TelemetryError",
+    "to_results",
+]
+
+#: The DCGM exporter's host label: ``Hostname`` before NVIDIA/dcgm-exporter#655, ``hostname`` since.
+HOST_LABELS: tuple[str, str] = ("hostname", "Hostname")
+
+#: How a signal's samples over the window reduce to one value per GPU.
+Reduce = Literal["max", "min", "last", "increase", "peak_rate_per_min", "bits_or", "hw_share"]
+
+
+class TelemetryError(GpucertError):
+    """Telemetry could not be read at all (Prometheus refused or did not answer a query, the exporters'
+    Endpoints could not be listed); the message names the query or the call. A single exporter that does
+    not answer is not an error: it is a per-node problem in :attr:`Telemetry.problems`."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One registry metric read from DCGM series.
+
+    ``sources`` are DCGM names in order of preference (the first one a GPU has wins); ``reduce`` says how
+    the window's samples become one value.
+    """
+
+    metric: str
+    sources: tuple[str, ...]
+    reduce: Reduce
+
+
+#: The signals gpucert acts on between certifications (REFERENCE §4.2 gates, §6.2 names). Why each
+#: reduction:
+#:
+#: * PCIe generation and width: the highest the link reached. Links train down when idle, so only a link
+#:   that never reached its maximum in the window is trained down (the gate wants "under load").
+#: * Replays: the worst 5-minute rate, per minute (a burst must not drown in a quiet night).
+#: * Volatile ECC counts: the highest count since the last GPU reset seen in the window (what NVML's
+#:   volatile counter, and so the certify gate, means). NVLink CRC errors: the increase over the window.
+#: * Row remap: a failure seen at all counts; pending is the state at the end (a reset clears it).
+#: * Clock-event reasons: the OR of every bit seen; ``hw_slowdown_frac``: the worst 10-minute share of
+#:   time with a hardware slowdown, from the thermal-violation counter or the HW bits (0x08, 0x40, 0x80),
+#:   whichever is higher. The power-violation counter also counts software power capping (a config fault
+#:   the power-limit gate names), so it is not read as a hardware slowdown.
+#: * Limits: the state at the end of the window (what a fix would change).
+SIGNALS: tuple[Signal, ...] = (
+    Signal("pcie_gen", ("DCGM_FI_DEV_PCIE_LINK_GEN",), "max"),
+    Signal("pcie_gen_max", ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN",), "max"),
+    Signal("pcie_width", ("DCGM_FI_DEV_PCIE_LINK_WIDTH",), "max"),
+    Signal("pcie_width_max", ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",), "max"),
+    Signal("pcie_replays_per_min", ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), "peak_rate_per_min"),
+    Signal("remapped_rows_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "max"),
+    Signal("remapped_rows_pending", ("DCGM_FI_DEV_ROW_REMAP_PENDING",), "last"),
+    Signal("ecc_dbe_volatile", ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), "max"),
+    Signal("ecc_sbe_volatile", ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "max"),
+    Signal("nvlink_crc_errors", ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",), "increase"),
+    Signal("clocks_event_reasons", ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",), "bits_or"),
+    Signal(
+        "hw_slowdown_frac", ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), "hw_share"
+    ),
+    Signal("temp_max_c", ("DCGM_FI_DEV_GPU_TEMP",), "max"),
+    Signal("temp_slowdown_c", ("DCGM_FI_DEV_SLOWDOWN_TEMP",), "min"),
+    Signal("power_limit_w", ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT"), "last"),
+    Signal("power_limit_default_w", ("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",), "last"),
+)
+#: Where duplicates of a reading disagree, the worse one stands: the lower of two minima (a lower
+#: slowdown threshold), the higher of anything else (more errors, a hotter peak, a longer slowdown).
+#: PCIe generation and width are the exception: their reading is already the best the link reached.
+_LOWER_WINS = frozenset({"temp_slowdown_c"})
+
+#: The bits of the clock-event reasons mask (REFERENCE §6.1) and the hardware-slowdown ones among them.
+CLOCK_EVENT_BITS: tuple[int, ...] = (0x001, 0x002, 0x004, 0x008, 0x010, 0x020, 0x040, 0x080, 0x100)
+HW_SLOWDOWN_BITS = 0x008 | 0x040 | 0x080
+
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
+#: A series present for every GPU the exporter sees: what counts the GPUs a node reports.
+PRESENCE = "DCGM_FI_DEV_GPU_TEMP"
+#: At most this many rows per (GPU, XID) and reading: a storm of thousands of XID 92s would otherwise
+#: blow up the frame, and the gates need only to know it repeated.
+MAX_EVENTS_PER_XID = 1000
+
+READING_COLUMNS = ("node", "gpu", "gpu_uuid", "gpu_model", "metric", "value")
+EVENT_COLUMNS = ("node", "gpu", "gpu_uuid", "gpu_model", "xid", "count", "ts")
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """What a source read: rows of the results contract, and what it could not read.
+
+    ``results``: canonical results rows (run_id, node, gpu, gpu_uuid, gpu_model, metric, value, repeat 0,
+    peer empty, ts) — the registry's telemetry metrics per GPU, one row per XID event, and per node
+    ``gpu_count`` (and ``gpu_count_expected`` when the caller said how many GPUs a node has). A value
+    that could not be read is absent, never invented.
+    ``problems``: node → why its telemetry is missing or partial (an exporter that did not answer, a GPU
+    swapped within the window). ``notes``: source-wide remarks (series without a host label, Prometheus
+    warnings). ``start``/``end``: the window read (``start`` is None for a single scrape).
+    """
+
+    results: pd.DataFrame
+    problems: Mapping[str, str]
+    notes: tuple[str, ...]
+    start: datetime | None
+    end: datetime
+    source: str
+    nodes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            nodes = self.results["node"].astype(str).unique().tolist() if len(self.results) else []
+            object.__setattr__(self, "nodes", tuple(sorted(nodes)))
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` in UTC (a naive datetime is taken as UTC)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def host_of(labels: Mapping[str, str], host_label: str | None) -> str | None:
+    """The node a series belongs to: its ``host_label``, or either spelling when that is None."""
+    if host_label is not None:
+        return labels.get(host_label) or None
+    return labels.get("hostname") or labels.get("Hostname") or None
+
+
+class Problems:
+    """Per-node problems, several joined with '; ', in the order met."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, list[str]] = {}
+
+    def add(self, node: str, message: str) -> None:
+        messages = self._by_node.setdefault(node, [])
+        if message not in messages:
+            messages.append(message)
+
+    def as_dict(self) -> dict[str, str]:
+        return {node: "; ".join(messages) for node, messages in sorted(self._by_node.items())}
+
+
+def empty_readings() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "node": pd.Series(dtype=object),
+            "gpu": pd.Series(dtype=np.int64),
+            "gpu_uuid": pd.Series(dtype=object),
+            "gpu_model": pd.Series(dtype=object),
+            "metric": pd.Series(dtype=object),
+            "value": pd.Series(dtype=np.float64),
+        }
+    )
+
+
+def empty_events() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "node": pd.Series(dtype=object),
+            "gpu": pd.Series(dtype=np.int64),
+            "gpu_uuid": pd.Series(dtype=object),
+            "gpu_model": pd.Series(dtype=object),
+            "xid": pd.Series(dtype=np.int64),
+            "count": pd.Series(dtype=np.int64),
+            "ts": pd.Series(dtype="datetime64[us, UTC]"),
+        }
+    )
+
+
+def to_results(
+    readings: pd.DataFrame,
+    events: pd.DataFrame,
+    *,
+    run_id: str,
+    ts: datetime,
+    present: pd.DataFrame,
+    expected_gpus: Mapping[str, int] | None,
+    problems: Problems,
+    source: str,
+) -> pd.DataFrame:
+    """The readings and events as one canonical results frame (see the module docstring).
+
+    ``present``: the GPUs (node, gpu, gpu_uuid) reporting at the end of the window; they count the
+    node's GPUs and win identity conflicts. ``expected_gpus``: node → GPUs it should have, written as
+    ``gpu_count_expected`` for the nodes that reported. Raises :class:`gpucert.errors.ResultsError` only
+    if a row breaks the contract (a bug: every row is built here).
+    """
+    stamp = pd.Timestamp(utc(ts)).as_unit("us")
+    readings = _combine(readings)
+    keep = _settle_identities(
+        pd.concat([readings[list(READING_COLUMNS[:4])], events[list(EVENT_COLUMNS[:4])]], ignore_index=True),
+        present,
+        problems,
+    )
+    readings = readings.merge(keep, on=["node", "gpu", "gpu_uuid", "gpu_model"], how="inner")
+    events = events.merge(keep, on=["node", "gpu", "gpu_uuid", "gpu_model"], how="inner")
+
+    parts: list[pd.DataFrame] = []
+    if len(readings):
+        parts.append(readings.assign(ts=stamp))
+    if len(events):
+        counts = np.minimum(events["count"].to_numpy(dtype=np.int64), MAX_EVENTS_PER_XID)
+        repeated = events.loc[events.index.repeat(counts)]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "node": repeated["node"].to_numpy(),
+                    "gpu": repeated["gpu"].to_numpy(),
+                    "gpu_uuid": repeated["gpu_uuid"].to_numpy(),
+                    "gpu_model": repeated["gpu_model"].to_numpy(),
+                    "metric": "xid",
+                    "value": repeated["xid"].to_numpy(dtype=np.float64),
+                    "ts": pd.to_datetime(repeated["ts"], utc=True).dt.as_unit("us").to_numpy(),
+                }
+            )
+        )
+    parts.append(_node_counts(keep, present, expected_gpus, stamp, problems))
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty_results()
+    frame = pd.concat(parts, ignore_index=True)
+    frame["run_id"] = run_id
+    frame["repeat"] = 0
+    frame["peer"] = None
+    frame["gpu"] = frame["gpu"].astype("Int64")
+    frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
+    frame = frame[list(RESULT_COLUMNS)].sort_values(
+        ["node", "gpu", "metric"], kind="stable", ignore_index=True
+    )
+    return parse_results(frame, f"telemetry from {source}")
+
+
+def _combine(readings: pd.DataFrame) -> pd.DataFrame:
+    """One value per (GPU, metric): the worse of duplicates (see :data:`_LOWER_WINS`)."""
+    if readings.empty:
+        return empty_readings()
+    readings = readings[np.isfinite(readings["value"].to_numpy(dtype=np.float64))]
+    keys = ["node", "gpu", "gpu_uuid", "gpu_model", "metric"]
+    lower = readings["metric"].isin(_LOWER_WINS).to_numpy()
+    parts: list[pd.DataFrame] = []
+    if (~lower).any():
+        parts.append(readings[~lower].groupby(keys, sort=False)["value"].max().reset_index())
+    if lower.any():
+        parts.append(readings[lower].groupby(keys, sort=False)["value"].min().reset_index())
+    return pd.concat(parts, ignore_index=True) if parts else empty_readings()
+
+
+def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Problems) -> pd.DataFrame:
+    """The identities (node, gpu, gpu_uuid, gpu_model) to keep: within one reading a GPU slot has one UUID,
+    a UUID one slot, a node one model (the results contract's rules for one run).
+
+    A slot that showed two UUIDs in the window (a GPU swapped) keeps the one reporting at the end, else
+    the one with more readings; the other is dropped and named in ``problems``.
+    """
+    ids = ids.drop_duplicates(ignore_index=True)
+    if ids.empty:
+        return ids
+    now = present.assign(_now=True)[["node", "gpu", "gpu_uuid", "_now"]].drop_duplicates(
+        ["node", "gpu", "gpu_uuid"]
+    )
+    ids = ids.merge(now, on=["node", "gpu", "gpu_uuid"], how="left")
+    ids["_now"] = ids["_now"].fillna(False).astype(bool)
+    # Rank candidates: reporting now first, then by name (stable, so a rerun keeps the same choice).
+    ids = ids.sort_values(
+        ["_now", "node", "gpu", "gpu_uuid"], ascending=[False, True, True, True], kind="stable"
+    )
+    for keys, what in ((["node", "gpu"], "slot"), (["gpu_uuid"], "uuid")):
+        first = ~ids.duplicated(keys, keep="first")
+        for row in ids[~first].itertuples(index=False):
+            if what == "slot":
+                kept = ids[first & (ids["node"] == row.node) & (ids["gpu"] == row.gpu)]["gpu_uuid"].iloc[0]
+                problems.add(
+                    str(row.node),
+                    f"gpu {row.gpu} reported UUIDs {kept} and {row.gpu_uuid} within the window (a GPU "
+                    f"swapped?): only {kept}'s telemetry is kept",
+                )
+            else:
+                kept_row = ids[first & (ids["gpu_uuid"] == row.gpu_uuid)].iloc[0]
+                problems.add(
+                    str(row.node),
+                    f"UUID {row.gpu_uuid} also reported as gpu {kept_row['gpu']} of node {kept_row['node']} "
+                    f"within the window: its telemetry here (gpu {row.gpu}) is dropped",
+                )
+        ids = ids[first]
+    # One model per node: the one most of its GPUs report.
+    model_counts = ids.groupby(["node", "gpu_model"], sort=True).size().rename("n").reset_index()
+    model_counts = model_counts.sort_values(["node", "n"], ascending=[True, False], kind="stable")
+    main = model_counts.drop_duplicates("node")[["node", "gpu_model"]]
+    odd = (
+        ids.merge(main, on=["node", "gpu_model"], how="left", indicator=True)["_merge"].to_numpy()
+        == "left_only"
+    )
+    for row in ids[odd].itertuples(index=False):
+        problems.add(
+            str(row.node),
+            f"gpu {row.gpu} reports model {row.gpu_model!r} unlike the node's other GPUs: dropped",
+        )
+    settled: pd.DataFrame = ids[~odd][["node", "gpu", "gpu_uuid", "gpu_model"]].reset_index(drop=True)
+    return settled
+
+
+def _node_counts(
+    ids: pd.DataFrame,
+    present: pd.DataFrame,
+    expected_gpus: Mapping[str, int] | None,
+    stamp: pd.Timestamp,
+    problems: Problems,
+) -> pd.DataFrame:
+    """``gpu_count`` (GPUs reporting at the end) and ``gpu_count_expected`` for the nodes with telemetry.
+
+    A node none of whose GPUs reports at the end gets no count but a problem: its exporter (or the whole
+    node) went away, which says nothing about how many GPUs the node sees, and a count of 0 would fail
+    every GPU of it.
+    """
+    nodes = sorted(set(ids["node"].astype(str)))
+    reporting = (
+        present.drop_duplicates(["node", "gpu"]).groupby("node").size() if len(present) else pd.Series()
+    )
+    model = ids.drop_duplicates("node").set_index("node")["gpu_model"]
+    rows: list[tuple[str, str, str, float]] = []
+    for node in nodes:
+        if node not in reporting.index:
+            problems.add(
+                node,
+                "no GPU series at the end of the window (exporter or node down): its GPU count is unknown",
+            )
+            continue
+        rows.append((node, str(model[node]), "gpu_count", float(reporting[node])))
+        if expected_gpus is not None and node in expected_gpus:
+            rows.append((node, str(model[node]), "gpu_count_expected", float(expected_gpus[node])))
+    frame = pd.DataFrame(rows, columns=["node", "gpu_model", "metric", "value"])
+    frame["gpu"] = pd.NA
+    frame["gpu_uuid"] = None
+    frame["ts"] = stamp
+    return frame
+
+
+def missing_nodes(expected: Iterable[str], reported: Iterable[str]) -> list[str]:
+    """The expected nodes with no telemetry at all, sorted."""
+    return sorted(set(expected) - set(reported))

@@ -1,0 +1,470 @@
+"""Passive telemetry from Prometheus' HTTP API: what the DCGM exporters reported over a window.
+
+Every signal is reduced inside Prometheus (``max_over_time``, ``increase``, subqueries) by one instant
+query at the window's end, so a fleet of thousands of GPUs costs a few dozen small answers, never the raw
+samples. Subqueries run in blocks (an inner ``[block:step]`` inside an outer ``[window:block]``) so that no
+query holds more than a few hundred points per series, whatever the window: Prometheus' default
+``--query.max-samples`` stays far away at fleet scale.
+
+The host label: series carry ``Hostname`` (dcgm-exporter before NVIDIA/dcgm-exporter#655) or ``hostname``
+(since). With ``host_label=None`` each series is read by whichever it carries, so a fleet caught mid
+upgrade reads whole; naming one restricts the queries to series that carry it.
+
+XIDs: ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` counts the XIDs of the exporter's last 5 minutes, so it is read at
+instants 5 minutes apart across the window and summed: each event is counted once. Where a GPU has no
+such series (the counter is off by default), changes of ``DCGM_FI_DEV_XID_ERRORS`` (the last XID seen)
+to a non-zero value are the events: a repeat of the same XID is invisible there, which the exporter's
+counter exists to fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._common import (
+    CLOCK_EVENT_BITS,
+    PRESENCE,
+    SIGNALS,
+    XID_COUNT,
+    XID_LAST,
+    Problems,
+    Signal,
+    Telemetry,
+    TelemetryError,
+    empty_events,
+    empty_readings,
+    host_of,
+    missing_nodes,
+    to_results,
+    utc,
+)
+
+__all__ = ["PromSeries", "PrometheusSource"]
+
+_USER_AGENT = "gpucert-telemetry"
+#: Prometheus answers at most 11,000 points per series of a range query.
+_MAX_POINTS = 11_000
+#: How many series of the last-XID gauge one range query names (a regex of UUIDs).
+_UUID_CHUNK = 100
+
+
+@dataclass(frozen=True)
+class PromSeries:
+    """One series of a query's answer: its labels and its (unix seconds, value) points (one for an
+    instant query)."""
+
+    labels: dict[str, str]
+    values: list[tuple[float, float]]  # (unix seconds, value); one pair for an instant vector
+
+
+class PrometheusSource:
+    """Reads the DCGM signals gpucert gates on from a Prometheus server (see the module docstring).
+
+    ``url``: the server's base URL (``http://prometheus.monitoring:9090``; a path prefix is kept).
+    ``host_label``: ``hostname``, ``Hostname``, or None to read either per series. ``step_s``: the
+    resolution of subqueries (clock-event bits, slowdown shares): shorter sees shorter events and costs
+    Prometheus more; at most the exporters' scrape interval to see every sample. ``headers``: sent with
+    every request (``Authorization`` for a secured Prometheus). ``timeout_s``: per HTTP request, also
+    passed to Prometheus as the query timeout.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        host_label: str | None = None,
+        *,
+        step_s: float = 30.0,
+        rate_window_s: float = 300.0,
+        share_window_s: float = 600.0,
+        xid_window_s: float = 300.0,
+        timeout_s: float = 60.0,
+        headers: Mapping[str, str] | None = None,
+        workers: int = 4,
+    ) -> None:
+        if host_label is not None and host_label not in ("hostname", "Hostname"):
+            raise ValueError(f"host_label is 'hostname', 'Hostname' or None, not {host_label!r}")
+        for name, value in (
+            ("step_s", step_s),
+            ("rate_window_s", rate_window_s),
+            ("share_window_s", share_window_s),
+            ("xid_window_s", xid_window_s),
+            ("timeout_s", timeout_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, not {value!r}")
+        self.url = url.rstrip("/")
+        self.host_label = host_label
+        self.step_s = step_s
+        self.rate_window_s = rate_window_s
+        self.share_window_s = share_window_s
+        self.xid_window_s = xid_window_s
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+        self.workers = max(1, workers)
+
+    def __repr__(self) -> str:
+        return f"PrometheusSource({self.url!r}, host_label={self.host_label!r})"
+
+    # --- the public call -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        start: datetime,
+        end: datetime | None = None,
+        *,
+        run_id: str,
+        expected_gpus: Mapping[str, int] | None = None,
+    ) -> Telemetry:
+        """The telemetry of the window (``start``, ``end``] (``end`` defaults to now; naive times are UTC).
+
+        Returns a :class:`Telemetry` whose ``results`` hold, per GPU that reported in the window, the
+        registry's telemetry metrics (see :data:`gpucert.telemetry.SIGNALS` for how each is reduced), its
+        XID events, and per node ``gpu_count`` (GPUs reporting at ``end``) and, for the nodes in
+        ``expected_gpus``, ``gpu_count_expected``; ``run_id`` labels the rows. An expected node with no
+        series at all is a problem, not a row.
+
+        Raises :class:`TelemetryError` naming the query when Prometheus refuses or does not answer one,
+        and ``ValueError`` for an empty window.
+        """
+        end_utc = utc(end) if end is not None else datetime.now(UTC)
+        start_utc = utc(start)
+        window = math.floor((end_utc - start_utc).total_seconds())
+        if window < 1:
+            raise ValueError(f"the window {start_utc.isoformat()} .. {end_utc.isoformat()} is empty")
+        at = end_utc.timestamp()
+        problems = Problems()
+        notes: list[str] = []
+
+        jobs: dict[str, Callable[[], list[PromSeries]]] = {}
+        for signal in SIGNALS:
+            for i, expr in enumerate(self._signal_queries(signal, window)):
+                jobs[f"{signal.metric}#{i}"] = functools.partial(self.query, expr, at, notes)
+        jobs["presence"] = functools.partial(self.query, self._sel(PRESENCE), at, notes)
+        jobs["xid_count"] = functools.partial(self._xid_counts, window, at, notes)
+        changed_expr = f"changes({self._sel(XID_LAST)}[{window}s]) > 0"
+        jobs["xid_changed"] = functools.partial(self.query, changed_expr, at, notes)
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpucert-prom") as pool:
+            futures = {name: pool.submit(job) for name, job in jobs.items()}
+            answers = {name: future.result() for name, future in futures.items()}
+
+        skipped: dict[str, int] = {}
+        readings = _readings(
+            [(name.split("#")[0], answers[name]) for name in jobs if "#" in name], self.host_label, skipped
+        )
+        present = _identities(answers["presence"], self.host_label, skipped)
+        events = _count_events(answers["xid_count"], self.host_label, skipped)
+        changed = [s for s in answers["xid_changed"] if s.labels.get("UUID") not in set(events["gpu_uuid"])]
+        if changed:
+            events = pd.concat(
+                [events, self._xid_changes(changed, start_utc.timestamp(), at, notes, skipped)],
+                ignore_index=True,
+            )
+        for name, count in sorted(skipped.items()):
+            label = self.host_label or "hostname or Hostname"
+            notes.append(f"{count} series of {name} carry no {label} or gpu label: not read")
+
+        results = to_results(
+            readings,
+            events,
+            run_id=run_id,
+            ts=end_utc,
+            present=present,
+            expected_gpus=expected_gpus,
+            problems=problems,
+            source=f"Prometheus {self.url}",
+        )
+        for node in missing_nodes(expected_gpus or {}, results["node"].astype(str).unique()):
+            problems.add(
+                node,
+                f"no DCGM series in Prometheus for this node between {start_utc:%Y-%m-%d %H:%M:%S} "
+                f"and {end_utc:%Y-%m-%d %H:%M:%S} UTC (exporter not scraped, or the node was down)",
+            )
+        return Telemetry(
+            results=results,
+            problems=problems.as_dict(),
+            notes=tuple(dict.fromkeys(notes)),
+            start=start_utc,
+            end=end_utc,
+            source=f"Prometheus {self.url}",
+        )
+
+    # --- PromQL --------------------------------------------------------------------------------------
+
+    def _sel(self, name: str) -> str:
+        """A selector of ``name``, restricted to series carrying the host label when one is named."""
+        return f'{name}{{{self.host_label}!=""}}' if self.host_label else name
+
+    def _signal_queries(self, signal: Signal, window: int) -> list[str]:
+        """The instant queries (evaluated at the window's end) that read ``signal``."""
+        w = f"{window}s"
+        step = f"{max(1, round(self.step_s))}s"
+        first = self._sel(signal.sources[0])
+        if signal.reduce in ("max", "min", "last"):
+            exprs = [f"{signal.reduce}_over_time({self._sel(name)}[{w}])" for name in signal.sources]
+            return [" or ".join(exprs)]
+        if signal.reduce == "increase":
+            return [f"increase({first}[{w}])"]
+        if signal.reduce == "peak_rate_per_min":
+            rate = min(window, round(self.rate_window_s))
+            if rate >= window:
+                return [f"rate({first}[{w}]) * 60"]
+            return [f"max_over_time(rate({first}[{rate}s])[{w}:{rate}s]) * 60"]
+        block = min(window, round(self.share_window_s))
+        if signal.reduce == "bits_or":
+            terms = [
+                f"max_over_time(max_over_time((floor({first} / {bit}) % 2)[{block}s:{step}])[{w}:{block}s]) * {bit}"
+                for bit in CLOCK_EVENT_BITS
+            ]
+            return [" + ".join(terms)]
+        # hw_share: the thermal-violation counter (ns per s of wall time) and the share of samples with a
+        # hardware-slowdown bit (0x08, or 0x40/0x80: floor(x/64) % 4 is non-zero), each the worst block.
+        thermal, bits = (self._sel(name) for name in signal.sources)
+        hw_bit = f"clamp_max(floor({bits} / 64) % 4 + floor({bits} / 8) % 2, 1)"
+        return [
+            f"clamp(max_over_time(rate({thermal}[{block}s])[{w}:{block}s]) / 1e9, 0, 1)",
+            f"max_over_time(avg_over_time(({hw_bit})[{block}s:{step}])[{w}:{block}s])",
+        ]
+
+    def _xid_counts(self, window: int, at: float, notes: list[str]) -> list[PromSeries]:
+        """The exporter's XID counts at instants ``xid_window_s`` apart, the last at ``at``."""
+        span = self.xid_window_s
+        steps = max(1, math.ceil(window / span))
+        if steps > _MAX_POINTS:
+            raise TelemetryError(
+                f"a window of {window} s holds more than {_MAX_POINTS} XID windows of {span:g} s: read it in parts"
+            )
+        return self.query_range(f"{self._sel(XID_COUNT)} > 0", at - (steps - 1) * span, at, span, notes)
+
+    def _xid_changes(
+        self,
+        changed: Sequence[PromSeries],
+        start: float,
+        at: float,
+        notes: list[str],
+        skipped: dict[str, int],
+    ) -> pd.DataFrame:
+        """XID events of GPUs without the exporter's counter: changes of the last-XID gauge to non-zero."""
+        uuids = sorted({s.labels["UUID"] for s in changed if s.labels.get("UUID")})
+        step = max(self.step_s, (at - start) / (_MAX_POINTS - 2))
+        frames = []
+        for i in range(0, len(uuids), _UUID_CHUNK):
+            regex = "|".join(_regex_escape(u) for u in uuids[i : i + _UUID_CHUNK])
+            matchers = f'UUID=~"{regex}"' + (f',{self.host_label}!=""' if self.host_label else "")
+            series = self.query_range(f"{XID_LAST}{{{matchers}}}", start - step, at, step, notes)
+            frames.append(_change_events(series, self.host_label, skipped))
+        return pd.concat(frames, ignore_index=True) if frames else empty_events()
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+
+    def query(self, expr: str, at: float, notes: list[str] | None = None) -> list[PromSeries]:
+        """An instant query at unix time ``at``: each series of the vector with its one value.
+
+        Raises :class:`TelemetryError` naming the query when Prometheus refuses or does not answer it.
+        """
+        data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr, notes)
+        if data.get("resultType") != "vector":
+            raise TelemetryError(
+                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
+            )
+        return [
+            PromSeries(dict(r.get("metric") or {}), [_point(r["value"])]) for r in data.get("result") or ()
+        ]
+
+    def query_range(
+        self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
+    ) -> list[PromSeries]:
+        """A range query: each series with its (time, value) points. Raises :class:`TelemetryError`."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        data = self._call("/api/v1/query_range", params, expr, notes)
+        if data.get("resultType") != "matrix":
+            raise TelemetryError(
+                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
+            )
+        return [
+            PromSeries(dict(r.get("metric") or {}), [_point(v) for v in r.get("values") or ()])
+            for r in data.get("result") or ()
+        ]
+
+    def _call(
+        self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None
+    ) -> dict[str, Any]:
+        # POST with a form body: a long query (a regex of UUIDs) never meets a URL length limit.
+        body = urllib.parse.urlencode({**params, "timeout": f"{self.timeout_s:g}s"}).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Accept": "application/json",
+                "User-Agent": _USER_AGENT,
+                **self.headers,
+            },
+        )
+        where = f"Prometheus {self.url}"
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = _error_detail(exc.read() if exc.fp is not None else b"")
+            raise TelemetryError(
+                f"{where} refused the query {expr!r}: HTTP {exc.code}: {detail or exc.reason}"
+            ) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, OSError) and reason.strerror:
+                reason = reason.strerror.lower()
+            raise TelemetryError(f"{where} did not answer the query {expr!r}: {reason}") from None
+        except (TimeoutError, OSError) as exc:
+            raise TelemetryError(
+                f"{where} did not answer the query {expr!r}: {exc or type(exc).__name__}"
+            ) from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise TelemetryError(
+                f"{where} answered the query {expr!r} with something other than JSON"
+            ) from None
+        if not isinstance(answer, dict) or answer.get("status") != "success":
+            detail = _error_detail(raw)
+            raise TelemetryError(f"{where} failed the query {expr!r}: {detail or 'no success status'}")
+        if notes is not None:
+            notes.extend(f"Prometheus warned on {expr!r}: {w}" for w in answer.get("warnings") or ())
+        data = answer.get("data")
+        if not isinstance(data, dict):
+            raise TelemetryError(f"{where} answered the query {expr!r} without data")
+        return data
+
+
+# --- answers into frames -------------------------------------------------------------------------------
+
+
+def _point(pair: Sequence[Any]) -> tuple[float, float]:
+    # Prometheus writes values as strings ("1", "NaN", "+Inf"); float() reads them all.
+    return float(pair[0]), float(pair[1])
+
+
+def _error_detail(raw: bytes) -> str:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()[:300]
+    if isinstance(answer, dict):
+        kind, error = answer.get("errorType"), answer.get("error")
+        return f"{kind}: {error}" if kind else str(error or "")
+    return ""
+
+
+def _regex_escape(text: str) -> str:
+    # RE2 inside a PromQL double-quoted string: escape regex metacharacters, then the backslashes.
+    special = set(r".^$*+?()[]{}|\\")
+    escaped = "".join("\\" + c if c in special else c for c in text)
+    return escaped.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _gpu_identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str, str] | None:
+    node = host_of(labels, host_label)
+    gpu, uuid = labels.get("gpu"), labels.get("UUID")
+    if node is None or gpu is None or not gpu.isdigit() or not uuid:
+        return None
+    return node, int(gpu), uuid, labels.get("modelName") or "unknown"
+
+
+def _readings(
+    answers: Sequence[tuple[str, list[PromSeries]]], host_label: str | None, skipped: dict[str, int]
+) -> pd.DataFrame:
+    rows: list[tuple[str, int, str, str, str, float]] = []
+    for metric, series in answers:
+        for s in series:
+            ident = _gpu_identity(s.labels, host_label)
+            if ident is None:
+                skipped[metric] = skipped.get(metric, 0) + 1
+                continue
+            value = s.values[0][1]
+            if math.isfinite(value):
+                rows.append((*ident, metric, value))
+    if not rows:
+        return empty_readings()
+    return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid", "gpu_model", "metric", "value"])
+
+
+def _identities(
+    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
+) -> pd.DataFrame:
+    rows = []
+    for s in series:
+        ident = _gpu_identity(s.labels, host_label)
+        if ident is None:
+            skipped[PRESENCE] = skipped.get(PRESENCE, 0) + 1
+        else:
+            rows.append(ident[:3])
+    return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid"]).astype({"gpu": np.int64})
+
+
+def _count_events(
+    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
+) -> pd.DataFrame:
+    """XID events from the exporter's windowed counts: per (GPU, XID) the sum over disjoint windows."""
+    rows = []
+    for s in series:
+        ident = _gpu_identity(s.labels, host_label)
+        xid = s.labels.get("xid", "")
+        if ident is None or not xid.isdigit():
+            skipped[XID_COUNT] = skipped.get(XID_COUNT, 0) + 1
+            continue
+        counts = [(t, v) for t, v in s.values if math.isfinite(v) and v > 0]
+        if counts:
+            total = round(sum(v for _, v in counts))
+            rows.append((*ident, int(xid), total, pd.Timestamp(counts[0][0], unit="s", tz="UTC")))
+    if not rows:
+        return empty_events()
+    frame = pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid", "gpu_model", "xid", "count", "ts"])
+    # Two series of one GPU and XID (two jobs scraping one exporter) saw the same events: keep the larger.
+    frame = frame.sort_values("count", ascending=False, kind="stable")
+    return frame.drop_duplicates(["node", "gpu", "gpu_uuid", "xid"]).reset_index(drop=True)
+
+
+def _change_events(
+    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
+) -> pd.DataFrame:
+    """XID events from the last-XID gauge: each change to a non-zero value (a first sample is no change)."""
+    rows = []
+    seen: set[tuple[str, int, str, str]] = set()
+    for s in series:
+        ident = _gpu_identity(s.labels, host_label)
+        if ident is None:
+            skipped[XID_LAST] = skipped.get(XID_LAST, 0) + 1
+            continue
+        if ident in seen:
+            continue  # a second series of the same GPU (two jobs scraping one exporter) saw the same changes
+        seen.add(ident)
+        values = np.array([v for _, v in s.values])
+        times = np.array([t for t, _ in s.values])
+        if len(values) < 2:
+            continue
+        change = np.flatnonzero((values[1:] != values[:-1]) & (values[1:] > 0)) + 1
+        for i in change:
+            if float(values[i]).is_integer():
+                rows.append((*ident, int(values[i]), 1, pd.Timestamp(times[i], unit="s", tz="UTC")))
+    if not rows:
+        return empty_events()
+    frame = pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid", "gpu_model", "xid", "count", "ts"])
+    # Several events of one XID on one GPU: one row with their count, stamped with the first.
+    return (
+        frame.groupby(["node", "gpu", "gpu_uuid", "gpu_model", "xid"], as_index=False)
+        .agg(count=("count", "sum"), ts=("ts", "min"))
+        .reset_index(drop=True)
+    )

@@ -1,0 +1,501 @@
+"""Passive telemetry straight from the DCGM exporters, where no Prometheus is configured.
+
+The exporters are found as in any cluster: the Endpoints of the Service labelled
+``app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter`` in the stack's namespace
+(DESIGN.md "Kubernetes conventions"), one target per address and port. The path is ``/metrics`` (what a
+real exporter serves) unless the Endpoints carry the annotation ``sim.gpucert.io/metrics-path``, a
+template with ``{node}`` (the simulated cluster serves every node's exporter on its own port).
+
+Every target is scraped concurrently, each within its own deadline; one that does not answer, answers
+an error or something unparsable is a problem of its node, returned with the telemetry of the others,
+and contributes no number. A scrape is an instant, so rates (PCIe replays per minute), increases (NVLink
+CRC errors) and slowdown shares need a second scrape ``interval_s`` later; with a single scrape they are
+left out, never guessed. dcgm-exporter refreshes its fields every 30 s by default (``-c 30000``), so an
+interval shorter than that sees little.
+
+The hardware-slowdown share is the thermal-violation counter's share of the interval and, on a GPU whose
+power-brake bit (0x80) was seen, the power-violation counter's: the latter also counts software power
+capping, which without the brake bit is a configuration fault the power-limit gate names, not a slowdown.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from ._common import (
+    CLOCK_EVENT_BITS,
+    HW_SLOWDOWN_BITS,
+    PRESENCE,
+    SIGNALS,
+    XID_COUNT,
+    XID_LAST,
+    Problems,
+    Telemetry,
+    TelemetryError,
+    empty_events,
+    empty_readings,
+    host_of,
+    missing_nodes,
+    to_results,
+)
+
+__all__ = ["EXPORTER_SELECTOR", "METRICS_PATH_ANNOTATION", "ExporterScrape", "ExporterTarget"]
+
+EXPORTER_SELECTOR = "app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter"
+METRICS_PATH_ANNOTATION = "sim.gpucert.io/metrics-path"
+_POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"
+_THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"
+_CLOCKS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+_WANTED = frozenset(
+    {name for s in SIGNALS for name in s.sources} | {XID_COUNT, XID_LAST, PRESENCE, _POWER_VIOLATION}
+)
+#: An exporter of 8 GPUs prints about 100 KB; anything beyond this is not an exporter.
+_MAX_BYTES = 32 << 20
+_PREFERRED_PORTS = ("gpu-metrics", "metrics", "http-metrics")
+_NS = 1e9
+_RAW_COLUMNS = ["node", "gpu", "gpu_uuid", "gpu_model", "name", "xid", "snap", "t", "value"]
+
+
+class _Lister(Protocol):
+    def list_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class ExporterTarget:
+    """One exporter to scrape: the node it runs on (the address's ``nodeName``; its IP when the address
+    names no node, ``node_known`` False, and the series' host label names the node), its URL, and whether
+    the Endpoints list it as ready."""
+
+    node: str
+    url: str
+    ready: bool
+    node_known: bool = True
+
+
+@dataclass(frozen=True)
+class _Scraped:
+    target: ExporterTarget
+    snap: int
+    t: float
+    rows: list[tuple[str, int, str, str, str, str, float]] | None  # node, gpu, uuid, model, name, xid, value
+    problem: str | None
+
+
+class ExporterScrape:
+    """Scrapes every DCGM exporter of the cluster directly (see the module docstring).
+
+    ``kube``: a :class:`gpucert.kube.Kube` (anything with its ``list_objects``). ``namespace``: where the
+    exporter Service lives. ``host_label``: read only for a target without a ``nodeName`` (the
+    Endpoints' node is the name gpucert acts on); None reads ``hostname`` or ``Hostname``.
+    ``timeout_s``: each target's deadline for the whole answer. ``workers``: concurrent scrapes.
+    """
+
+    def __init__(
+        self,
+        kube: _Lister,
+        namespace: str = "gpucert-system",
+        *,
+        label_selector: str = EXPORTER_SELECTOR,
+        host_label: str | None = None,
+        timeout_s: float = 5.0,
+        workers: int = 32,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+        self.kube = kube
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.host_label = host_label
+        self.timeout_s = timeout_s
+        self.workers = max(1, workers)
+
+    def __repr__(self) -> str:
+        return f"ExporterScrape(namespace={self.namespace!r})"
+
+    def targets(self) -> list[ExporterTarget]:
+        """Every exporter address of the labelled Endpoints, ready ones and not, one per URL, by node.
+
+        Raises :class:`TelemetryError` when the Endpoints cannot be listed.
+        """
+        try:
+            endpoints = self.kube.list_objects(
+                "v1", "Endpoints", self.namespace, label_selector=self.label_selector
+            )
+        except Exception as exc:  # KubeError and whatever a duck-typed lister raises: one clear error
+            raise TelemetryError(
+                f"cannot list the DCGM exporters' Endpoints in namespace {self.namespace!r} "
+                f"({self.label_selector}): {exc}"
+            ) from exc
+        found: dict[str, ExporterTarget] = {}
+        for obj in endpoints:
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            template = annotations.get(METRICS_PATH_ANNOTATION) or "/metrics"
+            for subset in obj.get("subsets") or ():
+                port = _port(subset.get("ports") or ())
+                if port is None:
+                    continue
+                for ready, key in ((True, "addresses"), (False, "notReadyAddresses")):
+                    for address in subset.get(key) or ():
+                        ip = str(address.get("ip") or "")
+                        if not ip:
+                            continue
+                        node_name = str(address.get("nodeName") or "")
+                        node = node_name or ip
+                        host = f"[{ip}]" if ":" in ip else ip
+                        path = template.replace("{node}", node)
+                        url = f"http://{host}:{port}{path if path.startswith('/') else '/' + path}"
+                        found.setdefault(url, ExporterTarget(node, url, ready, node_known=bool(node_name)))
+        return sorted(found.values(), key=lambda t: (t.node, t.url))
+
+    def read(
+        self,
+        *,
+        run_id: str,
+        interval_s: float = 60.0,
+        expected_gpus: Mapping[str, int] | None = None,
+    ) -> Telemetry:
+        """Scrape every exporter (twice, ``interval_s`` apart, when ``interval_s`` > 0) and return a
+        :class:`Telemetry`: per GPU the registry's telemetry metrics from the last scrape (and the rates,
+        increases and shares between the two), the XIDs the exporter counted in its last 5 minutes (or a
+        change of the last-XID gauge between the scrapes), per node ``gpu_count`` and, for the nodes in
+        ``expected_gpus``, ``gpu_count_expected``. A target that failed is a problem of its node; an
+        expected node with no target at all is one too.
+
+        Raises :class:`TelemetryError` when the Endpoints cannot be listed or prometheus-client (the
+        parser) is missing, ``ValueError`` for a negative interval.
+        """
+        if interval_s < 0:
+            raise ValueError(f"interval_s must be 0 or more, not {interval_s!r}")
+        parse = _parser()
+        targets = self.targets()
+        notes: list[str] = []
+        if not targets:
+            notes.append(f"no DCGM exporter listed in namespace {self.namespace!r} ({self.label_selector})")
+        rounds = [self._scrape_all(targets, 0, parse)]
+        if interval_s > 0 and targets:
+            time.sleep(interval_s)
+            rounds.append(self._scrape_all(targets, 1, parse))
+        else:
+            notes.append(
+                "a single scrape: PCIe replay rates, NVLink CRC increases and slowdown shares need two"
+            )
+
+        problems = Problems()
+        raw_rows: list[tuple[str, int, str, str, str, str, int, float, float]] = []
+        for scraped in (s for r in rounds for s in r):
+            if scraped.rows is None:
+                continue
+            raw_rows += [(*row[:6], scraped.snap, scraped.t, row[6]) for row in scraped.rows]
+        for target in targets:
+            failures = [s for r in rounds for s in r if s.target == target and s.problem is not None]
+            if not failures:
+                continue
+            state = "" if target.ready else " (listed not ready)"
+            if len(failures) == len(rounds):
+                problems.add(target.node, f"exporter {target.url}{state}: {failures[0].problem}")
+            else:
+                problems.add(
+                    target.node,
+                    f"exporter {target.url}{state} failed one of two scrapes ({failures[0].problem}): "
+                    "rates and shares unknown",
+                )
+        raw = pd.DataFrame(raw_rows, columns=_RAW_COLUMNS)
+        end_t = max((s.t for r in rounds for s in r if s.rows is not None), default=time.time())
+        start_t = (
+            min((s.t for s in rounds[0] if s.rows is not None), default=None) if len(rounds) > 1 else None
+        )
+        last = (
+            raw.groupby(["node", "gpu", "gpu_uuid"])["snap"].transform("max") == raw["snap"]
+            if len(raw)
+            else None
+        )
+        present = (
+            raw[last][["node", "gpu", "gpu_uuid"]].drop_duplicates().astype({"gpu": np.int64})
+            if last is not None
+            else pd.DataFrame({"node": [], "gpu": pd.Series(dtype=np.int64), "gpu_uuid": []})
+        )
+        end = datetime.fromtimestamp(end_t, UTC)
+        results = to_results(
+            _reduce(raw),
+            _events(raw),
+            run_id=run_id,
+            ts=end,
+            present=present,
+            expected_gpus=expected_gpus,
+            problems=problems,
+            source=f"the DCGM exporters of {self.namespace}",
+        )
+        listed = {t.node for t in targets}
+        for node in missing_nodes(expected_gpus or {}, results["node"].astype(str).unique()):
+            if node not in listed:
+                problems.add(node, "no DCGM exporter address for this node in the Endpoints")
+        return Telemetry(
+            results=results,
+            problems=problems.as_dict(),
+            notes=tuple(dict.fromkeys(notes)),
+            start=datetime.fromtimestamp(start_t, UTC) if start_t is not None else None,
+            end=end,
+            source=f"DCGM exporters in {self.namespace}",
+        )
+
+    # --- scraping ------------------------------------------------------------------------------------
+
+    def _scrape_all(self, targets: Sequence[ExporterTarget], snap: int, parse: Any) -> list[_Scraped]:
+        if not targets:
+            return []
+        with ThreadPoolExecutor(
+            max_workers=min(self.workers, len(targets)), thread_name_prefix="gpucert-scrape"
+        ) as pool:
+            return list(pool.map(lambda t: self._scrape(t, snap, parse), targets))
+
+    def _scrape(self, target: ExporterTarget, snap: int, parse: Any) -> _Scraped:
+        t = time.time()
+
+        def failed(problem: str) -> _Scraped:
+            return _Scraped(target, snap, t, None, problem)
+
+        try:
+            text = _fetch(target.url, self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            return failed(f"answered HTTP {exc.code} {exc.reason}")
+        except TimeoutError:
+            return failed(f"no complete answer within {self.timeout_s:g} s")
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                return failed(f"no complete answer within {self.timeout_s:g} s")
+            return failed(f"unreachable: {_reason(exc.reason)}")
+        except ValueError as exc:
+            return failed(f"answered {exc}: not an exporter")
+        except OSError as exc:
+            return failed(f"unreachable: {_reason(exc)}")
+        try:
+            rows = self._parse(text, target, parse)
+        except ValueError as exc:
+            return failed(f"answered text that is not Prometheus exposition: {exc}")
+        if not rows:
+            return failed("answered no DCGM GPU series")
+        return _Scraped(target, snap, t, rows, None)
+
+    def _parse(
+        self, text: str, target: ExporterTarget, parse: Any
+    ) -> list[tuple[str, int, str, str, str, str, float]]:
+        rows = []
+        named = target.node if target.node_known else None
+        for family in parse(text):
+            if family.name not in _WANTED:
+                continue
+            for sample in family.samples:
+                # The parser names counter samples ``<name>_total``; DCGM's names carry no suffix.
+                if sample.name not in (family.name, family.name + "_total"):
+                    continue
+                labels = sample.labels
+                gpu, uuid = labels.get("gpu", ""), labels.get("UUID", "")
+                node = named or host_of(labels, self.host_label)
+                if not gpu.isdigit() or not uuid or node is None:
+                    continue
+                value = float(sample.value)
+                if np.isfinite(value):
+                    rows.append(
+                        (node, int(gpu), uuid, labels.get("modelName") or "unknown", family.name,
+                         labels.get("xid", ""), value)
+                    )  # fmt: skip
+        return rows
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+
+def _parser() -> Any:
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError as exc:  # a test dependency in pyproject; needed here only without Prometheus
+        raise TelemetryError(
+            "scraping the DCGM exporters needs prometheus-client (pip install prometheus-client)"
+        ) from exc
+    return text_string_to_metric_families
+
+
+def _port(ports: Sequence[Mapping[str, Any]]) -> int | None:
+    for name in _PREFERRED_PORTS:
+        for port in ports:
+            if port.get("name") == name and port.get("port"):
+                return int(port["port"])
+    for port in ports:
+        if port.get("port") and (port.get("protocol") or "TCP") == "TCP":
+            return int(port["port"])
+    return None
+
+
+def _fetch(url: str, timeout_s: float) -> str:
+    """The body at ``url`` within ``timeout_s`` for the whole answer (a socket timeout alone is per read)."""
+    deadline = time.monotonic() + timeout_s
+    request = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "gpucert-telemetry"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            chunk = response.read(1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > _MAX_BYTES:
+                raise ValueError(f"more than {_MAX_BYTES >> 20} MiB")
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, TimeoutError):
+        return "connection timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror.lower()
+    return str(reason) or type(reason).__name__
+
+
+_GPU = ["node", "gpu", "gpu_uuid", "gpu_model"]
+
+
+def _reduce(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU and signal, one value from the (one or two) scrapes; vectorised over the fleet."""
+    if raw.empty:
+        return empty_readings()
+    parts: list[pd.DataFrame] = []
+    for signal in SIGNALS:
+        if signal.reduce == "hw_share":
+            parts.append(_hw_share(raw))
+            continue
+        sub = _preferred_source(raw, signal.sources)
+        if sub.empty:
+            continue
+        grouped = sub.groupby(_GPU, sort=False)
+        if signal.reduce in ("max", "min"):
+            values = getattr(grouped["value"], signal.reduce)()
+        elif signal.reduce == "last":
+            values = sub.sort_values("snap", kind="stable").groupby(_GPU, sort=False)["value"].last()
+        elif signal.reduce == "bits_or":
+            ints = sub["value"].to_numpy(dtype=np.int64)
+            values = sum(
+                (
+                    sub.assign(value=(ints & bit) > 0)
+                    .groupby(_GPU, sort=False)["value"]
+                    .max()
+                    .astype(np.int64)
+                    * bit
+                )
+                for bit in CLOCK_EVENT_BITS
+            )
+        else:
+            delta = _deltas(sub)
+            if delta.empty:
+                continue
+            values = (
+                delta["increase"] if signal.reduce == "increase" else delta["increase"] / delta["dt"] * 60
+            )
+        parts.append(values.rename("value").reset_index().assign(metric=signal.metric))
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty_readings()
+    return pd.concat(parts, ignore_index=True)[["node", "gpu", "gpu_uuid", "gpu_model", "metric", "value"]]
+
+
+def _preferred_source(raw: pd.DataFrame, sources: Sequence[str]) -> pd.DataFrame:
+    """The rows of the first of ``sources`` each GPU has."""
+    sub = raw[raw["name"].isin(sources)]
+    if len(sources) == 1 or sub.empty:
+        return sub
+    rank = sub["name"].map({name: i for i, name in enumerate(sources)})
+    best = rank.groupby([sub[c] for c in _GPU], sort=False).transform("min")
+    return sub[rank == best]
+
+
+def _both(sub: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU seen in both scrapes: ``v0``, ``v1`` (the values) and ``t0``, ``t1`` (when), GPU-indexed."""
+    first = sub[sub["snap"] == 0].groupby(_GPU, sort=False)[["value", "t"]].max()
+    second = sub[sub["snap"] == 1].groupby(_GPU, sort=False)[["value", "t"]].max()
+    return first.set_axis(["v0", "t0"], axis=1).join(second.set_axis(["v1", "t1"], axis=1), how="inner")
+
+
+def _deltas(sub: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU with both scrapes: the counter's increase (a decrease is a reset: the new value) and dt."""
+    both = _both(sub)
+    increase = both["v1"].where(both["v1"] < both["v0"], both["v1"] - both["v0"])
+    out = pd.DataFrame({"increase": increase, "dt": both["t1"] - both["t0"]})
+    return out[out["dt"] > 0]
+
+
+def _hw_share(raw: pd.DataFrame) -> pd.DataFrame:
+    """Share of the interval with a hardware slowdown (see the module docstring)."""
+    thermal = _deltas(raw[raw["name"] == _THERMAL_VIOLATION])
+    shares = [thermal["increase"] / _NS / thermal["dt"]] if len(thermal) else []
+    clocks = raw[raw["name"] == _CLOCKS]
+    if len(clocks):
+        braked = ((clocks["value"].to_numpy(dtype=np.int64) & 0x080) > 0) & (
+            (clocks["value"].to_numpy(dtype=np.int64) & HW_SLOWDOWN_BITS) > 0
+        )
+        brake_gpus = clocks[braked][_GPU].drop_duplicates()
+        power = raw[raw["name"] == _POWER_VIOLATION].merge(brake_gpus, on=_GPU, how="inner")
+        power_delta = _deltas(power)
+        if len(power_delta):
+            shares.append(power_delta["increase"] / _NS / power_delta["dt"])
+    if not shares:
+        return empty_readings()
+    share = pd.concat(shares).groupby(level=list(range(len(_GPU)))).max().clip(0.0, 1.0)
+    share.index.names = _GPU
+    return share.rename("value").reset_index().assign(metric="hw_slowdown_frac")
+
+
+def _events(raw: pd.DataFrame) -> pd.DataFrame:
+    """XIDs: the exporter's counts of its last window (last scrape), or the last-XID gauge's change."""
+    if raw.empty:
+        return empty_events()
+    last_snap = raw.groupby(_GPU)["snap"].transform("max") == raw["snap"]
+    counted = raw[last_snap & (raw["name"] == XID_COUNT) & (raw["value"] > 0) & raw["xid"].str.isdigit()]
+    parts = []
+    if len(counted):
+        parts.append(
+            pd.DataFrame(
+                {
+                    **{c: counted[c].to_numpy() for c in _GPU},
+                    "xid": counted["xid"].astype(np.int64).to_numpy(),
+                    "count": np.rint(counted["value"].to_numpy()).astype(np.int64),
+                    "ts": pd.to_datetime(counted["t"].to_numpy(), unit="s", utc=True),
+                }
+            )
+        )
+    both = _both(raw[raw["name"] == XID_LAST])
+    changed = both[(both["v1"] != both["v0"]) & (both["v1"] > 0)].reset_index()
+    changed = changed[~changed["gpu_uuid"].isin(set(counted["gpu_uuid"]))]
+    if len(changed):
+        parts.append(
+            pd.DataFrame(
+                {
+                    **{c: changed[c].to_numpy() for c in _GPU},
+                    "xid": changed["v1"].astype(np.int64).to_numpy(),
+                    "count": 1,
+                    "ts": pd.to_datetime(changed["t1"].to_numpy(), unit="s", utc=True),
+                }
+            )
+        )
+    if not parts:
+        return empty_events()
+    return pd.concat(parts, ignore_index=True)

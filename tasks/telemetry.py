@@ -1,0 +1,69 @@
+"""operate's watch between certifications: passive telemetry judged by the gates, slow drift on each
+GPU's own history. Both only *ask* for re-certification; neither taints anything by itself."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pandas as pd
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from gpucert.kube import Kube
+from gpucert.policy import Policy
+from gpucert.store import BaselineStore, empty_baseline
+from gpucert.telemetry import ExporterScrape, PrometheusSource, drift_alarms, history_from_store
+from gpucert.verdict import judge
+
+__all__ = ["drift_check", "telemetry_check"]
+
+
+def _baseline(store: BaselineStore) -> pd.DataFrame:
+    current = store.current_version()
+    return store.read(current) if current is not None else empty_baseline()
+
+
+@task(name="telemetry", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
+def telemetry_check(
+    kube: Kube,
+    store: BaselineStore,
+    *,
+    run_id: str,
+    namespace: str,
+    prometheus_url: str | None,
+    since_h: float,
+    scrape_interval_s: float,
+    policy: Policy,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Read the DCGM telemetry of the last ``since_h`` hours (Prometheus when configured, else the
+    exporters scraped directly) and judge it by the gates; returns node → why it should be re-certified,
+    and node → why its telemetry could not be read."""
+    if prometheus_url:
+        now = datetime.now(UTC)
+        telemetry = PrometheusSource(prometheus_url).read(now - timedelta(hours=since_h), now, run_id=run_id)
+    else:
+        telemetry = ExporterScrape(kube, namespace).read(run_id=run_id, interval_s=scrape_interval_s)
+    asked: dict[str, str] = {}
+    if len(telemetry.results):
+        verdicts = judge(telemetry.results, _baseline(store), policy)
+        flagged = verdicts[verdicts["verdict"].isin(["fail", "warn"]) & verdicts["node"].notna()]
+        for node, rows in flagged.groupby("node", observed=True, sort=True):
+            first = rows.iloc[0]
+            asked[str(node)] = f"telemetry: {str(first['reasons']).split(';')[0]}"
+    log = get_run_logger()
+    log.info("telemetry (%s): %d nodes asked for re-certification, %d unreadable",
+             telemetry.source, len(asked), len(telemetry.problems))  # fmt: skip
+    return asked, dict(telemetry.problems)
+
+
+@task(name="drift", cache_policy=NO_CACHE)
+def drift_check(store: BaselineStore, policy: Policy) -> dict[str, str]:
+    """CUSUM over each GPU's own history of runs; returns node → why it should be re-certified."""
+    history = history_from_store(store)
+    if history.empty:
+        return {}
+    alarms = drift_alarms(history, _baseline(store), method="cusum", policy=policy)
+    asked: dict[str, str] = {}
+    for row in alarms.itertuples(index=False):  # alarms are few: one line per alarmed series
+        asked.setdefault(str(row.node), f"drift: {row.reason}")
+    return asked

@@ -112,3 +112,29 @@ def test_a_bad_parameter_type_is_refused(api_url: str, deployed: tuple[SimCluste
     answer = httpx.post(f"{api_url}/deployments/{deployment}/create_flow_run",
                         json={"parameters": {"node": ["not", "a", "name"]}}, timeout=10)  # fmt: skip
     assert answer.status_code == 409
+
+
+def test_a_node_joined_event_starts_an_onboarding_run(
+    api_url: str, deployed: tuple[SimCluster, dict[str, str]]
+) -> None:
+    """``gpucert watch-nodes`` reports the join as a gpucert.node.joined event; the deployment's trigger
+    (prefect.yaml) starts onboard-node for it, which admits the node."""
+    sim, env = deployed
+    [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
+    watcher = subprocess.run(
+        [str(Path(sys.executable).with_name("gpucert")), "watch-nodes", "--once",
+         "--kubeconfig", str(sim.kubeconfig_path)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert watcher.returncode == 0, watcher.stderr
+    assert f"gpucert.node.joined {new}" in watcher.stdout
+    kube = connect(sim.kubeconfig_path)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        node = kube.get("v1", "Node", new)
+        if node["metadata"].get("labels", {}).get("gpucert.io/state") == "certified" and not [
+            t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")
+        ]:
+            return
+        time.sleep(2)
+    pytest.fail(f"{new} was not onboarded after its gpucert.node.joined event")

@@ -63,9 +63,8 @@ async def certify(
 ) -> dict[str, Any]:
     """Benchmark, judge and mark the cluster's GPU nodes (all, or ``nodes``); returns what was found/done.
 
-    ``store`` defaults to ``$GPUCERT_STORE`` (else ``./gpucert-store``); ``observe_only`` overrides
-    the policy's;
-    ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…`` ones);
+    ``store`` defaults to ``$GPUCERT_STORE`` (else ``./gpucert-store``); ``observe_only`` overrides the
+    policy's; ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…``);
     ``ticketing`` defaults to local tickets in a ``file://`` store's folder (none for an S3 store).
     """
     log = get_run_logger()

@@ -26,7 +26,7 @@ types: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 
 bench: $(STAMP)         ## detection quality and compare speed: figures, not pass/fail
 	$(BIN)/python benchmarks/detection.py

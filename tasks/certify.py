@@ -7,7 +7,6 @@ the run's key, as DESIGN.md asks ("data crosses tasks as small values or store k
 from __future__ import annotations
 
 import contextlib
-import io
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,18 +21,21 @@ from gpucert.certify import (
     NodeDecision,
     apply_decision,
     busy_nodes,
+    choose_nodes,
     decide_nodes,
     delete_jobs,
     job_failure_verdicts,
     orphaned_jobs,
     payload_configmap,
+    read_run_results,
     run_wave,
     update_baselines,
+    write_run_table,
 )
 from gpucert.kube import Kube
 from gpucert.policy import Policy
 from gpucert.results import parse_results
-from gpucert.store import BaselineStore, empty_baseline
+from gpucert.store import BaselineStore
 from gpucert.verdict import judge
 
 from ._retry import kube_task
@@ -57,8 +59,6 @@ def select_nodes(
     kube: Kube, selector: str, asked: Sequence[str] | None, *, include_busy: bool, prefix: str
 ) -> tuple[dict[str, int], dict[str, str]]:
     """The nodes to benchmark (node → GPUs it advertises) and node → why each other one is skipped."""
-    from gpucert.certify import choose_nodes
-
     nodes = {n["metadata"]["name"]: n for n in kube.nodes(selector)}
     busy = busy_nodes(kube, prefix=prefix) if not include_busy else {}
     chosen, skipped = choose_nodes(sorted(nodes), asked, busy, include_busy=include_busy)
@@ -90,11 +90,6 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
         )
         delete_jobs(kube, settings, orphans)
     return stored
-
-
-def _stored_results(store: BaselineStore, run_id: str, day: datetime) -> pd.DataFrame:
-    data = store.read_run_file(run_id, day.date(), "results.parquet")
-    return parse_results(pd.read_parquet(io.BytesIO(data)), f"results of run {run_id}")
 
 
 async def _limit_exists() -> bool:
@@ -138,9 +133,7 @@ async def benchmark(
     frame = wave.frame()
     key = None
     if frame is not None:
-        buffer = io.BytesIO()
-        frame.to_parquet(buffer, index=False)
-        key = store.write_run_file(run_id, day.date(), "results.parquet", buffer.getvalue())
+        key = write_run_table(store, run_id, day.date(), "results.parquet", frame)
     failed = {n: (r.reason, r.message) for n, r in wave.failed().items()}
     get_run_logger().info(
         "%s: %d nodes measured, %d without results%s", run_id, len(nodes) - len(failed), len(failed),
@@ -168,24 +161,20 @@ def judge_wave(
     """
     parts = [job_failure_verdicts(run_id, failed)]
     if len(failed) < len(nodes):
-        results = _stored_results(store, run_id, day)
+        results = read_run_results(store, run_id, day.date())
         if cohort_run is not None:
-            cohort = _stored_results(store, cohort_run, day)
+            cohort = read_run_results(store, cohort_run, day.date())
             cohort = cohort[~cohort["node"].isin(list(nodes))].assign(run_id=run_id)
             results = parse_results(
                 pd.concat([results, cohort], ignore_index=True), f"results of run {run_id}"
             )
-        current = store.current_version()
-        baseline = store.read(current) if current is not None else empty_baseline()
-        judged = judge(results, baseline, policy)
+        judged = judge(results, store.read(), policy)
         if cohort_run is not None:
             judged = judged[judged["node"].isin(list(nodes)) | judged["node"].isna()]
         parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]
-    buffer = io.BytesIO()
-    verdicts.to_parquet(buffer, index=False)
-    store.write_run_file(run_id, day.date(), "verdicts.parquet", buffer.getvalue())
+    write_run_table(store, run_id, day.date(), "verdicts.parquet", verdicts)
     return decide_nodes(verdicts, nodes)
 
 
@@ -230,5 +219,5 @@ def keep_baselines(
 ) -> tuple[str, list[str]]:
     """Merge the run's passing results into a new baseline version; returns it and the nodes re-seeded
     after a driver change."""
-    results = _stored_results(store, run_id, day)
+    results = read_run_results(store, run_id, day.date())
     return update_baselines(store, results, stacks, policy, run_id=run_id)

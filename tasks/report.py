@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -11,9 +10,9 @@ from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from gpucert.certify import read_run_results, read_run_verdicts
 from gpucert.errors import StoreError
 from gpucert.report import render_html, summary_markdown, verdict_rows
-from gpucert.results import parse_results
 from gpucert.store import BaselineStore
 
 __all__ = ["publish_report"]
@@ -35,10 +34,9 @@ def publish_report(
 ) -> str:
     """Render and store ``report.html`` for the run, publish the verdict table, the markdown summary and a
     link to the report; returns the report's URI."""
-    verdicts = pd.read_parquet(io.BytesIO(store.read_run_file(run_id, day.date(), "verdicts.parquet")))
+    verdicts = read_run_verdicts(store, run_id, day.date())
     try:
-        raw = store.read_run_file(run_id, day.date(), "results.parquet")
-        results = parse_results(pd.read_parquet(io.BytesIO(raw)), f"results of run {run_id}")
+        results = read_run_results(store, run_id, day.date())
     except StoreError:  # no node produced results (no results.parquet): the report still shows why
         results = None
     current = store.current_version()

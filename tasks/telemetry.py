@@ -5,22 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.kube import Kube
 from gpucert.policy import Policy
-from gpucert.store import BaselineStore, empty_baseline
+from gpucert.store import BaselineStore
 from gpucert.telemetry import ExporterScrape, PrometheusSource, drift_alarms, history_from_store
 from gpucert.verdict import judge
 
 __all__ = ["drift_check", "telemetry_check"]
-
-
-def _baseline(store: BaselineStore) -> pd.DataFrame:
-    current = store.current_version()
-    return store.read(current) if current is not None else empty_baseline()
 
 
 @task(name="telemetry", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
@@ -45,7 +39,7 @@ def telemetry_check(
         telemetry = ExporterScrape(kube, namespace).read(run_id=run_id, interval_s=scrape_interval_s)
     asked: dict[str, str] = {}
     if len(telemetry.results):
-        verdicts = judge(telemetry.results, _baseline(store), policy)
+        verdicts = judge(telemetry.results, store.read(), policy)
         flagged = verdicts[verdicts["verdict"].isin(["fail", "warn"]) & verdicts["node"].notna()]
         for node, rows in flagged.groupby("node", observed=True, sort=True):
             first = rows.iloc[0]
@@ -62,7 +56,7 @@ def drift_check(store: BaselineStore, policy: Policy) -> dict[str, str]:
     history = history_from_store(store)
     if history.empty:
         return {}
-    alarms = drift_alarms(history, _baseline(store), method="cusum", policy=policy)
+    alarms = drift_alarms(history, store.read(), method="cusum", policy=policy)
     asked: dict[str, str] = {}
     for row in alarms.itertuples(index=False):  # alarms are few: one line per alarmed series
         asked.setdefault(str(row.node), f"drift: {row.reason}")

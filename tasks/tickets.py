@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert.certify import read_run_results, read_run_verdicts
 from gpucert.errors import StoreError
-from gpucert.results import parse_results
 from gpucert.store import BaselineStore
 from gpucert.tickets import RunEvidence, TicketBackend, reconcile
 
@@ -37,13 +35,12 @@ def ticket_run(
     its rows still do not pass, so they resolve nothing either; passing rows resolve the open tickets of
     what they cover.
     """
-    verdicts = pd.read_parquet(io.BytesIO(store.read_run_file(run_id, day.date(), "verdicts.parquet")))
+    verdicts = read_run_verdicts(store, run_id, day.date())
     if unconfirmed:
         guess = verdicts["node"].isin(list(unconfirmed)) & (verdicts["verdict"] == "fail")
         verdicts = verdicts.assign(ticket=verdicts["ticket"].where(~guess, "none"))
     try:
-        raw = store.read_run_file(run_id, day.date(), "results.parquet")
-        results = parse_results(pd.read_parquet(io.BytesIO(raw)), f"results of run {run_id}")
+        results = read_run_results(store, run_id, day.date())
     except StoreError:
         results = None
     evidence = RunEvidence(report=report, stacks=stacks, results=results)

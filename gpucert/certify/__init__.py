@@ -45,7 +45,15 @@ from ._jobs import (
 )
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
-from ._record import common_stack, job_failure_verdicts, stack_changed_nodes, update_baselines
+from ._record import (
+    common_stack,
+    job_failure_verdicts,
+    read_run_results,
+    read_run_verdicts,
+    stack_changed_nodes,
+    update_baselines,
+    write_run_table,
+)
 from ._select import busy_nodes, choose_nodes
 from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave
 
@@ -99,8 +107,11 @@ __all__ = [
     "payload_items",
     "payload_key",
     "payload_path",
+    "read_run_results",
+    "read_run_verdicts",
     "run_wave",
     "stack_changed_nodes",
     "tally",
     "update_baselines",
+    "write_run_table",
 ]

@@ -36,7 +36,15 @@ import jinja2
 from .._templates import yaml_environment
 from ..errors import GpucertError
 from ..kube import Kube, KubeConflict
-from ..stack import STACK_NAMESPACE, StackRenderError, check_label_prefix, load_manifests
+from ..stack import (
+    STACK_NAMESPACE,
+    StackRenderError,
+    check_label_prefix,
+    dns_label_ok,
+    dns_subdomain_ok,
+    label_value_ok,
+    load_manifests,
+)
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 
 __all__ = [
@@ -72,9 +80,6 @@ PAYLOAD_DIR = "/opt/gpucert"
 JOB_TEMPLATE = "certify/benchmark-job.yaml.j2"
 PAYLOAD_TEMPLATE = "certify/payload-configmap.yaml.j2"
 
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _KEY_WORD = re.compile(r"[-_a-zA-Z0-9]+")
 _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 #: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
@@ -122,7 +127,7 @@ class BenchmarkSettings:
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not _DNS_LABEL.fullmatch(self.namespace):
+        if not dns_label_ok(self.namespace):
             raise ValueError(f"namespace {self.namespace!r} is not a DNS label")
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"image {self.image!r} is not an image reference")
@@ -134,7 +139,7 @@ class BenchmarkSettings:
         if self.ttl_s < 0:
             raise ValueError(f"ttl_s must be 0 or more, not {self.ttl_s}")
         if self.priority_class is not None and (
-            len(self.priority_class) > 253 or not _DNS_SUBDOMAIN.fullmatch(self.priority_class)
+            not dns_subdomain_ok(self.priority_class)
         ):
             raise ValueError(f"priority class {self.priority_class!r} is not a DNS subdomain")
         for arg in self.extra_args:
@@ -151,7 +156,7 @@ class BenchmarkSettings:
 
 
 def _check_run_id(run_id: str) -> None:
-    if not _DNS_LABEL.fullmatch(run_id):
+    if not dns_label_ok(run_id):
         raise ValueError(
             f"run id {run_id!r} is not a DNS label (at most 63 characters of a-z, 0-9 and '-', "
             "starting and ending with a letter or digit)"
@@ -174,16 +179,12 @@ def job_name(run_id: str, node: str) -> str:
     return f"{head}-{digest}"
 
 
-def _label_value_ok(value: str) -> bool:
-    return len(value) <= 63 and bool(_LABEL_VALUE.fullmatch(value))
-
-
 def job_labels(run_id: str, node: str, label_prefix: str = DEFAULT_LABEL_PREFIX) -> dict[str, str]:
     """The labels of a benchmark Job and its pods: gpucert's, ``<prefix>/run-id`` and, when the node's
     name is a valid label value, ``<prefix>/node``. Raises ``ValueError`` for a bad run id."""
     _check_run_id(run_id)
     labels = {**COMMON_LABELS, f"{label_prefix}/run-id": run_id}
-    if _label_value_ok(node):
+    if label_value_ok(node):
         labels[f"{label_prefix}/node"] = node
     return labels
 
@@ -338,7 +339,7 @@ def benchmark_job(
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"a benchmark Job requests at least 1 GPU, not {gpus!r}")
     payload_name = str((payload.get("metadata") or {}).get("name") or "")
-    if len(payload_name) > 253 or not _DNS_SUBDOMAIN.fullmatch(payload_name):
+    if not dns_subdomain_ok(payload_name):
         raise ValueError(f"payload ConfigMap name {payload_name!r} is not a DNS subdomain")
     items = payload_items(payload)
     labels = job_labels(run_id, node, s.label_prefix)

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import GpucertError, ResultsError
-from ..kube import Kube, KubeConflict, KubeNotFound
+from ..kube import Kube, KubeConflict
 from ._collect import CollectedResults, collect_results
 from ._jobs import BenchmarkSettings, benchmark_job, job_name
 from ._outcome import JobOutcome, abandon, observe
@@ -175,8 +175,4 @@ async def run_wave(
 
 def delete_jobs(kube: Kube, settings: BenchmarkSettings, names: Sequence[str]) -> int:
     """Delete these Jobs (and their pods, in the background); returns how many were there."""
-    deleted = 0
-    for name in names:
-        with contextlib.suppress(KubeNotFound):
-            deleted += kube.delete("batch/v1", "Job", name, settings.namespace)
-    return deleted
+    return sum(kube.delete("batch/v1", "Job", name, settings.namespace) for name in names)

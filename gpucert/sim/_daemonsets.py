@@ -41,6 +41,7 @@ from ._objects import (
     PODS,
     Key,
     controlling_owner,
+    delete_owned_pod,
     deleting,
     key_of,
     owner_ref,
@@ -254,12 +255,7 @@ class DaemonSetController:
         return pod
 
     def _delete(self, ds: Obj, pod: Obj) -> None:
-        meta = pod["metadata"]
-        if self.store.get(PODS, meta.get("namespace"), meta["name"]) is not None:
-            self.store.delete(PODS, meta.get("namespace"), meta["name"])
-            record_event(
-                self.store, ds, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}", _COMPONENT
-            )
+        delete_owned_pod(self.store, ds, pod, _COMPONENT)
 
 
 def _revision(pod: Obj) -> str | None:

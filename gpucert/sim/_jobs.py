@@ -34,6 +34,7 @@ from ._objects import (
     PODS,
     Key,
     controlling_owner,
+    delete_owned_pod,
     deleting,
     key_of,
     owner_ref,
@@ -210,12 +211,7 @@ class JobController:
         return pod
 
     def _delete_pod(self, job: Obj, pod: Obj) -> None:
-        meta = pod["metadata"]
-        if self.store.get(PODS, meta.get("namespace"), meta["name"]) is not None:
-            self.store.delete(PODS, meta.get("namespace"), meta["name"])
-            record_event(
-                self.store, job, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}", _COMPONENT
-            )
+        delete_owned_pod(self.store, job, pod, _COMPONENT)
 
     def _write(
         self,

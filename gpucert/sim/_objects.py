@@ -23,6 +23,7 @@ __all__ = [
     "Key",
     "controller_ref",
     "controlling_owner",
+    "delete_owned_pod",
     "deleting",
     "key_of",
     "node_ready",
@@ -174,3 +175,12 @@ def record_event(store: Store, involved: Obj, kind: str, reason: str, message: s
             "count": 1,
         },
     )
+
+
+def delete_owned_pod(store: Store, owner: Obj, pod: Obj, component: str) -> None:
+    """Delete a controller's pod (if still there) and record ``SuccessfulDelete`` on the owner, as the
+    Job and DaemonSet controllers do."""
+    meta = pod["metadata"]
+    if store.get(PODS, meta.get("namespace"), meta["name"]) is not None:
+        store.delete(PODS, meta.get("namespace"), meta["name"])
+        record_event(store, owner, "Normal", "SuccessfulDelete", f"Deleted pod: {meta['name']}", component)

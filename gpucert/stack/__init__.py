@@ -18,7 +18,16 @@ from __future__ import annotations
 from ..errors import MatrixError, StackConflict, StackNotReady
 from ._drift import Drift, find_drift
 from ._inventory import DEFAULT_GPU_SELECTOR, node_info, pick_targets, take_inventory
-from ._labels import check_label_prefix, driver_label, release_label, stack_label, version_label
+from ._labels import (
+    check_label_prefix,
+    dns_label_ok,
+    dns_subdomain_ok,
+    driver_label,
+    label_value_ok,
+    release_label,
+    stack_label,
+    version_label,
+)
 from ._matrix import (
     RELEASE_COMPONENTS,
     ComponentPin,
@@ -79,10 +88,13 @@ __all__ = [
     "component_targets",
     "desired_target_labels",
     "desired_version_labels",
+    "dns_label_ok",
+    "dns_subdomain_ok",
     "driver_label",
     "find_drift",
     "gpu_shortfall",
     "label_nodes",
+    "label_value_ok",
     "load_manifests",
     "load_matrix",
     "node_info",

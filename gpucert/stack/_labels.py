@@ -26,6 +26,8 @@ __all__ = [
     "GPU_PRODUCT",
     "MANAGED",
     "check_label_prefix",
+    "dns_label_ok",
+    "dns_subdomain_ok",
     "driver_label",
     "label_value_ok",
     "release_label",
@@ -42,13 +44,24 @@ DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", 
 PRE_INSTALLED = "pre-installed"
 MANAGED = "managed"
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
+def dns_label_ok(value: str) -> bool:
+    """Whether ``value`` is a DNS label (≤ 63 characters of ``a-z0-9-``): a namespace, a run id, a Job name."""
+    return bool(_DNS_LABEL.match(value))
+
+
+def dns_subdomain_ok(value: str) -> bool:
+    """Whether ``value`` is a DNS subdomain (≤ 253 characters): most object names, a label prefix."""
+    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
 def check_label_prefix(prefix: str) -> str:
     """``prefix`` when it is a valid label prefix (a DNS subdomain of ≤ 253 characters), else ``ValueError``."""
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+    if not dns_subdomain_ok(prefix):
         raise ValueError(f"label prefix {prefix!r} is not a DNS subdomain (lower-case a-z, 0-9, '-' and '.')")
     return prefix
 

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import StackConflict
+from ._labels import dns_label_ok
 from ._matrix import RELEASE_COMPONENTS, Matrix, Release, driver_key, model_key
 from ._model import COMPONENTS, DriverVariant, NodeInfo, StackPlan, StackRequest
 
@@ -47,7 +48,6 @@ _UBUNTU = re.compile(r"^Ubuntu (\d{2}\.\d{2})(?:\.\d+)?(?:\s|$)")
 _RHEL = re.compile(r"^Red Hat Enterprise Linux (?:Server )?(\d{1,2}\.\d{1,2})(?:\s|$)")
 _ROCKY = re.compile(r"^Rocky Linux (\d{1,2}\.\d{1,2})(?:\s|$)")
 _REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def os_tag(os_image: str) -> str | None:
@@ -416,7 +416,7 @@ class _Planner:
                 )
                 continue
             variant_id = f"{decision.version}-{facts.os_tag}".replace(".", "-")
-            if not _DNS_LABEL.match(variant_id):  # pragma: no cover - the patterns above make it one
+            if not dns_label_ok(variant_id):  # pragma: no cover - the patterns above make it one
                 raise AssertionError(f"driver variant id {variant_id!r} is not a DNS label")
             if variant_id not in variants:
                 variants[variant_id] = DriverVariant(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from yaml.nodes import MappingNode, Node
 
 from .._templates import template_dir, yaml_environment
 from ..errors import GpucertError
-from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, driver_label, stack_label
+from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, dns_label_ok, driver_label, stack_label
 from ._model import COMPONENTS, DriverVariant, Manifest, StackPlan
 
 __all__ = [
@@ -82,7 +81,6 @@ _MAIN_CONTAINER: Mapping[str, str] = {
     "gpu-feature-discovery": "gpu-feature-discovery",
 }
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class StackRenderError(GpucertError):
@@ -319,7 +317,7 @@ def render_stack(plan: StackPlan) -> list[Manifest]:
     """
     for variant in plan.drivers:
         # The id is a DaemonSet name suffix and a label value: a DNS label, which the planner promises.
-        if not _DNS_LABEL.match(variant.id) or len(f"nvidia-driver-{variant.id}") > 63:
+        if not dns_label_ok(variant.id) or len(f"nvidia-driver-{variant.id}") > 63:
             raise StackRenderError(f"{TEMPLATES['driver']}: driver variant id {variant.id!r} is not a DNS label")
     common = dict(COMMON_LABELS)
     manifests: list[Manifest] = []

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpucert.store import BaselineStore as Store
-from gpucert.store import S3ObjectStore, open_store
+from gpucert.store import S3ObjectStore, StoreURIError, check_public_url, open_store
 
 __all__ = ["BaselineStore"]
 
@@ -20,13 +20,15 @@ class BaselineStore(Block):
 
     ``uri`` is ``file:///path`` (the embedded default) or ``s3://bucket/prefix``; for S3 the credentials
     come from prefect-aws' ``AwsCredentials`` block when set (else boto3's own chain) and
-    ``endpoint_url`` names an S3-compatible server.
+    ``endpoint_url`` names an S3-compatible server. ``public_url``, when set, is where the store root is
+    served over HTTP: report links point there instead of at file URIs or presigned S3 URLs.
 
     Example:
         ```python
         from blocks.store import BaselineStore
-        store = BaselineStore.load("BLOCK_NAME").open()
+        store = BaselineStore.load("BLOCK_NAME").open(create=False)   # a reader: the store must exist
         print(store.current_version())
+        print(store.link("runs/date=2026-12-01/run=nightly-1/report.html"))
         ```
     """
 
@@ -42,15 +44,38 @@ class BaselineStore(Block):
     endpoint_url: str | None = Field(
         default=None, description="An S3-compatible endpoint (SeaweedFS, MinIO, Ceph); empty for AWS."
     )
+    public_url: str | None = Field(
+        default=None,
+        description="a URL the store root is served at, e.g. an internal web server or bucket website; "
+        "report links use it.",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _check_public_url(cls, value: str | None) -> str | None:
+        # ValueError is what pydantic turns into a ValidationError naming the field.
+        if not value:
+            return None
+        try:
+            return check_public_url(value)
+        except StoreURIError as exc:
+            raise ValueError(str(exc)) from None
 
     @classmethod
     def default(cls) -> BaselineStore:
         """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store`` (made absolute)."""
         return cls(uri=os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri())
 
-    def open(self) -> Store:
-        """The store; raises ``gpucert.errors.InputError`` for a URI it cannot open."""
-        if self.uri.startswith("s3://"):
+    def open(self, *, create: bool = True) -> Store:
+        """The store. ``create=False`` for a reader: the root must already exist.
+
+        Raises ``gpucert.store.StoreURIError`` for a URI it cannot open and ``gpucert.store.StoreNotFound``
+        for a missing root with ``create=False`` (both ``gpucert.errors.InputError``).
+        """
+        if self.uri.strip().lower().startswith("s3://"):
             session = self.credentials.get_boto3_session() if self.credentials is not None else None
-            return Store(S3ObjectStore.from_uri(self.uri, session=session, endpoint_url=self.endpoint_url))
-        return open_store(self.uri)
+            objects = S3ObjectStore.from_uri(
+                self.uri.strip(), session=session, endpoint_url=self.endpoint_url
+            )
+            return Store(objects, create=create, public_url=self.public_url)
+        return open_store(self.uri, create=create, public_url=self.public_url)

@@ -9,22 +9,25 @@ node that rejoins with a new UID is onboarded again) or by the ``gpucert.node.jo
 The runbook:
 
 1. wait until the node is Ready (and is the node the caller meant: same UID);
-2. configure the GPU stack there (the configure flow for that one node: the cluster's manifests are
-   already applied, so only the node is labelled and waited for);
-3. certify it against the fleet's baselines (a new GPU has no history: its peers and the spec judge it);
-   a pass seeds its own baseline and lifts ``gpucert.io/uncertified``; a fail keeps the node out and is
-   reported (and ticketed, where ticketing is configured).
+2. configure the GPU stack there (the configure flow for that one node, with the release, pins and
+   registry the fleet was configured with: only the node is labelled and waited for);
+3. certify it against the fleet's baselines with the fleet's policy and ticketing (a new GPU has no
+   history: its peers and the spec judge it); a pass seeds its own baseline and lifts
+   ``gpucert.io/uncertified``; a fail keeps the node out and is ticketed.
 """
 
-from typing import Any
-
-from prefect import flow, get_run_logger
+from prefect import flow
+from prefect.runtime import flow_run
 
 from blocks.cluster import GpuCluster
+from blocks.policy import CertificationPolicy
 from blocks.store import BaselineStore
+from blocks.ticketing import Ticketing
+from flows._setup import resolve
 from flows.certify import certify
 from flows.configure import configure
-from tasks.nodes import wait_for_node
+from gpucert.operate import OnboardOutcome
+from tasks.nodes import admitted, wait_for_node
 
 __all__ = ["idempotency_key", "onboard"]
 
@@ -34,28 +37,37 @@ def idempotency_key(node: str, uid: str) -> str:
     return f"onboard-{node}-{uid}"
 
 
-@flow(name="onboard-node", log_prints=False)
+def _run_name() -> str:
+    """``onboard-<node>``: the run's name in the UI."""
+    return f"onboard-{flow_run.parameters.get('node')}"
+
+
+@flow(name="onboard-node", flow_run_name=_run_name, log_prints=False)
 async def onboard(
     node: str,
     uid: str | None = None,
     cluster: GpuCluster | None = None,
     store: BaselineStore | None = None,
+    policy: CertificationPolicy | None = None,
+    ticketing: Ticketing | None = None,
     ready_timeout_s: float = 900.0,
     pod_annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Configure and certify ``node`` (whose UID is ``uid``, when the caller knows it); returns what
-    happened: the node's state, whether it was untainted, the configure and certify results."""
-    log = get_run_logger()
-    cluster = cluster or GpuCluster()
-    kube = cluster.kube()
-    wait_for_node(kube, node, uid, ready_timeout_s)
-    configured = configure(cluster=cluster, nodes=[node])
+) -> OnboardOutcome:
+    """Configure and certify ``node`` (whose UID is ``uid``, when the caller knows it); returns its state,
+    whether it was admitted, and the configure and certify outcomes."""
+    setup = resolve(cluster, store, policy, ticketing)
+    seen_uid = wait_for_node(setup.kube, node, uid, ready_timeout_s)
+    configured = configure(cluster=setup.cluster, nodes=[node])
     certified = await certify(
-        cluster=cluster, store=store, nodes=[node], include_busy=True, pod_annotations=pod_annotations
+        cluster=setup.cluster,
+        store=setup.store_block,
+        nodes=[node],
+        include_busy=True,
+        policy=setup.policy,
+        ticketing=setup.ticketing,
+        pod_annotations=pod_annotations,
     )
-    labels = (kube.get("v1", "Node", node).get("metadata") or {}).get("labels") or {}
-    state = labels.get(f"{cluster.label_prefix}/state")
-    taints = [t.get("key") for t in (kube.get("v1", "Node", node).get("spec") or {}).get("taints") or []]
-    admitted = state == "certified" and f"{cluster.label_prefix}/uncertified" not in taints
-    log.info("%s: %s%s", node, state, " and admitted" if admitted else ", kept out")
-    return {"node": node, "state": state, "admitted": admitted, "configure": configured, "certify": certified}
+    decision = certified.decision(node)
+    state = decision.state if decision else None
+    return OnboardOutcome(node=node, uid=seen_uid, state=state, configure=configured, certify=certified,
+                          admitted=admitted(setup.kube, node, prefix=setup.cluster.label_prefix))  # fmt: skip

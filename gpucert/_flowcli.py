@@ -3,20 +3,41 @@
 Prefect is imported only here and only once a command was parsed, so ``gpucert compare`` and the
 rest start without it. Without ``PREFECT_API_URL`` Prefect runs the flow against a temporary local
 server; with it, the run shows up in that server's UI like a deployment's.
+
+Every input is checked before anything starts — the kubeconfig, the store, the policy file, the run id,
+node names, a saved block's name — so a typo is one line and exit 2, never a temporary Prefect server
+started for nothing or a half-done run.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from ._names import check_run_id, dns_subdomain_ok
 from .errors import GpucertError, InputError
 
-__all__ = ["certify_command", "configure_command", "parse_versions", "release_command", "watch_nodes_command"]
+if TYPE_CHECKING:
+    from blocks.cluster import GpuCluster
+    from blocks.policy import CertificationPolicy
+    from blocks.store import BaselineStore
+    from blocks.ticketing import Ticketing
+
+__all__ = [
+    "FlowInputs",
+    "certify_command",
+    "configure_command",
+    "onboard_command",
+    "operate_command",
+    "parse_versions",
+    "release_command",
+    "watch_nodes_command",
+]
 
 
 def _prepare_prefect() -> None:
@@ -55,6 +76,104 @@ def parse_versions(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def check_nodes(nodes: Sequence[str], *, what: str = "node") -> list[str]:
+    """``nodes`` when each is a valid node name (a DNS subdomain); raises :class:`InputError` naming one."""
+    for node in nodes:
+        if not dns_subdomain_ok(node):
+            raise InputError(
+                f"{what} {node!r} is not a node name (lower-case a-z, 0-9, '-' and '.', at most 253)"
+            )
+    return list(nodes)
+
+
+@dataclass(frozen=True)
+class FlowInputs:
+    """The blocks a flow command passes, built and checked before any flow starts."""
+
+    cluster: GpuCluster
+    store: BaselineStore | None = None
+    policy: CertificationPolicy | None = None
+    ticketing: Ticketing | None = None
+
+
+def flow_inputs(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    label_prefix: str,
+    selector: str,
+    store: str | None = None,
+    policy_file: str | None = None,
+    ticketing: str | None = None,
+    namespace: str | None = None,
+) -> FlowInputs:
+    """Check and build a flow's inputs; raises :class:`InputError` naming the one that is wrong.
+
+    The kubeconfig is read (not yet contacted), the policy file fully validated, the store opened (a
+    missing ``file://`` root is created: certify starts a store), a saved ``Ticketing`` block loaded.
+    """
+    from blocks.cluster import GpuCluster
+    from blocks.policy import CertificationPolicy
+    from blocks.store import BaselineStore
+
+    fields: dict[str, Any] = {"kubeconfig": kubeconfig, "context": context, "label_prefix": label_prefix,
+                              "gpu_node_selector": selector}  # fmt: skip
+    if namespace is not None:
+        fields["stack_namespace"] = namespace
+    try:
+        cluster = GpuCluster(**fields)
+    except ValueError as exc:  # pydantic's ValidationError names the field
+        raise InputError(_first_error(exc)) from None
+    cluster.kube()  # a kubeconfig that cannot be read fails here
+    policy = CertificationPolicy.from_file(policy_file) if policy_file else None
+    store_block = None
+    if store is not None:
+        store_block = BaselineStore(uri=store)
+        store_block.open(create=True)
+    return FlowInputs(cluster=cluster, store=store_block, policy=policy, ticketing=_saved_ticketing(ticketing))
+
+
+def _first_error(exc: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        return f"{where}: {err['msg']}"
+    return str(exc)
+
+
+def _saved_ticketing(name: str | None) -> Ticketing | None:
+    """The saved ``Ticketing`` block ``name``; None for no name. Raises :class:`InputError` when no Prefect
+    server is configured (a temporary one holds no blocks) or it has no such block."""
+    if not name:
+        return None
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise InputError(
+            f"--ticketing {name}: a saved Ticketing block lives on a Prefect server; set PREFECT_API_URL to it"
+        )
+    from prefect.exceptions import ObjectNotFound
+
+    from blocks.ticketing import Ticketing
+
+    try:
+        loaded = Ticketing.load(name)
+    except (ObjectNotFound, ValueError) as exc:
+        raise InputError(f"--ticketing {name}: no such Ticketing block ({type(exc).__name__})") from None
+    assert isinstance(loaded, Ticketing)
+    return loaded
+
+
+def _print(outcome: Any, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(outcome.model_dump_json(indent=2) + "\n")
+    else:
+        text = outcome.markdown() if hasattr(outcome, "markdown") else outcome.text()
+        sys.stdout.write(text)
+
+
 def configure_command(
     *,
     kubeconfig: str | None,
@@ -73,37 +192,16 @@ def configure_command(
 ) -> int:
     """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
     pinned = parse_versions(versions)
+    check_nodes(nodes)
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                         namespace=namespace)  # fmt: skip
     _prepare_prefect()
-    from blocks.cluster import GpuCluster
     from flows.configure import configure
 
-    try:
-        cluster = GpuCluster(
-            kubeconfig=kubeconfig,
-            context=context,
-            stack_namespace=namespace,
-            label_prefix=label_prefix,
-            gpu_node_selector=selector,
-        )
-    except ValueError as exc:  # pydantic's ValidationError names the field
-        raise InputError(str(exc)) from exc
-    result: dict[str, Any] = configure(
-        cluster=cluster,
-        release=release,
-        versions=pinned,
-        registry=registry,
-        nodes=list(nodes) or None,
-        dry_run_dir=dry_run,
-        gpus_per_node=gpus_per_node,
-        rollout_timeout_s=timeout_s,
-    )
-    if as_json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        from .stack import ConfigureOutcome
-
-        sys.stdout.write(ConfigureOutcome.from_dict(result).markdown())
+    outcome = configure(cluster=inputs.cluster, release=release, versions=pinned, registry=registry,
+                        nodes=list(nodes) or None, dry_run_dir=dry_run, gpus_per_node=gpus_per_node,
+                        rollout_timeout_s=timeout_s)  # fmt: skip
+    _print(outcome, as_json)
     return 0
 
 
@@ -117,94 +215,121 @@ def certify_command(
     run_id: str | None,
     image: str | None,
     policy_file: str | None,
+    ticketing: str | None,
     observe_only: bool,
     max_parallel: int,
+    payload_args: Sequence[str],
     label_prefix: str,
     selector: str,
     as_json: bool,
 ) -> int:
     """Run the certify flow once; prints what it found and did. Returns 0: a run that found faults did its job
     (they are in the labels, taints, report and the printed summary)."""
+    if run_id is not None:
+        check_run_id(run_id, what="--run-id")
+    check_nodes(nodes)
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
+    _check_payload_args(payload_args)
     _prepare_prefect()
-    import asyncio
-
-    from blocks.cluster import GpuCluster
-    from blocks.store import BaselineStore
     from flows.certify import certify
 
-    from .policy import load_policy
+    outcome = asyncio.run(
+        certify(cluster=inputs.cluster, store=inputs.store, nodes=list(nodes) or None, include_busy=include_busy,
+                run_id=run_id, image=image, policy=inputs.policy, ticketing=inputs.ticketing,
+                observe_only=observe_only or None, max_parallel=max_parallel,
+                payload_args=list(payload_args) or None)
+    )  # fmt: skip
+    _print(outcome, as_json)
+    return 0
 
-    load_policy(policy_file)  # a bad policy fails here, before any Job is started
+
+def _check_payload_args(args: Sequence[str]) -> None:
+    """Raise :class:`InputError` unless the benchmark payload accepts ``args`` (checked as the Job would be)."""
+    if not args:
+        return
+    from .certify import BenchmarkSettings
+
     try:
-        cluster = GpuCluster(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
-                             gpu_node_selector=selector)  # fmt: skip
+        BenchmarkSettings(payload_args=tuple(args))
     except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    result: dict[str, Any] = asyncio.run(
-        certify(
-            cluster=cluster,
-            store=BaselineStore(uri=store),
-            nodes=list(nodes) or None,
-            include_busy=include_busy,
-            run_id=run_id,
-            image=image,
-            policy_file=policy_file,
-            observe_only=observe_only or None,
-            max_parallel=max_parallel,
-        )
-    )
-    if as_json:
-        json.dump(result, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(_certify_text(result))
-    return 0
+        raise InputError(f"--payload-arg: {exc}") from None
 
 
-def _certify_text(result: dict[str, Any]) -> str:
-    states = ", ".join(f"{n} {state}" for state, n in sorted(result["states"].items()))
-    lines = [f"certify {result['run_id']}: {len(result['nodes'])} nodes benchmarked: {states}"]
-    if result["skipped"]:
-        lines.append(f"skipped: {', '.join(f'{n} ({why})' for n, why in sorted(result['skipped'].items()))}")
-    for node, why in result["inconclusive"].items():
-        lines.append(f"inconclusive {node}: {why}")
-    for node, done in sorted(result["actions"].items()):
-        if "tainted" in done or "failed" in done or "degraded" in done:
-            lines.append(f"{node}: {done}")
-    if result["unconfirmed"]:
-        lines.append(
-            f"failed once, not confirmed by a re-run (not tainted): {', '.join(result['unconfirmed'])}"
-        )
-    if result["incident"]:
-        lines.append(f"INCIDENT: {result['incident']}")
-    if result["observe_only"]:
-        lines.append("observe-only: nothing was tainted or untainted")
-    lines.append(f"baseline version: {result['baseline_version']}; report: {result['report']}")
-    return "\n".join(lines) + "\n"
-
-
-def watch_nodes_command(*, kubeconfig: str | None, context: str | None, label_prefix: str, once: bool) -> int:
-    """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (those present at
-    start and those that join), once per node UID; runs until interrupted (``once``: only the present)."""
+def operate_command(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    store: str,
+    policy_file: str | None,
+    ticketing: str | None,
+    observe_only: bool,
+    prometheus_url: str | None,
+    rotation_days: float | None,
+    max_nodes: int | None,
+    scrape_interval_s: float,
+    label_prefix: str,
+    selector: str,
+    namespace: str,
+    as_json: bool,
+) -> int:
+    """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0."""
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                         store=store, policy_file=policy_file, ticketing=ticketing, namespace=namespace)  # fmt: skip
+    prometheus = _prometheus(prometheus_url)
     _prepare_prefect()
-    from prefect.events import emit_event
+    from flows.operate import operate
 
-    from .kube import connect
-    from .kube._watch import joined_nodes
-
-    kube = connect(kubeconfig, context=context)
-    for node, uid in joined_nodes(kube, taint=f"{label_prefix}/uncertified", follow=not once):
-        emit_event(
-            event="gpucert.node.joined",
-            resource={
-                "prefect.resource.id": f"gpucert.node.{uid}",
-                "prefect.resource.name": node,
-                "gpucert.node.uid": uid,
-            },
-        )
-        sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
-        sys.stdout.flush()
+    outcome = asyncio.run(
+        operate(cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
+                prometheus=prometheus, observe_only=observe_only or None, rotation_days=rotation_days,
+                max_nodes=max_nodes, scrape_interval_s=scrape_interval_s)
+    )  # fmt: skip
+    _print(outcome, as_json)
     return 0
+
+
+def _prometheus(url: str | None) -> Any:
+    """A ``Prometheus`` block for ``url`` (None for none); raises :class:`InputError` for a bad URL."""
+    if url is None:
+        return None
+    from blocks.prometheus import Prometheus
+
+    try:
+        block = Prometheus(url=url)
+        block.source()
+    except ValueError as exc:
+        raise InputError(f"--prometheus: {_first_error(exc)}") from None
+    return block
+
+
+def onboard_command(
+    *,
+    node: str,
+    uid: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    store: str,
+    policy_file: str | None,
+    ticketing: str | None,
+    ready_timeout_s: float,
+    label_prefix: str,
+    selector: str,
+    as_json: bool,
+) -> int:
+    """Onboard ``node`` once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
+    check_nodes([node])
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
+    _prepare_prefect()
+    from flows.onboard import onboard
+
+    outcome = asyncio.run(
+        onboard(node=node, uid=uid, cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
+                ticketing=inputs.ticketing, ready_timeout_s=ready_timeout_s)
+    )  # fmt: skip
+    _print(outcome, as_json)
+    return 0 if outcome.admitted else 3
 
 
 def release_command(
@@ -213,35 +338,50 @@ def release_command(
     kubeconfig: str | None,
     context: str | None,
     store: str,
+    policy_file: str | None,
+    ticketing: str | None,
     label_prefix: str,
     selector: str,
     action: str | None,
     note: str,
+    as_json: bool = False,
 ) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
+    check_nodes(nodes)
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
     _prepare_prefect()
-    import asyncio
-    from datetime import UTC, datetime
+    from flows.release import release
 
-    from blocks.cluster import GpuCluster
-    from blocks.store import BaselineStore
-    from flows.certify import certify
+    outcome = asyncio.run(
+        release(nodes=list(nodes), cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
+                ticketing=inputs.ticketing, action=action, note=note)
+    )  # fmt: skip
+    _print(outcome, as_json)
+    return 0 if set(outcome.released) == set(nodes) else 3
 
-    from .tickets import open_backend, record_repairs
 
-    now = datetime.now(UTC)
-    if store.startswith("file://"):
-        for event in record_repairs(
-            open_backend(store), nodes, now, action=action, note=note, by="gpucert release"
-        ):
-            sys.stdout.write(f"{event.ticket.id}: {event.detail}\n")
-    cluster = GpuCluster(
-        kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, gpu_node_selector=selector
-    )
-    result: dict[str, Any] = asyncio.run(
-        certify(cluster=cluster, store=BaselineStore(uri=store), nodes=list(nodes), include_busy=True)
-    )
-    sys.stdout.write(_certify_text(result))
-    released = result["states"].get("certified", 0) == len(nodes)
-    return 0 if released else 3
+def watch_nodes_command(
+    *, kubeconfig: str | None, context: str | None, label_prefix: str, selector: str, once: bool
+) -> int:
+    """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (those present at
+    start and those that join), once per node UID, even across restarts; runs until interrupted
+    (``once``: only the present)."""
+    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector)
+    _prepare_prefect()
+    from prefect.events import emit_event
+
+    from .kube import announce_joined_nodes
+
+    def emit(node: str, uid: str) -> None:
+        emit_event(
+            event="gpucert.node.joined",
+            resource={"prefect.resource.id": f"gpucert.node.{uid}", "prefect.resource.name": node,
+                      "gpucert.node.uid": uid},
+        )  # fmt: skip
+        sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
+        sys.stdout.flush()
+
+    announce_joined_nodes(inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit, follow=not once)
+    return 0

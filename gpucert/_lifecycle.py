@@ -158,21 +158,21 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
         kube = connect(sim.kubeconfig_path)
 
         configured = configure(cluster=cluster, rollout_timeout_s=120)
-        console.print(f"1. configure: release {configured['release']}, {configured['gpus_verified']} GPUs advertised "
-                      f"on {len(configured['nodes'])} nodes, drift {len(configured['drift'])}")  # fmt: skip
+        console.print(f"1. configure: release {configured.release}, {configured.gpus_verified} GPUs advertised "
+                      f"on {len(configured.nodes)} nodes, drift {len(configured.drift)}")  # fmt: skip
 
         first = [Fault("pcie_gen4", names[1], 3), Fault("remap_failure", names[5], 6), Fault("hw_thermal", names[9], 1)]
         for fault in first:
             sim.inject_fault(fault)
         certified = asyncio.run(certify(cluster=cluster, store=store, run_id="demo-certify"))
-        console.print(f"2. certify with 3 faults injected: {certified['states']}; tainted {certified['tainted']}")
+        console.print(f"2. certify with 3 faults injected: {certified.states}; tainted {certified.tainted}")
 
         night_fault = Fault("nvlink_one_down", names[12], 0)
         sim.inject_fault(night_fault)
         night = asyncio.run(operate(cluster=cluster, store=store, rotation_days=0.0, scrape_interval_s=1.0))
-        tonight = night["certify"] or {}
+        tonight = night.certify
         console.print(f"3. operate, a new fault tonight ({night_fault.kind} on {night_fault.node}): "
-                      f"{tonight.get('states')}; newly tainted {tonight.get('tainted')}")  # fmt: skip
+                      f"{tonight.states if tonight else {}}; newly tainted {tonight.tainted if tonight else []}")  # fmt: skip
 
         [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
         uid = kube.get("v1", "Node", new)["metadata"]["uid"]
@@ -207,7 +207,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
             + (f" (not injected, found by peers: {', '.join(also)} — the fleet model's slow silicon)" if also else ""),
             f"Tickets open ({len(open_tickets)}): " + "; ".join(f"{t.id} {title_of(t)}" for t in open_tickets),
             f"   (gpucert tickets list --store {os.environ['GPUCERT_STORE']})",
-            f"Reports: {certified['report']}" + (f" and {tonight['report']}" if tonight.get("report") else ""),
+            f"Reports: {certified.report_link}" + (f" and {tonight.report_link}" if tonight else ""),
             f"Store: {os.environ['GPUCERT_STORE']}; kubeconfig of the simulated cluster: {sim.kubeconfig_path}",
         ]
 

@@ -149,16 +149,50 @@ def _parser() -> argparse.ArgumentParser:
         "run's results, verdicts and HTML report.",
     )
     _cluster_arguments(cert)
-    cert.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    _run_arguments(cert)
     cert.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
                       help="certify only this node (repeatable; default: every idle GPU node)")
     cert.add_argument("--include-busy", action="store_true", help="also benchmark nodes where a workload holds GPUs")
     cert.add_argument("--run-id", metavar="ID", help="the run id (a DNS label; default: cert-<time>-<random>)")
     cert.add_argument("--image", metavar="IMAGE", help="the benchmark image (any image with python and torch)")
-    cert.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     cert.add_argument("--observe-only", action="store_true", help="label and report, never taint")
     cert.add_argument("--max-parallel", type=int, default=16, metavar="N", help="benchmark Jobs at once")
+    cert.add_argument("--payload-arg", dest="payload_args", action="append", default=[], metavar="ARG",
+                      help="an extra option of the benchmark payload, e.g. --payload-arg=--dcgm-diag=2 (repeatable)")
     cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
+    operate = commands.add_parser(
+        "operate",
+        help="one night of operate: telemetry, drift, re-certify what is due or suspect (runs the flow once)",
+        description="Read the DCGM telemetry (from Prometheus, else the exporters), look for drift on each GPU's "
+        "own history, then re-certify the nodes that asked and those due by the policy's rotation, with the "
+        "same policy and ticketing as certify; print the fleet report.",
+    )
+    _cluster_arguments(operate)
+    _run_arguments(operate)
+    operate.add_argument("--observe-only", action="store_true", help="label and report, never taint")
+    operate.add_argument("--prometheus", metavar="URL", help="read telemetry from this Prometheus (default: scrape)")
+    operate.add_argument("--rotation-days", type=float, metavar="D", help="re-certify each node this often (policy)")
+    operate.add_argument("--max-nodes", type=int, metavar="N", help="nodes to certify tonight at most (policy)")
+    operate.add_argument("--scrape-interval", type=float, default=60.0, metavar="S",
+                         help="seconds between the two exporter scrapes without Prometheus")
+    operate.add_argument("--namespace", default="gpucert-system", help="namespace of the stack (DCGM exporters)")
+    operate.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
+    onboard = commands.add_parser(
+        "onboard",
+        help="configure and certify one node that joined; admit it on a pass (runs the onboard-node flow once)",
+        description="Wait until NODE is Ready, configure the GPU stack there with the fleet's recorded release, "
+        "pins and registry, certify it with the fleet's policy and ticketing, and lift gpucert.io/uncertified "
+        "on a pass. Exits 0 when the node was admitted, 3 when it was kept out.",
+    )
+    onboard.add_argument("node", metavar="NODE")
+    onboard.add_argument("--uid", metavar="UID", help="the node's UID: refuse a node that rejoined under another")
+    _cluster_arguments(onboard)
+    _run_arguments(onboard)
+    onboard.add_argument("--ready-timeout", type=float, default=900.0, metavar="S",
+                         help="seconds the node has to become Ready")
+    onboard.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     tickets = commands.add_parser("tickets", help="the remediation and replacement tickets")
     ticket_actions = tickets.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -178,9 +212,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     release.add_argument("nodes", nargs="+", metavar="NODE")
     _cluster_arguments(release)
-    release.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    _run_arguments(release)
     release.add_argument("--action", metavar="ACTION", help="what was done (default: what each ticket asked for)")
     release.add_argument("--note", default="", help="a note for the tickets")
+    release.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     watch = commands.add_parser(
         "watch-nodes",
@@ -207,6 +242,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=None,
                       help="seed of the generated fleet (default: one whose 16 nodes have no slow-silicon straggler)")
     return parser
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every certifying command shares: the store, the policy, the ticketing."""
+    parser.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    parser.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
+    parser.add_argument("--ticketing", metavar="BLOCK",
+                        help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL "
+                             "(default: local tickets in a file:// store; recorded in the store for s3://)")
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -289,33 +333,20 @@ def _dispatch(args: argparse.Namespace) -> int:
             label_prefix=args.label_prefix, selector=args.selector, gpus_per_node=args.gpus_per_node,
             timeout_s=args.timeout, as_json=args.json,
         )
-    if args.command == "certify":
-        from ._flowcli import certify_command
-
-        return certify_command(
-            kubeconfig=args.kubeconfig, context=args.context, store=args.store, nodes=args.nodes,
-            include_busy=args.include_busy, run_id=args.run_id, image=args.image, policy_file=args.policy,
-            observe_only=args.observe_only, max_parallel=args.max_parallel, label_prefix=args.label_prefix,
-            selector=args.selector, as_json=args.json,
-        )
+    if args.command in ("certify", "operate", "onboard", "release"):
+        return _run_flow_command(args)
     if args.command == "tickets":
         from .tickets import DEFAULT_TICKETS, tickets_list
 
         where = args.tickets or args.store or DEFAULT_TICKETS
         print(tickets_list(where, args.state, nodes=args.nodes or None))
         return EXIT_OK
-    if args.command == "release":
-        from ._flowcli import release_command
-
-        return release_command(
-            nodes=args.nodes, kubeconfig=args.kubeconfig, context=args.context, store=args.store,
-            label_prefix=args.label_prefix, selector=args.selector, action=args.action, note=args.note,
-        )
     if args.command == "watch-nodes":
         from ._flowcli import watch_nodes_command
 
         return watch_nodes_command(
-            kubeconfig=args.kubeconfig, context=args.context, label_prefix=args.label_prefix, once=args.once
+            kubeconfig=args.kubeconfig, context=args.context, label_prefix=args.label_prefix,
+            selector=args.selector, once=args.once,
         )
     if args.command == "demo" and args.verdicts_only:
         from .demo import run_demo
@@ -327,6 +358,29 @@ def _dispatch(args: argparse.Namespace) -> int:
         seed = 3 if args.seed is None else args.seed
         return run_lifecycle_demo(workdir=args.workdir, nodes=args.nodes, seed=seed, ui=not args.no_ui)
     raise AssertionError(args.command)
+
+
+def _run_flow_command(args: argparse.Namespace) -> int:
+    """certify, operate, onboard and release: the flow commands that certify, with the same conventions."""
+    from . import _flowcli
+
+    common = {"kubeconfig": args.kubeconfig, "context": args.context, "store": args.store,
+              "policy_file": args.policy, "ticketing": args.ticketing, "label_prefix": args.label_prefix,
+              "selector": args.selector, "as_json": args.json}  # fmt: skip
+    if args.command == "certify":
+        return _flowcli.certify_command(
+            **common, nodes=args.nodes, include_busy=args.include_busy, run_id=args.run_id, image=args.image,
+            observe_only=args.observe_only, max_parallel=args.max_parallel, payload_args=args.payload_args,
+        )  # fmt: skip
+    if args.command == "operate":
+        return _flowcli.operate_command(
+            **common, observe_only=args.observe_only, prometheus_url=args.prometheus,
+            rotation_days=args.rotation_days, max_nodes=args.max_nodes, scrape_interval_s=args.scrape_interval,
+            namespace=args.namespace,
+        )  # fmt: skip
+    if args.command == "onboard":
+        return _flowcli.onboard_command(**common, node=args.node, uid=args.uid, ready_timeout_s=args.ready_timeout)
+    return _flowcli.release_command(**common, nodes=args.nodes, action=args.action, note=args.note)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from .baseline import build_baseline, forget
 from .errors import InputError
 from .policy import load_policy
 from .results import read_results
-from .store import open_store
+from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
 
 __all__ = ["baseline_build", "baseline_list", "baseline_rebuild", "baseline_rollback", "compare", "summarize"]
@@ -31,6 +31,16 @@ def _check_out(out: str) -> None:
         raise InputError(f"--out {out}: write .csv or .parquet")
     if not path.parent.exists():
         raise InputError(f"--out {out}: the folder {path.parent} does not exist")
+
+
+def _open_existing(uri: str) -> BaselineStore:
+    # Readers never create a store: a mistyped URI must fail (exit 2), not read as an empty baseline.
+    return open_store(uri, create=False)
+
+
+def _unknown_version(exc: UnknownVersion, uri: str) -> UnknownVersion:
+    # One line the user can act on: which version, and the command that lists the real ones.
+    return UnknownVersion(f"{exc}; `gpucert baseline list --store {uri}` lists the versions")
 
 
 def summarize(verdicts: pd.DataFrame) -> str:
@@ -55,9 +65,12 @@ def compare(
 ) -> int:
     policy = load_policy(policy_file)
     _check_out(out)
-    store = open_store(baselines)
+    store = _open_existing(baselines)
     frame = read_results(results)
-    table = store.read(baseline_version)
+    try:
+        table = store.read(baseline_version)
+    except UnknownVersion as exc:
+        raise _unknown_version(exc, baselines) from None
     if table.empty:
         print(
             "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
@@ -92,7 +105,7 @@ def baseline_build(
 ) -> int:
     policy = load_policy(policy_file)
     stack = _read_stack(stack_file)
-    target = open_store(store)
+    target = open_store(store, create=True)  # the one command that may start a new store
     frame = read_results(results)
     reports = []
 
@@ -113,8 +126,11 @@ def baseline_build(
 
 
 def baseline_rollback(version: str, *, store: str) -> int:
-    target = open_store(store)
-    target.rollback(version)
+    target = _open_existing(store)
+    try:
+        target.rollback(version)
+    except UnknownVersion as exc:
+        raise _unknown_version(exc, store) from None
     print(f"baseline {version} is current again")
     return 0
 
@@ -123,7 +139,7 @@ def baseline_rebuild(
     nodes: Sequence[str], *, store: str, results: Sequence[str], policy_file: str | None
 ) -> int:
     policy = load_policy(policy_file)
-    target = open_store(store)
+    target = _open_existing(store)
     frame = read_results(results) if results else None
     dropped: list[int] = []
 
@@ -143,7 +159,7 @@ def baseline_rebuild(
 
 
 def baseline_list(*, store: str) -> int:
-    target = open_store(store)
+    target = _open_existing(store)
     versions = target.versions()
     if not versions:
         print(f"{target.uri}: no baseline versions yet")

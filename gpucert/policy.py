@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import PolicyError
 from .metrics import METRICS, PERF_METRICS
 
-__all__ = ["MetricPolicy", "Policy", "default_policy", "load_policy", "spec_floors"]
+__all__ = ["MetricPolicy", "Policy", "default_policy", "load_policy", "read_policy_file", "spec_floors"]
 
 
 class _Strict(BaseModel):
@@ -153,30 +153,59 @@ def default_policy() -> Policy:
     return _build({}, "the default policy")
 
 
-def load_policy(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Policy:
-    """Load ``path`` (YAML) merged over the defaults, then ``overrides``; raises ``PolicyError``."""
-    raw: dict[str, Any] = {}
-    source = "the default policy"
-    if path is not None:
-        source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PolicyError(f"{path}: cannot read the policy file ({exc.strerror or exc})") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise PolicyError(f"{path}: not valid YAML ({exc})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise PolicyError(f"{path}: a policy is a mapping of sections, got {type(loaded).__name__}")
-        raw = loaded
+def read_policy_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping a policy YAML file holds (not yet merged or validated); raises ``PolicyError`` naming
+    the file for one that cannot be read, is not UTF-8, is not YAML, repeats a key or is not a mapping."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read the policy file ({exc.strerror or exc})") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise PolicyError(f"{path}: nested too deeply") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise PolicyError(f"{path}: a policy is a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML says keys are unique; PyYAML
+    would silently keep the last, so a threshold set twice would be half ignored)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_policy(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None, *, source: str | None = None
+) -> Policy:
+    """Load ``path`` (YAML) merged over the defaults, then ``overrides``; raises ``PolicyError`` naming
+    ``source`` (default: the file, or "the policy") and the key."""
+    raw: dict[str, Any] = read_policy_file(path) if path is not None else {}
     if overrides:
         raw = _merge(raw, overrides)
     if path is None and not overrides:
         return default_policy()
-    return _build(raw, source)
+    return _build(raw, source or (str(path) if path is not None else "the policy"))
 
 
 def spec_floors(policy: Policy | None = None) -> dict[tuple[str, str], float]:

@@ -1,7 +1,8 @@
-"""certify's tasks: choose nodes, benchmark them (async, bounded), judge, act, keep the baseline.
+"""certify's tasks: choose nodes, benchmark them (async, bounded), judge, settle, act, keep the baseline.
 
-Large data stays out of task boundaries: a wave's results go to the store and the tasks after it get
-the run's key, as DESIGN.md asks ("data crosses tasks as small values or store keys").
+Large data stays out of task boundaries: a wave's results go to the store, and the tasks after it get
+the :class:`~gpucert.certify.CertificationRun` that addresses them (and keeps what it read), as DESIGN.md
+asks ("data crosses tasks as small values or store keys").
 """
 
 from __future__ import annotations
@@ -18,24 +19,29 @@ from prefect.concurrency.asyncio import concurrency
 
 from gpucert.certify import (
     BenchmarkSettings,
-    NodeDecision,
+    CertificationRules,
+    CertificationRun,
+    NodeTaints,
+    RunVerdicts,
+    Settlement,
     apply_decision,
     busy_nodes,
     choose_nodes,
-    decide_nodes,
     delete_jobs,
+    fleet_taints,
     job_failure_verdicts,
     orphaned_jobs,
     payload_configmap,
-    read_run_results,
     run_wave,
+    settle,
+    settled_verdicts,
     update_baselines,
-    write_run_table,
 )
+from gpucert.certify._run import DECISIONS, RESULTS, VERDICTS
+from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
 from gpucert.results import parse_results
-from gpucert.store import BaselineStore
 from gpucert.verdict import judge
 
 from ._retry import kube_task
@@ -43,10 +49,12 @@ from ._retry import kube_task
 __all__ = [
     "act_on_nodes",
     "benchmark",
-    "judge_wave",
+    "fleet_state",
+    "judge_run",
     "keep_baselines",
     "prepare",
     "select_nodes",
+    "settle_run",
 ]
 
 #: The Prefect global concurrency limit every benchmark Job holds a slot of while it runs; create it
@@ -58,8 +66,17 @@ CONCURRENCY_LIMIT = "gpucert-benchmarks"
 def select_nodes(
     kube: Kube, selector: str, asked: Sequence[str] | None, *, include_busy: bool, prefix: str
 ) -> tuple[dict[str, int], dict[str, str]]:
-    """The nodes to benchmark (node → GPUs it advertises) and node → why each other one is skipped."""
+    """The nodes to benchmark (node → GPUs it advertises) and node → why each other one is skipped.
+
+    Raises ``InputError`` naming the asked-for nodes the cluster does not have at all (a typo).
+    """
     nodes = {n["metadata"]["name"]: n for n in kube.nodes(selector)}
+    unknown = sorted(set(asked or ()) - set(nodes))
+    if unknown:
+        every = {n["metadata"]["name"] for n in kube.nodes()}
+        missing = [n for n in unknown if n not in every]
+        if missing:
+            raise InputError(f"no node named {', '.join(missing)} in the cluster")
     busy = busy_nodes(kube, prefix=prefix) if not include_busy else {}
     chosen, skipped = choose_nodes(sorted(nodes), asked, busy, include_busy=include_busy)
     gpus: dict[str, int] = {}
@@ -111,96 +128,99 @@ async def _slot() -> AsyncIterator[None]:
         yield
 
 
-@task(name="benchmark", task_run_name="benchmark {run_id}", cache_policy=NO_CACHE)
+@task(name="benchmark", task_run_name="benchmark {run.run_id}", cache_policy=NO_CACHE)
 async def benchmark(
     kube: Kube,
     nodes: Mapping[str, int],
-    run_id: str,
+    run: CertificationRun,
     payload: Mapping[str, Any],
     settings: BenchmarkSettings,
-    store: BaselineStore,
     *,
     max_parallel: int,
-    day: datetime,
-) -> tuple[str | None, dict[str, tuple[str | None, str]], dict[str, dict[str, Any]]]:
-    """Run the wave; store its results as ``results.parquet`` of ``run_id``.
+) -> tuple[dict[str, tuple[str | None, str]], dict[str, dict[str, Any]]]:
+    """Run the wave and store its results as the run's ``results.parquet`` (when any node produced some).
 
-    Returns the results' store key (None when no node produced any), node → (reason, message) for each
-    node whose Job failed, and node → stack record.
+    Returns node → (reason, message) for each node whose Job failed, and node → stack record.
     """
     slot = _slot if await _limit_exists() else None
-    wave = await run_wave(kube, nodes, run_id, payload, settings, max_parallel=max_parallel, slot=slot)
+    wave = await run_wave(kube, nodes, run.run_id, payload, settings, max_parallel=max_parallel, slot=slot)
     frame = wave.frame()
-    key = None
     if frame is not None:
-        key = write_run_table(store, run_id, day.date(), "results.parquet", frame)
+        run.write_table(RESULTS, frame)
     failed = {n: (r.reason, r.message) for n, r in wave.failed().items()}
     get_run_logger().info(
-        "%s: %d nodes measured, %d without results%s", run_id, len(nodes) - len(failed), len(failed),
+        "%s: %d nodes measured, %d without results%s", run.run_id, len(nodes) - len(failed), len(failed),
         f" ({', '.join(sorted({str(r) for r, _ in failed.values()}))})" if failed else "",
     )  # fmt: skip
-    return key, failed, wave.stacks
+    return failed, wave.stacks
 
 
-@task(name="judge", task_run_name="judge {run_id}", cache_policy=NO_CACHE)
-def judge_wave(
-    store: BaselineStore,
-    run_id: str,
-    day: datetime,
+@task(name="judge", task_run_name="judge {run.run_id}", cache_policy=NO_CACHE)
+def judge_run(
+    run: CertificationRun,
     failed: Mapping[str, tuple[str | None, str]],
     nodes: Sequence[str],
     policy: Policy,
     *,
-    cohort_run: str | None = None,
-) -> dict[str, NodeDecision]:
-    """Judge the wave's results against the current baseline (plus an inconclusive row per failed Job),
-    store ``verdicts.parquet``; returns node → decision.
+    cohort: CertificationRun | None = None,
+) -> RunVerdicts:
+    """Judge the run's results against the current baseline (plus an inconclusive row per failed Job) and
+    store its ``verdicts.parquet``; returns them.
 
     A confirming re-run measures a few nodes: judged alone, its peers would be just those nodes. With
-    ``cohort_run`` the other nodes' results of that run join as peers, and only ``nodes`` are decided.
+    ``cohort`` (the first run) the other nodes' results of that run join as peers, and only ``nodes``
+    are judged.
     """
-    parts = [job_failure_verdicts(run_id, failed)]
+    parts = [job_failure_verdicts(run.run_id, failed)]
     if len(failed) < len(nodes):
-        results = read_run_results(store, run_id, day.date())
-        if cohort_run is not None:
-            cohort = read_run_results(store, cohort_run, day.date())
-            cohort = cohort[~cohort["node"].isin(list(nodes))].assign(run_id=run_id)
+        results = run.results()
+        if cohort is not None and cohort.has(RESULTS):
+            peers = cohort.results()
+            peers = peers[~peers["node"].isin(list(nodes))].assign(run_id=run.run_id)
             results = parse_results(
-                pd.concat([results, cohort], ignore_index=True), f"results of run {run_id}"
+                pd.concat([results, peers], ignore_index=True), f"results of run {run.run_id}"
             )
-        judged = judge(results, store.read(), policy)
-        if cohort_run is not None:
+        judged = judge(results, run.store.read(), policy)
+        if cohort is not None:
             judged = judged[judged["node"].isin(list(nodes)) | judged["node"].isna()]
         parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]
-    write_run_table(store, run_id, day.date(), "verdicts.parquet", verdicts)
-    return decide_nodes(verdicts, nodes)
+    run.write_table(VERDICTS, verdicts)
+    return RunVerdicts(run.run_id, verdicts, tuple(nodes))
+
+
+@kube_task("read the fleet's taints")
+def fleet_state(kube: Kube, selector: str, *, prefix: str) -> dict[str, NodeTaints]:
+    """Every GPU node → gpucert's taints on it now (what the blast radius counts)."""
+    return fleet_taints(kube.nodes(selector), prefix=prefix)
+
+
+@task(name="settle", task_run_name="settle {run.run_id}", cache_policy=NO_CACHE)
+def settle_run(
+    run: CertificationRun,
+    first: RunVerdicts,
+    reruns: Sequence[RunVerdicts],
+    fleet: Mapping[str, NodeTaints],
+    rules: CertificationRules,
+) -> Settlement:
+    """Settle the run (:func:`gpucert.certify.settle`) and store what it concluded: ``decisions.parquet``
+    and the verdicts made to agree with it; returns the settlement (its ``pending`` nodes need a re-run)."""
+    settlement = settle(first, reruns, fleet=fleet, policy=rules.policy, observe_only=rules.observe_only)
+    run.write_table(VERDICTS, settled_verdicts(first.verdicts, settlement))
+    run.write_table(DECISIONS, settlement.frame())
+    if settlement.incident:
+        get_run_logger().error(settlement.incident)
+    return settlement
 
 
 @kube_task("act on nodes")
-def act_on_nodes(
-    kube: Kube,
-    decisions: Mapping[str, NodeDecision],
-    may_taint: set[str],
-    *,
-    prefix: str,
-    run_id: str,
-    observe_only: bool,
-) -> dict[str, str]:
-    """Label, annotate and (for ``may_taint``) taint each node; returns node → what changed, in words."""
+def act_on_nodes(kube: Kube, settlement: Settlement, *, prefix: str) -> dict[str, str]:
+    """Write each node's decision (labels, annotations, taint, condition); returns node → what changed."""
     now = datetime.now(UTC)
     done: dict[str, str] = {}
-    for node, decision in sorted(decisions.items()):
-        change = apply_decision(
-            kube,
-            decision,
-            prefix=prefix,
-            run_id=run_id,
-            now=now,
-            taint=node in may_taint,
-            observe_only=observe_only,
-        )
+    for node, decision in sorted(settlement.decisions.items()):
+        change = apply_decision(kube, decision, prefix=prefix, run_id=settlement.run_id, now=now)
         words = []
         if change.labels:
             words.append(", ".join(f"{k}={v}" for k, v in change.labels.items()))
@@ -208,6 +228,8 @@ def act_on_nodes(
             words.append(f"tainted {prefix}/unhealthy={decision.cause}:NoSchedule")
         elif change.taint == "lifted":
             words.append("gpucert taints lifted")
+        if change.condition is not None:
+            words.append(f"GpuCertified={change.condition}")
         if words:
             done[node] = "; ".join(words)
     return done
@@ -215,9 +237,12 @@ def act_on_nodes(
 
 @task(name="keep baselines", cache_policy=NO_CACHE)
 def keep_baselines(
-    store: BaselineStore, run_id: str, day: datetime, stacks: Mapping[str, Mapping[str, Any]], policy: Policy
-) -> tuple[str, list[str]]:
-    """Merge the run's passing results into a new baseline version; returns it and the nodes re-seeded
-    after a driver change."""
-    results = read_run_results(store, run_id, day.date())
-    return update_baselines(store, results, stacks, policy, run_id=run_id)
+    run: CertificationRun, stacks: Mapping[str, Mapping[str, Any]], policy: Policy
+) -> tuple[str | None, list[str]]:
+    """Store the run's ``stack.json`` and merge its passing results into a new baseline version; returns
+    the version (None when no node produced results) and the nodes re-seeded after a driver change."""
+    run.write_stack(stacks)
+    results = run.results_or_none()
+    if results is None:
+        return None, []
+    return update_baselines(run.store, results, stacks, policy, run_id=run.run_id)

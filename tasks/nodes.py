@@ -1,14 +1,14 @@
-"""Tasks about single nodes: waiting for one to be Ready."""
+"""Tasks about single nodes: waiting for one to be Ready, reading whether it was admitted."""
 
 from __future__ import annotations
 
 from gpucert.errors import InputError
-from gpucert.kube import Kube
+from gpucert.kube import Kube, has_taint, node_ready, uncertified_taint
 from gpucert.stack import wait_until
 
 from ._retry import kube_task
 
-__all__ = ["wait_for_node"]
+__all__ = ["admitted", "wait_for_node"]
 
 
 @kube_task("wait for the node", "wait for {node}")
@@ -24,9 +24,15 @@ def wait_for_node(kube: Kube, node: str, uid: str | None, timeout_s: float) -> s
             raise InputError(
                 f"node {node} has UID {obj['metadata'].get('uid')}, not {uid}: it rejoined since"
             )
-        conditions = (obj.get("status") or {}).get("conditions") or ()
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        return {} if ready else {node: "not Ready"}
+        return {} if node_ready(obj) else {node: "not Ready"}
 
     wait_until(pending, what=f"node {node}", total=1, timeout_s=timeout_s)
     return str(kube.get("v1", "Node", node)["metadata"].get("uid"))
+
+
+@kube_task("admitted?", "is {node} admitted")
+def admitted(kube: Kube, node: str, *, prefix: str) -> bool:
+    """Whether ``node`` is certified and no longer carries ``<prefix>/uncertified``."""
+    obj = kube.get("v1", "Node", node)
+    state = ((obj.get("metadata") or {}).get("labels") or {}).get(f"{prefix}/state")
+    return state == "certified" and not has_taint(obj, uncertified_taint(prefix))

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 
-import pandas as pd
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gpucert.certify import read_run_results, read_run_verdicts
-from gpucert.errors import StoreError
+from gpucert._frames import empty_results
+from gpucert.certify import CertificationRun, Settlement
 from gpucert.report import render_html, summary_markdown, verdict_rows
-from gpucert.store import BaselineStore
 
 __all__ = ["publish_report"]
 
@@ -25,39 +22,35 @@ def _artifact_key(what: str) -> str:
 
 @task(name="publish the report", cache_policy=NO_CACHE)
 def publish_report(
-    store: BaselineStore,
-    run_id: str,
-    day: datetime,
-    *,
-    actions: Mapping[str, str],
-    incident: str | None,
-) -> str:
-    """Render and store ``report.html`` for the run, publish the verdict table, the markdown summary and a
-    link to the report; returns the report's URI."""
-    verdicts = read_run_verdicts(store, run_id, day.date())
-    try:
-        results = read_run_results(store, run_id, day.date())
-    except StoreError:  # no node produced results (no results.parquet): the report still shows why
-        results = None
-    current = store.current_version()
-    baseline = store.read(current) if current is not None else None
-    html = render_html(
-        results if results is not None else _empty_results(), verdicts, run_id=run_id, baseline=baseline
+    run: CertificationRun, settlement: Settlement, actions: Mapping[str, str]
+) -> tuple[str, str]:
+    """Render and store the run's ``report.html`` from its settled verdicts; publish the verdict table, the
+    decisions, the markdown summary and a link to the report. Returns the report's URI and a link to it a
+    browser opens (a presigned URL for S3, the store's public URL when it has one)."""
+    verdicts = run.verdicts()
+    results = run.results_or_none()
+    baseline = run.store.read() if run.store.current_version() is not None else None
+    html = render_html(results if results is not None else empty_results(), verdicts, run_id=run.run_id,
+                       baseline=baseline)  # fmt: skip
+    uri = run.write_report(html)
+    link = run.store.link(run.key("report.html"))
+    markdown = summary_markdown(verdicts, run_id=run.run_id, report_link=link, actions_taken=actions)
+    if settlement.incident:
+        markdown = f"> **Incident**: {settlement.incident}\n\n{markdown}"
+    create_markdown_artifact(
+        key=_artifact_key("summary"), markdown=markdown, description=f"certify {run.run_id}"
     )
-    key = store.write_run_file(run_id, day.date(), "report.html", html.encode("utf-8"))
-    uri = f"{store.uri.rstrip('/')}/{key}"
-    markdown = summary_markdown(verdicts, run_id=run_id, report_link=uri, actions_taken=actions)
-    if incident:
-        markdown = f"> **Incident**: {incident}\n\n{markdown}"
-    create_markdown_artifact(key=_artifact_key("summary"), markdown=markdown, description=f"certify {run_id}")
     create_table_artifact(
-        key=_artifact_key("verdicts"), table=verdict_rows(verdicts), description=f"verdicts of {run_id}"
+        key=_artifact_key("verdicts"), table=verdict_rows(verdicts), description=f"verdicts of {run.run_id}"
     )
-    create_link_artifact(key=_artifact_key("report"), link=uri, link_text=f"report of {run_id}")
-    return uri
-
-
-def _empty_results() -> pd.DataFrame:
-    from gpucert._frames import empty_results
-
-    return empty_results()
+    frame = settlement.frame()
+    decisions = [
+        {str(k): v for k, v in row.items()}
+        for row in frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
+    ]
+    create_table_artifact(
+        key=_artifact_key("decisions"), table=decisions,
+        description=f"the settled decision per node of {run.run_id}",
+    )  # fmt: skip
+    create_link_artifact(key=_artifact_key("report"), link=link, link_text=f"report of {run.run_id}")
+    return uri, link

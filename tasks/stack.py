@@ -18,6 +18,7 @@ from gpucert.stack import (
     Manifest,
     NodeInfo,
     StackPlan,
+    StackRecord,
     StackRequest,
     component_targets,
     desired_target_labels,
@@ -29,6 +30,7 @@ from gpucert.stack import (
     observed_versions,
     plan_stack,
     prune_driver_variants,
+    read_record,
     take_inventory,
     wait_until,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "label_targets",
     "prune_drivers",
     "record_versions",
+    "recorded_stack",
     "verify_gpus",
     "wait_for_component",
 ]
@@ -52,6 +55,15 @@ __all__ = [
 def inventory(kube: Kube, selector: str) -> list[NodeInfo]:
     """Every GPU node of the cluster as preflight sees it (GPU model, OS, kernel, runtime, kubelet, host driver)."""
     return take_inventory(kube, selector=selector, known_models=load_matrix().gpu_models)
+
+
+@kube_task("read the recorded stack")
+def recorded_stack(kube: Kube, namespace: str) -> StackRecord | None:
+    """What the last full configure recorded in ``namespace`` (ConfigMap ``gpucert-stack``), None when none did.
+
+    Raises ``InputError`` when the ConfigMap is there but is not a record this gpucert reads.
+    """
+    return read_record(kube, namespace)
 
 
 @task(name="choose the stack", cache_policy=NO_CACHE)

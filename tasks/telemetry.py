@@ -4,37 +4,66 @@ GPU's own history. Both only *ask* for re-certification; neither taints anything
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
 from gpucert.store import BaselineStore
-from gpucert.telemetry import ExporterScrape, PrometheusSource, drift_alarms, history_from_store
+from gpucert.telemetry import (
+    ExporterScrape,
+    PrometheusAuthError,
+    PrometheusSource,
+    drift_alarms,
+    history_from_store,
+)
 from gpucert.verdict import judge
 
 __all__ = ["drift_check", "telemetry_check"]
 
 
-@task(name="telemetry", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
+def _may_pass(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry unless the failure would repeat as it is (credentials
+    refused, unusable input); a server that did not answer may answer the next time."""
+    try:
+        state.result(raise_on_failure=True)
+    except (PrometheusAuthError, InputError):
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(
+    name="telemetry",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[5, 30],
+    retry_condition_fn=_may_pass,
+)
 def telemetry_check(
     kube: Kube,
     store: BaselineStore,
     *,
     run_id: str,
     namespace: str,
-    prometheus_url: str | None,
+    prometheus: PrometheusSource | None,
     since_h: float,
     scrape_interval_s: float,
     policy: Policy,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Read the DCGM telemetry of the last ``since_h`` hours (Prometheus when configured, else the
-    exporters scraped directly) and judge it by the gates; returns node → why it should be re-certified,
-    and node → why its telemetry could not be read."""
-    if prometheus_url:
+    """Read the DCGM telemetry of the last ``since_h`` hours (from ``prometheus`` when given, with its
+    credentials and TLS settings, else from the exporters scraped directly) and judge it by the gates;
+    returns node → why it should be re-certified, and node → why its telemetry could not be read.
+
+    Raises ``gpucert.telemetry.PrometheusAuthError`` (not retried) when Prometheus refuses the
+    credentials, ``TelemetryError`` when it cannot be read at all."""
+    if prometheus is not None:
         now = datetime.now(UTC)
-        telemetry = PrometheusSource(prometheus_url).read(now - timedelta(hours=since_h), now, run_id=run_id)
+        telemetry = prometheus.read(now - timedelta(hours=since_h), now, run_id=run_id)
     else:
         telemetry = ExporterScrape(kube, namespace).read(run_id=run_id, interval_s=scrape_interval_s)
     asked: dict[str, str] = {}

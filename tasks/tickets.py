@@ -1,52 +1,45 @@
-"""The ticket step of a run: open, update, escalate or resolve one ticket per fault fingerprint."""
+"""The ticket step of a run: open, update, escalate or resolve one ticket per fault fingerprint — or, with
+no ticket backend, record them in the store for the next run that has one."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Mapping
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from gpucert.certify import read_run_results, read_run_verdicts
-from gpucert.errors import StoreError
-from gpucert.store import BaselineStore
-from gpucert.tickets import RunEvidence, TicketBackend, reconcile
+from gpucert.certify import CertificationRun, TicketStep, ticket_step
+from gpucert.tickets import EscalationPolicy, TicketBackend, record_repairs
 
-__all__ = ["ticket_run"]
+__all__ = ["record_repairs_task", "ticket_run"]
 
 
 @task(name="tickets", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
 def ticket_run(
-    backend: TicketBackend,
-    store: BaselineStore,
-    run_id: str,
-    day: datetime,
-    *,
-    unconfirmed: Collection[str],
-    report: str,
-    stacks: Mapping[str, Mapping[str, Any]],
-) -> list[dict[str, Any]]:
-    """Reconcile the tickets with the run's verdicts; returns the events (kind, ticket id, title, detail).
+    backend: TicketBackend | None, run: CertificationRun, escalation: EscalationPolicy
+) -> TicketStep:
+    """Reconcile the tickets with the run's settled verdicts (an unconfirmed fail asks for none; passing rows
+    resolve what they cover), after any runs whose tickets were only recorded; returns what was done."""
+    step = ticket_step(backend, run, now=datetime.now(UTC), escalation=escalation)
+    log = get_run_logger()
+    if backend is None:
+        log.warning("ticketing not configured: %d tickets recorded in the store, none opened", step.recorded)
+    if step.caught_up:
+        log.info("opened the tickets recorded by %s", ", ".join(step.caught_up))
+    if step.events:
+        log.info("tickets: %s", ", ".join(f"{e.kind} {e.ticket.id}" for e in step.events))
+    return step
 
-    A node whose fail was not confirmed by its re-runs opens no ticket (never a ticket on a guess) — but
-    its rows still do not pass, so they resolve nothing either; passing rows resolve the open tickets of
-    what they cover.
-    """
-    verdicts = read_run_verdicts(store, run_id, day.date())
-    if unconfirmed:
-        guess = verdicts["node"].isin(list(unconfirmed)) & (verdicts["verdict"] == "fail")
-        verdicts = verdicts.assign(ticket=verdicts["ticket"].where(~guess, "none"))
-    try:
-        results = read_run_results(store, run_id, day.date())
-    except StoreError:
-        results = None
-    evidence = RunEvidence(report=report, stacks=stacks, results=results)
-    events = reconcile(backend, verdicts, run_id=run_id, now=datetime.now(UTC), evidence=evidence)
-    out = [{"kind": e.kind, "ticket": e.ticket.id, "ticket_kind": e.ticket.kind, "node": e.ticket.node,
-            "cause": e.ticket.cause, "detail": e.detail} for e in events]  # fmt: skip
-    if out:
-        get_run_logger().info("tickets: %s", json.dumps([(e["kind"], e["ticket"]) for e in out]))
-    return out
+
+@task(name="record repairs", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
+def record_repairs_task(
+    backend: TicketBackend | None, nodes: Sequence[str], now: datetime, *, action: str | None, note: str
+) -> list[str]:
+    """Record a repair on every open ticket of ``nodes``; returns ``"<ticket id>: <what>"`` per ticket (none
+    without a backend: there are no tickets to record on)."""
+    if backend is None:
+        get_run_logger().warning("ticketing not configured: no ticket to record the repair on")
+        return []
+    events = record_repairs(backend, nodes, now, action=action, note=note, by="gpucert release")
+    return [f"{e.ticket.id}: {e.detail}" for e in events]

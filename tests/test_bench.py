@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpucert.bench import parse_all_reduce_perf, parse_dcgm_diag, payload_files
-from gpucert.bench._cli import parse_args
-from gpucert.bench._dcgm import DcgmError
-from gpucert.bench._nccl_tests import NcclTestsError
+from gpucert.bench._cli import ArgumentsError, check_args, parse_args
+from gpucert.bench._dcgm import DcgmError, run_dcgm_diag
+from gpucert.bench._nccl_tests import NcclTestsError, check_extra_args
 from gpucert.bench._nvml import Sampler
 from gpucert.bench._rows import Device, RowWriter
 from gpucert.bench._run import Options, Watchdog, run
@@ -290,6 +290,82 @@ def test_nccl_tests_step_reports_busbw_or_an_error(tmp_path: Path) -> None:
     assert [r["gpu"] for r in rows if r["metric"] == "error"].count(None) >= 1
     assert "all_reduce_perf" in err
     assert "truncated" in err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for all_reduce_perf")
+def test_nccl_tests_args_reach_all_reduce_perf_after_the_payloads_own(tmp_path: Path) -> None:
+    called = tmp_path / "args"
+    tool = Path(_fake_tool(tmp_path, FIXTURE.read_text(encoding="utf-8")))
+    tool.write_text(
+        tool.read_text(encoding="utf-8").replace("#!/bin/sh\n", f"#!/bin/sh\necho \"$@\" > '{called}'\n")
+    )
+    opts = parse_args(
+        ["--run-id", "t5", "--node", "node-d", "--repeats", "1", "--nccl-tests", str(tool),
+         "--nccl-tests-args=-d bfloat16 -G 1", "--allreduce-bytes", "1G", "--allreduce-iters", "7",
+         *(f"--skip={step}" for step in ("gemm", "copy", "h2d", "d2h"))]
+    )  # fmt: skip
+    assert opts.nccl_tests_args == ("-d", "bfloat16", "-G", "1")
+    rows, _ = _run_in_process(opts)
+    assert [r["value"] for r in rows if r["metric"] == "nccl_allreduce_busbw_gbps"] == [338.82]
+    gib = str(1 << 30)
+    assert called.read_text(encoding="utf-8").split() == [
+        "-b", gib, "-e", gib, "-f", "2", "-g", "0", "-n", "7", "-w", "5", "-c", "1", "-d", "bfloat16", "-G", "1",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args", [["-g", "1"], ["-g1"], ["--ngpus=1"], ["--ngp", "1"], ["-b", "1K"], ["--check=0"], ["-n", "1"]]
+)
+def test_nccl_tests_args_may_not_set_what_the_payload_measures(args: list[str]) -> None:
+    with pytest.raises(ValueError, match="which the payload sets itself"):
+        check_extra_args(args)
+    with pytest.raises(SystemExit):
+        parse_args(["--run-id", "ok", "--nccl-tests-args", " ".join(args)])
+
+
+def test_nccl_tests_args_others_pass() -> None:
+    assert check_extra_args(["-d", "bfloat16", "-o", "sum", "--op=max", "-G", "1", "-w", "10", "-a", "3"]) == (
+        "-d", "bfloat16", "-o", "sum", "--op=max", "-G", "1", "-w", "10", "-a", "3",
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        parse_args(["--run-id", "ok", "--nccl-tests-args", "-d 'bfloat16"])  # an unclosed quote
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for dcgmi")
+def test_the_dcgm_level_is_the_one_dcgmi_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    called = tmp_path / "args"
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(DCGM_3), encoding="utf-8")
+    tool = tmp_path / "dcgmi"
+    tool.write_text(f"#!/bin/sh\necho \"$@\" > '{called}'\ncat '{report}'\n", encoding="utf-8")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    default = parse_args(["--run-id", "t6"])
+    assert (default.dcgm, default.dcgm_level) == (False, 1)
+    skip = [f"--skip={step}" for step in ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry")]
+    opts = parse_args(["--run-id", "t6", "--node", "node-e", "--device", "cpu", "--dcgm-level", "4", *skip])
+    assert (opts.dcgm, opts.dcgm_level) == (True, 4)  # a level asks for the diagnostic
+    rows, _ = _run_in_process(opts)
+    assert called.read_text(encoding="utf-8").split() == ["diag", "-r", "4", "-j"]
+    assert [(r["metric"], r["gpu"]) for r in rows] == [("error", 1)]
+    with pytest.raises(ValueError, match="not one of 1, 2, 3, 4"):
+        run_dcgm_diag(5)
+    with pytest.raises(SystemExit):
+        parse_args(["--run-id", "t6", "--dcgm-level", "5"])
+
+
+def test_checked_arguments_are_exact_and_raise_instead_of_exiting() -> None:
+    base = ["--run-id", "ok", "--node", "n"]
+    # The pod's own parser completes an abbreviation; the check does not, so what passes it is what runs.
+    assert parse_args([*base, "--gemm-sec", "2"]).gemm_seconds == 2.0
+    for bad, words in (
+        (["--gemm-sec", "2"], "unrecognized arguments: --gemm-sec 2"),
+        (["--help"], "unrecognized arguments: --help"),
+        (["--copy-bytes", "lots"], "argument --copy-bytes: 'lots' is not a size"),
+    ):
+        with pytest.raises(ArgumentsError, match=words):
+            check_args([*base, *bad])
+    assert check_args([*base, "--gemm-seconds=2"]).gemm_seconds == 2.0
 
 
 DCGM_3 = {

@@ -51,3 +51,101 @@ def test_gpu_cluster_saves_and_loads(sim: SimCluster) -> None:
     loaded = GpuCluster.load("sim")
     assert loaded.label_prefix == "example.com"
     assert len(loaded.kube().nodes()) == 2
+
+
+# --- Prometheus ---------------------------------------------------------------------------------------
+# Imported here rather than at the top, so that this section stands apart from the store's.
+import time  # noqa: E402
+
+import certifi  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
+
+from blocks.prometheus import Prometheus  # noqa: E402
+from gpucert.telemetry import PrometheusAuthError, PrometheusSource  # noqa: E402
+
+from .test_telemetry_prometheus import bearer_server  # noqa: E402
+
+
+class TestPrometheusStandard(BlockStandardTestSuite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return Prometheus
+
+
+def test_prometheus_source_carries_the_credentials_and_the_tls_choice() -> None:
+    basic = Prometheus(
+        url="https://prometheus.example:9090/",
+        username="gpucert",
+        password=SecretStr("hunter22"),
+        headers={"X-Scope-OrgID": SecretStr("team-a")},
+        ca_file=certifi.where(),
+        timeout_s=5,
+        host_label="hostname",
+    )
+    assert basic.source() == PrometheusSource(
+        "https://prometheus.example:9090",
+        "hostname",
+        headers={"X-Scope-OrgID": "team-a"},
+        basic_auth=("gpucert", "hunter22"),
+        verify=certifi.where(),
+        timeout_s=5,
+    )
+    bearer = Prometheus(url="http://prometheus:9090", token=SecretStr("s3cret-token"))
+    assert bearer.source() == PrometheusSource(
+        "http://prometheus:9090", headers={"Authorization": "Bearer s3cret-token"}
+    )
+    assert bearer.source().verify is True
+    unchecked = Prometheus(url="https://prometheus:9090", verify_tls=False, ca_file="/only/on/the/worker.pem")
+    assert unchecked.source().verify is False
+    for block in (basic, bearer):
+        shown = f"{block} {block!r} {block.source()!r}"
+        assert "hunter22" not in shown
+        assert "s3cret-token" not in shown
+
+
+def test_prometheus_refuses_what_cannot_work_and_echoes_no_secret() -> None:
+    for fields, why in (
+        ({"url": "ftp://prometheus:9090"}, "http:// or https://"),
+        ({"url": "http://gpucert:hunter22@prometheus:9090"}, "holds credentials"),
+        ({"url": "http://p:9090", "username": "gpucert"}, "both a username and a password"),
+        ({"url": "http://p:9090", "token": "hunter22", "username": "u", "password": "p"}, "not both"),
+        ({"url": "http://p:9090", "token": "hunter22", "headers": {"authorization": "x"}}, "not both"),
+        ({"url": "http://p:9090", "headers": {"X-Token": "hunter22\nX-Evil: 1"}}, "line break"),
+    ):
+        with pytest.raises(ValidationError, match=why) as refused:
+            Prometheus(**fields)
+        assert "hunter22" not in str(refused.value)
+    # The CA file need only exist where the block is used: saved anywhere, refused when it is read.
+    elsewhere = Prometheus(url="https://p:9090", ca_file="/nonexistent/ca.pem")
+    with pytest.raises(InputError, match="does not exist"):
+        elsewhere.source()
+
+
+def test_prometheus_reaches_a_server_with_its_token_and_headers() -> None:
+    with bearer_server("s3cret-token") as (url, seen):
+        block = Prometheus(
+            url=url, token=SecretStr("s3cret-token"), headers={"X-Scope-OrgID": SecretStr("team-a")}
+        )
+        assert [s.labels for s in block.source().query("up", time.time())] == [{"__name__": "up"}]
+        assert (seen[-1]["authorization"], seen[-1]["x-scope-orgid"]) == ("Bearer s3cret-token", "team-a")
+        with pytest.raises(
+            PrometheusAuthError, match=r"\(an Authorization header \(Bearer\), the header X-Scope"
+        ):
+            Prometheus(
+                url=url, token=SecretStr("wrong"), headers={"X-Scope-OrgID": SecretStr("a")}
+            ).source().query("up", time.time())
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_prometheus_saves_and_loads_with_its_secrets() -> None:
+    block = Prometheus(
+        url="https://prometheus:9090",
+        token=SecretStr("s3cret-token"),
+        headers={"X-Scope-OrgID": SecretStr("team-a")},
+        ca_file=certifi.where(),
+        host_label="Hostname",
+    )
+    block.save("prometheus", overwrite=True)
+    loaded = Prometheus.load("prometheus")
+    assert isinstance(loaded, Prometheus)  # load is sync-compatible: typed as a coroutine too
+    assert loaded.source() == block.source()

@@ -1,4 +1,5 @@
-"""Verdicts → node decisions, the 2-of-3 rule, the blast radius, and the node patch they become."""
+"""Verdicts → node decisions; settling a run (the 2-of-3 rule, taints, the blast radius over every taint
+in force, observe-only); the node patch and the ``GpuCertified`` condition a decision becomes."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import pandas as pd
 import pytest
 
 from gpucert.certify import (
+    CONDITION,
     NodeDecision,
-    blast_radius_limit,
+    NodeTaints,
+    RunVerdicts,
+    SettledDecision,
+    condition_patch,
     decide_nodes,
     fail_stands,
     job_failure_verdicts,
     node_patch,
+    settle,
+    settled_verdicts,
 )
+from gpucert.policy import default_policy
 
 NOW = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 
@@ -84,9 +92,118 @@ def test_a_fail_stands_when_two_of_three_runs_fail(states: list[str | None], sta
     assert fail_stands(runs) is stands
 
 
-def test_blast_radius() -> None:
-    assert blast_radius_limit(16, min_nodes=3, fraction=0.1) == 3
-    assert blast_radius_limit(1000, min_nodes=3, fraction=0.1) == 100
+def test_blast_radius_limit() -> None:
+    policy = default_policy()
+    assert policy.max_tainted_nodes(16) == 3
+    assert policy.max_tainted_nodes(1000) == 100
+
+
+# --- settling a run --------------------------------------------------------------------------------------
+
+FAIL_ROW = {"metric": "gemm_bf16_tflops", "cause": "slow_silicon", "reasons": "GEMM 9 % below its peers",
+            "ticket": "remediation"}  # fmt: skip
+
+
+def _run(run_id: str, rows: dict[str, str]) -> RunVerdicts:
+    """A judged run: node → its one GPU row's verdict (fail rows carry a statistical fail, no hard gate)."""
+    frame = _frame([{**_v(n, v), **(FAIL_ROW if v == "fail" else {}), "run_id": run_id, "ticket": FAIL_ROW["ticket"]
+                     if v == "fail" else "none"} for n, v in rows.items()])  # fmt: skip
+    return RunVerdicts(run_id, frame, tuple(rows))
+
+
+def _fleet(n: int, tainted: tuple[str, ...] = ()) -> dict[str, NodeTaints]:
+    return {f"n{i}": NodeTaints(unhealthy=f"n{i}" in tainted) for i in range(n)}
+
+
+def test_a_statistical_fail_needs_a_rerun_and_stands_when_two_runs_fail() -> None:
+    first = _run("r", {"n0": "fail", "n1": "pass", "n2": "fail"})
+    pending = settle(first, [], fleet=_fleet(40), policy=default_policy())
+    assert pending.pending == ["n0", "n2"]
+    assert pending.decisions["n0"].taint == "none"  # never a taint on a guess
+    assert pending.decisions["n0"].state == "degraded"
+    rerun = _run("r-c1", {"n0": "fail", "n2": "pass"})
+    after = settle(first, [rerun], fleet=_fleet(40), policy=default_policy())
+    n0, n2 = after.decisions["n0"], after.decisions["n2"]
+    assert (n0.state, n0.confirmed, n0.taint, n0.runs) == ("failed", True, "added", ("r", "r-c1"))
+    assert "confirmed by r-c1" in n0.summary
+    assert after.pending == ["n2"]  # 1 fail, 1 pass: one more run decides
+    third = settle(first, [rerun, _run("r-c2", {"n2": "pass"})], fleet=_fleet(40), policy=default_policy())
+    n2 = third.decisions["n2"]
+    assert (n2.state, n2.confirmed, n2.taint, n2.settled) == ("degraded", False, "none", True)
+    assert "not confirmed" in n2.summary
+    assert third.pending == []
+    assert third.tally() == {"failed": 1, "certified": 1, "degraded": 1}
+
+
+def test_a_hard_gate_taints_without_a_rerun() -> None:
+    frame = _frame(
+        [
+            {
+                **_v("n0", "fail", metric="remapped_rows_failure", value=1, cause="row_remap"),
+                "ticket": "replacement",
+            }
+        ]
+    )
+    out = settle(RunVerdicts("r", frame, ("n0",)), [], fleet=_fleet(20), policy=default_policy())
+    d = out.decisions["n0"]
+    assert (d.state, d.hard_gate, d.confirmed, d.taint, d.cause, out.pending) == (
+        "failed", True, True, "added", "row_remap", [])  # fmt: skip
+
+
+def test_the_blast_radius_counts_every_taint_in_force_not_one_runs() -> None:
+    # 40 GPU nodes: the limit is max(3, 4) = 4. Three are tainted from earlier nights and stay so (not
+    # in tonight's run); two more fail tonight: 5 would be in force — nothing is added, one incident.
+    frame = _frame([{**_v(n, "fail", metric="xid", value=79, cause="xid")} for n in ("n10", "n11")])
+    run = RunVerdicts("r", frame, ("n10", "n11"))
+    fleet = _fleet(40, tainted=("n0", "n1", "n2"))
+    out = settle(run, [], fleet=fleet, policy=default_policy())
+    assert out.incident is not None
+    assert "blast radius" in out.incident
+    assert {d.taint for d in out.decisions.values()} == {"refused"}
+    assert out.in_force == 3
+    # The same two alone on a clean fleet are within the limit.
+    clean = settle(run, [], fleet=_fleet(40), policy=default_policy())
+    assert clean.incident is None
+    assert {d.taint for d in clean.decisions.values()} == {"added"}
+    # A node that passes tonight lifts its taint, and that makes room.
+    frame = pd.concat([frame, _frame([_v("n0", "pass")])], ignore_index=True)
+    room = settle(RunVerdicts("r", frame, ("n0", "n10", "n11")), [], fleet=fleet, policy=default_policy())
+    assert room.decisions["n0"].taint == "lifted"
+    assert room.incident is None
+    assert room.in_force == 4
+
+
+def test_observe_only_settles_states_and_touches_no_taint() -> None:
+    frame = _frame([_v("n0", "fail", metric="xid", value=79, cause="xid"), _v("n1", "pass")])
+    out = settle(RunVerdicts("r", frame, ("n0", "n1")), [], fleet=_fleet(20, tainted=("n1",)),
+                 policy=default_policy(), observe_only=True)  # fmt: skip
+    assert out.decisions["n0"].state == "failed"
+    assert (out.decisions["n0"].taint, out.decisions["n1"].taint) == ("none", "kept")
+
+
+def test_settled_verdicts_agree_with_the_decisions() -> None:
+    first = _run("r", {"n0": "fail", "n1": "fail", "n2": "pass"})
+    reruns = [_run("r-c1", {"n0": "fail", "n1": "pass"}), _run("r-c2", {"n1": "pass"})]
+    out = settle(first, reruns, fleet=_fleet(30), policy=default_policy())
+    verdicts = settled_verdicts(first.verdicts, out)
+    by_node = dict(zip(verdicts["node"], verdicts["verdict"], strict=True))
+    assert by_node == {"n0": "fail", "n1": "warn", "n2": "pass"}
+    assert verdicts.loc[verdicts["node"] == "n1", "ticket"].item() == "none"
+    assert (
+        "not confirmed by the re-runs: r-c1, r-c2" in verdicts.loc[verdicts["node"] == "n1", "reasons"].item()
+    )
+    frame = out.frame()
+    assert list(frame.columns)[:4] == ["run_id", "node", "state", "verdict"]
+    assert dict(zip(frame["node"], frame["verdict"], strict=True)) == by_node  # the same decision everywhere
+    assert frame.loc[frame["node"] == "n0", "runs"].item() == "r,r-c1"
+
+
+# --- writing a decision to the node ----------------------------------------------------------------------
+
+
+def _decision(state: str | None, taint: str = "none", cause: str | None = None) -> SettledDecision:
+    summary = "all checks passed" if state == "certified" else f"{state}: GPU 3"
+    return SettledDecision("n", state, cause, False, state == "failed", taint, ("r1",), summary)  # type: ignore[arg-type]
 
 
 def _node(taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -98,9 +215,8 @@ OTHER = {"key": "team.example/maintenance", "effect": "NoSchedule"}
 
 
 def test_a_confirmed_fail_is_tainted_and_other_taints_kept() -> None:
-    failed = NodeDecision("n", "failed", "pcie", False, "fail: GPU 3")
-    patch, change = node_patch(_node([OTHER]), failed, prefix="gpucert.io", run_id="r1", now=NOW, taint=True,
-                               observe_only=False)  # fmt: skip
+    patch, change = node_patch(_node([OTHER]), _decision("failed", "added", "pcie"), prefix="gpucert.io",
+                               run_id="r1", now=NOW)  # fmt: skip
     assert patch is not None
     assert patch["metadata"]["resourceVersion"] == "7"  # a concurrent change makes the server answer 409
     assert patch["metadata"]["labels"] == {"gpucert.io/state": "failed"}
@@ -109,38 +225,56 @@ def test_a_confirmed_fail_is_tainted_and_other_taints_kept() -> None:
         {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
     ]
     assert change.taint == "added"
-    untainted, _ = node_patch(_node(), failed, prefix="gpucert.io", run_id="r1", now=NOW, taint=False,
-                              observe_only=False)  # fmt: skip
-    assert untainted is not None
-    assert "spec" not in untainted  # not confirmed or over the blast radius: labels only
+    refused, _ = node_patch(_node(), _decision("failed", "refused", "pcie"), prefix="gpucert.io", run_id="r1",
+                            now=NOW)  # fmt: skip
+    assert refused is not None
+    assert "spec" not in refused  # over the blast radius: labels only
 
 
-def test_a_pass_lifts_gpucert_taints_and_observe_only_touches_none() -> None:
+def test_a_pass_lifts_gpucert_taints_and_kept_touches_none() -> None:
     mine = [{"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
             {"key": "gpucert.io/uncertified", "effect": "NoSchedule"}, OTHER]  # fmt: skip
-    passed = NodeDecision("n", "certified", None, False, "all checks passed")
-    patch, change = node_patch(_node(mine), passed, prefix="gpucert.io", run_id="r2", now=NOW, taint=False,
-                               observe_only=False)  # fmt: skip
+    patch, change = node_patch(_node(mine), _decision("certified", "lifted"), prefix="gpucert.io", run_id="r2",
+                               now=NOW)  # fmt: skip
     assert patch is not None
     assert patch["spec"]["taints"] == [OTHER]
     assert patch["metadata"]["annotations"]["gpucert.io/certified-at"] == "2026-12-02T03:00:00Z"
     assert change.taint == "lifted"
-    observed, change = node_patch(_node(mine), passed, prefix="gpucert.io", run_id="r2", now=NOW, taint=True,
-                                  observe_only=True)  # fmt: skip
+    observed, change = node_patch(_node(mine), _decision("certified", "kept"), prefix="gpucert.io", run_id="r2",
+                                  now=NOW)  # fmt: skip
     assert observed is not None
     assert "spec" not in observed
     assert change.taint is None
 
 
 def test_nothing_to_write_is_no_patch() -> None:
-    passed = NodeDecision("n", "certified", None, False, "all checks passed")
     node = _node(labels={"gpucert.io/state": "certified"})
     node["metadata"]["annotations"] = {"gpucert.io/last-run": "r", "gpucert.io/summary": "all checks passed",
                                        "gpucert.io/certified-at": "2026-12-02T03:00:00Z"}  # fmt: skip
-    patch, change = node_patch(node, passed, prefix="gpucert.io", run_id="r", now=NOW, taint=False,
-                               observe_only=False)  # fmt: skip
+    patch, change = node_patch(node, _decision("certified"), prefix="gpucert.io", run_id="r", now=NOW)
     assert patch is None
     assert change.labels == {}
+
+
+def test_the_condition_follows_the_decision_and_keeps_its_transition_time() -> None:
+    failed = condition_patch(_node(), _decision("failed", "added", "row_remap"), now=NOW)
+    assert failed is not None
+    [entry] = failed["status"]["conditions"]
+    assert (entry["type"], entry["status"], entry["reason"]) == (CONDITION, "False", "RowRemap")
+    assert entry["message"] == "failed: GPU 3"
+    node = {**_node(), "status": {"conditions": [{"type": "Ready", "status": "True"}, entry]}}
+    assert condition_patch(node, _decision("failed", "added", "row_remap"), now=NOW) is None  # unchanged
+    later = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
+    degraded = condition_patch(node, _decision("degraded"), now=later)
+    assert degraded is not None
+    assert (
+        degraded["status"]["conditions"][0]["lastTransitionTime"] == entry["lastTransitionTime"]
+    )  # still False
+    certified = condition_patch(node, _decision("certified"), now=later)
+    assert certified is not None
+    assert certified["status"]["conditions"][0]["status"] == "True"
+    assert certified["status"]["conditions"][0]["lastTransitionTime"] == "2026-12-03T03:00:00Z"
+    assert condition_patch(node, _decision(None), now=later) is None  # inconclusive leaves it as it was
 
 
 def test_failed_jobs_become_inconclusive_node_rows() -> None:

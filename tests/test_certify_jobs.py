@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -41,7 +42,8 @@ from gpucert.certify import (
     payload_key,
     payload_path,
 )
-from gpucert.errors import ResultsError
+from gpucert.certify._jobs import JobRenderError, PayloadArgsError
+from gpucert.errors import InputError, ResultsError
 from gpucert.kube import Kube, KubeConflict, RetryPolicy, connect
 from gpucert.sim import (
     EXIT_CODE_ANNOTATION,
@@ -204,7 +206,7 @@ def test_the_benchmark_job_is_valid_and_follows_the_conventions(cm: dict[str, An
 
 
 def test_the_job_runs_the_payloads_real_command_line(cm: dict[str, Any]) -> None:
-    settings = BenchmarkSettings(repeats=5, extra_args=("--gemm-seconds", "2", "--skip", "copy"))
+    settings = BenchmarkSettings(repeats=5, payload_args=("--gemm-seconds", "2", "--skip", "copy"))
     c = container(benchmark_job("night-1", "gpu-node-00002", 4, payload=cm, settings=settings))
     # The kubelet expands $(NODE_NAME) from the downward API; the payload's own parser takes the rest.
     args = [a.replace("$(NODE_NAME)", "gpu-node-00002") for a in c["args"]]
@@ -246,14 +248,134 @@ def test_settings_are_rendered_and_checked(cm: dict[str, Any]) -> None:
         ("deadline_s", 0, "deadline_s"),
         ("ttl_s", -1, "ttl_s"),
         ("priority_class", "Low Priority", "priority class"),
-        ("extra_args", ("--run-id", "x"), "may not set --run-id"),
-        ("extra_args", ("--expected-gpus=4",), "may not set --expected-gpus"),
+        ("payload_args", ("--run-id", "x"), "may not set --run-id"),
+        ("payload_args", ("--expected-gpus=4",), "may not set --expected-gpus"),
         ("memory_request", "lots", "quantity"),
     ],
 )
 def test_settings_refuse_what_kubernetes_or_the_payload_would(field: str, value: Any, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         BenchmarkSettings(**{field: value})
+
+
+def kubelet_expand(arg: str, env: Mapping[str, str]) -> str:
+    """A container argument as the kubelet hands it over: ``$(VAR)`` from ``env`` (an unknown one kept),
+    ``$$`` as ``$``."""
+
+    def one(match: re.Match[str]) -> str:
+        return "$" if match.group(0) == "$$" else env.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", one, arg)
+
+
+def test_payload_args_follow_the_jobs_own_and_reach_the_payload_as_written(cm: dict[str, Any]) -> None:
+    evil = 'x"\n  evil: {{ x }} &a *a $(PYTHONPATH)'
+    given = [
+        "--gemm-seconds=5",
+        "--copy-bytes", "512M",
+        "--dcgm-level=2",
+        "--nccl-tests-args=-d bfloat16 -G 1",
+        f"--stack-json=/tmp/$(NODE_NAME)-{evil}.json",
+    ]  # fmt: skip
+    settings = BenchmarkSettings(payload_args=given)  # type: ignore[arg-type]  # a list, as JSON gives one
+    assert settings.payload_args == tuple(given)
+    job = benchmark_job("night-1", "gpu-node-00002", 8, payload=cm, settings=settings)
+    validate(job)
+    args = container(job)["args"]
+    assert args[:8] == [
+        "--run-id",
+        "night-1",
+        "--node",
+        "$(NODE_NAME)",
+        "--repeats",
+        "3",
+        "--expected-gpus",
+        "8",
+    ]
+    # Each payload argument is one list item, whatever it holds; a `$` is escaped from the kubelet.
+    assert args[8:-1] == given[:-1]
+    assert args[-1] == f"--stack-json=/tmp/$$(NODE_NAME)-{evil.replace('$', '$$')}.json"
+    env = {"NODE_NAME": "gpu-node-00002", "PYTHONPATH": PAYLOAD_DIR}
+    opts = parse_args([kubelet_expand(a, env) for a in args])
+    assert (opts.node, opts.repeats, opts.expected_gpus) == ("gpu-node-00002", 3, 8)
+    assert (opts.gemm_seconds, opts.copy_bytes) == (5.0, 512 << 20)
+    assert (opts.dcgm, opts.dcgm_level) == (True, 2)
+    assert opts.nccl_tests_args == ("-d", "bfloat16", "-G", "1")
+    assert opts.stack_json == f"/tmp/$(NODE_NAME)-{evil}.json"
+
+
+@pytest.mark.parametrize(
+    ("payload_args", "words"),
+    [
+        (("--gemm-secs=2",), "unrecognized arguments: --gemm-secs=2"),
+        # An abbreviation the pod's parser would complete, here of a flag the Job sets itself.
+        (("--repeat=9",), "unrecognized arguments: --repeat=9"),
+        (("--help",), "unrecognized arguments: --help"),
+        (("--dcgm-level=5",), "argument --dcgm-level: invalid choice: 5"),
+        (("--skip=gpu",), "argument --skip: invalid choice: 'gpu'"),
+        (("--gemm-seconds",), "argument --gemm-seconds: expected one argument"),
+        (("--copy-bytes=lots",), "argument --copy-bytes: 'lots' is not a size"),
+        (("--nccl-tests-args=-g 1",), "'-g' sets all_reduce_perf's --ngpus"),
+        (("--nccl-tests-args=--minbytes=1K",), "sets all_reduce_perf's --minbytes"),
+        (("--node=gpu-node-00009",), "may not set --node"),
+        (("--repeats", "9"), "may not set --repeats"),
+        ("--dcgm", "a sequence of strings"),
+        (("--repeats", 9), "a sequence of strings"),
+    ],
+)
+def test_payload_args_the_payload_would_refuse_are_refused_naming_them(payload_args: Any, words: str) -> None:
+    with pytest.raises(PayloadArgsError, match=re.escape(words)) as caught:
+        BenchmarkSettings(payload_args=payload_args)
+    # Bad input (exit 2), a bad setting like any other, and the module's render error.
+    assert isinstance(caught.value, InputError)
+    assert isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, JobRenderError)
+
+
+def test_payload_args_are_checked_again_when_a_job_is_rendered(cm: dict[str, Any]) -> None:
+    settings = BenchmarkSettings()
+    object.__setattr__(settings, "payload_args", ("--gemm-secs=2",))  # settings that skipped their checks
+    with pytest.raises(PayloadArgsError, match="--gemm-secs=2"):
+        benchmark_job("night-1", "n1", 8, payload=cm, settings=settings)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for dcgmi")
+def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_path: Path) -> None:
+    """``--dcgm-level=3`` in the settings reaches ``dcgmi diag -r 3`` in the pod (a stand-in dcgmi)."""
+    mount, tools = tmp_path / "mount", tmp_path / "bin"
+    for item in payload_items(cm):
+        target = mount / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(cm["data"][item["key"]], encoding="utf-8")
+    tools.mkdir()
+    called = tmp_path / "dcgmi-args"
+    report = {"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name": "Memory", "results": [
+        {"gpu_id": "0", "status": "Pass"}]}]}]}}  # fmt: skip
+    (tools / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    dcgmi = tools / "dcgmi"
+    dcgmi.write_text(
+        f"#!/bin/sh\necho \"$@\" > '{called}'\ncat '{tools / 'report.json'}'\n", encoding="utf-8"
+    )
+    dcgmi.chmod(0o755)
+    settings = BenchmarkSettings(payload_args=("--dcgm-level=3", "--skip=allreduce"))
+    env = {
+        "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(mount),
+        "NODE_NAME": "n7",
+    }
+    args = [
+        kubelet_expand(a, env)
+        for a in container(benchmark_job("night-8", "n7", 2, payload=cm, settings=settings))["args"]
+    ]
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "gpucert.bench", *args, "--device", "cpu"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert called.read_text(encoding="utf-8").split() == ["diag", "-r", "3", "-j"]
+    collected = parse_pod_log(done.stderr + done.stdout, run_id="night-8", node="n7", source="payload log")
+    assert collected.dcgm == {"Memory": "pass"}
+    assert not any("all-reduce" in message or "allreduce" in message for message in collected.errors)
 
 
 @pytest.mark.parametrize(

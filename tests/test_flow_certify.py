@@ -15,7 +15,7 @@ import pytest
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore
 from flows.certify import certify
-from gpucert.certify import BenchmarkSettings, benchmark_job, payload_configmap
+from gpucert.certify import BenchmarkSettings, CertifyOutcome, benchmark_job, payload_configmap
 from gpucert.cli import main
 from gpucert.fleet import Fault
 from gpucert.kube import Kube, connect
@@ -33,7 +33,7 @@ FAULTS = {  # node index → (kind, gpu, expected taint cause)
 }
 
 
-def _run(sim: SimCluster, store: Path, **kwargs: Any) -> dict[str, Any]:
+def _run(sim: SimCluster, store: Path, **kwargs: Any) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
     return asyncio.run(certify(cluster=cluster, store=BaselineStore(uri=f"file://{store}"), **kwargs))
 
@@ -60,9 +60,9 @@ def test_five_faults_on_64_nodes_get_the_right_state_taint_and_cause(
     # Fixed run ids make the simulated measurements, and so this test, repeatable.
     clean = _run(sim64, tmp_path, run_id="cert-clean")
     stragglers = (
-        set(clean["tainted"])
-        | set(clean["unconfirmed"])
-        | {n for n, a in clean["actions"].items() if "degraded" in a or "failed" in a}
+        set(clean.tainted)
+        | set(clean.unconfirmed)
+        | {d.node for d in clean.decisions if d.state in ("degraded", "failed")}
     )
     names = sim64.fleet.node_names
     faulty = {names[i]: cause for i, (_, _, cause) in FAULTS.items()}
@@ -83,11 +83,12 @@ def test_five_faults_on_64_nodes_get_the_right_state_taint_and_cause(
     assert len(healthy) >= 55
     assert {labels[n]["gpucert.io/state"] for n in healthy} == {"certified"}
     assert all(taints[n] == [] for n in healthy)
-    assert set(faulty) <= set(result["tainted"])
-    assert result["incident"] is None
+    assert set(faulty) <= set(result.tainted)
+    assert result.incident is None
     store = open_store(f"file://{tmp_path}")
-    assert store.current_version() == result["baseline_version"]
-    assert Path(result["report"].removeprefix("file://")).read_text().startswith("<!DOCTYPE html>")
+    assert store.current_version() == result.baseline_version
+    assert result.report is not None
+    assert Path(result.report.removeprefix("file://")).read_text().startswith("<!DOCTYPE html>")
 
 
 def test_a_killed_run_leaves_no_duplicate_jobs_no_half_baseline_no_stale_taint(tmp_path: Path) -> None:
@@ -110,11 +111,11 @@ def test_a_killed_run_leaves_no_duplicate_jobs_no_half_baseline_no_stale_taint(t
         assert runs == ["cert-again"] * 4  # the killed run's Jobs are gone, one Job per node
         assert _taints(kube) == {key: [] for key in names}  # the repaired node is untainted on its pass
         store = open_store(f"file://{tmp_path}")
-        assert [v.version for v in store.versions()] == [result["baseline_version"]]
+        assert [v.version for v in store.versions()] == [result.baseline_version]
 
         again = _run(sim, tmp_path, run_id="cert-again")  # the same run id again adopts, duplicates nothing
         assert len(kube.list_objects("batch/v1", "Job", settings.namespace)) == 4
-        assert again["states"] == {"certified": 4}
+        assert again.states == {"certified": 4}
 
 
 def test_observe_only_and_the_blast_radius_taint_nothing(tmp_path: Path) -> None:
@@ -123,13 +124,14 @@ def test_observe_only_and_the_blast_radius_taint_nothing(tmp_path: Path) -> None
         sim.inject_fault(Fault("remap_failure", names[0], 0))
         observed = _run(sim, tmp_path / "a", observe_only=True)
         kube = connect(sim.kubeconfig_path)
-        assert observed["tainted"] == []
+        assert observed.tainted == []
         assert kube.get("v1", "Node", names[0])["metadata"]["labels"]["gpucert.io/state"] == "failed"
         for node in names[1:5]:  # 5 of 6 nodes fail: more than max(3, 10 %) — the baseline is suspect
             sim.inject_fault(Fault("remap_failure", node, 1))
         guarded = _run(sim, tmp_path / "b")
-        assert guarded["tainted"] == []
-        assert "blast radius" in guarded["incident"]
+        assert guarded.tainted == []
+        assert guarded.incident is not None
+        assert "blast radius" in guarded.incident
         assert all(t == [] for t in _taints(kube).values())
 
 

@@ -18,7 +18,7 @@ from flows.configure import configure
 from gpucert.cli import main
 from gpucert.kube import Kube, connect
 from gpucert.sim import ApiFaults, SimCluster
-from gpucert.stack import StackConflict, StackNotReady
+from gpucert.stack import ConfigureOutcome, StackConflict, StackNotReady, load_matrix
 
 from .conftest import eventually
 
@@ -66,22 +66,24 @@ def sim64() -> Iterator[SimCluster]:
 
 
 @pytest.fixture(scope="module")
-def configured(sim64: SimCluster) -> dict[str, Any]:
+def configured(sim64: SimCluster) -> ConfigureOutcome:
     return configure(cluster=_cluster(sim64), rollout_timeout_s=60)
 
 
-def test_64_nodes_configured_with_8_gpus_each(sim64: SimCluster, configured: dict[str, Any]) -> None:
+def test_64_nodes_configured_with_8_gpus_each(sim64: SimCluster, configured: ConfigureOutcome) -> None:
     kube = connect(sim64.kubeconfig_path)
     nodes = kube.nodes()
     assert len(nodes) == 64
     assert {n["status"]["allocatable"].get("nvidia.com/gpu") for n in nodes} == {"8"}
-    assert configured["gpus_verified"] == 64 * 8
-    assert configured["drift"] == []
-    stack = next(iter(configured["stack"].values()))
+    assert isinstance(configured, ConfigureOutcome)
+    assert configured.gpus_verified == 64 * 8
+    assert configured.drift == ()
+    assert configured.reused == ()
+    stack = next(iter(configured.stack.values()))
     for node in nodes:
         labels = node["metadata"]["labels"]
         assert labels["gpucert.io/stack"] == "managed"
-        assert labels["gpucert.io/stack.release"] == configured["release"]
+        assert labels["gpucert.io/stack.release"] == configured.release
         for component, version in stack.items():
             assert labels[f"gpucert.io/stack.{component}"] == version
     daemonsets = kube.list_objects("apps/v1", "DaemonSet", "gpucert-system")
@@ -97,11 +99,11 @@ def test_64_nodes_configured_with_8_gpus_each(sim64: SimCluster, configured: dic
     assert "gpucert" in managers
 
 
-def test_a_second_run_changes_nothing(sim64: SimCluster, configured: dict[str, Any]) -> None:
+def test_a_second_run_changes_nothing(sim64: SimCluster, configured: ConfigureOutcome) -> None:
     kube = connect(sim64.kubeconfig_path)
     before, store_before = _versions(kube), _store_version(kube)
     again = configure(cluster=_cluster(sim64), rollout_timeout_s=60)
-    assert again["labelled_nodes"] == []
+    assert again.labelled_nodes == ()
     assert _versions(kube) == before
     assert _store_version(kube) == store_before
 
@@ -130,7 +132,7 @@ def test_api_500s_and_429s_are_ridden_out() -> None:
         nodes=16, faults=ApiFaults(error_rate=0.1, throttle_rate=0.03, retry_after_s=1, seed=3)
     ) as sim:
         result = configure(cluster=_cluster(sim), rollout_timeout_s=60)
-        assert result["gpus_verified"] == 16 * 8
+        assert result.gpus_verified == 16 * 8
         sim.set_faults(None)
         nodes = connect(sim.kubeconfig_path).nodes()
         assert {n["status"]["allocatable"]["nvidia.com/gpu"] for n in nodes} == {"8"}
@@ -156,9 +158,9 @@ def test_a_host_driver_node_gets_no_driver_pod_and_is_reported(tmp_path: Path) -
         labels = kube.get("v1", "Node", host)["metadata"]["labels"]
         assert labels["gpucert.io/stack.driver"] == "570.195.03"
         assert "gpucert.io/driver" not in labels
-        chosen = result["stack"]["NVIDIA H200"]["driver"]
+        chosen = result.stack["NVIDIA H200"]["driver"]
         if chosen != "570.195.03":
-            assert [d["node"] for d in result["drift"]] == [host]
+            assert [d.node for d in result.drift] == [host]
 
 
 def test_dry_run_renders_everything_and_writes_nothing(tmp_path: Path) -> None:
@@ -168,7 +170,7 @@ def test_dry_run_renders_everything_and_writes_nothing(tmp_path: Path) -> None:
         result = configure(cluster=_cluster(sim), dry_run_dir=str(tmp_path / "out"))
         assert _store_version(kube) == before
         files = sorted((tmp_path / "out").iterdir())
-        assert [f.name for f in files] == sorted(Path(f).name for f in result["dry_run_files"])
+        assert [f.name for f in files] == sorted(Path(f).name for f in result.dry_run_files)
         kinds = {doc["kind"] for f in files for doc in yaml.safe_load_all(f.read_text()) if doc}
         assert {"Namespace", "DaemonSet", "Service", "ConfigMap", "ClusterRole"} <= kinds
 
@@ -193,8 +195,8 @@ def test_configure_on_a_preconfigured_cluster_changes_nothing() -> None:
         settled = eventually(lambda: _settled(kube, ready=6))
         before = _versions(kube)
         result = configure(cluster=_cluster(sim), rollout_timeout_s=30)
-        assert result["labelled_nodes"] == []
-        assert result["drift"] == []
+        assert result.labelled_nodes == ()
+        assert result.drift == ()
         assert _versions(kube) == before
         assert _store_version(kube) == settled
 
@@ -207,3 +209,131 @@ def _settled(kube: Kube, ready: int) -> str | None:
     first = _store_version(kube)
     time.sleep(0.3)
     return first if _store_version(kube) == first else None
+
+
+# --- a run for some nodes follows what the last full configure recorded ---------------------------------
+
+MIRROR = "registry.local:5000/mirror"
+#: Not the newest release, a driver the release would not choose, and an operand of another release.
+OLDER = "25.10.0"
+PINS = {"driver": "570.195.03", "device-plugin": "v0.18.1"}
+
+
+def _templates(kube: Kube) -> dict[str, tuple[int, list[str]]]:
+    """Stack DaemonSet → (generation, its pods' images): a changed template moves the generation."""
+    return {
+        d["metadata"]["name"]: (
+            d["metadata"]["generation"],
+            [c["image"] for c in d["spec"]["template"]["spec"]["containers"]],
+        )
+        for d in kube.list_objects("apps/v1", "DaemonSet", "gpucert-system")
+    }
+
+
+def _images_on(kube: Kube, node: str) -> dict[str, set[str]]:
+    """Component → the images its Ready pods run on ``node``."""
+    out: dict[str, set[str]] = {}
+    for pod in kube.list_objects("v1", "Pod", "gpucert-system"):
+        if pod["spec"].get("nodeName") == node:
+            component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+            out.setdefault(component, set()).update(c["image"] for c in pod["spec"]["containers"])
+    return out
+
+
+def _run_name(state: Any) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(state.state_details.flow_run_id).name
+
+
+def test_a_joined_node_gets_the_fleets_release_registry_and_pins() -> None:
+    assert load_matrix().newest_release().name != OLDER
+    with SimCluster(nodes=3) as sim:
+        kube = connect(sim.kubeconfig_path)
+        first = configure(
+            cluster=_cluster(sim), release=OLDER, versions=PINS, registry=MIRROR, rollout_timeout_s=30
+        )
+        assert "ConfigMap gpucert-system/gpucert-stack" in first.objects
+        record = kube.get("v1", "ConfigMap", "gpucert-stack", "gpucert-system")
+        assert record["data"]["release"] == OLDER
+        assert record["data"]["registry"] == MIRROR
+        assert {k: v for k, v in record["data"].items() if k.startswith("pinned.")} == {
+            f"pinned.{c}": v for c, v in PINS.items()
+        }
+        templates = _templates(kube)
+        old_node = sim.fleet.node_names[0]
+
+        [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
+        state = configure(cluster=_cluster(sim), nodes=[new], rollout_timeout_s=30, return_state=True)
+        joined: ConfigureOutcome = state.result()
+
+        assert joined.reused == ("release", "versions", "registry")
+        assert (joined.release, joined.registry, joined.pinned) == (OLDER, MIRROR, PINS)
+        assert joined.stack == first.stack
+        assert joined.nodes == (new,)
+        assert joined.drift == ()
+        assert "ConfigMap gpucert-system/gpucert-stack" not in joined.objects  # a node run records nothing
+        assert _templates(kube) == templates  # no DaemonSet rolled: the fleet kept its stack
+        assert _images_on(kube, new) == _images_on(kube, old_node)
+        assert all(i.startswith(MIRROR + "/") for images in _images_on(kube, new).values() for i in images)
+        assert kube.get("v1", "ConfigMap", "gpucert-stack", "gpucert-system") == record
+        labels = kube.get("v1", "Node", new)["metadata"]["labels"]
+        assert labels["gpucert.io/stack.release"] == OLDER
+        assert labels["gpucert.io/stack.driver"] == PINS["driver"]
+        assert labels["gpucert.io/stack.device-plugin"] == PINS["device-plugin"]
+        assert _run_name(state) == f"configure-{new}"
+        assert "Taken from the fleet's record (ConfigMap gpucert-stack): release, versions, registry" in (
+            joined.markdown()
+        )
+
+
+def test_explicit_arguments_win_over_the_record(tmp_path: Path) -> None:
+    with SimCluster(nodes=2) as sim:
+        kube = connect(sim.kubeconfig_path)
+        configure(cluster=_cluster(sim), release=OLDER, versions=PINS, registry=MIRROR, rollout_timeout_s=30)
+        node = sim.fleet.node_names[1]
+        before = _store_version(kube)
+        other = configure(
+            cluster=_cluster(sim), nodes=[node], registry="mirror.example.com", dry_run_dir=str(tmp_path)
+        )
+        assert _store_version(kube) == before
+        assert other.reused == ("release", "versions")
+        assert (other.release, other.registry, other.pinned) == (OLDER, "mirror.example.com", PINS)
+        images = [
+            c["image"]
+            for f in other.dry_run_files
+            for doc in yaml.safe_load_all(Path(f).read_text())
+            if doc and doc["kind"] == "DaemonSet"
+            for c in doc["spec"]["template"]["spec"]["containers"]
+        ]
+        assert images
+        assert all(i.startswith("mirror.example.com/") for i in images)
+        assert "gpucert-stack" not in (tmp_path / "01-namespace.yaml").read_text()
+        pinned = configure(
+            cluster=_cluster(sim), nodes=[node], versions={"driver": "570.211.01"}, dry_run_dir=str(tmp_path)
+        )
+        assert pinned.reused == ("release", "registry")
+        assert pinned.pinned == {"driver": "570.211.01"}  # explicit pins replace the recorded ones whole
+
+
+def test_a_node_run_with_nothing_recorded_behaves_as_before(tmp_path: Path) -> None:
+    with SimCluster(nodes=2) as sim:
+        node = sim.fleet.node_names[0]
+        state = configure(cluster=_cluster(sim), nodes=[node], dry_run_dir=str(tmp_path), return_state=True)
+        result: ConfigureOutcome = state.result()
+        assert result.reused == ()
+        assert result.release == load_matrix().newest_release().name
+        assert (result.registry, result.pinned) == (None, {})
+        assert _run_name(state) == f"configure-{node}"
+        full = configure(cluster=_cluster(sim), dry_run_dir=str(tmp_path / "full"), return_state=True)
+        assert _run_name(full) == "configure-all"
+        text = (tmp_path / "full" / "01-namespace.yaml").read_text()
+        record = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "ConfigMap"]
+        assert [d["metadata"]["name"] for d in record] == ["gpucert-stack"]  # kubectl apply -f DIR records
+
+
+def test_the_outcome_round_trips_as_json(configured: ConfigureOutcome) -> None:
+    # What Prefect persists and `gpucert configure --json` prints.
+    assert ConfigureOutcome.model_validate_json(configured.model_dump_json()) == configured
+    assert ConfigureOutcome.from_dict(configured.to_dict()) == configured

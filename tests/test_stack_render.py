@@ -130,6 +130,7 @@ def test_objects_and_install_order(manifests: list[Manifest]) -> None:
     ]
     assert got == [
         ("namespace", "Namespace", NS, None),
+        ("namespace", "ConfigMap", "gpucert-stack", NS),
         *[("rbac", *r) for r in rbac],
         ("driver", "DaemonSet", "nvidia-driver-580-95-05-ubuntu22-04", NS),
         ("driver", "DaemonSet", "nvidia-driver-580-95-05-ubuntu24-04", NS),

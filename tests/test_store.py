@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import threading
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -21,24 +22,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpucert.cli import main
 from gpucert.errors import (
     BaselineFormatError,
+    InputError,
     StoreConflict,
     StoreError,
     StoreUnavailable,
     VersionNotFound,
 )
+from gpucert.fleet import Fleet
+from gpucert.results import write_results
 from gpucert.store import (
     BASELINE_COLUMNS,
     BaselineStore,
     Blob,
     FileObjectStore,
     ObjectStore,
+    StoreNotFound,
+    StoreURIError,
+    UnknownVersion,
     empty_baseline,
     open_object_store,
     open_store,
     validate_baseline,
 )
+from gpucert.tickets import LocalTickets
 
 T0 = pd.Timestamp("2026-12-01T08:00:00Z")
 
@@ -139,6 +148,7 @@ def test_layout_and_meta_follow_the_design(store: BaselineStore, tmp_path: Path)
     }
     assert meta["created_at"].endswith("Z")
     assert datetime.fromisoformat(meta["created_at"]).tzinfo is not None
+    assert (root / "baselines" / f"v={v1}" / "made-current").read_text() == f"{v1}\n"
     stamp, _, suffix = v1.partition("-")
     assert datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").year >= 2026
     assert len(suffix) == 8
@@ -171,10 +181,9 @@ def test_a_failed_pointer_write_leaves_the_old_current(
     assert store.current_version() == v1
     assert keys_of(store.read()) == {"GPU-1"}
     assert hidden_files(tmp_path / "store") == [], "the temp file of the failed write is cleaned up"
-    # The new version was complete before the pointer was tried; it stays, unreferenced.
+    # The new version was complete before the pointer was tried, but it never was the baseline.
     infos = store.versions()
-    assert len(infos) == 2
-    assert [i.is_current for i in infos] == [True, False]
+    assert [(i.version, i.is_current) for i in infos] == [(v1, True)]
 
 
 def test_a_failed_table_write_leaves_no_visible_version(
@@ -291,6 +300,10 @@ def _assert_linear_history(store: BaselineStore, expected_keys: set[str]) -> Non
     assert len(chain) == len(expected_keys)
     sizes = [len(store.read(v)) for v in reversed(chain)]
     assert sizes == list(range(1, len(expected_keys) + 1))
+    # Every race lost on current was cleaned up by its loser: only the chain is listed, or stored.
+    assert set(parents) == set(chain), "a version that lost the race on current is listed"
+    stored = {k.split("/")[1].removeprefix("v=") for k in store.objects.list("baselines/v=")}
+    assert stored == set(chain), "a losing version was left behind"
 
 
 def test_concurrent_processes_never_lose_an_update(tmp_path: Path) -> None:
@@ -349,10 +362,12 @@ def test_rollback_restores_an_earlier_version_and_keeps_the_rest(store: Baseline
 @pytest.mark.parametrize("version", ["20990101T000000Z-deadbeef", "../../etc", "", "v=1/x"])
 def test_rollback_to_an_unknown_version_fails(store: BaselineStore, version: str) -> None:
     v1 = store.update(add_key("GPU-1"), message="one")
-    with pytest.raises(VersionNotFound):
+    with pytest.raises(UnknownVersion, match=f"no baseline version {version!r}"):
         store.rollback(version)
-    with pytest.raises(VersionNotFound):
+    with pytest.raises(UnknownVersion) as caught:
         store.read(version)
+    assert isinstance(caught.value, InputError), "a mistyped version is the user's to fix (exit 2)"
+    assert isinstance(caught.value, VersionNotFound)
     assert store.current_version() == v1
 
 
@@ -516,7 +531,7 @@ def test_an_unwritable_root_is_unavailable(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     store = open_store(str(blocker / "store"))
-    assert store.read().empty, "reading an absent root is an empty store, not an error"
+    assert store.read().empty, "a writer's absent root reads as an empty store"
     with pytest.raises(StoreUnavailable, match=str(blocker)):
         store.update(add_key("GPU-1"), message="one")
     with pytest.raises(StoreUnavailable, match=str(blocker)):
@@ -541,6 +556,33 @@ def test_open_object_store_understands_the_design_uris(tmp_path: Path) -> None:
         open_object_store("file://relative/path")
     with pytest.raises(StoreError, match="empty"):
         open_object_store("")
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("gs://bucket/x", "unknown scheme 'gs'"),
+        ("ftp://", "unknown scheme 'ftp'"),
+        ("http://host/store", "unknown scheme 'http'"),
+        ("s3://", "names a bucket"),
+        ("s3:///prefix", "names a bucket"),
+        ("s3:bucket/prefix", "names a bucket"),
+        ("s3://[oops/x", "not a valid URI"),
+        ("s3://bucket:port/x", "not a valid URI"),
+        ("s3://bad bucket/x", "not an S3 bucket name"),
+        ("file://host/x", "three slashes"),
+        ("file:", "no path"),
+        ("file:///srv/gpucert?x=1", r"no \?query"),
+        ("   ", "empty"),
+    ],
+)
+def test_a_uri_that_cannot_be_opened_is_input_naming_it(uri: str, words: str) -> None:
+    with pytest.raises(StoreURIError, match=words) as caught:
+        open_store(uri)
+    assert isinstance(caught.value, InputError)
+    assert isinstance(caught.value, StoreError)
+    if uri.strip():
+        assert repr(uri) in str(caught.value)
 
 
 # --- run files -------------------------------------------------------------------------------------
@@ -569,3 +611,273 @@ def test_run_files_do_not_disturb_baselines(store: BaselineStore) -> None:
     store.write_run_file("run-1", date(2026, 12, 1), "results.parquet", b"x")
     assert [i.version for i in store.versions()] == [v1]
     assert np.array_equal(store.read()["key"].to_numpy(), np.array(["GPU-1"], dtype=object))
+
+
+# --- versions that never were current ---------------------------------------------------------------
+
+
+def _recording_writes(store: BaselineStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The id of every version ``store`` writes from now on (its own method, called through)."""
+    written: list[str] = []
+    original = store.write_version
+
+    def write_version(frame: pd.DataFrame, *, parent: str | None, message: str) -> str:
+        version = original(frame, parent=parent, message=message)
+        written.append(version)
+        return version
+
+    monkeypatch.setattr(store, "write_version", write_version)
+    return written
+
+
+def test_a_version_that_lost_the_race_is_deleted_and_never_listed(
+    store: BaselineStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    rival = open_store(str(tmp_path / "store"))
+    written = _recording_writes(store, monkeypatch)
+    rival_versions: list[str] = []
+
+    def racing(t: pd.DataFrame) -> pd.DataFrame:
+        if not rival_versions:  # the rival moves current between our read and our pointer move
+            rival_versions.append(rival.update(add_key("GPU-rival"), message="rival"))
+        return add_key("GPU-mine")(t)
+
+    mine = store.update(racing, message="mine")
+    loser, winner = written
+    assert winner == mine
+    assert loser != mine
+    assert [i.version for i in store.versions()] == [v1, rival_versions[0], mine]
+    assert not (tmp_path / "store" / "baselines" / f"v={loser}").exists(), "the loser deletes what it wrote"
+    for attempt in (store.rollback, store.read):
+        with pytest.raises(UnknownVersion, match=loser):
+            attempt(loser)
+    assert store.current_version() == mine
+
+
+def test_a_loser_that_crashed_before_cleaning_up_is_never_listed_nor_a_rollback_target(
+    store: BaselineStore,
+) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    v2 = store.update(add_key("GPU-2"), message="two")
+    # A writer that read v1, wrote its version, lost the pointer and died: its version stays on disk.
+    lost = store.write_version(table("GPU-9"), parent=v1, message="lost")
+    with pytest.raises(StoreConflict):
+        store.move_current(lost, expected=v1)
+    # And one that died between writing its version and trying to move the pointer at all.
+    crashed = store.write_version(table("GPU-8"), parent=v2, message="crashed")
+    assert {lost, crashed} <= {k.split("/")[1].removeprefix("v=") for k in store.objects.list("baselines/")}
+    assert [i.version for i in store.versions()] == [v1, v2]
+    for version in (lost, crashed):
+        with pytest.raises(UnknownVersion, match="never made current"):
+            store.rollback(version)
+        with pytest.raises(UnknownVersion):
+            store.read(version)
+        with pytest.raises(UnknownVersion):
+            store.write_version(table("GPU-7"), parent=version, message="on a loser")
+    assert store.current_version() == v2
+    # The next update is built on the real current, as if the dead writers had never been.
+    v3 = store.update(add_key("GPU-3"), message="three")
+    assert [i.version for i in store.versions()] == [v1, v2, v3]
+    assert keys_of(store.read()) == {"GPU-1", "GPU-2", "GPU-3"}
+
+
+def test_a_crash_after_the_pointer_moved_loses_no_history(store: BaselineStore) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    # The writer moves current (the real conditional write) and dies before it marks its version.
+    v2 = store.write_version(table("GPU-1", "GPU-2"), parent=v1, message="two")
+    blob = store.objects.get("baselines/current")
+    assert blob is not None
+    store.objects.put_if("baselines/current", f"{v2}\n".encode(), if_match=blob.etag)
+    assert not store.objects.exists(f"baselines/v={v2}/made-current")
+    assert [(i.version, i.is_current) for i in store.versions()] == [(v1, False), (v2, True)]
+    # Whoever moves the pointer away marks v2 first, so it stays listed and a rollback target.
+    v3 = store.update(add_key("GPU-3"), message="three")
+    assert store.objects.exists(f"baselines/v={v2}/made-current")
+    assert [i.version for i in store.versions()] == [v1, v2, v3]
+    store.rollback(v2)
+    assert keys_of(store.read()) == {"GPU-1", "GPU-2"}
+    store.rollback(v3)
+
+
+def test_a_store_from_before_the_marker_keeps_its_history(store: BaselineStore, tmp_path: Path) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    v2 = store.update(add_key("GPU-2"), message="two")
+    v3 = store.update(add_key("GPU-3"), message="three")
+    for marker in (tmp_path / "store" / "baselines").glob("v=*/made-current"):
+        marker.unlink()
+    # Current and its parent chain count: a parent was current when its child was made.
+    assert [i.version for i in store.versions()] == [v1, v2, v3]
+    store.rollback(v1)
+    assert keys_of(store.read()) == {"GPU-1"}
+    assert [i.version for i in store.versions()] == [v1, v2, v3], "the rollback marked v3 as it left it"
+
+
+def test_a_write_that_landed_despite_a_conflict_is_kept(store: BaselineStore) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    v2 = store.write_version(table("GPU-1", "GPU-2"), parent=v1, message="two")
+    store.move_current(v2, expected=v1)
+    # What update() does after a conflict its own write caused (an S3 answer lost on the wire).
+    assert store._settle_lost(v2) is True
+    assert [i.version for i in store.versions()] == [v1, v2]
+    assert keys_of(store.read(v2)) == {"GPU-1", "GPU-2"}
+
+
+def test_delete_removes_the_object_and_its_empty_folders(tmp_path: Path) -> None:
+    objects = FileObjectStore(tmp_path / "root")
+    objects.put("a/b/c", b"1")
+    objects.put("a/d", b"2")
+    objects.delete("a/b/c")
+    assert objects.list("") == ["a/d"]
+    assert not (tmp_path / "root" / "a" / "b").exists()
+    objects.delete("a/b/c")  # missing: nothing to do
+    objects.delete("a")  # a folder is not an object
+    assert objects.list("") == ["a/d"]
+    objects.delete("a/d")
+    assert objects.list("") == []
+    assert (tmp_path / "root").is_dir(), "the root itself stays"
+
+
+# --- readers never create a store -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def results_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("results") / "night.parquet"
+    write_results(Fleet.generate(nodes=2, seed=5).run("night-1", ts=T0, seed=1).results, path)
+    return path
+
+
+def test_opening_a_missing_root_to_read_is_input_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-store"
+    for uri in (missing.as_uri(), str(missing)):
+        with pytest.raises(StoreNotFound, match=str(missing)) as caught:
+            open_store(uri, create=False)
+        assert isinstance(caught.value, InputError)
+        with pytest.raises(StoreNotFound):
+            open_object_store(uri, create=False)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(StoreNotFound, match="a-file"):
+        open_store(str(blocker), create=False)
+    assert not missing.exists()
+    missing.mkdir()
+    assert open_store(str(missing), create=False).versions() == [], "an existing empty root is an empty store"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compare", "{results}", "--baselines", "{store}", "--out", "{tmp}/v.csv"],
+        ["baseline", "list", "--store", "{store}"],
+        ["baseline", "rollback", "20990101T000000Z-00000000", "--store", "{store}"],
+        ["baseline", "rebuild", "node-a", "--store", "{store}"],
+    ],
+    ids=["compare", "list", "rollback", "rebuild"],
+)
+def test_reading_commands_refuse_a_missing_store_root(
+    tmp_path: Path, results_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    missing = tmp_path / "typo-store"
+    args = [a.format(results=results_file, store=missing.as_uri(), tmp=tmp_path) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err
+    assert "does not exist" in err
+    assert "Traceback" not in err
+    assert not missing.exists(), "a reading command created the store root"
+    assert not (tmp_path / "v.csv").exists()
+
+
+def test_baseline_build_creates_a_missing_root(
+    tmp_path: Path, results_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "new" / "store"
+    assert main(["baseline", "build", str(results_file), "--store", root.as_uri()]) == 0
+    assert main(["baseline", "list", "--store", root.as_uri()]) == 0
+    assert "* " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("uri", ["gs://bucket/gpucert", "ftp://", "s3://", "s3:///prefix", "s3://[x/y"])
+def test_commands_refuse_a_store_uri_they_cannot_open(
+    tmp_path: Path, results_file: Path, capsys: pytest.CaptureFixture[str], uri: str
+) -> None:
+    assert main(["baseline", "list", "--store", uri]) == 2
+    assert repr(uri) in capsys.readouterr().err
+    assert main(["baseline", "build", str(results_file), "--store", uri]) == 2
+    assert repr(uri) in capsys.readouterr().err
+    out = tmp_path / "v.csv"
+    assert main(["compare", str(results_file), "--baselines", uri, "--out", str(out)]) == 2
+    assert repr(uri) in capsys.readouterr().err
+
+
+def test_rollback_to_an_unknown_version_is_one_line_pointing_at_the_listing(
+    store: BaselineStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    assert main(["baseline", "rollback", "20990101T000000Z-00000000", "--store", store.uri]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "20990101T000000Z-00000000" in err
+    assert f"`gpucert baseline list --store {store.uri}`" in err
+    assert store.current_version() == v1
+
+
+def test_tickets_list_never_creates_a_ticket_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no" / "such" / "path"
+    assert main(["tickets", "list", "--tickets", str(missing)]) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert main(["tickets", "list", "--tickets", str(missing / "tickets.sqlite")]) == 2
+    assert main(["tickets", "list", "--tickets", str(tmp_path / "typo.sqlite")]) == 2
+    assert "typo.sqlite" in capsys.readouterr().err
+    assert main(["tickets", "list", "--store", (tmp_path / "nope").as_uri()]) == 2
+    assert list(tmp_path.iterdir()) == [], "listing created something"
+    # A store root that exists but has no tickets yet simply has none.
+    root = tmp_path / "store"
+    root.mkdir()
+    assert main(["tickets", "list", "--store", root.as_uri()]) == 0
+    assert capsys.readouterr().out.strip() == "no tickets"
+    assert main(["tickets", "list", "--tickets", str(root), "--state", "open"]) == 0
+    assert capsys.readouterr().out.strip() == "no open tickets"
+    assert list(root.iterdir()) == []
+    # An existing ticket file is listed (and not re-created).
+    LocalTickets(root / "tickets.sqlite").tickets()
+    assert main(["tickets", "list", "--tickets", str(root / "tickets.sqlite")]) == 0
+    assert capsys.readouterr().out.strip() == "no tickets"
+
+
+# --- links ------------------------------------------------------------------------------------------
+
+
+def test_a_file_store_links_to_a_file_uri_a_browser_opens(store: BaselineStore, tmp_path: Path) -> None:
+    key = store.write_run_file("run-42", date(2026, 12, 1), "report.html", b"<html>report</html>")
+    url = store.link(key)
+    assert url == (tmp_path / "store" / key).as_uri()
+    with urllib.request.urlopen(url) as answer:
+        assert answer.read() == b"<html>report</html>"
+
+
+def test_a_public_url_makes_links_under_it(tmp_path: Path) -> None:
+    store = open_store((tmp_path / "store").as_uri(), public_url="https://gpucert.example.com/store/")
+    assert store.public_url == "https://gpucert.example.com/store"
+    key = "runs/date=2026-12-01/run=run-42/report.html"
+    assert store.link(key) == f"https://gpucert.example.com/store/{key}"
+    assert store.link("runs/a b/x#y.html").endswith("/store/runs/a%20b/x%23y.html")
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://host/x", "gpucert.example.com", "https://", "https://h/x?sig=1", "http://[x"]
+)
+def test_a_public_url_that_is_not_one_is_refused(tmp_path: Path, url: str) -> None:
+    with pytest.raises(StoreURIError, match="public URL") as caught:
+        open_store(str(tmp_path), public_url=url)
+    assert isinstance(caught.value, InputError)
+
+
+def test_links_refuse_unsafe_keys_and_impossible_expiries(store: BaselineStore) -> None:
+    with pytest.raises(ValueError, match="store key"):
+        store.link("../etc/passwd")
+    for expires_s in (0, -1, 7 * 24 * 3600 + 1):
+        with pytest.raises(ValueError, match="expires_s"):
+            store.link("runs/x", expires_s=expires_s)
+    assert store.link("runs/x", expires_s=7 * 24 * 3600).startswith("file://")

@@ -12,11 +12,14 @@ from __future__ import annotations
 import multiprocessing
 import secrets
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pandas as pd
 import pytest
@@ -25,6 +28,7 @@ from hypothesis import strategies as st
 
 from gpucert.errors import (
     BaselineFormatError,
+    InputError,
     StoreConflict,
     StoreError,
     StoreUnavailable,
@@ -35,6 +39,9 @@ from gpucert.store import (
     Blob,
     ObjectStore,
     S3ObjectStore,
+    StoreNotFound,
+    StoreURIError,
+    UnknownVersion,
     open_object_store,
     open_store,
     validate_baseline,
@@ -180,6 +187,7 @@ def test_a_baseline_version_round_trips(store: BaselineStore, server: Server, pr
     assert sorted(o["Key"] for o in listed["Contents"]) == [
         f"{prefix}/baselines/current",
         f"{prefix}/baselines/v={v1}/baseline.parquet",
+        f"{prefix}/baselines/v={v1}/made-current",
         f"{prefix}/baselines/v={v1}/meta.json",
     ]
     pointer = client.get_object(Bucket=server.bucket, Key=f"{prefix}/baselines/current")["Body"].read()
@@ -406,9 +414,44 @@ def test_rollback_restores_an_earlier_version_and_keeps_the_rest(store: Baseline
 @pytest.mark.parametrize("version", ["20990101T000000Z-deadbeef", "../../etc", "v=1/x"])
 def test_rollback_to_an_unknown_version_fails(store: BaselineStore, version: str) -> None:
     v1 = store.update(add_key("GPU-1"), message="one")
-    with pytest.raises(VersionNotFound):
+    with pytest.raises(UnknownVersion):
         store.rollback(version)
     assert store.current_version() == v1
+
+
+def test_a_version_never_made_current_is_not_listed_nor_a_rollback_target(
+    store: BaselineStore, server: Server, prefix: str
+) -> None:
+    v1 = store.update(add_key("GPU-1"), message="one")
+    v2 = store.update(add_key("GPU-2"), message="two")
+    lost = store.write_version(table("GPU-9"), parent=v1, message="lost the race, then died")
+    with pytest.raises(StoreConflict):
+        store.move_current(lost, expected=v1)
+    assert store.objects.exists(f"baselines/v={lost}/meta.json"), "a dead loser cleans nothing up"
+    assert [i.version for i in store.versions()] == [v1, v2]
+    with pytest.raises(UnknownVersion, match="never made current"):
+        store.rollback(lost)
+    assert store.current_version() == v2
+
+
+def test_a_version_that_lost_the_race_is_deleted(store: BaselineStore, server: Server, prefix: str) -> None:
+    store.update(add_key("GPU-1"), message="one")
+    rival = server.store(prefix)
+    calls = 0
+
+    def racing(t: pd.DataFrame) -> pd.DataFrame:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            rival.update(add_key("GPU-rival"), message="rival")
+        return add_key("GPU-mine")(t)
+
+    mine = store.update(racing, message="mine")
+    assert calls == 2
+    versions = [i.version for i in store.versions()]
+    assert versions[-1] == mine
+    stored = {k.split("/")[1] for k in store.objects.list("baselines/v=")}
+    assert stored == {f"v={v}" for v in versions}, "the losing version's objects were deleted"
 
 
 # --- bad content -----------------------------------------------------------------------------------
@@ -550,11 +593,17 @@ def test_open_object_store_opens_s3_uris(moto: Server, monkeypatch: pytest.Monke
         ("s3://bucket/p?endpoint=x", r"no \?query"),
         ("s3://bucket/../x", r"'\.\.'"),
         ("s3://bucket/.hidden", "starting with '.'"),
+        ("s3://[bucket/p", "not a valid URI"),
+        ("s3://bucket:abc/p", "not a valid URI"),
+        ("s3://bad bucket/p", "not an S3 bucket name"),
+        ("s3:bucket/p", "names a bucket"),
     ],
 )
 def test_bad_s3_uris_are_refused(uri: str, words: str) -> None:
-    with pytest.raises(StoreError, match=words):
+    with pytest.raises(StoreURIError, match=words) as caught:
         open_object_store(uri)
+    assert isinstance(caught.value, InputError), "a URI to fix: exit 2"
+    assert repr(uri) in str(caught.value)
 
 
 def test_a_client_from_elsewhere_is_used_as_it_is(moto: Server, prefix: str) -> None:
@@ -596,8 +645,8 @@ def test_a_failed_pointer_write_leaves_the_old_current(
     proxy.clear()
     assert store.current_version() == v1
     assert keys_of(store.read()) == {"GPU-1"}
-    # The new version was complete before the pointer was tried; it stays, unreferenced.
-    assert [i.is_current for i in store.versions()] == [True, False]
+    # The new version was complete before the pointer was tried, but it never was the baseline.
+    assert [(i.version, i.is_current) for i in store.versions()] == [(v1, True)]
 
 
 def test_a_failed_table_write_leaves_no_visible_version(
@@ -738,3 +787,76 @@ def test_wrong_credentials_are_unavailable_on_a_real_server(
     objects = seaweedfs.objects(prefix)
     with pytest.raises(StoreUnavailable, match=r"SignatureDoesNotMatch \(HTTP 403\)"):
         objects.put("k", b"v")
+
+
+# --- reading a store that is not there ---------------------------------------------------------------
+
+
+def test_a_reader_refuses_an_empty_prefix_or_a_missing_bucket(server: Server, prefix: str) -> None:
+    objects = server.objects(prefix)
+    with pytest.raises(StoreNotFound, match=f"s3://{BUCKET}/{prefix}") as caught:
+        BaselineStore(objects, create=False)
+    assert isinstance(caught.value, InputError)
+    assert objects.list("") == [], "checking wrote nothing"
+    missing = S3ObjectStore("gpucert-no-such-bucket", "p", endpoint_url=server.endpoint, region=REGION)
+    with pytest.raises(StoreNotFound, match="gpucert-no-such-bucket"):
+        BaselineStore(missing, create=False)
+    # A writer may start the store; from then on readers find it.
+    v1 = server.store(prefix).update(add_key("GPU-1"), message="one")
+    assert BaselineStore(objects, create=False).current_version() == v1
+
+
+def test_open_store_for_reading_checks_the_root(
+    moto: Server, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCERT_S3_ENDPOINT", moto.endpoint)
+    uri = f"s3://{BUCKET}/{prefix}"
+    with pytest.raises(StoreNotFound, match=uri):
+        open_store(uri, create=False)
+    open_store(uri).write_run_file("run-1", date(2026, 12, 1), "stack.json", b"{}")
+    assert open_store(uri, create=False).list_runs() == [(date(2026, 12, 1), "run-1")]
+
+
+def test_delete_removes_an_object_and_ignores_a_missing_one(server: Server, prefix: str) -> None:
+    objects = server.objects(prefix)
+    objects.put("a/b", b"x")
+    objects.delete("a/b")
+    assert not objects.exists("a/b")
+    objects.delete("a/b")
+    assert objects.list("") == []
+
+
+# --- links --------------------------------------------------------------------------------------------
+
+
+def _fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        body: bytes = answer.read()
+    return body
+
+
+def test_a_presigned_link_fetches_the_run_file(server: Server, prefix: str) -> None:
+    store = server.store(prefix)
+    report = b"<html><body>run-42: 1 fail</body></html>"
+    key = store.write_run_file("run-42", date(2026, 12, 1), "report.html", report)
+    url = store.link(key, expires_s=900)
+    parts = urlsplit(url)
+    assert f"{parts.scheme}://{parts.netloc}" == server.endpoint, "the link honours the endpoint"
+    assert unquote(parts.path) == f"/{server.bucket}/{prefix}/{key}"
+    query = parse_qs(parts.query)
+    assert query["X-Amz-Expires"] == ["900"]
+    assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
+    # A plain HTTP GET with no credentials at all, as the browser behind the Prefect UI's link makes.
+    assert _fetch(url) == report
+    # The signature covers the query: a link stretched by hand is refused.
+    stretched = url.replace("X-Amz-Expires=900", "X-Amz-Expires=901")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _fetch(stretched)
+    assert refused.value.code == 403
+    assert store.link(key).count("X-Amz-Expires=604800") == 1, "a week by default"
+
+
+def test_a_public_url_overrides_presigning(server: Server, prefix: str) -> None:
+    store = BaselineStore(server.objects(prefix), public_url="https://reports.example.com/gpucert")
+    key = "runs/date=2026-12-01/run=run-42/report.html"
+    assert store.link(key) == f"https://reports.example.com/gpucert/{key}"

@@ -5,7 +5,10 @@ create-blocks-from openmetrics`` into a data directory Prometheus then starts on
 holds a PCIe link trained down, an XID 79 after which the GPU's series vanish, a thermal-slowdown spell,
 a replay burst, a DBE with a remap pending, a power cap and application XIDs seen only through the
 last-XID gauge, for both spellings of the host label. A last test lets Prometheus scrape the simulated
-cluster's exporters live (the first sample lands 5–6 s after start, REFERENCE §9).
+cluster's exporters live (the first sample lands 5–6 s after start, REFERENCE §9). A secured Prometheus
+(``--web.config.file``: TLS from a private CA, basic auth with a bcrypt hash) shows refused credentials as
+one clear error and the right ones reading the same window; a bearer token, extra headers and redirects
+are shown against a tiny local server, since Prometheus itself knows no bearer tokens.
 
 The binaries come from ``PATH``, else from a cache of Debian's package (``apt-get download prometheus``
 and ``dpkg -x``, no root needed); the tests are skipped, saying why, when neither works.
@@ -13,29 +16,43 @@ and ``dpkg -x``, no root needed); the tests are skipped, saying why, when neithe
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import ipaddress
+import json
 import os
+import re
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from pydantic import SecretStr
 
+from gpucert.errors import InputError
 from gpucert.fleet import Fault
 from gpucert.results import parse_results
 from gpucert.sim import SimCluster
 from gpucert.store import empty_baseline
-from gpucert.telemetry import PrometheusSource, TelemetryError
+from gpucert.telemetry import PrometheusAuthError, PrometheusSource, TelemetryError
 from gpucert.verdict import judge
 
 STEP = 15  # the backfill's scrape interval, seconds
@@ -119,9 +136,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _get(url: str) -> tuple[int, bytes]:
+def _get(
+    url: str, headers: Mapping[str, str] | None = None, context: ssl.SSLContext | None = None
+) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        request = urllib.request.Request(url, headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -130,9 +150,29 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 @contextlib.contextmanager
-def running_prometheus(bins: PromBins, workdir: Path, config: Mapping[str, object]) -> Iterator[str]:
-    """Prometheus on 127.0.0.1 (a free port) over ``workdir/data``; yields its URL, stops it (SIGTERM)."""
+def running_prometheus(
+    bins: PromBins,
+    workdir: Path,
+    config: Mapping[str, object],
+    *,
+    web_config: Mapping[str, object] | None = None,
+    probe_headers: Mapping[str, str] | None = None,
+    probe_context: ssl.SSLContext | None = None,
+) -> Iterator[str]:
+    """Prometheus on 127.0.0.1 (a free port) over ``workdir/data``; yields its URL, stops it (SIGTERM).
+
+    ``web_config`` is Prometheus' ``--web.config.file`` (TLS, basic auth; https with TLS); readiness is
+    then probed with ``probe_headers`` and ``probe_context``."""
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
+    flags = []
+    if web_config is not None:
+        (workdir / "web.yml").write_text(yaml.safe_dump(dict(web_config)), encoding="utf-8")
+        flags.append(f"--web.config.file={workdir / 'web.yml'}")
+    scheme = "https" if web_config and "tls_server_config" in web_config else "http"
+
+    def ready(url: str) -> bool:
+        return _get(f"{url}/-/ready", probe_headers, probe_context)[0] == 200
+
     for _attempt in range(3):  # a free port can be taken between choosing and binding it
         port = _free_port()
         log = (workdir / "prometheus.log").open("wb")
@@ -144,18 +184,19 @@ def running_prometheus(bins: PromBins, workdir: Path, config: Mapping[str, objec
                 # Long enough that the backfilled past is never cut away.
                 "--storage.tsdb.retention.time=10y",
                 f"--web.listen-address=127.0.0.1:{port}",
+                *flags,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        url = f"http://127.0.0.1:{port}"
+        url = f"{scheme}://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while process.poll() is None and time.monotonic() < deadline:
-            if _get(f"{url}/-/ready")[0] == 200:
+            if ready(url):
                 break
             time.sleep(0.1)
-        if process.poll() is None and _get(f"{url}/-/ready")[0] == 200:
+        if process.poll() is None and ready(url):
             try:
                 yield url
             finally:
@@ -313,17 +354,17 @@ class Backfilled:
     scenario: Scenario
 
 
-@pytest.fixture(scope="module", params=["hostname", "Hostname"])
-def backfilled(
-    request: pytest.FixtureRequest, prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Backfilled]:
-    host_label = str(request.param)
-    workdir = tmp_path_factory.mktemp(f"prom-{host_label}")
+#: A Prometheus that scrapes nothing: it serves the backfilled history only.
+IDLE_CONFIG = {"global": {"scrape_interval": "15s"}, "scrape_configs": []}
+
+
+def backfill(bins: PromBins, workdir: Path, host_label: str) -> Scenario:
+    """The history of :func:`build_history`, ending ten minutes ago, written into ``workdir/data``."""
     end = (int(time.time()) - 600) // 60 * 60  # ten minutes ago, on a minute
     history, scenario = build_history(host_label, end)
     (workdir / "backfill.om").write_text(openmetrics(history), encoding="utf-8")
     made = subprocess.run(
-        [str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "backfill.om", "data"],
+        [str(bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "backfill.om", "data"],
         check=False,
         cwd=workdir,
         capture_output=True,
@@ -331,10 +372,172 @@ def backfilled(
         timeout=120,
     )
     assert made.returncode == 0, made.stderr
-    with running_prometheus(
-        prom_bins, workdir, {"global": {"scrape_interval": "15s"}, "scrape_configs": []}
-    ) as url:
+    return scenario
+
+
+@pytest.fixture(scope="module", params=["hostname", "Hostname"])
+def backfilled(
+    request: pytest.FixtureRequest, prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Backfilled]:
+    host_label = str(request.param)
+    workdir = tmp_path_factory.mktemp(f"prom-{host_label}")
+    scenario = backfill(prom_bins, workdir, host_label)
+    with running_prometheus(prom_bins, workdir, IDLE_CONFIG) as url:
         yield Backfilled(url, host_label, scenario)
+
+
+# --- a secured Prometheus -------------------------------------------------------------------------------
+
+USER, PASSWORD = "gpucert", "gpucert-test-password"
+#: bcrypt of PASSWORD, cost 4 (the lowest there is: every request is checked), made with libxcrypt:
+#: ``crypt.crypt(PASSWORD, "$2y$04$" + salt)``; the ``bcrypt`` package is no dependency of the tests.
+PASSWORD_HASH = "$2y$04$8tj0eVc/Gvt6THP9ji51p.ljlEt0nB/btQ2OMg85Ve60jYpIL06j6"
+
+
+def make_tls(workdir: Path) -> Path:
+    """A private CA and a server certificate it signed for 127.0.0.1 (``server.pem``, ``server.key``)
+    in ``workdir``; returns the CA's file."""
+    now = datetime.now(UTC)
+
+    def cert(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: x509.Name | None,
+        signer: ec.EllipticCurvePrivateKey,
+    ) -> x509.CertificateBuilder:
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        return (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(issuer or name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False
+            )
+        )
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        cert("gpucert test CA", ca_key, None, ca_key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    server = (
+        cert("127.0.0.1", key, ca.subject, ca_key)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (workdir / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (workdir / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (workdir / "server.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return workdir / "ca.pem"
+
+
+@dataclass(frozen=True)
+class Secured:
+    url: str
+    ca_file: str
+    scenario: Scenario
+
+
+@pytest.fixture(scope="module")
+def secured(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """The backfilled history behind TLS (a private CA) and basic auth (USER, PASSWORD)."""
+    workdir = tmp_path_factory.mktemp("prom-secured")
+    scenario = backfill(prom_bins, workdir, "hostname")
+    ca = make_tls(workdir)
+    web = {
+        "tls_server_config": {
+            "cert_file": str(workdir / "server.pem"),
+            "key_file": str(workdir / "server.key"),
+        },
+        "basic_auth_users": {USER: PASSWORD_HASH},
+    }
+    basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    probe = ssl.create_default_context(cafile=str(ca))
+    with running_prometheus(
+        prom_bins,
+        workdir,
+        IDLE_CONFIG,
+        web_config=web,
+        probe_headers={"Authorization": f"Basic {basic}"},
+        probe_context=probe,
+    ) as url:
+        yield Secured(url, str(ca), scenario)
+
+
+# --- a tiny server that checks the Authorization header -------------------------------------------------
+
+#: What the tiny server answers a query it accepts: one series, Prometheus' JSON.
+TINY_ANSWER: dict[str, object] = {"status": "success", "data": {"resultType": "vector", "result": [
+    {"metric": {"__name__": "up"}, "value": [0, "1"]}
+]}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def bearer_server(token: str) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A Prometheus look-alike on 127.0.0.1 that accepts ``Authorization: Bearer <token>`` only (401
+    otherwise; 403 for the tenant ``X-Scope-OrgID: other``), answering every query with
+    :data:`TINY_ANSWER`; under ``/moved`` it redirects to another host, under ``/echo`` it fails with the
+    request's Authorization header in its answer. Yields its URL and the headers (lower-case names) of
+    every request it got."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            seen.append(headers)
+            self.rfile.read(int(headers.get("content-length", "0")))
+            if self.path.startswith("/moved/"):
+                self.send_response(307)
+                self.send_header("Location", "http://elsewhere.invalid/api/v1/query?token=leaked")
+                self.end_headers()
+                return
+            body: Mapping[str, object]
+            if headers.get("authorization") != f"Bearer {token}":
+                status, body = 401, {"status": "error", "error": "Unauthorized"}
+            elif headers.get("x-scope-orgid") == "other":
+                status, body = 403, {"status": "error", "error": "Forbidden"}
+            elif self.path.startswith("/echo/"):
+                status, body = (
+                    400,
+                    {"status": "error", "errorType": "bad_data", "error": headers["authorization"]},
+                )
+            else:
+                status, body = 200, TINY_ANSWER
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet: the test output is the point
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def value(results: pd.DataFrame, node: str, gpu: int | None, metric: str) -> float:
@@ -354,9 +557,8 @@ def xids(results: pd.DataFrame, node: str, gpu: int) -> list[int]:
 # --- the tests ------------------------------------------------------------------------------------------
 
 
-def test_the_window_reads_every_signal_for_either_host_label(backfilled: Backfilled) -> None:
-    sc = backfilled.scenario
-    source = PrometheusSource(backfilled.url, step_s=STEP)
+def read_the_window(source: PrometheusSource, sc: Scenario) -> None:
+    """Read the last hour of the backfilled history through ``source`` and check every signal of it."""
     seen = source.read(
         sc.end - timedelta(hours=1),
         sc.end,
@@ -422,6 +624,10 @@ def test_the_window_reads_every_signal_for_either_host_label(backfilled: Backfil
     }
 
 
+def test_the_window_reads_every_signal_for_either_host_label(backfilled: Backfilled) -> None:
+    read_the_window(PrometheusSource(backfilled.url, step_s=STEP), backfilled.scenario)
+
+
 def test_a_named_host_label_reads_only_series_that_carry_it(backfilled: Backfilled) -> None:
     sc = backfilled.scenario
     other = "Hostname" if backfilled.host_label == "hostname" else "hostname"
@@ -461,8 +667,138 @@ def test_a_refused_query_and_a_silent_server_are_telemetry_errors_naming_the_que
         match=r"did not answer the query 'max_over_time\(DCGM_FI_DEV_PCIE_LINK_GEN\[3600s\]\)': connection refused",
     ):
         dead.read(datetime.now(UTC) - timedelta(hours=1), run_id="op-4")
-    with pytest.raises(ValueError, match="host_label"):
-        PrometheusSource(backfilled.url, "host")
+
+
+def test_a_secured_prometheus_refuses_missing_and_wrong_credentials_with_one_clear_error(
+    secured: Secured,
+) -> None:
+    start = secured.scenario.end - timedelta(hours=1)
+    anonymous = PrometheusSource(secured.url, verify=secured.ca_file)
+    server = re.escape(secured.url)
+    with pytest.raises(
+        PrometheusAuthError,
+        match=rf"^Prometheus {server} refused the credentials \(none\): HTTP 401 Unauthorized;",
+    ):
+        anonymous.read(start, secured.scenario.end, run_id="op-5")
+    wrong = PrometheusSource(secured.url, basic_auth=(USER, "not-the-password"), verify=secured.ca_file)
+    with pytest.raises(
+        PrometheusAuthError,
+        match=rf"^Prometheus {server} refused the credentials \(basic auth as user 'gpucert'\): HTTP 401",
+    ) as refused:
+        wrong.read(start, secured.scenario.end, run_id="op-5")
+    assert (refused.value.url, refused.value.status) == (secured.url, 401)
+    assert isinstance(refused.value, TelemetryError)  # what operate already reports as unreadable telemetry
+    assert "not-the-password" not in f"{refused.value} {wrong!r} {wrong}"
+
+
+def test_the_right_credentials_read_the_secured_window_as_an_open_server_does(secured: Secured) -> None:
+    source = PrometheusSource(secured.url, basic_auth=(USER, PASSWORD), verify=secured.ca_file, step_s=STEP)
+    read_the_window(source, secured.scenario)
+
+
+def test_tls_is_checked_against_the_system_cas_a_ca_file_or_not_at_all(
+    secured: Secured, tmp_path: Path
+) -> None:
+    basic = (USER, PASSWORD)
+    with pytest.raises(
+        TelemetryError, match=r"did not answer the query 'vector\(1\)': TLS certificate not trusted"
+    ):
+        PrometheusSource(secured.url, basic_auth=basic).query("vector(1)", time.time())
+    for verify in (secured.ca_file, False):
+        answer = PrometheusSource(secured.url, basic_auth=basic, verify=verify).query(
+            "vector(1)", time.time()
+        )
+        assert [s.values[0][1] for s in answer] == [1.0]
+    with pytest.raises(InputError, match="does not exist"):
+        PrometheusSource(secured.url, verify=str(tmp_path / "missing.pem"))
+    (tmp_path / "not-a-ca.pem").write_text("not a certificate\n", encoding="utf-8")
+    with pytest.raises(InputError, match="cannot be used"):
+        PrometheusSource(secured.url, verify=str(tmp_path / "not-a-ca.pem"))
+
+
+def test_a_bearer_token_and_extra_headers_go_with_every_request_and_never_into_a_message() -> None:
+    with bearer_server("s3cret-token") as (url, seen):
+        tenant = {"Authorization": "Bearer s3cret-token", "X-Scope-OrgID": "team-a"}
+        answer = PrometheusSource(url, headers=tenant).query("up", time.time())
+        assert [s.labels for s in answer] == [{"__name__": "up"}]
+        assert (seen[-1]["authorization"], seen[-1]["x-scope-orgid"]) == ("Bearer s3cret-token", "team-a")
+
+        wrong = PrometheusSource(url, headers={"Authorization": SecretStr("Bearer wrong-token")})
+        with pytest.raises(
+            PrometheusAuthError,
+            match=r"refused the credentials \(an Authorization header \(Bearer\)\): HTTP 401 Unauthorized",
+        ) as refused:
+            wrong.read(datetime.now(UTC) - timedelta(hours=1), run_id="op-6")
+        other = PrometheusSource(url, headers={**tenant, "X-Scope-OrgID": "other"})
+        with pytest.raises(PrometheusAuthError, match=r"the header X-Scope-OrgID\): HTTP 403 Forbidden"):
+            other.query("up", time.time())
+        # A server that echoes the credentials: scrubbed from the message; a redirect is not followed.
+        with pytest.raises(TelemetryError, match=r"HTTP 400: bad_data: \*\*\*$") as echoed:
+            PrometheusSource(f"{url}/echo", headers=tenant).query("up", time.time())
+        asked = len(seen)
+        with pytest.raises(
+            TelemetryError,
+            match=r"redirected the query 'up' to http://elsewhere.invalid/api/v1/query \(HTTP 307\)",
+        ) as moved:
+            PrometheusSource(f"{url}/moved", headers=tenant).query("up", time.time())
+        assert len(seen) == asked + 1
+    shown = f"{refused.value} {echoed.value} {moved.value} {wrong!r}"
+    for secret in ("wrong-token", "s3cret-token", "leaked"):
+        assert secret not in shown
+
+
+def test_what_cannot_be_read_is_an_input_error_that_shows_no_secret(tmp_path: Path) -> None:
+    for url in (
+        "ftp://prometheus:9090",
+        "prometheus:9090",
+        "http://",
+        "http://prometheus:port",
+        "http://gpucert:hunter22@prometheus:9090",
+        "gpucert:hunter22@prometheus:9090",
+        "https://prometheus:9090/?token=hunter22",
+    ):
+        with pytest.raises(InputError, match="the Prometheus URL") as bad:
+            PrometheusSource(url)
+        assert "hunter22" not in str(bad.value), url
+    assert PrometheusSource("https://Prometheus.example/prom/").url == "https://Prometheus.example/prom"
+    for headers, why in (
+        ({"X-Token": "hunter22\r\nX-Evil: 1"}, "line break"),
+        ({"X-Token": "hunter22\u2019"}, "Latin-1"),
+        ({"Bad Name": "hunter22"}, "not an HTTP header name"),
+    ):
+        with pytest.raises(InputError, match=why) as bad:
+            PrometheusSource("http://p:9090", headers=headers)
+        assert "hunter22" not in str(bad.value)
+    with pytest.raises(InputError, match="not both"):
+        PrometheusSource("http://p:9090", headers={"authorization": "Bearer x"}, basic_auth=(USER, PASSWORD))
+    with pytest.raises(InputError, match="RFC 7617"):
+        PrometheusSource("http://p:9090", basic_auth=("a:b", PASSWORD))
+    with pytest.raises(InputError, match="host_label"):
+        PrometheusSource("http://p:9090", "host")
+    with pytest.raises(InputError, match="timeout_s must be positive"):
+        PrometheusSource("http://p:9090", timeout_s=0)
+
+    # A frozen value: plain and SecretStr secrets are equal, never shown; Prefect's copies keep them.
+    source = PrometheusSource(
+        "http://p:9090", basic_auth=(USER, PASSWORD), headers={"X-Scope-OrgID": "team-a"}
+    )
+    same = PrometheusSource(
+        "http://p:9090/",
+        basic_auth=(USER, SecretStr(PASSWORD)),
+        headers={"X-Scope-OrgID": SecretStr("team-a")},
+    )
+    assert source == same
+    assert hash(source) == hash(same)
+    assert source != dataclasses.replace(source, basic_auth=(USER, "other"))
+    assert dataclasses.replace(source, timeout_s=5) == PrometheusSource(
+        "http://p:9090", basic_auth=(USER, PASSWORD), headers={"X-Scope-OrgID": "team-a"}, timeout_s=5
+    )
+    assert repr(source) == (
+        "PrometheusSource('http://p:9090', host_label=None, "
+        "credentials=\"basic auth as user 'gpucert', the header X-Scope-OrgID\")"
+    )
+    assert PASSWORD not in f"{source} {source!r}"
+    assert "team-a" not in repr(source)
 
 
 def test_prometheus_scraping_the_simulated_exporters_live(prom_bins: PromBins, tmp_path: Path) -> None:

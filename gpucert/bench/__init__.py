@@ -16,7 +16,8 @@ stdout carries results rows only, one JSON object a line with the ten contract c
   ``d2h_gbps`` (pinned host memory); one process drives each GPU in turn;
 * per node, ``--repeats`` times: ``nccl_allreduce_busbw_gbps`` — torch.distributed all-reduce over all
   the node's GPUs (NCCL, one spawned process per GPU; gloo over ``--cpu-devices`` processes on the CPU),
-  busbw = algbw · 2(n−1)/n; or ``all_reduce_perf`` when ``--nccl-tests PATH`` is executable;
+  busbw = algbw · 2(n−1)/n; or ``all_reduce_perf`` when ``--nccl-tests PATH`` is executable (more of its
+  options in ``--nccl-tests-args``, except those that decide what is measured);
 * NVML telemetry sampled during the run (see :mod:`gpucert.bench._nvml` for each rule), ``xid`` events,
   ``gpu_count`` and, when given, ``gpu_count_expected``;
 * ``error`` rows (value 1; gpu level for a per-GPU step, node level otherwise) wherever a step could
@@ -26,7 +27,8 @@ stdout carries results rows only, one JSON object a line with the ten contract c
 
 stderr carries human messages (prefixed ``gpucert-bench:``), the stack record as one line
 ``gpucert-stack: {…}`` (also written to ``--stack-json``; see :mod:`gpucert.bench._devices`) and, with
-``--dcgm``, the diagnostic summary as ``gpucert-dcgm: {…}``.
+``--dcgm`` (``dcgmi diag`` at ``--dcgm-level``, 1 by default), the diagnostic summary as
+``gpucert-dcgm: {…}``.
 
 On the CPU (``--device cpu``) the GPUs are pretend devices ``0..n−1`` with UUID ``CPU-<hostname>-<i>``
 and model ``cpu``: the whole pipeline runs here with small sizes and is tested.

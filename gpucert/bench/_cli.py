@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import socket
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import NoReturn, TextIO
 
+from ._dcgm import DIAG_LEVELS
+from ._nccl_tests import check_extra_args
 from ._run import STEPS, Options, run
 
-__all__ = ["main", "parse_args"]
+__all__ = ["ArgumentsError", "build_parser", "check_args", "main", "parse_args"]
 
 _RUN_ID = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _GiB, _MiB = 1 << 30, 1 << 20
@@ -82,12 +85,35 @@ def _shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _nccl_tests_args(text: str) -> tuple[str, ...]:
+    try:
+        return check_extra_args(shlex.split(text))
+    except ValueError as exc:  # shlex: an unclosed quote; check_extra_args: an option the payload sets
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+class ArgumentsError(ValueError):
+    """Arguments the payload's command line refuses; the message is the parser's and names the argument."""
+
+
+class _Checking(argparse.ArgumentParser):
+    """The payload's parser for checking arguments before they reach a pod: it raises instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(message)
+
+
+def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
+    """The payload's argument parser. ``strict`` (for checking arguments ahead of a run): no
+    abbreviations, no ``--help``, and :class:`ArgumentsError` instead of a usage message and exit 2."""
+    p = (_Checking if strict else argparse.ArgumentParser)(
         prog="python -m gpucert.bench",
         description="Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, "
         "and the stack record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations "
         "default to full size on cuda and to tiny values on cpu.",
+        # A checked argument must be the very option the pod will see, not a prefix argparse completes.
+        allow_abbrev=not strict,
+        add_help=not strict,
     )
     p.add_argument("--run-id", required=True, type=_run_id, help="the certification run (a DNS label)")
     p.add_argument("--node", default=None, help="node name (default: $NODE_NAME, else the hostname)")
@@ -109,7 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip", action="append", choices=STEPS, default=[], help="leave a step out (repeatable)")
     p.add_argument("--nccl-tests", metavar="PATH",
                    help="all_reduce_perf: when executable it measures the all-reduce instead of torch")  # fmt: skip
-    p.add_argument("--dcgm", action="store_true", help="also run 'dcgmi diag -r 1 -j' when dcgmi is present")
+    p.add_argument("--nccl-tests-args", type=_nccl_tests_args, default=(), metavar="ARGS",
+                   help="more all_reduce_perf options, one shell-quoted string (e.g. '-d bfloat16 -G 1'); "
+                   "not those the payload sets: -t -g -b -e -i -f -n -c")  # fmt: skip
+    p.add_argument(
+        "--dcgm", action="store_true", help="also run 'dcgmi diag -r LEVEL -j' when dcgmi is present"
+    )
+    p.add_argument("--dcgm-level", type=int, choices=DIAG_LEVELS,
+                   help="the dcgmi diag level (1 quick, the default; 2 medium; 3 and 4 long: allow for them in "
+                   "the Job's deadline); implies --dcgm")  # fmt: skip
     p.add_argument("--stack-json", metavar="PATH", help="also write the stack record to this file")
     p.add_argument("--expected-gpus", type=_positive_int,
                    help="GPUs the node advertises (default: $GPUCERT_EXPECTED_GPUS; none: no row)")  # fmt: skip
@@ -119,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> Options:
-    parser = build_parser()
+def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Options:
+    """The :class:`Options` of a command line (``sys.argv`` when None). Bad arguments print usage and exit 2,
+    or with ``strict`` (see :func:`build_parser`) raise :class:`ArgumentsError`."""
+    parser = build_parser(strict=strict)
     a = parser.parse_args(argv)
     col = 0 if a.device == "cuda" else 1
 
@@ -152,12 +188,20 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         cpu_devices=a.cpu_devices,
         skip=frozenset(a.skip),
         nccl_tests=a.nccl_tests,
-        dcgm=a.dcgm,
+        nccl_tests_args=a.nccl_tests_args,
+        dcgm=a.dcgm or a.dcgm_level is not None,
+        dcgm_level=a.dcgm_level or 1,
         stack_json=a.stack_json,
         expected_gpus=expected,
         sample_interval=a.sample_interval or 0.2,
         step_timeout=a.step_timeout,
     )
+
+
+def check_args(argv: Sequence[str]) -> Options:
+    """The :class:`Options` ``argv`` would run with, parsed strictly (see :func:`build_parser`); raises
+    :class:`ArgumentsError` naming what the payload would refuse."""
+    return parse_args(list(argv), strict=True)
 
 
 def _rows_stream() -> TextIO:

@@ -1,4 +1,8 @@
-"""``dcgmi diag -r 1 -j``: run it when the image has it, and read its JSON tolerantly.
+"""``dcgmi diag -r LEVEL -j``: run it when the image has it, and read its JSON tolerantly.
+
+The level is ``--dcgm-level`` (1 quick, the default; 2 medium, about two minutes; 3 long and 4 extended,
+from half an hour to hours: the benchmark Job's deadline must allow for them); each level has its own
+timeout (:data:`DIAG_TIMEOUT_S`).
 
 DCGM's JSON has changed between releases (``"DCGM GPU Diagnostic"`` in 2.x/3.x, ``"DCGM Diagnostic"``
 with entity groups in 4.x), so the reader does not depend on one schema: it walks the document and
@@ -18,7 +22,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DcgmDiag", "DcgmError", "DcgmTest", "parse_dcgm_diag", "run_dcgm_diag"]
+__all__ = [
+    "DIAG_LEVELS",
+    "DIAG_TIMEOUT_S",
+    "DcgmDiag",
+    "DcgmError",
+    "DcgmTest",
+    "parse_dcgm_diag",
+    "run_dcgm_diag",
+]
+
+#: The run levels of ``dcgmi diag -r``.
+DIAG_LEVELS = (1, 2, 3, 4)
+#: Seconds a level may take before the run counts as hung: a few times DCGM's own estimate of its length.
+DIAG_TIMEOUT_S = {1: 600.0, 2: 1800.0, 3: 3 * 3600.0, 4: 6 * 3600.0}
 
 
 class DcgmError(ValueError):
@@ -119,8 +136,13 @@ def parse_dcgm_diag(text: str) -> DcgmDiag:
     return DcgmDiag(tests)
 
 
-def run_dcgm_diag(level: int = 1, *, timeout_s: float = 600.0) -> DcgmDiag | None:
-    """Run ``dcgmi diag -r LEVEL -j``; ``None`` when ``dcgmi`` is not on the PATH."""
+def run_dcgm_diag(level: int = 1, *, timeout_s: float | None = None) -> DcgmDiag | None:
+    """Run ``dcgmi diag -r LEVEL -j`` (timeout: the level's :data:`DIAG_TIMEOUT_S` unless given); returns
+    ``None`` when ``dcgmi`` is not on the PATH. Raises ``ValueError`` for a level outside 1-4,
+    :class:`DcgmError` when no report comes back and ``subprocess.TimeoutExpired`` when it runs too long."""
+    if level not in DIAG_LEVELS:
+        raise ValueError(f"dcgmi diag level {level!r} is not one of {', '.join(map(str, DIAG_LEVELS))}")
+    timeout_s = DIAG_TIMEOUT_S[level] if timeout_s is None else timeout_s
     exe = shutil.which("dcgmi")
     if exe is None:
         return None

@@ -5,21 +5,35 @@ The table ``all_reduce_perf`` prints has, per message size, an out-of-place and 
 other collectives may lack ``redop``/``root``, so the line is read from both ends). The figure the payload
 reports is the bus bandwidth at the largest size, the better of out-of-place and in-place, as the
 bandwidth of a large all-reduce is what the node is judged on (REFERENCE.md: busbw at 8 GB).
+
+More ``all_reduce_perf`` options (``--nccl-tests-args``: a data type, an operation, a CUDA graph…) go
+after the payload's own. The options that decide *what* is measured stay the payload's and are refused
+(:func:`check_extra_args`): the message sizes (``--allreduce-bytes``), iterations (``--allreduce-iters``),
+every GPU of the node in one process, one thread, and the data check the ``#wrong`` column needs.
 """
 
 from __future__ import annotations
 
 import math
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "OWN_OPTIONS",
     "AllReducePerf",
     "NcclTestsError",
     "NcclTestsPoint",
+    "check_extra_args",
     "parse_all_reduce_perf",
     "run_all_reduce_perf",
 ]
+
+#: ``all_reduce_perf`` options (short → long) the payload sets itself; see the module docstring.
+OWN_OPTIONS = {
+    "t": "nthreads", "g": "ngpus", "b": "minbytes", "e": "maxbytes", "i": "stepbytes", "f": "stepfactor",
+    "n": "iters", "c": "check",
+}  # fmt: skip
 
 
 class NcclTestsError(ValueError):
@@ -110,12 +124,37 @@ def parse_all_reduce_perf(text: str) -> AllReducePerf:
     return AllReducePerf(tuple(points), avg, oob)
 
 
+def check_extra_args(args: Sequence[str]) -> tuple[str, ...]:
+    """``args`` as a tuple when none of them sets an option of :data:`OWN_OPTIONS`; ``ValueError`` naming the
+    first that does (``-g1``, ``--ngpus=1`` and getopt's abbreviations such as ``--ngp`` alike)."""
+    for arg in args:
+        if arg.startswith("--") and len(arg) > 2:
+            name = arg[2:].split("=", 1)[0]
+            own = next((o for o in OWN_OPTIONS.values() if o.startswith(name)), None)
+        elif arg.startswith("-") and len(arg) > 1:
+            own = OWN_OPTIONS.get(arg[1])
+        else:
+            continue
+        if own is not None:
+            raise ValueError(f"{arg!r} sets all_reduce_perf's --{own}, which the payload sets itself")
+    return tuple(args)
+
+
 def run_all_reduce_perf(
-    path: str, *, gpus: int, nbytes: int, iters: int = 20, warmup: int = 5, timeout_s: float = 600.0
+    path: str,
+    *,
+    gpus: int,
+    nbytes: int,
+    iters: int = 20,
+    warmup: int = 5,
+    timeout_s: float = 600.0,
+    extra_args: Sequence[str] = (),
 ) -> tuple[AllReducePerf, str]:
-    """Run ``all_reduce_perf`` at one size over ``gpus`` GPUs of one process; return the parse and stdout."""
+    """Run ``all_reduce_perf`` at one size over ``gpus`` GPUs of one process, ``extra_args`` after the
+    payload's options; return the parse and stdout. Raises ``ValueError`` for an ``extra_args`` entry that
+    sets an option the payload sets (:func:`check_extra_args`) and :class:`NcclTestsError` for a failed run."""
     cmd = [path, "-b", str(nbytes), "-e", str(nbytes), "-f", "2", "-g", str(gpus), "-n", str(iters),
-           "-w", str(warmup), "-c", "1"]  # fmt: skip
+           "-w", str(warmup), "-c", "1", *check_extra_args(extra_args)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         tail = " ".join((done.stderr or done.stdout).split()[-40:])

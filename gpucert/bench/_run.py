@@ -53,7 +53,11 @@ class Options:
     cpu_devices: int = 2
     skip: frozenset[str] = field(default_factory=frozenset)
     nccl_tests: str | None = None
+    #: more ``all_reduce_perf`` options, after the payload's (never the ones it sets: ``_nccl_tests.py``)
+    nccl_tests_args: tuple[str, ...] = ()
     dcgm: bool = False
+    #: the ``dcgmi diag -r`` level (1-4)
+    dcgm_level: int = 1
     stack_json: str | None = None
     expected_gpus: int | None = None
     sample_interval: float = 0.2
@@ -205,7 +209,7 @@ class _Run:
                 with self._loaded(sorted(self.found.devices), "compute"):
                     parsed, _out = run_all_reduce_perf(
                         o.nccl_tests or "", gpus=gpus, nbytes=o.allreduce_bytes, iters=o.allreduce_iters,
-                        timeout_s=self._timeout(120.0),
+                        timeout_s=self._timeout(120.0), extra_args=o.nccl_tests_args,
                     )  # fmt: skip
             except (NcclTestsError, OSError, ValueError) as exc:
                 self.rows.error(metric, f"all_reduce_perf: {exc}")
@@ -222,7 +226,7 @@ class _Run:
         if not self.opts.dcgm or "dcgm" in self.opts.skip:
             return
         try:
-            diag = run_dcgm_diag(1)
+            diag = run_dcgm_diag(self.opts.dcgm_level)
         except (DcgmError, OSError, ValueError) as exc:
             self.rows.error("dcgm_diag", str(exc))
             return

@@ -9,14 +9,21 @@
   validates them (:mod:`gpucert.results`) and checks they are the Job's run and node.
 
 * :mod:`._wave` — :func:`run_wave`: a Job per node, bounded, async, adopting its own Jobs on a restart;
-* :mod:`._decide` — verdicts → :class:`NodeDecision` (state, taint cause, hard gate, 2-of-3 confirmation,
-  blast radius); :mod:`._act` — writing them to nodes; :mod:`._select` — which nodes are idle;
-* :mod:`._record` — inconclusive rows for failed Jobs, the baseline update.
+* :mod:`._run` — :class:`CertificationRun`: a run's files in the store (results, verdicts, decisions,
+  stack, report) and its confirming re-runs;
+* :mod:`._decide` — one run's verdicts → :class:`NodeDecision` per node; :mod:`._settle` —
+  :func:`settle`: the first run and its re-runs → one :class:`SettledDecision` per node (confirmation,
+  taints, the blast radius, observe-only), written as ``decisions.parquet``;
+* :mod:`._act` — writing decisions to nodes (labels, annotations, taints, the ``GpuCertified``
+  condition); :mod:`._select` — which nodes are idle;
+* :mod:`._record` — inconclusive rows for failed Jobs, the baseline update; :mod:`._tickets` — the
+  ticket step (recorded in the store when no backend is configured);
+* :mod:`._rules` — :class:`CertificationRules`; :mod:`._result` — :class:`CertifyOutcome`.
 
 Nothing here imports Prefect.
 """
 
-from ._act import NodeChange, apply_decision, node_patch
+from ._act import CONDITION, NodeChange, apply_decision, condition_patch, node_patch
 from ._collect import (
     BENCH_PREFIX,
     DCGM_PREFIX,
@@ -25,7 +32,7 @@ from ._collect import (
     collect_results,
     parse_pod_log,
 )
-from ._decide import HARD_GATE_XIDS, NodeDecision, blast_radius_limit, decide_nodes, fail_stands, tally
+from ._decide import HARD_GATE_XIDS, NodeDecision, decide_nodes, fail_stands
 from ._jobs import (
     DEFAULT_IMAGE,
     JOB_TEMPLATE,
@@ -48,20 +55,34 @@ from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, class
 from ._record import (
     common_stack,
     job_failure_verdicts,
-    read_run_results,
-    read_run_verdicts,
     stack_changed_nodes,
     update_baselines,
-    write_run_table,
 )
+from ._result import CertifyOutcome, NodeOutcome, TicketChange
+from ._rules import CertificationRules
+from ._run import RUN_FILES, CertificationRun, rerun_id
 from ._select import busy_nodes, choose_nodes
+from ._settle import (
+    DECISION_COLUMNS,
+    NodeTaints,
+    RunVerdicts,
+    SettledDecision,
+    Settlement,
+    TaintAction,
+    fleet_taints,
+    settle,
+    settled_verdicts,
+)
+from ._tickets import TicketStep, pending_runs, ticket_step
 from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave
 
 __all__ = [
     "BENCH_PREFIX",
     "COMMON_LABELS",
     "COMPONENT",
+    "CONDITION",
     "DCGM_PREFIX",
+    "DECISION_COLUMNS",
     "DEFAULT_IMAGE",
     "DEFAULT_LABEL_PREFIX",
     "HARD_GATE_XIDS",
@@ -70,31 +91,44 @@ __all__ = [
     "PAYLOAD_DIR",
     "PAYLOAD_TEMPLATE",
     "REASONS",
+    "RUN_FILES",
     "STACK_PREFIX",
     "STATES",
     "BenchmarkSettings",
+    "CertificationRules",
+    "CertificationRun",
+    "CertifyOutcome",
     "CollectedResults",
     "JobOutcome",
     "JobRenderError",
     "NodeChange",
     "NodeDecision",
+    "NodeOutcome",
     "NodeRun",
+    "NodeTaints",
     "Reason",
+    "RunVerdicts",
+    "SettledDecision",
+    "Settlement",
     "State",
+    "TaintAction",
+    "TicketChange",
+    "TicketStep",
     "Wave",
     "abandon",
     "apply_decision",
     "benchmark_job",
-    "blast_radius_limit",
     "busy_nodes",
     "choose_nodes",
     "classify",
     "collect_results",
     "common_stack",
+    "condition_patch",
     "decide_nodes",
     "delete_jobs",
     "ensure_payload",
     "fail_stands",
+    "fleet_taints",
     "job_failure_verdicts",
     "job_labels",
     "job_name",
@@ -107,11 +141,12 @@ __all__ = [
     "payload_items",
     "payload_key",
     "payload_path",
-    "read_run_results",
-    "read_run_verdicts",
+    "pending_runs",
+    "rerun_id",
     "run_wave",
+    "settle",
+    "settled_verdicts",
     "stack_changed_nodes",
-    "tally",
+    "ticket_step",
     "update_baselines",
-    "write_run_table",
 ]

@@ -1,9 +1,15 @@
-"""Telling the cluster: state labels, annotations and the ``unhealthy`` taint, written per node.
+"""Telling the cluster: state labels, annotations, the ``unhealthy`` taint and the ``GpuCertified``
+condition, written per node from its :class:`~gpucert.certify.SettledDecision`.
 
 A node's labels, annotations and taints are changed in one merge patch that carries the
 ``resourceVersion`` it was computed from, so a taint someone else added in between is never
 overwritten: the server answers 409 and the patch is recomputed from the node as it now is.
 Nothing is written to a node whose labels, annotations and taints would not change.
+
+The condition (``type: GpuCertified``; True for certified, False for degraded or failed; reason = the
+cause, message = the summary) goes to the node's ``status`` as a strategic merge patch keyed by type, so
+the kubelet's conditions stay; Kubernetes' Node Readiness Controller or a user's controller may own the
+taints from it. An inconclusive decision leaves it as it was, like the label.
 """
 
 from __future__ import annotations
@@ -13,10 +19,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..kube import Kube, KubeConflict
-from ._decide import NodeDecision
+from ..kube import Kube, KubeConflict, condition, node_name, taint_keys
+from ._settle import SettledDecision
 
-__all__ = ["NodeChange", "apply_decision", "node_patch"]
+__all__ = ["CONDITION", "NodeChange", "apply_decision", "condition_patch", "node_patch"]
+
+#: The node condition a decision is written as.
+CONDITION = "GpuCertified"
+_CONDITION_STATUS = {"certified": "True", "degraded": "False", "failed": "False"}
+_REASON_OF_STATE = {"certified": "Certified", "degraded": "Degraded", "failed": "Failed"}
 
 _SUMMARY_MAX = 500
 _ATTEMPTS = 5
@@ -31,27 +42,23 @@ class NodeChange:
     annotations: Mapping[str, str | None]
     #: ``added``, ``lifted`` or None.
     taint: str | None
-
-
-def _taint_keys(prefix: str) -> tuple[str, str]:
-    return f"{prefix}/unhealthy", f"{prefix}/uncertified"
+    #: The ``GpuCertified`` condition's new status, None when it did not change.
+    condition: str | None = None
 
 
 def node_patch(
     node: Mapping[str, Any],
-    decision: NodeDecision,
+    decision: SettledDecision,
     *,
     prefix: str,
     run_id: str,
     now: datetime,
-    taint: bool,
-    observe_only: bool,
 ) -> tuple[dict[str, Any] | None, NodeChange]:
     """The merge patch that brings ``node`` in line with ``decision``, or None when nothing changes.
 
-    ``taint`` says the node may be tainted (its fail was confirmed, or a hard gate fired, and the blast
-    radius allows it). A ``certified`` node loses gpucert's ``unhealthy`` and ``uncertified`` taints; a
-    ``degraded`` one its ``unhealthy`` taint (it no longer fails). Observe-only never touches taints.
+    ``decision.taint`` says what happens to ``<prefix>/unhealthy``: ``added`` puts it on with the cause,
+    ``lifted`` takes it off (and, for a certified node, ``<prefix>/uncertified`` too); anything else
+    leaves the taints as they are.
     """
     meta = node.get("metadata") or {}
     have_labels = meta.get("labels") or {}
@@ -68,19 +75,18 @@ def node_patch(
     labels = {k: v for k, v in labels.items() if have_labels.get(k) != v}
     notes = {k: v for k, v in notes.items() if have_notes.get(k) != v}
 
-    unhealthy, uncertified = _taint_keys(prefix)
+    unhealthy, uncertified = taint_keys(prefix)
     taints = list((node.get("spec") or {}).get("taints") or [])
     wanted = taints
     change = None
-    if not observe_only:
-        if decision.state == "failed" and taint:
-            mine = {"key": unhealthy, "value": decision.cause or "unknown", "effect": "NoSchedule"}
-            wanted = [t for t in taints if t.get("key") != unhealthy] + [mine]
-            change = "added"
-        elif decision.state in ("certified", "degraded"):
-            drop = {unhealthy, uncertified} if decision.state == "certified" else {unhealthy}
-            wanted = [t for t in taints if t.get("key") not in drop]
-            change = "lifted"
+    if decision.taint == "added":
+        mine = {"key": unhealthy, "value": decision.cause or "unknown", "effect": "NoSchedule"}
+        wanted = [t for t in taints if t.get("key") != unhealthy] + [mine]
+        change = "added"
+    elif decision.taint == "lifted":
+        drop = {unhealthy, uncertified} if decision.state == "certified" else {unhealthy}
+        wanted = [t for t in taints if t.get("key") not in drop]
+        change = "lifted"
     if _same_taints(wanted, taints):
         wanted, change = taints, None
 
@@ -96,6 +102,33 @@ def node_patch(
     return patch, NodeChange(str(meta.get("name")), labels, notes, change)
 
 
+def condition_patch(node: Mapping[str, Any], decision: SettledDecision, *, now: datetime) -> dict[str, Any] | None:
+    """The status patch that writes ``decision`` as the ``GpuCertified`` condition, or None when it would
+    not change (or the decision is inconclusive). ``lastTransitionTime`` moves only when the status does."""
+    if decision.state is None:
+        return None
+    status = _CONDITION_STATUS[decision.state]
+    reason = _reason(decision)
+    message = decision.summary[:_SUMMARY_MAX]
+    have = condition(node, CONDITION)
+    if have is not None and (have.get("status"), have.get("reason"), have.get("message")) == (status, reason, message):
+        return None
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    moved = have is None or have.get("status") != status
+    entry = {"type": CONDITION, "status": status, "reason": reason, "message": message,
+             "lastHeartbeatTime": stamp,
+             "lastTransitionTime": stamp if moved else (have or {}).get("lastTransitionTime", stamp)}  # fmt: skip
+    return {"status": {"conditions": [entry]}}
+
+
+def _reason(decision: SettledDecision) -> str:
+    """A condition reason is CamelCase (``[A-Za-z]…``): the cause (``row_remap`` → ``RowRemap``), else the
+    state."""
+    if decision.state != "certified" and decision.cause:
+        return "".join(part.capitalize() for part in decision.cause.split("_") if part) or "Unknown"
+    return _REASON_OF_STATE[decision.state or "certified"]
+
+
 def _same_taints(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> bool:
     def key(t: Mapping[str, Any]) -> tuple[str, str, str]:
         return (str(t.get("key")), str(t.get("value") or ""), str(t.get("effect")))
@@ -105,31 +138,32 @@ def _same_taints(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> bool
 
 def apply_decision(
     kube: Kube,
-    decision: NodeDecision,
+    decision: SettledDecision,
     *,
     prefix: str,
     run_id: str,
     now: datetime,
-    taint: bool,
-    observe_only: bool,
 ) -> NodeChange:
-    """Write ``decision`` to its node (see :func:`node_patch`); retried on a concurrent change (409).
+    """Write ``decision`` to its node (see :func:`node_patch`, :func:`condition_patch`); the metadata patch
+    is retried on a concurrent change (409).
 
     Raises :class:`~gpucert.kube.KubeNotFound` when the node is gone, :class:`KubeConflict` when it kept
     changing under us.
     """
     for attempt in range(_ATTEMPTS):
         node = kube.get("v1", "Node", decision.node)
-        patch, change = node_patch(
-            node, decision, prefix=prefix, run_id=run_id, now=now, taint=taint, observe_only=observe_only
-        )
-        if patch is None:
-            return change
-        try:
-            kube.merge_patch("v1", "Node", decision.node, patch)
-        except KubeConflict:
-            if attempt + 1 == _ATTEMPTS:
-                raise
-            continue
+        patch, change = node_patch(node, decision, prefix=prefix, run_id=run_id, now=now)
+        if patch is not None:
+            try:
+                node = kube.merge_patch("v1", "Node", decision.node, patch)
+            except KubeConflict:
+                if attempt + 1 == _ATTEMPTS:
+                    raise
+                continue
+        status = condition_patch(node, decision, now=now)
+        if status is not None:
+            kube.patch_status("v1", "Node", node_name(node) or decision.node, status)
+            change = NodeChange(change.node, change.labels, change.annotations, change.taint,
+                                status["status"]["conditions"][0]["status"])  # fmt: skip
         return change
     raise AssertionError("unreachable")

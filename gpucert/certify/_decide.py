@@ -1,40 +1,29 @@
-"""From verdicts to what happens to each node: its state label, a taint or not, a re-run first or not.
-
-DESIGN.md's conventions, as pure functions over the verdict table (tested without a cluster):
+"""From one run's verdicts to what it says about each node: :class:`NodeDecision`, by pure functions.
 
 * state: any ``fail`` → ``failed``; else any ``warn`` → ``degraded``; else every row ``pass`` →
   ``certified``; a node whose rows are only ``pass`` and ``inconclusive`` keeps the state it had (an
   inconclusive run says nothing about the GPUs);
-* a ``failed`` node is tainted ``<prefix>/unhealthy=<cause>:NoSchedule`` — only after a re-run confirms
-  it (REFERENCE §4.6: the fail stands when 2 of 3 runs fail), unless a hard hardware gate fired (row-remap
-  failure, XID 64/79/95, a volatile double-bit ECC error), which needs no re-run;
-* the blast-radius guard: a run that would taint more than max(``min_nodes``, ``fraction`` × GPU nodes)
-  taints none — beyond that the likelier culprit is the baseline, the benchmark or the stack — and opens
-  one incident instead;
-* observe-only: labels and annotations, never a taint added or lifted.
+* a hard hardware gate (row-remap failure, XID 64/79/95, a volatile double-bit ECC error) needs no
+  confirming re-run; any other fail does — :func:`fail_stands` counts REFERENCE §4.6's 2 of 3.
+
+Settling a run — its re-runs, taints, the blast radius — is :mod:`._settle`'s.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
 
-__all__ = [
-    "HARD_GATE_XIDS",
-    "NodeDecision",
-    "blast_radius_limit",
-    "decide_nodes",
-    "fail_stands",
-]
+from ..verdict import VERDICT_RANK
+
+__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "fail_stands"]
 
 #: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
 #: uncontained ECC error.
 HARD_GATE_XIDS = frozenset({64, 79, 95})
 _HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile"})
-_RANK = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 _STATE = {"pass": "certified", "warn": "degraded", "fail": "failed"}
 
 
@@ -83,7 +72,7 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
     Fleet rows (no node) flag nobody and are ignored here.
     """
     rows = verdicts[verdicts["node"].notna()].copy()
-    rows["rank"] = rows["verdict"].astype("string").map(_RANK).astype("int64")
+    rows["rank"] = rows["verdict"].astype("string").map(VERDICT_RANK).astype("int64")
     rows["hard"] = _hard_gate(rows)
     # Worst rows first, so each node's first row is its deciding one.
     rows = rows.sort_values(["node", "rank"], ascending=[True, False], kind="stable")
@@ -133,17 +122,3 @@ def fail_stands(runs: Iterable[NodeDecision]) -> bool | None:
     if passed >= 2 or (passed >= 1 and failed == 0):
         return False
     return None
-
-
-def blast_radius_limit(gpu_nodes: int, *, min_nodes: int, fraction: float) -> int:
-    """How many nodes one run may taint: max(``min_nodes``, ``fraction`` × ``gpu_nodes``), rounded down."""
-    return max(min_nodes, math.floor(fraction * gpu_nodes))
-
-
-def tally(decisions: Mapping[str, NodeDecision]) -> dict[str, int]:
-    """How many nodes of each state (``unchanged`` for inconclusive)."""
-    counts: dict[str, int] = {}
-    for decision in decisions.values():
-        key = decision.state or "unchanged"
-        counts[key] = counts.get(key, 0) + 1
-    return counts

@@ -21,6 +21,17 @@ Names
 
 The node goes in the label ``<prefix>/node`` when it is a valid label value (node names may run to 253
 characters with dots; label values stop at 63), and always in the annotation of the same name.
+
+Payload arguments
+-----------------
+``BenchmarkSettings.payload_args`` (sizes and durations, ``--skip``, ``--dcgm-level``,
+``--nccl-tests-args``…) follow the Job's own arguments. They are checked with the payload's own parser,
+strictly (:func:`gpucert.bench._cli.check_args`: no abbreviation, no ``--help``), when the settings are
+made and again on the whole command line when a Job is rendered, so a typo fails as a
+:class:`PayloadArgsError` naming it before any Job exists; the flags the Job sets itself
+(``--run-id``, ``--node``, ``--repeats``, ``--expected-gpus``) are refused. Each ``$`` is written as
+``$$``: the kubelet expands ``$(VAR)`` in a container's arguments, and a payload argument must reach the
+payload as it was written.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from typing import Any
 import jinja2
 
 from .._templates import yaml_environment
-from ..errors import GpucertError
+from ..errors import GpucertError, InputError
 from ..kube import Kube, KubeConflict
 from ..stack import (
     STACK_NAMESPACE,
@@ -57,7 +68,9 @@ __all__ = [
     "PAYLOAD_TEMPLATE",
     "BenchmarkSettings",
     "JobRenderError",
+    "PayloadArgsError",
     "benchmark_job",
+    "check_payload_args",
     "ensure_payload",
     "job_labels",
     "job_name",
@@ -84,14 +97,44 @@ _KEY_WORD = re.compile(r"[-_a-zA-Z0-9]+")
 _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 #: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
 _CONFIGMAP_LIMIT = 1 << 20
-#: The payload flags this module sets itself; ``extra_args`` may not set them again.
+#: The payload flags this module sets itself; ``payload_args`` may not set them again.
 _OWN_FLAGS = ("--run-id", "--node", "--repeats", "--expected-gpus")
+#: What the Job's own flags are checked with when ``payload_args`` are checked alone.
+_CHECK_PREFIX = ("--run-id", "check", "--node", "check", "--repeats", "1", "--expected-gpus", "1")
 _HASH = 8
 
 
 class JobRenderError(GpucertError):
     """A benchmark template rendered into something that is not the expected object (a template bug,
     or a value that tried to bend a manifest); the message names the template."""
+
+
+class PayloadArgsError(JobRenderError, InputError, ValueError):
+    """Payload arguments the payload's command line would refuse, or that set a flag the Job sets; the
+    message names the argument. Bad input (exit 2), and a ``ValueError`` like every other bad setting."""
+
+
+def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
+    """``args`` as a tuple when the payload's parser takes ``prefix`` + ``args`` strictly (no abbreviation,
+    no ``--help``) and none of ``args`` sets a flag the Job sets; raises :class:`PayloadArgsError`."""
+    from ..bench._cli import ArgumentsError, check_args
+
+    if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
+        raise PayloadArgsError(f"payload_args must be a sequence of strings, not {args!r}")
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWN_FLAGS:
+            raise PayloadArgsError(f"payload_args may not set {flag}: the Job sets it")
+    try:
+        check_args([*prefix, *args])
+    except ArgumentsError as exc:
+        raise PayloadArgsError(f"payload_args {list(args)!r}: the payload refuses them: {exc}") from None
+    return tuple(args)
+
+
+def _kubelet_literal(arg: str) -> str:
+    """``arg`` as a container argument the kubelet passes on unchanged: ``$$`` is its escape for ``$``."""
+    return arg.replace("$", "$$")
 
 
 @dataclass(frozen=True)
@@ -115,8 +158,9 @@ class BenchmarkSettings:
     ttl_s: int = 86400
     #: A low PriorityClass for the pods; None leaves it out (the cluster's default priority).
     priority_class: str | None = None
-    #: More payload arguments (sizes, ``--skip``, ``--dcgm``…), passed after the ones set here.
-    extra_args: tuple[str, ...] = ()
+    #: More payload arguments (``--gemm-seconds=5``, ``--skip=copy``, ``--dcgm-level=2``,
+    #: ``--nccl-tests-args=-d bfloat16``…), after the ones set here; checked (see the module docstring).
+    payload_args: tuple[str, ...] = ()
     #: CPU and memory requested: enough for one process per GPU in the all-reduce, and a request at all
     #: keeps the pod out of the BestEffort class, the first evicted under node pressure.
     cpu_request: str = "4"
@@ -142,11 +186,8 @@ class BenchmarkSettings:
             not dns_subdomain_ok(self.priority_class)
         ):
             raise ValueError(f"priority class {self.priority_class!r} is not a DNS subdomain")
-        for arg in self.extra_args:
-            if not isinstance(arg, str):
-                raise ValueError(f"extra_args must be strings, not {arg!r}")
-            if arg.split("=", 1)[0] in _OWN_FLAGS:
-                raise ValueError(f"extra_args may not set {arg.split('=', 1)[0]}: the Job sets it")
+        # A list (a flow parameter read from JSON) is kept as a tuple: the settings stay hashable.
+        object.__setattr__(self, "payload_args", check_payload_args(self.payload_args))
         for name in ("cpu_request", "memory_request", "shm_size"):
             if not _QUANTITY.fullmatch(getattr(self, name)):
                 raise ValueError(f"{name} {getattr(self, name)!r} is not a Kubernetes quantity")
@@ -330,9 +371,10 @@ def benchmark_job(
     ``payload`` is the payload ConfigMap (:func:`payload_configmap`, or as read back): the pod mounts
     it by name, its keys as the package tree.
     The pod runs ``python -m gpucert.bench --run-id RUN --node $(NODE_NAME) --repeats N --expected-gpus
-    GPUS`` plus ``settings.extra_args``. Returns the Job as a dict. Raises ``ValueError`` for a bad run
-    id, an empty node, fewer than 1 GPU or a ConfigMap that is not a payload's, and
-    :class:`JobRenderError` when the template does not render into one Job.
+    GPUS`` plus ``settings.payload_args``. Returns the Job as a dict. Raises ``ValueError`` for a bad run
+    id, an empty node, fewer than 1 GPU or a ConfigMap that is not a payload's, :class:`PayloadArgsError`
+    when the payload's parser refuses the whole command line, and :class:`JobRenderError` when the
+    template does not render into one Job.
     """
     s = settings or BenchmarkSettings()
     name = job_name(run_id, node)
@@ -344,14 +386,16 @@ def benchmark_job(
     items = payload_items(payload)
     labels = job_labels(run_id, node, s.label_prefix)
     node_annotation = {f"{s.label_prefix}/node": node}
-    args = [
+    own = [
         "--run-id", run_id,
         # $(NODE_NAME) is expanded by the kubelet from the downward API: the node the pod ran on.
         "--node", "$(NODE_NAME)",
         "--repeats", str(s.repeats),
         "--expected-gpus", str(gpus),
-        *s.extra_args,
     ]  # fmt: skip
+    # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
+    payload_args = check_payload_args(s.payload_args, prefix=own)
+    args = [*own, *(_kubelet_literal(arg) for arg in payload_args)]
     context = {
         "name": name,
         "namespace": s.namespace,

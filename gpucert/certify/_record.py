@@ -10,28 +10,22 @@ current, never half a table.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping
-from datetime import date
 from typing import Any
 
 import pandas as pd
 
 from ..baseline import build_baseline, forget
 from ..policy import Policy
-from ..results import parse_results
 from ..store import BaselineStore
 from ..verdict import VERDICT_COLUMNS
 
 __all__ = [
     "common_stack",
     "job_failure_verdicts",
-    "read_run_results",
-    "read_run_verdicts",
     "stack_changed_nodes",
     "update_baselines",
-    "write_run_table",
 ]
 
 _WHY = {
@@ -63,25 +57,6 @@ def job_failure_verdicts(run_id: str, failed: Mapping[str, tuple[str | None, str
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     frame["gpu"] = frame["gpu"].astype("Int64")
     return frame
-
-
-def write_run_table(store: BaselineStore, run_id: str, day: date, name: str, frame: pd.DataFrame) -> str:
-    """Store ``frame`` as the run file ``name`` (Parquet); returns its key."""
-    buffer = io.BytesIO()
-    frame.to_parquet(buffer, index=False)
-    return store.write_run_file(run_id, day, name, buffer.getvalue())
-
-
-def read_run_results(store: BaselineStore, run_id: str, day: date) -> pd.DataFrame:
-    """The run's ``results.parquet``, validated to the canonical dtypes; :class:`StoreError` when the run has
-    none (no node produced results)."""
-    raw = store.read_run_file(run_id, day, "results.parquet")
-    return parse_results(pd.read_parquet(io.BytesIO(raw)), f"results of run {run_id}")
-
-
-def read_run_verdicts(store: BaselineStore, run_id: str, day: date) -> pd.DataFrame:
-    """The run's ``verdicts.parquet``; :class:`StoreError` when there is none."""
-    return pd.read_parquet(io.BytesIO(store.read_run_file(run_id, day, "verdicts.parquet")))
 
 
 def common_stack(stacks: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

@@ -3,6 +3,7 @@
 * :class:`Kube` — get, list (paged), server-side apply (field manager ``gpucert``), create, merge
   patch, delete, node labels, pod logs; every failure a :class:`KubeError` naming the call;
 * :func:`connect` — a :class:`Kube` from a kubeconfig (file or data) or the in-cluster account;
+* :func:`announce_joined_nodes` — each node waiting to be onboarded announced once, across restarts;
 * :class:`RetryPolicy` — transient failures (5xx, 429 after ``Retry-After``, no answer) retried
   with capped, jittered back-off inside each call.
 
@@ -23,9 +24,20 @@ from ._errors import (
     KubeUnavailable,
     KubeUnreachable,
 )
+from ._nodes import (
+    condition,
+    has_taint,
+    node_name,
+    node_ready,
+    taint_keys,
+    uncertified_taint,
+    unhealthy_taint,
+)
 from ._retry import NO_RETRY, RetryPolicy
+from ._watch import ANNOUNCED_ANNOTATION, announce_joined_nodes, joined_nodes
 
 __all__ = [
+    "ANNOUNCED_ANNOTATION",
     "FIELD_MANAGER",
     "KINDS",
     "NO_RETRY",
@@ -42,7 +54,16 @@ __all__ = [
     "KubeUnreachable",
     "Resource",
     "RetryPolicy",
+    "announce_joined_nodes",
+    "condition",
     "connect",
     "describe",
+    "has_taint",
+    "joined_nodes",
+    "node_name",
+    "node_ready",
     "resource_of",
+    "taint_keys",
+    "uncertified_taint",
+    "unhealthy_taint",
 ]

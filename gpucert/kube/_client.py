@@ -33,6 +33,7 @@ __all__ = ["FIELD_MANAGER", "KINDS", "Kube", "Resource"]
 FIELD_MANAGER = "gpucert"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
+_STRATEGIC = "application/strategic-merge-patch+json"
 _PAGE = 500
 
 
@@ -234,6 +235,23 @@ class Kube:
                 doing=f"patch {kind} {namespace + '/' if namespace else ''}{name}",
                 body=dict(patch),
                 content_type=_MERGE,
+            )
+        )
+
+    def patch_status(
+        self, api_version: str, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Strategic merge patch of the ``status`` subresource: a list keyed by the API's merge key
+        (``conditions`` by ``type``) keeps the entries the patch does not name, so writing one condition
+        never drops the kubelet's. Returns the patched object."""
+        res = resource_of(api_version, kind)
+        return dict(
+            self.request(
+                "PATCH",
+                res.path(namespace, name, "status"),
+                doing=f"patch the status of {kind} {namespace + '/' if namespace else ''}{name}",
+                body=dict(patch),
+                content_type=_STRATEGIC,
             )
         )
 

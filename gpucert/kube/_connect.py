@@ -40,17 +40,41 @@ def connect(
             path = Path(kubeconfig) if kubeconfig is not None else _default_kubeconfig()
             if path is None or not path.is_file():
                 raise InputError(f"kubeconfig {path}: no such file")
+            _check_kubeconfig(path)
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(path), context=context, client_configuration=configuration
             )
         else:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except ConfigException as exc:
+    except (ConfigException, ValueError, TypeError, KeyError, AttributeError) as exc:
+        # The client's loader reads fields without checking their types: a wrong one is a bare error.
         source = (
             "the kubeconfig given as data" if config_dict is not None else f"kubeconfig {kubeconfig or ''}"
         )
-        raise InputError(f"{source.strip()}: {exc}") from exc
+        raise InputError(f"{source.strip()}: {type(exc).__name__ if not str(exc) else exc}") from None
     return Kube(client.ApiClient(configuration), retry=retry)
+
+
+def _check_kubeconfig(path: Path) -> None:
+    """Raise :class:`InputError` naming ``path`` unless it is UTF-8 YAML holding a mapping (the client's
+    loader would fail on anything else with a bare parser error or a traceback)."""
+    import yaml
+
+    try:
+        data = path.read_bytes()
+        if b"\0" in data:
+            raise InputError(f"kubeconfig {path}: holds NUL bytes; it is not a kubeconfig")
+        loaded = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"kubeconfig {path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"kubeconfig {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise InputError(f"kubeconfig {path}: nested too deeply") from None
+    except OSError as exc:
+        raise InputError(f"kubeconfig {path}: cannot read it ({exc.strerror or exc})") from None
+    if not isinstance(loaded, dict):
+        raise InputError(f"kubeconfig {path}: a kubeconfig is a mapping, got {type(loaded).__name__}")
 
 
 def _default_kubeconfig() -> Path | None:

@@ -1,9 +1,11 @@
-"""operate's core: which nodes are due for re-certification tonight.
+"""operate's core: which nodes are due for re-certification tonight, and what a night (an onboarding, a
+release) returns.
 
 The rest of a night — telemetry (:mod:`gpucert.telemetry`), drift (:mod:`gpucert.telemetry`), tickets
-(:mod:`gpucert.tickets`) — lives in its own package; this one holds the rotation.
+(:mod:`gpucert.tickets`) — lives in its own package; this one holds the rotation and the outcomes.
 """
 
 from ._due import DueNodes, due_nodes
+from ._outcome import OnboardOutcome, OperateOutcome, ReleaseOutcome
 
-__all__ = ["DueNodes", "due_nodes"]
+__all__ = ["DueNodes", "OnboardOutcome", "OperateOutcome", "ReleaseOutcome", "due_nodes"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -13,6 +12,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from .._frames import RESULT_DTYPES
+from .._names import DNS_LABEL
 from ..errors import Problem, ResultsError
 
 PathArg = str | os.PathLike[str]
@@ -22,7 +22,7 @@ Floats = npt.NDArray[np.float64]
 Codes = npt.NDArray[np.integer[Any]]
 
 _REQUIRED_TEXT: Final = frozenset({"run_id", "node", "gpu_model", "metric"})
-_RUN_ID: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_RUN_ID: Final = DNS_LABEL  # the run-id rule (gpucert._names)
 #: Problems built per rule; further hits are only counted, so a file wrong on every row stays fast.
 _CAP: Final = 50
 #: Rows listed in one message about a group of rows (a duplicated sample, a conflicting identity).

@@ -14,14 +14,28 @@ benchmark Job's template carries, so ``kubectl get pods -l gpucert.io/run-id=…
 What its log holds
 ------------------
 Pod logs mix both streams, as ``kubectl logs`` shows them. At container start (stderr): the stack record
-line ``gpucert-stack: {…}`` (the payload's; a simulated driver, CUDA and torch) and a
-``gpucert-bench: run … on …`` line naming the devices. When the container ends: the results rows on
+line ``gpucert-stack: {…}`` (the payload's: the node's driver, see below; the benchmark image's CUDA,
+torch and NCCL) and a ``gpucert-bench: run … on …`` line naming the devices. The record is taken once,
+at start, as the payload takes it. When the container ends: the results rows on
 stdout, one JSON object a line with the ten contract columns in order, as ``RowWriter`` prints them,
 each ``error`` row preceded by its ``gpucert-bench: error: …`` line; then ``gpucert-bench: done …``.
 The rows are the fleet model's for that node and run: ``fleet.run(run_id, nodes=[node], faults=<the
 node's injected faults>, seed=<derived from cluster seed, run id and node>, ts=<container start>)``,
 so the same run on the same node measures the same, and another run measures afresh. The payload
 exits 0 even when a GPU crashed (an ``error`` row reports it), so such a pod Succeeds.
+
+Which driver it reports
+-----------------------
+The one loaded on its node, as NVML would read it (:func:`node_driver`): the version a running pod of
+gpucert's driver DaemonSet on that node runs (the ``<version>-<os>`` tag of its image; the pod's
+``app.kubernetes.io/version`` label when the tag says none), else the host driver a node marked
+``nvidia.com/gpu.deploy.driver=pre-installed`` declares through GPU feature discovery's labels. So a
+``--preconfigured`` cluster reports the driver of its preseeded stack, ``gpucert configure`` changes what
+the next benchmark reports, and a driver DaemonSet rolled to another image is seen node by node.
+``cuda_driver`` is the CUDA version of that driver's branch in the compatibility matrix (left out when
+the matrix gives only a major version). A node with no driver loaded gets what the payload prints
+there: a stack record without driver, CUDA driver or VBIOS, no device, and ``error`` rows for the
+telemetry and for every benchmark (node level, ``gpu_model`` ``unknown``), beside ``gpu_count_expected``.
 
 A benchmark pod on a node the fleet does not know (created through the API, without simulated GPUs)
 logs that no GPU was found and no rows. Any other pod logs a line when it starts and one when it ends.
@@ -34,7 +48,7 @@ import json
 import math
 import platform
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,21 +57,91 @@ import pandas as pd
 from .. import __version__
 from ..fleet import Fleet
 from ..metrics import RESULT_COLUMNS
+from ..stack import load_matrix, node_info
 from ._gpufaults import GpuFaults
+from ._objects import deleting, phase
 
-__all__ = ["MANAGED_BY", "PodLogs", "rows_jsonl"]
+__all__ = ["MANAGED_BY", "PodLogs", "node_driver", "rows_jsonl"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpucert")
 _STACK_PREFIX = "gpucert-stack: "
 _SAY = "gpucert-bench: "
 _RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# The software stack of the simulated nodes, as the payload would read it (NVML, torch).
-_STACK = {"driver": "550.90.07", "cuda_driver": "12.4", "cuda": "12.4", "torch": "2.4.1", "nccl": "2.20.5"}
+# The benchmark image's software, as the payload would read it from torch; the driver is the node's.
+_IMAGE_STACK = {"cuda": "12.4", "torch": "2.4.1", "nccl": "2.20.5"}
 _VBIOS = "96.00.9F.00.04"
+_DRIVER_POD = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "driver"}
+# A driver container's tag is `<driver version>-<os>` (compatibility.yaml, `os`).
+_DRIVER_TAG = re.compile(r"^(\d{3,4}\.\d{1,3}(?:\.\d{1,3})?)(?:-|$)")
+# What the payload says on a node without a loaded driver (NVML and torch both fail to start).
+_NO_NVML = "NVML cannot start: NVMLError_DriverNotLoaded: Driver Not Loaded"
+_NO_CUDA = (f"CUDA is not available to torch {_IMAGE_STACK['torch']} (built for CUDA {_IMAGE_STACK['cuda']}); "
+            "no GPU can be benchmarked")
+_BENCHMARKS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "nccl_allreduce_busbw_gbps")
 
 
-def _ts(value: pd.Timestamp) -> str:
+def _ts(value: pd.Timestamp | datetime) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _image_driver(image: str) -> str | None:
+    """The driver version in a driver image's tag (``…/driver:580.126.20-ubuntu22.04``), or None."""
+    reference = image.split("@", 1)[0]
+    _name, colon, tag = reference.rpartition(":")
+    if not colon or "/" in tag:
+        return None  # no tag (the colon was a registry port's)
+    match = _DRIVER_TAG.match(tag)
+    return match.group(1) if match else None
+
+
+def node_driver(node: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The NVIDIA driver version loaded on ``node`` (its Node object; ``pods``: the pods bound to it).
+
+    Returns the version of the newest running pod of gpucert's driver DaemonSet there, else the host
+    driver a pre-installed node declares, else None (no driver: NVML would not start).
+    """
+    running = [
+        p for p in pods
+        if all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in _DRIVER_POD.items())
+        # Running, not Ready: the simulated driver pod's readiness is only a delay, and a benchmark pod
+        # scheduled right after a preconfigured cluster starts must find the driver it was seeded with.
+        and phase(p) == "Running" and not deleting(p)
+    ]  # fmt: skip
+    running.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    for pod in reversed(running):
+        containers = (pod.get("spec") or {}).get("containers") or ()
+        version = _image_driver(str((containers[0] if containers else {}).get("image") or ""))
+        label = ((pod.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/version")
+        if version or label:
+            return version or str(label)
+    if node is not None:
+        return node_info(node).host_driver or None
+    return None
+
+
+def _cuda_driver(driver: str) -> str | None:
+    """The CUDA version ``driver``'s branch supports, per the compatibility matrix; None when unknown."""
+    matrix = load_matrix()
+    try:
+        branch = matrix.drivers.get(matrix.branch_of(driver))
+    except ValueError:
+        return None
+    # NVML reports major.minor; a branch the matrix knows only by its major is not guessed at.
+    return branch.cuda if branch is not None and "." in branch.cuda else None
+
+
+def _stack_of(head: str) -> dict[str, Any]:
+    """The stack record a log's head carries (empty when it has none)."""
+    for line in head.splitlines():
+        if line.startswith(_STACK_PREFIX):
+            record = json.loads(line.removeprefix(_STACK_PREFIX))
+            return record if isinstance(record, dict) else {}
+    return {}
+
+
+def _row(run_id: str, node: str, metric: str, value: float, ts: datetime) -> dict[str, Any]:
+    cells = (run_id, node, None, None, "unknown", metric, value, 0, None, _ts(ts))
+    return dict(zip(RESULT_COLUMNS, cells, strict=True))
 
 
 def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
@@ -85,13 +169,17 @@ def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
 
 
 class PodLogs:
-    """The log text of simulated pods; see the module docstring."""
+    """The log text of simulated pods; see the module docstring.
+
+    ``driver`` gives the driver version loaded on a node (None: none), as :func:`node_driver` finds it.
+    """
 
     def __init__(self, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int,
-                 label_prefix: str = "gpucert.io") -> None:
+                 driver: Callable[[str], str | None], label_prefix: str = "gpucert.io") -> None:
         self._fleet = fleet
         self._faults = faults
         self._seed = seed
+        self._driver = driver
         self._run_label = f"{label_prefix}/run-id"
 
     def run_id(self, pod: Mapping[str, Any]) -> str | None:
@@ -112,14 +200,20 @@ class PodLogs:
         fleet = self._fleet()
         if node not in fleet.node_index:
             return f"{_SAY}no GPU found on {node}: nothing to benchmark\n"
-        stack = self._stack(fleet, node)
+        driver = self._driver(node)
+        stack = self._stack(fleet, node, driver)
+        if driver is None:
+            return (f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
+                    f"{_SAY}run {run_id} on {node}: cuda, model 'unknown', devices none\n")
         devices = ", ".join(f"{i}={u}" for i, u in enumerate(self._uuids(fleet, node)))
         return (f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
                 f"{_SAY}run {run_id} on {node}: cuda, model {fleet.model.name!r}, devices {devices}\n")
 
-    def finished(self, pod: Mapping[str, Any], node: str, started_at: datetime, exit_code: int) -> str:
-        """The whole log once the container exited with ``exit_code``."""
-        head = self.started(pod, node)
+    def finished(self, pod: Mapping[str, Any], node: str, started_at: datetime, exit_code: int,
+                 head: str | None = None) -> str:
+        """The whole log once the container exited with ``exit_code``; ``head`` is what :meth:`started`
+        printed (recomputed when not given, for a pod seeded already running)."""
+        head = head or self.started(pod, node)
         run_id = self.run_id(pod)
         if run_id is None:
             return head + f"simulated container exited with code {exit_code}\n"
@@ -128,11 +222,15 @@ class PodLogs:
             return head + f"{_SAY}done in 0.0 s: 0 rows, 0 error row(s)\n"
         if not _RUN_ID.match(run_id):
             return head + f"{_SAY}error: --run-id {run_id!r} is not a DNS label\n"
+        took = (datetime.now(UTC) - started_at).total_seconds()
+        if not _stack_of(head).get("driver"):
+            # No driver was loaded when the container started: the payload found no GPU.
+            body, count, errors = self._driverless(fleet, run_id, node, started_at.astimezone(UTC))
+            return head + body + f"{_SAY}done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
         wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
                          nodes=[node], faults=self._faults.on_node(node))
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
-        took = (datetime.now(UTC) - started_at).total_seconds()
         return (head + rows_jsonl(rows)
                 + f"{_SAY}done in {took:.1f} s: {len(rows)} rows, {errors} error row(s)\n")
 
@@ -145,9 +243,25 @@ class PodLogs:
         first = fleet.node_index[node] * fleet.gpus_per_node
         return [str(u) for u in fleet.uuids[first:first + fleet.gpus_per_node]]
 
-    def _stack(self, fleet: Fleet, node: str) -> dict[str, str]:
+    def _stack(self, fleet: Fleet, node: str, driver: str | None) -> dict[str, str]:
         record = {"node": node, "hostname": node, "kernel": "5.15.0-119-generic",
-                  "python": platform.python_version(), "gpucert": __version__, "gpu_model": fleet.model.name,
-                  **_STACK}
+                  "python": platform.python_version(), "gpucert": __version__,
+                  "gpu_model": fleet.model.name if driver else "unknown", **_IMAGE_STACK}
+        if driver is None:
+            return record  # NVML did not start: no driver, CUDA driver or VBIOS to read
+        record["driver"] = driver
+        cuda_driver = _cuda_driver(driver)
+        if cuda_driver is not None:
+            record["cuda_driver"] = cuda_driver
         record.update({f"vbios.{i}": _VBIOS for i in range(fleet.gpus_per_node)})
         return record
+
+    def _driverless(self, fleet: Fleet, run_id: str, node: str, ts: datetime) -> tuple[str, int, int]:
+        """The rows (and their stderr lines) of a run on a node without a driver, their count and the
+        error rows among them: what the payload's steps write when NVML and CUDA cannot start."""
+        lines = [json.dumps(_row(run_id, node, "gpu_count_expected", float(fleet.gpus_per_node), ts))]
+        failures = [("telemetry", _NO_NVML), *((metric, _NO_CUDA) for metric in _BENCHMARKS)]
+        for step, reason in failures:
+            lines.append(f"{_SAY}error: {step} on node: {reason}")
+            lines.append(json.dumps(_row(run_id, node, "error", 1.0, ts)))
+        return "".join(line + "\n" for line in lines), 1 + len(failures), len(failures)

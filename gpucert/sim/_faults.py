@@ -1,9 +1,10 @@
 """API faults: the misbehaviour of a loaded or flaky API server, injected on purpose.
 
-gpucert's flows must survive a 429 with ``Retry-After``, a 500, a slow server and a watch cut mid-stream,
-because real control planes do all of these under load. The policy is one immutable value swapped
-atomically on the running server, from Python (:meth:`FaultInjector.set`) or over HTTP
-(``POST /gpucert/faults``), so a test can turn faults on for one step and off again.
+gpucert's flows must survive a 429 with ``Retry-After``, a 500, a slow server, a watch cut mid-stream and
+a watch whose resourceVersion was compacted away, because real control planes do all of these under load.
+The policy is one immutable value swapped atomically on the running server, from Python
+(:meth:`FaultInjector.set`) or over HTTP (``POST /gpucert/faults``), so a test can turn faults on for
+one step and off again.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ class ApiFaults:
     latency_s: float = 0.0
     #: A watch is cut (connection closed without an end) this long after it starts; None: never.
     drop_watch_after_s: float | None = None
+    #: Share of watches resumed from a resourceVersion answered with an in-stream 410 Expired (an ERROR event
+    #: under HTTP 200), as after an etcd compaction the client did not see: it must re-list.
+    watch_expired_rate: float = 0.0
     #: Seed of the draws, for repeatable runs; None draws from the OS.
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("error_rate", "throttle_rate"):
+        for name in ("error_rate", "throttle_rate", "watch_expired_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InputError(f"API faults: {name} must be within [0, 1], got {value}")
@@ -65,7 +69,13 @@ class ApiFaults:
 
     @property
     def active(self) -> bool:
-        return bool(self.error_rate or self.throttle_rate or self.latency_s or self.drop_watch_after_s)
+        return bool(
+            self.error_rate
+            or self.throttle_rate
+            or self.latency_s
+            or self.drop_watch_after_s
+            or self.watch_expired_rate
+        )
 
 
 def _coerce(name: str, value: Any) -> float | int:
@@ -114,3 +124,11 @@ class FaultInjector:
         elif draw < policy.error_rate + policy.throttle_rate:
             status = 429
         return FaultDecision(policy.latency_s, status, policy.retry_after_s)
+
+    def expire_watch(self) -> bool:
+        """Whether a watch resumed from a resourceVersion is to be answered 410 Expired (``watch_expired_rate``)."""
+        policy = self._policy
+        if not policy.watch_expired_rate:
+            return False
+        with self._lock:
+            return self._rng.random() < policy.watch_expired_rate

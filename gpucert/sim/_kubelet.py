@@ -247,9 +247,11 @@ class Kubelets:
     def _finish(self, pod: Obj, node: str, started_wall: datetime) -> None:
         code = int(_annotation_number(pod, EXIT_CODE_ANNOTATION) or 0)
         meta = pod["metadata"]
+        namespace = meta.get("namespace", "")
+        # What the container printed at start stays its head (the stack it read then, not now).
+        head = self.store.get_log(namespace, meta["name"], None)
         # The log first: whoever sees the terminal phase must find the whole log.
-        self.store.set_log(meta.get("namespace", ""), meta["name"],
-                           self.logs.finished(pod, node, started_wall, code))
+        self.store.set_log(namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head))
         now = now_rfc3339()
         started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
         reason = "Completed" if code == 0 else (_annotation(pod, TERMINATED_REASON_ANNOTATION) or "Error")

@@ -41,7 +41,7 @@ from ..errors import InputError
 from ..fleet import Fault, Fleet
 from ..kube import FIELD_MANAGER
 from ._api import build_app
-from ._benchlogs import PodLogs
+from ._benchlogs import PodLogs, node_driver
 from ._controllers import Runtime, SimTiming
 from ._daemonsets import DaemonSetController
 from ._dcgm import DcgmExporters
@@ -63,6 +63,7 @@ from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
+from ._objects import NODES
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
 from ._stack import preconfigured_stack
@@ -381,7 +382,12 @@ class SimCluster:
 
     def _start_controllers(self, loop: asyncio.AbstractEventLoop) -> Runtime:
         runtime = Runtime(self.store, loop)
-        logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, label_prefix=self.label_prefix)
+
+        def driver(node: str) -> str | None:
+            return node_driver(self.store.get(NODES, None, node), runtime.pods.on_node(node))
+
+        logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, driver=driver,
+                       label_prefix=self.label_prefix)
         # Order within a batch: bind, run, then the controllers that react to what pods did.
         runtime.add(Scheduler(runtime))
         runtime.add(Kubelets(runtime, self.timing, logs))

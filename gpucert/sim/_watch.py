@@ -4,7 +4,8 @@ Semantics of a real API server that clients rely on: no resourceVersion (or ``0`
 per existing object; a remembered resourceVersion replays only what came after it; a forgotten one is
 answered with an ERROR event carrying a 410 Gone ``Status`` (HTTP 200, as the real server does, so the
 client's watch loop sees it and re-lists); ``timeoutSeconds`` ends the stream cleanly; selectors turn an
-object leaving the selection into DELETED and one entering it into ADDED.
+object leaving the selection into DELETED and one entering it into ADDED. The fault policy's
+``watch_expired_rate`` answers a resumed watch the same way a forgotten version is answered, on demand.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ async def serve_watch(
     response.enable_chunked_encoding()
     loop = asyncio.get_running_loop()
     try:
+        if since is not None and faults.expire_watch():
+            raise ApiError(
+                410, f"too old resource version: {since} ({store.resource_version})", reason="Expired"
+            )
         replay, watcher = store.watch(target.resource, since, loop)
     except ApiError as exc:
         await response.prepare(request)

@@ -10,6 +10,8 @@ Layers, each importing only those above it:
   :func:`write_manifests` for ``--dry-run``;
 * :mod:`._labels`, :mod:`._inventory` — the node labels read and written; :func:`take_inventory`;
 * :mod:`._rollout` — apply, label, wait per node, verify GPUs, observe versions (through :mod:`gpucert.kube`);
+* :mod:`._record` — what the fleet was configured with, kept in the cluster (ConfigMap ``gpucert-stack``),
+  which a configure limited to some nodes follows;
 * :mod:`._drift`, :mod:`._outcome` — what is off the chosen versions; what a run did.
 """
 
@@ -39,9 +41,10 @@ from ._matrix import (
     load_matrix,
 )
 from ._model import COMPONENTS, DriverVariant, Manifest, NodeInfo, StackPlan, StackRequest
-from ._outcome import ConfigureOutcome
+from ._outcome import TARGET_CHARS, ConfigureOutcome, target_name
 from ._plan import NODES_SHOWN, os_tag, plan_stack
-from ._render import StackRenderError, load_manifests, render_stack, write_manifests
+from ._record import RECORD_NAME, StackRecord, follow_record, read_record, record_departures
+from ._render import StackRenderError, load_manifests, record_manifest, render_stack, write_manifests
 from ._rollout import (
     Applied,
     apply_manifests,
@@ -63,8 +66,10 @@ __all__ = [
     "COMPONENTS",
     "DEFAULT_GPU_SELECTOR",
     "NODES_SHOWN",
+    "RECORD_NAME",
     "RELEASE_COMPONENTS",
     "STACK_NAMESPACE",
+    "TARGET_CHARS",
     "Applied",
     "ComponentPin",
     "ConfigureOutcome",
@@ -81,6 +86,7 @@ __all__ = [
     "StackConflict",
     "StackNotReady",
     "StackPlan",
+    "StackRecord",
     "StackRenderError",
     "StackRequest",
     "apply_manifests",
@@ -92,6 +98,7 @@ __all__ = [
     "dns_subdomain_ok",
     "driver_label",
     "find_drift",
+    "follow_record",
     "gpu_shortfall",
     "label_nodes",
     "label_value_ok",
@@ -104,10 +111,14 @@ __all__ = [
     "pick_targets",
     "plan_stack",
     "prune_driver_variants",
+    "read_record",
+    "record_departures",
+    "record_manifest",
     "release_label",
     "render_stack",
     "stack_label",
     "take_inventory",
+    "target_name",
     "version_label",
     "wait_until",
     "write_manifests",

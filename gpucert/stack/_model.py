@@ -64,6 +64,15 @@ class StackRequest:
     #: Images come from this registry instead of the matrix's (air-gapped mirrors).
     registry: str | None = None
 
+    def unset(self) -> tuple[str, ...]:
+        """The fields not given (``release``, ``versions``, ``registry``): what a record may fill in."""
+        given = {
+            "release": self.release is not None,
+            "versions": bool(self.versions),
+            "registry": self.registry is not None,
+        }
+        return tuple(name for name, present in given.items() if not present)
+
 
 @dataclass(frozen=True)
 class DriverVariant:
@@ -100,6 +109,8 @@ class StackPlan:
     model_driver: Mapping[str, str]
     #: The Kubernetes minor versions of the target nodes' kubelets, e.g. ``("1.30",)``.
     kubernetes_versions: tuple[str, ...]
+    #: What was asked (the pins and the registry go into the record a full configure applies).
+    request: StackRequest = field(default_factory=StackRequest)
 
     def expected_versions(self, node: str) -> dict[str, str]:
         """Component → version this node should run once configured."""

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ._drift import Drift
 from ._model import StackPlan
+from ._record import RECORD_NAME
 
-__all__ = ["ConfigureOutcome"]
+__all__ = ["TARGET_CHARS", "ConfigureOutcome", "target_name"]
+
+#: How long the node list in a configure run's name may get (``configure-<target>``).
+TARGET_CHARS = 60
 
 
-@dataclass(frozen=True)
-class ConfigureOutcome:
-    """The result of configure: the stack chosen, what was written, and the drift left."""
+class ConfigureOutcome(BaseModel):
+    """The result of configure: the stack chosen and from what, what was written, and the drift left."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     release: str
+    #: The target nodes, sorted.
     nodes: tuple[str, ...]
     #: GPU model → component → version.
     stack: dict[str, dict[str, str]]
@@ -25,7 +32,14 @@ class ConfigureOutcome:
     labelled_nodes: tuple[str, ...] = ()
     gpus_verified: int = 0
     drift: tuple[Drift, ...] = ()
-    dry_run_files: tuple[str, ...] = field(default=())
+    dry_run_files: tuple[str, ...] = ()
+    #: Component → version pinned (asked for, or taken from the cluster's record).
+    pinned: dict[str, str] = Field(default_factory=dict)
+    #: The registry images came from; None: the compatibility matrix's.
+    registry: str | None = None
+    #: Which of ``release``, ``versions``, ``registry`` were taken from the cluster's record of the
+    #: last full configure (a run limited to some nodes that was not given them).
+    reused: tuple[str, ...] = ()
 
     @staticmethod
     def stack_of(plan: StackPlan) -> dict[str, dict[str, str]]:
@@ -35,34 +49,16 @@ class ConfigureOutcome:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (the flow's return value)."""
-        return {
-            "release": self.release,
-            "nodes": list(self.nodes),
-            "stack": self.stack,
-            "objects": list(self.objects),
-            "labelled_nodes": list(self.labelled_nodes),
-            "gpus_verified": self.gpus_verified,
-            "drift": [d.to_dict() for d in self.drift],
-            "dry_run_files": list(self.dry_run_files),
-        }
+        """A JSON-able dict (lists for tuples; drift rows as dicts)."""
+        return self.model_dump(mode="json")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConfigureOutcome:
-        """The inverse of :meth:`to_dict`."""
-        return cls(
-            release=data["release"],
-            nodes=tuple(data["nodes"]),
-            stack=data["stack"],
-            objects=tuple(data["objects"]),
-            labelled_nodes=tuple(data["labelled_nodes"]),
-            gpus_verified=int(data["gpus_verified"]),
-            drift=tuple(Drift(**d) for d in data["drift"]),
-            dry_run_files=tuple(data["dry_run_files"]),
-        )
+        """The inverse of :meth:`to_dict`; raises pydantic's ``ValidationError`` on a field it does not know."""
+        return cls.model_validate(data)
 
     def markdown(self) -> str:
-        """A short report for people: the stack per model, what changed, the drift."""
+        """A short report for people: the stack per model and where it came from, what changed, the drift."""
         dry = bool(self.dry_run_files)
         lines = [
             f"# configure: release {self.release}{' (dry run: nothing written)' if dry else ''}",
@@ -74,6 +70,19 @@ class ConfigureOutcome:
                 else f"; {len(self.labelled_nodes)} nodes relabelled; {self.gpus_verified} GPUs advertised"
             ),
             "",
+        ]
+        if self.reused:
+            lines += [
+                f"Taken from the fleet's record (ConfigMap {RECORD_NAME}): {', '.join(self.reused)}.",
+                "",
+            ]
+        if self.registry or self.pinned:
+            pins = ", ".join(f"{c} {v}" for c, v in self.pinned.items())
+            lines += [
+                f"Registry {self.registry or 'of the compatibility matrix'}; pinned: {pins or 'nothing'}.",
+                "",
+            ]
+        lines += [
             "| GPU model | " + " | ".join(_components(self.stack)) + " |",
             "|---|" + "---|" * len(_components(self.stack)),
         ]
@@ -97,3 +106,27 @@ class ConfigureOutcome:
 def _components(stack: dict[str, dict[str, str]]) -> Sequence[str]:
     first = next(iter(stack.values()), {})
     return list(first)
+
+
+def target_name(nodes: Sequence[str] | None, limit: int = TARGET_CHARS) -> str:
+    """What a configure run is for, for its name: ``all`` when ``nodes`` is None or empty, else the nodes
+    sorted and joined with commas, the ones past ``limit`` characters counted (``a,b,+12``)."""
+    names = sorted(set(nodes or ()))
+    if not names:
+        return "all"
+    kept: list[str] = []
+    used = 0
+    for i, name in enumerate(names):
+        after = len(names) - i - 1
+        cost = len(name) + (1 if kept else 0)
+        # Room for this name and for the count of those after it, should none of them fit.
+        if used + cost + (len(f",+{after}") if after else 0) > limit:
+            break
+        kept.append(name)
+        used += cost
+    rest = len(names) - len(kept)
+    if kept:
+        return ",".join(kept) + (f",+{rest}" if rest else "")
+    # Not even the first name fits (names run to 253 characters): its start, marked as cut.
+    tail = f"…,+{rest - 1}" if rest > 1 else "…"
+    return names[0][: max(1, limit - len(tail))] + tail

@@ -441,6 +441,7 @@ class _Planner:
             host_driver=dict(sorted(host_driver.items())),
             model_driver=dict(sorted(model_driver.items())),
             kubernetes_versions=tuple(_minor_text(m) for m in self.base.minors),
+            request=self.request,
         )
 
 

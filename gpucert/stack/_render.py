@@ -32,6 +32,7 @@ from .._templates import template_dir, yaml_environment
 from ..errors import GpucertError
 from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, dns_label_ok, driver_label, stack_label
 from ._model import COMPONENTS, DriverVariant, Manifest, StackPlan
+from ._record import RECORD_NAME, StackRecord
 
 __all__ = [
     "COMMON_LABELS",
@@ -43,6 +44,7 @@ __all__ = [
     "StackRenderError",
     "counters_csv",
     "load_manifests",
+    "record_manifest",
     "render_stack",
     "stack_node_selector",
     "stack_tolerations",
@@ -305,11 +307,27 @@ def _render(template: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     return objects
 
 
-def render_stack(plan: StackPlan) -> list[Manifest]:
-    """Every object of the stack, in install order: the namespace, RBAC, then the components in
-    :data:`COMPONENTS` order — one driver DaemonSet per ``plan.drivers`` variant (none when every node
-    keeps its host driver), the toolkit, the device plugin, the DCGM exporter (ConfigMap, DaemonSet,
-    Service) and GPU feature discovery.
+def record_manifest(plan: StackPlan) -> Manifest:
+    """The ConfigMap ``gpucert-stack`` recording what ``plan`` applies (:mod:`._record`), in the namespace step.
+
+    Built here rather than from a template: its data is a map of strings made in code, so no value (a
+    version, a registry) passes through text on its way into the object.
+    """
+    obj = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": RECORD_NAME, "namespace": plan.namespace, "labels": dict(COMMON_LABELS)},
+        "data": StackRecord.of(plan).data(),
+    }
+    return Manifest("namespace", obj)
+
+
+def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
+    """Every object of the stack, in install order: the namespace and (``record``) the ConfigMap recording
+    what this run applies (:func:`record_manifest`), RBAC, then the components in :data:`COMPONENTS`
+    order — one driver DaemonSet per ``plan.drivers`` variant (none when every node keeps its host driver),
+    the toolkit, the device plugin, the DCGM exporter (ConfigMap, DaemonSet, Service) and GPU feature
+    discovery.
 
     Returns one :class:`Manifest` per object, ``step`` naming its install step. Raises
     :class:`StackRenderError` when a template is missing a value (StrictUndefined), does not render
@@ -335,6 +353,8 @@ def render_stack(plan: StackPlan) -> list[Manifest]:
             "annotations": {f"{plan.label_prefix}/release": plan.release},
         },
     )
+    if record:
+        manifests.append(record_manifest(plan))
     add("rbac", {"stack_namespace": plan.namespace, "labels": common})
     for variant in plan.drivers:
         add("driver", {"ds": _driver_context(plan, variant)})

@@ -2,17 +2,25 @@
 
 Two layers, so that a new backend implements only the small one:
 
-- :class:`ObjectStore`, whole-object get/put plus one conditional put keyed on etags; implemented by
+- :class:`ObjectStore`, whole-object get/put/delete plus one conditional put keyed on etags, a check that
+  the root exists and a link a browser can open; implemented by
   :class:`FileObjectStore` (``file:///path`` or a local path) and :class:`S3ObjectStore`
   (``s3://bucket/prefix``, boto3, any S3-compatible endpoint);
-- :class:`BaselineStore`, the versions, the ``current`` pointer moved by compare-and-swap, rollback and
-  run files, written once against that protocol.
+- :class:`BaselineStore`, the versions, the ``current`` pointer moved by compare-and-swap, rollback,
+  run files and links to them, written once against that protocol.
+
+The errors a user fixes are :class:`~gpucert.errors.InputError` as well as
+:class:`~gpucert.errors.StoreError` (the command line exits 2): :class:`StoreURIError` (a URI that cannot
+be opened), :class:`StoreNotFound` (a reader's root does not exist), :class:`UnknownVersion` (a version
+the store does not list).
 
 Typical use::
 
     store = open_store("file:///srv/gpucert")
     table = store.read()                                     # the current baseline (empty if none)
     store.update(lambda t: merge(t, new_rows), message="baseline build run-42")
+    open_store("file:///srv/gpucert", create=False)          # a reader: StoreNotFound if it is not there
+    url = store.link(store.write_run_file("run-42", day, "report.html", html))
 
     # S3 with a client built elsewhere (e.g. prefect-aws AwsCredentials.get_s3_client()):
     store = BaselineStore(S3ObjectStore.from_uri("s3://bucket/gpucert", client=client))
@@ -22,9 +30,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._baselines import BaselineStore, VersionInfo, open_store
+from ._baselines import LINK_EXPIRES_S, BaselineStore, VersionInfo, check_public_url, open_store
+from ._errors import StoreNotFound, StoreURIError, UnknownVersion
 from ._format import BASELINE_COLUMNS, BASELINE_LEVELS, empty_baseline, validate_baseline
-from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store
+from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store, require_root
 
 if TYPE_CHECKING:
     from ._s3 import S3ObjectStore
@@ -32,15 +41,21 @@ if TYPE_CHECKING:
 __all__ = [
     "BASELINE_COLUMNS",
     "BASELINE_LEVELS",
+    "LINK_EXPIRES_S",
     "BaselineStore",
     "Blob",
     "FileObjectStore",
     "ObjectStore",
     "S3ObjectStore",
+    "StoreNotFound",
+    "StoreURIError",
+    "UnknownVersion",
     "VersionInfo",
+    "check_public_url",
     "empty_baseline",
     "open_object_store",
     "open_store",
+    "require_root",
     "validate_baseline",
 ]
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
-from ..errors import StoreConflict, StoreError, StoreUnavailable
+from ..errors import StoreConflict, StoreUnavailable
+from ._errors import StoreNotFound, StoreURIError
 
 __all__ = [
     "Blob",
@@ -37,6 +38,7 @@ __all__ = [
     "ObjectStore",
     "check_key",
     "open_object_store",
+    "require_root",
 ]
 
 #: The lock file that serialises conditional writes; hidden, so :meth:`FileObjectStore.list` skips it.
@@ -87,6 +89,19 @@ class ObjectStore(Protocol):
         """Whether the object exists."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing object is not an error."""
+        ...
+
+    def root_exists(self) -> bool:
+        """Whether the root itself exists (a folder; an S3 bucket with something under the prefix)."""
+        ...
+
+    def link(self, key: str, *, expires_s: int) -> str:
+        """A URL a browser can open to read the object (valid ``expires_s`` seconds where the backend
+        signs links); the object need not exist yet."""
+        ...
+
 
 def check_key(key: str) -> str:
     """Return ``key`` if it is a safe relative key; raise ``ValueError`` otherwise.
@@ -125,8 +140,9 @@ def _etag(data: bytes) -> str:
 class FileObjectStore:
     """Objects as files under ``root``; the embedded default and the test bed.
 
-    The root directory is created on the first write, not on open, so a read-only command pointed at a
-    mistyped path reports "no baseline" instead of leaving an empty directory behind.
+    The root directory is created on the first write, not on open, so reading never leaves an empty
+    directory behind; a reading command opens with ``create=False`` (:func:`open_object_store`), which
+    refuses a root that does not exist instead of reading it as an empty store.
     """
 
     def __init__(self, root: Path) -> None:
@@ -159,6 +175,35 @@ class FileObjectStore:
             return path.is_file()
         except OSError as exc:
             raise StoreUnavailable(f"cannot look up {path}: {exc}") from exc
+
+    def root_exists(self) -> bool:
+        try:
+            return self.root.is_dir()
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot look up {self.root}: {exc}") from exc
+
+    def link(self, key: str, *, expires_s: int) -> str:
+        # A file URI never expires; expires_s only matters to backends that sign links.
+        return self._path(key).as_uri()
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            path.unlink(missing_ok=True)
+        except (IsADirectoryError, NotADirectoryError):
+            return  # a "folder", or a path through a file: not an object, so nothing to delete
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot delete {path}: {exc}") from exc
+        _fsync_dir(path.parent)
+        # As in S3, a "folder" lives only as long as something is in it; rmdir refuses a non-empty one,
+        # so a folder another writer is filling stays (and _write_atomically retries if it loses it).
+        folder = path.parent
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
 
     def put(self, key: str, data: bytes) -> str:
         path = self._path(key)
@@ -220,11 +265,18 @@ class FileObjectStore:
 
     @staticmethod
     def _write_atomically(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        for attempt in range(3):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # O_EXCL: never write through a file (or link) someone else left under the same name.
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                break
+            except FileNotFoundError:
+                # delete() removed the folder, empty, between the mkdir and the open: make it again.
+                if attempt == 2:
+                    raise
         try:
-            # O_EXCL: never write through a file (or link) someone else left under the same name.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -267,29 +319,61 @@ def _open_s3(uri: str) -> ObjectStore:
     return S3ObjectStore.from_uri(uri)
 
 
-def open_object_store(uri: str) -> ObjectStore:
+def require_root(objects: ObjectStore) -> None:
+    """Return if the store's root exists; raise :class:`~gpucert.store.StoreNotFound` naming it otherwise.
+
+    What a reading command checks before it reads: an absent root would otherwise read as an empty store,
+    and a typo in ``--store`` would silently drop every baseline.
+    """
+    if not objects.root_exists():
+        raise StoreNotFound(
+            f"no store at {objects.uri}: its root does not exist (reading never creates one); check the "
+            "URI, or create the store with a command that writes it (gpucert baseline build, gpucert certify)"
+        )
+
+
+def open_object_store(uri: str, *, create: bool = True) -> ObjectStore:
     """Open the object layer for a store root URI.
 
     ``file:///abs/path`` and a plain local path open the file backend; ``s3://bucket/prefix`` opens
-    the S3 backend (:class:`~gpucert.store._s3.S3ObjectStore`). Anything else raises
-    :class:`~gpucert.errors.StoreError`.
+    the S3 backend (:class:`~gpucert.store._s3.S3ObjectStore`). With ``create=False`` the root must
+    already exist (:func:`require_root`): readers pass it, writers that may make a new store do not.
+
+    Raises :class:`~gpucert.store.StoreURIError` (an :class:`~gpucert.errors.InputError`) naming the URI
+    for an empty or malformed URI, an unknown scheme or an ``s3://`` URI without a bucket, and
+    :class:`~gpucert.store.StoreNotFound` for a missing root with ``create=False``.
     """
+    objects = _open(uri)
+    if not create:
+        require_root(objects)
+    return objects
+
+
+def _open(uri: str) -> ObjectStore:
     if not uri or not uri.strip():
-        raise StoreError("the store URI is empty; give a file:// URI, a local path or an s3:// URI")
-    parts = urlsplit(uri)
+        raise StoreURIError("the store URI is empty; give a file:// URI, a local path or an s3:// URI")
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - parsing the port is what raises for "host:abc"
+    except ValueError as exc:
+        raise StoreURIError(f"cannot open store {uri!r}: not a valid URI ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme == "s3":
         return _open_s3(uri)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise StoreError(
+            raise StoreURIError(
                 f"cannot open store {uri!r}: a file URI names a local absolute path, "
                 "as in file:///srv/gpucert (three slashes)"
             )
         if not parts.path:
-            raise StoreError(f"cannot open store {uri!r}: the file URI has no path")
+            raise StoreURIError(f"cannot open store {uri!r}: the file URI has no path")
+        if parts.query or parts.fragment:
+            raise StoreURIError(f"cannot open store {uri!r}: a file store URI takes no ?query or #fragment")
         return FileObjectStore(Path(unquote(parts.path)))
     if not scheme or "://" not in uri:
         # A plain path (relative or absolute); "C:" style drive letters are not a concern on Linux.
         return FileObjectStore(Path(uri).expanduser())
-    raise StoreError(f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)")
+    raise StoreURIError(
+        f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)"
+    )

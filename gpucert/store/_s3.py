@@ -10,7 +10,10 @@ series), so the versioning rules of :mod:`gpucert.store._baselines` carry over u
   ConditionalRequestConflict (a concurrent conditional write to the same key), and 404 NoSuchKey (the
   object named by ``If-Match`` is gone) all mean "someone else moved it" and raise
   :class:`~gpucert.errors.StoreConflict`.
-- ``get``/``exists``/``list``: GetObject, HeadObject, ListObjectsV2 (1,000 keys a page).
+- ``get``/``exists``/``list``/``delete``: GetObject, HeadObject, ListObjectsV2 (1,000 keys a page),
+  DeleteObject; ``root_exists``: one ListObjectsV2 of at most one key under the prefix.
+- ``link``: a presigned GetObject URL, signed locally (no request) for the client's endpoint, so a
+  browser reaches the object on AWS or on an S3-compatible server alike.
 
 Etags are kept exactly as S3 sends them, in double quotes (``"9b2cf535f27731c974343645a3985328"``). An
 etag that arrives without quotes (some S3-compatible servers, or a caller that stripped them) is quoted,
@@ -30,6 +33,7 @@ made.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,7 +41,8 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from ..errors import StoreConflict, StoreError, StoreUnavailable
+from ..errors import StoreConflict, StoreUnavailable
+from ._errors import StoreURIError
 from ._objects import Blob, _check_prefix, check_key
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "S3ObjectStore", "normalise_etag"]
@@ -51,6 +56,9 @@ _BOTO_ENDPOINT_ENVS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 #: The error codes of a conditional write whose condition did not hold.
 _CONFLICT_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+#: Loose on purpose (S3-compatible servers allow more than AWS's lowercase rule); it only keeps out what
+#: can never be a bucket in a URL: whitespace, slashes, "@", ":" and the like.
+_BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 #: A boto3 S3 client (``boto3.client("s3")``, or prefect-aws ``AwsCredentials.get_s3_client()``).
 S3Client = Any
@@ -107,14 +115,14 @@ class S3ObjectStore:
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
     ) -> None:
-        if not bucket or "/" in bucket or bucket != bucket.strip():
-            raise StoreError(f"{bucket!r} is not an S3 bucket name")
+        if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
+            raise StoreURIError(f"{bucket!r} is not an S3 bucket name")
         prefix = prefix.strip("/")
         if prefix:
             try:
                 check_key(prefix)
             except ValueError as exc:
-                raise StoreError(f"cannot use s3://{bucket}/{prefix} as a store root: {exc}") from exc
+                raise StoreURIError(f"s3://{bucket}/{prefix} cannot be a store root: {exc}") from exc
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be ≥ 1, not {max_attempts}")
         self.bucket = bucket
@@ -128,6 +136,9 @@ class S3ObjectStore:
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
                 s3={"addressing_style": "path" if configured else "auto"},
+                # Said explicitly, because only then does botocore presign with SigV4 too: left unset, it
+                # presigns links with the legacy SigV2, which newer AWS regions refuse.
+                signature_version="s3v4",
                 user_agent_extra="gpucert",
             )
             try:
@@ -136,23 +147,35 @@ class S3ObjectStore:
                 maker = session if session is not None else boto3.session.Session()
                 client = maker.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
             except (botocore.exceptions.BotoCoreError, ValueError) as exc:
-                raise StoreError(f"cannot open s3://{bucket}/{prefix}: {exc}") from exc
+                # In practice a malformed endpoint URL or region: configuration the user fixes.
+                raise StoreURIError(f"cannot open s3://{bucket}/{prefix}: {exc}") from exc
         self._client: S3Client = client
 
     @classmethod
     def from_uri(cls, uri: str, **options: Any) -> S3ObjectStore:
-        """Open ``s3://bucket/prefix``; ``options`` are those of the constructor (``client=`` …)."""
-        parts = urlsplit(uri)
+        """Open ``s3://bucket/prefix``; ``options`` are those of the constructor (``client=`` …).
+
+        Raises :class:`~gpucert.store.StoreURIError` naming the URI when it is not ``s3://``, names no
+        bucket, carries a port, credentials, a query or a fragment, or does not parse.
+        """
+        try:
+            parts = urlsplit(uri)
+            port = parts.port
+        except ValueError as exc:
+            raise StoreURIError(f"cannot open store {uri!r}: not a valid URI ({exc})") from None
         if parts.scheme.lower() != "s3":
-            raise StoreError(f"cannot open store {uri!r}: not an s3:// URI")
-        if not parts.netloc or parts.port is not None or "@" in parts.netloc:
-            raise StoreError(
+            raise StoreURIError(f"cannot open store {uri!r}: not an s3:// URI")
+        if "://" not in uri or not parts.netloc or port is not None or "@" in parts.netloc:
+            raise StoreURIError(
                 f"cannot open store {uri!r}: an S3 URI names a bucket and a prefix, as in "
                 "s3://my-bucket/gpucert (the endpoint goes in $GPUCERT_S3_ENDPOINT)"
             )
         if parts.query or parts.fragment:
-            raise StoreError(f"cannot open store {uri!r}: an S3 store URI takes no ?query or #fragment")
-        return cls(parts.netloc, parts.path, **options)
+            raise StoreURIError(f"cannot open store {uri!r}: an S3 store URI takes no ?query or #fragment")
+        try:
+            return cls(parts.netloc, parts.path, **options)
+        except StoreURIError as exc:
+            raise StoreURIError(f"cannot open store {uri!r}: {exc}") from None
 
     @property
     def uri(self) -> str:
@@ -247,6 +270,47 @@ class S3ObjectStore:
         except botocore.exceptions.BotoCoreError as exc:
             raise self._unavailable("write", s3_key, exc) from exc
         return self._etag_of(response, s3_key)
+
+    def delete(self, key: str) -> None:
+        s3_key = self._key(key)
+        try:
+            # S3 answers 204 whether or not the object existed.
+            self._client.delete_object(Bucket=self.bucket, Key=s3_key)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise self._unavailable("delete", s3_key, exc) from exc
+
+    def root_exists(self) -> bool:
+        """Whether the bucket exists and holds at least one object under the prefix.
+
+        S3 has no folders: a prefix with nothing under it is indistinguishable from a mistyped one, so
+        both count as "no store here".
+        """
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=root, MaxKeys=1)
+        except botocore.exceptions.ClientError as exc:
+            if _error_code(exc)[0] == "NoSuchBucket":
+                return False
+            raise self._unavailable("list", root + "*", exc) from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise self._unavailable("list", root + "*", exc) from exc
+        return bool(page.get("Contents"))
+
+    def link(self, key: str, *, expires_s: int) -> str:
+        """A presigned GetObject URL for the client's endpoint, valid ``expires_s`` seconds.
+
+        Signed the way the client is configured: SigV4 for a client this class built; a client passed in
+        should set ``signature_version="s3v4"`` too, or botocore falls back to SigV2 for links.
+        """
+        s3_key = self._key(key)
+        try:
+            url: str = self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": s3_key}, ExpiresIn=expires_s
+            )
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            # Signing is local: what fails here is the credentials (none found, or unusable).
+            raise self._unavailable("sign a link to", s3_key, exc) from exc
+        return url
 
     def list(self, prefix: str) -> list[str]:
         _check_prefix(prefix)

@@ -3,7 +3,9 @@
 Between certifications gpucert watches two things, both without touching a GPU:
 
 * **DCGM telemetry since the last run** — :class:`PrometheusSource` reads it from Prometheus' HTTP API
-  (either host label, ``Hostname`` or ``hostname``); :class:`ExporterScrape` scrapes the DCGM exporters
+  (either host label, ``Hostname`` or ``hostname``), with the credentials and TLS checks a secured
+  server needs (basic auth, a bearer token or other headers, a private CA; a refusal is a
+  :class:`PrometheusAuthError`); :class:`ExporterScrape` scrapes the DCGM exporters
   directly where no Prometheus is configured. Both return a :class:`Telemetry` whose ``results`` are rows
   of the results contract (DESIGN.md "Results": the registry's telemetry metrics per GPU, XID events, GPU
   counts per node), so the verdict engine's hard gates judge them as they judge a certification's
@@ -15,7 +17,8 @@ Between certifications gpucert watches two things, both without touching a GPU:
 
 Nothing here imports Prefect::
 
-    source = PrometheusSource("http://prometheus.monitoring:9090")
+    source = PrometheusSource("https://prometheus.monitoring:9090", basic_auth=("gpucert", password),
+                              verify="/etc/ssl/monitoring-ca.pem")
     seen = source.read(start=last_run_at, run_id="operate-2026-11-02")
     verdicts = judge(seen.results, baseline)             # the Stage 0 gates on the window's telemetry
 
@@ -33,7 +36,7 @@ from ._drift import (
     history_from_store,
     run_medians,
 )
-from ._prometheus import PrometheusSource, PromSeries
+from ._prometheus import PrometheusAuthError, PrometheusSource, PromSeries
 from ._scrape import EXPORTER_SELECTOR, METRICS_PATH_ANNOTATION, ExporterScrape, ExporterTarget
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "ExporterScrape",
     "ExporterTarget",
     "PromSeries",
+    "PrometheusAuthError",
     "PrometheusSource",
     "Signal",
     "Telemetry",

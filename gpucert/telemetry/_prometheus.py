@@ -15,25 +15,37 @@ instants 5 minutes apart across the window and summed: each event is counted onc
 such series (the counter is off by default), changes of ``DCGM_FI_DEV_XID_ERRORS`` (the last XID seen)
 to a non-zero value are the events: a repeat of the same XID is invisible there, which the exporter's
 counter exists to fix.
+
+A secured Prometheus (behind basic auth, a bearer token or a tenant header, over TLS with a private CA):
+every request carries the source's ``headers`` and ``basic_auth`` and checks TLS as ``verify`` says.
+Secrets are kept as ``SecretStr`` and never written into a message or a ``repr``; redirects are not
+followed, so that credentials never travel to an address nobody configured.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import http
 import json
 import math
+import os
+import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import SecretStr
 
+from ..errors import InputError
 from ._common import (
     CLOCK_EVENT_BITS,
     PRESENCE,
@@ -52,13 +64,34 @@ from ._common import (
     utc,
 )
 
-__all__ = ["PromSeries", "PrometheusSource"]
+__all__ = ["PromSeries", "PrometheusAuthError", "PrometheusSource"]
 
 _USER_AGENT = "gpucert-telemetry"
 #: Prometheus answers at most 11,000 points per series of a range query.
 _MAX_POINTS = 11_000
 #: How many series of the last-XID gauge one range query names (a regex of UUIDs).
 _UUID_CHUNK = 100
+#: An HTTP header name (RFC 9110 token); http.client would otherwise refuse it with the value in its message.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Authorization schemes a message may name: the word before the credentials, never the credentials.
+_AUTH_SCHEMES = {"basic": "Basic", "bearer": "Bearer", "token": "Token", "apikey": "ApiKey"}
+
+
+class PrometheusAuthError(TelemetryError):
+    """Prometheus (or the proxy in front of it) answered 401 or 403: the credentials sent were refused or
+    missing. ``url`` is the server, ``status`` the HTTP status, ``sent`` what kind of credentials went
+    (``basic auth as user 'x'``, ``an Authorization header (Bearer)``, ``none``): never a secret."""
+
+    def __init__(self, url: str, status: int, sent: str) -> None:
+        self.url, self.status, self.sent = url, status, sent
+        try:
+            status_text = f"HTTP {status} {http.HTTPStatus(status).phrase}"
+        except ValueError:
+            status_text = f"HTTP {status}"
+        super().__init__(
+            f"Prometheus {url} refused the credentials ({sent}): {status_text}; "
+            "check the username and password, token or headers it is read with"
+        )
 
 
 @dataclass(frozen=True)
@@ -70,53 +103,86 @@ class PromSeries:
     values: list[tuple[float, float]]  # (unix seconds, value); one pair for an instant vector
 
 
+@dataclass(frozen=True, repr=False)
 class PrometheusSource:
-    """Reads the DCGM signals gpucert gates on from a Prometheus server (see the module docstring).
+    """A Prometheus server gpucert reads the DCGM signals from, and how (see the module docstring): a
+    frozen value, safe to pass to a task, whose :meth:`read` does the reading.
 
-    ``url``: the server's base URL (``http://prometheus.monitoring:9090``; a path prefix is kept).
-    ``host_label``: ``hostname``, ``Hostname``, or None to read either per series. ``step_s``: the
-    resolution of subqueries (clock-event bits, slowdown shares): shorter sees shorter events and costs
-    Prometheus more; at most the exporters' scrape interval to see every sample. ``headers``: sent with
-    every request (``Authorization`` for a secured Prometheus). ``timeout_s``: per HTTP request, also
-    passed to Prometheus as the query timeout.
+    ``url``: the server's base URL (``http://prometheus.monitoring:9090``; a path prefix is kept), http
+    or https, without credentials, query or fragment. ``host_label``: ``hostname``, ``Hostname``, or None
+    to read either per series. ``headers``: sent with every request (a tenant's ``X-Scope-OrgID``, an
+    ``Authorization: Bearer …``); their values are secrets. ``basic_auth``: (user, password), sent
+    with every request. ``verify``: check the server's TLS certificate against the system's CAs (True),
+    not at all (False), or against a CA file or directory (its path). ``timeout_s``: per HTTP request,
+    also passed to Prometheus as the query timeout. ``step_s``: the resolution of subqueries (clock-event
+    bits, slowdown shares): shorter sees shorter events and costs Prometheus more; at most the exporters'
+    scrape interval to see every sample. ``workers``: queries in flight at once.
+
+    Raises :class:`gpucert.errors.InputError` for a URL that is not http(s), an unknown host label, a
+    non-positive duration, a header Python cannot send, an ``Authorization`` header beside
+    ``basic_auth``, or a CA file that cannot be read; no message holds a secret.
     """
 
-    def __init__(
-        self,
-        url: str,
-        host_label: str | None = None,
-        *,
-        step_s: float = 30.0,
-        rate_window_s: float = 300.0,
-        share_window_s: float = 600.0,
-        xid_window_s: float = 300.0,
-        timeout_s: float = 60.0,
-        headers: Mapping[str, str] | None = None,
-        workers: int = 4,
-    ) -> None:
-        if host_label is not None and host_label not in ("hostname", "Hostname"):
-            raise ValueError(f"host_label is 'hostname', 'Hostname' or None, not {host_label!r}")
-        for name, value in (
-            ("step_s", step_s),
-            ("rate_window_s", rate_window_s),
-            ("share_window_s", share_window_s),
-            ("xid_window_s", xid_window_s),
-            ("timeout_s", timeout_s),
-        ):
+    url: str
+    host_label: str | None = None
+    _: KW_ONLY
+    headers: Mapping[str, SecretStr | str] = field(default_factory=dict)
+    basic_auth: tuple[str, SecretStr | str] | None = None
+    verify: bool | str = True
+    timeout_s: float = 60.0
+    step_s: float = 30.0
+    rate_window_s: float = 300.0
+    share_window_s: float = 600.0
+    xid_window_s: float = 300.0
+    workers: int = 4
+
+    def __post_init__(self) -> None:
+        # Frozen: the normalised values are set once, here (idempotent, as dataclasses.replace runs it again).
+        object.__setattr__(self, "url", _check_url(self.url))
+        if self.host_label is not None and self.host_label not in ("hostname", "Hostname"):
+            raise InputError(f"host_label is 'hostname', 'Hostname' or None, not {self.host_label!r}")
+        for name in ("step_s", "rate_window_s", "share_window_s", "xid_window_s", "timeout_s"):
+            value = getattr(self, name)
             if not value > 0:
-                raise ValueError(f"{name} must be positive, not {value!r}")
-        self.url = url.rstrip("/")
-        self.host_label = host_label
-        self.step_s = step_s
-        self.rate_window_s = rate_window_s
-        self.share_window_s = share_window_s
-        self.xid_window_s = xid_window_s
-        self.timeout_s = timeout_s
-        self.headers = dict(headers or {})
-        self.workers = max(1, workers)
+                raise InputError(f"{name} must be positive, not {value!r}")
+        if self.workers < 1:
+            raise InputError(f"workers must be at least 1, not {self.workers!r}")
+        headers = {name: _secret(value) for name, value in self.headers.items()}
+        for name, secret in headers.items():
+            _check_header(name, secret.get_secret_value())
+        object.__setattr__(self, "headers", headers)
+        if self.basic_auth is not None:
+            user, password = self.basic_auth
+            if not user or ":" in user:
+                raise InputError("the basic-auth user must be non-empty and hold no ':' (RFC 7617)")
+            if any(name.lower() == "authorization" for name in headers):
+                raise InputError("give basic_auth or an Authorization header, not both")
+            object.__setattr__(self, "basic_auth", (user, _secret(password)))
+        if isinstance(self.verify, str):
+            _tls_context(self.verify)  # a CA file that cannot be read fails here, not at the first query
 
     def __repr__(self) -> str:
-        return f"PrometheusSource({self.url!r}, host_label={self.host_label!r})"
+        shown = f"{self.url!r}, host_label={self.host_label!r}, credentials={self.credentials_summary!r}"
+        return f"PrometheusSource({shown})"
+
+    def __hash__(self) -> int:
+        # The generated hash would fail on the headers dict; equal sources (secrets included) hash alike.
+        return hash((self.url, self.host_label, tuple(sorted(self._plain_headers().items())), self.verify))
+
+    @property
+    def credentials_summary(self) -> str:
+        """What kind of credentials every request carries, in words that hold no secret (``none`` for none)."""
+        kinds: list[str] = []
+        if self.basic_auth is not None:
+            kinds.append(f"basic auth as user {self.basic_auth[0]!r}")
+        for name, value in self._plain_headers().items():
+            if name.lower() == "authorization":
+                scheme = _AUTH_SCHEMES.get(value.split(" ", 1)[0].lower()) if " " in value else None
+                kinds.append(f"an Authorization header ({scheme})" if scheme else "an Authorization header")
+        others = sorted(name for name in self.headers if name.lower() != "authorization")
+        if others:
+            kinds.append(f"the header{'s' if len(others) > 1 else ''} {', '.join(others)}")
+        return ", ".join(kinds) or "none"
 
     # --- the public call -----------------------------------------------------------------------------
 
@@ -136,7 +202,8 @@ class PrometheusSource:
         ``expected_gpus``, ``gpu_count_expected``; ``run_id`` labels the rows. An expected node with no
         series at all is a problem, not a row.
 
-        Raises :class:`TelemetryError` naming the query when Prometheus refuses or does not answer one,
+        Raises :class:`PrometheusAuthError` when Prometheus refuses the credentials (or their absence),
+        :class:`TelemetryError` naming the query when it refuses, redirects or does not answer one,
         and ``ValueError`` for an empty window.
         """
         end_utc = utc(end) if end is not None else datetime.now(UTC)
@@ -272,7 +339,8 @@ class PrometheusSource:
     def query(self, expr: str, at: float, notes: list[str] | None = None) -> list[PromSeries]:
         """An instant query at unix time ``at``: each series of the vector with its one value.
 
-        Raises :class:`TelemetryError` naming the query when Prometheus refuses or does not answer it.
+        Raises :class:`PrometheusAuthError` when Prometheus refuses the credentials, :class:`TelemetryError`
+        naming the query when it refuses, redirects or does not answer it.
         """
         data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr, notes)
         if data.get("resultType") != "vector":
@@ -286,7 +354,7 @@ class PrometheusSource:
     def query_range(
         self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
     ) -> list[PromSeries]:
-        """A range query: each series with its (time, value) points. Raises :class:`TelemetryError`."""
+        """A range query: each series with its (time, value) points. Raises as :meth:`query` does."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
         data = self._call("/api/v1/query_range", params, expr, notes)
         if data.get("resultType") != "matrix":
@@ -297,6 +365,29 @@ class PrometheusSource:
             PromSeries(dict(r.get("metric") or {}), [_point(v) for v in r.get("values") or ()])
             for r in data.get("result") or ()
         ]
+
+    def _plain_headers(self) -> dict[str, str]:
+        return {name: _reveal(value) for name, value in self.headers.items()}
+
+    def _request_headers(self) -> dict[str, str]:
+        """The headers every request carries: the configured ones and, with ``basic_auth``, Authorization."""
+        headers = self._plain_headers()
+        if self.basic_auth is not None:
+            user, password = self.basic_auth[0], _reveal(self.basic_auth[1])
+            # Sent up front: Prometheus answers 401 without a challenge worth a second round trip.
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with every secret of this source (as sent, or encoded as sent) replaced by ``***``."""
+        secrets = set(self._request_headers().values())
+        if self.basic_auth is not None:
+            secrets.add(_reveal(self.basic_auth[1]))
+        secrets |= {value.split(" ", 1)[1] for value in list(secrets) if " " in value}
+        for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def _call(
         self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None
@@ -311,26 +402,44 @@ class PrometheusSource:
                 "Content-Type": "application/x-www-form-urlencoded",
                 "Accept": "application/json",
                 "User-Agent": _USER_AGENT,
-                **self.headers,
+                **self._request_headers(),
             },
+        )
+        opener = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=_tls_context(self.verify)), _NoRedirects()
         )
         where = f"Prometheus {self.url}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with opener.open(request, timeout=self.timeout_s) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
-            detail = _error_detail(exc.read() if exc.fp is not None else b"")
+            if exc.code in (401, 403):
+                raise PrometheusAuthError(self.url, exc.code, self.credentials_summary) from None
+            if 300 <= exc.code < 400:
+                to = _shown_url(exc.headers.get("Location") or "", base=self.url + path)
+                raise TelemetryError(
+                    f"{where} redirected the query {expr!r} to {to} (HTTP {exc.code}): gpucert follows no "
+                    "redirect, so that credentials go nowhere unconfigured; give the URL it redirects to"
+                ) from None
+            detail = self._scrub(_error_detail(exc.read() if exc.fp is not None else b""))
             raise TelemetryError(
                 f"{where} refused the query {expr!r}: HTTP {exc.code}: {detail or exc.reason}"
             ) from None
         except urllib.error.URLError as exc:
-            reason = exc.reason
-            if isinstance(reason, OSError) and reason.strerror:
+            reason: object = exc.reason
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                reason = (
+                    f"TLS certificate not trusted ({reason.verify_message}): give the CA that signed it, "
+                    "or turn verification off"
+                )
+            elif isinstance(reason, OSError) and reason.strerror:
                 reason = reason.strerror.lower()
-            raise TelemetryError(f"{where} did not answer the query {expr!r}: {reason}") from None
+            raise TelemetryError(
+                f"{where} did not answer the query {expr!r}: {self._scrub(str(reason))}"
+            ) from None
         except (TimeoutError, OSError) as exc:
             raise TelemetryError(
-                f"{where} did not answer the query {expr!r}: {exc or type(exc).__name__}"
+                f"{where} did not answer the query {expr!r}: {self._scrub(str(exc)) or type(exc).__name__}"
             ) from None
         try:
             answer = json.loads(raw)
@@ -339,7 +448,7 @@ class PrometheusSource:
                 f"{where} answered the query {expr!r} with something other than JSON"
             ) from None
         if not isinstance(answer, dict) or answer.get("status") != "success":
-            detail = _error_detail(raw)
+            detail = self._scrub(_error_detail(raw))
             raise TelemetryError(f"{where} failed the query {expr!r}: {detail or 'no success status'}")
         if notes is not None:
             notes.extend(f"Prometheus warned on {expr!r}: {w}" for w in answer.get("warnings") or ())
@@ -347,6 +456,106 @@ class PrometheusSource:
         if not isinstance(data, dict):
             raise TelemetryError(f"{where} answered the query {expr!r} without data")
         return data
+
+
+# --- the connection ------------------------------------------------------------------------------------
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Turns a redirect into the HTTPError of its 3xx: urllib would resend the Authorization header to
+    wherever the Location points (another host too), and would turn the POST into a GET without its query."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _secret(value: SecretStr | str) -> SecretStr:
+    return value if isinstance(value, SecretStr) else SecretStr(value)
+
+
+def _reveal(value: SecretStr | str) -> str:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
+def _shown_url(url: str, *, base: str = "") -> str:
+    """``scheme://host[:port]/path`` of ``url`` (relative to ``base``): never a user, password or query."""
+    try:
+        parts = urllib.parse.urlsplit(urllib.parse.urljoin(base, url))
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "a malformed URL"
+    if not parts.hostname:
+        return "a URL without a host"
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path}"
+
+
+def _check_url(url: str) -> str:
+    """The base URL without its trailing slashes; raises :class:`InputError` (showing no credentials)."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        _ = parts.port  # a port that is not a number raises here
+    except ValueError:
+        raise InputError(f"the Prometheus URL is malformed: {_shown_url(url)}") from None
+    if "@" in parts.netloc:
+        raise InputError(
+            f"the Prometheus URL {_shown_url(url)} holds credentials (user:password@): give them as "
+            "basic_auth, never in the URL (it is shown in messages and logs)"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        # A scheme-less "user:secret@host" parses as scheme "user": show nothing that may hold a secret.
+        shown = repr(url) if "@" not in url else "(not shown: it holds an '@')"
+        raise InputError(f"the Prometheus URL must be http:// or https:// and name a host, not {shown}")
+    if parts.query or parts.fragment:
+        raise InputError(f"the Prometheus URL {_shown_url(url)} must have no query or fragment")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def _check_header(name: str, value: str) -> None:
+    # http.client would refuse these at the first query, with the value in its message.
+    if not _HEADER_NAME.fullmatch(name):
+        raise InputError(f"{name!r} is not an HTTP header name")
+    if any(c in value for c in "\r\n\0"):
+        raise InputError(f"the value of the header {name} holds a line break or NUL")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"the value of the header {name} is not Latin-1 text (HTTP cannot carry it)"
+        ) from None
+
+
+def _tls_context(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context of ``verify`` (see :class:`PrometheusSource`). Raises :class:`InputError` for a CA
+    file or directory that cannot be read."""
+    if isinstance(verify, str):
+        if not verify:
+            raise InputError("verify is True, False or the path of a CA file or directory, not ''")
+        try:
+            stamp = os.stat(verify).st_mtime_ns
+        except FileNotFoundError:
+            raise InputError(f"the CA file {verify} does not exist") from None
+        except OSError as exc:
+            raise InputError(f"the CA file {verify} cannot be read: {exc.strerror}") from None
+        return _made_context(verify, stamp)
+    return _made_context(verify, 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _made_context(verify: bool | str, stamp: int) -> ssl.SSLContext:
+    # Made once per CA file version (``stamp``, its mtime: a renewed CA is read again): loading the CAs
+    # costs milliseconds, and a read makes dozens of requests.
+    if isinstance(verify, bool):
+        context = ssl.create_default_context()
+        if not verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+    try:
+        if os.path.isdir(verify):
+            return ssl.create_default_context(capath=verify)
+        return ssl.create_default_context(cafile=verify)
+    except (OSError, ssl.SSLError) as exc:
+        raise InputError(f"the CA file {verify} cannot be used: {exc}") from None
 
 
 # --- answers into frames -------------------------------------------------------------------------------

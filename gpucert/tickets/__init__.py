@@ -29,7 +29,7 @@ from __future__ import annotations
 from ._backend import Change, TicketBackend
 from ._cli import DEFAULT_TICKETS, TICKETS_FILE, format_tickets, local_path, open_backend, tickets_list
 from ._jira import JiraTickets
-from ._lifecycle import RunEvidence, reconcile, record_remediation, record_repairs, title_of
+from ._lifecycle import RunEvidence, fingerprints, reconcile, record_remediation, record_repairs, title_of
 from ._local import LocalTickets
 from ._model import (
     MAX_EVIDENCE,
@@ -70,6 +70,7 @@ __all__ = [
     "TicketEvent",
     "TicketNotFound",
     "WebhookTickets",
+    "fingerprints",
     "format_tickets",
     "local_path",
     "open_backend",

@@ -27,6 +27,11 @@ def local_path(spec: str | os.PathLike[str]) -> Path:
     is a store root (a folder) that holds ``tickets.sqlite``. Raises :class:`TicketConfigError` for an
     ``s3://`` store (SQLite needs a local file), any other scheme or an empty spec.
     """
+    return _resolve(spec)[0]
+
+
+def _resolve(spec: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """The ticket file a spec names, and whether the spec named a store root (a folder) rather than it."""
     text = os.fspath(spec).strip()
     if not text:
         raise TicketConfigError(f"the ticket location is empty; give a path such as {DEFAULT_TICKETS}")
@@ -51,7 +56,9 @@ def local_path(spec: str | os.PathLike[str]) -> Path:
         )
     else:
         path = Path(text).expanduser()
-    return path if path.suffix.lower() in _FILE_SUFFIXES else path / TICKETS_FILE
+    if path.suffix.lower() in _FILE_SUFFIXES:
+        return path, False
+    return path / TICKETS_FILE, True
 
 
 def open_backend(spec: str | os.PathLike[str] = DEFAULT_TICKETS) -> LocalTickets:
@@ -100,6 +107,27 @@ def format_tickets(tickets: list[Ticket], *, state: State | None = None) -> str:
     return "\n".join(lines)
 
 
+def _existing_backend(spec: str | os.PathLike[str]) -> LocalTickets | None:
+    """The local backend of an existing ticket file; ``None`` for a store root that has none yet.
+
+    Listing must never create anything (opening a :class:`LocalTickets` makes its folder and file), so a
+    location that does not exist raises :class:`TicketConfigError` naming it: a typo must not read as "no
+    tickets". A missing ``tickets.sqlite`` in a folder that exists is a store without tickets yet.
+    """
+    path, named_root = _resolve(spec)
+    if path.is_file():
+        return LocalTickets(path)
+    if path.exists():
+        raise TicketConfigError(f"cannot list tickets: {path} is not a ticket file")
+    if path.name == TICKETS_FILE and path.parent.is_dir():
+        return None
+    if named_root:
+        raise TicketConfigError(
+            f"cannot list tickets: there is no store root {path.parent} (give an existing store or ticket file)"
+        )
+    raise TicketConfigError(f"cannot list tickets: there is no ticket file {path} (give an existing one)")
+
+
 def tickets_list(
     backend_uri_or_path: str | os.PathLike[str] | TicketBackend = DEFAULT_TICKETS,
     state: str | None = None,
@@ -107,14 +135,16 @@ def tickets_list(
     nodes: list[str] | None = None,
 ) -> str:
     """``gpucert tickets list``: the tickets (``open`` or ``resolved`` only, when ``state`` says; on ``nodes``)
-    as a text table. Raises :class:`TicketConfigError` for a bad location or state, :class:`TicketError`
-    when the backend fails."""
+    as a text table. Never creates a ticket file or folder. Raises :class:`TicketConfigError` for a bad or
+    missing location (a store root without tickets lists none) or a bad state, :class:`TicketError` when the
+    backend fails."""
     if state not in (None, "open", "resolved"):
         raise TicketConfigError(f"unknown ticket state {state!r}: use open or resolved")
-    backend = (
-        backend_uri_or_path
-        if isinstance(backend_uri_or_path, TicketBackend)
-        else open_backend(backend_uri_or_path)
-    )
     wanted: State | None = "open" if state == "open" else "resolved" if state == "resolved" else None
+    if isinstance(backend_uri_or_path, TicketBackend):
+        backend: TicketBackend | None = backend_uri_or_path
+    else:
+        backend = _existing_backend(backend_uri_or_path)
+    if backend is None:
+        return format_tickets([], state=wanted)
     return format_tickets(backend.tickets(state=wanted, nodes=nodes), state=wanted)

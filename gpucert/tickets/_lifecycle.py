@@ -27,6 +27,7 @@ from typing import Any, cast
 import pandas as pd
 
 from gpucert.metrics import METRICS
+from gpucert.verdict import TICKET_RANK, VERDICT_RANK
 
 from ._backend import TicketBackend
 from ._model import (
@@ -44,13 +45,11 @@ from ._model import (
     TicketNotFound,
 )
 
-__all__ = ["RunEvidence", "reconcile", "record_remediation", "record_repairs", "title_of"]
+__all__ = ["RunEvidence", "fingerprints", "reconcile", "record_remediation", "record_repairs", "title_of"]
 
 _REQUIRED = ("node", "gpu", "gpu_uuid", "verdict", "cause", "action", "ticket", "reasons")
 _FLAGGED = ("fail", "warn")
 _TICKETED = ("remediation", "replacement")
-_VERDICT_RANK = {"fail": 2, "warn": 1}
-_TICKET_RANK = {"replacement": 2, "remediation": 1}
 #: Telemetry and events copied into a ticket's evidence; for these a lower value is the worse one.
 _TELEMETRY = tuple(m.name for m in METRICS.values() if m.kind in ("telemetry", "event"))
 _WORST_IS_LOW = frozenset({"pcie_gen", "pcie_width", "gpu_count"})
@@ -141,6 +140,11 @@ def _check(verdicts: pd.DataFrame, now: datetime) -> None:
 def _text(column: pd.Series) -> pd.Series:
     # Verdict tables carry names as categoricals or strings, with NaN or None where empty.
     return column.astype("string").fillna("")
+
+
+def fingerprints(verdicts: pd.DataFrame) -> list[str]:
+    """The fingerprints (``node/uuid/cause``) whose tickets a run's verdicts would open or update."""
+    return sorted(set(_flagged(verdicts)["_key"]) - {""})
 
 
 def _flagged(verdicts: pd.DataFrame) -> pd.DataFrame:
@@ -238,7 +242,7 @@ def _occurrence_of(
     policy: EscalationPolicy,
 ) -> _Occurrence:
     # The worst row speaks for the fingerprint: a replacement over a remediation, a fail over a warn.
-    order = rows["ticket"].map(_TICKET_RANK) * 10 + rows["verdict"].map(_VERDICT_RANK)
+    order = rows["ticket"].map(TICKET_RANK) * 10 + rows["verdict"].map(VERDICT_RANK)
     worst = rows.iloc[int(order.to_numpy().argmax())]
     kind: Kind = "replacement" if (rows["ticket"] == "replacement").any() else "remediation"
     # Exempt from the reset rule only when every row is an exempt XID (Xid 94 with nothing worse).

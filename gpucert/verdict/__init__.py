@@ -19,13 +19,13 @@ from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
 from ._causes import attribute_causes
 from ._compare import compare_references
-from ._findings import concat_findings
+from ._findings import TICKET_RANK, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
 from ._nodes import node_wide_findings, pair_node_findings
 from ._repeats import reduce_repeats
 
-__all__ = ["VERDICT_COLUMNS", "RunEvaluation", "evaluate_run", "judge", "judge_run"]
+__all__ = ["TICKET_RANK", "VERDICT_COLUMNS", "VERDICT_RANK", "RunEvaluation", "evaluate_run", "judge", "judge_run"]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ __all__ = [
     "RANK",
     "SEVERITY",
     "TICKET_RANK",
+    "VERDICT_RANK",
     "VERDICT_OF",
     "concat_findings",
     "make_findings",
@@ -28,6 +29,8 @@ __all__ = [
 #: A finding's weight in the verdict: a note never changes a pass, a signal beats missing data.
 SEVERITY = {"note": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 VERDICT_OF = {0: "pass", 1: "inconclusive", 2: "warn", 3: "fail"}
+#: How bad each verdict is, worst highest: the one ranking of verdicts (decisions and tickets sort by it).
+VERDICT_RANK = {verdict: rank for rank, verdict in VERDICT_OF.items()}
 
 #: Which finding decides among those of equal severity: a rule on telemetry over an absolute floor over
 #: a statistical comparison. (The cause is chosen separately, by specificity.)

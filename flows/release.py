@@ -1,0 +1,51 @@
+"""Release: repaired nodes go back to work only once they pass a full certification again.
+
+The runbook (``gpucert release NODE…``, or from the UI):
+
+1. record the repair on each open ticket of the nodes — whatever the backend (local, Jira, webhook), so
+   a fault that comes back counts its resets and escalates to a replacement by REFERENCE §5's rule;
+2. certify the nodes (busy or not) with the fleet's policy and ticketing: a pass lifts gpucert's taints
+   and resolves their tickets, a fail keeps them out.
+"""
+
+from datetime import UTC, datetime
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from blocks.cluster import GpuCluster
+from blocks.policy import CertificationPolicy
+from blocks.store import BaselineStore
+from blocks.ticketing import Ticketing
+from flows._setup import resolve
+from flows.certify import certify
+from gpucert.operate import ReleaseOutcome
+from gpucert.stack import target_name
+from tasks.tickets import record_repairs_task
+
+__all__ = ["release"]
+
+
+def _run_name() -> str:
+    """``release-<nodes>``: the run's name in the UI."""
+    return f"release-{target_name(flow_run.parameters.get('nodes'))}"
+
+
+@flow(name="release", flow_run_name=_run_name, log_prints=False)
+async def release(
+    nodes: list[str],
+    cluster: GpuCluster | None = None,
+    store: BaselineStore | None = None,
+    policy: CertificationPolicy | None = None,
+    ticketing: Ticketing | None = None,
+    action: str | None = None,
+    note: str = "",
+) -> ReleaseOutcome:
+    """Record the repair of ``nodes`` (``action``: what was done; default: what each ticket asked for) and
+    re-certify them; returns what was recorded and which nodes were released."""
+    setup = resolve(cluster, store, policy, ticketing)
+    repairs = record_repairs_task(setup.tickets, nodes, datetime.now(UTC), action=action, note=note)
+    certified = await certify(cluster=setup.cluster, store=setup.store_block, nodes=nodes, include_busy=True,
+                              policy=setup.policy, ticketing=setup.ticketing)  # fmt: skip
+    released = [d.node for d in certified.decisions if d.state == "certified"]
+    return ReleaseOutcome(nodes=sorted(nodes), repairs=repairs, released=sorted(released), certify=certified)

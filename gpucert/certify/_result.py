@@ -1,0 +1,154 @@
+"""What a certify run returns: :class:`CertifyOutcome`, a pydantic model Prefect stores as the flow's result.
+
+Everything in it is made from the run's settled decisions (``decisions.parquet``), so operate, onboard,
+the command line and the demo read the same fields the labels and the report were made from.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..tickets import TicketEvent
+from ._settle import Settlement
+
+__all__ = ["CertifyOutcome", "NodeOutcome", "TicketChange"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeOutcome(_Model):
+    """One node's settled decision (a row of ``decisions.parquet``)."""
+
+    node: str
+    state: str | None = Field(description="certified, degraded, failed; None: left as it was (inconclusive)")
+    verdict: str
+    cause: str | None = None
+    hard_gate: bool = False
+    confirmed: bool = False
+    taint: str = Field(description="added, kept, lifted, refused (blast radius) or none")
+    runs: list[str]
+    summary: str
+    settled: bool = True
+
+
+class TicketChange(_Model):
+    """A ticket the run opened, updated, escalated or resolved."""
+
+    kind: str
+    ticket: str
+    ticket_kind: str
+    node: str
+    cause: str
+    detail: str
+
+    @classmethod
+    def of(cls, event: TicketEvent) -> TicketChange:
+        """The change a :class:`~gpucert.tickets.TicketEvent` made."""
+        t = event.ticket
+        return cls(
+            kind=event.kind, ticket=t.id, ticket_kind=t.kind, node=t.node, cause=t.cause, detail=event.detail
+        )
+
+
+class CertifyOutcome(_Model):
+    """The result of one certification run."""
+
+    run_id: str
+    day: date
+    store: str
+    nodes: list[str] = Field(description="the nodes benchmarked")
+    skipped: dict[str, str] = Field(default_factory=dict, description="node → why it was not benchmarked")
+    decisions: list[NodeOutcome] = Field(default_factory=list)
+    reruns: list[str] = Field(default_factory=list, description="the confirming re-runs' ids")
+    inconclusive: dict[str, str] = Field(
+        default_factory=dict, description="node → why its Job gave no result"
+    )
+    incident: str | None = None
+    observe_only: bool = False
+    baseline_version: str | None = None
+    reseeded: list[str] = Field(default_factory=list, description="nodes re-seeded after a driver change")
+    report: str | None = Field(default=None, description="the report's URI in the store")
+    report_link: str | None = Field(default=None, description="a link a browser opens")
+    ticketing: str = Field(default="not configured", description="the ticket backend, or 'not configured'")
+    tickets: list[TicketChange] = Field(default_factory=list)
+    tickets_recorded: int = Field(
+        default=0, description="tickets recorded in the store for want of ticketing"
+    )
+    actions: dict[str, str] = Field(
+        default_factory=dict, description="node → what was written to it, in words"
+    )
+
+    @classmethod
+    def of(cls, settlement: Settlement, **fields: Any) -> CertifyOutcome:
+        """The outcome of a settled run; ``fields`` fill the rest."""
+        decisions = [
+            NodeOutcome(node=d.node, state=d.state, verdict=d.verdict, cause=d.cause, hard_gate=d.hard_gate,
+                        confirmed=d.confirmed, taint=d.taint, runs=list(d.runs), summary=d.summary, settled=d.settled)
+            for _, d in sorted(settlement.decisions.items())
+        ]  # fmt: skip
+        return cls(run_id=settlement.run_id, decisions=decisions, incident=settlement.incident, **fields)
+
+    # --- views ----------------------------------------------------------------------------------------
+
+    def decision(self, node: str) -> NodeOutcome | None:
+        """The node's decision, or None when it was not benchmarked."""
+        return next((d for d in self.decisions if d.node == node), None)
+
+    @property
+    def states(self) -> dict[str, int]:
+        """How many nodes of each state (``unchanged`` for inconclusive)."""
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[d.state or "unchanged"] = counts.get(d.state or "unchanged", 0) + 1
+        return counts
+
+    def with_taint(self, *actions: str) -> list[str]:
+        """The nodes whose taint action is one of ``actions``."""
+        return sorted(d.node for d in self.decisions if d.taint in actions)
+
+    @property
+    def tainted(self) -> list[str]:
+        """The nodes this run tainted."""
+        return self.with_taint("added")
+
+    @property
+    def unconfirmed(self) -> list[str]:
+        """The nodes whose first fail the re-runs did not confirm (degraded, not tainted)."""
+        return sorted(d.node for d in self.decisions if d.state == "degraded" and len(d.runs) > 1)
+
+    def ticket_line(self) -> str:
+        """What happened to tickets, in one line."""
+        if self.incident:
+            return "tickets: none (an incident paused the run's actions)"
+        if self.ticketing == "not configured":
+            return f"ticketing not configured: {self.tickets_recorded} tickets recorded, none opened"
+        if not self.tickets:
+            return f"tickets ({self.ticketing}): no change"
+        changes = ", ".join(f"{t.kind} {t.ticket} ({t.node} {t.cause})" for t in self.tickets)
+        return f"tickets ({self.ticketing}): {changes}"
+
+    def text(self) -> str:
+        """The outcome for a person, a few lines."""
+        states = ", ".join(f"{n} {state}" for state, n in sorted(self.states.items())) or "nothing"
+        lines = [f"certify {self.run_id}: {len(self.nodes)} nodes benchmarked: {states}"]
+        if self.skipped:
+            lines.append(f"skipped: {', '.join(f'{n} ({why})' for n, why in sorted(self.skipped.items()))}")
+        for node, why in sorted(self.inconclusive.items()):
+            lines.append(f"inconclusive {node}: {why}")
+        for d in self.decisions:
+            if d.state in ("failed", "degraded") or d.taint in ("added", "lifted", "refused"):
+                lines.append(f"{d.node}: {d.state}, taint {d.taint}: {d.summary}")
+        if self.reruns:
+            lines.append(f"confirming re-runs: {', '.join(self.reruns)}")
+        if self.incident:
+            lines.append(f"INCIDENT: {self.incident}")
+        if self.observe_only:
+            lines.append("observe-only: nothing was tainted or untainted")
+        lines.append(self.ticket_line())
+        lines.append(f"baseline version: {self.baseline_version}; report: {self.report_link or self.report}")
+        return "\n".join(lines) + "\n"

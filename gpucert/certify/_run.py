@@ -1,0 +1,140 @@
+"""A certification run in the store: :class:`CertificationRun` addresses its files, once.
+
+A run is ``runs/date=<day>/run=<run id>/`` of the store (DESIGN.md, "The store"): ``results.parquet``,
+``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``report.html``. Its confirming re-runs are
+runs of their own (``<run id>-c1``, ``-c2``, on the same day), reached through :meth:`rerun`, so a
+re-run's files sit beside the run that asked for it and can be read like any other run.
+
+Tables are read once per object and kept: a flow's tasks share the object (tasks run in the flow's
+process), so no task re-reads ``results.parquet`` the run already holds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+import pandas as pd
+
+from .._names import check_run_id
+from ..errors import StoreError
+from ..results import parse_results
+from ..store import BaselineStore
+
+__all__ = ["RESULTS", "RUN_FILES", "CertificationRun", "rerun_id"]
+
+RESULTS = "results.parquet"
+VERDICTS = "verdicts.parquet"
+DECISIONS = "decisions.parquet"
+STACK = "stack.json"
+REPORT = "report.html"
+#: The files a run may hold, by name.
+RUN_FILES = (RESULTS, VERDICTS, DECISIONS, STACK, REPORT)
+
+
+def rerun_id(run_id: str, attempt: int) -> str:
+    """The id of ``run_id``'s ``attempt``-th confirming re-run (``<run id>-c<attempt>``), cut to stay a DNS
+    label."""
+    suffix = f"-c{attempt}"
+    return check_run_id(run_id[: 63 - len(suffix)].rstrip("-") + suffix)
+
+
+@dataclass(frozen=True)
+class CertificationRun:
+    """One run's files in ``store``: results, verdicts, decisions, stack, report, and its re-runs.
+
+    Raises :class:`~gpucert.errors.InputError` at construction for an id that is not a run id.
+    """
+
+    store: BaselineStore
+    run_id: str
+    day: date
+    #: The first run, for a confirming re-run (its peers are judged among that run's nodes).
+    parent: str | None = None
+    _tables: dict[str, pd.DataFrame] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+
+    # --- addressing -----------------------------------------------------------------------------------
+
+    def rerun(self, attempt: int) -> CertificationRun:
+        """The ``attempt``-th (1-based) confirming re-run of this run."""
+        return CertificationRun(self.store, rerun_id(self.run_id, attempt), self.day, parent=self.run_id)
+
+    def key(self, name: str) -> str:
+        """The store key of the run file ``name``."""
+        return f"runs/date={self.day:%Y-%m-%d}/run={self.run_id}/{name}"
+
+    def uri(self, name: str) -> str:
+        """The run file's URI under the store root (``file://…`` or ``s3://…``)."""
+        return f"{self.store.uri.rstrip('/')}/{self.key(name)}"
+
+    # --- tables ---------------------------------------------------------------------------------------
+
+    def has(self, name: str) -> bool:
+        """Whether the run holds the file ``name``."""
+        return name in self._tables or self.store.objects.exists(self.key(name))
+
+    def write_table(self, name: str, frame: pd.DataFrame) -> str:
+        """Store ``frame`` as the run's Parquet file ``name`` (and keep it); returns its key."""
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer, index=False)
+        key = self.store.write_run_file(self.run_id, self.day, name, buffer.getvalue())
+        self._tables[name] = frame
+        return key
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The run's Parquet file ``name`` as stored; :class:`StoreError` when the run has none."""
+        if name not in self._tables:
+            raw = self.store.read_run_file(self.run_id, self.day, name)
+            frame = pd.read_parquet(io.BytesIO(raw))
+            if name == RESULTS:
+                frame = parse_results(frame, f"results of run {self.run_id}")
+            self._tables[name] = frame
+        return self._tables[name]
+
+    def results(self) -> pd.DataFrame:
+        """``results.parquet``, validated to the canonical dtypes; :class:`StoreError` when no node produced
+        results."""
+        return self.table(RESULTS)
+
+    def results_or_none(self) -> pd.DataFrame | None:
+        """``results.parquet``, or None when no node produced results."""
+        try:
+            return self.results()
+        except StoreError:
+            return None
+
+    def verdicts(self) -> pd.DataFrame:
+        """``verdicts.parquet`` (after settling: what the run concluded); :class:`StoreError` when none."""
+        return self.table(VERDICTS)
+
+    def decisions(self) -> pd.DataFrame:
+        """``decisions.parquet``: one row per node, the settled decision; :class:`StoreError` when none."""
+        return self.table(DECISIONS)
+
+    # --- other files ----------------------------------------------------------------------------------
+
+    def write_stack(self, stacks: Mapping[str, Mapping[str, Any]]) -> str:
+        """Store ``stack.json`` (node → the versions it was measured on); returns its key."""
+        data = json.dumps(stacks, indent=2, sort_keys=True).encode()
+        return self.store.write_run_file(self.run_id, self.day, STACK, data)
+
+    def stack(self) -> dict[str, dict[str, Any]]:
+        """``stack.json``; an empty mapping when the run has none."""
+        try:
+            raw = self.store.read_run_file(self.run_id, self.day, STACK)
+        except StoreError:
+            return {}
+        loaded = json.loads(raw)
+        return loaded if isinstance(loaded, dict) else {}
+
+    def write_report(self, html: str) -> str:
+        """Store ``report.html``; returns its URI under the store root."""
+        self.store.write_run_file(self.run_id, self.day, REPORT, html.encode("utf-8"))
+        return self.uri(REPORT)

@@ -1,0 +1,256 @@
+"""Settling a run: from its first verdicts and its confirming re-runs to one decision per node.
+
+:func:`settle` is the one place the run's rules live, as a pure function (tested without a cluster):
+
+* **confirmation** (REFERENCE §4.6): a fail that no hard hardware gate backs (row-remap failure, XID
+  64/79/95, a volatile DBE) stands only when 2 of the node's runs fail; one that the re-runs overturn is
+  ``degraded`` — "look at me" without taking the node away; one still undecided when the re-runs ran out
+  is ``degraded`` and not ``settled`` (never a taint on a guess);
+* **taints**: a confirmed fail adds ``<prefix>/unhealthy`` (``added``, or ``kept`` when it is there), a
+  node that now passes or is only degraded has it ``lifted``, an inconclusive or unsettled node keeps
+  what it has;
+* **blast radius** (DESIGN.md): gpucert's taints *in force* after this run — every run's, not this run's
+  alone — never exceed ``policy.max_tainted_nodes(GPU nodes)``; past it no taint is added (``refused``)
+  and the run records one incident: the likelier culprit is the baseline, the benchmark or the stack;
+* **observe-only**: states and summaries as usual, no taint added or lifted.
+
+:func:`settled_verdicts` makes the run's verdict table agree with the decisions (an overturned fail is
+a ``warn`` there, and asks for no ticket), so labels, conditions, taints, tickets and the report, all
+made from the same decision, can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import pandas as pd
+
+from ..kube import has_taint, node_name, taint_keys
+from ..policy import Policy
+from ._decide import NodeDecision, decide_nodes, fail_stands
+
+__all__ = [
+    "DECISION_COLUMNS",
+    "NodeTaints",
+    "RunVerdicts",
+    "SettledDecision",
+    "Settlement",
+    "TaintAction",
+    "fleet_taints",
+    "settle",
+    "settled_verdicts",
+]
+
+TaintAction = Literal["added", "kept", "lifted", "refused", "none"]
+#: The state each settled state reads as in a verdict table.
+_VERDICT_OF: Final = {"certified": "pass", "degraded": "warn", "failed": "fail", None: "inconclusive"}
+#: ``decisions.parquet``, one row per node (DESIGN.md, "The store").
+DECISION_COLUMNS: Final = (
+    "run_id", "node", "state", "verdict", "cause", "hard_gate", "confirmed", "taint", "runs", "summary",
+    "settled",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NodeTaints:
+    """gpucert's taints a GPU node carries now."""
+
+    unhealthy: bool = False
+    uncertified: bool = False
+
+
+@dataclass(frozen=True)
+class RunVerdicts:
+    """One judged run: its id, its verdict table, and the nodes it benchmarked (a node with no row is
+    inconclusive in it)."""
+
+    run_id: str
+    verdicts: pd.DataFrame
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SettledDecision:
+    """What a run, its re-runs included, concluded about one node."""
+
+    node: str
+    #: ``certified``, ``degraded``, ``failed``; None leaves the state as it was (inconclusive).
+    state: str | None
+    #: The taint's value on a fail: the cause of its worst row (``unknown`` when none).
+    cause: str | None
+    hard_gate: bool
+    #: The fail stands: a hard gate, or 2 of the node's runs failed.
+    confirmed: bool
+    taint: TaintAction
+    #: The runs the decision rests on, first run first.
+    runs: tuple[str, ...]
+    summary: str
+    #: False when the node needs one more run before its decision is final.
+    settled: bool = True
+
+    @property
+    def verdict(self) -> str:
+        """The decision as a verdict: pass, warn, fail or inconclusive."""
+        return _VERDICT_OF[self.state]
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """A run's decisions, node → :class:`SettledDecision`, and the incident that paused tainting."""
+
+    run_id: str
+    decisions: Mapping[str, SettledDecision]
+    incident: str | None = None
+    #: How many of gpucert's taints are in force after the run, and the blast radius's limit.
+    in_force: int = 0
+    limit: int = 0
+
+    @property
+    def pending(self) -> list[str]:
+        """Nodes that need one more run (their fail is neither confirmed nor overturned yet)."""
+        return sorted(n for n, d in self.decisions.items() if not d.settled)
+
+    def nodes(self, taint: TaintAction) -> list[str]:
+        """The nodes whose taint action is ``taint``."""
+        return sorted(n for n, d in self.decisions.items() if d.taint == taint)
+
+    def tally(self) -> dict[str, int]:
+        """How many nodes of each state (``unchanged`` for inconclusive)."""
+        counts: dict[str, int] = {}
+        for decision in self.decisions.values():
+            key = decision.state or "unchanged"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def frame(self) -> pd.DataFrame:
+        """The decisions as ``decisions.parquet`` rows (DECISION_COLUMNS), by node."""
+        rows = [
+            {"run_id": self.run_id, "node": d.node, "state": d.state, "verdict": d.verdict, "cause": d.cause,
+             "hard_gate": d.hard_gate, "confirmed": d.confirmed, "taint": d.taint, "runs": ",".join(d.runs),
+             "summary": d.summary, "settled": d.settled}
+            for _, d in sorted(self.decisions.items())
+        ]  # fmt: skip
+        frame = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
+        for column in ("run_id", "node", "state", "verdict", "cause", "taint", "runs", "summary"):
+            frame[column] = frame[column].astype("string")
+        return frame.astype({"hard_gate": bool, "confirmed": bool, "settled": bool})
+
+
+def _needs_confirmation(first: NodeDecision) -> bool:
+    return first.state == "failed" and not first.hard_gate
+
+
+def _conclude(
+    history: Sequence[tuple[str, NodeDecision]],
+) -> tuple[NodeDecision, bool, bool, tuple[str, ...]]:
+    """(the decision, confirmed, settled, the runs it rests on) from a node's runs, first run first."""
+    runs = tuple(run for run, _ in history)
+    first = history[0][1]
+    if not _needs_confirmation(first):
+        return first, first.state == "failed", True, runs[:1]
+    stands = fail_stands([d for _, d in history])
+    if stands is True:
+        return first, True, True, runs
+    reruns = ", ".join(runs[1:]) or "none yet"
+    if stands is False:
+        text = f"{first.summary} (the fail was not confirmed by its re-runs: {reruns})"
+        return NodeDecision(first.node, "degraded", None, False, text), False, True, runs
+    text = f"{first.summary} (the fail is not confirmed yet; re-runs so far: {reruns})"
+    return NodeDecision(first.node, "degraded", None, False, text), False, False, runs
+
+
+def _taint_action(
+    state: str | None, *, confirmed: bool, settled: bool, taints: NodeTaints, observe: bool
+) -> TaintAction:
+    if observe or state is None or not settled:
+        return "kept" if taints.unhealthy else "none"
+    if state == "failed":
+        if not confirmed:  # pragma: no cover - an unconfirmed fail is degraded by then
+            return "kept" if taints.unhealthy else "none"
+        return "kept" if taints.unhealthy else "added"
+    # Passing lifts both of gpucert's taints (an onboarded node is admitted); degraded only the unhealthy one.
+    lift = taints.unhealthy or (state == "certified" and taints.uncertified)
+    return "lifted" if lift else "none"
+
+
+def settle(
+    first: RunVerdicts,
+    reruns: Iterable[RunVerdicts],
+    *,
+    fleet: Mapping[str, NodeTaints],
+    policy: Policy,
+    observe_only: bool = False,
+) -> Settlement:
+    """Each of ``first.nodes``'s final decision (see the module docstring).
+
+    ``reruns`` are the confirming re-runs so far, in order; ``fleet`` maps every GPU node of the cluster
+    to gpucert's taints on it now (the blast radius counts the fleet's ``unhealthy`` taints, not this
+    run's); ``observe_only`` changes nothing but the taint actions.
+    """
+    histories: dict[str, list[tuple[str, NodeDecision]]] = {
+        n: [(first.run_id, d)] for n, d in decide_nodes(first.verdicts, first.nodes).items()
+    }
+    for rerun in reruns:
+        for node, decision in decide_nodes(rerun.verdicts, rerun.nodes).items():
+            if node in histories:
+                histories[node].append((rerun.run_id, decision))
+
+    decisions: dict[str, SettledDecision] = {}
+    for node, history in histories.items():
+        decision, confirmed, settled, runs = _conclude(history)
+        action = _taint_action(decision.state, confirmed=confirmed, settled=settled,
+                               taints=fleet.get(node, NodeTaints()), observe=observe_only)  # fmt: skip
+        summary = decision.summary
+        if confirmed and len(runs) > 1:
+            summary = f"{summary} (confirmed by {', '.join(runs[1:])})"
+        decisions[node] = SettledDecision(node, decision.state, decision.cause, decision.hard_gate, confirmed,
+                                          action, runs, summary, settled)  # fmt: skip
+
+    lifted = {n for n, d in decisions.items() if d.taint == "lifted"}
+    added = {n for n, d in decisions.items() if d.taint == "added"}
+    in_force = ({n for n, t in fleet.items() if t.unhealthy} - lifted) | added
+    limit = policy.max_tainted_nodes(len(fleet))
+    incident = None
+    if len(in_force) > limit:
+        incident = (
+            f"{len(in_force)} GPU nodes would carry gpucert's unhealthy taint ({len(added)} new), more than the "
+            f"blast radius allows ({limit} of {len(fleet)}): the baseline, the benchmark or the stack is the "
+            "likelier culprit; no taint was added"
+        )
+        for node in added:
+            d = decisions[node]
+            decisions[node] = SettledDecision(
+                d.node, d.state, d.cause, d.hard_gate, d.confirmed, "refused", d.runs,
+                f"{d.summary} (not tainted: blast radius reached)", d.settled,
+            )  # fmt: skip
+        in_force -= added
+    return Settlement(first.run_id, decisions, incident, len(in_force), limit)
+
+
+def settled_verdicts(verdicts: pd.DataFrame, settlement: Settlement) -> pd.DataFrame:
+    """``verdicts`` (the first run's) made to agree with ``settlement``: the fail rows of a node whose fail
+    was not confirmed become ``warn`` rows that ask for no ticket, saying why. Other rows are unchanged."""
+    overturned = [n for n, d in settlement.decisions.items() if not d.confirmed and d.state == "degraded"]
+    node = verdicts["node"].astype("string")
+    rows = node.isin(overturned).fillna(False) & verdicts["verdict"].eq("fail")
+    if not rows.any():
+        return verdicts
+    # Categorical columns may lack the new values: plain strings from here on.
+    out = verdicts.astype({"verdict": "string", "ticket": "string", "reasons": "string"})
+    runs = node[rows].map({n: ", ".join(settlement.decisions[n].runs[1:]) or "none" for n in overturned})
+    note = " (not confirmed by the re-runs: " + runs.astype(str) + ")"
+    out.loc[rows, "reasons"] = out.loc[rows, "reasons"].fillna("") + note
+    out.loc[rows, "verdict"] = "warn"
+    out.loc[rows, "ticket"] = "none"
+    return out
+
+
+def fleet_taints(nodes: Iterable[Mapping[str, Any]], *, prefix: str) -> dict[str, NodeTaints]:
+    """GPU node name → gpucert's taints on it, from the Node objects."""
+    unhealthy, uncertified = taint_keys(prefix)
+    return {
+        node_name(n): NodeTaints(unhealthy=has_taint(n, unhealthy), uncertified=has_taint(n, uncertified))
+        for n in nodes
+    }

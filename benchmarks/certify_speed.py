@@ -46,6 +46,7 @@ def main() -> int:
     from blocks.cluster import GpuCluster
     from blocks.store import BaselineStore
     from flows.certify import certify
+    from gpucert.certify import CertifyOutcome
     from gpucert.fleet import Fault
     from gpucert.sim import SimCluster
 
@@ -67,7 +68,7 @@ def main() -> int:
             cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
             store = BaselineStore(uri=f"file://{d}")
 
-            def run(run_id: str) -> tuple[float, dict[str, object]]:
+            def run(run_id: str) -> tuple[float, CertifyOutcome]:
                 start = time.perf_counter()
                 out = asyncio.run(
                     certify(cluster=cluster, store=store, run_id=run_id, max_parallel=args.max_parallel)
@@ -75,7 +76,7 @@ def main() -> int:
                 return time.perf_counter() - start, out
 
             seconds, clean = run("bench-clean")
-            print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean['states']}", flush=True)
+            print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean.states}", flush=True)
             names = sim.fleet.node_names
             step = max(1, len(names) // max(1, args.faults))
             injected = []
@@ -86,7 +87,7 @@ def main() -> int:
                 injected.append(f"{kind}@{node}")
             seconds, night = run("bench-night")
     print(f"faulty run: {seconds:6.1f} s for {args.nodes} nodes × 8 GPUs; injected {', '.join(injected)}")
-    print(f"  states {night['states']}; tainted {night['tainted']}; unconfirmed {night['unconfirmed']}")
+    print(f"  states {night.states}; tainted {night.tainted}; unconfirmed {night.unconfirmed}")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
     return 0

@@ -64,7 +64,7 @@ def main() -> int:
             second = configure(cluster=cluster, rollout_timeout_s=300)
             t_second = time.perf_counter() - t2
     print(
-        f"nodes {args.nodes}, GPUs verified {first['gpus_verified']}, release {first['release']}, "
+        f"nodes {args.nodes}, GPUs verified {first.gpus_verified}, release {first.release}, "
         f"API faults {'on' if args.faults else 'off'}"
     )
     print(
@@ -72,8 +72,8 @@ def main() -> int:
         f"(5 components × {args.pod_start + args.pod_ready:.1f} s); beyond it {t_first - rollout_s:6.2f} s"
     )
     print(
-        f"second run  {t_second:6.2f} s; nodes relabelled {len(second['labelled_nodes'])}; "
-        f"drift rows {len(second['drift'])}"
+        f"second run  {t_second:6.2f} s; nodes relabelled {len(second.labelled_nodes)}; "
+        f"drift rows {len(second.drift)}"
     )
     return 0
 

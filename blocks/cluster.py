@@ -8,6 +8,8 @@ from prefect.blocks.core import Block
 from prefect_kubernetes.credentials import KubernetesCredentials
 from pydantic import Field, field_validator
 
+from gpucert._names import check_label_selector, dns_label_ok
+from gpucert.errors import InputError
 from gpucert.kube import Kube, connect
 from gpucert.stack import DEFAULT_GPU_SELECTOR, STACK_NAMESPACE, check_label_prefix
 
@@ -61,6 +63,21 @@ class GpuCluster(Block):
     @classmethod
     def _prefix(cls, value: str) -> str:
         return check_label_prefix(value)
+
+    @field_validator("gpu_node_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        try:
+            return check_label_selector(value)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("stack_namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not dns_label_ok(value):
+            raise ValueError(f"namespace {value!r} is not a DNS label (a-z, 0-9 and '-', at most 63)")
+        return value
 
     def kube(self) -> Kube:
         """A client for the cluster; raises ``gpucert.errors.InputError`` when the kubeconfig is unusable."""

@@ -106,10 +106,11 @@ def flow_inputs(
     policy_file: str | None = None,
     ticketing: str | None = None,
     namespace: str | None = None,
+    nodes: Sequence[str] = (),
 ) -> FlowInputs:
     """Check and build a flow's inputs; raises :class:`InputError` naming the one that is wrong.
 
-    The kubeconfig is read (not yet contacted), the policy file fully validated, the store opened (a
+    The kubeconfig is read, the nodes asked for looked up, the policy file fully validated, the store opened (a
     missing ``file://`` root is created: certify starts a store), a saved ``Ticketing`` block loaded.
     """
     from blocks.cluster import GpuCluster
@@ -124,7 +125,10 @@ def flow_inputs(
         cluster = GpuCluster(**fields)
     except ValueError as exc:  # pydantic's ValidationError names the field
         raise InputError(_first_error(exc)) from None
-    cluster.kube()  # a kubeconfig that cannot be read fails here
+    kube = cluster.kube()  # a kubeconfig that cannot be read fails here
+    missing = [n for n in check_nodes(nodes) if kube.find("v1", "Node", n) is None]
+    if missing:
+        raise InputError(f"no node named {', '.join(missing)} in the cluster")
     policy = CertificationPolicy.from_file(policy_file) if policy_file else None
     store_block = None
     if store is not None:
@@ -227,9 +231,8 @@ def certify_command(
     (they are in the labels, taints, report and the printed summary)."""
     if run_id is not None:
         check_run_id(run_id, what="--run-id")
-    check_nodes(nodes)
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes)  # fmt: skip
     _check_payload_args(payload_args)
     _prepare_prefect()
     from flows.certify import certify
@@ -246,14 +249,10 @@ def certify_command(
 
 def _check_payload_args(args: Sequence[str]) -> None:
     """Raise :class:`InputError` unless the benchmark payload accepts ``args`` (checked as the Job would be)."""
-    if not args:
-        return
-    from .certify import BenchmarkSettings
+    if args:
+        from .certify import check_payload_args
 
-    try:
-        BenchmarkSettings(payload_args=tuple(args))
-    except ValueError as exc:
-        raise InputError(f"--payload-arg: {exc}") from None
+        check_payload_args(tuple(args))
 
 
 def operate_command(
@@ -318,7 +317,7 @@ def onboard_command(
     as_json: bool,
 ) -> int:
     """Onboard ``node`` once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
-    check_nodes([node])
+    check_nodes([node])  # it may not have joined yet: the flow waits for it
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
                          store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
     _prepare_prefect()
@@ -348,9 +347,8 @@ def release_command(
 ) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
-    check_nodes(nodes)
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes)  # fmt: skip
     _prepare_prefect()
     from flows.release import release
 

@@ -16,6 +16,8 @@ from .errors import InputError
 __all__ = [
     "DNS_LABEL",
     "RUN_ID_RULE",
+    "RunIdError",
+    "check_label_selector",
     "check_run_id",
     "dns_label_ok",
     "dns_subdomain_ok",
@@ -49,9 +51,41 @@ def label_value_ok(value: object) -> bool:
     return isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
 
 
+class RunIdError(InputError, ValueError):
+    """A run id breaks the rule (an input error; a ``ValueError`` for callers that check values)."""
+
+
 def check_run_id(run_id: object, *, what: str = "run id") -> str:
-    """``run_id`` when it is a valid run id; raises :class:`InputError` naming it and the rule."""
+    """``run_id`` when it is a valid run id; raises :class:`RunIdError` naming it and the rule."""
     if not dns_label_ok(run_id):
-        raise InputError(f"{what} {run_id!r} is not valid: {RUN_ID_RULE}")
+        raise RunIdError(f"{what} {run_id!r} is not valid: {RUN_ID_RULE}")
     assert isinstance(run_id, str)
     return run_id
+
+
+_KEY: Final = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_VALUE: Final = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?"
+_REQUIREMENT: Final = re.compile(
+    rf"\s*(?:!\s*(?P<absent>{_KEY.pattern})|(?P<key>{_KEY.pattern})\s*"
+    rf"(?:(?:==|!=|=)\s*{_VALUE}|\s(?:in|notin)\s*\(\s*{_VALUE}(?:\s*,\s*{_VALUE})*\s*\))?)\s*"
+)
+
+
+def check_label_selector(selector: str) -> str:
+    """``selector`` when it is a Kubernetes label selector (``a=b,c!=d,e in (f,g),!h``); raises
+    :class:`InputError` naming the requirement that is not, before any server would answer 400."""
+    depth, start, parts = 0, 0, []
+    for i, char in enumerate(selector):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(selector[start:i])
+            start = i + 1
+    parts.append(selector[start:])
+    for part in parts:
+        if not _REQUIREMENT.fullmatch(part):
+            raise InputError(f"label selector {selector!r}: {part.strip()!r} is not a requirement "
+                             "(key, !key, key=value, key!=value, key in (a,b), key notin (a,b))")  # fmt: skip
+    return selector

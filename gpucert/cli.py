@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .errors import GpucertError, InputError
@@ -21,8 +22,56 @@ EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS = 0, 1, 2, 3
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error in one line (what is wrong, and where the help is) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+# argparse names the type in its message ("invalid positive integer value: 'x'").
+for _type, _name in ((_positive_int, "positive integer"), (_positive_float, "positive number"),
+                     (_non_negative_float, "number"), (_port, "port"), (_count, "count")):  # fmt: skip
+    _type.__name__ = _name
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpucert",
         description="Prove that a Kubernetes GPU cluster runs at the speed it was paid for.",
     )
@@ -86,11 +135,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve a simulated Kubernetes API with N GPU nodes on 127.0.0.1 and write its kubeconfig "
         "once it answers. Stops cleanly on SIGINT or SIGTERM.",
     )
-    up.add_argument("--nodes", type=int, default=4, metavar="N")
-    up.add_argument("--gpus", type=int, default=8, metavar="G", help="GPUs per node")
+    up.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
+    up.add_argument("--gpus", type=_positive_int, default=8, metavar="G", help="GPUs per node")
     up.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
     up.add_argument("--preconfigured", action="store_true", help="start as if configure had run")
-    up.add_argument("--port", type=int, default=0, metavar="P", help="port to serve on (default: a free one)")
+    up.add_argument("--port", type=_port, default=0, metavar="P", help="port to serve on (default: a free one)")
     up.add_argument("--faults", metavar="FILE",
                     help="YAML of faults to inject at start: 'api', 'gpu' and 'nodes' sections")
     up.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
@@ -110,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     inject.add_argument("--not-ready", action="append", default=[], metavar="NODE", help="the node goes NotReady")
     inject.add_argument("--ready", action="append", default=[], metavar="NODE", help="the node is Ready again")
     inject.add_argument("--delete-node", action="append", default=[], metavar="NODE", help="delete the node")
-    inject.add_argument("--join", type=int, default=0, metavar="N", help="N new nodes join (tainted uncertified)")
+    inject.add_argument("--join", type=_count, default=0, metavar="N", help="N new nodes join (tainted uncertified)")
     inject.add_argument("--join-untainted", action="store_true", help="joining nodes carry no uncertified taint")
     inject.add_argument("--clear", action="store_true", help="first lift every fault (GPU, NotReady, API)")
     inject.add_argument("--clear-node", metavar="NODE", help="first lift the faults of one node")
@@ -134,9 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     configure.add_argument("--dry-run", metavar="DIR",
                            help="render every manifest into DIR; write nothing to the cluster")
     configure.add_argument("--namespace", default="gpucert-system", help="namespace of the stack")
-    configure.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+    configure.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="G",
                            help="GPUs expected on a node without an nvidia.com/gpu.count label")
-    configure.add_argument("--timeout", type=float, default=900.0, metavar="S",
+    configure.add_argument("--timeout", type=_positive_float, default=900.0, metavar="S",
                            help="seconds each component has to get Ready on every node")
     configure.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
@@ -156,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
     cert.add_argument("--run-id", metavar="ID", help="the run id (a DNS label; default: cert-<time>-<random>)")
     cert.add_argument("--image", metavar="IMAGE", help="the benchmark image (any image with python and torch)")
     cert.add_argument("--observe-only", action="store_true", help="label and report, never taint")
-    cert.add_argument("--max-parallel", type=int, default=16, metavar="N", help="benchmark Jobs at once")
+    cert.add_argument("--max-parallel", type=_positive_int, default=16, metavar="N", help="benchmark Jobs at once")
     cert.add_argument("--payload-arg", dest="payload_args", action="append", default=[], metavar="ARG",
                       help="an extra option of the benchmark payload, e.g. --payload-arg=--dcgm-diag=2 (repeatable)")
     cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
@@ -172,9 +221,11 @@ def _parser() -> argparse.ArgumentParser:
     _run_arguments(operate)
     operate.add_argument("--observe-only", action="store_true", help="label and report, never taint")
     operate.add_argument("--prometheus", metavar="URL", help="read telemetry from this Prometheus (default: scrape)")
-    operate.add_argument("--rotation-days", type=float, metavar="D", help="re-certify each node this often (policy)")
-    operate.add_argument("--max-nodes", type=int, metavar="N", help="nodes to certify tonight at most (policy)")
-    operate.add_argument("--scrape-interval", type=float, default=60.0, metavar="S",
+    operate.add_argument("--rotation-days", type=_non_negative_float, metavar="D",
+                         help="re-certify each node this often (default: the policy's)")
+    operate.add_argument("--max-nodes", type=_positive_int, metavar="N",
+                         help="nodes to certify tonight at most (default: the policy's)")
+    operate.add_argument("--scrape-interval", type=_positive_float, default=60.0, metavar="S",
                          help="seconds between the two exporter scrapes without Prometheus")
     operate.add_argument("--namespace", default="gpucert-system", help="namespace of the stack (DCGM exporters)")
     operate.add_argument("--json", action="store_true", help="print the flow's result as JSON")
@@ -190,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
     onboard.add_argument("--uid", metavar="UID", help="the node's UID: refuse a node that rejoined under another")
     _cluster_arguments(onboard)
     _run_arguments(onboard)
-    onboard.add_argument("--ready-timeout", type=float, default=900.0, metavar="S",
+    onboard.add_argument("--ready-timeout", type=_positive_float, default=900.0, metavar="S",
                          help="seconds the node has to become Ready")
     onboard.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
@@ -230,7 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="the whole lifecycle on the embedded default: configure, certify, a night of operate, onboarding",
-        description="Start a local Prefect server and a simulated 16-node cluster, then configure, certify (three "
+        description="Start a local Prefect server and a simulated 16-node cluster, then configure, certify (two "
         "faults), run a night of operate (a new fault) and onboard a new node through the REST API; print what "
         "was found and leave the Prefect UI running (Ctrl-C stops). --no-ui exits when done. --verdicts-only "
         "runs the offline verdict demo instead (a generated fleet, no cluster, no Prefect).",
@@ -238,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="gpucert-demo", metavar="DIR", help="where the store and files go")
     demo.add_argument("--no-ui", action="store_true", help="exit when the lifecycle is done")
     demo.add_argument("--verdicts-only", action="store_true", help="the offline verdict demo on a generated fleet")
-    demo.add_argument("--nodes", type=int, default=16)
+    demo.add_argument("--nodes", type=_positive_int, default=16)
     demo.add_argument("--seed", type=int, default=None,
                       help="seed of the generated fleet (default: one whose 16 nodes have no slow-silicon straggler)")
     return parser

@@ -82,6 +82,9 @@ class ResultsError(InputError):
         self.source = source
         self.problems = list(problems)
         self.total = total if total is not None else len(self.problems)
+        if self.total == 1 and self.problems:  # one problem, one line: what a command line prints
+            super().__init__(f"{source}: {self.problems[0]}")
+            return
         lines = [f"{source}: {self.total} problem{'s' if self.total != 1 else ''} in the results"]
         lines += [f"  {p}" for p in self.problems[: self.SHOWN]]
         if self.total > self.SHOWN:

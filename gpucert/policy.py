@@ -143,8 +143,9 @@ def _build(raw: Mapping[str, Any], source: str) -> Policy:
         problems = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            problems.append(f"  {where}: {err['msg']}")
-        raise PolicyError(f"{source}: invalid policy\n" + "\n".join(problems)) from None
+            problems.append(f"{where}: {err['msg']}")
+        # One line however many problems: a command-line error is one line (they are few: keys, not rows).
+        raise PolicyError(f"{source}: invalid policy: " + "; ".join(problems)) from None
 
 
 @cache

@@ -208,7 +208,7 @@ def settle_run(
     and the verdicts made to agree with it; returns the settlement (its ``pending`` nodes need a re-run)."""
     settlement = settle(first, reruns, fleet=fleet, policy=rules.policy, observe_only=rules.observe_only)
     run.write_table(VERDICTS, settled_verdicts(first.verdicts, settlement))
-    run.write_table(DECISIONS, settlement.frame())
+    run.write_table(DECISIONS, settlement.frame(datetime.now(UTC)))
     if settlement.incident:
         get_run_logger().error(settlement.incident)
     return settlement

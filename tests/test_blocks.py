@@ -149,3 +149,67 @@ def test_prometheus_saves_and_loads_with_its_secrets() -> None:
     loaded = Prometheus.load("prometheus")
     assert isinstance(loaded, Prometheus)  # load is sync-compatible: typed as a coroutine too
     assert loaded.source() == block.source()
+
+
+# --- the BaselineStore block -----------------------------------------------------------------------
+# Imported here rather than at the top, so that this section stands apart from the others.
+import urllib.request  # noqa: E402
+from datetime import date  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from prefect_aws import AwsCredentials  # noqa: E402
+
+from blocks.store import BaselineStore  # noqa: E402
+from gpucert.store import StoreNotFound, StoreURIError  # noqa: E402
+
+from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, moto_server, s3_client  # noqa: E402
+
+
+class TestBaselineStoreStandard(BlockStandardTestSuite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return BaselineStore
+
+
+def test_baseline_store_opens_for_reading_only_a_store_that_exists(tmp_path: Path) -> None:
+    block = BaselineStore(uri=(tmp_path / "store").as_uri())
+    with pytest.raises(StoreNotFound, match=str(tmp_path / "store")) as caught:
+        block.open(create=False)
+    assert isinstance(caught.value, InputError)
+    assert not (tmp_path / "store").exists()
+    writer = block.open()  # a writer (the certify flow) may start the store
+    key = writer.write_run_file("run-1", date(2026, 12, 1), "report.html", b"<html>")
+    assert block.open(create=False).list_runs() == [(date(2026, 12, 1), "run-1")]
+    assert writer.link(key) == (tmp_path / "store" / key).as_uri()
+
+
+def test_baseline_store_passes_its_public_url_down_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    block = BaselineStore(uri=tmp_path.as_uri(), public_url="https://reports.example.com/gpucert/")
+    key = "runs/date=2026-12-01/run=run-1/report.html"
+    assert block.open().link(key) == f"https://reports.example.com/gpucert/{key}"
+    with pytest.raises(ValidationError, match="public URL"):
+        BaselineStore(uri=tmp_path.as_uri(), public_url="reports.example.com")
+    with pytest.raises(StoreURIError, match="gs://bucket"):
+        BaselineStore(uri="gs://bucket/gpucert").open()
+
+
+def test_baseline_store_reaches_s3_with_prefect_aws_credentials_and_links_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "GPUCERT_S3_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    with moto_server() as endpoint:
+        s3_client(endpoint).create_bucket(Bucket="gpucert-blocks")
+        # As the block is saved from the UI: plain values, validated (the secret becomes a SecretStr).
+        credentials = AwsCredentials.model_validate(
+            {"aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY, "region_name": REGION}
+        )
+        block = BaselineStore(uri="s3://gpucert-blocks/fleet", credentials=credentials, endpoint_url=endpoint)
+        with pytest.raises(StoreNotFound, match="s3://gpucert-blocks/fleet"):
+            block.open(create=False)
+        key = block.open().write_run_file("run-1", date(2026, 12, 1), "report.html", b"<html>run-1</html>")
+        url = block.open(create=False).link(key, expires_s=600)
+        assert url.startswith(f"{endpoint}/gpucert-blocks/fleet/runs/")
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            assert answer.read() == b"<html>run-1</html>"

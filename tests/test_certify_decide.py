@@ -275,6 +275,10 @@ def test_the_condition_follows_the_decision_and_keeps_its_transition_time() -> N
     assert certified["status"]["conditions"][0]["status"] == "True"
     assert certified["status"]["conditions"][0]["lastTransitionTime"] == "2026-12-03T03:00:00Z"
     assert condition_patch(node, _decision(None), now=later) is None  # inconclusive leaves it as it was
+    never = condition_patch(_node(), _decision(None), now=later)  # …and a node never certified is Unknown
+    assert never is not None
+    assert (never["status"]["conditions"][0]["status"], never["status"]["conditions"][0]["reason"]) == (
+        "Unknown", "NotCertified")  # fmt: skip
 
 
 def test_failed_jobs_become_inconclusive_node_rows() -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 
 def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path) -> None:
     gpucert = str(Path(sys.executable).with_name("gpucert"))
@@ -22,3 +24,19 @@ def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path
     assert "run COMPLETED, state certified, admitted True" in out
     assert "all caught" in out
     assert (tmp_path / "demo" / "store" / "baselines" / "current").exists()
+    # One decision on record per run, and the labels, the verdicts and the report all say it.
+    assert "Decisions on record agree with every node's state label (17 nodes)" in out
+    runs = sorted((tmp_path / "demo" / "store" / "runs").glob("date=*/run=*"))
+    assert len(runs) >= 3  # certify, the night, the onboarding
+    for run in runs:
+        decisions = pd.read_parquet(run / "decisions.parquet")
+        verdicts = pd.read_parquet(run / "verdicts.parquet")
+        report = (run / "report.html").read_text()
+        for row in decisions.itertuples(index=False):
+            rows = verdicts[verdicts["node"] == row.node]["verdict"]
+            if row.state == "failed":
+                assert row.confirmed
+                assert (rows == "fail").any(), (run.name, row.node)
+                assert row.node in report
+            elif row.state == "degraded":
+                assert not (rows == "fail").any(), (run.name, row.node)  # an unconfirmed fail reads warn

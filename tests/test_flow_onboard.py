@@ -49,8 +49,8 @@ def test_onboard_configures_certifies_and_admits_a_new_node(sim: SimCluster, tmp
             store=BaselineStore(uri=f"file://{tmp_path}"),
         )
     )
-    assert result["state"] == "certified"
-    assert result["admitted"] is True
+    assert result.state == "certified"
+    assert result.admitted is True
     node = kube.get("v1", "Node", new)
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     assert not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")]

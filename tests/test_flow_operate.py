@@ -7,23 +7,24 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore
 from flows.operate import operate
+from gpucert.certify import CertifyOutcome
 from gpucert.cli import main
 from gpucert.fleet import Fault
 from gpucert.kube import connect
+from gpucert.operate import OperateOutcome
 from gpucert.sim import SimCluster
 from gpucert.tickets import open_backend
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> dict[str, Any]:
+def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> OperateOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
     return asyncio.run(
         operate(
@@ -35,24 +36,29 @@ def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> dict[
     )
 
 
+def _certified(night: OperateOutcome) -> CertifyOutcome:
+    assert night.certify is not None
+    return night.certify
+
+
 def test_three_nights_with_tickets_and_a_release(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with SimCluster(nodes=8, preconfigured=True, seed=3) as sim:
         names = sim.fleet.node_names
         kube = connect(sim.kubeconfig_path)
         first = _night(sim, tmp_path)
-        assert first["certify"]["tainted"] == []
+        assert _certified(first).tainted == []
 
         sim.inject_fault(Fault("pcie_gen4", names[2], 4))
         sim.inject_fault(Fault("remap_failure", names[6], 1))
         second = _night(sim, tmp_path)
-        assert second["certify"]["tainted"] == [names[2], names[6]]
+        assert _certified(second).tainted == [names[2], names[6]]
         tickets = {t.node: t for t in open_backend(tmp_path).tickets(state="open")}
         assert set(tickets) == {names[2], names[6]}
         assert (tickets[names[2]].cause, tickets[names[2]].kind) == ("pcie", "remediation")
         assert (tickets[names[6]].cause, tickets[names[6]].kind) == ("row_remap", "replacement")
 
         third = _night(sim, tmp_path)
-        assert {e["kind"] for e in third["certify"]["tickets"] if e["node"] == names[2]} == {"updated"}
+        assert {e.kind for e in _certified(third).tickets if e.node == names[2]} == {"updated"}
         again = {t.node: t for t in open_backend(tmp_path).tickets(state="open")}
         assert again[names[2]].id == tickets[names[2]].id
         assert again[names[2]].occurrences == 2
@@ -77,9 +83,9 @@ def test_telemetry_asks_for_a_node_that_is_not_due(tmp_path: Path) -> None:
     it; the certification, not the telemetry, taints it."""
     with SimCluster(nodes=6, preconfigured=True, seed=3) as sim:
         names = sim.fleet.node_names
-        assert _night(sim, tmp_path)["certify"]["tainted"] == []
+        assert _certified(_night(sim, tmp_path)).tainted == []
         sim.inject_fault(Fault("pcie_gen4", names[4], 2))
         night = _night(sim, tmp_path, rotation_days=30.0)
-        assert night["due"] == [names[4]]
-        assert night["asked"][names[4]].startswith("telemetry: ")
-        assert night["certify"]["tainted"] == [names[4]]
+        assert night.due == [names[4]]
+        assert night.asked[names[4]].startswith("telemetry: ")
+        assert _certified(night).tainted == [names[4]]

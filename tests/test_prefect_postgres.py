@@ -104,7 +104,7 @@ def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_pos
         ),
     ):
         result = configure(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)), rollout_timeout_s=60)
-    assert result["gpus_verified"] == 16
+    assert result.gpus_verified == 16
     runs = httpx.post(f"{prefect_on_postgres}/flow_runs/filter", json={}, timeout=10).json()
     assert [(r["name"] != "", r["state"]["type"]) for r in runs] == [(True, "COMPLETED")]
     artifacts = httpx.post(f"{prefect_on_postgres}/artifacts/filter", json={}, timeout=10).json()

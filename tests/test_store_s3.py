@@ -578,6 +578,7 @@ def test_open_object_store_opens_s3_uris(moto: Server, monkeypatch: pytest.Monke
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     token = secrets.token_hex(4)
     objects = open_object_store(f"s3://{BUCKET}/env-{token}")
+    assert isinstance(objects, S3ObjectStore)
     objects.put("k", b"v")
     assert objects.list("") == ["k"]
     assert objects.client.meta.config.s3["addressing_style"] == "path"
@@ -848,11 +849,12 @@ def test_a_presigned_link_fetches_the_run_file(server: Server, prefix: str) -> N
     assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
     # A plain HTTP GET with no credentials at all, as the browser behind the Prefect UI's link makes.
     assert _fetch(url) == report
-    # The signature covers the query: a link stretched by hand is refused.
-    stretched = url.replace("X-Amz-Expires=900", "X-Amz-Expires=901")
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        _fetch(stretched)
-    assert refused.value.code == 403
+    if server.name == "seaweedfs":  # moto does not check signatures; SeaweedFS does, as AWS would
+        # The signature covers the query: a link stretched by hand is refused.
+        stretched = url.replace("X-Amz-Expires=900", "X-Amz-Expires=901")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _fetch(stretched)
+        assert refused.value.code == 403
     assert store.link(key).count("X-Amz-Expires=604800") == 1, "a week by default"
 
 

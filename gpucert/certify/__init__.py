@@ -41,7 +41,9 @@ from ._jobs import (
     PAYLOAD_TEMPLATE,
     BenchmarkSettings,
     JobRenderError,
+    PayloadArgsError,
     benchmark_job,
+    check_payload_args,
     ensure_payload,
     job_labels,
     job_name,
@@ -60,7 +62,7 @@ from ._record import (
 )
 from ._result import CertifyOutcome, NodeOutcome, TicketChange
 from ._rules import CertificationRules
-from ._run import RUN_FILES, CertificationRun, rerun_id
+from ._run import RUN_FILES, CertificationRun, latest_decisions, rerun_id
 from ._select import busy_nodes, choose_nodes
 from ._settle import (
     DECISION_COLUMNS,
@@ -106,6 +108,7 @@ __all__ = [
     "NodeOutcome",
     "NodeRun",
     "NodeTaints",
+    "PayloadArgsError",
     "Reason",
     "RunVerdicts",
     "SettledDecision",
@@ -119,6 +122,7 @@ __all__ = [
     "apply_decision",
     "benchmark_job",
     "busy_nodes",
+    "check_payload_args",
     "choose_nodes",
     "classify",
     "collect_results",
@@ -133,6 +137,7 @@ __all__ = [
     "job_labels",
     "job_name",
     "job_pods",
+    "latest_decisions",
     "node_patch",
     "observe",
     "orphaned_jobs",

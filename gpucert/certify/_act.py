@@ -104,13 +104,17 @@ def node_patch(
 
 def condition_patch(node: Mapping[str, Any], decision: SettledDecision, *, now: datetime) -> dict[str, Any] | None:
     """The status patch that writes ``decision`` as the ``GpuCertified`` condition, or None when it would
-    not change (or the decision is inconclusive). ``lastTransitionTime`` moves only when the status does."""
-    if decision.state is None:
-        return None
-    status = _CONDITION_STATUS[decision.state]
-    reason = _reason(decision)
-    message = decision.summary[:_SUMMARY_MAX]
+    not change. An inconclusive decision leaves a condition as it was, and gives a node without one
+    ``Unknown`` (never certified). ``lastTransitionTime`` moves only when the status does."""
     have = condition(node, CONDITION)
+    if decision.state is None:
+        if have is not None:
+            return None
+        status, reason, message = "Unknown", "NotCertified", f"never certified: {decision.summary}"[:_SUMMARY_MAX]
+    else:
+        status = _CONDITION_STATUS[decision.state]
+        reason = _reason(decision)
+        message = decision.summary[:_SUMMARY_MAX]
     if have is not None and (have.get("status"), have.get("reason"), have.get("message")) == (status, reason, message):
         return None
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -44,6 +44,7 @@ from typing import Any
 
 import jinja2
 
+from .._names import check_run_id
 from .._templates import yaml_environment
 from ..errors import GpucertError, InputError
 from ..kube import Kube, KubeConflict
@@ -196,14 +197,6 @@ class BenchmarkSettings:
 # --- names and labels -----------------------------------------------------------------------------------
 
 
-def _check_run_id(run_id: str) -> None:
-    if not dns_label_ok(run_id):
-        raise ValueError(
-            f"run id {run_id!r} is not a DNS label (at most 63 characters of a-z, 0-9 and '-', "
-            "starting and ending with a letter or digit)"
-        )
-
-
 def job_name(run_id: str, node: str) -> str:
     """The benchmark Job's name for ``run_id`` on ``node``: a DNS label of at most 63 characters.
 
@@ -211,7 +204,7 @@ def job_name(run_id: str, node: str) -> str:
     digits of a hash of the run id and the node — the same two always give the same name, any other two
     another. Raises ``ValueError`` when ``run_id`` is not a DNS label or ``node`` is empty.
     """
-    _check_run_id(run_id)
+    check_run_id(run_id)
     if not node:
         raise ValueError("node name is empty")
     digest = hashlib.sha256(f"{run_id}\n{node}".encode()).hexdigest()[:_HASH]
@@ -223,7 +216,7 @@ def job_name(run_id: str, node: str) -> str:
 def job_labels(run_id: str, node: str, label_prefix: str = DEFAULT_LABEL_PREFIX) -> dict[str, str]:
     """The labels of a benchmark Job and its pods: gpucert's, ``<prefix>/run-id`` and, when the node's
     name is a valid label value, ``<prefix>/node``. Raises ``ValueError`` for a bad run id."""
-    _check_run_id(run_id)
+    check_run_id(run_id)
     labels = {**COMMON_LABELS, f"{label_prefix}/run-id": run_id}
     if label_value_ok(node):
         labels[f"{label_prefix}/node"] = node

@@ -1,9 +1,10 @@
 """A certification run in the store: :class:`CertificationRun` addresses its files, once.
 
 A run is ``runs/date=<day>/run=<run id>/`` of the store (DESIGN.md, "The store"): ``results.parquet``,
-``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``report.html``. Its confirming re-runs are
-runs of their own (``<run id>-c1``, ``-c2``, on the same day), reached through :meth:`rerun`, so a
-re-run's files sit beside the run that asked for it and can be read like any other run.
+``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``report.html``, and the confirming re-runs'
+files beside them (``results-c1.parquet``, ``verdicts-c1.parquet``, …), reached through :meth:`rerun`.
+A re-run's Jobs carry a run id of their own (``<run id>-c1``: a Job name is made of it), but its files
+belong to the run that asked for it: one run, one folder, one decision.
 
 Tables are read once per object and kept: a flow's tasks share the object (tasks run in the flow's
 process), so no task re-reads ``results.parquet`` the run already holds.
@@ -25,7 +26,7 @@ from ..errors import StoreError
 from ..results import parse_results
 from ..store import BaselineStore
 
-__all__ = ["RESULTS", "RUN_FILES", "CertificationRun", "rerun_id"]
+__all__ = ["RESULTS", "RUN_FILES", "CertificationRun", "latest_decisions", "rerun_id"]
 
 RESULTS = "results.parquet"
 VERDICTS = "verdicts.parquet"
@@ -51,10 +52,12 @@ class CertificationRun:
     """
 
     store: BaselineStore
+    #: The id the run's Jobs and result rows carry.
     run_id: str
     day: date
-    #: The first run, for a confirming re-run (its peers are judged among that run's nodes).
+    #: For a confirming re-run: the run that asked for it (whose folder holds its files), and which re-run.
     parent: str | None = None
+    attempt: int = 0
     _tables: dict[str, pd.DataFrame] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,11 +67,24 @@ class CertificationRun:
 
     def rerun(self, attempt: int) -> CertificationRun:
         """The ``attempt``-th (1-based) confirming re-run of this run."""
-        return CertificationRun(self.store, rerun_id(self.run_id, attempt), self.day, parent=self.run_id)
+        return CertificationRun(self.store, rerun_id(self.run_id, attempt), self.day, parent=self.run_id,
+                                attempt=attempt)  # fmt: skip
+
+    @property
+    def folder(self) -> str:
+        """The run id whose folder holds the files: this run's, or its parent's for a re-run."""
+        return self.parent or self.run_id
+
+    def file(self, name: str) -> str:
+        """The file name ``name`` has in the folder (``results.parquet`` → ``results-c1.parquet``)."""
+        if not self.attempt:
+            return name
+        stem, dot, ext = name.partition(".")
+        return f"{stem}-c{self.attempt}{dot}{ext}"
 
     def key(self, name: str) -> str:
         """The store key of the run file ``name``."""
-        return f"runs/date={self.day:%Y-%m-%d}/run={self.run_id}/{name}"
+        return f"runs/date={self.day:%Y-%m-%d}/run={self.folder}/{self.file(name)}"
 
     def uri(self, name: str) -> str:
         """The run file's URI under the store root (``file://…`` or ``s3://…``)."""
@@ -84,14 +100,14 @@ class CertificationRun:
         """Store ``frame`` as the run's Parquet file ``name`` (and keep it); returns its key."""
         buffer = io.BytesIO()
         frame.to_parquet(buffer, index=False)
-        key = self.store.write_run_file(self.run_id, self.day, name, buffer.getvalue())
+        key = self.store.write_run_file(self.folder, self.day, self.file(name), buffer.getvalue())
         self._tables[name] = frame
         return key
 
     def table(self, name: str) -> pd.DataFrame:
         """The run's Parquet file ``name`` as stored; :class:`StoreError` when the run has none."""
         if name not in self._tables:
-            raw = self.store.read_run_file(self.run_id, self.day, name)
+            raw = self.store.read_run_file(self.folder, self.day, self.file(name))
             frame = pd.read_parquet(io.BytesIO(raw))
             if name == RESULTS:
                 frame = parse_results(frame, f"results of run {self.run_id}")
@@ -123,12 +139,12 @@ class CertificationRun:
     def write_stack(self, stacks: Mapping[str, Mapping[str, Any]]) -> str:
         """Store ``stack.json`` (node → the versions it was measured on); returns its key."""
         data = json.dumps(stacks, indent=2, sort_keys=True).encode()
-        return self.store.write_run_file(self.run_id, self.day, STACK, data)
+        return self.store.write_run_file(self.folder, self.day, self.file(STACK), data)
 
     def stack(self) -> dict[str, dict[str, Any]]:
         """``stack.json``; an empty mapping when the run has none."""
         try:
-            raw = self.store.read_run_file(self.run_id, self.day, STACK)
+            raw = self.store.read_run_file(self.folder, self.day, self.file(STACK))
         except StoreError:
             return {}
         loaded = json.loads(raw)
@@ -136,5 +152,20 @@ class CertificationRun:
 
     def write_report(self, html: str) -> str:
         """Store ``report.html``; returns its URI under the store root."""
-        self.store.write_run_file(self.run_id, self.day, REPORT, html.encode("utf-8"))
+        self.store.write_run_file(self.folder, self.day, self.file(REPORT), html.encode("utf-8"))
         return self.uri(REPORT)
+
+
+def latest_decisions(store: BaselineStore) -> pd.DataFrame:
+    """Each node's latest settled decision with a state, across every run in ``store`` (``decisions.parquet``
+    rows, one per node): what its state label should say now."""
+    frames = []
+    for day, run_id in store.list_runs():
+        run = CertificationRun(store, run_id, day)
+        if run.has(DECISIONS):
+            frames.append(run.decisions())
+    if not frames:
+        return pd.DataFrame(columns=["run_id", "node", "state"])
+    every = pd.concat(frames, ignore_index=True)
+    judged = every[every["state"].notna()].sort_values("decided_at", kind="stable")
+    return judged.drop_duplicates("node", keep="last").sort_values("node").reset_index(drop=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Literal
 
 import pandas as pd
@@ -49,7 +50,7 @@ _VERDICT_OF: Final = {"certified": "pass", "degraded": "warn", "failed": "fail",
 #: ``decisions.parquet``, one row per node (DESIGN.md, "The store").
 DECISION_COLUMNS: Final = (
     "run_id", "node", "state", "verdict", "cause", "hard_gate", "confirmed", "taint", "runs", "summary",
-    "settled",
+    "settled", "decided_at",
 )  # fmt: skip
 
 
@@ -124,17 +125,20 @@ class Settlement:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def frame(self) -> pd.DataFrame:
-        """The decisions as ``decisions.parquet`` rows (DECISION_COLUMNS), by node."""
+    def frame(self, decided_at: datetime | None = None) -> pd.DataFrame:
+        """The decisions as ``decisions.parquet`` rows (DECISION_COLUMNS), by node; ``decided_at`` (UTC)
+        stamps them, so decisions of many runs sort in time."""
+        stamp = pd.Timestamp(decided_at) if decided_at is not None else pd.NaT
         rows = [
             {"run_id": self.run_id, "node": d.node, "state": d.state, "verdict": d.verdict, "cause": d.cause,
              "hard_gate": d.hard_gate, "confirmed": d.confirmed, "taint": d.taint, "runs": ",".join(d.runs),
-             "summary": d.summary, "settled": d.settled}
+             "summary": d.summary, "settled": d.settled, "decided_at": stamp}
             for _, d in sorted(self.decisions.items())
         ]  # fmt: skip
         frame = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
         for column in ("run_id", "node", "state", "verdict", "cause", "taint", "runs", "summary"):
             frame[column] = frame[column].astype("string")
+        frame["decided_at"] = pd.to_datetime(frame["decided_at"], utc=True)
         return frame.astype({"hard_gate": bool, "confirmed": bool, "settled": bool})
 
 

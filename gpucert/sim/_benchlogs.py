@@ -55,6 +55,7 @@ from typing import Any
 import pandas as pd
 
 from .. import __version__
+from .._names import dns_label_ok
 from ..fleet import Fleet
 from ..metrics import RESULT_COLUMNS
 from ..stack import load_matrix, node_info
@@ -66,7 +67,6 @@ __all__ = ["MANAGED_BY", "PodLogs", "node_driver", "rows_jsonl"]
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpucert")
 _STACK_PREFIX = "gpucert-stack: "
 _SAY = "gpucert-bench: "
-_RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The benchmark image's software, as the payload would read it from torch; the driver is the node's.
 _IMAGE_STACK = {"cuda": "12.4", "torch": "2.4.1", "nccl": "2.20.5"}
 _VBIOS = "96.00.9F.00.04"
@@ -220,7 +220,7 @@ class PodLogs:
         fleet = self._fleet()
         if node not in fleet.node_index:
             return head + f"{_SAY}done in 0.0 s: 0 rows, 0 error row(s)\n"
-        if not _RUN_ID.match(run_id):
+        if not dns_label_ok(run_id):
             return head + f"{_SAY}error: --run-id {run_id!r} is not a DNS label\n"
         took = (datetime.now(UTC) - started_at).total_seconds()
         if not _stack_of(head).get("driver"):

@@ -20,8 +20,8 @@ __all__ = [
     "RANK",
     "SEVERITY",
     "TICKET_RANK",
-    "VERDICT_RANK",
     "VERDICT_OF",
+    "VERDICT_RANK",
     "concat_findings",
     "make_findings",
 ]

@@ -20,17 +20,17 @@ A build *merges*: keys absent from its input keep their previous values.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from .policy import Policy, default_policy, spec_floors
-from .store import BASELINE_COLUMNS, empty_baseline, validate_baseline
+from .store import BASELINE_COLUMNS, BaselineStore, empty_baseline, validate_baseline
 from .verdict import evaluate_run
 
-__all__ = ["BuildReport", "build_baseline", "forget", "trimmed_mean"]
+__all__ = ["BaselineUpdate", "BuildReport", "build_baseline", "forget", "trimmed_mean", "update_store"]
 
 _KEY = ["level", "key", "metric"]
 
@@ -100,6 +100,49 @@ def forget(table: pd.DataFrame, nodes: Sequence[str]) -> tuple[pd.DataFrame, int
         (table["level"] == "gpu") & table["node"].isin(wanted)
     )
     return table[~drop].reset_index(drop=True), int(drop.sum())
+
+
+@dataclass(frozen=True)
+class BaselineUpdate:
+    """What :func:`update_store` did: the new current version, the build's report (None when nothing was
+    merged), and how many own baselines were forgotten first."""
+
+    version: str
+    report: BuildReport | None
+    forgotten: int
+
+
+def update_store(
+    store: BaselineStore,
+    results: pd.DataFrame | None,
+    *,
+    message: str,
+    policy: Policy | None = None,
+    stack: Mapping[str, str] | None = None,
+    forget_nodes: Sequence[str] | Callable[[pd.DataFrame], Sequence[str]] = (),
+) -> BaselineUpdate:
+    """The one baseline-update step: read the current version, forget the own baselines of ``forget_nodes``
+    (a list, or a function of the current table: the nodes whose stack changed), merge what ``results``
+    teach, and write it as a new version moved to current by compare-and-swap — re-done from the top if
+    another writer got there first. Raises :class:`~gpucert.errors.StoreError` when the store fails."""
+    reports: list[BuildReport | None] = []
+    forgotten: list[int] = []
+
+    def merge(table: pd.DataFrame) -> pd.DataFrame:
+        nodes = forget_nodes(table) if callable(forget_nodes) else forget_nodes
+        if nodes and len(table):
+            table, count = forget(table, nodes)
+        else:
+            count = 0
+        forgotten.append(count)
+        report = None
+        if results is not None:
+            table, report = build_baseline(table, results, policy=policy, stack=stack)
+        reports.append(report)
+        return table
+
+    version = store.update(merge, message=message)
+    return BaselineUpdate(version, reports[-1], forgotten[-1])
 
 
 def _rejected_entities(verdicts: pd.DataFrame, policy: Policy) -> int:

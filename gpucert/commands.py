@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ._io import TABLE_SUFFIXES, write_table
-from .baseline import build_baseline, forget
+from .baseline import update_store
 from .errors import InputError
 from .policy import load_policy
 from .results import read_results
@@ -107,16 +107,10 @@ def baseline_build(
     stack = _read_stack(stack_file)
     target = open_store(store, create=True)  # the one command that may start a new store
     frame = read_results(results)
-    reports = []
-
-    def merge(table: pd.DataFrame) -> pd.DataFrame:
-        built, report = build_baseline(table, frame, policy=policy, stack=stack)
-        reports.append(report)
-        return built
-
     runs = ", ".join(sorted(frame["run_id"].unique().astype(str)))
-    version = target.update(merge, message=f"baseline build from {runs}")
-    report = reports[-1]
+    done = update_store(target, frame, message=f"baseline build from {runs}", policy=policy, stack=stack)
+    version, report = done.version, done.report
+    assert report is not None  # results were given
     print(
         f"baseline {version} is current: {len(report.runs)} run(s); {report.seeded:,} own baselines seeded or "
         f"extended, {report.held:,} held, {report.rejected:,} entities not passing left out, "
@@ -141,19 +135,12 @@ def baseline_rebuild(
     policy = load_policy(policy_file)
     target = _open_existing(store)
     frame = read_results(results) if results else None
-    dropped: list[int] = []
-
-    def reseed(table: pd.DataFrame) -> pd.DataFrame:
-        kept, count = forget(table, nodes)
-        dropped.append(count)
-        if frame is not None:
-            kept, _ = build_baseline(kept, frame[frame["node"].isin(nodes)], policy=policy)
-        return kept
-
-    version = target.update(reseed, message=f"baseline rebuild {' '.join(nodes)}")
+    done = update_store(target, frame[frame["node"].isin(nodes)] if frame is not None else None,
+                        message=f"baseline rebuild {' '.join(nodes)}", policy=policy, forget_nodes=nodes)  # fmt: skip
     how = "re-seeded from the given runs" if frame is not None else "to be seeded by their next passing runs"
     print(
-        f"baseline {version} is current: {dropped[-1]:,} own baselines of {len(nodes)} node(s) forgotten, {how}"
+        f"baseline {done.version} is current: {done.forgotten:,} own baselines of {len(nodes)} node(s) "
+        f"forgotten, {how}"
     )
     return 0
 

@@ -10,12 +10,20 @@ never shows a traceback for any of them::
     │   ├── PolicyError         a policy file has an unknown key, a wrong type or an impossible value
     │   ├── BaselineFormatError a stored baseline does not have the contract's columns or types
     │   ├── MatrixError         a compatibility matrix file has an unknown key or an inconsistent fact
-    │   └── StackConflict       the GPU nodes and the requested stack cannot go together (every conflict)
+    │   ├── StackConflict       the GPU nodes and the requested stack cannot go together (every conflict)
+    │   ├── RunIdError          a run id that is not a DNS label (gpucert._names; also a ValueError)
+    │   └── PayloadArgsError    an option the benchmark payload does not take (gpucert.certify)
     ├── StackNotReady           a stack component did not get Ready on every target node in time (names them)
     └── StoreError              the baseline store could not do what was asked
         ├── StoreConflict       another writer moved ``baselines/current`` first (retry the update)
-        ├── VersionNotFound     no such baseline version (rollback to a typo, or an empty store)
+        ├── VersionNotFound     no such baseline version (``current`` names a table that is gone)
+        │   └── UnknownVersion  a version the user named is not listed (also an InputError: exit 2)
+        ├── StoreURIError       a store URI that cannot be one (also an InputError)
+        ├── StoreNotFound       a reader opened a root that does not exist: a typo (also an InputError)
         └── StoreUnavailable    the backend failed (I/O error, S3 5xx, a dropped connection)
+
+The ticket backends' :class:`~gpucert.tickets.TicketError` and the Kubernetes layer's
+:class:`~gpucert.kube.KubeError` hang under GpucertError too, each in its own module.
 
 Nothing here is retried automatically except :class:`StoreConflict`, which
 :meth:`gpucert.store.BaselineStore.update` retries by re-reading and re-merging.

@@ -381,7 +381,7 @@ def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_
 @pytest.mark.parametrize(
     ("run_id", "node", "gpus", "words"),
     [
-        ("Night_1", "n1", 8, "not a DNS label"),
+        ("Night_1", "n1", 8, "a run id is a DNS label"),
         ("night-1", "", 8, "node name is empty"),
         ("night-1", "n1", 0, "at least 1 GPU"),
         ("night-1", "n1", True, "at least 1 GPU"),

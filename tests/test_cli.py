@@ -46,6 +46,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def store_uri(tmp_path: Path) -> str:
+    """An existing, empty store root (a reader refuses a root that does not exist: a typo)."""
+    (tmp_path / "store").mkdir(exist_ok=True)
     return (tmp_path / "store").as_uri()
 
 
@@ -146,7 +148,7 @@ def test_baseline_list_rollback_and_rebuild(
     assert f"* {second}" in listing
     assert main(["baseline", "rollback", str(first), "--store", store]) == 0
     assert open_store(store).current_version() == first
-    assert main(["baseline", "rollback", "20990101T000000Z-00000000", "--store", store]) == 1
+    assert main(["baseline", "rollback", "20990101T000000Z-00000000", "--store", store]) == 2  # a typo: input
     node = "gpu-node-00001"
     assert main(["baseline", "rebuild", node, "--store", store]) == 0
     table = open_store(store).read()
@@ -214,5 +216,5 @@ def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_pa
                 "20990101T000000Z-00000000",
             ]
         )
-        == 1
+        == 2  # an unknown version is a typo: input, exit 2
     )

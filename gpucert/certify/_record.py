@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..baseline import build_baseline, forget
+from ..baseline import update_store
 from ..policy import Policy
 from ..store import BaselineStore
 from ..verdict import VERDICT_COLUMNS
@@ -101,16 +101,12 @@ def update_baselines(
     A node whose driver changed since its own baseline was taken has that baseline forgotten first, to
     be re-established from this and the next passing runs. Returns the new version and those nodes.
     """
-    stack = common_stack(stacks)
     reset: list[str] = []
 
-    def merge(table: pd.DataFrame) -> pd.DataFrame:
-        nonlocal reset
-        reset = stack_changed_nodes(table, stacks) if len(table) else []
-        if reset:
-            table, _ = forget(table, reset)
-        built, _ = build_baseline(table, results, policy=policy, stack=stack)
-        return built
+    def changed(table: pd.DataFrame) -> list[str]:
+        reset[:] = stack_changed_nodes(table, stacks) if len(table) else []
+        return reset
 
-    version = store.update(merge, message=f"certify {run_id}")
-    return version, reset
+    done = update_store(store, results, message=f"certify {run_id}", policy=policy, stack=common_stack(stacks),
+                        forget_nodes=changed)  # fmt: skip
+    return done.version, list(reset)

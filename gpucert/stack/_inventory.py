@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..kube import Kube
+from ..kube._nodes import node_ready
 from ._labels import (
     DEPLOY_PREFIX,
     DRIVER_FULL,
@@ -45,11 +46,6 @@ def _host_driver(labels: Mapping[str, str]) -> str | None:
     return ""
 
 
-def _ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def node_info(node: Mapping[str, Any], known_models: Iterable[str] = ()) -> NodeInfo:
     """The :class:`NodeInfo` of a Node object.
 
@@ -77,7 +73,7 @@ def node_info(node: Mapping[str, Any], known_models: Iterable[str] = ()) -> Node
         container_runtime=str(info.get("containerRuntimeVersion") or ""),
         kubelet_version=str(info.get("kubeletVersion") or ""),
         host_driver=_host_driver(labels),
-        ready=_ready(node),
+        ready=node_ready(node),
         labels=labels,
     )
 

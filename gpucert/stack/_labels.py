@@ -17,7 +17,7 @@ Written, under gpucert's prefix (default ``gpucert.io``):
 
 from __future__ import annotations
 
-import re
+from .._names import dns_label_ok, dns_subdomain_ok, label_value_ok
 
 __all__ = [
     "DEPLOY_PREFIX",
@@ -44,31 +44,11 @@ DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", 
 PRE_INSTALLED = "pre-installed"
 MANAGED = "managed"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-
-
-def dns_label_ok(value: str) -> bool:
-    """Whether ``value`` is a DNS label (≤ 63 characters of ``a-z0-9-``): a namespace, a run id, a Job name."""
-    return bool(_DNS_LABEL.match(value))
-
-
-def dns_subdomain_ok(value: str) -> bool:
-    """Whether ``value`` is a DNS subdomain (≤ 253 characters): most object names, a label prefix."""
-    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
-
-
 def check_label_prefix(prefix: str) -> str:
     """``prefix`` when it is a valid label prefix (a DNS subdomain of ≤ 253 characters), else ``ValueError``."""
     if not dns_subdomain_ok(prefix):
         raise ValueError(f"label prefix {prefix!r} is not a DNS subdomain (lower-case a-z, 0-9, '-' and '.')")
     return prefix
-
-
-def label_value_ok(value: str) -> bool:
-    """Whether ``value`` may be a label value (≤ 63 characters of ``A-Za-z0-9-_.``, alphanumeric ends)."""
-    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
 
 
 def stack_label(prefix: str) -> str:

@@ -47,6 +47,7 @@ from urllib.parse import quote, urlsplit
 import pandas as pd
 import pyarrow as pa
 
+from .._names import check_run_id
 from ..errors import BaselineFormatError, StoreConflict, StoreError, StoreUnavailable, VersionNotFound
 from ._errors import StoreURIError, UnknownVersion
 from ._format import empty_baseline, validate_baseline
@@ -75,7 +76,6 @@ MAX_LINK_EXPIRES_S = LINK_EXPIRES_S
 #: hostile one, such as "../x") from turning into a key outside ``baselines/``.
 _VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: DESIGN.md: a run id is a DNS label, since it also labels Kubernetes Jobs.
-_RUN_ID_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _RUN_KEY_RE = re.compile(r"runs/date=(\d{4}-\d{2}-\d{2})/run=([^/]+)/[^/]+")
 
 
@@ -437,8 +437,7 @@ class BaselineStore:
 
     @staticmethod
     def _run_key(run_id: str, day: date, name: str) -> str:
-        if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
-            raise ValueError(f"run id {run_id!r} is not a DNS label (≤ 63 characters of a-z0-9-)")
+        check_run_id(run_id)  # a RunIdError: an input error, and a ValueError
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ValueError(f"run file name {name!r} must be one plain file name")
         return f"runs/date={day:%Y-%m-%d}/run={run_id}/{name}"

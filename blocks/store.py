@@ -63,8 +63,12 @@ class BaselineStore(Block):
 
     @classmethod
     def default(cls) -> BaselineStore:
-        """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store`` (made absolute)."""
-        return cls(uri=os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri())
+        """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store`` (made absolute);
+        its public URL ``$GPUCERT_STORE_PUBLIC_URL`` when set."""
+        return cls(
+            uri=os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri(),
+            public_url=os.environ.get("GPUCERT_STORE_PUBLIC_URL") or None,
+        )
 
     def open(self, *, create: bool = True) -> Store:
         """The store. ``create=False`` for a reader: the root must already exist.

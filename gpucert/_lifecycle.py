@@ -79,6 +79,27 @@ def _prefect_server(home: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def _serving_files(folder: Path) -> Iterator[str]:
+    """Serve ``folder`` read-only over HTTP on a free local port; yields its URL. The report links of a
+    ``file://`` store then open from the Prefect UI, as a bucket's presigned links do in production."""
+    import functools
+    import http.server
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, name="gpucert-demo-files", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
 def _serving(flow: Any, name: str) -> Iterator[None]:
     """Serve ``flow`` as deployment ``name`` from a runner on a thread of its own (polls every second)."""
     from prefect.runner import Runner
@@ -120,9 +141,11 @@ def run_lifecycle_demo(*, workdir: str, nodes: int = 16, seed: int = 7, ui: bool
     store_uri = f"file://{root / 'store'}"
     started = time.monotonic()
     console.print(f"[bold]gpucert demo[/]: work folder {root}")
-    with _prefect_server(root / "prefect") as api:
+    (root / "store").mkdir()
+    with _prefect_server(root / "prefect") as api, _serving_files(root / "store") as files:
         os.environ.update({"PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-                           "PREFECT_LOGGING_LEVEL": "WARNING", "GPUCERT_STORE": store_uri})  # fmt: skip
+                           "PREFECT_LOGGING_LEVEL": "WARNING", "GPUCERT_STORE": store_uri,
+                           "GPUCERT_STORE_PUBLIC_URL": files})  # fmt: skip
         console.print(f"Prefect server up at {api.removesuffix('/api')} ({time.monotonic() - started:.0f} s)")
         summary = _lifecycle(console, root, nodes=nodes, seed=seed, api=api)
         console.print(f"\nDone in {time.monotonic() - started:.0f} s.")
@@ -153,7 +176,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
     with SimCluster(nodes=nodes, seed=seed, kubeconfig=root / "kubeconfig") as sim:
         os.environ["KUBECONFIG"] = str(sim.kubeconfig_path)
         cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
-        store = BaselineStore(uri=os.environ["GPUCERT_STORE"])
+        store = BaselineStore.default()  # the store, and where its files are served (report links)
         names = sim.fleet.node_names
         kube = connect(sim.kubeconfig_path)
 

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
 
+import certifi
 import pytest
 from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
+from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig, KubernetesCredentials
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from blocks.cluster import GpuCluster
-from gpucert.errors import InputError
+from blocks.policy import CertificationPolicy
+from blocks.prometheus import Prometheus
+from blocks.store import BaselineStore
+from blocks.ticketing import Ticketing
+from gpucert.errors import InputError, PolicyError
 from gpucert.sim import SimCluster
+from gpucert.store import StoreNotFound, StoreURIError
+from gpucert.telemetry import PrometheusAuthError, PrometheusSource
+
+from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, moto_server, s3_client
+from .test_telemetry_prometheus import bearer_server
 
 
 class TestGpuClusterStandard(BlockStandardTestSuite):
@@ -55,15 +70,6 @@ def test_gpu_cluster_saves_and_loads(sim: SimCluster) -> None:
 
 # --- Prometheus ---------------------------------------------------------------------------------------
 # Imported here rather than at the top, so that this section stands apart from the store's.
-import time  # noqa: E402
-
-import certifi  # noqa: E402
-from pydantic import SecretStr  # noqa: E402
-
-from blocks.prometheus import Prometheus  # noqa: E402
-from gpucert.telemetry import PrometheusAuthError, PrometheusSource  # noqa: E402
-
-from .test_telemetry_prometheus import bearer_server  # noqa: E402
 
 
 class TestPrometheusStandard(BlockStandardTestSuite):
@@ -153,16 +159,6 @@ def test_prometheus_saves_and_loads_with_its_secrets() -> None:
 
 # --- the BaselineStore block -----------------------------------------------------------------------
 # Imported here rather than at the top, so that this section stands apart from the others.
-import urllib.request  # noqa: E402
-from datetime import date  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from prefect_aws import AwsCredentials  # noqa: E402
-
-from blocks.store import BaselineStore  # noqa: E402
-from gpucert.store import StoreNotFound, StoreURIError  # noqa: E402
-
-from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, moto_server, s3_client  # noqa: E402
 
 
 class TestBaselineStoreStandard(BlockStandardTestSuite):
@@ -213,3 +209,51 @@ def test_baseline_store_reaches_s3_with_prefect_aws_credentials_and_links_to_it(
         assert url.startswith(f"{endpoint}/gpucert-blocks/fleet/runs/")
         with urllib.request.urlopen(url, timeout=30) as answer:
             assert answer.read() == b"<html>run-1</html>"
+
+
+# --- CertificationPolicy ---------------------------------------------------------------------------------
+
+
+class TestCertificationPolicyStandard(BlockStandardTestSuite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return CertificationPolicy
+
+
+def test_a_policy_file_becomes_the_block_and_its_fields_win(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "blast_radius:\n  min_nodes: 5\n  fraction: 0.2\nmetrics:\n  gemm_bf16_tflops:\n    warn_drop_pct: 4.0\n"
+    )
+    policy = CertificationPolicy.from_file(
+        path, blast_radius_fraction=0.05, repeats=5, escalation={"resets": 3}
+    )
+    rules = policy.rules()
+    assert rules.policy.metrics["gemm_bf16_tflops"].warn_drop_pct == 4.0  # from the file
+    assert rules.policy.blast_radius.min_nodes == 5  # the file's, where no field is set
+    assert rules.policy.blast_radius.fraction == 0.05  # the field wins over the file
+    assert (rules.repeats, rules.escalation.resets, rules.observe_only) == (5, 3, False)
+    assert CertificationPolicy(observe_only=True).rules().observe_only
+
+
+def test_a_bad_policy_names_the_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("peers:\n  min_nodes: zero\n")
+    with pytest.raises(PolicyError, match=r"bad\.yaml: invalid policy: peers\.min_nodes"):
+        CertificationPolicy.from_file(path)
+    with pytest.raises(PolicyError, match=r"escalation\.resets"):
+        CertificationPolicy(escalation={"resets": 0}).rules()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_policy_with_its_ticketing_saves_and_loads() -> None:
+    policy = CertificationPolicy(policy={"observe_only": True}, max_reruns=1,
+                                 ticketing=Ticketing(backend="jira", server="https://jira.example.com",
+                                                     project="OPS", token="secret-token"))  # fmt: skip
+    policy.save("fleet-policy", overwrite=True)
+    loaded = CertificationPolicy.load("fleet-policy")
+    assert loaded.rules().observe_only
+    assert loaded.rules().max_reruns == 1
+    assert loaded.ticketing is not None
+    assert loaded.ticketing.token is not None
+    assert loaded.ticketing.token.get_secret_value() == "secret-token"

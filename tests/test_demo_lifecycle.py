@@ -23,6 +23,7 @@ def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path
     assert "1. configure: release" in out
     assert "run COMPLETED, state certified, admitted True" in out
     assert "all caught" in out
+    assert "Reports: http://127.0.0.1:" in out  # served: the Prefect UI's link artifact opens it
     assert (tmp_path / "demo" / "store" / "baselines" / "current").exists()
     # One decision on record per run, and the labels, the verdicts and the report all say it.
     assert "Decisions on record agree with every node's state label (17 nodes)" in out

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from blocks.cluster import GpuCluster
@@ -147,3 +148,25 @@ def test_command_line_certify(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         out = capsys.readouterr().out
         assert out.startswith("certify cli-run: 2 nodes benchmarked: 2 certified")
         assert "report: file://" in out
+
+
+def test_a_run_is_named_by_its_run_id_in_the_ui(tmp_path: Path) -> None:
+    """The generated run id is the flow run's name: the UI's run list reads without opening each run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async def names(run_id: str) -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id]))
+            )
+        return [r.name for r in runs]
+
+    with SimCluster(nodes=2, preconfigured=True, seed=9) as sim:
+        outcome = _run(sim, tmp_path)
+    assert outcome.run_id.startswith("cert-")
+    assert asyncio.run(names(outcome.run_id)) == [outcome.run_id]
+    decisions = pd.read_parquet(
+        Path(tmp_path) / f"runs/date={outcome.day}/run={outcome.run_id}/decisions.parquet"
+    )
+    assert sorted(decisions["node"]) == outcome.nodes

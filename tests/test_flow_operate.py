@@ -17,7 +17,7 @@ from gpucert.certify import CertifyOutcome
 from gpucert.cli import main
 from gpucert.fleet import Fault
 from gpucert.kube import connect
-from gpucert.operate import OperateOutcome
+from gpucert.operate import OnboardOutcome, OperateOutcome
 from gpucert.sim import SimCluster
 from gpucert.tickets import open_backend
 
@@ -89,3 +89,20 @@ def test_telemetry_asks_for_a_node_that_is_not_due(tmp_path: Path) -> None:
         assert night.due == [names[4]]
         assert night.asked[names[4]].startswith("telemetry: ")
         assert _certified(night).tainted == [names[4]]
+
+
+def test_the_operate_and_onboard_commands_run_their_flows_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SimCluster(nodes=4, preconfigured=True, seed=3) as sim:
+        common = ["--kubeconfig", str(sim.kubeconfig_path), "--store", tmp_path.as_uri()]
+        assert main(["operate", *common, "--rotation-days", "0", "--scrape-interval", "1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("# operate: tonight\n\n4 nodes re-certified")
+        assert "tickets (local): no change" in out
+        [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
+        assert main(["onboard", new, *common, "--json"]) == 0
+        onboarded = OnboardOutcome.model_validate_json(capsys.readouterr().out)
+        assert (onboarded.node, onboarded.state, onboarded.admitted) == (new, "certified", True)
+        assert onboarded.configure is not None
+        assert onboarded.configure.reused  # the fleet's recorded release, not the newest

@@ -30,6 +30,7 @@ from gpucert.certify import (
     delete_jobs,
     fleet_taints,
     job_failure_verdicts,
+    judge_rerun,
     orphaned_jobs,
     payload_configmap,
     run_wave,
@@ -41,7 +42,6 @@ from gpucert.certify._run import DECISIONS, RESULTS, VERDICTS
 from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
-from gpucert.results import parse_results
 from gpucert.verdict import judge
 
 from ._retry import kube_task
@@ -173,16 +173,11 @@ def judge_run(
     """
     parts = [job_failure_verdicts(run.run_id, failed)]
     if len(failed) < len(nodes):
-        results = run.results()
-        if cohort is not None and cohort.has(RESULTS):
-            peers = cohort.results()
-            peers = peers[~peers["node"].isin(list(nodes))].assign(run_id=run.run_id)
-            results = parse_results(
-                pd.concat([results, peers], ignore_index=True), f"results of run {run.run_id}"
-            )
-        judged = judge(results, run.store.read(), policy)
-        if cohort is not None:
-            judged = judged[judged["node"].isin(list(nodes)) | judged["node"].isna()]
+        if cohort is None:
+            judged = judge(run.results(), run.store.read(), policy)
+        else:
+            peers = cohort.results() if cohort.has(RESULTS) else None
+            judged = judge_rerun(run.results(), peers, nodes, run.store.read(), policy)
         parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]

@@ -120,7 +120,7 @@ def test_a_statistical_fail_needs_a_rerun_and_stands_when_two_runs_fail() -> Non
     pending = settle(first, [], fleet=_fleet(40), policy=default_policy())
     assert pending.pending == ["n0", "n2"]
     assert pending.decisions["n0"].taint == "none"  # never a taint on a guess
-    assert pending.decisions["n0"].state == "degraded"
+    assert pending.decisions["n0"].state is None  # undecided: inconclusive, the label stays as it was
     rerun = _run("r-c1", {"n0": "fail", "n2": "pass"})
     after = settle(first, [rerun], fleet=_fleet(40), policy=default_policy())
     n0, n2 = after.decisions["n0"], after.decisions["n2"]
@@ -129,10 +129,33 @@ def test_a_statistical_fail_needs_a_rerun_and_stands_when_two_runs_fail() -> Non
     assert after.pending == ["n2"]  # 1 fail, 1 pass: one more run decides
     third = settle(first, [rerun, _run("r-c2", {"n2": "pass"})], fleet=_fleet(40), policy=default_policy())
     n2 = third.decisions["n2"]
-    assert (n2.state, n2.confirmed, n2.taint, n2.settled) == ("degraded", False, "none", True)
-    assert "not confirmed" in n2.summary
+    assert (n2.state, n2.confirmed, n2.taint, n2.settled) == ("certified", False, "none", True)
+    assert "not reproduced" in n2.summary  # a one-off: the node passes, nothing marks it
     assert third.pending == []
-    assert third.tally() == {"failed": 1, "certified": 1, "degraded": 1}
+    assert third.tally() == {"failed": 1, "certified": 2}
+
+
+def test_a_statistical_warn_is_degraded_only_when_a_rerun_reproduces_it() -> None:
+    first = _run("r", {"n0": "warn", "n1": "warn", "n2": "fail"})
+    assert settle(first, [], fleet=_fleet(40), policy=default_policy()).pending == ["n0", "n1", "n2"]
+    rerun = _run("r-c1", {"n0": "warn", "n1": "pass", "n2": "warn"})
+    after = settle(first, [rerun], fleet=_fleet(40), policy=default_policy())
+    n0, n2 = after.decisions["n0"], after.decisions["n2"]
+    assert (n0.state, n0.confirmed, n0.settled) == ("degraded", True, True)  # a reproduced deficit
+    assert after.pending == ["n1", "n2"]
+    done = settle(first, [rerun, _run("r-c2", {"n1": "pass", "n2": "warn"})], fleet=_fleet(40),
+                  policy=default_policy())  # fmt: skip
+    assert done.decisions["n1"].state == "certified"  # warned once, passed twice
+    n2 = done.decisions["n2"]
+    assert (n2.state, n2.confirmed, n2.taint) == ("degraded", True, "none")  # failed once, warned twice
+
+
+def test_a_warn_backed_by_a_telemetry_gate_needs_no_rerun() -> None:
+    frame = _frame([{**_v("n0", "warn", metric="ecc_sbe_volatile", value=500, cause="ecc"),
+                     "reference_kind": "gate", "ticket": "remediation"}])  # fmt: skip
+    out = settle(RunVerdicts("r", frame, ("n0",)), [], fleet=_fleet(20), policy=default_policy())
+    assert out.pending == []
+    assert (out.decisions["n0"].state, out.decisions["n0"].confirmed) == ("degraded", True)
 
 
 def test_a_hard_gate_taints_without_a_rerun() -> None:
@@ -187,11 +210,20 @@ def test_settled_verdicts_agree_with_the_decisions() -> None:
     out = settle(first, reruns, fleet=_fleet(30), policy=default_policy())
     verdicts = settled_verdicts(first.verdicts, out)
     by_node = dict(zip(verdicts["node"], verdicts["verdict"], strict=True))
-    assert by_node == {"n0": "fail", "n1": "warn", "n2": "pass"}
+    assert by_node == {"n0": "fail", "n1": "pass", "n2": "pass"}
     assert verdicts.loc[verdicts["node"] == "n1", "ticket"].item() == "none"
     assert (
-        "not confirmed by the re-runs: r-c1, r-c2" in verdicts.loc[verdicts["node"] == "n1", "reasons"].item()
+        "not reproduced by the re-runs: r-c1, r-c2"
+        in verdicts.loc[verdicts["node"] == "n1", "reasons"].item()
     )
+    # A fail reproduced only as a warn reads warn; an undecided one inconclusive.
+    mixed = settle(_run("r", {"n0": "fail", "n1": "fail"}), [_run("r-c1", {"n0": "warn"})], fleet=_fleet(30),
+                   policy=default_policy())  # fmt: skip
+    capped = settled_verdicts(_run("r", {"n0": "fail", "n1": "fail"}).verdicts, mixed)
+    assert dict(zip(capped["node"], capped["verdict"], strict=True)) == {
+        "n0": "inconclusive",
+        "n1": "inconclusive",
+    }
     frame = out.frame()
     assert list(frame.columns)[:4] == ["run_id", "node", "state", "verdict"]
     assert dict(zip(frame["node"], frame["verdict"], strict=True)) == by_node  # the same decision everywhere

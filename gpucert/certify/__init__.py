@@ -52,6 +52,7 @@ from ._jobs import (
     payload_key,
     payload_path,
 )
+from ._judge import judge_rerun, settle_offline
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
 from ._record import (
@@ -137,6 +138,7 @@ __all__ = [
     "job_labels",
     "job_name",
     "job_pods",
+    "judge_rerun",
     "latest_decisions",
     "node_patch",
     "observe",
@@ -150,6 +152,7 @@ __all__ = [
     "rerun_id",
     "run_wave",
     "settle",
+    "settle_offline",
     "settled_verdicts",
     "stack_changed_nodes",
     "ticket_step",

@@ -4,7 +4,9 @@
   ``certified``; a node whose rows are only ``pass`` and ``inconclusive`` keeps the state it had (an
   inconclusive run says nothing about the GPUs);
 * a hard hardware gate (row-remap failure, XID 64/79/95, a volatile double-bit ECC error) needs no
-  confirming re-run; any other fail does — :func:`fail_stands` counts REFERENCE §4.6's 2 of 3.
+  confirming re-run; any other fail does, and so does a warn that no telemetry gate backs (a statistical
+  deficit, or repeats too unstable to judge): only a reproducible result marks a node —
+  :func:`deficit_stands` counts REFERENCE §4.6's 2 of 3.
 
 Settling a run — its re-runs, taints, the blast radius — is :mod:`._settle`'s.
 """
@@ -18,7 +20,7 @@ import pandas as pd
 
 from ..verdict import VERDICT_RANK
 
-__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "fail_stands"]
+__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands"]
 
 #: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
 #: uncontained ECC error.
@@ -40,10 +42,16 @@ class NodeDecision:
     hard_gate: bool
     #: One line for the node's annotation: what was found and what to do.
     summary: str
+    #: A telemetry gate backs the worst rows (a warn that is a measured signal, not a statistic).
+    corroborated: bool = False
 
     @property
     def needs_confirmation(self) -> bool:
-        return self.state == "failed" and not self.hard_gate
+        """A re-run must reproduce this before it marks the node: a fail without a hard gate, a warn
+        without a telemetry gate behind it."""
+        if self.state == "failed":
+            return not self.hard_gate
+        return self.state == "degraded" and not self.corroborated
 
 
 def _hard_gate(rows: pd.DataFrame) -> pd.Series:
@@ -98,14 +106,36 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
             causes = fails["cause"].dropna().astype("string")
             causes = causes[causes != ""]
             cause = str(causes.iloc[0]) if len(causes) else "unknown"
+        worst_rows = part[part["verdict"] == worst]
         out[node] = NodeDecision(
             node,
             _STATE.get(worst),
             cause,
             bool(part["hard"].any()),
             _summary(part, worst),
+            corroborated=bool(worst_rows["reference_kind"].astype("string").eq("gate").any())
+            if "reference_kind" in worst_rows
+            else False,
         )
     return out
+
+
+def deficit_stands(runs: Iterable[NodeDecision]) -> bool | None:
+    """REFERENCE §4.6 over a node's runs so far (first run first), for a first run that warned or failed:
+    True once 2 runs found a deficit as bad as the first's (a fail for a fail; a warn or fail for a warn),
+    False once 2 did not, None while undecided. An inconclusive run counts as neither."""
+    history = list(runs)
+    if not history:
+        return None
+    if history[0].state == "failed":
+        return fail_stands(history)
+    deficit = sum(1 for d in history if d.state in ("degraded", "failed"))
+    clean = sum(1 for d in history if d.state == "certified")
+    if deficit >= 2:
+        return True
+    if clean >= 2 or (clean >= 1 and deficit == 0):
+        return False
+    return None
 
 
 def fail_stands(runs: Iterable[NodeDecision]) -> bool | None:

@@ -118,8 +118,8 @@ class CertifyOutcome(_Model):
 
     @property
     def unconfirmed(self) -> list[str]:
-        """The nodes whose first fail the re-runs did not confirm (degraded, not tainted)."""
-        return sorted(d.node for d in self.decisions if d.state == "degraded" and len(d.runs) > 1)
+        """The nodes whose first run's deficit the re-runs did not reproduce (or have not yet)."""
+        return sorted(d.node for d in self.decisions if len(d.runs) > 1 and not d.confirmed)
 
     def ticket_line(self) -> str:
         """What happened to tickets, in one line."""

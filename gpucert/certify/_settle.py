@@ -3,9 +3,11 @@
 :func:`settle` is the one place the run's rules live, as a pure function (tested without a cluster):
 
 * **confirmation** (REFERENCE §4.6): a fail that no hard hardware gate backs (row-remap failure, XID
-  64/79/95, a volatile DBE) stands only when 2 of the node's runs fail; one that the re-runs overturn is
-  ``degraded`` — "look at me" without taking the node away; one still undecided when the re-runs ran out
-  is ``degraded`` and not ``settled`` (never a taint on a guess);
+  64/79/95, a volatile DBE) stands only when 2 of the node's runs fail, and a warn no telemetry gate backs
+  (a statistical deficit, repeats too unstable to judge) only when 2 runs find a deficit: ``degraded``
+  means a reproduced deficit, never "we could not tell". A deficit the re-runs do not reproduce is a pass;
+  one still undecided when the re-runs ran out is inconclusive and not ``settled`` (never a mark on a
+  guess);
 * **taints**: a confirmed fail adds ``<prefix>/unhealthy`` (``added``, or ``kept`` when it is there), a
   node that now passes or is only degraded has it ``lifted``, an inconclusive or unsettled node keeps
   what it has;
@@ -14,8 +16,8 @@
   and the run records one incident: the likelier culprit is the baseline, the benchmark or the stack;
 * **observe-only**: states and summaries as usual, no taint added or lifted.
 
-:func:`settled_verdicts` makes the run's verdict table agree with the decisions (an overturned fail is
-a ``warn`` there, and asks for no ticket), so labels, conditions, taints, tickets and the report, all
+:func:`settled_verdicts` makes the run's verdict table agree with the decisions (a row is never worse than
+its node's decision, and a lowered row asks for no ticket), so labels, conditions, taints, tickets and the report, all
 made from the same decision, can never disagree.
 """
 
@@ -30,7 +32,8 @@ import pandas as pd
 
 from ..kube import has_taint, node_name, taint_keys
 from ..policy import Policy
-from ._decide import NodeDecision, decide_nodes, fail_stands
+from ..verdict import VERDICT_RANK
+from ._decide import NodeDecision, decide_nodes, deficit_stands, fail_stands
 
 __all__ = [
     "DECISION_COLUMNS",
@@ -110,7 +113,7 @@ class Settlement:
 
     @property
     def pending(self) -> list[str]:
-        """Nodes that need one more run (their fail is neither confirmed nor overturned yet)."""
+        """Nodes that need one more run (their deficit is neither reproduced nor refuted yet)."""
         return sorted(n for n, d in self.decisions.items() if not d.settled)
 
     def nodes(self, taint: TaintAction) -> list[str]:
@@ -142,27 +145,40 @@ class Settlement:
         return frame.astype({"hard_gate": bool, "confirmed": bool, "settled": bool})
 
 
-def _needs_confirmation(first: NodeDecision) -> bool:
-    return first.state == "failed" and not first.hard_gate
+def _conclude(history: Sequence[tuple[str, NodeDecision]]) -> tuple[NodeDecision, bool, bool, tuple[str, ...]]:
+    """(the decision, confirmed, settled, the runs it rests on) from a node's runs, first run first.
 
-
-def _conclude(
-    history: Sequence[tuple[str, NodeDecision]],
-) -> tuple[NodeDecision, bool, bool, tuple[str, ...]]:
-    """(the decision, confirmed, settled, the runs it rests on) from a node's runs, first run first."""
+    Confirmed: the deficit stands — a hard gate or a telemetry-backed warn at once, else 2 runs. A fail the
+    re-runs do not reproduce as a fail may still be a reproduced warn (degraded); a deficit not reproduced
+    at all is a pass; one still undecided is inconclusive and not settled (never a mark on a guess).
+    """
     runs = tuple(run for run, _ in history)
     first = history[0][1]
-    if not _needs_confirmation(first):
-        return first, first.state == "failed", True, runs[:1]
-    stands = fail_stands([d for _, d in history])
-    if stands is True:
-        return first, True, True, runs
+    if not first.needs_confirmation:
+        return first, first.state in ("failed", "degraded"), True, runs[:1]
+    decisions = [d for _, d in history]
     reruns = ", ".join(runs[1:]) or "none yet"
-    if stands is False:
-        text = f"{first.summary} (the fail was not confirmed by its re-runs: {reruns})"
-        return NodeDecision(first.node, "degraded", None, False, text), False, True, runs
-    text = f"{first.summary} (the fail is not confirmed yet; re-runs so far: {reruns})"
-    return NodeDecision(first.node, "degraded", None, False, text), False, False, runs
+    if first.state == "failed":
+        stands = fail_stands(decisions)
+        if stands is True:
+            return first, True, True, runs
+        if stands is None:
+            return _undecided(first, reruns), False, False, runs
+    as_warn = [NodeDecision(d.node, "degraded" if d.state == "failed" else d.state, None, False, d.summary)
+               for d in decisions]  # fmt: skip
+    stands = deficit_stands(as_warn)
+    if stands is None:
+        return _undecided(first, reruns), False, False, runs
+    if stands:
+        text = f"{first.summary} (reproduced as a warn by its re-runs: {reruns})"
+        return NodeDecision(first.node, "degraded", None, False, text), True, True, runs
+    text = f"passed its re-runs ({reruns}); not reproduced: {first.summary}"
+    return NodeDecision(first.node, "certified", None, False, text), False, True, runs
+
+
+def _undecided(first: NodeDecision, reruns: str) -> NodeDecision:
+    text = f"{first.summary} (not reproduced or refuted yet; re-runs so far: {reruns})"
+    return NodeDecision(first.node, None, None, False, text)
 
 
 def _taint_action(
@@ -234,19 +250,24 @@ def settle(
 
 
 def settled_verdicts(verdicts: pd.DataFrame, settlement: Settlement) -> pd.DataFrame:
-    """``verdicts`` (the first run's) made to agree with ``settlement``: the fail rows of a node whose fail
-    was not confirmed become ``warn`` rows that ask for no ticket, saying why. Other rows are unchanged."""
-    overturned = [n for n, d in settlement.decisions.items() if not d.confirmed and d.state == "degraded"]
+    """``verdicts`` (the first run's) made to agree with ``settlement``: no row of a node is worse than its
+    decision — a fail its re-runs reproduced only as a warn reads ``warn``, a deficit they did not
+    reproduce ``pass``, one still undecided ``inconclusive`` — and a lowered row asks for no ticket and
+    says why. Other rows are unchanged."""
     node = verdicts["node"].astype("string")
-    rows = node.isin(overturned).fillna(False) & verdicts["verdict"].eq("fail")
+    cap = node.map({n: VERDICT_RANK[d.verdict] for n, d in settlement.decisions.items()})
+    rank = verdicts["verdict"].astype("string").map(VERDICT_RANK)
+    rows = (cap.notna() & (rank > cap)).fillna(False).astype(bool)
     if not rows.any():
         return verdicts
     # Categorical columns may lack the new values: plain strings from here on.
     out = verdicts.astype({"verdict": "string", "ticket": "string", "reasons": "string"})
-    runs = node[rows].map({n: ", ".join(settlement.decisions[n].runs[1:]) or "none" for n in overturned})
-    note = " (not confirmed by the re-runs: " + runs.astype(str) + ")"
+    why = {n: ("not reproduced by the re-runs: " + (", ".join(d.runs[1:]) or "none")) if d.settled
+           else f"not settled yet: re-runs so far {', '.join(d.runs[1:]) or 'none'}"
+           for n, d in settlement.decisions.items()}  # fmt: skip
+    note = " (" + node[rows].map(why).astype(str) + ")"
     out.loc[rows, "reasons"] = out.loc[rows, "reasons"].fillna("") + note
-    out.loc[rows, "verdict"] = "warn"
+    out.loc[rows, "verdict"] = node[rows].map({n: d.verdict for n, d in settlement.decisions.items()})
     out.loc[rows, "ticket"] = "none"
     return out
 

@@ -1,0 +1,82 @@
+"""Judging a run and its confirming re-runs, and settling them offline: the one path certify and
+``gpucert compare --rerun`` share.
+
+A confirming re-run measures a few nodes; judged alone, its peers would be just those nodes (and a slow
+GPU would "pass" among the other suspects). So a re-run is judged with the first run's other nodes as
+its cohort (:func:`judge_rerun`), and only its own nodes' rows are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+
+from ..errors import InputError
+from ..policy import Policy
+from ..results import parse_results
+from ..verdict import judge
+from ._settle import NodeTaints, RunVerdicts, Settlement, settle, settled_verdicts
+
+__all__ = ["judge_rerun", "settle_offline"]
+
+
+def judge_rerun(
+    rerun: pd.DataFrame,
+    cohort: pd.DataFrame | None,
+    nodes: Sequence[str],
+    baseline: pd.DataFrame,
+    policy: Policy,
+) -> pd.DataFrame:
+    """The verdicts of ``rerun``'s ``nodes``, judged against ``baseline`` with the first run's other nodes
+    (``cohort``, its results) as their peers. Both tables are results in the canonical dtypes."""
+    run_ids = rerun["run_id"].astype("string").unique()
+    results = rerun
+    if cohort is not None and len(cohort) and len(run_ids) == 1:
+        peers = cohort[~cohort["node"].isin(list(nodes))].assign(run_id=run_ids[0])
+        results = parse_results(pd.concat([rerun, peers], ignore_index=True), f"results of run {run_ids[0]}")
+    judged = judge(results, baseline, policy)
+    return judged[judged["node"].isin(list(nodes)) | judged["node"].isna()].reset_index(drop=True)
+
+
+def _one_run(results: pd.DataFrame, what: str) -> str:
+    run_ids = sorted(results["run_id"].astype("string").unique())
+    if len(run_ids) != 1:
+        raise InputError(
+            f"{what}: holds {len(run_ids)} runs ({', '.join(run_ids[:5])}); give one run per file"
+        )
+    return str(run_ids[0])
+
+
+def settle_offline(
+    first: pd.DataFrame,
+    reruns: Sequence[pd.DataFrame],
+    baseline: pd.DataFrame,
+    policy: Policy,
+    *,
+    fleet: Mapping[str, NodeTaints] | None = None,
+) -> tuple[pd.DataFrame, Settlement]:
+    """Judge ``first`` (one run's results) and each re-run among its cohort, and settle them as certify
+    does; returns the settled verdicts and the settlement (``decisions.parquet`` is its ``frame()``).
+
+    ``fleet`` is the cluster's GPU nodes and their taints; offline it defaults to the run's nodes, none
+    tainted. Raises ``InputError`` when a file holds more than one run or a re-run measures a node the
+    first run did not.
+    """
+    first_id = _one_run(first, "the first run")
+    nodes = tuple(sorted(first["node"].astype("string").unique()))
+    judged = RunVerdicts(first_id, judge(first, baseline, policy), nodes)
+    judged_reruns = []
+    for index, rerun in enumerate(reruns, start=1):
+        rerun_id = _one_run(rerun, f"re-run {index}")
+        rerun_nodes = tuple(sorted(rerun["node"].astype("string").unique()))
+        stray = sorted(set(rerun_nodes) - set(nodes))
+        if stray:
+            raise InputError(
+                f"re-run {index} ({rerun_id}) measured nodes the first run did not: {', '.join(stray)}"
+            )
+        verdicts = judge_rerun(rerun, first, rerun_nodes, baseline, policy)
+        judged_reruns.append(RunVerdicts(rerun_id, verdicts, rerun_nodes))
+    taints = fleet if fleet is not None else {n: NodeTaints() for n in nodes}
+    settlement = settle(judged, judged_reruns, fleet=taints, policy=policy, observe_only=policy.observe_only)
+    return settled_verdicts(judged.verdicts, settlement), settlement

@@ -5,8 +5,12 @@ rest start without it. Without ``PREFECT_API_URL`` Prefect runs the flow against
 server; with it, the run shows up in that server's UI like a deployment's.
 
 Every input is checked before anything starts — the kubeconfig, the store, the policy file, the run id,
-node names, a saved block's name — so a typo is one line and exit 2, never a temporary Prefect server
-started for nothing or a half-done run.
+node names, a saved block's name, configure's ``--dry-run`` folder — so a typo is one line and exit 2, never
+a temporary Prefect server started for nothing or a half-done run. The endpoints are asked first too: the
+API server (its ``/version``, within :data:`REACH_S`), an ``s3://`` store (one listing) and
+``--prometheus`` (one query, within :data:`REACH_S`), each within the call deadline (``gpucert --timeout``)
+too, so an endpoint that is down, or that accepts connections and never answers, fails the command in
+seconds (exit 1, naming it) instead of after a Prefect server started and a task's retries ran out.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._names import check_run_id, dns_subdomain_ok
 from .errors import GpucertError, InputError
+
+#: How long a command waits for an endpoint to answer its first question before giving up (the call
+#: deadline when that is shorter): a server that is down or hung fails the command in seconds.
+REACH_S = 8.0
 
 if TYPE_CHECKING:
     from blocks.cluster import GpuCluster
@@ -110,8 +118,10 @@ def flow_inputs(
 ) -> FlowInputs:
     """Check and build a flow's inputs; raises :class:`InputError` naming the one that is wrong.
 
-    The kubeconfig is read, the nodes asked for looked up, the policy file fully validated, the store opened (a
-    missing ``file://`` root is created: certify starts a store), a saved ``Ticketing`` block loaded.
+    The kubeconfig is read, the API server asked for its version and the nodes asked for looked up, the policy
+    file fully validated, the store opened (a missing ``file://`` root is created: certify starts a store) and
+    reached, a saved ``Ticketing`` block loaded. Raises the :class:`~gpucert.kube.KubeError` or
+    :class:`~gpucert.errors.StoreError` of an endpoint that did not answer in time.
     """
     from blocks.cluster import GpuCluster
     from blocks.policy import CertificationPolicy
@@ -126,14 +136,17 @@ def flow_inputs(
     except ValueError as exc:  # pydantic's ValidationError names the field
         raise InputError(_first_error(exc)) from None
     kube = cluster.kube()  # a kubeconfig that cannot be read fails here
-    missing = [n for n in check_nodes(nodes) if kube.find("v1", "Node", n) is None]
+    check_nodes(nodes)
+    policy = CertificationPolicy.from_file(policy_file) if policy_file else None
+    store_block = BaselineStore(uri=store) if store is not None else None
+    opened = store_block.open(create=True) if store_block is not None else None  # a bad URI fails here
+    # The local checks done, the endpoints: a server that is down or never answers fails here, in seconds.
+    kube.version(within_s=REACH_S)
+    missing = [n for n in nodes if kube.find("v1", "Node", n) is None]
     if missing:
         raise InputError(f"no node named {', '.join(missing)} in the cluster")
-    policy = CertificationPolicy.from_file(policy_file) if policy_file else None
-    store_block = None
-    if store is not None:
-        store_block = BaselineStore(uri=store)
-        store_block.open(create=True)
+    if opened is not None:
+        opened.objects.root_exists()  # one listing (a stat on file://), within the store's call deadline
     return FlowInputs(cluster=cluster, store=store_block, policy=policy, ticketing=_saved_ticketing(ticketing))
 
 
@@ -197,6 +210,12 @@ def configure_command(
     """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
     pinned = parse_versions(versions)
     check_nodes(nodes)
+    if dry_run is not None:
+        from pathlib import Path
+
+        from .stack._render import check_output_dir
+
+        check_output_dir(Path(dry_run))  # a file there, or a folder that cannot be written: exit 2 now
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
                          namespace=namespace)  # fmt: skip
     _prepare_prefect()
@@ -289,16 +308,22 @@ def operate_command(
 
 
 def _prometheus(url: str | None) -> Any:
-    """A ``Prometheus`` block for ``url`` (None for none); raises :class:`InputError` for a bad URL."""
+    """A ``Prometheus`` block for ``url`` (None for none), its server asked one query first. Raises
+    :class:`InputError` for a bad URL and the ``TelemetryError`` of a server that refuses or does not answer
+    within :data:`REACH_S` (or the call deadline when shorter)."""
     if url is None:
         return None
+    import dataclasses
+    import time
+
     from blocks.prometheus import Prometheus
 
     try:
         block = Prometheus(url=url)
-        block.source()
+        source = block.source()
     except ValueError as exc:
         raise InputError(f"--prometheus: {_first_error(exc)}") from None
+    dataclasses.replace(source, timeout_s=min(source.timeout_s, REACH_S)).query("vector(1)", time.time())
     return block
 
 

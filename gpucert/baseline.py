@@ -15,17 +15,43 @@ Three kinds of rows, in one table:
   ±``trim_pct`` of it, repeat until nothing drops.
 
 A build *merges*: keys absent from its input keep their previous values.
+
+**A run counts once.** Every row names the runs it rests on (the ``runs`` column). A run already named
+by an own baseline never extends it again, and a model reference that already rests on every run of a
+build is kept as it is, so merging a run a second time (the same file built twice, a certify restarted
+under its run id) changes nothing. Rows of a table written before the column existed have unknown
+provenance (``runs`` empty): a run merged into them before cannot be recognised, only the runs merged
+from now on.
+
+**Implausible values never seed.** Two guards keep a broken measurement out of every baseline:
+
+* *physical bounds* (``gpucert/data/physical_bounds.csv``): a performance value beyond its GPU model's
+  ceiling (a few percent over the spec peak), or one that is not a finite number ≥ 0, is impossible. The
+  results reader already refuses values beyond what *any* GPU can measure (a corrupt file, exit 2);
+  here the tighter per-model ceilings apply. Every sample of that run × entity × metric is left out
+  before the run is judged, so the entity lacks the metric, is not a pass, and that run teaches nothing
+  about it — one impossible number says the benchmark of that GPU was broken in that run. Counted in
+  :attr:`BuildReport.implausible`.
+* *high outliers*: a passing median that sits far *above* its cohort in the run — at least the rise
+  that would make the next run at the cohort's level warn against it, and ``peers.seed_z`` spreads — is
+  not merged (that entity × metric only). Higher is better, so the verdict passes it; as a baseline it
+  would fail every healthy run after it. A GPU clearly below its peers never seeds either
+  (:func:`_seedable`). Needs a cohort of at least ``peers.min_nodes`` entities. Counted in
+  :attr:`BuildReport.outliers`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from .metrics import PERF_METRICS, bound_arrays
 from .policy import Policy, default_policy, spec_floors
 from .store import BASELINE_COLUMNS, BaselineStore, empty_baseline, validate_baseline
 from .verdict import evaluate_run
@@ -33,6 +59,11 @@ from .verdict import evaluate_run
 __all__ = ["BaselineUpdate", "BuildReport", "build_baseline", "forget", "trimmed_mean", "update_store"]
 
 _KEY = ["level", "key", "metric"]
+#: The columns that name one sample's series: a run × entity × metric.
+_SERIES = ["run_id", "node", "gpu", "peer", "metric"]
+#: How many skipped values a report spells out; the rest are counted.
+_NOTES = 10
+_MAD_TO_SIGMA = 1.4826
 
 
 @dataclass(frozen=True)
@@ -44,21 +75,41 @@ class BuildReport:
     held: int  # own baselines that were complete and kept as they were
     rejected: int  # entities left out because their run's verdict was not a pass
     models: int  # per-model references rebuilt
+    repeated: int = 0  # own baselines that already rested on the run, kept as they were: a run counts once
+    implausible: int = 0  # run × entity × metric beyond the physical bounds of its GPU model: never merged
+    outliers: int = 0  # passing medians far above their cohort: not merged
+    #: The first few implausible values and outliers, one line each, naming run, node, GPU and metric.
+    notes: tuple[str, ...] = ()
 
 
 def trimmed_mean(samples: np.ndarray, trim_pct: float, *, max_rounds: int = 50) -> tuple[float, float, int]:
-    """SuperBench's iterated mean: (center, spread of the kept samples, how many were kept)."""
+    """SuperBench's iterated mean: (center, spread of the kept samples, how many were kept).
+
+    NaN and infinite samples are ignored; with none left it returns (nan, nan, 0).
+    """
     kept = samples[np.isfinite(samples)]
     if len(kept) == 0:
         return float("nan"), float("nan"), 0
-    center = float(kept.mean())
-    for _ in range(max_rounds):
-        inside = np.abs(kept - center) <= abs(center) * trim_pct / 100
-        if inside.all() or not inside.any():
-            break
-        kept = kept[inside]
+    # Huge finite samples may overflow a sum: the median below takes over, so no warning is wanted.
+    with np.errstate(over="ignore", invalid="ignore"):
         center = float(kept.mean())
-    spread = float(kept.std(ddof=1)) if len(kept) > 1 else 0.0
+        if not math.isfinite(center):
+            center = float(np.median(kept))
+        restarted = False
+        for _ in range(max_rounds):
+            inside = np.abs(kept - center) <= abs(center) * trim_pct / 100
+            if inside.all():
+                break
+            if not inside.any():
+                if restarted:
+                    break
+                # One wild sample can drag the mean so far that no sample lies near it, and SuperBench's
+                # rule would then keep the dragged mean: start once more from the median, which it cannot.
+                center, restarted = float(np.median(kept)), True
+                continue
+            kept = kept[inside]
+            center = float(kept.mean())
+        spread = float(kept.std(ddof=1)) if len(kept) > 1 else 0.0
     return center, spread, len(kept)
 
 
@@ -70,31 +121,54 @@ def build_baseline(
     floors: Mapping[tuple[str, str], float] | None = None,
     stack: Mapping[str, str] | None = None,
 ) -> tuple[pd.DataFrame, BuildReport]:
-    """The new baseline table: ``previous`` merged with what the passing results of every run teach."""
+    """The new baseline table: ``previous`` merged with what the passing results of every run teach, and
+    the build's report. ``results`` is a canonical results frame (:mod:`gpucert.results`). Raises
+    :class:`~gpucert.errors.BaselineFormatError` when ``previous`` breaks the baseline contract."""
     policy = policy or default_policy()
     floors = dict(spec_floors(policy) if floors is None else floors)
     stack_json = json.dumps(dict(stack or {}), sort_keys=True)
     table = validate_baseline(previous, "the previous baseline") if len(previous) else empty_baseline()
-    order = results.groupby("run_id", observed=True)["ts"].min().sort_values()
+    # Stable, so runs that start at the same instant keep the (sorted) order of their ids.
+    order = results.groupby("run_id", observed=True)["ts"].min().sort_values(kind="stable")
+    usable, implausible, notes = _without_implausible(results)
     passing_model_samples: list[pd.DataFrame] = []
-    seeded = held = rejected = 0
+    seeded = held = rejected = repeated = outliers = 0
     for run_id in order.index:
-        part = results[results["run_id"] == run_id]
+        part = usable[usable["run_id"] == run_id]
+        if part.empty:
+            continue
         evaluation = evaluate_run(part, table, policy, floors, with_medians=True)
         accepted = _accepted(evaluation.verdicts, evaluation.medians, policy)
         rejected += int(_rejected_entities(evaluation.verdicts, policy))
+        high = _high_outliers(accepted, evaluation.medians, policy)
+        if high.any():
+            outliers += int(high.sum())
+            notes += _outlier_notes(accepted, high, evaluation.medians, str(run_id), _NOTES - len(notes))
+            accepted = accepted[~high]
         ts = pd.Timestamp(order[run_id])
-        table, s, h = _extend_own(table, accepted, ts, policy.baseline.seed_runs, stack_json)
+        table, s, h, r = _extend_own(table, accepted, ts, policy.baseline.seed_runs, stack_json, str(run_id))
         seeded += s
         held += h
-        passing_model_samples.append(accepted[accepted["scope"] != "pair"])
+        repeated += r
+        passing_model_samples.append(accepted[accepted["scope"] != "pair"].assign(run_id=str(run_id)))
     table, models = _rebuild_models(table, passing_model_samples, policy, stack_json, order)
-    report = BuildReport(tuple(str(r) for r in order.index), seeded, held, rejected, models)
+    report = BuildReport(
+        tuple(str(r) for r in order.index),
+        seeded,
+        held,
+        rejected,
+        models,
+        repeated=repeated,
+        implausible=implausible,
+        outliers=outliers,
+        notes=tuple(notes),
+    )
     return validate_baseline(table, "the built baseline"), report
 
 
 def forget(table: pd.DataFrame, nodes: Sequence[str]) -> tuple[pd.DataFrame, int]:
-    """Drop the own baselines of ``nodes`` and of the GPUs last measured on them, to be seeded again."""
+    """Drop the own baselines of ``nodes`` and of the GPUs last measured on them, to be seeded again;
+    returns the table left and how many rows were dropped."""
     wanted = set(nodes)
     drop = ((table["level"] == "node") & table["key"].isin(wanted)) | (
         (table["level"] == "gpu") & table["node"].isin(wanted)
@@ -104,12 +178,14 @@ def forget(table: pd.DataFrame, nodes: Sequence[str]) -> tuple[pd.DataFrame, int
 
 @dataclass(frozen=True)
 class BaselineUpdate:
-    """What :func:`update_store` did: the new current version, the build's report (None when nothing was
-    merged), and how many own baselines were forgotten first."""
+    """What :func:`update_store` did: the current version after it, the build's report (None when nothing
+    was merged), how many own baselines were forgotten first, and whether a version was written (False:
+    the update changed nothing, e.g. every run was already merged)."""
 
     version: str
     report: BuildReport | None
     forgotten: int
+    changed: bool = True
 
 
 def update_store(
@@ -124,7 +200,12 @@ def update_store(
     """The one baseline-update step: read the current version, forget the own baselines of ``forget_nodes``
     (a list, or a function of the current table: the nodes whose stack changed), merge what ``results``
     teach, and write it as a new version moved to current by compare-and-swap — re-done from the top if
-    another writer got there first. Raises :class:`~gpucert.errors.StoreError` when the store fails."""
+    another writer got there first.
+
+    An update that changes nothing (every run already merged, nothing to forget) writes no version: the
+    returned version is then the current one the update was judged against. Raises
+    :class:`~gpucert.errors.StoreError` when the store fails.
+    """
     reports: list[BuildReport | None] = []
     forgotten: list[int] = []
 
@@ -141,7 +222,26 @@ def update_store(
         reports.append(report)
         return table
 
-    version = store.update(merge, message=message)
+    # Merge once against the current version first: a merge that changes nothing must not add a version
+    # (a run merged twice changes nothing, not even the history), and one that does is reused below
+    # unless another writer moved current in between.
+    current = store.current_version()
+    first: tuple[pd.DataFrame, pd.DataFrame, BuildReport | None, int] | None = None
+    if current is not None:
+        before = store.read(current)
+        after = merge(before.copy())
+        if after.equals(before):
+            return BaselineUpdate(current, reports[-1], forgotten[-1], changed=False)
+        first = (before, after, reports[-1], forgotten[-1])
+
+    def apply(table: pd.DataFrame) -> pd.DataFrame:
+        if first is not None and table.equals(first[0]):
+            reports.append(first[2])
+            forgotten.append(first[3])
+            return first[1].copy()
+        return merge(table)
+
+    version = store.update(apply, message=message)
     return BaselineUpdate(version, reports[-1], forgotten[-1])
 
 
@@ -180,12 +280,162 @@ def _accepted(verdicts: pd.DataFrame, medians: pd.DataFrame, policy: Policy) -> 
     return pd.concat([gpus, nodes], ignore_index=True)
 
 
-def _extend_own(
-    table: pd.DataFrame, accepted: pd.DataFrame, ts: pd.Timestamp, seed_runs: int, stack_json: str
-) -> tuple[pd.DataFrame, int, int]:
-    """Add one run's accepted medians to the own baselines still being seeded (Welford merge)."""
+# --- implausible values -------------------------------------------------------------------------------
+
+
+def _codes(column: pd.Series) -> tuple[npt.NDArray[np.intp], list[str]]:
+    """A column's category codes (-1: missing) and its categories as text; any dtype."""
+    categorical = column if isinstance(column.dtype, pd.CategoricalDtype) else column.astype("category")
+    return categorical.cat.codes.to_numpy().astype(np.intp), [str(c) for c in categorical.cat.categories]
+
+
+def _given(value: object) -> bool:
+    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)))
+
+
+def _where(run: object, node: object, gpu: object, peer: object) -> str:
+    """``run r1, node n1 GPU 3`` (or the node, or the pair), for a report line."""
+    what = f"run {run}, node {node}"
+    if _given(gpu):
+        return f"{what} GPU {gpu}"
+    if _given(peer):
+        return f"{what} with {peer}"
+    return what
+
+
+def _without_implausible(results: pd.DataFrame) -> tuple[pd.DataFrame, int, list[str]]:
+    """``results`` without every series (run × entity × metric) that holds a performance value outside its
+    GPU model's physical bounds; also how many series went, and a line for each of the first few."""
+    if results.empty:
+        return results, 0, []
+    mcodes, mnames = _codes(results["metric"])
+    perf_of = np.array([name in PERF_METRICS for name in mnames] + [False], dtype=bool)
+    perf = perf_of[mcodes]
+    if not perf.any():
+        return results, 0, []
+    gcodes, models = _codes(results["gpu_model"])
+    # One (model × metric) table of bounds, gathered by the codes; a missing model (-1) takes the last
+    # row, the bounds for any GPU.
+    low, high = bound_arrays(models, mnames)
+    column = np.maximum(mcodes, 0)
+    row_low, row_high = low[gcodes, column], high[gcodes, column]
+    value = results["value"].to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        bad = perf & ~(np.isfinite(value) & (value >= row_low) & (value <= row_high))
+    if not bad.any():
+        return results, 0, []
+    series = results.groupby(_SERIES, observed=True, dropna=False, sort=False).ngroup().to_numpy()
+    flagged, first = np.unique(series[bad], return_index=True)
+    positions = np.flatnonzero(bad)[np.sort(first)[:_NOTES]]
+    notes = []
+    for i in positions:
+        row = results.iloc[int(i)]
+        model = models[gcodes[i]] if gcodes[i] >= 0 else "any GPU"
+        notes.append(
+            f"{_where(row['run_id'], row['node'], row['gpu'], row['peer'])}: {row['metric']} {value[i]:g} is "
+            f"outside its physical range for {model} ({row_low[i]:g} to {row_high[i]:g}): a broken "
+            "measurement, so this run merges nothing of it"
+        )
+    keep = ~np.isin(series, flagged)
+    return results[keep], len(flagged), notes
+
+
+def _per_metric(policy: Policy, metrics: pd.Series, field: str) -> npt.NDArray[np.float64]:
+    """The policy's ``field`` for each row's metric (NaN for a metric without thresholds)."""
+    values = {name: float(getattr(entry, field)) for name, entry in policy.metrics.items()}
+    looked_up = metrics.map(values).to_numpy(dtype=np.float64, na_value=np.nan)
+    return np.asarray(looked_up, dtype=np.float64)
+
+
+def _cohort_stats(accepted: pd.DataFrame, medians: pd.DataFrame) -> pd.DataFrame:
+    """For each accepted median, its run cohort's (same scope, model and metric) median, MAD and size."""
+    keys = ["scope", "gpu_model", "metric"]
+    pool = medians.loc[medians["scope"].isin(["gpu", "node"]), [*keys, "x"]].copy()
+    pool["gpu_model"] = pool["gpu_model"].fillna("")
+    grouped = pool.groupby(keys, sort=False)["x"]
+    pool["dev"] = np.abs(pool["x"].to_numpy() - grouped.transform("median").to_numpy())
+    stats = pd.DataFrame(
+        {
+            "center": grouped.median(),
+            "mad": pool.groupby(keys, sort=False)["dev"].median(),
+            "size": grouped.size(),
+        }
+    ).reset_index()
+    wanted = accepted[keys].assign(gpu_model=accepted["gpu_model"].fillna(""))
+    # A left merge on unique keys keeps the accepted rows in their order, one each.
+    return wanted.merge(stats, on=keys, how="left")
+
+
+def _high_outliers(accepted: pd.DataFrame, medians: pd.DataFrame, policy: Policy) -> npt.NDArray[np.bool_]:
+    """Which accepted medians sit far above their cohort: by the rise that would make the next run at
+    the cohort's level warn against them (warn_drop / (1 - warn_drop)), and by ``peers.seed_z``
+    spreads (the cohort's robust spread, floored like the engine's peer reference)."""
     if accepted.empty:
-        return table, 0, 0
+        return np.zeros(0, dtype=bool)
+    stats = _cohort_stats(accepted, medians)
+    x = accepted["x"].to_numpy(dtype=np.float64)
+    center = stats["center"].to_numpy(dtype=np.float64, na_value=np.nan)
+    mad = stats["mad"].to_numpy(dtype=np.float64, na_value=np.nan)
+    size = stats["size"].to_numpy(dtype=np.float64, na_value=0.0)
+    cv_unit = _per_metric(policy, accepted["metric"], "cv_unit")
+    warn = _per_metric(policy, accepted["metric"], "warn_drop_pct") / 100
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sigma = np.maximum(_MAD_TO_SIGMA * mad / center, policy.peers.cv_floor_factor * cv_unit)
+        rise = x / center - 1
+        z = rise / sigma
+        high: npt.NDArray[np.bool_] = (
+            (size >= policy.peers.min_nodes)
+            & (center > 0)
+            & (rise >= warn / (1 - warn))
+            & (z >= policy.peers.seed_z)
+        )
+    return high
+
+
+def _outlier_notes(
+    accepted: pd.DataFrame, high: npt.NDArray[np.bool_], medians: pd.DataFrame, run_id: str, room: int
+) -> list[str]:
+    if room <= 0:
+        return []
+    rows = accepted[high].head(room)
+    stats = _cohort_stats(rows, medians)
+    return [
+        f"{_where(run_id, node, gpu if scope == 'gpu' else None, None)}: {metric} {x:.4g} is "
+        f"{(x / c - 1) * 100:+.0f} % above the median of its {int(k)} peers ({c:.4g}): not merged"
+        for scope, node, gpu, metric, x, c, k in zip(
+            rows["scope"],
+            rows["node"],
+            rows["gpu"],
+            rows["metric"],
+            rows["x"],
+            stats["center"],
+            stats["size"],
+            strict=True,
+        )
+    ]
+
+
+# --- merging ----------------------------------------------------------------------------------------------
+
+
+def _parse_runs(runs: str) -> list[str]:
+    parsed: list[str] = json.loads(runs) if runs else []
+    return parsed
+
+
+def _extend_own(
+    table: pd.DataFrame,
+    accepted: pd.DataFrame,
+    ts: pd.Timestamp,
+    seed_runs: int,
+    stack_json: str,
+    run_id: str,
+) -> tuple[pd.DataFrame, int, int, int]:
+    """Add one run's accepted medians to the own baselines still being seeded (Welford merge), except
+    those that already rest on the run; returns the table and how many rows were extended, held, and
+    left as they were because they already name the run."""
+    if accepted.empty:
+        return table, 0, 0, 0
     new = pd.DataFrame(
         {
             "level": np.where(accepted["scope"] == "gpu", "gpu", "node"),
@@ -198,8 +448,22 @@ def _extend_own(
     merged = new.merge(table, on=_KEY, how="left")
     known = merged["n"].notna().to_numpy()
     n = merged["n"].fillna(0).to_numpy(dtype=np.int64)
-    growing = n < seed_runs
-    held = int((known & ~growing).sum())
+    # A fleet's rows share few distinct run lists (its GPUs are seeded by the same nights): each is
+    # parsed once and the answers gathered back by code.
+    codes, lists = pd.factorize(merged["runs"].fillna("").astype(object))
+    parsed = [_parse_runs(str(u)) for u in lists]
+    named = np.array([run_id in p for p in parsed], dtype=bool)[codes]
+    listed = np.array([len(p) for p in parsed], dtype=np.int64)[codes]
+    extended = np.array([json.dumps([*p, run_id]) for p in parsed], dtype=object)
+    # A row that names fewer runs than it counts has runs from before the column: a run no newer than
+    # the last one it took (seeding goes forward in time) is taken to be one of those.
+    not_newer = (merged["last_ts"] >= ts).fillna(False).to_numpy(dtype=bool)
+    already = named | (known & (listed < n) & not_newer)
+    growing = (n < seed_runs) & ~already
+    held = int((known & ~growing & ~already).sum())
+    repeated = int(already.sum())
+    if not growing.any():
+        return table, 0, held, repeated
     grow = merged[growing]
     n0 = n[growing].astype(float)
     mean0 = grow["center"].fillna(0.0).to_numpy()
@@ -214,17 +478,40 @@ def _extend_own(
             "key": grow["key"].to_numpy(),
             "metric": grow["metric"].to_numpy(),
             "center": mean1,
-            "spread": np.sqrt(np.where(n1 > 1, m2 / np.maximum(n1 - 1, 1), 0.0)),
+            # Rounding can leave a tiny negative m2 when every value is equal: that spread is 0.
+            "spread": np.sqrt(np.maximum(np.where(n1 > 1, m2 / np.maximum(n1 - 1, 1), 0.0), 0.0)),
             "n": n1.astype(np.int64),
             "first_ts": grow["first_ts"].fillna(ts).to_numpy(),
             "last_ts": ts,
             "stack": np.where(grow["n"].isna(), stack_json, grow["stack"].fillna(stack_json)),
             "node": grow["node_of"].to_numpy(),
+            "runs": extended[codes[growing]],
         }
     )
     keep = table.merge(updated[_KEY], on=_KEY, how="left", indicator=True)["_merge"].to_numpy() == "left_only"
     out = pd.concat([table[keep], updated], ignore_index=True)[list(BASELINE_COLUMNS)]
-    return out, len(updated), held
+    return out, len(updated), held, repeated
+
+
+def _brings_news(rested_on: tuple[set[str], pd.Timestamp] | None, runs: list[str], starts: pd.Series) -> bool:
+    """Whether a build's ``runs`` give a model reference (the runs it rests on and the start of its newest)
+    something new: a run it does not rest on, started no earlier than its newest.
+
+    A run it rests on is never new, whenever it was measured (a certify restarted under its run id
+    measures again, later). The reference follows the fleet forward, so an older run — superseded —
+    never rebuilds it either. A reference from before the ``runs`` column names no run: only a strictly
+    newer one is new to it.
+    """
+    if rested_on is None:
+        return True
+    named, newest = rested_on
+    for run in runs:
+        if run in named:
+            continue
+        start = starts[run]
+        if start > newest or (named and start == newest):
+            return True
+    return False
 
 
 def _rebuild_models(
@@ -234,22 +521,37 @@ def _rebuild_models(
     stack_json: str,
     order: pd.Series,
 ) -> tuple[pd.DataFrame, int]:
+    """Rebuild each per-model reference the build has samples for from all of them (each run once), when
+    the build brings it a new run (:func:`_brings_news`); returns the table and how many were rebuilt."""
     pooled = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame()
     if pooled.empty:
         return table, 0
+    previous = table[table["level"] == "model"]
+    rested_on = {
+        (str(k), str(m)): (set(_parse_runs(str(r))), pd.Timestamp(t))
+        for k, m, r, t in zip(
+            previous["key"], previous["metric"], previous["runs"], previous["last_ts"], strict=True
+        )
+    }
+    position = {str(r): i for i, r in enumerate(order.index)}
+    starts = pd.Series(pd.DatetimeIndex(order.to_numpy()), index=[str(r) for r in order.index])
     rows = []
     # A loop over (model, metric) pairs — a handful — each reduced with numpy.
     for (model, metric), group in pooled.groupby(["gpu_model", "metric"], sort=True):
+        runs = sorted({str(r) for r in group["run_id"].unique()}, key=position.__getitem__)
+        if not _brings_news(rested_on.get((str(model), str(metric))), runs, starts):
+            continue
         center, spread, kept = trimmed_mean(group["x"].to_numpy(dtype=float), policy.baseline.trim_pct)
         if kept < policy.baseline.min_model_samples or not np.isfinite(center) or center <= 0:
             continue
-        rows.append((str(model), str(metric), center, spread, kept))
+        when = starts[runs]
+        rows.append((str(model), str(metric), center, spread, kept, when.min(), when.max(), json.dumps(runs)))
     if not rows:
         return table, 0
-    models = pd.DataFrame(rows, columns=["key", "metric", "center", "spread", "n"])
+    models = pd.DataFrame(
+        rows, columns=["key", "metric", "center", "spread", "n", "first_ts", "last_ts", "runs"]
+    )
     models.insert(0, "level", "model")
-    models["first_ts"] = pd.Timestamp(order.min())
-    models["last_ts"] = pd.Timestamp(order.max())
     models["stack"] = stack_json
     models["node"] = None
     keep = table.merge(models[_KEY], on=_KEY, how="left", indicator=True)["_merge"].to_numpy() == "left_only"

@@ -3,15 +3,20 @@
 Exit status: 0 done; 2 bad input (a file, flag or policy to fix; the message names it); 3 verdicts at or
 above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind). A user
 never sees a traceback: set ``GPUCERT_DEBUG=1`` to get one when reporting a bug.
+
+``gpucert --timeout SECONDS COMMAND …`` bounds every outbound call of the command (to the cluster, the
+store, Jira, a webhook, Prometheus), its retries included; it sets ``$GPUCERT_TIMEOUT`` for the command,
+which is read when the option is not given (20 s when neither is).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from . import __version__
@@ -76,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Prove that a Kubernetes GPU cluster runs at the speed it was paid for.",
     )
     parser.add_argument("--version", action="version", version=f"gpucert {__version__}")
+    parser.add_argument(
+        "--timeout", dest="call_timeout", type=_positive_float, metavar="SECONDS",
+        help="the most time any one call to the cluster, the store, Jira, a webhook or Prometheus may take, "
+        "its retries included (default: $GPUCERT_TIMEOUT, else 20); give it before the command",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     compare = commands.add_parser(
@@ -312,10 +322,33 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", default="nvidia.com/gpu.present=true", help="label selector of GPU nodes")
 
 
+@contextlib.contextmanager
+def _call_timeout(seconds: float | None) -> Iterator[None]:
+    """``$GPUCERT_TIMEOUT`` set to ``seconds`` while the command runs (restored after: tests run many
+    commands in one process), or, without it, checked. Raises :class:`InputError` for a bad variable."""
+    from .kube._retry import TIMEOUT_ENV, call_deadline_s
+
+    if seconds is None:
+        call_deadline_s()  # a bad value is one line and exit 2 now, not a failure in the middle of a run
+        yield
+        return
+    before = os.environ.get(TIMEOUT_ENV)
+    os.environ[TIMEOUT_ENV] = repr(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TIMEOUT_ENV, None)
+        else:
+            os.environ[TIMEOUT_ENV] = before
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` (default: ``sys.argv``); returns its exit status (see the module)."""
     args = _parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        with _call_timeout(args.call_timeout):
+            return _dispatch(args)
     except InputError as exc:
         print(f"gpucert: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -7,6 +7,8 @@ after reading a fleet's results; each writes its output whole or not at all.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,12 +27,46 @@ __all__ = ["baseline_build", "baseline_list", "baseline_rebuild", "baseline_roll
 _ORDER = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 
 
-def _check_out(out: str) -> None:
+def _check_out(out: str, inputs: Sequence[tuple[str, str]]) -> None:
+    """Return if the verdicts can be written to ``out``; raise :class:`InputError` naming it otherwise.
+
+    ``out`` must end in .csv or .parquet, be no folder, lie in a folder that exists and can be written
+    (tried: a temporary file is made there and removed), and be none of ``inputs`` (``(option, path)``
+    pairs) by inode: writing the verdicts over a results or policy file would destroy it.
+    """
     path = Path(out)
     if path.suffix.lower() not in TABLE_SUFFIXES:
         raise InputError(f"--out {out}: write .csv or .parquet")
+    if path.is_dir():
+        raise InputError(f"--out {out}: is a folder; name a .csv or .parquet file")
+    if path.exists() and not path.is_file():
+        raise InputError(f"--out {out}: exists and is not a regular file")
     if not path.parent.exists():
         raise InputError(f"--out {out}: the folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise InputError(f"--out {out}: {path.parent} is not a folder")
+    for option, given in inputs:
+        if _same_file(path, Path(given)):
+            raise InputError(
+                f"--out {out} is the input {option} {given}: the verdicts would replace it; name another file"
+            )
+    try:
+        # The one sure test of a folder's permissions (root passes os.access; a read-only mount does not).
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise InputError(
+            f"--out {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether both exist and are one file: the same inode, whatever the spelling, link or hard link."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _open_existing(uri: str) -> BaselineStore:
@@ -64,7 +100,8 @@ def compare(
     baseline_version: str | None = None,
 ) -> int:
     policy = load_policy(policy_file)
-    _check_out(out)
+    inputs = [("RESULTS", r) for r in results] + ([("--policy", policy_file)] if policy_file else [])
+    _check_out(out, inputs)
     store = _open_existing(baselines)
     frame = read_results(results)
     try:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -22,7 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import PolicyError
 from .metrics import METRICS, PERF_METRICS
 
-__all__ = ["MetricPolicy", "Policy", "default_policy", "load_policy", "read_policy_file", "spec_floors"]
+__all__ = [
+    "DriftPolicy",
+    "MetricPolicy",
+    "Policy",
+    "default_policy",
+    "load_policy",
+    "read_policy_file",
+    "spec_floors",
+]
 
 
 class _Strict(BaseModel):
@@ -90,6 +98,22 @@ class BlastRadiusPolicy(_Strict):
     fraction: float = Field(ge=0, le=1)
 
 
+class DriftPolicy(_Strict):
+    """Slow drift on each GPU's own history (REFERENCE §4.8; gpucert/telemetry/_drift.py says why these)."""
+
+    method: Literal["cusum", "ewma"]
+    k: float = Field(gt=0)
+    h: float = Field(gt=0)
+    lam: float = Field(gt=0, le=1)
+    L: float = Field(gt=0)
+    shewhart: float = Field(gt=0)
+    clip: float = Field(gt=0)
+    clear: float = Field(ge=0)
+    window_runs: int = Field(ge=2)
+    lookback_days: float = Field(gt=0)
+    min_baseline_runs: int = Field(ge=1)
+
+
 class Policy(_Strict):
     metrics: dict[str, MetricPolicy]
     repeats: RepeatsPolicy
@@ -99,6 +123,7 @@ class Policy(_Strict):
     gates: GatesPolicy
     baseline: BaselinePolicy
     blast_radius: BlastRadiusPolicy
+    drift: DriftPolicy
     observe_only: bool = False
     spec_floors_file: str | None = Field(
         default=None, description="a CSV of gpu_model,metric,floor replacing the shipped floors"

@@ -13,13 +13,7 @@ from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
 from gpucert.store import BaselineStore
-from gpucert.telemetry import (
-    ExporterScrape,
-    PrometheusAuthError,
-    PrometheusSource,
-    drift_alarms,
-    history_from_store,
-)
+from gpucert.telemetry import ExporterScrape, PrometheusAuthError, PrometheusSource, check_drift
 from gpucert.verdict import judge
 
 __all__ = ["drift_check", "telemetry_check"]
@@ -81,12 +75,9 @@ def telemetry_check(
 
 @task(name="drift", cache_policy=NO_CACHE)
 def drift_check(store: BaselineStore, policy: Policy) -> dict[str, str]:
-    """CUSUM over each GPU's own history of runs; returns node → why it should be re-certified."""
-    history = history_from_store(store)
-    if history.empty:
-        return {}
-    alarms = drift_alarms(history, store.read(), method="cusum", policy=policy)
-    asked: dict[str, str] = {}
-    for row in alarms.itertuples(index=False):  # alarms are few: one line per alarmed series
-        asked.setdefault(str(row.node), f"drift: {row.reason}")
+    """The policy's drift chart over each GPU's own last certifications (``policy.drift``); returns node →
+    why it should be re-certified (its worst alarm)."""
+    drift = check_drift(store, policy)
+    asked = drift.asked()
+    get_run_logger().info("drift: %d series in alarm; %d nodes asked to re-certify", len(drift.alarms), len(asked))
     return asked

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -703,3 +705,167 @@ def test_dcgm_step_turns_failed_tests_into_error_rows(
     assert [(r["metric"], r["gpu"]) for r in rows] == [("error", 1)]
     line = next(x for x in err.splitlines() if x.startswith("gpucert-dcgm: "))
     assert json.loads(line.removeprefix("gpucert-dcgm: "))["Memory"] == "fail"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Repeats that disagree are measured again, up to --max-repeats (REFERENCE.md §4.3)
+
+
+class _Scripted:
+    """Stands in for a torch step: each (metric, GPU) returns its script's values in turn, then its last."""
+
+    def __init__(self, scripts: dict[tuple[str, int], list[float]], default: list[float]) -> None:
+        self.scripts = scripts
+        self.default = default
+        self.calls: Counter[tuple[str, int]] = Counter()
+        #: the GPU being measured: every CPU device is the same torch device, so the run's choice is kept
+        self.current = 0
+
+    def step(self, metric: str) -> Any:
+        def measure(_torch: Any, _device: Any, *_args: Any, **_kw: Any) -> float:
+            gpu = self.current
+            values = self.scripts.get((metric, gpu), self.default)
+            i = self.calls[(metric, gpu)]
+            self.calls[(metric, gpu)] += 1
+            return values[min(i, len(values) - 1)]
+
+        return measure
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> _Scripted:
+    pytest.importorskip("torch", reason="the CPU devices are torch's")
+    from gpucert.bench import _run as run_module
+
+    # GPU 0's GEMM: two transients among its first three; GPU 1's: oscillating for good.
+    fake = _Scripted(
+        {
+            ("gemm_bf16_tflops", 0): [700.0, 500.0, 520.0, 700.0, 701.0],
+            ("gemm_bf16_tflops", 1): [700.0, 600.0, 800.0, 650.0, 750.0, 620.0, 780.0, 700.0, 640.0],
+        },
+        [100.0, 100.1, 99.9],
+    )
+    real_device = run_module._Run._torch_device
+
+    def device(self: Any, torch_index: int) -> Any:
+        fake.current = torch_index
+        return real_device(self, torch_index)
+
+    monkeypatch.setattr(run_module._Run, "_torch_device", device)
+    monkeypatch.setattr(run_module, "gemm_tflops", fake.step("gemm_bf16_tflops"))
+    monkeypatch.setattr(run_module, "copy_gbps", fake.step("hbm_copy_gbps"))
+    monkeypatch.setattr(
+        run_module,
+        "transfer_gbps",
+        lambda torch, d, n, s, *, to_device: fake.step("h2d_gbps" if to_device else "d2h_gbps")(torch, d),
+    )
+    return fake
+
+
+def _repeats_of(rows: list[dict[str, Any]]) -> dict[tuple[str, int | None], list[int]]:
+    got: dict[tuple[str, int | None], list[int]] = {}
+    for r in rows:
+        if METRICS[r["metric"]].kind == "perf":
+            got.setdefault((r["metric"], r["gpu"]), []).append(r["repeat"])
+    return got
+
+
+def test_unstable_repeats_are_measured_again_up_to_the_maximum(scripted: _Scripted) -> None:
+    skip = frozenset({"allreduce", "telemetry", "dcgm"})
+    opts = Options("t5", "node-d", device="cpu", gemm_warmup_seconds=0.0, skip=skip)
+    rows, err = _run_in_process(opts)
+    repeats = _repeats_of(rows)
+    # Two transients of three: two more settle it (their median is out of the transients' reach).
+    assert repeats[("gemm_bf16_tflops", 0)] == [0, 1, 2, 3, 4]
+    # Never agreeing: it stops at --max-repeats (7), and says so.
+    assert repeats[("gemm_bf16_tflops", 1)] == list(range(7))
+    assert scripted.calls[("gemm_bf16_tflops", 1)] == 7
+    # Stable metrics stay at --repeats.
+    for metric in ("hbm_copy_gbps", "h2d_gbps", "d2h_gbps"):
+        for gpu in (0, 1):
+            assert repeats[(metric, gpu)] == [0, 1, 2], (metric, gpu)
+    # Its median (520) is a transient itself: the good repeat stands far above it.
+    assert "GPU 0: gemm_bf16_tflops: repeats disagree (1 of 3 repeats far above their median): 2 more, 5 of" in err
+    assert "GPU 1: gemm_bf16_tflops: repeats still disagree after 7" in err
+
+
+def test_max_repeats_equal_to_repeats_turns_extra_repeats_off(scripted: _Scripted) -> None:
+    skip = frozenset({"allreduce", "telemetry", "dcgm"})
+    opts = Options("t5", "node-d", device="cpu", gemm_warmup_seconds=0.0, skip=skip, max_repeats=3)
+    rows, err = _run_in_process(opts)
+    assert {k: len(v) for k, v in _repeats_of(rows).items()} == dict.fromkeys(_repeats_of(rows), 3)
+    assert "at the maximum of 3" in err
+
+
+def test_no_extra_repeat_starts_when_it_would_not_fit_before_the_deadline(scripted: _Scripted) -> None:
+    skip = frozenset({"allreduce", "telemetry", "dcgm"})
+    opts = Options("t5", "node-d", device="cpu", gemm_warmup_seconds=0.0, skip=skip, deadline_s=5.0)
+    rows, err = _run_in_process(opts)
+    assert all(len(v) == 3 for v in _repeats_of(rows).values())
+    assert "would not fit before the deadline" in err
+    # With time enough, the same run measures again.
+    scripted.calls.clear()
+    opts = replace(opts, deadline_s=3600.0)
+    rows, _ = _run_in_process(opts)
+    assert len(_repeats_of(rows)[("gemm_bf16_tflops", 0)]) == 5
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for all_reduce_perf")
+def test_the_all_reduce_is_measured_again_when_its_repeats_disagree(tmp_path: Path) -> None:
+    text = FIXTURE.read_text(encoding="utf-8")
+    (tmp_path / "good.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "low.txt").write_text(text.replace("338.82", "250.00").replace("337.35", "249.00"))
+    tool = tmp_path / "all_reduce_perf"
+    tool.write_text(
+        textwrap.dedent(
+            f"""\
+            #!/bin/sh
+            n=$(cat '{tmp_path}/count' 2>/dev/null || echo 0); n=$((n + 1)); echo $n > '{tmp_path}/count'
+            case $n in 2|3) cat '{tmp_path}/low.txt';; *) cat '{tmp_path}/good.txt';; esac
+            """
+        ),
+        encoding="utf-8",
+    )
+    tool.chmod(0o755)
+    skip = frozenset({"gemm", "copy", "h2d", "d2h"})
+    rows, err = _run_in_process(Options("t6", "node-e", device="cuda", skip=skip, nccl_tests=str(tool)))
+    busbw = [(r["repeat"], r["value"]) for r in rows if r["metric"] == "nccl_allreduce_busbw_gbps"]
+    assert busbw == [(0, 338.82), (1, 250.0), (2, 250.0), (3, 338.82), (4, 338.82)]
+    assert "node: nccl_allreduce_busbw_gbps: repeats disagree" in err
+
+
+def test_repeat_options_parse_and_default_to_the_policy() -> None:
+    from gpucert.policy import default_policy
+
+    base = ["--run-id", "ok", "--node", "n"]
+    opts = parse_args(base)
+    policy = default_policy()
+    assert (opts.repeats, opts.max_repeats, opts.deadline_s) == (3, 7, 0.0)
+    assert dict(opts.cv_rep) == {m: p.cv_rep for m, p in policy.metrics.items()}
+    assert (opts.unstable_factor, opts.transient_pct) == (
+        policy.repeats.unstable_factor,
+        policy.repeats.transient_pct,
+    )
+    opts = check_args(
+        [*base, "--repeats", "5", "--max-repeats", "3", "--cv-rep", "h2d_gbps=0.02", "--unstable-factor", "4",
+         "--transient-pct", "6", "--deadline-seconds", "3000"]
+    )  # fmt: skip
+    assert opts.max_repeats == 5  # never fewer than --repeats
+    assert dict(opts.cv_rep)["h2d_gbps"] == 0.02
+    assert dict(opts.cv_rep)["gemm_bf16_tflops"] == 0.007
+    assert (opts.unstable_factor, opts.transient_pct, opts.deadline_s) == (4.0, 6.0, 3000.0)
+    for bad, words in (
+        (["--cv-rep", "pcie_gen=0.1"], "not METRIC=CV"),
+        (["--cv-rep", "h2d_gbps=2"], "fraction"),
+        (["--unstable-factor", "1"], "above 1"),
+        (["--transient-pct", "100"], "between 0 and 100"),
+        (["--max-repeats", "0"], "at least 1"),
+    ):
+        with pytest.raises(ArgumentsError, match=words):
+            check_args([*base, *bad])
+
+
+def test_the_deadline_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCERT_DEADLINE_S", "1800")
+    assert parse_args(["--run-id", "ok"]).deadline_s == 1800.0
+    assert parse_args(["--run-id", "ok", "--deadline-seconds", "60"]).deadline_s == 60.0

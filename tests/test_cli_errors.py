@@ -117,6 +117,13 @@ CASES = [
     ("sim-port", ["sim", "up", "--kubeconfig", "{d}/k", "--port", "70000"], "--port"),
     ("sim-nodes", ["sim", "up", "--kubeconfig", "{d}/k", "--nodes", "0"], "--nodes"),
     ("demo-nodes", ["demo", "--nodes", "-3"], "--nodes"),
+    ("compare-out-is-results", ["compare", "{d}/results.csv", "--baselines", "file://{d}/store", "--out",
+                                "{d}/results.csv"], "is the input RESULTS {d}/results.csv"),
+    ("configure-dry-run-file", ["configure", "--kubeconfig", "{kc}", "--dry-run", "{d}/results.csv"], "is a file"),
+    ("configure-kubeconfig-nul", ["configure", "--kubeconfig", "{d}/kube-nul.yaml"], "NUL"),
+    ("release-kubeconfig-list", ["release", "n1", "--kubeconfig", "{d}/kube-list.yaml", "--store",
+                                 "file://{d}/store"], "mapping"),
+    ("timeout-zero", ["--timeout", "0", "baseline", "list", "--store", "file://{d}/store"], "--timeout"),
 ]  # fmt: skip
 
 

@@ -537,3 +537,37 @@ def test_a_hundred_thousand_gpus_take_seconds() -> None:
     assert f.n_gpus == 100_000
     assert len(wave.truth) == 500
     assert done - start < 30  # a Python loop over GPUs or rows would take minutes, not seconds
+
+
+# --- the payload's adaptive repeats ---------------------------------------------------------------------
+
+
+def test_repeats_that_disagree_are_drawn_again_as_the_payload_does() -> None:
+    from gpucert.bench._stability import RepeatRule
+
+    f = Fleet.generate(nodes=16, seed=4, noise=NoiseModel(transient_rate=0.3))
+    adaptive = plain(f.run("a", ts=MIDNIGHT, seed=8, pairs=True).results)
+    fixed = plain(f.run("a", ts=MIDNIGHT, seed=8, pairs=True, max_repeats=3).results)
+    perf = adaptive[adaptive["metric"].isin(PERF_METRICS)]
+    # The first three repeats are the fixed wave's, to the bit; the rest of the frame too.
+    first = perf[perf["repeat"] < 3].reset_index(drop=True)
+    pd.testing.assert_frame_equal(first, fixed[fixed["metric"].isin(PERF_METRICS)].reset_index(drop=True))
+    rest = adaptive[~adaptive["metric"].isin(PERF_METRICS)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(rest, fixed[~fixed["metric"].isin(PERF_METRICS)].reset_index(drop=True))
+    rule = RepeatRule()
+    seen: Counter[tuple[str, bool]] = Counter()
+    for (_node, _gpu, metric, _peer), result in perf.groupby(["node", "gpu", "metric", "peer"]):
+        values = result["value"].tolist()
+        n = len(values)
+        assert result["repeat"].tolist() == list(range(n))
+        assert 3 <= n <= 7
+        # More only where the first three disagreed; it stops once they agree, or at the maximum.
+        assert rule.judge(metric, values[:3]).unstable == (n > 3)
+        assert not rule.judge(metric, values).unstable or n == 7
+        seen[metric, n > 3] += 1
+    assert seen[GEMM, True] > 0
+    assert seen[NCCL, True] > 0
+    assert seen[GEMM, False] > seen[GEMM, True]
+    # One repeat (the simulated cluster's DCGM and fault checks) is never judged, so never extended.
+    one = f.run("a", ts=MIDNIGHT, seed=8, repeats=1).results
+    assert (one["repeat"] == 0).all()

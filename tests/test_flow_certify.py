@@ -170,3 +170,44 @@ def test_a_run_is_named_by_its_run_id_in_the_ui(tmp_path: Path) -> None:
         Path(tmp_path) / f"runs/date={outcome.day}/run={outcome.run_id}/decisions.parquet"
     )
     assert sorted(decisions["node"]) == outcome.nodes
+
+
+def test_the_flow_and_compare_with_its_reruns_settle_alike(tmp_path: Path) -> None:
+    """``gpucert compare FIRST --rerun SECOND … --decisions D`` reaches the decision the flow recorded, from
+    the run's own files: the same judging of re-runs among the cohort, the same settle."""
+    store = open_store(f"file://{tmp_path}")
+    with SimCluster(nodes=12, preconfigured=True, seed=3) as sim:
+        _run(sim, tmp_path, run_id="cert-seed")
+        before = store.current_version()
+        sim.inject_fault(Fault("pcie_gen4", sim.fleet.node_names[2], 4))  # a fail that a re-run must confirm
+        outcome = _run(sim, tmp_path, run_id="cert-pair")
+    assert outcome.reruns
+    folder = tmp_path / f"runs/date={outcome.day}/run=cert-pair"
+    reruns = [
+        arg
+        for i in range(1, len(outcome.reruns) + 1)
+        for arg in ("--rerun", str(folder / f"results-c{i}.parquet"))
+    ]
+    out, decisions = tmp_path / "v.parquet", tmp_path / "d.parquet"
+    argv = ["compare", str(folder / "results.parquet"), *reruns, "--baselines", f"file://{tmp_path}",
+            "--baseline-version", str(before), "--out", str(out), "--decisions", str(decisions)]  # fmt: skip
+    assert main(argv) == 0
+    columns = [
+        "node",
+        "state",
+        "verdict",
+        "cause",
+        "hard_gate",
+        "confirmed",
+        "taint",
+        "runs",
+        "summary",
+        "settled",
+    ]
+    offline = pd.read_parquet(decisions)[columns].reset_index(drop=True)
+    recorded = pd.read_parquet(folder / "decisions.parquet")[columns].reset_index(drop=True)
+    pd.testing.assert_frame_equal(offline, recorded, check_dtype=False)
+    assert offline.loc[offline["node"] == sim.fleet.node_names[2], "state"].item() == "failed"
+    settled = pd.read_parquet(out)
+    stored = pd.read_parquet(folder / "verdicts.parquet")
+    assert list(settled["verdict"]) == list(stored["verdict"])

@@ -13,8 +13,7 @@ import pytest
 
 from blocks.cluster import GpuCluster
 from flows.onboard import idempotency_key, onboard
-from gpucert.kube import connect
-from gpucert.kube._watch import joined_nodes
+from gpucert.kube import announce_joined_nodes, connect
 from gpucert.sim import SimCluster
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -30,7 +29,9 @@ def sim() -> Iterator[SimCluster]:
 def test_watch_nodes_reports_nodes_waiting_to_be_onboarded(sim: SimCluster) -> None:
     kube = connect(sim.kubeconfig_path)
     [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
-    found = list(joined_nodes(kube, taint="gpucert.io/uncertified", follow=False))
+    found: list[tuple[str, str]] = []
+    announce_joined_nodes(kube, prefix="gpucert.io", selector=None, emit=lambda n, u: found.append((n, u)),
+                          follow=False)  # fmt: skip
     assert [name for name, _ in found] == [new]
     assert found[0][1] == kube.get("v1", "Node", new)["metadata"]["uid"]
 

@@ -338,3 +338,77 @@ def test_render_a_thousand_nodes_fast() -> None:
     elapsed = time.perf_counter() - started
     assert elapsed < 2.0, f"render_html took {elapsed:.2f} s for 1,000 nodes"
     assert len(page) < 2_000_000
+
+
+# --- the drift view: each drifting GPU's own history ---------------------------------------------------
+
+
+def _drifting_fleet() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """80 GPUs over 14 nights: GPU 0 loses 0.5 % of GEMM a night, GPU 1 drops 3 % from night 6."""
+    from .test_drift import decline, step, synthetic
+
+    return synthetic(80, 14, seed=21, factor={0: decline(-0.005), 1: step(-0.03, first=6)})
+
+
+def test_drift_view_draws_each_alarmed_gpu_s_own_history() -> None:
+    from gpucert.report import drift_view, render_drift_html
+    from gpucert.telemetry import drift_alarms
+
+    history, baseline = _drifting_fleet()
+    alarms = drift_alarms(history, baseline)
+    assert {"GPU-000000", "GPU-000001"} <= set(alarms["gpu_uuid"])
+    view = drift_view(alarms, history, baseline)
+    assert view.n_alarms == len(alarms)
+    assert len(view.charts) == len(alarms)
+    titles = [c.title for c in view.charts]
+    assert "node-0000/1 · gemm_bf16_tflops" in titles
+    stepped = view.charts[titles.index("node-0000/1 · gemm_bf16_tflops")]
+    assert len(stepped.points) == 14  # every night's value
+    assert [m.text for m in stepped.markers] == ["alarm"]  # raised on the first night of the step
+    alarm_x = stepped.markers[0].x
+    assert [p.x for p in stepped.points][5] == alarm_x
+    reds = [p for p in stepped.points if p.colour == "#c62828"]
+    assert len(reds) == 9 and min(p.x for p in reds) == alarm_x  # in alarm from night 6 on
+    assert all(p.y > stepped.zero_y for p in reds)  # below its own baseline
+
+    page = render_drift_html(alarms, history, baseline, title="drift <night>")
+    assert page.startswith("<!DOCTYPE html>")
+    assert "drift &lt;night&gt;" in page
+    assert 'id="drift"' in page
+    charts = [s for s in svgs(page) if s.get("class") == "drift"]
+    assert len(charts) == len(alarms)
+    circles = charts[0].findall(f"{SVG_NS}circle")
+    assert len(circles) >= 14 + 1  # the nights, and the alarm's ring
+    assert "% of its own baseline" in page
+    assert not re.search(r"<script|<link|<img|@import|url\(|src=", page, flags=re.I)
+
+
+def test_drift_view_in_the_certify_report_and_with_nothing_to_draw(night: Night) -> None:
+    from gpucert.report import drift_view, render_drift_html
+    from gpucert.telemetry import drift_alarms
+
+    history, baseline = _drifting_fleet()
+    alarms = drift_alarms(history, baseline)
+    page = render_html(
+        night.results, night.verdicts, run_id="night-1000", baseline=night.baseline,
+        drift=drift_view(alarms, history, baseline, max_series=1),
+    )  # fmt: skip
+    assert "Drift on each GPU's own history" in page
+    assert f"{len(alarms)} series in alarm on 1 node; the worst 1 are drawn." in page
+    assert len([s for s in svgs(page) if s.get("class") == "drift"]) == 1
+    assert 'id="drift"' not in render_html(night.results, night.verdicts, run_id="night-1000")
+    quiet = render_drift_html(alarms.iloc[:0], history, baseline)
+    assert "No GPU or node is drifting from its own baseline." in quiet
+
+
+def test_drift_view_escapes_hostile_names() -> None:
+    from gpucert.report import render_drift_html
+    from gpucert.telemetry import drift_alarms
+
+    history, baseline = _drifting_fleet()
+    history["node"] = history["node"].cat.rename_categories({"node-0000": HOSTILE})
+    alarms = drift_alarms(history, baseline)
+    page = render_drift_html(alarms, history, baseline)
+    assert HOSTILE not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;/1 · gemm_bf16_tflops" in page
+    assert all(svg is not None for svg in svgs(page))

@@ -371,7 +371,9 @@ def test_round_trip(tmp_path: Path, suffix: str) -> None:
 
 def test_round_trip_keeps_every_float_and_microsecond(tmp_path: Path) -> None:
     frame = _good().copy()
-    awkward = [0.1 + 0.2, 1 / 3, 5e-324, 1.7976931348623157e308, 1e20, 2.5e-7, 0.0]
+    # Rows 0-3 are GEMM TFLOPS, 4-5 HBM GB/s: awkward floats within what a GPU can measure (the largest
+    # is the GEMM bound for any GPU, the float just below the HBM one).
+    awkward = [0.1 + 0.2, 1 / 3, 5e-324, 25000.0, np.nextafter(120000.0, 0.0), 2.5e-7]
     frame["value"] = [*awkward, *frame["value"].iloc[len(awkward) :]]
     frame["ts"] = frame["ts"] + pd.to_timedelta(np.arange(len(frame)), unit="us")
     for suffix in (".csv", ".parquet", ".jsonl"):
@@ -425,7 +427,7 @@ def test_shuffling_rows_does_not_change_validity(order: list[int], again: int) -
 @given(
     order=st.permutations(range(23)),
     row=st.integers(0, 22),
-    corruption=st.sampled_from(["nan", "negative", "unknown metric"]),
+    corruption=st.sampled_from(["nan", "negative", "unknown metric", "implausible"]),
 )
 def test_a_single_corrupted_value_is_reported_at_its_row(order: list[int], row: int, corruption: str) -> None:
     frame = _good().iloc[list(order)].reset_index(drop=True)
@@ -433,9 +435,117 @@ def test_a_single_corrupted_value_is_reported_at_its_row(order: list[int], row: 
         frame["metric"] = frame["metric"].cat.add_categories(["gemm_bf16_tflopz"])
         frame.loc[row, "metric"] = "gemm_bf16_tflopz"
         column = "metric"
+    elif corruption == "implausible":
+        frame.loc[row, "value"] = 1e300  # beyond the physical bound of every metric, for any GPU
+        column = "value"
     else:
         frame.loc[row, "value"] = np.nan if corruption == "nan" else -1 - float(frame["value"].iloc[row])
         column = "value"
     with pytest.raises(ResultsError) as info:
         parse_results(frame, "corrupted")
     assert [(p.row, p.column) for p in info.value.problems] == [(row + 1, column)]
+
+
+# Physical bounds -----------------------------------------------------------------------------------------
+# gpucert/data/physical_bounds.csv: a value no GPU can measure is refused with its row and the column
+# 'value', whatever the metric; one at the edge of the range is fine.
+
+# Row 6 of _good() is a per-GPU telemetry row (node-a GPU 0), row 9 the node's gpu_count, row 12 an XID,
+# row 14 an error, row 17 an H2D measurement, row 8 the node's NCCL busbw.
+_IMPOSSIBLE = [
+    (6, "pcie_gen", 7.0, "1 to 6 generation"),
+    (6, "pcie_gen", 0.0, "1 to 6 generation"),
+    (6, "pcie_gen_max", 9.0, "1 to 6 generation"),
+    (6, "pcie_width", 64.0, "1 to 32 lanes"),
+    (6, "pcie_width_max", 0.0, "1 to 32 lanes"),
+    (6, "temp_max_c", 300.0, "0 to 150 °C"),
+    (6, "temp_slowdown_c", 1.7976931348623157e308, "0 to 150 °C"),
+    (6, "hw_slowdown_frac", 1.5, "0 to 1 fraction"),
+    (6, "remapped_rows_pending", 2.0, "0 to 1 flag"),
+    (6, "remapped_rows_failure", 3.0, "0 to 1 flag"),
+    (6, "nvlink_down", 19.0, "0 to 18 links"),
+    (6, "power_limit_w", 70000.0, "0 to 5000 W"),
+    (6, "ecc_sbe_volatile", 1e30, "0 to 1.84467e+19 count"),
+    (6, "clocks_event_reasons", 2.0**70, "bitmask"),
+    (6, "pcie_replays_per_min", 1e300, "1/min"),
+    (9, "gpu_count", 1000.0, "0 to 64 GPUs"),
+    (12, "xid", 0.0, "1 to 65535 code"),
+    (14, "error", 2.0, "1 to 1 flag"),
+    (0, "gemm_bf16_tflops", 1.7976931348623157e308, "0 to 25000 TFLOPS"),
+    (0, "gemm_bf16_tflops", 812.4 * 1000, "0 to 25000 TFLOPS"),
+    (4, "hbm_copy_gbps", 4310.5 * 1000, "0 to 120000 GB/s"),
+    (17, "h2d_gbps", 55.2 * 1000, "0 to 1600 GB/s"),
+    (8, "nccl_allreduce_busbw_gbps", 352.7 * 1000, "0 to 24000 GB/s"),
+]
+
+
+def _with_value(row: int, metric: str, value: float) -> pd.DataFrame:
+    frame = _good().copy()
+    if metric not in frame["metric"].cat.categories:
+        frame["metric"] = frame["metric"].cat.add_categories([metric])
+    frame.loc[row, "metric"] = metric
+    frame.loc[row, "value"] = value
+    return frame
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize(("row", "metric", "value", "words"), _IMPOSSIBLE)
+def test_a_value_no_gpu_can_measure_is_refused_at_its_row(
+    row: int, metric: str, value: float, words: str
+) -> None:
+    with pytest.raises(ResultsError) as info:
+        parse_results(_with_value(row, metric, value), "frame")
+    assert [(p.row, p.column) for p in info.value.problems] == [(row + 1, "value")]
+    message = str(info.value)
+    assert f"is outside the physical range of {metric!r} for any GPU" in message
+    assert words in message
+
+
+@pytest.mark.parametrize(
+    ("row", "metric", "value"),
+    [
+        (6, "pcie_gen", 6.0),
+        (6, "pcie_gen", 1.0),
+        (6, "temp_max_c", 150.0),
+        (6, "temp_max_c", 0.0),
+        (6, "hw_slowdown_frac", 1.0),
+        (6, "nvlink_down", 18.0),
+        (6, "clocks_event_reasons", float(0xFFFF)),
+        (6, "pcie_replays_per_min", 12.5),
+        (0, "gemm_bf16_tflops", 25000.0),  # beyond the H200's spec, yet a file may hold it (see the baseline)
+        (0, "gemm_bf16_tflops", 0.0),  # a GPU that computed nothing is a failing GPU, not a broken file
+        (14, "error", 1.0),
+    ],
+)
+def test_a_value_at_the_edge_of_its_physical_range_reads(row: int, metric: str, value: float) -> None:
+    assert parse_results(_with_value(row, metric, value), "frame")["value"].iloc[row] == value
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_file_with_an_impossible_value_names_its_line(tmp_path: Path) -> None:
+    header, *lines = GOOD_CSV.read_text().splitlines()
+    lines[7] = lines[7].replace(",temp_max_c,71,", ",temp_max_c,710,")
+    lines[0] = lines[0].replace(",812.4,", ",1e308,")
+    path = tmp_path / "spoilt.csv"
+    path.write_text("\n".join([header, *lines]) + "\n")
+    error = _error(path)
+    assert [(p.row, p.column) for p in error.problems] == [(2, "value"), (9, "value")]
+    assert "value '710' is outside the physical range of 'temp_max_c'" in str(error)
+
+
+def test_every_metric_has_a_physical_bound_with_its_source() -> None:
+    from gpucert.metrics import ANY_MODEL, METRICS, PERF_METRICS, physical_bounds
+    from gpucert.policy import spec_floors
+
+    bounds = physical_bounds()
+    floors = spec_floors()
+    assert {name for model, name in bounds if model == ANY_MODEL} == set(METRICS)
+    assert all(bound.source for bound in bounds.values())
+    for (model, name), bound in bounds.items():
+        if model != ANY_MODEL:
+            # A model's ceiling is tighter than the one for any GPU, and above its spec floor.
+            assert name in PERF_METRICS
+            assert bound.high <= bounds[(ANY_MODEL, name)].high
+            assert floors.get((model, name), 0.0) < bound.high
+    assert bounds[("NVIDIA H200", "gemm_bf16_tflops")].high < 1.1 * 989  # the spec peak, not far beyond
+    assert bounds[("NVIDIA H100 80GB HBM3", "hbm_copy_gbps")].high < 1.1 * 3350

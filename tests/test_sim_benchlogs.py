@@ -27,6 +27,7 @@ from gpucert.certify import (
     update_baselines,
 )
 from gpucert.certify._collect import CollectedResults
+from gpucert.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
 from gpucert.kube import Kube, RetryPolicy, connect
 from gpucert.policy import default_policy
 from gpucert.sim import STACK_NAMESPACE, SimCluster
@@ -47,6 +48,7 @@ from .conftest import eventually
 PREFIX = "gpucert.io"
 NEW_DRIVER = "570.211.01"
 DRIVER_PODS = "app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=driver"
+BENCHMARKS = (*GPU_PERF_METRICS, "nccl_allreduce_busbw_gbps")
 
 
 def node(i: int) -> str:
@@ -213,3 +215,49 @@ def test_node_driver_reads_the_running_driver_pod_else_a_host_driver() -> None:
                                     "nvidia.com/cuda.driver-version.full": "550.163.01"}}}  # fmt: skip
     assert node_driver(host, []) == "550.163.01"
     assert node_driver({"metadata": {"labels": {}}}, []) is None
+
+
+def test_a_simulated_payload_measures_again_when_a_transient_unsettles_its_repeats(
+    sim: SimCluster, kube: Kube
+) -> None:
+    """The simulated payload does what the real one does: repeats that disagree get more, up to the max."""
+    calm = sim.fleet
+    # The same GPUs (same seed: same identities), with transient bad repeats far more often than usual.
+    sim.fleet = Fleet.generate(
+        nodes=2, gpus_per_node=8, model="NVIDIA H200", seed=21, noise=NoiseModel(transient_rate=0.3)
+    )
+    try:
+        adaptive, log = benchmark_with_log(kube, "rep-1", node(0), BenchmarkSettings())
+        capped, _ = benchmark_with_log(
+            kube, "rep-2", node(0), BenchmarkSettings(payload_args=("--max-repeats=3",))
+        )
+    finally:
+        sim.fleet = calm
+    perf = adaptive.results[adaptive.results["metric"].isin(BENCHMARKS)]
+    counts = perf.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].agg(["size", "max"])
+    assert (counts["max"] == counts["size"] - 1).all()  # repeats numbered 0..n-1
+    assert counts["size"].between(3, 7).all()
+    assert (counts["size"] == 3).any()
+    extended = counts[counts["size"] > 3]
+    assert len(extended)
+    # The log says so, as the payload does, once per result measured again; the collector reads it clean.
+    said = [line for line in log.splitlines() if "repeats disagree" in line]
+    assert len(said) == len(extended)
+    assert not adaptive.warnings
+    # --max-repeats 3 (a payload argument of the Job): no more than three.
+    assert (capped.results.loc[capped.results["metric"].isin(BENCHMARKS), "repeat"] < 3).all()
+
+
+def benchmark_with_log(
+    kube: Kube, run_id: str, target: str, settings: BenchmarkSettings
+) -> tuple[CollectedResults, str]:
+    """Like :func:`benchmark`, with the Job's settings, and the pod's log as well."""
+    payload = ensure_payload(kube, payload_configmap(settings))
+    job = kube.create(benchmark_job(run_id, target, 8, payload=payload, settings=settings))
+    name = job["metadata"]["name"]
+    outcome = eventually(
+        lambda: o if (o := observe(kube, settings.namespace, name, node=target)).finished else None, 10
+    )
+    assert (outcome.state, outcome.reason) == ("succeeded", None), outcome.message
+    assert outcome.pod is not None
+    return collect_results(kube, outcome), kube.pod_log(outcome.pod, outcome.namespace)

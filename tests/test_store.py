@@ -881,3 +881,68 @@ def test_links_refuse_unsafe_keys_and_impossible_expiries(store: BaselineStore) 
         with pytest.raises(ValueError, match="expires_s"):
             store.link("runs/x", expires_s=expires_s)
     assert store.link("runs/x", expires_s=7 * 24 * 3600).startswith("file://")
+
+
+# --- provenance: the runs a baseline rests on -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"runs": "seed-0"}, "must be a JSON array of distinct run ids, not 'seed-0'"),
+        ({"runs": '{"run": "seed-0"}'}, "must be a JSON array of distinct run ids"),
+        ({"runs": '["seed-0", 7]'}, "must be a JSON array of distinct run ids"),
+        ({"runs": '["seed-0", ""]'}, "must be a JSON array of distinct run ids"),
+        ({"runs": '["seed-0", "seed-0"]'}, "must be a JSON array of distinct run ids"),  # a run merged twice
+        ({"runs": '["a", "b", "c"]', "n": 2}, "names 3 runs, more than n = 2"),
+        ({"runs": 17}, "must be text"),
+    ],
+)
+def test_validation_names_a_bad_runs_value(change: dict[str, Any], words: str) -> None:
+    frame = pd.DataFrame([row("GPU-1", runs='["seed-0"]'), {**row("GPU-2"), **change}])
+    with pytest.raises(BaselineFormatError) as caught:
+        validate_baseline(frame, "src")
+    message = str(caught.value)
+    assert message.startswith("src: 1 problem ")
+    assert "row 2, column 'runs'" in message
+    assert words in message
+
+
+def test_a_model_reference_may_rest_on_more_runs_than_its_sample_count_says() -> None:
+    # A model row's n counts samples (GPUs × runs), not runs; an own row's n counts runs.
+    model = row("NVIDIA H200", level="model", node="", n=1, runs='["a", "b"]')
+    assert validate_baseline(pd.DataFrame([model]), "src")["runs"].iloc[0] == '["a", "b"]'
+
+
+def test_runs_round_trip_and_an_absent_runs_column_reads_as_unknown(store: BaselineStore) -> None:
+    import io
+
+    import pyarrow.parquet as pq
+
+    frame = pd.DataFrame([row("GPU-1", runs='["seed-0", "seed-1"]', n=2), row("GPU-2")])
+    version = store.update(lambda t: frame, message="with runs")
+    got = store.read()
+    assert list(got["runs"]) == ['["seed-0", "seed-1"]', ""]
+    assert str(got["runs"].dtype) == "str"
+    # A version written before the column existed: its Parquet file has no 'runs' at all.
+    legacy = io.BytesIO()
+    validate_baseline(frame, "x").drop(columns="runs").to_parquet(legacy, index=False)
+    store.objects.put(f"baselines/v={version}/baseline.parquet", legacy.getvalue())
+    old = store.read()
+    assert list(old.columns) == list(BASELINE_COLUMNS)
+    assert list(old["runs"]) == ["", ""]
+    pd.testing.assert_frame_equal(old.drop(columns="runs"), got.drop(columns="runs"))
+    # An update over it writes the column from then on.
+    store.update(lambda t: t, message="rewrite")
+    written = store.objects.get(f"baselines/v={store.current_version()}/baseline.parquet")
+    assert written is not None
+    assert "runs" in pq.read_schema(io.BytesIO(written.data)).names
+
+
+def test_an_all_empty_optional_column_of_any_dtype_is_empty_text() -> None:
+    # pandas makes a column of a key no row has float64 (NaN): it is empty, not "numbers in a text column".
+    frame = pd.DataFrame([row("GPU-1"), row("GPU-2")], columns=list(BASELINE_COLUMNS))
+    assert str(frame["runs"].dtype) == "float64"
+    assert list(validate_baseline(frame, "src")["runs"]) == ["", ""]
+    with pytest.raises(BaselineFormatError, match="must hold text"):
+        validate_baseline(frame.assign(runs=[1.0, np.nan]), "src")

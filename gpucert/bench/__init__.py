@@ -18,6 +18,10 @@ stdout carries results rows only, one JSON object a line with the ten contract c
   the node's GPUs (NCCL, one spawned process per GPU; gloo over ``--cpu-devices`` processes on the CPU),
   busbw = algbw · 2(n−1)/n; or ``all_reduce_perf`` when ``--nccl-tests PATH`` is executable (more of its
   options in ``--nccl-tests-args``, except those that decide what is measured);
+* more repeats of a benchmark whose repeats disagree (:mod:`gpucert.bench._stability`: the verdict
+  engine's rule, with the policy's expected CVs as ``--cv-rep``, ``--unstable-factor`` and
+  ``--transient-pct``), up to ``--max-repeats`` (7) in all, while they fit before ``--deadline-seconds``:
+  a result's ``repeat`` column runs ``0..n-1`` for however many it took;
 * NVML telemetry sampled during the run (see :mod:`gpucert.bench._nvml` for each rule), ``xid`` events,
   ``gpu_count`` and, when given, ``gpu_count_expected``;
 * ``error`` rows (value 1; gpu level for a per-GPU step, node level otherwise) wherever a step could

@@ -11,9 +11,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
+from ..metrics import METRICS
 from ._dcgm import DIAG_LEVELS
 from ._nccl_tests import check_extra_args
 from ._run import STEPS, Options, run
+from ._stability import DEFAULT_CV_REP, DEFAULT_MAX_REPEATS, DEFAULT_TRANSIENT_PCT, DEFAULT_UNSTABLE_FACTOR
 
 __all__ = ["ArgumentsError", "build_parser", "check_args", "main", "parse_args"]
 
@@ -68,6 +70,42 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _cv_rep(text: str) -> tuple[str, float]:
+    """``METRIC=CV``: a performance metric's expected run-to-run CV, a fraction (``h2d_gbps=0.015``)."""
+    name, eq, number = text.partition("=")
+    name = name.strip()
+    if not eq or name not in METRICS or METRICS[name].kind != "perf":
+        perf = ", ".join(m for m, spec in METRICS.items() if spec.kind == "perf")
+        raise argparse.ArgumentTypeError(f"{text!r} is not METRIC=CV with METRIC one of {perf}")
+    try:
+        cv = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {number!r} is not a number") from None
+    if not 0 < cv < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a CV is a fraction between 0 and 1 (0.007 for 0.7 %)")
+    return name, cv
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the factor must be a finite number above 1")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: a percentage between 0 and 100")
+    return value
+
+
 def _run_id(text: str) -> str:
     if not _RUN_ID.fullmatch(text):
         raise argparse.ArgumentTypeError(
@@ -119,6 +157,23 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--node", default=None, help="node name (default: $NODE_NAME, else the hostname)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--repeats", type=_positive_int, default=3, help="measurements per benchmark (default 3)")
+    p.add_argument("--max-repeats", type=_positive_int, default=DEFAULT_MAX_REPEATS,
+                   help="when a benchmark's repeats disagree (robust CV or transients beyond the noise model), "
+                   f"measure more, up to this many in all (default {DEFAULT_MAX_REPEATS}; never fewer than "
+                   "--repeats: equal to it turns extra repeats off)")  # fmt: skip
+    p.add_argument("--cv-rep", type=_cv_rep, action="append", default=[], metavar="METRIC=CV",
+                   help="expected run-to-run CV of a metric, the policy's metrics.<name>.cv_rep (repeatable; "
+                   "defaults as in gpucert/data/policy.yaml)")  # fmt: skip
+    p.add_argument("--unstable-factor", type=_factor, default=DEFAULT_UNSTABLE_FACTOR,
+                   help="repeats disagree above this many times the expected CV: the policy's "
+                   f"repeats.unstable_factor (default {DEFAULT_UNSTABLE_FACTOR:g})")  # fmt: skip
+    p.add_argument("--transient-pct", type=_percent, default=DEFAULT_TRANSIENT_PCT,
+                   help="a repeat this far below its median (at least) is a transient: the policy's "
+                   f"repeats.transient_pct (default {DEFAULT_TRANSIENT_PCT:g})")  # fmt: skip
+    p.add_argument("--deadline-seconds", type=_seconds,
+                   help="seconds from the payload's start by which it must be done (the Job's deadline less "
+                   "image pull and scheduling): extra repeats start only while they and the work ahead fit "
+                   "(default: $GPUCERT_DEADLINE_S; none: no deadline)")  # fmt: skip
     p.add_argument("--gemm-n", type=_positive_int, help="square BF16 GEMM size (cuda 8192, cpu 256)")
     p.add_argument("--gemm-shape", type=_shape, help="GEMM shape MxNxK instead of --gemm-n")
     p.add_argument("--gemm-seconds", type=_seconds, help="sustained time per GEMM repeat (cuda 30, cpu 0.05)")
@@ -170,6 +225,12 @@ def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Op
         if not raw.isdigit():
             parser.error(f"GPUCERT_EXPECTED_GPUS={raw!r} is not a GPU count")
         expected = int(raw)
+    deadline = a.deadline_seconds
+    if deadline is None and os.environ.get("GPUCERT_DEADLINE_S", "").strip():
+        try:
+            deadline = _seconds(os.environ["GPUCERT_DEADLINE_S"].strip())
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"GPUCERT_DEADLINE_S: {exc}")
     n = int(pick("gemm_n"))
     node = a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
     return Options(
@@ -177,6 +238,11 @@ def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Op
         node=node,
         device=a.device,
         repeats=a.repeats,
+        max_repeats=max(a.repeats, a.max_repeats),
+        cv_rep=tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items()),
+        unstable_factor=a.unstable_factor,
+        transient_pct=a.transient_pct,
+        deadline_s=deadline or 0.0,
         gemm_shape=a.gemm_shape or (n, n, n),
         gemm_seconds=pick("gemm_seconds"),
         gemm_warmup_seconds=pick("gemm_warmup_seconds"),

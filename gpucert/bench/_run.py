@@ -1,5 +1,11 @@
 """The payload's run: discover, record the stack, benchmark each GPU in turn, all-reduce, summarise.
 
+Each benchmark runs ``--repeats`` times; when those disagree (:mod:`._stability`, the verdict engine's
+rule) it runs more, as many as could settle them, again while they still disagree, up to
+``--max-repeats`` in all, so that instability is resolved here rather than judged "re-run" later. Extra
+repeats start only while they, and the base work still ahead (the other GPUs, the all-reduce, DCGM),
+fit before ``--deadline-seconds``. The rows simply number the repeats ``0..n-1``.
+
 Every step that cannot run writes an ``error`` row (gpu level for a per-GPU step, node level otherwise)
 and a reason on stderr, and the run goes on with the next step. A step that hangs (a GPU that stopped
 answering) is caught by a watchdog: it writes the step's ``error`` row and the telemetry gathered so far,
@@ -11,20 +17,28 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from ._allreduce import AllReduceConfig, run_allreduce
-from ._dcgm import DcgmError, run_dcgm_diag
+from ._dcgm import DIAG_TIMEOUT_S, DcgmError, run_dcgm_diag
 from ._devices import Discovery, discover, stack_record
 from ._nccl_tests import NcclTestsError, run_all_reduce_perf
 from ._nvml import Sampler, describe
 from ._rows import RowWriter
+from ._stability import (
+    DEFAULT_CV_REP,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_TRANSIENT_PCT,
+    DEFAULT_UNSTABLE_FACTOR,
+    RepeatRule,
+)
 from ._torch_steps import copy_gbps, gemm_tflops, heat, transfer_gbps
 
 __all__ = ["STEPS", "Options", "run"]
@@ -35,6 +49,11 @@ STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm")
 STACK_PREFIX = "gpucert-stack: "
 DCGM_PREFIX = "gpucert-dcgm: "
 
+#: Kept free before the deadline: the telemetry summary and the last rows still have to be written.
+DEADLINE_MARGIN_S = 30.0
+# Base work not yet measured is planned at its nominal length times this (allocation, sync, start-up).
+_OVERHEAD = 1.25
+
 
 @dataclass(frozen=True)
 class Options:
@@ -42,6 +61,14 @@ class Options:
     node: str
     device: str = "cuda"
     repeats: int = 3
+    #: more repeats while they disagree, up to this many in all (never fewer than ``repeats``)
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    #: (metric, expected run-to-run CV): the policy's ``metrics.<name>.cv_rep``
+    cv_rep: tuple[tuple[str, float], ...] = tuple(DEFAULT_CV_REP.items())
+    unstable_factor: float = DEFAULT_UNSTABLE_FACTOR
+    transient_pct: float = DEFAULT_TRANSIENT_PCT
+    #: seconds from the payload's start by which it must be done; 0: no deadline
+    deadline_s: float = 0.0
     gemm_shape: tuple[int, int, int] = (8192, 8192, 8192)
     gemm_seconds: float = 30.0
     gemm_warmup_seconds: float = 10.0
@@ -63,6 +90,10 @@ class Options:
     sample_interval: float = 0.2
     step_timeout: float = 0.0  # 0: derived from the step's length
     hostname: str | None = None
+
+    @property
+    def rule(self) -> RepeatRule:
+        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct)
 
 
 class Watchdog:
@@ -102,11 +133,16 @@ class Watchdog:
 
 
 class _Run:
-    def __init__(self, opts: Options, found: Discovery, rows: RowWriter) -> None:
+    def __init__(self, opts: Options, found: Discovery, rows: RowWriter, started: float | None = None) -> None:
         self.opts = opts
         self.found = found
         self.rows = rows
         self.torch = found.torch
+        self.rule = opts.rule
+        started = time.monotonic() if started is None else started
+        self.deadline = started + opts.deadline_s if opts.deadline_s > 0 else None
+        #: the longest a GPU's base repeats have taken so far (its steps' ``repeats``, warm-up included)
+        self._gpu_seconds = 0.0
         self.sampler: Sampler | None = None
         self._telemetry_written = False
         self._telemetry_lock = threading.Lock()
@@ -134,8 +170,14 @@ class _Run:
             for _step, metric, _load, _secs, _fn in chosen:
                 self.rows.error(metric, self.found.torch_reason or "no GPU found (NVML and torch see none)")
             return
-        for index, dev in sorted(self.found.devices.items()):
-            for step, metric, load, seconds, fn in chosen:
+        nominal = [self._nominal(step, seconds) for step, _m, _l, seconds, _f in chosen]
+        devices = sorted(self.found.devices.items())
+        for position, (index, dev) in enumerate(devices):
+            gpu_seconds = 0.0
+            for q, (step, metric, load, seconds, fn) in enumerate(chosen):
+                # Base work after this step: the rest of this GPU's, the other GPUs', then the node's.
+                per_gpu = self._gpu_seconds or sum(nominal)
+                ahead = sum(nominal[q + 1 :]) + (len(devices) - position - 1) * per_gpu + self._node_work()
                 if self.torch is None or (self.found.torch_reason and self.found.kind == "cuda"):
                     self.rows.error(metric, self.found.torch_reason or "torch is not available", index)
                     continue
@@ -145,20 +187,33 @@ class _Run:
                     continue
                 device = self._torch_device(dev.torch_index)
                 self.rows.say(f"GPU {index}: {step} × {o.repeats}")
+                t0 = time.monotonic()
                 try:
                     with self._current(device), self._loaded([index], load):
                         if step == "gemm" and o.gemm_warmup_seconds > 0:
                             with self.watchdog.guard(metric, index, self._timeout(o.gemm_warmup_seconds)):
                                 heat(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
-                        for repeat in range(o.repeats):
+                        values: list[float] = []
+                        took: list[float] = []
+                        target = o.repeats
+                        while len(values) < target:
+                            t = time.monotonic()
                             with self.watchdog.guard(metric, index, self._timeout(seconds)):
                                 value = fn(device)
-                            if not self.rows.gpu(metric, index, value, repeat):
+                            took.append(time.monotonic() - t)
+                            if not self.rows.gpu(metric, index, value, len(values)):
                                 break
+                            values.append(value)
+                            if len(values) == o.repeats:
+                                gpu_seconds += time.monotonic() - t0
+                            if len(values) == target:
+                                each = statistics.fmean(took)
+                                target += self._more(metric, values, f"GPU {index}", each, ahead)
                 except Exception as exc:
                     self.rows.error(metric, describe(exc), index)
                 finally:
                     self._free_memory()
+            self._gpu_seconds = max(self._gpu_seconds, gpu_seconds)
 
     def allreduce(self) -> None:
         o, found = self.opts, self.found
@@ -192,19 +247,34 @@ class _Run:
         cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, o.repeats,
                               iters=o.allreduce_iters, timeout_s=timeout, devices=devices)  # fmt: skip
         self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {o.repeats}")
-        try:
-            with self._loaded(sorted(found.devices), "compute"):
-                values = run_allreduce(self.torch, cfg)
-        except Exception as exc:
-            self.rows.error(metric, describe(exc))
-            return
-        for repeat, value in enumerate(values):
-            self.rows.node_row(metric, value, repeat)
+        values: list[float] = []
+        batch = o.repeats
+        first = 0.0
+        while batch:
+            t = time.monotonic()
+            try:
+                with self._loaded(sorted(found.devices), "compute"):
+                    measured = run_allreduce(self.torch, cfg)
+            except Exception as exc:
+                self.rows.error(metric, describe(exc))
+                return
+            first = first or time.monotonic() - t
+            for value in measured:
+                if self.rows.node_row(metric, value, len(values)):
+                    values.append(value)
+            # Each batch starts its ranks afresh: its start-up and warm-up cost about the whole first batch.
+            batch = self._more(metric, values, "node", first / o.repeats, self._dcgm_work(), per_batch=first)
+            timeout = self._timeout(max(30.0, batch * o.allreduce_iters * 0.5))
+            cfg = replace(cfg, repeats=batch, timeout_s=timeout)
 
     def _nccl_tests(self) -> None:
         o, metric = self.opts, "nccl_allreduce_busbw_gbps"
         gpus = len(self.found.devices)
-        for repeat in range(o.repeats):
+        values: list[float] = []
+        took: list[float] = []
+        target = o.repeats
+        while len(values) < target:
+            t = time.monotonic()
             try:
                 with self._loaded(sorted(self.found.devices), "compute"):
                     parsed, _out = run_all_reduce_perf(
@@ -220,7 +290,12 @@ class _Run:
             self.rows.say(
                 f"all_reduce_perf: busbw {parsed.peak_busbw_gbps:.1f} GB/s at {parsed.largest_size:,} B"
             )
-            self.rows.node_row(metric, parsed.peak_busbw_gbps, repeat)
+            took.append(time.monotonic() - t)
+            if not self.rows.node_row(metric, parsed.peak_busbw_gbps, len(values)):
+                return
+            values.append(parsed.peak_busbw_gbps)
+            if len(values) == target:
+                target += self._more(metric, values, "node", statistics.fmean(took), self._dcgm_work())
 
     def dcgm(self) -> None:
         if not self.opts.dcgm or "dcgm" in self.opts.skip:
@@ -278,6 +353,58 @@ class _Run:
                     self.rows.gpu("xid", index, code)
                 if tele.problems:
                     self.rows.error("telemetry", "; ".join(tele.problems), index)
+
+    # Repeats --------------------------------------------------------------------------------------------
+
+    def _more(
+        self, metric: str, values: list[float], where: str, each: float, ahead: float, per_batch: float = 0.0
+    ) -> int:
+        """How many more repeats of ``metric`` to run now: 0 when they agree, at the maximum, or out of time.
+
+        ``each``: seconds a repeat takes, ``per_batch`` on top for a batch of them; ``ahead``: seconds of
+        base work still to come after this step.
+        """
+        more, verdict = self.rule.more(metric, values)
+        if not verdict.unstable:
+            return 0
+        n = len(values)
+        if more == 0:
+            self.rows.say(f"{where}: {metric}: repeats still disagree after {n} ({verdict.why}): at the "
+                          f"maximum of {self.rule.ceiling}")  # fmt: skip
+            return 0
+        if not self._fits(per_batch + more * each + ahead):
+            left = "?" if self.deadline is None else f"{self.deadline - time.monotonic():.0f}"
+            self.rows.say(f"{where}: {metric}: repeats disagree after {n} ({verdict.why}), but {more} more "
+                          f"would not fit before the deadline ({left} s left, {ahead:.0f} s of work ahead)")
+            return 0
+        self.rows.say(f"{where}: {metric}: repeats disagree ({verdict.why}): {more} more, "
+                      f"{n + more} of at most {self.rule.ceiling}")  # fmt: skip
+        return more
+
+    def _fits(self, seconds: float) -> bool:
+        if self.deadline is None:
+            return True
+        return time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
+
+    def _nominal(self, step: str, seconds: float) -> float:
+        """Planned seconds of one GPU's base repeats of ``step``, warm-up included."""
+        o = self.opts
+        warmup = o.gemm_warmup_seconds if step == "gemm" else 0.0
+        return _OVERHEAD * (warmup + o.repeats * seconds) + 1.0
+
+    def _node_work(self) -> float:
+        """Planned seconds of the node's base work after the GPUs: the all-reduce, then DCGM."""
+        o = self.opts
+        allreduce = 0.0
+        if "allreduce" not in o.skip:
+            # Start-up (spawn, imports, NCCL init) and each repeat's iterations at a modest 50 GB/s.
+            allreduce = 60.0 + _OVERHEAD * o.repeats * o.allreduce_iters * o.allreduce_bytes / 50e9
+        return allreduce + self._dcgm_work()
+
+    def _dcgm_work(self) -> float:
+        o = self.opts
+        # A quarter of the level's timeout, which allows a few times DCGM's own estimate of its length.
+        return DIAG_TIMEOUT_S[o.dcgm_level] / 4 if o.dcgm and "dcgm" not in o.skip else 0.0
 
     # Helpers --------------------------------------------------------------------------------------------
 
@@ -352,7 +479,7 @@ def run(opts: Options, *, out: TextIO, err: TextIO | None = None, nvml_module: A
     devices = ", ".join(f"{i}={d.uuid}" for i, d in sorted(found.devices.items())) or "none"
     rows.say(f"run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}")
 
-    job = _Run(opts, found, rows)
+    job = _Run(opts, found, rows, started=t0)
     if opts.expected_gpus is not None:
         rows.node_row("gpu_count_expected", opts.expected_gpus)
     job.start_telemetry()

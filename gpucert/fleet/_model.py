@@ -15,6 +15,9 @@ see the same statistics. It encodes REFERENCE.md:
   joins the fleet (:meth:`Fleet.generate`, :meth:`Fleet.replace_gpus`, :meth:`Fleet.add_nodes`): they are
   the hardware's identity, the thing a GPU's own baseline learns. ``ε_rep``, transient bad samples,
   ``ε_day`` and faults belong to one wave (:meth:`Fleet.run`);
+* the payload's adaptive repeats: a result whose ``repeats`` disagree by the payload's own rule
+  (``gpucert/bench/_stability.py``, the verdict engine's rule with the policy's expected CVs) gets more,
+  drawn the same way, up to ``max_repeats``, as the in-pod payload measures until its repeats agree;
 * §3 fault effects, through the catalog in ``_faults.py``.
 
 Everything is vectorised over GPUs with numpy (the Python loops run over metric names and the handful
@@ -39,7 +42,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ..bench._stability import DEFAULT_MAX_REPEATS, MIN_JUDGED, RepeatRule
 from ..metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
+from ..verdict._repeats import judge_repeat_matrix
 from ._faults import D2H, FAULTS, GEMM, H2D, HBM, NCCL, PAIR, SW_POWER_CAP, Fault, ResolvedFault
 
 __all__ = [
@@ -334,6 +339,7 @@ class Fleet:
         *,
         ts: datetime,
         repeats: int = 3,
+        max_repeats: int = DEFAULT_MAX_REPEATS,
         faults: Sequence[Fault] = (),
         seed: int,
         fleet_shift: Mapping[str, float] | float = 0.0,
@@ -347,11 +353,14 @@ class Fleet:
         makes everything 2 % slower), one number for all or a dict per metric. ``pairs=True`` adds a
         two-node all-reduce for a ring of the wave's nodes (each with the next; the last with the
         first). Faults on nodes outside the wave are not observed and leave no truth row.
+        A result whose ``repeats`` disagree gets more, up to ``max_repeats`` (the payload's
+        ``--max-repeats``; ``max_repeats=repeats`` turns that off), each drawn like the first ones.
         """
         if not _RUN_ID.match(run_id):
             raise ValueError(f"run_id must be a DNS label (≤ 63 of a-z0-9-): {run_id!r}")
         if repeats < 1:
             raise ValueError("repeats must be >= 1")
+        width = max(repeats, max_repeats)
         ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
         shift = 1.0 + self._shift_vector(fleet_shift)
         hour = ts.hour + ts.minute / 60 + ts.second / 3600
@@ -362,10 +371,9 @@ class Fleet:
         truth = [eff.inject(f, seed) for f in self._checked(faults, wave_nodes)]
         rows = _Rows()
         drift = shift * day
-        self._gpu_rows(rows, eff, wave_nodes=wave_nodes, repeats=repeats, seed=seed, drift=drift)
-        self._node_rows(rows, eff, wave_nodes=wave_nodes, repeats=repeats, seed=seed, drift=drift)
-        if pairs:
-            self._pair_rows(rows, eff, wave_nodes=wave_nodes, repeats=repeats, seed=seed, drift=drift)
+        parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs else [])
+        for part in parts:
+            part(rows, eff, wave_nodes=wave_nodes, repeats=repeats, width=width, seed=seed, drift=drift)
         results = rows.frame(self, run_id, ts)
         return Wave(results=results, truth=_truth_frame(truth))
 
@@ -406,9 +414,11 @@ class Fleet:
         return checked
 
     def _gpu_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, seed: int, drift: FloatArray
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        drift: FloatArray,
     ) -> None:
-        """Per-GPU benchmarks (``repeats`` rows each), telemetry and events of the wave's GPUs."""
+        """Per-GPU benchmarks (``repeats`` rows each, up to ``width`` where they disagree), telemetry and
+        events of the wave's GPUs."""
         noise, model, per_node = self.noise, self.model, self.gpus_per_node
         k = len(GPU_PERF_METRICS)
         # Whole-fleet draws in a fixed order, before any selection (see the module docstring).
@@ -425,6 +435,8 @@ class Fleet:
         sbe = np.where(u[:, 0] < noise.sbe_blip_rate, 1 + np.floor(3 * u[:, 1]), 0)
         u = draws().random((n, 2))
         app_xid = np.where(u[:, 0] < noise.app_xid_rate, _APP_XIDS[(len(_APP_XIDS) * u[:, 1]).astype(int)], 0)
+        # The repeats the payload may add come last, so the draws above stay what they were without them.
+        rep = _more_repeats(draws, rep, width, cv[None, :, None], noise)
 
         g = (wave_nodes[:, None] * per_node + np.arange(per_node)).ravel()
         node_of = g // per_node
@@ -438,12 +450,12 @@ class Fleet:
         level = (base * drift[:k]) * self.unit_factors[g] * self.node_factors[node_of, :k] * slow
         values = (level * eff.gpu_factor[g])[:, :, None] * rep[g]
         ran = present[:, None] & ~eff.crash_gpu[g]
-        gi, mi = np.nonzero(ran)
+        counts = _repeat_counts(values, ran, repeats, GPU_PERF_METRICS)
+        gi, mi, ri = np.nonzero(np.arange(width) < counts[:, :, None])
         codes = np.array([_METRIC_CODE[m] for m in GPU_PERF_METRICS])
         rows.add(
-            node=np.repeat(node_of[gi], repeats), gpu=np.repeat(g[gi], repeats) % per_node,
-            uuid=np.repeat(g[gi], repeats), metric=np.repeat(codes[mi], repeats),
-            value=values[gi, mi].ravel(), repeat=np.tile(np.arange(repeats), len(gi)),
+            node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=codes[mi],
+            value=values[gi, mi, ri], repeat=ri,
         )
         gi, mi = np.nonzero(present[:, None] & eff.crash_gpu[g])
         rows.add(node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=_METRIC_CODE["error"], value=1.0)
@@ -478,29 +490,34 @@ class Fleet:
         rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"], value=xc)
 
     def _node_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, seed: int, drift: FloatArray
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        drift: FloatArray,
     ) -> None:
-        """The intra-node all-reduce (``repeats`` rows per node, or an error row) and the GPU counts."""
+        """The intra-node all-reduce (``repeats`` rows per node, up to ``width`` where they disagree, or an
+        error row) and the GPU counts."""
         noise, j = self.noise, len(GPU_PERF_METRICS)
         draws = _Streams(seed, 1)
         cv = noise.cv_rep.get(NCCL, 0.0) * noise.rep_scale
         rep = 1.0 + draws().standard_normal((self.n_nodes, repeats)) * cv
         rep *= _transients(draws(), rep.shape, noise)
+        rep = _more_repeats(draws, rep, width, cv, noise)
         w = wave_nodes
         # A node's all-reduce runs at the pace of its slowest GPU; node-wide faults come on top.
         level = (self.model.base[NCCL] * drift[j] * self.node_factors[w, j]
                  * eff.nccl_gpu_min[w] * eff.nccl_node[w])
         values = level[:, None] * rep[w]
         ok = ~eff.crash_nccl[w]
-        rows.add(node=np.repeat(w[ok], repeats), metric=_METRIC_CODE[NCCL], value=values[ok].ravel(),
-                 repeat=np.tile(np.arange(repeats), int(ok.sum())))
+        counts = _repeat_counts(values[:, None, :], ok[:, None], repeats, (NCCL,))[:, 0]
+        ni, ri = np.nonzero(np.arange(width) < counts[:, None])
+        rows.add(node=w[ni], metric=_METRIC_CODE[NCCL], value=values[ni, ri], repeat=ri)
         rows.add(node=w[~ok], metric=_METRIC_CODE["error"], value=1.0)
         seen = self.gpus_per_node - eff.missing.reshape(self.n_nodes, self.gpus_per_node)[w].sum(axis=1)
         rows.add(node=w, metric=_METRIC_CODE["gpu_count"], value=seen.astype(np.float64))
         rows.add(node=w, metric=_METRIC_CODE["gpu_count_expected"], value=float(self.gpus_per_node))
 
     def _pair_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, seed: int, drift: FloatArray
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        drift: FloatArray,
     ) -> None:
         """A two-node all-reduce per ring neighbour; a pair runs at the pace of its slower end."""
         noise, j = self.noise, len(GPU_PERF_METRICS) + 1
@@ -509,8 +526,10 @@ class Fleet:
             return
         a, b = (w[:1], w[1:]) if len(w) == 2 else (w, np.roll(w, -1))
         draws = _Streams(seed, 2)
-        rep = 1.0 + draws().standard_normal((len(a), repeats)) * noise.cv_rep.get(PAIR, 0.0) * noise.rep_scale
+        cv = noise.cv_rep.get(PAIR, 0.0) * noise.rep_scale
+        rep = 1.0 + draws().standard_normal((len(a), repeats)) * cv
         rep *= _transients(draws(), rep.shape, noise)
+        rep = _more_repeats(draws, rep, width, cv, noise)
         end = eff.pair_gpu_min * eff.pair_node
         level = (self.model.base[PAIR] * drift[j] * self.node_factors[a, j] * self.node_factors[b, j]
                  * np.minimum(end[a], end[b]))
@@ -520,8 +539,9 @@ class Fleet:
         # pair simply has no value, which the verdict engine reports as an inconclusive pair.
         dead = eff.crash_nccl | eff.crash_pair
         ok = ~(dead[a] | dead[b])
-        rows.add(node=np.repeat(a[ok], repeats), peer=np.repeat(b[ok], repeats), metric=_METRIC_CODE[PAIR],
-                 value=values[ok].ravel(), repeat=np.tile(np.arange(repeats), int(ok.sum())))
+        counts = _repeat_counts(values[:, None, :], ok[:, None], repeats, (PAIR,))[:, 0]
+        pi, ri = np.nonzero(np.arange(width) < counts[:, None])
+        rows.add(node=a[pi], peer=b[pi], metric=_METRIC_CODE[PAIR], value=values[pi, ri], repeat=ri)
 
 
 # --- identities ------------------------------------------------------------------------------------
@@ -585,6 +605,50 @@ def _transients(rng: np.random.Generator, shape: tuple[int, ...], noise: NoiseMo
     u = rng.random((*shape, 2))
     lo, hi = noise.transient_range
     return np.where(u[..., 0] < noise.transient_rate, lo + (hi - lo) * u[..., 1], 1.0)
+
+
+def _more_repeats(
+    draws: _Streams, rep: FloatArray, width: int, cv: FloatArray | float, noise: NoiseModel
+) -> FloatArray:
+    """``rep`` (…, repeats) followed by the repeats the payload may add, up to ``width``, drawn alike."""
+    extra = width - rep.shape[-1]
+    if extra <= 0:
+        return rep
+    more = 1.0 + draws().standard_normal((*rep.shape[:-1], extra)) * cv
+    more *= _transients(draws(), more.shape, noise)
+    return np.concatenate([rep, more], axis=-1)
+
+
+#: The payload's defaults: it knows the policy's expected CVs, not the noise this model draws.
+_PAYLOAD_RULE = RepeatRule()
+
+
+def _repeat_counts(values: FloatArray, ran: BoolArray, repeats: int, metrics: Sequence[str]) -> IntArray:
+    """How many of its drawn repeats each result (``values``: results × metric × repeat) keeps.
+
+    None where it did not run (``ran``); else ``repeats``, and while they disagree by the payload's rule,
+    as many more as could settle them, up to all that were drawn: the payload's loop, over every result.
+    """
+    shape, width = values.shape[:-1], values.shape[-1]
+    counts = np.where(ran.ravel(), repeats, 0).astype(np.int64)
+    if width <= repeats or repeats < MIN_JUDGED:
+        return counts.reshape(shape)
+    flat = values.reshape(-1, width)
+    expected = np.broadcast_to(np.array([_PAYLOAD_RULE.expected(m) for m in metrics]), shape).ravel()
+    active = np.flatnonzero(ran.ravel())
+    columns = np.arange(width)
+    while len(active):
+        n = counts[active]
+        shown = np.where(columns < n[:, None], flat[active], np.nan)
+        judged = judge_repeat_matrix(
+            shown, n, np.ones(len(active)), expected[active],
+            unstable_factor=_PAYLOAD_RULE.unstable_factor, transient_pct=_PAYLOAD_RULE.transient_pct,
+            or_noisier=True,
+        )  # fmt: skip
+        more = np.minimum(judged.settle, width - n)
+        counts[active] = n + more
+        active = active[more > 0]
+    return counts.reshape(shape)
 
 
 # --- faults applied --------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from ._nodes import (
     unhealthy_taint,
 )
 from ._retry import NO_RETRY, RetryPolicy
-from ._watch import ANNOUNCED_ANNOTATION, announce_joined_nodes, joined_nodes
+from ._watch import ANNOUNCED_ANNOTATION, announce_joined_nodes
 
 __all__ = [
     "ANNOUNCED_ANNOTATION",
@@ -59,7 +59,6 @@ __all__ = [
     "connect",
     "describe",
     "has_taint",
-    "joined_nodes",
     "node_name",
     "node_ready",
     "resource_of",

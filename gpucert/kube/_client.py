@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 
 from ._errors import KubeError, KubeNotFound, KubeUnreachable, from_api_exception, from_response
-from ._retry import RetryPolicy
+from ._retry import CONNECT_TIMEOUT_S, Deadline, RetryPolicy
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -88,6 +88,18 @@ def resource_of(api_version: str, kind: str) -> Resource:
         raise ValueError(f"gpucert does not manage {api_version}/{kind}") from None
 
 
+def _reason(exc: BaseException) -> str:
+    """Why nothing answered, in a few words: urllib3's message repeats the pool and the URL."""
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "read timed out"
+    # NewConnectionError derives from ConnectTimeoutError in urllib3: the refused connection first.
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        return f"cannot connect ({str(exc).rsplit(': ', 1)[-1]})"
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        return "connect timed out"
+    return str(exc) or type(exc).__name__
+
+
 def describe(obj: Mapping[str, Any]) -> str:
     """``Kind namespace/name`` of an object, for messages."""
     meta = obj.get("metadata") or {}
@@ -115,8 +127,18 @@ class Kube:
         content_type: str | None = None,
         accept: str = "application/json",
         timeout_s: float = 30.0,
+        deadline_s: float | None = None,
     ) -> Any:
-        """One API call, retried while transient; returns the parsed JSON body (text when not JSON)."""
+        """One API call, retried while transient; returns the parsed JSON body (text when not JSON).
+
+        ``timeout_s`` bounds one attempt's wait for the answer; all attempts together take at most the
+        retry policy's deadline (:func:`~._retry.call_deadline_s`), or ``deadline_s`` when that is shorter,
+        each attempt cut to what is left of it. Raises :class:`KubeError` (:class:`KubeUnreachable` naming
+        the server when nothing answered).
+        """
+        deadline = self.retry.start()
+        if deadline_s is not None and deadline_s < deadline.seconds:
+            deadline = Deadline(deadline_s, deadline.started)
 
         def once() -> Any:
             headers = {"Accept": accept}
@@ -132,13 +154,18 @@ class Kube:
             )
             from kubernetes.client.exceptions import ApiException
 
+            # (connect, read): a short connect so that a server that is down fails fast; the read cut to
+            # what is left of the deadline, so the last attempt ends with it.
+            timeouts = (deadline.cap(CONNECT_TIMEOUT_S), deadline.cap(timeout_s))
             try:
-                response = self.api_client.call_api(*params, _request_timeout=timeout_s)
+                response = self.api_client.call_api(*params, _request_timeout=timeouts)
                 data = response.read()  # type: ignore[no-untyped-call]
             except ApiException as exc:
                 raise from_api_exception(exc, doing) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise KubeUnreachable(f"{doing}: no answer from the API server: {exc}") from exc
+                raise KubeUnreachable(
+                    f"{doing}: no answer from the API server {self.host}: {_reason(exc)}"
+                ) from exc
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
             if not 200 <= response.status <= 299:
                 raise from_response(response.status, text, response.headers, doing)
@@ -149,9 +176,22 @@ class Kube:
                     raise KubeError(f"{doing}: the API server answered something that is not JSON") from exc
             return text
 
-        return self.retry.call(once)
+        return self.retry.call(once, deadline=deadline)
+
+    @property
+    def host(self) -> str:
+        """The API server's URL, as the kubeconfig gave it."""
+        return str(getattr(self.api_client.configuration, "host", "") or "(no server)")
 
     # --- verbs ----------------------------------------------------------------------------------------
+
+    def version(self, *, within_s: float = 10.0) -> dict[str, Any]:
+        """The server's ``/version`` (which every client may read), asked within ``within_s`` at most.
+
+        What a command asks before it starts any work, so that a server that is down, or that accepts
+        connections and never answers, fails it in seconds. Raises :class:`KubeError`.
+        """
+        return dict(self.request("GET", "/version", doing="read the server's version", deadline_s=within_s))
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         """The object; raises :class:`KubeNotFound` when it does not exist."""

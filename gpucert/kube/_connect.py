@@ -2,7 +2,11 @@
 
 The order is the one ``kubectl`` follows: an explicit kubeconfig, then ``$KUBECONFIG`` /
 ``~/.kube/config``, then the in-cluster service account (a worker running in the cluster). A
-kubeconfig that cannot be read or has no such context is an :class:`InputError` naming it.
+kubeconfig that cannot be read, has no such context or names a server URL that cannot be one (a port
+out of range) is an :class:`InputError` naming it.
+
+The client never retries by itself (urllib3 would retry each read three times, at the full timeout
+each): :class:`~._retry.RetryPolicy` does, within the call's deadline.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import InputError
 from ._client import Kube
@@ -48,11 +53,32 @@ def connect(
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (ConfigException, ValueError, TypeError, KeyError, AttributeError) as exc:
         # The client's loader reads fields without checking their types: a wrong one is a bare error.
-        source = (
-            "the kubeconfig given as data" if config_dict is not None else f"kubeconfig {kubeconfig or ''}"
-        )
-        raise InputError(f"{source.strip()}: {type(exc).__name__ if not str(exc) else exc}") from None
+        raise InputError(
+            f"{_source(kubeconfig, config_dict)}: {type(exc).__name__ if not str(exc) else exc}"
+        ) from None
+    _check_server(str(configuration.host or ""), _source(kubeconfig, config_dict))
+    # Retries are the RetryPolicy's, within the call's deadline; urllib3's own would multiply them.
+    configuration.retries = False
     return Kube(client.ApiClient(configuration), retry=retry)
+
+
+def _source(kubeconfig: str | os.PathLike[str] | None, config_dict: Mapping[str, Any] | None) -> str:
+    if config_dict is not None:
+        return "the kubeconfig given as data"
+    path = kubeconfig if kubeconfig is not None else _default_kubeconfig()
+    return f"kubeconfig {path}" if path is not None else "the in-cluster service account"
+
+
+def _check_server(host: str, source: str) -> None:
+    """Raise :class:`InputError` naming ``source`` when the server URL cannot be connected to as written
+    (a port out of range, a port that is not a number): urllib3 would fail each request with a parse error
+    that reads like a network failure."""
+    try:
+        urlsplit(host).port  # noqa: B018 - parsing the port is what raises
+    except ValueError as exc:
+        raise InputError(
+            f"{source}: the cluster's server {host!r} (clusters[].cluster.server): {exc}"
+        ) from None
 
 
 def _check_kubeconfig(path: Path) -> None:

@@ -1,25 +1,93 @@
-"""Retrying Kubernetes calls that failed for a passing reason.
+"""Retrying Kubernetes calls that failed for a passing reason, within one deadline per call.
 
 A loaded control plane answers 429 with ``Retry-After`` and the odd 500, and a connection drops now
 and then; a flow step that applies tens of objects and labels hundreds of nodes must ride that out per
 call, or one bad answer out of a thousand fails the step. Only :class:`KubeUnavailable` is retried:
 capped exponential back-off with full jitter (AWS's recommendation, which keeps many clients from
 retrying in step), and a 429's ``Retry-After`` when the server gave one. A 4xx is never retried.
+
+The deadline: every outbound call gpucert makes — to the API server, the S3 store, Jira, a webhook,
+Prometheus — takes at most :func:`call_deadline_s` seconds, its attempts and the waits between them
+together (``gpucert --timeout`` or ``$GPUCERT_TIMEOUT``; 20 s when neither is set). An endpoint that
+accepts connections and never answers then fails a command within half a minute instead of the
+attempts × timeouts (minutes) it would take otherwise. The deadline lives here because the Kubernetes
+layer was the first to need it; the store, ticket and telemetry modules read it from here too.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ..errors import InputError
 from ._errors import KubeThrottled, KubeUnavailable
 
-__all__ = ["RetryPolicy"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "Deadline",
+    "RetryPolicy",
+    "call_deadline_s",
+]
 
 T = TypeVar("T")
+
+#: The environment variable holding the deadline of one outbound call, in seconds; ``gpucert --timeout``
+#: sets it for the command it runs, a Prefect worker's environment sets it for deployments.
+TIMEOUT_ENV = "GPUCERT_TIMEOUT"
+#: The deadline when none is set: a call to an endpoint that never answers fails within it, so a command
+#: (a second or two of start-up first) fails within 30 s.
+DEFAULT_TIMEOUT_S = 20.0
+#: The longest one attempt waits for a TCP connection: a server that is down or filtered fails fast,
+#: and more attempts fit in the deadline than one long connect would leave.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def call_deadline_s() -> float:
+    """Seconds one outbound call may take, retries included: ``$GPUCERT_TIMEOUT``, else 20.
+
+    Raises :class:`InputError` naming the variable when it is set to anything but a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InputError(f"{TIMEOUT_ENV}={raw!r}: give the seconds a call may take, e.g. 20") from None
+    if not 0 < value < float("inf"):
+        raise InputError(f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds")
+    return value
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The moment one call must be done by: ``seconds`` after it started (monotonic clock)."""
+
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def start(cls, seconds: float | None = None) -> Deadline:
+        """A deadline ``seconds`` from now (None: :func:`call_deadline_s`)."""
+        return cls(call_deadline_s() if seconds is None else seconds)
+
+    def elapsed(self) -> float:
+        """Seconds since the call started."""
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        """Seconds left; 0 or less once the deadline has passed."""
+        return self.seconds - self.elapsed()
+
+    def cap(self, seconds: float) -> float:
+        """``seconds``, cut to what is left (never quite 0: a socket timeout of 0 means non-blocking)."""
+        return max(0.001, min(seconds, self.remaining()))
 
 
 @dataclass(frozen=True)
@@ -33,6 +101,9 @@ class RetryPolicy:
     max_delay_s: float = 5.0
     #: A ``Retry-After`` longer than this is cut to it (a server asking for minutes is a failure).
     max_retry_after_s: float = 30.0
+    #: The most one call may take, every attempt and wait included; None: :func:`call_deadline_s`,
+    #: read when each call starts.
+    deadline_s: float | None = None
 
     def delay(self, attempt: int, error: KubeUnavailable, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` after ``error`` ended attempt ``attempt`` (1-based)."""
@@ -40,15 +111,26 @@ class RetryPolicy:
             return min(error.retry_after, self.max_retry_after_s)
         return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
+    def start(self) -> Deadline:
+        """The deadline of a call starting now. Raises :class:`InputError` for a bad ``$GPUCERT_TIMEOUT``."""
+        return Deadline.start(self.deadline_s)
+
     def call(
         self,
         fn: Callable[[], T],
         *,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        deadline: Deadline | None = None,
     ) -> T:
-        """``fn()``, retried on :class:`KubeUnavailable`; the last one is raised when attempts run out."""
+        """``fn()``, retried on :class:`KubeUnavailable` while attempts and time remain.
+
+        ``deadline`` (default: :meth:`start`) is the one ``fn`` should cut its own timeouts to. Raises the
+        last error when the attempts run out, and the last error with the deadline said in its message
+        when the next wait would pass the deadline.
+        """
         draws = rng or random.Random()
+        limit = deadline or self.start()
         attempt = 1
         while True:
             try:
@@ -56,7 +138,17 @@ class RetryPolicy:
             except KubeUnavailable as exc:
                 if attempt >= self.attempts:
                     raise
-                sleep(self.delay(attempt, exc, draws))
+                wait = self.delay(attempt, exc, draws)
+                if wait >= limit.remaining():
+                    # Said in the message (what the command line prints): the deadline, not the attempts,
+                    # ended it, and which knob moves it.
+                    exc.args = (
+                        f"{exc} (gave up after {attempt} attempt{'s' if attempt > 1 else ''} in "
+                        f"{limit.elapsed():.1f} s; the call's deadline: {limit.seconds:g} s, see gpucert "
+                        f"--timeout or ${TIMEOUT_ENV})",
+                    )
+                    raise
+                sleep(wait)
                 attempt += 1
 
 

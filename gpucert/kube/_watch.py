@@ -28,7 +28,7 @@ from ._client import Kube, resource_of
 from ._errors import KubeError, KubeNotFound
 from ._nodes import has_taint
 
-__all__ = ["ANNOUNCED_ANNOTATION", "announce_joined_nodes", "joined_nodes"]
+__all__ = ["ANNOUNCED_ANNOTATION", "announce_joined_nodes"]
 
 #: The annotation (under the label prefix) holding the UID of the node object last announced.
 ANNOUNCED_ANNOTATION = "join-announced"
@@ -76,26 +76,6 @@ def announce_joined_nodes(
         announced.add(uid)
         _mark(kube, name, annotation, uid)
     return len(announced)
-
-
-def joined_nodes(
-    kube: Kube,
-    *,
-    taint: str,
-    selector: str | None = None,
-    follow: bool = True,
-    timeout_s: int = 5,
-    stop: Callable[[], bool] | None = None,
-) -> Iterator[tuple[str, str]]:
-    """(name, uid) of each node matching ``selector`` that carries ``taint``: those present now, then, with
-    ``follow``, those added or tainted later — each UID once per call, remembered nowhere else (see
-    :func:`announce_joined_nodes` for that). Raises :class:`KubeError` as it does."""
-    seen: set[str] = set()
-    for node in _follow(kube, selector=selector, follow=follow, timeout_s=timeout_s, stop=stop):
-        name, uid = _identity(node)
-        if uid and uid not in seen and has_taint(node, taint):
-            seen.add(uid)
-            yield name, uid
 
 
 # --- list and watch ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The certify run's reports, built from the results and verdict tables (DESIGN.md "Data contracts").
+"""The certify run's reports, built from the results and verdict tables (DESIGN.md "Data contracts"),
+and operate's drift view of each drifting GPU's own history.
 
-Three renderings, all pure functions (no Prefect here; the certify flow turns them into artifacts):
+The renderings, all pure functions (no Prefect here; the certify flow turns them into artifacts):
 
 * :func:`verdict_rows` — JSON-able rows for a Prefect table artifact: what did not pass, worst first,
   and a count of what did;
@@ -8,13 +9,27 @@ Three renderings, all pure functions (no Prefect here; the certify flow turns th
   the actions taken on nodes;
 * :func:`render_html` — a self-contained HTML page (``templates/report.html.j2``) with inline SVG
   pictures: each GPU's performance relative to its reference per metric, stragglers marked, and a
-  node × GPU heat map. It is stored with the run (``runs/…/report.html``) and opened offline.
+  node × GPU heat map. It is stored with the run (``runs/…/report.html``) and opened offline;
+* :func:`drift_view` / :func:`render_drift_html` — each drifting GPU's own history (its baseline, every
+  night's value, where the alarm rose and cleared) as a section of that page or a page of its own.
 """
 
 from __future__ import annotations
 
+from ._drift import DriftChart, DriftView, drift_view, render_drift_html
 from ._html import render_html
 from ._rows import ROW_KEYS, is_summary_row, verdict_rows
 from ._summary import md_escape, summary_markdown
 
-__all__ = ["ROW_KEYS", "is_summary_row", "md_escape", "render_html", "summary_markdown", "verdict_rows"]
+__all__ = [
+    "ROW_KEYS",
+    "DriftChart",
+    "DriftView",
+    "drift_view",
+    "is_summary_row",
+    "md_escape",
+    "render_drift_html",
+    "render_html",
+    "summary_markdown",
+    "verdict_rows",
+]

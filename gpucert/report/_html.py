@@ -18,6 +18,7 @@ from ._charts import (
     strip_charts,
 )
 from ._common import NON_PASS, entity_kinds, for_run, require_columns
+from ._drift import DriftView
 from ._rows import is_summary_row, verdict_rows
 
 __all__ = ["TEMPLATE", "render_html"]
@@ -58,6 +59,7 @@ def render_html(
     title: str | None = None,
     max_heatmap_nodes: int = 120,
     max_table_rows: int = 500,
+    drift: DriftView | None = None,
 ) -> str:
     """The run's HTML report as one self-contained page, rendered from ``templates/report.html.j2``.
 
@@ -67,7 +69,8 @@ def render_html(
     with a verdict other than pass up to ``max_heatmap_nodes``, then a sample of passing ones; the page
     says which), a strip chart per metric of each GPU's median relative to its reference with the
     stragglers marked and labelled, and the table of verdicts other than pass (at most
-    ``max_table_rows``). Every value from the data is escaped by the template's autoescape.
+    ``max_table_rows``). ``drift`` (:func:`~gpucert.report.drift_view`), when given, adds each drifting
+    GPU's own history. Every value from the data is escaped by the template's autoescape.
 
     Returns the page as a string. Raises ``ValueError`` when a table lacks a column the report reads
     and ``jinja2.TemplateError`` when the template is broken.
@@ -110,4 +113,5 @@ def render_html(
         colours=VERDICT_COLOURS,
         reference_text=REFERENCE_TEXT,
         with_baseline=baseline is not None and len(baseline) > 0,
+        drift=drift if drift is not None and not drift.empty else None,
     )

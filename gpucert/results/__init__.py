@@ -20,6 +20,13 @@ its column. Unreadable, malformed and corrupt files raise the same error, never 
 are then concatenated and checked once more across files (duplicated samples, conflicting identities).
 Columns outside the contract are dropped.
 
+A ``value`` must be a finite number, never negative, and inside its metric's physical range for any GPU
+(``gpucert/data/physical_bounds.csv``, the ``*`` rows, each with its source: ``pcie_gen`` 1 to 6,
+temperatures 0 to 150 °C, fractions and flags 0 to 1, performance metrics below a ceiling far above any
+GPU's spec): a value outside it is a problem of its row and the column ``value``, since no instrument
+produces it. The tighter per-model spec ceilings are not applied here but when baselines are built
+(:func:`gpucert.baseline.build_baseline`), where an impossible performance value is left out.
+
 What comes back is canonical, the shape every consumer takes (:data:`gpucert._frames.RESULT_DTYPES`):
 columns in :data:`~gpucert.metrics.RESULT_COLUMNS` order; string columns ``category`` (string categories,
 sorted and all in use, so the same table reads the same from any format), a missing ``gpu_uuid`` or

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._frames import CATEGORY_COLUMNS, RESULT_DTYPES
-from ..metrics import METRICS, RESULT_COLUMNS
+from ..metrics import ANY_MODEL, METRICS, RESULT_COLUMNS, bound_arrays, physical_bounds
 from ._common import (
     _GPU,
     _GPU_OR_NODE,
@@ -328,9 +328,39 @@ def _value_column(
             return f"negative value {text!r}: {name!r} is never negative"
 
         found.each(negative & (levels != _UNKNOWN), "value", describe)
+    _check_physical(values, ~parsed.missing & ~parsed.garbage & ~not_finite & ~negative, raw, metric, found)
     if raw.dtype == np.float64:
         return raw
     return pd.Series(values, index=raw.index, name="value", copy=False)
+
+
+def _check_physical(
+    values: Floats, judged: Bools, raw: pd.Series, metric: pd.Series, found: _Findings
+) -> None:
+    """Flag the values no GPU can measure: outside their metric's bounds for any GPU (``ANY_MODEL`` in
+    ``gpucert/data/physical_bounds.csv``). Only ``judged`` rows (a finite value ≥ 0) are looked at: the
+    others have a problem of their own already."""
+    names = [str(c) for c in metric.cat.categories]
+    low, high = bound_arrays([], names, per_model=False)
+    # One row of bounds (any GPU), one column per category, and unbounded for a missing metric (-1).
+    row_low = np.append(low[0], -np.inf)[metric.cat.codes.to_numpy()]
+    row_high = np.append(high[0], np.inf)[metric.cat.codes.to_numpy()]
+    with np.errstate(invalid="ignore"):
+        outside = judged & ((values < row_low) | (values > row_high))
+    if not outside.any():
+        return
+    bounds = physical_bounds()
+
+    def describe(i: int) -> str:
+        name = _text_at(metric, i)
+        entry = METRICS[name]
+        bound = bounds[(ANY_MODEL, name)]
+        return (
+            f"value {_text_at(raw, i)!r} is outside the physical range of {name!r} for any GPU, "
+            f"{bound.low:g} to {bound.high:g} {entry.unit} ({bound.source})"
+        )
+
+    found.each(outside, "value", describe)
 
 
 # Timestamps ---------------------------------------------------------------------------------------------

@@ -20,8 +20,12 @@ at start, as the payload takes it. When the container ends: the results rows on
 stdout, one JSON object a line with the ten contract columns in order, as ``RowWriter`` prints them,
 each ``error`` row preceded by its ``gpucert-bench: error: …`` line; then ``gpucert-bench: done …``.
 The rows are the fleet model's for that node and run: ``fleet.run(run_id, nodes=[node], faults=<the
-node's injected faults>, seed=<derived from cluster seed, run id and node>, ts=<container start>)``,
-so the same run on the same node measures the same, and another run measures afresh. The payload
+node's injected faults>, seed=<derived from cluster seed, run id and node>, ts=<container start>,
+repeats=…, max_repeats=…)``, so the same run on the same node measures the same, and another run
+measures afresh. ``repeats`` and ``max_repeats`` are the container's ``--repeats`` and
+``--max-repeats``, read with the payload's own parser (its defaults when its arguments do not parse):
+like the payload, the fleet model measures a result whose repeats disagree again, up to the maximum,
+and the log says so on a ``gpucert-bench: GPU i: <metric>: repeats disagree …`` line before the rows. The payload
 exits 0 even when a GPU crashed (an ``error`` row reports it), so such a pod Succeeds.
 
 Which driver it reports
@@ -56,13 +60,15 @@ import pandas as pd
 
 from .. import __version__
 from .._names import dns_label_ok
+from ..bench._cli import ArgumentsError, check_args
+from ..bench._stability import DEFAULT_MAX_REPEATS
 from ..fleet import Fleet
 from ..metrics import RESULT_COLUMNS
 from ..stack import load_matrix, node_info
 from ._gpufaults import GpuFaults
 from ._objects import deleting, phase
 
-__all__ = ["MANAGED_BY", "PodLogs", "node_driver", "rows_jsonl"]
+__all__ = ["MANAGED_BY", "PodLogs", "node_driver", "payload_repeats", "rows_jsonl"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpucert")
 _STACK_PREFIX = "gpucert-stack: "
@@ -168,6 +174,31 @@ def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def payload_repeats(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(``--repeats``, ``--max-repeats``) of a benchmark pod's payload; its defaults when none parse."""
+    containers = (pod.get("spec") or {}).get("containers") or ()
+    args = [str(a) for a in ((containers[0] if containers else {}).get("args") or ())]
+    try:
+        opts = check_args(args)
+    except ArgumentsError:
+        return 3, DEFAULT_MAX_REPEATS
+    return opts.repeats, opts.max_repeats
+
+
+def _extra_repeat_lines(rows: pd.DataFrame, repeats: int, max_repeats: int) -> str:
+    """The payload's stderr line for each result it measured again because its repeats disagreed."""
+    extra = rows[rows["repeat"] >= repeats]
+    if extra.empty:
+        return ""
+    counts = extra.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].max().reset_index()
+    lines = []
+    for gpu, metric, last in zip(counts["gpu"], counts["metric"], counts["repeat"], strict=True):
+        where = "node" if pd.isna(gpu) else f"GPU {int(gpu)}"
+        n = int(last) + 1
+        lines.append(f"{_SAY}{where}: {metric}: repeats disagree: {n - repeats} more, {n} of at most {max_repeats}")
+    return "".join(line + "\n" for line in lines)
+
+
 class PodLogs:
     """The log text of simulated pods; see the module docstring.
 
@@ -227,11 +258,13 @@ class PodLogs:
             # No driver was loaded when the container started: the payload found no GPU.
             body, count, errors = self._driverless(fleet, run_id, node, started_at.astimezone(UTC))
             return head + body + f"{_SAY}done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
+        repeats, max_repeats = payload_repeats(pod)
         wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
-                         nodes=[node], faults=self._faults.on_node(node))
+                         nodes=[node], faults=self._faults.on_node(node), repeats=repeats,
+                         max_repeats=max_repeats)
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
-        return (head + rows_jsonl(rows)
+        return (head + _extra_repeat_lines(rows, repeats, max_repeats) + rows_jsonl(rows)
                 + f"{_SAY}done in {took:.1f} s: {len(rows)} rows, {errors} error row(s)\n")
 
     def seed_for(self, run_id: str, node: str) -> int:

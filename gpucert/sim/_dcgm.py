@@ -54,7 +54,7 @@ from ._gpufaults import GpuFaults
 from ._objects import NODES, node_ready
 from ._store import Store
 
-__all__ = ["DCGM_PATH", "DRIVER_VERSION", "HOST_LABELS", "DcgmExporters", "dcgm_path"]
+__all__ = ["DCGM_PATH", "DRIVER_VERSION", "HOST_LABELS", "DcgmExporters"]
 
 #: The route of one node's exporter; ``{node}`` is the node name.
 DCGM_PATH = "/dcgm/{node}/metrics"
@@ -108,10 +108,6 @@ METRICS: tuple[tuple[str, str, str], ...] = (
      "Count of clock events within the user-specified time window (see clock-events-count-window-size param)."),
 )
 _TYPES = {name: kind for name, kind, _ in METRICS}
-
-
-def dcgm_path(node: str) -> str:
-    return DCGM_PATH.format(node=node)
 
 
 @dataclass(frozen=True)

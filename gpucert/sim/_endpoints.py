@@ -36,7 +36,7 @@ from ._objects import NODES, PODS, Key, deleting, key_of, node_ready, pod_ready,
 from ._resources import lookup
 from ._store import Obj, WatchEvent
 
-__all__ = ["EXPORTER_LABELS", "METRICS_PATH_ANNOTATION", "DcgmEndpoints", "exporter_service"]
+__all__ = ["EXPORTER_LABELS", "METRICS_PATH_ANNOTATION", "DcgmEndpoints"]
 
 EXPORTER_LABELS = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "dcgm-exporter"}
 METRICS_PATH_ANNOTATION = "sim.gpucert.io/metrics-path"
@@ -51,14 +51,6 @@ _HOST = "127.0.0.1"
 def _is_exporter(obj: Mapping[str, Any] | None) -> bool:
     labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in EXPORTER_LABELS.items())
-
-
-def exporter_service(namespace: str, name: str = "dcgm-exporter") -> dict[str, Any]:
-    """The selector-less exporter Service a preconfigured cluster starts with (port 9400, as the chart's)."""
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": namespace, "labels": dict(EXPORTER_LABELS)},
-            "spec": {"type": "ClusterIP", "clusterIP": "None",
-                     "ports": [{"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}]}}
 
 
 class DcgmEndpoints:

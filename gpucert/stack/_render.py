@@ -29,7 +29,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 from yaml.nodes import MappingNode, Node
 
 from .._templates import template_dir, yaml_environment
-from ..errors import GpucertError
+from ..errors import GpucertError, InputError
 from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, dns_label_ok, driver_label, stack_label
 from ._model import COMPONENTS, DriverVariant, Manifest, StackPlan
 from ._record import RECORD_NAME, StackRecord
@@ -433,9 +433,11 @@ def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path
     manifests now (e.g. the drivers, once every node keeps its host driver) is removed, so the directory
     never holds objects the plan does not; nothing else in it is touched.
 
-    Returns the paths written, in install order. Raises ValueError for a manifest of an unknown step
-    and OSError when the directory cannot be written.
+    Returns the paths written, in install order. Raises :class:`InputError` when ``directory`` is a file
+    or cannot be made or written (:func:`check_output_dir`, before anything is written), ValueError for a
+    manifest of an unknown step, and OSError when a write fails all the same.
     """
+    check_output_dir(directory)
     by_step: dict[str, list[Mapping[str, Any]]] = {}
     for manifest in manifests:
         if manifest.step not in STEPS:
@@ -458,6 +460,26 @@ def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path
         _atomic_write(path, text)
         written.append(path)
     return written
+
+
+def check_output_dir(directory: Path, *, what: str = "--dry-run") -> None:
+    """Return if ``directory`` is a folder that can be written, or can be made where it is named; raise
+    :class:`InputError` naming ``what`` and the path otherwise (an existing file, a path through a file, a
+    folder that cannot be written). Writing is tried: a temporary file is made and removed."""
+    if directory.exists() and not directory.is_dir():
+        raise InputError(f"{what} {directory}: is a file, not a folder; name a folder for the manifests")
+    existing = directory
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent  # the folder mkdir would make the rest in
+    if not existing.is_dir():
+        raise InputError(f"{what} {directory}: {existing} is not a folder, so {directory} cannot be made")
+    try:
+        # The one sure test (root passes os.access; a read-only mount does not).
+        fd, probe = tempfile.mkstemp(prefix=".gpucert-probe.", dir=existing)
+    except OSError as exc:
+        raise InputError(f"{what} {directory}: cannot write in {existing} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _plain(value: Any) -> Any:

@@ -5,9 +5,17 @@ directions: a bad table is refused before it becomes a version (so ``current`` n
 and a stored file that was edited by hand, truncated or written by a foreign tool is refused on read
 with a message naming the object, instead of surfacing later as a ``KeyError`` deep in the engine.
 
-The columns are DESIGN.md's nine plus ``node`` (a gpucert extension): for a ``gpu`` row, the node the
-GPU was last measured on, so a report can say where a GPU with a drifting baseline lives; empty for
-``node`` and ``model`` rows, whose key already is the node or the model.
+The columns are DESIGN.md's nine plus two gpucert extensions:
+
+* ``node``: for a ``gpu`` row, the node the GPU was last measured on, so a report can say where a GPU
+  with a drifting baseline lives; empty for ``node`` and ``model`` rows, whose key already is the node
+  or the model.
+* ``runs``: the run ids the row rests on, a JSON array of strings in the order they were merged
+  (``["seed-0", "seed-1"]``): for an own baseline the runs that seeded it, for a model reference the
+  runs it was rebuilt from. A run counts once: a baseline build never merges a run into a row that
+  already names it. Empty means unknown provenance — a table written before the column existed, whose
+  stored file has no ``runs`` column at all, still reads (every row empty). An own row names at most
+  ``n`` runs (fewer when some of its runs predate the column).
 
 Canonical dtypes: text columns use pandas' own ``str`` dtype (the default for text in pandas 3, and
 what Parquet reads back as), numbers are ``float64``/``int64``, timestamps ``datetime64[us, UTC]``, so
@@ -31,6 +39,7 @@ __all__ = [
     "BASELINE_DTYPES",
     "BASELINE_LEVELS",
     "empty_baseline",
+    "run_count",
     "validate_baseline",
 ]
 
@@ -45,6 +54,7 @@ BASELINE_COLUMNS: tuple[str, ...] = (
     "last_ts",
     "stack",
     "node",
+    "runs",
 )
 
 #: What a row's ``key`` names: a GPU UUID, a node name, or a GPU model (the per-model reference).
@@ -63,13 +73,16 @@ BASELINE_DTYPES: dict[str, Any] = {
     "last_ts": _TS,
     "stack": "str",
     "node": "str",
+    "runs": "str",
 }
 assert tuple(BASELINE_DTYPES) == BASELINE_COLUMNS
 
 #: Text columns that identify a row and so may not be empty.
 _REQUIRED_TEXT = ("level", "key", "metric")
-#: Text columns where an empty value is meaningful (no stack recorded; not a GPU row).
-_OPTIONAL_TEXT = ("stack", "node")
+#: Text columns where an empty value is meaningful (no stack recorded; not a GPU row; unknown runs).
+_OPTIONAL_TEXT = ("stack", "node", "runs")
+#: Columns a table written by an earlier gpucert may lack: read as empty (unknown provenance).
+_ADDED_LATER = ("runs",)
 
 #: How many problems the message spells out; the rest are counted (as for results files).
 _SHOWN = 12
@@ -116,7 +129,11 @@ class _Problems:
 
 
 def _text(col: pd.Series[Any], name: str, problems: _Problems, *, required: bool) -> pd.Series[Any] | None:
-    if isinstance(col.dtype, pd.CategoricalDtype):
+    if isinstance(col.dtype, pd.CategoricalDtype) or (
+        not pd.api.types.is_string_dtype(col.dtype) and bool(col.isna().all())
+    ):
+        # A column with no value at all has no type to speak of (pandas makes one of a missing key
+        # float64): it is simply empty.
         col = col.astype(object)
     if col.dtype == object:
         values = col.to_numpy()
@@ -168,6 +185,40 @@ def _times(col: pd.Series[Any], name: str, problems: _Problems) -> pd.Series[Any
     return converted
 
 
+def run_count(runs: str) -> int | None:
+    """How many run ids a ``runs`` value names; ``None`` when it is not a JSON array of distinct, non-empty
+    strings. The empty value (unknown provenance) names none."""
+    if not runs:
+        return 0
+    try:
+        parsed = json.loads(runs)
+    except ValueError:
+        return None
+    if not isinstance(parsed, list) or not all(isinstance(r, str) and r for r in parsed):
+        return None
+    return len(parsed) if len(set(parsed)) == len(parsed) else None
+
+
+def _check_runs(
+    runs: pd.Series[Any], level: pd.Series[Any] | None, n: np.ndarray[Any, Any] | None, problems: _Problems
+) -> None:
+    # Rows share few distinct values (a fleet's GPUs are seeded by the same runs): each is parsed once.
+    codes, uniques = pd.factorize(runs)
+    counts = np.array([run_count(str(u)) if u else 0 for u in uniques], dtype=object)
+    broken = np.array([c is None for c in counts], dtype=bool)[codes]
+    text = runs.to_numpy()
+    problems.rows(broken, "runs", lambda i: f"must be a JSON array of distinct run ids, not {text[i]!r}")
+    if level is None or n is None:
+        return
+    named = np.array([-1 if c is None else c for c in counts], dtype=np.int64)[codes]
+    # An own baseline is a mean over its runs, one value each: naming more runs than it counts would
+    # mean a run was merged twice.
+    own = np.isin(level.to_numpy(), ("gpu", "node"))
+    with np.errstate(invalid="ignore"):
+        too_many = own & ~broken & np.isfinite(n) & (named > n)
+    problems.rows(too_many, "runs", lambda i: f"names {int(named[i])} runs, more than n = {float(n[i]):g}")
+
+
 def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     """Check ``frame`` against the baseline contract and return it with the canonical columns and dtypes.
 
@@ -180,7 +231,8 @@ def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
         problems.whole(f"expected a table, got {type(frame).__name__}")
         problems.raise_if_any(source)
     columns = [str(c) for c in frame.columns]
-    missing = [c for c in BASELINE_COLUMNS if c not in columns]
+    legacy = [c for c in _ADDED_LATER if c not in columns]
+    missing = [c for c in BASELINE_COLUMNS if c not in columns and c not in legacy]
     unknown = [c for c in columns if c not in BASELINE_DTYPES]
     if missing:
         problems.whole(f"missing column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
@@ -194,6 +246,8 @@ def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     problems.raise_if_any(source)
 
     frame = frame.reset_index(drop=True)
+    if legacy:
+        frame = frame.assign(**dict.fromkeys(legacy, ""))
     text = {c: _text(frame[c], c, problems, required=True) for c in _REQUIRED_TEXT}
     text |= {c: _text(frame[c], c, problems, required=False) for c in _OPTIONAL_TEXT}
     numbers = {c: _numbers(frame[c], c, problems) for c in ("center", "spread", "n")}
@@ -225,6 +279,9 @@ def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
         if broken:
             st = stack.to_numpy()
             problems.rows(stack.isin(broken).to_numpy(), "stack", lambda i: f"is not JSON: {st[i]!r}")
+
+    if text["runs"] is not None:
+        _check_runs(text["runs"], level, numbers["n"], problems)
 
     center, spread, n = numbers["center"], numbers["spread"], numbers["n"]
     if center is not None:

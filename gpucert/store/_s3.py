@@ -23,6 +23,13 @@ the value the next conditional write sends back.
 Retries: botocore's *standard* retry mode retries dropped connections, timeouts, throttling and 5xx
 answers with jittered exponential backoff, up to ``max_attempts`` tries in all; whatever still fails
 becomes :class:`~gpucert.errors.StoreUnavailable`, naming the bucket, the key and the S3 error code.
+
+The deadline: one request takes at most the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``,
+20 s by default), every try and back-off included. botocore's timeouts are per try and fixed when the
+client is built, so a try waits at most a quarter of the deadline to connect and half of it for an
+answer, and a retry is made only when the longest back-off botocore may choose and one more whole try
+still fit before the deadline; otherwise the request fails with :class:`DeadlineExceeded` naming the
+endpoint. An endpoint that accepts connections and never answers fails in half the deadline.
 One case needs care: a conditional PUT whose answer was lost (the connection dropped after the server
 wrote it) is retried and then fails its own condition with 412. When a 412 comes after a retry, the
 object is read back; if it holds exactly the bytes this call wrote, the first attempt landed and the
@@ -34,18 +41,21 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from botocore.retries import standard
 
 from ..errors import StoreConflict, StoreUnavailable
+from ..kube._retry import call_deadline_s
 from ._errors import StoreURIError
 from ._objects import Blob, _check_prefix, check_key
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "S3ObjectStore", "normalise_etag"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DeadlineExceeded", "S3ObjectStore", "normalise_etag"]
 
 #: Tries per request in all (the first one included), botocore standard retry mode.
 DEFAULT_MAX_ATTEMPTS = 5
@@ -62,6 +72,85 @@ _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 #: A boto3 S3 client (``boto3.client("s3")``, or prefect-aws ``AwsCredentials.get_s3_client()``).
 S3Client = Any
+#: Where the start of a request is noted in botocore's request context.
+_STARTED = "gpucert_started"
+
+
+class DeadlineExceeded(botocore.exceptions.BotoCoreError):  # type: ignore[misc]
+    """A request to S3 did not succeed before its deadline; a BotoCoreError so every handler of the store
+    turns it into :class:`~gpucert.errors.StoreUnavailable` like any other failure of the endpoint."""
+
+    fmt = (
+        "no answer from {endpoint} within the deadline of {seconds:g} s (gave up after {attempts} "
+        "attempt(s) in {elapsed:.1f} s; the last: {last}); set the deadline with gpucert --timeout or "
+        "$GPUCERT_TIMEOUT"
+    )
+
+
+class _Deadline:
+    """botocore hooks that end a request's retries when the next one could not finish before its deadline.
+
+    botocore waits between tries and then makes one whose timeouts were fixed when the client was built; a
+    retry is allowed only when the longest wait it may choose plus a whole try (``attempt_s``) fit in what
+    is left, so the request ends by its deadline whatever the endpoint does.
+    """
+
+    def __init__(self, endpoint: str, seconds: float, attempt_s: float, max_attempts: int) -> None:
+        self.endpoint = endpoint
+        self.seconds = seconds
+        self.attempt_s = attempt_s
+        self._adapter = standard.RetryEventAdapter()
+        self._retryable = standard.StandardRetryConditions(max_attempts=max_attempts)
+        # With a "random" draw of 1, botocore's own back-off computes its longest wait for that try.
+        self._longest = standard.ExponentialBackoff(
+            random=lambda: 1.0,
+            service_name="s3",
+            throttling_detector=standard.ThrottlingErrorDetector(self._adapter),
+        )
+
+    def install(self, client: S3Client) -> None:
+        client.meta.events.register("before-call.s3", self.started)
+        client.meta.events.register_first("needs-retry.s3", self.check)
+
+    def started(self, context: dict[str, Any], **kwargs: Any) -> None:
+        context[_STARTED] = time.monotonic()
+
+    def check(self, **kwargs: Any) -> None:
+        """None (botocore's retry handler decides); raises :class:`DeadlineExceeded` when a retry it may
+        make could not end before the deadline."""
+        context = self._adapter.create_retry_context(**kwargs)
+        if not self._retryable.is_retryable(context):
+            return
+        started = context.request_context.get(_STARTED)
+        elapsed = time.monotonic() - started if started is not None else 0.0
+        if elapsed + self._longest.delay_amount(context) + self.attempt_s <= self.seconds:
+            return
+        if context.caught_exception is not None:
+            last = f"{type(context.caught_exception).__name__}: {context.caught_exception}"
+        else:
+            status = getattr(context.http_response, "status_code", None)
+            last = f"{context.get_error_code() or 'error'} (HTTP {status})"
+        raise DeadlineExceeded(
+            endpoint=self.endpoint,
+            seconds=self.seconds,
+            attempts=context.attempt_number,
+            elapsed=elapsed,
+            last=last,
+        )
+
+
+def _check_endpoint(url: str, source: str, root: str) -> None:
+    """Raise :class:`StoreURIError` naming ``source`` unless ``url`` can be an S3 endpoint (botocore says
+    only "not a valid URI", and not for a port that is not a number)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is what raises
+    except ValueError as exc:
+        raise StoreURIError(f"cannot open {root}: the S3 endpoint {url!r} ({source}): {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StoreURIError(
+            f"cannot open {root}: the S3 endpoint {url!r} ({source}) is not an http:// or https:// URL"
+        )
 
 
 def normalise_etag(etag: str) -> str:
@@ -96,7 +185,9 @@ class S3ObjectStore:
     chain (environment, shared profile, instance role), or from ``session`` when given, with
     ``endpoint_url`` (default: ``$GPUCERT_S3_ENDPOINT``, then boto3's ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``), ``region``, standard-mode retries and path-style addressing whenever an
-    endpoint is configured (local and most S3-compatible servers need it).
+    endpoint is configured (local and most S3-compatible servers need it). Each request of such a client
+    ends within ``deadline_s`` (default: :func:`~gpucert.kube._retry.call_deadline_s`), its tries waiting
+    at most ``connect_timeout`` and ``read_timeout``, cut to a quarter and a half of it (see the module).
 
     The bucket must exist: the store never creates one, and a missing bucket is
     :class:`~gpucert.errors.StoreUnavailable` (``NoSuchBucket``) on every operation, reads included.
@@ -114,6 +205,7 @@ class S3ObjectStore:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
+        deadline_s: float | None = None,
     ) -> None:
         if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
             raise StoreURIError(f"{bucket!r} is not an S3 bucket name")
@@ -128,13 +220,27 @@ class S3ObjectStore:
         self.bucket = bucket
         self.prefix = prefix
         if client is None:
+            root = f"s3://{bucket}/{prefix}"
+            given = "endpoint_url" if endpoint_url else ENDPOINT_ENV
             endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or None
             configured = endpoint_url or any(os.environ.get(name) for name in _BOTO_ENDPOINT_ENVS)
+            # The endpoint botocore will use: ours, else the first of its own variables that is set.
+            endpoint = None
+            for source, url in [
+                (given, endpoint_url),
+                *((n, os.environ.get(n)) for n in _BOTO_ENDPOINT_ENVS),
+            ]:
+                if url:
+                    _check_endpoint(url, source, root)
+                    endpoint = url
+                    break
+            seconds = call_deadline_s() if deadline_s is None else deadline_s
+            connect_s, read_s = min(connect_timeout, seconds / 4), min(read_timeout, seconds / 2)
             config = Config(
                 # total_max_attempts counts the first try; botocore's "max_attempts" counts retries only.
                 retries={"mode": "standard", "total_max_attempts": max_attempts},
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
+                connect_timeout=connect_s,
+                read_timeout=read_s,
                 s3={"addressing_style": "path" if configured else "auto"},
                 # Said explicitly, because only then does botocore presign with SigV4 too: left unset, it
                 # presigns links with the legacy SigV2, which newer AWS regions refuse.
@@ -149,6 +255,8 @@ class S3ObjectStore:
             except (botocore.exceptions.BotoCoreError, ValueError) as exc:
                 # In practice a malformed endpoint URL or region: configuration the user fixes.
                 raise StoreURIError(f"cannot open s3://{bucket}/{prefix}: {exc}") from exc
+            shown = str(getattr(client.meta, "endpoint_url", None) or endpoint or "S3")
+            _Deadline(shown, seconds, connect_s + read_s, max_attempts).install(client)
         self._client: S3Client = client
 
     @classmethod

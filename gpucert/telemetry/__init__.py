@@ -10,10 +10,12 @@ Between certifications gpucert watches two things, both without touching a GPU:
   of the results contract (DESIGN.md "Results": the registry's telemetry metrics per GPU, XID events, GPU
   counts per node), so the verdict engine's hard gates judge them as they judge a certification's
   telemetry; what could not be read is a per-node problem, never an invented number.
-* **Slow drift on each GPU's own history** — :func:`history_from_store` gathers the per-run medians of
-  the performance metrics from the store's runs, and :func:`drift_alarms` runs a lower CUSUM or EWMA per
-  GPU × metric against its own baseline. A drift alarm asks for a re-certification; it never drains or
-  taints on its own.
+* **Slow drift on each GPU's own history** — :func:`history_from_store` gathers each GPU's own last N
+  certifications (per-run medians and the repeats' spread) from the store's runs, and
+  :func:`drift_alarms` runs a lower CUSUM or EWMA per GPU × metric against its own baseline, calibrated
+  by the repeats' noise and with the night's fleet-wide shift removed; :func:`drift_trace` gives the
+  night-by-night statistic for a report, :func:`check_drift` all three from a store. A drift alarm asks
+  for a re-certification; it never drains or taints on its own.
 
 Nothing here imports Prefect::
 
@@ -22,8 +24,8 @@ Nothing here imports Prefect::
     seen = source.read(start=last_run_at, run_id="operate-2026-11-02")
     verdicts = judge(seen.results, baseline)             # the Stage 0 gates on the window's telemetry
 
-    history = history_from_store(store, last_runs=30)
-    alarms = drift_alarms(history, store.read())          # rows: node, gpu, metric, statistic, reason …
+    drift = check_drift(store, policy)                    # history, baseline, alarms
+    drift.asked()                                         # node → why it should be re-certified
 """
 
 from ._common import HOST_LABELS, SIGNALS, Signal, Telemetry, TelemetryError
@@ -31,7 +33,11 @@ from ._drift import (
     DRIFT_COLUMNS,
     DRIFT_METRICS,
     HISTORY_COLUMNS,
+    TRACE_COLUMNS,
+    DriftCheck,
+    check_drift,
     drift_alarms,
+    drift_trace,
     ewma_limit,
     history_from_store,
     run_medians,
@@ -47,6 +53,8 @@ __all__ = [
     "HOST_LABELS",
     "METRICS_PATH_ANNOTATION",
     "SIGNALS",
+    "TRACE_COLUMNS",
+    "DriftCheck",
     "ExporterScrape",
     "ExporterTarget",
     "PromSeries",
@@ -55,7 +63,9 @@ __all__ = [
     "Signal",
     "Telemetry",
     "TelemetryError",
+    "check_drift",
     "drift_alarms",
+    "drift_trace",
     "ewma_limit",
     "history_from_store",
     "run_medians",

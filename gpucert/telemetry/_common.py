@@ -22,7 +22,7 @@ import pandas as pd
 
 from .._frames import empty_results
 from ..errors import GpucertError
-from ..metrics import RESULT_COLUMNS
+from ..metrics import RESULT_COLUMNS, bound_arrays
 from ..results import parse_results
 
 __all__ = [
@@ -256,7 +256,22 @@ def to_results(
     frame = frame[list(RESULT_COLUMNS)].sort_values(
         ["node", "gpu", "metric"], kind="stable", ignore_index=True
     )
-    return parse_results(frame, f"telemetry from {source}")
+    return parse_results(_within_bounds(frame, problems), f"telemetry from {source}")
+
+
+def _within_bounds(frame: pd.DataFrame, problems: Problems) -> pd.DataFrame:
+    """``frame`` without readings no GPU can give (an exporter's blank-value sentinel, a counter that
+    wrapped): each dropped reading is a problem of its node, never a ResultsError for the whole night."""
+    metrics = sorted(frame["metric"].astype(str).unique())
+    low, high = bound_arrays([], metrics, per_model=False)
+    column = {name: j for j, name in enumerate(metrics)}
+    codes = frame["metric"].astype(str).map(column).to_numpy(dtype=np.int64)
+    values = frame["value"].to_numpy(dtype=np.float64)
+    bad = (values < low[-1, codes]) | (values > high[-1, codes])
+    for node, metric, value in zip(frame["node"][bad], frame["metric"][bad], values[bad], strict=True):
+        problems.add(str(node), f"{metric} reading {value:g} is outside what any GPU reports: dropped")
+    kept: pd.DataFrame = frame[~bad].reset_index(drop=True)
+    return kept
 
 
 def _combine(readings: pd.DataFrame) -> pd.DataFrame:

@@ -1,33 +1,52 @@
-"""Slow drift on each GPU's own history (REFERENCE.md §4.8): lower CUSUM or lower EWMA per GPU × metric.
+"""Slow drift on each GPU's own history (REFERENCE.md §4.8): a lower CUSUM (or EWMA) per GPU × metric.
 
-Input: per run, each GPU's median of a performance metric (and each node's, for node metrics), from
-:func:`history_from_store` or :func:`run_medians`. Each value is standardised against the entity's own
-baseline (the store's ``baseline.parquet``, level ``gpu`` keyed by UUID or ``node`` keyed by node name):
-``u_t = (x_t − μ0) / σ0`` with ``σ0 = max(spread, cv_rep · μ0)`` (REFERENCE §4.4 R1; ``cv_rep`` from the
-policy), so a drop is negative. Then, per series, starting at 0 at the baseline's first run:
+Input: per run, each GPU's median of a performance metric (and each node's, for node metrics), with the
+count and standard deviation of the repeats behind it, from :func:`history_from_store` or
+:func:`run_medians`. Each GPU's series is its *own* last ``window_runs`` certifications, however many
+of the store's runs that takes (a 7-day rotation measures a GPU in one night of seven).
 
-* CUSUM: ``C_t = max(0, C_{t−1} − u_t − k)``, alarm while ``C_t > h`` (k = 0.5, h = 5: in-control ARL
-  ≈ 930 runs, a sustained 1σ drop is flagged after ≈ 10.4 runs);
-* EWMA: ``z_t = λ·u_t + (1 − λ)·z_{t−1}``, alarm while ``z_t < −L·sqrt(λ / (2 − λ))`` (λ = 0.2, L = 3.0:
-  ARL ≈ 1,130, 1σ drop after ≈ 10.8 runs).
+Each run is judged against the entity's own baseline (the store's ``baseline.parquet``: ``center``,
+``spread``, ``n``; level ``gpu`` keyed by UUID or ``node`` keyed by node name), in three steps:
 
-``u`` is clipped to ±``clip`` (4 by default) first: one wildly low run (a link trained down for a night,
-which the gates judge on their own) must not leave the CUSUM above ``h`` for dozens of runs, while any
-sustained shift of a few σ still crosses within two or three runs. Runs before the baseline's
-``first_ts`` are left out: a re-baseline (a repair, a stack change) starts the GPU's history afresh.
+1. **The fleet factor.** Per run and cohort (GPU model × metric), the median of value / centre over the
+   cohort's entities that have a baseline: a night where every GPU moved (a new driver, a warm hall)
+   is the fleet's, not each GPU's, and is divided out — as the verdict engine does, with the same
+   ``fleet`` policy (enough GPUs on enough nodes, else no correction).
+2. **The noise.** ``σ_t² = σ_med² + σ_c²``. ``σ_med`` is the noise of one run's median: the repeats'
+   own spread (a robust pool over the GPU's runs, never below its cohort's typical spread, so a GPU
+   whose three repeats agreed by chance is not taken for a precise one), times the spread of a median
+   of ``n`` repeats. ``σ_c = max(spread, σ_med) / √n`` is the uncertainty of the baseline's centre.
+3. ``u_t = dir · (x_t / f_t − center) / σ_t``: a drop is negative, clipped to ±``clip``.
 
-The recursion runs over runs — few — with numpy across all series at once: 10,000 GPUs × 5 metrics ×
-30 runs is one pass over a 50,000 × 30 array. An alarm asks for a re-certification only; it drains
-nothing by itself (REFERENCE §4.8).
+Then per series, from 0 at the start of its window: CUSUM ``C_t = max(0, C_{t−1} − u_t − k)``, alarm
+when ``C_t > h``, or EWMA ``z_t = λu_t + (1−λ)z_{t−1}``, alarm when ``z_t < −L·sqrt(λ/(2−λ))``; and,
+with either, a one-run limit: ``u_t < −shewhart`` alarms at once (a step). An alarm holds until a
+later run is back at the baseline (``u_t ≥ −clear``: the statistic restarts from 0) or the statistic
+is back at rest on its own.
+
+Why not REFERENCE's k = 0.5, h = 5 (ARL0 ≈ 930): those ARLs assume μ0 known. A centre set from n = 5
+runs is off by σ/√5 ≈ 0.45 σ, the *same* error every night, so a stable GPU whose centre came out high
+sits at u ≈ −0.4 night after night and a k = 0.5 CUSUM walks into alarm: about 3 % of stable GPUs
+within 30 nights over 4 metrics. The defaults (policy ``drift``: k = 1.5, h = 6, one-run limit 4.5 σ)
+were picked by Monte Carlo over that centre error (u correlated 1/(n+1) between nights): about 0.04 %
+of stable series, 0.15 % of GPUs (4 metrics) alarm within 30 nights, while GEMM (median of 3 repeats
+at 0.7 %: σ_t ≈ 0.51 %) losing 0.5 % a night crosses in 5 nights (p90 6) and a 3 % step (≈ 5.8 σ_t)
+is over the one-run limit the first night in 9 of 10 cases. The EWMA defaults (λ = 0.3, L = 5.5) were
+chosen the same way. ``benchmarks/drift_speed.py`` measures all of this on the fleet model.
+
+An alarm asks for a re-certification only; it drains nothing by itself (REFERENCE §4.8). The recursion
+runs over positions — few — with numpy across all series at once.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date, datetime
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +55,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pandas.api.types import union_categoricals
 
 from ..errors import StoreError
 from ..metrics import METRICS
@@ -47,11 +67,19 @@ __all__ = [
     "DRIFT_COLUMNS",
     "DRIFT_METRICS",
     "HISTORY_COLUMNS",
+    "TRACE_COLUMNS",
+    "DriftCheck",
+    "check_drift",
     "drift_alarms",
+    "drift_trace",
     "ewma_limit",
     "history_from_store",
     "run_medians",
 ]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 #: The performance metrics drift is watched on by default (GPU level, and the node's all-reduce).
 DRIFT_METRICS: tuple[str, ...] = (
@@ -61,7 +89,8 @@ DRIFT_METRICS: tuple[str, ...] = (
     "d2h_gbps",
     "nccl_allreduce_busbw_gbps",
 )
-#: One row per run and GPU (or node) and metric: the median of its repeats (``n`` of them).
+#: One row per run and GPU (or node) and metric: the median of its ``n`` repeats and their standard
+#: deviation ``rep_sd`` (NaN for a single repeat).
 HISTORY_COLUMNS: tuple[str, ...] = (
     "run_id",
     "ts",
@@ -72,6 +101,7 @@ HISTORY_COLUMNS: tuple[str, ...] = (
     "metric",
     "value",
     "n",
+    "rep_sd",
 )
 DRIFT_COLUMNS: tuple[str, ...] = (
     "node",
@@ -87,24 +117,47 @@ DRIFT_COLUMNS: tuple[str, ...] = (
     "first_run_over",
     "last_run",
     "deviation_pct",
+    "fleet_pct",
     "center",
     "sigma",
     "action",
     "reason",
 )
+#: One row per series and run of :func:`drift_trace`: what the detector saw that night.
+TRACE_COLUMNS: tuple[str, ...] = (
+    "node",
+    "gpu",
+    "gpu_uuid",
+    "metric",
+    "run_id",
+    "ts",
+    "value",
+    "center",
+    "fleet_factor",
+    "sigma",
+    "u",
+    "statistic",
+    "threshold",
+    "alarm",
+    "raised",
+    "cleared",
+)
 
 _CATEGORIES = ("run_id", "node", "gpu_uuid", "gpu_model", "metric")
 _RESULT_READ = ["run_id", "node", "gpu", "gpu_uuid", "gpu_model", "metric", "value", "ts"]
 _GROUP = ["run_id", "node", "gpu", "gpu_uuid", "gpu_model", "metric"]
+_NODE_SALT = np.uint64(0x9E3779B97F4A7C15)  # keeps a node's key apart from a UUID's of the same text
+_MIX = np.uint64(0x100000001B3)
+_PRIOR_DF = 20.0
 
 
 # --- history -------------------------------------------------------------------------------------------
 
 
 def run_medians(results: pd.DataFrame, metrics: Sequence[str] = DRIFT_METRICS) -> pd.DataFrame:
-    """Per run, GPU (or node) and metric of ``metrics``: the median of the repeats, their count ``n``, and
-    the run's time ``ts`` (its earliest sample). Returns the :data:`HISTORY_COLUMNS`; non-finite values and
-    pair metrics are left out."""
+    """Per run, GPU (or node) and metric of ``metrics``: the median of the repeats, their count ``n`` and
+    standard deviation ``rep_sd``, and the run's time ``ts`` (its earliest sample). Returns the
+    :data:`HISTORY_COLUMNS`; non-finite values and pair metrics are left out."""
     return _typed(_medians(results, metrics))
 
 
@@ -136,8 +189,34 @@ def _medians(results: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     out: pd.DataFrame = rows.iloc[first][list(_GROUP)].reset_index(drop=True)
     out["value"] = values.median().to_numpy()
     out["n"] = values.size().to_numpy(dtype=np.int64)
+    out["rep_sd"] = values.std().to_numpy()  # ddof 1: NaN for a single repeat
     out["ts"] = out["run_id"].map(run_ts).astype(run_ts.dtype)
     return out
+
+
+def _entity_hashes(
+    frame: pd.DataFrame,
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Per history row, 64-bit keys of its series (entity × metric), its entity (GPU or node) and its
+    node: vectorised hashes instead of string keys (a categorical is hashed per category)."""
+    metric = frame["metric"]
+    gpu_level = _level_of(metric) == "gpu"
+    h_uuid = pd.util.hash_pandas_object(frame["gpu_uuid"], index=False).to_numpy(dtype=np.uint64)
+    h_node = pd.util.hash_pandas_object(frame["node"], index=False).to_numpy(dtype=np.uint64)
+    h_metric = pd.util.hash_pandas_object(metric, index=False).to_numpy(dtype=np.uint64)
+    entity = np.asarray(np.where(gpu_level, h_uuid, h_node ^ _NODE_SALT), dtype=np.uint64)
+    return np.asarray(entity * _MIX + h_metric, dtype=np.uint64), entity, np.asarray(h_node, dtype=np.uint64)
+
+
+def _level_of(metric: pd.Series) -> npt.NDArray[np.object_]:
+    """Each row's metric level (``gpu``, ``node``, ``pair`` or ``""``), looked up per category."""
+    column = metric.astype("category")
+    levels = np.array(
+        [METRICS[str(m)].level if str(m) in METRICS else "" for m in column.cat.categories] + [""],
+        dtype=object,
+    )
+    codes = column.cat.codes.to_numpy()
+    return levels[np.where(codes < 0, len(levels) - 1, codes)]
 
 
 def history_from_store(
@@ -146,11 +225,20 @@ def history_from_store(
     since: date | datetime | None = None,
     metrics: Sequence[str] = DRIFT_METRICS,
     last_runs: int = 30,
+    max_days: float | None = 240.0,
+    max_runs: int | None = None,
+    baseline: pd.DataFrame | None = None,
     workers: int = 8,
 ) -> pd.DataFrame:
-    """The per-run medians (:func:`run_medians`) of the last ``last_runs`` runs in ``store`` with results,
-    from ``since`` on (a date: runs of that day and later; a datetime: runs whose first sample is not
-    earlier), oldest first. A run without ``results.parquet`` (no node produced results) is skipped.
+    """Each GPU's (and node's) own last ``last_runs`` per-run medians (:func:`run_medians`) in ``store``,
+    oldest first, from ``since`` on (a date: runs of that day and later; a datetime: runs whose first
+    sample is not earlier). A run without ``results.parquet`` is skipped.
+
+    Runs are read newest first, ``2 × workers`` at a time in parallel, and reading stops once every
+    GPU and node in service (measured in its node's newest run: a replaced GPU's old UUID is not) has
+    ``last_runs`` points, or — with ``baseline`` given — once the runs read reach back past its
+    baseline's first run (older ones are not its history). The lookback never exceeds ``max_days``
+    before the newest run nor ``max_runs`` run folders.
 
     Raises :class:`~gpucert.errors.StoreError` when a results file cannot be read or parsed (naming the
     run), and ``ValueError`` when ``last_runs`` < 1.
@@ -161,8 +249,8 @@ def history_from_store(
     if since is not None:
         first_day = since.date() if isinstance(since, datetime) else since
         runs = [(day, run) for day, run in runs if day >= first_day]
-    # Read a few more than asked: some runs have no results, and the store orders a day's runs by name.
-    candidates = runs[-(last_runs + max(4, last_runs // 2)) :]
+    candidates = runs[::-1] if max_runs is None else runs[::-1][: max(0, max_runs)]
+    first_ts = _first_ts_index(baseline) if baseline is not None else None
 
     def load(entry: tuple[date, str]) -> pd.DataFrame | None:
         day, run_id = entry
@@ -184,47 +272,103 @@ def history_from_store(
         medians = _medians(table.to_pandas(), metrics)
         if len(medians) and run_ts is not None:  # the run's time: its earliest sample of any metric
             medians["ts"] = pd.Timestamp(utc(run_ts)).as_unit("us")
+        if len(medians):
+            medians["_series"], medians["_entity"], medians["_node"] = _entity_hashes(medians)
         return medians
 
+    loaded: list[tuple[date, pd.DataFrame]] = []
+    step = 2 * max(1, workers)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gpucert-history") as pool:
-        parts = [p for p in pool.map(load, candidates) if p is not None and len(p)]
+        while candidates:
+            batch, candidates = candidates[:step], candidates[step:]
+            loaded += [
+                (e[0], p)
+                for e, p in zip(batch, pool.map(load, batch), strict=True)
+                if p is not None and len(p)
+            ]
+            if max_days is not None and loaded:  # the bound counts from the newest run that has results
+                oldest_day = loaded[0][0] - timedelta(days=max_days)
+                candidates = [(day, run) for day, run in candidates if day >= oldest_day]
+                loaded = [(day, p) for day, p in loaded if day >= oldest_day]
+            if candidates and loaded and _have_enough([p for _, p in loaded], last_runs, first_ts):
+                break
+    parts = [p for _, p in loaded]
     if not parts:
         return _empty_history()
     history = _concat(parts)
     if isinstance(since, datetime):
         history = history[history["ts"] >= pd.Timestamp(utc(since))]
-    order = history.groupby("run_id", sort=False)["ts"].min().sort_values(kind="stable")
-    keep = order.index[-last_runs:]
-    history = history[history["run_id"].isin(keep)]
     history = history.sort_values(["ts", "run_id"], kind="stable", ignore_index=True)
+    # Each series' own last N: counted from its newest row back.
+    rank = history.groupby("_series", sort=False).cumcount(ascending=False).to_numpy()
+    history = history[rank < last_runs]
     return _typed(history)
+
+
+def _first_ts_index(baseline: pd.DataFrame) -> pd.Series:
+    """The baseline's ``first_ts`` (int64 µs) per series key, as :func:`_entity_hashes` computes it."""
+    own = baseline[baseline["level"].isin(["gpu", "node"])]
+    level = own["level"].astype(object).to_numpy()
+    h_key = pd.util.hash_pandas_object(own["key"].astype(object), index=False).to_numpy(dtype=np.uint64)
+    h_metric = pd.util.hash_pandas_object(own["metric"].astype(object), index=False).to_numpy(dtype=np.uint64)
+    entity = np.where(level == "gpu", h_key, h_key ^ _NODE_SALT)
+    keys = entity * _MIX + h_metric
+    return pd.Series(_micros(own["first_ts"]), index=pd.Index(keys)).groupby(level=0).max()
+
+
+def _have_enough(parts: Sequence[pd.DataFrame], wanted: int, first_ts: pd.Series | None) -> bool:
+    """Whether every series in service has ``wanted`` points, or its whole history since its baseline."""
+    series, entity, node = (
+        np.concatenate([p[c].to_numpy(dtype=np.uint64) for p in parts])
+        for c in ("_series", "_entity", "_node")
+    )
+    # One time per run file: its earliest sample.
+    ts = np.repeat(np.concatenate([_micros(p["ts"].iloc[:1]) for p in parts]), [len(p) for p in parts])
+    frame = pd.DataFrame({"entity": entity, "node": node, "ts": ts})
+    node_last = frame.groupby("node", sort=False)["ts"].transform("max").to_numpy()
+    entity_last = frame.groupby("entity", sort=False)["ts"].transform("max").to_numpy()
+    # In service: measured in its node's newest run (a replaced GPU's UUID is absent from it).
+    in_service = np.unique(entity[(ts == entity_last) & (ts == node_last)])
+    codes, keys = pd.factorize(series)
+    counts = np.bincount(codes, minlength=len(keys))
+    first_entity = np.zeros(len(keys), dtype=np.uint64)
+    first_entity[codes[::-1]] = entity[::-1]  # any row's entity: a series has one
+    needed = np.isin(first_entity, in_service)
+    done = counts >= wanted
+    if first_ts is not None:
+        since = first_ts.reindex(pd.Index(keys)).to_numpy(dtype=np.float64)
+        # No baseline: never judged, so no need to read on for it; else read back to its first run.
+        done |= np.isnan(since) | (since > ts.min())
+    return bool(done[needed].all())
 
 
 def _concat(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate frames whose category columns differ, keeping them categorical (no detour via text)."""
-    parts = [p.astype(dict.fromkeys(_CATEGORIES, "category")) for p in parts]
-    for name in _CATEGORIES:
-        every = pd.Index(np.concatenate([np.asarray(p[name].cat.categories, dtype=object) for p in parts]))
-        union = sorted(every.unique())
-        for p in parts:
-            p[name] = p[name].cat.set_categories(union)
-    return pd.concat(parts, ignore_index=True)
+    names = [c for c in parts[0].columns if c in _CATEGORIES]
+    rest = pd.concat([p.drop(columns=names) for p in parts], ignore_index=True)
+    for name in names:
+        merged = union_categoricals([p[name].astype("category") for p in parts], ignore_order=True)
+        rest[name] = pd.Categorical(merged)
+    return rest
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    if "rep_sd" not in frame.columns:
+        frame = frame.assign(rep_sd=np.nan)
     out = frame[list(HISTORY_COLUMNS)].copy()
     for name in _CATEGORIES:
         out[name] = out[name].astype("category")
     out["gpu"] = out["gpu"].astype("Int64")
     out["ts"] = pd.to_datetime(out["ts"], utc=True).dt.as_unit("us")
     out["value"] = out["value"].astype(np.float64)
+    out["rep_sd"] = out["rep_sd"].astype(np.float64)
     return out.reset_index(drop=True)
 
 
 def _empty_history() -> pd.DataFrame:
     return _typed(
         pd.DataFrame({c: pd.Series(dtype=object) for c in HISTORY_COLUMNS}).astype(
-            {"value": np.float64, "n": np.int64, "ts": "datetime64[us, UTC]"}
+            {"value": np.float64, "n": np.int64, "rep_sd": np.float64, "ts": "datetime64[us, UTC]"}
         )
     )
 
@@ -233,193 +377,146 @@ def _empty_history() -> pd.DataFrame:
 
 
 def ewma_limit(lam: float, L: float) -> float:
-    """The lower EWMA control limit (asymptotic): ``−L·sqrt(λ / (2 − λ))`` in σ0 units."""
+    """The lower EWMA control limit (asymptotic): ``−L·sqrt(λ / (2 − λ))`` in σ units."""
     return -L * math.sqrt(lam / (2 - lam))
 
 
-def drift_alarms(
-    history: pd.DataFrame,
-    baseline: pd.DataFrame,
-    *,
-    method: Literal["cusum", "ewma"] = "cusum",
-    k: float = 0.5,
-    h: float = 5.0,
-    lam: float = 0.2,
-    L: float = 3.0,
-    clip: float = 4.0,
-    policy: Policy | None = None,
-    all_series: bool = False,
-) -> pd.DataFrame:
-    """The drift alarms of every GPU (and node) series in ``history`` against its own ``baseline``.
-
-    ``history``: :data:`HISTORY_COLUMNS` (at least run_id, ts, node, gpu, gpu_uuid, metric, value), one
-    row per run and entity and metric; ``baseline``: the store's table (only ``gpu`` and ``node`` rows are
-    used). ``method``: ``cusum`` (``k``, ``h``) or ``ewma`` (``lam``, ``L``); see the module docstring.
-    ``policy`` gives each metric's ``cv_rep`` (the floor of σ0).
-
-    Returns :data:`DRIFT_COLUMNS`, one row per series whose statistic is beyond its threshold at its latest
-    run (every series with ``all_series``), worst first: ``statistic`` (C ≥ 0, or z), ``threshold`` (h, or
-    the negative EWMA limit), ``runs`` (runs in the series since its baseline began), ``onset_run`` (the
-    first run of the current excursion: after the last C = 0, or z ≥ 0), ``first_run_over`` (the run that
-    crossed the threshold), ``deviation_pct`` (mean deviation from the baseline since the onset),
-    ``action`` (``recertify``: an alarm drains nothing by itself) and a ``reason`` in words. Series without
-    a baseline, or whose baseline centre is not positive, are left out.
-    Raises ``ValueError`` for an unknown method or a non-positive parameter.
-    """
-    if method not in ("cusum", "ewma"):
-        raise ValueError(f"method is 'cusum' or 'ewma', not {method!r}")
-    for name, value in (("h", h), ("lam", lam), ("L", L), ("clip", clip)):
-        if not value > 0:
-            raise ValueError(f"{name} must be positive, not {value!r}")
-    if not 0 < lam <= 1:
-        raise ValueError(f"lam must be in (0, 1], not {lam!r}")
-    policy = policy or default_policy()
-    series = _series(history, baseline, policy)
-    if series is None:
-        return _empty_alarms()
-    u, rel, runs, lengths, meta, run_names = series
-    n_series, width = u.shape
-    u = np.clip(u, -clip, clip)
-
-    stat = np.zeros(n_series)
-    over_since = np.full(n_series, -1, dtype=np.int64)
-    quiet_at = np.full(n_series, -1, dtype=np.int64)  # last position where the statistic was at rest
-    threshold = h if method == "cusum" else ewma_limit(lam, L)
-    for t in range(width):
-        live = t < lengths
-        ut = u[:, t]
-        if method == "cusum":
-            new = np.maximum(0.0, stat - ut - k)
-            over = new > h
-            rest = new == 0.0
-        else:
-            new = lam * ut + (1 - lam) * stat
-            over = new < threshold
-            rest = new >= 0.0
-        stat = np.where(live, new, stat)
-        crossed = live & over & (over_since < 0)
-        over_since = np.where(crossed, t, over_since)
-        over_since = np.where(live & ~over, -1, over_since)
-        quiet_at = np.where(live & rest, t, quiet_at)
-
-    alarm = over_since >= 0
-    chosen = np.arange(n_series) if all_series else np.flatnonzero(alarm)
-    if len(chosen) == 0:
-        return _empty_alarms()
-    onset = quiet_at[chosen] + 1
-    onset = np.minimum(onset, lengths[chosen] - 1)
-    last = lengths[chosen] - 1
-    # Mean relative deviation from the onset to the last run, from cumulative sums along each row.
-    csum = np.nancumsum(np.nan_to_num(rel[chosen], nan=0.0), axis=1)
-    rows = np.arange(len(chosen))
-    before = np.where(onset > 0, csum[rows, np.maximum(onset - 1, 0)], 0.0)
-    deviation = (csum[rows, last] - before) / (last - onset + 1) * 100
-
-    def run_at(pos: npt.NDArray[np.int64]) -> npt.NDArray[np.object_]:
-        names = np.full(len(pos), None, dtype=object)
-        ok = pos >= 0
-        names[ok] = run_names[runs[chosen[ok], pos[ok]]]
-        return names
-
-    picked = meta.iloc[chosen].reset_index(drop=True)
-    out = pd.DataFrame(
-        {
-            "node": picked["node"].to_numpy(),
-            "gpu": pd.array(picked["gpu"].to_numpy(), dtype="Int64"),
-            "gpu_uuid": picked["gpu_uuid"].to_numpy(),
-            "metric": picked["metric"].to_numpy(),
-            "method": method,
-            "statistic": stat[chosen],
-            "threshold": threshold,
-            "alarm": alarm[chosen],
-            "runs": lengths[chosen].astype(np.int64),
-            "onset_run": run_at(onset),
-            "first_run_over": run_at(over_since[chosen]),
-            "last_run": run_at(last),
-            "deviation_pct": deviation,
-            "center": picked["center"].to_numpy(),
-            "sigma": picked["sigma"].to_numpy(),
-            "action": np.where(alarm[chosen], "recertify", "none"),
-        }
-    )
-    records: list[dict[str, Any]] = [{str(c): v for c, v in r.items()} for r in out.to_dict("records")]
-    out["reason"] = [_reason(row, method, k, lam) if row["alarm"] else "" for row in records]
-    # Worst first: the furthest beyond its threshold, in the statistic's own direction.
-    severity = out["statistic"] - threshold if method == "cusum" else threshold - out["statistic"]
-    order = np.lexsort((out["metric"].astype(str), out["node"].astype(str), -severity.to_numpy()))
-    return out.iloc[order].reset_index(drop=True)[list(DRIFT_COLUMNS)]
+@functools.cache
+def _repeat_factors(n: int) -> tuple[float, float, float]:
+    """For ``n`` normal repeats of unit σ: the standard deviation of their median, and the median and the
+    99th percentile of their sample variance (the first turns a robust pool of variances into σ², the
+    second says when one run's repeats disagree beyond chance). Seeded Monte Carlo: no closed form for
+    the median of an even count, and no SciPy here."""
+    if n <= 1:
+        return 1.0, math.nan, math.nan
+    d = n - 1
+    if n > 64:  # asymptotics (Wilson–Hilferty for the variance), within 0.5 % from here on
+        a = 2 / (9 * d)
+        return math.sqrt(math.pi / (2 * n)), (1 - a) ** 3, (1 - a + 2.326 * math.sqrt(a)) ** 3
+    draws = np.random.default_rng(n).standard_normal((200_000, n))
+    var = draws.var(axis=1, ddof=1)
+    return float(np.median(draws, axis=1).std()), float(np.median(var)), float(np.quantile(var, 0.99))
 
 
-def _reason(row: dict[str, Any], method: str, k: float, lam: float) -> str:
-    metric, uuid = str(row["metric"]), row["gpu_uuid"]
-    unit = METRICS[metric].unit if metric in METRICS else ""
-    statistic, threshold, deviation = (
-        float(row["statistic"]),
-        float(row["threshold"]),
-        float(row["deviation_pct"]),
-    )
-    stat = (
-        f"lower CUSUM {statistic:.1f} > h = {threshold:g} (k = {k:g})"
-        if method == "cusum"
-        else f"lower EWMA {statistic:.2f} σ0 < {threshold:.2f} σ0 (λ = {lam:g})"
-    )
-    return (
-        f"{metric} has drifted {abs(deviation):.1f} % {'below' if deviation < 0 else 'from'} "
-        f"{'this GPU' if isinstance(uuid, str) else 'this node'}'s own baseline "
-        f"({float(row['center']):.4g} {unit}, σ0 {float(row['sigma']):.3g}) since run {row['onset_run']}: "
-        f"{stat} since run {row['first_run_over']}, over {row['runs']} runs; schedule a re-certification "
-        "(a drift alarm alone drains nothing)"
-    )
+def _factors_of(n: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """:func:`_repeat_factors` per element of ``n`` (computed once per distinct count)."""
+    uniq, inverse = np.unique(n, return_inverse=True)
+    table = np.array([_repeat_factors(int(v)) for v in uniq], dtype=np.float64).reshape(-1, 3)
+    return table[inverse, 0], table[inverse, 1], table[inverse, 2]
 
 
-def _empty_alarms() -> pd.DataFrame:
-    frame = pd.DataFrame({c: pd.Series(dtype=object) for c in DRIFT_COLUMNS})
-    return frame.astype(
-        {
-            "gpu": "Int64",
-            "statistic": np.float64,
-            "threshold": np.float64,
-            "alarm": bool,
-            "runs": np.int64,
-            "deviation_pct": np.float64,
-            "center": np.float64,
-            "sigma": np.float64,
-        }
-    )
+@dataclass(frozen=True)
+class _Params:
+    method: Literal["cusum", "ewma"]
+    k: float
+    h: float
+    lam: float
+    L: float
+    shewhart: float
+    clip: float
+    clear: float
+    window: int
+    min_baseline_runs: int
+
+    @property
+    def threshold(self) -> float:
+        return self.h if self.method == "cusum" else ewma_limit(self.lam, self.L)
 
 
-_Series = tuple[
-    npt.NDArray[np.float64],  # u[series, position]: standardised, NaN past the series' end
-    npt.NDArray[np.float64],  # rel[series, position]: (x - center) / center
-    npt.NDArray[np.int64],  # runs[series, position]: code of the run (into run_names)
-    npt.NDArray[np.int64],  # lengths[series]
-    pd.DataFrame,  # meta per series: node, gpu, gpu_uuid, metric, center, sigma
-    npt.NDArray[np.object_],  # run_names
-]
+def _params(policy: Policy, overrides: dict[str, Any]) -> _Params:
+    drift = policy.drift
+    given = {k: v for k, v in overrides.items() if v is not None}
+    values: dict[str, Any] = {
+        "method": drift.method,
+        "k": drift.k,
+        "h": drift.h,
+        "lam": drift.lam,
+        "L": drift.L,
+        "shewhart": drift.shewhart,
+        "clip": drift.clip,
+        "clear": drift.clear,
+        "window": drift.window_runs,
+        # A policy seeding from fewer runs than the drift minimum is still judged, on complete baselines.
+        "min_baseline_runs": min(drift.min_baseline_runs, policy.baseline.seed_runs),
+    } | given
+    if values["method"] not in ("cusum", "ewma"):
+        raise ValueError(f"method is 'cusum' or 'ewma', not {values['method']!r}")
+    for name in ("k", "h", "lam", "L", "shewhart", "clip"):
+        if not values[name] > 0:
+            raise ValueError(f"{name} must be positive, not {values[name]!r}")
+    if not 0 < values["lam"] <= 1:
+        raise ValueError(f"lam must be in (0, 1], not {values['lam']!r}")
+    if not values["clear"] >= 0:
+        raise ValueError(f"clear must not be negative, not {values['clear']!r}")
+    if values["window"] < 1:
+        raise ValueError(f"window must be at least 1, not {values['window']!r}")
+    return _Params(**values)
 
 
-def _series(history: pd.DataFrame, baseline: pd.DataFrame, policy: Policy) -> _Series | None:
-    """The standardised history as a (series × position) array, each series its own runs in time order."""
+@dataclass(frozen=True)
+class _Evaluated:
+    """Every series as a (series × position) grid, each row its own runs in time order."""
+
+    meta: pd.DataFrame  # per series: node, gpu, gpu_uuid, metric, center
+    run_names: npt.NDArray[np.object_]
+    run_ts: IntArray  # per run code: its time (µs)
+    lengths: IntArray
+    runs: IntArray  # run code per cell, -1 past a series' end
+    x: FloatArray  # the value
+    fleet: FloatArray  # the fleet factor of the cell's run and cohort
+    sigma: FloatArray  # σ_t, in the metric's unit
+    u: FloatArray  # standardised (clipped), a drop negative
+    rel: FloatArray  # x / (f · center) − 1
+    stat: FloatArray  # the CUSUM or EWMA after each cell
+    alarm: BoolArray  # in alarm after each cell
+    raised: BoolArray  # the cell raised an alarm
+    cleared: BoolArray  # the cell cleared one
+    by_step: BoolArray  # the cell raised it by the one-run limit alone
+    # the state after each series' last cell
+    onset: IntArray  # first cell of the current excursion
+    raised_at: IntArray  # the cell that raised the alarm in force, -1 when none
+
+
+def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy: Policy) -> _Evaluated | None:
     if history.empty or baseline.empty:
         return None
     metric = history["metric"].astype("category")
     names = np.asarray(metric.cat.categories, dtype=object)
-    mcode = metric.cat.codes.to_numpy()
-    # Per category, then gathered through the codes (-1, a missing metric, lands on the appended False).
-    gpu_level = np.array([n in METRICS and METRICS[n].level == "gpu" for n in names] + [False])
-    node_level = np.array([n in METRICS and METRICS[n].level == "node" for n in names] + [False])
+    mcode = metric.cat.codes.to_numpy().astype(np.int64)
+    known = [n in METRICS for n in names]
+    gpu_level = np.array(
+        [k and METRICS[n].level == "gpu" for n, k in zip(names, known, strict=True)] + [False]
+    )
+    node_level = np.array(
+        [k and METRICS[n].level == "node" for n, k in zip(names, known, strict=True)] + [False]
+    )
+    direction = np.array([METRICS[n].direction or 1 if k else 1 for n, k in zip(names, known, strict=True)])
     uuid = history["gpu_uuid"].astype("category")
     node = history["node"].astype("category")
     n_uuid = len(uuid.cat.categories)
-    ucode, ncode = uuid.cat.codes.to_numpy().astype(np.int64), node.cat.codes.to_numpy().astype(np.int64)
+    ucode = uuid.cat.codes.to_numpy().astype(np.int64)
+    ncode = node.cat.codes.to_numpy().astype(np.int64)
     is_gpu, is_node = gpu_level[mcode], node_level[mcode]
     key_code = np.where(is_gpu, ucode, n_uuid + ncode)
-    usable = (mcode >= 0) & ((is_gpu & (ucode >= 0)) | (is_node & (ncode >= 0)))
     values = history["value"].to_numpy(dtype=np.float64)
-    usable &= np.isfinite(values)
+    usable = (mcode >= 0) & (ncode >= 0) & ((is_gpu & (ucode >= 0)) | is_node) & np.isfinite(values)
     if not usable.any():
         return None
     idx = np.flatnonzero(usable)
+    ts = _micros(history["ts"])[idx]
+
+    # In service: an entity measured in its node's newest run (a replaced GPU's old UUID is not; its
+    # history must not keep asking that node to be re-certified).
+    ent, node_k = key_code[idx], ncode[idx]
+    node_last = np.full(len(node.cat.categories), np.iinfo(np.int64).min)
+    np.maximum.at(node_last, node_k, ts)
+    ent_id, ent_uniq = pd.factorize(ent)
+    ent_last = np.full(len(ent_uniq), np.iinfo(np.int64).min)
+    np.maximum.at(ent_last, ent_id, ts)
+    serving = np.zeros(len(ent_uniq), dtype=bool)
+    serving[ent_id[(ts == ent_last[ent_id]) & (ts == node_last[node_k])]] = True
+    idx, ts = idx[serving[ent_id]], ts[serving[ent_id]]
+
     sid, uniques = pd.factorize(key_code[idx] * len(names) + mcode[idx])
     uniq_key, uniq_metric = uniques // len(names), uniques % len(names)
     key_names = np.concatenate(
@@ -434,106 +531,482 @@ def _series(history: pd.DataFrame, baseline: pd.DataFrame, policy: Policy) -> _S
             "sid": np.arange(len(uniques)),
         }
     )
-    own = baseline[baseline["level"].isin(["gpu", "node"])][
-        ["level", "key", "metric", "center", "spread", "first_ts"]
-    ]
+    own = baseline[baseline["level"].isin(["gpu", "node"])].reindex(
+        columns=["level", "key", "metric", "center", "spread", "n", "first_ts"]
+    )
     own = own.astype({"level": object, "key": object, "metric": object})
+    own = own.drop_duplicates(["level", "key", "metric"], keep="last")
     found = wanted.merge(own, on=["level", "key", "metric"], how="left").sort_values("sid", kind="stable")
     center = found["center"].to_numpy(dtype=np.float64)
-    cv_rep_of = np.array([policy.metrics[n].cv_rep if n in policy.metrics else np.nan for n in names])
-    cv_rep = cv_rep_of[uniq_metric]
-    sigma = np.fmax(found["spread"].to_numpy(dtype=np.float64), cv_rep * center)
+    spread = np.nan_to_num(found["spread"].to_numpy(dtype=np.float64), nan=0.0)
+    # A table without run counts (built by hand) is taken as complete: DESIGN's tables always have them.
+    n_base = pd.to_numeric(found["n"], errors="coerce").to_numpy(dtype=np.float64)
+    n_base = np.nan_to_num(n_base, nan=float(p.min_baseline_runs))
     first_ts = _micros(found["first_ts"])
-    good = np.isfinite(center) & (center > 0) & np.isfinite(sigma) & (sigma > 0)
-
-    ts = _micros(history["ts"])[idx]
-    keep = good[sid]
-    keep &= ts >= first_ts[sid]  # a NaT first_ts (no record of when) is the smallest int64: every run kept
+    good = np.isfinite(center) & (center > 0) & (n_base >= p.min_baseline_runs)
+    keep = good[sid] & (ts >= first_ts[sid])  # a NaT first_ts (no record of when) keeps every run
     idx, sid, ts = idx[keep], sid[keep], ts[keep]
     if len(idx) == 0:
         return None
+
     run = history["run_id"].astype("category")
     run_names = np.asarray(run.cat.categories, dtype=object)
     rcode = run.cat.codes.to_numpy().astype(np.int64)[idx]
     x = values[idx]
+    n_rep = (
+        pd.to_numeric(history["n"], errors="coerce").fillna(1).to_numpy(dtype=np.int64)[idx]
+        if "n" in history.columns
+        else np.ones(len(idx), dtype=np.int64)
+    )
+    rep_sd = (
+        pd.to_numeric(history["rep_sd"], errors="coerce").to_numpy(dtype=np.float64)[idx]
+        if "rep_sd" in history.columns
+        else np.full(len(idx), np.nan)
+    )
+    model = history["gpu_model"].astype("category") if "gpu_model" in history.columns else None
+    model_code = model.cat.codes.to_numpy().astype(np.int64)[idx] if model is not None else np.zeros(len(idx))
+    cohort = (model_code.astype(np.int64) + 1) * len(names) + mcode[idx]
 
-    # Runs in time order (each run at its earliest sample; ties by name), then each series' rows by run:
-    # one integer sort instead of a sort on three keys.
-    run_ts = pd.Series(ts).groupby(rcode).min()
+    # Runs in time order (each run at its earliest sample; ties by name), then each series' rows by run.
+    run_ts_s = pd.Series(ts).groupby(rcode).min()
+    run_ts = np.full(len(run_names), np.iinfo(np.int64).max, dtype=np.int64)
+    run_ts[run_ts_s.index.to_numpy()] = run_ts_s.to_numpy()
     rank = np.full(len(run_names), len(run_names), dtype=np.int64)
-    by_time = np.lexsort((run_names[run_ts.index.to_numpy()].astype(str), run_ts.to_numpy()))
-    rank[run_ts.index.to_numpy()[by_time]] = np.arange(len(by_time))
+    by_time = np.lexsort((run_names[run_ts_s.index.to_numpy()].astype(str), run_ts_s.to_numpy()))
+    rank[run_ts_s.index.to_numpy()[by_time]] = np.arange(len(by_time))
     order = np.argsort(sid.astype(np.int64) * (len(run_names) + 1) + rank[rcode], kind="stable")
-    sid, rcode, x = sid[order], rcode[order], x[order]
+    sid, rcode, x, n_rep, rep_sd, cohort, node_k = (
+        a[order] for a in (sid, rcode, x, n_rep, rep_sd, cohort, ncode[idx])
+    )
+    last_rows = idx[order]
     dup = np.zeros(len(sid), dtype=bool)
     dup[1:] = (sid[1:] == sid[:-1]) & (rcode[1:] == rcode[:-1])
     if dup.any():
-        # Several rows of one series in one run (a history built by hand): their median.
-        frame = pd.DataFrame({"sid": sid, "rcode": rcode, "x": x})
-        frame = frame.groupby(["sid", "rcode"], sort=False)["x"].median().reset_index()
+        # Several rows of one series in one run (a history built by hand): their median, pooled repeats.
+        frame = pd.DataFrame(
+            {"sid": sid, "rcode": rcode, "x": x, "n": n_rep, "v": rep_sd**2, "cohort": cohort}
+            | {"node": node_k, "row": last_rows}
+        )
+        frame = (
+            frame.groupby(["sid", "rcode"], sort=False)
+            .agg(
+                x=("x", "median"),
+                n=("n", "sum"),
+                v=("v", "mean"),
+                cohort=("cohort", "first"),
+                node=("node", "last"),
+                row=("row", "last"),
+            )
+            .reset_index()
+        )
         frame = frame.iloc[
             np.argsort(frame["sid"].to_numpy() * (len(run_names) + 1) + rank[frame["rcode"]], kind="stable")
         ]
         sid, rcode, x = (frame[c].to_numpy() for c in ("sid", "rcode", "x"))
+        n_rep, cohort, node_k = (frame[c].to_numpy(dtype=np.int64) for c in ("n", "cohort", "node"))
+        rep_sd = np.sqrt(frame["v"].to_numpy(dtype=np.float64))
+        last_rows = frame["row"].to_numpy(dtype=np.int64)
 
-    # Renumber the series that kept rows, then place each row at its position within its series.
+    # 1. The fleet factor per run and cohort, from every series with a baseline in that run.
+    base_center = center[sid]
+    factor = _fleet_factor(rcode, cohort, node_k, x / base_center, is_gpu[last_rows], policy)
+
+    # Each series' own last `window` runs.
     live, sid = np.unique(sid, return_inverse=True)
-    lengths = np.bincount(sid, minlength=len(live)).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    lengths_all = np.bincount(sid, minlength=len(live)).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths_all)[:-1]])
     pos = np.arange(len(sid)) - starts[sid]
+    inside = pos >= lengths_all[sid] - p.window
+    sid, rcode, x, n_rep, rep_sd, cohort, factor, last_rows = (
+        a[inside] for a in (sid, rcode, x, n_rep, rep_sd, cohort, factor, last_rows)
+    )
+    pos = pos[inside] - np.maximum(lengths_all[sid] - p.window, 0)
+    lengths = np.minimum(lengths_all, p.window)
+
+    # 2. The noise: the repeats' own spread, pooled robustly per series, floored at the cohort's.
+    c_med, var_med, var_q99 = _factors_of(np.maximum(n_rep, 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        run_var = np.where((n_rep >= 2) & (x > 0), (rep_sd / x) ** 2, np.nan)
+    rel_var = run_var / var_med
+    pooled = pd.DataFrame({"v": rel_var, "df": np.where(np.isfinite(rel_var), n_rep - 1, 0)}).groupby(sid)
+    per_series = pooled["v"].median().reindex(np.arange(len(live))).to_numpy()
+    df = pooled["df"].sum().reindex(np.arange(len(live))).fillna(0).to_numpy(dtype=np.float64)
+    series_cohort = np.zeros(len(live), dtype=np.int64)
+    series_cohort[sid] = cohort
+    cohort_typical = pd.Series(per_series).groupby(series_cohort).transform("median").to_numpy()
+    # Shrunk toward the cohort's typical spread (worth _PRIOR_DF repeats of evidence), never below it: a
+    # GPU seen twice has 4 degrees of freedom, and its own estimate alone would be off by a factor of 2.
+    shrunk = (np.nan_to_num(per_series) * df + np.nan_to_num(cohort_typical) * _PRIOR_DF) / (df + _PRIOR_DF)
+    shrunk = np.where(np.isfinite(cohort_typical), shrunk, per_series)
+    s2 = np.fmax(shrunk, cohort_typical)
+    metric_of = uniq_metric[live]
+    cv_rep = np.array([policy.metrics[n].cv_rep if n in policy.metrics else 0.01 for n in names])[metric_of]
+    s2 = np.where(np.isfinite(s2), s2, cv_rep**2)
+    # Repeats that agree to the last digit are a benchmark artefact, not a precise GPU.
+    s_rep = np.sqrt(np.maximum(s2, (cv_rep / 10) ** 2))
+    c = center[live]
+    typical = c_med * s_rep[sid] * c[sid]
+    # A run whose own repeats disagree beyond chance (two transient bad samples of three drag the median
+    # down 5-10 %) is judged with the spread it showed: a true step moves every repeat, so theirs agree.
+    # Such a run is no evidence either way: it neither raises an alarm on its own nor clears one.
+    wild = np.sqrt(np.nan_to_num(run_var / var_q99, nan=0.0))
+    steady_cell = wild <= s_rep[sid]
+    sigma_med = c_med * np.maximum(s_rep[sid], wild) * c[sid]
+    sigma_c = np.fmax(spread[live][sid], typical) / np.sqrt(np.maximum(n_base[live][sid], 1.0))
+    sigma_cell = np.hypot(sigma_med, sigma_c)
+
+    # 3. Standardised, on the grid.
     width = int(lengths.max())
-    u = np.full((len(live), width), np.nan)
-    rel = np.full((len(live), width), np.nan)
-    runs = np.full((len(live), width), -1, dtype=np.int64)
-    c, s = center[live][sid], sigma[live][sid]
-    u[sid, pos] = (x - c) / s  # every drift metric is higher-is-better: a drop is negative
-    rel[sid, pos] = (x - c) / c
-    runs[sid, pos] = rcode
+    shape = (len(live), width)
+    grid_x, grid_f, grid_s = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    runs = np.full(shape, -1, dtype=np.int64)
+    steady = np.ones(shape, dtype=bool)
+    grid_x[sid, pos], grid_f[sid, pos], grid_s[sid, pos], runs[sid, pos] = x, factor, sigma_cell, rcode
+    steady[sid, pos] = steady_cell
+    sign = direction[metric_of].astype(np.float64)[:, None]
+    u = np.clip(sign * (grid_x / grid_f - c[:, None]) / grid_s, -p.clip, p.clip)
+    rel = grid_x / (grid_f * c[:, None]) - 1
+
+    stat, alarm, raised, cleared, by_step, onset, raised_at = _recursion(u, steady, lengths, p)
 
     # Where each series lives now: the node (and GPU index) of its latest row.
-    last_rows = idx[order][np.cumsum(lengths) - 1] if not dup.any() else None
+    latest = last_rows[np.cumsum(lengths) - 1]
+    is_gpu_series = uniq_key[live] < n_uuid
     meta = pd.DataFrame(
         {
-            "level": wanted["level"].to_numpy()[live],
-            "key": wanted["key"].to_numpy()[live],
-            "metric": wanted["metric"].to_numpy()[live],
-            "center": center[live],
-            "sigma": sigma[live],
+            "node": history["node"].astype(object).to_numpy()[latest],
+            "gpu": history["gpu"].to_numpy(dtype=object)[latest],
+            "gpu_uuid": np.where(is_gpu_series, key_names[uniq_key[live]], np.array(None, dtype=object)),
+            "metric": names[metric_of],
+            "center": c,
         }
     )
-    if last_rows is not None:
-        meta["node"] = history["node"].astype(object).to_numpy()[last_rows]
-        meta["gpu"] = history["gpu"].to_numpy(dtype=object)[last_rows]
-    else:
-        latest = _latest_place(history, idx)
-        meta = meta.merge(latest, on=["level", "key"], how="left")
-    is_gpu_series = meta["level"].to_numpy() == "gpu"
-    meta["gpu_uuid"] = np.where(
-        is_gpu_series, meta["key"].to_numpy(dtype=object), np.array(None, dtype=object)
-    )
     meta.loc[~is_gpu_series, "gpu"] = None
-    return u, rel, runs, lengths, meta, run_names
+    return _Evaluated(
+        meta=meta, run_names=run_names, run_ts=run_ts, lengths=lengths, runs=runs, x=grid_x, fleet=grid_f,
+        sigma=grid_s, u=u, rel=rel, stat=stat, alarm=alarm, raised=raised, cleared=cleared, by_step=by_step,
+        onset=onset, raised_at=raised_at,
+    )  # fmt: skip
 
 
-def _micros(column: pd.Series) -> npt.NDArray[np.int64]:
+def _fleet_factor(
+    rcode: IntArray, cohort: IntArray, node: IntArray, ratio: FloatArray, gpu_rows: BoolArray, policy: Policy
+) -> FloatArray:
+    """Per row, the median value/centre of its run's cohort when the cohort is large enough (the verdict
+    engine's ``fleet`` rule: ``min_nodes`` nodes and, for GPU metrics, ``min_gpus`` GPUs), else 1."""
+    frame = pd.DataFrame({"r": rcode, "c": cohort, "q": ratio, "node": node})
+    grouped = frame.groupby(["r", "c"], sort=False)
+    median = grouped["q"].transform("median").to_numpy(dtype=np.float64)
+    count = grouped["q"].transform("size").to_numpy()
+    nodes = grouped["node"].transform("nunique").to_numpy()
+    enough = (nodes >= policy.fleet.min_nodes) & ((count >= policy.fleet.min_gpus) | ~gpu_rows)
+    return np.where(enough & np.isfinite(median) & (median > 0), median, 1.0)
+
+
+def _recursion(
+    u: FloatArray, steady: BoolArray, lengths: IntArray, p: _Params
+) -> tuple[FloatArray, BoolArray, BoolArray, BoolArray, BoolArray, IntArray, IntArray]:
+    """The chart over positions, all series at once (``steady``: the cell's repeats agreed); returns per
+    cell the statistic, the alarm state, where an alarm was raised or cleared (and whether by the one-run
+    limit), and per series the onset of its current excursion and the cell that raised the alarm in force."""
+    n, width = u.shape
+    stat_t = np.zeros((n, width))
+    alarm_t = np.zeros((n, width), dtype=bool)
+    raised_t = np.zeros((n, width), dtype=bool)
+    cleared_t = np.zeros((n, width), dtype=bool)
+    step_t = np.zeros((n, width), dtype=bool)
+    stat = np.zeros(n)
+    alarm = np.zeros(n, dtype=bool)
+    rest_at = np.full(n, -1, dtype=np.int64)
+    raised_at = np.full(n, -1, dtype=np.int64)
+    limit = p.threshold
+    for t in range(width):
+        live = t < lengths
+        ut = np.nan_to_num(u[:, t])
+        if p.method == "cusum":
+            new = np.maximum(0.0, stat - ut - p.k)
+            over, at_rest = new > p.h, new == 0.0
+        else:
+            new = p.lam * ut + (1 - p.lam) * stat
+            over, at_rest = new < limit, new >= 0.0
+        step = (ut < -p.shewhart) & steady[:, t]
+        # An alarm in force clears at a run back at the baseline (the chart restarts) or at rest.
+        back = alarm & (ut >= -p.clear) & steady[:, t]
+        clear = live & alarm & (back | at_rest)
+        new = np.where(clear & back, 0.0, new)
+        rise = live & ~alarm & (over | step)
+        alarm = np.where(live, (alarm & ~clear) | rise, alarm)
+        stat = np.where(live, new, stat)
+        raised_at = np.where(rise, t, np.where(clear, -1, raised_at))
+        rest_at = np.where(live & ~alarm & (at_rest | clear), t, rest_at)
+        stat_t[:, t], alarm_t[:, t], raised_t[:, t], cleared_t[:, t] = stat, alarm & live, rise, clear
+        step_t[:, t] = rise & step & ~over
+    onset = np.minimum(rest_at + 1, lengths - 1)
+    return stat_t, alarm_t, raised_t, cleared_t, step_t, onset, raised_at
+
+
+def _micros(column: pd.Series) -> IntArray:
     """Timestamps as int64 microseconds since the epoch (UTC; a naive time is UTC; NaT the smallest int64)."""
     index = pd.DatetimeIndex(pd.to_datetime(column, utc=True)).as_unit("us")
     return np.asarray(index.asi8, dtype=np.int64)
 
 
-def _latest_place(history: pd.DataFrame, idx: npt.NDArray[np.intp]) -> pd.DataFrame:
-    """Per entity, the node and GPU index of its latest row (the slow path, for hand-built histories)."""
-    rows = history.iloc[idx]
-    level = np.where(rows["gpu"].notna().to_numpy(), "gpu", "node")
-    frame = pd.DataFrame(
+# --- the public entry points ---------------------------------------------------------------------------
+
+
+def drift_alarms(
+    history: pd.DataFrame,
+    baseline: pd.DataFrame,
+    *,
+    method: Literal["cusum", "ewma"] | None = None,
+    k: float | None = None,
+    h: float | None = None,
+    lam: float | None = None,
+    L: float | None = None,
+    shewhart: float | None = None,
+    clip: float | None = None,
+    clear: float | None = None,
+    window: int | None = None,
+    policy: Policy | None = None,
+    all_series: bool = False,
+) -> pd.DataFrame:
+    """The drift alarms of every GPU (and node) series in ``history`` against its own ``baseline``.
+
+    ``history``: :data:`HISTORY_COLUMNS` (at least run_id, ts, node, gpu, gpu_uuid, metric, value; without
+    ``n`` and ``rep_sd`` the policy's ``cv_rep`` stands in for the repeats' spread), one row per run and
+    entity and metric; ``baseline``: the store's table (``gpu`` and ``node`` rows). Every parameter left
+    None comes from ``policy.drift`` (see the module docstring); ``window`` is each series' last N runs.
+
+    Returns :data:`DRIFT_COLUMNS`, one row per series in alarm at its latest run (every series with
+    ``all_series``), alarms first, worst first: ``statistic`` (C ≥ 0, or z), ``threshold`` (h, or the
+    negative EWMA limit), ``runs`` (in the window), ``onset_run`` (the first run of the current excursion),
+    ``first_run_over`` (the run that raised the alarm), ``deviation_pct`` (mean deviation from the
+    fleet-corrected baseline since the onset), ``fleet_pct`` (the fleet's own shift at the last run),
+    ``center``, ``sigma`` (σ_t at the last run), ``action`` (``recertify``: an alarm drains nothing by
+    itself) and a ``reason`` in words. Series without a baseline (or whose baseline is still being seeded,
+    or whose GPU is no longer in its node) are left out.
+    Raises ``ValueError`` for an unknown method or a non-positive parameter.
+    """
+    policy = policy or default_policy()
+    p = _params(
+        policy, {"method": method, "k": k, "h": h, "lam": lam, "L": L, "shewhart": shewhart, "clip": clip,
+                 "clear": clear, "window": window},
+    )  # fmt: skip
+    ev = _evaluate(history, baseline, p, policy)
+    if ev is None:
+        return _empty_alarms()
+    n = len(ev.lengths)
+    last = ev.lengths - 1
+    rows = np.arange(n)
+    alarm = ev.alarm[rows, last]
+    chosen = rows if all_series else np.flatnonzero(alarm)
+    if len(chosen) == 0:
+        return _empty_alarms()
+    last_c, onset = last[chosen], ev.onset[chosen]
+    # Mean relative deviation from the onset to the last run, from cumulative sums along each row.
+    csum = np.cumsum(np.nan_to_num(ev.rel[chosen], nan=0.0), axis=1)
+    at = np.arange(len(chosen))
+    before = np.where(onset > 0, csum[at, np.maximum(onset - 1, 0)], 0.0)
+    deviation = (csum[at, last_c] - before) / (last_c - onset + 1) * 100
+    raised_at = ev.raised_at[chosen]
+
+    def run_at(position: IntArray) -> npt.NDArray[np.object_]:
+        names = np.full(len(position), None, dtype=object)
+        ok = position >= 0
+        names[ok] = ev.run_names[ev.runs[chosen[ok], position[ok]]]
+        return names
+
+    picked = ev.meta.iloc[chosen].reset_index(drop=True)
+    out = pd.DataFrame(
         {
-            "level": level,
-            "key": np.where(level == "gpu", rows["gpu_uuid"].astype(object), rows["node"].astype(object)),
-            "node": rows["node"].astype(object).to_numpy(),
-            "gpu": rows["gpu"].to_numpy(dtype=object),
-            "ts": pd.to_datetime(rows["ts"], utc=True).to_numpy(),
+            "node": picked["node"].to_numpy(),
+            "gpu": pd.array(picked["gpu"].to_numpy(), dtype="Int64"),
+            "gpu_uuid": picked["gpu_uuid"].to_numpy(),
+            "metric": picked["metric"].to_numpy(),
+            "method": p.method,
+            "statistic": ev.stat[chosen, last_c],
+            "threshold": p.threshold,
+            "alarm": alarm[chosen],
+            "runs": ev.lengths[chosen].astype(np.int64),
+            "onset_run": run_at(onset),
+            "first_run_over": run_at(raised_at),
+            "last_run": run_at(last_c),
+            "deviation_pct": deviation,
+            "fleet_pct": (ev.fleet[chosen, last_c] - 1) * 100,
+            "center": picked["center"].to_numpy(),
+            "sigma": ev.sigma[chosen, last_c],
+            "action": np.where(alarm[chosen], "recertify", "none"),
         }
     )
-    return frame.sort_values("ts", kind="stable").drop_duplicates(["level", "key"], keep="last")[
-        ["level", "key", "node", "gpu"]
-    ]
+    safe = np.maximum(raised_at, 0)
+    step_only = (raised_at >= 0) & ev.by_step[chosen, safe]
+    step_u = ev.u[chosen, safe]
+    records = [{str(c): v for c, v in r.items()} for r in out.to_dict("records")]
+    out["reason"] = [
+        _reason(row, p, bool(s), float(z)) if row["alarm"] else ""
+        for row, s, z in zip(records, step_only, step_u, strict=True)
+    ]  # alarms are few: one line of words each
+    # Alarms first, then the furthest beyond the threshold, in the statistic's own direction.
+    severity = out["statistic"] - p.threshold if p.method == "cusum" else p.threshold - out["statistic"]
+    order = np.lexsort(
+        (out["metric"].astype(str), out["node"].astype(str), -severity.to_numpy(), ~out["alarm"].to_numpy())
+    )
+    return out.iloc[order].reset_index(drop=True)[list(DRIFT_COLUMNS)]
+
+
+def drift_trace(
+    history: pd.DataFrame,
+    baseline: pd.DataFrame,
+    series: pd.DataFrame | None = None,
+    *,
+    method: Literal["cusum", "ewma"] | None = None,
+    window: int | None = None,
+    policy: Policy | None = None,
+) -> pd.DataFrame:
+    """Night by night, what the detector saw on ``series`` (rows naming ``metric`` and ``gpu_uuid``, or
+    ``node`` for node metrics — :func:`drift_alarms`' output does; None: every series): the value, its
+    own baseline ``center``, the ``fleet_factor``, ``sigma``, the standardised ``u``, the ``statistic``
+    against its ``threshold``, and whether that night the series was in ``alarm``, ``raised`` one or
+    ``cleared`` one. Returns :data:`TRACE_COLUMNS`, by series then time; the same parameters as
+    :func:`drift_alarms` (from ``policy.drift``)."""
+    policy = policy or default_policy()
+    p = _params(policy, {"method": method, "window": window})
+    ev = _evaluate(history, baseline, p, policy)
+    if ev is None:
+        return _empty_trace()
+    chosen = np.arange(len(ev.lengths))
+    if series is not None:
+        if series.empty:
+            return _empty_trace()
+        wanted = pd.DataFrame(
+            {
+                "metric": series["metric"].astype(object).to_numpy(),
+                "entity": np.where(
+                    series["gpu_uuid"].notna().to_numpy(),
+                    series["gpu_uuid"].astype(object).to_numpy(),
+                    series["node"].astype(object).to_numpy(),
+                ),
+                "keep": True,
+            }
+        ).drop_duplicates(["metric", "entity"])
+        have = pd.DataFrame(
+            {
+                "metric": ev.meta["metric"].to_numpy(),
+                "entity": np.where(
+                    ev.meta["gpu_uuid"].notna().to_numpy(),
+                    ev.meta["gpu_uuid"].to_numpy(dtype=object),
+                    ev.meta["node"].to_numpy(dtype=object),
+                ),
+            }
+        )
+        chosen = np.flatnonzero(have.merge(wanted, on=["metric", "entity"], how="left")["keep"].notna())
+        if len(chosen) == 0:
+            return _empty_trace()
+    mask = np.arange(ev.runs.shape[1])[None, :] < ev.lengths[chosen][:, None]
+    s, t = np.nonzero(mask)
+    cells = chosen[s]
+    meta = ev.meta.iloc[cells].reset_index(drop=True)
+    run_codes = ev.runs[cells, t]
+    out = pd.DataFrame(
+        {
+            "node": meta["node"].to_numpy(),
+            "gpu": pd.array(meta["gpu"].to_numpy(), dtype="Int64"),
+            "gpu_uuid": meta["gpu_uuid"].to_numpy(),
+            "metric": meta["metric"].to_numpy(),
+            "run_id": ev.run_names[run_codes],
+            "ts": pd.to_datetime(ev.run_ts[run_codes], unit="us", utc=True),
+            "value": ev.x[cells, t],
+            "center": meta["center"].to_numpy(),
+            "fleet_factor": ev.fleet[cells, t],
+            "sigma": ev.sigma[cells, t],
+            "u": ev.u[cells, t],
+            "statistic": ev.stat[cells, t],
+            "threshold": p.threshold,
+            "alarm": ev.alarm[cells, t],
+            "raised": ev.raised[cells, t],
+            "cleared": ev.cleared[cells, t],
+        }
+    )
+    return out[list(TRACE_COLUMNS)]
+
+
+@dataclass(frozen=True)
+class DriftCheck:
+    """One night's drift check: the history read, the baseline it was judged against, and the alarms."""
+
+    history: pd.DataFrame
+    baseline: pd.DataFrame
+    alarms: pd.DataFrame
+
+    def asked(self) -> dict[str, str]:
+        """Node → why it should be re-certified: its worst alarm's reason (alarms come worst first)."""
+        first = self.alarms.drop_duplicates("node", keep="first")
+        return dict(zip(first["node"].astype(str), "drift: " + first["reason"].astype(str), strict=True))
+
+
+def check_drift(store: BaselineStore, policy: Policy | None = None, *, workers: int = 8) -> DriftCheck:
+    """Read each GPU's own last ``policy.drift.window_runs`` certifications (at most ``lookback_days``
+    back) and the current baseline from ``store``, and run :func:`drift_alarms` with the policy."""
+    policy = policy or default_policy()
+    baseline = store.read()
+    history = history_from_store(
+        store,
+        last_runs=policy.drift.window_runs,
+        max_days=policy.drift.lookback_days,
+        baseline=baseline,
+        workers=workers,
+    )
+    alarms = drift_alarms(history, baseline, policy=policy) if len(history) else _empty_alarms()
+    return DriftCheck(history=history, baseline=baseline, alarms=alarms)
+
+
+def _reason(row: dict[str, Any], p: _Params, by_step: bool, step_u: float) -> str:
+    metric, uuid = str(row["metric"]), row["gpu_uuid"]
+    unit = METRICS[metric].unit if metric in METRICS else ""
+    statistic, threshold, deviation = (
+        float(row["statistic"]),
+        float(row["threshold"]),
+        float(row["deviation_pct"]),
+    )
+    if by_step:
+        how = f"one run {abs(step_u):.1f} σ below it (limit {p.shewhart:g} σ) in run {row['first_run_over']}"
+    elif p.method == "cusum":
+        how = (
+            f"lower CUSUM {statistic:.1f} > h = {threshold:g} (k = {p.k:g}) since run {row['first_run_over']}"
+        )
+    else:
+        how = f"lower EWMA {statistic:.2f} σ < {threshold:.2f} σ (λ = {p.lam:g}) since run {row['first_run_over']}"
+    fleet = float(row["fleet_pct"])
+    fleet_words = f", beyond the fleet's own {fleet:+.1f} %" if abs(fleet) >= 0.05 else ""
+    return (
+        f"{metric} has drifted {abs(deviation):.1f} % {'below' if deviation < 0 else 'from'} "
+        f"{'this GPU' if isinstance(uuid, str) else 'this node'}'s own baseline "
+        f"({float(row['center']):.4g} {unit}, σ {float(row['sigma']):.3g}){fleet_words} since run "
+        f"{row['onset_run']}: {how}, over {row['runs']} runs; schedule a re-certification "
+        "(a drift alarm alone drains nothing)"
+    )
+
+
+def _empty_alarms() -> pd.DataFrame:
+    frame = pd.DataFrame({c: pd.Series(dtype=object) for c in DRIFT_COLUMNS})
+    return frame.astype(
+        {
+            "gpu": "Int64",
+            "statistic": np.float64,
+            "threshold": np.float64,
+            "alarm": bool,
+            "runs": np.int64,
+            "deviation_pct": np.float64,
+            "fleet_pct": np.float64,
+            "center": np.float64,
+            "sigma": np.float64,
+        }
+    )
+
+
+def _empty_trace() -> pd.DataFrame:
+    frame = pd.DataFrame({c: pd.Series(dtype=object) for c in TRACE_COLUMNS})
+    types: dict[str, Any] = {"gpu": "Int64", "ts": "datetime64[us, UTC]", "alarm": bool, "raised": bool}
+    types |= {"cleared": bool} | dict.fromkeys(("value", "center", "fleet_factor", "sigma", "u"), np.float64)
+    types |= dict.fromkeys(("statistic", "threshold"), np.float64)
+    return frame.astype(types)

@@ -32,6 +32,7 @@ import math
 import os
 import re
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,6 +47,7 @@ import pandas as pd
 from pydantic import SecretStr
 
 from ..errors import InputError
+from ..kube._retry import call_deadline_s
 from ._common import (
     CLOCK_EVENT_BITS,
     PRESENCE,
@@ -114,7 +116,8 @@ class PrometheusSource:
     ``Authorization: Bearer …``); their values are secrets. ``basic_auth``: (user, password), sent
     with every request. ``verify``: check the server's TLS certificate against the system's CAs (True),
     not at all (False), or against a CA file or directory (its path). ``timeout_s``: per HTTP request,
-    also passed to Prometheus as the query timeout. ``step_s``: the resolution of subqueries (clock-event
+    also passed to Prometheus as the query timeout; cut to the call deadline (``gpucert --timeout``,
+    ``$GPUCERT_TIMEOUT``, 20 s by default) when that is shorter. ``step_s``: the resolution of subqueries (clock-event
     bits, slowdown shares): shorter sees shorter events and costs Prometheus more; at most the exporters'
     scrape interval to see every sample. ``workers``: queries in flight at once.
 
@@ -223,8 +226,22 @@ class PrometheusSource:
         jobs["xid_count"] = functools.partial(self._xid_counts, window, at, notes)
         changed_expr = f"changes({self._sel(XID_LAST)}[{window}s]) > 0"
         jobs["xid_changed"] = functools.partial(self.query, changed_expr, at, notes)
+        failed = threading.Event()
+
+        def guarded(job: Callable[[], list[PromSeries]]) -> list[PromSeries]:
+            # Once one query failed the read has: the queries not yet sent are not, or a server that does
+            # not answer would cost a timeout per query, in rounds of `workers`.
+            if failed.is_set():
+                raise TelemetryError(f"Prometheus {self.url}: not asked, an earlier query failed")
+            try:
+                return job()
+            except BaseException:
+                failed.set()
+                raise
+
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="gpucert-prom") as pool:
-            futures = {name: pool.submit(job) for name, job in jobs.items()}
+            futures = {name: pool.submit(guarded, job) for name, job in jobs.items()}
+            # In submission order: a query that failed was sent before any the failure kept from being sent.
             answers = {name: future.result() for name, future in futures.items()}
 
         skipped: dict[str, int] = {}
@@ -392,8 +409,10 @@ class PrometheusSource:
     def _call(
         self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None
     ) -> dict[str, Any]:
+        # One request, no retry: its timeout is the whole call's, at most the call deadline.
+        timeout_s = min(self.timeout_s, call_deadline_s())
         # POST with a form body: a long query (a regex of UUIDs) never meets a URL length limit.
-        body = urllib.parse.urlencode({**params, "timeout": f"{self.timeout_s:g}s"}).encode()
+        body = urllib.parse.urlencode({**params, "timeout": f"{timeout_s:g}s"}).encode()
         request = urllib.request.Request(
             self.url + path,
             data=body,
@@ -410,7 +429,7 @@ class PrometheusSource:
         )
         where = f"Prometheus {self.url}"
         try:
-            with opener.open(request, timeout=self.timeout_s) as response:
+            with opener.open(request, timeout=timeout_s) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):

@@ -12,11 +12,17 @@ both create an issue. Run one reconcile at a time per project (the certify flow 
 
 The wire contract is REST v2 as Jira Server/Data Center speaks it; Jira Cloud's v3 differs (ADF bodies,
 ``/rest/api/3/search/jql``), and the ``jira`` client switches to it on a Cloud server by itself.
+
+Each of gpucert's Jira calls (a search, a create, a transition: one or a few requests, the client's own
+retries included) ends within the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``, 20 s by
+default): every request's timeout is cut to what is left of it, the client's waits between retries too,
+and no request is sent once it has passed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -26,6 +32,7 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from ..kube._retry import CONNECT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
 from ._backend import Change
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
 from ._secrets import redact_url, reveal, scrub
@@ -44,6 +51,54 @@ _MAX_DESCRIPTION = 32_000
 _RECORD_HEAD = "gpucert record (kept by gpucert: edits to it are overwritten):"
 _RECORD = re.compile(r"\{noformat\}\n(\{.*?\})\n\{noformat\}", re.S)
 _DONE_NAMES = frozenset({"done", "closed", "resolved"})
+
+
+#: The deadline of the Jira call under way in this thread (set by ``JiraTickets._calling``).
+_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
+    "gpucert_jira_deadline", default=None
+)
+
+
+def _mount_deadline(session: Any) -> None:
+    """Send each request of ``session`` (the jira client's) within what is left of its Jira call's deadline.
+
+    The client's session retries with a fixed timeout per request and waits up to a minute between tries;
+    this transport cuts both to the call's deadline and sends nothing once it has passed, so a call ends
+    by it. (requests is imported here, as everywhere in this module, only once Jira is used.)
+    """
+    import requests.adapters
+
+    class OutOfTime(requests.exceptions.ReadTimeout):
+        """Not sent: the deadline had passed (not a ConnectionError, which the client would retry)."""
+
+    class DeadlineAdapter(requests.adapters.HTTPAdapter):
+        def __init__(self) -> None:
+            super().__init__()
+            self._max_wait = float(getattr(session, "max_retry_delay", 60))
+
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            deadline = _DEADLINE.get()
+            if deadline is None:
+                return super().send(request, *args, **kwargs)
+            if deadline.remaining() <= 0:
+                raise OutOfTime(
+                    f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request
+                )
+            timeout = kwargs.get("timeout")
+            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+            kwargs["timeout"] = (
+                deadline.cap(connect or CONNECT_TIMEOUT_S),
+                deadline.cap(read or deadline.seconds),
+            )
+            try:
+                return super().send(request, *args, **kwargs)
+            finally:
+                # The session's wait before its next try (it reads this then): never past the deadline.
+                session.max_retry_delay = max(0.0, min(self._max_wait, deadline.remaining()))
+
+    adapter = DeadlineAdapter()
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
 
 
 def fingerprint_label(fingerprint: Fingerprint) -> str:
@@ -81,7 +136,12 @@ class JiraTickets:
         max_retries: int = 3,
         client: JIRA | None = None,
     ) -> None:
-        if urlsplit(server).scheme not in ("http", "https"):
+        try:
+            parts = urlsplit(server)
+            parts.port  # noqa: B018 - parsing the port is what raises
+        except ValueError as exc:
+            raise TicketConfigError(f"the Jira server {redact_url(server)} cannot be used: {exc}") from None
+        if parts.scheme not in ("http", "https"):
             raise TicketConfigError(f"the Jira server must be an http(s) URL, not {redact_url(server)}")
         if not project.strip():
             raise TicketConfigError("Jira tickets need a project key")
@@ -187,17 +247,28 @@ class JiraTickets:
             from jira import JIRA
 
             token = reveal(self._token)
+            # The constructor asks for the server's info before the deadline's transport can be mounted:
+            # that one request gets no retry and timeouts that add up to the deadline.
+            seconds = call_deadline_s()
+            connect = min(CONNECT_TIMEOUT_S, seconds / 4)
+            first = (connect, min(self.timeout_s, seconds - connect))
             with self._calling("connect"):
                 if self.user:
-                    self._jira = JIRA(
+                    jira = JIRA(
                         self.server, options={"check_update": False}, basic_auth=(self.user, token),
-                        timeout=self.timeout_s, max_retries=self.max_retries,
+                        timeout=first, max_retries=0,
                     )  # fmt: skip
                 else:
-                    self._jira = JIRA(
+                    jira = JIRA(
                         self.server, options={"check_update": False}, token_auth=token,
-                        timeout=self.timeout_s, max_retries=self.max_retries,
+                        timeout=first, max_retries=0,
                     )  # fmt: skip
+            # The client keeps its session private; it is the one place to set its transport and retries.
+            session = jira._session
+            session.timeout = (CONNECT_TIMEOUT_S, self.timeout_s)
+            session.max_retries = self.max_retries
+            _mount_deadline(session)
+            self._jira = jira
         return self._jira
 
     @contextlib.contextmanager
@@ -211,6 +282,8 @@ class JiraTickets:
         from jira.exceptions import JIRAError
 
         secrets = [reveal(self._token)]
+        deadline = Deadline.start()
+        token = _DEADLINE.set(deadline)
         try:
             yield
         except JIRAError as exc:
@@ -218,11 +291,18 @@ class JiraTickets:
             if exc.status_code == 404:
                 raise missing(f"Jira {self._where}: {what} failed: HTTP 404 (not found): {text}") from None
             raise TicketError(f"Jira {self._where}: {what} failed: HTTP {exc.status_code}: {text}") from None
+        except requests.Timeout:
+            raise TicketError(
+                f"Jira {self._where}: {what} failed: no answer within {deadline.elapsed():.1f} s (the deadline "
+                f"of a call is {deadline.seconds:g} s: gpucert --timeout or ${TIMEOUT_ENV})"
+            ) from None
         except requests.RequestException as exc:
             raise TicketError(f"Jira {self._where}: {what} failed: {type(exc).__name__}") from None
         except (ValueError, KeyError, TypeError) as exc:
             detail = scrub(str(exc)[:200], secrets)
             raise TicketError(f"Jira {self._where}: {what}: unexpected answer ({detail})") from None
+        finally:
+            _DEADLINE.reset(token)
 
     def _search(self, where: str, what: str) -> list[dict[str, Any]]:
         jira = self._client()

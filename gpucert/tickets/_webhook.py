@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from ..kube._retry import TIMEOUT_ENV, Deadline
 from ._backend import Change
 from ._local import LocalTickets
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent
@@ -96,7 +97,9 @@ class WebhookTickets:
 
     ``headers`` are sent with each request (``Authorization`` and the like); ``retries`` more attempts
     follow a 5xx, a 429 or a connection error, ``backoff_s`` × 2ⁿ apart (a 429's ``Retry-After`` when
-    longer), at most ``max_backoff_s``; ``structured`` adds the ``gpucert`` object to the body.
+    longer), at most ``max_backoff_s``; ``structured`` adds the ``gpucert`` object to the body. One
+    announcement takes at most the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``, 20 s by
+    default), every attempt and wait included: each attempt waits at most ``timeout_s`` and what is left.
     """
 
     def __init__(
@@ -114,7 +117,12 @@ class WebhookTickets:
     ) -> None:
         self._url = url if isinstance(url, SecretStr) else SecretStr(url)
         plain = reveal(self._url)
-        if urlsplit(plain).scheme not in ("http", "https"):
+        try:
+            parts = urlsplit(plain)
+            parts.port  # noqa: B018 - parsing the port is what raises
+        except ValueError as exc:
+            raise TicketConfigError(f"the webhook URL {redact_url(plain)} cannot be used: {exc}") from None
+        if parts.scheme not in ("http", "https"):
             raise TicketConfigError(f"the webhook URL must be http(s), not {redact_url(plain)}")
         self._headers = {
             k: v if isinstance(v, SecretStr) else SecretStr(v) for k, v in (headers or {}).items()
@@ -159,9 +167,10 @@ class WebhookTickets:
             digest = hmac.new(reveal(self._signing).encode(), body, hashlib.sha256).hexdigest()
             headers["X-Gpucert-Signature"] = f"sha256={digest}"
         attempts = self.retries + 1
+        deadline = Deadline.start()
         what = ""
         for attempt in range(attempts):
-            outcome, retry_after = self._post(body, headers)
+            outcome, retry_after = self._post(body, headers, deadline.cap(self.timeout_s))
             if outcome is None:
                 return
             retryable, what = outcome
@@ -170,6 +179,12 @@ class WebhookTickets:
             if attempt + 1 == attempts:
                 break
             delay = min(self.max_backoff_s, max(self.backoff_s * 2**attempt, retry_after))
+            if delay >= deadline.remaining():
+                raise TicketError(
+                    f"webhook {self.where}: {what}; gave up after {attempt + 1} attempt(s) in "
+                    f"{deadline.elapsed():.1f} s, the deadline of a call being {deadline.seconds:g} s (gpucert "
+                    f"--timeout or ${TIMEOUT_ENV}); the ticket change was not stored"
+                )
             log.warning(
                 "webhook %s: %s; retry %d of %d in %.2f s", self.where, what, attempt + 1, self.retries, delay
             )
@@ -178,11 +193,14 @@ class WebhookTickets:
             f"webhook {self.where}: {what} after {attempts} attempts; the ticket change was not stored"
         )
 
-    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[tuple[bool, str] | None, float]:
-        """One POST: None when accepted, else (whether to retry, what happened in words) and a Retry-After."""
+    def _post(
+        self, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> tuple[tuple[bool, str] | None, float]:
+        """One POST waiting at most ``timeout_s``: None when accepted, else (whether to retry, what happened
+        in words) and a Retry-After."""
         request = urllib.request.Request(reveal(self._url), data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 response.read()
                 return None, 0.0
         except urllib.error.HTTPError as exc:

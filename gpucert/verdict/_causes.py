@@ -3,8 +3,12 @@
 A drop the statistics found is named by what the telemetry says happened while it was measured: throttle
 bits (thermal, power), a power limit below default (config), a PCIe link below its maximum (pcie), NVLinks
 down (nvlink). Without a signature, a drop shared by the GPUs of a node is a node cause (the host for
-PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric (DESIGN.md), a pair
-deficit is the network, and a lone GPU that is slow against its peers is slow silicon.
+PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric (DESIGN.md), a node's
+host-side metric (storage) is the host's configuration, a pair deficit is the network, and a lone GPU
+that is slow against its peers is slow silicon.
+
+A host-side metric the node carries as a host finding (REFERENCE §5, "H2D low ..., link at spec") is not
+its GPUs' fault: on a GPU whose own link is at spec it is at most a warn, cause ``config``.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import numpy as np
 import pandas as pd
 
 from ..policy import Policy
+from ._compare import HOST_METRICS, link_signature
+from ._findings import RANK, SEVERITY
 from ._gates import HW_POWER_BRAKE, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from ._index import MCODE, SCOPE_GPU, RunIndex
 
 __all__ = ["ACTION_FOR_CAUSE", "attribute_causes"]
 
 _COMPUTE = {"gemm_bf16_tflops", "gemm_fp8_tflops", "hbm_copy_gbps"}
-_HOST = {"h2d_gbps", "d2h_gbps"}
 
 #: What a technician does first about a confirmed statistical fail of each cause (REFERENCE.md §5).
 ACTION_FOR_CAUSE = {
@@ -42,14 +47,12 @@ def attribute_causes(
     ``node_causes`` maps a node name to a node-wide cause already established (a shared gate, or a
     node-wide drop); it names the cause of its GPUs' drops that carry no signature of their own.
     """
+    findings = _host_findings_on_host_nodes(run, findings, policy)
     todo = (findings["cause"] == "") & findings["rank"].isin([1, 2]) & (findings["severity"] >= 2)
     if not todo.any():
         return findings
     part = findings[todo]
-    _, eid = run.locate(part)
-    known = eid >= 0
-    tele = np.full((len(part), run.telemetry.shape[1]), np.nan)
-    tele[known] = run.telemetry[eid[known]]
+    tele = _telemetry_of(run, part)
 
     def t(name: str) -> np.ndarray:
         return tele[:, MCODE[name]]
@@ -59,14 +62,10 @@ def attribute_causes(
     capped = ((bits & SW_POWER_CAP) > 0) & (
         t("power_limit_w") < t("power_limit_default_w") * (1 - policy.gates.power_limit_tolerance_pct / 100)
     )
-    link_low = (
-        (t("pcie_gen") < t("pcie_gen_max"))
-        | (t("pcie_width") < t("pcie_width_max"))
-        | (t("pcie_replays_per_min") > policy.gates.pcie_replays_per_min)
-    )
+    link_low = link_signature(tele, policy)
     metric = part["metric"].to_numpy(dtype=object)
     compute = np.isin(metric, list(_COMPUTE))
-    host = np.isin(metric, list(_HOST))
+    host = np.isin(metric, list(HOST_METRICS))
     scope = part["scope"].to_numpy(dtype=object)
     node_cause = node_causes.reindex(part["node"]).to_numpy(dtype=object)
     has_node_cause = pd.notna(node_cause)
@@ -78,6 +77,7 @@ def attribute_causes(
             scope == "pair",
             (scope == "node") & nvlink_node,
             (scope == "node") & has_node_cause,
+            (scope == "node") & host,
             scope == "node",
             compute & ((bits & HW_POWER_BRAKE) > 0),
             compute & (((bits & (HW_THERMAL | SW_THERMAL)) > 0) | hot),
@@ -91,6 +91,7 @@ def attribute_causes(
             "network",
             "nvlink",
             node_cause,
+            "config",
             "nvlink",
             "power",
             "thermal",
@@ -111,6 +112,52 @@ def attribute_causes(
     findings.loc[todo, "cause"] = cause
     findings.loc[todo, "action"] = action
     findings.loc[todo, "ticket"] = ticket
+    return findings
+
+
+def _telemetry_of(run: RunIndex, findings: pd.DataFrame) -> np.ndarray:
+    """The telemetry row of each finding's entity (NaN for entities the run has no row for)."""
+    _, eid = run.locate(findings)
+    known = eid >= 0
+    tele = np.full((len(findings), run.telemetry.shape[1]), np.nan)
+    tele[known] = run.telemetry[eid[known]]
+    return tele
+
+
+def _host_findings_on_host_nodes(run: RunIndex, findings: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """Cap at warn, cause ``config``, the GPU findings on a host-side metric that their node carries as a
+    host finding (a node row on that metric with cause ``config``), unless the GPU's own PCIe link is below
+    spec: the host starves every GPU of the node alike, so the node is what to fix, not a GPU to replace."""
+    is_host = findings["metric"].isin(list(HOST_METRICS)).to_numpy()
+    severity = findings["severity"].to_numpy()
+    scope = findings["scope"].to_numpy(dtype=object)
+    cause = findings["cause"].to_numpy(dtype=object)
+    warned = is_host & (severity >= SEVERITY["warn"])
+    host_nodes = np.flatnonzero(warned & (scope == "node") & (cause == "config"))
+    if len(host_nodes) == 0:
+        return findings
+    candidate = np.flatnonzero(
+        warned
+        & (scope == "gpu")
+        & findings["rank"].isin([RANK["stat"], RANK["spec"]]).to_numpy()
+        & np.isin(cause, ["", "config"])
+    )
+
+    def keys(rows: np.ndarray) -> pd.Index:
+        part = findings.iloc[rows]
+        return pd.Index(part["node"].astype(str) + "\x00" + part["metric"].astype(str))
+
+    hit = candidate[keys(candidate).isin(keys(host_nodes))]
+    if len(hit):
+        hit = hit[~link_signature(_telemetry_of(run, findings.iloc[hit]), policy)]
+    if len(hit) == 0:
+        return findings
+    findings = findings.copy()
+    at = findings.index[hit]
+    findings.loc[at, "severity"] = np.minimum(severity[hit], SEVERITY["warn"])
+    findings.loc[at, "cause"] = "config"
+    findings.loc[at, "action"] = "fix_config"
+    findings.loc[at, "ticket"] = "none"
     return findings
 
 

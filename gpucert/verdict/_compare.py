@@ -14,7 +14,14 @@ References, per entity × metric:
 * **model** — the stored per-model reference, for a GPU with no history in a cohort too small for peers.
 * **node** — the other GPUs of the same node (leave-one-out median), on baseline-normalised values, so a
   GPU that falls behind its neighbours fails at a smaller drop than against its own history alone.
-* **spec** — the absolute floor per model, whatever the statistics say.
+* **spec** — the absolute floor per model (REFERENCE.md §1.3): a gross-fault catch, so a miss fails only
+  when something backs it — the GPU's (or node's) *raw* own baseline (not corrected for the fleet factor,
+  so a whole fleet collapsing under the floor still fails) disagrees with the value, the other GPUs of its
+  node disagree, a PCIe link signature explains a host-side miss, or there is no history to weigh it
+  against. A miss that its own history and its node peers both call normal is noise at the floor: a warn.
+  A host-side metric (:data:`HOST_METRICS`) under the floor on most GPUs of a node whose links are at spec
+  is the host's (NUMA binding, CPU contention, IOMMU, BIOS; REFERENCE §5): one node finding, cause
+  ``config``, and its GPUs only warn.
 """
 
 from __future__ import annotations
@@ -25,12 +32,18 @@ import numpy as np
 import pandas as pd
 
 from ..policy import Policy
-from ._findings import concat_findings, make_findings
-from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+from ._findings import SEVERITY, concat_findings, make_findings
+from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
 
-__all__ = ["REF_WORDS", "Judged", "compare_references", "per_metric"]
+__all__ = ["HOST_METRICS", "REF_WORDS", "Judged", "compare_references", "link_signature", "per_metric"]
 
 _MAD_TO_SIGMA = 1.4826
+
+#: Metrics whose path runs through the host (CPU, memory controller, root complex, IOMMU), so the host's
+#: NUMA binding, CPU load or BIOS moves them with the GPU healthy: copy engines over PCIe, and storage
+#: reads into host memory. GEMM, HBM and the NVLink all-reduce stay on the GPU or its baseboard.
+HOST_METRICS = frozenset({"h2d_gbps", "d2h_gbps", "storage_read_gbps"})
+_IS_HOST = np.isin(np.array(METRIC_NAMES, dtype=object), list(HOST_METRICS))
 
 
 @dataclass(frozen=True)
@@ -214,6 +227,10 @@ def compare_references(
 
     floor = _floors(run, model, mcode, floors)
     below_floor = np.isfinite(floor) & (x < floor) & ~unstable
+    backing = _floor_backing(
+        run, eid, mcode, x, own_center, own_sigma, has_own, d_node, warn_drop, warn_z, policy
+    )
+    node_low = _host_low_nodes(run, eid, mcode, x, floor, below_floor, backing, policy)
 
     shift = np.where(
         np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan
@@ -226,7 +243,8 @@ def compare_references(
             _stat(
                 run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None
             ),
-            _spec(run, table, below_floor, floor),
+            _spec(run, table, below_floor, floor, backing, node_low),
+            _host_node_spec(run, node_low),
         ]
     )
     fleet = _fleet_rows(run, fleet_stats, policy)
@@ -323,31 +341,256 @@ def _stat(
     )
 
 
-def _spec(run: RunIndex, table: pd.DataFrame, mask: np.ndarray, floor: np.ndarray) -> pd.DataFrame:
+def link_signature(telemetry: np.ndarray, policy: Policy) -> np.ndarray:
+    """Rows of ``telemetry`` (entity × metric code) whose PCIe link is below spec: trained down in
+    generation or width, or replaying over the gate. NaN (not reported) is no signature."""
+
+    def t(name: str) -> np.ndarray:
+        column: np.ndarray = telemetry[:, MCODE[name]]
+        return column
+
+    with np.errstate(invalid="ignore"):
+        low: np.ndarray = (
+            (t("pcie_gen") < t("pcie_gen_max"))
+            | (t("pcie_width") < t("pcie_width_max"))
+            | (t("pcie_replays_per_min") > policy.gates.pcie_replays_per_min)
+        )
+    return low
+
+
+@dataclass(frozen=True)
+class _Backing:
+    """What stands behind a floor miss, per result. A floor catches gross faults (REFERENCE §1.3), so a
+    miss fails only with one of these; without any it is noise at the floor."""
+
+    #: the value against the *raw* own baseline (no fleet factor: a fleet collapsing under the floor
+    #: still fails); NaN without one
+    d_own: np.ndarray
+    own_center: np.ndarray
+    d_node: np.ndarray
+    #: a warn-size drop against the own baseline
+    own: np.ndarray
+    #: a GPU the other GPUs of its node do not agree with (a warn-size drop against them, or no
+    #: leave-one-out reference to say they agree)
+    node: np.ndarray
+    #: a host-side metric on a GPU whose PCIe link is below spec
+    link: np.ndarray
+    #: no own baseline: nothing to weigh the floor against, and the floor is then the only absolute
+    no_history: np.ndarray
+
+    @property
+    def backed(self) -> np.ndarray:
+        backed: np.ndarray = self.own | self.node | self.link | self.no_history
+        return backed
+
+
+def _floor_backing(
+    run: RunIndex,
+    eid: np.ndarray,
+    mcode: np.ndarray,
+    x: np.ndarray,
+    own_center: np.ndarray,
+    own_sigma: np.ndarray,
+    has_own: np.ndarray,
+    d_node: np.ndarray,
+    warn_drop: np.ndarray,
+    warn_z: np.ndarray,
+    policy: Policy,
+) -> _Backing:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d_own = np.where(has_own, x / own_center - 1, np.nan)
+        own = has_own & (d_own <= -warn_drop) & (d_own / own_sigma <= -warn_z)
+    gpu = run.scope[eid] == SCOPE_GPU
+    node = gpu & ~(np.isfinite(d_node) & (d_node > -warn_drop))
+    link = gpu & _IS_HOST[mcode] & link_signature(run.telemetry, policy)[eid]
+    return _Backing(
+        d_own=d_own, own_center=own_center, d_node=d_node, own=own, node=node, link=link, no_history=~has_own
+    )
+
+
+@dataclass(frozen=True)
+class _HostLow:
+    """Host-side metrics under the floor on most GPUs of a node whose PCIe links are at spec."""
+
+    #: per result: a GPU of such a node (its own link at spec), on that metric
+    rows: np.ndarray
+    #: node code, mcode, x and d_own (medians of its GPUs), floor, gpus, below, backed; per node × metric
+    nodes: pd.DataFrame
+
+
+def _host_low_nodes(
+    run: RunIndex,
+    eid: np.ndarray,
+    mcode: np.ndarray,
+    x: np.ndarray,
+    floor: np.ndarray,
+    below_floor: np.ndarray,
+    backing: _Backing,
+    policy: Policy,
+) -> _HostLow:
+    """The nodes whose GPUs, links at spec, sit under a host-side floor by their median (at least half of
+    them under it): the host moves them all, so the finding is the node's (REFERENCE §5, "H2D low ...,
+    link at spec"). It is backed (a fail) when the GPUs' median also dropped against their own
+    baselines, or they have none; a node that has always measured this low only warns."""
+    scope = run.scope[eid]
+    host = (scope == SCOPE_GPU) & _IS_HOST[mcode] & np.isfinite(floor) & ~backing.link
+    node = run.node_code[eid]
+    key = node * N_METRICS + mcode
+    # Only a node × metric with a GPU under the floor can be low: on a healthy fleet, none is grouped.
+    missed = np.zeros(len(run.nodes) * N_METRICS, dtype=bool)
+    missed[key[host & below_floor]] = True
+    host &= missed[key]
+    if not host.any():
+        empty = pd.DataFrame(columns=["node", "mcode", "x", "d_own", "floor", "gpus", "below", "backed"])
+        return _HostLow(rows=np.zeros(len(x), dtype=bool), nodes=empty)
+    frame = pd.DataFrame(
+        {
+            "node": node[host],
+            "mcode": mcode[host],
+            "x": x[host],
+            "floor": floor[host],
+            "below": below_floor[host],
+            "d_own": backing.d_own[host],
+        }
+    )
+    agg = (
+        frame.groupby(["node", "mcode"], sort=True)
+        .agg(
+            x=("x", "median"),
+            floor=("floor", "first"),
+            gpus=("x", "size"),
+            below=("below", "sum"),
+            d_own=("d_own", "median"),
+        )
+        .reset_index()
+    )
+    low = agg[(agg["gpus"] >= 3) & (agg["x"] < agg["floor"])].reset_index(drop=True)
+    warn_drop = per_metric(policy, "warn_drop_pct")[low["mcode"].to_numpy()] / 100
+    low["backed"] = ~(low["d_own"].to_numpy() > -warn_drop)  # NaN (no history) is backed
+    is_low = np.zeros(len(run.nodes) * N_METRICS, dtype=bool)
+    is_low[low["node"].to_numpy(dtype=np.int64) * N_METRICS + low["mcode"].to_numpy(dtype=np.int64)] = True
+    rows = host & below_floor & is_low[key]
+    return _HostLow(rows=rows, nodes=low)
+
+
+def _spec(
+    run: RunIndex,
+    table: pd.DataFrame,
+    mask: np.ndarray,
+    floor: np.ndarray,
+    backing: _Backing,
+    host_low: _HostLow,
+) -> pd.DataFrame:
+    """One finding per floor miss: a fail when something backs it, else a warn (see the module)."""
     rows = np.flatnonzero(mask)
     if len(rows) == 0:
         return make_findings("gpu", [], severity="fail", rank="spec", reason=[])
     eids = table["eid"].to_numpy()[rows]
+    scope = run.scope[eids]
     names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
     x = table["x"].to_numpy()[rows]
     f = floor[rows]
     models = run.model_names(eids)
+    on_host_node = host_low.rows[rows]
+    link, own, node = backing.link[rows], backing.own[rows], backing.node[rows]
+    no_history = backing.no_history[rows]
+    d_own, own_center, d_node = backing.d_own[rows], backing.own_center[rows], backing.d_node[rows]
+    backed = backing.backed[rows] & ~on_host_node
+    why = [
+        _floor_words(h, lk, ow, nh, nd, do, oc, dn, sc == SCOPE_GPU)
+        for h, lk, ow, nh, nd, do, oc, dn, sc in zip(
+            on_host_node, link, own, no_history, node, d_own, own_center, d_node, scope, strict=True
+        )
+    ]
     reason = [
-        f"{m} {xv:.4g} is under the spec floor {fv:.4g} for {mo}"
-        for m, xv, fv, mo in zip(names, x, f, models, strict=True)
+        f"{m} {xv:.4g} is under the spec floor {fv:.4g} for {mo}{w}"
+        for m, xv, fv, mo, w in zip(names, x, f, models, why, strict=True)
     ]
     return make_findings(
-        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
+        np.array(["gpu", "node", "pair"], dtype=object)[scope],
         run.node_names(eids),
         gpu=run.gpu[eids],
         peer=run.peer_names(eids),
-        severity="fail",
+        severity=np.where(backed, SEVERITY["fail"], SEVERITY["warn"]),
         rank="spec",
         metric=names,
         value=x,
         reference=f,
         deviation_pct=(x / f - 1) * 100,
         reference_kind="spec",
+        # The host's on a host-low node, as its node row says; noise at the floor names no cause; a backed
+        # miss is attributed with the telemetry afterwards.
+        cause=np.where(on_host_node, "config", np.where(backed, "", "unknown")),
+        action=np.where(on_host_node, "fix_config", np.where(backed, "none", "retest")),
+        reason=reason,
+    )
+
+
+def _floor_words(
+    host_node: bool,
+    link: bool,
+    own: bool,
+    no_history: bool,
+    node: bool,
+    d_own: float,
+    own_center: float,
+    d_node: float,
+    is_gpu: bool,
+) -> str:
+    """What backs a floor miss (the first that applies), or why it does not fail."""
+    if host_node:
+        return ", as are most GPUs of its node, PCIe links at spec: the host's, not the GPU's (see the node's row)"
+    if link:
+        return ", with its PCIe link below spec"
+    if own:
+        return f", {-d_own * 100:.1f} % below its own baseline ({own_center:.4g})"
+    if no_history:
+        return ", with no history of its own to weigh it against"
+    if node:
+        if np.isfinite(d_node):
+            return f", {-d_node * 100:.1f} % behind the other GPUs of its node"
+        return ", with no other GPUs of its node to weigh it against"
+    agree = " and the other GPUs of its node agree" if is_gpu else " agrees"
+    return (
+        f", but its own baseline ({own_center:.4g}){agree} with it: noise at the floor, not a fault; re-test"
+    )
+
+
+def _host_node_spec(run: RunIndex, host_low: _HostLow) -> pd.DataFrame:
+    """The node finding of a host-side metric under its floor on most of a node's GPUs (links at spec)."""
+    low = host_low.nodes
+    if low.empty:
+        return make_findings("node", [], severity="fail", rank="spec", reason=[])
+    node_names = np.asarray(run.nodes, dtype=object)[low["node"].to_numpy(dtype=np.int64)]
+    names = np.array(METRIC_NAMES, dtype=object)[low["mcode"].to_numpy(dtype=np.int64)]
+    node_model = np.zeros(len(run.nodes), dtype=np.int64)
+    node_model[run.node_code] = run.model_code
+    models = np.asarray(run.models, dtype=object)[node_model[low["node"].to_numpy(dtype=np.int64)]]
+    x = low["x"].to_numpy(dtype=float)
+    f = low["floor"].to_numpy(dtype=float)
+    backed = low["backed"].to_numpy(dtype=bool)
+    reason = [
+        f"{m}: {int(b)} of the node's {int(n)} GPUs are under the spec floor {fv:.4g} for {mo} (median "
+        f"{xv:.4g}) with their PCIe links at spec: the host, not the GPUs — fix NUMA/CPU affinity, stop noisy "
+        "processes, check the BIOS and IOMMU settings"
+        + ("" if bk else "; they have always measured this low (their own baselines agree)")
+        for m, b, n, fv, mo, xv, bk in zip(
+            names, low["below"], low["gpus"], f, models, x, backed, strict=True
+        )
+    ]
+    return make_findings(
+        "node",
+        node_names,
+        severity=np.where(backed, SEVERITY["fail"], SEVERITY["warn"]),
+        rank="spec",
+        metric=names,
+        value=x,
+        reference=f,
+        deviation_pct=(x / f - 1) * 100,
+        reference_kind="spec",
+        cause="config",
+        action="fix_config",
+        ticket=np.where(backed, "remediation", "none"),
         reason=reason,
     )
 

@@ -1,24 +1,36 @@
 """Stage 1 (REFERENCE.md §4.3): repeated measurements reduced to a median, and their stability judged.
 
-The median of the repeats is what the references compare, so one transient bad repeat among three moves
+The median of the repeats is what the references compare, so a transient bad repeat among several moves
 nothing; it is still *named*, because a technician reading the report should know it happened. When the
-repeats disagree as a whole (robust CV above ``unstable_factor`` × the expected run-to-run CV) the result
-is UNSTABLE — oscillating throttling or a noisy neighbour — which warns and asks for a re-run.
+repeats disagree as a whole (robust CV above ``unstable_factor`` × the expected run-to-run CV, or so many
+transients that the median itself may be one) the result is UNSTABLE — oscillating throttling or a noisy
+neighbour — which warns and asks for a re-run.
+
+The payload applies the same rule while it measures (``gpucert/bench/_stability.py``, whose constants
+this module shares) and runs more repeats, up to its ``--max-repeats``, until they agree; so a result may
+have any number of repeats, and every one is used. The repeats of each result are laid out as one row of
+a NaN-padded matrix (results × most repeats); medians are taken a repeat count at a time, so the usual
+three repeats need no sort, and the few rows with a transient are re-sorted without it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
+from ..bench._stability import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
 from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex
 
-__all__ = ["reduce_repeats"]
+__all__ = ["RepeatStability", "judge_repeat_matrix", "reduce_repeats", "row_median"]
 
-_MAD_TO_SIGMA = 1.4826
-
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 # Median of 1.4826·MAD / σ over normal samples of n repeats (simulated, 400,000 draws each): the factor
 # that turns the cohort's median robust CV into an estimate of its run-to-run CV.
@@ -28,56 +40,186 @@ _MAD_MEDIAN_FACTOR = np.array(
 _MIN_COHORT = 30  # results needed before tonight's noise is estimated from the cohort
 
 
+def row_median(matrix: FloatArray, counts: IntArray) -> FloatArray:
+    """The median of each row's first ``counts`` values (the rest is padding).
+
+    Rows are taken a repeat count at a time, so the usual three repeats need no sort at all.
+    """
+    out = np.full(len(matrix), np.nan)
+    for width in np.unique(counts):
+        if width <= 0:
+            continue
+        sel = counts == width
+        block = matrix[sel, :width]
+        if width == 3:
+            a, b, c = block[:, 0], block[:, 1], block[:, 2]
+            out[sel] = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+        else:
+            out[sel] = np.median(block, axis=1)
+    return out
+
+
+def _nan_median(matrix: FloatArray) -> FloatArray:
+    """The median of each row's finite values, wherever they sit (NaN where there are none)."""
+    counts = np.isfinite(matrix).sum(axis=1)
+    return row_median(np.sort(matrix, axis=1), counts)  # NaN sorts last
+
+
+@dataclass(frozen=True)
+class RepeatStability:
+    """The rule's view of each result (one row of the repeat matrix)."""
+
+    x: FloatArray  # median of all repeats
+    rel: FloatArray  # each repeat's relative distance from it (NaN padding)
+    transient: BoolArray  # repeats farther below it than the noise allows
+    cv_mad: FloatArray  # robust CV of the other repeats
+    n_far: IntArray
+    n_above: IntArray
+    n_good: IntArray
+    unstable: BoolArray
+
+    @property
+    def settle(self) -> IntArray:
+        """The fewest more repeats that could make each result stable: ``Stability.settle``, vectorised."""
+        n = self.n_far + self.n_good
+        suspects = np.maximum(self.n_far, np.where(self.n_above > 0, n - self.n_above, 0))
+        more: IntArray = np.where(self.unstable, np.maximum(1, 2 * suspects + 1 - n), 0)
+        return more
+
+
+def judge_repeat_matrix(
+    matrix: FloatArray,
+    counts: IntArray,
+    direction: FloatArray,
+    expected: FloatArray,
+    *,
+    unstable_factor: float,
+    transient_pct: float,
+    x: FloatArray | None = None,
+    mad: FloatArray | None = None,
+    or_noisier: bool = False,
+) -> RepeatStability:
+    """The stability rule on each row of ``matrix``: a result's ``counts`` repeats first, NaN after.
+
+    ``direction`` is +1 where higher is better; ``expected`` the run-to-run CV each row is held to.
+    ``x`` and ``mad`` (median of the repeats, median absolute deviation from it) when already known.
+    ``or_noisier`` (the payload's view): unstable also when it would be at any larger expected CV.
+    """
+    x = row_median(matrix, counts) if x is None else x
+    judged = _judge(matrix, counts, direction, expected, x, mad, unstable_factor, transient_pct)
+    if not or_noisier:
+        return judged
+    # The verdict holds a result to the larger of the policy's CV and tonight's cohort noise, and at a
+    # larger CV a transient becomes an ordinary repeat that may spread the others past the limit: so each
+    # transient's breakpoint (the CV at which it stops being one) is tried too. Few results have one.
+    unstable = judged.unstable.copy()
+    hit = np.flatnonzero((judged.n_far > 0) & ~unstable)
+    signed = direction[hit, None] * judged.rel[hit]
+    edges = np.sort(np.where(judged.transient[hit], -signed / TRANSIENT_SIGMAS * (1 + 1e-9), np.nan), axis=1)
+    for k in range(edges.shape[1]):
+        some = np.flatnonzero(np.isfinite(edges[:, k]))
+        if not len(some):
+            break
+        rows = hit[some]
+        again = _judge(
+            matrix[rows], counts[rows], direction[rows], edges[some, k], x[rows], None, unstable_factor,
+            transient_pct,
+        )  # fmt: skip
+        unstable[rows] |= again.unstable
+    return RepeatStability(
+        judged.x, judged.rel, judged.transient, judged.cv_mad, judged.n_far, judged.n_above, judged.n_good,
+        unstable,
+    )  # fmt: skip
+
+
+def _judge(
+    matrix: FloatArray,
+    counts: IntArray,
+    direction: FloatArray,
+    expected: FloatArray,
+    x: FloatArray,
+    mad: FloatArray | None,
+    unstable_factor: float,
+    transient_pct: float,
+) -> RepeatStability:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = (matrix - x[:, None]) / x[:, None]
+    signed = direction[:, None] * rel
+    # A transient is a repeat farther *below* its median than the noise could put it (interference only
+    # ever slows a benchmark down; the hardware caps the upside). It is named, and left out of the
+    # stability judgement; the median of enough repeats already ignores it.
+    limit = np.maximum(transient_pct / 100, TRANSIENT_SIGMAS * expected)
+    with np.errstate(invalid="ignore"):
+        transient = signed < -limit[:, None]
+        above = signed > ABOVE_FACTOR * limit[:, None]
+    n_far = transient.sum(axis=1)
+    n_good = counts - n_far
+    # Without a transient the good repeats are all of them; the (few) others are recomputed without theirs.
+    mad = row_median(np.abs(matrix - x[:, None]), counts) if mad is None else mad.copy()
+    hit = np.flatnonzero(n_far > 0)
+    if len(hit):
+        good = np.where(transient[hit], np.nan, matrix[hit])
+        mad[hit] = _nan_median(np.abs(good - _nan_median(good)[:, None]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cv_mad = MAD_TO_SIGMA * mad / x
+        noisy = (n_good >= MIN_JUDGED) & (cv_mad > unstable_factor * expected)
+    n_above = above.sum(axis=1)
+    # Half the repeats far below the median, or one far above it, mean the median itself may be a transient.
+    unstable = (counts >= MIN_JUDGED) & ((2 * n_far >= counts) | (n_above >= 1) | noisy)
+    return RepeatStability(x, rel, transient, cv_mad, n_far, n_above, n_good, unstable)
+
+
 def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Return (one row per entity × perf metric: eid, mcode, x, n, cv_mad, unstable; findings)."""
     rows = np.flatnonzero(IS_PERF[run.mcode])
     key = run.eid[rows] * N_METRICS + run.mcode[rows]
-    values = run.value[rows]
     policy_cv = np.array([_cv_rep(policy, METRIC_NAMES[m]) for m in range(N_METRICS)])
 
-    median = pd.Series(values).groupby(key, sort=False).transform("median").to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = (values - median) / median
-    spread_all = pd.DataFrame({"k": key, "v": values, "dev": np.abs(values - median)})
-    agg = spread_all.groupby("k", sort=False).agg(x=("v", "median"), n=("v", "size"), mad=("dev", "median"))
-    keys = agg.index.to_numpy(dtype=np.int64)
+    # Results in order of first appearance; the payload prints a result's repeats together, so the stable
+    # sort that groups them is a linear pass over codes already in order.
+    codes, uniques = pd.factorize(key, sort=False)
+    keys = np.asarray(uniques, dtype=np.int64)
+    order = np.argsort(codes, kind="stable")
+    n = np.bincount(codes, minlength=len(keys)).astype(np.int64)
+    starts = np.cumsum(n) - n
+    slot = np.arange(len(order)) - np.repeat(starts, n)
+    grouped = codes[order]
+    matrix = np.full((len(keys), int(n.max(initial=0))), np.nan)
+    matrix[grouped, slot] = run.value[rows[order]]
     eids, mcodes = keys // N_METRICS, keys % N_METRICS
-    n = agg["n"].to_numpy(dtype=np.int64)
 
     # The run-to-run noise to expect is the larger of the policy's and tonight's, measured on the whole
     # cohort: a benchmark that is noisier for everyone tonight makes no single GPU unstable.
-    expected = np.maximum(policy_cv[mcodes], _cohort_noise(run, eids, mcodes, n, agg, policy_cv))
-    expected_of_row = pd.Series(expected, index=keys).reindex(key).to_numpy()
-
-    # A transient is a repeat farther *below* its median than the noise could put it (interference only
-    # ever slows a benchmark down; the hardware caps the upside). It is named, and left out of the
-    # stability judgement; with three repeats the median already ignores it.
-    limit = np.maximum(policy.repeats.transient_pct / 100, 5 * expected_of_row)
-    transient = DIRECTION[run.mcode[rows]] * rel < -limit
-
-    good = ~transient
-    good_median = pd.Series(values[good]).groupby(key[good], sort=False).transform("median").to_numpy()
-    spread = pd.DataFrame({"k": key[good], "dev": np.abs(values[good] - good_median)})
-    good_stats = spread.groupby("k", sort=False)["dev"].agg(["median", "size"])
-
-    measured = pd.DataFrame({"eid": eids, "mcode": mcodes, "x": agg["x"].to_numpy(), "n": n})
-    mad = good_stats["median"].reindex(keys).to_numpy()
-    n_good = good_stats["size"].reindex(keys).fillna(0).to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        measured["cv_mad"] = _MAD_TO_SIGMA * mad / measured["x"].to_numpy()
-    n_far = n - n_good
-    # 1.5 × the limit above: a median pulled down by two transients leaves the good repeat 7-40 % above
-    # it, while plain noise on the noisiest metric (H2D, 1.5 %) reaches 6 % above a median now and then.
-    above = pd.Series(DIRECTION[run.mcode[rows]] * rel > 1.5 * limit).groupby(key, sort=False).sum()
-    n_above = above.reindex(keys).to_numpy()
-    # Two repeats far below the median, or one far above it, mean the median itself may be a transient.
-    unstable = (n >= 3) & (
-        (n_far >= 2)
-        | (n_above >= 1)
-        | ((n_good >= 3) & (measured["cv_mad"].to_numpy() > policy.repeats.unstable_factor * expected))
+    x_all = row_median(matrix, n)
+    mad_all = row_median(np.abs(matrix - x_all[:, None]), n)
+    expected = np.maximum(policy_cv[mcodes], _cohort_noise(run, eids, mcodes, n, x_all, mad_all, policy_cv))
+    judged = judge_repeat_matrix(
+        matrix,
+        n,
+        DIRECTION[mcodes],
+        expected,
+        unstable_factor=policy.repeats.unstable_factor,
+        transient_pct=policy.repeats.transient_pct,
+        x=x_all,
+        mad=mad_all,
     )
-    measured["unstable"] = unstable
-    named = transient & ~np.isin(key, keys[unstable])
+    measured = pd.DataFrame(
+        {
+            "eid": eids,
+            "mcode": mcodes,
+            "x": judged.x,
+            "n": n,
+            "cv_mad": judged.cv_mad,
+            "unstable": judged.unstable,
+        }
+    )
+    # Back to result rows (in the run's order) for the transients worth a note.
+    transient = np.zeros(len(rows), dtype=bool)
+    rel = np.zeros(len(rows))
+    transient[order] = judged.transient[grouped, slot]
+    rel[order] = judged.rel[grouped, slot]
+    named = transient & ~judged.unstable[codes]
+    unstable = judged.unstable
     findings = [
         _unstable_findings(run, measured[unstable], expected[unstable]),
         _transient_notes(run, rows[named], rel[named]),
@@ -87,20 +229,21 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
 
 def _cohort_noise(
     run: RunIndex,
-    eids: np.ndarray,
-    mcodes: np.ndarray,
-    n: np.ndarray,
-    agg: pd.DataFrame,
-    policy_cv: np.ndarray,
-) -> np.ndarray:
-    """Tonight's run-to-run CV of each result's cohort (scope, model, metric), NaN where too few results.
+    eids: IntArray,
+    mcodes: IntArray,
+    n: IntArray,
+    x: FloatArray,
+    mad: FloatArray,
+    policy_cv: FloatArray,
+) -> FloatArray:
+    """Tonight's run-to-run CV of each result's cohort (scope, model, metric), the policy's where too few.
 
     The median over the cohort of each result's robust CV, unbiased for its repeat count: robust to the
     few results that carry a transient or a fault, precise over hundreds of GPUs.
     """
-    usable = (n >= 3) & (n < len(_MAD_MEDIAN_FACTOR))
+    usable = (n >= MIN_JUDGED) & (n < len(_MAD_MEDIAN_FACTOR))
     with np.errstate(divide="ignore", invalid="ignore"):
-        cv = _MAD_TO_SIGMA * agg["mad"].to_numpy() / agg["x"].to_numpy()
+        cv = MAD_TO_SIGMA * mad / x
         estimate = np.where(
             usable, cv / _MAD_MEDIAN_FACTOR[np.minimum(n, len(_MAD_MEDIAN_FACTOR) - 1)], np.nan
         )
@@ -108,8 +251,9 @@ def _cohort_noise(
     frame = pd.DataFrame({"c": cohort, "e": estimate})
     stats = frame.groupby("c", sort=False)["e"].agg(["median", "count"])
     noise = stats["median"].where(stats["count"] >= _MIN_COHORT)
-    result: np.ndarray = noise.reindex(cohort).to_numpy(dtype=np.float64)
-    return np.where(np.isfinite(result), result, policy_cv[mcodes])
+    result: FloatArray = noise.reindex(cohort).to_numpy(dtype=np.float64)
+    filled: FloatArray = np.where(np.isfinite(result), result, policy_cv[mcodes])
+    return filled
 
 
 def _cv_rep(policy: Policy, metric: str) -> float:
@@ -117,15 +261,15 @@ def _cv_rep(policy: Policy, metric: str) -> float:
     return entry.cv_rep if entry is not None else np.inf
 
 
-def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: np.ndarray) -> pd.DataFrame:
+def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: FloatArray) -> pd.DataFrame:
     eids = unstable["eid"].to_numpy()
     names = np.array(METRIC_NAMES, dtype=object)[unstable["mcode"].to_numpy()]
     cv = unstable["cv_mad"].to_numpy() * 100
     expected = expected_cv * 100
     reason = [
-        f"{m}: repeats unstable (robust CV {c:.1f} % vs {e:.1f} % expected, or several far from their "
-        "median): oscillating throttling or a noisy neighbour; re-run before judging"
-        for m, c, e in zip(names, np.nan_to_num(cv), expected, strict=True)
+        f"{m}: repeats unstable ({k} of them; robust CV {c:.1f} % vs {e:.1f} % expected, or several far from "
+        "their median): oscillating throttling or a noisy neighbour; re-run before judging"
+        for m, k, c, e in zip(names, unstable["n"].to_numpy(), np.nan_to_num(cv), expected, strict=True)
     ]
     return make_findings(
         _scope_name(run, eids),
@@ -142,7 +286,7 @@ def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: np.nd
     )
 
 
-def _transient_notes(run: RunIndex, rows: np.ndarray, rel: np.ndarray) -> pd.DataFrame:
+def _transient_notes(run: RunIndex, rows: IntArray, rel: FloatArray) -> pd.DataFrame:
     eids = run.eid[rows]
     names = np.array(METRIC_NAMES, dtype=object)[run.mcode[rows]]
     reason = [
@@ -160,6 +304,6 @@ def _transient_notes(run: RunIndex, rows: np.ndarray, rel: np.ndarray) -> pd.Dat
     )
 
 
-def _scope_name(run: RunIndex, eids: np.ndarray) -> np.ndarray:
+def _scope_name(run: RunIndex, eids: IntArray) -> np.ndarray:
     names: np.ndarray = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
     return names

@@ -1,0 +1,188 @@
+"""When a benchmark's repeats disagree, and how many more it takes to settle them (REFERENCE.md §4.3).
+
+The payload runs ``--repeats`` of each benchmark, then asks :meth:`RepeatRule.more` whether they agree;
+when they do not, it runs more, up to ``--max-repeats``, so instability is resolved before anyone judges.
+The rule is the verdict engine's (``gpucert/verdict/_repeats.py`` imports its constants from here), with
+the policy's expected run-to-run CVs, mirrored below so the payload needs neither pandas nor the policy
+file; a result is UNSTABLE when, with ``m`` the median of its ``n ≥ 3`` repeats and ``e`` the expected CV:
+
+* at least half of its repeats are *transients*, farther below ``m`` than ``max(transient_pct, 5e)``
+  (interference only slows a benchmark down): the median itself may then be one;
+* one repeat is more than 1.5 × that limit *above* ``m``: the median sits among transients;
+* or the robust CV (1.4826·MAD/median) of the other repeats exceeds ``unstable_factor`` × ``e``.
+
+The verdict engine holds a result to the larger of ``e`` and tonight's cohort noise, which the payload
+cannot know; so the payload (:meth:`RepeatRule.judge`) calls a result stable only when it would be at
+every larger ``e`` too, else the verdict could still find unstable what the payload stopped measuring.
+
+Standard library only: this module runs inside the benchmark pod.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ABOVE_FACTOR",
+    "DEFAULT_CV_REP",
+    "DEFAULT_MAX_REPEATS",
+    "DEFAULT_TRANSIENT_PCT",
+    "DEFAULT_UNSTABLE_FACTOR",
+    "MAD_TO_SIGMA",
+    "MIN_JUDGED",
+    "TRANSIENT_SIGMAS",
+    "RepeatRule",
+    "Stability",
+    "judge_repeats",
+]
+
+MAD_TO_SIGMA = 1.4826
+#: A transient is farther below the median than this many expected CVs (or ``transient_pct``).
+TRANSIENT_SIGMAS = 5.0
+# A median pulled down by two transients leaves the good repeat 7-40 % above it, while plain noise on the
+# noisiest metric (H2D, 1.5 %) reaches 6 % above a median now and then: 1.5 × the transient limit.
+ABOVE_FACTOR = 1.5
+#: Fewer repeats than this are never judged unstable: there is no median to trust or doubt.
+MIN_JUDGED = 3
+DEFAULT_MAX_REPEATS = 7
+DEFAULT_UNSTABLE_FACTOR = 5.0
+DEFAULT_TRANSIENT_PCT = 5.0
+#: ``metrics.<name>.cv_rep`` of gpucert/data/policy.yaml (a test keeps the two equal).
+DEFAULT_CV_REP: Mapping[str, float] = {
+    "gemm_bf16_tflops": 0.007,
+    "gemm_fp8_tflops": 0.007,
+    "hbm_copy_gbps": 0.004,
+    "h2d_gbps": 0.015,
+    "d2h_gbps": 0.015,
+    "nccl_allreduce_busbw_gbps": 0.01,
+    "nccl_pair_busbw_gbps": 0.04,
+    "storage_read_gbps": 0.03,
+}
+
+
+@dataclass(frozen=True)
+class Stability:
+    """The judgement of one result's repeats."""
+
+    n: int
+    #: repeats farther below the median than the noise allows
+    n_far: int
+    #: repeats farther above the median than the noise allows
+    n_above: int
+    #: robust CV of the repeats that are not transients (NaN with fewer than 3 of them)
+    cv: float
+    unstable: bool
+    #: why, in words (empty when stable)
+    why: str = ""
+
+    @property
+    def settle(self) -> int:
+        """The fewest more repeats that could make this result stable (0 when it is).
+
+        With ``k`` suspected transients the median is out of their reach from ``2k + 1`` repeats on; the
+        suspects are the far-below repeats, or, when one stands far above, every repeat that does not.
+        """
+        if not self.unstable:
+            return 0
+        suspects = max(self.n_far, self.n - self.n_above if self.n_above else 0)
+        return max(1, 2 * suspects + 1 - self.n)
+
+
+def judge_repeats(
+    values: Sequence[float],
+    cv_rep: float,
+    *,
+    direction: int = 1,
+    unstable_factor: float = DEFAULT_UNSTABLE_FACTOR,
+    transient_pct: float = DEFAULT_TRANSIENT_PCT,
+    or_noisier: bool = False,
+) -> Stability:
+    """Judge ``values`` (one result's repeats) against the expected run-to-run CV ``cv_rep``.
+
+    ``or_noisier`` (the payload's view): unstable also when it would be at any larger expected CV.
+    """
+    judged = _judge(values, cv_rep, direction, unstable_factor, transient_pct)
+    if judged.unstable or not or_noisier or judged.n_far == 0:
+        return judged
+    # The verdict holds a result to the larger of the policy's CV and tonight's cohort noise, and at a
+    # larger CV a transient becomes an ordinary repeat that may spread the others past the limit: so each
+    # transient's breakpoint (the CV at which it stops being one) is tried too.
+    median = statistics.median(values)
+    limit = max(transient_pct / 100, TRANSIENT_SIGMAS * cv_rep)
+    far = sorted(-direction * (v - median) / median for v in values)
+    for distance in (d for d in far if d > limit):
+        again = _judge(
+            values, distance / TRANSIENT_SIGMAS * (1 + 1e-9), direction, unstable_factor, transient_pct
+        )
+        if again.unstable:
+            return Stability(
+                judged.n, judged.n_far, judged.n_above, judged.cv, True, f"{again.why}, were it noisier"
+            )
+    return judged
+
+
+def _judge(
+    values: Sequence[float], cv_rep: float, direction: int, unstable_factor: float, transient_pct: float
+) -> Stability:
+    n = len(values)
+    if n < MIN_JUDGED or not math.isfinite(cv_rep):
+        return Stability(n, 0, 0, math.nan, False)
+    median = statistics.median(values)
+    if median == 0:
+        return Stability(n, 0, 0, math.nan, False)
+    rel = [direction * (v - median) / median for v in values]
+    limit = max(transient_pct / 100, TRANSIENT_SIGMAS * cv_rep)
+    good = [v for v, r in zip(values, rel, strict=True) if r >= -limit]
+    n_far = n - len(good)
+    n_above = sum(r > ABOVE_FACTOR * limit for r in rel)
+    cv = math.nan
+    if len(good) >= MIN_JUDGED:
+        centre = statistics.median(good)
+        cv = MAD_TO_SIGMA * statistics.median(abs(v - centre) for v in good) / median
+    if 2 * n_far >= n:
+        why = f"{n_far} of {n} repeats far below their median"
+    elif n_above:
+        why = f"{n_above} of {n} repeats far above their median"
+    elif cv > unstable_factor * cv_rep:
+        why = f"robust CV {cv * 100:.1f} % vs {cv_rep * 100:.1f} % expected"
+    else:
+        return Stability(n, n_far, n_above, cv, False)
+    return Stability(n, n_far, n_above, cv, True, why)
+
+
+@dataclass(frozen=True)
+class RepeatRule:
+    """The payload's stability rule: expected CVs per metric, the policy's knobs, and the repeat bounds."""
+
+    repeats: int = 3
+    #: at most this many repeats of a result (never fewer than ``repeats``)
+    max_repeats: int = DEFAULT_MAX_REPEATS
+    #: (metric, expected cv_rep) pairs; a metric not named here never gets more repeats
+    cv_rep: tuple[tuple[str, float], ...] = tuple(DEFAULT_CV_REP.items())
+    unstable_factor: float = DEFAULT_UNSTABLE_FACTOR
+    transient_pct: float = DEFAULT_TRANSIENT_PCT
+
+    @property
+    def ceiling(self) -> int:
+        return max(self.repeats, self.max_repeats)
+
+    def expected(self, metric: str) -> float:
+        return dict(self.cv_rep).get(metric, math.inf)
+
+    def judge(self, metric: str, values: Sequence[float]) -> Stability:
+        """The payload's view: unstable at the expected CV or any larger one the verdict may use."""
+        return judge_repeats(
+            values,
+            self.expected(metric),
+            unstable_factor=self.unstable_factor,
+            transient_pct=self.transient_pct,
+            or_noisier=True,
+        )
+
+    def more(self, metric: str, values: Sequence[float]) -> tuple[int, Stability]:
+        """(repeats to add now, the judgement): 0 when they agree or the ceiling is reached."""
+        verdict = self.judge(metric, values)
+        return min(verdict.settle, max(0, self.ceiling - len(values))), verdict

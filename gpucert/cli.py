@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     compare.add_argument("--out", required=True, metavar="VERDICTS", help="a .csv or .parquet file to write")
+    compare.add_argument("--rerun", dest="reruns", action="append", default=[], metavar="RESULTS",
+                         help="a confirming re-run of the same run (repeatable, in order): judged among the first "
+                              "run's cohort and settled as certify does")
+    compare.add_argument("--decisions", metavar="DECISIONS",
+                         help="write the settled decision per node (.csv or .parquet; settled=false: run again)")
     compare.add_argument(
         "--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse"
     )
@@ -379,6 +384,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             out=args.out,
             fail_on=args.fail_on,
             baseline_version=args.baseline_version,
+            reruns=args.reruns,
+            decisions=args.decisions,
         )
     if args.command == "baseline":
         if args.action == "build":

@@ -10,12 +10,14 @@ import json
 import os
 import tempfile
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 
 from ._io import TABLE_SUFFIXES, write_table
 from .baseline import update_store
+from .certify import settle_offline
 from .errors import InputError
 from .policy import load_policy
 from .results import read_results
@@ -27,7 +29,7 @@ __all__ = ["baseline_build", "baseline_list", "baseline_rebuild", "baseline_roll
 _ORDER = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 
 
-def _check_out(out: str, inputs: Sequence[tuple[str, str]]) -> None:
+def _check_out(out: str, inputs: Sequence[tuple[str, str]], *, option: str = "--out") -> None:
     """Return if the verdicts can be written to ``out``; raise :class:`InputError` naming it otherwise.
 
     ``out`` must end in .csv or .parquet, be no folder, lie in a folder that exists and can be written
@@ -36,26 +38,26 @@ def _check_out(out: str, inputs: Sequence[tuple[str, str]]) -> None:
     """
     path = Path(out)
     if path.suffix.lower() not in TABLE_SUFFIXES:
-        raise InputError(f"--out {out}: write .csv or .parquet")
+        raise InputError(f"{option} {out}: write .csv or .parquet")
     if path.is_dir():
-        raise InputError(f"--out {out}: is a folder; name a .csv or .parquet file")
+        raise InputError(f"{option} {out}: is a folder; name a .csv or .parquet file")
     if path.exists() and not path.is_file():
-        raise InputError(f"--out {out}: exists and is not a regular file")
+        raise InputError(f"{option} {out}: exists and is not a regular file")
     if not path.parent.exists():
-        raise InputError(f"--out {out}: the folder {path.parent} does not exist")
+        raise InputError(f"{option} {out}: the folder {path.parent} does not exist")
     if not path.parent.is_dir():
-        raise InputError(f"--out {out}: {path.parent} is not a folder")
-    for option, given in inputs:
+        raise InputError(f"{option} {out}: {path.parent} is not a folder")
+    for source, given in inputs:
         if _same_file(path, Path(given)):
             raise InputError(
-                f"--out {out} is the input {option} {given}: the verdicts would replace it; name another file"
+                f"{option} {out} is the input {source} {given}: the output would replace it; name another file"
             )
     try:
         # The one sure test of a folder's permissions (root passes os.access; a read-only mount does not).
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     except OSError as exc:
         raise InputError(
-            f"--out {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})"
+            f"{option} {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})"
         ) from None
     os.close(fd)
     os.unlink(probe)
@@ -98,12 +100,29 @@ def compare(
     out: str,
     fail_on: str | None = None,
     baseline_version: str | None = None,
+    reruns: Sequence[str] = (),
+    decisions: str | None = None,
 ) -> int:
+    """``gpucert compare``: judge ``results`` against the store's baselines and write the verdicts to ``out``.
+
+    With ``reruns`` (each file one confirming re-run of the same run) each is judged among the first run's
+    cohort and the run is settled as certify settles it: ``out`` gets the settled verdicts and
+    ``decisions`` (when given) the decision per node, with ``settled`` false where a node needs one more
+    run. Returns 0, or 3 when a verdict reaches ``fail_on``. Raises :class:`InputError` for a bad policy,
+    an output that cannot be written or is one of the inputs, a store URI or results file that cannot be
+    used, and :class:`~gpucert.errors.StoreError` when the store fails (within the call deadline).
+    """
     policy = load_policy(policy_file)
-    inputs = [("RESULTS", r) for r in results] + ([("--policy", policy_file)] if policy_file else [])
+    inputs = [("RESULTS", r) for r in results] + [("--rerun", r) for r in reruns]
+    inputs += [("--policy", policy_file)] if policy_file else []
     _check_out(out, inputs)
+    if decisions is not None:
+        if Path(decisions).resolve() == Path(out).resolve():
+            raise InputError(f"--decisions {decisions} is --out too: name two files")
+        _check_out(decisions, inputs, option="--decisions")
     store = _open_existing(baselines)
     frame = read_results(results)
+    rerun_frames = [read_results([r]) for r in reruns]
     try:
         table = store.read(baseline_version)
     except UnknownVersion as exc:
@@ -112,9 +131,19 @@ def compare(
         print(
             "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
         )
-    verdicts = judge(frame, table, policy)
-    write_table(verdicts, out)
-    print(f"wrote {out}: {summarize(verdicts)}")
+    if rerun_frames or decisions is not None:
+        verdicts, settlement = settle_offline(frame, rerun_frames, table, policy)
+        write_table(verdicts, out)
+        if decisions is not None:
+            write_table(settlement.frame(datetime.now(UTC)), decisions)
+        pending = settlement.pending
+        states = ", ".join(f"{n} {s}" for s, n in sorted(settlement.tally().items()))
+        print(f"wrote {out}: {summarize(verdicts)}; settled: {states}"
+              + (f"; {len(pending)} node(s) need one more run: {', '.join(pending)}" if pending else ""))  # fmt: skip
+    else:
+        verdicts = judge(frame, table, policy)
+        write_table(verdicts, out)
+        print(f"wrote {out}: {summarize(verdicts)}")
     if fail_on is not None:
         entity = verdicts[verdicts["reference_kind"] != "fleet"]
         worst = entity["verdict"].map(_ORDER).max() if len(entity) else 0
@@ -148,11 +177,17 @@ def baseline_build(
     done = update_store(target, frame, message=f"baseline build from {runs}", policy=policy, stack=stack)
     version, report = done.version, done.report
     assert report is not None  # results were given
+    if not done.changed:
+        print(f"baseline {version} is current, unchanged: every run given was merged already")
+        return 0
     print(
         f"baseline {version} is current: {len(report.runs)} run(s); {report.seeded:,} own baselines seeded or "
-        f"extended, {report.held:,} held, {report.rejected:,} entities not passing left out, "
-        f"{report.models} model references rebuilt"
+        f"extended, {report.held:,} held, {report.repeated:,} already resting on these runs, "
+        f"{report.rejected:,} entities not passing left out, {report.implausible:,} implausible values and "
+        f"{report.outliers:,} outliers not merged, {report.models} model references rebuilt"
     )
+    for note in report.notes:
+        print(f"  {note}")
     return 0
 
 

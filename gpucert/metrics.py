@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # the in-pod payload imports this module with the standard library only
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "ANY_MODEL",
@@ -172,6 +173,8 @@ def bound_arrays(
     categorical's missing code (-1) gathers them.
     """
     bounds = physical_bounds()
+    import numpy as np
+
     low = np.full((len(models) + 1, len(metrics)), -np.inf)
     high = np.full((len(models) + 1, len(metrics)), np.inf)
     for j, name in enumerate(metrics):

@@ -26,6 +26,7 @@ __all__ = [
     "DriftPolicy",
     "MetricPolicy",
     "Policy",
+    "UniqueKeyLoader",
     "default_policy",
     "load_policy",
     "read_policy_file",
@@ -189,7 +190,7 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read the policy file ({exc.strerror or exc})") from None
     try:
-        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        loaded = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     except RecursionError:
@@ -201,7 +202,7 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping (YAML says keys are unique; PyYAML
     would silently keep the last, so a threshold set twice would be half ignored)."""
 
@@ -218,7 +219,9 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
     return loader.construct_mapping(node, deep=True)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+#: The loader's former, private name.
+_UniqueKeyLoader = UniqueKeyLoader
 
 
 def load_policy(

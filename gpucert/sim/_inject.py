@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 import yaml
@@ -49,6 +50,7 @@ from aiohttp import web
 
 from ..errors import InputError
 from ..fleet import FAULTS, Fault
+from ..policy import UniqueKeyLoader
 from ._faults import ApiFaults
 from ._objects import NODES, PODS, set_condition
 from ._store import now_rfc3339
@@ -166,11 +168,20 @@ def parse_fault_plan(data: Any, source: str) -> FaultPlan:
 
 
 def decode(raw: bytes | str, source: str) -> Any:
-    """YAML (JSON is YAML) into Python data; an :class:`InputError` naming ``source`` when it is neither."""
+    """YAML (JSON is YAML) into Python data; an :class:`InputError` naming ``source`` when it is neither,
+    repeats a key in one mapping (YAML keys are unique; PyYAML would keep the last) or nests too deeply."""
     try:
-        return yaml.safe_load(raw)
+        return yaml.load(raw, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise InputError(f"{source}: not valid YAML or JSON: {exc}") from exc
+        raise InputError(f"{source}: not valid YAML or JSON: {_one_line(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{source}: not valid YAML or JSON: nested too deeply") from None
+    except TypeError:  # the duplicate-key check meets a list or mapping as a key
+        raise InputError(f"{source}: not valid YAML or JSON: a mapping key is a list or a mapping") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def load_fault_plan(path: str | Path) -> FaultPlan:
@@ -178,6 +189,8 @@ def load_fault_plan(path: str | Path) -> FaultPlan:
     source = f"--faults {path}"
     try:
         raw = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{source}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InputError(f"{source}: {exc.strerror or exc}") from exc
     return parse_fault_plan(decode(raw, source), source)
@@ -346,17 +359,27 @@ def server_url(kubeconfig: str | Path) -> str:
     where = f"--kubeconfig {kubeconfig}"
     try:
         config = yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise InputError(f"{where}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise InputError(f"{where}: not valid YAML: {exc}") from exc
+        raise InputError(f"{where}: not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{where}: not valid YAML: nested too deeply") from None
     try:
         contexts = {c["name"]: c["context"] for c in config.get("contexts") or ()}
         clusters = {c["name"]: c["cluster"] for c in config.get("clusters") or ()}
         context = contexts[config["current-context"]]
-        return str(clusters[context["cluster"]]["server"]).rstrip("/")
+        url = str(clusters[context["cluster"]]["server"]).rstrip("/")
     except (KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{where}: no server URL for the current context ({exc!r} missing)") from exc
+    try:
+        # The request would fail on such a URL as if the simulator were down: say what is wrong instead.
+        urlsplit(url).port  # noqa: B018 - parsing the port is what raises
+    except ValueError as exc:
+        raise InputError(f"{where}: the cluster's server {url!r} (clusters[].cluster.server): {exc}") from None
+    return url
 
 
 def gpu_option(tokens: Sequence[str]) -> dict[str, Any]:
@@ -425,6 +448,8 @@ def inject_command(
         source = f"gpucert sim inject {path}"
         try:
             raw = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{source}: not UTF-8 text (byte {exc.start})") from None
         except OSError as exc:
             raise InputError(f"{source}: {exc.strerror or exc}") from exc
         data = decode(raw, source)

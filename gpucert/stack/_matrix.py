@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from ..errors import MatrixError
+from ..policy import UniqueKeyLoader
 from ._model import COMPONENTS
 
 __all__ = [
@@ -438,9 +439,14 @@ def _build(raw: Mapping[str, Any], source: str) -> Matrix:
 
 def _parse(text: str, source: str) -> Matrix:
     try:
-        loaded = yaml.safe_load(text)
+        # Keys are unique in YAML; PyYAML would keep the last of two, half ignoring a section given twice.
+        loaded = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise MatrixError(f"{source}: not valid YAML ({exc})") from None
+        raise MatrixError(f"{source}: not valid YAML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise MatrixError(f"{source}: not valid YAML (nested too deeply)") from None
+    except TypeError:  # the duplicate-key check meets a list or mapping as a key
+        raise MatrixError(f"{source}: not valid YAML (a mapping key is a list or a mapping)") from None
     if not isinstance(loaded, dict):
         raise MatrixError(
             f"{source}: a compatibility matrix is a mapping of sections, got {type(loaded).__name__}"
@@ -464,6 +470,8 @@ def load_matrix(path: Path | None = None) -> Matrix:
         return _packaged()
     try:
         text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise MatrixError(f"{path}: cannot read the compatibility matrix ({exc.strerror or exc})") from None
     return _parse(text, str(path))

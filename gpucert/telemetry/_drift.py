@@ -13,9 +13,11 @@ Each run is judged against the entity's own baseline (the store's ``baseline.par
    is the fleet's, not each GPU's, and is divided out — as the verdict engine does, with the same
    ``fleet`` policy (enough GPUs on enough nodes, else no correction).
 2. **The noise.** ``σ_t² = σ_med² + σ_c²``. ``σ_med`` is the noise of one run's median: the repeats'
-   own spread (a robust pool over the GPU's runs, never below its cohort's typical spread, so a GPU
-   whose three repeats agreed by chance is not taken for a precise one), times the spread of a median
-   of ``n`` repeats. ``σ_c = max(spread, σ_med) / √n`` is the uncertainty of the baseline's centre.
+   own spread (a robust pool over the GPU's runs, shrunk toward and never below its cohort's typical
+   spread, so a GPU whose three repeats agreed by chance is not taken for a precise one), times the
+   spread of a median of ``n`` repeats. A run whose repeats disagree beyond chance (two transient bad
+   samples of three) is judged with the spread it showed, and neither raises a one-run alarm nor
+   clears one. ``σ_c = max(spread, σ_med) / √n`` is the uncertainty of the baseline's centre.
 3. ``u_t = dir · (x_t / f_t − center) / σ_t``: a drop is negative, clipped to ±``clip``.
 
 Then per series, from 0 at the start of its window: CUSUM ``C_t = max(0, C_{t−1} − u_t − k)``, alarm
@@ -25,14 +27,18 @@ later run is back at the baseline (``u_t ≥ −clear``: the statistic restarts 
 is back at rest on its own.
 
 Why not REFERENCE's k = 0.5, h = 5 (ARL0 ≈ 930): those ARLs assume μ0 known. A centre set from n = 5
-runs is off by σ/√5 ≈ 0.45 σ, the *same* error every night, so a stable GPU whose centre came out high
-sits at u ≈ −0.4 night after night and a k = 0.5 CUSUM walks into alarm: about 3 % of stable GPUs
-within 30 nights over 4 metrics. The defaults (policy ``drift``: k = 1.5, h = 6, one-run limit 4.5 σ)
-were picked by Monte Carlo over that centre error (u correlated 1/(n+1) between nights): about 0.04 %
-of stable series, 0.15 % of GPUs (4 metrics) alarm within 30 nights, while GEMM (median of 3 repeats
-at 0.7 %: σ_t ≈ 0.51 %) losing 0.5 % a night crosses in 5 nights (p90 6) and a 3 % step (≈ 5.8 σ_t)
-is over the one-run limit the first night in 9 of 10 cases. The EWMA defaults (λ = 0.3, L = 5.5) were
-chosen the same way. ``benchmarks/drift_speed.py`` measures all of this on the fleet model.
+runs is off by σ/√5 ≈ 0.45 σ, the *same* error every night (u correlated 1/(n+1) between nights), so a
+stable GPU whose centre came out high sits at u ≈ −0.4 night after night and a k = 0.5 chart walks into
+alarm. A Monte Carlo of exactly that (normal noise, σ known, 4 metrics × 30 nights per GPU) flags
+~40 % of stable GPUs with k = 0.5, h = 5 (~4 % were the centre known). The bar is ≤ 0.5 % of GPUs, i.e.
+≲ 0.12 % per series within 30 runs, while GEMM (a median of 3 repeats at 0.7 %: σ_t ≈ 0.51 %) losing
+0.5 % a night (+1 σ a night) is seen within ~6 nights and a 3 % step (≈ 5.8 σ) the first night. The
+step needs a one-run limit below 5.8 σ; the decline wants the k that is optimal for the ~3 σ the drop
+reaches by night 3. k = 1.5, h = 6 with a one-run limit of 4 σ: in that Monte Carlo 0.12 % of series,
+0.47 % of GPUs alarm within 30 nights (the one-run limit is most of it; 4.25 σ would halve it and
+let one 3 % step in ten wait a night), the decline crosses in 4–5 nights, the step the first night in
+19 of 20. The EWMA defaults (λ = 0.3, L = 5.5: −2.31 σ) were chosen the same way. The fleet model
+(``benchmarks/drift_speed.py``: transient bad repeats, a larger σ_t) prints what it measures.
 
 An alarm asks for a re-certification only; it drains nothing by itself (REFERENCE §4.8). The recursion
 runs over positions — few — with numpy across all series at once.
@@ -263,7 +269,14 @@ def history_from_store(
         try:
             schema = pq.read_schema(io.BytesIO(data))
             # Strings as dictionaries: they arrive as categoricals, which group fast.
-            text = [c for c in _CATEGORIES if c in schema.names and pa.types.is_string(schema.field(c).type)]
+            text = [
+                c
+                for c in _CATEGORIES
+                if c in schema.names
+                and (
+                    pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)
+                )
+            ]
             table = pq.read_table(io.BytesIO(data), columns=_RESULT_READ, read_dictionary=text)
             run_ts = pc.min(table.column("ts")).as_py()
             table = table.filter(pc.is_in(table.column("metric"), value_set=pa.array(list(metrics))))
@@ -290,7 +303,12 @@ def history_from_store(
                 oldest_day = loaded[0][0] - timedelta(days=max_days)
                 candidates = [(day, run) for day, run in candidates if day >= oldest_day]
                 loaded = [(day, p) for day, p in loaded if day >= oldest_day]
-            if candidates and loaded and _have_enough([p for _, p in loaded], last_runs, first_ts):
+            # No series can have last_runs points before that many runs are read (a check costs a sort).
+            if (
+                candidates
+                and len(loaded) >= last_runs
+                and _have_enough([p for _, p in loaded], last_runs, first_ts)
+            ):
                 break
     parts = [p for _, p in loaded]
     if not parts:
@@ -299,9 +317,9 @@ def history_from_store(
     if isinstance(since, datetime):
         history = history[history["ts"] >= pd.Timestamp(utc(since))]
     history = history.sort_values(["ts", "run_id"], kind="stable", ignore_index=True)
-    # Each series' own last N: counted from its newest row back.
-    rank = history.groupby("_series", sort=False).cumcount(ascending=False).to_numpy()
-    history = history[rank < last_runs]
+    if len(parts) > last_runs:  # each series' own last N, counted from its newest row back
+        rank = history.groupby("_series", sort=False).cumcount(ascending=False).to_numpy()
+        history = history[rank < last_runs]
     return _typed(history)
 
 
@@ -317,23 +335,21 @@ def _first_ts_index(baseline: pd.DataFrame) -> pd.Series:
 
 
 def _have_enough(parts: Sequence[pd.DataFrame], wanted: int, first_ts: pd.Series | None) -> bool:
-    """Whether every series in service has ``wanted`` points, or its whole history since its baseline."""
+    """Whether every series in service has ``wanted`` points, or its whole history since its baseline.
+    ``parts`` are run files newest first, one row per series each."""
     series, entity, node = (
         np.concatenate([p[c].to_numpy(dtype=np.uint64) for p in parts])
         for c in ("_series", "_entity", "_node")
     )
-    # One time per run file: its earliest sample.
+    # One time per run file (its earliest sample); files come newest first, so a key's first row is its newest.
     ts = np.repeat(np.concatenate([_micros(p["ts"].iloc[:1]) for p in parts]), [len(p) for p in parts])
-    frame = pd.DataFrame({"entity": entity, "node": node, "ts": ts})
-    node_last = frame.groupby("node", sort=False)["ts"].transform("max").to_numpy()
-    entity_last = frame.groupby("entity", sort=False)["ts"].transform("max").to_numpy()
+    nodes, node_first = np.unique(node, return_index=True)
+    entities, entity_first = np.unique(entity, return_index=True)
     # In service: measured in its node's newest run (a replaced GPU's UUID is absent from it).
-    in_service = np.unique(entity[(ts == entity_last) & (ts == node_last)])
-    codes, keys = pd.factorize(series)
-    counts = np.bincount(codes, minlength=len(keys))
-    first_entity = np.zeros(len(keys), dtype=np.uint64)
-    first_entity[codes[::-1]] = entity[::-1]  # any row's entity: a series has one
-    needed = np.isin(first_entity, in_service)
+    node_newest = ts[node_first][np.searchsorted(nodes, node[entity_first])]
+    in_service = entities[ts[entity_first] == node_newest]
+    keys, key_first, counts = np.unique(series, return_index=True, return_counts=True)
+    needed = np.isin(entity[key_first], in_service)
     done = counts >= wanted
     if first_ts is not None:
         since = first_ts.reindex(pd.Index(keys)).to_numpy(dtype=np.float64)
@@ -400,7 +416,7 @@ def _repeat_factors(n: int) -> tuple[float, float, float]:
 
 def _factors_of(n: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """:func:`_repeat_factors` per element of ``n`` (computed once per distinct count)."""
-    uniq, inverse = np.unique(n, return_inverse=True)
+    inverse, uniq = _dense(n)
     table = np.array([_repeat_factors(int(v)) for v in uniq], dtype=np.float64).reshape(-1, 3)
     return table[inverse, 0], table[inverse, 1], table[inverse, 2]
 
@@ -510,39 +526,47 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     ent, node_k = key_code[idx], ncode[idx]
     node_last = np.full(len(node.cat.categories), np.iinfo(np.int64).min)
     np.maximum.at(node_last, node_k, ts)
-    ent_id, ent_uniq = pd.factorize(ent)
-    ent_last = np.full(len(ent_uniq), np.iinfo(np.int64).min)
-    np.maximum.at(ent_last, ent_id, ts)
-    serving = np.zeros(len(ent_uniq), dtype=bool)
-    serving[ent_id[(ts == ent_last[ent_id]) & (ts == node_last[node_k])]] = True
-    idx, ts = idx[serving[ent_id]], ts[serving[ent_id]]
+    ent_last = np.full(n_uuid + len(node.cat.categories), np.iinfo(np.int64).min)
+    np.maximum.at(ent_last, ent, ts)
+    serving = np.zeros(len(ent_last), dtype=bool)
+    serving[ent[(ts == ent_last[ent]) & (ts == node_last[node_k])]] = True
+    idx, ts = idx[serving[ent]], ts[serving[ent]]
 
-    sid, uniques = pd.factorize(key_code[idx] * len(names) + mcode[idx])
+    sid, uniques = _dense(key_code[idx] * len(names) + mcode[idx])
     uniq_key, uniq_metric = uniques // len(names), uniques % len(names)
     key_names = np.concatenate(
         [np.asarray(uuid.cat.categories, dtype=object), np.asarray(node.cat.categories, dtype=object)]
     )
-    # The baseline of each series (a small merge: one row per series, not per run).
-    wanted = pd.DataFrame(
-        {
-            "level": np.where(uniq_key < n_uuid, "gpu", "node"),
-            "key": key_names[uniq_key],
-            "metric": names[uniq_metric],
-            "sid": np.arange(len(uniques)),
-        }
-    )
+    # The baseline of each series, found through the history's own codes (no merge on text columns).
     own = baseline[baseline["level"].isin(["gpu", "node"])].reindex(
         columns=["level", "key", "metric", "center", "spread", "n", "first_ts"]
     )
-    own = own.astype({"level": object, "key": object, "metric": object})
-    own = own.drop_duplicates(["level", "key", "metric"], keep="last")
-    found = wanted.merge(own, on=["level", "key", "metric"], how="left").sort_values("sid", kind="stable")
-    center = found["center"].to_numpy(dtype=np.float64)
-    spread = np.nan_to_num(found["spread"].to_numpy(dtype=np.float64), nan=0.0)
+    keys_b = own["key"].astype(object).to_numpy()
+    on_gpu = (own["level"].astype(object) == "gpu").to_numpy()
+    at_uuid = pd.Index(uuid.cat.categories).get_indexer(keys_b)
+    at_node = pd.Index(node.cat.categories).get_indexer(keys_b)
+    code_b = np.where(on_gpu, at_uuid, np.where(at_node >= 0, n_uuid + at_node, -1))
+    metric_b = pd.Index(names).get_indexer(own["metric"].astype(object).to_numpy())
+    composite = np.where((code_b >= 0) & (metric_b >= 0), code_b * len(names) + metric_b, -1)
+    at = np.minimum(np.searchsorted(uniques, composite), len(uniques) - 1)
+    hit = (composite >= 0) & (uniques[at] == composite)
+    rows_b = np.flatnonzero(hit)
+    # A key given twice: the last row wins, as a merge that keeps the last would.
+    last_of, first_pos = np.unique(at[rows_b][::-1], return_index=True)
+    chosen_b = rows_b[::-1][first_pos]
+    picked = own.iloc[chosen_b]
+
+    def baseline_column(column: str, fill: float) -> FloatArray:
+        out = np.full(len(uniques), fill)
+        out[last_of] = pd.to_numeric(picked[column], errors="coerce").to_numpy(dtype=np.float64)
+        return out
+
+    center = baseline_column("center", np.nan)
+    spread = np.nan_to_num(baseline_column("spread", 0.0), nan=0.0)
     # A table without run counts (built by hand) is taken as complete: DESIGN's tables always have them.
-    n_base = pd.to_numeric(found["n"], errors="coerce").to_numpy(dtype=np.float64)
-    n_base = np.nan_to_num(n_base, nan=float(p.min_baseline_runs))
-    first_ts = _micros(found["first_ts"])
+    n_base = np.nan_to_num(baseline_column("n", np.nan), nan=float(p.min_baseline_runs))
+    first_ts = np.full(len(uniques), np.iinfo(np.int64).min)  # NaT: no record of when
+    first_ts[last_of] = _micros(picked["first_ts"])
     good = np.isfinite(center) & (center > 0) & (n_base >= p.min_baseline_runs)
     keep = good[sid] & (ts >= first_ts[sid])  # a NaT first_ts (no record of when) keeps every run
     idx, sid, ts = idx[keep], sid[keep], ts[keep]
@@ -612,7 +636,7 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     factor = _fleet_factor(rcode, cohort, node_k, x / base_center, is_gpu[last_rows], policy)
 
     # Each series' own last `window` runs.
-    live, sid = np.unique(sid, return_inverse=True)
+    sid, live = _dense(sid)
     lengths_all = np.bincount(sid, minlength=len(live)).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths_all)[:-1]])
     pos = np.arange(len(sid)) - starts[sid]
@@ -675,13 +699,12 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     meta = pd.DataFrame(
         {
             "node": history["node"].astype(object).to_numpy()[latest],
-            "gpu": history["gpu"].to_numpy(dtype=object)[latest],
+            "gpu": np.where(is_gpu_series, history["gpu"].to_numpy(dtype=object)[latest], None),
             "gpu_uuid": np.where(is_gpu_series, key_names[uniq_key[live]], np.array(None, dtype=object)),
             "metric": names[metric_of],
             "center": c,
         }
     )
-    meta.loc[~is_gpu_series, "gpu"] = None
     return _Evaluated(
         meta=meta, run_names=run_names, run_ts=run_ts, lengths=lengths, runs=runs, x=grid_x, fleet=grid_f,
         sigma=grid_s, u=u, rel=rel, stat=stat, alarm=alarm, raised=raised, cleared=cleared, by_step=by_step,
@@ -689,18 +712,33 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     )  # fmt: skip
 
 
+def _dense(keys: IntArray) -> tuple[IntArray, IntArray]:
+    """``pd.factorize`` for non-negative integer keys: codes in key order, and the keys (a bitmap over the
+    range when it is small, which is several times faster than hashing)."""
+    span = int(keys.max(initial=-1)) + 1
+    if span > 8 * len(keys) + 1024:
+        uniq, codes = np.unique(keys, return_inverse=True)
+        return codes.astype(np.int64), uniq.astype(np.int64)
+    present = np.zeros(span, dtype=bool)
+    present[keys] = True
+    code_of = np.cumsum(present) - 1
+    return code_of[keys].astype(np.int64), np.flatnonzero(present).astype(np.int64)
+
+
 def _fleet_factor(
     rcode: IntArray, cohort: IntArray, node: IntArray, ratio: FloatArray, gpu_rows: BoolArray, policy: Policy
 ) -> FloatArray:
     """Per row, the median value/centre of its run's cohort when the cohort is large enough (the verdict
     engine's ``fleet`` rule: ``min_nodes`` nodes and, for GPU metrics, ``min_gpus`` GPUs), else 1."""
-    frame = pd.DataFrame({"r": rcode, "c": cohort, "q": ratio, "node": node})
-    grouped = frame.groupby(["r", "c"], sort=False)
-    median = grouped["q"].transform("median").to_numpy(dtype=np.float64)
-    count = grouped["q"].transform("size").to_numpy()
-    nodes = grouped["node"].transform("nunique").to_numpy()
-    enough = (nodes >= policy.fleet.min_nodes) & ((count >= policy.fleet.min_gpus) | ~gpu_rows)
-    return np.where(enough & np.isfinite(median) & (median > 0), median, 1.0)
+    group, _ = _dense(rcode * (int(cohort.max(initial=0)) + 1) + cohort)
+    median = pd.Series(ratio).groupby(group).median().to_numpy(dtype=np.float64)
+    count = np.bincount(group)
+    _, pairs = _dense(group * (int(node.max(initial=0)) + 1) + node)  # distinct (group, node)
+    nodes = np.bincount(pairs // (int(node.max(initial=0)) + 1), minlength=len(count))
+    ok_group = nodes >= policy.fleet.min_nodes
+    enough_rows = ok_group[group] & ((count[group] >= policy.fleet.min_gpus) | ~gpu_rows)
+    factor = median[group]
+    return np.where(enough_rows & np.isfinite(factor) & (factor > 0), factor, 1.0)
 
 
 def _recursion(

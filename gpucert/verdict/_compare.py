@@ -15,10 +15,11 @@ References, per entity × metric:
 * **node** — the other GPUs of the same node (leave-one-out median), on baseline-normalised values, so a
   GPU that falls behind its neighbours fails at a smaller drop than against its own history alone.
 * **spec** — the absolute floor per model (REFERENCE.md §1.3): a gross-fault catch, so a miss fails only
-  when something backs it — the GPU's (or node's) *raw* own baseline (not corrected for the fleet factor,
-  so a whole fleet collapsing under the floor still fails) disagrees with the value, the other GPUs of its
-  node disagree, a PCIe link signature explains a host-side miss, or there is no history to weigh it
-  against. A miss that its own history and its node peers both call normal is noise at the floor: a warn.
+  when something backs it — a warn-size drop against the GPU's (or node's) own baseline, or of its whole
+  cohort against theirs (a fleet collapsing under the floor still fails; a 2 % driver shift backs
+  nothing), the other GPUs of its node disagreeing, a PCIe link signature under a host-side miss, or no
+  history to weigh it against. A miss its own history and its node peers both call normal is noise at
+  the floor: a warn.
   A host-side metric (:data:`HOST_METRICS`) under the floor on most GPUs of a node whose links are at spec
   is the host's (NUMA binding, CPU contention, IOMMU, BIOS; REFERENCE §5): one node finding, cause
   ``config``, and its GPUs only warn.
@@ -228,7 +229,18 @@ def compare_references(
     floor = _floors(run, model, mcode, floors)
     below_floor = np.isfinite(floor) & (x < floor) & ~unstable
     backing = _floor_backing(
-        run, eid, mcode, x, own_center, own_sigma, has_own, d_node, warn_drop, warn_z, policy
+        run,
+        eid,
+        mcode,
+        x,
+        own_center * fleet_factor,
+        own_sigma,
+        has_own,
+        fleet_factor,
+        d_node,
+        warn_drop,
+        warn_z,
+        policy,
     )
     node_low = _host_low_nodes(run, eid, mcode, x, floor, below_floor, backing, policy)
 
@@ -363,13 +375,15 @@ class _Backing:
     """What stands behind a floor miss, per result. A floor catches gross faults (REFERENCE §1.3), so a
     miss fails only with one of these; without any it is noise at the floor."""
 
-    #: the value against the *raw* own baseline (no fleet factor: a fleet collapsing under the floor
-    #: still fails); NaN without one
+    #: the value against its own baseline after the night's fleet-wide shift; NaN without one
     d_own: np.ndarray
     own_center: np.ndarray
+    fleet_factor: np.ndarray
     d_node: np.ndarray
     #: a warn-size drop against the own baseline
     own: np.ndarray
+    #: its whole cohort moved a warn-size drop against its own baselines: the floor is what still holds
+    fleet: np.ndarray
     #: a GPU the other GPUs of its node do not agree with (a warn-size drop against them, or no
     #: leave-one-out reference to say they agree)
     node: np.ndarray
@@ -380,7 +394,7 @@ class _Backing:
 
     @property
     def backed(self) -> np.ndarray:
-        backed: np.ndarray = self.own | self.node | self.link | self.no_history
+        backed: np.ndarray = self.own | self.fleet | self.node | self.link | self.no_history
         return backed
 
 
@@ -392,19 +406,30 @@ def _floor_backing(
     own_center: np.ndarray,
     own_sigma: np.ndarray,
     has_own: np.ndarray,
+    fleet_factor: np.ndarray,
     d_node: np.ndarray,
     warn_drop: np.ndarray,
     warn_z: np.ndarray,
     policy: Policy,
 ) -> _Backing:
+    """``own_center`` is already shifted by the fleet factor."""
     with np.errstate(divide="ignore", invalid="ignore"):
         d_own = np.where(has_own, x / own_center - 1, np.nan)
         own = has_own & (d_own <= -warn_drop) & (d_own / own_sigma <= -warn_z)
+    fleet = has_own & (fleet_factor - 1 <= -warn_drop)
     gpu = run.scope[eid] == SCOPE_GPU
     node = gpu & ~(np.isfinite(d_node) & (d_node > -warn_drop))
     link = gpu & _IS_HOST[mcode] & link_signature(run.telemetry, policy)[eid]
     return _Backing(
-        d_own=d_own, own_center=own_center, d_node=d_node, own=own, node=node, link=link, no_history=~has_own
+        d_own=d_own,
+        own_center=own_center,
+        fleet_factor=fleet_factor,
+        d_node=d_node,
+        own=own,
+        fleet=fleet,
+        node=node,
+        link=link,
+        no_history=~has_own,
     )
 
 
@@ -414,7 +439,8 @@ class _HostLow:
 
     #: per result: a GPU of such a node (its own link at spec), on that metric
     rows: np.ndarray
-    #: node code, mcode, x and d_own (medians of its GPUs), floor, gpus, below, backed; per node × metric
+    #: node code, mcode, x and d_own (medians of its GPUs), fleet, floor, gpus, below, backed; per
+    #: node × metric
     nodes: pd.DataFrame
 
 
@@ -441,7 +467,9 @@ def _host_low_nodes(
     missed[key[host & below_floor]] = True
     host &= missed[key]
     if not host.any():
-        empty = pd.DataFrame(columns=["node", "mcode", "x", "d_own", "floor", "gpus", "below", "backed"])
+        empty = pd.DataFrame(
+            columns=["node", "mcode", "x", "d_own", "fleet", "floor", "gpus", "below", "backed"]
+        )
         return _HostLow(rows=np.zeros(len(x), dtype=bool), nodes=empty)
     frame = pd.DataFrame(
         {
@@ -451,6 +479,7 @@ def _host_low_nodes(
             "floor": floor[host],
             "below": below_floor[host],
             "d_own": backing.d_own[host],
+            "fleet": backing.fleet[host],
         }
     )
     agg = (
@@ -461,12 +490,14 @@ def _host_low_nodes(
             gpus=("x", "size"),
             below=("below", "sum"),
             d_own=("d_own", "median"),
+            fleet=("fleet", "any"),
         )
         .reset_index()
     )
     low = agg[(agg["gpus"] >= 3) & (agg["x"] < agg["floor"])].reset_index(drop=True)
     warn_drop = per_metric(policy, "warn_drop_pct")[low["mcode"].to_numpy()] / 100
-    low["backed"] = ~(low["d_own"].to_numpy() > -warn_drop)  # NaN (no history) is backed
+    # NaN (no history) is backed, and so is a fleet that collapsed under the floor as a whole.
+    low["backed"] = ~(low["d_own"].to_numpy() > -warn_drop) | low["fleet"].to_numpy(dtype=bool)
     is_low = np.zeros(len(run.nodes) * N_METRICS, dtype=bool)
     is_low[low["node"].to_numpy(dtype=np.int64) * N_METRICS + low["mcode"].to_numpy(dtype=np.int64)] = True
     rows = host & below_floor & is_low[key]
@@ -492,14 +523,23 @@ def _spec(
     f = floor[rows]
     models = run.model_names(eids)
     on_host_node = host_low.rows[rows]
-    link, own, node = backing.link[rows], backing.own[rows], backing.node[rows]
-    no_history = backing.no_history[rows]
-    d_own, own_center, d_node = backing.d_own[rows], backing.own_center[rows], backing.d_node[rows]
+    # What backs each miss, the first that applies (the order of the words a technician reads).
+    backer = np.select(
+        [on_host_node, *(getattr(backing, k)[rows] for k in ("link", "own", "fleet", "no_history", "node"))],
+        ["host", "link", "own", "fleet", "no_history", "node"],
+        default="",
+    )
     backed = backing.backed[rows] & ~on_host_node
     why = [
-        _floor_words(h, lk, ow, nh, nd, do, oc, dn, sc == SCOPE_GPU)
-        for h, lk, ow, nh, nd, do, oc, dn, sc in zip(
-            on_host_node, link, own, no_history, node, d_own, own_center, d_node, scope, strict=True
+        _floor_words(b, do, oc, ff, dn, sc == SCOPE_GPU)
+        for b, do, oc, ff, dn, sc in zip(
+            backer,
+            backing.d_own[rows],
+            backing.own_center[rows],
+            backing.fleet_factor[rows],
+            backing.d_node[rows],
+            scope,
+            strict=True,
         )
     ]
     reason = [
@@ -527,26 +567,20 @@ def _spec(
 
 
 def _floor_words(
-    host_node: bool,
-    link: bool,
-    own: bool,
-    no_history: bool,
-    node: bool,
-    d_own: float,
-    own_center: float,
-    d_node: float,
-    is_gpu: bool,
+    backer: str, d_own: float, own_center: float, fleet_factor: float, d_node: float, is_gpu: bool
 ) -> str:
-    """What backs a floor miss (the first that applies), or why it does not fail."""
-    if host_node:
+    """What backs a floor miss, or why it does not fail (``backer`` empty)."""
+    if backer == "host":
         return ", as are most GPUs of its node, PCIe links at spec: the host's, not the GPU's (see the node's row)"
-    if link:
+    if backer == "link":
         return ", with its PCIe link below spec"
-    if own:
+    if backer == "own":
         return f", {-d_own * 100:.1f} % below its own baseline ({own_center:.4g})"
-    if no_history:
+    if backer == "fleet":
+        return f", with its whole cohort {(fleet_factor - 1) * 100:+.1f} % against their own baselines"
+    if backer == "no_history":
         return ", with no history of its own to weigh it against"
-    if node:
+    if backer == "node":
         if np.isfinite(d_node):
             return f", {-d_node * 100:.1f} % behind the other GPUs of its node"
         return ", with no other GPUs of its node to weigh it against"

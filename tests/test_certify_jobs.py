@@ -282,7 +282,7 @@ def test_payload_args_follow_the_jobs_own_and_reach_the_payload_as_written(cm: d
     job = benchmark_job("night-1", "gpu-node-00002", 8, payload=cm, settings=settings)
     validate(job)
     args = container(job)["args"]
-    assert args[:8] == [
+    assert args[:10] == [
         "--run-id",
         "night-1",
         "--node",
@@ -291,9 +291,11 @@ def test_payload_args_follow_the_jobs_own_and_reach_the_payload_as_written(cm: d
         "3",
         "--expected-gpus",
         "8",
+        "--deadline-seconds",
+        str(settings.deadline_s - 300),  # the Job's deadline less the start-up allowance
     ]
     # Each payload argument is one list item, whatever it holds; a `$` is escaped from the kubelet.
-    assert args[8:-1] == given[:-1]
+    assert args[10:-1] == given[:-1]
     assert args[-1] == f"--stack-json=/tmp/$$(NODE_NAME)-{evil.replace('$', '$$')}.json"
     env = {"NODE_NAME": "gpu-node-00002", "PYTHONPATH": PAYLOAD_DIR}
     opts = parse_args([kubelet_expand(a, env) for a in args])

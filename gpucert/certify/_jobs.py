@@ -99,7 +99,9 @@ _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?
 #: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
 _CONFIGMAP_LIMIT = 1 << 20
 #: The payload flags this module sets itself; ``payload_args`` may not set them again.
-_OWN_FLAGS = ("--run-id", "--node", "--repeats", "--expected-gpus")
+_OWN_FLAGS = ("--run-id", "--node", "--repeats", "--expected-gpus", "--deadline-seconds")
+#: Of a Job's deadline, what image pull and scheduling may take before the payload starts.
+_START_ALLOWANCE_S = 300
 #: What the Job's own flags are checked with when ``payload_args`` are checked alone.
 _CHECK_PREFIX = ("--run-id", "check", "--node", "check", "--repeats", "1", "--expected-gpus", "1")
 _HASH = 8
@@ -385,6 +387,9 @@ def benchmark_job(
         "--node", "$(NODE_NAME)",
         "--repeats", str(s.repeats),
         "--expected-gpus", str(gpus),
+        # Extra repeats (to settle disagreeing ones) start only if they fit before the Job's own deadline,
+        # less what pulling the image and scheduling may have taken.
+        "--deadline-seconds", str(max(60, s.deadline_s - _START_ALLOWANCE_S)),
     ]  # fmt: skip
     # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
     payload_args = check_payload_args(s.payload_args, prefix=own)

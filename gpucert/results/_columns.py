@@ -202,7 +202,10 @@ def _parse_numbers(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
             np.append(parsed.missing, True)[codes],
             np.append(parsed.garbage, False)[codes],
         )
-    if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_datetime64_any_dtype(dtype):
+    if pd.api.types.is_bool_dtype(dtype) or not (
+        pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_string_dtype(dtype)
+    ):
+        # A timestamp, a duration (or a period, an interval): typed as something else than a number.
         values = np.full(n, np.nan)
         missing = raw.isna().to_numpy(dtype=bool)
         return _Numbers(values, missing, ~missing)
@@ -275,10 +278,17 @@ def _integer_column(
     Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
     """
     dtype = raw.dtype
+    too_large = np.zeros(len(raw), dtype=bool)
     if pd.api.types.is_integer_dtype(dtype) and not isinstance(dtype, pd.CategoricalDtype):
         # The usual case (Parquet, a generated frame): no float round trip, no text.
         missing = raw.isna().to_numpy(dtype=bool)
-        values = raw.to_numpy(dtype=np.int64, na_value=0)
+        if pd.api.types.is_unsigned_integer_dtype(dtype):
+            # A uint64 beyond int64 would wrap to a negative number in the cast: flag it first.
+            wide = raw.to_numpy(dtype=np.uint64, na_value=0)
+            too_large = wide > np.uint64(np.iinfo(np.int64).max)
+            values = np.where(too_large, np.uint64(0), wide).astype(np.int64)
+        else:
+            values = raw.to_numpy(dtype=np.int64, na_value=0)
         not_integer = np.zeros(len(raw), dtype=bool)
     else:
         parsed = _parse_numbers(raw, nan_is_missing=True)
@@ -288,15 +298,16 @@ def _integer_column(
             whole &= np.abs(parsed.values) <= 2.0**53
         not_integer = ~missing & ~whole
         values = np.where(whole, parsed.values, 0).astype(np.int64)
-    negative = ~missing & ~not_integer & (values < 0)
+    negative = ~missing & ~not_integer & ~too_large & (values < 0)
     if not nullable:
         found.each(missing, name, lambda i: f"{name} is empty")
     found.each(not_integer, name, lambda i: f"{name} {_text_at(raw, i)!r} is not an integer")
+    found.each(too_large, name, lambda i: f"{name} {_text_at(raw, i)!r} is too large for a 64-bit integer")
     found.each(negative, name, lambda i: f"{name} {_text_at(raw, i)!r} is negative")
     given = ~missing
     if dtype == RESULT_DTYPES[name]:
         return raw, given
-    unusable = missing | not_integer | negative
+    unusable = missing | not_integer | too_large | negative
     if unusable.any():
         values = np.where(unusable, 0, values)
     column = pd.arrays.IntegerArray(values, unusable) if nullable else values
@@ -376,12 +387,13 @@ def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
         ts = raw.dt.tz_convert("UTC")
     elif pd.api.types.is_datetime64_dtype(dtype):
         ts = raw.dt.tz_localize("UTC")
-    elif pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
-        # An epoch number is ambiguous (seconds? nanoseconds?): the contract asks for ISO 8601.
+    elif isinstance(dtype, pd.CategoricalDtype) or pd.api.types.is_string_dtype(dtype):
+        ts, garbage = _parse_ts_text(raw)
+    else:
+        # An epoch number is ambiguous (seconds? nanoseconds?): the contract asks for ISO 8601. A duration
+        # (or any other typed column: a period, an interval) is no point in time either.
         ts = pd.Series(pd.NaT, index=raw.index, dtype=_TS)
         garbage = raw.notna().to_numpy(dtype=bool)
-    else:
-        ts, garbage = _parse_ts_text(raw)
     utc: pd.Series = ts if ts.dtype == _TS else ts.dt.as_unit("us")
     missing = utc.isna().to_numpy(dtype=bool) & ~garbage
     found.each(missing, "ts", lambda i: "ts is empty")

@@ -72,6 +72,7 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "…"
 
 
+_INT64_MAX: Final = int(np.iinfo(np.int64).max)
 _CSV_DICT: Final = pa.dictionary(pa.int32(), pa.string())
 #: The Arrow type of each contract column, as written to Parquet.
 _ARROW_TYPES: Final = {
@@ -189,8 +190,12 @@ def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
     if "gpu" in table.column_names and pa.types.is_integer(table.schema.field("gpu").type):
         # Arrow turns an integer column with nulls into float64; build the nullable array directly.
         column = table.column("gpu")
+        # An unsigned value beyond int64 would wrap to a negative one: such a column stays UInt64 for the
+        # validation to call the value too large, as written.
+        top = pc.max(column).as_py() if pa.types.is_uint64(column.type) else None
+        wide = np.uint64 if top is not None and top > _INT64_MAX else np.int64
         gpu = pd.arrays.IntegerArray(
-            np.asarray(pc.fill_null(column, 0).to_numpy(), dtype=np.int64),
+            np.asarray(pc.fill_null(column, 0).to_numpy(), dtype=wide),
             np.asarray(column.is_null().to_numpy(), dtype=bool),
         )
         table = table.drop_columns(["gpu"])
@@ -323,14 +328,15 @@ def _jsonl_slow(data: bytes, starts: Ints, ends: Ints, objects: Ints) -> _Raw:
         line_no = int(i) + 1
         try:
             obj = json.loads(data[starts[i] : ends[i]])
-        except (ValueError, UnicodeDecodeError) as exc:
+            if not isinstance(obj, dict) or not any(c in obj for c in RESULT_COLUMNS):
+                continue
+            record = {c: _json_value(obj[c]) for c in RESULT_COLUMNS if c in obj}
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             total += 1
             if len(problems) < _CAP:
                 problems.append(Problem(f"not valid JSON: {_json_error(exc)}", row=line_no))
             continue
-        if not isinstance(obj, dict) or not any(c in obj for c in RESULT_COLUMNS):
-            continue
-        records.append({c: _json_value(obj[c]) for c in RESULT_COLUMNS if c in obj})
+        records.append(record)
         rows.append(line_no)
     present = [c for c in RESULT_COLUMNS if any(c in r for r in records)]
     columns = {c: pd.Series([r.get(c) for r in records], dtype=object) for c in present}
@@ -350,4 +356,7 @@ def _json_value(value: object) -> object:
 def _json_error(exc: Exception) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return f"{exc.msg} (column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        # Too deep for json.loads, or for json.dumps keeping a nested value as its text.
+        return "nested too deeply"
     return _one_line(exc)

@@ -570,12 +570,18 @@ def _floor_words(
     backer: str, d_own: float, own_center: float, fleet_factor: float, d_node: float, is_gpu: bool
 ) -> str:
     """What backs a floor miss, or why it does not fail (``backer`` empty)."""
+    # The own baseline shown is the one judged: shifted as the whole cohort moved tonight.
+    shifted = (
+        f", after the fleet-wide {(fleet_factor - 1) * 100:+.1f} % shift"
+        if abs(fleet_factor - 1) >= 5e-4
+        else ""
+    )
     if backer == "host":
         return ", as are most GPUs of its node, PCIe links at spec: the host's, not the GPU's (see the node's row)"
     if backer == "link":
         return ", with its PCIe link below spec"
     if backer == "own":
-        return f", {-d_own * 100:.1f} % below its own baseline ({own_center:.4g})"
+        return f", {-d_own * 100:.1f} % below its own baseline ({own_center:.4g}{shifted})"
     if backer == "fleet":
         return f", with its whole cohort {(fleet_factor - 1) * 100:+.1f} % against their own baselines"
     if backer == "no_history":
@@ -586,7 +592,8 @@ def _floor_words(
         return ", with no other GPUs of its node to weigh it against"
     agree = " and the other GPUs of its node agree" if is_gpu else " agrees"
     return (
-        f", but its own baseline ({own_center:.4g}){agree} with it: noise at the floor, not a fault; re-test"
+        f", but its own baseline ({own_center:.4g}{shifted}){agree} with it: noise at the floor, not a fault; "
+        "re-test"
     )
 
 

@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
+from gpucert.report import render_drift_html
 from gpucert.store import BaselineStore
 from gpucert.telemetry import ExporterScrape, PrometheusAuthError, PrometheusSource, check_drift
 from gpucert.verdict import judge
@@ -79,5 +81,13 @@ def drift_check(store: BaselineStore, policy: Policy) -> dict[str, str]:
     why it should be re-certified (its worst alarm)."""
     drift = check_drift(store, policy)
     asked = drift.asked()
-    get_run_logger().info("drift: %d series in alarm; %d nodes asked to re-certify", len(drift.alarms), len(asked))
+    get_run_logger().info(
+        "drift: %d series in alarm; %d nodes asked to re-certify", len(drift.alarms), len(asked)
+    )
+    if len(drift.alarms):
+        # Each flagged GPU's history for a person: its own baseline, every night, the alarm point.
+        html = render_drift_html(drift.alarms, drift.history, drift.baseline, policy=policy)
+        key = f"operate/date={datetime.now(UTC):%Y-%m-%d}/drift.html"
+        store.objects.put(key, html.encode("utf-8"))
+        create_link_artifact(key="operate-drift", link=store.link(key), link_text="drift: each flagged GPU's history")
     return asked

@@ -29,6 +29,7 @@ from gpucert.errors import InputError
 from gpucert.sim import SimCluster
 from gpucert.tickets import JiraTickets, TicketConfigError, WebhookTickets
 
+
 def _row(**overrides: object) -> dict[str, object]:
     row: dict[str, object] = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1",
                               "gpu_model": "NVIDIA H200", "metric": "gemm_bf16_tflops", "value": 700.0,

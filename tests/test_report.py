@@ -368,7 +368,8 @@ def test_drift_view_draws_each_alarmed_gpu_s_own_history() -> None:
     alarm_x = stepped.markers[0].x
     assert [p.x for p in stepped.points][5] == alarm_x
     reds = [p for p in stepped.points if p.colour == "#c62828"]
-    assert len(reds) == 9 and min(p.x for p in reds) == alarm_x  # in alarm from night 6 on
+    assert len(reds) == 9  # in alarm from night 6 on
+    assert min(p.x for p in reds) == alarm_x
     assert all(p.y > stepped.zero_y for p in reds)  # below its own baseline
 
     page = render_drift_html(alarms, history, baseline, title="drift <night>")

@@ -549,3 +549,87 @@ def test_every_metric_has_a_physical_bound_with_its_source() -> None:
             assert floors.get((model, name), 0.0) < bound.high
     assert bounds[("NVIDIA H200", "gemm_bf16_tflops")].high < 1.1 * 989  # the spec peak, not far beyond
     assert bounds[("NVIDIA H100 80GB HBM3", "hbm_copy_gbps")].high < 1.1 * 3350
+
+
+# Decoding edge cases: nesting, integers beyond int64, typed columns that are not what they name -----------
+
+
+def _contract_row(**overrides: object) -> dict[str, object]:
+    row: dict[str, object] = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1",
+                              "gpu_model": "NVIDIA H200", "metric": "gemm_bf16_tflops", "value": 700.0,
+                              "repeat": 0, "peer": None, "ts": "2026-11-01T02:00:00Z"}  # fmt: skip
+    row.update(overrides)
+    return row
+
+
+def _contract_parquet(path: Path, **columns: pa.Array) -> Path:
+    base = {name: pa.array([value]) for name, value in _contract_row().items() if name not in ("peer", "ts")}
+    base["peer"] = pa.array([None], pa.string())
+    base["ts"] = pa.array([pd.Timestamp("2026-11-01T02:00:00Z")])
+    pq.write_table(pa.table({**base, **columns}), path)
+    return path
+
+
+def test_a_json_line_nested_too_deeply_is_a_problem_at_its_line(tmp_path: Path) -> None:
+    import json
+
+    good = json.dumps(_contract_row())
+    path = tmp_path / "deep.jsonl"
+    deep = '{"run_id": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path.write_text("\n".join([good, deep, json.dumps(_contract_row(repeat=1))]) + "\n")
+    error = _error(path)
+    assert [(p.row, p.message) for p in error.problems] == [(2, "not valid JSON: nested too deeply")]
+
+
+def test_a_value_too_deep_to_keep_as_text_is_a_problem_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from gpucert.results import _read
+
+    path = tmp_path / "nested.jsonl"
+    path.write_text(json.dumps(_contract_row(node={"a": [1]})) + "\n")
+
+    def too_deep(value: object) -> str:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(_read.json, "dumps", too_deep)
+    error = _error(path)
+    assert [(p.row, p.message) for p in error.problems] == [(1, "not valid JSON: nested too deeply")]
+
+
+@pytest.mark.parametrize("column", ["gpu", "repeat"])
+def test_a_uint64_beyond_int64_is_too_large_not_negative(tmp_path: Path, column: str) -> None:
+    big = 2**64 - 1 if column == "gpu" else 2**63
+    error = _error(_contract_parquet(tmp_path / "big.parquet", **{column: pa.array([big], pa.uint64())}))
+    assert [(p.row, p.column) for p in error.problems] == [(1, column)]
+    assert f"{column} '{big}' is too large for a 64-bit integer" in str(error)
+    assert "negative" not in str(error)
+
+
+def test_a_uint64_gpu_with_a_null_beyond_int64_names_the_value(tmp_path: Path) -> None:
+    path = _contract_parquet(tmp_path / "big.parquet", gpu=pa.array([2**64 - 1], pa.uint64()))
+    table = pq.read_table(path)
+    rows = pa.concat_tables([table, table.set_column(2, "gpu", pa.array([None], pa.uint64()))])
+    pq.write_table(rows, path)
+    error = _error(path)
+    assert "gpu '18446744073709551615' is too large for a 64-bit integer" in str(error)
+
+
+def test_uint64_columns_in_range_read_as_the_contract_dtypes(tmp_path: Path) -> None:
+    path = _contract_parquet(
+        tmp_path / "unsigned.parquet", gpu=pa.array([1], pa.uint64()), repeat=pa.array([2**62], pa.uint64())
+    )
+    frame = read_results(path)
+    _assert_canonical(frame)
+    assert (frame["gpu"].iloc[0], frame["repeat"].iloc[0]) == (1, 2**62)
+
+
+def test_a_duration_column_is_a_problem_naming_its_column_not_a_crash(tmp_path: Path) -> None:
+    error = _error(_contract_parquet(tmp_path / "duration.parquet", ts=pa.array([1_000], pa.duration("ns"))))
+    assert [(p.row, p.column) for p in error.problems] == [(1, "ts")]
+    assert "is not a timestamp" in str(error)
+    durations = {c: pa.array([1_000], pa.duration("ns")) for c in ("gpu", "value", "repeat", "ts")}
+    error = _error(_contract_parquet(tmp_path / "durations.parquet", **durations))
+    assert sorted(p.column for p in error.problems if p.column) == ["gpu", "repeat", "ts", "value"]

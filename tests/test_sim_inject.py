@@ -360,3 +360,45 @@ def test_gpucert_sim_inject_rejects_bad_input_with_exit_2(
     assert "gpu[0]" in capsys.readouterr().err
     assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path)]) == 2
     assert "nothing to inject" in capsys.readouterr().err
+
+
+def test_a_fault_document_with_a_duplicate_key_or_too_deep_is_refused(tmp_path: Path) -> None:
+    from gpucert.errors import InputError
+    from gpucert.sim._inject import decode, load_fault_plan
+
+    faults = tmp_path / "faults.yaml"
+    faults.write_text("api:\n  latency_s: 0.001\napi:\n  latency_s: 0.002\n")
+    with pytest.raises(InputError, match="duplicate key 'api'") as info:
+        load_fault_plan(faults)
+    assert "\n" not in str(info.value)
+    with pytest.raises(InputError, match="duplicate key 'kind'"):
+        decode('{"gpu": [{"kind": "pcie_gen4", "kind": "hw_thermal", "node": "n"}]}', "POST")
+    with pytest.raises(InputError, match="POST: not valid YAML or JSON: nested too deeply"):
+        decode(b"[" * 100_000 + b"]" * 100_000, "POST")
+    faults.write_bytes(b"api: {} # caf\xe9\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_fault_plan(faults)
+
+
+def test_sim_inject_names_a_kubeconfig_it_cannot_use_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    for data, words in (
+        (b"apiVersion: v1\x00\nkind: Config\n", "not valid YAML: unacceptable character"),
+        (b"current-context: caf\xe9\n", "not UTF-8"),
+        (json.dumps(_PORT_OUT_OF_RANGE).encode(), "Port out of range"),
+    ):
+        kubeconfig.write_bytes(data)
+        assert main(["sim", "inject", "--kubeconfig", str(kubeconfig), "--clear"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert f"--kubeconfig {kubeconfig}: " in lines[0], lines[0]
+        assert words in lines[0], lines[0]
+
+
+_PORT_OUT_OF_RANGE = {
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:99999"}}],
+    "contexts": [{"name": "c", "context": {"cluster": "c"}}],
+    "current-context": "c",
+}

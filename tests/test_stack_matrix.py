@@ -225,3 +225,19 @@ def test_an_unreadable_or_malformed_file_is_a_matrix_error(tmp_path: Path) -> No
     path.write_text("- just a list\n")
     with pytest.raises(MatrixError, match="mapping of sections"):
         load_matrix(path)
+
+
+def test_a_matrix_file_repeating_a_key_too_deep_or_not_utf8_is_a_matrix_error(tmp_path: Path) -> None:
+    path = tmp_path / "matrix.yaml"
+    path.write_text(PACKAGED.read_text(encoding="utf-8") + "\narchitectures: [maxwell]\n")
+    with pytest.raises(MatrixError, match="duplicate key 'architectures'") as info:
+        load_matrix(path)
+    assert isinstance(info.value, InputError)
+    assert str(info.value).startswith(f"{path}: ")
+    assert "\n" not in str(info.value)
+    path.write_text("releases: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(MatrixError, match="nested too deeply"):
+        load_matrix(path)
+    path.write_bytes(b"architectures: [caf\xe9]\n")
+    with pytest.raises(MatrixError, match="not UTF-8"):
+        load_matrix(path)

@@ -378,7 +378,9 @@ def server_url(kubeconfig: str | Path) -> str:
         # The request would fail on such a URL as if the simulator were down: say what is wrong instead.
         urlsplit(url).port  # noqa: B018 - parsing the port is what raises
     except ValueError as exc:
-        raise InputError(f"{where}: the cluster's server {url!r} (clusters[].cluster.server): {exc}") from None
+        raise InputError(
+            f"{where}: the cluster's server {url!r} (clusters[].cluster.server): {exc}"
+        ) from None
     return url
 
 

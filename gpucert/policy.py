@@ -211,6 +211,12 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:  # a list or mapping as a key: YAML allows it, a policy has no use for it
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a {type(key).__name__} cannot be a key", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._yaml import UniqueKeyLoader, read_yaml_mapping
 from .errors import PolicyError
 from .metrics import METRICS, PERF_METRICS
 
@@ -183,51 +184,10 @@ def default_policy() -> Policy:
 def read_policy_file(path: str | Path) -> dict[str, Any]:
     """The raw mapping a policy YAML file holds (not yet merged or validated); raises ``PolicyError`` naming
     the file for one that cannot be read, is not UTF-8, is not YAML, repeats a key or is not a mapping."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read the policy file ({exc.strerror or exc})") from None
-    try:
-        loaded = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    except RecursionError:
-        raise PolicyError(f"{path}: nested too deeply") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise PolicyError(f"{path}: a policy is a mapping of sections, got {type(loaded).__name__}")
-    return loaded
+    return read_yaml_mapping(path, str(path), what="a mapping of policy sections", error=PolicyError)
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML says keys are unique; PyYAML
-    would silently keep the last, so a threshold set twice would be half ignored)."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:  # a list or mapping as a key: YAML allows it, a policy has no use for it
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a {type(key).__name__} cannot be a key", key_node.start_mark
-            ) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 #: The loader's former, private name.
-_UniqueKeyLoader = UniqueKeyLoader
 
 
 def load_policy(

@@ -37,7 +37,7 @@ def test_a_policy_file_names_only_what_it_changes(tmp_path: Path) -> None:
         ("metrics:\n  gemm_bf16_tflops:\n    fail_drop_pct: 2\n", "fail_drop_pct must be at least"),
         ("metrics:\n  gemm_tflops:\n    cv_rep: 0.01\n", "gemm_tflops"),
         ("peers: [1, 2]\n", "peers"),
-        ("- a list\n", "a policy is a mapping"),
+        ("- a list\n", "must be a mapping of policy sections"),
         ("gates: {pcie_replays_per_min: 8\n", "not valid YAML"),
     ],
 )

@@ -385,7 +385,7 @@ def test_sim_inject_names_a_kubeconfig_it_cannot_use_on_one_line(
 ) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     for data, words in (
-        (b"apiVersion: v1\x00\nkind: Config\n", "not valid YAML: unacceptable character"),
+        (b"apiVersion: v1\x00\nkind: Config\n", "holds NUL bytes"),
         (b"current-context: caf\xe9\n", "not UTF-8"),
         (json.dumps(_PORT_OUT_OF_RANGE).encode(), "Port out of range"),
     ):

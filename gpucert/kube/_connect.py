@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._yaml import read_yaml_mapping
 from ..errors import InputError
 from ._client import Kube
 from ._retry import RetryPolicy
@@ -84,23 +85,7 @@ def _check_server(host: str, source: str) -> None:
 def _check_kubeconfig(path: Path) -> None:
     """Raise :class:`InputError` naming ``path`` unless it is UTF-8 YAML holding a mapping (the client's
     loader would fail on anything else with a bare parser error or a traceback)."""
-    import yaml
-
-    try:
-        data = path.read_bytes()
-        if b"\0" in data:
-            raise InputError(f"kubeconfig {path}: holds NUL bytes; it is not a kubeconfig")
-        loaded = yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(f"kubeconfig {path}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"kubeconfig {path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    except RecursionError:
-        raise InputError(f"kubeconfig {path}: nested too deeply") from None
-    except OSError as exc:
-        raise InputError(f"kubeconfig {path}: cannot read it ({exc.strerror or exc})") from None
-    if not isinstance(loaded, dict):
-        raise InputError(f"kubeconfig {path}: a kubeconfig is a mapping, got {type(loaded).__name__}")
+    read_yaml_mapping(path, f"kubeconfig {path}", what="a kubeconfig (a mapping)")
 
 
 def _default_kubeconfig() -> Path | None:

@@ -48,9 +48,9 @@ import orjson
 import yaml
 from aiohttp import web
 
+from .._yaml import UniqueKeyLoader, read_yaml_mapping
 from ..errors import InputError
 from ..fleet import FAULTS, Fault
-from ..policy import UniqueKeyLoader
 from ._faults import ApiFaults
 from ._objects import NODES, PODS, set_condition
 from ._store import now_rfc3339
@@ -357,16 +357,7 @@ class InjectRoutes:
 def server_url(kubeconfig: str | Path) -> str:
     """The API server URL of the current context of ``kubeconfig``."""
     where = f"--kubeconfig {kubeconfig}"
-    try:
-        config = yaml.safe_load(Path(kubeconfig).read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{where}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"{where}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{where}: not valid YAML: {_one_line(exc)}") from None
-    except RecursionError:
-        raise InputError(f"{where}: not valid YAML: nested too deeply") from None
+    config = read_yaml_mapping(kubeconfig, where, what="a kubeconfig (a mapping)")
     try:
         contexts = {c["name"]: c["context"] for c in config.get("contexts") or ()}
         clusters = {c["name"]: c["cluster"] for c in config.get("clusters") or ()}

@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from .._yaml import UniqueKeyLoader
 from ..errors import MatrixError
-from ..policy import UniqueKeyLoader
 from ._model import COMPONENTS
 
 __all__ = [

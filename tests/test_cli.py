@@ -98,7 +98,7 @@ def test_compare_with_an_empty_store_judges_by_peers(
     [
         (["--out", "{tmp}/v.txt"], "write .csv or .parquet"),
         (["--out", "{tmp}/missing/v.csv"], "does not exist"),
-        (["--out", "{tmp}/v.csv", "--policy", "{tmp}/nope.yaml"], "cannot read the policy"),
+        (["--out", "{tmp}/v.csv", "--policy", "{tmp}/nope.yaml"], "cannot read it"),
         (["--out", "{tmp}/v.csv", "--baselines", "ftp://x/y"], "ftp://x/y"),
     ],
 )

@@ -331,7 +331,7 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def _call_timeout(seconds: float | None) -> Iterator[None]:
     """``$GPUCERT_TIMEOUT`` set to ``seconds`` while the command runs (restored after: tests run many
     commands in one process), or, without it, checked. Raises :class:`InputError` for a bad variable."""
-    from .kube._retry import TIMEOUT_ENV, call_deadline_s
+    from ._deadline import TIMEOUT_ENV, call_deadline_s
 
     if seconds is None:
         call_deadline_s()  # a bad value is one line and exit 2 now, not a failure in the middle of a run

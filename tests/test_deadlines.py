@@ -32,7 +32,7 @@ from pydantic import SecretStr
 from gpucert.cli import _dispatch, _parser, main
 from gpucert.errors import GpucertError, InputError
 from gpucert.kube import KubeUnreachable, RetryPolicy
-from gpucert.kube._retry import Deadline
+from gpucert._deadline import Deadline
 from gpucert.sim import SimCluster
 from gpucert.tickets import JiraTickets, TicketError, WebhookTickets, reconcile
 

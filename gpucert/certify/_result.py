@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..tickets import TicketEvent
-from ._settle import Settlement
+from ._settle import Settlement, tally_states
 
 __all__ = ["CertifyOutcome", "NodeOutcome", "TicketChange"]
 
@@ -102,10 +102,7 @@ class CertifyOutcome(_Model):
     @property
     def states(self) -> dict[str, int]:
         """How many nodes of each state (``unchanged`` for inconclusive)."""
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.state or "unchanged"] = counts.get(d.state or "unchanged", 0) + 1
-        return counts
+        return tally_states(d.state for d in self.decisions)
 
     def with_taint(self, *actions: str) -> list[str]:
         """The nodes whose taint action is one of ``actions``."""

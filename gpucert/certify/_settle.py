@@ -122,11 +122,7 @@ class Settlement:
 
     def tally(self) -> dict[str, int]:
         """How many nodes of each state (``unchanged`` for inconclusive)."""
-        counts: dict[str, int] = {}
-        for decision in self.decisions.values():
-            key = decision.state or "unchanged"
-            counts[key] = counts.get(key, 0) + 1
-        return counts
+        return tally_states(d.state for d in self.decisions.values())
 
     def frame(self, decided_at: datetime | None = None) -> pd.DataFrame:
         """The decisions as ``decisions.parquet`` rows (DECISION_COLUMNS), by node; ``decided_at`` (UTC)
@@ -143,6 +139,14 @@ class Settlement:
             frame[column] = frame[column].astype("string")
         frame["decided_at"] = pd.to_datetime(frame["decided_at"], utc=True)
         return frame.astype({"hard_gate": bool, "confirmed": bool, "settled": bool})
+
+
+def tally_states(states: Iterable[str | None]) -> dict[str, int]:
+    """How many of each state (``unchanged`` for None: an inconclusive node keeps its label)."""
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state or "unchanged"] = counts.get(state or "unchanged", 0) + 1
+    return counts
 
 
 def _conclude(history: Sequence[tuple[str, NodeDecision]]) -> tuple[NodeDecision, bool, bool, tuple[str, ...]]:

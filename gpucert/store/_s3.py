@@ -50,8 +50,8 @@ import botocore.exceptions
 from botocore.config import Config
 from botocore.retries import standard
 
+from .._deadline import call_deadline_s
 from ..errors import StoreConflict, StoreUnavailable
-from ..kube._retry import call_deadline_s
 from ._errors import StoreURIError
 from ._objects import Blob, _check_prefix, check_key
 
@@ -186,7 +186,7 @@ class S3ObjectStore:
     ``endpoint_url`` (default: ``$GPUCERT_S3_ENDPOINT``, then boto3's ``$AWS_ENDPOINT_URL_S3`` /
     ``$AWS_ENDPOINT_URL``), ``region``, standard-mode retries and path-style addressing whenever an
     endpoint is configured (local and most S3-compatible servers need it). Each request of such a client
-    ends within ``deadline_s`` (default: :func:`~gpucert.kube._retry.call_deadline_s`), its tries waiting
+    ends within ``deadline_s`` (default: :func:`~gpucert._deadline.call_deadline_s`), its tries waiting
     at most ``connect_timeout`` and ``read_timeout``, cut to a quarter and a half of it (see the module).
 
     The bucket must exist: the store never creates one, and a missing bucket is

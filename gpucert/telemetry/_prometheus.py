@@ -46,8 +46,9 @@ import numpy as np
 import pandas as pd
 from pydantic import SecretStr
 
+from .._deadline import call_deadline_s
+from .._secrets import reveal, scrub
 from ..errors import InputError
-from ..kube._retry import call_deadline_s
 from ._common import (
     CLOCK_EVENT_BITS,
     PRESENCE,
@@ -384,13 +385,13 @@ class PrometheusSource:
         ]
 
     def _plain_headers(self) -> dict[str, str]:
-        return {name: _reveal(value) for name, value in self.headers.items()}
+        return {name: reveal(value) for name, value in self.headers.items()}
 
     def _request_headers(self) -> dict[str, str]:
         """The headers every request carries: the configured ones and, with ``basic_auth``, Authorization."""
         headers = self._plain_headers()
         if self.basic_auth is not None:
-            user, password = self.basic_auth[0], _reveal(self.basic_auth[1])
+            user, password = self.basic_auth[0], reveal(self.basic_auth[1])
             # Sent up front: Prometheus answers 401 without a challenge worth a second round trip.
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             headers["Authorization"] = f"Basic {token}"
@@ -400,11 +401,9 @@ class PrometheusSource:
         """``text`` with every secret of this source (as sent, or encoded as sent) replaced by ``***``."""
         secrets = set(self._request_headers().values())
         if self.basic_auth is not None:
-            secrets.add(_reveal(self.basic_auth[1]))
+            secrets.add(reveal(self.basic_auth[1]))
         secrets |= {value.split(" ", 1)[1] for value in list(secrets) if " " in value}
-        for secret in sorted((s for s in secrets if len(s) >= 4), key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
+        return scrub(text, secrets)
 
     def _call(
         self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None
@@ -490,10 +489,6 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 def _secret(value: SecretStr | str) -> SecretStr:
     return value if isinstance(value, SecretStr) else SecretStr(value)
-
-
-def _reveal(value: SecretStr | str) -> str:
-    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
 def _shown_url(url: str, *, base: str = "") -> str:

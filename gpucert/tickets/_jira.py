@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
-from ..kube._retry import CONNECT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
+from .._deadline import CONNECT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
+from .._secrets import redact_url, reveal, scrub
 from ._backend import Change
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
-from ._secrets import redact_url, reveal, scrub
 
 if TYPE_CHECKING:
     from jira import JIRA

@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
-from ..kube._retry import TIMEOUT_ENV, Deadline
+from .._deadline import TIMEOUT_ENV, Deadline
+from .._secrets import redact_url, reveal, scrub
 from ._backend import Change
 from ._local import LocalTickets
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent
-from ._secrets import redact_url, reveal, scrub
 
 __all__ = ["WebhookTickets", "slack_payload"]
 

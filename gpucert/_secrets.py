@@ -1,4 +1,7 @@
-"""Keeping secrets out of messages: a URL shown without its secret parts, a text scrubbed of known secrets."""
+"""Keeping secrets out of messages: a URL shown without its secret parts, a text scrubbed of known secrets.
+
+Shared by every layer that holds a credential: the ticket backends and the Prometheus reader.
+"""
 
 from __future__ import annotations
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from gpucert._deadline import Deadline
 from gpucert.cli import _dispatch, _parser, main
 from gpucert.errors import GpucertError, InputError
 from gpucert.kube import KubeUnreachable, RetryPolicy
-from gpucert._deadline import Deadline
 from gpucert.sim import SimCluster
 from gpucert.tickets import JiraTickets, TicketError, WebhookTickets, reconcile
 

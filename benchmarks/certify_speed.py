@@ -88,6 +88,8 @@ def main() -> int:
             seconds, night = run("bench-night")
     print(f"faulty run: {seconds:6.1f} s for {args.nodes} nodes × 8 GPUs; injected {', '.join(injected)}")
     print(f"  states {night.states}; tainted {night.tainted}; unconfirmed {night.unconfirmed}")
+    print(f"  audit trail: {night.audited} changes recorded and sent as Events in {night.audit_seconds:.1f} s "
+          f"({night.audit_seconds / seconds * 100:.1f} % of the run)")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
     return 0

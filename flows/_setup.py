@@ -10,6 +10,7 @@ ticket backend, and runs record the tickets they would open in the store instead
 backend opens them).
 """
 
+import os
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,13 +20,22 @@ from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
 from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
-from gpucert.certify import BenchmarkSettings, CertificationRules
+from gpucert.audit import AuditLog, AuditRecorder
+from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
 from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.store import BaselineStore as Store
 from gpucert.tickets import TicketBackend
 
-__all__ = ["Setup", "benchmark_settings", "certify_run_id", "resolve"]
+__all__ = [
+    "Setup",
+    "apublish_audit",
+    "benchmark_settings",
+    "certify_run_id",
+    "publish_audit",
+    "resolve",
+    "run_trigger",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,9 @@ class Setup:
     ticketing: Ticketing | None
     rules: CertificationRules
     tickets: TicketBackend | None
+    #: Records every change the flow makes (Kubernetes writes, baselines; tickets when told) in the store's
+    #: audit trail and as Events; the flow flushes it after each step that changes something.
+    audit: AuditRecorder
 
     @property
     def ticketing_name(self) -> str:
@@ -70,8 +83,40 @@ def resolve(
     chosen = ticketing or policy.ticketing
     if chosen is None and opened.uri.startswith("file://"):
         chosen = Ticketing(backend="local", path=opened.uri)
-    return Setup(cluster=cluster, kube=cluster.kube(), store=opened, store_block=store_block, policy=policy,
-                 ticketing=chosen, rules=rules, tickets=chosen.open() if chosen is not None else None)  # fmt: skip
+    kube = cluster.kube()
+    audit = AuditRecorder(AuditLog(opened.objects), run_id=None, trigger=run_trigger()).watch(kube, opened)
+    return Setup(cluster=cluster, kube=kube, store=opened, store_block=store_block, policy=policy,
+                 ticketing=chosen, rules=rules, tickets=chosen.open() if chosen is not None else None,
+                 audit=audit)  # fmt: skip
+
+
+def run_trigger() -> str:
+    """What started this flow run, for the audit trail: ``cli`` (the command line sets
+    ``$GPUCERT_TRIGGER``), ``schedule`` (a deployment's schedule), ``event`` (an automation: a node's
+    join event), ``api`` (the REST API or the UI, which Prefect's open-source server does not tell apart),
+    or ``python`` (a flow called in-process, as the demo does). A sub-flow reports its root run's."""
+    given = os.environ.get("GPUCERT_TRIGGER", "").strip()
+    if given:
+        return given
+    from prefect.runtime import flow_run
+
+    root = flow_run.root_flow_run_id or flow_run.id
+    if not root:
+        return "python"
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(root)
+    except Exception:  # the trail must not fail a run over a label: say it is not known
+        return "unknown"
+    if run.deployment_id is None:
+        return "python"
+    if run.auto_scheduled:
+        return "schedule"
+    if run.created_by is not None and run.created_by.type == "AUTOMATION":
+        return "event"
+    return "api"
 
 
 def certify_run_id() -> str:
@@ -96,9 +141,11 @@ def benchmark_settings(
     pod_annotations: dict[str, str] | None,
     payload_args: list[str] | None,
 ) -> BenchmarkSettings:
-    """The benchmark Job's settings for a flow: the policy's repeats, the cluster's label prefix, the rest as
-    given. Raises ``InputError`` for a value the Job cannot take (an unknown payload option, say)."""
+    """The benchmark Job's settings for a flow: the policy's repeats and repeat rule, the cluster's label
+    prefix, the rest as given. Raises ``InputError`` for a value the Job cannot take (an unknown payload
+    option, say)."""
     fields: dict[str, Any] = {"label_prefix": setup.cluster.label_prefix, "repeats": setup.rules.repeats,
+                              "policy_args": policy_payload_args(setup.rules.policy),
                               "deadline_s": deadline_s, "pod_annotations": pod_annotations or {}}  # fmt: skip
     if image:
         fields["image"] = image
@@ -108,3 +155,55 @@ def benchmark_settings(
         return BenchmarkSettings(**fields)
     except ValueError as exc:
         raise InputError(f"benchmark settings: {exc}") from None
+
+
+_AUDIT_ROWS = 500
+
+
+def _audit_table(audit: AuditRecorder) -> dict[str, Any]:
+    """Flush ``audit``; the table artifact of the run's changes (``audit-<run>``), with the trail's head
+    hash, so that the trail can be checked against a record kept outside the store."""
+    audit.flush()
+    rows = [
+        {"#": e["seq"], "action": e["action"], "object": f"{e['object']['kind']} {e['object']['name']}",
+         "why": str(e.get("why") or "")[:200], "hash": str(e["hash"])[:16]}
+        for e in audit.entries[:_AUDIT_ROWS]
+    ]  # fmt: skip
+    last = audit.entries[-1]["hash"] if audit.entries else "none"
+    key = "audit-" + "".join(c if c.isalnum() else "-" for c in (audit.run_id or "run").lower())
+    shown = "" if len(audit.entries) <= _AUDIT_ROWS else f" (the first {_AUDIT_ROWS}: `gpucert audit show` has all)"
+    return {"key": key[:100], "table": rows or [{"#": "", "action": "no changes"}],
+            "description": f"{len(audit.entries)} changes recorded{shown}; the trail's head after them: {last}; "
+                           f"{audit.event_failures} Events not delivered"}  # fmt: skip
+
+
+def publish_audit(audit: AuditRecorder) -> None:
+    """Flush ``audit`` and publish the run's changes as a Prefect table artifact (a sync flow's). The trail
+    is in the store by then: a Prefect API that does not answer (a server restart) costs only the artifact."""
+    import httpx
+    from prefect.artifacts import create_table_artifact
+
+    table = _audit_table(audit)
+    try:
+        create_table_artifact(**table)
+    except (httpx.TransportError, OSError) as exc:
+        _artifact_lost(table, exc)
+
+
+async def apublish_audit(audit: AuditRecorder) -> None:
+    """:func:`publish_audit` for an async flow."""
+    import httpx
+    from prefect.artifacts import acreate_table_artifact
+
+    table = _audit_table(audit)
+    try:
+        await acreate_table_artifact(**table)
+    except (httpx.TransportError, OSError) as exc:
+        _artifact_lost(table, exc)
+
+
+def _artifact_lost(table: dict[str, Any], exc: BaseException) -> None:
+    from prefect import get_run_logger
+
+    get_run_logger().warning("the audit artifact %s was not published (the Prefect API did not answer: %s); "
+                             "the trail is in the store: %s", table["key"], exc, table["description"])  # fmt: skip

@@ -27,7 +27,9 @@ from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
 from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
-from flows._setup import benchmark_settings, certify_run_id, resolve
+from flows._setup import apublish_audit, benchmark_settings, certify_run_id, resolve
+from gpucert._crashpoints import crashpoint
+from gpucert.audit import ticket_action
 from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange
 from tasks.certify import (
     act_on_nodes,
@@ -71,6 +73,9 @@ async def certify(
     setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only)
     kube, prefix, rules = setup.kube, setup.cluster.label_prefix, setup.rules
     run = CertificationRun(setup.store, run_id or certify_run_id(), datetime.now(UTC).date())
+    audit = setup.audit
+    audit.run_id = run.run_id
+    audit.because(f"certify {run.run_id}: benchmark")
     settings = benchmark_settings(setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations,
                                   payload_args=payload_args)  # fmt: skip
 
@@ -78,7 +83,9 @@ async def certify(
                                  prefix=prefix)  # fmt: skip
     payload = prepare(kube, settings, run.run_id, list(gpus))
     failed, stacks = await benchmark(kube, gpus, run, payload, settings, max_parallel=max_parallel)
+    audit.flush()  # the Jobs created and deleted
     first = judge_run(run, failed, list(gpus), rules.policy)
+    crashpoint("judged")
 
     fleet = fleet_state(kube, setup.cluster.gpu_node_selector, prefix=prefix)
     settlement = settle_run(run, first, [], fleet, rules)
@@ -91,15 +98,24 @@ async def certify(
         reruns.append(judge_run(rerun, rerun_failed, list(pending), rules.policy, cohort=run))
         settlement = settle_run(run, first, reruns, fleet, rules)
 
+    audit.flush()
+    audit.because(f"certify {run.run_id}: decision", per_object=settlement.reasons())
     actions = act_on_nodes(kube, settlement, prefix=prefix)
+    audit.flush()
+    audit.because(f"certify {run.run_id}: passing results merged")
     version, reseeded = keep_baselines(run, stacks, rules.policy)
+    audit.flush()
     report, link = publish_report(run, settlement, actions)
     tickets = ticket_run(setup.tickets, run, rules.escalation) if not settlement.incident else None
+    if tickets is not None:
+        audit.note(*(ticket_action(e) for e in tickets.events))
+    await apublish_audit(audit)
     return CertifyOutcome.of(
         settlement, day=run.day, store=setup.store.uri, nodes=sorted(gpus), skipped=skipped,
         reruns=[r.run_id for r in reruns], inconclusive={n: f"{r}: {m}" for n, (r, m) in sorted(failed.items())},
         observe_only=rules.observe_only, baseline_version=version, reseeded=reseeded, report=report,
         report_link=link, ticketing=setup.ticketing_name, actions=actions,
         tickets=[TicketChange.of(e) for e in tickets.events] if tickets else [],
-        tickets_recorded=tickets.recorded if tickets else 0,
+        tickets_recorded=tickets.recorded if tickets else 0, audited=len(audit.entries),
+        audit_seconds=round(audit.seconds, 3),
     )  # fmt: skip

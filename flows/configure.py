@@ -28,6 +28,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from blocks.cluster import GpuCluster
+from blocks.store import BaselineStore
+from flows._setup import publish_audit, run_trigger
+from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.stack import (
     COMPONENTS,
     RECORD_NAME,
@@ -73,6 +76,7 @@ def configure(
     dry_run_dir: str | None = None,
     gpus_per_node: int = 8,
     rollout_timeout_s: float = 900.0,
+    store: BaselineStore | None = None,
 ) -> ConfigureOutcome:
     """Install the GPU stack on the cluster's GPU nodes (all, or ``nodes``); returns what was done.
 
@@ -80,7 +84,8 @@ def configure(
     ``registry`` replaces the image registry. A run for ``nodes`` takes each of the three it is not given
     from the record of the last full configure, when there is one (``reused`` in the result names them).
     ``gpus_per_node`` is expected where a node has no ``nvidia.com/gpu.count`` label; each component has
-    ``rollout_timeout_s`` to get Ready everywhere.
+    ``rollout_timeout_s`` to get Ready everywhere. Every object applied and node labelled is recorded in
+    ``store``'s audit trail (default ``$GPUCERT_STORE``, else ``./gpucert-store``) and as an Event.
     """
     log = get_run_logger()
     cluster = cluster or GpuCluster()
@@ -124,15 +129,22 @@ def configure(
         _publish(outcome)
         return outcome
 
-    apply_step(kube, "namespace", manifests)
-    apply_step(kube, "rbac", manifests)
-    labelled = label_targets(kube, plan)
-    labels = {info.name: info.labels for info in targets}
-    for component in COMPONENTS:
-        apply_step(kube, component, manifests)
-        wait_for_component(kube, plan, component, labels, rollout_timeout_s)
-        if component == "driver":
-            prune_drivers(kube, plan)
+    audit = AuditRecorder(AuditLog((store or BaselineStore.default()).open(create=True).objects),
+                          run_id=flow_run.name, trigger=run_trigger(),
+                          default_why=f"configure release {plan.release}: {stack}").watch(kube)  # fmt: skip
+    try:
+        apply_step(kube, "namespace", manifests)
+        apply_step(kube, "rbac", manifests)
+        labelled = label_targets(kube, plan)
+        labels = {info.name: info.labels for info in targets}
+        for component in COMPONENTS:
+            apply_step(kube, component, manifests)
+            audit.flush()
+            wait_for_component(kube, plan, component, labels, rollout_timeout_s)
+            if component == "driver":
+                prune_drivers(kube, plan)
+    finally:
+        audit.flush()  # what was applied, even when a component did not get Ready
 
     with_plugin = set(component_targets(plan, "device-plugin", labels))
     expected = {i.name: i.gpu_count or gpus_per_node for i in targets if i.name in with_plugin}
@@ -144,6 +156,7 @@ def configure(
         update={"labelled_nodes": tuple(labelled), "gpus_verified": gpus, "drift": tuple(drift)}
     )
     _publish(outcome)
+    publish_audit(audit)
     return outcome
 
 

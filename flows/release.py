@@ -19,6 +19,7 @@ from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
 from flows._setup import resolve
 from flows.certify import certify
+from gpucert.audit import ticket_action
 from gpucert.operate import ReleaseOutcome
 from gpucert.stack import target_name
 from tasks.tickets import record_repairs_task
@@ -44,7 +45,11 @@ async def release(
     """Record the repair of ``nodes`` (``action``: what was done; default: what each ticket asked for) and
     re-certify them; returns what was recorded and which nodes were released."""
     setup = resolve(cluster, store, policy, ticketing)
-    repairs = record_repairs_task(setup.tickets, nodes, datetime.now(UTC), action=action, note=note)
+    recorded = record_repairs_task(setup.tickets, nodes, datetime.now(UTC), action=action, note=note)
+    setup.audit.because("release: repair recorded")
+    setup.audit.note(*(ticket_action(e) for e in recorded))
+    setup.audit.flush()
+    repairs = [f"{e.ticket.id}: {e.detail}" for e in recorded]
     certified = await certify(cluster=setup.cluster, store=setup.store_block, nodes=nodes, include_busy=True,
                               policy=setup.policy, ticketing=setup.ticketing)  # fmt: skip
     released = [d.node for d in certified.decisions if d.state == "certified"]

@@ -55,6 +55,7 @@ def _prepare_prefect() -> None:
     default 20 s on a small machine; anonymous usage reporting is off for a command-line tool.
     """
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("GPUCERT_TRIGGER", "cli")  # the audit trail's "what started it"
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     for name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).addFilter(_no_traceback_for_gpucert_errors)

@@ -219,6 +219,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
                       f"state {node['metadata']['labels'].get('gpucert.io/state')}, admitted {admitted}")  # fmt: skip
 
         agreement = decisions_agree(kube, store.open())
+        audited = audit_agrees(kube, store.open())
         injected = {f.node for f in [*first, night_fault]}
         also = sorted(tainted_nodes(kube) - injected)
         tainted = tainted_nodes(kube)
@@ -234,6 +235,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
             f"   (gpucert tickets list --store {os.environ['GPUCERT_STORE']})",
             f"Reports: {certified.report_link}" + (f" and {tonight.report_link}" if tonight else ""),
             agreement,
+            audited,
             f"Store: {os.environ['GPUCERT_STORE']}; kubeconfig of the simulated cluster: {sim.kubeconfig_path}",
         ]
 
@@ -250,6 +252,25 @@ def decisions_agree(kube: Any, store: Any) -> str:
     if wrong:
         return f"DISAGREE: the state label of {', '.join(wrong)} is not its decision on record"
     return f"Decisions on record agree with every node's state label ({len(latest)} nodes)"
+
+
+def audit_agrees(kube: Any, store: Any) -> str:
+    """One line: whether the store's audit trail checks out, and every taint gpucert set has its entry and
+    its Event on the node."""
+    from .audit import CONTROLLER, AuditLog
+
+    checked = AuditLog(store.objects).check()
+    if not checked.ok:
+        return f"AUDIT BROKEN: {checked.problem}"
+    added = [e for e in checked.entries if e["action"] == "taint.add" and e["object"]["kind"] == "Node"]
+    events = kube.list_objects("events.k8s.io/v1", "Event", namespace="default")
+    sent = {(e["regarding"]["name"], e["metadata"]["name"].rsplit(".", 1)[-1]) for e in events
+            if e.get("reportingController") == CONTROLLER and e.get("reason") == "TaintAdded"}  # fmt: skip
+    unsent = [e for e in added if (e["object"]["name"], e["hash"][:16]) not in sent]
+    if unsent:
+        return f"AUDIT: {len(unsent)} of {len(added)} taints recorded have no Event on their node"
+    return (f"Audit trail intact: {len(checked.entries)} changes recorded; each of the {len(added)} taints "
+            "set has its entry and its Event on the node (gpucert audit show --store …)")
 
 
 def tainted_nodes(kube: Any) -> set[str]:

@@ -472,6 +472,7 @@ def _extend_own(
     n1 = n0 + 1
     mean1 = mean0 + (x - mean0) / n1
     m2 = m2 + (x - mean0) * (x - mean1)
+    first, last = grow["first_ts"].fillna(ts), grow["last_ts"].fillna(ts)
     updated = pd.DataFrame(
         {
             "level": grow["level"].to_numpy(),
@@ -481,8 +482,9 @@ def _extend_own(
             # Rounding can leave a tiny negative m2 when every value is equal: that spread is 0.
             "spread": np.sqrt(np.maximum(np.where(n1 > 1, m2 / np.maximum(n1 - 1, 1), 0.0), 0.0)),
             "n": n1.astype(np.int64),
-            "first_ts": grow["first_ts"].fillna(ts).to_numpy(),
-            "last_ts": ts,
+            # Two runs overlapping in time may merge out of the order they started in: the span only widens.
+            "first_ts": first.where(first <= ts, ts).to_numpy(),
+            "last_ts": last.where(last >= ts, ts).to_numpy(),
             "stack": np.where(grow["n"].isna(), stack_json, grow["stack"].fillna(stack_json)),
             "node": grow["node_of"].to_numpy(),
             "runs": extended[codes[growing]],

@@ -293,6 +293,55 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_arguments(watch)
     watch.add_argument("--once", action="store_true", help="only the nodes waiting now, then exit")
 
+    audit = commands.add_parser("audit", help="the audit trail of every change gpucert made (in the store)")
+    audit_actions = audit.add_subparsers(dest="action", required=True, metavar="ACTION")
+    verify = audit_actions.add_parser(
+        "verify", help="walk the hash chain; exit 3 naming the first entry changed, removed or reordered"
+    )
+    verify.add_argument("--store", required=True, metavar="URI")
+    show = audit_actions.add_parser("show", help="the recorded changes, oldest first")
+    show.add_argument("--store", required=True, metavar="URI")
+    show.add_argument("--node", metavar="NODE", help="only this node's (its taints, labels, Jobs, tickets)")
+    show.add_argument("--since", metavar="TIME", help="only from this date or time on (ISO 8601, UTC default)")
+    show.add_argument("--format", choices=("text", "json"), default="text", help="json: one entry per line")
+
+    cert = commands.add_parser(
+        "certificate",
+        help="write an acceptance certificate of a certify run (JSON + HTML); verify one; make a signing key",
+        description="Write certificate-<run>.json and certificate-<run>.html into --out: the cluster's nodes and "
+        "GPUs, each decision and the figures behind it against reference and spec floor, the stack versions, "
+        "the baseline version and policy in force, and the SHA-256 of every stored file it rests on. With --key "
+        "the JSON is signed (Ed25519; the signature is embedded in it). `gpucert certificate verify CERT` checks "
+        "it; `gpucert certificate keygen --out DIR` makes a key pair. Exit 2 on bad input.",
+    )
+    cert.add_argument("--store", dest="cert_store", metavar="URI", help="store root: file:///path or s3://…")
+    cert.add_argument("--run", dest="cert_run", metavar="RUN_ID", help="the certify run to certify")
+    cert.add_argument("--since", dest="cert_since", metavar="DATE",
+                      help="instead of --run: every settled run on or after DATE (YYYY-MM-DD), in one certificate")
+    cert.add_argument("--out", dest="cert_out", default=".", metavar="DIR", help="where the files go (default: .)")
+    cert.add_argument("--key", dest="cert_key", metavar="PRIVATE.pem",
+                      help="sign with this Ed25519 private key: PKCS#8 PEM, unencrypted (-----BEGIN PRIVATE KEY-----)")
+    cert.add_argument("--cluster", dest="cert_cluster", metavar="NAME", help="the cluster's name, for the title")
+    cert_actions = cert.add_subparsers(dest="action", required=False, metavar="[verify | keygen]")
+    cert_verify = cert_actions.add_parser(
+        "verify",
+        help="check a certificate: its signature and, with --store, every file's hash and a re-judgement",
+        description="Check CERT's signature (against --public-key when given, else the key embedded in it) and, "
+        "with --store, that every file it lists still has its SHA-256 and that every decision follows from the "
+        "stored results, baseline and policy (re-judged, not copied). Exit 0 when every check passes, 3 naming "
+        "the first that fails (the file, node or field), 2 on bad input.",
+    )
+    cert_verify.add_argument("certificate", metavar="CERT", help="a certificate-<run>.json")
+    cert_verify.add_argument("--store", dest="verify_store", metavar="URI", help="the store it was made from")
+    cert_verify.add_argument("--public-key", dest="public_key", metavar="PUB.pem",
+                             help="the signer's Ed25519 public key: PEM (-----BEGIN PUBLIC KEY-----)")
+    cert_keygen = cert_actions.add_parser(
+        "keygen", help="write a new Ed25519 key pair (PEM) for signing certificates",
+        description="Write gpucert-signing.pem (private, PKCS#8, mode 600) and gpucert-signing.pub.pem (public) "
+        "into DIR; existing files are never overwritten.",
+    )  # fmt: skip
+    cert_keygen.add_argument("--out", dest="keygen_out", required=True, metavar="DIR")
+
     demo = commands.add_parser(
         "demo",
         help="the whole lifecycle on the embedded default: configure, certify, a night of operate, onboarding",
@@ -366,8 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the last line of defence: a bug, reported without a wall of traceback
         if os.environ.get("GPUCERT_DEBUG"):
             traceback.print_exc()
+        from ._secrets import redact_credentials  # a library's message may quote a header or a URL
+
+        text = redact_credentials(" ".join(str(exc).split()))
         print(
-            f"gpucert: internal error: {type(exc).__name__}: {exc} (set GPUCERT_DEBUG=1 for the traceback)",
+            f"gpucert: internal error: {type(exc).__name__}: {text} (set GPUCERT_DEBUG=1 for the traceback)",
             file=sys.stderr,
         )
         return EXIT_FAILED
@@ -387,6 +439,23 @@ def _dispatch(args: argparse.Namespace) -> int:
             reruns=args.reruns,
             decisions=args.decisions,
         )
+    if args.command == "certificate":
+        if args.action == "verify":
+            return commands.certificate_verify(args.certificate, store=args.verify_store,
+                                               public_key_file=args.public_key)  # fmt: skip
+        if args.action == "keygen":
+            return commands.certificate_keygen(out=args.keygen_out)
+        if args.cert_store is None:
+            raise InputError("certificate: give --store URI and --run RUN_ID (or --since DATE)")
+        return commands.certificate_build(
+            store=args.cert_store, run_id=args.cert_run, since=args.cert_since, out=args.cert_out,
+            key_file=args.cert_key, cluster=args.cert_cluster,
+        )  # fmt: skip
+    if args.command == "audit":
+        if args.action == "verify":
+            return commands.audit_verify(store=args.store)
+        return commands.audit_show(store=args.store, node=args.node, since=args.since,
+                                   as_json=args.format == "json")  # fmt: skip
     if args.command == "baseline":
         if args.action == "build":
             return commands.baseline_build(

@@ -6,16 +6,18 @@ after reading a fleet's results; each writes its output whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator, Sequence
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pandas as pd
 
 from ._io import TABLE_SUFFIXES, write_table
+from .audit import AuditLog, AuditRecorder
 from .baseline import update_store
 from .certify import settle_offline
 from .errors import InputError
@@ -24,7 +26,19 @@ from .results import read_results
 from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
 
-__all__ = ["baseline_build", "baseline_list", "baseline_rebuild", "baseline_rollback", "compare", "summarize"]
+__all__ = [
+    "audit_show",
+    "audit_verify",
+    "baseline_build",
+    "baseline_list",
+    "baseline_rebuild",
+    "baseline_rollback",
+    "certificate_build",
+    "certificate_keygen",
+    "certificate_verify",
+    "compare",
+    "summarize",
+]
 
 _ORDER = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 
@@ -166,6 +180,18 @@ def _read_stack(stack_file: str | None) -> dict[str, str]:
     return {str(k): v for k, v in loaded.items()}
 
 
+@contextlib.contextmanager
+def _audited(target: BaselineStore, command: str) -> Iterator[None]:
+    """Record the baseline versions ``command`` makes current in the store's audit trail (``cli``)."""
+    recorder = AuditRecorder(AuditLog(target.objects), run_id=None, trigger="cli", default_why=command)
+    recorder.watch(store=target)
+    try:
+        yield
+    finally:
+        recorder.unwatch()
+        recorder.flush(events=False)
+
+
 def baseline_build(
     results: Sequence[str], *, store: str, policy_file: str | None, stack_file: str | None
 ) -> int:
@@ -174,7 +200,8 @@ def baseline_build(
     target = open_store(store, create=True)  # the one command that may start a new store
     frame = read_results(results)
     runs = ", ".join(sorted(frame["run_id"].unique().astype(str)))
-    done = update_store(target, frame, message=f"baseline build from {runs}", policy=policy, stack=stack)
+    with _audited(target, f"gpucert baseline build {' '.join(results)}"):
+        done = update_store(target, frame, message=f"baseline build from {runs}", policy=policy, stack=stack)
     version, report = done.version, done.report
     assert report is not None  # results were given
     if not done.changed:
@@ -194,7 +221,8 @@ def baseline_build(
 def baseline_rollback(version: str, *, store: str) -> int:
     target = _open_existing(store)
     try:
-        target.rollback(version)
+        with _audited(target, f"gpucert baseline rollback {version}"):
+            target.rollback(version)
     except UnknownVersion as exc:
         raise _unknown_version(exc, store) from None
     print(f"baseline {version} is current again")
@@ -207,8 +235,10 @@ def baseline_rebuild(
     policy = load_policy(policy_file)
     target = _open_existing(store)
     frame = read_results(results) if results else None
-    done = update_store(target, frame[frame["node"].isin(nodes)] if frame is not None else None,
-                        message=f"baseline rebuild {' '.join(nodes)}", policy=policy, forget_nodes=nodes)  # fmt: skip
+    message = f"baseline rebuild {' '.join(nodes)}"
+    with _audited(target, f"gpucert {message}"):
+        done = update_store(target, frame[frame["node"].isin(nodes)] if frame is not None else None,
+                            message=message, policy=policy, forget_nodes=nodes)  # fmt: skip
     how = "re-seeded from the given runs" if frame is not None else "to be seeded by their next passing runs"
     print(
         f"baseline {done.version} is current: {done.forgotten:,} own baselines of {len(nodes)} node(s) "
@@ -228,4 +258,140 @@ def baseline_list(*, store: str) -> int:
         print(
             f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}"
         )
+    return 0
+
+
+# --- the audit trail ------------------------------------------------------------------------------------
+
+
+def audit_verify(*, store: str) -> int:
+    """Walk the store's audit trail: 0 when intact, 3 naming the first entry changed, removed or moved."""
+    log = AuditLog(_open_existing(store).objects)
+    checked = log.check()
+    if not checked.ok:
+        print(f"audit trail of {store}: BROKEN: {checked.problem}")
+        return 3
+    head = log.head()
+    last = f", last #{head['seq']} {str(head['hash'])[:16]}" if head else ""
+    print(f"audit trail of {store}: intact, {len(checked.entries)} entries{last}")
+    for key in checked.orphans:
+        print(f"  {key}: an interrupted or losing write, not part of the trail")
+    return 0
+
+
+def _since(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(f"--since {text!r}: not a date or time (2026-12-01 or 2026-12-01T02:00Z)") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def audit_show(*, store: str, node: str | None, since: str | None, as_json: bool) -> int:
+    """Print the trail's entries (a node's, since a time) oldest first; a broken trail is not shown."""
+    entries = AuditLog(_open_existing(store).objects).history(node=node, since=_since(since))
+    if as_json:
+        for entry in entries:
+            print(json.dumps(entry, sort_keys=True))
+        return 0
+    if not entries:
+        print("no audit entries" + (f" for {node}" if node else "") + (f" since {since}" if since else ""))
+    for e in entries:
+        obj = e.get("object") or {}
+        namespace = f"{obj['namespace']}/" if obj.get("namespace") else ""
+        where = f"{obj.get('kind')} {namespace}{obj.get('name')}"
+        change = json.dumps(e.get("after"), sort_keys=True) if e.get("after") is not None else ""
+        was = json.dumps(e.get("before"), sort_keys=True) if e.get("before") is not None else ""
+        arrow = f" {was} -> {change}" if was else (f" {change}" if change else "")
+        run = f" run {e['run_id']}" if e.get("run_id") else ""
+        print(f"#{e.get('seq')} {e.get('ts')} {e.get('action')} {where}{arrow} — {e.get('why') or ''}"
+              f" [{e.get('trigger')}{run}, {e.get('actor')}]")  # fmt: skip
+    return 0
+
+
+# --- gpucert certificate ---------------------------------------------------------------------------------
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed over it)."""
+    # Not mkstemp: its file is private (0600); a certificate is for others to read, so the umask decides.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        raise
+
+
+def certificate_build(
+    *,
+    store: str,
+    run_id: str | None,
+    since: str | None,
+    out: str,
+    key_file: str | None,
+    cluster: str | None = None,
+) -> int:
+    """``gpucert certificate``: write ``certificate-<run>.json`` (signed with ``key_file`` when given: the
+    signature is embedded) and ``certificate-<run>.html`` into ``out``; returns 0. Raises
+    :class:`InputError` for a bad option, key, store URI or run, and :class:`~gpucert.errors.StoreError`
+    when the store fails."""
+    from .certificate import build_certificate, load_private_key, render_certificate_html, sign
+
+    if (run_id is None) == (since is None):
+        raise InputError("certificate: give --run RUN_ID or --since DATE (one of them)")
+    day = None
+    if since is not None:
+        try:
+            day = date.fromisoformat(since)
+        except ValueError:
+            raise InputError(f"--since {since}: not a date (YYYY-MM-DD)") from None
+    folder = Path(out)
+    if not folder.is_dir():
+        raise InputError(f"--out {out}: not a folder")
+    key = load_private_key(key_file) if key_file is not None else None
+    cert = build_certificate(_open_existing(store), run_id, since=day, cluster=cluster)
+    if key is not None:
+        cert = sign(cert, key)
+    stem = f"certificate-{run_id}" if run_id is not None else f"certificate-since-{since}"
+    json_path, html_path = folder / f"{stem}.json", folder / f"{stem}.html"
+    _atomic_write(json_path, cert.to_json())
+    _atomic_write(html_path, render_certificate_html(cert, json_name=json_path.name))
+    tally = cert.body["tally"]
+    states = ", ".join(f"{tally.get(s, 0)} {s}" for s in ("certified", "degraded", "failed", "inconclusive"))
+    how = f"signed by key {cert.signature.key_sha256[:16]}" if cert.signature else "unsigned"
+    print(f"wrote {json_path} and {html_path.name}: {len(cert.runs)} run(s), {len(cert.body['nodes'])} nodes "
+          f"({states}); {how}; sha256 {cert.sha256[:16]}")  # fmt: skip
+    for skipped in cert.body.get("skipped") or []:
+        print(f"  not certified: {skipped['run_id']}: {skipped['why']}")
+    return 0
+
+
+def certificate_verify(cert_file: str, *, store: str | None, public_key_file: str | None) -> int:
+    """``gpucert certificate verify``: print each check; returns 0 when all pass, 3 when one fails. Raises
+    :class:`InputError` for a certificate, key or store URI that cannot be used."""
+    from .certificate import load_public_key, read_certificate, verify_certificate
+
+    cert = read_certificate(cert_file)
+    key = load_public_key(public_key_file) if public_key_file is not None else None
+    target = _open_existing(store) if store is not None else None
+    report = verify_certificate(cert, target, key)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 3
+
+
+def certificate_keygen(*, out: str) -> int:
+    """``gpucert certificate keygen``: write a new Ed25519 key pair (PEM) into ``out``; returns 0."""
+    from .certificate import generate_keys
+
+    private, public = generate_keys(out)
+    print(f"wrote {private} (private: keep it secret; --key) and {public} (public: --public-key)")
     return 0

@@ -36,7 +36,8 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A threshold of .inf or 1e400 is no threshold: refused, naming the key, like any impossible value.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class MetricPolicy(_Strict):
@@ -46,6 +47,11 @@ class MetricPolicy(_Strict):
     warn_z: float = Field(gt=0)
     fail_drop_pct: float = Field(gt=0, lt=100)
     node_drop_pct: float | None = Field(default=None, gt=0, lt=100)
+    repeats: int | None = Field(
+        default=None, ge=1, le=25,
+        description="measure this metric this many times per run (never fewer than the run's repeats); "
+        "cheap host copies get more, so a run's median is precise enough for drift",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _fail_beyond_warn(self) -> MetricPolicy:

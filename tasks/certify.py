@@ -40,8 +40,9 @@ from gpucert.certify import (
 )
 from gpucert.certify._run import DECISIONS, RESULTS, VERDICTS
 from gpucert.errors import InputError
-from gpucert.kube import Kube
+from gpucert.kube import Kube, KubeNotFound
 from gpucert.policy import Policy
+from gpucert.store import empty_baseline
 from gpucert.verdict import judge
 
 from ._retry import kube_task
@@ -95,11 +96,21 @@ def select_nodes(
 
 @kube_task("ship the payload, clear leftovers")
 def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str]) -> dict[str, Any]:
-    """Apply the payload ConfigMap (namespace first) and delete unfinished Jobs a killed run of another id
-    left on these nodes; returns the ConfigMap as stored."""
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": settings.namespace,
-                "labels": {"app.kubernetes.io/part-of": "gpucert"}}})  # fmt: skip
-    stored = kube.apply(payload_configmap(settings))
+    """Apply the payload ConfigMap and delete unfinished Jobs a killed run of another id left on these nodes;
+    returns the ConfigMap as stored.
+
+    The Jobs' namespace is configure's (it carries the Pod Security level the stack needs, and the runtime
+    role may not write namespaces): it is created here only where it is missing, a cluster certify runs
+    on unconfigured (the simulator's, a test's)."""
+    configmap = payload_configmap(settings)
+    try:
+        # Read first: a payload already there is not a change (the audit trail records none).
+        before = kube.find("v1", "ConfigMap", configmap["metadata"]["name"], settings.namespace)
+        stored = kube.apply(configmap, before=before)
+    except KubeNotFound:
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": settings.namespace,
+                    "labels": {"app.kubernetes.io/part-of": "gpucert"}}})  # fmt: skip
+        stored = kube.apply(configmap)
     orphans = orphaned_jobs(kube, settings, run_id, nodes)
     if orphans:
         get_run_logger().warning(
@@ -165,19 +176,24 @@ def judge_run(
     cohort: CertificationRun | None = None,
 ) -> RunVerdicts:
     """Judge the run's results against the current baseline (plus an inconclusive row per failed Job) and
-    store its ``verdicts.parquet``; returns them.
+    store its ``verdicts.parquet`` and ``policy.json`` (the policy and baseline version judged by); returns
+    the verdicts.
 
     A confirming re-run measures a few nodes: judged alone, its peers would be just those nodes. With
     ``cohort`` (the first run) the other nodes' results of that run join as peers, and only ``nodes``
     are judged.
     """
     parts = [job_failure_verdicts(run.run_id, failed)]
+    # One version, read by id and recorded with the policy (policy.json), so the decision can be re-judged.
+    version = run.store.current_version()
+    run.write_policy(policy, baseline_version=version)
     if len(failed) < len(nodes):
+        baseline = run.store.read(version) if version is not None else empty_baseline()
         if cohort is None:
-            judged = judge(run.results(), run.store.read(), policy)
+            judged = judge(run.results(), baseline, policy)
         else:
             peers = cohort.results() if cohort.has(RESULTS) else None
-            judged = judge_rerun(run.results(), peers, nodes, run.store.read(), policy)
+            judged = judge_rerun(run.results(), peers, nodes, baseline, policy)
         parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]
@@ -215,7 +231,12 @@ def act_on_nodes(kube: Kube, settlement: Settlement, *, prefix: str) -> dict[str
     now = datetime.now(UTC)
     done: dict[str, str] = {}
     for node, decision in sorted(settlement.decisions.items()):
-        change = apply_decision(kube, decision, prefix=prefix, run_id=settlement.run_id, now=now)
+        try:
+            change = apply_decision(kube, decision, prefix=prefix, run_id=settlement.run_id, now=now)
+        except KubeNotFound:  # deleted since its benchmark: nothing to write to; the other nodes still are
+            get_run_logger().warning("node %s is gone: its decision is recorded, not written to it", node)
+            done[node] = "node gone: nothing written"
+            continue
         words = []
         if change.labels:
             words.append(", ".join(f"{k}={v}" for k, v in change.labels.items()))

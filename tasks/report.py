@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+import httpx
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -20,7 +22,21 @@ def _artifact_key(what: str) -> str:
     return f"certify-{what}"
 
 
-@task(name="publish the report", cache_policy=NO_CACHE)
+def _prefect_unreachable(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry when the Prefect API did not answer. An artifact call makes a
+    fresh client, which (unlike the flow's own) does not retry a refused connection: a server restart
+    would otherwise fail the run after it acted, before its tickets."""
+    try:
+        state.result(raise_on_failure=True)
+    except httpx.TransportError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="publish the report", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[5, 10, 20],
+      retry_condition_fn=_prefect_unreachable)  # fmt: skip
 def publish_report(
     run: CertificationRun, settlement: Settlement, actions: Mapping[str, str]
 ) -> tuple[str, str]:

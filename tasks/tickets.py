@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.certify import CertificationRun, TicketStep, ticket_step
-from gpucert.tickets import EscalationPolicy, TicketBackend, record_repairs
+from gpucert.tickets import EscalationPolicy, TicketBackend, TicketEvent, record_repairs
 
 __all__ = ["record_repairs_task", "ticket_run"]
 
@@ -35,11 +35,10 @@ def ticket_run(
 @task(name="record repairs", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10])
 def record_repairs_task(
     backend: TicketBackend | None, nodes: Sequence[str], now: datetime, *, action: str | None, note: str
-) -> list[str]:
-    """Record a repair on every open ticket of ``nodes``; returns ``"<ticket id>: <what>"`` per ticket (none
-    without a backend: there are no tickets to record on)."""
+) -> list[TicketEvent]:
+    """Record a repair on every open ticket of ``nodes``; returns the ticket events (none without a
+    backend: there are no tickets to record on)."""
     if backend is None:
         get_run_logger().warning("ticketing not configured: no ticket to record the repair on")
         return []
-    events = record_repairs(backend, nodes, now, action=action, note=note, by="gpucert release")
-    return [f"{e.ticket.id}: {e.detail}" for e in events]
+    return record_repairs(backend, nodes, now, action=action, note=note, by="gpucert release")

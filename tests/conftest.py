@@ -58,6 +58,20 @@ def seeded() -> Seeded:
     return Seeded(fleet, baseline)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def default_store_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Flows given no store (configure's audit trail, say) use ``$GPUCERT_STORE``, else ``./gpucert-store``:
+    in the tests, a temp dir, never a store in the checkout. A test that sets its own wins."""
+    if os.environ.get("GPUCERT_STORE"):
+        yield
+        return
+    os.environ["GPUCERT_STORE"] = str(tmp_path_factory.mktemp("default-store"))
+    try:
+        yield
+    finally:
+        os.environ.pop("GPUCERT_STORE", None)
+
+
 def row(verdicts: pd.DataFrame, node: str, gpu: int | None = None) -> pd.Series:
     """The verdict row of one GPU, or of a node (gpu None)."""
     if gpu is None:

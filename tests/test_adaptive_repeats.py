@@ -8,13 +8,14 @@ same (``Fleet.run(max_repeats=…)``), and the verdict engine reads however many
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from gpucert.baseline import build_baseline
-from gpucert.bench._stability import DEFAULT_CV_REP, RepeatRule, judge_repeats
+from gpucert.bench._stability import DEFAULT_CV_REP, DEFAULT_REPEATS_OF, RepeatRule, judge_repeats
 from gpucert.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
@@ -38,7 +39,11 @@ def test_the_payload_defaults_are_the_policys() -> None:
         policy.repeats.unstable_factor,
         policy.repeats.transient_pct,
     )
-    assert (rule.repeats, rule.ceiling) == (3, 7)
+    assert dict(DEFAULT_REPEATS_OF) == {m: p.repeats for m, p in policy.metrics.items() if p.repeats}
+    assert (rule.repeats, rule.ceiling(GEMM)) == (3, 7)
+    # Host copies are measured twelve times, and never fewer than a run asks for every metric.
+    assert (rule.base("h2d_gbps"), rule.ceiling("h2d_gbps")) == (12, 16)
+    assert RepeatRule(repeats=15).base("h2d_gbps") == 15
 
 
 def test_what_is_unstable_and_how_many_more_settle_it() -> None:
@@ -129,10 +134,10 @@ def test_the_verdict_reads_three_to_seven_repeats_and_uses_them_all(seeded: Seed
 
     settled = row(verdicts, nodes[3], 2)
     assert settled["verdict"] == "pass"
-    assert settled["reasons"].count("was a transient") == 2
+    assert len(re.findall(f"{GEMM}: repeat \\d+ was a transient", settled["reasons"])) == 2
     all_used = row(verdicts, nodes[4], 5)
     assert all_used["verdict"] == "pass", all_used["reasons"]
-    assert all_used["reasons"].count("was a transient") == 3
+    assert len(re.findall(f"{GEMM}: repeat \\d+ was a transient", all_used["reasons"])) == 3
     unstable = row(verdicts, nodes[5], 1)
     assert (unstable["verdict"], unstable["action"]) == ("warn", "retest")
     assert "repeats unstable (7 of them" in unstable["reasons"]
@@ -164,7 +169,8 @@ def _unstable_share(seed: int, max_repeats: int) -> tuple[float, int]:
     )
     healthy = gpus[gpus["slow_silicon"] >= 1.0]
     unstable = healthy["reasons"].astype(str).str.contains("repeats unstable")
-    extra = night["metric"].isin(GPU_PERF_METRICS) & (night["repeat"] >= 3)
+    base = night["metric"].map(lambda m: RepeatRule().base(str(m))).astype(int)
+    extra = night["metric"].isin(GPU_PERF_METRICS) & (night["repeat"] >= base)
     return float(unstable.mean()), int(extra.sum())
 
 
@@ -176,5 +182,42 @@ def test_a_fleet_with_transient_repeats_stays_quiet() -> None:
           f"up to 7 ({extra} extra GPU repeat rows)")  # fmt: skip
     assert none == 0
     assert before > 0.001  # two transients of three on 0.2-0.4 % of GPUs
-    assert after == 0.0
+    # Four transients in seven repeats (~1e-5 of results at a 2 % transient rate) can remain: certify
+    # re-runs such a node; the payload's loop removes nearly all the rest.
+    assert after <= before / 5
     assert 0 < extra < 0.01 * 512 * 8 * 4 * 3
+
+
+# --- the policy reaches the payload ----------------------------------------------------------------------
+
+
+def test_a_custom_policys_repeat_rule_is_what_the_payload_measures_by() -> None:
+    from gpucert.bench._cli import check_args
+    from gpucert.certify import (
+        BenchmarkSettings,
+        PayloadArgsError,
+        benchmark_job,
+        payload_configmap,
+        policy_payload_args,
+    )
+    from gpucert.policy import load_policy
+
+    # The shipped policy is the payload's defaults: the Job says nothing more.
+    assert policy_payload_args(default_policy()) == ()
+    custom = load_policy(overrides={
+        "metrics": {"h2d_gbps": {"repeats": 5, "cv_rep": 0.02}, GEMM: {"repeats": 4}},
+        "repeats": {"unstable_factor": 4.0, "transient_pct": 6.0},
+    })  # fmt: skip
+    args = policy_payload_args(custom)
+    job = benchmark_job(
+        "night-1", "gpu-node-00002", 8, payload=payload_configmap(),
+        settings=BenchmarkSettings(policy_args=args),
+    )  # fmt: skip
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    rule = check_args(container["args"]).rule
+    assert (rule.base(GEMM), rule.base("h2d_gbps"), rule.base("d2h_gbps")) == (4, 5, 12)
+    assert rule.expected("h2d_gbps") == 0.02
+    assert (rule.unstable_factor, rule.transient_pct) == (4.0, 6.0)
+    # The policy is their one home: payload arguments may not set them behind its back.
+    with pytest.raises(PayloadArgsError, match="--repeats-of"):
+        BenchmarkSettings(payload_args=("--repeats-of=h2d_gbps=3",))

@@ -115,7 +115,10 @@ def test_cpu_run_prints_valid_results(cpu_run: tuple[Any, Path, Path]) -> None:
     for metric in TORCH_STEPS:
         for gpu in (0, 1):
             got = frame[(frame["metric"] == metric) & (frame["gpu"] == gpu)]
-            assert sorted(got["repeat"]) == [0, 1], (metric, gpu)
+            # --repeats 2, and the host copies' own twelve (--repeats-of's defaults), more if they disagree.
+            rule, n = Options("t1", "n", repeats=2).rule, len(got)
+            assert sorted(got["repeat"]) == list(range(n)), metric
+            assert rule.base(metric) <= n <= rule.ceiling(metric), metric
             assert (got["value"] > 0).all()
     allreduce = frame[frame["metric"] == "nccl_allreduce_busbw_gbps"]
     assert sorted(allreduce["repeat"]) == [0, 1]
@@ -780,10 +783,10 @@ def test_unstable_repeats_are_measured_again_up_to_the_maximum(scripted: _Script
     # Never agreeing: it stops at --max-repeats (7), and says so.
     assert repeats[("gemm_bf16_tflops", 1)] == list(range(7))
     assert scripted.calls[("gemm_bf16_tflops", 1)] == 7
-    # Stable metrics stay at --repeats.
-    for metric in ("hbm_copy_gbps", "h2d_gbps", "d2h_gbps"):
+    # Stable metrics stay at their base repeats: --repeats, and twelve for the host copies (--repeats-of).
+    for metric, base in (("hbm_copy_gbps", 3), ("h2d_gbps", 12), ("d2h_gbps", 12)):
         for gpu in (0, 1):
-            assert repeats[(metric, gpu)] == [0, 1, 2], (metric, gpu)
+            assert repeats[(metric, gpu)] == list(range(base)), (metric, gpu)
     # Its median (520) is a transient itself: the good repeat stands far above it.
     assert "GPU 0: gemm_bf16_tflops: repeats disagree (1 of 3 repeats far above their median): 2 more, 5 of" in err
     assert "GPU 1: gemm_bf16_tflops: repeats still disagree after 7" in err
@@ -793,7 +796,7 @@ def test_max_repeats_equal_to_repeats_turns_extra_repeats_off(scripted: _Scripte
     skip = frozenset({"allreduce", "telemetry", "dcgm"})
     opts = Options("t5", "node-d", device="cpu", gemm_warmup_seconds=0.0, skip=skip, max_repeats=3)
     rows, err = _run_in_process(opts)
-    assert {k: len(v) for k, v in _repeats_of(rows).items()} == dict.fromkeys(_repeats_of(rows), 3)
+    assert {k: len(v) for k, v in _repeats_of(rows).items()} == {k: opts.rule.base(k[0]) for k in _repeats_of(rows)}
     assert "at the maximum of 3" in err
 
 
@@ -801,7 +804,7 @@ def test_no_extra_repeat_starts_when_it_would_not_fit_before_the_deadline(script
     skip = frozenset({"allreduce", "telemetry", "dcgm"})
     opts = Options("t5", "node-d", device="cpu", gemm_warmup_seconds=0.0, skip=skip, deadline_s=5.0)
     rows, err = _run_in_process(opts)
-    assert all(len(v) == 3 for v in _repeats_of(rows).values())
+    assert all(len(v) == opts.rule.base(metric) for (metric, _), v in _repeats_of(rows).items())
     assert "would not fit before the deadline" in err
     # With time enough, the same run measures again.
     scripted.calls.clear()

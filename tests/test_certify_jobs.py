@@ -185,6 +185,7 @@ def test_the_benchmark_job_is_valid_and_follows_the_conventions(cm: dict[str, An
     assert pod["tolerations"] == [
         {"key": f"{PREFIX}/uncertified", "operator": "Exists", "effect": "NoSchedule"},
         {"key": f"{PREFIX}/unhealthy", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": f"{PREFIX}/testing", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     ]
     c = container(job)

@@ -3,6 +3,7 @@ Prefect server, the simulated cluster, configure → certify → a night of oper
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,21 @@ def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path
     assert (tmp_path / "demo" / "store" / "baselines" / "current").exists()
     # One decision on record per run, and the labels, the verdicts and the report all say it.
     assert "Decisions on record agree with every node's state label (17 nodes)" in out
+    # Every change recorded twice: the trail checks out, and each taint set has its entry and its Event.
+    assert "Audit trail intact:" in out
+    assert "each of the 0 taints" not in out
+    store_uri = (tmp_path / "demo" / "store").as_uri()
+    check = subprocess.run([gpucert, "audit", "verify", "--store", store_uri], env=env, capture_output=True,
+                           text=True, timeout=120, check=False)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    shown = subprocess.run([gpucert, "audit", "show", "--store", store_uri, "--format", "json"], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    entries = [json.loads(line) for line in shown.splitlines()]
+    triggers = {e["trigger"] for e in entries}
+    assert {"python", "api"} <= triggers  # the demo's direct calls, and the onboarding through the REST API
+    assert {"taint.add", "label", "job.create", "baseline.write", "ticket.open", "apply"} <= {
+        e["action"] for e in entries
+    }
     runs = sorted((tmp_path / "demo" / "store" / "runs").glob("date=*/run=*"))
     assert len(runs) >= 3  # certify, the night, the onboarding
     for run in runs:

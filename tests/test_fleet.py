@@ -549,25 +549,27 @@ def test_repeats_that_disagree_are_drawn_again_as_the_payload_does() -> None:
     adaptive = plain(f.run("a", ts=MIDNIGHT, seed=8, pairs=True).results)
     fixed = plain(f.run("a", ts=MIDNIGHT, seed=8, pairs=True, max_repeats=3).results)
     perf = adaptive[adaptive["metric"].isin(PERF_METRICS)]
-    # The first three repeats are the fixed wave's, to the bit; the rest of the frame too.
-    first = perf[perf["repeat"] < 3].reset_index(drop=True)
+    # The base repeats (three; twelve for the host copies) are the fixed wave's, to the bit; the rest too.
+    rule = RepeatRule()
+    base = perf["metric"].map(lambda m: rule.base(str(m))).astype(int)
+    first = perf[perf["repeat"] < base].reset_index(drop=True)
     pd.testing.assert_frame_equal(first, fixed[fixed["metric"].isin(PERF_METRICS)].reset_index(drop=True))
     rest = adaptive[~adaptive["metric"].isin(PERF_METRICS)].reset_index(drop=True)
     pd.testing.assert_frame_equal(rest, fixed[~fixed["metric"].isin(PERF_METRICS)].reset_index(drop=True))
-    rule = RepeatRule()
     seen: Counter[tuple[str, bool]] = Counter()
     for (_node, _gpu, metric, _peer), result in perf.groupby(["node", "gpu", "metric", "peer"]):
         values = result["value"].tolist()
         n = len(values)
         assert result["repeat"].tolist() == list(range(n))
-        assert 3 <= n <= 7
-        # More only where the first three disagreed; it stops once they agree, or at the maximum.
-        assert rule.judge(metric, values[:3]).unstable == (n > 3)
-        assert not rule.judge(metric, values).unstable or n == 7
-        seen[metric, n > 3] += 1
+        b, top = rule.base(metric), rule.ceiling(metric)
+        assert b <= n <= top
+        # More only where the base repeats disagreed; it stops once they agree, or at the maximum.
+        assert rule.judge(metric, values[:b]).unstable == (n > b)
+        assert not rule.judge(metric, values).unstable or n == top
+        seen[metric, n > b] += 1
     assert seen[GEMM, True] > 0
     assert seen[NCCL, True] > 0
     assert seen[GEMM, False] > seen[GEMM, True]
     # One repeat (the simulated cluster's DCGM and fault checks) is never judged, so never extended.
-    one = f.run("a", ts=MIDNIGHT, seed=8, repeats=1).results
+    one = f.run("a", ts=MIDNIGHT, seed=8, repeats=1, repeats_of={}).results
     assert (one["repeat"] == 0).all()

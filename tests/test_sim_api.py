@@ -76,7 +76,8 @@ def test_discovery_documents_are_at_the_real_paths_with_the_real_fields(sim: Sim
     assert by_name["pods/log"]["verbs"] == ["get"]
     assert "nodes/status" in by_name
     _, _, groups = raw(sim, "GET", "/apis")
-    assert {g["name"] for g in groups["groups"]} == {"apps", "batch", "rbac.authorization.k8s.io"}
+    assert {g["name"] for g in groups["groups"]} == {"apps", "batch", "coordination.k8s.io", "events.k8s.io",
+                                                     "rbac.authorization.k8s.io"}
     _, _, apps = raw(sim, "GET", "/apis/apps/v1")
     assert apps["groupVersion"] == "apps/v1"
     assert {r["name"]: r.get("shortNames") for r in apps["resources"]}["daemonsets"] == ["ds"]

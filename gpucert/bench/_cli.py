@@ -15,7 +15,13 @@ from ..metrics import METRICS
 from ._dcgm import DIAG_LEVELS
 from ._nccl_tests import check_extra_args
 from ._run import STEPS, Options, run
-from ._stability import DEFAULT_CV_REP, DEFAULT_MAX_REPEATS, DEFAULT_TRANSIENT_PCT, DEFAULT_UNSTABLE_FACTOR
+from ._stability import (
+    DEFAULT_CV_REP,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_REPEATS_OF,
+    DEFAULT_TRANSIENT_PCT,
+    DEFAULT_UNSTABLE_FACTOR,
+)
 
 __all__ = ["ArgumentsError", "build_parser", "check_args", "main", "parse_args"]
 
@@ -84,6 +90,22 @@ def _cv_rep(text: str) -> tuple[str, float]:
     if not 0 < cv < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a CV is a fraction between 0 and 1 (0.007 for 0.7 %)")
     return name, cv
+
+
+#: The most repeats one metric may be given (the policy's bound on metrics.<name>.repeats).
+MAX_METRIC_REPEATS = 25
+
+
+def _repeats_of(text: str) -> tuple[str, int]:
+    """``METRIC=N``: base repeats of a performance metric measured more often than ``--repeats``."""
+    name, eq, number = text.partition("=")
+    name = name.strip()
+    if not eq or name not in METRICS or METRICS[name].kind != "perf":
+        perf = ", ".join(m for m, spec in METRICS.items() if spec.kind == "perf")
+        raise argparse.ArgumentTypeError(f"{text!r} is not METRIC=N with METRIC one of {perf}")
+    if not number.strip().isdigit() or not 1 <= int(number) <= MAX_METRIC_REPEATS:
+        raise argparse.ArgumentTypeError(f"{text!r}: N must be a whole number from 1 to {MAX_METRIC_REPEATS}")
+    return name, int(number)
 
 
 def _factor(text: str) -> float:
@@ -164,6 +186,10 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--cv-rep", type=_cv_rep, action="append", default=[], metavar="METRIC=CV",
                    help="expected run-to-run CV of a metric, the policy's metrics.<name>.cv_rep (repeatable; "
                    "defaults as in gpucert/data/policy.yaml)")  # fmt: skip
+    p.add_argument("--repeats-of", type=_repeats_of, action="append", default=[], metavar="METRIC=N",
+                   help="measure METRIC N times (never fewer than --repeats): the policy's "
+                   "metrics.<name>.repeats (repeatable; defaults as in gpucert/data/policy.yaml: "
+                   + ", ".join(f"{m}={n}" for m, n in DEFAULT_REPEATS_OF.items()) + ")")  # fmt: skip
     p.add_argument("--unstable-factor", type=_factor, default=DEFAULT_UNSTABLE_FACTOR,
                    help="repeats disagree above this many times the expected CV: the policy's "
                    f"repeats.unstable_factor (default {DEFAULT_UNSTABLE_FACTOR:g})")  # fmt: skip
@@ -240,6 +266,7 @@ def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Op
         repeats=a.repeats,
         max_repeats=max(a.repeats, a.max_repeats),
         cv_rep=tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items()),
+        repeats_of=tuple({**DEFAULT_REPEATS_OF, **dict(a.repeats_of)}.items()),
         unstable_factor=a.unstable_factor,
         transient_pct=a.transient_pct,
         deadline_s=deadline or 0.0,

@@ -21,7 +21,8 @@ A flat JSON object of component → version strings (the shape ``gpucert baselin
 ``driver`` and ``cuda_driver`` (NVML), ``cuda`` (``torch.version.cuda``), ``nccl``
 (``torch.cuda.nccl.version()``), ``torch``, ``vbios.<gpu>`` per GPU (NVML), ``gpu_model``, ``kernel``
 (``uname -r``), ``hostname``, ``node``, ``python`` and ``gpucert`` (the payload's version: a change of
-benchmark is a change of stack). A component that cannot be read is left out, never guessed.
+benchmark is a change of stack); and, not a version but the board's identity, ``serial.<gpu>`` (NVML; an
+acceptance certificate names each GPU by it). A component that cannot be read is left out, never guessed.
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ def stack_record(found: Discovery, node: str, hostname: str | None = None) -> di
         for index, handle in sorted(found.handles.items()):
             try:
                 record[f"vbios.{index}"] = text(nvml.nvmlDeviceGetVbiosVersion(handle))
+            except Exception:
+                continue
+            try:  # the board serial (NOT_SUPPORTED on some boards): what an acceptance certificate names
+                record[f"serial.{index}"] = text(nvml.nvmlDeviceGetSerial(handle))
             except Exception:
                 continue
     torch = found.torch

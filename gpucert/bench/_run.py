@@ -35,6 +35,7 @@ from ._rows import RowWriter
 from ._stability import (
     DEFAULT_CV_REP,
     DEFAULT_MAX_REPEATS,
+    DEFAULT_REPEATS_OF,
     DEFAULT_TRANSIENT_PCT,
     DEFAULT_UNSTABLE_FACTOR,
     RepeatRule,
@@ -67,6 +68,9 @@ class Options:
     cv_rep: tuple[tuple[str, float], ...] = tuple(DEFAULT_CV_REP.items())
     unstable_factor: float = DEFAULT_UNSTABLE_FACTOR
     transient_pct: float = DEFAULT_TRANSIENT_PCT
+    #: (metric, base repeats) for metrics measured more often than ``repeats``: the policy's
+    #: ``metrics.<name>.repeats``
+    repeats_of: tuple[tuple[str, int], ...] = tuple(DEFAULT_REPEATS_OF.items())
     #: seconds from the payload's start by which it must be done; 0: no deadline
     deadline_s: float = 0.0
     gemm_shape: tuple[int, int, int] = (8192, 8192, 8192)
@@ -93,7 +97,8 @@ class Options:
 
     @property
     def rule(self) -> RepeatRule:
-        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct)
+        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct,
+                          self.repeats_of)
 
 
 class Watchdog:
@@ -170,7 +175,7 @@ class _Run:
             for _step, metric, _load, _secs, _fn in chosen:
                 self.rows.error(metric, self.found.torch_reason or "no GPU found (NVML and torch see none)")
             return
-        nominal = [self._nominal(step, seconds) for step, _m, _l, seconds, _f in chosen]
+        nominal = [self._nominal(step, metric, seconds) for step, metric, _l, seconds, _f in chosen]
         devices = sorted(self.found.devices.items())
         for position, (index, dev) in enumerate(devices):
             gpu_seconds = 0.0
@@ -186,7 +191,8 @@ class _Run:
                                     index)  # fmt: skip
                     continue
                 device = self._torch_device(dev.torch_index)
-                self.rows.say(f"GPU {index}: {step} × {o.repeats}")
+                base = self.rule.base(metric)
+                self.rows.say(f"GPU {index}: {step} × {base}")
                 t0 = time.monotonic()
                 try:
                     with self._current(device), self._loaded([index], load):
@@ -195,7 +201,7 @@ class _Run:
                                 heat(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
                         values: list[float] = []
                         took: list[float] = []
-                        target = o.repeats
+                        target = base
                         while len(values) < target:
                             t = time.monotonic()
                             with self.watchdog.guard(metric, index, self._timeout(seconds)):
@@ -204,7 +210,7 @@ class _Run:
                             if not self.rows.gpu(metric, index, value, len(values)):
                                 break
                             values.append(value)
-                            if len(values) == o.repeats:
+                            if len(values) == base:
                                 gpu_seconds += time.monotonic() - t0
                             if len(values) == target:
                                 each = statistics.fmean(took)
@@ -243,12 +249,13 @@ class _Run:
         if ranks < 2:
             self.rows.say(f"{ranks} device(s): no intra-node all-reduce to measure")
             return
-        timeout = self._timeout(max(30.0, o.repeats * o.allreduce_iters * 0.5))
-        cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, o.repeats,
+        base = self.rule.base(metric)
+        timeout = self._timeout(max(30.0, base * o.allreduce_iters * 0.5))
+        cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, base,
                               iters=o.allreduce_iters, timeout_s=timeout, devices=devices)  # fmt: skip
-        self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {o.repeats}")
+        self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {base}")
         values: list[float] = []
-        batch = o.repeats
+        batch = base
         first = 0.0
         while batch:
             t = time.monotonic()
@@ -263,7 +270,7 @@ class _Run:
                 if self.rows.node_row(metric, value, len(values)):
                     values.append(value)
             # Each batch starts its ranks afresh: its start-up and warm-up cost about the whole first batch.
-            batch = self._more(metric, values, "node", first / o.repeats, self._dcgm_work(), per_batch=first)
+            batch = self._more(metric, values, "node", first / base, self._dcgm_work(), per_batch=first)
             timeout = self._timeout(max(30.0, batch * o.allreduce_iters * 0.5))
             cfg = replace(cfg, repeats=batch, timeout_s=timeout)
 
@@ -272,7 +279,7 @@ class _Run:
         gpus = len(self.found.devices)
         values: list[float] = []
         took: list[float] = []
-        target = o.repeats
+        target = self.rule.base(metric)
         while len(values) < target:
             t = time.monotonic()
             try:
@@ -370,7 +377,7 @@ class _Run:
         n = len(values)
         if more == 0:
             self.rows.say(f"{where}: {metric}: repeats still disagree after {n} ({verdict.why}): at the "
-                          f"maximum of {self.rule.ceiling}")  # fmt: skip
+                          f"maximum of {self.rule.ceiling(metric)}")  # fmt: skip
             return 0
         if not self._fits(per_batch + more * each + ahead):
             left = "?" if self.deadline is None else f"{self.deadline - time.monotonic():.0f}"
@@ -378,7 +385,7 @@ class _Run:
                           f"would not fit before the deadline ({left} s left, {ahead:.0f} s of work ahead)")
             return 0
         self.rows.say(f"{where}: {metric}: repeats disagree ({verdict.why}): {more} more, "
-                      f"{n + more} of at most {self.rule.ceiling}")  # fmt: skip
+                      f"{n + more} of at most {self.rule.ceiling(metric)}")  # fmt: skip
         return more
 
     def _fits(self, seconds: float) -> bool:
@@ -386,11 +393,11 @@ class _Run:
             return True
         return time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
 
-    def _nominal(self, step: str, seconds: float) -> float:
-        """Planned seconds of one GPU's base repeats of ``step``, warm-up included."""
+    def _nominal(self, step: str, metric: str, seconds: float) -> float:
+        """Planned seconds of one GPU's base repeats of ``step`` (measuring ``metric``), warm-up included."""
         o = self.opts
         warmup = o.gemm_warmup_seconds if step == "gemm" else 0.0
-        return _OVERHEAD * (warmup + o.repeats * seconds) + 1.0
+        return _OVERHEAD * (warmup + self.rule.base(metric) * seconds) + 1.0
 
     def _node_work(self) -> float:
         """Planned seconds of the node's base work after the GPUs: the all-reduce, then DCGM."""
@@ -398,7 +405,8 @@ class _Run:
         allreduce = 0.0
         if "allreduce" not in o.skip:
             # Start-up (spawn, imports, NCCL init) and each repeat's iterations at a modest 50 GB/s.
-            allreduce = 60.0 + _OVERHEAD * o.repeats * o.allreduce_iters * o.allreduce_bytes / 50e9
+            repeats = self.rule.base("nccl_allreduce_busbw_gbps")
+            allreduce = 60.0 + _OVERHEAD * repeats * o.allreduce_iters * o.allreduce_bytes / 50e9
         return allreduce + self._dcgm_work()
 
     def _dcgm_work(self) -> float:

@@ -29,6 +29,7 @@ __all__ = [
     "ABOVE_FACTOR",
     "DEFAULT_CV_REP",
     "DEFAULT_MAX_REPEATS",
+    "DEFAULT_REPEATS_OF",
     "DEFAULT_TRANSIENT_PCT",
     "DEFAULT_UNSTABLE_FACTOR",
     "MAD_TO_SIGMA",
@@ -60,6 +61,14 @@ DEFAULT_CV_REP: Mapping[str, float] = {
     "nccl_allreduce_busbw_gbps": 0.01,
     "nccl_pair_busbw_gbps": 0.04,
     "storage_read_gbps": 0.03,
+}
+#: ``metrics.<name>.repeats`` of gpucert/data/policy.yaml (a test keeps the two equal): metrics measured
+#: more often than ``--repeats``. A host copy repeat takes about a second (a GEMM's 30), and at 1.5 % per
+#: repeat three leave a run's median ±1.1 %, twelve ±0.5 %: what lets drift see a −0.5 %/night loss
+#: within 6 nights and a −3 % step the first night (benchmarks/drift_speed.py); it costs a node ~2.5 min.
+DEFAULT_REPEATS_OF: Mapping[str, int] = {
+    "h2d_gbps": 12,
+    "d2h_gbps": 12,
 }
 
 
@@ -158,16 +167,23 @@ class RepeatRule:
     """The payload's stability rule: expected CVs per metric, the policy's knobs, and the repeat bounds."""
 
     repeats: int = 3
-    #: at most this many repeats of a result (never fewer than ``repeats``)
+    #: at most this many repeats of a result measured ``repeats`` times (see :meth:`ceiling`)
     max_repeats: int = DEFAULT_MAX_REPEATS
     #: (metric, expected cv_rep) pairs; a metric not named here never gets more repeats
     cv_rep: tuple[tuple[str, float], ...] = tuple(DEFAULT_CV_REP.items())
     unstable_factor: float = DEFAULT_UNSTABLE_FACTOR
     transient_pct: float = DEFAULT_TRANSIENT_PCT
+    #: (metric, base repeats) pairs for metrics measured more often than ``repeats``
+    repeats_of: tuple[tuple[str, int], ...] = tuple(DEFAULT_REPEATS_OF.items())
 
-    @property
-    def ceiling(self) -> int:
-        return max(self.repeats, self.max_repeats)
+    def base(self, metric: str) -> int:
+        """The repeats ``metric`` always gets: its own count, never fewer than ``repeats``."""
+        return max(self.repeats, dict(self.repeats_of).get(metric, self.repeats))
+
+    def ceiling(self, metric: str) -> int:
+        """The most repeats ``metric`` may get while they disagree: ``max_repeats``, and as many more for a
+        metric with more base repeats than ``repeats`` (the same headroom)."""
+        return self.base(metric) + max(0, self.max_repeats - self.repeats)
 
     def expected(self, metric: str) -> float:
         return dict(self.cv_rep).get(metric, math.inf)
@@ -185,4 +201,4 @@ class RepeatRule:
     def more(self, metric: str, values: Sequence[float]) -> tuple[int, Stability]:
         """(repeats to add now, the judgement): 0 when they agree or the ceiling is reached."""
         verdict = self.judge(metric, values)
-        return min(verdict.settle, max(0, self.ceiling - len(values))), verdict
+        return min(verdict.settle, max(0, self.ceiling(metric) - len(values))), verdict

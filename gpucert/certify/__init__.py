@@ -51,6 +51,7 @@ from ._jobs import (
     payload_items,
     payload_key,
     payload_path,
+    policy_payload_args,
 )
 from ._judge import judge_rerun, settle_offline
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
@@ -149,6 +150,7 @@ __all__ = [
     "payload_key",
     "payload_path",
     "pending_runs",
+    "policy_payload_args",
     "rerun_id",
     "run_wave",
     "settle",

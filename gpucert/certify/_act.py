@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .._crashpoints import crashpoint
 from ..kube import Kube, KubeConflict, condition, node_name, taint_keys
 from ._settle import SettledDecision
 
@@ -159,11 +160,12 @@ def apply_decision(
         patch, change = node_patch(node, decision, prefix=prefix, run_id=run_id, now=now)
         if patch is not None:
             try:
-                node = kube.merge_patch("v1", "Node", decision.node, patch)
+                node = kube.merge_patch("v1", "Node", decision.node, patch, before=node)
             except KubeConflict:
                 if attempt + 1 == _ATTEMPTS:
                     raise
                 continue
+            crashpoint("between-taints", when=change.taint == "added")
         status = condition_patch(node, decision, now=now)
         if status is not None:
             kube.patch_status("v1", "Node", node_name(node) or decision.node, status)

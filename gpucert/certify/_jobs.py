@@ -48,6 +48,7 @@ from .._names import check_run_id
 from .._templates import yaml_environment
 from ..errors import GpucertError, InputError
 from ..kube import Kube, KubeConflict
+from ..policy import Policy
 from ..stack import (
     STACK_NAMESPACE,
     StackRenderError,
@@ -79,6 +80,7 @@ __all__ = [
     "payload_items",
     "payload_key",
     "payload_path",
+    "policy_payload_args",
 ]
 
 #: NVIDIA's PyTorch container: a tested torch + CUDA + NCCL build for every data-centre GPU gpucert
@@ -99,7 +101,11 @@ _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?
 #: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
 _CONFIGMAP_LIMIT = 1 << 20
 #: The payload flags this module sets itself; ``payload_args`` may not set them again.
-_OWN_FLAGS = ("--run-id", "--node", "--repeats", "--expected-gpus", "--deadline-seconds")
+_OWN_FLAGS = (
+    "--run-id", "--node", "--repeats", "--expected-gpus", "--deadline-seconds",
+    # The policy's, one home: metrics.<name>.cv_rep and .repeats, repeats.unstable_factor and .transient_pct.
+    "--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct",
+)  # fmt: skip
 #: Of a Job's deadline, what image pull and scheduling may take before the payload starts.
 _START_ALLOWANCE_S = 300
 #: What the Job's own flags are checked with when ``payload_args`` are checked alone.
@@ -115,6 +121,30 @@ class JobRenderError(GpucertError):
 class PayloadArgsError(JobRenderError, InputError, ValueError):
     """Payload arguments the payload's command line would refuse, or that set a flag the Job sets; the
     message names the argument. Bad input (exit 2), and a ``ValueError`` like every other bad setting."""
+
+
+def policy_payload_args(policy: Policy) -> tuple[str, ...]:
+    """The payload flags that carry ``policy``'s repeat rule where it differs from the payload's own defaults
+    (which are the shipped policy's): expected CVs, per-metric repeats, the instability knobs."""
+    from ..bench._stability import (
+        DEFAULT_CV_REP,
+        DEFAULT_REPEATS_OF,
+        DEFAULT_TRANSIENT_PCT,
+        DEFAULT_UNSTABLE_FACTOR,
+    )
+
+    args: list[str] = []
+    for name, metric in sorted(policy.metrics.items()):
+        if DEFAULT_CV_REP.get(name) != metric.cv_rep:
+            args += ["--cv-rep", f"{name}={metric.cv_rep:g}"]
+        if DEFAULT_REPEATS_OF.get(name) != metric.repeats:
+            # No repeats of its own: as many as every metric gets (1 never raises a run's --repeats).
+            args += ["--repeats-of", f"{name}={metric.repeats or 1}"]
+    if policy.repeats.unstable_factor != DEFAULT_UNSTABLE_FACTOR:
+        args += ["--unstable-factor", f"{policy.repeats.unstable_factor:g}"]
+    if policy.repeats.transient_pct != DEFAULT_TRANSIENT_PCT:
+        args += ["--transient-pct", f"{policy.repeats.transient_pct:g}"]
+    return tuple(args)
 
 
 def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
@@ -154,6 +184,9 @@ class BenchmarkSettings:
     label_prefix: str = DEFAULT_LABEL_PREFIX
     #: ``--repeats`` of the payload.
     repeats: int = 3
+    #: The policy's repeat rule as payload flags (:func:`policy_payload_args`): what the payload's
+    #: defaults do not already say.
+    policy_args: tuple[str, ...] = ()
     #: The Job's ``activeDeadlineSeconds``: image pull (an NGC image is ~10 GB), scheduling and a full
     #: run of 8 GPUs (about 2 minutes each, then the all-reduce) with room to spare.
     deadline_s: int = 3600
@@ -349,6 +382,8 @@ def _tolerations(label_prefix: str) -> list[dict[str, str]]:
     return [
         {"key": f"{label_prefix}/uncertified", "operator": "Exists", "effect": "NoSchedule"},
         {"key": f"{label_prefix}/unhealthy", "operator": "Exists", "effect": "NoSchedule"},
+        # The taint of a node under test (its run's Lease held): only the benchmark lands there.
+        {"key": f"{label_prefix}/testing", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     ]
 
@@ -390,6 +425,7 @@ def benchmark_job(
         # Extra repeats (to settle disagreeing ones) start only if they fit before the Job's own deadline,
         # less what pulling the image and scheduling may have taken.
         "--deadline-seconds", str(max(60, s.deadline_s - _START_ALLOWANCE_S)),
+        *s.policy_args,
     ]  # fmt: skip
     # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
     payload_args = check_payload_args(s.payload_args, prefix=own)

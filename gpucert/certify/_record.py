@@ -35,6 +35,8 @@ _WHY = {
     "deadline": "the benchmark did not finish before its deadline",
     "vanished": "the benchmark Job was deleted before it finished",
     "bad_results": "the benchmark printed results that do not follow the contract",
+    "leased": "another run was benchmarking the node (it holds the node's Lease)",
+    "lease_lost": "another run took the node's Lease over mid-benchmark",
 }
 
 

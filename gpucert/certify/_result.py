@@ -82,6 +82,8 @@ class CertifyOutcome(_Model):
     actions: dict[str, str] = Field(
         default_factory=dict, description="node → what was written to it, in words"
     )
+    audited: int = Field(default=0, description="changes recorded in the audit trail (and as Events)")
+    audit_seconds: float = Field(default=0.0, description="time spent recording them")
 
     @classmethod
     def of(cls, settlement: Settlement, **fields: Any) -> CertifyOutcome:

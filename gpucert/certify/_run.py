@@ -1,7 +1,8 @@
 """A certification run in the store: :class:`CertificationRun` addresses its files, once.
 
 A run is ``runs/date=<day>/run=<run id>/`` of the store (DESIGN.md, "The store"): ``results.parquet``,
-``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``report.html``, and the confirming re-runs'
+``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``policy.json`` (the policy it was judged by and
+the baseline version it was judged against), ``report.html``, and the confirming re-runs'
 files beside them (``results-c1.parquet``, ``verdicts-c1.parquet``, …), reached through :meth:`rerun`.
 A re-run's Jobs carry a run id of their own (``<run id>-c1``: a Job name is made of it), but its files
 belong to the run that asked for it: one run, one folder, one decision.
@@ -23,6 +24,7 @@ import pandas as pd
 
 from .._names import check_run_id
 from ..errors import StoreError
+from ..policy import Policy, spec_floors
 from ..results import parse_results
 from ..store import BaselineStore
 
@@ -32,9 +34,10 @@ RESULTS = "results.parquet"
 VERDICTS = "verdicts.parquet"
 DECISIONS = "decisions.parquet"
 STACK = "stack.json"
+POLICY = "policy.json"
 REPORT = "report.html"
 #: The files a run may hold, by name.
-RUN_FILES = (RESULTS, VERDICTS, DECISIONS, STACK, REPORT)
+RUN_FILES = (RESULTS, VERDICTS, DECISIONS, STACK, POLICY, REPORT)
 
 
 def rerun_id(run_id: str, attempt: int) -> str:
@@ -149,6 +152,17 @@ class CertificationRun:
             return {}
         loaded = json.loads(raw)
         return loaded if isinstance(loaded, dict) else {}
+
+    def write_policy(self, policy: Policy, *, baseline_version: str | None) -> str:
+        """Store ``policy.json``: the policy this run (or re-run) is judged by, the spec floors it resolves to
+        and the baseline version it is judged against (None: no baseline yet), so the decision can be
+        re-judged later (``gpucert certificate verify``); returns its key."""
+        floors = [{"gpu_model": model, "metric": name, "floor": floor}
+                  for (model, name), floor in sorted(spec_floors(policy).items())]  # fmt: skip
+        record = {"baseline_version": baseline_version, "policy": policy.model_dump(mode="json"),
+                  "spec_floors": floors}  # fmt: skip
+        data = json.dumps(record, indent=2, sort_keys=True).encode()
+        return self.store.write_run_file(self.folder, self.day, self.file(POLICY), data)
 
     def write_report(self, html: str) -> str:
         """Store ``report.html``; returns its URI under the store root."""

@@ -120,6 +120,10 @@ class Settlement:
         """The nodes whose taint action is ``taint``."""
         return sorted(n for n, d in self.decisions.items() if d.taint == taint)
 
+    def reasons(self) -> dict[str, str]:
+        """Node → why it is marked as it is (its state and summary), for the audit trail."""
+        return {n: f"{d.state}: {d.summary}" if d.summary else str(d.state) for n, d in self.decisions.items()}
+
     def tally(self) -> dict[str, int]:
         """How many nodes of each state (``unchanged`` for inconclusive)."""
         return tally_states(d.state for d in self.decisions.values())

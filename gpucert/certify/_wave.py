@@ -7,21 +7,44 @@ running it can be cancelled at an ``await`` (a blocking wait could not be). API 
 Restart safety: Job names are a function of (run id, node), so a wave started again with the same run id
 adopts the Jobs already there instead of creating duplicates, and :func:`orphaned_jobs` finds the Jobs a
 killed run of another id left behind on these nodes, for the caller to delete before starting.
+
+One run per node at a time (:mod:`gpucert.kube._lease`): before a node's Job is created, the wave takes
+the node's Lease under its run id and taints the node ``<prefix>/testing=<run id>:NoSchedule`` (the Job
+tolerates it; no workload lands there mid-benchmark); the polling loop renews the Lease; whatever the
+outcome — success, failure, an exception, the deadline, the wave cancelled — the taint is lifted and the
+Lease released. A node whose Lease another run holds is waited for, outside the wave's parallel slots,
+until that run's benchmark must have ended (its Job's deadline, the pending grace and one Lease
+duration, unless ``lease_wait_s`` says otherwise), then left ``failed`` with reason ``leased`` and
+"benchmarked by run X" (inconclusive for this run, never a verdict). The same run started again holds
+its own Leases under the same identity; a crashed run's Leases lapse and are taken over, its unfinished
+Job on the node deleted first. The Jobs of a run that still holds its node's Lease are never orphans.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pandas as pd
 
 from ..errors import GpucertError, ResultsError
-from ..kube import Kube, KubeConflict
+from ..kube import (
+    DEFAULT_LEASE_S,
+    Claim,
+    Kube,
+    KubeConflict,
+    KubeError,
+    KubeUnavailable,
+    LeaseLost,
+    NodeLeases,
+    lift_testing_taint,
+    taint_testing,
+)
 from ._collect import CollectedResults, collect_results
 from ._jobs import BenchmarkSettings, benchmark_job, job_name
 from ._outcome import JobOutcome, abandon, observe
@@ -31,6 +54,10 @@ __all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "run_wave"]
 #: How long a Job may wait on an image it cannot pull or a node it cannot be scheduled on before the
 #: wave gives up on it (a Job's own deadline counts only from its pod's start).
 PENDING_GRACE_S = 120.0
+#: The longest wait between two looks at a Job, or at a Lease another run holds.
+_POLL_CAP_S = 10.0
+
+_LOG = logging.getLogger("gpucert.certify")
 
 
 @dataclass(frozen=True)
@@ -47,11 +74,14 @@ class NodeRun:
 
 @dataclass
 class Wave:
-    """A wave's outcome: per-node runs, the results of the nodes that succeeded, their stack records."""
+    """A wave's outcome: per-node runs, the results of the nodes that succeeded, their stack records, and
+    node → what could not be undone after its benchmark (a testing taint not lifted, a Lease not
+    released: the API failed past its retries; also logged)."""
 
     runs: dict[str, NodeRun] = field(default_factory=dict)
     results: list[pd.DataFrame] = field(default_factory=list)
     stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    leftovers: dict[str, str] = field(default_factory=dict)
 
     def frame(self) -> pd.DataFrame | None:
         """All results of the wave in one frame, or None when no node produced any."""
@@ -62,15 +92,38 @@ class Wave:
         return {n: r for n, r in self.runs.items() if r.state != "succeeded"}
 
 
+#: What one node's benchmark gives: how it ended, its results and its stack record (None without).
+_Result = tuple[NodeRun, pd.DataFrame | None, dict[str, Any] | None]
+
+
 @contextlib.asynccontextmanager
 async def _no_limit() -> AsyncIterator[None]:
     yield
 
 
-def orphaned_jobs(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str]) -> list[str]:
-    """Names of unfinished benchmark Jobs of *other* runs on ``nodes`` (a killed run's leftovers)."""
+def _finished(job: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or ()
+    )
+
+
+def orphaned_jobs(
+    kube: Kube,
+    settings: BenchmarkSettings,
+    run_id: str,
+    nodes: Sequence[str],
+    *,
+    leases: NodeLeases | None = None,
+) -> list[str]:
+    """Names of unfinished benchmark Jobs of *other* runs on ``nodes`` (a killed run's leftovers).
+
+    A Job whose run still holds its node's Lease belongs to a live run benchmarking that node now (a
+    certify and the nightly overlapping): it is no orphan. ``leases`` reads them (default: this run's).
+    """
     wanted = set(nodes)
     prefix = settings.label_prefix
+    leases = leases or NodeLeases(kube, run_id, namespace=settings.namespace)
     out = []
     for job in kube.list_objects(
         "batch/v1", "Job", settings.namespace, label_selector="app.kubernetes.io/component=benchmark"
@@ -78,11 +131,10 @@ def orphaned_jobs(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: S
         meta = job["metadata"]
         labels = meta.get("labels") or {}
         node = (meta.get("annotations") or {}).get(f"{prefix}/node")
-        finished = any(
-            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-            for c in (job.get("status") or {}).get("conditions") or ()
-        )
-        if labels.get(f"{prefix}/run-id") != run_id and node in wanted and not finished:
+        owner = labels.get(f"{prefix}/run-id")
+        if owner == run_id or node not in wanted or _finished(job):
+            continue
+        if owner is None or leases.live_holder(node) != owner:
             out.append(str(meta["name"]))
     return out
 
@@ -101,7 +153,9 @@ async def _one_node(
     *,
     poll_s: float,
     clock: Callable[[], float],
-) -> tuple[NodeRun, pd.DataFrame | None, dict[str, Any] | None]:
+    renew: Callable[[], Awaitable[None]] | None = None,
+    renew_every_s: float = DEFAULT_LEASE_S / 4,
+) -> _Result:
     job = benchmark_job(run_id, node, gpus, payload=payload, settings=settings)
     name = job["metadata"]["name"]
     with contextlib.suppress(KubeConflict):  # the same run started again: adopt the Job that is there
@@ -109,7 +163,7 @@ async def _one_node(
     started = clock()
     # The wave's own deadline: the Job's (counted from its pod's start) plus time to schedule and pull.
     deadline = started + settings.deadline_s + PENDING_GRACE_S
-    wait = poll_s
+    wait, renewed = poll_s, started
     while True:
         outcome: JobOutcome = await _call(
             observe, kube, settings.namespace, name, node=node, label_prefix=settings.label_prefix
@@ -120,12 +174,102 @@ async def _one_node(
         if stuck or clock() >= deadline:
             outcome = await _call(abandon, kube, replace(outcome, reason=outcome.reason or "deadline"))
             break
+        if renew is not None and clock() - renewed >= renew_every_s:
+            try:
+                await renew()
+                renewed = clock()
+            except LeaseLost as exc:  # another run has the node now: our measurement would share it
+                await _call(abandon, kube, outcome)
+                return NodeRun(node, name, "failed", "lease_lost", str(exc)), None, None
+            except KubeUnavailable:
+                pass  # tried again at the next poll: the Lease outlasts a few misses
         await asyncio.sleep(wait)
-        wait = min(wait * 1.5, 10.0)
+        wait = min(wait * 1.5, _POLL_CAP_S)
     if outcome.state != "succeeded":
         return NodeRun(node, name, "failed", outcome.reason, outcome.message), None, None
     collected: CollectedResults = await _call(collect_results, kube, outcome, run_id=run_id)
     return NodeRun(node, name, "succeeded", rows=len(collected.results)), collected.results, collected.stack
+
+
+def _stop_job(kube: Kube, namespace: str, name: str) -> None:
+    """Delete the Job ``name`` unless it finished (a finished one keeps its pod's log for people)."""
+    job = kube.find("batch/v1", "Job", name, namespace)
+    if job is not None and not _finished(job):
+        kube.delete("batch/v1", "Job", name, namespace)
+
+
+def _let_go(kube: Kube, leases: NodeLeases, node: str, settings: BenchmarkSettings, job: str | None) -> str:
+    """Stop ``job`` when given (a benchmark cut short: a node released must be free), lift the testing taint
+    off ``node`` and release its Lease, each step tried even when another fails; returns what could not be
+    done (``""`` when all was)."""
+    problems = []
+    if job is not None:
+        try:
+            _stop_job(kube, settings.namespace, job)
+        except KubeError as exc:
+            problems.append(f"its Job {job} was not stopped: {exc}")
+    try:
+        lift_testing_taint(kube, node, prefix=settings.label_prefix)
+    except KubeError as exc:
+        problems.append(f"the testing taint was not lifted: {exc}")
+    try:
+        leases.release(node)
+    except KubeError as exc:  # it lapses on its own within one Lease duration
+        problems.append(f"the Lease was not released: {exc}")
+    if problems:
+        _LOG.warning("node %s: %s", node, "; ".join(problems))
+    return "; ".join(problems)
+
+
+async def _leased_node(
+    kube: Kube,
+    leases: NodeLeases,
+    claim: Claim,
+    gpus: int,
+    run_id: str,
+    payload: Mapping[str, Any],
+    settings: BenchmarkSettings,
+    *,
+    poll_s: float,
+    clock: Callable[[], float],
+    leftovers: dict[str, str],
+) -> _Result:
+    """Benchmark ``claim.node`` under the Lease we hold: taint it, run its Job (renewing the Lease), and
+    whatever happens lift the taint and release the Lease (unless another run took it over)."""
+    node, prefix = claim.node, settings.label_prefix
+    held, lost, ended = claim, False, False
+
+    async def renew() -> None:
+        nonlocal held, lost
+        try:
+            held = await _call(leases.renew, held)
+        except LeaseLost:
+            lost = True
+            raise
+
+    try:
+        await _call(taint_testing, kube, node, prefix=prefix, run_id=run_id)
+        if claim.previous is not None:
+            # A crashed run's lapsed Lease: its Job may still hold the node's GPUs; it goes before ours.
+            await _call(delete_jobs, kube, settings,
+                        await _call(orphaned_jobs, kube, settings, run_id, [node], leases=leases))  # fmt: skip
+        result = await _one_node(kube, node, gpus, run_id, payload, settings, poll_s=poll_s, clock=clock,
+                                 renew=renew, renew_every_s=leases.duration_s / 4)  # fmt: skip
+        ended = True  # its Job finished or was given up on: nothing of it is left running
+        return result
+    finally:
+        if not lost:  # a Lease taken over is the new holder's, and so is the taint on the node now
+            job = None if ended else job_name(run_id, node)
+            try:
+                problem = await _call(_let_go, kube, leases, node, settings, job)
+            except asyncio.CancelledError:
+                # Cancelled here (a task timeout cancels every await of its scope): finish the cleanup in
+                # this thread. A node left tainted is worse than a loop held for a few calls, and every
+                # step is idempotent should the worker thread's attempt have run too.
+                leftovers[node] = _let_go(kube, leases, node, settings, job)
+                raise
+            if problem:
+                leftovers[node] = problem
 
 
 async def run_wave(
@@ -139,30 +283,49 @@ async def run_wave(
     poll_s: float = 0.5,
     slot: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    lease_s: int = DEFAULT_LEASE_S,
+    lease_wait_s: float | None = None,
 ) -> Wave:
     """Benchmark ``nodes`` (node → GPUs to request) with at most ``max_parallel`` Jobs at once.
 
     ``slot`` is entered around each Job's life (the caller's cross-run limit, e.g. a Prefect global
     concurrency limit). A node whose Job fails, times out or whose results do not validate gets a
     ``failed`` :class:`NodeRun` with the reason; it never raises for one node's trouble.
+
+    Each node is benchmarked under its Lease (``lease_s`` long, renewed; see the module docstring). A node
+    another run holds is asked for again, with back-off and no slot held, for ``lease_wait_s`` (default:
+    the Job's deadline, :data:`PENDING_GRACE_S` and one ``lease_s``: what the holder's benchmark may last;
+    0: skip it at once), then left ``failed`` with reason ``leased``.
     """
     gate = asyncio.Semaphore(max(1, max_parallel))
     wave = Wave()
     enter = slot or _no_limit
+    leases = NodeLeases(kube, run_id, namespace=settings.namespace, duration_s=lease_s)
+    wait_s = settings.deadline_s + PENDING_GRACE_S + lease_s if lease_wait_s is None else lease_wait_s
 
     async def one(node: str, gpus: int) -> None:
-        async with gate, enter():
-            try:
-                run, frame, stack = await _one_node(
-                    kube, node, gpus, run_id, payload, settings, poll_s=poll_s, clock=clock
-                )
-            except (GpucertError, ValueError) as exc:  # one node's trouble costs that node its verdict only
-                reason = "bad_results" if isinstance(exc, ResultsError) else "error"
-                run, frame, stack = (
-                    NodeRun(node, job_name(run_id, node), "failed", reason, str(exc)),
-                    None,
-                    None,
-                )
+        give_up, wait = clock() + wait_s, poll_s
+        claim: Claim | None = None
+        while True:
+            result: _Result | None = None
+            async with gate, enter():
+                try:
+                    claim = await _call(leases.acquire, node)
+                    if claim.held:
+                        result = await _leased_node(kube, leases, claim, gpus, run_id, payload, settings,
+                                                    poll_s=poll_s, clock=clock, leftovers=wave.leftovers)  # fmt: skip
+                except (GpucertError, ValueError) as exc:  # one node's trouble costs that node its verdict only
+                    reason = "bad_results" if isinstance(exc, ResultsError) else "error"
+                    result = NodeRun(node, job_name(run_id, node), "failed", reason, str(exc)), None, None
+            if result is None and clock() >= give_up:
+                why = f"{claim.reason if claim else 'another run holds its Lease'}; waited {wait_s:.0f} s"
+                result = NodeRun(node, job_name(run_id, node), "failed", "leased", why), None, None
+            if result is not None:
+                break
+            # Another run is benchmarking the node: look again later, holding no slot meanwhile.
+            await asyncio.sleep(max(0.0, min(wait, give_up - clock())))
+            wait = min(wait * 1.5, _POLL_CAP_S)
+        run, frame, stack = result
         wave.runs[node] = run
         if frame is not None:
             wave.results.append(frame)

@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ..bench._stability import DEFAULT_MAX_REPEATS, MIN_JUDGED, RepeatRule
+from ..bench._stability import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS_OF, MIN_JUDGED, RepeatRule
 from ..metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
 from ..verdict._repeats import judge_repeat_matrix
 from ._faults import D2H, FAULTS, GEMM, H2D, HBM, NCCL, PAIR, SW_POWER_CAP, Fault, ResolvedFault
@@ -340,6 +340,7 @@ class Fleet:
         ts: datetime,
         repeats: int = 3,
         max_repeats: int = DEFAULT_MAX_REPEATS,
+        repeats_of: Mapping[str, int] = DEFAULT_REPEATS_OF,
         faults: Sequence[Fault] = (),
         seed: int,
         fleet_shift: Mapping[str, float] | float = 0.0,
@@ -355,12 +356,15 @@ class Fleet:
         first). Faults on nodes outside the wave are not observed and leave no truth row.
         A result whose ``repeats`` disagree gets more, up to ``max_repeats`` (the payload's
         ``--max-repeats``; ``max_repeats=repeats`` turns that off), each drawn like the first ones.
+        ``repeats_of`` gives metrics measured more often than ``repeats`` (the payload's ``--repeats-of``).
         """
         if not _RUN_ID.match(run_id):
             raise ValueError(f"run_id must be a DNS label (≤ 63 of a-z0-9-): {run_id!r}")
         if repeats < 1:
             raise ValueError("repeats must be >= 1")
-        width = max(repeats, max_repeats)
+        rule = RepeatRule(repeats=repeats, max_repeats=max(repeats, max_repeats),
+                          repeats_of=tuple(repeats_of.items()))  # fmt: skip
+        width = max(rule.ceiling(m) for m in (*GPU_PERF_METRICS, NCCL, PAIR))
         ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
         shift = 1.0 + self._shift_vector(fleet_shift)
         hour = ts.hour + ts.minute / 60 + ts.second / 3600
@@ -373,7 +377,7 @@ class Fleet:
         drift = shift * day
         parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs else [])
         for part in parts:
-            part(rows, eff, wave_nodes=wave_nodes, repeats=repeats, width=width, seed=seed, drift=drift)
+            part(rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift)
         results = rows.frame(self, run_id, ts)
         return Wave(results=results, truth=_truth_frame(truth))
 
@@ -414,12 +418,12 @@ class Fleet:
         return checked
 
     def _gpu_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
         drift: FloatArray,
     ) -> None:
-        """Per-GPU benchmarks (``repeats`` rows each, up to ``width`` where they disagree), telemetry and
+        """Per-GPU benchmarks (``rule``'s base repeats each, more where they disagree), telemetry and
         events of the wave's GPUs."""
-        noise, model, per_node = self.noise, self.model, self.gpus_per_node
+        noise, model, per_node, repeats = self.noise, self.model, self.gpus_per_node, rule.repeats
         k = len(GPU_PERF_METRICS)
         # Whole-fleet draws in a fixed order, before any selection (see the module docstring).
         draws, n = _Streams(seed, 0), self.n_gpus
@@ -450,7 +454,7 @@ class Fleet:
         level = (base * drift[:k]) * self.unit_factors[g] * self.node_factors[node_of, :k] * slow
         values = (level * eff.gpu_factor[g])[:, :, None] * rep[g]
         ran = present[:, None] & ~eff.crash_gpu[g]
-        counts = _repeat_counts(values, ran, repeats, GPU_PERF_METRICS)
+        counts = _repeat_counts(values, ran, rule, GPU_PERF_METRICS)
         gi, mi, ri = np.nonzero(np.arange(width) < counts[:, :, None])
         codes = np.array([_METRIC_CODE[m] for m in GPU_PERF_METRICS])
         rows.add(
@@ -490,12 +494,12 @@ class Fleet:
         rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"], value=xc)
 
     def _node_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
         drift: FloatArray,
     ) -> None:
-        """The intra-node all-reduce (``repeats`` rows per node, up to ``width`` where they disagree, or an
+        """The intra-node all-reduce (``rule``'s base repeats per node, more where they disagree, or an
         error row) and the GPU counts."""
-        noise, j = self.noise, len(GPU_PERF_METRICS)
+        noise, j, repeats = self.noise, len(GPU_PERF_METRICS), rule.repeats
         draws = _Streams(seed, 1)
         cv = noise.cv_rep.get(NCCL, 0.0) * noise.rep_scale
         rep = 1.0 + draws().standard_normal((self.n_nodes, repeats)) * cv
@@ -507,7 +511,7 @@ class Fleet:
                  * eff.nccl_gpu_min[w] * eff.nccl_node[w])
         values = level[:, None] * rep[w]
         ok = ~eff.crash_nccl[w]
-        counts = _repeat_counts(values[:, None, :], ok[:, None], repeats, (NCCL,))[:, 0]
+        counts = _repeat_counts(values[:, None, :], ok[:, None], rule, (NCCL,))[:, 0]
         ni, ri = np.nonzero(np.arange(width) < counts[:, None])
         rows.add(node=w[ni], metric=_METRIC_CODE[NCCL], value=values[ni, ri], repeat=ri)
         rows.add(node=w[~ok], metric=_METRIC_CODE["error"], value=1.0)
@@ -516,11 +520,11 @@ class Fleet:
         rows.add(node=w, metric=_METRIC_CODE["gpu_count_expected"], value=float(self.gpus_per_node))
 
     def _pair_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, repeats: int, width: int, seed: int,
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
         drift: FloatArray,
     ) -> None:
         """A two-node all-reduce per ring neighbour; a pair runs at the pace of its slower end."""
-        noise, j = self.noise, len(GPU_PERF_METRICS) + 1
+        noise, j, repeats = self.noise, len(GPU_PERF_METRICS) + 1, rule.repeats
         w = wave_nodes
         if len(w) < 2:
             return
@@ -539,7 +543,7 @@ class Fleet:
         # pair simply has no value, which the verdict engine reports as an inconclusive pair.
         dead = eff.crash_nccl | eff.crash_pair
         ok = ~(dead[a] | dead[b])
-        counts = _repeat_counts(values[:, None, :], ok[:, None], repeats, (PAIR,))[:, 0]
+        counts = _repeat_counts(values[:, None, :], ok[:, None], rule, (PAIR,))[:, 0]
         pi, ri = np.nonzero(np.arange(width) < counts[:, None])
         rows.add(node=a[pi], peer=b[pi], metric=_METRIC_CODE[PAIR], value=values[pi, ri], repeat=ri)
 
@@ -610,42 +614,41 @@ def _transients(rng: np.random.Generator, shape: tuple[int, ...], noise: NoiseMo
 def _more_repeats(
     draws: _Streams, rep: FloatArray, width: int, cv: FloatArray | float, noise: NoiseModel
 ) -> FloatArray:
-    """``rep`` (…, repeats) followed by the repeats the payload may add, up to ``width``, drawn alike."""
+    """``rep`` (…, repeats) followed by the repeats the payload may add, up to ``width``, drawn alike: one
+    pair of streams per column, so a column's draws do not depend on how wide the wave is."""
     extra = width - rep.shape[-1]
     if extra <= 0:
         return rep
-    more = 1.0 + draws().standard_normal((*rep.shape[:-1], extra)) * cv
-    more *= _transients(draws(), more.shape, noise)
-    return np.concatenate([rep, more], axis=-1)
+    columns = []
+    for _ in range(extra):
+        column = 1.0 + draws().standard_normal((*rep.shape[:-1], 1)) * cv
+        columns.append(column * _transients(draws(), column.shape, noise))
+    return np.concatenate([rep, *columns], axis=-1)
 
 
-#: The payload's defaults: it knows the policy's expected CVs, not the noise this model draws.
-_PAYLOAD_RULE = RepeatRule()
-
-
-def _repeat_counts(values: FloatArray, ran: BoolArray, repeats: int, metrics: Sequence[str]) -> IntArray:
+def _repeat_counts(values: FloatArray, ran: BoolArray, rule: RepeatRule, metrics: Sequence[str]) -> IntArray:
     """How many of its drawn repeats each result (``values``: results × metric × repeat) keeps.
 
-    None where it did not run (``ran``); else ``repeats``, and while they disagree by the payload's rule,
-    as many more as could settle them, up to all that were drawn: the payload's loop, over every result.
+    None where it did not run (``ran``); else its metric's base repeats, and while they disagree by the
+    payload's rule (which knows the policy's expected CVs, not the noise this model draws), as many more
+    as could settle them, up to its metric's ceiling: the payload's loop, over every result.
     """
     shape, width = values.shape[:-1], values.shape[-1]
-    counts = np.where(ran.ravel(), repeats, 0).astype(np.int64)
-    if width <= repeats or repeats < MIN_JUDGED:
-        return counts.reshape(shape)
+    base = np.broadcast_to(np.array([rule.base(m) for m in metrics]), shape).ravel()
+    ceiling = np.broadcast_to(np.array([min(rule.ceiling(m), width) for m in metrics]), shape).ravel()
+    counts = np.where(ran.ravel(), np.minimum(base, width), 0).astype(np.int64)
     flat = values.reshape(-1, width)
-    expected = np.broadcast_to(np.array([_PAYLOAD_RULE.expected(m) for m in metrics]), shape).ravel()
-    active = np.flatnonzero(ran.ravel())
+    expected = np.broadcast_to(np.array([rule.expected(m) for m in metrics]), shape).ravel()
+    active = np.flatnonzero(ran.ravel() & (base >= MIN_JUDGED) & (ceiling > base))
     columns = np.arange(width)
     while len(active):
         n = counts[active]
         shown = np.where(columns < n[:, None], flat[active], np.nan)
         judged = judge_repeat_matrix(
             shown, n, np.ones(len(active)), expected[active],
-            unstable_factor=_PAYLOAD_RULE.unstable_factor, transient_pct=_PAYLOAD_RULE.transient_pct,
-            or_noisier=True,
+            unstable_factor=rule.unstable_factor, transient_pct=rule.transient_pct, or_noisier=True,
         )  # fmt: skip
-        more = np.minimum(judged.settle, width - n)
+        more = np.minimum(judged.settle, ceiling[active] - n)
         counts[active] = n + more
         active = active[more > 0]
     return counts.reshape(shape)

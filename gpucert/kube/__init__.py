@@ -4,13 +4,15 @@
   patch, delete, node labels, pod logs; every failure a :class:`KubeError` naming the call;
 * :func:`connect` — a :class:`Kube` from a kubeconfig (file or data) or the in-cluster account;
 * :func:`announce_joined_nodes` — each node waiting to be onboarded announced once, across restarts;
+* :class:`NodeLeases` — one run per node at a time: a ``coordination.k8s.io`` Lease per node, taken,
+  renewed and released by its run, and the ``<prefix>/testing`` taint of a node under test;
 * :class:`RetryPolicy` — transient failures (5xx, 429 after ``Retry-After``, no answer) retried
   with capped, jittered back-off inside each call.
 
 The error hierarchy is drawn in :mod:`gpucert.kube._errors`. Nothing here imports Prefect.
 """
 
-from ._client import FIELD_MANAGER, KINDS, Kube, Resource, describe, resource_of
+from ._client import FIELD_MANAGER, KINDS, Kube, KubeChange, Resource, describe, resource_of
 from ._connect import connect
 from ._errors import (
     KubeConflict,
@@ -23,6 +25,19 @@ from ._errors import (
     KubeThrottled,
     KubeUnavailable,
     KubeUnreachable,
+)
+from ._lease import (
+    DEFAULT_LEASE_S,
+    LEASE,
+    LEASE_PREFIX,
+    Claim,
+    LeaseLost,
+    NodeLease,
+    NodeLeases,
+    lease_name,
+    lift_testing_taint,
+    taint_testing,
+    testing_taint,
 )
 from ._nodes import (
     condition,
@@ -38,10 +53,15 @@ from ._watch import ANNOUNCED_ANNOTATION, announce_joined_nodes
 
 __all__ = [
     "ANNOUNCED_ANNOTATION",
+    "DEFAULT_LEASE_S",
     "FIELD_MANAGER",
     "KINDS",
+    "LEASE",
+    "LEASE_PREFIX",
     "NO_RETRY",
+    "Claim",
     "Kube",
+    "KubeChange",
     "KubeConflict",
     "KubeError",
     "KubeForbidden",
@@ -52,6 +72,9 @@ __all__ = [
     "KubeThrottled",
     "KubeUnavailable",
     "KubeUnreachable",
+    "LeaseLost",
+    "NodeLease",
+    "NodeLeases",
     "Resource",
     "RetryPolicy",
     "announce_joined_nodes",
@@ -59,10 +82,14 @@ __all__ = [
     "connect",
     "describe",
     "has_taint",
+    "lease_name",
+    "lift_testing_taint",
     "node_name",
     "node_ready",
     "resource_of",
     "taint_keys",
+    "taint_testing",
+    "testing_taint",
     "uncertified_taint",
     "unhealthy_taint",
 ]

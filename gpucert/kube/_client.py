@@ -14,8 +14,9 @@ Only the kinds gpucert manages are known (:data:`KINDS`); anything else is a pro
 from __future__ import annotations
 
 import json
+import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from ._retry import CONNECT_TIMEOUT_S, Deadline, RetryPolicy
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-__all__ = ["FIELD_MANAGER", "KINDS", "Kube", "Resource"]
+__all__ = ["FIELD_MANAGER", "KINDS", "Kube", "KubeChange", "Resource"]
 
 #: The field manager of every server-side apply gpucert makes (issue 4).
 FIELD_MANAGER = "gpucert"
@@ -70,6 +71,7 @@ KINDS: dict[tuple[str, str], Resource] = {
         Resource("v1", "ConfigMap", "configmaps", True),
         Resource("v1", "ServiceAccount", "serviceaccounts", True),
         Resource("v1", "Event", "events", True),
+        Resource("events.k8s.io/v1", "Event", "events", True),
         Resource("apps/v1", "DaemonSet", "daemonsets", True),
         Resource("batch/v1", "Job", "jobs", True),
         Resource(_RBAC, "ClusterRole", "clusterroles", False),
@@ -107,12 +109,63 @@ def describe(obj: Mapping[str, Any]) -> str:
     return f"{obj.get('kind')} {where}{meta.get('name')}"
 
 
+@dataclass(frozen=True)
+class KubeChange:
+    """One write that succeeded, as the observers of a :class:`Kube` see it (the audit trail's source)."""
+
+    #: ``apply``, ``create``, ``patch``, ``patch_status`` or ``delete``.
+    verb: str
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None
+    #: What was sent: the object, the patch (None for a delete).
+    body: Mapping[str, Any] | None
+    #: The object as the caller last read it, when it passed it (what a patch changed it from).
+    before: Mapping[str, Any] | None = None
+    #: The object as the server answered (None for a delete).
+    result: Mapping[str, Any] | None = None
+
+    @property
+    def unchanged(self) -> bool:
+        """An apply that wrote nothing: the caller read the object first and its resourceVersion stayed."""
+        if self.verb != "apply" or self.before is None or self.result is None:
+            return False
+        version = (self.before.get("metadata") or {}).get("resourceVersion")
+        return version is not None and version == (self.result.get("metadata") or {}).get("resourceVersion")
+
+
 class Kube:
-    """The Kubernetes API as gpucert uses it; every method may raise a :class:`KubeError`."""
+    """The Kubernetes API as gpucert uses it; every method may raise a :class:`KubeError`.
+
+    Every write that succeeds (:meth:`apply`, :meth:`create`, :meth:`merge_patch`, :meth:`patch_status`,
+    :meth:`delete`) is told to the observers (:meth:`observe`) as a :class:`KubeChange`, so that no
+    change escapes the audit trail however deep the code that made it.
+    """
 
     def __init__(self, api_client: ApiClient, retry: RetryPolicy | None = None) -> None:
         self.api_client = api_client
         self.retry = retry or RetryPolicy()
+        self._observers: list[Callable[[KubeChange], None]] = []
+        self._observers_lock = threading.Lock()
+
+    def observe(self, observer: Callable[[KubeChange], None]) -> Callable[[], None]:
+        """Call ``observer`` after every successful write; returns the function that stops it."""
+        with self._observers_lock:
+            self._observers.append(observer)
+
+        def stop() -> None:
+            with self._observers_lock:
+                if observer in self._observers:
+                    self._observers.remove(observer)
+
+        return stop
+
+    def _changed(self, change: KubeChange) -> None:
+        with self._observers_lock:
+            observers = list(self._observers)
+        for observer in observers:
+            observer(change)
 
     # --- the one request path --------------------------------------------------------------------
 
@@ -237,14 +290,21 @@ class Kube:
             if not token:
                 return
 
-    def apply(self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+    def apply(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        field_manager: str = FIELD_MANAGER,
+        before: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Server-side apply of ``obj`` (forcing ownership of its fields); returns the object as stored.
 
-        Applying what is already there writes nothing, so its ``resourceVersion`` stays put.
+        Applying what is already there writes nothing, so its ``resourceVersion`` stays put; ``before`` (the
+        object as the caller read it) lets the observers tell such an apply from a change.
         """
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
         meta = obj["metadata"]
-        return dict(
+        stored = dict(
             self.request(
                 "PATCH",
                 res.path(meta.get("namespace"), meta["name"]),
@@ -254,21 +314,36 @@ class Kube:
                 content_type=_APPLY,
             )
         )
+        self._changed(
+            KubeChange("apply", res.api_version, res.kind, meta["name"], meta.get("namespace"), obj, before, stored)
+        )
+        return stored
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create ``obj``; raises :class:`KubeConflict` when it exists."""
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
         namespace = (obj.get("metadata") or {}).get("namespace")
-        return dict(
+        stored = dict(
             self.request("POST", res.path(namespace), doing=f"create {describe(obj)}", body=dict(obj))
         )
+        name = str((stored.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("name"))
+        self._changed(KubeChange("create", res.api_version, res.kind, name, namespace, obj))
+        return stored
 
     def merge_patch(
-        self, api_version: str, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        before: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """JSON merge patch (RFC 7386): ``None`` deletes a key. Returns the patched object."""
+        """JSON merge patch (RFC 7386): ``None`` deletes a key. Returns the patched object. ``before``: the
+        object as the caller read it, for the observers (what the patch changed)."""
         res = resource_of(api_version, kind)
-        return dict(
+        stored = dict(
             self.request(
                 "PATCH",
                 res.path(namespace, name),
@@ -277,6 +352,8 @@ class Kube:
                 content_type=_MERGE,
             )
         )
+        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before))
+        return stored
 
     def patch_status(
         self, api_version: str, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None
@@ -285,7 +362,7 @@ class Kube:
         (``conditions`` by ``type``) keeps the entries the patch does not name, so writing one condition
         never drops the kubelet's. Returns the patched object."""
         res = resource_of(api_version, kind)
-        return dict(
+        stored = dict(
             self.request(
                 "PATCH",
                 res.path(namespace, name, "status"),
@@ -294,6 +371,8 @@ class Kube:
                 content_type=_STRATEGIC,
             )
         )
+        self._changed(KubeChange("patch_status", res.api_version, res.kind, name, namespace, patch))
+        return stored
 
     def delete(
         self,
@@ -315,6 +394,7 @@ class Kube:
             )
         except KubeNotFound:
             return False
+        self._changed(KubeChange("delete", res.api_version, res.kind, name, namespace, None))
         return True
 
     # --- nodes and pods -------------------------------------------------------------------------------
@@ -323,9 +403,11 @@ class Kube:
         """Every Node matching ``label_selector``."""
         return self.list_objects("v1", "Node", label_selector=label_selector)
 
-    def label_node(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+    def label_node(
+        self, name: str, labels: Mapping[str, str | None], *, before: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Set (or, with None, remove) labels on a node; returns the node."""
-        return self.merge_patch("v1", "Node", name, {"metadata": {"labels": dict(labels)}})
+        return self.merge_patch("v1", "Node", name, {"metadata": {"labels": dict(labels)}}, before=before)
 
     def pod_log(self, name: str, namespace: str, *, container: str | None = None) -> str:
         """The log of a pod's container (the first one unless named)."""

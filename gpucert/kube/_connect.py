@@ -54,10 +54,13 @@ def connect(
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (ConfigException, ValueError, TypeError, KeyError, AttributeError) as exc:
         # The client's loader reads fields without checking their types: a wrong one is a bare error.
+        typed = isinstance(exc, TypeError | KeyError | AttributeError)
+        what = "a field has the wrong type or is missing: " if typed else ""
         raise InputError(
-            f"{_source(kubeconfig, config_dict)}: {type(exc).__name__ if not str(exc) else exc}"
+            f"{_source(kubeconfig, config_dict)}: {what}{type(exc).__name__ if not str(exc) else exc}"
         ) from None
     _check_server(str(configuration.host or ""), _source(kubeconfig, config_dict))
+    _check_credentials(configuration.api_key, _source(kubeconfig, config_dict))
     # Retries are the RetryPolicy's, within the call's deadline; urllib3's own would multiply them.
     configuration.retries = False
     return Kube(client.ApiClient(configuration), retry=retry)
@@ -75,11 +78,28 @@ def _check_server(host: str, source: str) -> None:
     (a port out of range, a port that is not a number): urllib3 would fail each request with a parse error
     that reads like a network failure."""
     try:
-        urlsplit(host).port  # noqa: B018 - parsing the port is what raises
+        parts = urlsplit(host)
+        parts.port  # noqa: B018 - parsing the port is what raises
     except ValueError as exc:
         raise InputError(
             f"{source}: the cluster's server {host!r} (clusters[].cluster.server): {exc}"
         ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in host):
+        raise InputError(
+            f"{source}: the cluster's server {host!r} (clusters[].cluster.server) is not an http(s) URL"
+        )
+
+
+def _check_credentials(api_key: Mapping[str, Any], source: str) -> None:
+    """Raise :class:`InputError` naming ``source`` when a credential (a bearer token) holds a character an
+    HTTP header cannot carry: a line break would end the header (http.client refuses it, with the token in
+    its message). The credential itself is never shown."""
+    for value in api_key.values():
+        if isinstance(value, str) and any(not " " <= c <= "~" for c in value):
+            raise InputError(
+                f"{source}: the user's token (users[].user.token) holds a line break, a control character or a "
+                "character outside ASCII, which no HTTP header carries"
+            )
 
 
 def _check_kubeconfig(path: Path) -> None:

@@ -117,7 +117,8 @@ def from_api_exception(exc: Any, doing: str) -> KubeError:
     """The :class:`KubeError` for an ``ApiException`` raised while ``doing`` (e.g. ``patch Node n1``)."""
     status = int(getattr(exc, "status", 0) or 0)
     if status == 0:
-        return KubeUnreachable(f"{doing}: no answer: {getattr(exc, 'reason', None) or exc}")
+        reason = " ".join(str(getattr(exc, "reason", None) or exc).split())  # one line: an SSLError has two
+        return KubeUnreachable(f"{doing}: no answer: {reason}")
     return from_response(status, getattr(exc, "body", None), getattr(exc, "headers", None), doing)
 
 

@@ -6,7 +6,8 @@ stream. A 410 can only be cured by listing again (re-watching the same version f
 any other ERROR event is re-watched from the last good version, with back-off, and a run of them that
 does not end is an error rather than a busy loop. The facade reads an answer whole, so each watch is
 short (``timeout_s``, 5 s): a join is reported within that, and an idle cluster costs one small request
-per period.
+per period. Reading whole also means a stream cut mid-way (a proxy dropping long requests) loses what it
+carried, so a watch that stays cut past the client's retries is answered like a 410: by listing again.
 
 :func:`announce_joined_nodes` remembers what it announced on the cluster itself: after ``emit`` returns
 it annotates the node ``<prefix>/join-announced: <uid>``, so a restarted watcher (or a second one after
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._client import Kube, resource_of
-from ._errors import KubeError, KubeNotFound
+from ._errors import KubeError, KubeNotFound, KubeUnavailable
 from ._nodes import has_taint
 
 __all__ = ["ANNOUNCED_ANNOTATION", "announce_joined_nodes"]
@@ -39,6 +40,8 @@ _MAX_WATCH_ERRORS = 8
 _BACKOFF_S = 0.1
 _BACKOFF_CAP_S = 2.0
 _NODES = resource_of("v1", "Node")
+#: The reason of a watch whose stream broke (past the client's retries): it is re-listed, like a 410.
+_CUT = "Cut"
 
 Node = dict[str, Any]
 
@@ -113,8 +116,9 @@ def _follow(
                 continue
             streak = 1 if ended.progressed else streak + 1
             _pause(_backoff(streak), stopped)
-            if _expired(ended.error):
+            if _expired(ended.error) or ended.error.get("reason") == _CUT:
                 # Too old: only a fresh list has a version the server still knows, and it always cures a 410.
+                # Cut: the events the broken stream carried are lost, and a list has them all.
                 relist = not stopped()
             elif streak >= _MAX_WATCH_ERRORS:
                 raise KubeError(
@@ -160,6 +164,10 @@ def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int) -> Ge
             query={"watch": "1", "resourceVersion": version, "timeoutSeconds": timeout_s,
                    "labelSelector": selector, "allowWatchBookmarks": "true"},
         )  # fmt: skip
+    except KubeUnavailable as exc:
+        # Every try of it cut or unanswered (a proxy that drops long requests, a restart): re-listed, and
+        # a server that is down fails the list past its retries, so a real outage still ends the watcher.
+        return _Ended(version, {"reason": _CUT, "message": str(exc)}, progressed=False)
     except KubeError as exc:
         if exc.status == 410:
             return _Ended(version, {"code": 410, "message": str(exc)}, progressed=False)

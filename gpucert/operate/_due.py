@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 __all__ = ["DueNodes", "due_nodes"]
@@ -23,14 +23,18 @@ class DueNodes:
     postponed: dict[str, str] = field(default_factory=dict)
 
 
-def _certified_at(node: Mapping[str, Any], prefix: str) -> datetime | None:
+def _certified_at(node: Mapping[str, Any], prefix: str, now: datetime) -> datetime | None:
     raw = ((node.get("metadata") or {}).get("annotations") or {}).get(f"{prefix}/certified-at")
     if not raw:
         return None
     try:
-        return datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        when = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
     except ValueError:
         return None
+    # An annotation is anyone's to write: a time without a zone is UTC (as gpucert writes it), and one more
+    # than a day ahead (a typo, a skewed clock) is no certification, or it would keep the node out of rotation.
+    when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return when if when <= now + timedelta(days=1) else None
 
 
 def due_nodes(
@@ -49,7 +53,7 @@ def due_nodes(
     postponed: dict[str, str] = {}
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name"))
-        when = _certified_at(node, prefix)
+        when = _certified_at(node, prefix, now)
         age = (now - when).total_seconds() if when else float("inf")
         if name in asked:
             ranked.append((0, -age, name))

@@ -24,7 +24,11 @@ A ``value`` must be a finite number, never negative, and inside its metric's phy
 (``gpucert/data/physical_bounds.csv``, the ``*`` rows, each with its source: ``pcie_gen`` 1 to 6,
 temperatures 0 to 150 °C, fractions and flags 0 to 1, performance metrics below a ceiling far above any
 GPU's spec): a value outside it is a problem of its row and the column ``value``, since no instrument
-produces it. The tighter per-model spec ceilings are not applied here but when baselines are built
+produces it. Names are checked too, so that none read from a file can carry a line break, a control
+character or a path into a report, a ticket or a terminal: ``node`` and ``peer`` are Kubernetes node names
+(DNS subdomains), ``gpu_uuid`` at most 95 visible ASCII characters (NVML's), ``gpu_model`` at most 95
+printable characters; what they may hold (``<``, quotes, ``{{ }}``) is escaped wherever it is written.
+The tighter per-model spec ceilings are not applied here but when baselines are built
 (:func:`gpucert.baseline.build_baseline`), where an impossible performance value is left out.
 
 What comes back is canonical, the shape every consumer takes (:data:`gpucert._frames.RESULT_DTYPES`):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._frames import CATEGORY_COLUMNS, RESULT_DTYPES
+from .._names import dns_subdomain_ok
 from ..metrics import ANY_MODEL, METRICS, RESULT_COLUMNS, bound_arrays, physical_bounds
 from ._common import (
     _GPU,
@@ -37,6 +38,9 @@ from ._common import (
     _text_at,
 )
 from ._relations import _check_relations, _Codes
+
+_NVML_MAX: Final = 95
+_NODE_RULE: Final = "a node name is a DNS subdomain: lower-case a-z, 0-9, '-' and '.', at most 253 characters"
 
 # ---------------------------------------------------------------------------------------------------------
 # Validation
@@ -68,6 +72,7 @@ def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequenc
     out["ts"] = _ts_column(frame["ts"], found)
     levels = _check_metrics(out["metric"], found)
     _check_run_ids(out["run_id"], found)
+    _check_names(out, found)
     out["value"] = _value_column(frame["value"], out["metric"], levels, found)
     _check_levels(levels, gpu_given, out["peer"].cat.codes.to_numpy() >= 0, out["metric"], found)
 
@@ -171,6 +176,47 @@ def _check_run_ids(run_id: pd.Series, found: _Findings) -> None:
                 "a-z, 0-9 and '-', starting and ending with a letter or digit)"
             ),
         )
+
+
+#: What an identity must look like, per column, and the rule in words. A node (and a pair's peer) is a
+#: Kubernetes node name; a GPU UUID is NVML's (``GPU-…``, ``MIG-…``: visible ASCII, NVML's buffer of 96
+#: bytes holding at most 95); a model is NVML's device name (printable, at most 95 characters). So no name
+#: read from a file can carry a line break, a control character or a path into a report, a ticket or a
+#: terminal, and what is allowed (``<``, quotes, ``{{ }}``) is escaped where it is written.
+_NAME_RULES: Final[dict[str, tuple[Callable[[str], bool], str]]] = {
+    "node": (dns_subdomain_ok, _NODE_RULE),
+    "peer": (dns_subdomain_ok, _NODE_RULE),
+    "gpu_uuid": (
+        lambda v: 0 < len(v) <= _NVML_MAX and v.isascii() and v.isprintable() and " " not in v,
+        f"a GPU UUID is at most {_NVML_MAX} visible ASCII characters (no space or control character)",
+    ),
+    "gpu_model": (
+        lambda v: 0 < len(v) <= _NVML_MAX and v.isprintable(),
+        f"a GPU model is at most {_NVML_MAX} printable characters (no line break or control character)",
+    ),
+}
+
+
+def _check_names(out: dict[str, pd.Series], found: _Findings) -> None:
+    """Flag the node, peer, GPU UUID and model values that break their rule (:data:`_NAME_RULES`); checked
+    on the few categories, not the rows."""
+    for name, (ok, rule) in _NAME_RULES.items():
+        column = out[name]
+        bad = np.array([not ok(str(c)) for c in column.cat.categories], dtype=bool)
+        if bad.any():
+            found.each(_per_category(column, bad), name, _name_problem(column, name, rule))
+
+
+def _name_problem(column: pd.Series, name: str, rule: str) -> Callable[[int], str]:
+    def describe(i: int) -> str:
+        return f"{name} {_shown(_text_at(column, i))} is not valid: {rule}"
+
+    return describe
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted with its control characters escaped (``repr``), cut at ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text)} characters)"
 
 
 # Numbers ------------------------------------------------------------------------------------------------

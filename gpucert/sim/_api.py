@@ -17,17 +17,21 @@ import orjson
 import yaml
 from aiohttp import web
 
+from .._yaml import UniqueKeyLoader
 from ..errors import InputError
 from ._faults import ApiFaults, FaultInjector
+from ._requests import RequestLog, bearer_user, request_info
 from ._resources import api_group, api_group_list, api_resource_list, api_versions, lookup, version_info
 from ._status import ApiError, bad_request, status_body
 from ._store import Store
 from ._verbs import PATCH_TYPES, Reply, Target, Verbs
 from ._watch import serve_watch
 
-__all__ = ["FAULTS_PATH", "build_app"]
+__all__ = ["FAULTS_PATH", "REQUESTS_PATH", "build_app"]
 
 FAULTS_PATH = "/gpucert/faults"
+#: The request log (``_requests.py``): GET lists it as JSON, DELETE clears it.
+REQUESTS_PATH = "/gpucert/requests"
 #: Paths that are not the Kubernetes API (control endpoints, DCGM exporters): API faults leave them alone.
 _NOT_KUBERNETES = ("/gpucert/", "/dcgm/")
 _LOG = logging.getLogger("gpucert.sim")
@@ -84,6 +88,24 @@ def _fault_middleware(faults: FaultInjector) -> Any:
         return await handler(request)
 
     return inject
+
+
+def _recording_middleware(log: RequestLog) -> Any:
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(_NOT_KUBERNETES):  # not the Kubernetes API: nothing to authorize
+            return await handler(request)
+        # Recorded on arrival, so a watch that stays open is in the log while it runs.
+        info = request_info(request.method, request.path, request.query,
+                            bearer_user(request.headers.get("Authorization")))
+        log.add(info)
+        response = await handler(request)
+        if info.verb == "patch" and response.status == 201:
+            # An apply that created its object: the API server checks ``create`` too (_requests.py).
+            log.add(info._replace(verb="create"))
+        return response
+
+    return record
 
 
 class _Routes:
@@ -242,16 +264,22 @@ async def _patch_body(request: web.Request) -> tuple[str, Any]:
 
 def _decode_yaml(raw: bytes) -> Any:
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
+        # The project's loader: an alias bomb posted to the simulator is refused, not expanded.
+        return yaml.load(raw, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as exc:  # an AliasBomb is one
         raise bad_request(f"error decoding YAML: {exc}") from exc
 
 
 def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float = 5.0,
-              extra_routes: Sequence[tuple[str, str, Handler]] = ()) -> web.Application:
-    """The aiohttp application of one simulated API server; ``extra_routes``: (method, path, handler)."""
+              extra_routes: Sequence[tuple[str, str, Handler]] = (),
+              request_log: RequestLog | None = None) -> web.Application:
+    """The aiohttp application of one simulated API server; ``extra_routes``: (method, path, handler);
+    ``request_log``, when given, records every API request (and is served at :data:`REQUESTS_PATH`)."""
     routes = _Routes(store, faults, bookmark_interval_s)
-    app = web.Application(middlewares=[_status_errors, _fault_middleware(faults)], client_max_size=_MAX_BODY)
+    # Recording outermost: a request an injected fault refuses was still asked for.
+    recording = [] if request_log is None else [_recording_middleware(request_log)]
+    app = web.Application(middlewares=[*recording, _status_errors, _fault_middleware(faults)],
+                          client_max_size=_MAX_BODY)
     add = app.router.add_route
     for path in ("/version", "/version/"):
         add("GET", path, routes.version)
@@ -265,6 +293,18 @@ def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float
     add("POST", FAULTS_PATH, routes.set_faults)
     add("PUT", FAULTS_PATH, routes.set_faults)
     add("DELETE", FAULTS_PATH, routes.clear_faults)
+    if request_log is not None:
+        log = request_log
+
+        async def list_requests(request: web.Request) -> web.Response:
+            return _json({"dropped": log.dropped, "items": [r.to_dict() for r in log.entries()]})
+
+        async def clear_requests(request: web.Request) -> web.Response:
+            log.clear()
+            return _json({"dropped": 0, "items": []})
+
+        add("GET", REQUESTS_PATH, list_requests)
+        add("DELETE", REQUESTS_PATH, clear_requests)
     for method, path, handler in extra_routes:
         add(method, path, handler)
     return app

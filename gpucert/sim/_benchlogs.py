@@ -21,9 +21,9 @@ stdout, one JSON object a line with the ten contract columns in order, as ``RowW
 each ``error`` row preceded by its ``gpucert-bench: error: …`` line; then ``gpucert-bench: done …``.
 The rows are the fleet model's for that node and run: ``fleet.run(run_id, nodes=[node], faults=<the
 node's injected faults>, seed=<derived from cluster seed, run id and node>, ts=<container start>,
-repeats=…, max_repeats=…)``, so the same run on the same node measures the same, and another run
-measures afresh. ``repeats`` and ``max_repeats`` are the container's ``--repeats`` and
-``--max-repeats``, read with the payload's own parser (its defaults when its arguments do not parse):
+repeats=…, max_repeats=…, repeats_of=…)``, so the same run on the same node measures the same, and
+another run measures afresh. The repeats are the container's ``--repeats``, ``--max-repeats`` and
+``--repeats-of``, read with the payload's own parser (its defaults when its arguments do not parse):
 like the payload, the fleet model measures a result whose repeats disagree again, up to the maximum,
 and the log says so on a ``gpucert-bench: GPU i: <metric>: repeats disagree …`` line before the rows. The payload
 exits 0 even when a GPU crashed (an ``error`` row reports it), so such a pod Succeeds.
@@ -61,7 +61,7 @@ import pandas as pd
 from .. import __version__
 from .._names import dns_label_ok
 from ..bench._cli import ArgumentsError, check_args
-from ..bench._stability import DEFAULT_MAX_REPEATS
+from ..bench._stability import RepeatRule
 from ..fleet import Fleet
 from ..metrics import RESULT_COLUMNS
 from ..stack import load_matrix, node_info
@@ -174,28 +174,30 @@ def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def payload_repeats(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """(``--repeats``, ``--max-repeats``) of a benchmark pod's payload; its defaults when none parse."""
+def payload_repeats(pod: Mapping[str, Any]) -> RepeatRule:
+    """The repeat rule of a benchmark pod's payload (``--repeats``, ``--max-repeats``, ``--repeats-of``…);
+    the payload's defaults when its arguments do not parse."""
     containers = (pod.get("spec") or {}).get("containers") or ()
     args = [str(a) for a in ((containers[0] if containers else {}).get("args") or ())]
     try:
-        opts = check_args(args)
+        return check_args(args).rule
     except ArgumentsError:
-        return 3, DEFAULT_MAX_REPEATS
-    return opts.repeats, opts.max_repeats
+        return RepeatRule()
 
 
-def _extra_repeat_lines(rows: pd.DataFrame, repeats: int, max_repeats: int) -> str:
+def _extra_repeat_lines(rows: pd.DataFrame, rule: RepeatRule) -> str:
     """The payload's stderr line for each result it measured again because its repeats disagreed."""
-    extra = rows[rows["repeat"] >= repeats]
-    if extra.empty:
+    measured = rows[rows["repeat"].notna()]
+    if measured.empty:
         return ""
-    counts = extra.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].max().reset_index()
+    counts = measured.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].max().reset_index()
     lines = []
     for gpu, metric, last in zip(counts["gpu"], counts["metric"], counts["repeat"], strict=True):
         where = "node" if pd.isna(gpu) else f"GPU {int(gpu)}"
-        n = int(last) + 1
-        lines.append(f"{_SAY}{where}: {metric}: repeats disagree: {n - repeats} more, {n} of at most {max_repeats}")
+        n, base = int(last) + 1, rule.base(str(metric))
+        if n > base:
+            lines.append(f"{_SAY}{where}: {metric}: repeats disagree: {n - base} more, {n} of at most "
+                         f"{rule.ceiling(str(metric))}")  # fmt: skip
     return "".join(line + "\n" for line in lines)
 
 
@@ -258,13 +260,13 @@ class PodLogs:
             # No driver was loaded when the container started: the payload found no GPU.
             body, count, errors = self._driverless(fleet, run_id, node, started_at.astimezone(UTC))
             return head + body + f"{_SAY}done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
-        repeats, max_repeats = payload_repeats(pod)
+        rule = payload_repeats(pod)
         wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
-                         nodes=[node], faults=self._faults.on_node(node), repeats=repeats,
-                         max_repeats=max_repeats)
+                         nodes=[node], faults=self._faults.on_node(node), repeats=rule.repeats,
+                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of))
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
-        return (head + _extra_repeat_lines(rows, repeats, max_repeats) + rows_jsonl(rows)
+        return (head + _extra_repeat_lines(rows, rule) + rows_jsonl(rows)
                 + f"{_SAY}done in {took:.1f} s: {len(rows)} rows, {errors} error row(s)\n")
 
     def seed_for(self, run_id: str, node: str) -> int:

@@ -293,8 +293,8 @@ class DcgmExporters:
         if cached is not None:
             return cached
         digest = hashlib.sha256(f"{self._seed}/dcgm/{node}".encode()).digest()
-        wave = fleet.run("dcgm", ts=self._ts, seed=int.from_bytes(digest[:8], "big"), repeats=1, nodes=[node],
-                         faults=list(faults), pairs=False)
+        wave = fleet.run("dcgm", ts=self._ts, seed=int.from_bytes(digest[:8], "big"), repeats=1,
+                         repeats_of={}, nodes=[node], faults=list(faults), pairs=False)
         rows = wave.results
         tele: dict[int, dict[str, float]] = {}
         xids: dict[int, list[int]] = {}

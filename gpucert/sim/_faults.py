@@ -4,12 +4,14 @@ gpucert's flows must survive a 429 with ``Retry-After``, a 500, a slow server, a
 a watch whose resourceVersion was compacted away, because real control planes do all of these under load.
 The policy is one immutable value swapped atomically on the running server, from Python
 (:meth:`FaultInjector.set`) or over HTTP (``POST /gpucert/faults``), so a test can turn faults on for
-one step and off again.
+one step and off again. The injector counts what it did (:attr:`FaultInjector.served`), so a test can
+tell a fault that was ridden out from one that never fired.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from threading import Lock
@@ -98,6 +100,7 @@ class FaultInjector:
 
     def __init__(self, policy: ApiFaults | None = None) -> None:
         self._lock = Lock()
+        self._served: Counter[str] = Counter()
         self.set(policy or ApiFaults())
 
     @property
@@ -112,17 +115,29 @@ class FaultInjector:
     def clear(self) -> None:
         self.set(ApiFaults())
 
+    @property
+    def served(self) -> dict[str, int]:
+        """How many faults were served since the server started, by kind: ``500``, ``429``, ``slow`` (a
+        request delayed by ``latency_s``) and ``expired`` (a watch answered 410); kinds never served are
+        absent. Setting a new policy does not reset the counts."""
+        with self._lock:
+            return dict(self._served)
+
     def decide(self) -> FaultDecision:
         policy = self._policy
         if not policy.active:
             return FaultDecision()
+        status = None
         with self._lock:
             draw = self._rng.random()
-        status = None
-        if draw < policy.error_rate:
-            status = 500
-        elif draw < policy.error_rate + policy.throttle_rate:
-            status = 429
+            if draw < policy.error_rate:
+                status = 500
+            elif draw < policy.error_rate + policy.throttle_rate:
+                status = 429
+            if status is not None:
+                self._served[str(status)] += 1
+            if policy.latency_s:
+                self._served["slow"] += 1
         return FaultDecision(policy.latency_s, status, policy.retry_after_s)
 
     def expire_watch(self) -> bool:
@@ -131,4 +146,7 @@ class FaultInjector:
         if not policy.watch_expired_rate:
             return False
         with self._lock:
-            return self._rng.random() < policy.watch_expired_rate
+            expired = self._rng.random() < policy.watch_expired_rate
+            if expired:
+                self._served["expired"] += 1
+            return expired

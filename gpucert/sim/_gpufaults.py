@@ -35,8 +35,8 @@ class GpuFaults:
         """An :class:`InputError` unless ``fault`` is a catalog kind that fits a node of the fleet."""
         try:
             # The fleet model's own checks (kind, node, GPU index, scope), on a one-node, one-repeat wave.
-            self._fleet().run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, nodes=[fault.node],
-                              faults=[fault])
+            self._fleet().run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, repeats_of={},
+                              nodes=[fault.node], faults=[fault])
         except ValueError as exc:
             raise InputError(f"sim: cannot inject {fault.kind!r} on {fault.node!r}: {exc}") from exc
 

@@ -23,8 +23,9 @@ names where it came from and which entry is wrong (``--faults f.yaml: gpu[1]: â€
 
 Node events do what the control plane shows when it happens for real. ``not_ready``: the Node's Ready
 condition turns False with reason ``KubeletNotReady`` and the node lifecycle controller's
-``node.kubernetes.io/not-ready`` taints (NoSchedule, NoExecute) appear; nothing new is scheduled there
-and pods bound there do not start (the kubelets check Ready); its DCGM exporter stops answering.
+``node.kubernetes.io/not-ready`` taints (NoSchedule, NoExecute) appear; nothing new is scheduled there,
+pods bound there do not start and running ones move on no more (its kubelet is down: a benchmark stays
+Running until its Job's deadline); its DCGM exporter stops answering.
 ``ready`` reverses it. ``delete``: the Node object is deleted and so are the pods bound to it (pod GC);
 the fleet keeps the node's GPUs, but nothing reaches them. ``join``: new nodes of the fleet register,
 with ``<label prefix>/uncertified:NoSchedule`` unless ``uncertified_taint: false`` (or another taint key

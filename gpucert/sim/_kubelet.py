@@ -6,13 +6,18 @@ through what a real kubelet reports: Pending → Running (``startTime``, ``podIP
 PodScheduled) → Ready after :attr:`SimTiming.pod_ready_s` → for a pod that ends (``restartPolicy``
 Never or OnFailure) Succeeded or Failed after its run time, with ``state.terminated`` (exit code,
 reason ``Completed``/``Error``). A pod with ``restartPolicy: Always`` (the default; DaemonSet pods)
-runs until deleted, as a restarted container would. Pods are started only on a Ready node.
+runs until deleted, as a restarted container would. Pods are started only on a Ready node, and a node
+that is not Ready moves none of its pods on (its kubelet is down: a running pod stays Running, as the API
+server last heard, until the node is Ready again or the pod is deleted — by a Job's deadline, say).
 
 Annotations let a test or a rehearsal shape one pod: ``sim.gpucert.io/run-seconds`` (its run time,
 instead of :attr:`SimTiming.pod_run_s`), ``sim.gpucert.io/exit-code`` (how its container exits;
 default 0, as gpucert's payload exits even when a GPU fails) and ``sim.gpucert.io/terminated-reason``
 (the ``state.terminated.reason`` of a container that exits non-zero, e.g. ``OOMKilled`` with exit code
-137; default ``Error``). Logs come from :class:`PodLogs`.
+137; default ``Error``). Logs come from :class:`PodLogs`. The same annotations on a *Node* shape every pod
+that ends (a Job's, not a DaemonSet's) started there, over the pod's own: a condition of that node — its
+registry mirror down, its memory short, its benchmarks slow — among healthy ones, in a run whose pods are
+all made alike.
 
 An image that cannot be pulled: a container whose image reference contains ``does-not-exist``, or a pod
 annotated ``sim.gpucert.io/image-pull-error`` (value ``ErrImagePull``, ``ImagePullBackOff`` or
@@ -64,10 +69,21 @@ IMAGE_PULL_ERROR_ANNOTATION = "sim.gpucert.io/image-pull-error"
 #: An image reference containing this cannot be pulled.
 UNPULLABLE_IMAGE = "does-not-exist"
 _PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: The annotations that shape a pod, from the pod itself or (for a pod that ends, and first) from its node.
+_SHAPING = (RUN_SECONDS_ANNOTATION, EXIT_CODE_ANNOTATION, TERMINATED_REASON_ANNOTATION, IMAGE_PULL_ERROR_ANNOTATION)
 
 
-def _annotation_number(pod: Mapping[str, Any], name: str) -> float | None:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(name)
+def _shaping(pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The shaping annotations in force for ``pod``: its own, and for a pod that ends its node's over them."""
+    own = dict((pod.get("metadata") or {}).get("annotations") or {})
+    if node is None or (pod.get("spec") or {}).get("restartPolicy", "Always") == "Always":
+        return own
+    inherited = ((node.get("metadata") or {}).get("annotations") or {}).items()
+    return {**own, **{k: v for k, v in inherited if k in _SHAPING}}
+
+
+def _annotation_number(notes: Mapping[str, Any], name: str) -> float | None:
+    raw = notes.get(name)
     if raw is None:
         return None
     try:
@@ -76,16 +92,17 @@ def _annotation_number(pod: Mapping[str, Any], name: str) -> float | None:
         return None
 
 
-def _annotation(pod: Mapping[str, Any], name: str) -> str | None:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(name)
+def _annotation(notes: Mapping[str, Any], name: str) -> str | None:
+    raw = notes.get(name)
     return None if raw is None else str(raw)
 
 
-def _pull_error(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(waiting reason, image) when the pod's image cannot be pulled, else None."""
+def _pull_error(pod: Mapping[str, Any], notes: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(waiting reason, image) when the pod's image cannot be pulled (``notes``: its shaping annotations),
+    else None."""
     containers = (pod.get("spec") or {}).get("containers") or ()
     first = str((containers[0] if containers else {}).get("image") or "")
-    asked = _annotation(pod, IMAGE_PULL_ERROR_ANNOTATION)
+    asked = _annotation(notes, IMAGE_PULL_ERROR_ANNOTATION)
     if asked is not None:
         return (asked if asked in _PULL_REASONS else "ErrImagePull"), first
     for c in containers:
@@ -126,8 +143,8 @@ class Kubelets:
         if event.resource == NODES.key:
             if event.type == "DELETED":
                 return ()
-            return [key_of(p) for p in self.rt.pods.on_node(event.obj["metadata"]["name"])
-                    if phase(p) == "Pending"]
+            # A node coming back Ready brings its pods on: its kubelet moved none of them while down.
+            return [key_of(p) for p in self.rt.pods.on_node(event.obj["metadata"]["name"]) if not terminal(p)]
         if event.resource != PODS.key:
             return ()
         if event.type == "DELETED":
@@ -145,14 +162,16 @@ class Kubelets:
         if not node:
             return
         uid, now = pod["metadata"]["uid"], self.rt.now()
+        node_obj = self.store.get(NODES, None, node)
+        if not node_ready(node_obj):
+            return  # the kubelet is down; a node event brings the pod back here when the node is Ready
+        notes = _shaping(pod, node_obj)
         if phase(pod) == "Pending":
-            if not node_ready(self.store.get(NODES, None, node)):
-                return  # a node event brings the pod back here when the node is Ready
             due = self._bound.setdefault(uid, now) + self.timing.pod_start_s
             if now < due:
                 self.rt.after(due - now, self, key)
                 return
-            pulling = _pull_error(pod)
+            pulling = _pull_error(pod, notes)
             if pulling is not None:
                 self._pull_failed(pod, *pulling)
                 return
@@ -160,10 +179,10 @@ class Kubelets:
         started, started_wall = self._started.setdefault(uid, (now, datetime.now(UTC)))
         ready_at = started + self.timing.pod_ready_s
         ends = (pod.get("spec") or {}).get("restartPolicy", "Always") != "Always"
-        run_s = _annotation_number(pod, RUN_SECONDS_ANNOTATION)
+        run_s = _annotation_number(notes, RUN_SECONDS_ANNOTATION)
         end_at = started + (self.timing.pod_run_s if run_s is None else max(0.0, run_s))
         if ends and now >= end_at:
-            self._finish(pod, node, started_wall)
+            self._finish(pod, node, started_wall, notes)
             return
         if not pod_ready(pod):
             if now >= ready_at:
@@ -244,8 +263,8 @@ class Kubelets:
         status["containerStatuses"] = [{**c, "ready": True} for c in status.get("containerStatuses") or ()]
         self.store.update(PODS, {**pod, "status": status})
 
-    def _finish(self, pod: Obj, node: str, started_wall: datetime) -> None:
-        code = int(_annotation_number(pod, EXIT_CODE_ANNOTATION) or 0)
+    def _finish(self, pod: Obj, node: str, started_wall: datetime, notes: Mapping[str, Any]) -> None:
+        code = int(_annotation_number(notes, EXIT_CODE_ANNOTATION) or 0)
         meta = pod["metadata"]
         namespace = meta.get("namespace", "")
         # What the container printed at start stays its head (the stack it read then, not now).
@@ -254,7 +273,7 @@ class Kubelets:
         self.store.set_log(namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head))
         now = now_rfc3339()
         started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
-        reason = "Completed" if code == 0 else (_annotation(pod, TERMINATED_REASON_ANNOTATION) or "Error")
+        reason = "Completed" if code == 0 else (_annotation(notes, TERMINATED_REASON_ANNOTATION) or "Error")
         status = dict(pod.get("status") or {})
         conditions = status.get("conditions")
         for kind in ("ContainersReady", "Ready"):

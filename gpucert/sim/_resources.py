@@ -90,6 +90,12 @@ _EVENT_FIELDS = frozenset({
     "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance",
 })
 
+_EVENTS_V1_FIELDS = frozenset({
+    "eventTime", "series", "reportingController", "reportingInstance", "action", "reason", "regarding",
+    "related", "note", "type", "deprecatedSource", "deprecatedFirstTimestamp", "deprecatedLastTimestamp",
+    "deprecatedCount",
+})
+
 RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "nodes", "Node", False, ("no",), ("status",), field_labels=("spec.unschedulable",)),
     ResourceType(
@@ -111,12 +117,22 @@ RESOURCES: tuple[ResourceType, ...] = (
                                "involvedObject.uid", "involvedObject.apiVersion", "reason", "source",
                                "type", "reportingComponent"),
                  generation_tracks=None),
+    # The events.k8s.io shape gpucert writes its Events in (issue 16). A real server keeps both shapes in
+    # one store; here they are two (``kubectl get events.events.k8s.io`` lists these).
+    ResourceType("events.k8s.io", "v1", "events", "Event", True, fields=_EVENTS_V1_FIELDS,
+                 field_labels=("regarding.kind", "regarding.namespace", "regarding.name", "reason", "type",
+                               "reportingController"),
+                 generation_tracks=None),
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",),
                  fields=frozenset({"secrets", "imagePullSecrets", "automountServiceAccountToken"}),
                  returns_deleted_object=True, generation_tracks=None),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)),
     ResourceType("batch", "v1", "jobs", "Job", True, (), ("status",), categories=("all",),
                  field_labels=("status.successful",)),
+    # Node leases (one certify run per node at a time): no status, no generation (the real strategy sets
+    # none); an update or delete carrying a stale resourceVersion is a 409 like any other kind's.
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, fields=frozenset({"spec"}),
+                 generation_tracks=None),
     *(
         ResourceType("rbac.authorization.k8s.io", "v1", plural, kind, namespaced, fields=fields,
                      generation_tracks=None)

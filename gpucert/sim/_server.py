@@ -64,6 +64,7 @@ from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
 from ._objects import NODES
+from ._requests import ApiRequest, RequestLog
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
 from ._stack import preconfigured_stack
@@ -83,13 +84,14 @@ _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 _START_TIMEOUT_S = 30.0
 
 
-def kubeconfig_text(url: str, namespace: str = "default") -> str:
-    """A kubeconfig for ``url`` with no credentials (the simulator has no auth)."""
+def kubeconfig_text(url: str, namespace: str = "default", *, user: str | None = None) -> str:
+    """A kubeconfig for ``url`` with no credentials (the simulator has no auth); with ``user``, a bearer
+    token naming that user, which the request log records as who asked (``_requests.py``)."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "gpucert-sim", "cluster": {"server": url}}],
-        "users": [{"name": "gpucert-sim", "user": {}}],
+        "users": [{"name": "gpucert-sim", "user": {} if user is None else {"token": user}}],
         "contexts": [
             {
                 "name": "gpucert-sim",
@@ -167,6 +169,8 @@ class SimCluster:
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
         self.faults = FaultInjector(faults)
+        #: Every API request served (``_requests.py``); also at ``GET /gpucert/requests``.
+        self.request_log = RequestLog()
         self._port = port
         self._kubeconfig = Path(kubeconfig) if kubeconfig is not None else None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
@@ -268,6 +272,15 @@ class SimCluster:
                 names=self.fleet.node_names[before:],
             )
 
+    @property
+    def requests(self) -> list[ApiRequest]:
+        """The API requests served so far (since :meth:`clear_requests`), oldest first, in RBAC's terms."""
+        return self.request_log.entries()
+
+    def clear_requests(self) -> None:
+        """Empty the request log."""
+        self.request_log.clear()
+
     # --- serving ------------------------------------------------------------------------------------
 
     @property
@@ -365,6 +378,7 @@ class SimCluster:
             self.faults,
             bookmark_interval_s=self._bookmark_interval_s,
             extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes()],
+            request_log=self.request_log,
         )
         # A short shutdown timeout: open watches must not hold up stop() for their full timeout.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)

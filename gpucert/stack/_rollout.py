@@ -55,7 +55,10 @@ def apply_manifests(kube: Kube, manifests: Iterable[Manifest]) -> list[Applied]:
     """Server-side apply each manifest in order; returns what the server holds."""
     out = []
     for manifest in manifests:
-        stored = kube.apply(manifest.obj)
+        # Read first, so that an apply that changes nothing is not recorded as a change (the audit trail).
+        api_version, kind = str(manifest.obj.get("apiVersion")), str(manifest.obj.get("kind"))
+        before = kube.find(api_version, kind, manifest.name, manifest.namespace)
+        stored = kube.apply(manifest.obj, before=before)
         meta = stored.get("metadata") or {}
         out.append(
             Applied(
@@ -122,13 +125,14 @@ def label_nodes(kube: Kube, desired: Mapping[str, Mapping[str, str | None]]) -> 
 
     Labels are read afresh, so a node is patched only when it has to be (and a rerun patches none).
     """
-    current = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.nodes()}
+    nodes = {n["metadata"]["name"]: n for n in kube.nodes()}
+    current = {name: n["metadata"].get("labels") or {} for name, n in nodes.items()}
     changed = []
     for node, want in desired.items():
         have = current.get(node, {})
         patch = {k: v for k, v in want.items() if have.get(k) != v and not (v is None and k not in have)}
         if patch:
-            kube.label_node(node, patch)
+            kube.label_node(node, patch, before=nodes.get(node))
             changed.append(node)
     return changed
 

@@ -30,7 +30,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._baselines import LINK_EXPIRES_S, BaselineStore, VersionInfo, check_public_url, open_store
+from ._baselines import (
+    LINK_EXPIRES_S,
+    BaselineChange,
+    BaselineStore,
+    VersionInfo,
+    check_public_url,
+    open_store,
+)
 from ._errors import StoreNotFound, StoreURIError, UnknownVersion
 from ._format import BASELINE_COLUMNS, BASELINE_LEVELS, empty_baseline, validate_baseline
 from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store, require_root
@@ -42,6 +49,7 @@ __all__ = [
     "BASELINE_COLUMNS",
     "BASELINE_LEVELS",
     "LINK_EXPIRES_S",
+    "BaselineChange",
     "BaselineStore",
     "Blob",
     "FileObjectStore",

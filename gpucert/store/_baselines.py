@@ -47,6 +47,7 @@ from urllib.parse import quote, urlsplit
 import pandas as pd
 import pyarrow as pa
 
+from .._crashpoints import crashpoint
 from .._names import check_run_id
 from ..errors import BaselineFormatError, StoreConflict, StoreError, StoreUnavailable, VersionNotFound
 from ._errors import StoreURIError, UnknownVersion
@@ -56,6 +57,7 @@ from ._objects import ObjectStore, check_key, open_object_store, require_root
 __all__ = [
     "LINK_EXPIRES_S",
     "MAX_LINK_EXPIRES_S",
+    "BaselineChange",
     "BaselineStore",
     "VersionInfo",
     "check_public_url",
@@ -89,6 +91,18 @@ class VersionInfo:
     message: str
     rows: int
     is_current: bool
+
+
+@dataclass(frozen=True)
+class BaselineChange:
+    """A version made current, as :meth:`BaselineStore.observe` tells it."""
+
+    #: ``update`` (a new version written and moved to current) or ``rollback``.
+    action: str
+    version: str
+    #: The version that was current before (None for the first).
+    previous: str | None
+    message: str
 
 
 def _table_key(version: str) -> str:
@@ -145,12 +159,28 @@ class BaselineStore:
     def __init__(self, objects: ObjectStore, *, create: bool = True, public_url: str | None = None) -> None:
         self._objects = objects
         self._public_url = check_public_url(public_url) if public_url else None
+        self._observers: list[Callable[[BaselineChange], None]] = []
         if not create:
             require_root(objects)
 
     @property
     def uri(self) -> str:
         return self._objects.uri
+
+    def observe(self, observer: Callable[[BaselineChange], None]) -> Callable[[], None]:
+        """Call ``observer`` after every version made current (an update or a rollback); returns the
+        function that stops it. The audit trail listens here, so no baseline move escapes it."""
+        self._observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+        return stop
+
+    def _changed(self, change: BaselineChange) -> None:
+        for observer in list(self._observers):
+            observer(change)
 
     @property
     def objects(self) -> ObjectStore:
@@ -386,15 +416,18 @@ class BaselineStore:
                 self._read_table(current, named_by=CURRENT_KEY) if current is not None else empty_baseline()
             )
             version = self.write_version(fn(table.copy()), parent=current, message=message)
+            crashpoint("baseline-written")
             try:
                 self.move_current(version, expected=current)
             except StoreConflict:
                 if self._settle_lost(version):
+                    self._changed(BaselineChange("update", version, current, message))
                     return version
                 if attempt + 1 < attempts:
                     # Jittered backoff so two writers that collided do not collide again in lockstep.
                     time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
                 continue
+            self._changed(BaselineChange("update", version, current, message))
             return version
         raise StoreConflict(
             f"gave up updating {self._where(CURRENT_KEY)} after {attempts} attempts: "
@@ -413,6 +446,7 @@ class BaselineStore:
         if current == version:
             return
         self.move_current(version, expected=current)
+        self._changed(BaselineChange("rollback", version, current, f"rolled back from {current}"))
 
     # --- links ----------------------------------------------------------------------------------
 

@@ -7,6 +7,11 @@ by gpucert's record (the ticket as JSON, rewritten on each change), each change 
 resolving and reopening are workflow transitions (``Done``, ``Reopen`` by default). Jira's own status wins
 over the record: an issue a person closed is a resolved ticket, one they reopened an open ticket.
 
+Values read from a cluster or a results file (a GPU model, a UUID, a stack version) never act as Jira
+markup: a text holding a character that could start a link, an image, a macro, a table or an escape
+(``[ ] { } | !`` and the backslash) goes in a ``{noformat}`` block; the summary is one line; the record
+is found by a delimiter no JSON string can contain (a raw line break), so no value can forge or hide it.
+
 Jira offers no transaction: two gpucert processes reconciling the same fault at the same moment may
 both create an issue. Run one reconcile at a time per project (the certify flow does).
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -49,7 +55,16 @@ _FIELDS = ("summary", "description", "labels", "status", "priority", "created", 
 #: Jira's limit on a text field is 32,767 characters; the record leaves some room for the words above it.
 _MAX_DESCRIPTION = 32_000
 _RECORD_HEAD = "gpucert record (kept by gpucert: edits to it are overwritten):"
+#: Where the record starts: the head on a line of its own, then the block. The record is JSON, which holds
+#: no raw line break, so a value inside it (a GPU model spelling the head) cannot fake this delimiter.
+_RECORD_START = f"\n{_RECORD_HEAD}\n{{noformat}}\n"
 _RECORD = re.compile(r"\{noformat\}\n(\{.*?\})\n\{noformat\}", re.S)
+#: Characters that make Jira wiki markup more than emphasis: links and mentions, macros, tables, images,
+#: escapes and line breaks. A text holding one is shown verbatim instead.
+_MARKUP = re.compile(r"[\[\]{}|!\\]")
+_NOFORMAT = re.compile(r"\{noformat", re.I)
+#: Jira's limit on one label.
+_MAX_LABEL = 255
 _DONE_NAMES = frozenset({"done", "closed", "resolved"})
 
 
@@ -107,8 +122,22 @@ def fingerprint_label(fingerprint: Fingerprint) -> str:
 
 
 def node_label(node: str) -> str:
-    """The label that finds a node's issues (Kubernetes node names are valid Jira labels)."""
-    return f"gpucert-node-{node}"
+    """The label that finds a node's issues: ``gpucert-node-<node>`` (Kubernetes node names are valid Jira
+    labels), cut and completed by a hash of the name where that would pass Jira's 255 characters."""
+    label = f"gpucert-node-{'_'.join(node.split())}"
+    if len(label) <= _MAX_LABEL:
+        return label
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    return f"{label[: _MAX_LABEL - len(digest) - 1]}-{digest}"
+
+
+def inert(text: str) -> str:
+    """``text`` as Jira wiki text that renders as itself: unchanged when it holds no markup that could link,
+    embed, run a macro or escape (:data:`_MARKUP`), else in a ``{noformat}`` block, where nothing but the
+    block's own end is markup (defused: ``{ noformat``)."""
+    if not _MARKUP.search(text):
+        return text
+    return "{noformat}\n" + _NOFORMAT.sub("{ noformat", text) + "\n{noformat}"
 
 
 class JiraTickets:
@@ -173,7 +202,7 @@ class JiraTickets:
         """See :meth:`TicketBackend.change`: read the issue by its fingerprint label, change, write it back
         (create, or update and comment; transition on resolve and reopen). Not atomic (see the module)."""
         label = fingerprint_label(fingerprint)
-        found = self._search(f'labels = "{label}"', f"find the ticket of {fingerprint}")
+        found = self._search(f'labels = "{_quote(label)}"', f"find the ticket of {fingerprint}")
         issue = _pick(found)
         current = _parse(issue) if issue is not None else None
         if issue is not None and current is None:
@@ -181,7 +210,7 @@ class JiraTickets:
         others = [
             t
             for raw in self._search(
-                f'labels = "{node_label(fingerprint.node)}"', f"read {fingerprint.node}'s tickets"
+                f'labels = "{_quote(node_label(fingerprint.node))}"', f"read {fingerprint.node}'s tickets"
             )
             if label not in _labels(raw) and (t := _parse(raw)) is not None
         ]
@@ -230,7 +259,9 @@ class JiraTickets:
         checked against the issue's status."""
         label = OPEN_LABEL if state == "open" else BASE_LABEL
         wanted = set(nodes) if nodes is not None else None
-        found = [t for raw in self._search(f'labels = "{label}"', "list tickets") if (t := _parse(raw))]
+        found = [
+            t for raw in self._search(f'labels = "{_quote(label)}"', "list tickets") if (t := _parse(raw))
+        ]
         return sorted(
             (
                 t
@@ -317,7 +348,7 @@ class JiraTickets:
         if ticket.state == "open":
             labels.append(OPEN_LABEL)
         fields: dict[str, Any] = {
-            "summary": ticket.title[:250],
+            "summary": " ".join(ticket.title.split())[:250],  # one line: Jira refuses a line break
             "description": _description(ticket),
             "labels": list(dict.fromkeys(labels)),
         }
@@ -342,7 +373,7 @@ class JiraTickets:
     def _comment(self, key: str, text: str) -> None:
         jira = self._client()
         with self._calling(f"comment on {key}"):
-            jira.add_comment(key, text)
+            jira.add_comment(key, inert(text))
 
     def _transition(self, key: str, name: str) -> bool:
         """Move ``key`` through the transition called ``name``; returns False when it has none by that name."""
@@ -385,10 +416,10 @@ def _record_json(ticket: Ticket) -> str:
 
 def _description(ticket: Ticket) -> str:
     """The issue description: the ticket in words, then the record (oldest evidence dropped to fit)."""
-    body = ticket.body()
+    body = inert(ticket.body())
     for keep in range(len(ticket.evidence), -1, -1):
         trimmed = ticket.model_copy(update={"evidence": ticket.evidence[len(ticket.evidence) - keep :]})
-        text = f"{body}\n\n----\n{_RECORD_HEAD}\n{{noformat}}\n{_record_json(trimmed)}\n{{noformat}}"
+        text = f"{body}\n\n----{_RECORD_START}{_record_json(trimmed)}\n{{noformat}}"
         if len(text) <= _MAX_DESCRIPTION:
             return text
     raise TicketError(f"the ticket of {ticket.fingerprint} does not fit a Jira description")
@@ -398,10 +429,10 @@ def _parse(raw: Mapping[str, Any]) -> Ticket | None:
     """The ticket an issue holds (Jira's status deciding its state), or None for an issue without a record."""
     fields = raw.get("fields") or {}
     description = str(fields.get("description") or "")
-    head = description.rfind(_RECORD_HEAD)
+    head = description.rfind(_RECORD_START)
     if head < 0:
         return None
-    found = _RECORD.search(description, head)
+    found = _RECORD.match(description, head + len(_RECORD_START) - len("{noformat}\n"))
     if found is None:
         return None
     try:

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import pandas as pd
 
+from gpucert._crashpoints import crashpoint
 from gpucert.metrics import METRICS
 from gpucert.verdict import TICKET_RANK, VERDICT_RANK
 
@@ -125,6 +126,7 @@ def reconcile(
             event = backend.change(fingerprint, partial(_occur, occurrence=occurrence, policy=policy))
             if event is not None:
                 events.append(event)
+            crashpoint("between-tickets")
     events += _resolve_passing(backend, verdicts, set(flagged["_key"]), run_id=run_id, now=now)
     return events
 

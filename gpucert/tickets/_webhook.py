@@ -4,6 +4,10 @@ A webhook keeps no state, so the tickets live in a :class:`LocalTickets` file an
 inside its transaction: when the POST fails (after retrying 5xx, 429 and connection errors with exponential
 backoff), the change is rolled back and the next reconcile tries again, so no change is stored unannounced.
 
+Values from a cluster or a results file (a GPU model, a UUID, reasons naming them) are data, never markup:
+Slack's mrkdwn reads ``<…>`` as a link or a mention (``<!channel>``), so every text of the message has its
+``&``, ``<`` and ``>`` escaped as Slack asks, and the report link is the one ``<url|report>`` gpucert writes.
+
 Secrets stay secret: the URL (a Slack webhook URL *is* its secret), header values and the signing secret
 are ``SecretStr``; messages and logs name the endpoint as ``scheme://host/…`` only. With a signing secret
 each request carries ``X-Gpucert-Signature: sha256=<HMAC-SHA256 of the body>`` for the receiver to check.
@@ -31,7 +35,7 @@ from ._backend import Change
 from ._local import LocalTickets
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent
 
-__all__ = ["WebhookTickets", "slack_payload"]
+__all__ = ["WebhookTickets", "mrkdwn", "slack_payload"]
 
 log = logging.getLogger("gpucert.tickets")
 
@@ -51,7 +55,7 @@ def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, A
     """The JSON body announcing ``event``: Slack's ``text`` (the notification line) and ``blocks`` (the
     message), plus ``gpucert`` (the event and ticket as data) when ``structured``."""
     t = event.ticket
-    text = f"{_ICON[event.kind]} gpucert {event.kind}: {t.title or t.fingerprint.key}"
+    text = f"{_ICON[event.kind]} gpucert {event.kind}: {mrkdwn(t.title or t.fingerprint.key)}"
     facts = [
         ("Node", t.node),
         (
@@ -70,26 +74,60 @@ def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, A
             "type": "header",
             "text": {"type": "plain_text", "text": f"{event.kind}: ticket {t.id} {t.kind}"[:_HEADER]},
         },
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{t.title}*\n{event.detail}"[:_SECTION]}},
-        {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"[:_FIELD]} for k, v in facts]},
+        {
+            "type": "section",
+            "text": {
+                "type": "mrkdwn",
+                "text": _cut(f"*{mrkdwn(t.title)}*\n{mrkdwn(event.detail)}", _SECTION),
+            },
+        },
+        {
+            "type": "section",
+            "fields": [{"type": "mrkdwn", "text": _cut(f"*{k}*\n{mrkdwn(v)}", _FIELD)} for k, v in facts],
+        },
     ]
     if t.escalation:
         blocks.append(
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"*Escalated:* {t.escalation}"[:_SECTION]}}
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": _cut(f"*Escalated:* {mrkdwn(t.escalation)}", _SECTION)},
+            }
         )
     if t.evidence:
         last = t.evidence[-1]
-        context = [f"run {last.run_id}"]
+        context = [f"run {mrkdwn(last.run_id)}"]
         if last.report:
             link = last.report
             context.append(
-                f"<{link}|report>" if link.startswith(("http://", "https://")) else f"report {link}"
+                f"<{_link(link)}|report>"
+                if link.startswith(("http://", "https://"))
+                else f"report {mrkdwn(link)}"
             )
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(context)}]})
     payload: dict[str, Any] = {"text": text, "blocks": blocks}
     if structured:
         payload["gpucert"] = event.as_dict()
     return payload
+
+
+def mrkdwn(text: str) -> str:
+    """``text`` as Slack mrkdwn that shows itself: ``&``, ``<`` and ``>`` escaped, the three characters
+    Slack decodes (so no ``<!channel>``, ``<@U…>`` or ``<url|label>`` can be smuggled in)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _link(url: str) -> str:
+    """A URL inside ``<url|label>``: escaped as text, and a ``|`` (which would end the URL) percent-encoded."""
+    return mrkdwn(url).replace("|", "%7C")
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` within Slack's ``limit``, never cut inside an escape (``&amp;`` half-kept would show)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    amp = cut.rfind("&", max(0, limit - 5))
+    return cut[:amp] if amp >= 0 and ";" not in cut[amp:] else cut
 
 
 class WebhookTickets:

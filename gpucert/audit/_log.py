@@ -1,0 +1,196 @@
+"""The audit trail in the store: append-only segments of JSON lines, and a head moved by compare-and-swap.
+
+Layout (under the store's root)::
+
+    audit/HEAD                                        {"seq": 42, "hash": "…", "segment": "audit/date=…/…"}
+    audit/date=2026-12-03/000000000040-9f3ab2c1.jsonl entries #40-#42, one JSON object per line
+
+An append reads the head (and its etag), writes its entries as a new segment (create-only, named by
+its first entry's number and a random token, so two writers never write the same object), then moves
+the head to its last entry with the store's conditional write. Of two writers that read the same head
+only one moves it; the other deletes its segment and appends again on the new head, so the trail never
+forks. A writer that dies between the two writes leaves an orphan segment that no entry of the chain
+is in; :func:`~._chain.check_chain` reports it and ignores it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import StoreConflict, StoreError
+from ..store import ObjectStore
+from ._chain import GENESIS, ChainCheck, Segment, canonical_json, check_chain, seal
+
+__all__ = ["AUDIT_PREFIX", "HEAD_KEY", "AuditAction", "AuditLog", "select"]
+
+AUDIT_PREFIX = "audit/"
+HEAD_KEY = "audit/HEAD"
+_SEGMENTS = "audit/date="
+_ATTEMPTS = 30
+
+
+@dataclass(frozen=True)
+class AuditAction:
+    """One change, as the code that made it describes it (the log adds who, when and the chain)."""
+
+    #: What was done: ``taint.add``, ``taint.lift``, ``label``, ``annotate``, ``condition``, ``cordon``,
+    #: ``job.create``, ``job.delete``, ``apply``, ``ticket.open``, ``ticket.update``, ``ticket.escalate``,
+    #: ``ticket.resolve``, ``baseline.write``, ``baseline.move``, ``baseline.rollback``, …
+    action: str
+    kind: str
+    name: str
+    namespace: str | None = None
+    api_version: str = "v1"
+    before: Any = None
+    after: Any = None
+    #: Why: the decision or the command behind it.
+    why: str = ""
+    #: The run it belongs to, when not the recorder's own (a re-run's Job, say).
+    run_id: str | None = None
+
+    def body(self, *, run_id: str | None, trigger: str, actor: str, ts: datetime) -> dict[str, Any]:
+        """The entry before it is chained."""
+        return {
+            "ts": ts.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "action": self.action,
+            "object": {
+                "apiVersion": self.api_version, "kind": self.kind, "name": self.name, "namespace": self.namespace,
+            },
+            "before": self.before,
+            "after": self.after,
+            "why": self.why,
+            "run_id": self.run_id or run_id,
+            "trigger": trigger,
+            "actor": actor,
+        }
+
+
+class AuditLog:
+    """The trail of one store (``store.objects`` of a :class:`~gpucert.store.BaselineStore`)."""
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def append(
+        self,
+        actions: Sequence[AuditAction],
+        *,
+        run_id: str | None,
+        trigger: str,
+        actor: str,
+        now: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """Append ``actions`` as one segment; returns the entries as stored (empty for no actions).
+
+        Raises :class:`~gpucert.errors.StoreError` when the store fails, or when the head kept moving
+        under us for many attempts.
+        """
+        if not actions:
+            return []
+        ts = now or datetime.now(UTC)
+        bodies = [a.body(run_id=run_id, trigger=trigger, actor=actor, ts=ts) for a in actions]
+        for _ in range(_ATTEMPTS):
+            head_blob = self.objects.get(HEAD_KEY)
+            try:
+                head = _parse_head(head_blob.data) if head_blob is not None else None
+            except ValueError as exc:
+                raise StoreError(f"{HEAD_KEY} is not the audit trail's head ({exc}): appending stopped") from None
+            last_seq, last_hash = (int(head["seq"]), str(head["hash"])) if head else (0, GENESIS)
+            entries = seal(bodies, prev=last_hash, first_seq=last_seq + 1)
+            key = f"{_SEGMENTS}{ts:%Y-%m-%d}/{last_seq + 1:012d}-{secrets.token_hex(4)}.jsonl"
+            data = b"".join(canonical_json(e) + b"\n" for e in entries)
+            self.objects.put_if(key, data, if_match=None)
+            new_head = {"seq": entries[-1]["seq"], "hash": entries[-1]["hash"], "segment": key}
+            try:
+                self.objects.put_if(HEAD_KEY, canonical_json(new_head),
+                                    if_match=head_blob.etag if head_blob is not None else None)  # fmt: skip
+            except StoreConflict:
+                self._discard(key)
+                continue
+            return entries
+        raise StoreError(f"the audit trail's head kept moving: {_ATTEMPTS} appends lost the race")
+
+    def _discard(self, key: str) -> None:
+        with contextlib.suppress(StoreError):  # else an orphan, which the check reports and ignores
+            self.objects.delete(key)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def head(self) -> dict[str, Any] | None:
+        """The head (``seq``, ``hash``, ``segment``), or None before the first append."""
+        blob = self.objects.get(HEAD_KEY)
+        return _parse_head(blob.data) if blob is not None else None
+
+    def segments(self, *, workers: int = 8) -> list[Segment]:
+        """Every stored segment (read in parallel: S3 answers one object per request)."""
+        keys = [k for k in self.objects.list(_SEGMENTS) if k.endswith(".jsonl")]
+
+        def read(key: str) -> Segment | None:
+            blob = self.objects.get(key)
+            return None if blob is None else Segment(key, blob.data.decode("utf-8", "replace"))
+
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gpucert-audit") as pool:
+            return [s for s in pool.map(read, keys) if s is not None]
+
+    def check(self) -> ChainCheck:
+        """Walk the chain (see :func:`~._chain.check_chain`)."""
+        try:
+            head = self.head()
+        except ValueError as exc:
+            return ChainCheck((), f"{HEAD_KEY} was changed: {exc}")
+        return check_chain(self.segments(), head)
+
+    def history(
+        self, *, node: str | None = None, since: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """The chain's entries, oldest first, about ``node`` (any object of that name, and tickets and
+        Jobs recorded for it) and at or after ``since``. Raises :class:`~gpucert.errors.StoreError` when
+        the trail does not check out (a broken trail is not shown as if it were whole)."""
+        checked = self.check()
+        if not checked.ok:
+            raise StoreError(f"the audit trail does not check out: {checked.problem}")
+        return list(select(checked.entries, node=node, since=since))
+
+
+def select(
+    entries: Iterable[Mapping[str, Any]], *, node: str | None = None, since: datetime | None = None
+) -> Iterable[dict[str, Any]]:
+    """The entries about ``node`` (the object itself, or a Job, ticket or event for it) since ``since``."""
+    floor = since.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z") if since else None
+    for entry in entries:
+        if floor is not None and str(entry.get("ts", "")) < floor:
+            continue
+        if node is not None and node not in _nodes_of(entry):
+            continue
+        yield dict(entry)
+
+
+def _nodes_of(entry: Mapping[str, Any]) -> set[str]:
+    obj = entry.get("object") or {}
+    nodes = {str(obj.get("name"))} if obj.get("kind") == "Node" else set()
+    after = entry.get("after")
+    if isinstance(after, Mapping) and isinstance(after.get("node"), str):
+        nodes.add(after["node"])
+    before = entry.get("before")
+    if isinstance(before, Mapping) and isinstance(before.get("node"), str):
+        nodes.add(before["node"])
+    return nodes
+
+
+def _parse_head(data: bytes) -> dict[str, Any]:
+    try:
+        head = json.loads(data)
+    except ValueError as exc:
+        raise ValueError("it is not JSON") from exc
+    if not isinstance(head, dict) or not isinstance(head.get("seq"), int) or not isinstance(head.get("hash"), str):
+        raise ValueError("it does not name a last entry (seq, hash)")
+    return head

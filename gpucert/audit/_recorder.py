@@ -1,0 +1,310 @@
+"""Recording a run's changes: every Kubernetes write as it succeeds, tickets and baselines as they are told.
+
+A flow makes one :class:`AuditRecorder` per run and lets it watch the run's :class:`~gpucert.kube.Kube`
+(:meth:`AuditRecorder.watch`): each successful write becomes one or more :class:`~._log.AuditAction`
+(a node patch is split into its taints, labels, annotations and cordon, each with what it was before
+where the caller passed the node it read). Tickets and baselines are not Kubernetes objects; their code
+tells the recorder with :meth:`AuditRecorder.note`. :meth:`AuditRecorder.flush` — after each step —
+appends what was collected to the store's trail as one segment and sends each entry as a Kubernetes
+Event (``events.k8s.io/v1``, ``reportingController: gpucert``) on the object it touched (a ticket's on
+its node). An Event's name is derived from its entry's hash, so a step that is retried or a run that
+is restarted never sends one twice; Events are the cluster's view and are best effort (a failure is
+counted, the trail is the record).
+
+Leases and the Events themselves are not recorded: a Lease is coordination between runs, not a change
+to what the cluster runs, and the taint that marks a node under test is recorded like any other.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from ..kube import Kube, KubeChange, KubeConflict, KubeError
+from ..store import BaselineChange, BaselineStore
+from ..tickets import Ticket, TicketEvent
+from ._log import AuditAction, AuditLog
+
+__all__ = ["CONTROLLER", "AuditRecorder", "actions_of_change", "event_of", "ticket_action"]
+
+#: ``reportingController`` of every Event gpucert sends.
+CONTROLLER = "gpucert"
+_NOTE_MAX = 1024
+_UNRECORDED_KINDS = frozenset({"Event", "Lease"})
+#: Entries whose object is not a Kubernetes object: their Event goes to the node they are about.
+_OFF_CLUSTER = frozenset({"Ticket", "Baseline"})
+_WARNING_ACTIONS = frozenset({"taint.add", "cordon", "ticket.open", "ticket.escalate", "baseline.rollback"})
+_REASONS = {
+    "taint.add": "TaintAdded", "taint.lift": "TaintLifted", "taint.set": "TaintsSet", "label": "Labelled",
+    "annotate": "Annotated",
+    "condition": "ConditionSet", "cordon": "Cordoned", "uncordon": "Uncordoned", "job.create": "JobCreated",
+    "job.delete": "JobDeleted", "apply": "Applied", "create": "Created", "delete": "Deleted",
+    "ticket.open": "TicketOpened", "ticket.update": "TicketUpdated", "ticket.escalate": "TicketEscalated",
+    "ticket.resolve": "TicketResolved",
+}  # fmt: skip
+
+
+class AuditRecorder:
+    """Collects one run's changes and writes them to the trail and as Events; thread-safe.
+
+    ``why`` gives the reason of a change to a named object (a node's decision, say) and falls back to
+    ``default_why``; both may be updated as the run goes (:meth:`because`).
+    """
+
+    def __init__(
+        self,
+        log: AuditLog | None,
+        *,
+        run_id: str | None,
+        trigger: str,
+        actor: str | None = None,
+        default_why: str = "",
+    ) -> None:
+        self.log = log
+        self.run_id = run_id
+        self.trigger = trigger
+        self.actor = actor or f"gpucert@{socket.gethostname()}"
+        self.default_why = default_why
+        self._why: dict[str, str] = {}
+        self._pending: list[AuditAction] = []
+        self._lock = threading.Lock()
+        self._kube: Kube | None = None
+        self._stops: list[Callable[[], None]] = []
+        #: Every entry this recorder appended, in order.
+        self.entries: list[dict[str, Any]] = []
+        #: Events that could not be sent (the cluster refused or did not answer).
+        self.event_failures = 0
+        #: Seconds spent writing the trail and sending Events (what recording costs the run).
+        self.seconds = 0.0
+
+    # --- collecting -------------------------------------------------------------------------------
+
+    def watch(self, kube: Kube | None = None, store: BaselineStore | None = None) -> AuditRecorder:
+        """Record every write made through ``kube`` (and send Events through it) and every baseline
+        version ``store`` makes current, from now on."""
+        if kube is not None:
+            self._kube = kube
+            self._stops.append(kube.observe(self._on_change))
+        if store is not None:
+            self._stops.append(store.observe(self._on_baseline))
+        return self
+
+    def unwatch(self) -> None:
+        """Stop recording (what was collected stays pending until flushed)."""
+        for stop in self._stops:
+            stop()
+        self._stops.clear()
+
+    def because(self, why: str | None = None, *, per_object: Mapping[str, str] | None = None) -> None:
+        """Set the reason of what follows: for every change, and (``per_object``) for named objects."""
+        with self._lock:
+            if why is not None:
+                self.default_why = why
+            if per_object:
+                self._why.update(per_object)
+
+    def note(self, *actions: AuditAction) -> None:
+        """Record changes that are not Kubernetes writes (tickets, baselines)."""
+        with self._lock:
+            self._pending += [a if a.why else _with_why(a, self._why_of(a.name)) for a in actions]
+
+    def _why_of(self, name: str) -> str:
+        return self._why.get(name, self.default_why)
+
+    def _on_change(self, change: KubeChange) -> None:
+        if change.kind in _UNRECORDED_KINDS or change.unchanged:
+            return
+        with self._lock:
+            why = self._why_of(change.name)
+            self._pending += [_with_why(a, why) for a in actions_of_change(change)]
+
+    def _on_baseline(self, change: BaselineChange) -> None:
+        action = "baseline.rollback" if change.action == "rollback" else "baseline.write"
+        why = f"{self.default_why} ({change.message})" if self.default_why else change.message
+        self.note(AuditAction(action, "Baseline", change.version, before={"version": change.previous},
+                              after={"version": change.version}, why=why))  # fmt: skip
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def flush(self, *, now: datetime | None = None, events: bool = True) -> list[dict[str, Any]]:
+        """Append what was collected as one segment and send its Events; returns the entries appended.
+        Raises :class:`~gpucert.errors.StoreError` when the trail cannot be written (the actions stay
+        pending, so a later flush still records them)."""
+        with self._lock:
+            actions, self._pending = self._pending, []
+        if not actions or self.log is None:
+            return []
+        started = time.perf_counter()
+        try:
+            entries = self.log.append(actions, run_id=self.run_id, trigger=self.trigger, actor=self.actor,
+                                      now=now)  # fmt: skip
+        except Exception:
+            with self._lock:
+                self._pending = actions + self._pending
+            raise
+        self.entries += entries
+        if events and self._kube is not None:
+            self._send_events(self._kube, entries)
+        self.seconds += time.perf_counter() - started
+        return entries
+
+    def _send_events(self, kube: Kube, entries: Sequence[Mapping[str, Any]]) -> None:
+        instance = f"{self.actor}"[:128]
+        bodies = [e for e in (event_of(entry, instance=instance) for entry in entries) if e is not None]
+
+        def send(body: dict[str, Any]) -> bool:
+            try:
+                kube.create(body)
+            except KubeConflict:
+                return True  # sent before: the same entry, the same name
+            except KubeError:
+                return False
+            return True
+
+        if not bodies:
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(bodies)), thread_name_prefix="gpucert-events") as pool:
+            failed = sum(not ok for ok in pool.map(send, bodies))
+        self.event_failures += failed
+
+
+def _with_why(action: AuditAction, why: str) -> AuditAction:
+    if action.why or not why:
+        return action
+    return AuditAction(action.action, action.kind, action.name, action.namespace, action.api_version,
+                       action.before, action.after, why, action.run_id)  # fmt: skip
+
+
+# --- tickets ---------------------------------------------------------------------------------------------
+
+_TICKET_ACTIONS = {"opened": "ticket.open", "reopened": "ticket.open", "escalated": "ticket.escalate",
+                   "resolved": "ticket.resolve"}  # fmt: skip
+
+
+def _ticket_side(ticket: Ticket | None) -> dict[str, Any] | None:
+    if ticket is None:
+        return None
+    return {"node": ticket.node, "gpu_uuid": ticket.gpu_uuid or None, "cause": ticket.cause, "kind": ticket.kind,
+            "state": ticket.state, "external_key": ticket.external_key or None}  # fmt: skip
+
+
+def ticket_action(event: TicketEvent) -> AuditAction:
+    """The audit action of one ticket event (opened, reopened, updated, escalated, resolved, remediated)."""
+    return AuditAction(
+        _TICKET_ACTIONS.get(event.kind, "ticket.update"), "Ticket", event.ticket.id or event.ticket.title,
+        api_version="gpucert.io/v1", before=_ticket_side(event.previous), after=_ticket_side(event.ticket),
+        why=event.detail,
+    )  # fmt: skip
+
+
+# --- a Kubernetes write as audit actions ----------------------------------------------------------------
+
+
+def actions_of_change(change: KubeChange) -> list[AuditAction]:
+    """The audit actions one write stands for: a node patch split into taints, labels, annotations and
+    cordon; a Job created or deleted; anything else applied, created or deleted."""
+
+    def act(action: str, *, before: Any = None, after: Any = None) -> AuditAction:
+        return AuditAction(action, change.kind, change.name, change.namespace, change.api_version, before, after)
+
+    if change.kind == "Node" and change.verb == "patch":
+        return _node_actions(change, act)
+    if change.kind == "Node" and change.verb == "patch_status":
+        conditions = ((change.body or {}).get("status") or {}).get("conditions")
+        return [act("condition", after=conditions)]
+    if change.kind == "Job" and change.verb in ("create", "delete"):
+        annotations = ((change.body or {}).get("metadata") or {}).get("annotations") or {}
+        node = next((v for k, v in annotations.items() if k.endswith("/node")), None)
+        return [act(f"job.{change.verb}", after={"node": node} if node else None)]
+    return [act("apply" if change.verb in ("apply", "patch", "patch_status") else change.verb)]
+
+
+def _node_actions(change: KubeChange, act: Callable[..., AuditAction]) -> list[AuditAction]:
+    patch = change.body or {}
+    before = change.before or {}
+    meta, old_meta = patch.get("metadata") or {}, before.get("metadata") or {}
+    spec, old_spec = patch.get("spec") or {}, before.get("spec") or {}
+    out: list[AuditAction] = []
+    if "taints" in spec and change.before is None:
+        # What the list replaced is unknown: recorded as it now is, never guessed as added or lifted.
+        out.append(act("taint.set", after=spec.get("taints")))
+    elif "taints" in spec:
+        new, old = _taint_keys(spec.get("taints") or ()), _taint_keys(old_spec.get("taints") or ())
+        out += [act("taint.add", after=_taint(spec.get("taints"), key)) for key in sorted(new - old)]
+        out += [act("taint.lift", before=_taint(old_spec.get("taints"), key)) for key in sorted(old - new)]
+    for field, action in (("labels", "label"), ("annotations", "annotate")):
+        changed = meta.get(field)
+        if changed:
+            old_values = old_meta.get(field) or {}
+            was = {k: old_values.get(k) for k in changed} if change.before is not None else None
+            out.append(act(action, before=was, after=dict(changed)))
+    if "unschedulable" in spec:
+        action = "cordon" if spec["unschedulable"] else "uncordon"
+        out.append(act(action, before=old_spec.get("unschedulable") if change.before else None,
+                       after=spec["unschedulable"]))  # fmt: skip
+    return out or [act("apply", after=dict(patch))]
+
+
+def _taint_keys(taints: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    return {(str(t.get("key")), str(t.get("effect"))) for t in taints if isinstance(t, Mapping)}
+
+
+def _taint(taints: Any, key: tuple[str, str]) -> dict[str, Any] | None:
+    for t in taints or ():
+        if isinstance(t, Mapping) and (str(t.get("key")), str(t.get("effect"))) == key:
+            return {k: t[k] for k in ("key", "value", "effect") if k in t}
+    return None
+
+
+# --- an entry as an Event ------------------------------------------------------------------------------
+
+
+def event_of(entry: Mapping[str, Any], *, instance: str) -> dict[str, Any] | None:
+    """The ``events.k8s.io/v1`` Event of an audit entry, on the object it touched (a ticket's on its node);
+    None when there is no Kubernetes object to put it on (a baseline)."""
+    obj = dict(entry.get("object") or {})
+    if obj.get("kind") in _OFF_CLUSTER:
+        node = next((side["node"] for side in (entry.get("after"), entry.get("before"))
+                     if isinstance(side, Mapping) and isinstance(side.get("node"), str)), None)  # fmt: skip
+        if node is None:
+            return None
+        obj = {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": None}
+    action = str(entry.get("action", ""))
+    regarding = {"apiVersion": obj.get("apiVersion") or "v1", "kind": obj.get("kind"), "name": obj.get("name")}
+    if obj.get("namespace"):
+        regarding["namespace"] = obj["namespace"]
+    run = entry.get("run_id")
+    note = f"{entry.get('why') or action}" + (f" (run {run}" if run else " (") + f", audit #{entry.get('seq')})"
+    name = f"{str(obj.get('name'))[:200]}.{str(entry.get('hash'))[:16]}"
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        # Node events live in "default", as the kubelet's do.
+        "metadata": {
+            "name": name, "namespace": obj.get("namespace") or "default",
+            "labels": {"app.kubernetes.io/managed-by": CONTROLLER},
+        },
+        "eventTime": _micro_time(str(entry.get("ts", ""))),
+        "reportingController": CONTROLLER,
+        "reportingInstance": instance,
+        "action": action[:128],
+        "reason": _REASONS.get(action, "Changed"),
+        "type": "Warning" if action in _WARNING_ACTIONS else "Normal",
+        "note": note[:_NOTE_MAX],
+        "regarding": regarding,
+    }
+
+
+def _micro_time(ts: str) -> str:
+    """The entry's time as a MicroTime (``2026-12-03T14:00:00.000000Z``)."""
+    return ts if ts.endswith("Z") else ts + "Z"

@@ -1,0 +1,359 @@
+"""One run per node at a time: a ``coordination.k8s.io/v1`` Lease per node, and the taint of a node under test.
+
+A manual certify, the nightly operate and an onboarding may pick the same node. Before a node is
+benchmarked its run takes the node's Lease ``gpucert-node-<node>`` (:func:`lease_name`), in the
+namespace of the benchmark Jobs, the Kubernetes way (client-go's leader election does the same):
+
+* **acquire** — create the Lease with ``holderIdentity`` = the run id; when it exists and another
+  holder renewed it less than ``leaseDurationSeconds`` ago, the node is not ours (:attr:`Claim.reason`
+  names the run that holds it); when that holder stopped renewing (a crashed run) the Lease is taken
+  over with an update conditioned on the ``resourceVersion`` read, so of two runs racing for it one
+  wins and the other gets 409 and reads the winner. A Lease already held under our own identity (a run
+  killed and started again with the same id) is simply ours again.
+* **renew** — the holder writes ``renewTime`` again, well within the duration (the certify wave does it
+  from its polling loop); a 409 or 404 where another holder now stands is :class:`LeaseLost`.
+* **release** — delete the Lease, conditioned on the ``resourceVersion`` of a read that shows us as the
+  holder: a Lease someone took over is never deleted under them.
+
+Times are ``MicroTime`` (RFC 3339 with microseconds, ``Z``), as the official client parses them.
+Expiry is judged on the reading machine's clock against the writer's ``renewTime``: the default duration
+(two minutes) is far beyond the clock skew of NTP-synchronised machines.
+
+A node under test also carries the taint ``<prefix>/testing=<run id>:NoSchedule`` (:func:`testing_taint`)
+so no workload is scheduled onto it mid-benchmark; the benchmark Job's pods tolerate it. It is written
+and lifted with a merge patch carrying the node's ``resourceVersion`` (409 → recomputed), like every
+taint gpucert writes, so another writer's taints in between are never lost.
+
+Every failure is a :class:`~gpucert.kube.KubeError` (:mod:`._errors`); :class:`LeaseLost` is a
+:class:`~gpucert.kube.KubeConflict`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .._names import check_run_id, dns_subdomain_ok
+from ._client import Kube, Resource
+from ._errors import KubeConflict, KubeNotFound
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "LEASE",
+    "LEASE_PREFIX",
+    "Claim",
+    "LeaseLost",
+    "NodeLease",
+    "NodeLeases",
+    "lease_name",
+    "lift_testing_taint",
+    "taint_testing",
+    "testing_taint",
+]
+
+#: Where Leases live in the API.
+LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases", True)
+#: The start of every node Lease's name.
+LEASE_PREFIX = "gpucert-node-"
+#: ``leaseDurationSeconds``: how long a Lease holds without renewal, so how long a crashed run's nodes
+#: wait before another run takes them over. Renewal comes every few seconds to every quarter of it.
+DEFAULT_LEASE_S = 120
+#: ``MicroTime``: what the API server writes and the official client parses.
+_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"
+_LABELS = {"app.kubernetes.io/managed-by": "gpucert", "app.kubernetes.io/part-of": "gpucert"}
+_HASH = 8
+#: Rounds of read-and-write before a Lease or a node that keeps changing under us is an error.
+_ATTEMPTS = 5
+
+
+class LeaseLost(KubeConflict):
+    """The Lease of a node we held was taken over by another run (ours had expired) or deleted."""
+
+
+def lease_name(node: str) -> str:
+    """The name of ``node``'s Lease: ``gpucert-node-<node>``, a DNS subdomain of at most 253 characters.
+
+    A node name that would not fit (or holds characters a name may not) is cut and ends in 8 hex digits
+    of a hash of the whole name, so two nodes never share a Lease. Raises ``ValueError`` for an empty node.
+    """
+    if not node:
+        raise ValueError("node name is empty")
+    plain = f"{LEASE_PREFIX}{node}"
+    if dns_subdomain_ok(plain):
+        return plain
+    digest = hashlib.sha256(node.encode()).hexdigest()[:_HASH]
+    # Dots too become '-': one label, so no cut can leave an empty one ("..", ".-") behind.
+    head = re.sub(r"[^a-z0-9-]+", "-", plain.lower())[: 253 - 1 - _HASH].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def _micro(at: datetime) -> str:
+    return at.astimezone(UTC).strftime(_MICRO)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    """A ``MicroTime`` (or RFC 3339) as an aware datetime; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class NodeLease:
+    """One node's Lease as stored: who holds it and since when. ``holder`` None: nobody does."""
+
+    node: str
+    name: str
+    namespace: str
+    holder: str | None
+    duration_s: int
+    renewed: datetime | None
+    acquired: datetime | None
+    transitions: int
+    resource_version: str
+
+    @property
+    def expires(self) -> datetime | None:
+        """When the Lease lapses unless renewed; None when it never held (no renewTime)."""
+        return self.renewed + timedelta(seconds=self.duration_s) if self.renewed is not None else None
+
+    def live(self, now: datetime) -> bool:
+        """Whether a holder holds it at ``now``: named, and renewed less than its duration ago."""
+        expires = self.expires
+        return bool(self.holder) and expires is not None and now < expires
+
+    @classmethod
+    def of(cls, node: str, obj: Mapping[str, Any]) -> NodeLease:
+        """The Lease object ``obj`` (a dict from the API) of ``node``."""
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        duration = spec.get("leaseDurationSeconds")
+        transitions = spec.get("leaseTransitions")
+        return cls(
+            node=node, name=str(meta.get("name") or lease_name(node)), namespace=str(meta.get("namespace") or ""),
+            holder=str(spec["holderIdentity"]) if spec.get("holderIdentity") else None,
+            duration_s=duration if isinstance(duration, int) and duration > 0 else 0,
+            renewed=_parse_time(spec.get("renewTime")), acquired=_parse_time(spec.get("acquireTime")),
+            transitions=transitions if isinstance(transitions, int) and transitions >= 0 else 0,
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`NodeLeases.acquire` got for one node: the Lease, ``held`` by us or by another holder.
+
+    ``previous`` is the holder whose lapsed Lease we took over (a crashed run), None otherwise.
+    """
+
+    node: str
+    held: bool
+    lease: NodeLease
+    previous: str | None = None
+
+    @property
+    def holder(self) -> str | None:
+        """Who holds the node's Lease: us when :attr:`held`, else the other run (None: nobody)."""
+        return self.lease.holder
+
+    @property
+    def reason(self) -> str:
+        """Why the node is not ours, in words (``""`` when it is): ``benchmarked by run X …``."""
+        if self.held:
+            return ""
+        lease, expires = self.lease, self.lease.expires
+        until = f", held until {expires:%Y-%m-%dT%H:%M:%SZ} unless renewed" if expires is not None else ""
+        return f"benchmarked by run {lease.holder} (Lease {lease.namespace}/{lease.name}{until})"
+
+
+class NodeLeases:
+    """The node Leases of one holder (a run id) in ``namespace``; every method may raise a KubeError.
+
+    ``clock`` gives the time written into and judged against the Leases (UTC, aware). Raises
+    ``ValueError`` at construction for a holder that is not a run id or a duration under 1 second.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        holder: str,
+        *,
+        namespace: str,
+        duration_s: int = DEFAULT_LEASE_S,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        check_run_id(holder, what="lease holder (a run id)")
+        if isinstance(duration_s, bool) or not isinstance(duration_s, int) or duration_s < 1:
+            raise ValueError(f"a lease lasts at least 1 second, not {duration_s!r}")
+        self.kube, self.holder, self.namespace = kube, holder, namespace
+        self.duration_s, self.clock = duration_s, clock
+
+    # --- reading --------------------------------------------------------------------------------------
+
+    def read(self, node: str) -> NodeLease | None:
+        """``node``'s Lease as stored, or None when there is none."""
+        name = lease_name(node)
+        try:
+            return NodeLease.of(node, self._request("GET", f"get Lease {self.namespace}/{name}", name))
+        except KubeNotFound:
+            return None
+
+    def live_holder(self, node: str) -> str | None:
+        """Who holds ``node`` now (a live Lease's holder), or None when nobody does."""
+        lease = self.read(node)
+        return lease.holder if lease is not None and lease.live(self.clock()) else None
+
+    # --- acquire, renew, release ------------------------------------------------------------------------
+
+    def acquire(self, node: str) -> Claim:
+        """Take ``node``'s Lease (see the module docstring); returns the :class:`Claim`, held or not.
+
+        Raises :class:`~gpucert.kube.KubeConflict` when the Lease kept changing under us.
+        """
+        name = lease_name(node)
+        for _ in range(_ATTEMPTS):
+            now = self.clock()
+            body = self._body(node, self._spec(now, now, 0))
+            try:
+                stored = self._request("POST", f"create Lease {self.namespace}/{name}", None, body)
+                return Claim(node, True, NodeLease.of(node, stored))
+            except KubeConflict:
+                pass  # it exists: whose is it, and is it live?
+            try:
+                current = NodeLease.of(node, self._request("GET", f"get Lease {self.namespace}/{name}", name))
+            except KubeNotFound:
+                continue  # released between our create and our read: create again
+            if current.holder != self.holder and current.live(now):
+                return Claim(node, False, current)
+            mine = current.holder == self.holder  # a run started again with its own id: still ours
+            spec = self._spec((current.acquired or now) if mine else now, now,
+                              current.transitions if mine else current.transitions + 1)  # fmt: skip
+            try:
+                stored = self._request("PUT", f"update Lease {self.namespace}/{name}", name,
+                                       self._body(node, spec, current.resource_version))  # fmt: skip
+            except (KubeConflict, KubeNotFound):
+                continue  # another run wrote it first: read again (it won the race, or let go)
+            return Claim(node, True, NodeLease.of(node, stored), previous=None if mine else current.holder)
+        raise KubeConflict(f"acquire Lease {self.namespace}/{name}: it kept changing under us", status=409)
+
+    def renew(self, claim: Claim) -> Claim:
+        """Write ``renewTime`` = now on a Lease we hold; returns the claim as renewed.
+
+        Raises :class:`LeaseLost` when another holder has it now or it is gone, and ``ValueError`` for a
+        claim that is not held.
+        """
+        if not claim.held:
+            raise ValueError(f"the Lease of {claim.node} is not ours to renew: {claim.reason}")
+        lease = claim.lease
+        for _ in range(_ATTEMPTS):
+            spec = self._spec(lease.acquired or self.clock(), self.clock(), lease.transitions)
+            try:
+                stored = self._request("PUT", f"renew Lease {self.namespace}/{lease.name}", lease.name,
+                                       self._body(claim.node, spec, lease.resource_version))  # fmt: skip
+                return replace(claim, lease=NodeLease.of(claim.node, stored))
+            except (KubeConflict, KubeNotFound):
+                pass
+            # A retried write of ours that went through, or a takeover: the Lease as it is says which.
+            current = self.read(claim.node)
+            if current is None:
+                raise LeaseLost(f"renew Lease {self.namespace}/{lease.name}: it was deleted", status=404)
+            if current.holder != self.holder:
+                raise LeaseLost(f"renew Lease {self.namespace}/{lease.name}: node {claim.node} is now held by "
+                                f"run {current.holder} (ours lapsed)", status=409)  # fmt: skip
+            lease = current
+        raise KubeConflict(f"renew Lease {self.namespace}/{lease.name}: it kept changing under us", status=409)
+
+    def release(self, node: str) -> bool:
+        """Delete ``node``'s Lease if we hold it; True when it was deleted, False when it was gone or
+        another holder's (never deleted under them)."""
+        name = lease_name(node)
+        for _ in range(_ATTEMPTS):
+            current = self.read(node)
+            if current is None or current.holder != self.holder:
+                return False
+            options = {"kind": "DeleteOptions", "apiVersion": "v1",
+                       "preconditions": {"resourceVersion": current.resource_version}}  # fmt: skip
+            try:
+                self._request("DELETE", f"delete Lease {self.namespace}/{name}", name, options)
+            except KubeNotFound:
+                return False
+            except KubeConflict:
+                continue  # it changed since the read (renewed, or taken over): read again
+            return True
+        raise KubeConflict(f"release Lease {self.namespace}/{name}: it kept changing under us", status=409)
+
+    # --- the objects ------------------------------------------------------------------------------------
+
+    def _spec(self, acquired: datetime, renewed: datetime, transitions: int) -> dict[str, Any]:
+        return {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_s,
+                "acquireTime": _micro(acquired), "renewTime": _micro(renewed),
+                "leaseTransitions": transitions}  # fmt: skip
+
+    def _body(self, node: str, spec: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": lease_name(node), "namespace": self.namespace, "labels": dict(_LABELS)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version  # the update holds only if nobody wrote in between
+        return {"apiVersion": LEASE.api_version, "kind": LEASE.kind, "metadata": meta, "spec": dict(spec)}
+
+    def _request(self, method: str, doing: str, name: str | None, body: Any = None) -> dict[str, Any]:
+        path = LEASE.path(self.namespace, name)
+        return dict(self.kube.request(method, path, doing=doing, body=body) or {})
+
+
+# --- the testing taint ---------------------------------------------------------------------------------
+
+
+def testing_taint(prefix: str) -> str:
+    """The key of the taint on a node under test: ``<prefix>/testing`` (value: the run id)."""
+    return f"{prefix}/testing"
+
+
+def _edit_taints(
+    kube: Kube, node: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+) -> bool:
+    """Write ``edit(taints)`` to ``node`` unless it leaves them as they are, conditioned on the node's
+    ``resourceVersion`` and recomputed on 409; True when something was written."""
+    for _ in range(_ATTEMPTS):
+        current = kube.get("v1", "Node", node)
+        meta = current.get("metadata") or {}
+        taints = [dict(t) for t in (current.get("spec") or {}).get("taints") or ()]
+        wanted = edit(taints)
+        if wanted == taints:
+            return False
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"taints": wanted}}
+        try:
+            kube.merge_patch("v1", "Node", node, patch, before=current)
+        except KubeConflict:
+            continue  # the node changed since the read (another writer's label or taint): read it again
+        return True
+    raise KubeConflict(f"patch the taints of Node {node}: it kept changing under us", status=409)
+
+
+def taint_testing(kube: Kube, node: str, *, prefix: str, run_id: str) -> bool:
+    """Put ``<prefix>/testing=<run_id>:NoSchedule`` on ``node`` (in place of another run's, a crashed
+    run's leftover); True when the node changed. Raises :class:`~gpucert.kube.KubeNotFound` for a node
+    that is gone."""
+    key = testing_taint(prefix)
+    mine = {"key": key, "value": run_id, "effect": "NoSchedule"}
+    return _edit_taints(kube, node, lambda taints: [*(t for t in taints if t.get("key") != key), mine]
+                        if mine not in taints else taints)  # fmt: skip
+
+
+def lift_testing_taint(kube: Kube, node: str, *, prefix: str) -> bool:
+    """Take ``<prefix>/testing`` off ``node``; True when it was there. A node that is gone has none."""
+    key = testing_taint(prefix)
+    try:
+        return _edit_taints(kube, node, lambda taints: [t for t in taints if t.get("key") != key])
+    except KubeNotFound:
+        return False

@@ -1,0 +1,970 @@
+"""The fault matrix: the flows run under each fault, and what they leave behind is checked.
+
+Every row of :data:`MATRIX` names one fault and the promise a run under it keeps; the README's "Fault
+matrix" table is this table (a test keeps the two the same). Each row runs a real flow — certify,
+operate, onboard or configure, under the session's Prefect test server — against ``gpucert sim`` with
+the fault injected, and checks the END STATE, not the absence of an exception: every node decided once
+in the run's ``decisions.parquet``, its state label, ``GpuCertified`` condition and ``unhealthy`` taint
+as decided, no gpucert taint without a recorded decision, no ``testing`` taint left, the run's files
+present, at most one Job per node, no duplicate ticket, no extra or half-written baseline version.
+
+Cost is kept down the way the suite's budget asks: clusters of 2 to 7 nodes with sub-second simulated
+timing, a shared moto S3 server, one certify run carrying the six pod and node faults that do not
+interfere (each its own node), one fork server (``flows.certify`` imported once) for the killed runs.
+
+How faults get in:
+
+* Kubernetes API — :class:`gpucert.sim.ApiFaults` (500s, 429 with Retry-After, latency, dropped and
+  expired watches); the simulator counts what it served, so a row fails if its fault never fired;
+* pods — node annotations the simulated kubelet honours (``sim.gpucert.io/image-pull-error``,
+  ``exit-code`` + ``terminated-reason``, ``run-seconds``), a foreign ``NoSchedule`` taint for a pod
+  that cannot be scheduled, a node deleted or gone NotReady while its Job runs;
+* the store — :class:`tests.s3servers.FaultProxy` in front of moto: 5xx, a rival writer's 412,
+  connections dropped after S3 acted, and an endpoint nothing listens on;
+* a killed run — a forked process running the flow, killed with SIGKILL by the test once its Jobs run,
+  or by :func:`gpucert._crashpoints.crashpoint` (``GPUCERT_TEST_CRASH_AT``) at a named step; the same
+  run id then runs again here;
+* Prefect — the session's Prefect server restarted while a certify run is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date
+from multiprocessing.context import ForkServerContext
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pandas as pd
+import pytest
+
+from blocks.cluster import GpuCluster
+from blocks.store import BaselineStore
+from flows.certify import certify
+from flows.configure import configure
+from flows.onboard import onboard
+from flows.operate import operate
+from gpucert.certify import JOBS_NAMESPACE, CertificationRun, CertifyOutcome
+from gpucert.errors import StoreUnavailable
+from gpucert.fleet import Fault
+from gpucert.kube import Kube, RetryPolicy, announce_joined_nodes, condition, connect, taint_keys
+from gpucert.sim import (
+    EXIT_CODE_ANNOTATION,
+    IMAGE_PULL_ERROR_ANNOTATION,
+    RUN_SECONDS_ANNOTATION,
+    TERMINATED_REASON_ANNOTATION,
+    ApiFaults,
+    SimCluster,
+)
+from gpucert.store import BaselineStore as Store
+from gpucert.store import S3ObjectStore, open_store
+from gpucert.tickets import LocalTickets, local_path
+
+from . import faultproc
+from .s3servers import (
+    ACCESS_KEY,
+    DROP_AFTER,
+    PASS,
+    REGION,
+    SECRET_KEY,
+    FaultProxy,
+    Rule,
+    free_ports,
+    moto_server,
+    s3_client,
+)
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "gpucert.io"
+UNHEALTHY, UNCERTIFIED = taint_keys(PREFIX)
+#: The taint a node carries while its benchmark runs (the certify wave's; lifted after it).
+TESTING = f"{PREFIX}/testing"
+NAMESPACE = JOBS_NAMESPACE
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the matrix: its id, the test that runs it, the flow, the fault in words, the promise."""
+
+    id: str
+    test: str
+    flow: str
+    fault: str
+    promise: str
+
+
+MATRIX: tuple[Row, ...] = (
+    # --- the Kubernetes API ----------------------------------------------------------------------------
+    Row("api-500", "test_certify_rides_out_a_flaky_api", "certify",
+        "10 % of API requests answered 500",
+        "certify completes; every node decided once, labels, conditions and taints match decisions.parquet"),
+    Row("api-429", "test_certify_rides_out_a_flaky_api", "certify",
+        "10 % of API requests answered 429 with Retry-After: 1",
+        "certify waits as told and completes: every node decided and certified, as on a clean run"),
+    Row("api-429-operate", "test_operate_night_under_429s", "operate",
+        "4 % of API requests answered 429 with Retry-After: 1, a whole night",
+        "the night's telemetry, choice and certify complete; every due node decided, labels as decided"),
+    Row("api-500-configure", "test_configure_rides_out_500s_and_a_second_run_writes_nothing", "configure",
+        "10 % of API requests answered 500 and 2 % 429, two runs",
+        "configure installs and verifies the whole stack on every node; a second run writes nothing"),
+    Row("api-latency", "test_certify_rides_out_a_flaky_api", "certify",
+        "2 s added to every API request while the Jobs run",
+        "no call times out; certify completes and every node is decided"),
+    Row("watch-dropped", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
+        "every node watch cut 0.3 s after it starts",
+        "watch-nodes re-lists a cut watch and announces a node that joins meanwhile exactly once; onboard admits it"),
+    Row("watch-expired", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
+        "every resumed node watch answered 410 Expired in the stream",
+        "watch-nodes re-lists and announces each joined node exactly once, however often it re-lists"),
+    Row("node-deleted", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node deleted while its Job runs",
+        "certify completes; the gone node is inconclusive and written nowhere, the others are decided"),
+    Row("node-not-ready", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node going NotReady while its Job runs",
+        "its Job ends at the deadline: inconclusive, its state label untouched, no taint; the others decided"),
+    Row("job-image-pull", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node whose pods cannot pull their image",
+        "inconclusive (image_pull), never a GPU verdict; no taint, no ticket, the state label untouched"),
+    Row("job-unschedulable", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node a foreign NoSchedule taint keeps the pod off",
+        "inconclusive (unschedulable); the foreign taint stays, no gpucert taint is added"),
+    Row("job-oom", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node whose benchmark container is OOM-killed (exit 137)",
+        "inconclusive (oom), never a GPU verdict; no taint, no ticket"),
+    Row("job-deadline", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "a node whose benchmark outlives the Job's deadline",
+        "inconclusive (deadline); no pod of the run is left holding the node's GPUs"),
+    # --- the store -------------------------------------------------------------------------------------
+    Row("store-5xx", "test_every_write_of_the_run_meets_the_fault_once", "certify",
+        "the first PUT of every object the run writes answered 500 or 503",
+        "every write is retried; the run's files are all there and exactly one baseline version is added"),
+    Row("store-412", "test_store_412_a_rival_wins_the_race_and_both_updates_are_kept", "certify",
+        "a rival writer moves baselines/current just before the run's conditional PUT",
+        "the run's merge is redone on the rival's table: both updates kept, one linear history"),
+    Row("store-dropped", "test_every_write_of_the_run_meets_the_fault_once", "certify",
+        "the connection dropped after S3 acted, on every write the run makes",
+        "retries land once: no duplicate baseline version, every run file complete"),
+    Row("store-unreachable", "test_store_unreachable_the_run_fails_before_it_acts", "certify",
+        "the store's endpoint refuses every connection for the whole run",
+        "certify fails at its first write, before it acts: no gpucert label, annotation, condition or taint changes"),
+    # --- the flow process killed at each step, then started again with the same run id ----------------
+    Row("killed-jobs-started", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "the flow process SIGKILLed while its Jobs run",
+        "the same run id adopts its Jobs (one per node), lifts the testing taints and completes"),
+    Row("killed-judged", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "SIGKILL once the first verdicts are stored",
+        "started again: no duplicate Job, ticket, taint or baseline version; the run completes"),
+    Row("killed-between-taints", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "SIGKILL after the first of two taints is written",
+        "started again: both failed nodes tainted once, the healthy one not; two tickets, one version"),
+    Row("killed-baseline-write", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "SIGKILL after a baseline version is written, before current moves",
+        "the orphan version never counts; started again, exactly one version is added and made current"),
+    Row("killed-between-tickets", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "SIGKILL after the first of two tickets is opened",
+        "started again: one ticket per fault, each naming the run once; no duplicate baseline version"),
+    # --- Prefect ---------------------------------------------------------------------------------------
+    Row("prefect-restarted", "test_prefect_server_restarted_mid_run", "certify",
+        "the Prefect server restarted while a certify run is in flight",
+        "the run rides out the restart and completes; Prefect records it COMPLETED; the end state is whole"),
+    Row("worker-killed", "test_a_killed_workers_run_is_brought_back_by_prefect", "certify",
+        "the process running a flow run SIGKILLed (as when its process worker is killed with it)",
+        "Prefect takes the run out of RUNNING to bring it back (xfail, strict: it stays RUNNING, see the reason)"),
+)  # fmt: skip
+ROWS = {row.id: row for row in MATRIX}
+
+
+def rows(*ids: str) -> list[Any]:
+    """The rows ``ids`` as pytest parameters (ids shown in the test names)."""
+    return [pytest.param(ROWS[i], id=i) for i in ids]
+
+
+# --- running flows and reading what they left ----------------------------------------------------------
+
+
+def _cluster(sim: SimCluster) -> GpuCluster:
+    return GpuCluster(kubeconfig=str(sim.kubeconfig_path))
+
+
+def _file_store(root: Path) -> BaselineStore:
+    return BaselineStore(uri=f"file://{root}")
+
+
+def run_certify(sim: SimCluster, store: BaselineStore, **kwargs: Any) -> CertifyOutcome:
+    """One certify flow run on ``sim``; returns its outcome."""
+    outcome: CertifyOutcome = asyncio.run(certify(cluster=_cluster(sim), store=store, **kwargs))
+    return outcome
+
+
+def nodes_of(kube: Kube) -> dict[str, dict[str, Any]]:
+    return {n["metadata"]["name"]: n for n in kube.nodes()}
+
+
+def gpucert_taints(node: Mapping[str, Any]) -> dict[str, str]:
+    """gpucert's taints on ``node``: key → value (only keys under the label prefix)."""
+    return {t["key"]: t.get("value", "") for t in (node.get("spec") or {}).get("taints") or ()
+            if str(t.get("key", "")).startswith(f"{PREFIX}/")}  # fmt: skip
+
+
+def run_of(store: Store, outcome: CertifyOutcome) -> CertificationRun:
+    return CertificationRun(store, outcome.run_id, outcome.day)
+
+
+def check_end_state(
+    kube: Kube,
+    store: Store,
+    outcome: CertifyOutcome,
+    before: Mapping[str, Mapping[str, Any]],
+    *,
+    versions_before: int,
+    new_versions: int | None = 1,
+    gone: Sequence[str] = (),
+) -> pd.DataFrame:
+    """Check what a completed certify run left; returns its ``decisions.parquet``.
+
+    ``before`` is every node as it was before the run; ``versions_before`` the baseline versions then, and
+    ``new_versions`` how many the run may add (None: not checked); ``gone`` the nodes deleted meanwhile.
+    """
+    run = run_of(store, outcome)
+    decisions = run.decisions()
+    assert sorted(decisions["node"]) == sorted(outcome.nodes), "one decision per benchmarked node"
+    measured = len(outcome.nodes) > len(outcome.inconclusive)
+    for name in ("verdicts.parquet", "decisions.parquet", "stack.json", "report.html"):
+        assert run.has(name), f"the run's {name} is missing"
+    assert run.has("results.parquet") == measured
+    now = nodes_of(kube)
+    assert set(now) == set(before) - set(gone)
+    by_node = {str(r.node): r for r in decisions.itertuples(index=False)}
+    for name, node in now.items():
+        labels = node["metadata"].get("labels") or {}
+        taints, had = gpucert_taints(node), gpucert_taints(before[name])
+        assert TESTING not in taints, f"{name} still carries the testing taint"
+        row = by_node.get(name)
+        if row is None:  # not in this run: nothing of it changed
+            assert taints == had, name
+            assert labels.get(f"{PREFIX}/state") == (before[name]["metadata"].get("labels") or {}).get(
+                f"{PREFIX}/state"), name  # fmt: skip
+            continue
+        state: Any = row.state
+        if pd.isna(state):  # inconclusive: the state as it was, no taint added
+            assert labels.get(f"{PREFIX}/state") == (before[name]["metadata"].get("labels") or {}).get(
+                f"{PREFIX}/state"), name  # fmt: skip
+            assert (UNHEALTHY in taints) == (UNHEALTHY in had), name
+            assert row.taint in ("none", "kept", "refused"), (name, row.taint)
+            continue
+        assert labels.get(f"{PREFIX}/state") == row.state, name
+        assert (node["metadata"].get("annotations") or {}).get(f"{PREFIX}/last-run") == outcome.run_id, name
+        cond = condition(node, "GpuCertified")
+        assert cond is not None, name
+        assert cond["status"] == ("True" if row.state == "certified" else "False"), name
+        # No gpucert taint without a recorded decision: the unhealthy taint is there iff the run says so.
+        assert (UNHEALTHY in taints) == (row.taint in ("added", "kept")), (name, row.taint, taints)
+        if row.taint in ("added", "kept"):
+            assert taints[UNHEALTHY] == (row.cause or "unknown"), name
+    jobs = kube.list_objects("batch/v1", "Job", NAMESPACE, label_selector=f"{PREFIX}/run-id={outcome.run_id}")
+    per_node = sorted(str((j["metadata"].get("annotations") or {}).get(f"{PREFIX}/node")) for j in jobs)
+    # At most one per node (a Job given up on is deleted), and one for every node that was measured.
+    assert len(per_node) == len(set(per_node)), f"duplicate Jobs: {per_node}"
+    assert set(outcome.nodes) - set(outcome.inconclusive) <= set(per_node) <= set(outcome.nodes), per_node
+    versions = store.versions()
+    if new_versions is not None:
+        assert len(versions) == versions_before + new_versions, [v.version for v in versions]
+    if outcome.baseline_version is not None:
+        assert store.current_version() == outcome.baseline_version
+        assert store.read().equals(store.read(outcome.baseline_version))  # the table is whole and readable
+    return decisions
+
+
+def check_tickets(store_root: Path, run_id: str, expected: int) -> list[Any]:
+    """The local tickets of a ``file://`` store: ``expected`` of them, one per fingerprint, each naming
+    ``run_id`` at most once; returns them."""
+    tickets = LocalTickets(local_path(f"file://{store_root}")).tickets()
+    keys = [t.fingerprint.key for t in tickets]
+    assert len(keys) == len(set(keys)), f"two tickets for one fault: {keys}"
+    assert len(tickets) == expected, keys
+    for ticket in tickets:
+        assert ticket.runs.count(run_id) <= 1, (ticket.id, ticket.runs)
+    return tickets
+
+
+def _while_running(
+    kube: Kube, nodes: Sequence[str], act: Callable[[str], None], timeout_s: float = 30.0
+) -> threading.Thread:
+    """Start a thread that calls ``act(node)`` once for each of ``nodes``, as soon as that node's
+    benchmark pod is Running."""
+
+    def watch() -> None:
+        todo, deadline = set(nodes), time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            for pod in kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id"):
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node in todo and (pod.get("status") or {}).get("phase") == "Running":
+                    todo.discard(node)
+                    act(node)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, name="fault-while-running", daemon=True)
+    thread.start()
+    return thread
+
+
+# --- the Kubernetes API --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api_sim() -> Iterator[SimCluster]:
+    with SimCluster(nodes=3, preconfigured=True, seed=21) as sim:
+        yield sim
+        sim.set_faults(None)
+
+
+def _slow_while_jobs_run(sim: SimCluster, kube: Kube, run_id: str, timeout_s: float = 60.0) -> None:
+    """Add 2 s to every API request from the first benchmark pod of ``run_id`` Running until every one of
+    them has ended."""
+
+    def phases() -> list[str]:
+        return [str((p.get("status") or {}).get("phase")) for p in _run_pods(kube, run_id)]
+
+    deadline = time.monotonic() + timeout_s
+    while "Running" not in phases() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sim.set_faults(ApiFaults(latency_s=2.0))
+    while (not (now := phases()) or any(p in ("Pending", "Running") for p in now)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sim.set_faults(None)
+
+
+@pytest.mark.parametrize("row", rows("api-500", "api-429", "api-latency"))
+def test_certify_rides_out_a_flaky_api(row: Row, api_sim: SimCluster, tmp_path: Path) -> None:
+    kube = connect(api_sim.kubeconfig_path)
+    before, served = nodes_of(kube), api_sim.faults.served
+    faults = {"api-500": ApiFaults(error_rate=0.1, seed=5),
+              "api-429": ApiFaults(throttle_rate=0.1, retry_after_s=1, seed=6)}.get(row.id)  # fmt: skip
+    block = _file_store(tmp_path)
+    started = time.monotonic()
+    try:
+        if faults is not None:
+            api_sim.set_faults(faults)
+            outcome = run_certify(api_sim, block, run_id=f"fm-{row.id}")
+        else:  # 2 s per call while the Jobs run: polls, Lease renewals, log reads all slow
+            watcher = threading.Thread(target=_slow_while_jobs_run, args=(api_sim, kube, f"fm-{row.id}"), daemon=True)
+            watcher.start()
+            outcome = run_certify(api_sim, block, run_id=f"fm-{row.id}",
+                                  pod_annotations={RUN_SECONDS_ANNOTATION: "3"})  # fmt: skip
+            watcher.join(10)
+    finally:
+        api_sim.set_faults(None)
+    took = time.monotonic() - started
+    kind = {"api-500": "500", "api-429": "429", "api-latency": "slow"}[row.id]
+    fired = api_sim.faults.served.get(kind, 0) - served.get(kind, 0)
+    assert fired > 0, f"the fault of {row.id} never fired"
+    decisions = check_end_state(kube, open_store(block.uri), outcome, before, versions_before=0)
+    assert set(decisions["state"]) == {"certified"}, decisions[["node", "state", "summary"]]
+    print(f"{row.id}: {fired} faults served, certify took {took:.1f} s")
+
+
+# --- pods that never run, a node deleted or gone NotReady mid-run: one certify run, a node each ---------
+
+#: The chaos run's nodes by index: what happens to each (the last one is healthy).
+CHAOS = {0: "job-image-pull", 1: "job-unschedulable", 2: "job-oom", 3: "job-deadline", 4: "node-deleted",
+         5: "node-not-ready"}  # fmt: skip
+#: The reason each chaos node's Job is recorded with.
+CHAOS_REASON = {"job-image-pull": "image_pull", "job-unschedulable": "unschedulable", "job-oom": "oom",
+                "job-deadline": "deadline", "node-deleted": None, "node-not-ready": "deadline"}  # fmt: skip
+FOREIGN_TAINT = {"key": "maintenance", "value": "firmware", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class Chaos:
+    sim: SimCluster
+    kube: Kube
+    store: Store
+    root: Path
+    outcome: CertifyOutcome
+    decisions: pd.DataFrame
+    before: dict[str, dict[str, Any]]
+
+    def node(self, row: str) -> str:
+        return self.sim.fleet.node_names[next(i for i, r in CHAOS.items() if r == row)]
+
+
+@pytest.fixture(scope="module")
+def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
+    """One certify run of 7 nodes, six of them each under one of the faults of :data:`CHAOS`."""
+    root = tmp_path_factory.mktemp("chaos-store")
+    with SimCluster(nodes=7, preconfigured=True, seed=22) as sim, pytest.MonkeyPatch.context() as patch:
+        names, kube = sim.fleet.node_names, connect(sim.kubeconfig_path)
+        shaped = {0: {IMAGE_PULL_ERROR_ANNOTATION: "ErrImagePull"},
+                  2: {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"},
+                  3: {RUN_SECONDS_ANNOTATION: "600"}}  # fmt: skip
+        for index, notes in shaped.items():
+            kube.merge_patch("v1", "Node", names[index], {"metadata": {"annotations": notes}})
+        kube.merge_patch("v1", "Node", names[1], {"spec": {"taints": [FOREIGN_TAINT]}})
+        before = nodes_of(kube)
+        # A pod that cannot start is given up on after 1 s instead of 120 (the wave's grace, a timing knob).
+        patch.setattr("gpucert.certify._wave.PENDING_GRACE_S", 1.0)
+        deleted, down = names[4], names[5]
+        watcher = _while_running(
+            kube, [deleted, down], lambda n: sim.delete_node(n) if n == deleted else sim.set_node_ready(n, False)
+        )
+        block = _file_store(root)
+        outcome = run_certify(sim, block, run_id="fm-chaos", deadline_s=4,
+                              pod_annotations={RUN_SECONDS_ANNOTATION: "1.5"})  # fmt: skip
+        watcher.join(5)
+        store = open_store(block.uri)
+        decisions = check_end_state(kube, store, outcome, before, versions_before=0, gone=[deleted])
+        yield Chaos(sim, kube, store, root, outcome, decisions, before)
+
+
+@pytest.mark.parametrize(
+    "row", rows("job-image-pull", "job-unschedulable", "job-oom", "job-deadline", "node-deleted", "node-not-ready")
+)
+def test_a_node_whose_benchmark_cannot_run_is_inconclusive(row: Row, chaos: Chaos) -> None:
+    node = chaos.node(row.id)
+    outcome, names = chaos.outcome, chaos.sim.fleet.node_names
+    # The run completed and decided every node: the healthy one certified, whatever the others did.
+    assert outcome.states == {"certified": 1, "unchanged": len(CHAOS)}, outcome.states
+    assert outcome.decision(names[6]).state == "certified"  # type: ignore[union-attr]
+    decision = chaos.decisions.set_index("node").loc[node]
+    assert pd.isna(decision["state"]), decision.to_dict()
+    assert decision["verdict"] == "inconclusive", decision.to_dict()
+    assert decision["taint"] in ("none", "refused"), decision.to_dict()
+    reason = CHAOS_REASON[row.id]
+    why = outcome.inconclusive[node]
+    if reason is not None:
+        assert why.startswith(f"{reason}:"), why
+    # Never a GPU verdict: the node's only verdict row is the node-level inconclusive one.
+    verdicts = run_of(chaos.store, outcome).verdicts()
+    mine = verdicts[verdicts["node"] == node]
+    assert list(mine["verdict"]) == ["inconclusive"], mine
+    assert mine["gpu"].isna().all(), mine
+    assert not check_tickets(chaos.root, outcome.run_id, expected=0)
+    if row.id == "node-deleted":
+        assert chaos.kube.find("v1", "Node", node) is None
+        return
+    now = chaos.kube.get("v1", "Node", node)
+    assert UNHEALTHY not in gpucert_taints(now)
+    pods = chaos.kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id={outcome.run_id}")
+    holding = [p["metadata"]["name"] for p in pods if (p.get("spec") or {}).get("nodeName") == node
+               and (p.get("status") or {}).get("phase") in ("Pending", "Running")]  # fmt: skip
+    assert holding == [], f"{node}: pods still holding its GPUs: {holding}"
+    if row.id == "job-unschedulable":
+        assert FOREIGN_TAINT in now["spec"]["taints"]
+    if row.id == "node-not-ready":
+        cond = condition(now, "GpuCertified")
+        assert cond is not None
+        assert cond["status"] == "Unknown", cond
+
+
+# --- the store: S3 (moto) behind the fault proxy --------------------------------------------------------
+
+BUCKET = "gpucert-matrix"
+
+
+@dataclass
+class FirstTryProxy(FaultProxy):
+    """The fault proxy answering the first try of every request of ``methods`` with ``action`` and letting
+    its retry pass (a request on the same path that follows a faulted one is taken for its retry), so
+    every call the store makes meets the fault exactly once."""
+
+    methods: tuple[str, ...] = ()
+    action: str | int = PASS
+    code: str = "InternalError"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._faulted: set[str] = set()
+        self.faulted: list[str] = []
+
+    def _match(self, method: str, path: str) -> Rule | None:
+        if method not in self.methods:
+            return super()._match(method, path)
+        where = f"{method} {unquote(path.partition('?')[0])}"
+        with self._lock:
+            if where in self._faulted:
+                self._faulted.discard(where)
+                return None
+            self._faulted.add(where)
+            self.faulted.append(where)
+        return Rule(method, path, self.action, code=self.code, hits=1)
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (the test extra)")
+    with moto_server() as endpoint:
+        s3_client(endpoint).create_bucket(Bucket=BUCKET)
+        yield endpoint
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing from the host's ~/.aws; botocore's back-off cut to 10 ms (the tests need the tries only)."""
+    from botocore.retries.standard import ExponentialBackoff
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "GPUCERT_S3_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # For the test's own clients (a rival writer); the flows get theirs from the AwsCredentials block.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.01)
+
+
+@pytest.fixture(scope="module")
+def store_sim() -> Iterator[SimCluster]:
+    with SimCluster(nodes=2, preconfigured=True, seed=23) as sim:
+        yield sim
+
+
+def _s3_block(endpoint: str, prefix: str) -> BaselineStore:
+    from prefect_aws import AwsCredentials
+    from pydantic import SecretStr
+
+    credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY),
+                                 region_name=REGION)  # fmt: skip
+    return BaselineStore(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
+
+
+def _writes(proxy: FaultProxy, prefix: str) -> list[str]:
+    """The objects the run PUT, as keys under the store's root (each once)."""
+    root = f"/{BUCKET}/{prefix}/"
+    keys = [unquote(s.path.partition("?")[0]).removeprefix(root) for s in proxy.seen if s.method == "PUT"]
+    return sorted(set(keys))
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.parametrize("row", rows("store-5xx", "store-dropped"))
+def test_every_write_of_the_run_meets_the_fault_once(
+    row: Row, moto_endpoint: str, store_sim: SimCluster
+) -> None:
+    kube, prefix = connect(store_sim.kubeconfig_path), f"m/{row.id}"
+    before = nodes_of(kube)
+    if row.id == "store-5xx":
+        proxy = FirstTryProxy(moto_endpoint, methods=("PUT", "GET", "HEAD"), action=500)
+    else:  # S3 did what was asked, the answer never came back: the retry must not do it twice
+        proxy = FirstTryProxy(moto_endpoint, methods=("PUT",), action=DROP_AFTER)
+    try:
+        outcome = run_certify(store_sim, _s3_block(proxy.endpoint, prefix), run_id=f"fm-{row.id}")
+        faulted, writes = list(proxy.faulted), _writes(proxy, prefix)
+    finally:
+        proxy.close()
+    store = _s3_block(moto_endpoint, prefix).open()
+    check_end_state(kube, store, outcome, before, versions_before=0)
+    # Every object the run wrote had its first PUT faulted: the results, verdicts, decisions, stack and
+    # report, the baseline version (table, meta), the pointer and its marker, the recorded tickets.
+    assert {w.rsplit("/", 1)[-1] for w in writes} >= {"results.parquet", "verdicts.parquet", "decisions.parquet",
+            "stack.json", "report.html", "baseline.parquet", "meta.json", "current", "made-current",
+            f"run={outcome.run_id}.json"}, writes  # fmt: skip
+    faulted_puts = {f.removeprefix(f"PUT /{BUCKET}/{prefix}/") for f in faulted if f.startswith("PUT")}
+    assert faulted_puts == set(writes), sorted(set(writes) - faulted_puts)
+    run = run_of(store, outcome)
+    for name in ("results.parquet", "verdicts.parquet", "decisions.parquet"):
+        assert len(run.table(name)), f"{name} is empty"
+    assert outcome.ticketing == "not configured"
+    assert outcome.tickets_recorded == 0  # no fault: nothing to record
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_store_412_a_rival_wins_the_race_and_both_updates_are_kept(
+    moto_endpoint: str, store_sim: SimCluster
+) -> None:
+    from .test_store import add_key, keys_of
+
+    kube, prefix = connect(store_sim.kubeconfig_path), "m/store-412"
+    before = nodes_of(kube)
+    rival = Store(S3ObjectStore(BUCKET, prefix, endpoint_url=moto_endpoint, region=REGION))
+    proxy = FaultProxy(moto_endpoint)
+    won: list[str] = []
+    # The rival moves current after the run read it and just before the run's conditional PUT lands.
+    proxy.inject("PUT", "/baselines/current", PASS,
+                 before=lambda: won.append(rival.update(add_key("GPU-rival"), message="rival")))  # fmt: skip
+    try:
+        outcome = run_certify(store_sim, _s3_block(proxy.endpoint, prefix), run_id="fm-store-412")
+        pointer = [s.outcome for s in proxy.seen if s.method == "PUT" and s.path.endswith("/baselines/current")]
+    finally:
+        proxy.close()
+    assert pointer == ["412", "200"], pointer
+    store = _s3_block(moto_endpoint, prefix).open()
+    check_end_state(kube, store, outcome, before, versions_before=0, new_versions=2)
+    [rival_version] = won
+    history = {v.version: v.parent for v in store.versions()}
+    assert history == {rival_version: None, outcome.baseline_version: rival_version}, history
+    kept = keys_of(store.read())
+    assert "GPU-rival" in kept
+    assert {str(u) for u in store_sim.fleet.uuids} <= kept, "the run's own baselines were lost"
+
+
+def _marks(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What gpucert writes on a node: its labels and annotations under the prefix, its taints, its
+    ``GpuCertified`` condition."""
+    meta = node.get("metadata") or {}
+    mine = {k: v for k, v in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items()
+            if k.startswith(f"{PREFIX}/")}  # fmt: skip
+    return mine, (node.get("spec") or {}).get("taints") or [], condition(node, "GpuCertified")
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_store_unreachable_the_run_fails_before_it_acts(store_sim: SimCluster) -> None:
+    row = ROWS["store-unreachable"]
+    kube = connect(store_sim.kubeconfig_path)
+    before = {name: _marks(node) for name, node in nodes_of(kube).items()}
+    [port] = free_ports(1)  # nothing listens there: every connection is refused, retries included
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}|{BUCKET}"):
+        run_certify(store_sim, _s3_block(f"http://127.0.0.1:{port}", f"m/{row.id}"), run_id="fm-store-down")
+    # Nothing was acted on: no label, annotation, condition or taint of gpucert's, the testing taint gone.
+    assert {name: _marks(node) for name, node in nodes_of(kube).items()} == before
+
+
+# --- the flow process killed at a step, then started again with the same run id ------------------------
+
+#: The row → the crash point the process dies at (None: the test kills it once its Jobs run).
+KILLED = {"killed-jobs-started": None, "killed-judged": "judged", "killed-between-taints": "between-taints",
+          "killed-baseline-write": "baseline-written", "killed-between-tickets": "between-tickets"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def forks() -> ForkServerContext:
+    return faultproc.fork_server()
+
+
+@pytest.fixture(scope="module")
+def api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the Prefect test harness sets PREFECT_API_URL"
+    return str(url)
+
+
+def _run_pods(kube: Kube, run_id: str) -> list[dict[str, Any]]:
+    return kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id={run_id}")
+
+
+@pytest.mark.parametrize("row", rows(*KILLED))
+def test_a_killed_run_started_again_completes_and_duplicates_nothing(
+    row: Row, forks: ForkServerContext, api_url: str, tmp_path: Path
+) -> None:
+    run_id, crash_at = f"fm-{row.id}", KILLED[row.id]
+    # Two nodes with a hard-gate fault (tainted and ticketed without a re-run), one healthy one.
+    with SimCluster(nodes=3, preconfigured=True, seed=24) as sim:
+        names, kube = sim.fleet.node_names, connect(sim.kubeconfig_path)
+        failing = names[:2]
+        for node in failing:
+            sim.inject_fault(Fault("remap_failure", node, 0))
+        before, root = nodes_of(kube), tmp_path / "store"
+        kwargs = {"pod_annotations": {RUN_SECONDS_ANNOTATION: "2" if crash_at is None else "0"}}
+        args = (api_url, str(sim.kubeconfig_path), f"file://{root}", run_id, crash_at, kwargs)
+        child = forks.Process(target=faultproc.certify_in_child, args=args, daemon=True)
+        child.start()
+        if crash_at is None:  # killed from outside, every Job running
+            deadline = time.monotonic() + 60
+            while sum(p["status"].get("phase") == "Running" for p in _run_pods(kube, run_id)) < len(names):
+                assert child.is_alive(), "the run ended before its Jobs all ran"
+                assert time.monotonic() < deadline, "the Jobs never all ran"
+                time.sleep(0.05)
+            os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(120)
+        assert child.exitcode == -signal.SIGKILL, f"the run was not killed at {crash_at}: exit {child.exitcode}"
+        store = open_store(f"file://{root}")
+        _what_the_kill_left(row.id, kube, store, root, run_id, failing)
+
+        outcome = run_certify(sim, _file_store(root), run_id=run_id, **kwargs)
+        check_end_state(kube, store, outcome, before, versions_before=0, new_versions=1)
+        # Each failed node tainted once: by the killed run (kept now) or by this one (added).
+        assert sorted(outcome.with_taint("added") + outcome.with_taint("kept")) == sorted(failing)
+        assert {d.node: d.state for d in outcome.decisions} == {
+            n: "failed" if n in failing else "certified" for n in names}  # fmt: skip
+        tickets = check_tickets(root, run_id, expected=len(failing))
+        assert sorted(t.node for t in tickets) == sorted(failing)
+        assert [(t.runs, t.occurrences) for t in tickets] == [([run_id], 1)] * len(failing)
+
+
+def _what_the_kill_left(
+    row: str, kube: Kube, store: Store, root: Path, run_id: str, failing: Sequence[str]
+) -> None:
+    """Check the state a kill at ``row``'s step left: the step's half-done work, and nothing after it."""
+    taints = {name: gpucert_taints(node) for name, node in nodes_of(kube).items()}
+    tainted = sorted(n for n, t in taints.items() if UNHEALTHY in t)
+    tickets = LocalTickets(local_path(f"file://{root}")).tickets() if (root / "tickets.sqlite").exists() else []
+    on_disk = sorted(p.parent.name for p in root.glob("baselines/v=*/meta.json"))
+    # What each kill leaves: (nodes tainted, tickets, baseline versions on disk).
+    left = (tainted, len(tickets), len(on_disk))
+    if row == "killed-jobs-started":
+        assert {t.get(TESTING) for t in taints.values()} == {run_id}, "the Jobs ran under the testing taint"
+        assert left == ([], 0, 0)
+    elif row == "killed-judged":
+        assert CertificationRun(store, run_id, _today()).has("verdicts.parquet")
+        assert left == ([], 0, 0)
+    elif row == "killed-between-taints":
+        assert left == ([failing[0]], 0, 0)  # one taint written, the other not
+    elif row == "killed-baseline-write":
+        assert left == (sorted(failing), 0, 1)  # a version written, but never made current: it does not count
+        assert store.current_version() is None
+        assert store.versions() == []
+    else:
+        assert left == (sorted(failing), 1, 1), [t.fingerprint.key for t in tickets]  # one opened, one not
+
+
+def _today() -> date:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).date()
+
+
+# --- watches: watch-nodes announcing joins to onboard, under dropped and expired watches ----------------
+
+
+@pytest.fixture(scope="module")
+def onboard_sim() -> Iterator[SimCluster]:
+    with SimCluster(nodes=2, preconfigured=True, seed=25) as sim:
+        yield sim
+        sim.set_faults(None)
+
+
+def _announce_while(sim: SimCluster, faults: ApiFaults, settle_s: float) -> tuple[str, list[tuple[str, str]]]:
+    """Run watch-nodes' loop under ``faults``; after ``settle_s`` a node joins; returns that node and what
+    was announced (node, uid) by the time it was seen, plus a little more watching (a second announcement
+    would show)."""
+    # The client's retries shortened (a knob of the facade), so a watch cut on every try gives up in about
+    # a second rather than the default's several: the fallback is what the row is about.
+    kube = connect(sim.kubeconfig_path, retry=RetryPolicy(attempts=3, base_delay_s=0.05, max_delay_s=0.2))
+    announced: list[tuple[str, str]] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            announce_joined_nodes(kube, prefix=PREFIX, selector=None, emit=lambda n, u: announced.append((n, u)),
+                                  timeout_s=2, stop=done.is_set)  # fmt: skip
+        except BaseException as exc:
+            errors.append(exc)
+
+    sim.set_faults(faults)
+    thread = threading.Thread(target=watch, name="watch-nodes", daemon=True)
+    thread.start()
+    try:
+        time.sleep(settle_s)  # the watch has been cut (or answered 410) at least once by now
+        [new] = sim.add_nodes(1, uncertified_taint=UNCERTIFIED)
+        deadline = time.monotonic() + 20
+        while not any(n == new for n, _ in announced) and not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)  # watched on a little: a duplicate announcement would come now
+    finally:
+        done.set()
+        thread.join(10)
+        sim.set_faults(None)
+    assert not errors, f"watch-nodes died: {errors[0]!r}"
+    return new, announced
+
+
+@pytest.mark.parametrize("row", rows("watch-dropped", "watch-expired"))
+def test_watch_nodes_announces_a_join_once_and_onboard_admits_it(
+    row: Row, onboard_sim: SimCluster, tmp_path: Path
+) -> None:
+    kube = connect(onboard_sim.kubeconfig_path)
+    served, watches = onboard_sim.faults.served, _watch_requests(onboard_sim)
+    faults = ApiFaults(drop_watch_after_s=0.3) if row.id == "watch-dropped" else ApiFaults(watch_expired_rate=1.0)
+    new, announced = _announce_while(onboard_sim, faults, settle_s=0.8)
+    joined = kube.get("v1", "Node", new)
+    uid = joined["metadata"]["uid"]
+    assert announced == [(new, uid)], announced  # exactly once, and nothing else
+    assert joined["metadata"]["annotations"][f"{PREFIX}/join-announced"] == uid
+    if row.id == "watch-dropped":  # cut watches were watched again (more than the ~2 s watches would need)
+        assert _watch_requests(onboard_sim) - watches >= 4
+    else:
+        assert onboard_sim.faults.served.get("expired", 0) > served.get("expired", 0)
+    # The announcement starts onboard-node (its deployment trigger); run it as the trigger would.
+    before = nodes_of(kube)
+    result = asyncio.run(onboard(node=new, uid=uid, cluster=_cluster(onboard_sim), store=_file_store(tmp_path),
+                                 ready_timeout_s=30))  # fmt: skip
+    assert (result.state, result.admitted) == ("certified", True)
+    assert result.certify is not None
+    check_end_state(kube, open_store(f"file://{tmp_path}"), result.certify, before, versions_before=0)
+    assert UNCERTIFIED not in gpucert_taints(kube.get("v1", "Node", new))
+
+
+def _watch_requests(sim: SimCluster) -> int:
+    return sum(1 for r in sim.requests if r.verb == "watch" and r.resource == "nodes")
+
+
+# --- operate and configure under a flaky API -------------------------------------------------------------
+
+
+def test_operate_night_under_429s(api_sim: SimCluster, tmp_path: Path) -> None:
+    row = ROWS["api-429-operate"]
+    kube = connect(api_sim.kubeconfig_path)
+    before, served = nodes_of(kube), api_sim.faults.served.get("429", 0)
+    api_sim.set_faults(ApiFaults(throttle_rate=0.04, retry_after_s=1, seed=7))
+    try:
+        night = asyncio.run(operate(cluster=_cluster(api_sim), store=_file_store(tmp_path), rotation_days=0.0,
+                                    scrape_interval_s=0.2))  # fmt: skip
+    finally:
+        api_sim.set_faults(None)
+    assert api_sim.faults.served.get("429", 0) > served, f"the fault of {row.id} never fired"
+    assert sorted(night.due) == sorted(api_sim.fleet.node_names), night.due  # every node due (rotation 0)
+    assert night.certify is not None
+    decisions = check_end_state(kube, open_store(f"file://{tmp_path}"), night.certify, before, versions_before=0)
+    assert set(decisions["state"]) == {"certified"}
+
+
+def test_configure_rides_out_500s_and_a_second_run_writes_nothing() -> None:
+    from .test_flow_configure import _versions
+
+    row = ROWS["api-500-configure"]
+    with SimCluster(nodes=2, faults=ApiFaults(error_rate=0.1, throttle_rate=0.02, retry_after_s=1, seed=8)) as sim:
+        result = configure(cluster=_cluster(sim), rollout_timeout_s=60)
+        assert sim.faults.served.get("500", 0) > 0, f"the fault of {row.id} never fired"
+        assert result.gpus_verified == 2 * 8
+        kube = connect(sim.kubeconfig_path)
+        written = _versions(kube)  # every object configure may touch → its resourceVersion
+        again = configure(cluster=_cluster(sim), rollout_timeout_s=60)
+        changed = sorted(k for k, v in _versions(kube).items() if written.get(k) != v)
+        assert changed == [], f"the second run wrote {changed}"
+        assert again.gpus_verified == 2 * 8
+        assert again.drift == ()
+        sim.set_faults(None)
+        for node in kube.nodes():
+            labels = node["metadata"]["labels"]
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+            assert labels[f"{PREFIX}/stack"] == "managed"
+            assert {f"{PREFIX}/stack.{c}" for c in ("driver", "device-plugin", "dcgm-exporter")} <= set(labels)
+        daemonsets = kube.list_objects("apps/v1", "DaemonSet")
+        assert len(daemonsets) == len({(d["metadata"]["namespace"], d["metadata"]["name"]) for d in daemonsets})
+        assert all(d["status"].get("numberReady") == d["status"].get("desiredNumberScheduled") for d in daemonsets)
+
+
+# --- Prefect: its server restarted mid-run; a killed worker's run ----------------------------------------
+
+
+def _flow_run_states(name: str) -> list[str]:
+    """The state types of the flow runs named ``name`` on the Prefect server, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])), sort=FlowRunSort.START_TIME_ASC
+            )
+        return [str(r.state.type.value) if r.state else "NONE" for r in runs]
+
+    return asyncio.run(read())
+
+
+def test_prefect_server_restarted_mid_run(tmp_path: Path) -> None:
+    """The session's Prefect server (the test harness's) is stopped and started again — same port, same
+    SQLite database — while a certify run waits on its Jobs; Prefect's client rides it out (it retries a
+    refused connection once it has connected before)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    row = ROWS["prefect-restarted"]
+    server = SubprocessASGIServer._instances.get(None)
+    assert server is not None, "the Prefect test harness runs a server of its own"
+    assert server.running
+    run_id = f"fm-{row.id}"
+    with SimCluster(nodes=2, preconfigured=True, seed=26) as sim:
+        kube, block = connect(sim.kubeconfig_path), _file_store(tmp_path)
+        before = nodes_of(kube)
+        done: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                done["outcome"] = run_certify(sim, block, run_id=run_id, pod_annotations={RUN_SECONDS_ANNOTATION: "2"})
+            except BaseException as exc:
+                done["error"] = exc
+
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not any(p["status"].get("phase") == "Running" for p in _run_pods(kube, run_id)):
+            assert thread.is_alive(), done.get("error")
+            assert time.monotonic() < deadline, "the run's Jobs never ran"
+            time.sleep(0.05)
+        down = time.monotonic()
+        server.stop()
+        server.start(timeout=120)
+        print(f"{row.id}: the Prefect server was down {time.monotonic() - down:.1f} s")
+        thread.join(180)
+        assert not thread.is_alive(), "the run never ended"
+        assert "error" not in done, f"the run did not survive the restart: {done['error']!r}"
+        outcome: CertifyOutcome = done["outcome"]
+        decisions = check_end_state(kube, open_store(block.uri), outcome, before, versions_before=0)
+        assert set(decisions["state"]) == {"certified"}
+    assert _flow_run_states(run_id) == ["COMPLETED"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Prefect 3.9 brings back only a flow run that FAILED (RetryFailedFlows, in its own process): a flow "
+    "process SIGKILLed with its worker leaves the run RUNNING — only flow heartbeats (off in this suite) and a "
+    "zombie-run automation would mark it CRASHED, and no orchestration rule reschedules a CRASHED run. A real "
+    "process worker, a deployment and a second worker would also cost ~40 s here, past the matrix's budget. "
+    "What recovery needs is shown by killed-jobs-started: the same run id started again completes.",
+)
+def test_a_killed_workers_run_is_brought_back_by_prefect(
+    forks: ForkServerContext, api_url: str, tmp_path: Path
+) -> None:
+    row = ROWS["worker-killed"]
+    run_id = f"fm-{row.id}"
+    with SimCluster(nodes=2, preconfigured=True, seed=27) as sim:
+        kube = connect(sim.kubeconfig_path)
+        child = forks.Process(target=faultproc.certify_in_child, daemon=True, args=(
+            api_url, str(sim.kubeconfig_path), f"file://{tmp_path}", run_id, None,
+            {"pod_annotations": {RUN_SECONDS_ANNOTATION: "2"}}))  # fmt: skip
+        child.start()
+        deadline = time.monotonic() + 60
+        while not _run_pods(kube, run_id):
+            assert child.is_alive(), "the run ended before it started its Jobs"
+            assert time.monotonic() < deadline, "the run never started its Jobs"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        child.join(30)
+        # Whatever would bring the run back must at least take it out of RUNNING (CRASHED, then SCHEDULED).
+        deadline = time.monotonic() + 2
+        while (states := _flow_run_states(run_id)) == ["RUNNING"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert states != ["RUNNING"], f"{run_id} stays {states} after its process was killed"
+
+
+# --- the table itself ------------------------------------------------------------------------------------
+
+
+def readme_table() -> list[str]:
+    """The matrix as the README's "Fault matrix" table (markdown lines)."""
+    lines = ["| row | fault | promise checked | test |", "|---|---|---|---|"]
+    for row in MATRIX:
+        cell = row.test + (f"[{row.id}]" if _row_ids(row.test) else "")
+        lines.append(f"| `{row.id}` | {row.fault} | {row.promise} | {row.flow}: `{cell}` |")
+    return lines
+
+
+def _row_ids(test: str) -> list[str]:
+    """The row ids a test function is parametrised over (none for a test of one row)."""
+    marks = getattr(globals()[test], "pytestmark", [])
+    return [p.id for m in marks if m.name == "parametrize" for p in m.args[1]]
+
+
+def test_every_row_has_its_test_and_the_readme_shows_the_matrix() -> None:
+    for row in MATRIX:
+        assert callable(globals().get(row.test)), f"{row.id}: no test {row.test}"
+        ids = _row_ids(row.test)
+        assert not ids or row.id in ids, f"{row.test} does not run {row.id}"
+    assert len(ROWS) == len(MATRIX), "two rows share an id"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Fault matrix"):]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert table[: len(MATRIX) + 2] == readme_table(), "README.md's fault matrix is not tests/test_fault_matrix.py's"

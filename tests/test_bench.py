@@ -859,6 +859,8 @@ def test_repeat_options_parse_and_default_to_the_policy() -> None:
     assert (opts.unstable_factor, opts.transient_pct, opts.deadline_s) == (4.0, 6.0, 3000.0)
     for bad, words in (
         (["--cv-rep", "pcie_gen=0.1"], "not METRIC=CV"),
+        (["--repeats-of", "pcie_gen=3"], "not METRIC=N"),
+        (["--repeats-of", "h2d_gbps=0"], "from 1 to 25"),
         (["--cv-rep", "h2d_gbps=2"], "fraction"),
         (["--unstable-factor", "1"], "above 1"),
         (["--transient-pct", "100"], "between 0 and 100"),

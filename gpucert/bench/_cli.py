@@ -76,13 +76,19 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _cv_rep(text: str) -> tuple[str, float]:
-    """``METRIC=CV``: a performance metric's expected run-to-run CV, a fraction (``h2d_gbps=0.015``)."""
-    name, eq, number = text.partition("=")
+def _perf_pair(text: str, form: str) -> tuple[str, str]:
+    """``METRIC=VALUE`` split, METRIC a performance metric; raises ``ArgumentTypeError`` naming ``form``."""
+    name, eq, value = text.partition("=")
     name = name.strip()
     if not eq or name not in METRICS or METRICS[name].kind != "perf":
         perf = ", ".join(m for m, spec in METRICS.items() if spec.kind == "perf")
-        raise argparse.ArgumentTypeError(f"{text!r} is not METRIC=CV with METRIC one of {perf}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {form} with METRIC one of {perf}")
+    return name, value
+
+
+def _cv_rep(text: str) -> tuple[str, float]:
+    """``METRIC=CV``: a performance metric's expected run-to-run CV, a fraction (``h2d_gbps=0.015``)."""
+    name, number = _perf_pair(text, "METRIC=CV")
     try:
         cv = float(number)
     except ValueError:
@@ -98,11 +104,7 @@ MAX_METRIC_REPEATS = 25
 
 def _repeats_of(text: str) -> tuple[str, int]:
     """``METRIC=N``: base repeats of a performance metric measured more often than ``--repeats``."""
-    name, eq, number = text.partition("=")
-    name = name.strip()
-    if not eq or name not in METRICS or METRICS[name].kind != "perf":
-        perf = ", ".join(m for m, spec in METRICS.items() if spec.kind == "perf")
-        raise argparse.ArgumentTypeError(f"{text!r} is not METRIC=N with METRIC one of {perf}")
+    name, number = _perf_pair(text, "METRIC=N")
     if not number.strip().isdigit() or not 1 <= int(number) <= MAX_METRIC_REPEATS:
         raise argparse.ArgumentTypeError(f"{text!r}: N must be a whole number from 1 to {MAX_METRIC_REPEATS}")
     return name, int(number)

@@ -32,6 +32,7 @@ from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
 from flows.onboard import onboard
 from flows.operate import operate
+from gpucert.audit import AuditLog
 from gpucert.certify import CertificationRun, CertifyOutcome
 from gpucert.cli import main
 from gpucert.fleet import Fault
@@ -174,3 +175,14 @@ def test_nightly_operate_on_s3_and_jira_opens_escalates_and_resolves_tickets(
         assert result.certify is not None
         _check_decisions_agree(kube, store, result.certify)
         assert datetime.now(UTC).date() == result.certify.day
+
+        # Every change of those nights, the release and the onboarding, recorded twice: in the S3 store's
+        # hash-chained trail, and as Events on the nodes.
+        checked = AuditLog(store.open().objects).check()
+        assert checked.ok, checked.problem
+        mine = {(e["action"], e["object"]["name"]) for e in checked.entries}
+        assert {("taint.add", names[2]), ("taint.lift", names[2]), ("taint.add", new)} <= mine
+        actions = {e["action"] for e in checked.entries}
+        assert {"job.create", "label", "condition", "baseline.write", "ticket.open", "ticket.resolve"} <= actions
+        events = kube.list_objects("events.k8s.io/v1", "Event", namespace="default")
+        assert {e["regarding"]["name"] for e in events if e.get("reason") == "TaintAdded"} >= {names[2], new}

@@ -28,7 +28,7 @@ from ..errors import StoreConflict, StoreError
 from ..store import ObjectStore
 from ._chain import GENESIS, ChainCheck, Segment, canonical_json, check_chain, seal
 
-__all__ = ["AUDIT_PREFIX", "HEAD_KEY", "AuditAction", "AuditLog", "select"]
+__all__ = ["AUDIT_PREFIX", "HEAD_KEY", "AuditAction", "AuditLog", "node_of", "select"]
 
 AUDIT_PREFIX = "audit/"
 HEAD_KEY = "audit/HEAD"
@@ -169,21 +169,21 @@ def select(
     for entry in entries:
         if floor is not None and str(entry.get("ts", "")) < floor:
             continue
-        if node is not None and node not in _nodes_of(entry):
+        if node is not None and node_of(entry) != node:
             continue
         yield dict(entry)
 
 
-def _nodes_of(entry: Mapping[str, Any]) -> set[str]:
+def node_of(entry: Mapping[str, Any]) -> str | None:
+    """The node an entry is about: its object when that is a Node, else the ``node`` its after or before
+    side names (a Job's, a ticket's); None for a baseline or a cluster-wide object."""
     obj = entry.get("object") or {}
-    nodes = {str(obj.get("name"))} if obj.get("kind") == "Node" else set()
-    after = entry.get("after")
-    if isinstance(after, Mapping) and isinstance(after.get("node"), str):
-        nodes.add(after["node"])
-    before = entry.get("before")
-    if isinstance(before, Mapping) and isinstance(before.get("node"), str):
-        nodes.add(before["node"])
-    return nodes
+    if obj.get("kind") == "Node":
+        return str(obj.get("name"))
+    for side in (entry.get("after"), entry.get("before")):
+        if isinstance(side, Mapping) and isinstance(side.get("node"), str):
+            return str(side["node"])
+    return None
 
 
 def _parse_head(data: bytes) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any
 from ..kube import Kube, KubeChange, KubeConflict, KubeError
 from ..store import BaselineChange, BaselineStore
 from ..tickets import Ticket, TicketEvent
-from ._log import AuditAction, AuditLog
+from ._log import AuditAction, AuditLog, node_of
 
 __all__ = ["CONTROLLER", "AuditRecorder", "actions_of_change", "event_of", "ticket_action"]
 
@@ -274,8 +274,7 @@ def event_of(entry: Mapping[str, Any], *, instance: str) -> dict[str, Any] | Non
     None when there is no Kubernetes object to put it on (a baseline)."""
     obj = dict(entry.get("object") or {})
     if obj.get("kind") in _OFF_CLUSTER:
-        node = next((side["node"] for side in (entry.get("after"), entry.get("before"))
-                     if isinstance(side, Mapping) and isinstance(side.get("node"), str)), None)  # fmt: skip
+        node = node_of(entry)
         if node is None:
             return None
         obj = {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": None}

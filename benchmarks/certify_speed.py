@@ -1,7 +1,10 @@
 """How long certify takes on a simulated cluster (issue 5's bars: 64 nodes × 8 GPUs with five faults of
 different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
 
-    python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16]
+    python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16] [--shard-size N]
+
+``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards (here in this
+process, as sub-flows: the benchmark has no workers). Each run also prints the Prefect task runs it made.
 
 A clean first run seeds the baselines (timed and printed too), then the measured run has faults of five
 kinds injected on five nodes. Runs under a temporary Prefect server started first (not counted). Prints
@@ -38,12 +41,15 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--faults", type=int, default=5, help="faulty nodes (kinds cycle through five)")
     parser.add_argument("--max-parallel", type=int, default=16)
+    parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
     args = parser.parse_args()
 
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    import httpx
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     from blocks.cluster import GpuCluster
+    from blocks.policy import CertificationPolicy
     from blocks.store import BaselineStore
     from flows.certify import certify
     from gpucert.certify import CertifyOutcome
@@ -68,12 +74,20 @@ def main() -> int:
             cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
             store = BaselineStore(uri=f"file://{d}")
 
+            policy = CertificationPolicy(shard_size=args.shard_size) if args.shard_size else None
+
+            def task_runs() -> int:
+                answer = httpx.post(f"{PREFECT_API_URL.value()}/task_runs/count", json={}, timeout=30)
+                answer.raise_for_status()
+                return int(answer.json())
+
             def run(run_id: str) -> tuple[float, CertifyOutcome]:
-                start = time.perf_counter()
-                out = asyncio.run(
-                    certify(cluster=cluster, store=store, run_id=run_id, max_parallel=args.max_parallel)
-                )
-                return time.perf_counter() - start, out
+                start, tasks_before = time.perf_counter(), task_runs()
+                out = asyncio.run(certify(cluster=cluster, store=store, policy=policy, run_id=run_id,
+                                          max_parallel=args.max_parallel))  # fmt: skip
+                seconds = time.perf_counter() - start
+                print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs", flush=True)
+                return seconds, out
 
             seconds, clean = run("bench-clean")
             print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean.states}", flush=True)

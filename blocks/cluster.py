@@ -6,8 +6,9 @@ from typing import Any
 
 from prefect.blocks.core import Block
 from prefect_kubernetes.credentials import KubernetesCredentials
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from blocks._schema import block_schema_extra
 from gpucert._names import check_label_selector, dns_label_ok
 from gpucert.errors import InputError
 from gpucert.kube import Kube, connect
@@ -30,6 +31,8 @@ class GpuCluster(Block):
         kube = cluster.kube()
         ```
     """
+
+    model_config = ConfigDict(json_schema_extra=block_schema_extra)
 
     _block_type_name = "GPU Cluster"
     _block_type_slug = "gpucert-gpu-cluster"

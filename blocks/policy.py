@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from blocks._schema import block_schema_extra
 from blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRules
 from gpucert.errors import PolicyError
@@ -32,6 +33,8 @@ class CertificationPolicy(Block):
         rules = policy.rules()
         ```
     """
+
+    model_config = ConfigDict(json_schema_extra=block_schema_extra)
 
     _block_type_name = "gpucert Certification Policy"
     _block_type_slug = "gpucert-certification-policy"
@@ -63,6 +66,12 @@ class CertificationPolicy(Block):
     observe_only: bool | None = Field(default=None, description="Label and report, never taint.")
     rotation_days: float = Field(default=7.0, ge=0, description="operate re-certifies each node this often.")
     max_nodes: int = Field(default=64, ge=1, description="Nodes operate certifies in one night at most.")
+    shard_size: int = Field(
+        default=1000,
+        ge=1,
+        description="A certify of more nodes runs its benchmarks as certify-shard flow runs of at most this "
+        "many nodes each, on any worker of the pool; judging stays one, over the whole fleet.",
+    )
     escalation: dict[str, Any] = Field(
         default_factory=dict,
         description="When a remediation ticket becomes a replacement (EscalationPolicy fields, e.g. resets: 2).",

@@ -7,6 +7,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
+from blocks._schema import block_schema_extra
 from gpucert.errors import InputError
 from gpucert.telemetry import PrometheusSource
 
@@ -41,7 +42,7 @@ class Prometheus(Block):
     )
 
     # A validation error would otherwise echo its input, a token or password given as a plain string too.
-    model_config = ConfigDict(hide_input_in_errors=True)
+    model_config = ConfigDict(hide_input_in_errors=True, json_schema_extra=block_schema_extra)
 
     url: str = Field(
         description="The server's base URL, e.g. https://prometheus.monitoring:9090 (a path prefix is kept)."

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from blocks._schema import block_schema_extra
 from gpucert.store import BaselineStore as Store
 from gpucert.store import S3ObjectStore, StoreURIError, check_public_url, open_store
 
@@ -31,6 +32,8 @@ class BaselineStore(Block):
         print(store.link("runs/date=2026-12-01/run=nightly-1/report.html"))
         ```
     """
+
+    model_config = ConfigDict(json_schema_extra=block_schema_extra)
 
     _block_type_name = "gpucert Baseline Store"
     _block_type_slug = "gpucert-baseline-store"

@@ -7,6 +7,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
+from blocks._schema import block_schema_extra
 from gpucert.tickets import (
     DEFAULT_TICKETS,
     JiraTickets,
@@ -45,7 +46,7 @@ class Ticketing(Block):
     _description = "Where gpucert opens remediation and replacement tickets: a local file, Jira or a webhook."
 
     # A validation error would otherwise echo its input, a token or webhook URL given as a plain string too.
-    model_config = ConfigDict(hide_input_in_errors=True)
+    model_config = ConfigDict(hide_input_in_errors=True, json_schema_extra=block_schema_extra)
 
     backend: Literal["local", "jira", "webhook"] = Field(
         default="local", description="Where tickets go: local (a SQLite file), jira or webhook."

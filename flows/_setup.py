@@ -22,16 +22,19 @@ from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
-from gpucert.errors import InputError
+from gpucert.errors import GpucertError, InputError
 from gpucert.kube import Kube
 from gpucert.store import BaselineStore as Store
 from gpucert.tickets import TicketBackend
 
 __all__ = [
+    "MAX_RUN_ATTEMPTS_ENV",
+    "RunAttemptsExhausted",
     "Setup",
     "apublish_audit",
     "benchmark_settings",
     "certify_run_id",
+    "check_attempts",
     "publish_audit",
     "resolve",
     "run_trigger",
@@ -61,6 +64,34 @@ class Setup:
         return self.ticketing.backend if self.ticketing is not None else "not configured"
 
 
+#: How many times one flow run may start: its first attempt and the re-runs that automations.yaml
+#: schedules after a crash (a run whose process dies every time, OOM-killed say, must stop coming back).
+MAX_RUN_ATTEMPTS_ENV = "GPUCERT_MAX_RUN_ATTEMPTS"
+DEFAULT_MAX_RUN_ATTEMPTS = 3
+
+
+class RunAttemptsExhausted(GpucertError):
+    """A flow run started more often than ``$GPUCERT_MAX_RUN_ATTEMPTS`` allows: it fails (not crashes),
+    so the crashed-runs automation does not schedule it again."""
+
+
+def check_attempts() -> int:
+    """This flow run's attempt: 1 for its first start, more when a crash brought it back (the same flow
+    run, so the same run id: it adopts what the last attempt left). Raises :class:`RunAttemptsExhausted`
+    past the limit, and ``InputError`` for a limit that is not a positive integer."""
+    from prefect.runtime import flow_run
+
+    raw = os.environ.get(MAX_RUN_ATTEMPTS_ENV, "").strip() or str(DEFAULT_MAX_RUN_ATTEMPTS)
+    if not raw.isdigit() or int(raw) < 1:
+        raise InputError(f"${MAX_RUN_ATTEMPTS_ENV}: {raw!r} is not a positive whole number")
+    attempt = max(int(flow_run.run_count or 1), 1)
+    if attempt > int(raw):
+        raise RunAttemptsExhausted(
+            f"flow run {flow_run.name or flow_run.id}: attempt {attempt} of at most {raw} "
+            f"(${MAX_RUN_ATTEMPTS_ENV}); it crashed every time — see the earlier attempts' logs")
+    return attempt
+
+
 def resolve(
     cluster: GpuCluster | None,
     store: BaselineStore | None,
@@ -71,8 +102,10 @@ def resolve(
 ) -> Setup:
     """Resolve a flow's parameters (see the module docstring); ``observe_only`` overrides the policy's.
 
-    Raises ``InputError`` for a kubeconfig, store or policy that cannot be used.
+    Raises ``InputError`` for a kubeconfig, store or policy that cannot be used, and
+    :class:`RunAttemptsExhausted` for a run that crashed too often (:func:`check_attempts`).
     """
+    check_attempts()
     cluster = cluster or GpuCluster()
     store_block = store or BaselineStore.default()
     policy = policy or CertificationPolicy()

@@ -6,7 +6,9 @@ The runbook, top to bottom:
    told) and **ship** the benchmark payload as a ConfigMap, clearing Jobs a killed run left behind;
 2. **benchmark**: one Job per node with all its GPUs, at most ``max_parallel`` at once (and a slot of the
    Prefect concurrency limit ``gpucert-benchmarks``); a Job that fails for a reason outside the GPU (image
-   pull, unschedulable, OOM, deadline) makes that node inconclusive;
+   pull, unschedulable, OOM, deadline) makes that node inconclusive. More nodes than the policy's
+   ``shard_size``: the benchmarks run as ``certify-shard`` flow runs on the pool's workers (``max_parallel``
+   each), joined before judging (``tasks/shards.py``);
 3. **judge** the results against the store's current baseline (own history, peers, spec);
 4. **confirm**: re-run the nodes whose fail no hard gate backs, judged among this run's other nodes;
 5. **settle**: one decision per node — the fail stands when 2 of 3 runs fail; taints added, kept, lifted
@@ -19,7 +21,8 @@ The runbook, top to bottom:
    ticketing is configured, and opened by the next run that has it).
 """
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from typing import Any
 
 from prefect import flow
 
@@ -27,10 +30,10 @@ from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
 from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
-from flows._setup import apublish_audit, benchmark_settings, certify_run_id, resolve
+from flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
 from gpucert._crashpoints import crashpoint
 from gpucert.audit import ticket_action
-from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange
+from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange, plan_shards
 from tasks.certify import (
     act_on_nodes,
     benchmark,
@@ -42,9 +45,10 @@ from tasks.certify import (
     settle_run,
 )  # fmt: skip
 from tasks.report import publish_report
+from tasks.shards import run_shards
 from tasks.tickets import ticket_run
 
-__all__ = ["certify"]
+__all__ = ["certify", "certify_shard"]
 
 
 @flow(name="certify", flow_run_name=certify_run_id, log_prints=False)
@@ -82,7 +86,14 @@ async def certify(
     gpus, skipped = select_nodes(kube, setup.cluster.gpu_node_selector, nodes, include_busy=include_busy,
                                  prefix=prefix)  # fmt: skip
     payload = prepare(kube, settings, run.run_id, list(gpus))
-    failed, stacks = await benchmark(kube, gpus, run, payload, settings, max_parallel=max_parallel)
+    shards = plan_shards(gpus, setup.policy.shard_size)
+    if len(shards) == 1:
+        failed, stacks = await benchmark(kube, gpus, run, payload, settings, max_parallel=max_parallel)
+    else:
+        shard: dict[str, Any] = {"cluster": cluster, "store": store, "policy": policy, "image": image,
+                                 "max_parallel": max_parallel, "deadline_s": deadline_s,
+                                 "pod_annotations": pod_annotations, "payload_args": payload_args}  # fmt: skip
+        failed, stacks = await _benchmark_in_shards(run, shards, setup, shard)
     audit.flush()  # the Jobs created and deleted
     first = judge_run(run, failed, list(gpus), rules.policy)
     crashpoint("judged")
@@ -119,3 +130,48 @@ async def certify(
         tickets_recorded=tickets.recorded if tickets else 0, audited=len(audit.entries),
         audit_seconds=round(audit.seconds, 3),
     )  # fmt: skip
+
+
+async def _benchmark_in_shards(
+    run: CertificationRun, shards: list[dict[str, int]], setup: Setup, given: dict[str, Any]
+) -> tuple[dict[str, tuple[str | None, str]], dict[str, dict[str, Any]]]:
+    """The benchmark step of a run larger than one shard: ``certify-shard`` flow runs on the pool's workers
+    (the blocks ``given`` to certify go by reference), else here as sub-flows with the resolved ones."""
+    common = {**given, "run_id": run.run_id, "day": run.day.isoformat()}
+
+    def here(index: int, nodes: dict[str, int]) -> Any:
+        resolved = {"cluster": setup.cluster, "store": setup.store_block, "policy": setup.policy}
+        return certify_shard(**{**common, **resolved}, index=index, nodes=nodes)
+
+    parts = await run_shards(run, shards, common, local=here, wait_s=2 * given["deadline_s"] + 600)
+    return parts.failed, parts.stacks
+
+
+@flow(name="certify-shard", flow_run_name="{run_id}-shard-{index}", log_prints=False)
+async def certify_shard(
+    run_id: str,
+    day: str,
+    index: int,
+    nodes: dict[str, int],
+    cluster: GpuCluster | None = None,
+    store: BaselineStore | None = None,
+    policy: CertificationPolicy | None = None,
+    image: str | None = None,
+    max_parallel: int = 16,
+    deadline_s: int = 3600,
+    pod_annotations: dict[str, str] | None = None,
+    payload_args: list[str] | None = None,
+) -> dict[str, int]:
+    """Benchmark shard ``index`` of certify run ``run_id`` (started on ``day``, ISO): ``nodes`` (node → GPUs),
+    under the run's id, so a shard started again adopts its Jobs; its results, failed Jobs and stacks go to
+    the run's folder for the parent to join. Returns how many nodes it measured and how many Jobs failed."""
+    setup = resolve(cluster, store, policy, None)
+    run = CertificationRun(setup.store, run_id, date.fromisoformat(day))
+    setup.audit.run_id = run_id
+    setup.audit.because(f"certify {run_id}: benchmark, shard {index}")
+    settings = benchmark_settings(setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations,
+                                  payload_args=payload_args)  # fmt: skip
+    payload = prepare(setup.kube, settings, run_id, list(nodes))
+    failed, _ = await benchmark(setup.kube, nodes, run, payload, settings, max_parallel=max_parallel, shard=index)
+    await apublish_audit(setup.audit)
+    return {"nodes": len(nodes), "failed": len(failed)}

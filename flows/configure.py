@@ -29,7 +29,7 @@ from prefect.runtime import flow_run
 
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore
-from flows._setup import publish_audit, run_trigger
+from flows._setup import check_attempts, publish_audit, run_trigger
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.stack import (
     COMPONENTS,
@@ -88,6 +88,7 @@ def configure(
     ``store``'s audit trail (default ``$GPUCERT_STORE``, else ``./gpucert-store``) and as an Event.
     """
     log = get_run_logger()
+    check_attempts()
     cluster = cluster or GpuCluster()
     kube = cluster.kube()
 

@@ -260,6 +260,45 @@ def _parser() -> argparse.ArgumentParser:
                          help="seconds the node has to become Ready")
     onboard.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
+    explain = commands.add_parser(
+        "explain",
+        help="why a training job is slow: its GPUs' telemetry, timings, events and record on one time axis",
+        description="Find the job's pods, nodes and GPUs (a Job, JobSet, PyTorchJob or MPIJob named "
+        "NAMESPACE/NAME, or the pods of --selector), read their DCGM telemetry from Prometheus, the job's step "
+        "and collective times, the Kubernetes events of its pods and nodes and gpucert's record of the nodes "
+        "over the window (default: the job's lifetime), name the straggler and its onset or say the slowdown is "
+        "elsewhere; print the answer and write the timeline (--out). --act cordons the suspect node (gpucert's "
+        "taint, inside the blast radius), opens a ticket with the evidence and re-certifies it (runs the "
+        "explain-job flow). Exit 0 when explained, 2 on bad input (an unknown job, no pods, an unreachable "
+        "Prometheus, a bad time).",
+    )
+    explain.add_argument("job", nargs="?", metavar="NAMESPACE/NAME",
+                         help="the job (with --selector: only its namespace, or none for every namespace)")
+    explain.add_argument("--selector", dest="pod_selector", metavar="S",
+                         help="explain the pods of this label selector instead of a named job")
+    explain.add_argument("--since", metavar="TIME",
+                         help="window start: ISO 8601 (UTC default) or a duration ago (6h)")
+    explain.add_argument("--until", metavar="TIME", help="window end (default: the job's end, or now)")
+    explain.add_argument("--prometheus", required=True, metavar="URL",
+                         help="the Prometheus that scrapes the DCGM exporters")
+    explain.add_argument("--step-metric", default="train_step_seconds", metavar="NAME",
+                         help="the job's step-time gauge in Prometheus, labelled namespace and pod ('' for none: "
+                              "read the pods' logs)")  # fmt: skip
+    explain.add_argument("--out", metavar="HTML", help="write the timeline here (default: explain-<job>.html)")
+    explain.add_argument("--act", action="store_true",
+                         help="cordon the suspect node, open a ticket with the evidence and re-certify it")
+    explain.add_argument("--store", metavar="URI",
+                         help="gpucert's store (default: $GPUCERT_STORE, else ./gpucert-store)")
+    explain.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults (the blast radius)")
+    explain.add_argument("--ticketing", metavar="BLOCK",
+                         help="a saved Ticketing block (default: local tickets in a file:// store)")
+    explain.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
+    explain.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    explain.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels and taints")
+    explain.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true", metavar="S",
+                         help="label selector of the GPU nodes (the blast radius counts them)")
+    explain.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
     tickets = commands.add_parser("tickets", help="the remediation and replacement tickets")
     ticket_actions = tickets.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = ticket_actions.add_parser("list", help="list the tickets of a local ticket file")
@@ -426,19 +465,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "compare":
+        from . import _prefetch
+
+        # The Parquet results decode on another core while pandas is imported (gpucert._prefetch).
+        _prefetch.prefetch_parquet(args.results)
+        try:
+            from . import commands
+
+            return commands.compare(
+                args.results,
+                baselines=args.baselines,
+                policy_file=args.policy,
+                out=args.out,
+                fail_on=args.fail_on,
+                baseline_version=args.baseline_version,
+                reruns=args.reruns,
+                decisions=args.decisions,
+            )
+        finally:
+            _prefetch.discard()
     from . import commands  # the heavy imports (pandas) only once the arguments parsed
 
-    if args.command == "compare":
-        return commands.compare(
-            args.results,
-            baselines=args.baselines,
-            policy_file=args.policy,
-            out=args.out,
-            fail_on=args.fail_on,
-            baseline_version=args.baseline_version,
-            reruns=args.reruns,
-            decisions=args.decisions,
-        )
     if args.command == "certificate":
         if args.action == "verify":
             return commands.certificate_verify(args.certificate, store=args.verify_store,
@@ -495,6 +543,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
     if args.command in ("certify", "operate", "onboard", "release"):
         return _run_flow_command(args)
+    if args.command == "explain":
+        return commands.explain(
+            args.job, selector=args.pod_selector, since=args.since, until=args.until, prometheus=args.prometheus,
+            step_metric=args.step_metric, out=args.out, act=args.act, store=args.store, policy_file=args.policy,
+            ticketing=args.ticketing, kubeconfig=args.kubeconfig, context=args.context,
+            label_prefix=args.label_prefix, gpu_node_selector=args.gpu_node_selector, as_json=args.json,
+        )  # fmt: skip
     if args.command == "tickets":
         from .tickets import DEFAULT_TICKETS, tickets_list
 

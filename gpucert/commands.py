@@ -10,21 +10,28 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import pandas as pd
 
 from ._io import TABLE_SUFFIXES, write_table
-from .audit import AuditLog, AuditRecorder
-from .baseline import update_store
-from .certify import settle_offline
 from .errors import InputError
 from .policy import load_policy
 from .results import read_results
 from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
+
+if TYPE_CHECKING:
+    from .telemetry import PrometheusSource
+
+_T = TypeVar("_T")
+
+# The audit trail, baseline building, certification and telemetry are imported where a command uses them:
+# each costs a few hundred milliseconds at start-up, a large share of `gpucert compare` on a whole fleet.
 
 __all__ = [
     "audit_show",
@@ -37,6 +44,7 @@ __all__ = [
     "certificate_keygen",
     "certificate_verify",
     "compare",
+    "explain",
     "summarize",
 ]
 
@@ -106,6 +114,30 @@ def summarize(verdicts: pd.DataFrame) -> str:
     return line
 
 
+def _in_background(work: Callable[[], _T]) -> Callable[[], _T]:
+    """Start ``work`` on a thread; the function returned waits for it and returns its result or raises its
+    exception. A daemon thread: a command that fails meanwhile exits without waiting for it."""
+    outcome: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # handed to the caller, who raises it
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="gpucert-background", daemon=True)
+    thread.start()
+
+    def wait() -> _T:
+        thread.join()
+        if failure:
+            raise failure[0]
+        return outcome[0]
+
+    return wait
+
+
 def compare(
     results: Sequence[str],
     *,
@@ -135,10 +167,13 @@ def compare(
             raise InputError(f"--decisions {decisions} is --out too: name two files")
         _check_out(decisions, inputs, option="--decisions")
     store = _open_existing(baselines)
+    # The baseline is read while the results are: two cores, and the Parquet decoding of each leaves the
+    # interpreter to the other. A results file that is wrong is still the error reported first.
+    baseline_read = _in_background(lambda: store.read(baseline_version))
     frame = read_results(results)
     rerun_frames = [read_results([r]) for r in reruns]
     try:
-        table = store.read(baseline_version)
+        table = baseline_read()
     except UnknownVersion as exc:
         raise _unknown_version(exc, baselines) from None
     if table.empty:
@@ -146,6 +181,8 @@ def compare(
             "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
         )
     if rerun_frames or decisions is not None:
+        from .certify import settle_offline
+
         verdicts, settlement = settle_offline(frame, rerun_frames, table, policy)
         write_table(verdicts, out)
         if decisions is not None:
@@ -183,6 +220,8 @@ def _read_stack(stack_file: str | None) -> dict[str, str]:
 @contextlib.contextmanager
 def _audited(target: BaselineStore, command: str) -> Iterator[None]:
     """Record the baseline versions ``command`` makes current in the store's audit trail (``cli``)."""
+    from .audit import AuditLog, AuditRecorder
+
     recorder = AuditRecorder(AuditLog(target.objects), run_id=None, trigger="cli", default_why=command)
     recorder.watch(store=target)
     try:
@@ -195,6 +234,8 @@ def _audited(target: BaselineStore, command: str) -> Iterator[None]:
 def baseline_build(
     results: Sequence[str], *, store: str, policy_file: str | None, stack_file: str | None
 ) -> int:
+    from .baseline import update_store
+
     policy = load_policy(policy_file)
     stack = _read_stack(stack_file)
     target = open_store(store, create=True)  # the one command that may start a new store
@@ -232,6 +273,8 @@ def baseline_rollback(version: str, *, store: str) -> int:
 def baseline_rebuild(
     nodes: Sequence[str], *, store: str, results: Sequence[str], policy_file: str | None
 ) -> int:
+    from .baseline import update_store
+
     policy = load_policy(policy_file)
     target = _open_existing(store)
     frame = read_results(results) if results else None
@@ -266,6 +309,8 @@ def baseline_list(*, store: str) -> int:
 
 def audit_verify(*, store: str) -> int:
     """Walk the store's audit trail: 0 when intact, 3 naming the first entry changed, removed or moved."""
+    from .audit import AuditLog
+
     log = AuditLog(_open_existing(store).objects)
     checked = log.check()
     if not checked.ok:
@@ -291,6 +336,8 @@ def _since(text: str | None) -> datetime | None:
 
 def audit_show(*, store: str, node: str | None, since: str | None, as_json: bool) -> int:
     """Print the trail's entries (a node's, since a time) oldest first; a broken trail is not shown."""
+    from .audit import AuditLog
+
     entries = AuditLog(_open_existing(store).objects).history(node=node, since=_since(since))
     if as_json:
         for entry in entries:
@@ -394,4 +441,172 @@ def certificate_keygen(*, out: str) -> int:
 
     private, public = generate_keys(out)
     print(f"wrote {private} (private: keep it secret; --key) and {public} (public: --public-key)")
+    return 0
+
+
+# --- why is this job slow ------------------------------------------------------------------------------
+
+
+def _check_html_out(out: str) -> Path:
+    """``out`` when a timeline can be written there (an .html file in a folder that exists and can be
+    written); raises :class:`InputError` naming it otherwise."""
+    path = Path(out)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out {out}: write an .html file")
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        raise InputError(f"--out {out}: is not a regular file; name an .html file")
+    if not path.parent.is_dir():
+        raise InputError(f"--out {out}: the folder {path.parent} does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _reachable_prometheus(url: str) -> PrometheusSource:
+    """A :class:`~gpucert.telemetry.PrometheusSource` for ``url`` whose server answered one query within a
+    few seconds; raises :class:`InputError` (exit 2) for a bad URL and for a server that refuses or does not
+    answer: explaining without telemetry explains nothing."""
+    import dataclasses
+    import time as _time
+
+    from ._flowcli import REACH_S
+    from .telemetry import PrometheusSource, TelemetryError
+
+    source = PrometheusSource(url)
+    try:
+        dataclasses.replace(source, timeout_s=min(source.timeout_s, REACH_S)).query("vector(1)", _time.time())
+    except TelemetryError as exc:
+        raise InputError(f"--prometheus {url}: {exc}") from None
+    return source
+
+
+def explain(
+    job: str | None,
+    *,
+    selector: str | None,
+    since: str | None,
+    until: str | None,
+    prometheus: str,
+    step_metric: str,
+    out: str | None,
+    act: bool,
+    store: str | None,
+    policy_file: str | None,
+    ticketing: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    label_prefix: str,
+    gpu_node_selector: str,
+    as_json: bool,
+) -> int:
+    """``gpucert explain``: why the job is slow; prints the answer (or the outcome as JSON), writes the
+    timeline to ``out`` and returns 0. Without ``act`` nothing is written to the cluster and Prefect is not
+    started; with it, the ``explain-job`` flow runs once and acts.
+
+    Raises :class:`InputError` (exit 2) for a malformed job, selector or time, an unknown job, a job without
+    pods, an empty window, an unreachable Prometheus or cluster, a bad ``--out``, store or policy file.
+    """
+    from .explain import ExplainOutcome, explain_job, parse_job, resolve_target
+    from .kube import KubeError, connect
+    from .tickets import local_path, open_backend
+
+    if job is None and selector is None:
+        raise InputError("name the job as NAMESPACE/NAME, or give --selector")
+    if job is not None and selector is None:
+        parse_job(job)
+    target_out = _check_html_out(out or f"explain-{(job or 'selector').replace('/', '-')}.html")
+    policy = load_policy(policy_file) if policy_file else None
+    uri = store or os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri()
+    opened: BaselineStore | None = None
+    if not act:
+        try:
+            opened = _open_existing(uri)
+        except InputError:
+            if store is not None:
+                raise
+            # No default store yet: there is no record to read.
+    kube = connect(kubeconfig, context=context)
+    try:
+        from ._flowcli import REACH_S
+
+        kube.version(within_s=REACH_S)
+        source = _reachable_prometheus(prometheus)
+        # The job is looked up before anything else starts: an unknown one is one line and exit 2.
+        resolve_target(kube, job, selector=selector, since=since, until=until)
+    except KubeError as exc:
+        raise InputError(f"the cluster {kube.host} did not answer: {exc}") from None
+    if act:
+        return _explain_act(job, selector=selector, since=since, until=until, prometheus=prometheus,
+                            step_metric=step_metric, out=target_out, store=uri, policy_file=policy_file,
+                            ticketing=ticketing, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
+                            gpu_node_selector=gpu_node_selector, as_json=as_json)  # fmt: skip
+    tickets = None
+    if opened is not None and opened.uri.startswith("file://") and local_path(opened.uri).is_file():
+        tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
+    explained = explain_job(kube, source, job, selector=selector, since=since, until=until,
+                            store=opened, tickets=tickets, policy=policy, step_metric=step_metric or None)  # fmt: skip
+    _write_text_atomically(target_out, explained.html)
+    outcome = ExplainOutcome.of(explained.explanation, timeline=str(target_out), seconds=explained.seconds)
+    print(outcome.model_dump_json(indent=2) if as_json else outcome.text(), end="" if not as_json else "\n")
+    return 0
+
+
+def _explain_act(
+    job: str | None,
+    *,
+    selector: str | None,
+    since: str | None,
+    until: str | None,
+    prometheus: str,
+    step_metric: str,
+    out: Path,
+    store: str,
+    policy_file: str | None,
+    ticketing: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    label_prefix: str,
+    gpu_node_selector: str,
+    as_json: bool,
+) -> int:
+    """``gpucert explain --act``: the ``explain-job`` flow, once, acting; the timeline copied to ``out``."""
+    import asyncio
+
+    from . import _flowcli
+
+    inputs = _flowcli.flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
+                                  selector=gpu_node_selector, store=store, policy_file=policy_file,
+                                  ticketing=ticketing)  # fmt: skip
+    prometheus_block = _flowcli._prometheus(prometheus)
+    _flowcli._prepare_prefect()
+    from flows.explain import explain_job as explain_flow
+
+    outcome = asyncio.run(
+        explain_flow(job=job, selector=selector, since=since, until=until, prometheus=prometheus_block,
+                     cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
+                     step_metric=step_metric or None, act=True)
+    )  # fmt: skip
+    opened = _open_existing(store)
+    key = outcome.timeline.removeprefix(opened.uri.rstrip("/") + "/")
+    blob = opened.objects.get(key)
+    if blob is not None:
+        _write_text_atomically(out, blob.data.decode("utf-8"))
+        outcome = outcome.model_copy(update={"timeline": str(out)})
+    print(outcome.model_dump_json(indent=2) if as_json else outcome.text(), end="" if not as_json else "\n")
     return 0

@@ -13,12 +13,26 @@ from typing import Any, ParamSpec, TypeVar
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert.errors import InputError
 from gpucert.kube import KubeUnavailable
+from gpucert.telemetry import PrometheusAuthError
 
-__all__ = ["kube_task", "only_transient"]
+__all__ = ["kube_task", "may_pass", "only_transient"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def may_pass(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` for a task that reads Prometheus: retry unless the failure would repeat
+    as it is (credentials refused, unusable input); a server that did not answer may answer the next time."""
+    try:
+        state.result(raise_on_failure=True)
+    except (PrometheusAuthError, InputError):
+        return False
+    except Exception:
+        return True
+    return False
 
 
 def only_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -37,6 +37,7 @@ from gpucert.certify import (
     settle,
     settled_verdicts,
     update_baselines,
+    write_shard,
 )
 from gpucert.certify._run import DECISIONS, RESULTS, VERDICTS
 from gpucert.errors import InputError
@@ -148,17 +149,21 @@ async def benchmark(
     settings: BenchmarkSettings,
     *,
     max_parallel: int,
+    shard: int | None = None,
 ) -> tuple[dict[str, tuple[str | None, str]], dict[str, dict[str, Any]]]:
-    """Run the wave and store its results as the run's ``results.parquet`` (when any node produced some).
+    """Run the wave and store its results as the run's ``results.parquet`` (when any node produced some),
+    or as shard ``shard``'s files for the parent run to join (``gpucert.certify.write_shard``).
 
     Returns node → (reason, message) for each node whose Job failed, and node → stack record.
     """
     slot = _slot if await _limit_exists() else None
     wave = await run_wave(kube, nodes, run.run_id, payload, settings, max_parallel=max_parallel, slot=slot)
     frame = wave.frame()
-    if frame is not None:
-        run.write_table(RESULTS, frame)
     failed = {n: (r.reason, r.message) for n, r in wave.failed().items()}
+    if shard is not None:
+        write_shard(run, shard, frame, failed, wave.stacks)
+    elif frame is not None:
+        run.write_table(RESULTS, frame)
     get_run_logger().info(
         "%s: %d nodes measured, %d without results%s", run.run_id, len(nodes) - len(failed), len(failed),
         f" ({', '.join(sorted({str(r) for r, _ in failed.values()}))})" if failed else "",

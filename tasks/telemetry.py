@@ -4,33 +4,21 @@ GPU's own history. Both only *ask* for re-certification; neither taints anything
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
-from gpucert.errors import InputError
 from gpucert.kube import Kube
 from gpucert.policy import Policy
 from gpucert.report import render_drift_html
 from gpucert.store import BaselineStore
-from gpucert.telemetry import ExporterScrape, PrometheusAuthError, PrometheusSource, check_drift
+from gpucert.telemetry import ExporterScrape, PrometheusSource, check_drift
 from gpucert.verdict import judge
 
+from ._retry import may_pass
+
 __all__ = ["drift_check", "telemetry_check"]
-
-
-def _may_pass(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry unless the failure would repeat as it is (credentials
-    refused, unusable input); a server that did not answer may answer the next time."""
-    try:
-        state.result(raise_on_failure=True)
-    except (PrometheusAuthError, InputError):
-        return False
-    except Exception:
-        return True
-    return False
 
 
 @task(
@@ -38,7 +26,7 @@ def _may_pass(task: Any, task_run: Any, state: Any) -> bool:
     cache_policy=NO_CACHE,
     retries=2,
     retry_delay_seconds=[5, 30],
-    retry_condition_fn=_may_pass,
+    retry_condition_fn=may_pass,
 )
 def telemetry_check(
     kube: Kube,

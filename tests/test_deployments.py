@@ -67,9 +67,14 @@ def _deployment_id(api_url: str, flow: str, name: str) -> str:
 
 
 def test_every_deployment_is_registered(api_url: str, deployed: tuple[SimCluster, dict[str, str]]) -> None:
-    for flow, name in [("configure", "configure"), ("certify", "certify"), ("operate", "operate"),
-                       ("onboard-node", "onboard-node")]:  # fmt: skip
+    for flow, name in [("configure", "configure"), ("certify", "certify"), ("certify-shard", "certify-shard"),
+                       ("operate", "operate"), ("onboard-node", "onboard-node"), ("release", "release"),
+                       ("explain-job", "explain-job")]:  # fmt: skip
         assert _deployment_id(api_url, flow, name)
+    shard = httpx.get(f"{api_url}/deployments/{_deployment_id(api_url, 'certify-shard', 'certify-shard')}",
+                      timeout=10).json()  # fmt: skip
+    assert shard["work_queue_name"] == "shards"
+    assert shard["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
     operate = httpx.get(
         f"{api_url}/deployments/{_deployment_id(api_url, 'operate', 'operate')}", timeout=10
     ).json()

@@ -18,6 +18,8 @@
   condition); :mod:`._select` — which nodes are idle;
 * :mod:`._record` — inconclusive rows for failed Jobs, the baseline update; :mod:`._tickets` — the
   ticket step (recorded in the store when no backend is configured);
+* :mod:`._shards` — :func:`plan_shards` cuts a large run's nodes into shards that any Prefect worker runs,
+  :func:`write_shard` / :func:`read_shards` their files, joined into the run's results;
 * :mod:`._rules` — :class:`CertificationRules`; :mod:`._result` — :class:`CertifyOutcome`.
 
 Nothing here imports Prefect.
@@ -77,6 +79,7 @@ from ._settle import (
     settle,
     settled_verdicts,
 )
+from ._shards import ShardParts, plan_shards, read_shards, write_shard
 from ._tickets import TicketStep, pending_runs, ticket_step
 from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave
 
@@ -115,6 +118,7 @@ __all__ = [
     "RunVerdicts",
     "SettledDecision",
     "Settlement",
+    "ShardParts",
     "State",
     "TaintAction",
     "TicketChange",
@@ -150,7 +154,9 @@ __all__ = [
     "payload_key",
     "payload_path",
     "pending_runs",
+    "plan_shards",
     "policy_payload_args",
+    "read_shards",
     "rerun_id",
     "run_wave",
     "settle",
@@ -159,4 +165,5 @@ __all__ = [
     "stack_changed_nodes",
     "ticket_step",
     "update_baselines",
+    "write_shard",
 ]

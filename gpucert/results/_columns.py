@@ -32,6 +32,8 @@ from ._common import (
     _UNKNOWN,
     Bools,
     Floats,
+    _cat_codes,
+    _extremes,
     _Findings,
     _per_category,
     _recode,
@@ -40,6 +42,10 @@ from ._common import (
 from ._relations import _check_relations, _Codes
 
 _NVML_MAX: Final = 95
+#: Rows per block of a check that gathers per-row bounds: small enough to stay in cache.
+_BLOCK: Final = 1 << 16
+#: (level, gpu given, peer given) combinations of :func:`_check_levels`: five levels × 4.
+_LEVEL_COMBOS: Final = 20
 _NODE_RULE: Final = "a node name is a DNS subdomain: lower-case a-z, 0-9, '-' and '.', at most 253 characters"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -74,7 +80,7 @@ def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequenc
     _check_run_ids(out["run_id"], found)
     _check_names(out, found)
     out["value"] = _value_column(frame["value"], out["metric"], levels, found)
-    _check_levels(levels, gpu_given, out["peer"].cat.codes.to_numpy() >= 0, out["metric"], found)
+    _check_levels(levels, gpu_given, _cat_codes(out["peer"]) >= 0, out["metric"], found)
 
     canonical = pd.DataFrame({name: out[name] for name in RESULT_COLUMNS}, copy=False)
     _check_relations(_Codes.of(canonical), found)
@@ -98,8 +104,9 @@ def _empty_canonical() -> pd.DataFrame:
 def _category_column(raw: pd.Series, name: str, found: _Findings) -> pd.Series:
     """A string column as a categorical of non-blank strings; a blank value becomes missing (NaN)."""
     column = _canonical_categories(_as_categorical(raw))
-    if name in _REQUIRED_TEXT:
-        found.each(column.cat.codes.to_numpy() < 0, name, lambda i: f"{name} is empty")
+    codes = _cat_codes(column)
+    if name in _REQUIRED_TEXT and codes.size and codes.min() < 0:
+        found.each(codes < 0, name, lambda i: f"{name} is empty")
     return column
 
 
@@ -141,10 +148,10 @@ def _check_metrics(metric: pd.Series, found: _Findings) -> npt.NDArray[np.int8]:
     """Flag metric names outside the registry; return each row's level code (``_UNKNOWN`` if unknown)."""
     names = [str(c) for c in metric.cat.categories]
     levels = np.array([_level_code(n) for n in names] + [_UNKNOWN], dtype=np.int8)
-    row_levels = levels[metric.cat.codes.to_numpy()]
+    row_levels = levels[_cat_codes(metric)]
     unknown = np.array([n not in METRICS for n in names], dtype=bool)
     if unknown.any():
-        codes = metric.cat.codes.to_numpy()
+        codes = _cat_codes(metric)
         messages = {int(i): _unknown_metric(names[i]) for i in np.flatnonzero(unknown)}
         found.each(_per_category(metric, unknown), "metric", lambda i: messages[int(codes[i])])
     return row_levels
@@ -202,9 +209,25 @@ def _check_names(out: dict[str, pd.Series], found: _Findings) -> None:
     on the few categories, not the rows."""
     for name, (ok, rule) in _NAME_RULES.items():
         column = out[name]
-        bad = np.array([not ok(str(c)) for c in column.cat.categories], dtype=bool)
+        categories = column.cat.categories
+        if name == "gpu_uuid":
+            bad = _bad_uuids(categories)
+        else:
+            bad = np.array([not ok(str(c)) for c in categories.tolist()], dtype=bool)
         if bad.any():
             found.each(_per_category(column, bad), name, _name_problem(column, name, rule))
+
+
+#: The GPU UUID rule of :data:`_NAME_RULES` as one pattern: 1 to 95 characters, each visible ASCII (``!``
+#: to ``~``: printable, no space, no control character).
+_UUID_PATTERN: Final = f"^[!-~]{{1,{_NVML_MAX}}}$"
+
+
+def _bad_uuids(categories: pd.Index) -> Bools:
+    """Which categories break the GPU UUID rule: one regular expression over them all, in Arrow."""
+    text = pa.array(categories, type=pa.large_string(), from_pandas=True)
+    ok = pc.fill_null(pc.match_substring_regex(text, _UUID_PATTERN), False)
+    return ~np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _name_problem(column: pd.Series, name: str, rule: str) -> Callable[[int], str]:
@@ -242,7 +265,7 @@ def _parse_numbers(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
     if isinstance(dtype, pd.CategoricalDtype):
         # Parse the few categories, then gather: a categorical of numbers is parsed once per distinct value.
         parsed = _parse_numbers(pd.Series(dtype.categories), nan_is_missing=nan_is_missing)
-        codes = raw.cat.codes.to_numpy()
+        codes = _cat_codes(raw)
         return _Numbers(
             np.append(parsed.values, np.nan)[codes],
             np.append(parsed.missing, True)[codes],
@@ -324,6 +347,13 @@ def _integer_column(
     Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
     """
     dtype = raw.dtype
+    if dtype == RESULT_DTYPES[name]:
+        # The usual case (Parquet, a generated frame): only a negative value or, for ``repeat``, a missing
+        # one could be wrong, and the minimum tells whether any is; no row-sized copy.
+        given = raw.notna().to_numpy(dtype=bool)
+        lowest, _ = _extremes(raw)
+        if (nullable or given.all()) and (lowest is None or lowest >= 0):
+            return raw, given
     too_large = np.zeros(len(raw), dtype=bool)
     if pd.api.types.is_integer_dtype(dtype) and not isinstance(dtype, pd.CategoricalDtype):
         # The usual case (Parquet, a generated frame): no float round trip, no text.
@@ -363,6 +393,14 @@ def _integer_column(
 def _value_column(
     raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8], found: _Findings
 ) -> pd.Series:
+    if raw.dtype == np.float64:
+        values = raw.to_numpy()
+        lowest, highest = (values.min(), values.max()) if values.size else (0.0, 0.0)
+        if np.isfinite(lowest) and np.isfinite(highest) and lowest >= 0:
+            # The usual case: every value a finite number ≥ 0 (a NaN or an infinity would be an extreme),
+            # so only the physical ranges are left to check.
+            _check_physical(values, None, raw, metric, found)
+            return raw
     parsed = _parse_numbers(raw, nan_is_missing=False)
     values = parsed.values
     found.each(parsed.missing, "value", lambda i: "value is empty")
@@ -392,19 +430,33 @@ def _value_column(
 
 
 def _check_physical(
-    values: Floats, judged: Bools, raw: pd.Series, metric: pd.Series, found: _Findings
+    values: Floats, judged: Bools | None, raw: pd.Series, metric: pd.Series, found: _Findings
 ) -> None:
     """Flag the values no GPU can measure: outside their metric's bounds for any GPU (``ANY_MODEL`` in
-    ``gpucert/data/physical_bounds.csv``). Only ``judged`` rows (a finite value ≥ 0) are looked at: the
-    others have a problem of their own already."""
+    ``gpucert/data/physical_bounds.csv``). Only ``judged`` rows (a finite value ≥ 0; ``None``: all) are
+    looked at: the others have a problem of their own already."""
     names = [str(c) for c in metric.cat.categories]
     low, high = bound_arrays([], names, per_model=False)
     # One row of bounds (any GPU), one column per category, and unbounded for a missing metric (-1).
-    row_low = np.append(low[0], -np.inf)[metric.cat.codes.to_numpy()]
-    row_high = np.append(high[0], np.inf)[metric.cat.codes.to_numpy()]
-    with np.errstate(invalid="ignore"):
-        outside = judged & ((values < row_low) | (values > row_high))
-    if not outside.any():
+    row_low = np.append(low[0], -np.inf)
+    row_high = np.append(high[0], np.inf)
+    codes = _cat_codes(metric)
+    outside: Bools | None = None
+    # Block by block, so the gathered bounds stay small and in cache instead of two arrays of a fleet's
+    # rows each.
+    for start in range(0, len(values), _BLOCK):
+        stop = start + _BLOCK
+        block_codes = codes[start:stop]
+        block_values = values[start:stop]
+        with np.errstate(invalid="ignore"):
+            bad = (block_values < row_low[block_codes]) | (block_values > row_high[block_codes])
+        if judged is not None:
+            bad &= judged[start:stop]
+        if bad.any():
+            if outside is None:
+                outside = np.zeros(len(values), dtype=bool)
+            outside[start:stop] = bad
+    if outside is None:
         return
     bounds = physical_bounds()
 
@@ -455,7 +507,7 @@ def _parse_ts_text(raw: pd.Series) -> tuple[pd.Series, Bools]:
     """Parse ISO 8601 text to UTC; also returns the mask of values that are not timestamps."""
     if isinstance(raw.dtype, pd.CategoricalDtype):
         parsed, garbage = _parse_ts_text(pd.Series(raw.cat.categories, dtype=object))
-        codes = raw.cat.codes.to_numpy()
+        codes = _cat_codes(raw)
         values = np.append(parsed.to_numpy(dtype="datetime64[us]"), np.datetime64("NaT", "us"))[codes]
         ts = pd.Series(values, index=raw.index, copy=False).dt.tz_localize("UTC")
         return ts, np.append(garbage, False)[codes]
@@ -483,15 +535,27 @@ def _check_levels(
     def words(i: int) -> str:
         return f"{_text_at(metric, i)!r} is {_LEVEL_WORDS[int(levels[i])]} metric"
 
-    found.each((levels == _GPU) & ~gpu_given, "gpu", lambda i: f"{words(i)}: gpu must be set")
-    found.each(
-        ((levels == _NODE) | (levels == _PAIR)) & gpu_given, "gpu", lambda i: f"{words(i)}: gpu must be empty"
+    # Each rule is a set of (level, gpu given, peer given) combinations: which combinations occur is one
+    # pass over the rows, and a rule that none of them breaks costs nothing more.
+    combo = levels.astype(np.int8) * 4
+    combo += np.asarray(gpu_given, dtype=bool).view(np.int8) * 2
+    combo += np.asarray(peer_given, dtype=bool).view(np.int8)
+    # Counted block by block: np.bincount widens its input to intp, a copy as long as the rows.
+    present = np.zeros(_LEVEL_COMBOS, dtype=bool)
+    for start in range(0, len(combo), _BLOCK):
+        present |= np.bincount(combo[start : start + _BLOCK], minlength=_LEVEL_COMBOS) > 0
+    combos = np.arange(_LEVEL_COMBOS)
+    level, gpu, peer = combos // 4, combos // 2 % 2 == 1, combos % 2 == 1
+    rules = (
+        ((level == _GPU) & ~gpu, "gpu", lambda i: f"{words(i)}: gpu must be set"),
+        (((level == _NODE) | (level == _PAIR)) & gpu, "gpu", lambda i: f"{words(i)}: gpu must be empty"),
+        ((level == _PAIR) & ~peer, "peer", lambda i: f"{words(i)}: peer must name the other node"),
+        (
+            (level != _PAIR) & (level != _UNKNOWN) & peer,
+            "peer",
+            lambda i: f"{words(i)}: peer is only for pair metrics and must be empty",
+        ),
     )
-    found.each(
-        (levels == _PAIR) & ~peer_given, "peer", lambda i: f"{words(i)}: peer must name the other node"
-    )
-    found.each(
-        (levels != _PAIR) & (levels != _UNKNOWN) & peer_given,
-        "peer",
-        lambda i: f"{words(i)}: peer is only for pair metrics and must be empty",
-    )
+    for broken, column, describe in rules:
+        if (broken & present).any():
+            found.each(broken[combo], column, describe)

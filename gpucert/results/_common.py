@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from .._frames import RESULT_DTYPES
 from .._names import DNS_LABEL
@@ -142,14 +144,32 @@ def _text_at(column: pd.Series, i: int) -> str:
     return str(value)
 
 
+def _extremes(column: pd.Series) -> tuple[Any, Any]:
+    """(smallest, largest) value of a numeric column, missing values aside; (None, None) when there are
+    none. A nullable integer column goes through Arrow: pandas' masked minimum copies the values."""
+    if isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
+        both = pc.min_max(pa.array(column.array))
+        return both["min"].as_py(), both["max"].as_py()
+    values = column.to_numpy()
+    if values.size == 0:
+        return None, None
+    return values.min(), values.max()
+
+
+def _cat_codes(column: pd.Series) -> Codes:
+    """A categorical column's codes as they are stored (``.cat.codes`` would copy them)."""
+    codes: Codes = cast(pd.Categorical, column.array).codes
+    return codes
+
+
 def _per_category(column: pd.Series, flags: Bools, *, missing: bool = False) -> Bools:
     """Spread a per-category flag to rows; ``missing`` is the flag of rows without a value."""
-    return np.append(flags, missing)[column.cat.codes.to_numpy()]
+    return np.append(flags, missing)[_cat_codes(column)]
 
 
 def _recode(column: pd.Series, mapping: Ints, categories: pd.Index) -> pd.Series:
     """Map each old category code through ``mapping`` (-1: missing) onto ``categories``."""
-    codes = column.cat.codes.to_numpy()
+    codes = _cat_codes(column)
     # Appending -1 makes the missing code (-1) map to itself in the same gather; the codes keep their
     # (small) integer type, as there are never more new categories than old ones.
     new_codes = np.append(mapping, -1).astype(codes.dtype)[codes]

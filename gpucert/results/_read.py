@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,9 +21,10 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from .._frames import CATEGORY_COLUMNS
+from .._prefetch import reading_pool, take
 from ..errors import Problem, ResultsError
 from ..metrics import RESULT_COLUMNS
-from ._common import _CAP, _CSV, _JSONL, _PARQUET, Bools, Ints, PathArg, _per_category
+from ._common import _CAP, _CSV, _JSONL, _PARQUET, _STR, Bools, Ints, PathArg, _per_category
 
 # ---------------------------------------------------------------------------------------------------------
 # Reading files
@@ -48,11 +50,12 @@ def _read_file(path: PathArg) -> _Raw:
         if not Path(path).is_file():
             os.stat(path)  # raises the precise OSError (no such file, permission denied)
             raise IsADirectoryError(21, "not a regular file")
-        if suffix in _CSV:
-            return _read_csv(path)
-        if suffix in _PARQUET:
-            return _read_parquet(path)
-        return _read_jsonl(path)
+        with reading_pool():
+            if suffix in _CSV:
+                return _read_csv(path)
+            if suffix in _PARQUET:
+                return _read_parquet(path)
+            return _read_jsonl(path)
     except OSError as exc:
         raise ResultsError(source, [Problem(f"cannot read the file: {exc.strerror or exc}")]) from None
     except (pa.ArrowException, ValueError, UnicodeDecodeError, csv.Error) as exc:
@@ -169,7 +172,14 @@ def _read_parquet(path: PathArg) -> _Raw:
         if c in CATEGORY_COLUMNS
         and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))
     ]
-    table = pq.read_table(path, columns=wanted, read_dictionary=text)
+    ahead = take(path) if not text and len(set(names)) == len(names) else None
+    # The table read ahead (gpucert._prefetch) holds every column the file has; the reader's own read
+    # takes the contract's.
+    table = (
+        ahead.select(wanted)
+        if ahead is not None
+        else pq.read_table(path, columns=wanted, read_dictionary=text)
+    )
     frame = _arrow_to_frame(table)
     return _Raw(
         frame,
@@ -179,37 +189,128 @@ def _read_parquet(path: PathArg) -> _Raw:
 
 
 def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``."""
+    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``.
+
+    A dictionary column of strings (what Parquet, the CSV reader and the JSON-lines path give) becomes a
+    categorical straight from its codes, its categories already sorted and all in use (the canonical
+    form, so no later pass recodes it); anything else goes through Arrow's own conversion.
+    """
     for name in table.column_names:
         if pa.types.is_null(table.schema.field(name).type) and name in _ARROW_TYPES:
             # An all-empty column written without a type (no pair metric, no peer): typing it here spares a
             # column of Python ``None`` objects.
             i = table.schema.get_field_index(name)
             table = table.set_column(i, name, table.column(name).cast(_ARROW_TYPES[name]))
-    gpu = None
-    if "gpu" in table.column_names and pa.types.is_integer(table.schema.field("gpu").type):
-        # Arrow turns an integer column with nulls into float64; build the nullable array directly.
-        column = table.column("gpu")
-        # An unsigned value beyond int64 would wrap to a negative one: such a column stays UInt64 for the
-        # validation to call the value too large, as written.
-        top = pc.max(column).as_py() if pa.types.is_uint64(column.type) else None
-        wide = np.uint64 if top is not None and top > _INT64_MAX else np.int64
-        gpu = pd.arrays.IntegerArray(
-            np.asarray(pc.fill_null(column, 0).to_numpy(), dtype=wide),
-            np.asarray(column.is_null().to_numpy(), dtype=bool),
-        )
-        table = table.drop_columns(["gpu"])
+    names = list(table.column_names)
+    columns: dict[str, object] = {}
+    if "gpu" in names and pa.types.is_integer(table.schema.field("gpu").type):
+        columns["gpu"] = _nullable_integers(table.column("gpu"))
     for name in CATEGORY_COLUMNS:
-        if name in table.column_names:
-            field_type = table.schema.field(name).type
-            if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
-                i = table.schema.get_field_index(name)
-                table = table.set_column(i, name, table.column(name).combine_chunks().dictionary_encode())
+        if name in names:
+            column = table.column(name)
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                column = pa.chunked_array([column.combine_chunks().dictionary_encode()])
+                table = table.set_column(table.schema.get_field_index(name), name, column)
+            if pa.types.is_dictionary(column.type):
+                categorical = _dictionary_categorical(column)
+                if categorical is not None:
+                    columns[name] = categorical
+    rest = table.drop_columns(list(columns))
     # The pandas metadata is ignored on purpose: this module sets every dtype itself, faster.
-    frame: pd.DataFrame = table.to_pandas(ignore_metadata=True, split_blocks=True, self_destruct=True)
-    if gpu is not None:
-        frame["gpu"] = gpu
-    return frame
+    converted = rest.to_pandas(ignore_metadata=True, split_blocks=True, self_destruct=True)
+    index = pd.RangeIndex(table.num_rows)
+    # copy=False throughout: pandas would otherwise copy every array it is given (copy on write).
+    series = {
+        name: converted[name]
+        if name not in columns
+        else pd.Series(columns[name], index=index, name=name, copy=False)
+        for name in names
+    }
+    return pd.DataFrame(series, index=index, copy=False)
+
+
+def _nullable_integers(column: pa.ChunkedArray) -> pd.arrays.IntegerArray:
+    """An integer column as ``Int64`` (Arrow would make a column with nulls float64), chunk by chunk into
+    the final arrays. An unsigned value beyond int64 would wrap to a negative one: such a column stays
+    ``UInt64`` for the validation to call the value too large, as written."""
+    top = pc.max(column).as_py() if pa.types.is_uint64(column.type) else None
+    values = np.empty(len(column), dtype=np.uint64 if top is not None and top > _INT64_MAX else np.int64)
+    missing = np.zeros(len(column), dtype=bool)
+    start = 0
+    for chunk in column.chunks:
+        stop = start + len(chunk)
+        filled = chunk
+        if chunk.null_count:
+            missing[start:stop] = chunk.is_null().to_numpy(zero_copy_only=False)
+            filled = pc.fill_null(chunk, 0)
+        values[start:stop] = filled.to_numpy()
+        start = stop
+    return pd.arrays.IntegerArray(values, missing)
+
+
+def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | None:
+    """A dictionary column of strings as a categorical of the values in use, sorted, from its codes;
+    ``None`` (Arrow's own conversion) for other values or a dictionary that repeats one."""
+    value_type = column.type.value_type
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)) or column.num_chunks == 0:
+        return None
+    first = column.chunk(0).dictionary
+    if not all(c.dictionary is first or c.dictionary.equals(first) for c in column.chunks[1:]):
+        column = column.unify_dictionaries()
+        first = column.chunk(0).dictionary
+    parts: list[npt.NDArray[np.integer[Any]] | None] = []
+    size = len(first)
+    used = np.zeros(size + 1, dtype=bool)  # the extra last slot: missing (-1)
+    for chunk in column.chunks:
+        indices = chunk.indices
+        if indices.null_count == len(indices):
+            parts.append(None)  # all missing (a column of no peers): nothing to look up
+            continue
+        if pa.types.is_unsigned_integer(indices.type):
+            return None
+        if indices.null_count:
+            indices = pc.fill_null(indices, pa.scalar(-1, indices.type))
+        codes = indices.to_numpy()  # a view of Arrow's buffer when there were no nulls
+        if codes.size and (codes.min() < -1 or codes.max() >= size):
+            return None  # an index outside its dictionary: Arrow's conversion says what is wrong
+        used[codes] = True
+        parts.append(codes)
+    used = used[:size] & np.asarray(first.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    kept = np.flatnonzero(used)
+    values = first.take(pa.array(kept, type=pa.int64()))
+    order = np.asarray(pc.array_sort_indices(values).to_numpy(), dtype=np.int64)
+    values = values.take(pa.array(order, type=pa.int64()))
+    if len(values) > 1 and pc.any(pc.equal(values[1:], values[:-1])).as_py():
+        return None
+    categories = pd.Index(values.to_pandas(), dtype=_STR)
+    mapping: npt.NDArray[np.integer[Any]] = np.full(size + 1, -1, dtype=_code_dtype(len(categories)))
+    mapping[kept[order]] = np.arange(len(kept))
+    # One gather per chunk straight into the final codes: no concatenated copy of Arrow's indices.
+    out = np.empty(len(column), dtype=mapping.dtype)
+    start = 0
+    # A dictionary already sorted and all in use (what gpucert writes) needs no lookup, only a narrowing.
+    identity = bool(np.array_equal(mapping[:size], np.arange(size)))
+    for chunk, codes in zip(column.chunks, parts, strict=True):
+        stop = start + len(chunk)
+        if codes is None:
+            out[start:stop] = -1
+        elif identity:
+            out[start:stop] = codes
+        else:
+            np.take(mapping, codes, out=out[start:stop])
+        start = stop
+    return pd.Categorical.from_codes(
+        out, dtype=pd.CategoricalDtype(categories, ordered=False), validate=False
+    )
+
+
+def _code_dtype(categories: int) -> type[np.signedinteger[Any]]:
+    """The code dtype pandas gives a categorical of this many categories (so it keeps the codes as they
+    are)."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
 
 
 def _read_jsonl(path: PathArg) -> _Raw:

@@ -12,7 +12,20 @@ import pandas as pd
 
 from .._frames import CATEGORY_COLUMNS
 from ..metrics import EVENT_METRICS, RESULT_COLUMNS
-from ._common import _LISTED, _STR, Bools, Codes, Ints, _Findings, _per_category, _recode, _Rows, _text_at
+from ._common import (
+    _LISTED,
+    _STR,
+    Bools,
+    Codes,
+    Ints,
+    _cat_codes,
+    _extremes,
+    _Findings,
+    _per_category,
+    _recode,
+    _Rows,
+    _text_at,
+)
 
 # Across rows --------------------------------------------------------------------------------------------
 
@@ -25,7 +38,7 @@ class _Codes:
     frame: pd.DataFrame
     run: Codes
     node: Codes
-    gpu: Ints
+    gpu: Codes
     uuid: Codes
     model: Codes
     metric: Codes
@@ -37,7 +50,7 @@ class _Codes:
     @classmethod
     def of(cls, frame: pd.DataFrame) -> _Codes:
         def codes(name: str) -> Codes:
-            return frame[name].cat.codes.to_numpy()
+            return _cat_codes(frame[name])
 
         metric = frame["metric"]
         is_event = np.array([str(c) in EVENT_METRICS for c in metric.cat.categories], dtype=bool)
@@ -45,7 +58,7 @@ class _Codes:
             frame=frame,
             run=codes("run_id"),
             node=codes("node"),
-            gpu=frame["gpu"].to_numpy(dtype=np.int64, na_value=-1),
+            gpu=_gpu_indices(frame["gpu"]),
             uuid=codes("gpu_uuid"),
             model=codes("gpu_model"),
             metric=codes("metric"),
@@ -91,6 +104,17 @@ class _Codes:
         return f" in run {self.text('run_id', i)!r}" if several else ""
 
 
+def _gpu_indices(column: pd.Series) -> Codes:
+    """The GPU indices, -1 where empty, in the narrowest integer type that holds them (a fleet's rows are
+    millions: a quarter of the memory of int64 to touch)."""
+    _, top = _extremes(column)
+    high = -1 if top is None else int(top)
+    for dtype in (np.int8, np.int16, np.int32):
+        if high < np.iinfo(dtype).max:
+            return column.to_numpy(dtype=dtype, na_value=-1)
+    return column.to_numpy(dtype=np.int64, na_value=-1)
+
+
 def _check_relations(codes: _Codes, found: _Findings) -> None:
     """Duplicated samples and conflicting identities, among the rows without a problem of their own."""
     rows = codes.take(~found.bad)
@@ -106,7 +130,7 @@ def _check_duplicates(codes: _Codes, rows: _Codes, found: _Findings) -> None:
     key, span = _group_ids(
         [(rows.run, 0), (rows.node, 0), (rows.gpu, 1), (rows.metric, 0), (rows.repeat, 0), (rows.peer, 1)]
     )
-    repeated = _repeated(key, span)
+    repeated = _repeated(key, span, rows.event)
     if repeated is not None:
         repeated &= ~rows.event
 
@@ -127,10 +151,11 @@ def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
 
     Rows without a GPU index or without a UUID (node-level rows) say nothing about the first two.
     """
-    has_gpu = (rows.gpu >= 0) & (rows.uuid >= 0)
-    gpu_key, gpu_span = _group_ids([(rows.run, 0), (rows.node, 0), (rows.gpu, 1)])
-    uuid_key, uuid_span = _group_ids([(rows.run, 0), (rows.uuid, 1)])
-    node_key, node_span = _group_ids([(rows.run, 0), (rows.node, 0)])
+    stretches = _stretches(rows)
+    if stretches is not None and all(c is None for c in _identity_conflicts(stretches)):
+        return  # the usual case, known from a fraction of the rows
+    gpu_key, uuid_key, node_key = _identity_keys(rows)
+    uuid_conflicts, gpu_conflicts, model_conflicts = _identity_conflicts(rows, (gpu_key, uuid_key, node_key))
 
     def quoted(name: str) -> Callable[[int], str]:
         return lambda i: repr(codes.text(name, i))
@@ -150,24 +175,66 @@ def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
         listed = _values_with_rows(members, values, quoted("gpu_model"), found.rows)
         return f"node {codes.text('node', i)!r}{codes.in_run(i)} has several gpu_model values: {listed}"
 
-    uuid_conflicts = _conflicting(gpu_key, rows.uuid, gpu_span, has_gpu)
     _report(
-        found, rows, uuid_conflicts, keys=gpu_key, column="gpu_uuid", describe=several_uuids, values=rows.uuid
-    )
-    gpu_conflicts = _conflicting(uuid_key, gpu_key, uuid_span, has_gpu)
+        found, rows, uuid_conflicts, keys=gpu_key[0], column="gpu_uuid", describe=several_uuids,
+        values=rows.uuid,
+    )  # fmt: skip
     _report(
-        found, rows, gpu_conflicts, keys=uuid_key, column="gpu_uuid", describe=several_gpus, values=gpu_key
-    )
-    model_conflicts = _conflicting(node_key, rows.model, node_span)
+        found, rows, gpu_conflicts, keys=uuid_key[0], column="gpu_uuid", describe=several_gpus,
+        values=gpu_key[0],
+    )  # fmt: skip
     _report(
         found,
         rows,
         model_conflicts,
-        keys=node_key,
+        keys=node_key[0],
         column="gpu_model",
         describe=several_models,
         values=rows.model,
     )
+
+
+_Keyed = tuple[Codes, int]
+
+
+def _identity_keys(rows: _Codes) -> tuple[_Keyed, _Keyed, _Keyed]:
+    """Group ids (and spans) of a GPU (run, node, index), a UUID (run, uuid) and a node (run, node)."""
+    return (
+        _group_ids([(rows.run, 0), (rows.node, 0), (rows.gpu, 1)]),
+        _group_ids([(rows.run, 0), (rows.uuid, 1)]),
+        _group_ids([(rows.run, 0), (rows.node, 0)]),
+    )
+
+
+def _identity_conflicts(
+    rows: _Codes, keys: tuple[_Keyed, _Keyed, _Keyed] | None = None
+) -> tuple[Bools | None, Bools | None, Bools | None]:
+    """The rows of GPUs with several UUIDs, of UUIDs on several GPUs, of nodes with several models."""
+    (gpu_key, gpu_span), (uuid_key, uuid_span), (node_key, node_span) = keys or _identity_keys(rows)
+    has_gpu = (rows.gpu >= 0) & (rows.uuid >= 0)
+    return (
+        _conflicting(gpu_key, rows.uuid, gpu_span, has_gpu),
+        _conflicting(uuid_key, gpu_key, uuid_span, has_gpu),
+        _conflicting(node_key, rows.model, node_span),
+    )
+
+
+def _stretches(rows: _Codes) -> _Codes | None:
+    """One row per stretch of consecutive rows alike in every column the identity checks read, or
+    ``None`` when that would not spare much. A file lists a GPU's samples together, so a fleet's millions
+    of rows are a few hundred thousand stretches; the checks find a conflict among these exactly when
+    there is one among all rows (the rows of a stretch agree in everything they compare)."""
+    n = rows.run.size
+    if n < 1024:
+        return None
+    change = np.empty(n, dtype=bool)
+    change[0] = True
+    np.not_equal(rows.run[1:], rows.run[:-1], out=change[1:])
+    for part in (rows.node, rows.gpu, rows.uuid, rows.model):
+        change[1:] |= part[1:] != part[:-1]
+    if np.count_nonzero(change) > n // 4:
+        return None
+    return rows.take(change)
 
 
 def _report(
@@ -201,41 +268,52 @@ def _values_with_rows(members: Ints, values: Codes | None, words: Callable[[int]
 def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Codes, int]:
     """One id per row naming its combination of ``parts`` (each an array and an offset making it ≥ 0).
 
-    Mixed radix, so no hashing, and in int32 when the ids fit (less memory to touch). Ids stay below the
-    returned span, which is kept small enough (by factorizing, if ever needed) for the checks to index a
-    table by id.
+    Mixed radix, in int32 when the ids fit (less memory to touch). Ids stay below the returned span, which
+    is kept small enough for the checks to index a table by id: the digits are taken smallest first, and
+    before one would take the span past that size the combinations in use so far are renumbered densely
+    (a table lookup), so a sparse key (nodes × GPUs × metrics × repeats) needs no hash. A digit still too
+    wide is appended by hashing only the rows where it is not 0 (a peer, which most rows lack).
     """
     n = parts[0][0].size
     digits = [(part, offset, int(part.max(initial=-offset)) + offset + 1) for part, offset in parts]
     # A part with one value only (a single run, no peers) tells no rows apart.
-    digits = [d for d in digits if d[2] > 1]
-    span = int(np.prod([radix for _, _, radix in digits], dtype=object))
-    if span > _dense_limit(n):
-        return _hashed_group_ids(digits, n)
-    key: Codes = np.zeros(n, dtype=np.int32) if span < 2**31 else np.zeros(n, dtype=np.int64)
+    digits = sorted((d for d in digits if d[2] > 1), key=lambda d: d[2])
+    limit = _dense_limit(n)
+    small = limit + len(digits) * n < 2**31  # every span met below stays under limit + n per digit
+    key: Codes = np.zeros(n, dtype=np.int32 if small else np.int64)
+    span = 1
     for part, offset, radix in digits:
+        if span * radix > limit and span > 1:
+            key, span = _renumber(key, span)
+        if span * radix > limit:
+            key, span = _sparse_digit(key, span, part, offset, radix)
+            continue
         key *= radix
         np.add(key, part, out=key, casting="unsafe")  # bounded by the radix, so never truncated
         if offset:
             key += offset
+        span *= radix
     return key, span
 
 
-def _hashed_group_ids(digits: Sequence[tuple[Codes, int, int]], n: int) -> tuple[Codes, int]:
-    """Dense ids for a key too wide for a table: mixed radix in int64, factorized as it would overflow."""
-    key = np.zeros(n, dtype=np.int64)
-    span = 1
-    for part, offset, radix in digits:
-        if span * radix >= 2**62:
-            codes, uniques = pd.factorize(key)
-            key, span = codes.astype(np.int64), len(uniques)
-        key *= radix
-        key += part
-        if offset:
-            key += offset
-        span *= radix
-    codes, uniques = pd.factorize(key)
-    return codes.astype(np.int64), len(uniques)
+def _renumber(key: Codes, span: int) -> tuple[Codes, int]:
+    """The ids in use (all below ``span``) renumbered 0, 1, … in their order: a lookup, no hash."""
+    used = np.zeros(span, dtype=bool)
+    used[key] = True
+    ids = np.cumsum(used, dtype=key.dtype)
+    ids -= 1
+    return ids[key], int(ids[-1]) + 1
+
+
+def _sparse_digit(key: Codes, span: int, part: Codes, offset: int, radix: int) -> tuple[Codes, int]:
+    """``key`` with one more digit too wide for a table: a row whose digit is 0 keeps its id, the others
+    get new ids from ``span`` on, from a hash of those rows alone."""
+    digit = part.astype(np.int64) + offset
+    rows = np.flatnonzero(digit)
+    codes, uniques = pd.factorize(key[rows].astype(np.int64) * radix + digit[rows])
+    out = key.copy()
+    out[rows] = codes + span
+    return out, span + len(uniques)
 
 
 def _dense_limit(n: int) -> int:
@@ -244,13 +322,22 @@ def _dense_limit(n: int) -> int:
     return 4 * n + (1 << 22)
 
 
-def _repeated(key: Codes, span: int) -> Bools | None:
-    """Rows whose key occurs more than once; ``None`` when none does.
+def _repeated(key: Codes, span: int, events: Bools | None = None) -> Bools | None:
+    """Rows whose key occurs more than once; ``None`` when none does, or when only keys of ``events``
+    (whose rows may repeat; a key holds only events or none) do.
 
     No sort, no hash: every row writes its position to its key's slot and one write per key survives, so
     a key is repeated exactly when some row finds another row's position in its slot.
     """
     n = key.size
+    seen = np.zeros(span, dtype=bool)
+    seen[key] = True
+    distinct = np.count_nonzero(seen)
+    del seen
+    # The usual case, in one pass: as many keys in use as rows, events aside.
+    event_rows = np.flatnonzero(events) if events is not None else np.zeros(0, dtype=np.intp)
+    if distinct - len(np.unique(key[event_rows])) == n - len(event_rows):
+        return None
     slot = np.empty(span, dtype=np.int32 if n < 2**31 else np.int64)
     position = np.arange(n, dtype=slot.dtype)
     slot[key] = position
@@ -298,7 +385,7 @@ def _tidy_categories(frame: pd.DataFrame) -> pd.DataFrame:
         column = frame[name]
         categories = column.cat.categories
         seen = np.zeros(len(categories) + 1, dtype=bool)
-        seen[column.cat.codes.to_numpy()] = True  # a missing value (-1) marks the extra last slot
+        seen[_cat_codes(column)] = True  # a missing value (-1) marks the extra last slot
         used = seen[:-1]
         if used.all() and categories.is_monotonic_increasing:
             continue

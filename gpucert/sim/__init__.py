@@ -14,6 +14,10 @@ plugin's effect, so Jobs run and benchmark pods log what gpucert's payload would
         sim.inject({"nodes": [{"event": "not_ready", "node": "gpu-node-00004"}]})
         requests.get(f"{sim.url}/dcgm/gpu-node-00003/metrics")   # DCGM exporter text, fault included
 
+Pods annotated ``sim.gpucert.io/training: "true"`` run a simulated training job (``_training.py``): step
+times in their logs, busy GPUs with pod labels in the exporters, faults from the ``training:`` section of a
+fault document, and the job's history for a Prometheus backfill (:meth:`SimCluster.training_history`).
+
 It never imports Prefect. Why an own server and not kmock: README.md, "Architecture notes".
 """
 
@@ -35,6 +39,18 @@ from ._nodes import gpu_node
 from ._resources import RESOURCES, ResourceType, by_kind, lookup
 from ._server import STACK_NAMESPACE, SimCluster, kubeconfig_text, serve
 from ._store import Store
+from ._training import (
+    INFINIBAND_PATH,
+    STEP_SECONDS_ANNOTATION,
+    TRAINING_ANNOTATION,
+    TRAINING_FAULT_KINDS,
+    TRAINING_METRICS_PATH,
+    TRAINING_SECONDS_ANNOTATION,
+    TRAINING_START_ANNOTATION,
+    TrainingFault,
+    TrainingModel,
+    parse_training_fault,
+)
 
 __all__ = [
     "DCGM_PATH",
@@ -43,13 +59,20 @@ __all__ = [
     "EXPORTER_LABELS",
     "HOST_LABELS",
     "IMAGE_PULL_ERROR_ANNOTATION",
+    "INFINIBAND_PATH",
     "INJECT_PATH",
     "MANAGED_BY",
     "METRICS_PATH_ANNOTATION",
     "RESOURCES",
     "RUN_SECONDS_ANNOTATION",
     "STACK_NAMESPACE",
+    "STEP_SECONDS_ANNOTATION",
     "TERMINATED_REASON_ANNOTATION",
+    "TRAINING_ANNOTATION",
+    "TRAINING_FAULT_KINDS",
+    "TRAINING_METRICS_PATH",
+    "TRAINING_SECONDS_ANNOTATION",
+    "TRAINING_START_ANNOTATION",
     "UNPULLABLE_IMAGE",
     "ApiFaults",
     "FaultPlan",
@@ -58,12 +81,15 @@ __all__ = [
     "SimCluster",
     "SimTiming",
     "Store",
+    "TrainingFault",
+    "TrainingModel",
     "by_kind",
     "gpu_node",
     "kubeconfig_text",
     "load_fault_plan",
     "lookup",
     "parse_fault_plan",
+    "parse_training_fault",
     "rows_jsonl",
     "serve",
 ]

@@ -16,7 +16,10 @@ What: Prometheus text exposition 0.0.4 as dcgm-exporter writes it: per metric a 
 before; configurable) and ``DCGM_FI_DRIVER_VERSION``. Names are DCGM's exactly (no ``_total`` is added
 to counters: REFERENCE §6.2); help texts are those of ``etc/default-counters.csv`` where it has the
 field. Integers print as integers, doubles with six decimals, as the exporter does. A GPU that fell off
-the bus has no series at all.
+the bus has no series at all. A GPU a training pod holds (``_training.py``) also carries ``pod``,
+``namespace`` and ``container`` (the exporter's Kubernetes mode), and its clock, clock-event reasons, power,
+temperature, utilisation, engine activity, NVLink and PCIe byte counters and thermal violation time are the
+training model's at that instant; any other GPU shows no activity (utilisation 0, no NVLink/PCIe bytes).
 
 Values, per GPU, from two fleet-model waves on the node with a seed fixed per cluster and node: one
 healthy, one with the node's injected faults (so a fault's drawn parameters stay put between scrapes;
@@ -41,10 +44,10 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from aiohttp import web
@@ -53,6 +56,9 @@ from ..fleet import GPU_TELEMETRY_METRICS, Fault, Fleet
 from ._gpufaults import GpuFaults
 from ._objects import NODES, node_ready
 from ._store import Store
+
+if TYPE_CHECKING:
+    from ._training import GpuNow
 
 __all__ = ["DCGM_PATH", "DRIVER_VERSION", "HOST_LABELS", "DcgmExporters"]
 
@@ -83,6 +89,11 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_SLOWDOWN_TEMP", "gauge", "Slowdown temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all lanes."),
+    ("DCGM_FI_DEV_PCIE_TX_BYTES", "counter", "Total number of bytes transmitted through PCIe TX."),
+    ("DCGM_FI_DEV_PCIE_RX_BYTES", "counter", "Total number of bytes received through PCIe RX."),
     ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W)."),
     ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Effective power limit that the driver enforces (in W)."),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
@@ -158,6 +169,8 @@ class DcgmExporters:
         self._cache: dict[tuple[int, str, tuple[Fault, ...]], tuple[dict[int, dict[str, float]],
                                                                     dict[int, tuple[int, ...]]]] = {}
         self._ts = datetime.now(UTC)
+        #: GPUs a training pod holds (``_training.py``): node → GPU index → pod labels and busy values.
+        self.training: Callable[[str], Mapping[int, GpuNow]] | None = None
 
     # --- HTTP ---------------------------------------------------------------------------------------
 
@@ -179,12 +192,17 @@ class DcgmExporters:
         now = self._clock()
         model = fleet.model.name
         samples: dict[str, list[tuple[str, float | int]]] = {name: [] for name, _, _ in METRICS}
+        held = self.training(node) if self.training is not None else {}
         for gpu in gpus:
             labels = (f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{_bus_id(gpu.index)}",'
                       f'device="nvidia{gpu.index}",modelName="{model}",{self.host_label}="{node}",'
                       f'DCGM_FI_DRIVER_VERSION="{DRIVER_VERSION}"')
+            training = held.get(gpu.index)
+            if training is not None:  # dcgm-exporter's Kubernetes mode: the pod holding the GPU
+                labels += training.labels
             for name, extra, value in self._series(gpu, model, now):
-                samples[name].append((labels + extra, value))
+                busy = training is not None and not extra and name in training.values
+                samples[name].append((labels + extra, training.values[name] if busy and training else value))
         lines: list[str] = []
         for name, kind, help_text in METRICS:
             if not samples[name]:
@@ -229,6 +247,12 @@ class DcgmExporters:
             ("DCGM_FI_DEV_GPU_TEMP", "", temp),
             ("DCGM_FI_DEV_SLOWDOWN_TEMP", "", int(f["temp_slowdown_c"])),
             ("DCGM_FI_DEV_POWER_USAGE", "", power),
+            # Activity and traffic: a GPU no training pod holds idles (``_training.py`` gives the busy ones).
+            ("DCGM_FI_DEV_GPU_UTIL", "", 0),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "", 0.0),
+            ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "", 0),
+            ("DCGM_FI_DEV_PCIE_TX_BYTES", "", 0),
+            ("DCGM_FI_DEV_PCIE_RX_BYTES", "", 0),
             ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "", int(limit)),
             ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "", int(limit)),
             ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "", now_bits),
@@ -264,6 +288,12 @@ class DcgmExporters:
         return out
 
     # --- the model ----------------------------------------------------------------------------------
+
+    def readings(self, node: str) -> list[_Gpu]:
+        """The fleet model's readings of ``node``'s GPUs (healthy and with its faults); none off the bus, none
+        for a node the fleet does not have."""
+        fleet = self._fleet()
+        return self._gpus(fleet, node) if node in fleet.node_index else []
 
     def _gpus(self, fleet: Fleet, node: str) -> list[_Gpu]:
         with_since = self._faults.on_node_since(node)

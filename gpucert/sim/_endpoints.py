@@ -82,9 +82,21 @@ class DcgmEndpoints:
                 return ()
             return tuple(self._services)
         if event.resource == PODS.key:
+            # Only a Service whose selector takes (or took) the pod lists it; a selector-less one lists
+            # nodes. Every benchmark pod's event must not rebuild Endpoints of 10,000 addresses.
             namespace = event.obj["metadata"].get("namespace") or ""
-            return tuple(k for k in self._services if k[0] == namespace)
+            return tuple(k for k in self._services if k[0] == namespace and self._selects(k, event))
         return ()
+
+    def _selects(self, key: Key, event: WatchEvent) -> bool:
+        service = self.store.get(SERVICES, key[0], key[1])
+        selector = ((service or {}).get("spec") or {}).get("selector") or {}
+        if not selector:
+            return False
+        return any(
+            all((((pod.get("metadata") or {}).get("labels")) or {}).get(k) == v for k, v in selector.items())
+            for pod in (event.obj, event.old) if pod is not None
+        )
 
     def reconcile(self, key: Key) -> None:
         service = self.store.get(SERVICES, key[0], key[1])

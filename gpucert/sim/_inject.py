@@ -20,6 +20,12 @@ names where it came from and which entry is wrong (``--faults f.yaml: gpu[1]: â€
       - {event: delete, node: gpu-node-00005}
       - {event: join, count: 2}                          # with the gpucert.io/uncertified taint
       - {event: join, count: 1, uncertified_taint: false}
+    training:                 # faults of training jobs (``_training.py``), minutes from the job's start
+      - {kind: gpu_throttle, job: team-a/llm, node: gpu-node-00003, gpu: 2, from_minute: 30,
+         params: {clock_frac: 0.5}}
+      - {kind: nic_half_rate, job: team-a/llm, node: gpu-node-00005, from_minute: 90, params: {flapping: true}}
+      - {kind: evict, job: team-a/llm, node: gpu-node-00007, at_minute: 120, params: {gap_minutes: 5}}
+      - {kind: slow_input, job: team-a/llm, from_minute: 200, until_minute: 260, params: {factor: 1.6}}
 
 Node events do what the control plane shows when it happens for real. ``not_ready``: the Node's Ready
 condition turns False with reason ``KubeletNotReady`` and the node lifecycle controller's
@@ -32,8 +38,8 @@ with ``<label prefix>/uncertified:NoSchedule`` unless ``uncertified_taint: false
 as a string); the DaemonSets follow on their own. Nodes are applied before GPU faults, but GPU faults
 are checked against the fleet as it was: fault a joining node in a second document.
 
-``DELETE /gpucert/inject`` lifts every GPU fault, brings NotReady nodes back and turns API faults off;
-``DELETE /gpucert/inject?node=N`` lifts the GPU faults of node N and brings it back if NotReady.
+``DELETE /gpucert/inject`` lifts every GPU and training fault, brings NotReady nodes back and turns API faults
+off; ``DELETE /gpucert/inject?node=N`` lifts the GPU and training faults of node N and brings it back if NotReady.
 ``GET /gpucert/inject`` shows what is in force.
 """
 
@@ -55,6 +61,7 @@ from ..fleet import FAULTS, Fault
 from ._faults import ApiFaults
 from ._objects import NODES, PODS, set_condition
 from ._store import now_rfc3339
+from ._training import TrainingFault, parse_training_fault
 
 if TYPE_CHECKING:
     from ._server import SimCluster
@@ -62,7 +69,7 @@ if TYPE_CHECKING:
 __all__ = ["INJECT_PATH", "FaultPlan", "NodeEvent", "load_fault_plan", "parse_fault_plan"]
 
 INJECT_PATH = "/gpucert/inject"
-_SECTIONS = ("api", "gpu", "nodes")
+_SECTIONS = ("api", "gpu", "nodes", "training")
 _EVENTS = ("not_ready", "ready", "delete", "join")
 _NOT_READY_TAINTS = ("NoSchedule", "NoExecute")
 _NOT_READY_KEY = "node.kubernetes.io/not-ready"
@@ -86,6 +93,7 @@ class FaultPlan:
     api: ApiFaults | None = None
     gpu: tuple[Fault, ...] = ()
     nodes: tuple[NodeEvent, ...] = field(default_factory=tuple)
+    training: tuple[TrainingFault, ...] = ()
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -165,7 +173,9 @@ def parse_fault_plan(data: Any, source: str) -> FaultPlan:
             raise InputError(f"{source}: api: {exc}") from exc
     gpu = tuple(_gpu_fault(e, f"{source}: gpu[{i}]") for i, e in enumerate(_entries(doc, "gpu", source)))
     nodes = tuple(_node_event(e, f"{source}: nodes[{i}]") for i, e in enumerate(_entries(doc, "nodes", source)))
-    return FaultPlan(api, gpu, nodes)
+    training = tuple(parse_training_fault(e, f"{source}: training[{i}]")
+                     for i, e in enumerate(_entries(doc, "training", source)))
+    return FaultPlan(api, gpu, nodes, training)
 
 
 def decode(raw: bytes | str, source: str) -> Any:
@@ -215,12 +225,17 @@ def check_plan(sim: SimCluster, plan: FaultPlan, source: str) -> None:
             raise InputError(f"{source}: nodes[{i}]: no node {event.node!r} in the cluster")
         if event.event == "delete":
             deleted.add(event.node)
+    for i, training in enumerate(plan.training):
+        try:
+            sim.training.check(training)
+        except InputError as exc:
+            raise InputError(f"{source}: training[{i}]: {exc}") from exc
 
 
 def apply_plan(sim: SimCluster, plan: FaultPlan, source: str) -> dict[str, Any]:
     """Check, then apply ``plan``: API faults, node events in order, then GPU faults. Returns a summary."""
     check_plan(sim, plan, source)
-    summary: dict[str, Any] = {"api": None, "gpu": [], "nodes": []}
+    summary: dict[str, Any] = {"api": None, "gpu": [], "nodes": [], "training": []}
     if plan.api is not None:
         sim.set_faults(plan.api)
         summary["api"] = plan.api.to_mapping()
@@ -240,6 +255,9 @@ def apply_plan(sim: SimCluster, plan: FaultPlan, source: str) -> dict[str, Any]:
     for fault in plan.gpu:
         sim.inject_fault(fault)
         summary["gpu"].append(fault_mapping(fault))
+    for training in plan.training:
+        sim.training.inject(training)
+        summary["training"].append(training.to_mapping())
     return summary
 
 
@@ -300,17 +318,19 @@ def not_ready_nodes(sim: SimCluster) -> list[str]:
 def clear(sim: SimCluster, node: str | None) -> dict[str, Any]:
     """Lift GPU faults and NotReady (of ``node``, or everywhere plus the API faults); returns a summary."""
     lifted = sim.clear_faults(node)
+    lifted_training = sim.training.clear(node)
     back = [n for n in not_ready_nodes(sim) if node is None or n == node]
     for name in back:
         set_node_ready(sim, name, True)
     if node is None:
         sim.set_faults(None)
-    return {"cleared_gpu_faults": lifted, "ready_again": back, "api_faults_off": node is None}
+    return {"cleared_gpu_faults": lifted, "cleared_training_faults": lifted_training, "ready_again": back,
+            "api_faults_off": node is None}
 
 
 def state(sim: SimCluster) -> dict[str, Any]:
     return {"api": sim.faults.policy.to_mapping(), "gpu": [fault_mapping(f) for f in sim.gpu_faults.all()],
-            "not_ready": not_ready_nodes(sim)}
+            "not_ready": not_ready_nodes(sim), "training": [f.to_mapping() for f in sim.training.faults()]}
 
 
 # --- HTTP -------------------------------------------------------------------------------------------
@@ -437,7 +457,7 @@ def inject_command(
     which applies all of it or nothing. ``--clear``/``--clear-node`` lift faults first.
     """
     url = server_url(kubeconfig) + INJECT_PATH
-    doc: dict[str, Any] = {"gpu": [], "nodes": []}
+    doc: dict[str, Any] = {"gpu": [], "nodes": [], "training": []}
     for path in files:
         source = f"gpucert sim inject {path}"
         try:
@@ -452,6 +472,7 @@ def inject_command(
             doc["api"] = plan.api.to_mapping()
         doc["gpu"] += [fault_mapping(f) for f in plan.gpu]
         doc["nodes"] += [event_mapping(e) for e in plan.nodes]
+        doc["training"] += [f.to_mapping() for f in plan.training]
     doc["gpu"] += [gpu_option(tokens) for tokens in gpu]
     doc["nodes"] += [{"event": "not_ready", "node": n} for n in not_ready]
     doc["nodes"] += [{"event": "ready", "node": n} for n in ready]
@@ -465,7 +486,7 @@ def inject_command(
         if code != 200:
             raise InputError(f"gpucert sim inject: the simulator refused to clear: {_message(body)}")
         print(f"cleared: {orjson.dumps(body).decode()}")
-    if not doc["gpu"] and not doc["nodes"] and "api" not in doc:
+    if not doc["gpu"] and not doc["nodes"] and not doc["training"] and "api" not in doc:
         if clear or clear_node:
             return 0
         raise InputError("gpucert sim inject: nothing to inject; give a FILE, --gpu, --not-ready, --ready, "

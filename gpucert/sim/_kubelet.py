@@ -26,6 +26,11 @@ its GPUs held, with ``Initialized=True``, ``Ready=False`` and the container ``wa
 (no back-off cycle between ``ErrImagePull`` and ``ImagePullBackOff``), until it is deleted — as by the
 Job's deadline.
 
+A training pod (annotated ``sim.gpucert.io/training``) is run by the training model (``_training.py``):
+its status says it started when its job began (compressed time), its log gains the job's steps as they
+happen, and it ends when its job's time is up (``restartPolicy`` Never or OnFailure; Always trains until
+deleted) or when the model evicts it.
+
 Times are measured on the loop's monotonic clock, remembered per pod uid (a pod seeded already Running
 counts from when the kubelet first sees it); the timestamps written are wall-clock RFC 3339.
 """
@@ -35,7 +40,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._benchlogs import PodLogs
 from ._controllers import Runtime, SimTiming
@@ -51,7 +56,11 @@ from ._objects import (
     set_condition,
     terminal,
 )
+from ._resources import by_kind
 from ._store import Obj, WatchEvent, now_rfc3339
+
+if TYPE_CHECKING:
+    from ._training import TrainingModel
 
 __all__ = [
     "EXIT_CODE_ANNOTATION",
@@ -127,11 +136,13 @@ def _image_id(image: str) -> str:
 class Kubelets:
     """The kubelet of every node; see the module docstring."""
 
-    def __init__(self, runtime: Runtime, timing: SimTiming, logs: PodLogs) -> None:
+    def __init__(self, runtime: Runtime, timing: SimTiming, logs: PodLogs,
+                 training: TrainingModel | None = None) -> None:
         self.rt = runtime
         self.store = runtime.store
         self.timing = timing
         self.logs = logs
+        self.training = training
         self._bound: dict[str, float] = {}    # pod uid → when first seen bound (monotonic)
         self._started: dict[str, tuple[float, datetime]] = {}  # pod uid → container start (mono, wall)
         self._next_ip: dict[str, int] = {}
@@ -151,6 +162,8 @@ class Kubelets:
             uid = event.obj["metadata"].get("uid", "")
             self._bound.pop(uid, None)
             self._started.pop(uid, None)
+            if self.training is not None:
+                self.training.forget(uid)
             return ()
         return (key_of(event.obj),) if (event.obj.get("spec") or {}).get("nodeName") else ()
 
@@ -178,6 +191,14 @@ class Kubelets:
             pod = self._start(pod, node)
         started, started_wall = self._started.setdefault(uid, (now, datetime.now(UTC)))
         ready_at = started + self.timing.pod_ready_s
+        if self.training is not None and self.training.is_training(pod):
+            if not pod_ready(pod) and now >= ready_at:
+                self._set_ready(pod)
+                pod = self.store.get(PODS, key[0], key[1]) or pod
+            elif not pod_ready(pod):
+                self.rt.after(ready_at - now, self, key)
+            self._train(pod, node, key)
+            return
         ends = (pod.get("spec") or {}).get("restartPolicy", "Always") != "Always"
         run_s = _annotation_number(notes, RUN_SECONDS_ANNOTATION)
         end_at = started + (self.timing.pod_run_s if run_s is None else max(0.0, run_s))
@@ -193,6 +214,21 @@ class Kubelets:
             self.rt.after(end_at - now, self, key)
 
     # --- transitions --------------------------------------------------------------------------------
+
+    def _train(self, pod: Obj, node: str, key: Key) -> None:
+        """What the training model says of ``pod`` now: its log, status and Events, and when to look again."""
+        assert self.training is not None
+        tick = self.training.tick(pod, node)
+        if tick.log is not None and tick.log != self.store.get_log(key[0], key[1], None):
+            self.store.set_log(key[0], key[1], tick.log)  # the log first: a terminal phase finds it whole
+        for event in tick.events:
+            resource = by_kind(str(event["apiVersion"]), str(event["kind"]))
+            if resource is not None:
+                self.store.create(resource, event)
+        if tick.status is not None:
+            self.store.update(PODS, {**pod, "status": tick.status})
+        if tick.wake_s is not None:
+            self.rt.after(tick.wake_s, self, key)
 
     def _start(self, pod: Obj, node_name: str) -> Obj:
         node = self.store.get(NODES, None, node_name) or {}

@@ -13,6 +13,9 @@ on it (:meth:`SimCluster.inject_fault`), which its benchmark pods measure and it
 (``GET /dcgm/<node>/metrics``, ``_dcgm.py``; found through the exporter Service's Endpoints,
 ``_endpoints.py``). Faults of every sort come in one document shape (``_inject.py``): from
 ``--faults FILE`` at start, ``POST /gpucert/inject`` or :meth:`SimCluster.inject` at run time.
+Training jobs (pods annotated ``sim.gpucert.io/training``) follow the training model (``_training.py``,
+:attr:`SimCluster.training`), which also serves each job's metrics and every node's infiniband counters, and
+gives a job's history for a Prometheus backfill (:meth:`SimCluster.training_history`).
 
 With ``preconfigured`` the cluster starts as if configure had run: GPUs advertised, and in the stack's
 namespace (:data:`STACK_NAMESPACE`) the stack's DaemonSets (``_stack.py``) and a selector-less
@@ -30,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -69,6 +73,8 @@ from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
 from ._stack import preconfigured_stack
 from ._store import DEFAULT_HISTORY, Obj, Store
+from ._training import TrainingModel
+from ._training import routes as training_routes
 from ._verbs import managed_fields_entry
 
 if TYPE_CHECKING:
@@ -168,6 +174,9 @@ class SimCluster:
             )
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
+        #: The training jobs' model (``_training.py``): their pods' logs and status, their GPUs' series.
+        self.training = TrainingModel(self.store, lambda: self.fleet, self.dcgm.readings, seed=seed)
+        self.dcgm.training = self.training.gpus_now
         self.faults = FaultInjector(faults)
         #: Every API request served (``_requests.py``); also at ``GET /gpucert/requests``.
         self.request_log = RequestLog()
@@ -272,6 +281,27 @@ class SimCluster:
                 names=self.fleet.node_names[before:],
             )
 
+    def training_history(self, job: str, start: datetime | float, end: datetime | float,
+                         step_s: float = 15.0) -> str:
+        """OpenMetrics text with timestamps (``# EOF`` terminated) of training job ``job`` (``namespace/name``)
+        over [start, end], clipped to now, one sample per series every ``step_s``: its GPUs' DCGM series (with
+        this cluster's DCGM host label), its step gauge and NCCL Inspector's series, its nodes' infiniband
+        counters; for ``promtool tsdb create-blocks-from openmetrics``. Raises :class:`InputError` for a job
+        none of whose pods has started, or an empty window."""
+        return self.training.history(job, start, end, step_s=step_s, host_label=self.dcgm.host_label)
+
+    def write_training_history(self, job: str, path: str | os.PathLike[str], start: datetime | float,
+                               end: datetime | float, step_s: float = 15.0) -> int:
+        """:meth:`training_history` written to ``path`` without holding it all in memory; returns its bytes."""
+        return self.training.write_history(job, Path(path), start, end, step_s=step_s,
+                                           host_label=self.dcgm.host_label)
+
+    def training_frames(self, job: str, start: datetime | float, end: datetime | float,
+                        step_s: float = 15.0) -> dict[str, Any]:
+        """The frames ``gpucert explain`` would gather for ``job`` over the window (``telemetry``, ``nic``,
+        ``steps``, ``collectives``, ``events``), straight from the training model, without Prometheus."""
+        return dict(self.training.frames(job, start, end, step_s=step_s))
+
     @property
     def requests(self) -> list[ApiRequest]:
         """The API requests served so far (since :meth:`clear_requests`), oldest first, in RBAC's terms."""
@@ -338,6 +368,7 @@ class SimCluster:
         if self.runtime is not None:
             asyncio.run_coroutine_threadsafe(self.runtime.stop(), loop).result(timeout=_START_TIMEOUT_S)
             self.runtime = None
+            self.training.on_change = None
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=_START_TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_START_TIMEOUT_S)
@@ -377,7 +408,7 @@ class SimCluster:
             self.store,
             self.faults,
             bookmark_interval_s=self._bookmark_interval_s,
-            extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes()],
+            extra_routes=[*dcgm_routes(self.dcgm), *InjectRoutes(self).routes(), *training_routes(self.training)],
             request_log=self.request_log,
         )
         # A short shutdown timeout: open watches must not hold up stop() for their full timeout.
@@ -404,7 +435,14 @@ class SimCluster:
                        label_prefix=self.label_prefix)
         # Order within a batch: bind, run, then the controllers that react to what pods did.
         runtime.add(Scheduler(runtime))
-        runtime.add(Kubelets(runtime, self.timing, logs))
+        kubelets = Kubelets(runtime, self.timing, logs, self.training)
+        runtime.add(kubelets)
+
+        def look_again() -> None:  # training faults changed: the training pods' next state may be due now
+            for key in self.training.training_pods():
+                runtime.mark(kubelets, key)
+
+        self.training.on_change = look_again
         runtime.add(JobController(runtime))
         runtime.add(DaemonSetController(runtime))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
@@ -452,7 +490,7 @@ def serve(
         )
         source = f"--faults {faults_file}"
         check_plan(sim, plan, source)
-        apply_plan(sim, FaultPlan(None, plan.gpu, plan.nodes), source)
+        apply_plan(sim, FaultPlan(None, plan.gpu, plan.nodes, plan.training), source)
         with sim:
             print(f"gpucert sim: serving {nodes} nodes × {gpus} {model} at {sim.url}", flush=True)
             print(f"gpucert sim: kubeconfig written to {sim.kubeconfig_path}", flush=True)

@@ -37,8 +37,10 @@ def preconfigured_stack(
     plan = plan_stack(infos, StackRequest(), matrix, namespace=namespace, label_prefix=label_prefix)
     objects = [dict(m.obj) for m in render_stack(plan)]
     running = {node: plan.expected_versions(node) for node in plan.nodes}
+    # Each of these maps every node: computed once, not once per node (quadratic at 10,000 nodes).
+    targets, versions = desired_target_labels(plan), desired_version_labels(plan, running)
     labels: dict[str, dict[str, str]] = {}
     for node in plan.nodes:
-        merged = {**desired_target_labels(plan)[node], **desired_version_labels(plan, running)[node]}
+        merged = {**targets[node], **versions[node]}
         labels[node] = {k: v for k, v in merged.items() if v is not None}
     return objects, labels

@@ -7,7 +7,14 @@ in place once stored, so readers may hold them without copying (a 1,000-node lis
 from the stored dicts).
 
 Thread-safety: writes may come from the server's event-loop thread and from the test thread; one
-re-entrant lock serialises them, and watchers are woken through their loop's ``call_soon_threadsafe``.
+re-entrant lock serialises them. A watcher is handed an event directly when the write happens on its
+loop's thread (the controllers and the API handlers write there) and through ``call_soon_threadsafe``
+otherwise; a watcher with a filter (its namespace, name and selectors) is handed only what passes it.
+
+Indexes, so that reads cost what they return at 10,000 nodes and 100,000 pods: the keys of each
+resource are kept sorted (a list, or a page after a ``continue`` key, is a bisection and a slice, not a
+sort), and each (label key, value) maps to the keys of the objects carrying it (a list by
+``controller-uid=…`` reads the one pod it names; see :meth:`Store.page`).
 
 Listeners (:meth:`Store.subscribe`) are the simulated controllers' hook: they are called synchronously,
 under the lock, with every event as it is stored, so an index a controller keeps from them is never a
@@ -17,22 +24,28 @@ step behind the objects it reads. They must be quick and must not write to the s
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import secrets
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from threading import RLock
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._resources import RESOURCES, ResourceType, lookup
+from ._selectors import Selector
 from ._status import ApiError, conflict, invalid, not_found
 
-__all__ = ["DEFAULT_HISTORY", "Listener", "Obj", "Store", "WatchEvent", "Watcher", "now_rfc3339"]
+__all__ = ["DEFAULT_HISTORY", "Listener", "Obj", "Page", "Store", "WatchEvent", "Watcher", "now_rfc3339"]
 
 Obj = dict[str, Any]
+#: (namespace, name); cluster-scoped objects have namespace "".
+_Key = tuple[str, str]
+_Keys = list[_Key]  # spelled here: inside Store, ``list`` is its method
 
 #: Events a watch can be resumed from; older resourceVersions get 410 Gone, like etcd after compaction.
 DEFAULT_HISTORY = 100_000
@@ -42,6 +55,17 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's: no vowels, no
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Page(NamedTuple):
+    """One page of a list: its objects in key order, the list's RV, whether more match after the last
+    one, and how many objects remain after the page (None when a selector makes that unknown, as the
+    API server leaves ``remainingItemCount`` out then)."""
+
+    items: list[Obj]
+    rv: int
+    more: bool
+    remaining: int | None
 
 
 @dataclass(frozen=True)
@@ -57,13 +81,23 @@ class WatchEvent:
 
 @dataclass(eq=False)
 class Watcher:
-    """A live watch: events of one resource, queued onto the watching request's event loop."""
+    """A live watch: events of one resource (those ``accept`` passes, when given), queued onto the
+    watching request's event loop; ``thread`` is that loop's thread (the one that registered it)."""
 
     resource: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[WatchEvent] = field(default_factory=asyncio.Queue)
+    accept: Callable[[WatchEvent], bool] | None = None
+    thread: int = field(default_factory=threading.get_ident)
 
     def push(self, event: WatchEvent) -> None:
+        if self.accept is not None and not self.accept(event):
+            return
+        if threading.get_ident() == self.thread:
+            # Written on the watch's own loop (a controller, an API handler): no wake-up through the
+            # loop's self-pipe is needed, which at a burst of 10,000 writes was most of their cost.
+            self.queue.put_nowait(event)
+            return
         # A closed loop means the watch ended under us: there is nobody left to deliver to.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
@@ -78,12 +112,32 @@ def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+_NO_LABELS: dict[str, Any] = {}
+_ABSENT = object()
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    labels = _meta(obj).get("labels")
+    return labels if isinstance(labels, dict) else _NO_LABELS
+
+
+def _owners(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The uids ``obj``'s ownerReferences name (what garbage collection follows)."""
+    refs = _meta(obj).get("ownerReferences")
+    if not refs:
+        return ()
+    return tuple(str(r["uid"]) for r in refs if isinstance(r, Mapping) and r.get("uid"))
+
+
 class Store:
     """All objects of the simulated cluster, by resource, namespace and name."""
 
     def __init__(self, *, history: int = DEFAULT_HISTORY) -> None:
         self.lock = RLock()
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
+        self._objects: dict[str, dict[_Key, Obj]] = {r.key: {} for r in RESOURCES}
+        self._keys: dict[str, list[_Key]] = {r.key: [] for r in RESOURCES}  # sorted
+        self._by_label: dict[str, dict[tuple[str, str], set[_Key]]] = {r.key: {} for r in RESOURCES}
+        self._owned: dict[str, set[tuple[str, _Key]]] = {}  # owner uid → (resource, key) of dependents
         self._rv = 0
         self._history: deque[WatchEvent] = deque()
         self._history_limit = history
@@ -105,8 +159,45 @@ class Store:
         """Objects sorted by namespace and name (stable pages for ``continue``), and the list's RV."""
         with self.lock:
             items = self._objects[resource.key]
-            keys = sorted(k for k in items if namespace is None or k[0] == namespace)
-            return [items[k] for k in keys], self._rv
+            return [items[k] for k in self._range(resource, namespace)], self._rv
+
+    def page(
+        self,
+        resource: ResourceType,
+        namespace: str | None = None,
+        *,
+        selector: Selector | None = None,
+        after: _Key | None = None,
+        limit: int | None = None,
+    ) -> Page:
+        """The objects (of ``namespace``, matching ``selector``) whose key sorts after ``after``, at most
+        ``limit`` of them; label values and a name the selector pins are read from the indexes."""
+        with self.lock:
+            items = self._objects[resource.key]
+            candidates = self._candidates(resource, selector) if selector else None
+            if candidates is not None:
+                keys = sorted(k for k in candidates if (namespace is None or k[0] == namespace)
+                              and (after is None or k > after))
+            else:
+                keys = self._range(resource, namespace, after)
+            if not selector:
+                more = bool(limit) and len(keys) > (limit or 0)
+                chosen = keys[:limit] if limit else keys
+                remaining = len(keys) - len(chosen)
+                return Page([items[k] for k in chosen], self._rv, more, remaining)
+            found: list[Obj] = []
+            for key in keys:
+                obj = items[key]
+                if selector.matches(obj):
+                    if limit and len(found) == limit:
+                        return Page(found, self._rv, True, None)
+                    found.append(obj)
+            return Page(found, self._rv, False, None)
+
+    def labelled(self, resource: ResourceType, label: str, value: str) -> set[tuple[str, str]]:
+        """The keys of the objects whose label ``label`` is ``value`` (a copy, from the index)."""
+        with self.lock:
+            return set(self._by_label[resource.key].get((label, value), ()))
 
     def namespace_exists(self, namespace: str) -> bool:
         assert _NAMESPACES is not None
@@ -136,7 +227,7 @@ class Store:
             if resource.generation_tracks:
                 meta["generation"] = 1
             stored = {"apiVersion": resource.api_version, "kind": resource.kind, **obj, "metadata": meta}
-            self._objects[resource.key][(namespace or "", name)] = stored
+            self._put(resource, (namespace or "", name), stored, None)
             self._emit(resource, "ADDED", stored)
             return stored
 
@@ -168,7 +259,7 @@ class Store:
                 return self._remove(resource, new)
             self._rv += 1
             new_meta["resourceVersion"] = str(self._rv)
-            self._objects[resource.key][(namespace or "", name)] = new
+            self._put(resource, (namespace or "", name), new, current)
             self._emit(resource, "MODIFIED", new, current)
             return new
 
@@ -191,7 +282,7 @@ class Store:
                                                   "deletionGracePeriodSeconds": 0}}
                 self._rv += 1
                 marked["metadata"]["resourceVersion"] = str(self._rv)
-                self._objects[resource.key][(namespace or "", name)] = marked
+                self._put(resource, (namespace or "", name), marked, current)
                 self._emit(resource, "MODIFIED", marked, current)
                 return marked, True
             gone = self._remove(resource, current)
@@ -220,9 +311,10 @@ class Store:
 
     # --- watching -----------------------------------------------------------------------------------
 
-    def watch(self, resource: ResourceType, since: int | None,
-              loop: asyncio.AbstractEventLoop) -> tuple[Sequence[WatchEvent], Watcher]:
-        """The events to replay and a registered watcher for the rest, taken atomically."""
+    def watch(self, resource: ResourceType, since: int | None, loop: asyncio.AbstractEventLoop, *,
+              accept: Callable[[WatchEvent], bool] | None = None) -> tuple[Sequence[WatchEvent], Watcher]:
+        """The events to replay and a registered watcher for the rest (only the events ``accept`` passes,
+        when given; called under the lock by the writer), taken atomically. Call on ``loop``'s thread."""
         with self.lock:
             if since is None:
                 replay = [WatchEvent(int(o["metadata"]["resourceVersion"]), "ADDED", resource.key, o)
@@ -232,7 +324,7 @@ class Store:
                                reason="Expired")
             else:
                 replay = [e for e in self._history if e.rv > since and e.resource == resource.key]
-            watcher = Watcher(resource.key, loop)
+            watcher = Watcher(resource.key, loop, accept=accept)
             self._watchers[resource.key].add(watcher)
             return replay, watcher
 
@@ -252,6 +344,82 @@ class Store:
 
     # --- internals ----------------------------------------------------------------------------------
 
+    def _range(self, resource: ResourceType, namespace: str | None, after: _Key | None = None) -> _Keys:
+        """The sorted keys of ``namespace`` (all when None) that sort after ``after``."""
+        keys = self._keys[resource.key]
+        lo, hi = 0, len(keys)
+        if namespace is not None:
+            # (ns, name) for every name lies between (ns,) and (ns + "\0",): see tuple ordering.
+            lo = bisect.bisect_left(keys, (namespace,))
+            hi = bisect.bisect_left(keys, (namespace + "\0",), lo)
+        if after is not None:
+            lo = max(lo, bisect.bisect_right(keys, after, lo, hi))
+        return keys[lo:hi]
+
+    def _candidates(self, resource: ResourceType, selector: Selector) -> set[_Key] | None:
+        """A superset of the keys ``selector`` can match, from the indexes; None when they say nothing."""
+        objects = self._objects[resource.key]
+        best: set[_Key] | None = None
+        if selector.name is not None and not resource.namespaced:
+            best = {("", selector.name)} if ("", selector.name) in objects else set()
+        index = self._by_label[resource.key]
+        for label, values in selector.pinned:
+            found: set[_Key] = set()
+            for value in values:
+                found |= index.get((label, value), set())
+            if best is None or len(found) < len(best):
+                best = found
+            if not best:
+                break
+        return best
+
+    def _put(self, resource: ResourceType, key: _Key, new: Obj, old: Obj | None) -> None:
+        """Store ``new`` under ``key`` (replacing ``old``, or a new key when None), indexes included."""
+        self._objects[resource.key][key] = new
+        if old is None:
+            bisect.insort(self._keys[resource.key], key)
+        self._index(resource, key, _labels(old) if old is not None else _NO_LABELS, _labels(new))
+        self._own(resource, key, _owners(old) if old is not None else (), _owners(new))
+
+    def _drop(self, resource: ResourceType, key: _Key) -> Obj:
+        old = self._objects[resource.key].pop(key)
+        keys = self._keys[resource.key]
+        at = bisect.bisect_left(keys, key)
+        if at < len(keys) and keys[at] == key:
+            del keys[at]
+        self._index(resource, key, _labels(old), _NO_LABELS)
+        self._own(resource, key, _owners(old), ())
+        return old
+
+    def _own(self, resource: ResourceType, key: _Key, before: tuple[str, ...], after: tuple[str, ...]) -> None:
+        if before == after:
+            return
+        entry = (resource.key, key)
+        for uid in before:
+            if uid not in after and uid in self._owned:
+                self._owned[uid].discard(entry)
+                if not self._owned[uid]:
+                    del self._owned[uid]
+        for uid in after:
+            self._owned.setdefault(uid, set()).add(entry)
+
+    def _index(self, resource: ResourceType, key: _Key, before: Mapping[str, Any],
+               after: Mapping[str, Any]) -> None:
+        if before is after:
+            return
+        index = self._by_label[resource.key]
+        for label, value in before.items():
+            if after.get(label, _ABSENT) != value:
+                entry = (label, str(value))
+                keys = index.get(entry)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[entry]
+        for label, value in after.items():
+            if before.get(label, _ABSENT) != value:
+                index.setdefault((label, str(value)), set()).add(key)
+
     def _generate_name(self, resource: ResourceType, namespace: str | None, prefix: str) -> str:
         while True:
             name = prefix + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(5))
@@ -260,7 +428,7 @@ class Store:
 
     def _remove(self, resource: ResourceType, obj: Obj) -> Obj:
         meta = obj["metadata"]
-        self._objects[resource.key].pop((meta.get("namespace", "") if resource.namespaced else "", meta["name"]))
+        self._drop(resource, (meta.get("namespace", "") if resource.namespaced else "", meta["name"]))
         self._rv += 1
         gone = {**obj, "metadata": {**meta, "resourceVersion": str(self._rv)}}
         self._emit(resource, "DELETED", gone)
@@ -269,10 +437,12 @@ class Store:
         return gone
 
     def _dependents(self, owner_uid: str) -> Iterator[tuple[ResourceType, Obj]]:
+        owned = self._owned.get(owner_uid)
+        if not owned:
+            return
         for r in RESOURCES:
-            for obj in list(self._objects[r.key].values()):
-                if any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or ()):
-                    yield r, obj
+            for key in sorted(k for rk, k in owned if rk == r.key):
+                yield r, self._objects[r.key][key]
 
     def _collect(self, resource: ResourceType, owner: Obj) -> None:
         """Simple garbage collection: delete what the owner owned (and, recursively, what that owned)."""
@@ -284,8 +454,8 @@ class Store:
     def _delete_namespace_content(self, namespace: str) -> None:
         for r in RESOURCES:
             if r.namespaced:
-                for ns, name in [k for k in self._objects[r.key] if k[0] == namespace]:
-                    self._remove(r, self._objects[r.key][(ns, name)])
+                for key in self._range(r, namespace):
+                    self._remove(r, self._objects[r.key][key])
 
     def _emit(self, resource: ResourceType, kind: str, obj: Obj, old: Obj | None = None) -> None:
         event = WatchEvent(self._rv, kind, resource.key, obj, old)

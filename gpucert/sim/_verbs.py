@@ -118,20 +118,16 @@ class Verbs:
     def list(self, target: Target, query: Mapping[str, str]) -> Reply:
         resource = target.resource
         selector = parse_selectors(query.get("labelSelector"), query.get("fieldSelector"), resource)
-        items, rv = self.store.list(resource, target.namespace)
-        if selector:
-            items = [o for o in items if selector.matches(o)]
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
         start = _decode_continue(query["continue"]) if query.get("continue") else None
-        if start is not None:
-            items = [o for o in items if _sort_key(o) > start]
         limit = _int_param(query, "limit")
-        if limit and len(items) > limit:
-            meta["continue"] = _encode_continue(_sort_key(items[limit - 1]))
-            meta["remainingItemCount"] = len(items) - limit
-            items = items[:limit]
+        page = self.store.page(resource, target.namespace, selector=selector, after=start, limit=limit)
+        meta: dict[str, Any] = {"resourceVersion": str(page.rv)}
+        if page.more:
+            meta["continue"] = _encode_continue(_sort_key(page.items[-1]))
+            if page.remaining is not None:  # the API server counts what is left only without selectors
+                meta["remainingItemCount"] = page.remaining
         return Reply({"kind": f"{resource.kind}List", "apiVersion": resource.api_version, "metadata": meta,
-                      "items": items})
+                      "items": page.items})
 
     def log(self, target: Target, query: Mapping[str, str]) -> str:
         pod = self._existing(target)
@@ -225,9 +221,8 @@ class Verbs:
     def _delete_collection(self, target: Target, query: Mapping[str, str], propagation: str) -> Reply:
         resource = target.resource
         selector = parse_selectors(query.get("labelSelector"), query.get("fieldSelector"), resource)
-        items, _ = self.store.list(resource, target.namespace)
         gone = []
-        for obj in items:
+        for obj in self.store.page(resource, target.namespace, selector=selector).items:
             if selector.matches(obj):
                 meta = obj["metadata"]
                 if self.store.get(resource, meta.get("namespace"), meta["name"]) is not None:

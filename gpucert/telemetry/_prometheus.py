@@ -384,6 +384,20 @@ class PrometheusSource:
             for r in data.get("result") or ()
         ]
 
+    def query_range_matrix(
+        self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """A range query's series as Prometheus answers them — ``{"metric": labels, "values": [[t, "v"], …]}``,
+        unparsed — for a reader that turns millions of points into arrays at once (:meth:`query_range` makes
+        a tuple per point). Raises as :meth:`query` does."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        data = self._call("/api/v1/query_range", params, expr, notes)
+        if data.get("resultType") != "matrix":
+            raise TelemetryError(
+                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
+            )
+        return list(data.get("result") or ())
+
     def _plain_headers(self) -> dict[str, str]:
         return {name: reveal(value) for name, value in self.headers.items()}
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..policy import Policy
 from ._findings import SEVERITY, concat_findings, make_findings
@@ -69,40 +71,70 @@ def per_metric(policy: Policy, field: str, default: float = np.nan) -> np.ndarra
     return out
 
 
-def _center_spread(
-    index_keys: np.ndarray, rows: pd.DataFrame, keys: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The baseline ``center`` and ``spread`` at each of ``keys`` (NaN where absent), from one hash lookup
-    (``index_keys`` are unique: the baseline's (level, key, metric) is)."""
-    if len(index_keys) == 0:
-        return np.full(len(keys), np.nan), np.full(len(keys), np.nan)
-    position = pd.Index(index_keys).get_indexer(keys)
-    found = position >= 0
-    at = np.maximum(position, 0)
-    center = np.where(found, rows["center"].to_numpy(float)[at], np.nan)
-    spread = np.where(found, rows["spread"].to_numpy(float)[at], np.nan)
-    return center, spread
+@dataclass(frozen=True)
+class _Baseline:
+    """The store's table as the lookups need it: text columns in Arrow (hashed in C++), numbers in numpy."""
+
+    level: pa.Array
+    key: pa.Array
+    mcode: np.ndarray
+    center: np.ndarray
+    spread: np.ndarray
+
+    @classmethod
+    def of(cls, baseline: pd.DataFrame) -> _Baseline:
+        return cls(
+            level=_arrow_text(baseline["level"]),
+            key=_arrow_text(baseline["key"]),
+            mcode=_positions(_arrow_text(baseline["metric"]), pd.Index(METRIC_NAMES)),
+            center=baseline["center"].to_numpy(dtype=float),
+            spread=baseline["spread"].to_numpy(dtype=float),
+        )
 
 
-def _positions(values: pd.Series, names: pd.Index) -> np.ndarray:
-    """Position of each value in ``names`` (-1 when absent): each distinct value is looked up once,
-    the fastest string → position mapping pandas offers at 400,000 baseline rows."""
-    categorical = values.astype("category")
-    lookup = np.r_[names.get_indexer(categorical.cat.categories), -1].astype(np.int64)
-    positions: np.ndarray = lookup[np.asarray(categorical.cat.codes, dtype=np.int64)]
+def _arrow_text(values: pd.Series | pd.Index) -> pa.Array:
+    text: pa.Array = pa.array(values, type=pa.large_string(), from_pandas=True)
+    return text
+
+
+def _positions(values: pa.Array, names: pd.Index) -> np.ndarray:
+    """Position of each value in ``names`` (-1 when absent), from one hash of ``names`` in Arrow: the
+    fastest string → position mapping at 400,000 baseline rows."""
+    found = pc.index_in(values, value_set=_arrow_text(names))
+    positions: np.ndarray = np.asarray(pc.fill_null(found, -1).to_numpy(), dtype=np.int64)
     return positions
 
 
-def _baseline_keys(baseline: pd.DataFrame, level: str, names: pd.Index) -> tuple[np.ndarray, pd.DataFrame]:
-    """The rows of one baseline level, keyed as run code × metric code (rows the run lacks dropped)."""
-    rows = baseline[baseline["level"] == level]
+def _baseline_keys(
+    baseline: _Baseline, level: str, names: pd.Index
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of one baseline level keyed as run code × metric code (rows the run lacks dropped), with
+    their ``center`` and ``spread``."""
     if not len(names):
-        return np.zeros(0, dtype=np.int64), rows.iloc[:0]
-    codes = _positions(rows["key"], names)
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+    at_level = pc.fill_null(pc.equal(baseline.level, pa.scalar(level, pa.large_string())), False)
+    rows = np.flatnonzero(at_level.to_numpy(zero_copy_only=False))
+    codes = _positions(baseline.key.take(pa.array(rows, type=pa.int64())), names)
     known = codes >= 0
     rows = rows[known]
-    mcodes = _positions(rows["metric"], pd.Index(METRIC_NAMES))
-    return codes[known] * N_METRICS + mcodes, rows
+    return codes[known] * N_METRICS + baseline.mcode[rows], baseline.center[rows], baseline.spread[rows]
+
+
+def _center_spread(
+    index_keys: np.ndarray, centers: np.ndarray, spreads: np.ndarray, span: int, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The baseline ``center`` and ``spread`` at each of ``keys`` (NaN where absent). ``index_keys`` are
+    unique (the baseline's (level, key, metric) is) and below ``span``: a table lookup, no hash."""
+    if len(index_keys) == 0:
+        return np.full(len(keys), np.nan), np.full(len(keys), np.nan)
+    table = np.full(span, -1, dtype=np.int64)
+    table[index_keys] = np.arange(len(index_keys))
+    position = table[keys]
+    found = position >= 0
+    at = np.maximum(position, 0)
+    center = np.where(found, centers[at], np.nan)
+    spread = np.where(found, spreads[at], np.nan)
+    return center, spread
 
 
 def compare_references(
@@ -124,22 +156,27 @@ def compare_references(
     # -- own baselines: GPUs by UUID, nodes by name ------------------------------------------------
     own_center = np.full(len(x), np.nan)
     own_spread = np.full(len(x), np.nan)
+    base = _Baseline.of(baseline)
     for level, scope_id, codes in (
         ("gpu", SCOPE_GPU, run.uuid_code[eid]),
         ("node", SCOPE_NODE, node),
     ):
         names = run.uuids if level == "gpu" else run.nodes
-        bkeys, brows = _baseline_keys(baseline, level, names)
+        bkeys, centers, spreads = _baseline_keys(base, level, names)
         if len(bkeys) == 0:
             continue
         mine = (scope == scope_id) & (codes >= 0)
         keys = codes[mine] * N_METRICS + mcode[mine]
-        own_center[mine], own_spread[mine] = _center_spread(bkeys, brows, keys)
+        own_center[mine], own_spread[mine] = _center_spread(
+            bkeys, centers, spreads, len(names) * N_METRICS, keys
+        )
     has_own = np.isfinite(own_center) & (own_center > 0)
 
     # -- stored per-model reference ----------------------------------------------------------------
-    mkeys, mrows = _baseline_keys(baseline, "model", run.models)
-    model_center, model_spread = _center_spread(mkeys, mrows, model * N_METRICS + mcode)
+    mkeys, centers, spreads = _baseline_keys(base, "model", run.models)
+    model_center, model_spread = _center_spread(
+        mkeys, centers, spreads, len(run.models) * N_METRICS, model * N_METRICS + mcode
+    )
 
     # -- the run's cohort: same scope, model and metric --------------------------------------------
     cohort = (scope * (len(run.models) + 1) + model) * N_METRICS + mcode
@@ -194,7 +231,9 @@ def compare_references(
     gpu_own = (scope == SCOPE_GPU) & has_own
     if gpu_own.any():
         idx = np.where(gpu_own, ratio / fleet_factor, np.nan)
-        loo = _leave_one_out_median(node[gpu_own] * N_METRICS + mcode[gpu_own], idx[gpu_own])
+        loo = _leave_one_out_median(
+            node[gpu_own] * N_METRICS + mcode[gpu_own], idx[gpu_own], run.gpu[eid[gpu_own]]
+        )
         with np.errstate(divide="ignore", invalid="ignore"):
             d_node[gpu_own] = idx[gpu_own] / loo - 1
 
@@ -263,9 +302,21 @@ def compare_references(
     return Judged(table=table, findings=findings, fleet=fleet)
 
 
-def _leave_one_out_median(group: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For each value, the median of the *other* values of its group (NaN for groups under 3)."""
-    order = np.lexsort((values, group))
+def _leave_one_out_median(
+    group: np.ndarray, values: np.ndarray, slot: np.ndarray | None = None
+) -> np.ndarray:
+    """For each value, the median of the *other* values of its group (NaN for groups under 3).
+
+    ``slot``, when given, is each value's place in its group (a GPU's index in its node × metric): then
+    each group is one short row of a matrix, sorted on its own, instead of a sort of every value.
+    """
+    if slot is not None and len(values):
+        by_rows = _leave_one_out_by_rows(group, values, slot)
+        if by_rows is not None:
+            return by_rows
+    # Sorted by group, then by value: two stable sorts (the order np.lexsort gives, faster).
+    by_value = np.argsort(values, kind="stable")
+    order = by_value[np.argsort(group[by_value], kind="stable")]
     g_sorted = group[order]
     v_sorted = values[order]
     starts = np.flatnonzero(np.r_[True, g_sorted[1:] != g_sorted[:-1]])
@@ -285,6 +336,37 @@ def _leave_one_out_median(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     out_sorted = np.where(m >= 2, (lo + hi) / 2, np.nan)
     out = np.empty_like(out_sorted)
     out[order] = out_sorted
+    return out
+
+
+def _leave_one_out_by_rows(group: np.ndarray, values: np.ndarray, slot: np.ndarray) -> np.ndarray | None:
+    """:func:`_leave_one_out_median` with each group a row of a matrix; ``None`` when the slots do not
+    make one (two values in one cell) or a value is not finite."""
+    if not (np.isfinite(values).all() and slot.min() >= 0 and slot.max() < 1024):
+        return None
+    present = np.zeros(int(group.max()) + 1, dtype=bool)
+    present[group] = True
+    row_of = np.cumsum(present) - 1
+    row = row_of[group]
+    rows, width = int(row_of[-1]) + 1, int(slot.max()) + 1
+    matrix = np.full((rows, width), np.inf)  # the padding sorts last
+    matrix[row, slot] = values
+    if np.count_nonzero(np.isfinite(matrix)) != len(values):
+        return None
+    matrix.sort(axis=1)
+    size = np.bincount(row, minlength=rows)[row]
+    # A value's rank among its group, the first of equal ones: leaving out any of equal values leaves the
+    # same others.
+    rank = (matrix[row] < values[:, None]).sum(axis=1)
+    m = size - 1  # how many others
+
+    def pick(k: np.ndarray) -> np.ndarray:
+        picked: np.ndarray = matrix[row, np.clip(k + (k >= rank), 0, width - 1)]
+        return picked
+
+    lo = pick((m - 1) // 2)
+    hi = pick(m // 2)
+    out: np.ndarray = np.where(m >= 2, (lo + hi) / 2, np.nan)
     return out
 
 
@@ -326,7 +408,8 @@ def _stat(
         return make_findings("gpu", [], severity=severity, rank="stat", reason=[])
     eids = table["eid"].to_numpy()[rows]
     names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
-    kinds = np.broadcast_to(np.asarray(kind, dtype=object), mask.shape)[rows]
+    # Only the flagged rows' kinds as objects, not the whole table's.
+    kinds = np.asarray(kind[rows] if isinstance(kind, np.ndarray) else np.full(len(rows), kind), dtype=object)
     x = table["x"].to_numpy()[rows]
     shifts = shift[rows] if shift is not None else np.full(len(rows), np.nan)
     reason = [

@@ -106,14 +106,19 @@ def make_findings(
         return value_
 
     sev = severity if isinstance(severity, (pd.Series, np.ndarray)) else SEVERITY[severity]
+
+    def int64(value_: Any) -> Any:
+        # Typed before the frame is built: astype on the frame would copy every column.
+        return np.broadcast_to(np.asarray(col(value_), dtype=np.int64), (count,))
+
     frame = pd.DataFrame(
         {
             "scope": col(scope),
             "node": nodes if nodes is not None else [node],
-            "gpu": col(gpu),
+            "gpu": int64(gpu),
             "peer": col(peer),
-            "severity": col(sev),
-            "rank": RANK[rank],
+            "severity": int64(sev),
+            "rank": int64(RANK[rank]),
             "metric": col(metric),
             "value": col(value),
             "reference": col(reference),
@@ -127,7 +132,7 @@ def make_findings(
         },
         index=range(count),
     )
-    return frame.astype({"gpu": "int64", "severity": "int64", "rank": "int64"})
+    return frame
 
 
 def empty_findings() -> pd.DataFrame:

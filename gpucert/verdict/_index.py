@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..metrics import METRICS
 
@@ -122,8 +126,38 @@ class RunIndex:
 
 
 def _codes(column: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """The category codes as they are (no widening copy: a fleet's rows are millions) and the names."""
     cat = column.astype("category") if not isinstance(column.dtype, pd.CategoricalDtype) else column
-    return np.asarray(cat.cat.codes, dtype=np.int64), pd.Index(cat.cat.categories)
+    categorical = cast(pd.Categorical, cat.array)
+    return categorical.codes, pd.Index(categorical.categories)
+
+
+def _small_ints(column: pd.Series, missing: int) -> tuple[np.ndarray, int]:
+    """A column of small integers ≥ 0 (``gpu``) in the narrowest dtype, ``missing`` where empty; and its
+    maximum (-1 when none)."""
+    # The largest through Arrow: pandas' minimum or maximum of a nullable column copies its values.
+    top = pc.max(pa.array(column.array)).as_py() if isinstance(column.dtype, pd.Int64Dtype) else column.max()
+    high = -1 if top is None or pd.isna(top) else int(top)
+    dtype: type[np.signedinteger[Any]] = np.int64
+    for narrow in (np.int8, np.int16, np.int32):
+        if high < np.iinfo(narrow).max:
+            dtype = narrow
+            break
+    return column.to_numpy(dtype=dtype, na_value=missing), high
+
+
+def _first_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids in order of first appearance for the dense ids of each row (all below ``span``): each row's
+    id and the row where each id first appears. What ``pd.factorize`` gives, without hashing."""
+    n = len(dense)
+    row_type = np.int32 if n < 2**31 else np.int64
+    first: npt.NDArray[np.integer[Any]] = np.full(span, n, dtype=row_type)
+    np.minimum.at(first, dense, np.arange(n, dtype=row_type))
+    present = np.flatnonzero(first < n)
+    order = np.argsort(first[present], kind="stable")
+    ids = np.full(span, -1, dtype=np.int32 if len(present) < 2**31 else np.int64)
+    ids[present[order]] = np.arange(len(present), dtype=ids.dtype)
+    return ids[dense], first[present[order]].astype(np.int64)
 
 
 def index_run(results: pd.DataFrame) -> RunIndex:
@@ -135,43 +169,67 @@ def index_run(results: pd.DataFrame) -> RunIndex:
     uuid_code, uuids = _codes(results["gpu_uuid"])
     model_code, models = _codes(results["gpu_model"])
     metric_code, metric_cats = _codes(results["metric"])
-    to_registry = np.array([MCODE[str(c)] for c in metric_cats], dtype=np.int64)
-    mcode = to_registry[metric_code] if len(metric_cats) else metric_code
-    gpu = results["gpu"].to_numpy(dtype=np.int64, na_value=-1)
+    to_registry = np.array([MCODE[str(c)] for c in metric_cats], dtype=np.int8)
+    mcode = to_registry[metric_code] if len(metric_cats) else metric_code.astype(np.int8)
 
-    scope = np.where(gpu >= 0, SCOPE_GPU, np.where(peer_code >= 0, SCOPE_PAIR, SCOPE_NODE))
-    sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
-    eid, uniques = pd.factorize(entity_key(scope, node_code, sub))
-    eid = eid.astype(np.int64)
-    uniques = np.asarray(uniques, dtype=np.int64)
-    n_ent = len(uniques)
+    # An entity is a GPU (a row with a gpu index), a pair (no gpu, a peer) or a node (neither). GPUs and
+    # nodes get a dense id, node × (gpu index, or one past the last for the node itself), and pairs ids
+    # after them from a hash of their (few) rows; ids are then renumbered in order of first appearance.
+    # Narrow integers throughout: these arrays are as long as the fleet's results.
+    gpu, top = _small_ints(results["gpu"], -1)
+    width = top + 2
+    base = (int(node_code.max(initial=-1)) + 1) * width
+    dense: npt.NDArray[np.integer[Any]] = node_code.astype(
+        np.int32 if base + len(results) < 2**31 else np.int64
+    )
+    dense *= width
+    dense += np.where(gpu < 0, np.asarray(top + 1, dtype=gpu.dtype), gpu)
+    pair_rows = np.flatnonzero((gpu < 0) & (peer_code >= 0))
+    pair_peer = np.zeros(0, dtype=np.int64)
+    span = base
+    if len(pair_rows):
+        pair_key = node_code[pair_rows].astype(np.int64) * (len(peers) + 1) + peer_code[pair_rows]
+        pair_ids, pair_keys = pd.factorize(pair_key)
+        dense[pair_rows] = base + pair_ids
+        span += len(pair_keys)
+        pair_peer = np.asarray(pair_keys, dtype=np.int64) % (len(peers) + 1)
+    eid, first = _first_rows(dense, span)
+    n_ent = len(first)
 
-    ent_scope = uniques >> 42
-    ent_node = (uniques >> 21) & ((1 << 21) - 1)
-    ent_sub = uniques & ((1 << 21) - 1)
-    # The reader guarantees one UUID per GPU and one model per node, so any row of an entity will do.
-    ent_uuid = np.full(n_ent, -1, dtype=np.int64)
-    has_uuid = uuid_code >= 0
-    ent_uuid[eid[has_uuid]] = uuid_code[has_uuid]
-    ent_model = np.zeros(n_ent, dtype=np.int64)
-    ent_model[eid] = model_code
+    ent_dense = dense[first].astype(np.int64)
+    is_pair = ent_dense >= base
+    ent_node = np.where(is_pair, node_code[first], ent_dense // width).astype(np.int64)
+    ent_sub = ent_dense % width
+    ent_scope = np.where(is_pair, SCOPE_PAIR, np.where(ent_sub <= top, SCOPE_GPU, SCOPE_NODE))
+    ent_scope = ent_scope.astype(np.int64)
+    ent_gpu = np.where(ent_scope == SCOPE_GPU, ent_sub, -1)
+    ent_peer = np.full(n_ent, -1, dtype=np.int64)
+    if len(pair_rows):
+        ent_peer[is_pair] = pair_peer[ent_dense[is_pair] - base]
+    keys = entity_key(ent_scope, ent_node, np.where(ent_scope == SCOPE_GPU, ent_gpu, np.maximum(ent_peer, 0)))
+    # The reader guarantees one UUID per GPU and one model per node, so any row of an entity that has a
+    # UUID names it, and any row its model.
+    ent_uuid = np.full(n_ent, -1, dtype=uuid_code.dtype)  # the codes' own dtype: a mixed ufunc.at is slow
+    np.maximum.at(ent_uuid, eid, uuid_code)
+    ent_uuid = ent_uuid.astype(np.int64)
+    ent_model = model_code[first].astype(np.int64)
 
     value = results["value"].to_numpy(dtype=np.float64)
-    tele_rows = IS_TELEMETRY[mcode]
+    tele_rows = np.flatnonzero(IS_TELEMETRY[mcode])
     telemetry = np.full((n_ent, N_METRICS), np.nan)
     telemetry[eid[tele_rows], mcode[tele_rows]] = value[tele_rows]
 
     return RunIndex(
         run_id=str(run_ids[0]),
-        keys=uniques,
+        keys=keys,
         eid=eid,
         mcode=mcode,
         value=value,
         repeat=results["repeat"].to_numpy(dtype=np.int64),
         scope=ent_scope,
         node_code=ent_node,
-        gpu=np.where(ent_scope == SCOPE_GPU, ent_sub, -1),
-        peer_code=np.where(ent_scope == SCOPE_PAIR, ent_sub, -1),
+        gpu=ent_gpu,
+        peer_code=ent_peer,
         uuid_code=ent_uuid,
         model_code=ent_model,
         nodes=nodes,

@@ -1,0 +1,106 @@
+"""Shards: a certify of more nodes than one flow process should hold, cut into parts any worker can run.
+
+A shard is a fixed set of the run's nodes benchmarked under the run's own id (so its Jobs carry the run's
+name, and a shard started again adopts them, as a whole run does). It leaves three files in the run's
+folder — ``shard<k>-results.parquet`` (the rows its nodes logged; absent when none did),
+``shard<k>-failed.json`` (node → [reason, message] for each Job that failed outside the GPU) and
+``shard<k>-stack.json`` — and the parent joins them into the run's ``results.parquet``: the run is judged
+once, over the whole fleet, since peers are every node of the model and not a shard's.
+
+:func:`plan_shards` cuts the nodes into contiguous runs of names (sorted, so a rack named in sequence
+stays together and a run started again cuts the same shards), each of at most ``shard_size`` nodes and all
+within one node of each other in size.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ..errors import InputError, StoreError
+from ._run import RESULTS, CertificationRun
+
+__all__ = ["ShardParts", "plan_shards", "read_shards", "write_shard"]
+
+
+def plan_shards(nodes: Mapping[str, int], shard_size: int) -> list[dict[str, int]]:
+    """``nodes`` (node → GPUs) cut into shards of at most ``shard_size`` nodes, sorted by name; one shard
+    when they fit in one. Raises ``InputError`` for a shard size below 1."""
+    if shard_size < 1:
+        raise InputError(f"shard size {shard_size}: must be at least 1")
+    names = sorted(nodes)
+    count = max(1, math.ceil(len(names) / shard_size))
+    bounds = [round(i * len(names) / count) for i in range(count + 1)]
+    return [{n: nodes[n] for n in names[lo:hi]} for lo, hi in itertools.pairwise(bounds)]
+
+
+def _key(index: int, name: str) -> str:
+    return f"shard{index}-{name}"
+
+
+def write_shard(
+    run: CertificationRun,
+    index: int,
+    frame: pd.DataFrame | None,
+    failed: Mapping[str, tuple[str | None, str]],
+    stacks: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Store shard ``index``'s results (when any), its failed Jobs and its stack records in ``run``'s folder.
+
+    The failed list is written last: its presence says the shard finished (a shard killed half-way leaves
+    no ``failed.json``, and the parent refuses to join it)."""
+    if frame is not None:
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer, index=False)
+        run.store.write_run_file(run.folder, run.day, run.file(_key(index, RESULTS)), buffer.getvalue())
+    run.store.write_run_file(run.folder, run.day, run.file(_key(index, "stack.json")),
+                             json.dumps(stacks, sort_keys=True).encode())  # fmt: skip
+    record = {node: [reason, message] for node, (reason, message) in failed.items()}
+    run.store.write_run_file(run.folder, run.day, run.file(_key(index, "failed.json")),
+                             json.dumps(record, sort_keys=True).encode())  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShardParts:
+    """What the shards of a run left, joined: node → (reason, message) per failed Job, node → stack."""
+
+    failed: dict[str, tuple[str | None, str]]
+    stacks: dict[str, dict[str, Any]]
+    rows: int
+
+
+def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> ShardParts:
+    """Join the files ``shards`` left into ``run``'s ``results.parquet`` (when any shard measured) and return
+    their failed Jobs and stacks. Raises :class:`~gpucert.errors.StoreError` naming a shard that did not
+    finish (no ``failed.json``) and ``InputError`` for a shard whose files name a node it did not hold."""
+    failed: dict[str, tuple[str | None, str]] = {}
+    stacks: dict[str, dict[str, Any]] = {}
+    frames: list[pd.DataFrame] = []
+    for index, nodes in enumerate(shards):
+        try:
+            record = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "failed.json"))))
+        except StoreError as exc:
+            raise StoreError(f"{run.run_id}: shard {index} ({len(nodes)} nodes from {min(nodes)}) did not "
+                             f"finish: {exc}") from exc  # fmt: skip
+        stack = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "stack.json"))))
+        stray = sorted((set(record) | set(stack)) - set(nodes))
+        if stray:
+            raise InputError(f"{run.run_id}: shard {index} reports nodes it did not hold: {', '.join(stray[:5])}")
+        failed.update({node: (reason, message) for node, (reason, message) in record.items()})
+        stacks.update(stack)
+        try:
+            raw = run.store.read_run_file(run.folder, run.day, run.file(_key(index, RESULTS)))
+        except StoreError:
+            continue  # no node of the shard logged results: every one is in failed.json
+        frames.append(pd.read_parquet(io.BytesIO(raw)))
+    rows = sum(len(f) for f in frames)
+    if frames:
+        run.write_table(RESULTS, pd.concat(frames, ignore_index=True))
+    return ShardParts(failed=failed, stacks=stacks, rows=rows)

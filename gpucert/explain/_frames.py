@@ -1,0 +1,249 @@
+"""The contract of ``gpucert explain`` in code: the frames it reads and the judgement it returns.
+
+Gathering (:mod:`gpucert.explain._gather`) fills these frames from Prometheus, the pod logs, the Kubernetes
+events and gpucert's own record; the engine (:func:`gpucert.explain.explain`) reads only them, so it is pure
+pandas and can be tested with frames built by hand. Every timestamp is tz-aware UTC.
+
+* ``telemetry`` — long format, one row per GPU × signal × scrape instant (:data:`TELEMETRY_COLUMNS`); ``signal``
+  is one of :data:`SIGNALS`, any of which may be missing;
+* ``nic`` — optional, one row per node × RDMA port × signal × instant (:data:`NIC_COLUMNS`); empty is normal;
+* ``steps`` — the job's own step times (:data:`STEPS_COLUMNS`); empty is allowed;
+* ``collectives`` — NCCL Inspector's per-collective timings (:data:`COLLECTIVES_COLUMNS`), optional;
+* ``events`` — Kubernetes events of the job's pods and nodes (:data:`EVENTS_COLUMNS`);
+* ``record`` — gpucert's history of the nodes, one row per node (:data:`RECORD_COLUMNS`).
+
+String columns may be ``object``, ``string`` or ``category`` (category keeps 7 M telemetry rows small).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import pandas as pd
+
+from ..errors import InputError
+
+__all__ = [
+    "COLLECTIVES_COLUMNS",
+    "EVENTS_COLUMNS",
+    "FRAME_COLUMNS",
+    "LAYERS",
+    "NIC_COLUMNS",
+    "NIC_SIGNALS",
+    "RECORD_COLUMNS",
+    "SIGNALS",
+    "STEPS_COLUMNS",
+    "TELEMETRY_COLUMNS",
+    "VERDICTS",
+    "Explanation",
+    "StepChange",
+    "Suspect",
+    "check_frame",
+    "empty_collectives",
+    "empty_events",
+    "empty_frame",
+    "empty_nic",
+    "empty_record",
+    "empty_steps",
+    "empty_telemetry",
+]
+
+TELEMETRY_COLUMNS: Final = ("ts", "node", "gpu", "gpu_uuid", "pod", "signal", "value")
+NIC_COLUMNS: Final = ("ts", "node", "device", "port", "signal", "value")
+STEPS_COLUMNS: Final = ("ts", "pod", "node", "step", "step_time_s")
+COLLECTIVES_COLUMNS: Final = ("ts", "node", "gpu", "comm", "collective", "busbw_gbps", "exec_time_us")
+EVENTS_COLUMNS: Final = ("ts", "object_kind", "object_name", "namespace", "node", "reason", "type", "note")
+RECORD_COLUMNS: Final = (
+    "node", "last_run_id", "last_decision", "last_certified_at", "open_tickets", "drift_alarms", "deviations",
+)
+
+#: The telemetry signals, each from one DCGM series (see the contract for the series and units).
+SIGNALS: Final = (
+    "sm_clock_mhz",            # DCGM_FI_DEV_SM_CLOCK
+    "clock_event_reasons",     # DCGM_FI_DEV_CLOCKS_EVENT_REASONS, the bitmask as a float
+    "power_w",                 # DCGM_FI_DEV_POWER_USAGE
+    "temp_c",                  # DCGM_FI_DEV_GPU_TEMP
+    "util_pct",                # DCGM_FI_DEV_GPU_UTIL
+    "engine_active",           # DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0..1
+    "nvlink_gbps",             # rate of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
+    "pcie_gbps",               # rate of DCGM_FI_DEV_PCIE_TX_BYTES + _RX_BYTES
+    "xid",                     # DCGM_FI_DEV_XID_ERRORS, the last XID
+    "ecc_dbe",                 # increase of DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
+    "pcie_replays_per_min",    # rate of DCGM_FI_DEV_PCIE_REPLAY_COUNTER × 60
+    "thermal_violation_frac",  # rate of DCGM_FI_DEV_THERMAL_VIOLATION / 1e9
+    "power_violation_frac",    # rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9
+)
+
+#: The NIC signals (node-exporter's infiniband collector); the counters are increases per step.
+NIC_SIGNALS: Final = ("rate_gbps", "symbol_errors", "link_downed", "rcv_errors")
+
+LAYERS: Final = ("gpu", "nvlink", "network", "node", "event")
+VERDICTS: Final = ("gpu", "network", "event", "elsewhere", "no-data")
+
+# Column kinds: "ts" tz-aware UTC datetime, "str" text (nullable where the contract says so), "int" integer
+# (nullable integers are pandas' Int64), "float" any real number, NaN for missing.
+_TS, _STR, _INT, _FLOAT = "ts", "str", "int", "float"
+_KINDS: Final[Mapping[str, Mapping[str, str]]] = {
+    "telemetry": {"ts": _TS, "node": _STR, "gpu": _INT, "gpu_uuid": _STR, "pod": _STR, "signal": _STR,
+                  "value": _FLOAT},
+    "nic": {"ts": _TS, "node": _STR, "device": _STR, "port": _INT, "signal": _STR, "value": _FLOAT},
+    "steps": {"ts": _TS, "pod": _STR, "node": _STR, "step": _INT, "step_time_s": _FLOAT},
+    "collectives": {"ts": _TS, "node": _STR, "gpu": _INT, "comm": _STR, "collective": _STR, "busbw_gbps": _FLOAT,
+                    "exec_time_us": _FLOAT},
+    "events": {"ts": _TS, "object_kind": _STR, "object_name": _STR, "namespace": _STR, "node": _STR,
+               "reason": _STR, "type": _STR, "note": _STR},
+    "record": {"node": _STR, "last_run_id": _STR, "last_decision": _STR, "last_certified_at": _TS,
+               "open_tickets": _STR, "drift_alarms": _INT, "deviations": _STR},
+}
+
+#: The columns of each frame, by the frame's name.
+FRAME_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
+    "telemetry": TELEMETRY_COLUMNS, "nic": NIC_COLUMNS, "steps": STEPS_COLUMNS,
+    "collectives": COLLECTIVES_COLUMNS, "events": EVENTS_COLUMNS, "record": RECORD_COLUMNS,
+}
+assert all(tuple(_KINDS[n]) == cols for n, cols in FRAME_COLUMNS.items())
+
+_EMPTY_DTYPES: Final[Mapping[str, object]] = {
+    _TS: pd.DatetimeTZDtype(unit="ns", tz="UTC"), _STR: "object", _INT: "Int64", _FLOAT: "float64",
+}
+
+
+def empty_frame(name: str) -> pd.DataFrame:
+    """An empty frame ``name`` ("telemetry", "nic", …) with the contract's columns and dtypes.
+
+    Raises ``KeyError`` for a name that is not a frame of the contract.
+    """
+    return pd.DataFrame({c: pd.Series(dtype=_EMPTY_DTYPES[k]) for c, k in _KINDS[name].items()})  # type: ignore[call-overload]
+
+
+def empty_telemetry() -> pd.DataFrame:
+    """An empty ``telemetry`` frame."""
+    return empty_frame("telemetry")
+
+
+def empty_nic() -> pd.DataFrame:
+    """An empty ``nic`` frame."""
+    return empty_frame("nic")
+
+
+def empty_steps() -> pd.DataFrame:
+    """An empty ``steps`` frame."""
+    return empty_frame("steps")
+
+
+def empty_collectives() -> pd.DataFrame:
+    """An empty ``collectives`` frame."""
+    return empty_frame("collectives")
+
+
+def empty_events() -> pd.DataFrame:
+    """An empty ``events`` frame."""
+    return empty_frame("events")
+
+
+def empty_record() -> pd.DataFrame:
+    """An empty ``record`` frame."""
+    return empty_frame("record")
+
+
+def _kind_ok(series: pd.Series, kind: str) -> str | None:
+    """``None`` when ``series`` fits ``kind``, else what is wrong with it."""
+    dtype = series.dtype
+    if kind == _TS:
+        if not isinstance(dtype, pd.DatetimeTZDtype):
+            return f"must be tz-aware UTC timestamps, not {dtype}"
+        if str(dtype.tz) != "UTC":
+            return f"must be in UTC, not {dtype.tz}"
+        return None
+    if kind == _STR:
+        if isinstance(dtype, pd.CategoricalDtype) or pd.api.types.is_string_dtype(dtype) or dtype.kind == "O":
+            return None
+        if series.isna().all():  # an all-missing nullable column (e.g. no pod labels at all) is fine
+            return None
+        return f"must be text, not {dtype}"
+    if pd.api.types.is_bool_dtype(dtype):
+        return f"must be numbers, not {dtype}"
+    if kind == _INT:
+        if pd.api.types.is_integer_dtype(dtype):
+            return None
+        if pd.api.types.is_float_dtype(dtype):
+            values = series.dropna()
+            if (values == values.round()).all():
+                return None
+            return "must be whole numbers"
+        if series.isna().all():
+            return None
+        return f"must be integers, not {dtype}"
+    if pd.api.types.is_numeric_dtype(dtype) or series.isna().all():
+        return None
+    return f"must be numbers, not {dtype}"
+
+
+def check_frame(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` itself when it has the columns and types of the contract's frame ``name``.
+
+    Extra columns are allowed. Raises :class:`~gpucert.errors.InputError` naming the frame and the first column
+    that is missing or of the wrong type, or ``name`` when it is no frame of the contract.
+    """
+    kinds = _KINDS.get(name)
+    if kinds is None:
+        raise InputError(f"{name!r} is not a frame of gpucert explain (one of {', '.join(_KINDS)})")
+    if not isinstance(frame, pd.DataFrame):
+        raise InputError(f"{name} frame: expected a pandas DataFrame, not {type(frame).__name__}")
+    missing = [c for c in kinds if c not in frame.columns]
+    if missing:
+        raise InputError(f"{name} frame: missing column {missing[0]!r}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for column, kind in kinds.items():
+        problem = _kind_ok(frame[column], kind)
+        if problem is not None:
+            raise InputError(f"{name} frame: column {column!r} {problem}")
+    return frame
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One thing the judgement blames, with the evidence behind it.
+
+    ``gpu`` is ``None`` when the node as a whole is blamed (its NIC, an event); ``layer`` is one of
+    :data:`LAYERS`; ``onset`` is the first scrape instant from which it departs from its peers; ``evidence`` is
+    plain sentences with numbers.
+    """
+
+    node: str
+    gpu: int | None
+    gpu_uuid: str | None
+    layer: str
+    score: float
+    onset: pd.Timestamp | None
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """The step time went from ``before_s`` to ``after_s`` at ``at``; ``change_pct`` = (after/before − 1) × 100."""
+
+    before_s: float
+    after_s: float
+    at: pd.Timestamp
+    change_pct: float
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why the job is slow: the verdict (one of :data:`VERDICTS`), the ranked suspects and the answer in three lines.
+
+    ``recommendations`` are text only: acting on them is ``--act``'s; ``notes`` say what could not be read.
+    """
+
+    job: str
+    window: tuple[pd.Timestamp, pd.Timestamp]
+    verdict: str
+    suspects: tuple[Suspect, ...]
+    step_change: StepChange | None
+    events_of_note: tuple[str, ...]
+    answer: tuple[str, str, str]
+    recommendations: tuple[str, ...]
+    notes: tuple[str, ...]

@@ -1,0 +1,853 @@
+"""Gathering a job's signals over its window into the frames of :mod:`gpucert.explain._frames`.
+
+* **telemetry** — DCGM per GPU from Prometheus range queries at the exporters' scrape step (found from the
+  samples themselves, so the first scrape interval where a GPU departs is the onset), on the job's nodes
+  only, chunked by node (``NODES_PER_QUERY``) and by time so that no answer holds more than Prometheus'
+  11,000 points per series. Rates are ``irate`` over three scrape intervals: the change between the last two
+  samples, so a counter's onset is not smeared over a long window. Each sample is given to the pod that held
+  its GPU: dcgm-exporter's ``pod``/``namespace`` labels, else the device plugin's allocation
+  (:func:`gpucert.explain._target.assign_gpus`); a GPU held by a pod outside the job is left out.
+* **nic** — node-exporter's infiniband collector, where Prometheus has it (the node is its ``node`` label or
+  its ``instance`` without the port).
+* **steps** — the job's step time: the configured Prometheus gauge (``train_step_seconds{namespace,pod}``
+  by default) when it has series for the job's pods, else JSON lines in the pods' logs (``{"ts", "step",
+  "step_time_s"}``; any other line is ignored), read through :meth:`gpucert.kube.Kube.pod_log`.
+* **collectives** — NCCL Inspector's Prometheus metrics (``nccl_bus_bandwidth_gbs``,
+  ``nccl_collective_exec_time_microseconds``), else the collective lines of the pods' logs.
+* **events** — ``events.k8s.io/v1`` and core Events about the job's pods and nodes (the same Event may be
+  served by both: counted once), the nodes' condition changes in the window, and what the pods' own status
+  says (an eviction, an OOM kill) when its Event has expired — Events live an hour by default.
+
+Nothing here judges: what could not be read is a note, never an invented number.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from ..kube import Kube, KubeError
+from ..telemetry import PrometheusSource
+from ..telemetry._common import HOST_LABELS
+from ._frames import (
+    COLLECTIVES_COLUMNS,
+    EVENTS_COLUMNS,
+    empty_collectives,
+    empty_events,
+    empty_nic,
+    empty_steps,
+    empty_telemetry,
+)
+from ._target import JobTarget, TargetPod, assign_gpus
+
+__all__ = [
+    "NODES_PER_QUERY",
+    "SIGNAL_QUERIES",
+    "STEP_METRIC",
+    "Gathered",
+    "gather",
+    "gather_events",
+    "gather_steps",
+    "gather_telemetry",
+    "parse_step_log",
+    "scrape_step",
+]
+
+#: The job's step-time gauge (seconds per step, labelled ``namespace`` and ``pod``) unless told otherwise.
+STEP_METRIC = "train_step_seconds"
+#: Nodes named in one query: 8 nodes of 8 GPUs over 6 h at 15 s is 64 series of 1,441 points.
+NODES_PER_QUERY = 8
+#: Pods named in one query of the step metric (a regex of their names).
+PODS_PER_QUERY = 100
+#: Prometheus answers at most 11,000 points per series of a range query; a margin for the end points.
+_MAX_POINTS = 10_900
+_DEFAULT_STEP_S = 15.0
+_LOG_WORKERS = 8
+
+#: signal → PromQL over one selector function ``s(metric)`` and the rate window ``w`` / step ``step``
+#: (seconds, as text). Every signal is read whole, zeros included: a zero is a reading, an absence is not.
+SIGNAL_QUERIES: Mapping[str, Callable[[Callable[[str], str], str, str], str]] = {
+    "sm_clock_mhz": lambda s, w, step: s("DCGM_FI_DEV_SM_CLOCK"),
+    "clock_event_reasons": lambda s, w, step: s("DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
+    "power_w": lambda s, w, step: s("DCGM_FI_DEV_POWER_USAGE"),
+    "temp_c": lambda s, w, step: s("DCGM_FI_DEV_GPU_TEMP"),
+    "util_pct": lambda s, w, step: s("DCGM_FI_DEV_GPU_UTIL"),
+    "engine_active": lambda s, w, step: s("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    "nvlink_gbps": lambda s, w, step: f"irate({s('DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL')}[{w}]) / 1e9",
+    "pcie_gbps": lambda s, w, step: (
+        f"(irate({s('DCGM_FI_DEV_PCIE_TX_BYTES')}[{w}]) + irate({s('DCGM_FI_DEV_PCIE_RX_BYTES')}[{w}])) / 1e9"
+    ),
+    "xid": lambda s, w, step: s("DCGM_FI_DEV_XID_ERRORS"),
+    "ecc_dbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[{w}]) * {step}",
+    "pcie_replays_per_min": lambda s, w, step: f"irate({s('DCGM_FI_DEV_PCIE_REPLAY_COUNTER')}[{w}]) * 60",
+    "thermal_violation_frac": lambda s, w, step: (
+        f"clamp(irate({s('DCGM_FI_DEV_THERMAL_VIOLATION')}[{w}]) / 1e9, 0, 1)"
+    ),
+    "power_violation_frac": lambda s, w, step: (
+        f"clamp(irate({s('DCGM_FI_DEV_POWER_VIOLATION')}[{w}]) / 1e9, 0, 1)"
+    ),
+}
+#: node-exporter's infiniband series → the nic frame's signal, and whether it is a counter (increase per step).
+_NIC_SERIES = (
+    ("node_infiniband_rate_bytes_per_second", "rate_gbps", False),
+    ("node_infiniband_symbol_error_total", "symbol_errors", True),
+    ("node_infiniband_link_downed_total", "link_downed", True),
+    ("node_infiniband_port_receive_errors_total", "rcv_errors", True),
+)
+_NCCL_BUSBW = "nccl_bus_bandwidth_gbs"
+_NCCL_TIME = "nccl_collective_exec_time_microseconds"
+#: A node's condition → (reason when it turns bad, reason when it turns good, the bad status).
+_CONDITIONS = {
+    "Ready": ("NodeNotReady", "NodeReady", "notTrue"),
+    "MemoryPressure": ("NodeHasInsufficientMemory", "NodeHasSufficientMemory", "True"),
+    "DiskPressure": ("NodeHasDiskPressure", "NodeHasNoDiskPressure", "True"),
+    "PIDPressure": ("NodeHasInsufficientPID", "NodeHasSufficientPID", "True"),
+    "NetworkUnavailable": ("NodeNetworkUnavailable", "NodeNetworkAvailable", "True"),
+}
+#: A pod's status reason that is an event in itself (its Event may have expired).
+_POD_REASONS = frozenset({"Evicted", "Preempted", "OOMKilled", "DeadlineExceeded", "NodeLost", "Shutdown", "Error"})
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Every frame of one job's window, the scrape step they were read at, and what could not be read."""
+
+    telemetry: pd.DataFrame
+    nic: pd.DataFrame
+    steps: pd.DataFrame
+    collectives: pd.DataFrame
+    events: pd.DataFrame
+    step_s: float
+    notes: tuple[str, ...] = ()
+    #: Seconds per part: ``prometheus`` (the queries: HTTP and JSON), ``frames`` (answers into frames),
+    #: ``logs``, ``events``.
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    queries: int = 0
+
+
+class _Clock:
+    """Seconds spent per part, from many threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+        self.queries = 0
+
+    def add(self, part: str, seconds: float, *, queries: int = 0) -> None:
+        with self._lock:
+            self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+            self.queries += queries
+
+
+# --- the whole gathering ----------------------------------------------------------------------------------
+
+
+def gather(
+    kube: Kube,
+    source: PrometheusSource,
+    target: JobTarget,
+    *,
+    step_s: float | None = None,
+    step_metric: str | None = STEP_METRIC,
+    read_logs: bool = True,
+) -> Gathered:
+    """All frames of ``target``'s window (see the module docstring). ``step_s``: the resolution of the range
+    queries, default the exporters' scrape interval as Prometheus holds it; ``step_metric``: the job's step
+    gauge (None or ``""``: read the pods' logs only); ``read_logs``: False reads no pod log.
+
+    Raises :class:`~gpucert.telemetry.PrometheusAuthError` / :class:`TelemetryError` when Prometheus refuses
+    or does not answer, the :class:`~gpucert.kube.KubeError` of a cluster that does not answer.
+    """
+    clock = _Clock()
+    notes: list[str] = list(target.notes)
+    started = time.perf_counter()
+    step = step_s or scrape_step(source, target, notes)
+    clock.add("prometheus", time.perf_counter() - started, queries=1)
+    telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock)
+    steps, collectives = gather_steps(kube, source, target, step_s=step, step_metric=step_metric,
+                                      read_logs=read_logs, notes=notes, clock=clock)  # fmt: skip
+    began = time.perf_counter()
+    events = gather_events(kube, target, notes=notes)
+    clock.add("events", time.perf_counter() - began)
+    if telemetry.empty:
+        notes.append("no DCGM telemetry of the job's GPUs in Prometheus for the window")
+    return Gathered(telemetry=telemetry, nic=nic, steps=steps, collectives=collectives, events=events,
+                    step_s=step, notes=tuple(dict.fromkeys(notes)), seconds=dict(clock.seconds),
+                    queries=clock.queries)  # fmt: skip
+
+
+# --- PromQL helpers ---------------------------------------------------------------------------------------
+
+
+def _regex(names: Iterable[str]) -> str:
+    """An RE2 alternation of literal ``names``, quoted for a PromQL string."""
+    special = set(r".^$*+?()[]{}|\\")
+    parts = ["".join("\\" + c if c in special else c for c in name) for name in names]
+    return "|".join(parts).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _host_labels(source: PrometheusSource) -> tuple[str, ...]:
+    return (source.host_label,) if source.host_label else HOST_LABELS
+
+
+def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[[Callable[[str], str]], str]) -> str:
+    """``build(s)`` for each host label the source reads, joined by ``or`` (a fleet mid-upgrade carries
+    either): ``s(metric)`` is the metric restricted to ``nodes``."""
+    regex = _regex(nodes)
+    exprs = []
+    for label in _host_labels(source):
+        exprs.append(build(lambda metric, label=label: f'{metric}{{{label}=~"{regex}"}}'))  # type: ignore[misc]
+    return " or ".join(f"({e})" for e in exprs) if len(exprs) > 1 else exprs[0]
+
+
+def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def _grid(window: tuple[pd.Timestamp, pd.Timestamp], step: float) -> list[tuple[float, float]]:
+    """The window as (start, end) unix-second spans on one grid of ``step`` (every query of the job sees the
+    same instants), each of at most ``_MAX_POINTS`` points."""
+    start = math.ceil(window[0].timestamp() / step) * step
+    end = math.floor(window[1].timestamp() / step) * step
+    end = max(end, start)
+    span = step * (_MAX_POINTS - 1)
+    spans = []
+    at = start
+    while at <= end:
+        spans.append((at, min(end, at + span)))
+        at += span + step
+    return spans
+
+
+def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | None = None) -> float:
+    """The DCGM exporters' scrape interval on the job's nodes, in whole seconds: the window over the most
+    samples any GPU temperature series holds in it (``count_over_time``); 15 s when there are none."""
+    start, end = target.window
+    window = max(1, math.floor((end - start).total_seconds()))
+    nodes = target.nodes[:NODES_PER_QUERY]
+    if not nodes:
+        return _DEFAULT_STEP_S
+    expr = _over_hosts(source, nodes, lambda s: f"count_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])")
+    series = source.query(expr, end.timestamp(), notes)
+    counts = [v for s in series for _, v in s.values if math.isfinite(v) and v > 1]
+    if not counts:
+        return _DEFAULT_STEP_S
+    return float(max(1, round(window / max(counts))))
+
+
+# --- telemetry --------------------------------------------------------------------------------------------
+
+
+def gather_telemetry(
+    source: PrometheusSource,
+    target: JobTarget,
+    *,
+    step_s: float,
+    notes: list[str],
+    clock: _Clock | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The telemetry frame (one row per GPU × signal × instant, the job's GPUs only) and the nic frame of
+    ``target``'s window, read at ``step_s``. Raises as :meth:`PrometheusSource.query` does."""
+    clock = clock or _Clock()
+    nodes = target.nodes
+    if not nodes:
+        return empty_telemetry(), empty_nic()
+    step = f"{step_s:g}"
+    w = f"{max(1, round(3 * step_s))}s"
+    spans = _grid(target.window, step_s)
+    end = target.window[1].timestamp()
+
+    # Which pod holds which GPU: the series' own labels, read once over the window.
+    began = time.perf_counter()
+    window = max(1, math.floor((target.window[1] - target.window[0]).total_seconds()))
+    labels: list[tuple[str, int, dict[str, str]]] = []
+    for chunk in _chunks(nodes, NODES_PER_QUERY * 4):
+        expr = _over_hosts(source, chunk, lambda s: f"last_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])")
+        for s in source.query(expr, end, notes):
+            ident = _identity(s.labels, source.host_label)
+            if ident is not None:
+                labels.append((ident[0], ident[1], s.labels))
+    holders, assigned = assign_gpus(target, labels)
+    notes.extend(assigned)
+    clock.add("prometheus", time.perf_counter() - began, queries=len(_chunks(nodes, NODES_PER_QUERY * 4)))
+
+    frames = _Frames(target, holders, source.host_label)
+    jobs: list[Callable[[], None]] = []
+    for signal, build in SIGNAL_QUERIES.items():
+        for chunk in _chunks(nodes, NODES_PER_QUERY):
+            expr = _over_hosts(source, chunk, lambda s, build=build: build(s, w, step))  # type: ignore[misc]
+            for lo, hi in spans:
+                jobs.append(functools.partial(frames.read, source, signal, expr, lo, hi, step_s, notes, clock))
+    nic_frames: list[pd.DataFrame] = []
+    for metric, signal, counter in _NIC_SERIES:
+        expr = _nic_expr(metric, counter, nodes, w, step)
+        for lo, hi in spans:
+            jobs.append(functools.partial(_read_nic, source, nic_frames, signal, expr, lo, hi, step_s,
+                                          set(nodes), notes, clock, counter))  # fmt: skip
+    _run_all(jobs, workers=source.workers)
+    telemetry = frames.frame()
+    nic = pd.concat(nic_frames, ignore_index=True) if nic_frames else empty_nic()
+    return telemetry, nic
+
+
+def _run_all(jobs: Sequence[Callable[[], None]], *, workers: int) -> None:
+    """Run ``jobs`` on ``workers`` threads; the first failure stops those not started and is raised."""
+    failed = threading.Event()
+
+    def guarded(job: Callable[[], None]) -> None:
+        if failed.is_set():
+            return
+        try:
+            job()
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpucert-explain") as pool:
+        futures = [pool.submit(guarded, job) for job in jobs]
+        for future in futures:
+            future.result()
+
+
+def _identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str] | None:
+    node = labels.get(host_label) if host_label else (labels.get("hostname") or labels.get("Hostname"))
+    gpu = labels.get("gpu")
+    if not node or gpu is None or not gpu.isdigit():
+        return None
+    return node, int(gpu), labels.get("UUID") or ""
+
+
+class _Frames:
+    """The telemetry answers as they come (from many threads), turned into columns at once per answer."""
+
+    def __init__(self, target: JobTarget, holders: Mapping[str, Sequence[TargetPod]], host_label: str | None):
+        self.host_label = host_label
+        self.job_pods = {(p.namespace, p.name) for p in target.pods}
+        # Nodes where dcgm-exporter labels the job's pods: an unlabelled series there is a GPU the job does not hold.
+        self.holders = {n: list(h) for n, h in holders.items()}
+        self._lock = threading.Lock()
+        self._parts: list[tuple[str, np.ndarray, np.ndarray, list[tuple[str, int, str, str | None, int]]]] = []
+        self.skipped = 0
+        #: Whether some GPU came in two series of one answer (a pod label that changed): dedupe then.
+        self.repeated = False
+
+    def read(
+        self,
+        source: PrometheusSource,
+        signal: str,
+        expr: str,
+        lo: float,
+        hi: float,
+        step_s: float,
+        notes: list[str],
+        clock: _Clock,
+    ) -> None:
+        began = time.perf_counter()
+        answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+        asked = time.perf_counter()
+        clock.add("prometheus", asked - began, queries=1)
+        self._add(signal, answer)
+        clock.add("frames", time.perf_counter() - asked)
+
+    def _add(self, signal: str, answer: Sequence[Mapping[str, Any]]) -> None:
+        times: list[float] = []
+        texts: list[str] = []
+        meta: list[tuple[str, int, str, str | None, int]] = []
+        skipped = 0
+        gpus: set[tuple[str, int]] = set()
+        repeated = False
+        for series in answer:
+            labels = series.get("metric") or {}
+            ident = _identity(labels, self.host_label)
+            values = series.get("values") or ()
+            if ident is None or not values:
+                skipped += ident is None
+                continue
+            node, gpu, uuid = ident
+            repeated = repeated or (node, gpu) in gpus
+            gpus.add((node, gpu))
+            pod = labels.get("pod") or None
+            namespace = labels.get("namespace") or ""
+            if pod is not None and (namespace, pod) not in self.job_pods:
+                continue  # a GPU another workload held at the time
+            if pod is None and node not in self.holders:
+                continue  # dcgm-exporter labels this node's job GPUs: this one the job did not hold
+            first = len(times)
+            # Two flat lists, converted at once below: a tuple per point would cost more than the JSON.
+            times.extend([p[0] for p in values])
+            texts.extend([p[1] for p in values])
+            if pod is None:
+                holders = self.holders[node]
+                if len(holders) > 1:
+                    # Pods that held the whole node one after the other: each sample to the one holding it then.
+                    stamps = np.asarray(times[first:], dtype=np.float64)
+                    starts = np.array([(h.started or pd.Timestamp(0, tz=UTC)).timestamp() for h in holders])
+                    which = np.clip(np.searchsorted(starts, stamps, side="right") - 1, 0, len(holders) - 1)
+                    cuts = np.flatnonzero(np.diff(which)) + 1
+                    for part in np.split(np.arange(len(values)), cuts):
+                        meta.append((node, gpu, uuid, holders[int(which[part[0]])].name, len(part)))
+                    continue
+                pod = holders[0].name
+            meta.append((node, gpu, uuid, pod, len(values)))
+        if not times:
+            with self._lock:
+                self.skipped += skipped
+            return
+        ts = np.asarray(times, dtype=np.float64)
+        value = np.asarray(texts, dtype=np.float64)  # Prometheus' "1", "NaN", "+Inf" parse as floats
+        with self._lock:
+            self._parts.append((signal, ts, value, meta))
+            self.skipped += skipped
+            self.repeated = self.repeated or repeated
+
+    def frame(self) -> pd.DataFrame:
+        """The long telemetry frame; (ts, node, gpu, signal) unique (a GPU seen by two series counts once)."""
+        if not self._parts:
+            return empty_telemetry()
+        ts = np.concatenate([p[1] for p in self._parts])
+        value = np.concatenate([p[2] for p in self._parts])
+        meta = [m for p in self._parts for m in p[3]]
+        counts = np.array([m[4] for m in meta], dtype=np.int64)
+        per_part = [len(p[1]) for p in self._parts]
+        # Categoricals: millions of rows share a few hundred names (the frames' contract allows them).
+        frame = pd.DataFrame(
+            {
+                "ts": _unix(ts),
+                "node": _repeat_category([m[0] for m in meta], counts),
+                "gpu": np.repeat(np.array([m[1] for m in meta], dtype=np.int64), counts),
+                "gpu_uuid": _repeat_category([m[2] for m in meta], counts),
+                "pod": _repeat_category([m[3] for m in meta], counts),
+                "signal": _repeat_category([p[0] for p in self._parts], np.array(per_part, dtype=np.int64)),
+                "value": value,
+            }
+        )
+        finite = np.isfinite(value)
+        if not finite.all():
+            frame = frame[finite]
+        if self.repeated:
+            frame = frame.drop_duplicates(["ts", "node", "gpu", "signal"])
+        # Unsorted: the answers come in the order the threads finished; every series is in time order.
+        return frame.reset_index(drop=True)
+
+
+def _points(values: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """A series' ``[[t, "v"], …]`` as (unix seconds, values) arrays."""
+    return (np.asarray([p[0] for p in values], dtype=np.float64),
+            np.asarray([p[1] for p in values], dtype=np.float64))  # fmt: skip
+
+
+def _unix(seconds: np.ndarray) -> pd.DatetimeIndex:
+    """Unix seconds as the frames' timestamps (UTC, nanoseconds)."""
+    return pd.to_datetime(seconds, unit="s", utc=True).as_unit("ns")
+
+
+def _iso(texts: Sequence[Any]) -> pd.Series:
+    """RFC 3339 texts as the frames' timestamps; what does not parse is NaT."""
+    return pd.to_datetime(pd.Series(texts, dtype=object), utc=True, errors="coerce", format="ISO8601").dt.as_unit("ns")
+
+
+def _repeat_category(labels: Sequence[str | None], counts: np.ndarray) -> pd.Categorical[str]:
+    """``labels[i]`` repeated ``counts[i]`` times, as a categorical (None: missing)."""
+    categories = sorted({label for label in labels if label is not None})
+    index = {label: i for i, label in enumerate(categories)}
+    codes = np.array([index[label] if label is not None else -1 for label in labels], dtype=np.int64)
+    made: pd.Categorical[str] = pd.Categorical.from_codes(np.repeat(codes, counts), categories=pd.Index(categories))
+    return made
+
+
+# --- nic ---------------------------------------------------------------------------------------------------
+
+
+def _nic_expr(metric: str, counter: bool, nodes: Sequence[str], w: str, step: str) -> str:
+    """node-exporter's ``metric`` on ``nodes`` (by its ``node`` label or its ``instance`` without the port):
+    a counter as its increase per step, the link rate in Gb/s."""
+    regex = _regex(nodes)
+    selectors = (f'{metric}{{node=~"{regex}"}}', f'{metric}{{instance=~"({regex})(:[0-9]+)?"}}')
+    if counter:
+        return " or ".join(f"irate({s}[{w}]) * {step}" for s in selectors)
+    return " or ".join(f"{s} * 8 / 1e9" for s in selectors)
+
+
+def _read_nic(
+    source: PrometheusSource,
+    out: list[pd.DataFrame],
+    signal: str,
+    expr: str,
+    lo: float,
+    hi: float,
+    step_s: float,
+    nodes: set[str],
+    notes: list[str],
+    clock: _Clock,
+    counter: bool,
+) -> None:
+    began = time.perf_counter()
+    answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+    clock.add("prometheus", time.perf_counter() - began, queries=1)
+    rows = []
+    for series in answer:
+        labels = series.get("metric") or {}
+        node = labels.get("node") or (labels.get("instance") or "").rsplit(":", 1)[0]
+        if node not in nodes:
+            continue
+        port = labels.get("port") or "1"
+        values = series.get("values") or ()
+        if not values:
+            continue
+        times, figures = _points(values)
+        rows.append(pd.DataFrame({
+            "ts": _unix(times),
+            "node": node, "device": labels.get("device") or "", "port": int(port) if port.isdigit() else 1,
+            "signal": signal, "value": figures,
+        }))  # fmt: skip
+    if rows:
+        out.append(pd.concat(rows, ignore_index=True))
+
+
+# --- the job's own timings ---------------------------------------------------------------------------------
+
+
+def gather_steps(
+    kube: Kube,
+    source: PrometheusSource,
+    target: JobTarget,
+    *,
+    step_s: float,
+    step_metric: str | None = STEP_METRIC,
+    read_logs: bool = True,
+    notes: list[str],
+    clock: _Clock | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The steps and collectives frames: Prometheus first (the step gauge ``step_metric``, NCCL Inspector's
+    metrics), the pods' logs for what Prometheus does not have. Raises as :meth:`PrometheusSource.query`."""
+    clock = clock or _Clock()
+    spans = _grid(target.window, step_s)
+    node_of = {p.name: p.node for p in target.pods}
+    steps = empty_steps()
+    if step_metric:
+        steps = _steps_from_prometheus(source, target, step_metric, spans, step_s, node_of, notes, clock)
+    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock)
+    if (steps.empty or collectives.empty) and read_logs:
+        started = time.perf_counter()
+        log_steps, log_collectives = _from_logs(kube, target, notes)
+        clock.add("logs", time.perf_counter() - started)
+        if steps.empty:
+            steps = log_steps
+        if collectives.empty:
+            collectives = log_collectives
+    if steps.empty:
+        how = f"no {step_metric} series in Prometheus and " if step_metric else ""
+        notes.append(f"no step times: {how}no step lines in the pods' logs; the answer rests on telemetry")
+    return steps, collectives
+
+
+def _steps_from_prometheus(
+    source: PrometheusSource,
+    target: JobTarget,
+    metric: str,
+    spans: Sequence[tuple[float, float]],
+    step_s: float,
+    node_of: Mapping[str, str | None],
+    notes: list[str],
+    clock: _Clock,
+) -> pd.DataFrame:
+    frames = []
+    namespaces = sorted({p.namespace for p in target.pods})
+    for chunk in _chunks(sorted({p.name for p in target.pods}), PODS_PER_QUERY):
+        expr = f'{metric}{{namespace=~"{_regex(namespaces)}",pod=~"{_regex(chunk)}"}}'
+        for lo, hi in spans:
+            began = time.perf_counter()
+            answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+            clock.add("prometheus", time.perf_counter() - began, queries=1)
+            for series in answer:
+                pod = (series.get("metric") or {}).get("pod") or ""
+                values = series.get("values") or ()
+                if pod not in node_of or not values:
+                    continue
+                times, figures = _points(values)
+                frames.append(pd.DataFrame({
+                    "ts": _unix(times), "pod": pod,
+                    "node": node_of[pod], "step": pd.array([pd.NA] * len(values), dtype="Int64"),
+                    "step_time_s": figures,
+                }))  # fmt: skip
+    if not frames:
+        return empty_steps()
+    steps = pd.concat(frames, ignore_index=True)
+    steps = steps[np.isfinite(steps["step_time_s"].to_numpy())]
+    ordered: pd.DataFrame = steps.sort_values("ts", kind="stable").reset_index(drop=True)
+    return ordered
+
+
+def _collectives_from_prometheus(
+    source: PrometheusSource,
+    target: JobTarget,
+    spans: Sequence[tuple[float, float]],
+    step_s: float,
+    notes: list[str],
+    clock: _Clock,
+) -> pd.DataFrame:
+    nodes = set(target.nodes)
+    parts: dict[str, list[pd.DataFrame]] = {"busbw_gbps": [], "exec_time_us": []}
+    for metric, column in ((_NCCL_BUSBW, "busbw_gbps"), (_NCCL_TIME, "exec_time_us")):
+        for chunk in _chunks(target.nodes, NODES_PER_QUERY * 4):
+            regex = _regex(chunk)
+            expr = f'{metric}{{node=~"{regex}"}} or {metric}{{hostname=~"{regex}"}}'
+            for lo, hi in spans:
+                began = time.perf_counter()
+                answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+                clock.add("prometheus", time.perf_counter() - began, queries=1)
+                for series in answer:
+                    labels = series.get("metric") or {}
+                    node = labels.get("node") or labels.get("hostname") or ""
+                    values = series.get("values") or ()
+                    if node not in nodes or not values:
+                        continue
+                    gpu = labels.get("gpu") or ""
+                    times, figures = _points(values)
+                    parts[column].append(pd.DataFrame({
+                        "ts": _unix(times), "node": node,
+                        "gpu": int(gpu) if gpu.isdigit() else pd.NA,
+                        "comm": labels.get("comm") or labels.get("communicator") or "",
+                        "collective": labels.get("collective") or "", column: figures,
+                    }))  # fmt: skip
+    keys = ["ts", "node", "gpu", "comm", "collective"]
+    frames = [pd.concat(p, ignore_index=True) for p in parts.values() if p]
+    if not frames:
+        return empty_collectives()
+    merged = frames[0]
+    for other in frames[1:]:
+        merged = merged.merge(other, on=keys, how="outer")
+    for column in ("busbw_gbps", "exec_time_us"):
+        if column not in merged:
+            merged[column] = np.nan
+    merged["gpu"] = merged["gpu"].astype("Int64")
+    return merged[list(COLLECTIVES_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def parse_step_log(text: str, *, pod: str, node: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The steps and collectives in one pod's log: JSON lines with ``ts`` (RFC 3339) and ``step_time_s``
+    (``step`` optional), or ``collective`` (``comm``, ``busbw_gbps``, ``exec_time_us``, ``gpu`` optional);
+    every other line, and a line whose fields do not parse, is ignored."""
+    step_rows: list[tuple[str, Any, Any]] = []
+    coll_rows: list[tuple[str, Any, Any, Any, Any]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith("{") or ('"step_time_s"' not in line and '"collective"' not in line):
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("ts"), str):
+            continue
+        if "step_time_s" in record:
+            step_rows.append((record["ts"], record.get("step"), record["step_time_s"]))
+        elif "collective" in record:
+            coll_rows.append((record["ts"], record.get("gpu"), record.get("comm"), record.get("collective"),
+                              (record.get("busbw_gbps"), record.get("exec_time_us"))))  # fmt: skip
+    steps = empty_steps()
+    if step_rows:
+        ts, step, seconds = zip(*step_rows, strict=True)
+        steps = pd.DataFrame({
+            "ts": _iso(ts),
+            "pod": pod, "node": node,
+            "step": pd.to_numeric(pd.Series(step, dtype=object), errors="coerce").astype("Int64"),
+            "step_time_s": pd.to_numeric(pd.Series(seconds, dtype=object), errors="coerce"),
+        }).dropna(subset=["ts", "step_time_s"])  # fmt: skip
+    collectives = empty_collectives()
+    if coll_rows:
+        ts, gpu, comm, coll, figures = zip(*coll_rows, strict=True)
+        collectives = pd.DataFrame({
+            "ts": _iso(ts), "node": node,
+            "gpu": pd.to_numeric(pd.Series(gpu, dtype=object), errors="coerce").astype("Int64"),
+            "comm": pd.Series(comm, dtype=object).fillna("").astype(str),
+            "collective": pd.Series(coll, dtype=object).fillna("").astype(str),
+            "busbw_gbps": pd.to_numeric(pd.Series([f[0] for f in figures], dtype=object), errors="coerce"),
+            "exec_time_us": pd.to_numeric(pd.Series([f[1] for f in figures], dtype=object), errors="coerce"),
+        }).dropna(subset=["ts"])  # fmt: skip
+    return steps, collectives
+
+
+def _from_logs(kube: Kube, target: JobTarget, notes: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Steps and collectives from every scheduled pod's log, within the window."""
+    pods = [p for p in target.pods if p.node]
+    unread: list[str] = []
+
+    def read(pod: TargetPod) -> tuple[pd.DataFrame, pd.DataFrame]:
+        try:
+            text = kube.pod_log(pod.name, pod.namespace)
+        except KubeError:
+            unread.append(pod.name)
+            return empty_steps(), empty_collectives()
+        return parse_step_log(text, pod=pod.name, node=pod.node)
+
+    with ThreadPoolExecutor(max_workers=_LOG_WORKERS, thread_name_prefix="gpucert-logs") as pool:
+        parts = list(pool.map(read, pods))
+    if unread:
+        notes.append(f"the logs of {len(unread)} pod(s) could not be read: {', '.join(sorted(unread)[:5])}")
+    start, end = target.window
+    step_parts = [s for s, _ in parts if len(s)]
+    coll_parts = [c for _, c in parts if len(c)]
+    steps = pd.concat(step_parts, ignore_index=True) if step_parts else empty_steps()
+    collectives = pd.concat(coll_parts, ignore_index=True) if coll_parts else empty_collectives()
+    steps = steps[(steps["ts"] >= start) & (steps["ts"] <= end)]
+    collectives = collectives[(collectives["ts"] >= start) & (collectives["ts"] <= end)]
+    return (steps.sort_values("ts", kind="stable").reset_index(drop=True),
+            collectives.sort_values("ts", kind="stable").reset_index(drop=True))  # fmt: skip
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+
+def gather_events(kube: Kube, target: JobTarget, *, notes: list[str]) -> pd.DataFrame:
+    """The events frame of ``target``'s window: Events about its pods and nodes (both APIs, each Event
+    once), node condition changes, and pod status reasons whose Event is gone. Raises the
+    :class:`~gpucert.kube.KubeError` of a cluster that does not answer (a refused list is a note)."""
+    start, end = target.window
+    pods = {(p.namespace, p.name): p for p in target.pods}
+    node_of_pod = {key: p.node for key, p in pods.items()}
+    nodes = set(target.nodes)
+    rows: list[dict[str, Any]] = []
+    seen_uids: set[str] = set()
+
+    def add(item: Mapping[str, Any], new_api: bool) -> None:
+        meta = item.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if uid and uid in seen_uids:
+            return
+        about = (item.get("regarding") if new_api else item.get("involvedObject")) or {}
+        kind, name, namespace = about.get("kind"), str(about.get("name") or ""), about.get("namespace") or None
+        if kind == "Pod" and (str(namespace or ""), name) in pods:
+            node = node_of_pod[(str(namespace or ""), name)]
+        elif kind == "Node" and name in nodes:
+            node = name
+        else:
+            return
+        ts = _event_time(item, new_api)
+        if ts is None or not (start <= ts <= end):
+            return
+        seen_uids.add(uid)
+        note = item.get("note") if new_api else item.get("message")
+        rows.append({"ts": ts, "object_kind": kind, "object_name": name, "namespace": namespace, "node": node,
+                     "reason": str(item.get("reason") or ""), "type": str(item.get("type") or "Normal"),
+                     "note": str(note or "")})  # fmt: skip
+
+    namespaces = sorted({p.namespace for p in target.pods})
+    for api_version, kind_field in (("events.k8s.io/v1", "regarding.kind"), ("v1", "involvedObject.kind")):
+        new_api = api_version != "v1"
+        for namespace in namespaces:
+            for item in _events(kube, api_version, namespace, f"{kind_field}=Pod", notes):
+                add(item, new_api)
+        for item in _events(kube, api_version, None, f"{kind_field}=Node", notes):
+            add(item, new_api)
+    rows += _condition_changes(kube, sorted(nodes), start, end)
+    frame = pd.DataFrame(rows, columns=list(EVENTS_COLUMNS)) if rows else empty_events()
+    frame = _dedupe_events(frame)
+    frame = pd.concat([frame, _pod_status_events(pods.values(), frame, start, end)], ignore_index=True)
+    if frame.empty:
+        return empty_events()
+    frame["ts"] = pd.to_datetime(frame["ts"], utc=True).dt.as_unit("ns")
+    return frame.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _events(
+    kube: Kube, api_version: str, namespace: str | None, field_selector: str, notes: list[str]
+) -> list[dict[str, Any]]:
+    try:
+        return kube.list_objects(api_version, "Event", namespace, field_selector=field_selector)
+    except KubeError as exc:
+        if exc.status in (401, 403, 404):
+            notes.append(f"Events ({api_version}) could not be listed: {exc}")
+            return []
+        raise
+
+
+def _event_time(item: Mapping[str, Any], new_api: bool) -> pd.Timestamp | None:
+    series = item.get("series") or {}
+    candidates: tuple[Any, ...]
+    if new_api:
+        candidates = (series.get("lastObservedTime"), item.get("eventTime"), item.get("deprecatedLastTimestamp"))
+    else:
+        candidates = (item.get("lastTimestamp"), series.get("lastObservedTime"), item.get("eventTime"),
+                      item.get("firstTimestamp"))  # fmt: skip
+    created = (item.get("metadata") or {}).get("creationTimestamp")
+    for value in (*candidates, created):
+        if value:
+            try:
+                stamp = pd.Timestamp(str(value))
+            except ValueError:
+                continue
+            return stamp.tz_localize(UTC) if stamp.tzinfo is None else stamp.tz_convert(UTC)
+    return None
+
+
+def _dedupe_events(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per happening: a server that keeps both Event APIs apart (the simulator) shows one twice,
+    under two UIDs (and a core message may word the note otherwise); the same object and reason within
+    one second is the same Event."""
+    if frame.empty:
+        return frame
+    second = pd.to_datetime(frame["ts"], utc=True).dt.floor("s")
+    keys = frame.assign(_s=second)[["_s", "object_kind", "object_name", "reason"]]
+    return frame[~keys.duplicated()].reset_index(drop=True)
+
+
+def _condition_changes(
+    kube: Kube, nodes: Sequence[str], start: pd.Timestamp, end: pd.Timestamp
+) -> list[dict[str, Any]]:
+    """Each node condition whose last transition falls in the window, as the event it stands for."""
+    rows = []
+    for name in nodes:
+        try:
+            node = kube.get("v1", "Node", name)
+        except KubeError:
+            continue
+        for cond in (node.get("status") or {}).get("conditions") or ():
+            kind = str(cond.get("type") or "")
+            when = cond.get("lastTransitionTime")
+            if kind not in _CONDITIONS or not when:
+                continue
+            ts = pd.Timestamp(str(when))
+            ts = ts.tz_localize(UTC) if ts.tzinfo is None else ts.tz_convert(UTC)
+            if not (start <= ts <= end):
+                continue
+            bad_reason, good_reason, bad = _CONDITIONS[kind]
+            status = str(cond.get("status") or "Unknown")
+            is_bad = status != "True" if bad == "notTrue" else status == "True"
+            rows.append({"ts": ts, "object_kind": "Node", "object_name": name, "namespace": None, "node": name,
+                         "reason": bad_reason if is_bad else good_reason, "type": "Warning" if is_bad else "Normal",
+                         "note": f"condition {kind}={status}"
+                                 + (f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("reason") else "")})
+    return rows
+
+
+def _pod_status_events(
+    pods: Iterable[TargetPod], seen: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp
+) -> pd.DataFrame:
+    """What a pod's own status says happened — its reason (``Evicted`` …), a container killed for memory or
+    that failed (``OOMKilled``, ``Error``, the previous run of a restarted one) — as events, where no Event of
+    that reason about the pod is in ``seen`` (Events expire after an hour by default; the status stays)."""
+    have = set(zip(seen["object_name"], seen["reason"], strict=True)) if len(seen) else set()
+    rows = []
+    for pod in pods:
+        happened = [(pod.reason, pod.ended, f"pod {pod.phase}: {pod.reason} (from its status)")]
+        happened += [(reason, when, f"container {container} terminated: {reason} (from the pod's status)")
+                     for reason, when, container in pod.terminations]  # fmt: skip
+        for reason, when, note in happened:
+            wanted = reason in _POD_REASONS and (pod.name, reason) not in have
+            if wanted and when is not None and start <= when <= end:
+                have.add((pod.name, reason))
+                rows.append({"ts": when, "object_kind": "Pod", "object_name": pod.name, "namespace": pod.namespace,
+                             "node": pod.node, "reason": reason, "type": "Warning", "note": note})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(EVENTS_COLUMNS)) if rows else empty_events()

@@ -1,0 +1,1021 @@
+"""The judgement: why a training job is slow, from the frames of :mod:`gpucert.explain._frames`.
+
+Within a job, GPUs are peers: in synchronous training every rank does the same work per step, so the straggler
+is the GPU that departs from the others. Per signal the telemetry is pivoted to an (instant × GPU) matrix and
+each GPU is compared, instant by instant, with its peers' median; the noise scale is the median absolute
+deviation across GPUs (pooled over the window, so one outlier cannot widen it). A GPU *departs* at an instant
+when
+
+* its SM clock is more than :data:`CLOCK_GATE` below the peers' median with a slowdown reason set (HW slowdown
+  0x08, HW thermal 0x40, HW power brake 0x80, SW thermal 0x20, SW power cap 0x04; an idle GPU's low clock
+  carries none of them, so a GPU that merely waits is never blamed);
+* or it is busier than its peers by :data:`BUSY_GATE` (it computes while they wait in collectives);
+* or its NVLink or PCIe throughput is more than :data:`LINK_GATE` below its peers';
+
+and every departure must also exceed :data:`ROBUST_Z` robust standard deviations of the peers' spread. Its
+*onset* is the first instant from which the departure persists (:func:`persistent_onset`), so a noisy sample
+cannot set it. The job's step time gets one robust change point (the split minimising the absolute deviations
+around the two medians, kept when the shift is at least :data:`STEP_SHIFT_GATE` and well above the noise); a
+suspect whose onset comes at most :data:`TIE_S` before it is tied to it. A NIC port below its rated rate or with
+rising error counters blames the node's network; a disruptive Kubernetes event that lines up with a step stall
+or change, with no GPU departing, is the verdict ``event``; steps that slowed while GPUs and nodes show nothing
+is ``elsewhere``. Nothing is blamed without evidence, and gpucert's own record of a suspect's node (its last
+certification, open tickets, drift alarms) is added to that suspect's evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ._frames import SIGNALS, Explanation, StepChange, Suspect, check_frame
+from ._grid import FloatArray, Grid, column_codes, nic_grid, telemetry_grid, to_ns
+
+__all__ = [
+    "BUSY_GATE",
+    "CLOCK_GATE",
+    "DISRUPTIVE_REASONS",
+    "LINK_GATE",
+    "NIC_RATE_GATE",
+    "PERSIST_FRAC",
+    "PERSIST_RUN",
+    "PERSIST_WINDOW",
+    "ROBUST_Z",
+    "SLOWDOWN_BITS",
+    "STEP_SHIFT_GATE",
+    "TIE_S",
+    "explain",
+    "persistent_onset",
+    "step_change",
+]
+
+BoolArray = npt.NDArray[np.bool_]
+
+#: The clock-event reasons that slow a GPU down, with the words the evidence uses.
+SLOWDOWN_BITS: Mapping[int, str] = {
+    0x08: "HW slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake", 0x20: "SW thermal slowdown",
+    0x04: "SW power cap",
+}
+_SLOWDOWN_MASK = sum(SLOWDOWN_BITS)
+_HARD_MASK = 0x08 | 0x40 | 0x80 | 0x20  # what the timeline shades: the power cap alone is normal under load
+
+#: An SM clock this far below the peers' median (with a slowdown reason) departs: FALCON's 10 % shift gate.
+CLOCK_GATE = 0.10
+#: Busier than the peers by this much departs: 0.10 of engine activity (0..1), 10 points of utilisation.
+BUSY_GATE: Mapping[str, float] = {"engine_active": 0.10, "util_pct": 10.0}
+#: NVLink or PCIe throughput this far below the peers' departs (throughputs vary more than clocks).
+LINK_GATE = 0.25
+#: Every departure must also exceed this many robust standard deviations (1.4826 × MAD) of the peers.
+ROBUST_Z = 5.0
+#: Persistence: the onset is an instant departed and followed by PERSIST_RUN departed in a row, or by
+#: PERSIST_FRAC of the next PERSIST_WINDOW, or by half of the next 2 × PERSIST_WINDOW (a duty-cycled slowdown).
+PERSIST_RUN = 3
+PERSIST_WINDOW = 10
+PERSIST_FRAC = 0.8
+#: A step-time change smaller than this is not reported.
+STEP_SHIFT_GATE = 0.10
+#: A suspect's onset at most this long before the step-time change (or an event this close to a stall) is tied.
+TIE_S = 300.0
+#: A NIC port this far below its rated rate (the 95th percentile of its device's ports) departs.
+NIC_RATE_GATE = 0.10
+
+#: Kubernetes event reasons that disrupt a job: one lining up with a step stall or change is the verdict "event".
+DISRUPTIVE_REASONS = frozenset({
+    "Evicted", "OOMKilling", "OOMKilled", "BackOff", "Killing", "Preempted", "Preempting", "NodeNotReady",
+    "NodeHasDiskPressure", "NodeHasMemoryPressure", "NodeHasPIDPressure", "Rebooted", "FailedScheduling",
+    "TaintManagerEviction", "Tainted",
+})
+_NOTABLE_NORMAL = frozenset({"Certified", "Tainted", "Uncordoned", "Cordoned", "NodeReady", "Started", "Scheduled"})
+_MAX_EVENTS_OF_NOTE = 20
+
+_MIN_SEGMENT = 4  # change point: buckets on either side
+_MAX_STEP_BUCKETS = 2000  # change point: coarser buckets beyond this many, refined at full resolution
+_TIE_BONUS = 1.0  # a suspect tied to the step-time change explains the slowdown: it ranks first
+_HARD_SCORE = 0.3  # an XID or ECC double-bit error alone makes a suspect, ranked below a departure
+_STALL_FACTOR = 10.0  # a gap in the steps this many median step times long is a stall
+_STALL_GAPS = 4.0  # ... and this many median gaps between logged steps
+_XID_APPLICATION = frozenset({13, 31, 43, 45, 94})  # the workload's XIDs (gpucert.xid): never a GPU's fault
+
+
+# --- small helpers ---------------------------------------------------------------------------------------------
+
+
+def _nanmedian(matrix: FloatArray, axis: int) -> FloatArray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN instant has no median: NaN is the answer
+        return np.asarray(np.nanmedian(matrix, axis=axis), dtype=np.float64)
+
+
+def _nanmean(values: FloatArray) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(values)) if values.size else math.nan
+
+
+def _fmt_time(ts: pd.Timestamp, with_date: bool) -> str:
+    return ts.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _pct(value: float) -> str:
+    """A signed percentage with a real minus sign: ``−48 %``."""
+    return f"{value:+.0f} %".replace("-", "−")
+
+
+def _share(fraction: float) -> str:
+    """A fraction as a whole percentage: ``97 %``."""
+    return f"{100 * fraction:.0f} %"
+
+
+def _secs(value: float) -> str:
+    """Seconds with the digits a step time needs: ``1.00``, ``12.5``, ``340``."""
+    return f"{value:.2f}" if value < 10 else (f"{value:.1f}" if value < 100 else f"{value:,.0f}")
+
+
+def _num(value: float) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _text(value: object) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value is pd.NaT:
+        return None
+    text = str(value)
+    return text if text and text.lower() not in ("nan", "none", "<na>") else None
+
+
+def persistent_onset(departed: BoolArray) -> npt.NDArray[np.int64]:
+    """Per column of the (instant × column) ``departed`` matrix, the first instant from which it persists; -1 if none.
+
+    An instant counts when it is departed and followed (itself included) by :data:`PERSIST_RUN` departed instants
+    in a row, by :data:`PERSIST_FRAC` departed of the next :data:`PERSIST_WINDOW`, or by half of the next
+    2 × :data:`PERSIST_WINDOW` (a slowdown that comes and goes with a duty cycle); fewer than
+    :data:`PERSIST_RUN` departed instants never count.
+    """
+    n_times, n_cols = departed.shape
+    if n_times == 0 or n_cols == 0:
+        return np.full(n_cols, -1, dtype=np.int64)
+    csum = np.zeros((n_times + 1, n_cols), dtype=np.int32)
+    np.cumsum(departed, axis=0, out=csum[1:])
+    t = np.arange(n_times)
+
+    def ahead(length: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        end = np.minimum(t + length, n_times)
+        return csum[end] - csum[t], (end - t)[:, None]
+
+    run_count, run_len = ahead(PERSIST_RUN)
+    confirmed = (run_len == PERSIST_RUN) & (run_count == PERSIST_RUN)
+    for length, frac in ((PERSIST_WINDOW, PERSIST_FRAC), (2 * PERSIST_WINDOW, 0.5)):
+        count, span = ahead(length)
+        confirmed |= (span >= PERSIST_RUN) & (count >= np.maximum(PERSIST_RUN, np.ceil(frac * span)))
+    confirmed &= departed
+    any_confirmed = confirmed.any(axis=0)
+    return np.where(any_confirmed, confirmed.argmax(axis=0), -1).astype(np.int64)
+
+
+# --- the GPUs ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Criterion:
+    """One way a GPU departs from its peers: at which instants, by how much, and the sentence for it."""
+
+    name: str
+    layer: str
+    departed: BoolArray  # (T × G)
+    gap: FloatArray  # (T × G): how far from the peers, relative (clock, links) or absolute (busy)
+    peer: FloatArray  # (T,) the peers' median
+    values: FloatArray  # (T × G)
+
+
+def _peer_stats(matrix: FloatArray) -> tuple[FloatArray, float, npt.NDArray[np.int64]]:
+    """The peers' median per instant, the pooled robust standard deviation, and how many GPUs report per instant."""
+    median = _nanmedian(matrix, axis=1)
+    mad = _nanmedian(np.abs(matrix - median[:, None]), axis=1)
+    finite = mad[np.isfinite(mad)]
+    sigma = 1.4826 * float(np.median(finite)) if finite.size else 0.0
+    counts = np.sum(~np.isnan(matrix), axis=1).astype(np.int64)
+    return median, sigma, counts
+
+
+def _criteria(grid: Grid) -> list[_Criterion]:
+    """Every departure criterion the grid's signals allow."""
+    out: list[_Criterion] = []
+    vals = grid.values
+    use_sigma = grid.n_columns >= 4  # with fewer GPUs the spread is the outlier's own: the gates alone decide
+
+    def below(signal: str, gate: float) -> tuple[BoolArray, FloatArray, FloatArray] | None:
+        matrix = vals.get(signal)
+        if matrix is None:
+            return None
+        peer, sigma, counts = _peer_stats(matrix)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            gap = (peer[:, None] - matrix) / np.abs(peer)[:, None]
+            shortfall = peer[:, None] - matrix
+        floor = ROBUST_Z * sigma if use_sigma else 0.0
+        departed = (gap > gate) & (shortfall > floor) & (counts >= 2)[:, None] & (peer > 0)[:, None]
+        return np.nan_to_num(departed, nan=False).astype(bool), gap, peer
+
+    clock = below("sm_clock_mhz", CLOCK_GATE)
+    if clock is not None:
+        departed, gap, peer = clock
+        reasons = vals.get("clock_event_reasons")
+        if reasons is not None:
+            bits = np.nan_to_num(reasons, nan=-1).astype(np.int64)
+            slowed = (bits & _SLOWDOWN_MASK) != 0
+            departed &= slowed | (bits < 0)  # an unknown reason at one instant does not acquit the clock
+        out.append(_Criterion("clock", "gpu", departed, gap, peer, vals["sm_clock_mhz"]))
+    for signal, gate in BUSY_GATE.items():
+        matrix = vals.get(signal)
+        if matrix is None:
+            continue
+        peer, sigma, counts = _peer_stats(matrix)
+        gap = matrix - peer[:, None]
+        floor = max(gate, ROBUST_Z * sigma) if use_sigma else gate
+        departed = np.nan_to_num((gap > floor) & (counts >= 2)[:, None], nan=False).astype(bool)
+        out.append(_Criterion(signal, "gpu", departed, gap, peer, matrix))
+    for signal, layer in (("nvlink_gbps", "nvlink"), ("pcie_gbps", "gpu")):
+        low = below(signal, LINK_GATE)
+        if low is not None:
+            out.append(_Criterion(signal, layer, low[0], low[1], low[2], vals[signal]))
+    return out
+
+
+@dataclass
+class _Finding:
+    """A departing column (GPU or NIC port) or node, before it becomes a :class:`Suspect`."""
+
+    node: str
+    gpu: int | None
+    gpu_uuid: str | None
+    layer: str
+    score: float
+    onset: int | None  # instant index on the grid
+    evidence: list[str]
+    hard_bits: bool = False  # carries a slowdown reason (a fault of the GPU, not of what happened to its pod)
+    pod: str | None = None
+
+
+def _bit_words(bits: npt.NDArray[np.int64], peer_bits: npt.NDArray[np.int64]) -> list[str]:
+    """The slowdown reasons a GPU has and its peers rarely do, as "HW thermal slowdown (0x40) set 97 %"."""
+    words: list[str] = []
+    known = bits >= 0
+    if not known.any():
+        return words
+    for bit, name in SLOWDOWN_BITS.items():
+        own = float(np.mean((bits[known] & bit) != 0))
+        peers_known = peer_bits[peer_bits >= 0]
+        peers = float(np.mean((peers_known & bit) != 0)) if peers_known.size else 0.0
+        if own >= 0.2 and own - peers >= 0.2:
+            words.append(f"{name} (0x{bit:02x}) set {_share(own)}")
+    return words
+
+
+def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
+    """The GPUs that depart from their peers, each with its onset and evidence."""
+    if grid.empty:
+        return []
+    criteria = _criteria(grid)
+    onsets = {c.name: persistent_onset(c.departed) for c in criteria}
+    findings: list[_Finding] = []
+    vals = grid.values
+    cols = sorted({int(g) for c in criteria for g in np.flatnonzero(onsets[c.name] >= 0)})
+    for g in cols:
+        hits = [(c, int(onsets[c.name][g])) for c in criteria if onsets[c.name][g] >= 0]
+        onset = min(t for _, t in hits)
+        since = slice(onset, grid.n_times)
+        scored: list[tuple[float, _Criterion, str]] = []
+        hard_bits = False
+        for crit, t in hits:
+            dep = crit.departed[t:, g]
+            persistence = float(dep.mean())
+            at = np.flatnonzero(crit.departed[:, g])
+            at = at[at >= t]
+            own = float(np.median(crit.values[at, g]))
+            peer = float(np.median(crit.peer[at]))
+            frac_text = f"departed {_share(persistence)} of the {len(dep)} instants since"
+            when = _fmt_time(grid.at(t), with_date)
+            if crit.name == "clock":
+                rel = own / peer - 1 if peer else math.nan
+                sentence = f"SM clock {own:,.0f} MHz vs peers' {peer:,.0f} ({_pct(100 * rel)}) from {when}"
+                severity = -rel
+                reasons = vals.get("clock_event_reasons")
+                if reasons is not None:
+                    bits = np.nan_to_num(reasons[at, g], nan=-1).astype(np.int64)
+                    peer_cols = np.ones(grid.n_columns, dtype=bool)
+                    peer_cols[g] = False
+                    peer_bits = np.nan_to_num(reasons[np.ix_(at, peer_cols)], nan=-1).astype(np.int64).ravel()
+                    words = _bit_words(bits, peer_bits)
+                    hard_bits = hard_bits or bool(((bits[bits >= 0] & _SLOWDOWN_MASK) != 0).any())
+                    if words:
+                        sentence += " with " + ", ".join(words) + " of the time"
+                else:
+                    sentence += " (no clock-event reasons were scraped)"
+                sentence += f"; {frac_text}"
+            elif crit.name in BUSY_GATE:
+                label, unit, scale = (("engine activity", "", 1.0) if crit.name == "engine_active"
+                                      else ("utilisation", " %", 1.0))
+                sentence = (f"{label} {own:.2f}{unit} vs peers' {peer:.2f}{unit} from {when}: busy while its peers "
+                            f"wait; {frac_text}")
+                severity = (own - peer) / (1.0 if crit.name == "engine_active" else 100.0) * scale
+            else:
+                rel = own / peer - 1 if peer else math.nan
+                label = "NVLink" if crit.name == "nvlink_gbps" else "PCIe"
+                sentence = (f"{label} throughput {_num(own)} GB/s vs peers' {_num(peer)} ({_pct(100 * rel)}) "
+                            f"from {when}; {frac_text}")
+                severity = -rel
+            scored.append((max(0.0, severity) * persistence, crit, sentence))
+        scored.sort(key=lambda s: -s[0])
+        best_score, best, _ = scored[0]
+        score = best_score + 0.25 * sum(s for s, _, _ in scored[1:]) + (0.25 if hard_bits else 0.0)
+        evidence = [s for _, _, s in scored]
+        evidence += _corroboration(grid, g, since)
+        findings.append(_Finding(grid.nodes[g], grid.index[g] if grid.index[g] >= 0 else None, grid.ids[g],
+                                 best.layer, score, onset, evidence, hard_bits, grid.pods[g]))
+    return findings
+
+
+def _corroboration(grid: Grid, g: int, since: slice) -> list[str]:
+    """Temperature, power and violation time of GPU ``g`` against its peers since its onset, where they differ."""
+    lines = []
+    peers = np.ones(grid.n_columns, dtype=bool)
+    peers[g] = False
+    for signal, label, unit, threshold, relative in (
+        ("temp_c", "temperature", " °C", 5.0, False), ("power_w", "power", " W", 0.10, True),
+    ):
+        m = grid.values.get(signal)
+        if m is None or not peers.any():
+            continue
+        own = _nanmean(m[since, g])
+        peer = float(np.nanmedian(m[since][:, peers])) if np.isfinite(m[since][:, peers]).any() else math.nan
+        if not (math.isfinite(own) and math.isfinite(peer)):
+            continue
+        diff = own - peer
+        if relative and peer and abs(diff / peer) >= threshold:
+            lines.append(f"{label} {own:,.0f}{unit} vs peers' {peer:,.0f}{unit} ({_pct(100 * diff / peer)})")
+        elif not relative and abs(diff) >= threshold:
+            lines.append(f"{label} {own:.0f}{unit} vs peers' {peer:.0f}{unit} ({diff:+.0f}{unit})".replace("-", "−"))
+    for signal, label in (("thermal_violation_frac", "thermal"), ("power_violation_frac", "power")):
+        m = grid.values.get(signal)
+        if m is None:
+            continue
+        own = _nanmean(m[since, g])
+        peer = float(np.nanmedian(m[since][:, peers])) if peers.any() and np.isfinite(m[since][:, peers]).any() else 0.0
+        if math.isfinite(own) and own >= 0.05 and own - peer >= 0.05:
+            lines.append(f"{label} violation {_share(own)} of the time vs peers' {_share(peer)}")
+    return lines
+
+
+def _hard_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str]]]:
+    """Per GPU column with an XID (not the workload's) or an ECC double-bit error: its first instant and the lines."""
+    out: dict[int, tuple[int, list[str]]] = {}
+    xid = grid.values.get("xid")
+    if xid is not None:
+        hit = np.nan_to_num(xid, nan=0.0) > 0
+        hit &= ~np.isin(np.nan_to_num(xid, nan=0.0).astype(np.int64), list(_XID_APPLICATION))
+        for g in np.flatnonzero(hit.any(axis=0)):
+            at = np.flatnonzero(hit[:, g])
+            codes = sorted({int(v) for v in xid[at, g]})
+            line = (f"XID {', '.join(map(str, codes))} from {_fmt_time(grid.at(at[0]), with_date)} "
+                    f"({len(at)} instant{'s' if len(at) != 1 else ''})")
+            out[int(g)] = (int(at[0]), [line])
+    dbe = grid.values.get("ecc_dbe")
+    if dbe is not None:
+        hit = np.nan_to_num(dbe, nan=0.0) > 0
+        for g in np.flatnonzero(hit.any(axis=0)):
+            at = np.flatnonzero(hit[:, g])
+            total = float(np.nansum(dbe[at, g]))
+            plural = "s" if total != 1 else ""
+            line = f"{total:,.0f} ECC double-bit error{plural} from {_fmt_time(grid.at(at[0]), with_date)}"
+            first, lines = out.get(int(g), (int(at[0]), []))
+            out[int(g)] = (min(first, int(at[0])), [*lines, line])
+    replays = grid.values.get("pcie_replays_per_min")
+    if replays is not None and out:
+        for col, (first, lines) in out.items():
+            rate = _nanmean(replays[first:, col])
+            if math.isfinite(rate) and rate >= 1:
+                lines.append(f"{rate:,.0f} PCIe replays per minute")
+    return out
+
+
+def _merge_nodes(findings: list[_Finding], grid: Grid, with_date: bool) -> list[_Finding]:
+    """Most GPUs of one node departing together is the node's finding (cooling, power), not one GPU's each."""
+    per_node: dict[str, list[_Finding]] = {}
+    for f in findings:
+        if f.gpu is not None and f.layer == "gpu":
+            per_node.setdefault(f.node, []).append(f)
+    gpus_on = pd.Series(grid.nodes).value_counts().to_dict() if grid.n_columns else {}
+    merged: list[_Finding] = []
+    absorbed: set[int] = set()
+    for node, group in per_node.items():
+        total = int(gpus_on.get(node, 0))
+        if len(group) < 2 or len(group) < 0.75 * total or total < 2 or len(group) >= 0.5 * grid.n_columns:
+            continue
+        onset = min(f.onset for f in group if f.onset is not None)
+        best = max(group, key=lambda f: f.score)
+        lead = [f"{len(group)} of its {total} GPUs depart from their peers together from "
+                f"{_fmt_time(grid.at(onset), with_date)}", f"GPU {best.gpu}: {best.evidence[0]}"]
+        merged.append(_Finding(node, None, None, "node", best.score + 0.1, onset, lead + best.evidence[1:],
+                               any(f.hard_bits for f in group), best.pod))
+        absorbed.update(id(f) for f in group)
+    return merged + [f for f in findings if id(f) not in absorbed]
+
+
+# --- the network ------------------------------------------------------------------------------------------------
+
+
+def _nic_findings(nic: pd.DataFrame | None, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
+                  t0_ns: int | None, with_date: bool) -> tuple[list[_Finding], Grid | None]:
+    """The nodes whose RDMA ports run below their rated rate or count errors, one finding per node."""
+    if nic is None or not len(nic):
+        return [], None
+    grid = nic_grid(nic, step_s=step_s, window=window, t0_ns=t0_ns)
+    if grid.empty:
+        return [], grid
+    per_port: dict[int, tuple[float, int, list[str]]] = {}
+    rate = grid.values.get("rate_gbps")
+    if rate is not None:
+        devices = np.asarray([d or "" for d in grid.ids], dtype=object)
+        rated = np.full(grid.n_columns, np.nan)
+        for device in set(devices.tolist()):
+            cols = devices == device
+            samples = rate[:, cols]
+            samples = samples[np.isfinite(samples)]
+            if samples.size:
+                rated[cols] = float(np.percentile(samples, 95))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            short = (rated[None, :] - rate) / rated[None, :]
+        departed = np.nan_to_num(short > NIC_RATE_GATE, nan=False).astype(bool)
+        onsets = persistent_onset(departed)
+        for p in np.flatnonzero(onsets >= 0):
+            t = int(onsets[p])
+            at = np.flatnonzero(departed[t:, p]) + t
+            own = float(np.median(rate[at, p]))
+            persistence = float(departed[t:, p].mean())
+            line = (f"{grid.ids[p]} port {grid.index[p]} at {_num(own)} Gb/s vs rated {_num(float(rated[p]))} "
+                    f"({_pct(100 * (own / rated[p] - 1))}) from {_fmt_time(grid.at(t), with_date)}; "
+                    f"{_share(persistence)} of the instants since")
+            per_port[int(p)] = (float(short[at, p].mean()) * persistence, t, [line])
+    for signal, label, needed, weight in (
+        ("link_downed", "link down", 1, 0.5), ("symbol_errors", "symbol errors", 3, 0.3),
+        ("rcv_errors", "receive errors", 3, 0.3),
+    ):
+        counts = grid.values.get(signal)
+        if counts is None:
+            continue
+        rising = np.nan_to_num(counts, nan=0.0) > 0
+        for p in np.flatnonzero(rising.sum(axis=0) >= needed):
+            at = np.flatnonzero(rising[:, p])
+            total = float(np.nansum(counts[at, p]))
+            line = (f"{grid.ids[p]} port {grid.index[p]}: {total:,.0f} {label} from "
+                    f"{_fmt_time(grid.at(at[0]), with_date)}, rising in {len(at)} instants")
+            score, first, lines = per_port.get(int(p), (0.0, int(at[0]), []))
+            per_port[int(p)] = (score + weight, min(first, int(at[0])), [*lines, line])
+    per_node: dict[str, _Finding] = {}
+    for port, (score, first, lines) in sorted(per_port.items(), key=lambda kv: -kv[1][0]):
+        node = grid.nodes[port]
+        if node in per_node:
+            f = per_node[node]
+            f.evidence.extend(lines)
+            f.onset = min(f.onset or first, first)
+            f.score += 0.1 * score
+        else:
+            per_node[node] = _Finding(node, None, None, "network", score, first, list(lines))
+    return list(per_node.values()), grid
+
+
+# --- the job's steps --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The job's step time on the scrape grid (median per instant, NaN where nothing finished) and its stalls."""
+
+    t0_ns: int
+    step_ns: int
+    values: FloatArray
+    stalls: tuple[tuple[pd.Timestamp, pd.Timestamp], ...]
+    median_s: float
+
+
+def _job_steps(steps: pd.DataFrame, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
+               t0_ns: int | None) -> _Steps | None:
+    """The job's step times bucketed on the grid: a step finishing in [t, t + step) counts at instant t, so the
+    first slow interval is labelled with the scrape instant that opens it, as a GPU's onset is."""
+    if not len(steps):
+        return None
+    ts = to_ns(steps["ts"])
+    seconds = steps["step_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)
+    lo, hi = (int(pd.Timestamp(w).as_unit("ns").value) for w in window)
+    ok = (ts != np.iinfo(np.int64).min) & np.isfinite(seconds) & (seconds > 0) & (ts >= lo) & (ts <= hi)
+    ts, seconds = ts[ok], seconds[ok]
+    if not len(ts):
+        return None
+    order = np.argsort(ts, kind="stable")
+    ts, seconds = ts[order], seconds[order]
+    step_ns = max(1, round(step_s * 1e9))
+    start = t0_ns if t0_ns is not None else int(ts[0]) - (int(ts[0]) - lo) % step_ns
+    idx = (ts - start) // step_ns
+    keep = idx >= 0
+    idx, ts_k, sec_k = idx[keep], ts[keep], seconds[keep]
+    if not len(idx):
+        return None
+    n = int(idx.max()) + 1
+    frame = pd.DataFrame({"i": idx, "s": sec_k})
+    med = frame.groupby("i", sort=True)["s"].median()
+    values = np.full(n, np.nan)
+    values[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
+    median_s = float(np.median(seconds))
+
+    # Stalls: a gap between logged steps far longer than a step and than the usual gap, or one step that long.
+    stalls: list[tuple[pd.Timestamp, pd.Timestamp]] = []
+    uniq = np.unique(ts_k)
+    if len(uniq) >= 3:
+        gaps = np.diff(uniq)
+        limit = max(_STALL_FACTOR * median_s * 1e9, _STALL_GAPS * float(np.median(gaps)), 2.0 * step_ns)
+        for i in np.flatnonzero(gaps > limit):
+            stalls.append((pd.Timestamp(int(uniq[i]), unit="ns", tz="UTC"),
+                           pd.Timestamp(int(uniq[i + 1]), unit="ns", tz="UTC")))
+    long_steps = np.flatnonzero(sec_k > max(_STALL_FACTOR * median_s, 2.0 * step_s))
+    for i in long_steps[:50]:
+        end = pd.Timestamp(int(ts_k[i]), unit="ns", tz="UTC")
+        begin = end - pd.Timedelta(seconds=float(sec_k[i]))
+        if not any(b - pd.Timedelta(seconds=step_s) <= begin and end <= e + pd.Timedelta(seconds=step_s)
+                   for b, e in stalls):
+            stalls.append((begin, end))
+    stalls.sort()
+    return _Steps(start, step_ns, values, tuple(stalls), median_s)
+
+
+def _idle_stalls(grid: Grid) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
+    """Where every GPU of the job idled at once between busy spells: a stall seen in the telemetry alone.
+
+    A step-time gauge keeps its last value through a stall, so the steps cannot always show one; the GPUs do.
+    Idle: utilisation below 5 % (engine activity below 0.05 without it) on 90 % of the reporting GPUs, for two
+    instants or more, with busy instants (half the GPUs or more) before and after it.
+    """
+    if grid.empty or grid.n_columns < 2:
+        return []
+    choice = next(((grid.values[sig], lim) for sig, lim in (("util_pct", 5.0), ("engine_active", 0.05))
+                   if sig in grid.values), None)
+    if choice is None:
+        return []
+    m, limit = choice
+    reporting = np.isfinite(m).sum(axis=1)
+    idle = (m < limit).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(reporting >= 2, idle / np.maximum(reporting, 1), np.nan)
+    stalled = share >= 0.9
+    busy = share <= 0.5
+    out = []
+    t, n = 0, len(stalled)
+    while t < n:
+        if not stalled[t]:
+            t += 1
+            continue
+        end = t
+        while end + 1 < n and stalled[end + 1]:
+            end += 1
+        if end - t + 1 >= 2 and busy[:t].any() and busy[end + 1:].any():
+            out.append((grid.at(t), grid.at(end + 1)))
+        t = end + 1
+    return out
+
+
+def _merge_spans(spans: Iterable[tuple[pd.Timestamp, pd.Timestamp]], slack: pd.Timedelta
+                 ) -> tuple[tuple[pd.Timestamp, pd.Timestamp], ...]:
+    """Overlapping (or nearly touching) spans as one."""
+    merged: list[tuple[pd.Timestamp, pd.Timestamp]] = []
+    for begin, end in sorted(spans):
+        if merged and begin <= merged[-1][1] + slack:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return tuple(merged)
+
+
+def _l1_cost(x: FloatArray, k: int) -> tuple[float, float, float]:
+    a, b = x[:k], x[k:]
+    ma, mb = float(np.median(a)), float(np.median(b))
+    return float(np.abs(a - ma).sum() + np.abs(b - mb).sum()), ma, mb
+
+
+def step_change(times_ns: npt.NDArray[np.int64], values: FloatArray) -> StepChange | None:
+    """The step-time slowdown in ``values`` (at ``times_ns``), or ``None`` when there is none worth naming.
+
+    One change point: the split minimising the absolute deviations around the two segments' medians (robust to a
+    stalled step), among splits where the step time rose. Kept when the medians differ by at least
+    :data:`STEP_SHIFT_GATE` and by four standard errors of the medians (from the residuals' MAD).
+    """
+    ok = np.isfinite(values)
+    x, t = values[ok], times_ns[ok]
+    n = len(x)
+    if n < 2 * _MIN_SEGMENT:
+        return None
+    # Long series are searched on coarser buckets first, then refined at full resolution around the best split.
+    stride = max(1, math.ceil(n / _MAX_STEP_BUCKETS))
+    candidates = range(_MIN_SEGMENT, n - _MIN_SEGMENT + 1, stride)
+    best: tuple[float, int, float, float] | None = None
+    for k in candidates:
+        cost, ma, mb = _l1_cost(x, k)
+        if mb > ma and (best is None or cost < best[0]):
+            best = (cost, k, ma, mb)
+    if best is None:
+        return None
+    if stride > 1:
+        for k in range(max(_MIN_SEGMENT, best[1] - stride), min(n - _MIN_SEGMENT, best[1] + stride) + 1):
+            cost, ma, mb = _l1_cost(x, k)
+            if mb > ma and cost < best[0]:
+                best = (cost, k, ma, mb)
+    _, k, before, after = best
+    if before <= 0 or (after - before) / before < STEP_SHIFT_GATE:
+        return None
+    resid = np.concatenate([x[:k] - before, x[k:] - after])
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    stderr = 1.2533 * sigma * math.sqrt(1 / k + 1 / (n - k))
+    if after - before <= 4 * stderr:
+        return None
+    at = pd.Timestamp(int(t[k]), unit="ns", tz="UTC")
+    return StepChange(before_s=before, after_s=after, at=at, change_pct=100 * (after / before - 1))
+
+
+# --- events and the record --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Event:
+    ts: pd.Timestamp
+    kind: str
+    name: str
+    namespace: str | None
+    node: str | None
+    reason: str
+    type: str
+    note: str
+    count: int
+
+    def object(self) -> str:
+        name = f"{self.namespace}/{self.name}" if self.namespace and self.kind == "Pod" else self.name
+        return f"{self.kind} {name}"
+
+    def line(self, with_date: bool) -> str:
+        times = f" ×{self.count}" if self.count > 1 else ""
+        where = f" on {self.node}" if self.node and self.kind != "Node" else ""
+        note = self.note if len(self.note) <= 200 else self.note[:199] + "…"
+        head = f"{_fmt_time(self.ts, with_date)} {self.object()} {self.reason}{times}{where}"
+        return f"{head}: {note}" if note else head
+
+
+def _events(events: pd.DataFrame, window: tuple[pd.Timestamp, pd.Timestamp]) -> list[_Event]:
+    """The events of note in the window, repeats of one (object, reason) folded into the first with a count."""
+    if not len(events):
+        return []
+    ts = pd.DatetimeIndex(events["ts"])
+    lo, hi = window
+    reason = events["reason"].astype(object).fillna("").astype(str)
+    etype = events["type"].astype(object).fillna("").astype(str)
+    keep = (ts >= lo) & (ts <= hi) & (reason.isin(DISRUPTIVE_REASONS | _NOTABLE_NORMAL) | (etype == "Warning"))
+    part = events.loc[np.asarray(keep)].assign(at_=ts[np.asarray(keep)])
+    if not len(part):
+        return []
+    part = part.sort_values("at_", kind="stable")
+    out: dict[tuple[str, str, str], _Event] = {}
+    for r in part.to_dict("records"):
+        key = (str(r["object_kind"]), str(r["object_name"]), str(r["reason"]))
+        if key in out:
+            out[key] = replace(out[key], count=out[key].count + 1)
+            continue
+        out[key] = _Event(pd.Timestamp(r["at_"]), key[0], key[1], _text(r["namespace"]), _text(r["node"]), key[2],
+                          _text(r["type"]) or "", _text(r["note"]) or "", 1)
+    return sorted(out.values(), key=lambda e: e.ts)
+
+
+def _record_lines(record: pd.DataFrame) -> dict[str, list[str]]:
+    """Per node, what gpucert's record says about it: "last certified 2026-11-30: degraded (…)", tickets, alarms."""
+    out: dict[str, list[str]] = {}
+    if not len(record):
+        return out
+    for row in record.to_dict("records"):
+        node = _text(row.get("node"))
+        if node is None:
+            continue
+        lines: list[str] = []
+        decision = _text(row.get("last_decision"))
+        when = row.get("last_certified_at")
+        deviations = _text(row.get("deviations"))
+        if decision is None:
+            lines.append("gpucert has no certification of this node on record")
+        else:
+            stamp = pd.Timestamp(when).strftime("%Y-%m-%d") if when is not None and not pd.isna(when) else None
+            run = _text(row.get("last_run_id"))
+            head = f"last certified {stamp}" if stamp else (f"last certification run {run}" if run else "last decision")
+            lines.append(f"{head}: {decision}" + (f" ({deviations})" if deviations else ""))
+        tickets = _text(row.get("open_tickets"))
+        if tickets:
+            lines.append(f"open tickets: {tickets}")
+        alarms = row.get("drift_alarms")
+        if alarms is not None and not pd.isna(alarms) and int(alarms) > 0:
+            lines.append(f"{int(alarms)} drift alarm{'s' if int(alarms) != 1 else ''} open")
+        out[node] = lines
+    return out
+
+
+def _collective_line(collectives: pd.DataFrame, node: str, gpu: int | None, since: pd.Timestamp | None) -> str | None:
+    """What NCCL Inspector says of a suspect since its onset, where it differs from its peers by 10 % or more.
+
+    A straggler GPU arrives last at each collective and waits least, so its collectives are *shorter* than its
+    peers'; a node with a slow network has lower bus bandwidth than the other nodes.
+    """
+    if not len(collectives):
+        return None
+    ts = pd.DatetimeIndex(collectives["ts"])
+    rows = collectives.loc[np.asarray(ts >= since)] if since is not None else collectives
+    if not len(rows):
+        return None
+    nodes = rows["node"].astype(object).astype(str).to_numpy()
+    if gpu is not None and rows["gpu"].notna().any() and rows["exec_time_us"].notna().any():
+        gpus = rows["gpu"].to_numpy(dtype=np.float64, na_value=np.nan)
+        exec_us = rows["exec_time_us"].to_numpy(dtype=np.float64, na_value=np.nan)
+        mine = (nodes == node) & (gpus == gpu)
+        own = exec_us[mine & np.isfinite(exec_us)]
+        peers = exec_us[~mine & np.isfinite(exec_us)]
+        if own.size and peers.size:
+            o, p = float(np.median(own)), float(np.median(peers))
+            if p > 0 and o / p - 1 <= -0.10:
+                return (f"NCCL collectives {_num(o)} µs vs peers' {_num(p)} ({_pct(100 * (o / p - 1))}): it arrives "
+                        "last and waits least")
+        return None
+    busbw = rows["busbw_gbps"].to_numpy(dtype=np.float64, na_value=np.nan)
+    mine = nodes == node
+    own, peers = busbw[mine & np.isfinite(busbw)], busbw[~mine & np.isfinite(busbw)]
+    if own.size and peers.size:
+        o, p = float(np.median(own)), float(np.median(peers))
+        if p > 0 and abs(o / p - 1) >= 0.10:
+            return f"NCCL bus bandwidth {_num(o)} GB/s vs other nodes' {_num(p)} ({_pct(100 * (o / p - 1))})"
+    return None
+
+
+def _who(s: Suspect) -> str:
+    if s.layer == "network":
+        return f"{s.node}'s network"
+    if s.gpu is None:
+        return s.node
+    return f"{s.node} GPU {s.gpu}" + (f" ({s.gpu_uuid})" if s.gpu_uuid else "")
+
+
+def explain(
+    job: str, window: tuple[pd.Timestamp, pd.Timestamp], *, telemetry: pd.DataFrame, steps: pd.DataFrame,
+    collectives: pd.DataFrame, events: pd.DataFrame, record: pd.DataFrame, nic: pd.DataFrame | None = None,
+    step_s: float = 15.0,
+) -> Explanation:
+    """Why ``job`` was slow over ``window``, judged from the contract's frames (see the module docstring).
+
+    Returns the :class:`~gpucert.explain.Explanation`: the verdict, the ranked suspects with their evidence, the
+    step-time change, the events of note, the answer in three lines, recommendations (text only) and notes on what
+    could not be read. Raises :class:`~gpucert.errors.InputError` when a frame breaks the contract or ``step_s`` is
+    not a positive number.
+    """
+    for name, frame in (("telemetry", telemetry), ("steps", steps), ("collectives", collectives),
+                        ("events", events), ("record", record)):
+        check_frame(name, frame)
+    if nic is not None:
+        check_frame("nic", nic)
+    lo, hi = (pd.Timestamp(w) for w in window)
+    lo = lo.tz_localize("UTC") if lo.tzinfo is None else lo.tz_convert("UTC")
+    hi = hi.tz_localize("UTC") if hi.tzinfo is None else hi.tz_convert("UTC")
+    window = (lo, hi)
+    with_date = lo.normalize() != hi.normalize()
+    notes: list[str] = []
+
+    grid = telemetry_grid(telemetry, step_s=step_s, window=window, signals=SIGNALS)
+    if grid.held is not None:  # a GPU is the job's peer only while one of its pods holds it
+        for matrix in grid.values.values():
+            matrix[~grid.held] = np.nan
+    t0 = grid.t0_ns if not grid.empty else None
+    present = set(grid.values)
+    if grid.empty:
+        notes.append("no GPU telemetry for the job in the window: the GPUs were not judged")
+    else:
+        missing = [s for s in SIGNALS if s not in present]
+        if missing:
+            notes.append(f"signals not scraped: {', '.join(missing)} (judged with the rest)")
+        if grid.n_columns < 3:
+            notes.append(f"only {grid.n_columns} GPU{'s' if grid.n_columns != 1 else ''} in the job: too few "
+                         "peers to outvote an outlier")
+        unknown = sorted(set(column_codes(telemetry["signal"])[1]) - set(SIGNALS))
+        if unknown:
+            notes.append(f"unknown signals ignored: {', '.join(unknown[:5])}")
+
+    findings = _merge_nodes(_gpu_findings(grid, with_date), grid, with_date)
+    hard = _hard_errors(grid, with_date)
+    for col, (first, hard_lines) in hard.items():
+        target = next((f for f in findings if f.node == grid.nodes[col] and f.gpu == grid.index[col]), None)
+        if target is not None:
+            target.evidence.extend(hard_lines)
+            target.score += _HARD_SCORE
+        else:
+            findings.append(_Finding(grid.nodes[col], grid.index[col], grid.ids[col], "gpu", _HARD_SCORE, first,
+                                     hard_lines, True, grid.pods[col]))
+
+    nic_findings, nic_g = _nic_findings(nic, step_s, window, t0, with_date)
+    if nic is None or not len(nic):
+        notes.append("no NIC counters: the network was judged only through the GPUs")
+
+    job_steps = _job_steps(steps, step_s, window, t0)
+    change: StepChange | None = None
+    if job_steps is None:
+        notes.append("no step timings: the answer rests on telemetry")
+    else:
+        times = job_steps.t0_ns + job_steps.step_ns * np.arange(len(job_steps.values), dtype=np.int64)
+        change = step_change(times, job_steps.values)
+    stalls = _merge_spans([*(job_steps.stalls if job_steps is not None else ()), *_idle_stalls(grid)],
+                          pd.Timedelta(seconds=2 * step_s))
+
+    evs = _events(events, window)
+    pod_node: dict[str, str] = {}
+    for p, n in zip(grid.pods, grid.nodes, strict=True):
+        if p:
+            pod_node.setdefault(p, n)
+    if len(steps) and steps["pod"].notna().any():
+        sp = steps[["pod", "node"]].dropna().drop_duplicates("pod")
+        for p, n in zip(sp["pod"].astype(str), sp["node"].astype(str), strict=True):
+            pod_node.setdefault(p, n)
+
+    def node_of(e: _Event) -> str | None:
+        return e.node or (e.name if e.kind == "Node" else pod_node.get(e.name))
+
+    tie = pd.Timedelta(seconds=TIE_S)
+    slack = pd.Timedelta(seconds=2 * step_s)
+
+    # A disruptive event explains a stall that begins around it, or a change that follows it.
+    event_findings: list[tuple[_Event, float, list[str]]] = []
+    for e in evs:
+        if e.reason not in DISRUPTIVE_REASONS and e.type != "Warning":
+            continue
+        lines: list[str] = []
+        score = 0.0
+        for begin, end in stalls:
+            if begin - tie <= e.ts <= end + slack:
+                lines.append(f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
+                             f"({_fmt_duration((end - begin).total_seconds())})")
+                score = max(score, 1.0)
+        if change is not None and change.at - tie <= e.ts <= change.at + slack:
+            lines.append(f"the step time rose {_pct(change.change_pct)} at {_fmt_time(change.at, with_date)}")
+            score = max(score, 0.5)
+        if score == 0.0 and job_steps is None and e.reason in DISRUPTIVE_REASONS and e.reason != "Tainted":
+            score = 0.5  # no timings to line it up with: a disruption of the job's own pods is still the best lead
+        if score > 0:
+            if e.type != "Warning" and e.reason not in DISRUPTIVE_REASONS:
+                score *= 0.5
+            event_findings.append((e, score, lines))
+
+    # A GPU departing only when its pod was disrupted (its NVLink idle while evicted) is the event's doing.
+    disrupted = [(node_of(e), e) for e, _, _ in event_findings]
+    kept: list[_Finding] = []
+    for f in findings:
+        onset_ts = grid.at(f.onset) if f.onset is not None else None
+        blamed = next((e for n, e in disrupted if n == f.node and onset_ts is not None
+                       and e.ts - slack <= onset_ts <= e.ts + tie), None)
+        if blamed is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
+            continue
+        kept.append(f)
+    findings = kept
+
+    # Tie suspects to the step-time change that follows their onset.
+    all_findings: list[tuple[_Finding, Grid | None]] = [(f, grid) for f in findings]
+    all_findings += [(f, nic_g) for f in nic_findings]
+    for f, on in all_findings:
+        if change is None or f.onset is None or on is None:
+            continue
+        onset_ts = on.at(f.onset)
+        lead = (change.at - onset_ts).total_seconds()
+        if -2 * step_s <= lead <= TIE_S:
+            f.score += _TIE_BONUS
+            f.evidence.insert(1, f"the job's step time rose {_secs(change.before_s)} s → {_secs(change.after_s)} s "
+                                 f"({_pct(change.change_pct)}) at {_fmt_time(change.at, with_date)}, "
+                                 + (f"{_fmt_duration(lead)} after its onset" if lead >= step_s
+                                    else "within a scrape interval of its onset" if lead > -step_s
+                                    else f"{_fmt_duration(-lead)} before its onset"))
+
+    record_lines = _record_lines(record)
+    suspects: list[Suspect] = []
+    for f, on in all_findings:
+        onset = on.at(f.onset) if (on is not None and f.onset is not None) else None
+        nccl = _collective_line(collectives, f.node, f.gpu, onset)
+        extra = ([nccl] if nccl else []) + record_lines.get(f.node, [])
+        suspects.append(Suspect(node=f.node, gpu=f.gpu, gpu_uuid=f.gpu_uuid, layer=f.layer,
+                                score=round(float(f.score), 4), onset=onset, evidence=(*f.evidence, *extra)))
+    for e, score, lines in event_findings:
+        node = node_of(e) or "(unknown node)"
+        head = e.line(with_date)
+        suspects.append(Suspect(node=node, gpu=None, gpu_uuid=None, layer="event", score=round(score, 4),
+                                onset=e.ts, evidence=(head, *lines, *record_lines.get(node, []))))
+    suspects.sort(key=lambda s: (-s.score, s.node, -1 if s.gpu is None else s.gpu))
+
+    nothing = grid.empty and job_steps is None and not evs and not nic_findings
+    verdict = _verdict(suspects, nothing, grid.empty)
+    events_of_note = [e.line(with_date) for e in evs[:_MAX_EVENTS_OF_NOTE]]
+    if len(evs) > _MAX_EVENTS_OF_NOTE:
+        events_of_note.append(f"… and {len(evs) - _MAX_EVENTS_OF_NOTE} more")
+    recommendations = _recommendations(verdict, suspects, change, stalls, with_date)
+    answer = _answer(verdict, suspects, change, stalls, job_steps is not None, recommendations, with_date, notes)
+    return Explanation(job=job, window=window, verdict=verdict, suspects=tuple(suspects), step_change=change,
+                       events_of_note=tuple(events_of_note), answer=answer, recommendations=tuple(recommendations),
+                       notes=tuple(notes))
+
+
+_VERDICT_OF_LAYER = {"gpu": "gpu", "nvlink": "gpu", "node": "gpu", "network": "network", "event": "event"}
+
+
+def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool) -> str:
+    if suspects:
+        return _VERDICT_OF_LAYER[suspects[0].layer]
+    if nothing or no_telemetry:
+        return "no-data"  # GPUs that were not seen cannot be said to show nothing
+    return "elsewhere"
+
+
+def _recommendations(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
+                     stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]], with_date: bool) -> list[str]:
+    out: list[str] = []
+    for s in suspects[:3]:
+        if s.layer == "event":
+            out.append(f"look into the {s.evidence[0].split(' ', 1)[1]}; if it recurs on {s.node}, cordon it "
+                       "and re-certify it")
+            continue
+        what = {"network": "its network", "nvlink": "its NVLink", "node": "all its GPUs"}.get(s.layer, f"GPU {s.gpu}")
+        out.append(f"cordon {s.node} and re-certify it ({what})")
+        out.append(f"open a ticket for {_who(s)} with the evidence: {'; '.join(s.evidence[:2])}")
+    if verdict == "elsewhere":
+        since = f" from {_fmt_time(change.at, with_date)}" if change is not None else ""
+        if change is not None or stalls:
+            out.append(f"look at the job's input pipeline, storage reads and code{since}: the cluster shows nothing")
+        else:
+            out.append("nothing to do on the cluster: the GPUs, nodes and events show nothing")
+    if verdict == "no-data":
+        out.append("make sure Prometheus scrapes dcgm-exporter on the job's nodes, and that the job logs its step time")
+    return out
+
+
+def _headline(evidence: Sequence[str]) -> str:
+    """The first sentence of the evidence up to its first "; " (the figures, not how persistent they were)."""
+    return evidence[0].split("; ", 1)[0] if evidence else ""
+
+
+def _answer(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
+            stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]], have_steps: bool, recommendations: Sequence[str],
+            with_date: bool, notes: Sequence[str]) -> tuple[str, str, str]:
+    if suspects:
+        top = suspects[0]
+        if top.layer == "event":
+            what = f"event: {top.evidence[0]}"
+        elif top.layer == "network":
+            what = f"network: {top.node}'s NIC — {_headline(top.evidence)}"
+        elif top.layer == "node":
+            what = f"gpu: {top.node} as a whole — {_headline(top.evidence)}"
+        else:
+            what = f"gpu: {_who(top)} is the straggler — {_headline(top.evidence)}"
+        others = len(suspects) - 1
+        if others:
+            what += f" (and {others} more suspect{'s' if others != 1 else ''})"
+    elif verdict == "elsewhere":
+        what = "elsewhere: GPUs and nodes show nothing: input pipeline, storage or the code"
+    else:
+        what = "no-data: " + (notes[0] if notes else "nothing to judge in the window")
+
+    parts: list[str] = []
+    if suspects and suspects[0].onset is not None and suspects[0].layer != "event":
+        parts.append(f"since {_fmt_time(suspects[0].onset, with_date)} UTC")
+    if change is not None:
+        parts.append(f"step time {_secs(change.before_s)} s → {_secs(change.after_s)} s ({_pct(change.change_pct)}) "
+                     f"from {_fmt_time(change.at, with_date)} UTC")
+    for begin, end in stalls[:2]:
+        parts.append(f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} UTC "
+                     f"({_fmt_duration((end - begin).total_seconds())})")
+    if not have_steps:
+        parts.append("no step timings: the answer rests on telemetry")
+    elif change is None and not stalls:
+        parts.append(f"the step time did not change by {_share(STEP_SHIFT_GATE)} or more")
+    when = "; ".join(parts) if parts else "no onset: nothing departs"
+    if suspects and suspects[0].layer != "event":
+        # The full recommendations carry the evidence; the answer's line says what to do, in short.
+        todo = f"{recommendations[0]}; open a ticket with the evidence"
+    else:
+        todo = recommendations[0] if recommendations else "nothing to do"
+    return what, when, todo

@@ -1,0 +1,191 @@
+"""The fast paths of ``gpucert compare`` on a fleet's results (issue 17) give what the general ones give.
+
+Each test takes the input a fast path is built for (a Parquet file as gpucert writes it, rows in the
+payload's order, repeats numbered 0..n-1, a file decoded ahead) and the same data in a shape that sends it
+down the general path (a dictionary out of order, shuffled rows, repeats renumbered, no read-ahead), and
+checks that frames, verdicts and error messages agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gpucert import _prefetch
+from gpucert.baseline import build_baseline
+from gpucert.errors import ResultsError
+from gpucert.fleet import Fleet, random_faults
+from gpucert.policy import default_policy, spec_floors
+from gpucert.results import _relations, parse_results, read_results, write_results
+from gpucert.store import empty_baseline
+from gpucert.verdict import evaluate_run, judge
+from gpucert.verdict._compare import _leave_one_out_median
+
+T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def night() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A 40-node night (pairs included, faults injected) and the baseline of a seeding wave."""
+    fleet = Fleet.generate(nodes=40, seed=11)
+    baseline, _ = build_baseline(empty_baseline(), fleet.run("seed-1", ts=T0, seed=1).results)
+    results = fleet.run(
+        "night-1", ts=T0 + dt.timedelta(days=1), seed=2, faults=random_faults(fleet, 25, seed=3), pairs=True
+    ).results
+    return parse_results(results, "night"), baseline
+
+
+def test_parquet_dictionary_out_of_order_reads_canonical(
+    tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]
+) -> None:
+    """A dictionary column written by another tool (values unsorted, some unused, one blank) reads as the
+    same canonical frame as gpucert's own file: sorted categories, all in use, the blank missing."""
+    frame = night[0]
+    ours = tmp_path / "ours.parquet"
+    write_results(frame, ours)
+    columns = {}
+    for name in frame.columns:
+        column = frame[name]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            categories = [*list(column.cat.categories)[::-1], "unused-value", " "]
+            codes = column.cat.codes.to_numpy().astype(np.int32)
+            codes = np.where(codes >= 0, len(column.cat.categories) - 1 - codes, -1)
+            indices = pa.array(codes, mask=codes < 0)
+            columns[name] = pa.DictionaryArray.from_arrays(indices, pa.array(categories))
+        else:
+            columns[name] = pa.array(column)
+    theirs = tmp_path / "theirs.parquet"
+    table = pa.table(columns)
+    pq.write_table(table, theirs, row_group_size=len(frame) // 3)  # several chunks, one dictionary each
+    expected = read_results([ours])
+    pd.testing.assert_frame_equal(read_results([theirs]), expected, check_exact=True)
+    csv = tmp_path / "night.csv"  # the general path: text, dictionary-encoded per block by Arrow
+    write_results(frame, csv)
+    pd.testing.assert_frame_equal(read_results([csv]), expected, check_exact=True)
+
+
+def test_shuffled_rows_and_renumbered_repeats_judge_the_same(
+    night: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """Rows in any order, and repeats numbered other than 0..n-1, give the same verdicts and medians as
+    the payload's order (which the repeat matrix and the entity ids are fast for)."""
+    frame, baseline = night
+    policy = default_policy()
+    floors = spec_floors(policy)
+    expected = evaluate_run(frame, baseline, policy, floors, with_medians=True)
+    shuffled = frame.sample(frac=1.0, random_state=5).reset_index(drop=True)
+    got = evaluate_run(shuffled, baseline, policy, floors, with_medians=True)
+    pd.testing.assert_frame_equal(got.verdicts, expected.verdicts, check_exact=True)
+    order = ["scope", "node", "gpu", "peer", "metric"]
+    pd.testing.assert_frame_equal(
+        got.medians.sort_values(order).reset_index(drop=True),
+        expected.medians.sort_values(order).reset_index(drop=True),
+        check_exact=True,
+    )
+    spaced = frame.assign(repeat=frame["repeat"] * 3 + 1)
+    verdicts = judge(spaced, baseline, policy)
+    # A transient's note names its repeat as written; everything else is the same.
+    unchanged = ~expected.verdicts["reasons"].str.contains("was a transient")
+    pd.testing.assert_frame_equal(verdicts[unchanged], expected.verdicts[unchanged], check_exact=True)
+
+
+@pytest.mark.parametrize("kind", ["uuid", "model", "duplicate", "uuid_on_two_gpus"])
+def test_conflicts_in_a_large_file_are_named_as_in_a_small_one(
+    kind: str, night: tuple[pd.DataFrame, pd.DataFrame]
+) -> None:
+    """The identity checks look at one row per stretch of alike rows first; a conflict is still found and
+    worded exactly as the row-by-row check words it."""
+    frame = night[0].copy()
+    assert len(frame) > 4096
+    gpu3 = frame.index[(frame["gpu"] == 3) & (frame["node"] == frame["node"].iloc[0])]
+    if kind == "uuid":
+        frame["gpu_uuid"] = frame["gpu_uuid"].cat.add_categories(["GPU-zzz"])
+        frame.loc[gpu3[5], "gpu_uuid"] = "GPU-zzz"
+    elif kind == "model":
+        frame["gpu_model"] = frame["gpu_model"].cat.add_categories(["NVIDIA H100 80GB HBM3"])
+        frame.loc[400, "gpu_model"] = "NVIDIA H100 80GB HBM3"
+    elif kind == "uuid_on_two_gpus":
+        other = frame.index[(frame["gpu"] == 5) & (frame["node"] == frame["node"].iloc[0])][7]
+        frame.loc[other, "gpu_uuid"] = frame.loc[gpu3[0], "gpu_uuid"]
+    else:
+        frame = pd.concat([frame, frame.iloc[[100]]], ignore_index=True)
+    with pytest.raises(ResultsError) as fast:
+        parse_results(frame, "x")
+    original = _relations._stretches
+    _relations._stretches = lambda rows: None  # every row, as a small file is checked
+    try:
+        with pytest.raises(ResultsError) as slow:
+            parse_results(frame, "x")
+    finally:
+        _relations._stretches = original
+    assert str(fast.value) == str(slow.value)
+    assert {"uuid": "several gpu_uuid values", "model": "several gpu_model values",
+            "duplicate": "duplicated sample", "uuid_on_two_gpus": "gpu_uuid"}[kind] in str(fast.value)  # fmt: skip
+
+
+def test_read_ahead_is_the_file_as_read(tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    """A table decoded ahead is taken once, only while the file is unchanged, and reads to the same frame."""
+    path = tmp_path / "night.parquet"
+    write_results(night[0], path)
+    expected = read_results([path])
+    _prefetch.prefetch_parquet([str(path)])
+    assert _prefetch.take(path) is not None
+    assert _prefetch.take(path) is None  # once
+    _prefetch.prefetch_parquet([str(path)])
+    pd.testing.assert_frame_equal(read_results([path]), expected, check_exact=True)
+    assert _prefetch.take(path) is None  # the reader took it
+    _prefetch.prefetch_parquet([str(path)])
+    write_results(night[0].iloc[:100], path)  # changed meanwhile: the reader reads the new file
+    os.utime(path, ns=(1, 1))
+    assert len(read_results([path])) == 100
+    _prefetch.prefetch_parquet([str(path), str(tmp_path / "absent.parquet"), str(tmp_path / "x.csv")])
+    _prefetch.discard()
+    assert _prefetch.take(path) is None
+
+
+def test_a_corrupt_file_read_ahead_is_still_reported(tmp_path: Path) -> None:
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR1 not really parquet")
+    _prefetch.prefetch_parquet([str(path)])
+    with pytest.raises(ResultsError, match="cannot parse the Parquet file"):
+        read_results([path])
+
+
+def test_leave_one_out_by_rows_matches_the_sort() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(1, 10, int(rng.integers(1, 40)))
+        group = np.repeat(rng.permutation(len(sizes) * 3)[: len(sizes)] * 7, sizes)
+        slot = np.concatenate([rng.permutation(12)[:k] for k in sizes])
+        values = np.round(rng.normal(1, 0.05, len(group)), int(rng.integers(1, 4)))  # ties included
+        shuffle = rng.permutation(len(group))
+        group, slot, values = group[shuffle], slot[shuffle], values[shuffle]
+        np.testing.assert_array_equal(
+            _leave_one_out_median(group, values, slot), _leave_one_out_median(group, values)
+        )
+
+
+def test_group_ids_name_the_same_groups_as_the_tuples() -> None:
+    """Dense renumbering and the sparse digit (a peer most rows lack) partition rows as the tuples do."""
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(1, 3000))
+        parts = []
+        for _ in range(int(rng.integers(1, 5))):
+            high, offset = int(rng.choice([2, 50, 3000, 100_000])), int(rng.integers(0, 2))
+            part = rng.integers(-offset, high, n)
+            if offset:
+                part[rng.random(n) < 0.9] = -1
+            parts.append((part, offset))
+        key, span = _relations._group_ids(parts)
+        assert key.min() >= 0
+        assert key.max() < span
+        tuples = pd.factorize(pd.MultiIndex.from_arrays([p for p, _ in parts]))[0]
+        np.testing.assert_array_equal(pd.factorize(key)[0], tuples)

@@ -38,9 +38,10 @@ from tests.test_telemetry_prometheus import IDLE_CONFIG, PromBins, _cache_dir, r
 
 STEP = 15
 GAUGES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_POWER_USAGE",
-          "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_XID_ERRORS")
-COUNTERS = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_PCIE_TX_BYTES", "DCGM_FI_DEV_PCIE_RX_BYTES",
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_THERMAL_VIOLATION",
+          "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_XID_ERRORS",
+          "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES")
+COUNTERS = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+            "DCGM_FI_DEV_THERMAL_VIOLATION",
             "DCGM_FI_DEV_POWER_VIOLATION")  # fmt: skip
 
 
@@ -89,8 +90,9 @@ def _values(name: str, hot: bool, after: np.ndarray, rng: np.random.Generator, n
         return np.where(slow, 0.97, np.where(after, 0.55, 0.9))
     if name == "DCGM_FI_DEV_XID_ERRORS":
         return np.zeros(n)
-    rate = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 300e9, "DCGM_FI_DEV_PCIE_TX_BYTES": 20e9,
-            "DCGM_FI_DEV_PCIE_RX_BYTES": 20e9}.get(name, 0.0)  # fmt: skip
+    if name in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        return np.full(n, 20e9)
+    rate = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 300e9}.get(name, 0.0)
     per_step = np.full(n, rate * STEP)
     if name == "DCGM_FI_DEV_THERMAL_VIOLATION":
         per_step = np.where(slow, 0.9e9 * STEP, 0.0)

@@ -347,6 +347,26 @@ def test_an_eviction_behind_a_stale_step_gauge_is_seen_in_the_idle_gpus() -> Non
     assert [s.layer for s in ex.suspects] == ["event"]
 
 
+def test_gpus_departing_when_their_pod_was_evicted_are_the_event_even_without_a_stall() -> None:
+    """The replacement lands on the same node and idles there while the steps show no stall (a gauge
+    scraped through it): the node's GPUs departing at the eviction are the event's doing, not a GPU fault."""
+    j = job(16, 60, seed=21)
+    j.steps = gauge_steps(16, 60, seed=21)
+    tel = j.telemetry
+    at = START + pd.Timedelta(minutes=30)
+    rows = ((tel["node"] == node_name(7)) & (tel["ts"] >= at) & (tel["ts"] < at + pd.Timedelta(minutes=5))).to_numpy()
+    for signal, value in (("sm_clock_mhz", 345.0), ("clock_event_reasons", 1.0), ("util_pct", 0.0),
+                          ("engine_active", 0.0), ("nvlink_gbps", 0.0), ("pcie_gbps", 0.0), ("power_w", 75.0)):
+        tel.loc[rows & (tel["signal"] == signal).to_numpy(), "value"] = value
+    assert j.explain().verdict == "gpu"  # without the event, the idle node would be the suspect
+    j.events = events([{"ts": at, "object_kind": "Pod", "object_name": "train-7", "namespace": "ml",
+                        "node": node_name(7), "reason": "Evicted", "type": "Warning", "note": "low on memory"}])
+    ex = j.explain()
+    assert ex.verdict == "event", ex.answer
+    assert [(s.layer, s.node) for s in ex.suspects] == [("event", node_name(7))]
+    assert ex.suspects[0].evidence[1].endswith("departed from the job's other GPUs from 08:30:00, when it happened")
+
+
 def test_gpus_no_pod_of_the_job_holds_are_no_peers() -> None:
     """After its pod left, a node's GPUs idle with no traffic while the job trains on: nobody's GPUs, not stragglers."""
     j = job(8, 40, seed=20)

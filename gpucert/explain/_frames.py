@@ -68,7 +68,7 @@ SIGNALS: Final = (
     "util_pct",                # DCGM_FI_DEV_GPU_UTIL
     "engine_active",           # DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0..1
     "nvlink_gbps",             # rate of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
-    "pcie_gbps",               # rate of DCGM_FI_DEV_PCIE_TX_BYTES + _RX_BYTES
+    "pcie_gbps",               # rate of DCGM_FI_PROF_PCIE_TX_BYTES + _RX_BYTES
     "xid",                     # DCGM_FI_DEV_XID_ERRORS, the last XID
     "ecc_dbe",                 # increase of DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
     "pcie_replays_per_min",    # rate of DCGM_FI_DEV_PCIE_REPLAY_COUNTER × 60

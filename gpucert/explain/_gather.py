@@ -86,7 +86,7 @@ SIGNAL_QUERIES: Mapping[str, Callable[[Callable[[str], str], str, str], str]] = 
     "engine_active": lambda s, w, step: s("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
     "nvlink_gbps": lambda s, w, step: f"irate({s('DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL')}[{w}]) / 1e9",
     "pcie_gbps": lambda s, w, step: (
-        f"(irate({s('DCGM_FI_DEV_PCIE_TX_BYTES')}[{w}]) + irate({s('DCGM_FI_DEV_PCIE_RX_BYTES')}[{w}])) / 1e9"
+        f"({s('DCGM_FI_PROF_PCIE_TX_BYTES')} + {s('DCGM_FI_PROF_PCIE_RX_BYTES')}) / 1e9"
     ),
     "xid": lambda s, w, step: s("DCGM_FI_DEV_XID_ERRORS"),
     "ecc_dbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[{w}]) * {step}",

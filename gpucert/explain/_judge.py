@@ -885,16 +885,29 @@ def explain(
                 score *= 0.5
             event_findings.append((e, score, lines))
 
-    # A GPU departing only when its pod was disrupted (its NVLink idle while evicted) is the event's doing.
-    disrupted = [(node_of(e), e) for e, _, _ in event_findings]
+    # A GPU departing only when its pod was disrupted (its NVLink idle while evicted) is the event's doing,
+    # whether or not the steps show a stall there (a replacement on the same node idles while it waits).
+    disrupted = [(node_of(e), e) for e in evs if e.reason in DISRUPTIVE_REASONS or e.type == "Warning"]
+    explained: dict[int, tuple[_Event, pd.Timestamp, list[_Finding]]] = {}
     kept: list[_Finding] = []
     for f in findings:
         onset_ts = grid.at(f.onset) if f.onset is not None else None
         blamed = next((e for n, e in disrupted if n == f.node and onset_ts is not None
                        and e.ts - slack <= onset_ts <= e.ts + tie), None)
-        if blamed is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
+        if blamed is not None and onset_ts is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
+            _, since, fs = explained.setdefault(id(blamed), (blamed, onset_ts, []))
+            fs.append(f)
+            explained[id(blamed)] = (blamed, onset_ts if onset_ts < since else since, fs)
             continue
         kept.append(f)
+    named = {id(e) for e, _, _ in event_findings}
+    for key, (e, since, fs) in explained.items():
+        if key not in named:  # no stall or change to line it up with: the GPUs it idled are its evidence
+            gpus = sorted(f.gpu for f in fs if f.gpu is not None)
+            who = ("its GPUs" if any(f.gpu is None for f in fs)
+                   else f"its GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}")
+            event_findings.append((e, 0.5, [f"{who} departed from the job's other GPUs from "
+                                            f"{_fmt_time(since, with_date)}, when it happened"]))
     findings = kept
 
     # Tie suspects to the step-time change that follows their onset.

@@ -61,11 +61,13 @@ class DcgmEndpoints:
         self.store = runtime.store
         self._port = port
         self._services: set[Key] = set()
+        self._selector: dict[Key, dict[str, Any]] = {}  # each exporter Service's selector, from its events
 
     def resync(self) -> Iterable[Key]:
-        keys = [key_of(s) for s in self.store.list(SERVICES)[0] if _is_exporter(s)]
-        self._services.update(keys)
-        return keys
+        services = [s for s in self.store.list(SERVICES)[0] if _is_exporter(s)]
+        self._services.update(key_of(s) for s in services)
+        self._selector.update((key_of(s), _selector(s)) for s in services)
+        return [key_of(s) for s in services]
 
     def keys(self, event: WatchEvent) -> Iterable[Key]:
         if event.resource == SERVICES.key:
@@ -74,8 +76,10 @@ class DcgmEndpoints:
             key = key_of(event.obj)
             if event.type == "DELETED":
                 self._services.discard(key)
+                self._selector.pop(key, None)
             else:
                 self._services.add(key)
+                self._selector[key] = _selector(event.obj)
             return (key,)
         if event.resource == NODES.key:
             if event.type == "MODIFIED" and event.old is not None and node_ready(event.old) == node_ready(event.obj):
@@ -89,8 +93,7 @@ class DcgmEndpoints:
         return ()
 
     def _selects(self, key: Key, event: WatchEvent) -> bool:
-        service = self.store.get(SERVICES, key[0], key[1])
-        selector = ((service or {}).get("spec") or {}).get("selector") or {}
+        selector = self._selector.get(key)
         if not selector:
             return False
         return any(
@@ -149,6 +152,10 @@ class DcgmEndpoints:
                              "labels": dict(meta.get("labels") or {}),
                              "annotations": {METRICS_PATH_ANNOTATION: DCGM_PATH}},
                 "subsets": [subset] if ready or not_ready else []}
+
+
+def _selector(service: Obj) -> dict[str, Any]:
+    return dict((service.get("spec") or {}).get("selector") or {})
 
 
 def _managed(endpoints: Obj) -> bool:

@@ -646,6 +646,9 @@ def _sample(tl: _Timeline, times: Floats, cols: Ints | None = None) -> _Sample:
         elapsed = np.where(np.isfinite(lo), times[:, None] - lo, 0.0)
         return np.floor(tl.cums[name][pick] + tl.rates[name][pick] * elapsed)
 
+    def gauge(name: str) -> Floats:  # a rate the exporter reports as it is (DCGM_FI_PROF_*: bytes per second)
+        return np.where(np.isfinite(lo), np.rint(tl.rates[name][pick]), 0.0)
+
     cols_list = [tl.columns[g] for g in cols]
     replays = np.array([c.replays_per_s for c in cols_list])
     capped = np.array([c.power_capped for c in cols_list], dtype=np.float64)
@@ -657,8 +660,8 @@ def _sample(tl: _Timeline, times: Floats, cols: Ints | None = None) -> _Sample:
         "DCGM_FI_DEV_GPU_UTIL": util,
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": engine,
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": counter("nvlink"),
-        "DCGM_FI_DEV_PCIE_TX_BYTES": counter("pcie_tx"),
-        "DCGM_FI_DEV_PCIE_RX_BYTES": counter("pcie_rx"),
+        "DCGM_FI_PROF_PCIE_TX_BYTES": gauge("pcie_tx"),
+        "DCGM_FI_PROF_PCIE_RX_BYTES": gauge("pcie_rx"),
         "DCGM_FI_DEV_XID_ERRORS": np.broadcast_to(np.array([float(c.xid) for c in cols_list]), clock.shape),
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": np.broadcast_to(np.array([c.dbe for c in cols_list]), clock.shape),
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": np.floor(replays[None, :] * since),
@@ -854,14 +857,14 @@ class TrainingTick:
 _DCGM_SERIES: tuple[tuple[str, int], ...] = (
     ("DCGM_FI_DEV_SM_CLOCK", 0), ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0), ("DCGM_FI_DEV_POWER_USAGE", 1),
     ("DCGM_FI_DEV_GPU_TEMP", 0), ("DCGM_FI_DEV_GPU_UTIL", 0), ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 3),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0), ("DCGM_FI_DEV_PCIE_TX_BYTES", 0), ("DCGM_FI_DEV_PCIE_RX_BYTES", 0),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0), ("DCGM_FI_PROF_PCIE_TX_BYTES", 0), ("DCGM_FI_PROF_PCIE_RX_BYTES", 0),
     ("DCGM_FI_DEV_XID_ERRORS", 0), ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0), ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0),
     ("DCGM_FI_DEV_THERMAL_VIOLATION", 0), ("DCGM_FI_DEV_POWER_VIOLATION", 0),
 )
 #: The series a live exporter takes from the model for a GPU a training pod holds (the rest stay the fleet's).
 LIVE_SERIES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_POWER_USAGE",
                "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-               "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_PCIE_TX_BYTES", "DCGM_FI_DEV_PCIE_RX_BYTES",
+               "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
                "DCGM_FI_DEV_THERMAL_VIOLATION")
 _INTEGER_SERIES = frozenset(n for n, d in _DCGM_SERIES if d == 0)
 _IB_SERIES = (

@@ -2,9 +2,12 @@
 different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
 
     python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16] [--shard-size N]
+                                       [--sim-process]
 
 ``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards (here in this
 process, as sub-flows: the benchmark has no workers). Each run also prints the Prefect task runs it made.
+``--sim-process`` serves the simulated cluster from its own ``gpucert sim up`` process (faults through
+``gpucert sim inject``), so this process's peak RSS is the flow's alone — the parent of issue 17's bar.
 
 A clean first run seeds the baselines (timed and printed too), then the measured run has faults of five
 kinds injected on five nodes. Runs under a temporary Prefect server started first (not counted). Prints
@@ -15,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,6 +48,7 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=5, help="faulty nodes (kinds cycle through five)")
     parser.add_argument("--max-parallel", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
+    parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
     args = parser.parse_args()
 
     import httpx
@@ -53,8 +60,6 @@ def main() -> int:
     from blocks.store import BaselineStore
     from flows.certify import certify
     from gpucert.certify import CertifyOutcome
-    from gpucert.fleet import Fault
-    from gpucert.sim import SimCluster
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
     t0 = time.perf_counter()
@@ -65,13 +70,11 @@ def main() -> int:
         print(f"prefect test server up in {time.perf_counter() - t0:.1f} s (not counted)", flush=True)
         t1 = time.perf_counter()
         with (
-            SimCluster(nodes=args.nodes, preconfigured=True, seed=3) as sim,
+            simulated(args.nodes, args.sim_process) as (kubeconfig, inject, sim_peak_mb),
             tempfile.TemporaryDirectory() as d,
         ):
-            print(
-                f"simulated cluster of {args.nodes} nodes up in {time.perf_counter() - t1:.1f} s", flush=True
-            )
-            cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
+            print(f"simulated cluster of {args.nodes} nodes up in {time.perf_counter() - t1:.1f} s", flush=True)
+            cluster = GpuCluster(kubeconfig=str(kubeconfig))
             store = BaselineStore(uri=f"file://{d}")
 
             policy = CertificationPolicy(shard_size=args.shard_size) if args.shard_size else None
@@ -91,13 +94,13 @@ def main() -> int:
 
             seconds, clean = run("bench-clean")
             print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean.states}", flush=True)
-            names = sim.fleet.node_names
+            names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
             step = max(1, len(names) // max(1, args.faults))
             injected = []
             for i in range(args.faults):
                 kind, gpu = KINDS[i % len(KINDS)]
                 node = names[(i * step + step // 2) % len(names)]
-                sim.inject_fault(Fault(kind, node, gpu))
+                inject(kind, node, gpu)
                 injected.append(f"{kind}@{node}")
             seconds, night = run("bench-night")
     print(f"faulty run: {seconds:6.1f} s for {args.nodes} nodes × 8 GPUs; injected {', '.join(injected)}")
@@ -105,8 +108,46 @@ def main() -> int:
     print(f"  audit trail: {night.audited} changes recorded and sent as Events in {night.audit_seconds:.1f} s "
           f"({night.audit_seconds / seconds * 100:.1f} % of the run)")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
+    if args.sim_process:
+        print(f"  peak RSS of this process (the flow; shards as its sub-flows): {peak_mb:.0f} MB; "
+              f"of the simulator: {sim_peak_mb():.0f} MB")
+    else:
+        print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
     return 0
+
+
+@contextlib.contextmanager
+def simulated(nodes: int, own_process: bool) -> Iterator[tuple[Path, Callable[[str, str, int | None], None],
+                                                               Callable[[], float]]]:
+    """A simulated cluster of ``nodes``: (its kubeconfig, inject(kind, node, gpu), the sim's peak RSS in MB)."""
+    from gpucert.fleet import Fault
+    from gpucert.sim import SimCluster
+
+    if not own_process:
+        with SimCluster(nodes=nodes, preconfigured=True, seed=3) as sim:
+            yield sim.kubeconfig_path, lambda kind, node, gpu: sim.inject_fault(Fault(kind, node, gpu)), lambda: 0.0
+        return
+    from benchmarks.sim_scale import Sim
+
+    with tempfile.TemporaryDirectory() as workdir:
+        proc = Sim(nodes, 8, Path(workdir), seed=3)
+        peak = 0.0
+
+        def sim_peak_mb() -> float:
+            return max(peak, proc.peak_rss_mb()) if proc.proc.poll() is None else peak
+
+        def inject(kind: str, node: str, gpu: int | None) -> None:
+            command = [sys.executable, "-c", "import sys; from gpucert.cli import main; sys.exit(main())",
+                       "sim", "inject", "--kubeconfig", str(proc.kubeconfig),
+                       "--gpu", kind, node, *([str(gpu)] if gpu is not None else [])]
+            subprocess.run(command, check=True, capture_output=True)
+
+        try:
+            proc.wait_for_kubeconfig(timeout_s=300)
+            yield proc.kubeconfig, inject, sim_peak_mb
+            peak = proc.peak_rss_mb()
+        finally:
+            proc.stop()
 
 
 if __name__ == "__main__":

@@ -52,12 +52,12 @@ _PROBE_NAMESPACE = "gpucert-bench"
 class Sim:
     """A ``gpucert sim up`` process and a way to talk to it."""
 
-    def __init__(self, nodes: int, gpus: int, workdir: Path) -> None:
+    def __init__(self, nodes: int, gpus: int, workdir: Path, seed: int | None = None) -> None:
         self.kubeconfig = workdir / "kubeconfig"
         self.log = (workdir / "sim.log").open("w")
         command = [sys.executable, "-c", "import sys; from gpucert.cli import main; sys.exit(main())",
                    "sim", "up", "--nodes", str(nodes), "--gpus", str(gpus), "--preconfigured",
-                   "--kubeconfig", str(self.kubeconfig)]
+                   "--kubeconfig", str(self.kubeconfig), *(["--seed", str(seed)] if seed is not None else [])]
         self.launched = time.perf_counter()
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.port = 0

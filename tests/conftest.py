@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,19 @@ def unexpected(verdicts: pd.DataFrame) -> pd.DataFrame:
 T = TypeVar("T")
 
 
+def stop_process(process: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
+    """SIGTERM ``process`` and wait ``grace_s`` for it (a loaded machine stops a Prefect worker slowly),
+    then SIGKILL it: a test's teardown never fails, nor leaves it running, for its slowness."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=grace_s)
+
+
 def eventually(probe: Callable[[], T | None], timeout_s: float = 5.0) -> T:
     """The first truthy answer of ``probe``, polled; fails the test after ``timeout_s``.
 
@@ -157,10 +171,16 @@ def prefect_harness() -> Iterator[None]:
     Heartbeats are turned off in code (the setting cannot be None from the environment): each one
     joins a thread on exit and adds about a second to every flow call.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_DATABASE_TIMEOUT,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60), temporary_settings(
-        updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    ):
+    # The server is SQLite: on a loaded 2-core machine a write can wait on another past the default 10 s
+    # and fail with "database is locked" (a 500 to a flow). The server takes its settings from here.
+    with temporary_settings(updates={PREFECT_SERVER_DATABASE_TIMEOUT: 60.0}), prefect_test_harness(
+        server_startup_timeout=60
+    ), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield

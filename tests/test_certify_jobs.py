@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pandas as pd
 import pytest
 
 from gpucert.bench import payload_files
@@ -28,7 +29,10 @@ from gpucert.certify import (
     JOBS_NAMESPACE,
     PAYLOAD_DIR,
     BenchmarkSettings,
+    CollectedResults,
     JobOutcome,
+    PodLog,
+    _collect,
     abandon,
     benchmark_job,
     classify,
@@ -41,6 +45,8 @@ from gpucert.certify import (
     payload_items,
     payload_key,
     payload_path,
+    split_pod_log,
+    validate_pod_logs,
 )
 from gpucert.certify._jobs import JobRenderError, PayloadArgsError
 from gpucert.errors import InputError, ResultsError
@@ -629,6 +635,52 @@ def test_a_row_for_another_node_is_refused(sim: SimCluster) -> None:
     [problem] = err.problems
     assert (problem.row, problem.column) == (5, "node")
     assert node(1) in problem.message
+
+
+def test_a_wave_s_logs_validated_together_read_as_each_alone(
+    sim: SimCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """validate_pod_logs checks a batch at once; a bad log in it costs that log alone, with the very error
+    parse_pod_log gives, and a clean log reads the same rows either way."""
+    logs = {n: sim_log(sim, "night-5", node(n)) for n in range(3)}
+    stray = logs[1].splitlines()[5]  # a row of node 1 in node 0's log: another node's row
+    lines = logs[0].splitlines()
+    lines.insert(4, stray)
+    bad_node = "\n".join(lines) + "\n"
+    short = "\n".join(line.replace('"peer": null, ', "") for line in logs[2].splitlines()) + "\n"
+    assert short != logs[2]  # every row lost its peer key: the column is missing, not empty
+
+    def split(text: str, i: int) -> PodLog:
+        return split_pod_log(text, run_id="night-5", node=node(i), source=f"log {i}")
+
+    alone_calls: list[str] = []
+    validated = _collect._validated
+
+    def counted(log: PodLog) -> CollectedResults:
+        alone_calls.append(log.source)
+        return validated(log)
+
+    monkeypatch.setattr(_collect, "_validated", counted)
+    clean = validate_pod_logs([split(logs[i], i) for i in range(3)])
+    assert alone_calls == []  # a clean batch is checked once, as a whole
+    for i, got in enumerate(clean):
+        assert isinstance(got, CollectedResults), got
+        alone = parse_pod_log(logs[i], run_id="night-5", node=node(i), source=f"log {i}").results
+        pd.testing.assert_frame_equal(got.results.astype(object), alone.astype(object))
+        assert got.stack == {"node": node(i), "driver": "550.90.07"}
+
+    alone_calls.clear()
+    mixed = validate_pod_logs([split(bad_node, 0), split(logs[1], 1), split(short, 2)])
+    assert sorted(alone_calls) == ["log 0", "log 1", "log 2"]
+    assert isinstance(mixed[1], CollectedResults)
+    for i, text in ((0, bad_node), (2, short)):
+        got = mixed[i]
+        assert isinstance(got, ResultsError), got
+        with pytest.raises(ResultsError) as alone_error:
+            parse_pod_log(text, run_id="night-5", node=node(i), source=f"log {i}")
+        assert str(got) == str(alone_error.value)
+    assert "'peer'" in str(mixed[2])
+    assert validate_pod_logs([]) == []
 
 
 def test_a_row_of_another_run_is_refused(sim: SimCluster) -> None:

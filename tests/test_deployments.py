@@ -18,6 +18,8 @@ from flows.onboard import idempotency_key
 from gpucert.kube import connect
 from gpucert.sim import SimCluster
 
+from .conftest import stop_process
+
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -56,8 +58,7 @@ def deployed(
         try:
             yield sim, env
         finally:
-            worker.terminate()
-            worker.wait(timeout=20)
+            stop_process(worker)
 
 
 def _deployment_id(api_url: str, flow: str, name: str) -> str:

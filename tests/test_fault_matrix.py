@@ -75,6 +75,7 @@ from gpucert.store import S3ObjectStore, open_store
 from gpucert.tickets import LocalTickets, local_path
 
 from . import faultproc
+from .conftest import stop_process
 from .s3servers import (
     ACCESS_KEY,
     DROP_AFTER,
@@ -958,9 +959,7 @@ def process_worker(env: Mapping[str, str], queue: str, log: Path) -> Iterator[su
         try:
             yield worker
         finally:
-            if worker.poll() is None:
-                worker.terminate()
-                worker.wait(timeout=30)
+            stop_process(worker)
 
 
 def _run_job_uids(kube: Kube, run_id: str) -> dict[str, str]:
@@ -1006,6 +1005,17 @@ def _node_pods(kube: Kube, run_id: str, node: str) -> list[dict[str, Any]]:
     return [p for p in _run_pods(kube, run_id) if (p.get("spec") or {}).get("nodeName") == node]
 
 
+def _error_logs(flow_run_id: Any, last: int = 5) -> list[str]:
+    """The flow run's last ``last`` log lines at WARNING or above, for a failure's message."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]),
+                                          level=LogFilterLevel(ge_=30)))  # fmt: skip
+    return [f"{log.name}: {log.message[:600]}" for log in sorted(logs, key=lambda g: g.timestamp)[-last:]]
+
+
 def _state_history(flow_run_id: Any) -> list[str]:
     """The flow run's states, oldest first, as ``TYPE`` or ``TYPE(name)`` where the name is not the type's."""
     from prefect.client.orchestration import get_client
@@ -1047,6 +1057,10 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
                 while not (doomed_shard := _running_on(doomed, run_id := _flow_run(flow_run.id).name)) or any(
                         not _node_pods(kube, run_id, n) for n in doomed_shard.parameters["nodes"]):  # fmt: skip
                     assert doomed.poll() is None, "a worker died on its own"
+                    parent = _flow_run(flow_run.id)
+                    assert not (parent.state and parent.state.is_final()), (
+                        f"the parent ended before any shard ran: {_state_history(flow_run.id)}; "
+                        f"{parent.state.message}; its last errors: {_error_logs(flow_run.id)}")  # fmt: skip
                     assert time.monotonic() < deadline, f"no shard's Jobs ran: {_state_history(flow_run.id)}"
                     time.sleep(0.2)
                 jobs = _run_job_uids(kube, run_id)

@@ -6,7 +6,8 @@
   the GPU — image pull, unschedulable, OOM, deadline — is ``inconclusive`` for that node, never a GPU
   verdict); :func:`observe` and :func:`abandon` do it through :class:`gpucert.kube.Kube`;
 * :mod:`._collect` — :func:`collect_results` reads a succeeded pod's log, keeps the results rows,
-  validates them (:mod:`gpucert.results`) and checks they are the Job's run and node.
+  validates them (:mod:`gpucert.results`) and checks they are the Job's run and node; a wave reads its
+  logs with :func:`read_pod_log` and validates them together with :func:`validate_pod_logs`.
 
 * :mod:`._wave` — :func:`run_wave`: a Job per node, bounded, async, adopting its own Jobs on a restart;
 * :mod:`._run` — :class:`CertificationRun`: a run's files in the store (results, verdicts, decisions,
@@ -31,8 +32,12 @@ from ._collect import (
     DCGM_PREFIX,
     STACK_PREFIX,
     CollectedResults,
+    PodLog,
     collect_results,
     parse_pod_log,
+    read_pod_log,
+    split_pod_log,
+    validate_pod_logs,
 )
 from ._decide import HARD_GATE_XIDS, NodeDecision, decide_nodes, fail_stands
 from ._jobs import (
@@ -114,6 +119,7 @@ __all__ = [
     "NodeRun",
     "NodeTaints",
     "PayloadArgsError",
+    "PodLog",
     "Reason",
     "RunVerdicts",
     "SettledDecision",
@@ -156,14 +162,17 @@ __all__ = [
     "pending_runs",
     "plan_shards",
     "policy_payload_args",
+    "read_pod_log",
     "read_shards",
     "rerun_id",
     "run_wave",
     "settle",
     "settle_offline",
     "settled_verdicts",
+    "split_pod_log",
     "stack_changed_nodes",
     "ticket_step",
     "update_baselines",
+    "validate_pod_logs",
     "write_shard",
 ]

@@ -45,7 +45,7 @@ from ..kube import (
     lift_testing_taint,
     taint_testing,
 )
-from ._collect import CollectedResults, collect_results
+from ._collect import PodLog, read_pod_log, validate_pod_logs
 from ._jobs import BenchmarkSettings, benchmark_job, job_name
 from ._outcome import JobOutcome, abandon, observe
 
@@ -92,8 +92,8 @@ class Wave:
         return {n: r for n, r in self.runs.items() if r.state != "succeeded"}
 
 
-#: What one node's benchmark gives: how it ended, its results and its stack record (None without).
-_Result = tuple[NodeRun, pd.DataFrame | None, dict[str, Any] | None]
+#: What one node's benchmark gives: how it ended and its log, read but not validated (None without).
+_Result = tuple[NodeRun, PodLog | None]
 
 
 @contextlib.asynccontextmanager
@@ -180,15 +180,15 @@ async def _one_node(
                 renewed = clock()
             except LeaseLost as exc:  # another run has the node now: our measurement would share it
                 await _call(abandon, kube, outcome)
-                return NodeRun(node, name, "failed", "lease_lost", str(exc)), None, None
+                return NodeRun(node, name, "failed", "lease_lost", str(exc)), None
             except KubeUnavailable:
                 pass  # tried again at the next poll: the Lease outlasts a few misses
         await asyncio.sleep(wait)
         wait = min(wait * 1.5, _POLL_CAP_S)
     if outcome.state != "succeeded":
-        return NodeRun(node, name, "failed", outcome.reason, outcome.message), None, None
-    collected: CollectedResults = await _call(collect_results, kube, outcome, run_id=run_id)
-    return NodeRun(node, name, "succeeded", rows=len(collected.results)), collected.results, collected.stack
+        return NodeRun(node, name, "failed", outcome.reason, outcome.message), None
+    log: PodLog = await _call(read_pod_log, kube, outcome, run_id=run_id)
+    return NodeRun(node, name, "succeeded", rows=len(log.records)), log
 
 
 def _stop_job(kube: Kube, namespace: str, name: str) -> None:
@@ -316,23 +316,31 @@ async def run_wave(
                                                     poll_s=poll_s, clock=clock, leftovers=wave.leftovers)  # fmt: skip
                 except (GpucertError, ValueError) as exc:  # one node's trouble costs that node its verdict only
                     reason = "bad_results" if isinstance(exc, ResultsError) else "error"
-                    result = NodeRun(node, job_name(run_id, node), "failed", reason, str(exc)), None, None
+                    result = NodeRun(node, job_name(run_id, node), "failed", reason, str(exc)), None
             if result is None and clock() >= give_up:
                 why = f"{claim.reason if claim else 'another run holds its Lease'}; waited {wait_s:.0f} s"
-                result = NodeRun(node, job_name(run_id, node), "failed", "leased", why), None, None
+                result = NodeRun(node, job_name(run_id, node), "failed", "leased", why), None
             if result is not None:
                 break
             # Another run is benchmarking the node: look again later, holding no slot meanwhile.
             await asyncio.sleep(max(0.0, min(wait, give_up - clock())))
             wait = min(wait * 1.5, _POLL_CAP_S)
-        run, frame, stack = result
+        run, log = result
         wave.runs[node] = run
-        if frame is not None:
-            wave.results.append(frame)
-        if stack is not None:
-            wave.stacks[node] = stack
+        if log is not None:
+            logs[node] = log
 
+    logs: dict[str, PodLog] = {}
     await asyncio.gather(*(one(node, gpus) for node, gpus in nodes.items()))
+    # The wave's logs validated together: the contract's checks cost the same on one log as on many.
+    checked = await _call(validate_pod_logs, list(logs.values()))
+    for node, got in zip(logs, checked, strict=True):
+        if isinstance(got, ResultsError):  # one node's bad rows cost that node its verdict only
+            wave.runs[node] = NodeRun(node, wave.runs[node].job, "failed", "bad_results", str(got))
+            continue
+        wave.results.append(got.results)
+        if got.stack is not None:
+            wave.stacks[node] = got.stack
     return wave
 
 

@@ -1,0 +1,52 @@
+"""Inter-node network localisation: the pairing plan and its judgement (REFERENCE.md §4.5, §4.7).
+
+* :mod:`._plan` — :func:`plan_rounds`: rounds of two-node pairs chosen by the nodes' topology labels, so
+  every node meets partners in its own leaf and in another; a :class:`PairingPlan`;
+* :mod:`._judge` — :func:`judge_pairs`: the ``nccl_pair_busbw_gbps`` results of a plan localised to a
+  node's network path, the link between two leaves, a leaf, or a single pair to re-pair
+  (:class:`PairJudgement`); :func:`repairs` plans that re-pairing with known-good partners.
+
+Pure pandas/numpy, vectorised over pairs; nothing here imports Prefect or the Kubernetes client.
+"""
+
+from ._judge import (
+    FINDING_COLUMNS,
+    PAIR_METRIC,
+    PAIR_STATUSES,
+    PairJudgement,
+    PairThresholds,
+    judge_pairs,
+    repairs,
+)
+from ._plan import (
+    INTER_LEAF,
+    INTER_ZONE,
+    INTRA_LEAF,
+    KINDS,
+    PAIR_COLUMNS,
+    STAGES,
+    UNLABELLED,
+    ZONE_LABEL,
+    PairingPlan,
+    plan_rounds,
+)
+
+__all__ = [
+    "FINDING_COLUMNS",
+    "INTER_LEAF",
+    "INTER_ZONE",
+    "INTRA_LEAF",
+    "KINDS",
+    "PAIR_COLUMNS",
+    "PAIR_METRIC",
+    "PAIR_STATUSES",
+    "STAGES",
+    "UNLABELLED",
+    "ZONE_LABEL",
+    "PairJudgement",
+    "PairThresholds",
+    "PairingPlan",
+    "judge_pairs",
+    "plan_rounds",
+    "repairs",
+]

@@ -49,6 +49,7 @@ def main() -> int:
     parser.add_argument("--max-parallel", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
     parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
+    parser.add_argument("--clean-only", action="store_true", help="only the first run (it seeds the baselines)")
     args = parser.parse_args()
 
     import httpx
@@ -94,6 +95,12 @@ def main() -> int:
 
             seconds, clean = run("bench-clean")
             print(f"clean run (seeds baselines): {seconds:6.1f} s; states {clean.states}", flush=True)
+            if args.clean_only:
+                decided = sum(clean.states.values())
+                print(f"  {decided} of {args.nodes} nodes decided; tainted {len(clean.tainted)}")
+                print(f"  peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+                      + (f"; of the simulator: {sim_peak_mb():.0f} MB" if args.sim_process else " (flow + simulator)"))
+                return 0
             names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
             step = max(1, len(names) // max(1, args.faults))
             injected = []

@@ -156,6 +156,28 @@ def test_a_node_subset_measures_what_the_full_wave_measures(fleet: Fleet) -> Non
     pd.testing.assert_frame_equal(part.reset_index(drop=True), expected)
 
 
+def test_wave_draws_measure_one_node_from_draws_of_its_own() -> None:
+    """The simulator's pods (a seed per run and node) draw for their node only: the same shape of rows and
+    the same faults as the whole-fleet draw, other noise, the same values every time, whatever the fleet's
+    size; the whole-fleet draw of a bigger fleet would cost ~N times as much per node."""
+    small, big = Fleet.generate(nodes=4, seed=11), Fleet.generate(nodes=400, seed=11)
+    node = small.node_names[2]
+    fault = [Fault("pcie_gen4", node, 3)]
+
+    def rows(fleet: Fleet, **kw: object) -> pd.DataFrame:
+        return plain(fleet.run("s", ts=MIDNIGHT, seed=9, nodes=[node], faults=fault, **kw).results)  # type: ignore[arg-type]
+
+    own, whole = rows(small, wave_draws=True), rows(small)
+    pd.testing.assert_frame_equal(own, rows(small, wave_draws=True))  # deterministic
+    pd.testing.assert_frame_equal(own, rows(big, wave_draws=True))  # the rest of the fleet does not matter
+    key = ["node", "gpu", "metric"]
+    assert set(map(tuple, own[key].astype(str).to_numpy())) == set(map(tuple, whole[key].astype(str).to_numpy()))
+    perf = own["metric"].isin(PERF_METRICS)
+    assert not np.allclose(own.loc[perf, "value"].to_numpy()[:50], whole.loc[perf, "value"].to_numpy()[:50])
+    gen = own[(own["metric"] == "pcie_gen") & (own["gpu"] == 3)]["value"]
+    assert set(gen) == {4.0}  # the fault shows in the node's own draw too
+
+
 # --- healthy statistics --------------------------------------------------------------------------------
 
 

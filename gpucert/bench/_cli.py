@@ -312,8 +312,15 @@ def _rows_stream() -> TextIO:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0 once rows were printed, errors included; 2 for bad arguments (argparse)."""
-    opts = parse_args(argv)
+    """Exit status 0 once rows were printed, errors included; 2 for bad arguments (argparse).
+
+    ``pair …`` runs one side of a two-node all-reduce instead (:mod:`gpucert.bench._paircli`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["pair"]:
+        from ._paircli import main as pair_main
+
+        return pair_main(args[1:])
+    opts = parse_args(args)
     out = _rows_stream()
     try:
         return run(opts, out=out)

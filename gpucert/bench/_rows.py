@@ -85,6 +85,12 @@ class RowWriter:
         """A node-level row (``gpu`` empty)."""
         return self._measured(metric, None, value, repeat)
 
+    def pair_row(self, metric: str, peer: str, value: float, repeat: int = 0) -> bool:
+        """A pair-level row: ``gpu`` empty, ``peer`` the other node of the pair."""
+        if not peer:
+            raise ValueError(f"{metric} is a pair-level metric: the peer node is needed")
+        return self._measured(metric, None, value, repeat, peer)
+
     def error(self, step: str, reason: str, gpu: int | None = None) -> None:
         """An ``error`` row (value 1) at the GPU's level, or the node's when ``gpu`` is None; reason on stderr."""
         where = "node" if gpu is None else f"GPU {gpu}"
@@ -100,25 +106,30 @@ class RowWriter:
 
     # ---------------------------------------------------------------------------------------------------
 
-    def _measured(self, metric: str, gpu: int | None, value: float, repeat: int) -> bool:
+    def _measured(
+        self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None
+    ) -> bool:
         spec = METRICS[metric]  # an unknown metric is a bug of the payload: let it raise
         if spec.level == "gpu" and gpu is None:
             raise ValueError(f"{metric} is a gpu-level metric: a GPU index is needed")
         if spec.level != "gpu" and gpu is not None:
             raise ValueError(f"{metric} is a {spec.level}-level metric: no GPU index")
+        if (spec.level == "pair") != (peer is not None):
+            raise ValueError(f"{metric} is a {spec.level}-level metric: a peer is for pair metrics only")
         number = float(value)
         if not math.isfinite(number) or number < 0:
+            # The error row is the node's (an error row names no peer); the message names the pair.
             self.error(metric, f"measured {value!r}, which is no valid {metric}", gpu)
             return False
-        self._emit(metric, gpu, number, repeat)
+        self._emit(metric, gpu, number, repeat, peer)
         return True
 
-    def _emit(self, metric: str, gpu: int | None, value: float, repeat: int) -> None:
+    def _emit(self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None) -> None:
         uuid = None if gpu is None else self.devices[gpu].uuid
         row = dict(
             zip(
                 RESULT_COLUMNS,
-                (self.run_id, self.node, gpu, uuid, self.model, metric, value, repeat, None, utc_now()),
+                (self.run_id, self.node, gpu, uuid, self.model, metric, value, repeat, peer, utc_now()),
                 strict=True,
             )
         )

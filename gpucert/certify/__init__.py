@@ -1,7 +1,8 @@
 """certify's core: benchmark Jobs on the cluster, their outcome, and the results they logged.
 
 * :mod:`._jobs` — :func:`benchmark_job` and :func:`payload_configmap` (``templates/certify/``), the
-  Job's name (:func:`job_name`) and labels, :class:`BenchmarkSettings`;
+  Job's name (:func:`job_name`) and labels, :class:`BenchmarkSettings`; :mod:`._pairjobs` —
+  :func:`pair_job`: a two-node all-reduce as an Indexed Job and its headless Service (:class:`PairJob`);
 * :mod:`._outcome` — :func:`classify` a Job and its pods into a :class:`JobOutcome` (a failure outside
   the GPU — image pull, unschedulable, OOM, deadline — is ``inconclusive`` for that node, never a GPU
   verdict); :func:`observe` and :func:`abandon` do it through :class:`gpucert.kube.Kube`;
@@ -63,6 +64,7 @@ from ._jobs import (
 from ._judge import judge_rerun, settle_offline
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
+from ._pairjobs import PAIR_PORT, PairJob, pair_job, pair_name
 from ._record import (
     common_stack,
     job_failure_verdicts,
@@ -100,6 +102,7 @@ __all__ = [
     "HARD_GATE_XIDS",
     "JOBS_NAMESPACE",
     "JOB_TEMPLATE",
+    "PAIR_PORT",
     "PAYLOAD_DIR",
     "PAYLOAD_TEMPLATE",
     "REASONS",
@@ -118,6 +121,7 @@ __all__ = [
     "NodeOutcome",
     "NodeRun",
     "NodeTaints",
+    "PairJob",
     "PayloadArgsError",
     "PodLog",
     "Reason",
@@ -154,6 +158,8 @@ __all__ = [
     "node_patch",
     "observe",
     "orphaned_jobs",
+    "pair_job",
+    "pair_name",
     "parse_pod_log",
     "payload_configmap",
     "payload_items",

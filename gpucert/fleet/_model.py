@@ -346,6 +346,7 @@ class Fleet:
         fleet_shift: Mapping[str, float] | float = 0.0,
         nodes: Sequence[str] | None = None,
         pairs: bool = False,
+        wave_draws: bool = False,
     ) -> Wave:
         """Benchmark the fleet once (or ``nodes`` of it, in fleet order) and return results and truth.
 
@@ -357,6 +358,9 @@ class Fleet:
         A result whose ``repeats`` disagree gets more, up to ``max_repeats`` (the payload's
         ``--max-repeats``; ``max_repeats=repeats`` turns that off), each drawn like the first ones.
         ``repeats_of`` gives metrics measured more often than ``repeats`` (the payload's ``--repeats-of``).
+        ``wave_draws=True`` draws the run's noise for the wave's GPUs and nodes only, not the whole fleet's
+        before selecting: a node's values then depend on which nodes share its wave, so use it for a wave
+        of one node under a seed of its own (the simulator's pods: O(node), not O(fleet), per pod).
         """
         if not _RUN_ID.match(run_id):
             raise ValueError(f"run_id must be a DNS label (≤ 63 of a-z0-9-): {run_id!r}")
@@ -377,7 +381,8 @@ class Fleet:
         drift = shift * day
         parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs else [])
         for part in parts:
-            part(rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift)
+            part(rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift,
+                 wave_draws=wave_draws)
         results = rows.frame(self, run_id, ts)
         return Wave(results=results, truth=_truth_frame(truth))
 
@@ -419,14 +424,17 @@ class Fleet:
 
     def _gpu_rows(
         self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray,
+        drift: FloatArray, wave_draws: bool = False,
     ) -> None:
         """Per-GPU benchmarks (``rule``'s base repeats each, more where they disagree), telemetry and
         events of the wave's GPUs."""
         noise, model, per_node, repeats = self.noise, self.model, self.gpus_per_node, rule.repeats
         k = len(GPU_PERF_METRICS)
-        # Whole-fleet draws in a fixed order, before any selection (see the module docstring).
-        draws, n = _Streams(seed, 0), self.n_gpus
+        g = (wave_nodes[:, None] * per_node + np.arange(per_node)).ravel()
+        # Whole-fleet draws in a fixed order, before any selection (see the module docstring), unless the
+        # caller asked for the wave's own; ``pick`` takes the wave's GPUs out of either.
+        draws, n = _Streams(seed, 0), (len(g) if wave_draws else self.n_gpus)
+        pick = np.arange(len(g)) if wave_draws else g
         cv = noise.vector(noise.cv_rep, GPU_PERF_METRICS) * noise.rep_scale
         rep = 1.0 + draws().standard_normal((n, k, repeats)) * cv[None, :, None]
         rep *= _transients(draws(), rep.shape, noise)
@@ -441,8 +449,9 @@ class Fleet:
         app_xid = np.where(u[:, 0] < noise.app_xid_rate, _APP_XIDS[(len(_APP_XIDS) * u[:, 1]).astype(int)], 0)
         # The repeats the payload may add come last, so the draws above stay what they were without them.
         rep = _more_repeats(draws, rep, width, cv[None, :, None], noise)
+        rep, temp_noise, cap_bit = rep[pick], temp_noise[pick], cap_bit[pick]
+        replay, sbe, app_xid = replay[pick], sbe[pick], app_xid[pick]
 
-        g = (wave_nodes[:, None] * per_node + np.arange(per_node)).ravel()
         node_of = g // per_node
         present = ~eff.missing[g]
 
@@ -452,7 +461,7 @@ class Fleet:
         slow[:, 0] = self.slow_silicon[g]
         slow[:, 1] = 1.0 - (1.0 - self.slow_silicon[g]) / 3  # memory clocks barely care about binning
         level = (base * drift[:k]) * self.unit_factors[g] * self.node_factors[node_of, :k] * slow
-        values = (level * eff.gpu_factor[g])[:, :, None] * rep[g]
+        values = (level * eff.gpu_factor[g])[:, :, None] * rep
         ran = present[:, None] & ~eff.crash_gpu[g]
         counts = _repeat_counts(values, ran, rule, GPU_PERF_METRICS)
         gi, mi, ri = np.nonzero(np.arange(width) < counts[:, :, None])
@@ -468,17 +477,17 @@ class Fleet:
         tele = np.zeros((len(g), len(GPU_TELEMETRY_METRICS)))
         tele[:, _TELE["pcie_gen"]] = tele[:, _TELE["pcie_gen_max"]] = model.pcie_gen_max
         tele[:, _TELE["pcie_width"]] = tele[:, _TELE["pcie_width_max"]] = model.pcie_width_max
-        tele[:, _TELE["pcie_replays_per_min"]] = replay[g]
-        tele[:, _TELE["temp_max_c"]] = np.clip(np.round(self.temp_base_c[g] + temp_noise[g]), 45, 80)
+        tele[:, _TELE["pcie_replays_per_min"]] = replay
+        tele[:, _TELE["temp_max_c"]] = np.clip(np.round(self.temp_base_c[g] + temp_noise), 45, 80)
         tele[:, _TELE["temp_slowdown_c"]] = model.temp_slowdown_c
         tele[:, _TELE["power_limit_w"]] = model.power_limit_default_w
         tele[:, _TELE["power_limit_default_w"]] = model.power_limit_default_w
-        tele[:, _TELE["ecc_sbe_volatile"]] = sbe[g]
+        tele[:, _TELE["ecc_sbe_volatile"]] = sbe
         for m, j in _TELE.items():
             if eff.touched[m]:
                 worse = np.minimum if m in _LOWER_IS_WORSE else np.maximum
                 tele[:, j] = worse(tele[:, j], eff.telemetry[g, j])
-        tele[:, _TELE["clocks_event_reasons"]] = np.where(cap_bit[g], SW_POWER_CAP, 0) | eff.bits[g]
+        tele[:, _TELE["clocks_event_reasons"]] = np.where(cap_bit, SW_POWER_CAP, 0) | eff.bits[g]
         tg = g[present]
         codes = np.array([_METRIC_CODE[m] for m in GPU_TELEMETRY_METRICS])
         rows.add(
@@ -487,29 +496,31 @@ class Fleet:
         )
 
         # Events: application XIDs on healthy GPUs, then the faults' XIDs (a lost GPU still logs its 79).
-        xg = g[present & (app_xid[g] > 0)]
+        struck = present & (app_xid > 0)
+        xg = g[struck]
         rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"],
-                 value=app_xid[xg].astype(np.float64))
+                 value=app_xid[struck].astype(np.float64))
         xg, xc = np.array(eff.xid_gpu, dtype=np.int64), np.array(eff.xid_code, dtype=np.float64)
         rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"], value=xc)
 
     def _node_rows(
         self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray,
+        drift: FloatArray, wave_draws: bool = False,
     ) -> None:
         """The intra-node all-reduce (``rule``'s base repeats per node, more where they disagree, or an
         error row) and the GPU counts."""
         noise, j, repeats = self.noise, len(GPU_PERF_METRICS), rule.repeats
         draws = _Streams(seed, 1)
         cv = noise.cv_rep.get(NCCL, 0.0) * noise.rep_scale
-        rep = 1.0 + draws().standard_normal((self.n_nodes, repeats)) * cv
+        w = wave_nodes
+        rep = 1.0 + draws().standard_normal((len(w) if wave_draws else self.n_nodes, repeats)) * cv
         rep *= _transients(draws(), rep.shape, noise)
         rep = _more_repeats(draws, rep, width, cv, noise)
-        w = wave_nodes
+        rep = rep if wave_draws else rep[w]
         # A node's all-reduce runs at the pace of its slowest GPU; node-wide faults come on top.
         level = (self.model.base[NCCL] * drift[j] * self.node_factors[w, j]
                  * eff.nccl_gpu_min[w] * eff.nccl_node[w])
-        values = level[:, None] * rep[w]
+        values = level[:, None] * rep
         ok = ~eff.crash_nccl[w]
         counts = _repeat_counts(values[:, None, :], ok[:, None], rule, (NCCL,))[:, 0]
         ni, ri = np.nonzero(np.arange(width) < counts[:, None])
@@ -521,7 +532,7 @@ class Fleet:
 
     def _pair_rows(
         self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray,
+        drift: FloatArray, wave_draws: bool = False,  # pairs are drawn per pair of the wave either way
     ) -> None:
         """A two-node all-reduce per ring neighbour; a pair runs at the pace of its slower end."""
         noise, j, repeats = self.noise, len(GPU_PERF_METRICS) + 1, rule.repeats

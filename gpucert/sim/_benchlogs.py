@@ -263,7 +263,8 @@ class PodLogs:
         rule = payload_repeats(pod)
         wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
                          nodes=[node], faults=self._faults.on_node(node), repeats=rule.repeats,
-                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of))
+                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of),
+                         wave_draws=True)  # a seed per (run, node): drawing the whole fleet would be O(N) a pod
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
         return (head + _extra_repeat_lines(rows, rule) + rows_jsonl(rows)

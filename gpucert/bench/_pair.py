@@ -191,7 +191,7 @@ class Rendezvous:
         self.timeout_s, self.linger_s = timeout_s, linger_s
         self.where = f"{host}:{port}"
         self._store: Any = None
-        self._met = False
+        self._exchanged = False  # both sides' records were read: the other side may still be reading ours
 
     def _key(self, what: str, node_rank: int) -> str:
         return f"{_KEY}{what}/{node_rank}"
@@ -225,6 +225,7 @@ class Rendezvous:
             left = max(0.001, deadline - time.monotonic())
             self._store.wait([self._key("side", other)], timedelta(seconds=left))
             raw = self._store.get(self._key("side", other))
+            self._exchanged = True
         except Exception as exc:  # DistStoreError: the wait timed out; or the master went away
             raise PairError(
                 f"the other node of the pair (node rank {other}) did not join the rendezvous at {self.where} "
@@ -239,7 +240,6 @@ class Rendezvous:
             raise PairError(f"the other node ({peer.node}) runs on {peer.device}, this one on {me.device}")
         if peer.node == me.node:
             raise PairError(f"both sides of the pair run on node {me.node}: a pair is two nodes")
-        self._met = True
         return Meeting(self.node_rank, me, peer)
 
     def peer_failed(self) -> str | None:
@@ -263,7 +263,9 @@ class Rendezvous:
             return
         try:
             self._store.set(self._key("done", self.node_rank), failure or "")
-            if self.node_rank == 0 and self._met:
+            # Also when the meeting was refused (a peer of another run): the other side reads our record
+            # to say so too, and a store closed under it would turn that into "did not join".
+            if self.node_rank == 0 and self._exchanged:
                 self._store.wait([self._key("done", 1)], dt.timedelta(seconds=self.linger_s))
         except Exception as exc:
             say(f"pair: the rendezvous ended without the other side's word ({describe(exc)})")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,18 +150,30 @@ def policy_payload_args(policy: Policy) -> tuple[str, ...]:
 def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
     """``args`` as a tuple when the payload's parser takes ``prefix`` + ``args`` strictly (no abbreviation,
     no ``--help``) and none of ``args`` sets a flag the Job sets; raises :class:`PayloadArgsError`."""
-    from ..bench._cli import ArgumentsError, check_args
+    from ..bench._cli import check_args
+
+    return checked_args(args, field="payload_args", job="the Job", payload="the payload", own_flags=_OWN_FLAGS,
+                        check=check_args, prefix=prefix)  # fmt: skip
+
+
+def checked_args(
+    args: Sequence[str], *, field: str, job: str, payload: str, own_flags: Sequence[str],
+    check: Callable[[list[str]], object], prefix: Sequence[str],
+) -> tuple[str, ...]:
+    """``args`` (the policy's ``field``) as a tuple when ``check`` takes ``prefix`` + ``args`` and none of
+    ``args`` sets one of ``own_flags`` (``job`` sets those); raises :class:`PayloadArgsError` naming them."""
+    from ..bench._cli import ArgumentsError
 
     if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
-        raise PayloadArgsError(f"payload_args must be a sequence of strings, not {args!r}")
+        raise PayloadArgsError(f"{field} must be a sequence of strings, not {args!r}")
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if flag in _OWN_FLAGS:
-            raise PayloadArgsError(f"payload_args may not set {flag}: the Job sets it")
+        if flag in own_flags:
+            raise PayloadArgsError(f"{field} may not set {flag}: {job} sets it")
     try:
-        check_args([*prefix, *args])
+        check([*prefix, *args])
     except ArgumentsError as exc:
-        raise PayloadArgsError(f"payload_args {list(args)!r}: the payload refuses them: {exc}") from None
+        raise PayloadArgsError(f"{field} {list(args)!r}: {payload} refuses them: {exc}") from None
     return tuple(args)
 
 

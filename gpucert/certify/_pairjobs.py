@@ -43,10 +43,10 @@ from ._jobs import (
     _START_ALLOWANCE_S,
     PAYLOAD_DIR,
     BenchmarkSettings,
-    PayloadArgsError,
     _kubelet_literal,
     _render_one,
     _tolerations,
+    checked_args,
     payload_items,
 )
 from ._names import COMMON_LABELS
@@ -124,20 +124,10 @@ def pair_name(run_id: str, node_a: str, node_b: str) -> str:
 def check_pair_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
     """``args`` as a tuple when the pair payload's parser takes ``prefix`` + ``args`` strictly and none of
     ``args`` sets a flag the Job sets; raises :class:`~gpucert.certify._jobs.PayloadArgsError`."""
-    from ..bench._cli import ArgumentsError
     from ..bench._paircli import check_pair_args
 
-    if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
-        raise PayloadArgsError(f"pair_args must be a sequence of strings, not {args!r}")
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in _OWN_FLAGS:
-            raise PayloadArgsError(f"pair_args may not set {flag}: the pair Job sets it")
-    try:
-        check_pair_args([*prefix, *args])
-    except ArgumentsError as exc:
-        raise PayloadArgsError(f"pair_args {list(args)!r}: the pair payload refuses them: {exc}") from None
-    return tuple(args)
+    return checked_args(args, field="pair_args", job="the pair Job", payload="the pair payload",
+                        own_flags=_OWN_FLAGS, check=check_pair_args, prefix=prefix)  # fmt: skip
 
 
 def _affinity(nodes: tuple[str, str], selector: Mapping[str, str]) -> dict[str, Any]:

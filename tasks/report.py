@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucert._frames import empty_results
 from gpucert.certify import CertificationRun, Settlement
-from gpucert.report import render_html, summary_markdown, verdict_rows
+from gpucert.report import decision_table, render_html, summary_markdown, verdict_rows
 
 __all__ = ["publish_report"]
 
@@ -59,14 +59,11 @@ def publish_report(
     create_table_artifact(
         key=_artifact_key("verdicts"), table=verdict_rows(verdicts), description=f"verdicts of {run.run_id}"
     )
-    frame = settlement.frame()
-    decisions = [
-        {str(k): v for k, v in row.items()}
-        for row in frame.astype(object).where(frame.notna(), None).to_dict(orient="records")
-    ]
+    decisions, left_out = decision_table(settlement.frame())
+    quiet = f"; {left_out:,} nodes certified untainted not listed (decisions.parquet has all)" if left_out else ""
     create_table_artifact(
         key=_artifact_key("decisions"), table=decisions,
-        description=f"the settled decision per node of {run.run_id}",
+        description=f"the settled decision per node of {run.run_id}{quiet}",
     )  # fmt: skip
     create_link_artifact(key=_artifact_key("report"), link=link, link_text=f"report of {run.run_id}")
     return uri, link

@@ -11,7 +11,8 @@ that crashed is brought back the same way and adopts its Jobs (they carry the ru
 CRASHED is given :data:`CRASH_GRACE_S` to come back before the parent gives up on it.
 
 Where the deployment is not there (a run from the command line, the demo) or a block the shards need is
-not saved (a worker loads blocks by reference), the shards run here, as concurrent sub-flows.
+not saved (a worker loads blocks by reference), the shards run here as sub-flows,
+:data:`LOCAL_SHARDS_AT_ONCE` at a time.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ from prefect.client.schemas.objects import FlowRun
 from gpucert.certify import CertificationRun, ShardParts, read_shards
 from gpucert.errors import GpucertError
 
-__all__ = ["CRASH_GRACE_S", "SHARD_DEPLOYMENT", "ShardFailed", "run_shards"]
+__all__ = ["CRASH_GRACE_S", "LOCAL_SHARDS_AT_ONCE", "SHARD_DEPLOYMENT", "ShardFailed", "run_shards"]
 
 SHARD_DEPLOYMENT = "certify-shard/certify-shard"
+#: Shards run at once in this process when no worker runs them: each holds its nodes' Jobs and logs, so the
+#: process's memory grows with it (about 0.4 GB a shard of 1,000 nodes), while waves are what parallelise.
+LOCAL_SHARDS_AT_ONCE = 2
 #: How long a crashed shard may stay CRASHED before the parent stops waiting for automations.yaml's rule.
 CRASH_GRACE_S = 300.0
 _POLL_S = 2.0
@@ -87,8 +91,15 @@ async def run_shards(
     deployment = await _deployment_id() if not unsaved else None
     if deployment is None:
         why = f"{', '.join(unsaved)} not saved blocks" if unsaved else f"no {SHARD_DEPLOYMENT} deployment"
-        log.info("%s: %d shards run in this process (%s)", run.run_id, len(shards), why)
-        await asyncio.gather(*(local(i, nodes) for i, nodes in enumerate(shards)))
+        log.info("%s: %d shards run in this process, %d at a time (%s)", run.run_id, len(shards),
+                 LOCAL_SHARDS_AT_ONCE, why)  # fmt: skip
+        slots = asyncio.Semaphore(LOCAL_SHARDS_AT_ONCE)
+
+        async def in_turn(index: int, nodes: dict[str, int]) -> None:
+            async with slots:
+                await local(index, nodes)
+
+        await asyncio.gather(*(in_turn(i, nodes) for i, nodes in enumerate(shards)))
     else:
         await _on_workers(run, shards, parameters, wait_s=wait_s)
     parts = read_shards(run, shards)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -47,6 +48,54 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame["gpu"] = frame["gpu"].astype("Int64")
     return frame
+
+
+def _decide_one_by_one(verdicts: pd.DataFrame, node: str) -> tuple[Any, ...]:
+    """The rules of decide_nodes for one node, written the plain way (the oracle of the property below)."""
+    rows = verdicts[verdicts["node"] == node]
+    if rows.empty:
+        return (None, None, False, "inconclusive: no result from this node", False)
+    order = ["pass", "inconclusive", "warn", "fail"]
+    worst = max(rows["verdict"], key=order.index)
+    ranked = sorted(range(len(rows)), key=lambda i: -order.index(rows["verdict"].iloc[i]))  # stable
+    rows = rows.iloc[ranked]
+    flagged = rows[rows["verdict"] != "pass"]
+    if worst == "pass":
+        summary = "all checks passed"
+    else:
+        first = flagged.iloc[0]
+        where = f"GPU {int(first['gpu'])}" if pd.notna(first["gpu"]) else "node"
+        more = f" (+{len(flagged) - 1} more)" if len(flagged) > 1 else ""
+        summary = f"{first['verdict']}: {where}: {str(first['reasons']).split(';')[0].strip()}{more}"
+        if first["action"] != "none":
+            summary += f"; action: {first['action']}"
+    named = rows[(rows["verdict"] == "fail") & (rows["cause"] != "")]["cause"]
+    cause = (named.iloc[0] if len(named) else "unknown") if worst == "fail" else None
+    hard = bool(((rows["verdict"] == "fail") & rows["metric"].isin(["remapped_rows_failure", "ecc_dbe_volatile"])
+                 | ((rows["verdict"] == "fail") & (rows["metric"] == "xid") & rows["value"].isin([64, 79, 95]))).any())
+    gate = bool(((rows["verdict"] == worst) & (rows["reference_kind"] == "gate")).any())
+    return ({"pass": "certified", "warn": "degraded", "fail": "failed"}.get(worst), cause, hard, summary, gate)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_made_for_the_whole_table_at_once_match_the_rules_node_by_node(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 400))
+    nodes = [f"n{i:02d}" for i in rng.integers(0, 40, n)]
+    verdicts = _frame([
+        {**_v(node, str(rng.choice(["pass", "pass", "pass", "warn", "fail", "inconclusive"])),
+              gpu=None if rng.random() < 0.2 else int(rng.integers(0, 8)),
+              metric=str(rng.choice(["gemm_bf16_tflops", "xid", "remapped_rows_failure", "h2d_gbps"])),
+              value=float(rng.choice([13, 64, 79, 1.0])), cause=str(rng.choice(["", "pcie", "thermal"])),
+              action=str(rng.choice(["none", "reseat"])), reasons=f"reason {i}; more"),
+         "reference_kind": str(rng.choice(["peer", "gate", "own"]))}
+        for i, node in enumerate(nodes)
+    ])  # fmt: skip
+    asked = [*sorted(set(nodes)), "absent"]
+    decided = decide_nodes(verdicts, asked)
+    for node in asked:
+        d = decided[node]
+        assert (d.state, d.cause, d.hard_gate, d.summary, d.corroborated) == _decide_one_by_one(verdicts, node)
 
 
 def test_states_causes_and_hard_gates() -> None:

@@ -17,7 +17,15 @@ import pytest
 
 from gpucert._frames import empty_results
 from gpucert.fleet import Fault, Fleet
-from gpucert.report import ROW_KEYS, is_summary_row, md_escape, render_html, summary_markdown, verdict_rows
+from gpucert.report import (
+    ROW_KEYS,
+    decision_table,
+    is_summary_row,
+    md_escape,
+    render_html,
+    summary_markdown,
+    verdict_rows,
+)
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
 
@@ -104,6 +112,37 @@ def test_rows_limit_says_how_many_were_left_out(night: Night) -> None:
     with pytest.raises(ValueError, match="verdict"):
         verdict_rows(night.verdicts.drop(columns="verdict"))
     assert verdict_rows(night.verdicts.iloc[:0]) == []
+
+
+def _decisions(n: int, *, failed: int) -> pd.DataFrame:
+    states = ["failed"] * failed + ["certified"] * (n - failed)
+    return pd.DataFrame({
+        "run_id": "night", "node": [f"gpu-node-{i:05d}" for i in range(n)], "state": states,
+        "verdict": ["fail" if s == "failed" else "pass" for s in states],
+        "cause": [("pcie" if s == "failed" else None) for s in states],
+        "taint": ["added" if s == "failed" else "none" for s in states],
+        "confirmed": [s == "failed" for s in states], "runs": "night",
+        "summary": ["fail: GPU 2: PCIe Gen4" if s == "failed" else "all checks passed" for s in states],
+        "settled": True, "decided_at": pd.Timestamp(T0),
+    })  # fmt: skip
+
+
+def test_the_decisions_artifact_lists_every_node_column_wise_while_it_fits() -> None:
+    table, left_out = decision_table(_decisions(10_000, failed=3))
+    assert left_out == 0
+    assert list(table) == ["node", "state", "verdict", "cause", "taint", "confirmed", "summary"]
+    assert len(table["node"]) == 10_000
+    size = len(json.dumps(table, allow_nan=False))
+    assert size < 1_000_000  # under Prefect's event limit (1.5 MB): the artifact's event carries it whole
+    assert table["cause"][:4] == ["pcie", "pcie", "pcie", None]
+
+
+def test_the_decisions_artifact_of_a_fleet_too_large_leaves_out_the_quiet_nodes_and_says_how_many() -> None:
+    decisions = _decisions(500, failed=7)
+    decisions.loc[10, "taint"] = "kept"  # certified again but its taint kept: listed
+    table, left_out = decision_table(decisions, max_bytes=5_000)
+    assert left_out == 500 - 8
+    assert table["node"] == [f"gpu-node-{i:05d}" for i in (*range(7), 10)]
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpucert._frames import RESULT_DTYPES
 from gpucert.errors import ResultsError
 from gpucert.metrics import RESULT_COLUMNS
-from gpucert.results import parse_results, read_results, write_results
+from gpucert.results import join_parquet, parse_parquet, parse_results, read_results, write_results
 
 DATA = Path(__file__).parent / "data"
 BAD = DATA / "bad_results"
@@ -633,3 +633,46 @@ def test_a_duration_column_is_a_problem_naming_its_column_not_a_crash(tmp_path: 
     durations = {c: pa.array([1_000], pa.duration("ns")) for c in ("gpu", "value", "repeat", "ts")}
     error = _error(_contract_parquet(tmp_path / "durations.parquet", **durations))
     assert sorted(p.column for p in error.problems if p.column) == ["gpu", "repeat", "ts", "value"]
+
+
+# Results held in memory as Parquet (store objects) --------------------------------------------------------
+
+
+def _parquet_bytes(frame: pd.DataFrame) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def test_parquet_bytes_read_back_canonical_and_equal_to_the_file_reader(tmp_path: Path) -> None:
+    good = _good()
+    path = tmp_path / "good.parquet"
+    write_results(good, path)
+    from_bytes = parse_parquet(path.read_bytes(), "results of run x")
+    _assert_canonical(from_bytes)
+    pd.testing.assert_frame_equal(from_bytes, read_results(path))
+
+
+def test_parquet_bytes_that_break_the_contract_name_the_object_and_row() -> None:
+    bad = _good().astype({"value": "float64"})
+    bad.loc[1, "value"] = -1.0
+    with pytest.raises(ResultsError) as info:
+        parse_parquet(_parquet_bytes(bad), "results of run night")
+    assert "results of run night" in str(info.value)
+    assert "row 2" in str(info.value)
+    with pytest.raises(ResultsError, match=r"results of run night.*cannot parse the Parquet file"):
+        parse_parquet(b"not parquet at all", "results of run night")
+
+
+def test_parts_joined_into_one_parquet_file_read_as_their_concatenation() -> None:
+    good = _good()
+    # Parts typed differently, as shards written by different versions would be: plain strings in one,
+    # dictionaries in another, a column that is all empty (Arrow's null type) in a third.
+    plain = good.iloc[:5].astype(dict.fromkeys(("node", "gpu_uuid", "metric", "peer"), "object"))
+    nulls = good.iloc[5:8].assign(peer=None)
+    parts = [_parquet_bytes(plain), _parquet_bytes(good.iloc[8:0:-1].iloc[:0]), _parquet_bytes(nulls),
+             _parquet_bytes(good.iloc[8:])]  # fmt: skip
+    joined = join_parquet(iter(parts))
+    assert joined is not None
+    pd.testing.assert_frame_equal(parse_parquet(joined, "joined"), parse_results(good, "good"))
+    assert join_parquet(iter([])) is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -50,7 +51,8 @@ from prefect.utilities.schema_tools import validate as validate_variables
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
 from gpucert.kube import connect
-from gpucert.sim import STACK_NAMESPACE, SimCluster
+from gpucert.sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
+from gpucert.sim._rbac import DISCOVERY_RULES, grants_of
 from gpucert.stack import StackRequest, load_matrix, node_info, plan_stack, render_stack
 
 from .conftest import eventually
@@ -354,6 +356,57 @@ def test_the_worker_creates_the_job_on_the_simulated_cluster_and_its_pod_runs(
         assert succeeded == 1
 
 
+WORKER_RBAC = ROOT / "templates" / "worker" / "worker-rbac.yaml"
+WORKER = f"system:serviceaccount:{STACK_NAMESPACE}:prefect-worker"
+#: prefect-helm's charts/prefect-worker/templates/role.yaml: what the chart's worker account may do.
+HELM_CHART_ROLE = [
+    {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status"], "verbs": ["get", "watch", "list"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+]  # fmt: skip
+
+
+def test_the_workers_own_account_is_valid_and_no_wider_than_the_prefect_worker_chart_plus_kopfs_events() -> None:
+    objects = list(yaml.safe_load_all(WORKER_RBAC.read_text()))
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "Role", "RoleBinding"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+        assert obj["metadata"]["namespace"] == STACK_NAMESPACE
+    [role] = [o for o in objects if o["kind"] == "Role"]
+    for rule in role["rules"]:
+        for group, resource, verb in itertools.product(rule["apiGroups"], rule["resources"], rule["verbs"]):
+            chart = any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+                        for r in HELM_CHART_ROLE)  # fmt: skip
+            assert chart or (resource, verb) in {("events", "create"), ("events", "patch")}, (group, resource, verb)
+
+
+def test_the_worker_creates_and_follows_its_job_as_its_own_account_with_nothing_refused(
+    rendered: tuple[dict[str, Any], FlowRun], tmp_path: Path
+) -> None:
+    job, _ = rendered
+    objects = list(yaml.safe_load_all(WORKER_RBAC.read_text()))
+    with SimCluster(nodes=1, preconfigured=True) as sim:
+        admin = connect(sim.kubeconfig_path)
+        for obj in objects:
+            admin.apply(obj)
+        as_worker = tmp_path / "worker.kubeconfig"
+        as_worker.write_text(kubeconfig_text(sim.url, STACK_NAMESPACE, user=WORKER))
+        sim.clear_requests()
+        name = asyncio.run(_create_as_the_worker(as_worker, job))
+        worker = connect(as_worker)
+        # What the worker and its observer do next: watch the Job, find its pod, read its status and log.
+        pod = eventually(lambda: next(iter(worker.list_objects("v1", "Pod", namespace=STACK_NAMESPACE,
+                                                               label_selector=f"job-name={name}")), None))  # fmt: skip
+        worker.get("batch/v1", "Job", name, namespace=STACK_NAMESPACE)
+        worker.pod_log(pod["metadata"]["name"], namespace=STACK_NAMESPACE)
+        asked = [r for r in sim.requests if r.user == WORKER]
+        assert {(r.verb, r.resource, r.subresource) for r in asked} >= {
+            ("create", "jobs", ""), ("list", "pods", ""), ("get", "jobs", ""), ("get", "pods", "log")}
+        grants = grants_of(objects, WORKER, extra_cluster_rules=DISCOVERY_RULES)
+        refused = [r for r in asked if not grants.allows(r)]
+        assert refused == []
+
+
 # --- the pool and the switched deployments on a real Prefect server -------------------------------------------
 
 
@@ -571,3 +624,12 @@ def test_the_lock_pins_every_dependency_of_gpucert() -> None:
     header = (ROOT / "requirements.lock").read_text().splitlines()[1]
     [(_, arg)] = [s for s in _instructions(CONTAINERFILE.read_text()) if s[0] == "ARG"]
     assert f"--python-version {arg.split(':', 1)[1].split('-')[0]}" in header
+
+
+def test_every_template_file_ships_in_the_wheel() -> None:
+    """pyproject's package data covers every file of ``templates/`` (the image installs the wheel's copy)."""
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["templates"]
+    folder = ROOT / "templates"
+    shipped = {p for pattern in globs for p in folder.glob(pattern) if p.is_file()}
+    present = {p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert sorted(str(p.relative_to(folder)) for p in present - shipped) == []

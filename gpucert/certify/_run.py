@@ -25,7 +25,7 @@ import pandas as pd
 from .._names import check_run_id
 from ..errors import StoreError
 from ..policy import Policy, spec_floors
-from ..results import parse_results
+from ..results import parse_parquet
 from ..store import BaselineStore
 
 __all__ = ["RESULTS", "RUN_FILES", "CertificationRun", "latest_decisions", "rerun_id"]
@@ -107,13 +107,18 @@ class CertificationRun:
         self._tables[name] = frame
         return key
 
+    def write_file(self, name: str, data: bytes) -> str:
+        """Store ``data`` as the run's file ``name`` (a table already in Parquet: nothing kept in memory);
+        returns its key."""
+        self._tables.pop(name, None)
+        return self.store.write_run_file(self.folder, self.day, self.file(name), data)
+
     def table(self, name: str) -> pd.DataFrame:
         """The run's Parquet file ``name`` as stored; :class:`StoreError` when the run has none."""
         if name not in self._tables:
             raw = self.store.read_run_file(self.folder, self.day, self.file(name))
-            frame = pd.read_parquet(io.BytesIO(raw))
-            if name == RESULTS:
-                frame = parse_results(frame, f"results of run {self.run_id}")
+            source = f"results of run {self.run_id}"
+            frame = parse_parquet(raw, source) if name == RESULTS else pd.read_parquet(io.BytesIO(raw))
             self._tables[name] = frame
         return self._tables[name]
 

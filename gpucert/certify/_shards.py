@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import InputError, StoreError
+from ..results import join_parquet
 from ._run import RESULTS, CertificationRun
 
 __all__ = ["ShardParts", "plan_shards", "read_shards", "write_shard"]
@@ -82,7 +85,7 @@ def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> S
     finish (no ``failed.json``) and ``InputError`` for a shard whose files name a node it did not hold."""
     failed: dict[str, tuple[str | None, str]] = {}
     stacks: dict[str, dict[str, Any]] = {}
-    frames: list[pd.DataFrame] = []
+    measured: list[int] = []
     for index, nodes in enumerate(shards):
         try:
             record = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "failed.json"))))
@@ -95,12 +98,21 @@ def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> S
             raise InputError(f"{run.run_id}: shard {index} reports nodes it did not hold: {', '.join(stray[:5])}")
         failed.update({node: (reason, message) for node, (reason, message) in record.items()})
         stacks.update(stack)
-        try:
-            raw = run.store.read_run_file(run.folder, run.day, run.file(_key(index, RESULTS)))
-        except StoreError:
-            continue  # no node of the shard logged results: every one is in failed.json
-        frames.append(pd.read_parquet(io.BytesIO(raw)))
-    rows = sum(len(f) for f in frames)
-    if frames:
-        run.write_table(RESULTS, pd.concat(frames, ignore_index=True))
+        if run.has(_key(index, RESULTS)):
+            measured.append(index)  # else no node of the shard logged results: every one is in failed.json
+    rows = _join_results(run, measured)
     return ShardParts(failed=failed, stacks=stacks, rows=rows)
+
+
+def _join_results(run: CertificationRun, measured: Sequence[int]) -> int:
+    """Stream the results of the ``measured`` shards into the run's ``results.parquet``, one shard in memory
+    at a time; returns the rows joined."""
+    parts = (run.store.read_run_file(run.folder, run.day, run.file(_key(index, RESULTS))) for index in measured)
+    try:
+        joined = join_parquet(parts)
+    except (pa.ArrowException, KeyError) as exc:
+        raise StoreError(f"{run.run_id}: a shard's results cannot be joined: {exc}") from exc
+    if joined is None:
+        return 0
+    run.write_file(RESULTS, joined)
+    return int(pq.ParquetFile(pa.BufferReader(joined)).metadata.num_rows)

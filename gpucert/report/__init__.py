@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from ._drift import DriftChart, DriftView, drift_view, render_drift_html
 from ._html import render_html
-from ._rows import ROW_KEYS, is_summary_row, verdict_rows
+from ._rows import DECISION_KEYS, ROW_KEYS, decision_table, is_summary_row, verdict_rows
 from ._summary import md_escape, summary_markdown
 
 __all__ = [
+    "DECISION_KEYS",
     "ROW_KEYS",
     "DriftChart",
     "DriftView",
+    "decision_table",
     "drift_view",
     "is_summary_row",
     "md_escape",

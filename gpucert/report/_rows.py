@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
 
 from ._common import NON_PASS, entity_kinds, json_value, ordered_non_pass, require_columns
 
-__all__ = ["ROW_KEYS", "is_summary_row", "verdict_rows"]
+__all__ = ["DECISION_KEYS", "ROW_KEYS", "decision_table", "is_summary_row", "verdict_rows"]
 
 #: The keys of every row :func:`verdict_rows` returns, in display order.
 ROW_KEYS: tuple[str, ...] = (
@@ -99,3 +100,33 @@ def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, 
         per_kind = ", ".join(_plural(int(kinds[k]), words[k]) for k in words if k in kinds)
         rows.append(_note("pass", f"{len(passing):,} passing rows not listed: {per_kind}"))
     return rows
+
+
+#: The columns of the decisions artifact: what a person scanning the fleet's outcome reads, nothing repeated.
+DECISION_KEYS: tuple[str, ...] = ("node", "state", "verdict", "cause", "taint", "confirmed", "summary")
+#: What the decisions artifact may weigh as JSON: Prefect's server refuses to publish an event over
+#: ``PREFECT_SERVER_EVENTS_MAXIMUM_SIZE_BYTES`` (1.5 MB by default), and the artifact's event carries it whole.
+DECISIONS_MAX_BYTES = 1_000_000
+
+
+def decision_table(
+    decisions: pd.DataFrame, *, max_bytes: int = DECISIONS_MAX_BYTES
+) -> tuple[dict[str, list[Any]], int]:
+    """The settled decisions (``decisions.parquet``) as a column-wise table artifact, and how many nodes it
+    leaves out.
+
+    Every node is listed while the table fits in ``max_bytes`` of JSON (10,000 nodes take about 0.6 MB);
+    past that the nodes certified without a taint are left out and the count says how many:
+    ``decisions.parquet`` holds them all."""
+    require_columns(decisions, DECISION_KEYS, "decisions")
+    table = _columns(decisions)
+    if len(json.dumps(table)) <= max_bytes:
+        return table, 0
+    quiet = (decisions["state"].astype("string") == "certified").fillna(False) & (
+        decisions["taint"].astype("string").fillna("none") == "none"
+    )
+    return _columns(decisions[~quiet.to_numpy()]), int(quiet.sum())
+
+
+def _columns(frame: pd.DataFrame) -> dict[str, list[Any]]:
+    return {name: [json_value(v) for v in frame[name].astype(object)] for name in DECISION_KEYS}

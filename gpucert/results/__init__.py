@@ -48,23 +48,24 @@ the first few bad rows of each rule (the rest are counted).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import Problem, ResultsError
 from ..metrics import RESULT_COLUMNS
 from ._columns import _validate
 from ._common import _CSV, _JSONL, _PARQUET, Ints, PathArg, _Findings, _Rows
-from ._read import _one_line, _read_file, _unknown_suffix
+from ._read import _one_line, _read_file, _read_parquet, _unknown_suffix
 from ._relations import _check_relations, _Codes, _concat, _tidy_categories
-from ._write import _write_csv, _write_jsonl, _write_parquet
+from ._write import PARQUET_SCHEMA, _write_csv, _write_jsonl, _write_parquet
 
-__all__ = ["parse_results", "read_results", "write_results"]
+__all__ = ["join_parquet", "parse_parquet", "parse_results", "read_results", "write_results"]
 
 # ---------------------------------------------------------------------------------------------------------
 # Public interface
@@ -124,6 +125,45 @@ def parse_results(frame: pd.DataFrame, source: str, *, rows: npt.ArrayLike | Non
     canonical = _validate(frame, found, duplicated)
     found.raise_for(source)
     return canonical
+
+
+def parse_parquet(data: bytes, source: str) -> pd.DataFrame:
+    """Read and validate a results table held in memory as Parquet (a store object); return it canonical.
+
+    The same checks as :func:`read_results` for a file; ``source`` names the object in the error. Strings
+    are read as dictionaries, so a table of millions of rows never holds a Python string per cell."""
+    try:
+        raw = _read_parquet(pa.BufferReader(data))
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise ResultsError(source, [Problem(f"cannot parse the Parquet file: {_one_line(exc)}")]) from None
+    found = _Findings(_Rows(raw.rows), len(raw.frame), raw.problems, raw.total)
+    try:
+        canonical = _validate(raw.frame, found, raw.duplicated_columns)
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        problem = Problem(f"cannot read the values: {_one_line(exc)}")
+        raise ResultsError(source, [*found.problems, problem], total=found.total + 1) from None
+    found.raise_for(source)
+    return _tidy_categories(canonical)
+
+
+def join_parquet(parts: Iterable[bytes]) -> bytes | None:
+    """Results tables held as Parquet, one after another in one Parquet file of the canonical schema (None
+    when ``parts`` is empty); what each part holds is not validated, only typed.
+
+    Streamed: one part is in memory at a time, next to the file being written, so joining the shards of
+    10,000 nodes costs one shard's table, not the fleet's frame."""
+    sink = pa.BufferOutputStream()
+    writer: pq.ParquetWriter | None = None
+    try:
+        for data in parts:
+            table = pq.read_table(pa.BufferReader(data), columns=list(RESULT_COLUMNS))
+            if writer is None:
+                writer = pq.ParquetWriter(sink, PARQUET_SCHEMA)
+            writer.write_table(table.cast(PARQUET_SCHEMA))
+    finally:
+        if writer is not None:
+            writer.close()
+    return None if writer is None else sink.getvalue().to_pybytes()
 
 
 def write_results(frame: pd.DataFrame, path: PathArg) -> None:

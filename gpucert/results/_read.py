@@ -162,7 +162,8 @@ def _drop_blank_lines(frame: pd.DataFrame, rows: Ints) -> tuple[pd.DataFrame, In
     return frame[~blank].reset_index(drop=True), rows[~blank]
 
 
-def _read_parquet(path: PathArg) -> _Raw:
+def _read_parquet(path: PathArg | pa.NativeFile) -> _Raw:
+    """A Parquet file (a path, or an Arrow buffer holding one: a store object) as a raw frame."""
     schema = pq.read_schema(path)
     names: list[str] = list(schema.names)
     wanted = [c for c in RESULT_COLUMNS if c in names]
@@ -172,7 +173,8 @@ def _read_parquet(path: PathArg) -> _Raw:
         if c in CATEGORY_COLUMNS
         and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))
     ]
-    ahead = take(path) if not text and len(set(names)) == len(names) else None
+    in_memory = isinstance(path, pa.NativeFile)
+    ahead = take(path) if not in_memory and not text and len(set(names)) == len(names) else None
     # The table read ahead (gpucert._prefetch) holds every column the file has; the reader's own read
     # takes the contract's.
     table = (

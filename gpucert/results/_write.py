@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,9 @@ from ..metrics import RESULT_COLUMNS
 from ._common import PathArg
 from ._read import _ARROW_TYPES
 
+#: The Parquet schema of a results file: strings as dictionaries, every column typed even when all empty.
+PARQUET_SCHEMA: Final = pa.schema([(name, _ARROW_TYPES[name]) for name in RESULT_COLUMNS])
+
 # ---------------------------------------------------------------------------------------------------------
 # Writing files
 
@@ -26,8 +29,7 @@ def _write_parquet(frame: pd.DataFrame, path: PathArg) -> None:
     # Categoricals become dictionary columns, which the reader takes back as categoricals directly; the
     # explicit schema also types a column that is all empty (Arrow would write its "null" type, which
     # outside tools read badly).
-    schema = pa.schema([(name, _ARROW_TYPES[name]) for name in RESULT_COLUMNS])
-    pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
+    pq.write_table(pa.Table.from_pandas(frame, schema=PARQUET_SCHEMA, preserve_index=False), path)
 
 
 def _write_csv(frame: pd.DataFrame, path: PathArg) -> None:

@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0  # CPU wheel for the payload's tests: pip, never uv (uv would fetch a multi-GB CUDA build)
+	# Bytecode once, here: where PYTHONDONTWRITEBYTECODE is set (this image sets it) no .pyc is ever written, and
+	# every process would compile pandas, Prefect and the rest again (~2 s each; the suite starts hundreds).
+	# A few files are for newer Pythons (torch's py312 intrinsics): their errors are expected.
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)          ## the main job on the embedded default
@@ -26,6 +30,7 @@ types: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
+	$(BIN)/python -m compileall -q gpucert flows tasks blocks tests >/dev/null  # see $(STAMP): ours too
 	$(BIN)/pytest -q -n auto
 
 bench: $(STAMP)         ## detection quality and compare speed: figures, not pass/fail

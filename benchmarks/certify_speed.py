@@ -2,10 +2,12 @@
 different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
 
     python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16] [--shard-size N]
-                                       [--sim-process]
+                                       [--sim-process] [--pairs] [--clean-only]
 
 ``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards (here in this
 process, as sub-flows: the benchmark has no workers). Each run also prints the Prefect task runs it made.
+``--pairs`` turns the policy's ``network.pairs`` on, so each run measures its links too (issue 14's bar: the
+pairing rounds and their judgement add at most 2× the time of the certify without them).
 ``--sim-process`` serves the simulated cluster from its own ``gpucert sim up`` process (faults through
 ``gpucert sim inject``), so this process's peak RSS is the flow's alone — the parent of issue 17's bar.
 
@@ -28,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -50,6 +53,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
     parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
     parser.add_argument("--clean-only", action="store_true", help="only the first run (it seeds the baselines)")
+    parser.add_argument("--pairs", action="store_true", help="the policy's network.pairs on: the links step too")
     args = parser.parse_args()
 
     import httpx
@@ -78,7 +82,10 @@ def main() -> int:
             cluster = GpuCluster(kubeconfig=str(kubeconfig))
             store = BaselineStore(uri=f"file://{d}")
 
-            policy = CertificationPolicy(shard_size=args.shard_size) if args.shard_size else None
+            fields: dict[str, Any] = {"shard_size": args.shard_size} if args.shard_size else {}
+            if args.pairs:
+                fields["policy"] = {"network": {"pairs": True}}
+            policy = CertificationPolicy(**fields) if fields else None
 
             def task_runs() -> int:
                 answer = httpx.post(f"{PREFECT_API_URL.value()}/task_runs/count", json={}, timeout=30)
@@ -91,6 +98,8 @@ def main() -> int:
                                           max_parallel=args.max_parallel))  # fmt: skip
                 seconds = time.perf_counter() - start
                 print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs", flush=True)
+                for line in out.links[:2]:
+                    print(f"  links: {line}", flush=True)
                 return seconds, out
 
             seconds, clean = run("bench-clean")

@@ -61,6 +61,15 @@ class GpuCluster(Block):
     gpu_node_selector: str = Field(
         default=DEFAULT_GPU_SELECTOR, description="Label selector of the cluster's GPU nodes."
     )
+    storage_claim: str | None = Field(
+        default=None,
+        description="A PersistentVolumeClaim (in gpucert-system) on the dataset's file system: each node's "
+        "sequential read throughput from it is measured (storage_read_gbps), in a folder per node.",
+    )
+    storage_host_path: str | None = Field(
+        default=None,
+        description="Or a host path (a node's local dataset disk) to measure storage_read_gbps on.",
+    )
 
     @field_validator("label_prefix")
     @classmethod

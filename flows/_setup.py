@@ -175,11 +175,13 @@ def benchmark_settings(
     payload_args: list[str] | None,
 ) -> BenchmarkSettings:
     """The benchmark Job's settings for a flow: the policy's repeats and repeat rule, the cluster's label
-    prefix, the rest as given. Raises ``InputError`` for a value the Job cannot take (an unknown payload
-    option, say)."""
+    prefix and storage location, the rest as given. Raises ``InputError`` for a value the Job cannot take
+    (an unknown payload option, say)."""
     fields: dict[str, Any] = {"label_prefix": setup.cluster.label_prefix, "repeats": setup.rules.repeats,
                               "policy_args": policy_payload_args(setup.rules.policy),
-                              "deadline_s": deadline_s, "pod_annotations": pod_annotations or {}}  # fmt: skip
+                              "deadline_s": deadline_s, "pod_annotations": pod_annotations or {},
+                              "storage_claim": setup.cluster.storage_claim,
+                              "storage_host_path": setup.cluster.storage_host_path}  # fmt: skip
     if image:
         fields["image"] = image
     if payload_args:

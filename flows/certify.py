@@ -9,15 +9,19 @@ The runbook, top to bottom:
    pull, unschedulable, OOM, deadline) makes that node inconclusive. More nodes than the policy's
    ``shard_size``: the benchmarks run as ``certify-shard`` flow runs on the pool's workers (``max_parallel``
    each), joined before judging (``tasks/shards.py``);
-3. **judge** the results against the store's current baseline (own history, peers, spec);
-4. **confirm**: re-run the nodes whose fail no hard gate backs, judged among this run's other nodes;
-5. **settle**: one decision per node — the fail stands when 2 of 3 runs fail; taints added, kept, lifted
+3. **links** (the policy's ``network.pairs``): the measured nodes in two-node all-reduce pairs, round by
+   round, chosen by their leaf and zone labels, then re-paired where nothing explains a low pair yet
+   (``tasks/links.py``);
+4. **judge** the results against the store's current baseline (own history, peers, spec), the pairs by
+   the run's pairing plan;
+5. **confirm**: re-run the nodes whose fail no hard gate backs, judged among this run's other nodes;
+6. **settle**: one decision per node — the fail stands when 2 of 3 runs fail; taints added, kept, lifted
    or refused by the blast radius (gpucert's taints in force, all runs together); observe-only taints
    nothing — stored as ``decisions.parquet``;
-6. **act**: state labels, annotations, the ``GpuCertified`` condition and the taint, from the decision;
-7. **keep**: the run's passing results merged into a new baseline version, ``stack.json`` stored;
-8. **report**: ``report.html``, the verdict and decision tables, a summary and a link, as artifacts;
-9. **ticket**: one ticket per fault, opened, updated, escalated or resolved (recorded in the store when no
+7. **act**: state labels, annotations, the ``GpuCertified`` condition and the taint, from the decision;
+8. **keep**: the run's passing results merged into a new baseline version, ``stack.json`` stored;
+9. **report**: ``report.html``, the verdict and decision tables, a summary and a link, as artifacts;
+10. **ticket**: one ticket per fault, opened, updated, escalated or resolved (recorded in the store when no
    ticketing is configured, and opened by the next run that has it).
 """
 
@@ -33,7 +37,7 @@ from blocks.ticketing import Ticketing
 from flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
 from gpucert._crashpoints import crashpoint
 from gpucert.audit import ticket_action
-from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange, plan_shards
+from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange, plan_shards, stored_plan_of
 from tasks.certify import (
     act_on_nodes,
     benchmark,
@@ -44,6 +48,7 @@ from tasks.certify import (
     select_nodes,
     settle_run,
 )  # fmt: skip
+from tasks.links import measure_links
 from tasks.report import publish_report
 from tasks.shards import run_shards
 from tasks.tickets import ticket_run
@@ -94,6 +99,9 @@ async def certify(
                                  "max_parallel": max_parallel, "deadline_s": deadline_s,
                                  "pod_annotations": pod_annotations, "payload_args": payload_args}  # fmt: skip
         failed, stacks = await _benchmark_in_shards(run, shards, setup, shard)
+    measured = {node: count for node, count in gpus.items() if node not in failed}
+    links = await measure_links(kube, run, setup.cluster.gpu_node_selector, measured, payload, settings,
+                                rules.policy, max_parallel=max_parallel)  # fmt: skip
     audit.flush()  # the Jobs created and deleted
     first = judge_run(run, failed, list(gpus), rules.policy)
     crashpoint("judged")
@@ -116,7 +124,7 @@ async def certify(
     audit.because(f"certify {run.run_id}: passing results merged")
     version, reseeded = keep_baselines(run, stacks, rules.policy)
     audit.flush()
-    report, link = publish_report(run, settlement, actions)
+    report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy))
     tickets = ticket_run(setup.tickets, run, rules.escalation) if not settlement.incident else None
     if tickets is not None:
         audit.note(*(ticket_action(e) for e in tickets.events))
@@ -125,6 +133,7 @@ async def certify(
         settlement, day=run.day, store=setup.store.uri, nodes=sorted(gpus), skipped=skipped,
         reruns=[r.run_id for r in reruns], inconclusive={n: f"{r}: {m}" for n, (r, m) in sorted(failed.items())},
         observe_only=rules.observe_only, baseline_version=version, reseeded=reseeded, report=report,
+        links=links.lines(),
         report_link=link, ticketing=setup.ticketing_name, actions=actions,
         tickets=[TicketChange.of(e) for e in tickets.events] if tickets else [],
         tickets_recorded=tickets.recorded if tickets else 0, audited=len(audit.entries),

@@ -277,7 +277,26 @@ def _accepted(verdicts: pd.DataFrame, medians: pd.DataFrame, policy: Policy) -> 
     )
     nodes = medians[medians["scope"] == "node"].merge(node_ok[["node"]], on="node", how="inner")
     gpus = gpus[gpus["gpu_uuid"].notna()]
-    return pd.concat([gpus, nodes], ignore_index=True)
+    return pd.concat([gpus, nodes, _link_medians(passed, medians)], ignore_index=True)
+
+
+def _link_medians(passed: pd.DataFrame, medians: pd.DataFrame) -> pd.DataFrame:
+    """Each node's own link baseline sample: the median over its passing pairs (each row naming it as
+    ``node``: both pods of a pair log one) of the pair's median, a ``node``-level ``nccl_pair_busbw_gbps``
+    entry. A pair low for its partner's fault did not pass, so it teaches the node nothing."""
+    pair_ok = passed[passed["peer"].notna() & passed["node"].notna() & passed["gpu"].isna()]
+    pairs = medians[medians["scope"] == "pair"]
+    if pair_ok.empty or pairs.empty:
+        return medians.iloc[:0]
+    ok = pd.DataFrame({"node": pair_ok["node"].astype(str).to_numpy(), "peer": pair_ok["peer"].astype(str).to_numpy()})
+    measured = pairs.assign(node=pairs["node"].astype(str), peer=pairs["peer"].astype(str)).merge(
+        ok.drop_duplicates(), on=["node", "peer"], how="inner"
+    )
+    per_node = measured.groupby(["node", "metric"], observed=True, sort=True).agg(
+        x=("x", "median"), n=("n", "sum"), gpu_model=("gpu_model", "first")
+    )
+    out = per_node.reset_index()
+    return out.assign(scope="node", gpu=-1, gpu_uuid=np.nan, peer=None)[list(medians.columns)]
 
 
 # --- implausible values -------------------------------------------------------------------------------

@@ -158,6 +158,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--faults", metavar="FILE",
                     help="YAML of faults to inject at start: 'api', 'gpu' and 'nodes' sections")
     up.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
+    up.add_argument("--nodes-per-leaf", type=_positive_int, default=8, metavar="K",
+                    help="nodes under each leaf switch (the gpucert.io/leaf label; four leaves to a zone)")
     up.add_argument("--kubeconfig", required=True, metavar="PATH", help="where to write the kubeconfig")
     up.add_argument("--dcgm-host-label", choices=("hostname", "Hostname"), default="hostname",
                     help="host label of the DCGM exporters: 'hostname' (exporter since #655) or 'Hostname'")
@@ -530,7 +532,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return serve(
             nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
             preconfigured=args.preconfigured, port=args.port, faults_file=args.faults, seed=args.seed,
-            dcgm_host_label=args.dcgm_host_label,
+            dcgm_host_label=args.dcgm_host_label, nodes_per_leaf=args.nodes_per_leaf,
         )
     if args.command == "configure":
         from ._flowcli import configure_command

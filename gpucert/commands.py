@@ -20,7 +20,7 @@ import pandas as pd
 
 from ._io import TABLE_SUFFIXES, write_table
 from .errors import InputError
-from .policy import load_policy
+from .policy import Policy, load_policy
 from .results import read_results
 from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
@@ -192,7 +192,7 @@ def compare(
         print(f"wrote {out}: {summarize(verdicts)}; settled: {states}"
               + (f"; {len(pending)} node(s) need one more run: {', '.join(pending)}" if pending else ""))  # fmt: skip
     else:
-        verdicts = judge(frame, table, policy)
+        verdicts = _judged(frame, table, policy)
         write_table(verdicts, out)
         print(f"wrote {out}: {summarize(verdicts)}")
     if fail_on is not None:
@@ -201,6 +201,16 @@ def compare(
         if worst >= _ORDER[fail_on]:
             return 3
     return 0
+
+
+def _judged(results: pd.DataFrame, baseline: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+    """The verdicts of one run's results; its pairs, when it has any, judged together (which end of a low
+    pair is at fault, or the link between) as certify judges them."""
+    if not (results["metric"] == "nccl_pair_busbw_gbps").any():
+        return judge(results, baseline, policy)
+    from .certify import judge_with_links  # only then: the certify package is a second of imports
+
+    return judge_with_links(results, baseline, policy)
 
 
 def _read_stack(stack_file: str | None) -> dict[str, str]:

@@ -29,6 +29,7 @@ __all__ = [
     "ANY_MODEL",
     "EVENT_METRICS",
     "METRICS",
+    "NIC_METRICS",
     "PERF_METRICS",
     "RESULT_COLUMNS",
     "Bound",
@@ -109,6 +110,16 @@ METRICS: dict[str, Metric] = {
         _tele("nvlink_crc_errors", "count"),
         _tele("gpu_count", "GPUs", level="node"),
         _tele("gpu_count_expected", "GPUs", level="node"),
+        # The node's RDMA NICs (/sys/class/infiniband in the payload, node-exporter's infiniband collector in
+        # operate): ports found and ACTIVE, the slowest and fastest active port's rate, and each error
+        # counter's increase during the benchmark (or the window), summed over the node's ports.
+        _tele("ib_ports", "ports", level="node"),
+        _tele("ib_ports_active", "ports", level="node"),
+        _tele("ib_rate_min_gbps", "Gb/s", level="node"),
+        _tele("ib_rate_max_gbps", "Gb/s", level="node"),
+        _tele("ib_symbol_errors", "count", level="node"),
+        _tele("ib_link_downed", "count", level="node"),
+        _tele("ib_rcv_errors", "count", level="node"),
         # Events: one row per occurrence, so rows may repeat. ``error`` is written at the level of the
         # step that failed (a GPU benchmark or a node-wide one), so it may have either shape.
         Metric("xid", "gpu", "event", "code"),
@@ -118,6 +129,8 @@ METRICS: dict[str, Metric] = {
 
 PERF_METRICS: tuple[str, ...] = tuple(n for n, m in METRICS.items() if m.kind == "perf")
 EVENT_METRICS: frozenset[str] = frozenset(n for n, m in METRICS.items() if m.kind == "event")
+#: The node-level RDMA NIC telemetry, in registry order.
+NIC_METRICS: tuple[str, ...] = tuple(n for n in METRICS if n.startswith("ib_"))
 
 
 def metric(name: str) -> Metric:

@@ -93,6 +93,14 @@ class GatesPolicy(_Strict):
     sbe_volatile_warn: float = Field(ge=0)
     nvlink_crc_errors: float = Field(ge=0)
     xid_repeat_warn: int = Field(ge=1)
+    ib_rate_gbps: float | None = Field(
+        default=None, gt=0,
+        description="the rate every active RDMA port should run at (Gb/s); None: compare a node's ports with "
+        "one another only",
+    )  # fmt: skip
+    ib_symbol_errors: float = Field(ge=0)
+    ib_link_downed: float = Field(ge=0)
+    ib_rcv_errors: float = Field(ge=0)
 
 
 class BaselinePolicy(_Strict):
@@ -122,6 +130,14 @@ class DriftPolicy(_Strict):
     min_baseline_runs: int = Field(ge=1)
 
 
+class NetworkPolicy(_Strict):
+    pairs: bool = Field(description="measure two-node all-reduce between nodes (issue 14's link benchmarks)")
+    leaf_label: str = Field(description="the node label naming each node's leaf (rack) switch")
+    zone_label: str = Field(description="the node label naming the tier above the leaves")
+    partners: int = Field(ge=1, le=8, description="distinct partners each node meets per run")
+    repair_rounds: int = Field(ge=0, le=5, description="re-pairing rounds for pairs nothing explains yet")
+
+
 class Policy(_Strict):
     metrics: dict[str, MetricPolicy]
     repeats: RepeatsPolicy
@@ -132,6 +148,7 @@ class Policy(_Strict):
     baseline: BaselinePolicy
     blast_radius: BlastRadiusPolicy
     drift: DriftPolicy
+    network: NetworkPolicy
     observe_only: bool = False
     spec_floors_file: str | None = Field(
         default=None, description="a CSV of gpu_model,metric,floor replacing the shipped floors"

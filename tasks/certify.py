@@ -31,11 +31,14 @@ from gpucert.certify import (
     fleet_taints,
     job_failure_verdicts,
     judge_rerun,
+    judge_with_links,
     orphaned_jobs,
+    orphaned_pair_jobs,
     payload_configmap,
     run_wave,
     settle,
     settled_verdicts,
+    stored_plan_of,
     update_baselines,
     write_shard,
 )
@@ -44,7 +47,6 @@ from gpucert.errors import InputError
 from gpucert.kube import Kube, KubeNotFound
 from gpucert.policy import Policy
 from gpucert.store import empty_baseline
-from gpucert.verdict import judge
 
 from ._retry import kube_task
 
@@ -112,7 +114,7 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": settings.namespace,
                     "labels": {"app.kubernetes.io/part-of": "gpucert"}}})  # fmt: skip
         stored = kube.apply(configmap)
-    orphans = orphaned_jobs(kube, settings, run_id, nodes)
+    orphans = [*orphaned_jobs(kube, settings, run_id, nodes), *orphaned_pair_jobs(kube, settings, run_id, nodes)]
     if orphans:
         get_run_logger().warning(
             "deleting %d Jobs a killed run left behind: %s", len(orphans), ", ".join(orphans)
@@ -195,7 +197,7 @@ def judge_run(
     if len(failed) < len(nodes):
         baseline = run.store.read(version) if version is not None else empty_baseline()
         if cohort is None:
-            judged = judge(run.results(), baseline, policy)
+            judged = judge_with_links(run.results(), baseline, policy, plan=stored_plan_of(run, policy))
         else:
             peers = cohort.results() if cohort.has(RESULTS) else None
             judged = judge_rerun(run.results(), peers, nodes, baseline, policy)

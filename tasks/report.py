@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucert._frames import empty_results
 from gpucert.certify import CertificationRun, Settlement
+from gpucert.network import PairingPlan
 from gpucert.report import decision_table, render_html, summary_markdown, verdict_rows
 
 __all__ = ["publish_report"]
@@ -38,16 +39,21 @@ def _prefect_unreachable(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="publish the report", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[5, 10, 20],
       retry_condition_fn=_prefect_unreachable)  # fmt: skip
 def publish_report(
-    run: CertificationRun, settlement: Settlement, actions: Mapping[str, str]
+    run: CertificationRun,
+    settlement: Settlement,
+    actions: Mapping[str, str],
+    links: PairingPlan | None = None,
 ) -> tuple[str, str]:
     """Render and store the run's ``report.html`` from its settled verdicts; publish the verdict table, the
-    decisions, the markdown summary and a link to the report. Returns the report's URI and a link to it a
-    browser opens (a presigned URL for S3, the store's public URL when it has one)."""
+    decisions, the markdown summary and a link to the report. ``links``, the plan the run measured its node
+    pairs by (``gpucert.certify.stored_plan_of(run, policy)``; None when it measured none), adds the page's
+    "Links" section. Returns the report's URI and a link to it a browser opens (a presigned URL for S3, the
+    store's public URL when it has one)."""
     verdicts = run.verdicts()
     results = run.results_or_none()
     baseline = run.store.read() if run.store.current_version() is not None else None
     html = render_html(results if results is not None else empty_results(), verdicts, run_id=run.run_id,
-                       baseline=baseline)  # fmt: skip
+                       baseline=baseline, links=links)  # fmt: skip
     uri = run.write_report(html)
     link = run.store.link(run.key("report.html"))
     markdown = summary_markdown(verdicts, run_id=run.run_id, report_link=link, actions_taken=actions)

@@ -93,8 +93,10 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
     )
     tmp = tmp_path_factory.mktemp("cpu-run")
     stack = tmp / "stack.json"
+    # No RDMA NIC whatever this machine has: the NIC rows are real telemetry (tests/test_bench_nic.py).
+    no_nics = ["--ib-sysfs", str(tmp / "no-infiniband")]
     done, rows = _payload(
-        ["--device", "cpu", "--run-id", "t1", "--repeats", "2", "--stack-json", str(stack)],
+        ["--device", "cpu", "--run-id", "t1", "--repeats", "2", "--stack-json", str(stack), *no_nics],
         tmp,
         env={"GPUCERT_EXPECTED_GPUS": "2"},
     )

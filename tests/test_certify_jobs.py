@@ -258,11 +258,37 @@ def test_settings_are_rendered_and_checked(cm: dict[str, Any]) -> None:
         ("payload_args", ("--run-id", "x"), "may not set --run-id"),
         ("payload_args", ("--expected-gpus=4",), "may not set --expected-gpus"),
         ("memory_request", "lots", "quantity"),
+        ("storage_claim", "Data_Set", "storage claim"),
+        ("storage_host_path", "relative/path", "storage host path"),
+        ("storage_host_path", "/mnt/../etc", "storage host path"),
     ],
 )
 def test_settings_refuse_what_kubernetes_or_the_payload_would(field: str, value: Any, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         BenchmarkSettings(**{field: value})
+
+
+@pytest.mark.parametrize(("where", "volume"), [
+    ({"storage_claim": "datasets"}, {"persistentVolumeClaim": {"claimName": "datasets"}}),
+    ({"storage_host_path": "/mnt/nvme0/gpucert"},
+     {"hostPath": {"path": "/mnt/nvme0/gpucert", "type": "DirectoryOrCreate"}}),
+])  # fmt: skip
+def test_a_storage_location_is_mounted_a_folder_per_node_and_measured(
+    cm: dict[str, Any], where: dict[str, str], volume: dict[str, Any]
+) -> None:
+    settings = BenchmarkSettings(**where)
+    job = benchmark_job("night-1", "gpu-node-00003", 8, payload=cm, settings=settings)
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "storage"]
+    assert mount == {"name": "storage", "mountPath": "/gpucert-storage", "subPathExpr": "$(NODE_NAME)"}
+    assert {"name": "storage", **volume} in pod["volumes"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--storage-path") + 1] == "/gpucert-storage"
+    plain = benchmark_job("night-1", "gpu-node-00003", 8, payload=cm)
+    assert "--storage-path" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+    with pytest.raises(ValueError, match="not both"):
+        BenchmarkSettings(storage_claim="datasets", storage_host_path="/mnt/x")
 
 
 def kubelet_expand(arg: str, env: Mapping[str, str]) -> str:

@@ -22,7 +22,10 @@ from gpucert.fleet import (
     FAULTS,
     GPU_PERF_METRICS,
     GPU_TELEMETRY_METRICS,
+    LEAF_LABEL,
     MODELS,
+    NIC_METRICS,
+    ZONE_LABEL,
     Fault,
     Fleet,
     NoiseModel,
@@ -33,7 +36,7 @@ from gpucert.fleet import _faults as catalog
 from gpucert.metrics import EVENT_METRICS, METRICS, PERF_METRICS, RESULT_COLUMNS
 
 GEMM, HBM, H2D, D2H = GPU_PERF_METRICS
-NCCL, PAIR = "nccl_allreduce_busbw_gbps", "nccl_pair_busbw_gbps"
+NCCL, PAIR, STORAGE = "nccl_allreduce_busbw_gbps", "nccl_pair_busbw_gbps", "storage_read_gbps"
 MIDNIGHT = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)  # the diurnal term is zero at 00:00 UTC
 KEYS = ["node", "gpu", "metric", "repeat", "peer"]
 
@@ -340,9 +343,18 @@ EXPECT: dict[str, tuple[dict[str, Callable[[float], bool]], set[str], Counter[in
     "gsp_timeout": ({}, set(), Counter({120: 1}), {"hang": 0, "xid": 120}),
     "slow_silicon": ({}, {GEMM, HBM}, Counter(), {}),
     "host_contention": ({}, {H2D, D2H, PAIR}, Counter(), {}),
-    "ib_port_down": ({}, {PAIR}, Counter(), {}),
-    "ib_downshift": ({}, {PAIR}, Counter(), {}),
+    "ib_port_down": ({"ib_ports_active": equals(7), "ib_ports": equals(8)}, {PAIR}, Counter(), {}),
+    "ib_downshift": ({"ib_rate_min_gbps": equals(200), "ib_rate_max_gbps": equals(400)}, {PAIR}, Counter(), {}),
+    "nic_half_rate": ({"ib_rate_min_gbps": equals(200), "ib_rate_max_gbps": equals(400),
+                       "ib_ports_active": equals(8)}, {PAIR}, Counter(), {}),
+    "ib_flapping_port": ({"ib_link_downed": between(1, 12), "ib_symbol_errors": between(10, 10_000),
+                          "ib_rcv_errors": between(1, 200), "ib_rate_min_gbps": equals(400)}, {PAIR}, Counter(), {}),
+    "slow_storage": ({}, {STORAGE}, Counter(), {}),
+    # A fabric fault: on no node; test_a_slow_uplink_slows_only_the_pairs_between_its_two_leaves.
+    "slow_uplink": ({}, {PAIR}, Counter(), {"leaf_a": 0, "leaf_b": 1}),
 }
+NIC_HEALTHY = {"ib_ports": 8, "ib_ports_active": 8, "ib_rate_min_gbps": 400, "ib_rate_max_gbps": 400,
+               "ib_symbol_errors": 0, "ib_link_downed": 0, "ib_rcv_errors": 0}
 
 
 def test_every_catalog_kind_has_an_expectation() -> None:
@@ -351,20 +363,34 @@ def test_every_catalog_kind_has_an_expectation() -> None:
     assert "silent data corruption" in (catalog.__doc__ or "").lower()
 
 
-@pytest.mark.parametrize("kind", list(FAULTS))
+def test_the_nic_telemetry_is_the_registry_s() -> None:
+    assert set(NIC_METRICS) == set(NIC_HEALTHY)
+    assert all(METRICS[m].level == "node" and METRICS[m].kind == "telemetry" for m in NIC_METRICS)
+
+
+@pytest.mark.parametrize("kind", [k for k in FAULTS if FAULTS[k].scope != "fabric"])
 def test_each_fault_emits_its_telemetry_and_effect(fleet: Fleet, kind: str) -> None:
     spec = FAULTS[kind]
     telemetry, lowered, expected_xids, pin = EXPECT[kind]
     node, gpu = fleet.node_names[1], (3 if spec.scope == "gpu" else None)
     fault = Fault(kind, node, gpu, pin)
-    clean = fleet.run("f", ts=MIDNIGHT, seed=8, pairs=True).results
-    faulty = fleet.run("f", ts=MIDNIGHT, seed=8, pairs=True, faults=[fault]).results
+    clean = fleet.run("f", ts=MIDNIGHT, seed=8, pairs=True, storage=True, nic=True).results
+    faulty = fleet.run("f", ts=MIDNIGHT, seed=8, pairs=True, storage=True, nic=True, faults=[fault]).results
     targets = [gpu] if gpu is not None else list(range(fleet.gpus_per_node))
+    nic = {m: ok for m, ok in telemetry.items() if m in NIC_METRICS}
 
     for t in targets:
         for m, ok in telemetry.items():
-            assert ok(one(faulty, node=node, gpu=t, metric=m)), (m, one(faulty, node=node, gpu=t, metric=m))
+            if m not in nic:
+                assert ok(one(faulty, node=node, gpu=t, metric=m)), (m, one(faulty, node=node, gpu=t, metric=m))
         assert xids(faulty, node, t) - xids(clean, node, t) == expected_xids
+    for m, ok in nic.items():
+        assert ok(one(faulty, node=node, metric=m)), (m, one(faulty, node=node, metric=m))
+    # Every node's NIC telemetry but what the fault names is the healthy reading.
+    nic_rows = plain(faulty[faulty["metric"].isin(NIC_METRICS)])
+    untouched = nic_rows[~((nic_rows["node"] == node) & nic_rows["metric"].isin(list(nic)))]
+    assert (untouched["value"] == untouched["metric"].map(NIC_HEALTHY)).all()
+    assert len(nic_rows) == fleet.n_nodes * len(NIC_METRICS)
 
     # The effect where it belongs, and nothing else moved.
     r = perf_ratio(faulty, clean)
@@ -372,6 +398,7 @@ def test_each_fault_emits_its_telemetry_and_effect(fleet: Fleet, kind: str) -> N
     hit = (
         (on_node & r["gpu"].isin(targets) & r["metric"].isin(lowered & set(GPU_PERF_METRICS)))
         | (on_node & (r["metric"] == NCCL) & (NCCL in lowered))
+        | (on_node & (r["metric"] == STORAGE) & (STORAGE in lowered))
         | (on_pair & (r["metric"] == PAIR) & (PAIR in lowered))
     )
     assert hit.any() == bool(lowered)
@@ -477,7 +504,7 @@ def test_truth_table(fleet: Fleet) -> None:
     assert t["kind"].tolist() == [f.kind for f in faults]
     assert t["cost"].tolist() == pytest.approx([0.15, 0.75, 1 - (0.75 + 0.17 * 0.5), 1 / 8, 1.0, 0.0])
     assert t["expected_cause"].tolist() == ["thermal", "pcie", "config", "network", "xid", "row_remap"]
-    assert t["signature"].tolist() == [True, True, True, False, True, True]
+    assert t["signature"].tolist() == [True, True, True, True, True, True]
     assert t["scope"].tolist() == ["gpu", "gpu", "node", "node", "gpu", "gpu"]
     assert t["gpu"].isna().tolist() == [False, False, True, True, False, False]
     assert t["gpu_uuid"].isna().tolist() == t["gpu"].isna().tolist()
@@ -485,8 +512,8 @@ def test_truth_table(fleet: Fleet) -> None:
     assert t.loc[0, "params"]["duty"] == 0.3
     assert 0 <= t.loc[0, "params"]["over_c"] <= 4
     for kind in FAULTS:
-        assert FAULTS[kind].signature == (kind not in {"slow_silicon", "host_contention", "ib_port_down",
-                                                       "ib_downshift"})
+        assert FAULTS[kind].signature == (kind not in {"slow_silicon", "host_contention", "slow_uplink",
+                                                       "slow_storage"})
     # Faults on nodes outside the wave were not observed.
     part = fleet.run("t", ts=MIDNIGHT, seed=1, faults=faults, nodes=[fleet.node_names[2]]).truth
     assert part["kind"].tolist() == ["ib_port_down"]
@@ -530,7 +557,8 @@ def test_random_faults_spread_kinds_over_distinct_targets() -> None:
     faults = random_faults(f, 63, seed=2)
     assert faults == random_faults(f, 63, seed=2)
     counts = Counter(x.kind for x in faults)
-    assert set(counts) == set(FAULTS)
+    # Every kind a default wave observes: not the fabric's (no node to land on), nor storage's (unmeasured).
+    assert set(counts) == set(FAULTS) - {"slow_uplink", "slow_storage"}
     assert max(counts.values()) - min(counts.values()) <= 1
     node_faults = [x for x in faults if FAULTS[x.kind].scope == "node"]
     gpu_faults = [x for x in faults if FAULTS[x.kind].scope == "gpu"]
@@ -543,6 +571,9 @@ def test_random_faults_spread_kinds_over_distinct_targets() -> None:
     assert Counter(x.kind for x in only) == {"pcie_gen4": 5, "power_brake": 5}
     with pytest.raises(ValueError, match="do not fit"):
         random_faults(Fleet.generate(nodes=2, seed=1), 3, seed=1, kinds=["power_brake"])
+    assert {x.kind for x in random_faults(f, 4, seed=2, kinds=["slow_storage"])} == {"slow_storage"}
+    with pytest.raises(ValueError, match="placed by hand"):
+        random_faults(f, 2, seed=2, kinds=["slow_uplink"])
     truth = f.run("r", ts=MIDNIGHT, seed=3, faults=faults).truth
     assert len(truth) == 63
 
@@ -595,3 +626,150 @@ def test_repeats_that_disagree_are_drawn_again_as_the_payload_does() -> None:
     # One repeat (the simulated cluster's DCGM and fault checks) is never judged, so never extended.
     one = f.run("a", ts=MIDNIGHT, seed=8, repeats=1, repeats_of={}).results
     assert (one["repeat"] == 0).all()
+
+
+# --- the fabric: leaves, listed pairs, links between leaves, NICs and storage ---------------------------
+
+
+def pair_values(df: pd.DataFrame) -> dict[frozenset[str], list[float]]:
+    """Each pair's values in repeat order, keyed by its two nodes whichever way round the rows name them."""
+    p = plain(df[df["metric"] == PAIR]).sort_values(["node", "peer", "repeat"])
+    return {frozenset((a, b)): list(g["value"]) for (a, b), g in p.groupby(["node", "peer"])}
+
+
+def test_nodes_sit_under_leaves_and_zones_the_pairing_plan_reads() -> None:
+    from gpucert.network import plan_rounds
+
+    f = Fleet.generate(nodes=70, seed=1)
+    topo = f.topology()
+    assert list(topo.columns) == ["node", ZONE_LABEL, LEAF_LABEL]
+    assert (ZONE_LABEL, LEAF_LABEL) == ("topology.kubernetes.io/zone", "gpucert.io/leaf")
+    assert topo["node"].tolist() == f.node_names
+    assert topo[LEAF_LABEL].value_counts().to_dict() == {**{f"leaf-{k:02d}": 8 for k in range(8)}, "leaf-08": 6}
+    assert topo.groupby(ZONE_LABEL)[LEAF_LABEL].nunique().to_dict() == {"zone-a": 4, "zone-b": 4, "zone-c": 1}
+    assert (f.leaf_of("gpu-node-00017"), f.zone_of("gpu-node-00017")) == ("leaf-02", "zone-a")
+    assert f.leaf_number("leaf-08") == f.leaf_number(8.0) == 8
+    with pytest.raises(ValueError, match="no leaf"):
+        f.leaf_number("leaf-09")
+    # Configurable, and kept by nodes that join: they fill the last leaf, then new ones.
+    g = Fleet.generate(nodes=5, seed=1, nodes_per_leaf=4, leaves_per_zone=1).add_nodes(4, seed=2)
+    assert g.topology()[LEAF_LABEL].tolist() == ["leaf-00"] * 4 + ["leaf-01"] * 4 + ["leaf-02"]
+    assert g.topology()[ZONE_LABEL].tolist() == ["zone-a"] * 4 + ["zone-b"] * 4 + ["zone-c"]
+    plan = plan_rounds(topo, leaf_label=LEAF_LABEL, seed=3)
+    assert set(plan.nodes["leaf"]) == {f"leaf-{k:02d}" for k in range(9)}
+    assert set(plan.pairs["kind"]) >= {"intra-leaf", "inter-leaf"}
+
+
+def test_listed_pairs_measure_the_same_whichever_way_round_and_wherever_they_stand() -> None:
+    f = Fleet.generate(nodes=24, seed=4)
+    n = f.node_names
+    listed = [(n[0], n[9]), (n[3], n[4]), (n[20], n[1])]
+    wave = pair_values(f.run("p", ts=MIDNIGHT, seed=6, pairs=listed).results)
+    assert set(wave) == {frozenset(p) for p in listed}
+    # Reversed, reordered, alone, in a wave of only its two nodes: the same values every time.
+    other = pair_values(f.run("p", ts=MIDNIGHT, seed=6, pairs=[(b, a) for a, b in reversed(listed)]).results)
+    assert other == wave
+    for a, b in listed:
+        alone = f.run("p", ts=MIDNIGHT, seed=6, nodes=[a, b], pairs=[(b, a)], wave_draws=True).results
+        assert pair_values(alone) == {frozenset((a, b)): wave[frozenset((a, b))]}
+    # Rows name the first node of the pair as listed, the other as peer.
+    df = plain(f.run("p", ts=MIDNIGHT, seed=6, pairs=listed).results)
+    pairs = df[df["metric"] == PAIR]
+    assert set(zip(pairs["node"], pairs["peer"], strict=True)) == set(listed)
+    assert (pairs.groupby(["node", "peer"])["repeat"].apply(list) == [[0, 1, 2]] * 3).all()
+    # Another seed measures afresh; noise and level as the ring's: 4 % run-to-run around ≈370 GB/s.
+    assert pair_values(f.run("p", ts=MIDNIGHT, seed=7, pairs=listed).results) != wave
+    many = [(n[i], n[j]) for i in range(24) for j in range(i + 1, 24)]
+    values = plain(f.run("p", ts=MIDNIGHT, seed=6, pairs=many).results)
+    values = values.loc[values["metric"] == PAIR, "value"]
+    assert values.median() == pytest.approx(370, rel=0.02)
+    assert values.std() / values.mean() == pytest.approx(0.04 * 1.1, rel=0.3)  # rep ⊕ both ends' node factor
+
+
+def test_listed_pairs_that_are_no_pairs_are_refused(fleet: Fleet) -> None:
+    a, b, c = fleet.node_names[:3]
+    for bad, kind in (
+        ([(a, a)], ValueError), ([(a, "nowhere")], ValueError), ([(a, b), (b, a)], ValueError),
+        ([(a, b, c)], TypeError), ((a, b), TypeError),
+    ):
+        with pytest.raises(kind):
+            fleet.run("x", ts=MIDNIGHT, seed=1, pairs=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wave's nodes"):
+        fleet.run("x", ts=MIDNIGHT, seed=1, nodes=[a, b], pairs=[(a, c)])
+    assert fleet.run("x", ts=MIDNIGHT, seed=1, pairs=[]).results["metric"].ne(PAIR).all()
+
+
+def test_a_slow_uplink_slows_only_the_pairs_between_its_two_leaves() -> None:
+    f = Fleet.generate(nodes=24, seed=4)  # leaves 0, 1, 2
+    n = f.node_names
+    every = [(n[i], n[j]) for i in range(24) for j in range(i + 1, 24)]
+    uplink = Fault("slow_uplink", params={"leaf_a": 2, "leaf_b": 0})
+    clean = f.run("u", ts=MIDNIGHT, seed=2, pairs=every).results
+    wave = f.run("u", ts=MIDNIGHT, seed=2, pairs=every, faults=[uplink])
+    r = perf_ratio(wave.results, clean)
+    leaf = {"": -1, **{name: f.leaf_index[i] for i, name in enumerate(n)}}
+    crossing = np.array([{leaf[a], leaf[b]} == {0, 2} for a, b in zip(r["node"], r["peer"], strict=True)])
+    factor = wave.truth.loc[0, "params"]["factor"]
+    assert 0.4 <= factor <= 0.6
+    assert r.loc[crossing & (r["metric"] == PAIR), "ratio"].to_numpy() == pytest.approx(factor)
+    assert crossing.sum() == 8 * 8 * 3
+    assert (r.loc[~crossing, "ratio"] == 1).all()  # every other pair, and every node's own benchmark
+    t = wave.truth.iloc[0]
+    assert (t["kind"], t["scope"], t["expected_cause"], t["signature"]) == ("slow_uplink", "fabric", "network", False)
+    assert pd.isna(t["node"])
+    assert pd.isna(t["gpu"])
+    assert pd.isna(t["gpu_uuid"])
+    assert (t["params"]["leaf_a"], t["params"]["leaf_b"]) == (2, 0)
+    assert t["cost"] == pytest.approx(1 - factor)
+    # Named leaves work as numbers do; observed only by a wave with nodes under both leaves.
+    named = f.run("u", ts=MIDNIGHT, seed=2, pairs=every, faults=[Fault("slow_uplink", params={
+        "leaf_a": f.leaf_number("leaf-02"), "leaf_b": 0, "factor": 0.5})])
+    assert named.truth.loc[0, "params"]["factor"] == 0.5
+    assert f.run("u", ts=MIDNIGHT, seed=2, nodes=n[:16], faults=[uplink]).truth.empty
+    for bad in (Fault("slow_uplink", params={"leaf_a": 1}), Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 1}),
+                Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 7}),
+                Fault("slow_uplink", n[0], params=uplink.params)):
+        with pytest.raises(ValueError, match=r"."):
+            f.run("u", ts=MIDNIGHT, seed=2, faults=[bad])
+
+
+def test_a_nic_at_half_rate_halves_every_pair_of_its_node_and_shows_in_its_port_rates() -> None:
+    f = Fleet.generate(nodes=16, seed=4)
+    n = f.node_names
+    every = [(n[i], n[j]) for i in range(16) for j in range(i + 1, 16)]
+    fault = Fault("nic_half_rate", n[5])
+    clean = f.run("h", ts=MIDNIGHT, seed=3, pairs=every, nic=True).results
+    faulty = f.run("h", ts=MIDNIGHT, seed=3, pairs=every, nic=True, faults=[fault])
+    r = perf_ratio(faulty.results, clean)
+    mine = ((r["node"] == n[5]) | (r["peer"] == n[5])) & (r["metric"] == PAIR)
+    assert mine.sum() == 15 * 3
+    assert r.loc[mine, "ratio"].to_numpy() == pytest.approx(faulty.truth.loc[0, "params"]["pair"])
+    assert r.loc[mine, "ratio"].between(0.45, 0.55).all()
+    assert (r.loc[~mine, "ratio"] == 1).all()
+    assert one(faulty.results, node=n[5], metric="ib_rate_min_gbps") == 200
+    assert one(faulty.results, node=n[5], metric="ib_rate_max_gbps") == 400
+    assert (rows(faulty.results, metric="ib_rate_min_gbps").set_index("node")["value"].drop(n[5]) == 400).all()
+
+
+def test_a_slow_storage_mount_shows_on_that_node_s_storage_read_only() -> None:
+    f = Fleet.generate(nodes=40, seed=4)
+    node = f.node_names[7]
+    clean = f.run("s", ts=MIDNIGHT, seed=3, storage=True).results
+    faulty = f.run("s", ts=MIDNIGHT, seed=3, storage=True, faults=[Fault("slow_storage", node)])
+    r = perf_ratio(faulty.results, clean)
+    on = (r["node"] == node) & (r["metric"] == STORAGE)
+    assert on.sum() == 3
+    assert r.loc[on, "ratio"].between(0.25, 0.35).all()
+    assert (r.loc[~on, "ratio"] == 1).all()
+    t = faulty.truth.iloc[0]
+    assert (t["scope"], t["expected_cause"], t["signature"]) == ("node", "storage", False)
+    storage = rows(clean, metric=STORAGE)
+    assert storage["gpu"].isna().all()
+    assert storage["peer"].isna().all()
+    medians = storage.groupby("node", observed=True)["value"].median()
+    assert medians.median() == pytest.approx(10.0, rel=0.03)  # the 10 GB/s estimate, ±3 % node to node
+    assert 0.015 < medians.std() / medians.mean() < 0.05
+    # Asked for only: a default wave has no storage rows and measures the same as before.
+    plain_wave = f.run("s", ts=MIDNIGHT, seed=3).results
+    assert rows(plain_wave, metric=STORAGE).empty
+    pd.testing.assert_frame_equal(plain(plain_wave), plain(clean[clean["metric"] != STORAGE]).reset_index(drop=True))

@@ -570,12 +570,6 @@ def test_the_pair_job_and_service_run_on_the_simulated_cluster(kube: Kube, cm: d
     eventually(lambda: kube.find("v1", "Service", pair.name, ns) is None, 10.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulator's Job controller does not implement completionMode Indexed yet: its pods get "
-    "generated names, no hostname <job>-<index> and no batch.kubernetes.io/job-completion-index annotation, "
-    "and its kubelet logs a pair pod as a node benchmark (no nccl_pair_busbw_gbps rows): the sim's fabric",
-)
 def test_the_simulated_indexed_job_gives_each_pod_its_index_and_hostname(
     kube: Kube, cm: dict[str, Any]
 ) -> None:
@@ -590,5 +584,28 @@ def test_the_simulated_indexed_job_gives_each_pod_its_index_and_hostname(
         index = "batch.kubernetes.io/job-completion-index"
         assert sorted(str(p["metadata"].get("annotations", {}).get(index)) for p in pods) == ["0", "1"]
         assert sorted(str(p["spec"].get("hostname")) for p in pods) == [f"{pair.name}-0", f"{pair.name}-1"]
+        for pod in pods:
+            i = pod["metadata"]["annotations"][index]
+            assert pod["metadata"]["labels"][index] == i
+            assert re.fullmatch(rf"{pair.name}-{i}-[a-z0-9]{{5}}", pod["metadata"]["name"])
+            assert pod["spec"]["subdomain"] == pair.name  # the headless Service: <job>-0.<svc>.<ns>.svc resolves
+        finished = eventually(lambda: j if (j := kube.get("batch/v1", "Job", pair.name, ns)).get("status", {})
+                              .get("completedIndexes") == "0-1" else None, 15.0)  # fmt: skip
+        assert finished["status"]["succeeded"] == 2
+        # Each pod's log reads as its own node's pair rows, peer the other node, both sides the same values.
+        pods = pods_of(kube, ns, {f"{PREFIX}/pair-job": pair.name})
+        sides = {p["spec"]["nodeName"]: parse_pod_log(kube.pod_log(p["metadata"]["name"], ns), run_id="night-21",
+                                                      node=p["spec"]["nodeName"], source=p["metadata"]["name"])
+                 for p in pods}  # fmt: skip
+        assert set(sides) == {node(0), node(1)}
+        values = {}
+        for here, there in ((node(0), node(1)), (node(1), node(0))):
+            rows = sides[here].results
+            assert set(rows["metric"].astype(str)) == {METRIC}
+            assert set(rows["peer"].astype(str)) == {there}
+            assert sides[here].errors == []
+            values[here] = list(rows["value"])
+        assert values[node(0)] == values[node(1)]
+        assert len(values[node(0)]) >= 3
     finally:
         kube.delete("batch/v1", "Job", pair.name, ns)

@@ -23,10 +23,15 @@ from gpucert.network import (
     PairJudgement,
     PairThresholds,
     judge_pairs,
+    link_verdicts,
+    measured_plan,
+    pair_references,
     plan_rounds,
     repairs,
+    stored_plan,
 )
 from gpucert.policy import default_policy
+from gpucert.verdict import VERDICT_COLUMNS
 
 LEAF = "gpucert.io/leaf"
 
@@ -356,7 +361,7 @@ def test_a_nic_at_half_rate_is_named_and_nobody_else(seed: int) -> None:
     assert (row["scope"], row["status"], row["verdict"], row["layer"], row["component"], row["cause"]) == (
         "node", "culprit", "fail", "network", "nic", "network",
     )  # fmt: skip
-    assert row["action"] == "check_network"
+    assert row["action"] == "check_cable"
     assert row["ticket"] == "remediation"
     assert -55 < row["deviation_pct"] < -45
     # The evidence: every partner, in GB/s and % of the reference, and where the reference came from.
@@ -721,3 +726,61 @@ def test_a_suspect_pair_half_re_paired_stays_suspect_and_only_the_rest_is_re_pai
     assert y in set(last.pairs[["node", "peer"]].to_numpy().ravel())
     assert x not in set(last.pairs[["node", "peer"]].to_numpy().ravel())
     assert int(last.pairs["round"].iloc[0]) == full.rounds
+
+
+# --- verdict rows, references, stored plans ---------------------------------------------------------------
+
+
+def test_the_judgement_as_verdicts_fails_the_nic_flags_the_uplink_at_fleet_level_and_passes_the_rest() -> None:
+    fabric = Fabric(NODES, seed=8)
+    fabric.nic["node-00019"] = 0.5
+    fabric.uplink[frozenset((_leaf(4), _leaf(6)))] = 0.65
+    run = _certify(fabric, seed=8)
+    rows = link_verdicts(run.judgement, run_id="cert-1", models=dict.fromkeys(NODES["node"], "NVIDIA H200"))
+    assert list(rows.columns) == list(VERDICT_COLUMNS)
+    flagged = rows[rows["verdict"] != "pass"]
+    nic = flagged[flagged["node"] == "node-00019"]
+    assert (len(nic), nic["peer"].isna().all(), set(nic["cause"])) == (1, True, {"network"})
+    assert nic["verdict"].iloc[0] == "fail"
+    assert "partner" in nic["reasons"].iloc[0] or "with" in nic["reasons"].iloc[0]
+    [uplink] = flagged[flagged["reference_kind"] == "fleet"].itertuples()
+    assert pd.isna(uplink.node)
+    assert uplink.cause == "network"
+    assert _leaf(4) in uplink.reasons
+    assert _leaf(6) in uplink.reasons
+    # No other node has a row that is not a pass: a node is failed only by a finding resting on 2 partners.
+    assert set(flagged["node"].dropna()) == {"node-00019"}
+    passing = rows[rows["verdict"] == "pass"]
+    assert passing["peer"].notna().all()
+    assert (passing["gpu_model"] == "NVIDIA H200").all()
+    # Every measured pair is one row: a pass (saying what explains it when it was low) or its own finding.
+    measured = int((run.judgement.pairs["status"] != "missing").sum())
+    assert len(passing) + int((run.judgement.findings["scope"] == "pair").sum()) == measured
+    explained = passing[passing["reasons"] != ""]
+    assert explained["reasons"].str.startswith("low, explained by").all()
+    assert {"node-00019"} <= set(explained["node"]) | set(explained["peer"])
+
+
+def test_a_pairs_reference_is_its_nodes_own_link_baseline() -> None:
+    pair, nccl = "nccl_pair_busbw_gbps", "nccl_allreduce_busbw_gbps"
+    baseline = pd.DataFrame({"level": ["node", "node", "gpu", "node"], "key": ["a", "b", "a", "c"],
+                             "metric": [pair, pair, pair, nccl], "center": [360.0, 372.0, 1.0, 480.0]})  # fmt: skip
+    rows = pd.DataFrame({"node": ["a", "b", "c"], "peer": ["b", "a", "a"]})
+    refs = pair_references(rows, baseline)
+    assert refs.iloc[:2].tolist() == [360.0, 372.0]
+    assert np.isnan(refs.iloc[2])
+
+
+def test_a_stored_plan_reads_back_and_a_results_file_alone_gives_a_plan_of_its_pairs() -> None:
+    plan = plan_rounds(NODES, leaf_label=LEAF, seed=3)
+    back = stored_plan(*plan.frames(), leaf_label=LEAF, partners=plan.partners, seed=plan.seed)
+    pd.testing.assert_frame_equal(back.nodes, plan.nodes)
+    pd.testing.assert_frame_equal(back.pairs, plan.pairs)
+    results = Fabric(NODES, seed=3).measure(plan.pairs)
+    mirrored = pd.concat([results, results.rename(columns={"node": "peer", "peer": "node"})], ignore_index=True)
+    alone = measured_plan(mirrored)
+    assert len(alone.pairs) == len(plan.pairs)
+    assert alone.nodes["unlabelled"].all()
+    assert judge_pairs(mirrored, alone).culprits == ()
+    with pytest.raises(InputError, match="lack column"):
+        stored_plan(plan.nodes.reset_index(), plan.pairs.drop(columns=["round"]), leaf_label=LEAF)

@@ -273,6 +273,22 @@ def test_the_fault_recurring_after_two_resets_escalates_to_replacement(tickets: 
     assert after_two.ticket.title.startswith("[replacement] n1 GPU 3 xid")
 
 
+def test_an_rdma_port_down_again_after_two_reseats_escalates_to_replacement(tickets: LocalTickets) -> None:
+    """REFERENCE §5: "IB port down / flapping / downshift: bring up, reseat cable or transceiver; persists →
+    replace". The node row carries it (a NIC is the node's), one ticket for the node."""
+    port = {"node": "n2", "gpu": None, "cause": "network", "action": "reseat_nic", "metric": "ib_ports_active",
+            "value": 7.0, "reasons": "network: 1 of 8 RDMA ports down"}  # fmt: skip
+    ticket = run(tickets, 1, [port])[0].ticket
+    assert (ticket.kind, ticket.gpu_uuid, ticket.cause, ticket.action) == ("remediation", "", "network", "reseat_nic")
+    record_remediation(tickets, ticket.id, "reseat_nic", T0 + 1.5 * DAY)
+    assert run(tickets, 2, [port])[0].ticket.kind == "remediation"
+    record_remediation(tickets, ticket.id, "check_cable", T0 + 2.5 * DAY, note="transceiver replaced")
+    [event] = run(tickets, 3, [port | {"action": "check_cable"}])
+    assert (event.kind, event.ticket.kind) == ("escalated", "replacement")
+    assert "reseat_nic" in event.ticket.escalation
+    assert "check_cable" in event.ticket.escalation
+
+
 def test_a_contained_ecc_xid_94_never_escalates_on_resets(tickets: LocalTickets) -> None:
     xid94 = {"node": "n1", "gpu": 0, "cause": "xid", "action": "restart_app", "metric": "xid", "value": 94.0}
     ticket = run(tickets, 1, [xid94])[0].ticket

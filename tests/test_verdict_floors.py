@@ -169,7 +169,9 @@ def test_a_floor_miss_with_a_drop_against_its_own_history_fails(floors_fleet: Fl
     assert got["reference_kind"] == "spec"
     assert "below its own baseline" in got["reasons"]
     if metric == "storage_read_gbps":
-        assert got["cause"] == "config"  # a node's host-side metric is the host's, not the NVLink fabric's
+        # A node's storage reads are its storage path's (the mount, the volume), not the NVLink fabric's.
+        assert got["cause"] == "storage"
+        assert got["action"] == "check_storage_mount"
 
 
 @pytest.mark.parametrize("metric", FLOORED)

@@ -24,6 +24,13 @@ stdout carries results rows only, one JSON object a line with the ten contract c
   a result's ``repeat`` column runs ``0..n-1`` for however many it took;
 * NVML telemetry sampled during the run (see :mod:`gpucert.bench._nvml` for each rule), ``xid`` events,
   ``gpu_count`` and, when given, ``gpu_count_expected``;
+* per node, the RDMA NICs read from ``--ib-sysfs`` (``/sys/class/infiniband``) at the start and the end
+  (:mod:`gpucert.bench._nic`): ``ib_ports``, ``ib_ports_active``, ``ib_rate_min_gbps``,
+  ``ib_rate_max_gbps`` and the increases of ``ib_symbol_errors``, ``ib_link_downed`` and
+  ``ib_rcv_errors``; none at all on a node without RDMA devices;
+* with ``--storage-path``, per node and ``--repeats`` times: ``storage_read_gbps``, sequential reads of a
+  file of ``--storage-size-gb`` written once under that path, with fio when it is on the PATH, else
+  O_DIRECT (:mod:`gpucert.bench._storage`; the log names the method);
 * ``error`` rows (value 1; gpu level for a per-GPU step, node level otherwise) wherever a step could
   not run — no torch, no CUDA, no NVML, a GPU torch cannot use, out of memory, a hang, a failed
   ``dcgmi diag`` test — with the reason on stderr. No number is ever made up; the exit status is 0

@@ -14,6 +14,7 @@ from typing import NoReturn, TextIO
 from ..metrics import METRICS
 from ._dcgm import DIAG_LEVELS
 from ._nccl_tests import check_extra_args
+from ._nic import SYSFS_ROOT
 from ._run import STEPS, Options, run
 from ._stability import (
     DEFAULT_CV_REP,
@@ -38,6 +39,7 @@ _DEFAULTS: dict[str, tuple[float, float]] = {
     "bw_seconds": (1.0, 0.02),
     "allreduce_bytes": (8 * _GiB, 1 * _MiB),
     "allreduce_iters": (20, 5),
+    "storage_size_gb": (4.0, 0.064),
 }
 
 
@@ -53,6 +55,16 @@ def _size(text: str) -> int:
         ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
+
+
+def _gigabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GB") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a size in GB must be a finite number above 0")
     return value
 
 
@@ -233,6 +245,17 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--sample-interval", type=_seconds, default=0.2, help="NVML sampling period (0.2 s)")
     p.add_argument("--step-timeout", type=_seconds, default=0.0,
                    help="seconds before a step counts as hung (default: from the step's length)")  # fmt: skip
+    p.add_argument("--ib-sysfs", metavar="PATH", default=SYSFS_ROOT,
+                   help=f"where the RDMA devices' ports are read (default {SYSFS_ROOT}; none there: no NIC "
+                   "rows)")  # fmt: skip
+    p.add_argument("--ib-devices", action="append", default=[], metavar="PATTERN",
+                   help="read only the RDMA devices matching this shell pattern, e.g. 'mlx5_[0-7]' to leave "
+                   "storage and management NICs out of the rate comparison (repeatable; default: all)")  # fmt: skip
+    p.add_argument("--storage-path", metavar="PATH",
+                   help="a mounted volume (PVC or host path) whose sequential read throughput to measure: "
+                   "storage_read_gbps, with fio when on the PATH (default: no storage step)")  # fmt: skip
+    p.add_argument("--storage-size-gb", type=_gigabytes,
+                   help="the size of the file written once and read per repeat, in GB (cuda 4, cpu 0.064)")  # fmt: skip
     return p
 
 
@@ -290,6 +313,10 @@ def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Op
         expected_gpus=expected,
         sample_interval=a.sample_interval or 0.2,
         step_timeout=a.step_timeout,
+        ib_sysfs=a.ib_sysfs,
+        ib_devices=tuple(a.ib_devices),
+        storage_path=a.storage_path,
+        storage_bytes=round(pick("storage_size_gb") * 1e9),
     )
 
 

@@ -6,6 +6,10 @@ rule) it runs more, as many as could settle them, again while they still disagre
 repeats start only while they, and the base work still ahead (the other GPUs, the all-reduce, DCGM),
 fit before ``--deadline-seconds``. The rows simply number the repeats ``0..n-1``.
 
+Around the benchmarks the node's RDMA ports are read from sysfs (:mod:`._nic`: ports down, trained down,
+error counters rising during the run), and with ``--storage-path`` a mounted volume's sequential read
+throughput is measured after the all-reduce (:mod:`._storage`).
+
 Every step that cannot run writes an ``error`` row (gpu level for a per-GPU step, node level otherwise)
 and a reason on stderr, and the run goes on with the next step. A step that hangs (a GPU that stopped
 answering) is caught by a watchdog: it writes the step's ``error`` row and the telemetry gathered so far,
@@ -30,6 +34,7 @@ from ._allreduce import AllReduceConfig, run_allreduce
 from ._dcgm import DIAG_TIMEOUT_S, DcgmError, run_dcgm_diag
 from ._devices import Discovery, discover, stack_record
 from ._nccl_tests import NcclTestsError, run_all_reduce_perf
+from ._nic import SYSFS_ROOT, NicReading, nic_rows, read_nics
 from ._nvml import Sampler, describe
 from ._rows import RowWriter
 from ._stability import (
@@ -40,15 +45,19 @@ from ._stability import (
     DEFAULT_UNSTABLE_FACTOR,
     RepeatRule,
 )
+from ._storage import StorageBench, StorageError
 from ._torch_steps import copy_gbps, gemm_tflops, heat, transfer_gbps
 
 __all__ = ["STEPS", "Options", "run"]
 
 #: Steps ``--skip`` accepts.
-STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm")
+STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm", "nic", "storage")
 
 STACK_PREFIX = "gpucert-stack: "
 DCGM_PREFIX = "gpucert-dcgm: "
+
+#: Planned storage throughput for the deadline (a slow network volume; a local NVMe is ten times faster).
+_STORAGE_PLAN_BPS = 0.5e9
 
 #: Kept free before the deadline: the telemetry summary and the last rows still have to be written.
 DEADLINE_MARGIN_S = 30.0
@@ -94,6 +103,12 @@ class Options:
     sample_interval: float = 0.2
     step_timeout: float = 0.0  # 0: derived from the step's length
     hostname: str | None = None
+    #: the sysfs directory of the RDMA devices, and shell patterns of the devices to read (empty: all)
+    ib_sysfs: str = SYSFS_ROOT
+    ib_devices: tuple[str, ...] = ()
+    #: a mounted volume whose sequential reads to measure (None: no storage step), and the file's size
+    storage_path: str | None = None
+    storage_bytes: int = 4_000_000_000
 
     @property
     def rule(self) -> RepeatRule:
@@ -151,6 +166,9 @@ class _Run:
         self.sampler: Sampler | None = None
         self._telemetry_written = False
         self._telemetry_lock = threading.Lock()
+        self._nic_before: NicReading | None = None
+        self._nic_written = False
+        self._nic_lock = threading.Lock()
         self.exit: Callable[[int], None] = os._exit
         self.watchdog = Watchdog(self._hung)
 
@@ -270,7 +288,7 @@ class _Run:
                 if self.rows.node_row(metric, value, len(values)):
                     values.append(value)
             # Each batch starts its ranks afresh: its start-up and warm-up cost about the whole first batch.
-            batch = self._more(metric, values, "node", first / base, self._dcgm_work(), per_batch=first)
+            batch = self._more(metric, values, "node", first / base, self._after_allreduce(), per_batch=first)
             timeout = self._timeout(max(30.0, batch * o.allreduce_iters * 0.5))
             cfg = replace(cfg, repeats=batch, timeout_s=timeout)
 
@@ -302,7 +320,42 @@ class _Run:
                 return
             values.append(parsed.peak_busbw_gbps)
             if len(values) == target:
-                target += self._more(metric, values, "node", statistics.fmean(took), self._dcgm_work())
+                target += self._more(metric, values, "node", statistics.fmean(took), self._after_allreduce())
+
+    def storage(self) -> None:
+        """``storage_read_gbps`` of ``--storage-path``: the file written once, then read per repeat."""
+        o, metric = self.opts, "storage_read_gbps"
+        if o.storage_path is None or "storage" in o.skip:
+            return
+        bench = StorageBench(o.storage_path, o.storage_bytes)
+        self.rows.say(f"storage: {bench.size_bytes:,} bytes under {o.storage_path}"
+                      + (f" with {bench.fio}" if bench.fio else ""))  # fmt: skip
+        try:
+            with self.watchdog.guard(metric, None, self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)):
+                bench.prepare()
+            values: list[float] = []
+            took: list[float] = []
+            target = self.rule.base(metric)
+            method = ""
+            while len(values) < target:
+                t = time.monotonic()
+                with self.watchdog.guard(metric, None, self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)):
+                    value = bench.measure()
+                took.append(time.monotonic() - t)
+                if bench.method != method:
+                    method = bench.method
+                    self.rows.say(f"storage: {metric} by {method}")
+                if not self.rows.node_row(metric, value, len(values)):
+                    return
+                values.append(value)
+                if len(values) == target:
+                    target += self._more(metric, values, "node", statistics.fmean(took), self._dcgm_work())
+        except StorageError as exc:
+            self.rows.error(metric, str(exc))
+        except Exception as exc:
+            self.rows.error(metric, describe(exc))
+        finally:
+            bench.close()
 
     def dcgm(self) -> None:
         if not self.opts.dcgm or "dcgm" in self.opts.skip:
@@ -361,6 +414,32 @@ class _Run:
                 if tele.problems:
                     self.rows.error("telemetry", "; ".join(tele.problems), index)
 
+    def start_nic(self) -> None:
+        """The first reading of the node's RDMA ports (none, and no error, on a node without RDMA)."""
+        o = self.opts
+        if "nic" in o.skip:
+            return
+        self._nic_before = read_nics(o.ib_sysfs, o.ib_devices)
+        if self._nic_before is None:
+            self.rows.say(f"no {o.ib_sysfs}: no RDMA NIC to read")
+
+    def finish_nic(self) -> None:
+        """The second reading, and the node's NIC rows from the two (once, whoever calls first)."""
+        with self._nic_lock:
+            if self._nic_written or self._nic_before is None:
+                return
+            self._nic_written = True
+            after = read_nics(self.opts.ib_sysfs, self.opts.ib_devices)
+            if after is None:
+                after = NicReading({}, (f"{self.opts.ib_sysfs} disappeared during the run",))
+            values, problems, notes = nic_rows(self._nic_before, after)
+            for note in notes:
+                self.rows.say(f"nic: {note}")
+            for metric, value in values.items():
+                self.rows.node_row(metric, value)
+            if problems:
+                self.rows.error("nic", "; ".join(problems))
+
     # Repeats --------------------------------------------------------------------------------------------
 
     def _more(
@@ -400,14 +479,25 @@ class _Run:
         return _OVERHEAD * (warmup + self.rule.base(metric) * seconds) + 1.0
 
     def _node_work(self) -> float:
-        """Planned seconds of the node's base work after the GPUs: the all-reduce, then DCGM."""
+        """Planned seconds of the node's base work after the GPUs: the all-reduce, storage, then DCGM."""
         o = self.opts
         allreduce = 0.0
         if "allreduce" not in o.skip:
             # Start-up (spawn, imports, NCCL init) and each repeat's iterations at a modest 50 GB/s.
             repeats = self.rule.base("nccl_allreduce_busbw_gbps")
             allreduce = 60.0 + _OVERHEAD * repeats * o.allreduce_iters * o.allreduce_bytes / 50e9
-        return allreduce + self._dcgm_work()
+        return allreduce + self._after_allreduce()
+
+    def _after_allreduce(self) -> float:
+        return self._storage_work() + self._dcgm_work()
+
+    def _storage_work(self) -> float:
+        """Planned seconds of the storage step: the file written once, then read per base repeat."""
+        o = self.opts
+        if o.storage_path is None or "storage" in o.skip:
+            return 0.0
+        passes = 1 + self.rule.base("storage_read_gbps")
+        return _OVERHEAD * passes * o.storage_bytes / _STORAGE_PLAN_BPS
 
     def _dcgm_work(self) -> float:
         o = self.opts
@@ -452,6 +542,8 @@ class _Run:
         )
         with contextlib.suppress(Exception):
             self.finish_telemetry()
+        with contextlib.suppress(Exception):
+            self.finish_nic()
         self.rows.close()
         self.rows.say("aborted after a hung step: the rows above are all this run has")
         self.exit(0)
@@ -491,11 +583,14 @@ def run(opts: Options, *, out: TextIO, err: TextIO | None = None, nvml_module: A
     if opts.expected_gpus is not None:
         rows.node_row("gpu_count_expected", opts.expected_gpus)
     job.start_telemetry()
+    job.start_nic()
     try:
         job.per_gpu_steps()
         job.allreduce()
+        job.storage()
         job.dcgm()
     finally:
         job.finish_telemetry()
+        job.finish_nic()
     rows.say(f"done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)")
     return 0

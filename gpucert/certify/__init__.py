@@ -11,6 +11,8 @@
   logs with :func:`read_pod_log` and validates them together with :func:`validate_pod_logs`.
 
 * :mod:`._wave` — :func:`run_wave`: a Job per node, bounded, async, adopting its own Jobs on a restart;
+  :mod:`._pairwave` — :func:`run_pair_round`: one round of disjoint pair Jobs the same way, both nodes'
+  Leases held, one orientation of each pair's rows kept (:class:`PairRound`);
 * :mod:`._run` — :class:`CertificationRun`: a run's files in the store (results, verdicts, decisions,
   stack, report) and its confirming re-runs;
 * :mod:`._decide` — one run's verdicts → :class:`NodeDecision` per node; :mod:`._settle` —
@@ -22,6 +24,8 @@
   ticket step (recorded in the store when no backend is configured);
 * :mod:`._shards` — :func:`plan_shards` cuts a large run's nodes into shards that any Prefect worker runs,
   :func:`write_shard` / :func:`read_shards` their files, joined into the run's results;
+* :mod:`._links` — a run's links: :func:`link_plan` by the nodes' topology labels, stored with the run,
+  and :func:`judge_with_links`: GPU and node rows by the verdict engine, pair rows by the plan;
 * :mod:`._rules` — :class:`CertificationRules`; :mod:`._result` — :class:`CertifyOutcome`.
 
 Nothing here imports Prefect.
@@ -62,9 +66,20 @@ from ._jobs import (
     policy_payload_args,
 )
 from ._judge import judge_rerun, settle_offline
+from ._links import (
+    LINK_NODES,
+    LINK_PAIRS,
+    judge_links,
+    judge_with_links,
+    link_plan,
+    link_seed,
+    store_plan,
+    stored_plan_of,
+)
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
 from ._pairjobs import PAIR_PORT, PairJob, pair_job, pair_name
+from ._pairwave import PairRound, PairRun, run_pair_round
 from ._record import (
     common_stack,
     job_failure_verdicts,
@@ -88,7 +103,7 @@ from ._settle import (
 )
 from ._shards import ShardParts, plan_shards, read_shards, write_shard
 from ._tickets import TicketStep, pending_runs, ticket_step
-from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave
+from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, orphaned_pair_jobs, run_wave, sweep_orphans
 
 __all__ = [
     "BENCH_PREFIX",
@@ -102,6 +117,8 @@ __all__ = [
     "HARD_GATE_XIDS",
     "JOBS_NAMESPACE",
     "JOB_TEMPLATE",
+    "LINK_NODES",
+    "LINK_PAIRS",
     "PAIR_PORT",
     "PAYLOAD_DIR",
     "PAYLOAD_TEMPLATE",
@@ -122,6 +139,8 @@ __all__ = [
     "NodeRun",
     "NodeTaints",
     "PairJob",
+    "PairRound",
+    "PairRun",
     "PayloadArgsError",
     "PodLog",
     "Reason",
@@ -153,11 +172,16 @@ __all__ = [
     "job_labels",
     "job_name",
     "job_pods",
+    "judge_links",
     "judge_rerun",
+    "judge_with_links",
     "latest_decisions",
+    "link_plan",
+    "link_seed",
     "node_patch",
     "observe",
     "orphaned_jobs",
+    "orphaned_pair_jobs",
     "pair_job",
     "pair_name",
     "parse_pod_log",
@@ -171,12 +195,16 @@ __all__ = [
     "read_pod_log",
     "read_shards",
     "rerun_id",
+    "run_pair_round",
     "run_wave",
     "settle",
     "settle_offline",
     "settled_verdicts",
     "split_pod_log",
     "stack_changed_nodes",
+    "store_plan",
+    "stored_plan_of",
+    "sweep_orphans",
     "ticket_step",
     "update_baselines",
     "validate_pod_logs",

@@ -3,9 +3,10 @@
 * state: any ``fail`` → ``failed``; else any ``warn`` → ``degraded``; else every row ``pass`` →
   ``certified``; a node whose rows are only ``pass`` and ``inconclusive`` keeps the state it had (an
   inconclusive run says nothing about the GPUs);
-* a hard hardware gate (row-remap failure, XID 64/79/95, a volatile double-bit ECC error) needs no
-  confirming re-run; any other fail does, and so does a warn that no telemetry gate backs (a statistical
-  deficit, or repeats too unstable to judge): only a reproducible result marks a node —
+* a hard hardware gate (row-remap failure, XID 64/79/95, a volatile double-bit ECC error, an RDMA port
+  down or degraded) and a node's own network path named by its pairs need no confirming re-run; any
+  other fail does, and so does a warn that no telemetry gate backs (a statistical deficit, or repeats too
+  unstable to judge): only a reproducible result marks a node —
   :func:`deficit_stands` counts REFERENCE §4.6's 2 of 3.
 
 Settling a run — its re-runs, taints, the blast radius — is :mod:`._settle`'s.
@@ -26,7 +27,13 @@ __all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "
 #: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
 #: uncontained ECC error.
 HARD_GATE_XIDS = frozenset({64, 79, 95})
-_HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile"})
+#: A fail on these is measured, not a statistic, so it needs no confirming re-run either: a row-remap failure,
+#: a double-bit ECC error, an RDMA port down, below its rate or with rising error counters (REFERENCE §4.2).
+_HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile", "ib_ports_active", "ib_rate_min_gbps",
+                                "ib_symbol_errors", "ib_link_downed", "ib_rcv_errors"})  # fmt: skip
+#: A node's own network path named by its pairs (gpucert.network): low with two partners that are fine
+#: elsewhere, after the re-pairings: a confirming re-run of the node alone measures no pair.
+_PAIR_METRIC = "nccl_pair_busbw_gbps"
 _STATE = {"pass": "certified", "warn": "degraded", "fail": "failed"}
 VERDICT_OF = {rank: verdict for verdict, rank in VERDICT_RANK.items()}
 
@@ -60,7 +67,9 @@ def _hard_gate(rows: pd.DataFrame) -> pd.Series:
     metric = rows["metric"].astype("string")
     value = pd.to_numeric(rows["value"], errors="coerce")
     xid = (metric == "xid") & value.isin(list(HARD_GATE_XIDS))
-    return (rows["verdict"] == "fail") & (metric.isin(list(_HARD_GATE_METRICS)) | xid)
+    peer = rows["peer"] if "peer" in rows else pd.Series(pd.NA, index=rows.index)
+    own_path = (metric == _PAIR_METRIC) & peer.isna() & (rows["cause"].astype("string") == "network")
+    return (rows["verdict"] == "fail") & (metric.isin(list(_HARD_GATE_METRICS)) | xid | own_path)
 
 
 def _summary(verdict: str, gpu: object, reasons: object, action: object, flagged: int) -> str:

@@ -182,6 +182,11 @@ def _kubelet_literal(arg: str) -> str:
     return arg.replace("$", "$$")
 
 
+#: Where the storage benchmark's volume is mounted in the pod (a folder per node under it).
+STORAGE_MOUNT = "/gpucert-storage"
+_HOST_PATH = re.compile(r"/[A-Za-z0-9._/-]*")
+
+
 @dataclass(frozen=True)
 class BenchmarkSettings:
     """How benchmark Jobs are made; every field has a default fit for an 8-GPU node.
@@ -217,6 +222,11 @@ class BenchmarkSettings:
     shm_size: str = "16Gi"
     #: Extra annotations on every benchmark pod (``sim.gpucert.io/…`` shapes a simulated pod).
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    #: Where ``storage_read_gbps`` is measured: a PersistentVolumeClaim of the namespace (the dataset's
+    #: file system, shared) or a host path (a node's local NVMe), mounted read-write at
+    #: :data:`STORAGE_MOUNT` with a folder per node (``subPathExpr``); at most one. None: not measured.
+    storage_claim: str | None = None
+    storage_host_path: str | None = None
 
     def __post_init__(self) -> None:
         if not dns_label_ok(self.namespace):
@@ -234,6 +244,14 @@ class BenchmarkSettings:
             not dns_subdomain_ok(self.priority_class)
         ):
             raise ValueError(f"priority class {self.priority_class!r} is not a DNS subdomain")
+        if self.storage_claim is not None and self.storage_host_path is not None:
+            raise ValueError("storage: a claim or a host path, not both")
+        if self.storage_claim is not None and not dns_subdomain_ok(self.storage_claim):
+            raise ValueError(f"storage claim {self.storage_claim!r} is not a DNS subdomain")
+        host = self.storage_host_path
+        if host is not None and (not _HOST_PATH.fullmatch(host) or ".." in host.split("/")):
+            raise ValueError(f"storage host path {self.storage_host_path!r}: an absolute path without '..' "
+                             "and of plain characters")  # fmt: skip
         # A list (a flow parameter read from JSON) is kept as a tuple: the settings stay hashable.
         object.__setattr__(self, "payload_args", check_payload_args(self.payload_args))
         for name in ("cpu_request", "memory_request", "shm_size"):
@@ -438,6 +456,7 @@ def benchmark_job(
         # less what pulling the image and scheduling may have taken.
         "--deadline-seconds", str(max(60, s.deadline_s - _START_ALLOWANCE_S)),
         *s.policy_args,
+        *(("--storage-path", STORAGE_MOUNT) if _storage_volume(s) else ()),
     ]  # fmt: skip
     # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
     payload_args = check_payload_args(s.payload_args, prefix=own)
@@ -464,8 +483,19 @@ def benchmark_job(
         "payload_items": items,
         "payload_dir": PAYLOAD_DIR,
         "shm_size": s.shm_size,
+        "storage": _storage_volume(s),
+        "storage_mount": STORAGE_MOUNT,
     }
     return _render_one(JOB_TEMPLATE, {"job": context}, "Job")
+
+
+def _storage_volume(s: BenchmarkSettings) -> dict[str, Any] | None:
+    """The pod volume of the storage benchmark's location, None when none is configured."""
+    if s.storage_claim is not None:
+        return {"name": "storage", "persistentVolumeClaim": {"claimName": s.storage_claim}}
+    if s.storage_host_path is not None:
+        return {"name": "storage", "hostPath": {"path": s.storage_host_path, "type": "DirectoryOrCreate"}}
+    return None
 
 
 # --- rendering ------------------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from ..errors import InputError
+from ..network import PAIR_METRIC, PairingPlan
 from ..policy import Policy
 from ..results import parse_results
-from ..verdict import judge
+from ._links import judge_with_links
 from ._settle import NodeTaints, RunVerdicts, Settlement, settle, settled_verdicts
 
 __all__ = ["judge_rerun", "settle_offline"]
@@ -33,9 +34,11 @@ def judge_rerun(
     run_ids = rerun["run_id"].astype("string").unique()
     results = rerun
     if cohort is not None and len(cohort) and len(run_ids) == 1:
-        peers = cohort[~cohort["node"].isin(list(nodes))].assign(run_id=run_ids[0])
-        results = parse_results(pd.concat([rerun, peers], ignore_index=True), f"results of run {run_ids[0]}")
-    judged = judge(results, baseline, policy)
+        # The first run's pairs stay its own: a re-run measures its nodes alone, among their peers.
+        peers = cohort[~cohort["node"].isin(list(nodes)) & (cohort["metric"] != PAIR_METRIC)]
+        results = parse_results(pd.concat([rerun, peers.assign(run_id=run_ids[0])], ignore_index=True),
+                                f"results of run {run_ids[0]}")  # fmt: skip
+    judged = judge_with_links(results, baseline, policy)
     return judged[judged["node"].isin(list(nodes)) | judged["node"].isna()].reset_index(drop=True)
 
 
@@ -55,17 +58,19 @@ def settle_offline(
     policy: Policy,
     *,
     fleet: Mapping[str, NodeTaints] | None = None,
+    plan: PairingPlan | None = None,
 ) -> tuple[pd.DataFrame, Settlement]:
     """Judge ``first`` (one run's results) and each re-run among its cohort, and settle them as certify
     does; returns the settled verdicts and the settlement (``decisions.parquet`` is its ``frame()``).
 
     ``fleet`` is the cluster's GPU nodes and their taints; offline it defaults to the run's nodes, none
-    tainted. Raises ``InputError`` when a file holds more than one run or a re-run measures a node the
-    first run did not.
+    tainted. ``plan`` is the pairing plan the run's pairs were measured by (its ``links-*.parquet``); without
+    it the pairs are judged as measured, which names a node's own path but no link. Raises ``InputError``
+    when a file holds more than one run or a re-run measures a node the first run did not.
     """
     first_id = _one_run(first, "the first run")
     nodes = tuple(sorted(first["node"].astype("string").unique()))
-    judged = RunVerdicts(first_id, judge(first, baseline, policy), nodes)
+    judged = RunVerdicts(first_id, judge_with_links(first, baseline, policy, plan=plan), nodes)
     judged_reruns = []
     for index, rerun in enumerate(reruns, start=1):
         rerun_id = _one_run(rerun, f"re-run {index}")

@@ -82,6 +82,10 @@ class CertifyOutcome(_Model):
     actions: dict[str, str] = Field(
         default_factory=dict, description="node → what was written to it, in words"
     )
+    links: list[str] = Field(
+        default_factory=list,
+        description="the link step: rounds and re-pairings, pairs measured, what the pairs named (empty: no pairs)",
+    )
     audited: int = Field(default=0, description="changes recorded in the audit trail (and as Events)")
     audit_seconds: float = Field(default=0.0, description="time spent recording them")
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -47,9 +48,10 @@ from ..kube import (
 )
 from ._collect import PodLog, read_pod_log, validate_pod_logs
 from ._jobs import BenchmarkSettings, benchmark_job, job_name
+from ._names import COMPONENT
 from ._outcome import JobOutcome, abandon, observe
 
-__all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "run_wave"]
+__all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "orphaned_pair_jobs", "run_wave", "sweep_orphans"]
 
 #: How long a Job may wait on an image it cannot pull or a node it cannot be scheduled on before the
 #: wave gives up on it (a Job's own deadline counts only from its pod's start).
@@ -58,6 +60,7 @@ PENDING_GRACE_S = 120.0
 _POLL_CAP_S = 10.0
 
 _LOG = logging.getLogger("gpucert.certify")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,96 @@ def orphaned_jobs(
     return out
 
 
+def _pair_nodes(job: Mapping[str, Any], prefix: str) -> tuple[str, ...]:
+    """The nodes a pair Job's ``<prefix>/pair`` annotation names; () for a Job that is no pair's."""
+    said = ((job.get("metadata") or {}).get("annotations") or {}).get(f"{prefix}/pair") or ""
+    return tuple(n for n in str(said).split(",") if n)
+
+
+def orphaned_pair_jobs(
+    kube: Kube,
+    settings: BenchmarkSettings,
+    run_id: str,
+    nodes: Sequence[str],
+    *,
+    leases: NodeLeases | None = None,
+) -> list[str]:
+    """Names of unfinished pair Jobs of *other* runs on any of ``nodes`` (a killed run's leftovers).
+
+    A pair Job whose run still holds both its nodes' Leases belongs to a live run benchmarking that pair
+    now: it is no orphan. ``leases`` reads them (default: this run's). See :func:`orphaned_jobs`.
+    """
+    wanted = set(nodes)
+    prefix = settings.label_prefix
+    leases = leases or NodeLeases(kube, run_id, namespace=settings.namespace)
+    out = []
+    for job in kube.list_objects(
+        "batch/v1", "Job", settings.namespace, label_selector=f"app.kubernetes.io/component={COMPONENT}"
+    ):
+        meta = job["metadata"]
+        pair = _pair_nodes(job, prefix)
+        owner = (meta.get("labels") or {}).get(f"{prefix}/run-id")
+        if owner == run_id or wanted.isdisjoint(pair) or _finished(job):
+            continue
+        if owner is None or any(leases.live_holder(node) != owner for node in pair):
+            out.append(str(meta["name"]))
+    return out
+
+
+def sweep_orphans(
+    kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str], leases: NodeLeases
+) -> int:
+    """Delete the unfinished Jobs, node and pair, that crashed runs left on ``nodes``."""
+    names = [*orphaned_jobs(kube, settings, run_id, nodes, leases=leases),
+             *orphaned_pair_jobs(kube, settings, run_id, nodes, leases=leases)]  # fmt: skip
+    return delete_jobs(kube, settings, names)
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def _watch(
+    kube: Kube,
+    look: Callable[[], JobOutcome],
+    *,
+    deadline_s: float,
+    poll_s: float,
+    clock: Callable[[], float],
+    renew: Callable[[], Awaitable[None]] | None = None,
+    renew_every_s: float = DEFAULT_LEASE_S / 4,
+) -> JobOutcome:
+    """Look at a Job just created (``look``, in a worker thread) until it ends, and return how it ended.
+
+    It is given up (:func:`abandon`) when its pod is stuck on an image pull or unschedulable for
+    :data:`PENDING_GRACE_S`, or once the Job's ``deadline_s`` (counted from its pod's start) and that grace
+    have passed. ``renew`` renews the Leases every ``renew_every_s`` meanwhile; when it raises
+    :class:`~gpucert.kube.LeaseLost` the Job is given up and that error raised again.
+    """
+    started = clock()
+    # The wave's own deadline: the Job's (counted from its pod's start) plus time to schedule and pull.
+    deadline = started + deadline_s + PENDING_GRACE_S
+    wait, renewed = poll_s, started
+    while True:
+        outcome: JobOutcome = await _call(look)
+        if outcome.state in ("succeeded", "failed"):
+            return outcome
+        stuck = outcome.reason in ("image_pull", "unschedulable") and clock() - started >= PENDING_GRACE_S
+        if stuck or clock() >= deadline:
+            given_up = replace(outcome, reason=outcome.reason or "deadline")
+            gone: JobOutcome = await _call(abandon, kube, given_up)
+            return gone
+        if renew is not None and clock() - renewed >= renew_every_s:
+            try:
+                await renew()
+                renewed = clock()
+            except LeaseLost:  # another run has the node now: our measurement would share it
+                await _call(abandon, kube, outcome)
+                raise
+            except KubeUnavailable:
+                pass  # tried again at the next poll: the Lease outlasts a few misses
+        await asyncio.sleep(wait)
+        wait = min(wait * 1.5, _POLL_CAP_S)
 
 
 async def _one_node(
@@ -160,31 +251,13 @@ async def _one_node(
     name = job["metadata"]["name"]
     with contextlib.suppress(KubeConflict):  # the same run started again: adopt the Job that is there
         await _call(kube.create, job)
-    started = clock()
-    # The wave's own deadline: the Job's (counted from its pod's start) plus time to schedule and pull.
-    deadline = started + settings.deadline_s + PENDING_GRACE_S
-    wait, renewed = poll_s, started
-    while True:
-        outcome: JobOutcome = await _call(
-            observe, kube, settings.namespace, name, node=node, label_prefix=settings.label_prefix
-        )
-        if outcome.state in ("succeeded", "failed"):
-            break
-        stuck = outcome.reason in ("image_pull", "unschedulable") and clock() - started >= PENDING_GRACE_S
-        if stuck or clock() >= deadline:
-            outcome = await _call(abandon, kube, replace(outcome, reason=outcome.reason or "deadline"))
-            break
-        if renew is not None and clock() - renewed >= renew_every_s:
-            try:
-                await renew()
-                renewed = clock()
-            except LeaseLost as exc:  # another run has the node now: our measurement would share it
-                await _call(abandon, kube, outcome)
-                return NodeRun(node, name, "failed", "lease_lost", str(exc)), None
-            except KubeUnavailable:
-                pass  # tried again at the next poll: the Lease outlasts a few misses
-        await asyncio.sleep(wait)
-        wait = min(wait * 1.5, _POLL_CAP_S)
+    prefix = settings.label_prefix
+    look = functools.partial(observe, kube, settings.namespace, name, node=node, label_prefix=prefix)
+    try:
+        outcome = await _watch(kube, look, deadline_s=settings.deadline_s, poll_s=poll_s, clock=clock,
+                               renew=renew, renew_every_s=renew_every_s)  # fmt: skip
+    except LeaseLost as exc:
+        return NodeRun(node, name, "failed", "lease_lost", str(exc)), None
     if outcome.state != "succeeded":
         return NodeRun(node, name, "failed", outcome.reason, outcome.message), None
     log: PodLog = await _call(read_pod_log, kube, outcome, run_id=run_id)
@@ -251,8 +324,7 @@ async def _leased_node(
         await _call(taint_testing, kube, node, prefix=prefix, run_id=run_id)
         if claim.previous is not None:
             # A crashed run's lapsed Lease: its Job may still hold the node's GPUs; it goes before ours.
-            await _call(delete_jobs, kube, settings,
-                        await _call(orphaned_jobs, kube, settings, run_id, [node], leases=leases))  # fmt: skip
+            await _call(sweep_orphans, kube, settings, run_id, [node], leases)
         result = await _one_node(kube, node, gpus, run_id, payload, settings, poll_s=poll_s, clock=clock,
                                  renew=renew, renew_every_s=leases.duration_s / 4)  # fmt: skip
         ended = True  # its Job finished or was given up on: nothing of it is left running
@@ -270,6 +342,26 @@ async def _leased_node(
                 raise
             if problem:
                 leftovers[node] = problem
+
+
+def _trouble(exc: BaseException) -> str:
+    """The reason a benchmark that raised ``exc`` failed with: rows that break the contract, or an error."""
+    return "bad_results" if isinstance(exc, ResultsError) else "error"
+
+
+async def _until_free(
+    attempt: Callable[[], Awaitable[_T | None]], *, wait_s: float, poll_s: float, clock: Callable[[], float]
+) -> _T | None:
+    """``attempt()`` until it gives something (None: another run holds what it needs) or ``wait_s`` has
+    passed (None then), looking again with back-off and nothing held in between."""
+    give_up, wait = clock() + wait_s, poll_s
+    while True:
+        got = await attempt()
+        if got is not None or clock() >= give_up:
+            return got
+        # Another run is benchmarking the node: look again later, holding no slot meanwhile.
+        await asyncio.sleep(max(0.0, min(wait, give_up - clock())))
+        wait = min(wait * 1.5, _POLL_CAP_S)
 
 
 async def run_wave(
@@ -304,27 +396,25 @@ async def run_wave(
     wait_s = settings.deadline_s + PENDING_GRACE_S + lease_s if lease_wait_s is None else lease_wait_s
 
     async def one(node: str, gpus: int) -> None:
-        give_up, wait = clock() + wait_s, poll_s
-        claim: Claim | None = None
-        while True:
-            result: _Result | None = None
+        refused = "another run holds its Lease"
+
+        async def attempt() -> _Result | None:
+            nonlocal refused
             async with gate, enter():
                 try:
                     claim = await _call(leases.acquire, node)
-                    if claim.held:
-                        result = await _leased_node(kube, leases, claim, gpus, run_id, payload, settings,
-                                                    poll_s=poll_s, clock=clock, leftovers=wave.leftovers)  # fmt: skip
+                    if not claim.held:
+                        refused = claim.reason
+                        return None
+                    return await _leased_node(kube, leases, claim, gpus, run_id, payload, settings,
+                                              poll_s=poll_s, clock=clock, leftovers=wave.leftovers)  # fmt: skip
                 except (GpucertError, ValueError) as exc:  # one node's trouble costs that node its verdict only
-                    reason = "bad_results" if isinstance(exc, ResultsError) else "error"
-                    result = NodeRun(node, job_name(run_id, node), "failed", reason, str(exc)), None
-            if result is None and clock() >= give_up:
-                why = f"{claim.reason if claim else 'another run holds its Lease'}; waited {wait_s:.0f} s"
-                result = NodeRun(node, job_name(run_id, node), "failed", "leased", why), None
-            if result is not None:
-                break
-            # Another run is benchmarking the node: look again later, holding no slot meanwhile.
-            await asyncio.sleep(max(0.0, min(wait, give_up - clock())))
-            wait = min(wait * 1.5, _POLL_CAP_S)
+                    return NodeRun(node, job_name(run_id, node), "failed", _trouble(exc), str(exc)), None
+
+        result = await _until_free(attempt, wait_s=wait_s, poll_s=poll_s, clock=clock)
+        if result is None:
+            why = f"{refused}; waited {wait_s:.0f} s"
+            result = NodeRun(node, job_name(run_id, node), "failed", "leased", why), None
         run, log = result
         wave.runs[node] = run
         if log is not None:

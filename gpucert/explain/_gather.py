@@ -103,7 +103,7 @@ _NIC_SERIES = (
     ("node_infiniband_rate_bytes_per_second", "rate_gbps", False),
     ("node_infiniband_symbol_error_total", "symbol_errors", True),
     ("node_infiniband_link_downed_total", "link_downed", True),
-    ("node_infiniband_port_receive_errors_total", "rcv_errors", True),
+    ("node_infiniband_port_errors_received_total", "rcv_errors", True),
 )
 _NCCL_BUSBW = "nccl_bus_bandwidth_gbs"
 _NCCL_TIME = "nccl_collective_exec_time_microseconds"

@@ -7,6 +7,11 @@ One model serves the tests, the detection benchmark, the demo and the simulated 
     wave.results   # DESIGN.md "Results", with the dtypes of gpucert._frames.RESULT_DTYPES
     wave.truth     # one row per injected fault: kind, scope, expected cause, signature, cost, params
 
+    pairs = [(fleet.node_names[0], fleet.node_names[9])]           # explicit pairs, keyed noise
+    fleet.run("night-2", ts=now, seed=7, pairs=pairs, storage=True, nic=True,
+              faults=[Fault("slow_uplink", params={"leaf_a": 0, "leaf_b": 1})])
+    fleet.topology()   # node, topology.kubernetes.io/zone, gpucert.io/leaf: what plan_rounds reads
+
 ``_model.py`` holds identities, noise and the wave generator (REFERENCE §1.1, §2, §3 "Healthy
 generator"); ``_faults.py`` holds the fault catalog (REFERENCE §3 table).
 """
@@ -14,6 +19,7 @@ generator"); ``_faults.py`` holds the fault catalog (REFERENCE §3 table).
 from ._faults import (
     CAUSES,
     FAULTS,
+    NIC_TELEMETRY,
     Bernoulli,
     Choice,
     Fault,
@@ -28,8 +34,11 @@ from ._model import (
     DEFAULT_NOISE,
     GPU_PERF_METRICS,
     GPU_TELEMETRY_METRICS,
+    LEAF_LABEL,
     MODELS,
+    NIC_METRICS,
     NODE_PERF_METRICS,
+    ZONE_LABEL,
     Fleet,
     ModelSpec,
     NoiseModel,
@@ -42,8 +51,12 @@ __all__ = [
     "FAULTS",
     "GPU_PERF_METRICS",
     "GPU_TELEMETRY_METRICS",
+    "LEAF_LABEL",
     "MODELS",
+    "NIC_METRICS",
+    "NIC_TELEMETRY",
     "NODE_PERF_METRICS",
+    "ZONE_LABEL",
     "Bernoulli",
     "Choice",
     "Fault",

@@ -1,12 +1,13 @@
 """The fault catalog: every fault the fleet model can inject, one declarative entry per kind.
 
 Each :class:`FaultSpec` row transcribes one line of REFERENCE.md §3 ("Fault effects for the
-fault-injection simulator"): its scope (one GPU or a whole node), the cause a verdict should name (the
-verdict contract's vocabulary), whether it emits telemetry that names it, the parameters it draws, the
-multiplicative effect on each performance metric, the telemetry it writes, the clock-event bits it sets
-(REFERENCE §6.1), the XIDs it logs, and the benchmark steps it crashes. The catalog only *declares*; the
-fleet model (``_model.py``) applies a resolved fault to its arrays, vectorised, so one entry reads as one
-table row and the numbers can be checked against the reference at a glance.
+fault-injection simulator"): its scope (one GPU, a whole node, or the fabric between nodes), the cause a
+verdict should name (the verdict contract's vocabulary), whether it emits telemetry that names it, the
+parameters it draws, the multiplicative effect on each performance metric, the telemetry it writes, the
+clock-event bits it sets (REFERENCE §6.1), the XIDs it logs, and the benchmark steps it crashes. The
+catalog only *declares*; the fleet model (``_model.py``) applies a resolved fault to its arrays,
+vectorised, so one entry reads as one table row and the numbers can be checked against the reference at a
+glance.
 
 Metric keys in ``perf``:
 
@@ -16,7 +17,13 @@ Metric keys in ``perf``:
   slowest GPU, so GPU faults on one node combine by their minimum, node faults multiply on top;
 * ``nccl_pair_busbw_gbps`` acts on every pair the node is in (REFERENCE's "NCCL inter / IB" column: a
   GPUDirect rail at half speed halves the whole ring, so PCIe faults appear there too). A pair runs at
-  the speed of its slower end.
+  the speed of its slower end. For a ``fabric`` fault (a slow uplink between two leaf switches) it acts
+  on the pairs whose path crosses that link only: no node is faulty, and the fault names no node;
+* ``storage_read_gbps`` acts on the node's storage read (its mount), measured when a wave asks for it.
+
+Telemetry keys are the GPU telemetry of the results contract (written on the fault's GPU, or on every GPU
+of the node), and for node faults also the node's InfiniBand port telemetry (:data:`NIC_TELEMETRY`): a
+port at half rate, a port down, counters that rose during the benchmark.
 
 Left out on purpose: silent data corruption (REFERENCE §3, last row). It changes no speed and no
 telemetry; only a correctness test (checksum or miscompare, DCGM r4) sees it, and the metric registry
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAUSES",
     "FAULTS",
+    "NIC_TELEMETRY",
     "Bernoulli",
     "Choice",
     "Fault",
@@ -51,7 +59,7 @@ __all__ = [
     "random_faults",
 ]
 
-Scope = Literal["gpu", "node"]
+Scope = Literal["gpu", "node", "fabric"]
 Params = Mapping[str, float]
 #: A multiplier on a performance metric, or a telemetry value, from the drawn parameters and the model.
 Effect = Callable[[Params, "ModelSpec"], float]
@@ -59,7 +67,7 @@ Effect = Callable[[Params, "ModelSpec"], float]
 #: The verdict contract's cause vocabulary (DESIGN.md, Verdicts).
 CAUSES: frozenset[str] = frozenset(
     {"thermal", "power", "pcie", "nvlink", "ecc", "row_remap", "xid", "slow_silicon", "network", "config",
-     "unknown"}
+     "storage", "unknown"}
 )
 
 GEMM = "gemm_bf16_tflops"
@@ -68,12 +76,25 @@ H2D = "h2d_gbps"
 D2H = "d2h_gbps"
 NCCL = "nccl_allreduce_busbw_gbps"
 PAIR = "nccl_pair_busbw_gbps"
-_PERF_KEYS = frozenset({GEMM, HBM, H2D, D2H, NCCL, PAIR})
+STORAGE = "storage_read_gbps"
+_PERF_KEYS = frozenset({GEMM, HBM, H2D, D2H, NCCL, PAIR, STORAGE})
+#: Metrics a wave measures only when asked (``Fleet.run(storage=True)``): a kind acting on nothing else is
+#: not drawn by :func:`random_faults` unless named, since a default wave would never see it.
+_OPTIONAL_PERF = frozenset({STORAGE})
 _TELEMETRY_KEYS = frozenset(
     {"pcie_gen", "pcie_width", "pcie_replays_per_min", "hw_slowdown_frac", "temp_max_c", "power_limit_w",
      "ecc_dbe_volatile", "ecc_sbe_volatile", "remapped_rows_pending", "remapped_rows_failure", "nvlink_down",
      "nvlink_crc_errors"}
 )
+#: The node's InfiniBand ports as the payload reads them from sysfs, once per benchmark (node level): how
+#: many ports it found, how many are ACTIVE, the slowest and fastest active port's rate, and by how much
+#: each error counter, summed over the ports, rose during the benchmark.
+NIC_TELEMETRY: tuple[str, ...] = (
+    "ib_ports", "ib_ports_active", "ib_rate_min_gbps", "ib_rate_max_gbps", "ib_symbol_errors", "ib_link_downed",
+    "ib_rcv_errors",
+)
+#: NIC readings where a fault's lower value is the worse one (for the others, the higher is).
+NIC_LOWER_IS_WORSE = frozenset({"ib_ports", "ib_ports_active", "ib_rate_min_gbps"})
 
 # Clock-event reason bits (REFERENCE §6.1).
 SW_POWER_CAP = 0x04
@@ -147,11 +168,13 @@ class Fault:
     """One injected fault: a catalog ``kind`` on a node (and a GPU index, for GPU-scope kinds).
 
     ``params`` pins some of the kind's random draws (``{"duty": 0.3}``, ``{"crash": 1}``); the others
-    are drawn per wave from the wave's seed.
+    are drawn per wave from the wave's seed. A fabric kind names no node (``node`` stays empty) and takes
+    the place it acts on as parameters it needs: ``Fault("slow_uplink", params={"leaf_a": 0, "leaf_b": 3})``
+    (leaf numbers of :attr:`Fleet.leaf_names <gpucert.fleet.Fleet.leaf_names>`).
     """
 
     kind: str
-    node: str
+    node: str = ""
     gpu: int | None = None
     params: Mapping[str, float] = field(default_factory=dict)
 
@@ -200,21 +223,38 @@ class FaultSpec:
     crash_when: str | None = None
     #: The GPU drops off the bus: its perf and telemetry rows vanish and the node counts one GPU fewer.
     missing: bool = False
+    #: Parameters that are never drawn and must be given: where a fabric fault is (``leaf_a``, ``leaf_b``).
+    needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.cause in CAUSES, self.cause
         assert set(self.perf) <= _PERF_KEYS, set(self.perf) - _PERF_KEYS
-        assert set(self.telemetry) <= _TELEMETRY_KEYS, set(self.telemetry) - _TELEMETRY_KEYS
+        node_keys = _TELEMETRY_KEYS | set(NIC_TELEMETRY) if self.scope == "node" else _TELEMETRY_KEYS
+        assert set(self.telemetry) <= node_keys, set(self.telemetry) - node_keys
         assert set(self.crashes) <= _PERF_KEYS
         assert self.crash_when is None or self.crash_when in self.draws
+        # A fabric fault slows the pairs through its link and nothing on any node.
+        assert self.scope != "fabric" or (set(self.perf) <= {PAIR} and not (self.telemetry or self.crashes
+                                                                              or self.xids or self.bits))
+        assert self.scope != "gpu" or STORAGE not in self.perf  # storage is the node's mount
+
+    @property
+    def drawn_at_random(self) -> bool:
+        """Whether :func:`random_faults` draws this kind when not told which: not a fabric kind (it has no
+        node to land on) nor one acting only on metrics a default wave does not measure."""
+        return self.scope != "fabric" and not (self.perf and set(self.perf) <= _OPTIONAL_PERF)
 
     def resolve(self, fault: Fault, rng: np.random.Generator, model: ModelSpec) -> ResolvedFault:
         """Draw the parameters ``fault.params`` leaves open and evaluate every effect."""
-        unknown = set(fault.params) - set(self.draws)
+        unknown = set(fault.params) - set(self.draws) - set(self.needs)
         if unknown:
             raise ValueError(
                 f"fault {self.kind!r} has no parameter(s) {sorted(unknown)}; it draws {sorted(self.draws)}"
+                + (f" and needs {list(self.needs)}" if self.needs else "")
             )
+        missing = [name for name in self.needs if name not in fault.params]
+        if missing:
+            raise ValueError(f"fault {self.kind!r} needs the parameter(s) {missing}")
         # Draw every parameter, pinned or not, so pinning one leaves the others' draws unchanged.
         drawn = {name: draw.sample(rng) for name, draw in self.draws.items()}
         params = {**drawn, **{k: float(v) for k, v in fault.params.items()}}
@@ -379,13 +419,49 @@ FAULTS: dict[str, FaultSpec] = _catalog(
         perf={**_pcie(_param("h2d")), PAIR: _param("rail")},
     ),
     FaultSpec(
-        "ib_port_down", "node", "network", signature=False,  # NCCL rebalances over the 7 ports left
+        "ib_port_down", "node", "network", signature=True,  # NCCL rebalances over the 7 ports left
         perf={PAIR: _const(7 / 8)},
+        telemetry={"ib_ports_active": lambda p, m: m.ib_ports - 1},  # port state Down
     ),
     FaultSpec(
-        "ib_downshift", "node", "network", signature=False,  # NDR→HDR downshift or a flapping port
+        "ib_downshift", "node", "network", signature=True,  # one port trained NDR→HDR
         draws={"pair": Uniform(0.5, 0.8)},
         perf={PAIR: _param("pair")},
+        telemetry={"ib_rate_min_gbps": lambda p, m: m.ib_rate_gbps / 2},  # 200 vs 400 Gb/s
+    ),
+    FaultSpec(
+        # One NIC's link at half its rate: a ring over the node's rails runs at its slowest, so every pair
+        # the node is in runs at about half (REFERENCE §3: "that GPUDirect rail ×0.5").
+        "nic_half_rate", "node", "network", signature=True,
+        draws={"pair": Uniform(0.45, 0.55)},
+        perf={PAIR: _param("pair")},
+        telemetry={"ib_rate_min_gbps": lambda p, m: m.ib_rate_gbps / 2},
+    ),
+    FaultSpec(
+        # A port that goes down and up during the benchmark: intermittent loss (REFERENCE: −20…−100 %
+        # while it flaps), link-down and symbol-error counters that rise, receive errors with them.
+        "ib_flapping_port", "node", "network", signature=True,
+        draws={"pair": Uniform(0.6, 0.9), "link_downed": IntUniform(1, 12),
+               "symbol_errors": LogUniform(10.0, 10_000.0), "rcv_errors": IntUniform(1, 200)},
+        perf={PAIR: _param("pair")},
+        telemetry={"ib_link_downed": _param("link_downed"),
+                   "ib_symbol_errors": lambda p, m: round(p["symbol_errors"]),
+                   "ib_rcv_errors": _param("rcv_errors")},
+    ),
+    FaultSpec(
+        # The uplinks between two leaf switches (a bad cable or optic, a misconfigured ECMP group): only the
+        # pairs with one node under each leaf are slow, and no node has anything to show for it.
+        "slow_uplink", "fabric", "network", signature=False,
+        needs=("leaf_a", "leaf_b"),
+        draws={"factor": Uniform(0.4, 0.6)},
+        perf={PAIR: _param("factor")},
+    ),
+    FaultSpec(
+        # A node's storage mount reads slowly (a degraded RAID member, an NFS mount over the wrong
+        # interface, a throttled volume): storage_read_gbps only, seen by a wave that measures storage.
+        "slow_storage", "node", "storage", signature=False,
+        draws={"storage": Uniform(0.25, 0.35)},
+        perf={STORAGE: _param("storage")},
     ),
 )
 
@@ -395,14 +471,20 @@ def random_faults(
 ) -> list[Fault]:
     """``count`` faults on distinct targets, kinds spread evenly, parameters left to each wave's draws.
 
+    ``kinds`` defaults to every kind a default wave can observe (:attr:`FaultSpec.drawn_at_random`): not the
+    fabric kinds, which name leaves rather than a node, nor ``slow_storage``, seen only by a storage wave.
+
     Node faults take whole nodes that no other fault touches, so each truth row owns its node's
     node-level metrics. GPU faults go to distinct GPUs on the remaining nodes, one per node until every
     node has one, then a second GPU per node, and so on.
     """
-    kinds = list(FAULTS) if kinds is None else list(kinds)
+    kinds = [k for k, s in FAULTS.items() if s.drawn_at_random] if kinds is None else list(kinds)
     unknown = [k for k in kinds if k not in FAULTS]
     if unknown or not kinds:
         raise ValueError(f"unknown fault kinds {unknown}; the catalog has {sorted(FAULTS)}")
+    fabric = [k for k in kinds if FAULTS[k].scope == "fabric"]
+    if fabric:
+        raise ValueError(f"fabric faults {fabric} are placed by hand: they need the leaves they act between")
     if count < 0:
         raise ValueError("count must be >= 0")
     rng = np.random.default_rng([seed, 0x6661756C74])

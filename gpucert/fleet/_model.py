@@ -18,7 +18,15 @@ see the same statistics. It encodes REFERENCE.md:
 * the payload's adaptive repeats: a result whose ``repeats`` disagree by the payload's own rule
   (``gpucert/bench/_stability.py``, the verdict engine's rule with the policy's expected CVs) gets more,
   drawn the same way, up to ``max_repeats``, as the in-pod payload measures until its repeats agree;
-* §3 fault effects, through the catalog in ``_faults.py``.
+* §3 fault effects, through the catalog in ``_faults.py``;
+* the fabric: nodes under leaf switches and leaves in zones (:meth:`Fleet.topology`, the labels the
+  simulated cluster gives its Nodes and the pairing plan reads). A two-node all-reduce runs at the pace of
+  its slower end times what the path between the two leaves adds (a slow uplink: a fabric fault). Pairs
+  come as a ring of the wave (``pairs=True``) or as a list (``pairs=[(a, b), …]``, what a pairing plan's
+  round or one pair Job measures), each listed pair drawn from a stream keyed on the seed and its two node
+  names, so a pair measures the same in any list and both pods of its Job log the same values;
+* host readings a wave takes when asked: each node's storage read (``storage=True``, a 10 GB/s estimate)
+  and its InfiniBand ports (``nic=True``: ports found and ACTIVE, slowest and fastest rate, error counters).
 
 Everything is vectorised over GPUs with numpy (the Python loops run over metric names and the handful
 of injected faults), so 100,000 GPUs generate and run in one to two seconds, and every draw comes from a
@@ -30,6 +38,7 @@ is the fault's exact counterfactual.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from collections.abc import Mapping, Sequence
@@ -45,14 +54,31 @@ import pandas as pd
 from ..bench._stability import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS_OF, MIN_JUDGED, RepeatRule
 from ..metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
 from ..verdict._repeats import judge_repeat_matrix
-from ._faults import D2H, FAULTS, GEMM, H2D, HBM, NCCL, PAIR, SW_POWER_CAP, Fault, ResolvedFault
+from ._faults import (
+    D2H,
+    FAULTS,
+    GEMM,
+    H2D,
+    HBM,
+    NCCL,
+    NIC_LOWER_IS_WORSE,
+    NIC_TELEMETRY,
+    PAIR,
+    STORAGE,
+    SW_POWER_CAP,
+    Fault,
+    ResolvedFault,
+)
 
 __all__ = [
     "DEFAULT_NOISE",
     "GPU_PERF_METRICS",
     "GPU_TELEMETRY_METRICS",
+    "LEAF_LABEL",
     "MODELS",
+    "NIC_METRICS",
     "NODE_PERF_METRICS",
+    "ZONE_LABEL",
     "Fleet",
     "ModelSpec",
     "NoiseModel",
@@ -63,6 +89,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 I32Array = npt.NDArray[np.int32]
+U64Array = npt.NDArray[np.uint64]
 
 #: Per-GPU benchmarks, in the column order of :attr:`Fleet.unit_factors`.
 GPU_PERF_METRICS: tuple[str, ...] = (GEMM, HBM, H2D, D2H)
@@ -84,6 +111,14 @@ _METRIC_CODE = {m: i for i, m in enumerate(METRICS)}
 _METRIC_CATEGORIES = pd.Index(list(METRICS))
 _APP_XIDS = np.array([13, 31, 43])  # application errors: a healthy GPU may log them (REFERENCE §5)
 _RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: The NIC telemetry the wave writes with ``nic=True``: those of :data:`NIC_TELEMETRY` the metric registry
+#: knows (a results row may carry no other metric), in that order.
+NIC_METRICS: tuple[str, ...] = tuple(m for m in NIC_TELEMETRY if m in METRICS)
+#: Node labels of the fabric (what :meth:`Fleet.topology` names its columns and the simulator labels its
+#: Nodes with): the well-known zone label and gpucert's leaf-switch (rack) label, as the pairing plan
+#: (:func:`gpucert.network.plan_rounds`) reads them.
+ZONE_LABEL = "topology.kubernetes.io/zone"
+LEAF_LABEL = "gpucert.io/leaf"
 
 
 @dataclass(frozen=True)
@@ -98,26 +133,38 @@ class ModelSpec:
     nvlinks: int = 18
     pcie_gen_max: int = 5
     pcie_width_max: int = 16
+    #: InfiniBand ports per node and their healthy rate: 8 × 400 Gb/s NDR, one per GPU (REFERENCE §1.1).
+    ib_ports: int = 8
+    ib_rate_gbps: float = 400.0
 
+
+# Sequential read of the node's storage mount, large blocks: 10 GB/s is an estimate, to be calibrated (no
+# published figure in REFERENCE): what a local NVMe RAID-0 of a few Gen4 drives sustains, and the order of
+# a parallel file system's per-client ceiling over one 100-200 Gb/s front-end link. It is the host's, not
+# the GPU's, so both models share it.
+_STORAGE_READ_GBPS = 10.0
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         ModelSpec(
             "NVIDIA H100 80GB HBM3",
-            base={GEMM: 730.0, HBM: 2900.0, H2D: 51.0, D2H: 52.0, NCCL: 478.9, PAIR: 370.0},
+            base={GEMM: 730.0, HBM: 2900.0, H2D: 51.0, D2H: 52.0, NCCL: 478.9, PAIR: 370.0,
+                  STORAGE: _STORAGE_READ_GBPS},
         ),
         ModelSpec(
             # H200 GEMM is not published; REFERENCE gives MAMF as "same as H100", so the H100 burn.
             "NVIDIA H200",
-            base={GEMM: 730.0, HBM: 4010.0, H2D: 52.0, D2H: 52.0, NCCL: 480.0, PAIR: 370.0},
+            base={GEMM: 730.0, HBM: 4010.0, H2D: 52.0, D2H: 52.0, NCCL: 480.0, PAIR: 370.0,
+                  STORAGE: _STORAGE_READ_GBPS},
         ),
     )
 }
 
 
 def _cv_rep() -> dict[str, float]:
-    return {GEMM: 0.007, HBM: 0.004, H2D: 0.015, D2H: 0.015, NCCL: 0.01, PAIR: 0.04}
+    # Storage: the payload's expected CV for it (gpucert/bench/_stability.py), an estimate too.
+    return {GEMM: 0.007, HBM: 0.004, H2D: 0.015, D2H: 0.015, NCCL: 0.01, PAIR: 0.04, STORAGE: 0.03}
 
 
 def _cv_unit() -> dict[str, float]:
@@ -126,8 +173,9 @@ def _cv_unit() -> dict[str, float]:
 
 
 def _cv_node() -> dict[str, float]:
-    # Pair busbw takes both ends' factor: ≈1.4 % between pairs, below its 4 % run-to-run noise.
-    return {GEMM: 0.005, HBM: 0.003, H2D: 0.01, D2H: 0.01, NCCL: 0.015, PAIR: 0.01}
+    # Pair busbw takes both ends' factor: ≈1.4 % between pairs, below its 4 % run-to-run noise. Storage
+    # mounts differ more between nodes (drive lots, RAID layout, the file system's client): an estimate.
+    return {GEMM: 0.005, HBM: 0.003, H2D: 0.01, D2H: 0.01, NCCL: 0.015, PAIR: 0.01, STORAGE: 0.03}
 
 
 @dataclass(frozen=True)
@@ -163,9 +211,9 @@ class NoiseModel:
 
     def __post_init__(self) -> None:
         for name, table, allowed in (
-            ("cv_rep", self.cv_rep, _ALL_PERF),
+            ("cv_rep", self.cv_rep, (*_ALL_PERF, STORAGE)),
             ("cv_unit", self.cv_unit, GPU_PERF_METRICS),
-            ("cv_node", self.cv_node, _ALL_PERF),
+            ("cv_node", self.cv_node, (*_ALL_PERF, STORAGE)),
         ):
             bad = set(table) - set(allowed)
             if bad:
@@ -190,10 +238,11 @@ DEFAULT_NOISE = NoiseModel()
 class Wave:
     """One benchmark wave: the results contract frame and one truth row per injected fault.
 
-    ``truth`` columns: ``kind``, ``node``, ``gpu`` (Int64, <NA> for node faults), ``gpu_uuid``,
-    ``scope`` (``gpu``/``node``), ``expected_cause``, ``signature`` (it emits telemetry that names it),
-    ``cost`` (the largest fractional loss it causes on its GPU's or node's metrics from the drawn
-    parameters; 1.0 when a value goes missing) and ``params`` (the drawn values, a dict).
+    ``truth`` columns: ``kind``, ``node`` (empty for a fabric fault: a fleet-level finding), ``gpu``
+    (Int64, <NA> for node and fabric faults), ``gpu_uuid``, ``scope`` (``gpu``/``node``/``fabric``),
+    ``expected_cause``, ``signature`` (it emits telemetry that names it), ``cost`` (the largest fractional
+    loss it causes on its GPU's, node's or link's metrics from the drawn parameters; 1.0 when a value goes
+    missing) and ``params`` (the drawn values, a dict; a fabric fault's leaves as leaf numbers).
     """
 
     results: pd.DataFrame
@@ -207,6 +256,10 @@ class Fleet:
     GPU ``g`` (0-based over the fleet) is index ``g % gpus_per_node`` on node ``g // gpus_per_node``;
     the per-GPU arrays are in that order. Build one with :meth:`generate`; the other methods return a
     new fleet and leave this one as it was.
+
+    The fabric: nodes sit under leaf switches (racks) in fleet order, ``nodes_per_leaf`` to a leaf, and
+    leaves in zones, ``leaves_per_zone`` to a zone (:meth:`topology`). A pair of nodes measures at the
+    pace of its slower end, times what the path between their leaves adds (a slow uplink).
     """
 
     model: ModelSpec
@@ -224,6 +277,12 @@ class Fleet:
     slow_silicon: FloatArray
     #: Each GPU's healthy peak temperature under load (its position in the airflow).
     temp_base_c: FloatArray
+    #: (1 + ε_node) of each node's storage read: its mount's own speed.
+    storage_factors: FloatArray
+    #: Nodes per leaf switch: node ``i`` is on leaf ``i // nodes_per_leaf``.
+    nodes_per_leaf: int = 8
+    #: Leaves per zone: leaf ``k`` is in zone ``k // leaves_per_zone``.
+    leaves_per_zone: int = 4
 
     def __repr__(self) -> str:
         return f"Fleet(model={self.model.name!r}, nodes={self.n_nodes}, gpus_per_node={self.gpus_per_node})"
@@ -240,20 +299,27 @@ class Fleet:
         seed: int = 0,
         noise: NoiseModel = DEFAULT_NOISE,
         node_prefix: str = "gpu-node",
+        nodes_per_leaf: int = 8,
+        leaves_per_zone: int = 4,
     ) -> Fleet:
-        """A fleet of ``nodes`` × ``gpus_per_node`` GPUs, every identity drawn from ``seed``."""
+        """A fleet of ``nodes`` × ``gpus_per_node`` GPUs, every identity drawn from ``seed``, its nodes
+        ``nodes_per_leaf`` to a leaf switch and its leaves ``leaves_per_zone`` to a zone."""
         if model not in MODELS:
             raise ValueError(f"unknown GPU model {model!r}; known: {sorted(MODELS)}")
         if nodes < 0 or gpus_per_node < 1:
             raise ValueError("need nodes >= 0 and gpus_per_node >= 1")
+        if nodes_per_leaf < 1 or leaves_per_zone < 1:
+            raise ValueError("need nodes_per_leaf >= 1 and leaves_per_zone >= 1")
         spec = MODELS[model]
         draws = _Streams(seed, 1)
         node_factors = _draw_nodes(draws, nodes, noise)
         uuids, unit, slow, temp = _draw_gpus(draws, nodes * gpus_per_node, noise)
+        storage = _draw_storage(draws, nodes, noise)  # last: the draws before it stay what they were
         return cls(
             model=spec, noise=noise, gpus_per_node=gpus_per_node, node_prefix=node_prefix,
             node_names=_node_names(node_prefix, 0, nodes), uuids=uuids, unit_factors=unit,
-            node_factors=node_factors, slow_silicon=slow, temp_base_c=temp,
+            node_factors=node_factors, slow_silicon=slow, temp_base_c=temp, storage_factors=storage,
+            nodes_per_leaf=nodes_per_leaf, leaves_per_zone=leaves_per_zone,
         )
 
     def replace_gpus(self, fraction: float, *, seed: int) -> Fleet:
@@ -275,7 +341,8 @@ class Fleet:
         return self._with(**new)
 
     def add_nodes(self, count: int, *, seed: int) -> Fleet:
-        """``count`` new nodes, named after the existing ones, with new GPUs and identities."""
+        """``count`` new nodes, named after the existing ones, with new GPUs and identities; they fill the
+        last leaf and then new ones, as racks are filled."""
         if count < 0:
             raise ValueError("count must be >= 0")
         draws = _Streams(seed, 3)
@@ -285,6 +352,7 @@ class Fleet:
             raise ValueError(f"node names already in the fleet: {sorted(clash)[:5]}")
         node_factors = _draw_nodes(draws, count, self.noise)
         uuids, unit, slow, temp = _draw_gpus(draws, count * self.gpus_per_node, self.noise)
+        storage = _draw_storage(draws, count, self.noise)
         return self._with(
             node_names=[*self.node_names, *names],
             node_factors=np.concatenate([self.node_factors, node_factors]),
@@ -292,13 +360,15 @@ class Fleet:
             unit_factors=np.concatenate([self.unit_factors, unit]),
             slow_silicon=np.concatenate([self.slow_silicon, slow]),
             temp_base_c=np.concatenate([self.temp_base_c, temp]),
+            storage_factors=np.concatenate([self.storage_factors, storage]),
         )
 
     def _with(self, **changes: Any) -> Fleet:
         fields = {
             name: getattr(self, name)
             for name in ("model", "noise", "gpus_per_node", "node_prefix", "node_names", "uuids",
-                         "unit_factors", "node_factors", "slow_silicon", "temp_base_c")
+                         "unit_factors", "node_factors", "slow_silicon", "temp_base_c", "storage_factors",
+                         "nodes_per_leaf", "leaves_per_zone")
         }
         return Fleet(**{**fields, **changes})
 
@@ -316,6 +386,51 @@ class Fleet:
     def node_index(self) -> dict[str, int]:
         """Position of each node name in :attr:`node_names`."""
         return {name: i for i, name in enumerate(self.node_names)}
+
+    # --- the fabric -----------------------------------------------------------------------------------
+
+    @cached_property
+    def leaf_index(self) -> IntArray:
+        """The leaf number of each node, in :attr:`node_names` order."""
+        return np.arange(self.n_nodes, dtype=np.int64) // self.nodes_per_leaf
+
+    @property
+    def n_leaves(self) -> int:
+        return -(-self.n_nodes // self.nodes_per_leaf)
+
+    @property
+    def leaf_names(self) -> list[str]:
+        """The leaf label's value of each leaf number: ``leaf-00``, ``leaf-01``, …"""
+        return [_leaf_name(k) for k in range(self.n_leaves)]
+
+    def leaf_of(self, node: str) -> str:
+        """The leaf label's value of ``node`` (``KeyError`` for a node not in the fleet)."""
+        return _leaf_name(int(self.leaf_index[self.node_index[node]]))
+
+    def zone_of(self, node: str) -> str:
+        """The zone label's value of ``node``: ``zone-a``, ``zone-b``, …"""
+        return _zone_name(int(self.leaf_index[self.node_index[node]]) // self.leaves_per_zone)
+
+    def leaf_number(self, leaf: str | float) -> int:
+        """The number of a leaf given by name (``leaf-03``) or number; ``ValueError`` for no leaf of the fleet."""
+        if isinstance(leaf, str):
+            match = re.fullmatch(r"leaf-(\d+)", leaf)
+            number = int(match.group(1)) if match else -1
+        else:
+            number = int(leaf) if float(leaf).is_integer() else -1
+        if not 0 <= number < self.n_leaves:
+            raise ValueError(f"no leaf {leaf!r} in the fleet; it has {self.n_leaves}: leaf-00 … "
+                             f"{_leaf_name(max(self.n_leaves - 1, 0))}")
+        return number
+
+    def topology(self, *, leaf_label: str = LEAF_LABEL, zone_label: str = ZONE_LABEL) -> pd.DataFrame:
+        """One row per node: ``node``, then its zone and leaf under the label keys as columns, the nodes
+        table :func:`gpucert.network.plan_rounds` takes (``leaf_label=LEAF_LABEL``)."""
+        leaf = self.leaf_index
+        leaves = np.array(self.leaf_names, dtype=object)
+        zones = np.array([_zone_name(z) for z in range(-(-self.n_leaves // self.leaves_per_zone))], dtype=object)
+        return pd.DataFrame({"node": self.node_names, zone_label: zones[leaf // self.leaves_per_zone],
+                             leaf_label: leaves[leaf]})
 
     def gpu_table(self) -> pd.DataFrame:
         """One row per GPU: ``node``, ``gpu``, ``gpu_uuid`` and its baked-in ``slow_silicon`` factor.
@@ -345,7 +460,9 @@ class Fleet:
         seed: int,
         fleet_shift: Mapping[str, float] | float = 0.0,
         nodes: Sequence[str] | None = None,
-        pairs: bool = False,
+        pairs: bool | Sequence[tuple[str, str]] = False,
+        storage: bool = False,
+        nic: bool = False,
         wave_draws: bool = False,
     ) -> Wave:
         """Benchmark the fleet once (or ``nodes`` of it, in fleet order) and return results and truth.
@@ -354,7 +471,14 @@ class Fleet:
         ``fleet_shift`` is a fleet-wide relative shift on performance metrics (``-0.02``: a new driver
         makes everything 2 % slower), one number for all or a dict per metric. ``pairs=True`` adds a
         two-node all-reduce for a ring of the wave's nodes (each with the next; the last with the
-        first). Faults on nodes outside the wave are not observed and leave no truth row.
+        first). ``pairs=[(node_a, node_b), …]`` measures those pairs instead (both nodes in the wave, each
+        unordered pair once; rows name ``node_a`` with ``peer`` ``node_b``): each pair's noise comes from a
+        stream keyed on the seed and its two node names, sorted, so a pair measures the same whichever way
+        round and wherever it stands in the list, and both pods of a pair Job can log the same values. A
+        pair runs at the pace of its slower end, times the fabric between the two leaves (a slow uplink).
+        ``storage=True`` adds each node's ``storage_read_gbps``; ``nic=True`` each node's InfiniBand port
+        telemetry (:data:`NIC_METRICS`). Faults on nodes outside the wave are not observed and leave no
+        truth row; a fabric fault is observed when the wave has nodes under both of its leaves.
         A result whose ``repeats`` disagree gets more, up to ``max_repeats`` (the payload's
         ``--max-repeats``; ``max_repeats=repeats`` turns that off), each drawn like the first ones.
         ``repeats_of`` gives metrics measured more often than ``repeats`` (the payload's ``--repeats-of``).
@@ -375,14 +499,23 @@ class Fleet:
         day = 1.0 - self.noise.diurnal_amplitude * (1.0 - np.cos(2 * np.pi * hour / 24)) / 2
         wave_nodes = self._wave_nodes(nodes)
 
+        explicit = self._explicit_pairs(pairs, wave_nodes)
+
         eff = _Effects(self)
         truth = [eff.inject(f, seed) for f in self._checked(faults, wave_nodes)]
         rows = _Rows()
         drift = shift * day
-        parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs else [])
+        parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs is True else [])
         for part in parts:
             part(rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift,
                  wave_draws=wave_draws)
+        if explicit is not None:
+            self._listed_pair_rows(rows, eff, explicit, rule=rule, width=width, seed=seed, drift=drift)
+        if storage:
+            self._storage_rows(rows, eff, wave_nodes=wave_nodes, rule=rule, seed=seed,
+                               shift=1.0 + self._storage_shift(fleet_shift), wave_draws=wave_draws)
+        if nic:
+            self._nic_rows(rows, eff, wave_nodes)
         results = rows.frame(self, run_id, ts)
         return Wave(results=results, truth=_truth_frame(truth))
 
@@ -393,6 +526,40 @@ class Fleet:
                 raise ValueError(f"fleet_shift: not performance metrics: {sorted(bad)}")
             return np.array([float(fleet_shift.get(m, 0.0)) for m in _ALL_PERF])
         return np.full(len(_ALL_PERF), float(fleet_shift))
+
+    @staticmethod
+    def _storage_shift(fleet_shift: Mapping[str, float] | float) -> float:
+        if isinstance(fleet_shift, Mapping):
+            return float(fleet_shift.get(STORAGE, 0.0))
+        return float(fleet_shift)
+
+    def _explicit_pairs(
+        self, pairs: bool | Sequence[tuple[str, str]], wave_nodes: IntArray
+    ) -> tuple[IntArray, IntArray] | None:
+        """The listed pairs as fleet node numbers (None for ``pairs`` True or False), each checked."""
+        if isinstance(pairs, bool):
+            return None
+        if isinstance(pairs, str):
+            raise TypeError("pairs is True, False or a sequence of (node, node) pairs, not a node name")
+        in_wave, seen = set(wave_nodes.tolist()), set()
+        a, b = [], []
+        for i, pair in enumerate(pairs):
+            if isinstance(pair, str) or len(pair) != 2:
+                raise TypeError(f"pairs[{i}] is not a (node, node) pair: {pair!r}")
+            x, y = (self.node_index.get(str(n), -1) for n in pair)
+            if x < 0 or y < 0:
+                raise ValueError(f"pairs[{i}] {tuple(pair)}: node not in the fleet")
+            if x not in in_wave or y not in in_wave:
+                raise ValueError(f"pairs[{i}] {tuple(pair)}: both nodes must be in the wave's nodes")
+            if x == y:
+                raise ValueError(f"pairs[{i}] {tuple(pair)}: a pair is two nodes")
+            key = (min(x, y), max(x, y))
+            if key in seen:
+                raise ValueError(f"pairs[{i}] {tuple(pair)}: the pair is listed twice")
+            seen.add(key)
+            a.append(x)
+            b.append(y)
+        return np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
 
     def _wave_nodes(self, nodes: Sequence[str] | None) -> IntArray:
         if nodes is None:
@@ -405,12 +572,17 @@ class Fleet:
         return np.unique(np.array([self.node_index[n] for n in nodes], dtype=np.int64))
 
     def _checked(self, faults: Sequence[Fault], wave_nodes: IntArray) -> list[tuple[Fault, int]]:
+        """The faults the wave observes, each with its node number (-1 for a fabric fault)."""
         in_wave = set(wave_nodes.tolist())
         checked = []
         for f in faults:
             spec = FAULTS.get(f.kind)
             if spec is None:
                 raise ValueError(f"unknown fault kind {f.kind!r}; the catalog has {sorted(FAULTS)}")
+            if spec.scope == "fabric":
+                if self._fabric_observed(f, wave_nodes):
+                    checked.append((f, -1))
+                continue
             if f.node not in self.node_index:
                 raise ValueError(f"fault {f.kind!r} on {f.node!r}: no such node in the fleet")
             if spec.scope == "gpu" and (f.gpu is None or not 0 <= f.gpu < self.gpus_per_node):
@@ -421,6 +593,21 @@ class Fleet:
             if n in in_wave:
                 checked.append((f, n))
         return checked
+
+    def _fabric_observed(self, f: Fault, wave_nodes: IntArray) -> bool:
+        """Checks a fabric fault (no node or GPU; two distinct leaves of the fleet); whether the wave has
+        nodes under both its leaves."""
+        if f.node or f.gpu is not None:
+            raise ValueError(f"fault {f.kind!r} is in the fabric: leave node and gpu empty")
+        spec = FAULTS[f.kind]
+        missing = [name for name in spec.needs if name not in f.params]
+        if missing:
+            raise ValueError(f"fault {f.kind!r} needs the parameter(s) {missing}")
+        leaf_a, leaf_b = (self.leaf_number(f.params[name]) for name in ("leaf_a", "leaf_b"))
+        if leaf_a == leaf_b:
+            raise ValueError(f"fault {f.kind!r}: an uplink joins two leaves, not leaf {leaf_a} to itself")
+        present = set(self.leaf_index[wave_nodes].tolist())
+        return leaf_a in present and leaf_b in present
 
     def _gpu_rows(
         self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
@@ -534,8 +721,8 @@ class Fleet:
         self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
         drift: FloatArray, wave_draws: bool = False,  # pairs are drawn per pair of the wave either way
     ) -> None:
-        """A two-node all-reduce per ring neighbour; a pair runs at the pace of its slower end."""
-        noise, j, repeats = self.noise, len(GPU_PERF_METRICS) + 1, rule.repeats
+        """A two-node all-reduce per ring neighbour, drawn by the pair's place in the ring."""
+        noise, repeats = self.noise, rule.repeats
         w = wave_nodes
         if len(w) < 2:
             return
@@ -545,9 +732,38 @@ class Fleet:
         rep = 1.0 + draws().standard_normal((len(a), repeats)) * cv
         rep *= _transients(draws(), rep.shape, noise)
         rep = _more_repeats(draws, rep, width, cv, noise)
+        self._add_pairs(rows, eff, a, b, rep, rule=rule, width=width, drift=drift)
+
+    def _listed_pair_rows(
+        self, rows: _Rows, eff: _Effects, pairs: tuple[IntArray, IntArray], *, rule: RepeatRule, width: int,
+        seed: int, drift: FloatArray,
+    ) -> None:
+        """A two-node all-reduce per listed pair, each drawn from its own stream (see :meth:`run`)."""
+        a, b = pairs
+        if not len(a):
+            return
+        noise = self.noise
+        names = np.array(self.node_names, dtype=object)
+        keys = _pair_keys(names[a], names[b], seed)
+        cv = noise.cv_rep.get(PAIR, 0.0) * noise.rep_scale
+        rep = 1.0 + _keyed_normal(keys, width, slot=0) * cv
+        u = _keyed_uniform(keys, width, slot=1), _keyed_uniform(keys, width, slot=2)
+        lo, hi = noise.transient_range
+        rep *= np.where(u[0] < noise.transient_rate, lo + (hi - lo) * u[1], 1.0)
+        self._add_pairs(rows, eff, a, b, rep, rule=rule, width=width, drift=drift)
+
+    def _add_pairs(
+        self, rows: _Rows, eff: _Effects, a: IntArray, b: IntArray, rep: FloatArray, *, rule: RepeatRule,
+        width: int, drift: FloatArray,
+    ) -> None:
+        """Pairs ``a[i]``–``b[i]`` with their repeat factors ``rep`` (pairs × width): a pair runs at the pace
+        of its slower end, times the fabric between its leaves."""
+        j = len(GPU_PERF_METRICS) + 1
         end = eff.pair_gpu_min * eff.pair_node
-        level = (self.model.base[PAIR] * drift[j] * self.node_factors[a, j] * self.node_factors[b, j]
-                 * np.minimum(end[a], end[b]))
+        # Each factor symmetric in a and b (one product of the two ends' factors), so a pair gives the same
+        # bits whichever way round it is named: the two pods of a pair log identical values.
+        ends = self.node_factors[a, j] * self.node_factors[b, j]
+        level = self.model.base[PAIR] * drift[j] * ends * np.minimum(end[a], end[b]) * eff.fabric(a, b)
         values = level[:, None] * rep
         # A node whose NCCL job dies (lost GPU, uncontained ECC, hung GSP) fails its pairs as well. DESIGN.md
         # puts `error` rows at GPU or node level only, and the node's own NCCL error is already written: the
@@ -558,6 +774,41 @@ class Fleet:
         pi, ri = np.nonzero(np.arange(width) < counts[:, None])
         rows.add(node=a[pi], peer=b[pi], metric=_METRIC_CODE[PAIR], value=values[pi, ri], repeat=ri)
 
+    def _storage_rows(
+        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, seed: int, shift: float,
+        wave_draws: bool,
+    ) -> None:
+        """Each node's sequential storage read (``rule``'s repeats, more where they disagree). A host
+        benchmark: the fleet shift applies, the GPUs' diurnal swing does not."""
+        noise, w = self.noise, wave_nodes
+        width = max(rule.base(STORAGE), rule.ceiling(STORAGE))
+        draws = _Streams(seed, 3)
+        cv = noise.cv_rep.get(STORAGE, 0.0) * noise.rep_scale
+        rep = 1.0 + draws().standard_normal((len(w) if wave_draws else self.n_nodes, rule.repeats)) * cv
+        rep *= _transients(draws(), rep.shape, noise)
+        rep = _more_repeats(draws, rep, width, cv, noise)
+        rep = rep if wave_draws else rep[w]
+        level = self.model.base[STORAGE] * shift * self.storage_factors[w] * eff.storage[w]
+        values = level[:, None] * rep
+        counts = _repeat_counts(values[:, None, :], np.ones((len(w), 1), dtype=bool), rule, (STORAGE,))[:, 0]
+        ni, ri = np.nonzero(np.arange(width) < counts[:, None])
+        rows.add(node=w[ni], metric=_METRIC_CODE[STORAGE], value=values[ni, ri], repeat=ri)
+
+    def _nic_rows(self, rows: _Rows, eff: _Effects, wave_nodes: IntArray) -> None:
+        """Each node's InfiniBand port telemetry (:data:`NIC_METRICS`): healthy, every port ACTIVE at the
+        model's rate and no counter moving, then the faults' readings by the worse of the two."""
+        if not NIC_METRICS:
+            return
+        m, w = self.model, wave_nodes
+        healthy = {"ib_ports": m.ib_ports, "ib_ports_active": m.ib_ports, "ib_rate_min_gbps": m.ib_rate_gbps,
+                   "ib_rate_max_gbps": m.ib_rate_gbps}
+        table = np.empty((len(w), len(NIC_METRICS)))
+        for k, name in enumerate(NIC_METRICS):
+            worse = np.minimum if name in NIC_LOWER_IS_WORSE else np.maximum
+            table[:, k] = worse(float(healthy.get(name, 0.0)), eff.nic[name][w])
+        codes = np.array([_METRIC_CODE[name] for name in NIC_METRICS])
+        rows.add(node=np.repeat(w, len(codes)), metric=np.tile(codes, len(w)), value=table.ravel())
+
 
 # --- identities ------------------------------------------------------------------------------------
 
@@ -565,6 +816,20 @@ class Fleet:
 def _node_names(prefix: str, start: int, count: int) -> list[str]:
     width = max(5, len(str(start + count - 1)))
     return [f"{prefix}-{i:0{width}d}" for i in range(start, start + count)]
+
+
+def _leaf_name(number: int) -> str:
+    return f"leaf-{number:02d}"
+
+
+def _zone_name(number: int) -> str:
+    """``zone-a`` … ``zone-z``, then ``zone-aa``, ``zone-ab``, … (bijective base 26)."""
+    letters = ""
+    number += 1
+    while number:
+        number, rest = divmod(number - 1, 26)
+        letters = chr(ord("a") + rest) + letters
+    return f"zone-{letters}"
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -613,6 +878,58 @@ def _draw_gpus(
     slow = np.where(u[:, 0] < noise.slow_silicon_rate, lo + (hi - lo) * u[:, 1], 1.0)
     temp = draws().uniform(*noise.temp_range_c, n)
     return uuids, unit, slow, temp
+
+
+def _draw_storage(draws: _Streams, n: int, noise: NoiseModel) -> FloatArray:
+    return 1.0 + draws().standard_normal(n) * noise.cv_node.get(STORAGE, 0.0)
+
+
+# --- streams keyed on a pair -------------------------------------------------------------------------
+#
+# A listed pair's noise must not depend on where the pair stands in the list or on which other pairs are
+# measured with it: each of the two pods of a pair Job runs a wave of that pair alone, and both must log
+# the same values. So the draws are a counter-based generator (SplitMix64) of (seed, the two node names
+# sorted, repeat, slot): vectorised over the pairs, no generator object per pair.
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix(x: U64Array) -> U64Array:
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return np.asarray(z ^ (z >> np.uint64(31)), dtype=np.uint64)
+
+
+def _name_hash(names: npt.NDArray[np.object_]) -> U64Array:
+    """A 64-bit hash of each name that does not depend on the process (unlike ``hash``)."""
+    unique, inverse = np.unique(names.astype(str), return_inverse=True)
+    digests = [hashlib.blake2b(n.encode(), digest_size=8).digest() for n in unique.tolist()]
+    return np.array([int.from_bytes(d, "big") for d in digests], dtype=np.uint64)[inverse]
+
+
+def _pair_keys(a: npt.NDArray[np.object_], b: npt.NDArray[np.object_], seed: int) -> U64Array:
+    """One key per pair from the seed and the pair's two node names in sorted order."""
+    lo, hi = np.where(a.astype(str) <= b.astype(str), a, b), np.where(a.astype(str) <= b.astype(str), b, a)
+    start = np.full(len(a), seed & 0xFFFF_FFFF_FFFF_FFFF, dtype=np.uint64)
+    return _splitmix(_splitmix(start ^ _name_hash(lo)) ^ _name_hash(hi))
+
+
+def _keyed_uniform(keys: U64Array, width: int, *, slot: int) -> FloatArray:
+    """(pairs × width) uniform draws in (0, 1): column ``r`` of slot ``slot`` depends on the key, ``r`` and
+    ``slot`` only, so a wider wave adds columns without changing the first ones."""
+    with np.errstate(over="ignore"):
+        counter = (np.arange(width, dtype=np.uint64) * np.uint64(8) + np.uint64(slot + 1)) * _GOLDEN
+        bits = _splitmix(_splitmix(keys[:, None] ^ counter[None, :]))
+    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def _keyed_normal(keys: U64Array, width: int, *, slot: int) -> FloatArray:
+    """Standard normal draws by Box-Muller from the uniforms of slots ``4·slot + 4`` and ``+ 5``."""
+    u1 = _keyed_uniform(keys, width, slot=4 * slot + 4)
+    u2 = _keyed_uniform(keys, width, slot=4 * slot + 5)
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
 def _transients(rng: np.random.Generator, shape: tuple[int, ...], noise: NoiseModel) -> FloatArray:
@@ -689,12 +1006,29 @@ class _Effects:
         self.pair_gpu_min = np.ones(n_nodes)
         self.pair_node = np.ones(n_nodes)
         self.crash_pair = np.zeros(n_nodes, dtype=bool)
+        self.storage = np.ones(n_nodes)
+        # NIC readings start at the neutral end of their combine rule, as the GPUs' telemetry does.
+        self.nic = {m: np.full(n_nodes, np.inf if m in NIC_LOWER_IS_WORSE else 0.0) for m in NIC_TELEMETRY}
+        #: (leaf, leaf, factor) of each slow link between two leaves
+        self.uplinks: list[tuple[int, int, float]] = []
         self.xid_gpu: list[int] = []
         self.xid_code: list[int] = []
+
+    def fabric(self, a: IntArray, b: IntArray) -> FloatArray:
+        """What the path between the leaves of ``a[i]`` and ``b[i]`` does to a pair's bandwidth."""
+        factor = np.ones(len(a))
+        if not self.uplinks:
+            return factor
+        la, lb = self.fleet.leaf_index[a], self.fleet.leaf_index[b]
+        for x, y, f in self.uplinks:
+            factor[((la == x) & (lb == y)) | ((la == y) & (lb == x))] *= f
+        return factor
 
     def inject(self, checked: tuple[Fault, int], seed: int) -> dict[str, Any]:
         fault, node = checked
         spec, per_node = FAULTS[fault.kind], self.fleet.gpus_per_node
+        if spec.scope == "fabric":
+            return self._inject_fabric(fault, seed)
         # Each fault draws from its own stream, keyed by what it is and where, so adding or removing
         # another fault never changes this one's parameters.
         gpu_key = -1 if fault.gpu is None else fault.gpu
@@ -711,9 +1045,23 @@ class _Effects:
             "cost": r.cost, "params": r.params,
         }
 
+    def _inject_fabric(self, fault: Fault, seed: int) -> dict[str, Any]:
+        """A slow link between two leaves: every pair with one node under each is slower, no node is."""
+        spec = FAULTS[fault.kind]
+        x, y = sorted(self.fleet.leaf_number(fault.params[name]) for name in ("leaf_a", "leaf_b"))
+        rng = np.random.default_rng([seed, 5, zlib.crc32(fault.kind.encode()), x, y])
+        r = spec.resolve(fault, rng, self.fleet.model)
+        self.uplinks.append((x, y, r.perf.get(PAIR, 1.0)))
+        return {
+            "kind": fault.kind, "node": None, "gpu": None, "gpu_uuid": None, "scope": spec.scope,
+            "expected_cause": spec.cause, "signature": spec.signature, "cost": r.cost, "params": r.params,
+        }
+
     def _apply(self, r: ResolvedFault, node: int, gpus: slice, on_gpu: bool) -> None:
         for m, f in r.perf.items():
-            if m in GPU_PERF_METRICS:
+            if m == STORAGE:
+                self.storage[node] *= f
+            elif m in GPU_PERF_METRICS:
                 self.gpu_factor[gpus, GPU_PERF_METRICS.index(m)] *= f
             elif m == NCCL and on_gpu:
                 self.nccl_gpu_min[node] = min(self.nccl_gpu_min[node], f)
@@ -724,6 +1072,10 @@ class _Effects:
             else:
                 self.pair_node[node] *= f
         for m, v in r.telemetry.items():
+            if m in self.nic:
+                worse = np.minimum if m in NIC_LOWER_IS_WORSE else np.maximum
+                self.nic[m][node] = worse(self.nic[m][node], v)
+                continue
             j = _TELE[m]
             worse = np.minimum if m in _LOWER_IS_WORSE else np.maximum
             self.telemetry[gpus, j] = worse(self.telemetry[gpus, j], v)

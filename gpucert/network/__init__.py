@@ -4,7 +4,9 @@
   every node meets partners in its own leaf and in another; a :class:`PairingPlan`;
 * :mod:`._judge` — :func:`judge_pairs`: the ``nccl_pair_busbw_gbps`` results of a plan localised to a
   node's network path, the link between two leaves, a leaf, or a single pair to re-pair
-  (:class:`PairJudgement`); :func:`repairs` plans that re-pairing with known-good partners.
+  (:class:`PairJudgement`); :func:`repairs` plans that re-pairing with known-good partners;
+* :mod:`._verdicts` — :func:`link_verdicts`: a judgement as verdict rows (a node failed only by a finding
+  resting on two partners); :func:`pair_references`: each pair's reference from the nodes' link baselines.
 
 Pure pandas/numpy, vectorised over pairs; nothing here imports Prefect or the Kubernetes client.
 """
@@ -28,8 +30,11 @@ from ._plan import (
     UNLABELLED,
     ZONE_LABEL,
     PairingPlan,
+    measured_plan,
     plan_rounds,
+    stored_plan,
 )
+from ._verdicts import link_verdicts, pair_references
 
 __all__ = [
     "FINDING_COLUMNS",
@@ -47,6 +52,10 @@ __all__ = [
     "PairThresholds",
     "PairingPlan",
     "judge_pairs",
+    "link_verdicts",
+    "measured_plan",
+    "pair_references",
     "plan_rounds",
     "repairs",
+    "stored_plan",
 ]

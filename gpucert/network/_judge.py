@@ -955,7 +955,7 @@ def _findings(
                 component="nic",
                 # At warn level (its pairs low, but fewer than two at the fail drop) it is re-tested first
                 # (REFERENCE §4.6); two failing pairs are the confirmation a fail needs.
-                action="check_network" if fails >= 2 else "retest",
+                action="check_cable" if fails >= 2 else "retest",
                 ticket="remediation" if fails >= 2 else "none",
                 reasons=(
                     f"{names[u]} is low with {len(mine)} of its {len(idx)} partners — {evidence}. Reference: "
@@ -983,7 +983,7 @@ def _findings(
                 verdict="fail" if failing else "warn",
                 location=f"{group_names[lo]} ↔ {group_names[hi]}",
                 component="uplink",
-                action="check_network",
+                action="check_switch_port",
                 ticket="remediation" if failing else "none",
                 reasons=(
                     f"the link between leaves {group_names[lo]} and {group_names[hi]}: {len(low_here)} of the "
@@ -1006,7 +1006,7 @@ def _findings(
                 verdict="fail",
                 location=str(group_names[leaf]),
                 component="leaf",
-                action="check_network",
+                action="check_switch_port",
                 ticket="remediation",
                 reasons=(
                     f"leaf {group_names[leaf]}: {len(low_nodes)} of its {int((ends_meas[members] > 0).sum())} "

@@ -52,7 +52,9 @@ __all__ = [
     "UNLABELLED",
     "ZONE_LABEL",
     "PairingPlan",
+    "measured_plan",
     "plan_rounds",
+    "stored_plan",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -124,6 +126,11 @@ class PairingPlan:
         per.index.name = "node"
         return per
 
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The plan's nodes (a ``node`` column) and pairs as plain tables, to store with a run
+        (:func:`stored_plan` reads them back)."""
+        return self.nodes.reset_index(names="node"), self.pairs.reset_index(drop=True)
+
     def extended(self, more: PairingPlan) -> PairingPlan:
         """This plan followed by ``more``'s rounds (a makeup or re-pair plan made for it). Raises
         ``InputError`` when ``more`` names nodes this plan lacks, repeats a round number or a pair."""
@@ -149,6 +156,40 @@ class PairingPlan:
             leaf_label=self.leaf_label,
             zone_label=self.zone_label,
         )
+
+
+def stored_plan(nodes: pd.DataFrame, pairs: pd.DataFrame, *, leaf_label: str, zone_label: str = ZONE_LABEL,
+                partners: int = 2, seed: int = 0) -> PairingPlan:  # fmt: skip
+    """The plan whose ``nodes`` (a ``node`` column and the plan's node columns) and ``pairs`` were stored with a
+    run (:meth:`PairingPlan.frames`). Raises ``InputError`` naming a missing column."""
+    for what, frame, columns in (("nodes", nodes, ("node", "zone", "leaf", "group", "unlabelled")),
+                                 ("pairs", pairs, PAIR_COLUMNS)):  # fmt: skip
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise InputError(f"the stored pairing plan's {what} lack column(s) {', '.join(missing)}")
+    return PairingPlan(
+        nodes=nodes.set_index("node")[["zone", "leaf", "group", "unlabelled"]].sort_index(),
+        pairs=pairs[list(PAIR_COLUMNS)].reset_index(drop=True),
+        idle=pd.DataFrame({"round": pd.Series(dtype=np.int64), "node": pd.Series(dtype=object)}),
+        notes=(),
+        partners=partners,
+        seed=seed,
+        leaf_label=leaf_label,
+        zone_label=zone_label,
+    )
+
+
+def measured_plan(pairs: pd.DataFrame) -> PairingPlan:
+    """A plan of the pairs ``pairs`` (rows with ``node`` and ``peer``; both orientations are one pair) as if
+    measured in one round by unlabelled nodes: what a results file without its run's plan allows (a node's
+    own path can be named, no link or leaf can)."""
+    a, b = pairs["node"].astype(str).to_numpy(), pairs["peer"].astype(str).to_numpy()
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    unique = pd.DataFrame({"node": low, "peer": high}).drop_duplicates().sort_values(["node", "peer"])
+    names = np.unique(np.r_[unique["node"].to_numpy(), unique["peer"].to_numpy()])
+    nodes = pd.DataFrame({"node": names, "zone": "", "leaf": "", "group": UNLABELLED, "unlabelled": True})
+    table = unique.assign(round=0, stage="plan", kind=INTRA_LEAF, node_group=UNLABELLED, peer_group=UNLABELLED)
+    return stored_plan(nodes, table, leaf_label="")
 
 
 def plan_rounds(

@@ -11,13 +11,17 @@ The renderings, all pure functions (no Prefect here; the certify flow turns them
   pictures: each GPU's performance relative to its reference per metric, stragglers marked, and a
   node × GPU heat map. It is stored with the run (``runs/…/report.html``) and opened offline;
 * :func:`drift_view` / :func:`render_drift_html` — each drifting GPU's own history (its baseline, every
-  night's value, where the alarm rose and cleared) as a section of that page or a page of its own.
+  night's value, where the alarm rose and cleared) as a section of that page or a page of its own;
+* :func:`link_view` — the page's "Links" section when the run measured node pairs: the pairing plan's
+  facts, a partner × node matrix of each pair's bandwidth against its reference, and a table per leaf
+  (``render_html(..., links=plan)`` draws it).
 """
 
 from __future__ import annotations
 
 from ._drift import DriftChart, DriftView, drift_view, render_drift_html
 from ._html import render_html
+from ._links import LinkView, link_view
 from ._rows import DECISION_KEYS, ROW_KEYS, decision_table, is_summary_row, verdict_rows
 from ._summary import md_escape, summary_markdown
 
@@ -26,9 +30,11 @@ __all__ = [
     "ROW_KEYS",
     "DriftChart",
     "DriftView",
+    "LinkView",
     "decision_table",
     "drift_view",
     "is_summary_row",
+    "link_view",
     "md_escape",
     "render_drift_html",
     "render_html",

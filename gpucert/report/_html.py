@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from .._templates import html_environment
+from ..network import PAIR_METRIC, PairingPlan
 from ._charts import (
     REFERENCE_TEXT,
     VERDICT_COLOURS,
@@ -19,6 +20,7 @@ from ._charts import (
 )
 from ._common import NON_PASS, entity_kinds, for_run, require_columns
 from ._drift import DriftView
+from ._links import LinkView, link_view
 from ._rows import is_summary_row, verdict_rows
 
 __all__ = ["TEMPLATE", "render_html"]
@@ -60,6 +62,8 @@ def render_html(
     max_heatmap_nodes: int = 120,
     max_table_rows: int = 500,
     drift: DriftView | None = None,
+    links: PairingPlan | None = None,
+    max_link_nodes: int = 120,
 ) -> str:
     """The run's HTML report as one self-contained page, rendered from ``templates/report.html.j2``.
 
@@ -70,7 +74,12 @@ def render_html(
     says which), a strip chart per metric of each GPU's median relative to its reference with the
     stragglers marked and labelled, and the table of verdicts other than pass (at most
     ``max_table_rows``). ``drift`` (:func:`~gpucert.report.drift_view`), when given, adds each drifting
-    GPU's own history. Every value from the data is escaped by the template's autoescape.
+    GPU's own history. ``links``, the plan the run measured its node pairs by
+    (``gpucert.certify.stored_plan_of``), adds a "Links" section when the run has pair results: the plan's
+    facts, a partner × node matrix of each pair's bandwidth relative to its reference (every node up to
+    ``max_link_nodes``, else the nodes flagged and their partners; the page says which) and a table per
+    leaf (:func:`~gpucert.report.link_view`). Without it, or without pairs, the page has no such
+    section. Every value from the data is escaped by the template's autoescape.
 
     Returns the page as a string. Raises ``ValueError`` when a table lacks a column the report reads
     and ``jinja2.TemplateError`` when the template is broken.
@@ -90,6 +99,9 @@ def render_html(
     fleet = [r for r in listed if r["node"] is None]
     table = [r for r in listed if r["node"] is not None]
     totals, per_kind = _counts(verdicts, kinds)
+    pairs: LinkView | None = (
+        link_view(results, verdicts, links, max_nodes=max_link_nodes) if links is not None else None
+    )
 
     models = sorted({str(m) for m in rel["gpu_model"].dropna().unique()})
     measured = None
@@ -106,6 +118,8 @@ def render_html(
         totals=totals,
         per_kind=per_kind,
         fleet=fleet,
+        fleet_shift=[r for r in fleet if r["metric"] != PAIR_METRIC],
+        fleet_network=[r for r in fleet if r["metric"] == PAIR_METRIC],
         heat=heat,
         charts=charts,
         table=table,
@@ -114,4 +128,5 @@ def render_html(
         reference_text=REFERENCE_TEXT,
         with_baseline=baseline is not None and len(baseline) > 0,
         drift=drift if drift is not None and not drift.empty else None,
+        links=pairs,
     )

@@ -12,7 +12,12 @@ plugin's effect, so Jobs run and benchmark pods log what gpucert's payload would
         sim.set_faults(ApiFaults(throttle_rate=0.2))
         sim.inject_fault(Fault("pcie_gen4", "gpu-node-00003", gpu=2))
         sim.inject({"nodes": [{"event": "not_ready", "node": "gpu-node-00004"}]})
+        sim.inject({"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-00", "leaf_b": "leaf-01"}}]})
         requests.get(f"{sim.url}/dcgm/gpu-node-00003/metrics")   # DCGM exporter text, fault included
+
+Nodes carry their zone and leaf (``topology.kubernetes.io/zone``, ``gpucert.io/leaf``; ``nodes_per_leaf``),
+Indexed Jobs run as kube-controller-manager runs them, and the pods of certify's pair Job log both sides of
+one two-node all-reduce, the fabric's faults included (``_benchlogs.py``).
 
 Pods annotated ``sim.gpucert.io/training: "true"`` run a simulated training job (``_training.py``): step
 times in their logs, busy GPUs with pod labels in the exporters, faults from the ``training:`` section of a

@@ -41,6 +41,27 @@ the matrix gives only a major version). A node with no driver loaded gets what t
 there: a stack record without driver, CUDA driver or VBIOS, no device, and ``error`` rows for the
 telemetry and for every benchmark (node level, ``gpu_model`` ``unknown``), beside ``gpu_count_expected``.
 
+Besides the benchmarks, every benchmark pod's rows carry the node's InfiniBand port telemetry (``ib_*``,
+the fleet model's ``nic=True``: 8 ports ACTIVE at 400 Gb/s and no counter moving on a healthy node; a NIC
+fault shows there) unless ``--skip nic``, and, when its arguments give ``--storage-path`` (a mounted volume
+to read), ``storage_read_gbps`` rows (``storage=True``) unless ``--skip storage``.
+
+Pair pods
+---------
+A pod of gpucert's pair benchmark (its container's arguments start with ``pair``: the Indexed Job of
+``gpucert.certify.pair_job``) logs what one side of the payload's two-node all-reduce prints
+(:mod:`gpucert.bench._paircli`): its stack record, ``pair run … on <node>``, the rendezvous, then
+``nccl_pair_busbw_gbps`` rows with ``node`` its own node and ``peer`` the other of ``--nodes``. Its rank
+is its completion index (``$JOB_COMPLETION_INDEX``), its repeats the pair payload's own arguments. The
+values are the fleet model's for that pair (``pairs=[(a, b)]``, the faults of both nodes and of the fabric
+between their leaves in force) under a seed of the cluster and the run, and the model keys the pair's
+noise on its two sorted node names: both pods of the pair log the same values and repeats, as the
+payload's two sides report the one collective they ran together. The pair's measurement is made once,
+when the first of its two pods ends, and kept for the second. A pair that cannot be measured logs a
+node-level ``error`` row instead: its peer's node is not Ready, gone or has no driver (the rendezvous
+never completes), its own node has no driver, or a rank died (the fleet model's NCCL crash on either
+node: a lost GPU, an uncontained ECC error, a hung GSP).
+
 A benchmark pod on a node the fleet does not know (created through the API, without simulated GPUs)
 logs that no GPU was found and no rows. Any other pod logs a line when it starts and one when it ends.
 """
@@ -52,7 +73,9 @@ import json
 import math
 import platform
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,13 +85,14 @@ from .. import __version__
 from .._names import dns_label_ok
 from ..bench._cli import ArgumentsError, check_args
 from ..bench._stability import RepeatRule
-from ..fleet import Fleet
+from ..fleet import Fault, Fleet
 from ..metrics import RESULT_COLUMNS
 from ..stack import load_matrix, node_info
 from ._gpufaults import GpuFaults
+from ._jobs import pod_index
 from ._objects import deleting, phase
 
-__all__ = ["MANAGED_BY", "PodLogs", "node_driver", "payload_repeats", "rows_jsonl"]
+__all__ = ["MANAGED_BY", "PairPod", "PodLogs", "node_driver", "pair_pod", "payload_repeats", "rows_jsonl"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpucert")
 _STACK_PREFIX = "gpucert-stack: "
@@ -84,6 +108,9 @@ _NO_NVML = "NVML cannot start: NVMLError_DriverNotLoaded: Driver Not Loaded"
 _NO_CUDA = (f"CUDA is not available to torch {_IMAGE_STACK['torch']} (built for CUDA {_IMAGE_STACK['cuda']}); "
             "no GPU can be benchmarked")
 _BENCHMARKS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "nccl_allreduce_busbw_gbps")
+_PAIR_METRIC = "nccl_pair_busbw_gbps"
+#: Pair measurements kept for the second pod of their pair (a few thousand pairs at once at most).
+_PAIRS_KEPT = 8192
 
 
 def _ts(value: pd.Timestamp | datetime) -> str:
@@ -174,15 +201,69 @@ def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _args(pod: Mapping[str, Any]) -> list[str]:
+    containers = (pod.get("spec") or {}).get("containers") or ()
+    return [str(a) for a in ((containers[0] if containers else {}).get("args") or ())]
+
+
 def payload_repeats(pod: Mapping[str, Any]) -> RepeatRule:
     """The repeat rule of a benchmark pod's payload (``--repeats``, ``--max-repeats``, ``--repeats-of``…);
     the payload's defaults when its arguments do not parse."""
-    containers = (pod.get("spec") or {}).get("containers") or ()
-    args = [str(a) for a in ((containers[0] if containers else {}).get("args") or ())]
     try:
-        return check_args(args).rule
+        return check_args(_args(pod)).rule
     except ArgumentsError:
         return RepeatRule()
+
+
+def _payload_steps(pod: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(NIC telemetry, storage read) of a benchmark pod's payload: the NIC is read unless ``--skip nic``;
+    storage is measured when its arguments give ``--storage-path``, unless ``--skip storage``."""
+    args = _args(pod)
+    storage = any(a == "--storage-path" or a.startswith("--storage-path=") for a in args)
+    try:
+        skip = check_args(args).skip
+    except ArgumentsError:
+        skip = frozenset()
+    return "nic" not in skip, storage and "storage" not in skip
+
+
+@dataclass(frozen=True)
+class PairPod:
+    """One side of a pair benchmark, as its payload's arguments say (see the module docstring)."""
+
+    node: str
+    #: the other node of ``--nodes``; None when the pod's node is not one of them
+    peer: str | None
+    rank: int | None
+    master: str
+    rule: RepeatRule
+    #: why the payload would refuse its arguments (None: they parse)
+    refused: str | None = None
+
+
+def pair_pod(pod: Mapping[str, Any], node: str) -> PairPod | None:
+    """The pair side ``pod`` runs on ``node`` when it is a pair benchmark pod (its arguments start with
+    ``pair``), else None. ``$(NODE_NAME)`` is the node, the rank its completion index."""
+    args = _args(pod)
+    if args[:1] != ["pair"]:
+        return None
+    from ..bench._paircli import check_pair_args
+
+    argv = [a.replace("$(NODE_NAME)", node) for a in args[1:]]
+    index = pod_index(pod)
+    if "--rank" not in argv and index >= 0:
+        argv += ["--rank", str(index)]
+    if "--node" not in argv:
+        argv += ["--node", node]
+    try:
+        opts = check_pair_args(argv)
+    except ArgumentsError as exc:
+        return PairPod(node, None, None, "", RepeatRule(), refused=str(exc))
+    peer = opts.peer
+    if peer is None and opts.nodes is not None and opts.node in opts.nodes:
+        peer = opts.nodes[1] if opts.nodes[0] == opts.node else opts.nodes[0]
+    master = "" if opts.master is None else f"{opts.master[0]}:{opts.master[1]}"
+    return PairPod(opts.node, peer, opts.rank, master, opts.rule)
 
 
 def _extra_repeat_lines(rows: pd.DataFrame, rule: RepeatRule) -> str:
@@ -208,12 +289,15 @@ class PodLogs:
     """
 
     def __init__(self, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int,
-                 driver: Callable[[str], str | None], label_prefix: str = "gpucert.io") -> None:
+                 driver: Callable[[str], str | None], label_prefix: str = "gpucert.io",
+                 node_up: Callable[[str], bool] | None = None) -> None:
         self._fleet = fleet
         self._faults = faults
         self._seed = seed
         self._driver = driver
+        self._node_up = node_up or (lambda node: True)
         self._run_label = f"{label_prefix}/run-id"
+        self._pairs: OrderedDict[tuple[Any, ...], list[float] | str] = OrderedDict()
 
     def run_id(self, pod: Mapping[str, Any]) -> str | None:
         """The run id of a gpucert benchmark pod; None for any other pod."""
@@ -235,6 +319,9 @@ class PodLogs:
             return f"{_SAY}no GPU found on {node}: nothing to benchmark\n"
         driver = self._driver(node)
         stack = self._stack(fleet, node, driver)
+        pair = pair_pod(pod, node)
+        if pair is not None:
+            return self._pair_head(fleet, pair, run_id, stack, driver)
         if driver is None:
             return (f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
                     f"{_SAY}run {run_id} on {node}: cuda, model 'unknown', devices none\n")
@@ -256,14 +343,20 @@ class PodLogs:
         if not dns_label_ok(run_id):
             return head + f"{_SAY}error: --run-id {run_id!r} is not a DNS label\n"
         took = (datetime.now(UTC) - started_at).total_seconds()
+        pair = pair_pod(pod, node)
+        if pair is not None:
+            body, count, errors = self._pair_body(fleet, pair, run_id, started_at.astimezone(UTC),
+                                                  bool(_stack_of(head).get("driver")))
+            return head + body + f"{_SAY}pair done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
         if not _stack_of(head).get("driver"):
             # No driver was loaded when the container started: the payload found no GPU.
             body, count, errors = self._driverless(fleet, run_id, node, started_at.astimezone(UTC))
             return head + body + f"{_SAY}done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
         rule = payload_repeats(pod)
+        nic, storage = _payload_steps(pod)
         wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
                          nodes=[node], faults=self._faults.on_node(node), repeats=rule.repeats,
-                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of),
+                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of), nic=nic, storage=storage,
                          wave_draws=True)  # a seed per (run, node): drawing the whole fleet would be O(N) a pod
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
@@ -274,6 +367,89 @@ class PodLogs:
         """The wave seed of one run on one node: stable across reruns, different between runs and nodes."""
         digest = hashlib.sha256(f"{self._seed}/{run_id}/{node}".encode()).digest()
         return int.from_bytes(digest[:8], "big")
+
+    def pair_seed(self, run_id: str) -> int:
+        """The wave seed of a run's pairs: the fleet model keys each pair's noise on it and the pair's two
+        node names, so both pods of a pair draw alike and every pair differently."""
+        digest = hashlib.sha256(f"{self._seed}/{run_id}/pairs".encode()).digest()
+        return int.from_bytes(digest[:8], "big")
+
+    # --- pair pods ------------------------------------------------------------------------------------
+
+    def _pair_head(self, fleet: Fleet, pair: PairPod, run_id: str, stack: Mapping[str, Any],
+                   driver: str | None) -> str:
+        model = fleet.model.name if driver else "unknown"
+        lines = [f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}",
+                 f"{_SAY}pair run {run_id} on {pair.node}: cuda, model {model!r}"]
+        if driver and pair.refused is None:
+            lines.append(f"{_SAY}pair: node rank {pair.rank}, {fleet.gpus_per_node} local rank(s) (nccl); "
+                         f"rendezvous at {pair.master}")
+        return "".join(line + "\n" for line in lines)
+
+    def _pair_body(self, fleet: Fleet, pair: PairPod, run_id: str, ts: datetime,
+                   has_driver: bool) -> tuple[str, int, int]:
+        """The lines after the head of a pair pod that ran: its rows (or its error row), their count and
+        the error rows among them."""
+        model = fleet.model.name if has_driver else "unknown"
+        peer = pair.peer
+        if pair.refused is not None:
+            failure = f"the pair payload refuses its arguments: {pair.refused}"
+        elif not has_driver:
+            failure = _NO_CUDA
+        elif peer is None:
+            failure = f"{pair.node} is not one of the pair's --nodes"
+        elif peer not in fleet.node_index or not self._node_up(peer) or self._driver(peer) is None:
+            failure = f"the rendezvous with {peer} did not complete: its side never joined"
+        else:
+            measured = self._pair_measurement(fleet, run_id, pair.node, peer, pair.rule, ts)
+            if isinstance(measured, str):
+                failure = measured
+            else:
+                return self._pair_rows(fleet, pair, peer, run_id, ts, measured), len(measured), 0
+        row = {**_row(run_id, pair.node, "error", 1.0, ts), "gpu_model": model}
+        return f"{_SAY}error: {_PAIR_METRIC} on node: {failure}\n{json.dumps(row)}\n", 1, 1
+
+    def _pair_rows(self, fleet: Fleet, pair: PairPod, peer: str, run_id: str, ts: datetime,
+                   values: list[float]) -> str:
+        ranks = fleet.gpus_per_node
+        lines = [f"{_SAY}pair: met {peer} ({ranks} ranks): {2 * ranks} ranks in all"]
+        base = pair.rule.base(_PAIR_METRIC)
+        if len(values) > base:
+            lines.append(f"{_SAY}pair: {_PAIR_METRIC}: repeats disagree: {len(values) - base} more, "
+                         f"{len(values)} of at most {pair.rule.ceiling(_PAIR_METRIC)}")
+        size = 8 << 30
+        busbw = sorted(values)[len(values) // 2]
+        algbw = busbw * (2 * ranks) / (2 * (2 * ranks - 1))
+        lines.append(f"{_SAY}pair: {size:>14,} B {size / (algbw * 1e9) * 1e6:12.1f} us  algbw {algbw:10.4g} GB/s  "
+                     f"busbw {busbw:10.4g} GB/s")
+        for repeat, value in enumerate(values):
+            cells = (run_id, pair.node, None, None, fleet.model.name, _PAIR_METRIC, value, repeat, peer, _ts(ts))
+            lines.append(json.dumps(dict(zip(RESULT_COLUMNS, cells, strict=True))))
+        return "".join(line + "\n" for line in lines)
+
+    def _pair_measurement(self, fleet: Fleet, run_id: str, node: str, peer: str, rule: RepeatRule,
+                          ts: datetime) -> list[float] | str:
+        """The pair's busbw per repeat (or why it has none), measured once for both of its pods."""
+        lo, hi = sorted((node, peer))
+        faults: tuple[Fault, ...] = (*self._faults.on_node(lo), *self._faults.on_node(hi), *self._faults.fabric())
+        key = (id(fleet), run_id, lo, hi, rule, faults)
+        kept = self._pairs.get(key)
+        if kept is not None:
+            return kept
+        wave = fleet.run(run_id, ts=ts, seed=self.pair_seed(run_id), nodes=[lo, hi], pairs=[(lo, hi)],
+                         faults=list(faults), repeats=rule.repeats, max_repeats=rule.max_repeats,
+                         repeats_of=dict(rule.repeats_of), wave_draws=True)
+        rows = wave.results
+        metric = rows["metric"].astype(str)
+        found = rows[metric == _PAIR_METRIC].sort_values("repeat")
+        result: list[float] | str = [float(v) for v in found["value"]]
+        if not result:
+            died = rows[(metric == "error") & rows["gpu"].isna()]["node"].astype(str).unique().tolist()
+            result = f"a rank died on {' and '.join(sorted(died)) or 'a node of the pair'}: the all-reduce failed"
+        self._pairs[key] = result
+        while len(self._pairs) > _PAIRS_KEPT:
+            self._pairs.popitem(last=False)
+        return result
 
     def _uuids(self, fleet: Fleet, node: str) -> list[str]:
         first = fleet.node_index[node] * fleet.gpus_per_node

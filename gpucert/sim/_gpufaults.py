@@ -6,7 +6,9 @@ the fault is cleared (the part is "repaired"). This is that list, shared by the 
 logs and the DCGM exporters, changed from Python, the ``--faults`` file and ``POST /gpucert/inject``.
 A fault is checked against the fleet when injected, so a bad one fails at once rather than inside a pod.
 Each fault remembers when it was injected (monotonic seconds): the DCGM exporters derive their counters
-from the time a fault has been in force, so ``rate()`` over them sees the fault's rate.
+from the time a fault has been in force, so ``rate()`` over them sees the fault's rate. A fabric fault (a
+slow uplink between two leaves) names no node: :meth:`GpuFaults.fabric` lists those, which the pair
+benchmarks crossing their leaves measure, and only clearing every fault lifts them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from datetime import UTC, datetime
 from threading import Lock
 
 from ..errors import InputError
-from ..fleet import Fault, Fleet
+from ..fleet import FAULTS, Fault, Fleet
 
 __all__ = ["GpuFaults"]
 
@@ -33,12 +35,26 @@ class GpuFaults:
 
     def check(self, fault: Fault) -> None:
         """An :class:`InputError` unless ``fault`` is a catalog kind that fits a node of the fleet."""
+        fleet = self._fleet()
+        spec = FAULTS.get(fault.kind)
+        where = "the fabric" if spec is not None and spec.scope == "fabric" else repr(fault.node)
         try:
-            # The fleet model's own checks (kind, node, GPU index, scope), on a one-node, one-repeat wave.
-            self._fleet().run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, repeats_of={},
-                              nodes=[fault.node], faults=[fault])
+            # The fleet model's own checks (kind, node, GPU index, scope, leaves), on a one-repeat wave of the
+            # fault's node, or of a node under each of a fabric fault's leaves.
+            nodes = self._check_nodes(fleet, fault)
+            fleet.run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, repeats_of={}, nodes=nodes,
+                      faults=[fault])
         except ValueError as exc:
-            raise InputError(f"sim: cannot inject {fault.kind!r} on {fault.node!r}: {exc}") from exc
+            raise InputError(f"sim: cannot inject {fault.kind!r} on {where}: {exc}") from exc
+
+    @staticmethod
+    def _check_nodes(fleet: Fleet, fault: Fault) -> list[str]:
+        spec = FAULTS.get(fault.kind)
+        if spec is None or spec.scope != "fabric" or fault.node:
+            return [fault.node]
+        first = [fleet.leaf_number(fault.params[k]) * fleet.nodes_per_leaf
+                 for k in ("leaf_a", "leaf_b") if k in fault.params]
+        return [fleet.node_names[i] for i in first]
 
     def inject(self, fault: Fault) -> None:
         """Add ``fault`` (a fault catalog kind on a node of the fleet); an invalid one is an InputError."""
@@ -60,6 +76,11 @@ class GpuFaults:
     def on_node(self, node: str) -> list[Fault]:
         with self._lock:
             return [f for f in self._faults if f.node == node]
+
+    def fabric(self) -> list[Fault]:
+        """The faults in force that name no node: those of the fabric between the leaves."""
+        with self._lock:
+            return [f for f in self._faults if not f.node]
 
     def on_node_since(self, node: str) -> list[tuple[Fault, float]]:
         """The faults of ``node`` with when each was injected (``time.monotonic()`` seconds)."""

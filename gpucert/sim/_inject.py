@@ -14,6 +14,8 @@ names where it came from and which entry is wrong (``--faults f.yaml: gpu[1]: �
       - {kind: pcie_gen4, node: gpu-node-00003, gpu: 2}
       - {kind: hw_thermal, node: gpu-node-00001, gpu: 0, params: {duty: 0.5}}
       - {kind: power_cap, node: gpu-node-00002}          # a node-wide kind: no gpu
+      - {kind: nic_half_rate, node: gpu-node-00006}      # every pair of the node at half, its port at 200 Gb/s
+      - {kind: slow_uplink, params: {leaf_a: leaf-00, leaf_b: leaf-01, factor: 0.5}}   # the fabric: no node
     nodes:                    # node events, applied in order
       - {event: not_ready, node: gpu-node-00004}
       - {event: ready, node: gpu-node-00004}             # the kubelet is back
@@ -45,6 +47,7 @@ off; ``DELETE /gpucert/inject?node=N`` lifts the GPU and training faults of node
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,12 +127,28 @@ def _gpu_fault(raw: Any, where: str) -> Fault:
     gpu = entry.get("gpu")
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int)):
         raise InputError(f"{where}: 'gpu' must be a GPU index (an integer), got {gpu!r}")
-    params = entry.get("params") or {}
-    params = _mapping(params, f"{where}.params")
+    params = {str(k): v for k, v in _mapping(entry.get("params") or {}, f"{where}.params").items()}
+    fabric = FAULTS[kind].scope == "fabric"
+    if fabric:
+        # A fabric fault's leaves by name (the leaf label's value) or by number.
+        params.update({k: _leaf(params[k], f"{where}.params.{k}") for k in FAULTS[kind].needs if k in params})
     bad = {k: v for k, v in params.items() if isinstance(v, bool) or not isinstance(v, int | float)}
     if bad:
         raise InputError(f"{where}.params: values must be numbers, got {bad}")
-    return Fault(kind, _text(entry, "node", where), gpu, {str(k): float(v) for k, v in params.items()})
+    if fabric and entry.get("node"):
+        raise InputError(f"{where}: {kind!r} is a fault of the fabric between two leaves: it names no node")
+    node = "" if fabric else _text(entry, "node", where)
+    return Fault(kind, node, gpu, {k: float(v) for k, v in params.items()})
+
+
+def _leaf(value: Any, where: str) -> Any:
+    """A leaf label's value (``leaf-03``) as its number; anything else as it is, for the number check."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"leaf-(\d+)", value.strip())
+        if match is None:
+            raise InputError(f"{where}: {value!r} is neither a leaf name (leaf-00, leaf-01, …) nor a leaf number")
+        return int(match.group(1))
+    return value
 
 
 def _node_event(raw: Any, where: str) -> NodeEvent:
@@ -262,7 +281,7 @@ def apply_plan(sim: SimCluster, plan: FaultPlan, source: str) -> dict[str, Any]:
 
 
 def fault_mapping(fault: Fault) -> dict[str, Any]:
-    return {"kind": fault.kind, "node": fault.node, "gpu": fault.gpu, "params": dict(fault.params)}
+    return {"kind": fault.kind, "node": fault.node or None, "gpu": fault.gpu, "params": dict(fault.params)}
 
 
 def event_mapping(event: NodeEvent) -> dict[str, Any]:
@@ -397,16 +416,20 @@ def server_url(kubeconfig: str | Path) -> str:
 
 
 def gpu_option(tokens: Sequence[str]) -> dict[str, Any]:
-    """``--gpu KIND NODE [GPU] [NAME=VALUE …]`` as a ``gpu:`` entry."""
+    """``--gpu KIND NODE [GPU] [NAME=VALUE …]`` as a ``gpu:`` entry; a fabric kind takes no NODE
+    (``--gpu slow_uplink leaf_a=leaf-00 leaf_b=leaf-01``)."""
     where = f"--gpu {' '.join(tokens)}"
-    if len(tokens) < 2:
+    fabric = len(tokens) >= 1 and tokens[0] in FAULTS and FAULTS[tokens[0]].scope == "fabric"
+    if len(tokens) < (1 if fabric else 2):
         raise InputError(f"{where}: give KIND NODE [GPU] [NAME=VALUE …]")
-    entry: dict[str, Any] = {"kind": tokens[0], "node": tokens[1]}
-    params: dict[str, float] = {}
-    for token in tokens[2:]:
+    entry: dict[str, Any] = {"kind": tokens[0]} if fabric else {"kind": tokens[0], "node": tokens[1]}
+    params: dict[str, float | str] = {}
+    for token in tokens[1 if fabric else 2:]:
         name, eq, value = token.partition("=")
         try:
-            if eq:
+            if eq and fabric and name in FAULTS[tokens[0]].needs and value.startswith("leaf-"):
+                params[name] = value  # a leaf by name; the document's parser reads it
+            elif eq:
                 params[name] = float(value)
             elif "gpu" in entry:
                 raise ValueError(token)

@@ -9,6 +9,14 @@ kube-controller-manager:
   ``job-name``; ``parallelism`` pods at a time until ``completions`` succeeded (both default 1);
 * ``backoffLimit`` (default 6): more failed pods than that fail the Job (``BackoffLimitExceeded``);
   a failed pod is replaced at once while the limit allows (no exponential back-off delay);
+* ``completionMode: Indexed`` (how gpucert's pair benchmark runs its two pods, one per node): pod ``i``
+  of ``completions`` is named ``<job>-<i>-<5 random characters>`` and carries the label and annotation
+  ``batch.kubernetes.io/job-completion-index: "<i>"``, ``spec.hostname: <job>-<i>`` (its ``subdomain``
+  stays the template's, so a headless Service of that name resolves it) and the environment variable
+  ``JOB_COMPLETION_INDEX`` from that annotation in every container that does not set it; up to
+  ``parallelism`` indexes run at once, an index whose pod failed gets a new pod while the back-off limit
+  allows, and the Job completes once every index has a succeeded pod (``status.completedIndexes``, as
+  ``0-1``);
 * ``activeDeadlineSeconds``: counted from ``startTime``; once passed, the active pods are deleted and the
   Job fails with reason ``DeadlineExceeded``;
 * ``ttlSecondsAfterFinished``: that long after it finished, the Job is deleted and its pods with it;
@@ -47,6 +55,9 @@ from ._store import Obj, WatchEvent, now_rfc3339
 __all__ = ["JobController"]
 
 _COMPONENT = "job-controller"
+#: The label and annotation an Indexed Job's pod carries its index in, and the variable it reaches it by.
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def _finished(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -74,7 +85,7 @@ class JobController:
         self.store = runtime.store
         self._started: dict[str, float] = {}  # job uid → startTime (monotonic), for exact deadlines
         self._finished: dict[str, float] = {}  # job uid → finish time (monotonic), for exact TTLs
-        self._ended: dict[str, dict[str, str]] = {}  # job uid → pod uid → final phase
+        self._ended: dict[str, dict[str, tuple[str, int]]] = {}  # job uid → pod uid → (final phase, index)
 
     def resync(self) -> Iterable[Key]:
         return [key_of(j) for j in self.store.list(JOBS)[0]]
@@ -114,35 +125,17 @@ class JobController:
         pods = [p for p in self.rt.pods.owned_by(uid) if not deleting(p)]
         for pod in pods:
             if phase(pod) in ("Succeeded", "Failed"):
-                ended[pod["metadata"]["uid"]] = phase(pod)
+                ended[pod["metadata"]["uid"]] = (phase(pod), pod_index(pod))
         active = [p for p in pods if phase(p) not in ("Succeeded", "Failed")]
-        succeeded = sum(1 for v in ended.values() if v == "Succeeded")
-        failed = sum(1 for v in ended.values() if v == "Failed")
+        succeeded = sum(1 for v, _ in ended.values() if v == "Succeeded")
+        failed = sum(1 for v, _ in ended.values() if v == "Failed")
+        if spec.get("completionMode") == "Indexed":
+            self._indexed(job, status, ended, active, failed, elapsed)
+            return
         completions = spec.get("completions")
         parallelism = spec.get("parallelism", 1)
         parallelism = 1 if parallelism is None else int(parallelism)
-        backoff_limit = int(spec.get("backoffLimit", 6) if spec.get("backoffLimit") is not None else 6)
-        deadline = spec.get("activeDeadlineSeconds")
-
-        failure: tuple[str, str] | None = None
-        if deadline is not None and elapsed >= float(deadline):
-            failure = ("DeadlineExceeded", "Job was active longer than specified deadline")
-        elif failed > backoff_limit:
-            failure = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        if failure is not None:
-            for pod in active:
-                self._delete_pod(job, pod)
-            failed += len(active)
-            self._write(
-                job,
-                status,
-                active=0,
-                ready=0,
-                succeeded=succeeded,
-                failed=failed,
-                condition=("Failed", *failure),
-            )
-            record_event(self.store, job, "Warning", failure[0], failure[1], _COMPONENT)
+        if self._failed(job, status, active, succeeded, failed, elapsed):
             return
 
         complete = succeeded >= int(completions) if completions is not None else succeeded >= 1 and not active
@@ -167,12 +160,64 @@ class JobController:
             active.append(self._create_pod(job))
         ready = sum(1 for p in active if pod_ready(p))
         self._write(job, status, active=len(active), ready=ready, succeeded=succeeded, failed=failed)
+        self._wake_at_deadline(job, elapsed)
+
+    def _indexed(self, job: Obj, status: dict[str, Any], ended: Mapping[str, tuple[str, int]],
+                 active: list[Obj], failed: int, elapsed: float) -> None:
+        """One reconcile of an Indexed Job: a pod per index not yet succeeded, up to ``parallelism``."""
+        spec = job.get("spec") or {}
+        completions = int(spec.get("completions") or 1)
+        parallelism = spec.get("parallelism")
+        parallelism = 1 if parallelism is None else int(parallelism)  # the API's default, as for any Job
+        done = sorted({i for v, i in ended.values() if v == "Succeeded" and 0 <= i < completions})
+        status["completedIndexes"] = _index_ranges(done)
+        if not status["completedIndexes"]:
+            status.pop("completedIndexes")
+        if self._failed(job, status, active, len(done), failed, elapsed):
+            return
+        if len(done) == completions and not active:
+            status["completionTime"] = now_rfc3339()
+            self._write(job, status, active=0, ready=0, succeeded=len(done), failed=failed,
+                        condition=("Complete", None, None))
+            record_event(self.store, job, "Normal", "Completed", "Job completed", _COMPONENT)
+            return
+        running = {pod_index(p) for p in active}
+        wanted = [i for i in range(completions) if i not in running and i not in done]
+        for index in wanted[: max(0, parallelism - len(active))]:
+            active.append(self._create_pod(job, index))
+        ready = sum(1 for p in active if pod_ready(p))
+        self._write(job, status, active=len(active), ready=ready, succeeded=len(done), failed=failed)
+        self._wake_at_deadline(job, elapsed)
+
+    def _failed(self, job: Obj, status: dict[str, Any], active: list[Obj], succeeded: int, failed: int,
+                elapsed: float) -> bool:
+        """Fail the Job past its deadline or back-off limit (its active pods deleted); whether it did."""
+        spec = job.get("spec") or {}
+        backoff_limit = int(spec.get("backoffLimit", 6) if spec.get("backoffLimit") is not None else 6)
+        deadline = spec.get("activeDeadlineSeconds")
+        failure: tuple[str, str] | None = None
+        if deadline is not None and elapsed >= float(deadline):
+            failure = ("DeadlineExceeded", "Job was active longer than specified deadline")
+        elif failed > backoff_limit:
+            failure = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        if failure is None:
+            return False
+        for pod in active:
+            self._delete_pod(job, pod)
+        self._write(job, status, active=0, ready=0, succeeded=succeeded, failed=failed + len(active),
+                    condition=("Failed", *failure))
+        record_event(self.store, job, "Warning", failure[0], failure[1], _COMPONENT)
+        return True
+
+    def _wake_at_deadline(self, job: Obj, elapsed: float) -> None:
+        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
         if deadline is not None:
-            self.rt.after(float(deadline) - elapsed, self, key)
+            self.rt.after(float(deadline) - elapsed, self, key_of(job))
 
     # --- writes -------------------------------------------------------------------------------------
 
-    def _create_pod(self, job: Obj) -> Obj:
+    def _create_pod(self, job: Obj, index: int | None = None) -> Obj:
+        """A pod of ``job``'s template; with ``index``, pod ``index`` of an Indexed Job (module docstring)."""
         meta, template = job["metadata"], copy.deepcopy((job.get("spec") or {}).get("template") or {})
         tmeta = template.get("metadata") or {}
         labels = {
@@ -182,21 +227,31 @@ class JobController:
             "controller-uid": meta["uid"],
             "job-name": meta["name"],
         }
+        annotations = dict(tmeta.get("annotations") or {})
+        spec = dict(template.get("spec") or {})
+        stem = meta["name"]
+        if index is not None:
+            stem = f"{meta['name']}-{index}"
+            labels[INDEX_KEY] = annotations[INDEX_KEY] = str(index)
+            spec.setdefault("hostname", stem)
+            for field in ("initContainers", "containers"):
+                if spec.get(field):
+                    spec[field] = [_with_index_env(c) for c in spec[field]]
         pod_meta: dict[str, Any] = {
-            "generateName": f"{meta['name']}-",
+            "generateName": f"{stem}-",
             "namespace": meta.get("namespace"),
             "labels": labels,
             "ownerReferences": [owner_ref(job)],
         }
-        if tmeta.get("annotations"):
-            pod_meta["annotations"] = dict(tmeta["annotations"])
+        if annotations:
+            pod_meta["annotations"] = annotations
         pod = self.store.create(
             PODS,
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": pod_meta,
-                "spec": template.get("spec") or {},
+                "spec": spec,
                 "status": {"phase": "Pending"},
             },
         )
@@ -261,3 +316,33 @@ class JobController:
             )
         else:
             self.rt.after(due - now, self, key_of(job))
+
+
+def pod_index(pod: Mapping[str, Any]) -> int:
+    """The completion index of an Indexed Job's pod (its annotation, else its label); -1 for none."""
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(INDEX_KEY, (meta.get("labels") or {}).get(INDEX_KEY))
+    try:
+        return int(str(raw))
+    except ValueError:
+        return -1
+
+
+def _with_index_env(container: Mapping[str, Any]) -> dict[str, Any]:
+    """``container`` with ``JOB_COMPLETION_INDEX`` from the pod's index annotation, unless it sets it."""
+    env = list(container.get("env") or ())
+    if any(e.get("name") == _INDEX_ENV for e in env):
+        return dict(container)
+    ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}
+    return {**container, "env": [*env, {"name": _INDEX_ENV, "valueFrom": ref}]}
+
+
+def _index_ranges(indexes: list[int]) -> str:
+    """Sorted indexes as the API writes ``completedIndexes``: runs as ``a-b``, joined by commas."""
+    runs: list[list[int]] = []
+    for i in indexes:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -4,6 +4,11 @@ Names and GPU model come from the fleet model (:class:`gpucert.fleet.Fleet`), so
 cluster is the same node whose benchmarks and telemetry the fleet model generates. ``nvidia.com/gpu``
 appears in capacity only when the stack is in place (``preconfigured``): before that no device plugin
 has advertised the GPUs, which is exactly what configure has to fix.
+
+Each node also carries its place in the fabric, from the fleet model's topology (:meth:`Fleet.topology`):
+``topology.kubernetes.io/zone`` (``zone-a``, …, the well-known label a cloud provider sets) and
+``<prefix>/leaf`` (``gpucert.io/leaf``: ``leaf-00``, …, the leaf switch or rack, as an operator labels
+it), which gpucert's pairing plan reads to pair nodes within and across leaves.
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ import hashlib
 import uuid
 from typing import Any
 
-from ..fleet import Fleet
+from ..fleet import ZONE_LABEL, Fleet
 from ._resources import lookup
 from ._store import Store, now_rfc3339
 
-__all__ = ["gpu_node", "register_nodes"]
+__all__ = ["gpu_node", "leaf_label_of", "register_nodes"]
 
 _KUBELET = "v1.33.5"
 # AWS names for the 8-GPU boxes the fleet models; other shapes get a descriptive made-up name.
@@ -29,7 +34,7 @@ def _product(model: str) -> str:
     return model.replace(" ", "-")
 
 
-def _labels(name: str, model: str, gpus: int) -> dict[str, str]:
+def _labels(name: str, model: str, gpus: int, topology: dict[str, str]) -> dict[str, str]:
     product = _product(model)
     instance = _INSTANCE_TYPES.get((model, gpus), f"gpu-{gpus}x-{product.lower()}")
     labels = {
@@ -42,6 +47,7 @@ def _labels(name: str, model: str, gpus: int) -> dict[str, str]:
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.product": product,
         "nvidia.com/gpu.count": str(gpus),
+        **topology,
     }
     if model in _GPU_MEMORY_MIB:
         labels["nvidia.com/gpu.memory"] = _GPU_MEMORY_MIB[model]
@@ -75,8 +81,10 @@ def gpu_node(
     gpus: int,
     preconfigured: bool = False,
     uncertified_taint: str | None = None,
+    topology: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The Node object of one simulated GPU node; ``index`` gives it a stable address and ids."""
+    """The Node object of one simulated GPU node; ``index`` gives it a stable address and ids, ``topology``
+    its zone and leaf labels (label key → value)."""
     now = now_rfc3339()
     digest = hashlib.sha256(name.encode()).hexdigest()
     capacity, allocatable = _resources(gpus, preconfigured)
@@ -87,7 +95,7 @@ def gpu_node(
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": _labels(name, model, gpus),
+        "metadata": {"name": name, "labels": _labels(name, model, gpus, dict(topology or {})),
                      "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
         "spec": spec,
         "status": {
@@ -115,13 +123,22 @@ def register_nodes(
     preconfigured: bool = False,
     uncertified_taint: str | None = None,
     names: list[str] | None = None,
+    label_prefix: str = "gpucert.io",
 ) -> list[str]:
     """Create the Nodes of ``fleet`` (or of the named subset) in ``store``; returns their names."""
     nodes = lookup("", "v1", "nodes")
     assert nodes is not None
     index = fleet.node_index
     chosen = fleet.node_names if names is None else names
+    leaf_label = leaf_label_of(label_prefix)
     for name in chosen:
+        topology = {ZONE_LABEL: fleet.zone_of(name), leaf_label: fleet.leaf_of(name)}
         store.create(nodes, gpu_node(name, index[name], model=fleet.model.name, gpus=fleet.gpus_per_node,
-                                     preconfigured=preconfigured, uncertified_taint=uncertified_taint))
+                                     preconfigured=preconfigured, uncertified_taint=uncertified_taint,
+                                     topology=topology))
     return list(chosen)
+
+
+def leaf_label_of(label_prefix: str) -> str:
+    """The leaf label under gpucert's label prefix: ``gpucert.io/leaf`` by default."""
+    return f"{label_prefix}/leaf"

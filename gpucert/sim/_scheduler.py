@@ -6,8 +6,11 @@ mistake in that. So the filters are kube-scheduler's, in its order, as far as gp
 them: node ``spec.unschedulable`` (cordon; tolerated by ``node.kubernetes.io/unschedulable``), the
 Ready condition, taints with effect NoSchedule/NoExecute against tolerations (``Exists``/``Equal``),
 ``nodeSelector`` and required node affinity (``matchExpressions`` In/NotIn/Exists/DoesNotExist,
-``matchFields`` on ``metadata.name``), then ``nvidia.com/gpu`` requests against the node's allocatable
-minus what the pods bound there and not finished already request. A pod that fits nowhere stays
+``matchFields`` on ``metadata.name``), required inter-pod affinity and anti-affinity (a term's
+``labelSelector`` against the pods bound and not finished in its namespaces, within the node's
+``topologyKey`` domain: gpucert's pair Job keeps its two pods on different nodes this way), then
+``nvidia.com/gpu`` requests against the node's allocatable minus what the pods bound there and not
+finished already request. A pod that fits nowhere stays
 Pending with ``PodScheduled=False``/``Unschedulable`` and kube-scheduler's message (``0/8 nodes are
 available: 1 Insufficient nvidia.com/gpu, 7 node(s) didn't match Pod's node affinity/selector.``) and a
 ``FailedScheduling`` Event; it is tried again whenever a node changes or a pod ends or goes.
@@ -16,10 +19,11 @@ Among the nodes that fit, the one with the most free GPUs wins (then the first b
 later 8-GPU pod still finds a whole node. A pod that names its nodes (a ``nodeSelector``, affinity ``In``
 on a label or on ``metadata.name``, as gpucert's benchmark pods do) is placed by looking at those nodes
 only, through the store's label index; all nodes are scanned only to say why a pod fits nowhere, so at
-10,000 nodes binding a pod costs what binding it at 10 does. Limits: CPU, memory and pod-count requests are not counted
-(simulated nodes are large and gpucert's pods small), there is no preemption, and binding writes
-``spec.nodeName`` directly rather than through the ``binding`` subresource (which the simulator does
-not serve).
+10,000 nodes binding a pod costs what binding it at 10 does. Limits: CPU, memory and pod-count requests are
+not counted (simulated nodes are large and gpucert's pods small), there is no preemption, an existing pod's
+anti-affinity is not held against a newcomer (only the newcomer's own terms count: gpucert's terms are
+symmetric), a ``namespaceSelector`` is read as "every namespace", and binding writes ``spec.nodeName``
+directly rather than through the ``binding`` subresource (which the simulator does not serve).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from ._objects import (
 )
 from ._store import Obj, WatchEvent, now_rfc3339
 
-__all__ = ["GPU", "Scheduler", "gpu_request", "misfit", "node_gpus", "tolerates", "untolerated_taint"]
+__all__ = ["GPU", "Scheduler", "gpu_request", "misfit", "node_gpus", "selector_matches", "tolerates",
+           "untolerated_taint"]
 
 GPU = "nvidia.com/gpu"
 _COMPONENT = "default-scheduler"
@@ -120,6 +125,17 @@ def selects(spec: Mapping[str, Any], node: Obj) -> bool:
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     terms = required.get("nodeSelectorTerms")
     return not terms or any(_term_matches(t, node) for t in terms)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, Any]) -> bool:
+    """A ``LabelSelector`` (``matchLabels``, ``matchExpressions``) against labels; a null selector matches
+    nothing and an empty one everything, as in the API."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(_expression_matches(e, None if (v := labels.get(e.get("key"))) is None else str(v))
+               for e in selector.get("matchExpressions") or ())
 
 
 def _quantity(raw: Any) -> int:
@@ -219,7 +235,7 @@ class Scheduler:
             # Only the nodes the pod names can fit (misfit refuses every other), so the best of them is
             # the best of all; the full scan below is needed only for the message when none fits.
             named = [n for n in (self.store.get(NODES, None, name) for name in sorted(names)) if n is not None]
-            fit = self._best(spec, named, request)
+            fit = self._best(pod, named, request)
             if fit is not None:
                 self._bind(pod, fit)
                 self._waiting.discard(key)
@@ -230,7 +246,7 @@ class Scheduler:
         best: tuple[int, Obj] | None = None
         for node in nodes:
             # The GPUs in use are counted only where everything else fits: misfit checks them last.
-            reason = misfit(spec, node, 0, 0)
+            reason = misfit(spec, node, 0, 0) or self._affinity_misfit(pod, node)
             used = self.used_gpus(node["metadata"]["name"]) if request and reason is None else 0
             if reason is None:
                 reason = misfit(spec, node, request, used)
@@ -258,11 +274,12 @@ class Scheduler:
             self._said[key] = message
             record_event(self.store, pod, "Warning", "FailedScheduling", message, _COMPONENT)
 
-    def _best(self, spec: Mapping[str, Any], nodes: Sequence[Obj], request: int) -> Obj | None:
+    def _best(self, pod: Obj, nodes: Sequence[Obj], request: int) -> Obj | None:
         """The node of ``nodes`` (sorted by name) with the most free GPUs that the pod fits, or None."""
+        spec = pod.get("spec") or {}
         best: tuple[int, Obj] | None = None
         for node in nodes:
-            if misfit(spec, node, 0, 0) is not None:
+            if misfit(spec, node, 0, 0) is not None or self._affinity_misfit(pod, node) is not None:
                 continue
             used = self.used_gpus(node["metadata"]["name"]) if request else 0
             if misfit(spec, node, request, used) is None:
@@ -270,6 +287,64 @@ class Scheduler:
                 if best is None or free > best[0]:
                     best = (free, node)
         return None if best is None else best[1]
+
+    # --- inter-pod affinity -------------------------------------------------------------------------
+
+    def _affinity_misfit(self, pod: Obj, node: Obj) -> str | None:
+        """Why ``pod``'s required pod affinity or anti-affinity keeps it off ``node`` (kube-scheduler's
+        words), or None."""
+        affinity = (pod.get("spec") or {}).get("affinity") or {}
+        for kind, wanted in (("podAntiAffinity", False), ("podAffinity", True)):
+            terms = (affinity.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or ()
+            for term in terms:
+                if self._term_holds(pod, node, term, wanted) is False:
+                    rules = "pod anti-affinity" if not wanted else "pod affinity"
+                    return f"node(s) didn't match {rules} rules"
+        return None
+
+    def _term_holds(self, pod: Obj, node: Obj, term: Mapping[str, Any], wanted: bool) -> bool:
+        """Whether one required term lets ``pod`` onto ``node``: a matching pod in the node's topology
+        domain is wanted (affinity) or must not be there (anti-affinity)."""
+        key = str(term.get("topologyKey") or "")
+        domain = (node["metadata"].get("labels") or {}).get(key)
+        if domain is None:
+            return not wanted  # a node outside every domain of the key: no pod there to meet or to avoid
+        selector = term.get("labelSelector")
+        namespaces = self._namespaces(pod, term)
+        if any(self._matches(p, pod, selector, namespaces) for p in self._pods_in_domain(key, str(domain))):
+            return wanted
+        if not wanted:
+            return True
+        # The first pod of a group that wants its own kind: no pod anywhere matches yet, and it matches
+        # its own term (kube-scheduler's exception, so that such a group can start at all).
+        anywhere = any(self._matches(p, pod, selector, namespaces) for p in self.store.list(PODS)[0])
+        own = (pod["metadata"].get("namespace") in namespaces or namespaces == {"*"}) and \
+            selector_matches(selector, pod["metadata"].get("labels") or {})
+        return not anywhere and own
+
+    def _pods_in_domain(self, key: str, domain: str) -> list[Obj]:
+        names = [n["metadata"]["name"] for n in self._nodes_where(key, domain)]
+        return [p for name in names for p in self.rt.pods.on_node(name)]
+
+    def _nodes_where(self, key: str, value: str) -> list[Obj]:
+        found = (self.store.get(NODES, None, name) for name in sorted(self._labelled(key, value)))
+        return [n for n in found if n is not None]
+
+    @staticmethod
+    def _namespaces(pod: Obj, term: Mapping[str, Any]) -> set[str]:
+        if term.get("namespaceSelector") is not None:
+            return {"*"}
+        listed = {str(n) for n in term.get("namespaces") or ()}
+        return listed or {str(pod["metadata"].get("namespace") or "")}
+
+    @staticmethod
+    def _matches(other: Obj, pod: Obj, selector: Mapping[str, Any] | None, namespaces: set[str]) -> bool:
+        meta = other["metadata"]
+        if key_of(other) == key_of(pod) or terminal(other) or deleting(other):
+            return False
+        if namespaces != {"*"} and meta.get("namespace") not in namespaces:
+            return False
+        return bool((other.get("spec") or {}).get("nodeName")) and selector_matches(selector, meta.get("labels") or {})
 
     def _named_nodes(self, spec: Mapping[str, Any]) -> set[str] | None:
         """A superset of the nodes ``spec``'s nodeSelector and required node affinity can select, from the

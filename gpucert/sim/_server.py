@@ -67,7 +67,7 @@ from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
 from ._nodes import register_nodes
-from ._objects import NODES
+from ._objects import NODES, node_ready
 from ._requests import ApiRequest, RequestLog
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
@@ -129,6 +129,8 @@ class SimCluster:
     The simulated kubelets and controllers run unless ``controllers=False`` (pods run, Jobs finish,
     DaemonSets roll out, the device plugin advertises GPUs), with durations from ``timing``; ``label_prefix`` is
     the prefix of gpucert's labels (``<prefix>/run-id`` marks a benchmark pod, see ``_benchlogs.py``).
+    Nodes are labelled with their zone and leaf (``_nodes.py``), ``nodes_per_leaf`` to a leaf (four
+    leaves to a zone); nodes that join fill the last leaf, then new ones.
     """
 
     def __init__(
@@ -148,9 +150,11 @@ class SimCluster:
         timing: SimTiming | None = None,
         label_prefix: str = "gpucert.io",
         dcgm_host_label: str = "hostname",
+        nodes_per_leaf: int = 8,
     ) -> None:
         try:
-            self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed)
+            self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed,
+                                        nodes_per_leaf=nodes_per_leaf)
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
         self.preconfigured = preconfigured
@@ -203,7 +207,7 @@ class SimCluster:
                     "status": {"phase": "Active"},
                 },
             )
-        register_nodes(self.store, self.fleet, preconfigured=self.preconfigured)
+        register_nodes(self.store, self.fleet, preconfigured=self.preconfigured, label_prefix=self.label_prefix)
         if self.preconfigured:
             self._seed_stack()
 
@@ -279,6 +283,7 @@ class SimCluster:
                 self.fleet,
                 uncertified_taint=uncertified_taint,
                 names=self.fleet.node_names[before:],
+                label_prefix=self.label_prefix,
             )
 
     def training_history(self, job: str, start: datetime | float, end: datetime | float,
@@ -431,8 +436,11 @@ class SimCluster:
         def driver(node: str) -> str | None:
             return node_driver(self.store.get(NODES, None, node), runtime.pods.on_node(node))
 
+        def node_up(node: str) -> bool:
+            return node_ready(self.store.get(NODES, None, node))
+
         logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, driver=driver,
-                       label_prefix=self.label_prefix)
+                       label_prefix=self.label_prefix, node_up=node_up)
         # Order within a batch: bind, run, then the controllers that react to what pods did.
         runtime.add(Scheduler(runtime))
         kubelets = Kubelets(runtime, self.timing, logs, self.training)
@@ -462,6 +470,7 @@ def serve(
     faults_file: str | None = None,
     seed: int = 0,
     dcgm_host_label: str = "hostname",
+    nodes_per_leaf: int = 8,
 ) -> int:
     """``gpucert sim up``: serve until SIGINT or SIGTERM, then stop cleanly; returns the exit status.
 
@@ -487,6 +496,7 @@ def serve(
             seed=seed,
             controllers=True,
             dcgm_host_label=dcgm_host_label,
+            nodes_per_leaf=nodes_per_leaf,
         )
         source = f"--faults {faults_file}"
         check_plan(sim, plan, source)

@@ -873,7 +873,7 @@ _IB_SERIES = (
      "Number of minor link errors detected on one or more physical lanes."),
     ("node_infiniband_link_downed_total", "counter",
      "Number of times the link failed to recover from an error state and went down"),
-    ("node_infiniband_port_receive_errors_total", "counter", "Number of packets containing an error that were "
+    ("node_infiniband_port_errors_received_total", "counter", "Number of packets containing an error that were "
      "received on this port"),
 )
 
@@ -1233,7 +1233,7 @@ class TrainingModel:
                 rcv[:, d] += np.floor(_FLAP_RCV_ERRORS_PER_S * elapsed)
                 downed[:, d] += np.where(began, np.floor(elapsed / _FLAP_DOWN_EVERY_S) + 1, 0)
         return {"node_infiniband_rate_bytes_per_second": rate, "node_infiniband_symbol_error_total": symbols,
-                "node_infiniband_link_downed_total": downed, "node_infiniband_port_receive_errors_total": rcv}
+                "node_infiniband_link_downed_total": downed, "node_infiniband_port_errors_received_total": rcv}
 
     def infiniband(self, node: str) -> str | None:
         """node-exporter's infiniband collector text for ``node`` now; None for a node not in the fleet."""
@@ -1439,7 +1439,7 @@ class TrainingModel:
         names = (("node_infiniband_rate_bytes_per_second", "rate_gbps"),
                  ("node_infiniband_symbol_error_total", "symbol_errors"),
                  ("node_infiniband_link_downed_total", "link_downed"),
-                 ("node_infiniband_port_receive_errors_total", "rcv_errors"))
+                 ("node_infiniband_port_errors_received_total", "rcv_errors"))
         with self._lock:
             per_node = [self._nic_values(node, times) for node in nodes]
         blocks = []

@@ -8,7 +8,8 @@ Between certifications gpucert watches two things, both without touching a GPU:
   :class:`PrometheusAuthError`); :class:`ExporterScrape` scrapes the DCGM exporters
   directly where no Prometheus is configured. Both return a :class:`Telemetry` whose ``results`` are rows
   of the results contract (DESIGN.md "Results": the registry's telemetry metrics per GPU, XID events, GPU
-  counts per node), so the verdict engine's hard gates judge them as they judge a certification's
+  counts per node, and from Prometheus the node's RDMA ports, node-exporter's infiniband collector), so
+  the verdict engine's hard gates judge them as they judge a certification's
   telemetry; what could not be read is a per-node problem, never an invented number.
 * **Slow drift on each GPU's own history** — :func:`history_from_store` gathers each GPU's own last N
   certifications (per-run medians and the repeats' spread) from the store's runs, and
@@ -28,7 +29,7 @@ Nothing here imports Prefect::
     drift.asked()                                         # node → why it should be re-certified
 """
 
-from ._common import HOST_LABELS, SIGNALS, Signal, Telemetry, TelemetryError
+from ._common import HOST_LABELS, NIC_SERIES, SIGNALS, Signal, Telemetry, TelemetryError
 from ._drift import (
     DRIFT_COLUMNS,
     DRIFT_METRICS,
@@ -52,6 +53,7 @@ __all__ = [
     "HISTORY_COLUMNS",
     "HOST_LABELS",
     "METRICS_PATH_ANNOTATION",
+    "NIC_SERIES",
     "SIGNALS",
     "TRACE_COLUMNS",
     "DriftCheck",

@@ -6,8 +6,9 @@ value, already reduced over its window, possibly with duplicates (two Prometheus
 exporter, an exporter pod restarted within the window). :func:`to_results` combines the duplicates the
 way the metric's reduction says (the worst of two minima is the lower one, of two maxima the higher),
 settles identities the results contract requires to be unique within a run (one UUID per GPU slot, one
-slot per UUID, one model per node), adds XID events and the node-level GPU counts, and validates the
-frame with :func:`gpucert.results.parse_results`.
+slot per UUID, one model per node), adds XID events, the node-level GPU counts and the node-level NIC
+readings (node-exporter's infiniband collector: :data:`NIC_SERIES`), and validates the frame with
+:func:`gpucert.results.parse_results`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..results import parse_results
 
 __all__ = [
     "HOST_LABELS",
+    "NIC_SERIES",
     "SIGNALS",
     "Signal",
     "Telemetry",
@@ -102,6 +104,19 @@ _LOWER_WINS = frozenset({"temp_slowdown_c"})
 #: The bits of the clock-event reasons mask (REFERENCE §6.1) and the hardware-slowdown ones among them.
 CLOCK_EVENT_BITS: tuple[int, ...] = (0x001, 0x002, 0x004, 0x008, 0x010, 0x020, 0x040, 0x080, 0x100)
 HW_SLOWDOWN_BITS = 0x008 | 0x040 | 0x080
+
+#: node-exporter's infiniband collector (prometheus/node_exporter ``collector/infiniband_linux.go``), one
+#: series per RDMA port with labels ``device`` and ``port``, and the registry's NIC metrics made from them:
+#: the port state (4 is ACTIVE) counts the ports and the active ones, the rate (bytes/s) of the active
+#: ports gives the slowest and the fastest in Gb/s, and each error counter's increase over the window is
+#: summed over the node's ports. Same rows, so the same gates, as the payload's (gpucert/bench/_nic.py).
+NIC_SERIES: Mapping[str, str] = {
+    "state": "node_infiniband_state_id",
+    "rate": "node_infiniband_rate_bytes_per_second",
+    "ib_symbol_errors": "node_infiniband_symbol_error_total",
+    "ib_link_downed": "node_infiniband_link_downed_total",
+    "ib_rcv_errors": "node_infiniband_port_errors_received_total",
+}
 
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
@@ -206,13 +221,15 @@ def to_results(
     expected_gpus: Mapping[str, int] | None,
     problems: Problems,
     source: str,
+    node_readings: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The readings and events as one canonical results frame (see the module docstring).
 
     ``present``: the GPUs (node, gpu, gpu_uuid) reporting at the end of the window; they count the
     node's GPUs and win identity conflicts. ``expected_gpus``: node → GPUs it should have, written as
-    ``gpu_count_expected`` for the nodes that reported. Raises :class:`gpucert.errors.ResultsError` only
-    if a row breaks the contract (a bug: every row is built here).
+    ``gpu_count_expected`` for the nodes that reported. ``node_readings``: node-level rows (node, metric,
+    value), kept for the nodes whose GPUs reported (a row needs the node's GPU model). Raises
+    :class:`gpucert.errors.ResultsError` only if a row breaks the contract (a bug: every row is built here).
     """
     stamp = pd.Timestamp(utc(ts)).as_unit("us")
     readings = _combine(readings)
@@ -244,6 +261,8 @@ def to_results(
             )
         )
     parts.append(_node_counts(keep, present, expected_gpus, stamp, problems))
+    if node_readings is not None and len(node_readings):
+        parts.append(_node_rows(keep, node_readings, stamp))
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty_results()
@@ -377,6 +396,23 @@ def _node_counts(
     frame["gpu_uuid"] = None
     frame["ts"] = stamp
     return frame
+
+
+def _node_rows(ids: pd.DataFrame, node_readings: pd.DataFrame, stamp: pd.Timestamp) -> pd.DataFrame:
+    """``node_readings`` of the nodes in ``ids``, as node-level rows with the node's GPU model."""
+    model = ids.drop_duplicates("node").set_index("node")["gpu_model"]
+    frame = node_readings[node_readings["node"].isin(model.index)]
+    return pd.DataFrame(
+        {
+            "node": frame["node"].to_numpy(dtype=object),
+            "gpu_model": model.reindex(frame["node"]).to_numpy(dtype=object),
+            "metric": frame["metric"].to_numpy(dtype=object),
+            "value": frame["value"].to_numpy(dtype=np.float64),
+            "gpu": pd.NA,
+            "gpu_uuid": None,
+            "ts": stamp,
+        }
+    )
 
 
 def missing_nodes(expected: Iterable[str], reported: Iterable[str]) -> list[str]:

@@ -16,6 +16,14 @@ such series (the counter is off by default), changes of ``DCGM_FI_DEV_XID_ERRORS
 to a non-zero value are the events: a repeat of the same XID is invisible there, which the exporter's
 counter exists to fix.
 
+The node's RDMA NICs come from node-exporter's infiniband collector (:data:`~._common.NIC_SERIES`), reduced
+per node inside Prometheus too: the ports and the ACTIVE ones at the window's end, the slowest and the
+fastest active port's rate, and each error counter's ``increase`` over the window summed over the ports
+(the largest of duplicate series of one port, two jobs scraping one exporter, counts). Their series carry
+no DCGM host label: the node is their ``node`` label where a relabeling set one, else their ``instance``
+without its port (kube-prometheus-stack sets ``instance`` to the node's name). A node with NIC series but
+no DCGM series (an ``instance`` that is an address, not a node name) gets no NIC rows, and a note says so.
+
 A secured Prometheus (behind basic auth, a bearer token or a tenant header, over TLS with a private CA):
 every request carries the source's ``headers`` and ``basic_auth`` and checks TLS as ``verify`` says.
 Secrets are kept as ``SecretStr`` and never written into a message or a ``repr``; redirects are not
@@ -51,6 +59,7 @@ from .._secrets import reveal, scrub
 from ..errors import InputError
 from ._common import (
     CLOCK_EVENT_BITS,
+    NIC_SERIES,
     PRESENCE,
     SIGNALS,
     XID_COUNT,
@@ -227,6 +236,8 @@ class PrometheusSource:
         jobs["xid_count"] = functools.partial(self._xid_counts, window, at, notes)
         changed_expr = f"changes({self._sel(XID_LAST)}[{window}s]) > 0"
         jobs["xid_changed"] = functools.partial(self.query, changed_expr, at, notes)
+        for metric, expr in _nic_queries(window).items():
+            jobs[f"nic:{metric}"] = functools.partial(self.query, expr, at, notes)
         failed = threading.Event()
 
         def guarded(job: Callable[[], list[PromSeries]]) -> list[PromSeries]:
@@ -260,6 +271,7 @@ class PrometheusSource:
         for name, count in sorted(skipped.items()):
             label = self.host_label or "hostname or Hostname"
             notes.append(f"{count} series of {name} carry no {label} or gpu label: not read")
+        nics = _nic_readings({name[4:]: answers[name] for name in jobs if name.startswith("nic:")})
 
         results = to_results(
             readings,
@@ -270,7 +282,17 @@ class PrometheusSource:
             expected_gpus=expected_gpus,
             problems=problems,
             source=f"Prometheus {self.url}",
+            node_readings=nics,
         )
+        unmatched = sorted(set(nics["node"]) - set(results["node"].astype(str)))
+        if unmatched:
+            shown = ", ".join(unmatched[:5]) + (
+                f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
+            )
+            notes.append(
+                f"node-exporter's infiniband series of {len(unmatched)} node(s) with no DCGM series ({shown}): "
+                "their NIC telemetry is not read (is their node or instance label the node's name?)"
+            )
         for node in missing_nodes(expected_gpus or {}, results["node"].astype(str).unique()):
             problems.add(
                 node,
@@ -610,6 +632,84 @@ def _regex_escape(text: str) -> str:
     special = set(r".^$*+?()[]{}|\\")
     escaped = "".join("\\" + c if c in special else c for c in text)
     return escaped.replace("\\", "\\\\").replace('"', '\\"')
+
+
+#: The NIC series reduce to one value per node in Prometheus, by these labels: one of them names the node.
+_NIC_BY = "node, instance"
+#: One series per port, the largest where two jobs scrape one exporter.
+_PORT_BY = "node, instance, device, port"
+#: Where two series name one node (two scrape jobs with different instance labels), the worse stands.
+_NIC_WORST = {
+    "ib_ports": "max",
+    "ib_ports_active": "min",
+    "ib_rate_min_gbps": "min",
+    "ib_rate_max_gbps": "max",
+    "ib_symbol_errors": "max",
+    "ib_link_downed": "max",
+    "ib_rcv_errors": "max",
+}
+
+
+def _nic_queries(window: int) -> dict[str, str]:
+    """The instant queries (at the window's end) of the node-level NIC metrics, each by (node, instance)."""
+    w = f"{window}s"
+
+    def port(name: str, fn: str = "last_over_time") -> str:
+        return f"max by ({_PORT_BY}) ({fn}({NIC_SERIES[name]}[{w}]))"
+
+    state = port("state")
+    active_rate = f"({port('rate')} * 8 / 1e9) and on ({_PORT_BY}) ({state} == 4)"
+    queries = {
+        "ib_ports": f"count by ({_NIC_BY}) ({state})",
+        "ib_ports_active": f"count by ({_NIC_BY}) ({state} == 4)",
+        "ib_rate_min_gbps": f"min by ({_NIC_BY}) ({active_rate})",
+        "ib_rate_max_gbps": f"max by ({_NIC_BY}) ({active_rate})",
+    }
+    for metric in ("ib_symbol_errors", "ib_link_downed", "ib_rcv_errors"):
+        queries[metric] = f"sum by ({_NIC_BY}) ({port(metric, 'increase')})"
+    return queries
+
+
+def _nic_node(labels: Mapping[str, str]) -> str:
+    """A node-exporter series' node: its ``node`` label, else its ``instance`` without the port."""
+    node = labels.get("node") or ""
+    if node:
+        return node
+    instance = labels.get("instance") or ""
+    host, sep, port = instance.rpartition(":")
+    return host if sep and port.isdigit() else instance
+
+
+def _nic_readings(answers: Mapping[str, Sequence[PromSeries]]) -> pd.DataFrame:
+    """node, metric, value of the NIC answers; a node with ports but no ACTIVE one has 0 active ports."""
+    rows = [
+        (_nic_node(s.labels), metric, s.values[0][1])
+        for metric, series in answers.items()
+        for s in series
+        if s.values and math.isfinite(s.values[0][1])
+    ]
+    frame = pd.DataFrame(rows, columns=["node", "metric", "value"])
+    frame = frame[frame["node"] != ""]
+    if frame.empty:
+        return frame.astype({"value": np.float64})
+    # Counters' increases are extrapolated to the window's edges by Prometheus: whole counts again.
+    counted = frame["metric"].isin(["ib_symbol_errors", "ib_link_downed", "ib_rcv_errors"])
+    frame.loc[counted, "value"] = np.round(frame.loc[counted, "value"].to_numpy(dtype=np.float64))
+    # count() of no series is no series: a node whose ports are all down has no "active" answer.
+    ported = frame.loc[frame["metric"] == "ib_ports", "node"].unique()
+    active = set(frame.loc[frame["metric"] == "ib_ports_active", "node"])
+    none_active = [n for n in ported if n not in active]
+    if none_active:
+        zeros = pd.DataFrame({"node": none_active, "metric": "ib_ports_active", "value": 0.0})
+        frame = pd.concat([frame, zeros], ignore_index=True)
+    parts = [
+        part.groupby("node", sort=True)["value"]
+        .agg(_NIC_WORST[str(metric)])
+        .reset_index()
+        .assign(metric=metric)
+        for metric, part in frame.groupby("metric", sort=True)
+    ]
+    return pd.concat(parts, ignore_index=True)[["node", "metric", "value"]]
 
 
 def _gpu_identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str, str] | None:

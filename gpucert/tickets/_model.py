@@ -213,7 +213,8 @@ class EscalationPolicy(BaseModel):
 
     - the same fault recurs after ``resets`` resets or reboots recorded on its ticket (gpud's
       ``DefaultRebootThreshold = 2``), except for the XIDs in ``reset_exempt_xids`` (Xid 94, a contained
-      ECC error the application survives);
+      ECC error the application survives); an RDMA port's reseats count alike (``reseat_nic``,
+      ``check_cable``: REFERENCE.md §5, "IB port down / flapping / downshift … persists → replace");
     - ``node_remediations`` remediations on one node within ``node_window`` (NVSentinel's
       health-events analyser: ≥ 5 within 7 days);
     - a fault of a cause in ``burst_causes`` seen ``burst_count`` times within ``burst_window``, occurrences
@@ -231,7 +232,10 @@ class EscalationPolicy(BaseModel):
         default=2, ge=1, description="Resets or reboots after which a recurrence is hardware."
     )
     reset_actions: tuple[str, ...] = Field(
-        default=("reset_gpu", "reboot_node", "power_cycle"), description="Remediations that count as a reset."
+        # An RDMA port's remediations count too: "IB port down / flapping / downshift: bring up, reseat
+        # cable or transceiver; persists → replace" (REFERENCE §5).
+        default=("reset_gpu", "reboot_node", "power_cycle", "reseat_nic", "check_cable"),
+        description="Remediations that count as a reset (or, for a NIC, a reseat).",
     )
     reset_exempt_xids: tuple[int, ...] = Field(
         default=(94,), description="XIDs whose recurrence never escalates."

@@ -3,7 +3,8 @@
 Stages follow REFERENCE.md §4: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
 medians (:mod:`._repeats`), each median compared with the GPU's own baseline, its cohort, its node and
 the spec (:mod:`._compare`), node-wide and pair findings (:mod:`._nodes`), causes read from the joined
-telemetry (:mod:`._causes`), and the findings reduced to DESIGN.md's verdict table (:mod:`._assemble`).
+telemetry (:mod:`._causes`; :func:`layer_of` names each cause's layer), and the findings reduced to
+DESIGN.md's verdict table (:mod:`._assemble`).
 Everything is vectorised over the fleet; the only Python loops run over runs, metrics, or the (few)
 flagged entities.
 """
@@ -17,7 +18,7 @@ import pandas as pd
 
 from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
-from ._causes import attribute_causes
+from ._causes import ACTION_FOR_CAUSE, LAYER_OF_CAUSE, LAYERS, attribute_causes, layer_of
 from ._compare import compare_references
 from ._findings import TICKET_RANK, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
@@ -25,7 +26,19 @@ from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
 from ._nodes import node_wide_findings, pair_node_findings
 from ._repeats import reduce_repeats
 
-__all__ = ["TICKET_RANK", "VERDICT_COLUMNS", "VERDICT_RANK", "RunEvaluation", "evaluate_run", "judge", "judge_run"]
+__all__ = [
+    "ACTION_FOR_CAUSE",
+    "LAYERS",
+    "LAYER_OF_CAUSE",
+    "TICKET_RANK",
+    "VERDICT_COLUMNS",
+    "VERDICT_RANK",
+    "RunEvaluation",
+    "evaluate_run",
+    "judge",
+    "judge_run",
+    "layer_of",
+]
 
 
 @dataclass(frozen=True)

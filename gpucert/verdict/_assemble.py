@@ -3,7 +3,9 @@
 The verdict is the worst severity among an entity's findings; the deciding comparison is the
 highest-ranked finding of that severity (a gate over a floor over a statistic); the cause is the most
 specific one among them (``row_remap`` over ``ecc`` over ``xid``…), with its action and the heaviest
-ticket; ``reasons`` lists every finding, worst first, notes (transients, application XIDs) last.
+ticket; ``reasons`` lists every finding, worst first, notes (transients, application XIDs) last, after the
+cause's layer (``network: 1 of 8 RDMA ports down…``) when the row has a cause, so that the first words
+of a node's summary say where to look.
 
 The work happens in entity-id space: findings (few) are mapped to ids and scattered into arrays as long
 as the fleet, and names come back as categoricals built from codes, so 100,000 passing GPUs cost a few
@@ -15,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ._causes import LAYER_OF_CAUSE
 from ._findings import CAUSE_SPECIFICITY, SEVERITY, TICKET_RANK, VERDICT_OF
 from ._index import SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR, RunIndex
 
@@ -151,13 +154,24 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     reason_eids, reasons = _join_per_entity(
         eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first]
     )
-    out["reasons"] = _scatter(total, reason_eids, reasons, "")
+    out["reasons"] = _with_layer(cause, _scatter(total, reason_eids, reasons, ""))
 
     out = out.iloc[order].reset_index(drop=True)
     if len(fleet):
         out = pd.concat([out, _fleet_frame(fleet)], ignore_index=True)
     out["run_id"] = run.run_id
     return out[list(VERDICT_COLUMNS)]
+
+
+def _with_layer(cause: np.ndarray, reasons: np.ndarray) -> np.ndarray:
+    """``"<layer>: <reasons>"`` where a row has a cause (:data:`LAYER_OF_CAUSE`); the others as they are."""
+    named = pd.notna(cause) & (cause != "")
+    if not named.any():
+        return reasons
+    layer = pd.Series(cause[named]).map(LAYER_OF_CAUSE).fillna("unknown").to_numpy(dtype=object)
+    out = reasons.copy()
+    out[named] = layer + ": " + reasons[named]
+    return out
 
 
 def _first_per_entity(eid: np.ndarray, mask: np.ndarray, keys: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -241,7 +255,9 @@ def _fleet_frame(fleet: pd.DataFrame) -> pd.DataFrame:
             "cause": fleet["cause"].to_numpy(),
             "action": fleet["action"].to_numpy(),
             "ticket": "none",
-            "reasons": fleet["reason"].to_numpy(),
+            "reasons": _with_layer(
+                fleet["cause"].to_numpy(dtype=object), fleet["reason"].to_numpy(dtype=object)
+            ),
             "gpu_model": None,
             "peer": None,
         }

@@ -4,8 +4,13 @@ A drop the statistics found is named by what the telemetry says happened while i
 bits (thermal, power), a power limit below default (config), a PCIe link below its maximum (pcie), NVLinks
 down (nvlink). Without a signature, a drop shared by the GPUs of a node is a node cause (the host for
 PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric (DESIGN.md), a node's
-host-side metric (storage) is the host's configuration, a pair deficit is the network, and a lone GPU
-that is slow against its peers is slow silicon.
+storage reads are its storage path (``storage``: the mount, the volume, the NIC to it), another
+host-side node metric is the host's configuration, a pair deficit is the network, and a lone GPU that is
+slow against its peers is slow silicon.
+
+Every cause belongs to a *layer* (:func:`layer_of`): the GPU itself (its silicon, memory, power, cooling and
+PCIe link), the NVLink fabric between a node's GPUs, the network between nodes, the storage, the software
+stack and configuration (``stack``), or ``unknown``. The verdict's ``reasons`` start with it.
 
 A host-side metric the node carries as a host finding (REFERENCE §5, "H2D low ..., link at spec") is not
 its GPUs' fault: on a GPU whose own link is at spec it is at most a warn, cause ``config``.
@@ -22,21 +27,48 @@ from ._findings import RANK, SEVERITY
 from ._gates import HW_POWER_BRAKE, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from ._index import MCODE, SCOPE_GPU, RunIndex
 
-__all__ = ["ACTION_FOR_CAUSE", "attribute_causes"]
+__all__ = ["ACTION_FOR_CAUSE", "LAYERS", "LAYER_OF_CAUSE", "attribute_causes", "layer_of"]
 
 _COMPUTE = {"gemm_bf16_tflops", "gemm_fp8_tflops", "hbm_copy_gbps"}
 
-#: What a technician does first about a confirmed statistical fail of each cause (REFERENCE.md §5).
+#: What a technician does first about a confirmed statistical fail of each cause (REFERENCE.md §5). A
+#: node's network deficit (low with every partner: its NIC, cable or switch port) starts at the cable; the
+#: NIC telemetry's own gates name ``reseat_nic`` for a port down.
 ACTION_FOR_CAUSE = {
     "thermal": "check_cooling",
     "power": "check_power",
     "config": "fix_config",
     "pcie": "reseat",
     "nvlink": "reset_gpu",
-    "network": "check_network",
+    "network": "check_cable",
+    "storage": "check_storage_mount",
     "slow_silicon": "retest",
     "unknown": "retest",
 }
+
+#: The layers, from the GPU outwards.
+LAYERS = ("gpu", "nvlink", "network", "storage", "stack", "unknown")
+#: Each cause of the verdict contract's vocabulary and the layer it belongs to.
+LAYER_OF_CAUSE = {
+    "thermal": "gpu",
+    "power": "gpu",
+    "ecc": "gpu",
+    "row_remap": "gpu",
+    "xid": "gpu",
+    "slow_silicon": "gpu",
+    "pcie": "gpu",
+    "nvlink": "nvlink",
+    "network": "network",
+    "storage": "storage",
+    "config": "stack",
+    "unknown": "unknown",
+}
+
+
+def layer_of(cause: str) -> str:
+    """The layer of ``cause`` (:data:`LAYER_OF_CAUSE`): ``gpu``, ``nvlink``, ``network``, ``storage``,
+    ``stack`` or ``unknown`` (also for no cause and for a cause gpucert does not know)."""
+    return LAYER_OF_CAUSE.get(cause, "unknown")
 
 
 def attribute_causes(
@@ -66,6 +98,7 @@ def attribute_causes(
     metric = part["metric"].to_numpy(dtype=object)
     compute = np.isin(metric, list(_COMPUTE))
     host = np.isin(metric, list(HOST_METRICS))
+    storage = metric == "storage_read_gbps"
     scope = part["scope"].to_numpy(dtype=object)
     node_cause = node_causes.reindex(part["node"]).to_numpy(dtype=object)
     has_node_cause = pd.notna(node_cause)
@@ -75,6 +108,7 @@ def attribute_causes(
     cause = np.select(
         [
             scope == "pair",
+            (scope == "node") & storage,
             (scope == "node") & nvlink_node,
             (scope == "node") & has_node_cause,
             (scope == "node") & host,
@@ -89,6 +123,7 @@ def attribute_causes(
         ],
         [
             "network",
+            "storage",
             "nvlink",
             node_cause,
             "config",

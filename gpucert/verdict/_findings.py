@@ -48,6 +48,7 @@ CAUSE_SPECIFICITY = {
     "config": 6,
     "xid": 5,
     "network": 4,
+    "storage": 4,
     "slow_silicon": 2,
     "unknown": 1,
     "": 0,

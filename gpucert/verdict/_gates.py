@@ -1,9 +1,10 @@
 """Stage 0 (REFERENCE.md §4.2): rules on telemetry and events that need no statistics.
 
 A gate names its cause from the signal itself (a PCIe link below its maximum is ``pcie``; a row-remap
-failure is ``row_remap``), and its action and ticket from REFERENCE.md §5's decision table. This module
-also owns what is *missing*: a GPU the node should have but that reports nothing fails (DESIGN.md), while
-a benchmark step that errored or a result that is absent, without a GPU signal, is inconclusive.
+failure is ``row_remap``; an RDMA port down, trained down or flapping is ``network``), and its action and
+ticket from REFERENCE.md §5's decision table. This module also owns what is *missing*: a GPU the node
+should have but that reports nothing fails (DESIGN.md), while a benchmark step that errored or a result
+that is absent, without a GPU signal, is inconclusive.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pandas as pd
 from ..policy import Policy
 from ..xid import xid_rules
 from ._findings import SEVERITY, concat_findings, empty_findings, make_findings
-from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+from ._index import IS_PERF, MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
 
 __all__ = ["gate_findings", "missing_findings", "node_wide_gate_findings"]
 
@@ -293,6 +294,7 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     )
 
     parts.append(_xid_findings(run, policy))
+    parts.append(_nic_findings(run, policy))
     parts.append(_error_findings(run))
     parts.append(_gpu_count_findings(run))
     return concat_findings(parts)
@@ -355,6 +357,126 @@ def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         ticket=np.where(is_note, "none", rules["ticket"].to_numpy(dtype=object)),
         reason=reason,
     )
+
+
+#: A port this much below the rate it is compared with is trained down (rates are discrete: 100, 200, 400…).
+_RATE_TOLERANCE = 0.01
+
+
+def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
+    """The node's RDMA ports (REFERENCE.md §3, §5 "IB port down / flapping / downshift"), one finding each:
+    a port not ACTIVE; an active port slower than ``gates.ib_rate_gbps`` or, without it, than the node's
+    fastest (a node whose NICs differ by design, 400 Gb/s compute and 200 Gb/s storage ports, sets the
+    rate, or leaves the others out in the payload's ``--ib-devices``); an error counter that rose more than
+    its gate during the run. All fail, cause ``network``."""
+    gates = policy.gates
+    nodes = np.flatnonzero(run.scope == SCOPE_NODE)
+    parts: list[pd.DataFrame] = []
+
+    def t(name: str) -> np.ndarray:
+        column: np.ndarray = run.telemetry[nodes, MCODE[name]]
+        return column
+
+    def emit(
+        mask: np.ndarray,
+        *,
+        metric: str,
+        value: np.ndarray,
+        reference: np.ndarray | float,
+        action: str,
+        reason: Callable[[np.ndarray, np.ndarray], list[str]],
+    ) -> None:
+        if not mask.any():
+            return
+        v, r = value[mask], np.broadcast_to(np.asarray(reference, dtype=float), mask.shape)[mask]
+        parts.append(
+            make_findings(
+                "node",
+                run.node_names(nodes[mask]),
+                severity="fail",
+                rank="gate",
+                metric=metric,
+                value=v,
+                reference=r,
+                reference_kind="gate",
+                cause="network",
+                action=action,
+                ticket="remediation",
+                reason=reason(v, r),
+            )
+        )
+
+    ports, active = t("ib_ports"), t("ib_ports_active")
+    emit(
+        active < ports,
+        metric="ib_ports_active",
+        value=active,
+        reference=ports,
+        action="reseat_nic",
+        reason=lambda v, r: [
+            f"{n - a:.0f} of {n:.0f} RDMA ports down: bring {'it' if n - a == 1 else 'them'} up, reseat the "
+            "cable, transceiver and NIC; if it persists replace the cable, transceiver or NIC"
+            for a, n in zip(v, r, strict=True)
+        ],
+    )
+    slowest, fastest = t("ib_rate_min_gbps"), t("ib_rate_max_gbps")
+    retrain = "trained down: reseat or replace its cable or transceiver, then check the switch port's speed"
+    expected = gates.ib_rate_gbps
+    below = (
+        slowest < expected * (1 - _RATE_TOLERANCE)
+        if expected is not None
+        else np.zeros(len(nodes), dtype=bool)
+    )
+    emit(
+        below,
+        metric="ib_rate_min_gbps",
+        value=slowest,
+        reference=float(expected or 0),
+        action="check_cable",
+        reason=lambda v, r: [
+            f"an RDMA port at {s:g} Gb/s, below the expected {e:g}: {retrain}"
+            for s, e in zip(v, r, strict=True)
+        ],
+    )
+    emit(
+        (expected is None) & (slowest < fastest * (1 - _RATE_TOLERANCE)),
+        metric="ib_rate_min_gbps",
+        value=slowest,
+        reference=fastest,
+        action="check_cable",
+        reason=lambda v, r: [
+            f"an RDMA port at {s:g} Gb/s, the others at up to {f:g}: {retrain}"
+            for s, f in zip(v, r, strict=True)
+        ],
+    )
+    seen: dict[str, Callable[[float], str]] = {
+        "ib_link_downed": lambda n: f"link downed {_times(n)} during the run: a flapping link",
+        "ib_symbol_errors": lambda n: f"{n:.0f} symbol errors during the run: a marginal link",
+        "ib_rcv_errors": lambda n: f"{n:.0f} packets received with errors during the run",
+    }
+
+    def counted(words: Callable[[float], str]) -> Callable[[np.ndarray, np.ndarray], list[str]]:
+        return lambda v, r: [
+            f"{words(n)} (gate {g:g}, summed over the node's RDMA ports): check the cable and transceiver, "
+            "then the switch port"
+            for n, g in zip(v, r, strict=True)
+        ]
+
+    for metric, words in seen.items():
+        limit = float(getattr(gates, metric))
+        emit(
+            t(metric) > limit,
+            metric=metric,
+            value=t(metric),
+            reference=limit,
+            action="check_cable",
+            reason=counted(words),
+        )
+    return concat_findings(parts)
+
+
+def _times(count: float) -> str:
+    return "once" if count == 1 else f"{count:.0f} times"
 
 
 def _error_findings(run: RunIndex) -> pd.DataFrame:
@@ -444,8 +566,8 @@ def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
 
 def _has_perf(run: RunIndex) -> np.ndarray:
     has = np.zeros(run.n_entities, dtype=bool)
-    perf_rows = np.isin(run.mcode, [MCODE[m] for m in METRIC_NAMES if m.endswith(("tflops", "gbps"))])
-    has[run.eid[perf_rows]] = True
+    # By the registry's kind, not the name: a NIC's port rate ends in "_gbps" too and is telemetry.
+    has[run.eid[IS_PERF[run.mcode]]] = True
     return has
 
 

@@ -168,7 +168,7 @@ def pair_node_findings(
         z=z[keep],
         reference_kind="peer",
         cause="network",
-        action="check_network",
+        action=ACTION_FOR_CAUSE["network"],
         ticket=np.where(severity >= 3, "remediation", "none"),
         reason=[
             f"{m}: every pair of this node is low (best {b * 100:.1f} %, worst {w * 100:.1f} % against the "

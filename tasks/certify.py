@@ -33,7 +33,6 @@ from gpucert.certify import (
     judge_rerun,
     judge_with_links,
     orphaned_jobs,
-    orphaned_pair_jobs,
     payload_configmap,
     run_wave,
     settle,
@@ -114,7 +113,7 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": settings.namespace,
                     "labels": {"app.kubernetes.io/part-of": "gpucert"}}})  # fmt: skip
         stored = kube.apply(configmap)
-    orphans = [*orphaned_jobs(kube, settings, run_id, nodes), *orphaned_pair_jobs(kube, settings, run_id, nodes)]
+    orphans = orphaned_jobs(kube, settings, run_id, nodes)
     if orphans:
         get_run_logger().warning(
             "deleting %d Jobs a killed run left behind: %s", len(orphans), ", ".join(orphans)

@@ -21,6 +21,7 @@ from gpucert.network import PAIR_METRIC, PairingPlan, plan_rounds, repairs
 from gpucert.policy import default_policy
 from gpucert.results import parse_results, write_results
 from gpucert.store import empty_baseline
+from gpucert.tickets import fingerprints
 
 T0 = datetime(2026, 12, 1, 2, tzinfo=UTC)
 
@@ -115,3 +116,15 @@ def test_compare_judges_a_results_file_with_pairs_as_certify_does(
     named = verdicts[(verdicts["metric"] == PAIR_METRIC) & (verdicts["verdict"] == "fail")]
     assert set(named["node"].dropna()) == {nic}
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_node_slow_in_its_pairs_for_its_own_pcie_fault_is_that_fault_one_ticket_not_two(fleet: Fleet) -> None:
+    node = fleet.node_names[14]
+    results, plan = _night(fleet, "night-4", T0, [Fault("pcie_gen4", node, 3)], empty_baseline())
+    verdicts = judge_with_links(results, empty_baseline(), default_policy(), plan=plan)
+    [link] = verdicts[(verdicts["node"] == node) & (verdicts["metric"] == PAIR_METRIC)
+                      & verdicts["peer"].isna()].itertuples()  # fmt: skip
+    assert (link.cause, link.ticket, link.action) == ("pcie", "none", "none")
+    assert link.reasons.startswith("gpu: explained by this node's own pcie fault")
+    assert decide_nodes(verdicts, [node])[node].cause == "pcie"
+    assert {key.split("/")[-1] for key in fingerprints(verdicts) if key.startswith(node)} == {"pcie"}

@@ -19,7 +19,7 @@ from gpucert._frames import RESULT_DTYPES
 from gpucert.certify import (
     BenchmarkSettings,
     PairRound,
-    orphaned_pair_jobs,
+    orphaned_jobs,
     pair_job,
     pair_name,
     payload_configmap,
@@ -184,7 +184,7 @@ def test_a_node_in_two_pairs_of_one_round_is_refused(sim: SimCluster, kube: Kube
     assert free(kube, *n)
 
 
-def test_orphaned_pair_jobs_are_other_runs_unfinished_ones_whose_run_lost_a_lease(
+def test_orphaned_jobs_are_other_runs_unfinished_ones_whose_run_lost_a_lease(
     sim: SimCluster, kube: Kube, payload: dict[str, Any]
 ) -> None:
     n = [node(sim, i) for i in range(6, 8)]
@@ -194,18 +194,18 @@ def test_orphaned_pair_jobs_are_other_runs_unfinished_ones_whose_run_lost_a_leas
     name = dead["metadata"]["name"]
     crashed = leases(kube, "pw-dead", at=datetime.now(UTC))
     assert all(crashed.acquire(x).held for x in n)
-    assert orphaned_pair_jobs(kube, settings, "pw-live", [n[1]]) == []  # its run holds both nodes
-    assert orphaned_pair_jobs(kube, settings, "pw-dead", n) == []  # a run's own Jobs are never its orphans
-    assert orphaned_pair_jobs(kube, settings, "pw-live", [node(sim, 0)]) == []  # on other nodes
+    assert orphaned_jobs(kube, settings, "pw-live", [n[1]]) == []  # its run holds both nodes
+    assert orphaned_jobs(kube, settings, "pw-dead", n) == []  # a run's own Jobs are never its orphans
+    assert orphaned_jobs(kube, settings, "pw-live", [node(sim, 0)]) == []  # on other nodes
     crashed.release(n[0])  # its run holds one of the two nodes only: the pair's measurement is void
-    assert orphaned_pair_jobs(kube, settings, "pw-live", [n[0]]) == [name]
+    assert orphaned_jobs(kube, settings, "pw-live", [n[0]]) == [name]
     # The run crashed: an hour later its Lease on n[1] has long lapsed; a round taking it over deletes its Job.
     leases(kube, "pw-dead", at=datetime.now(UTC) - timedelta(hours=1)).acquire(n[1])
-    assert orphaned_pair_jobs(kube, settings, "pw-live", [n[1]]) == [name]
+    assert orphaned_jobs(kube, settings, "pw-live", [n[1]]) == [name]
     rnd = asyncio.run(run_round(kube, [(n[0], n[1])], "pw-live", payload))
     assert rnd.failed() == {}
     assert kube.find("batch/v1", "Job", name, settings.namespace) is None
-    assert orphaned_pair_jobs(kube, settings, "pw-live", n) == []
+    assert orphaned_jobs(kube, settings, "pw-live", n) == []
     assert free(kube, *n)
 
 

@@ -103,7 +103,7 @@ from ._settle import (
 )
 from ._shards import ShardParts, plan_shards, read_shards, write_shard
 from ._tickets import TicketStep, pending_runs, ticket_step
-from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, orphaned_pair_jobs, run_wave, sweep_orphans
+from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave, sweep_orphans
 
 __all__ = [
     "BENCH_PREFIX",
@@ -181,7 +181,6 @@ __all__ = [
     "node_patch",
     "observe",
     "orphaned_jobs",
-    "orphaned_pair_jobs",
     "pair_job",
     "pair_name",
     "parse_pod_log",

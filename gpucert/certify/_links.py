@@ -35,7 +35,7 @@ from ..network import (
     stored_plan,
 )
 from ..policy import Policy
-from ..verdict import judge
+from ..verdict import judge, with_layer
 from ._run import CertificationRun
 
 __all__ = [
@@ -112,7 +112,37 @@ def judge_with_links(
     models = results.groupby("node", observed=True)["gpu_model"].first()
     links = link_verdicts(judgement, run_id=str(pairs["run_id"].iloc[0]),
                           models={str(k): str(v) for k, v in models.items()})  # fmt: skip
-    return pd.concat([verdicts, links], ignore_index=True)
+    return pd.concat([verdicts, _explained_by_the_node(links, verdicts)], ignore_index=True)
+
+
+#: Causes of a node's own benchmark that also slow its pairs (REFERENCE §3: a PCIe link down a generation
+#: halves that GPUDirect rail; a GPU held back by heat, power or an error slows the ring it is in).
+_NODE_CAUSES_OF_PAIRS = frozenset({"pcie", "nvlink", "thermal", "power", "ecc", "row_remap", "xid", "config"})
+
+
+def _explained_by_the_node(links: pd.DataFrame, verdicts: pd.DataFrame) -> pd.DataFrame:
+    """The link rows, a node's own network path named where its own benchmark found a cause that slows its
+    pairs too made that cause's: the node's GPU rows carry the action and the ticket, and the link row
+    says why it asks for none (one fault, one ticket)."""
+    flagged = verdicts[verdicts["verdict"].isin(["warn", "fail"]) & verdicts["node"].notna()]
+    flagged = flagged[flagged["cause"].isin(list(_NODE_CAUSES_OF_PAIRS))]
+    if flagged.empty:
+        return links
+    cause_of = flagged.groupby(flagged["node"].astype(str), sort=False)["cause"].first()
+    own_path = (links["peer"].isna() & (links["cause"] == "network") & links["node"].notna()).to_numpy()
+    node_cause = links["node"].astype("string").map(cause_of).to_numpy(dtype=object)
+    explained = own_path & pd.notna(node_cause)
+    if not explained.any():
+        return links
+    out = links.copy()
+    causes = node_cause[explained].astype(str)
+    out.loc[explained, "cause"] = causes
+    out.loc[explained, "action"] = "none"
+    out.loc[explained, "ticket"] = "none"
+    pairs_said = out.loc[explained, "reasons"].astype(str).str.removeprefix("network: ").to_numpy(dtype=object)
+    said = "explained by this node's own " + causes + " fault (its own rows): " + pairs_said
+    out.loc[explained, "reasons"] = with_layer(causes.astype(object), said)
+    return out
 
 
 def store_plan(run: CertificationRun, plan: PairingPlan) -> None:

@@ -16,7 +16,7 @@ node in at most one pair of a round), run the way :func:`run_wave` runs nodes, a
 * **Restart safety.** The Job and its headless Service are named by (run id, pair), so a round started
   again with the same run id adopts them (409 → the one there); the Service is made the Job's
   (:func:`~gpucert.certify._pairjobs.owned_by`) so it goes with the Job.
-  :func:`~gpucert.certify.orphaned_pair_jobs` finds the unfinished pair Jobs a killed run of another id
+  :func:`~gpucert.certify.orphaned_jobs` finds the unfinished pair Jobs a killed run of another id
   left on these nodes; a Lease taken over from a
   crashed run has its node's orphans (node and pair Jobs) deleted before the pair's Job starts.
 * **Stuck either side.** A pair Job's outcome is read from both pods: the pod that cannot pull its image

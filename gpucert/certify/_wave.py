@@ -51,7 +51,7 @@ from ._jobs import BenchmarkSettings, benchmark_job, job_name
 from ._names import COMPONENT
 from ._outcome import JobOutcome, abandon, observe
 
-__all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "orphaned_pair_jobs", "run_wave", "sweep_orphans"]
+__all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "run_wave", "sweep_orphans"]
 
 #: How long a Job may wait on an image it cannot pull or a node it cannot be scheduled on before the
 #: wave gives up on it (a Job's own deadline counts only from its pod's start).
@@ -119,47 +119,12 @@ def orphaned_jobs(
     *,
     leases: NodeLeases | None = None,
 ) -> list[str]:
-    """Names of unfinished benchmark Jobs of *other* runs on ``nodes`` (a killed run's leftovers).
+    """Names of unfinished benchmark and pair Jobs of *other* runs on any of ``nodes`` (a killed run's
+    leftovers).
 
-    A Job whose run still holds its node's Lease belongs to a live run benchmarking that node now (a
-    certify and the nightly overlapping): it is no orphan. ``leases`` reads them (default: this run's).
-    """
-    wanted = set(nodes)
-    prefix = settings.label_prefix
-    leases = leases or NodeLeases(kube, run_id, namespace=settings.namespace)
-    out = []
-    for job in kube.list_objects(
-        "batch/v1", "Job", settings.namespace, label_selector="app.kubernetes.io/component=benchmark"
-    ):
-        meta = job["metadata"]
-        labels = meta.get("labels") or {}
-        node = (meta.get("annotations") or {}).get(f"{prefix}/node")
-        owner = labels.get(f"{prefix}/run-id")
-        if owner == run_id or node not in wanted or _finished(job):
-            continue
-        if owner is None or leases.live_holder(node) != owner:
-            out.append(str(meta["name"]))
-    return out
-
-
-def _pair_nodes(job: Mapping[str, Any], prefix: str) -> tuple[str, ...]:
-    """The nodes a pair Job's ``<prefix>/pair`` annotation names; () for a Job that is no pair's."""
-    said = ((job.get("metadata") or {}).get("annotations") or {}).get(f"{prefix}/pair") or ""
-    return tuple(n for n in str(said).split(",") if n)
-
-
-def orphaned_pair_jobs(
-    kube: Kube,
-    settings: BenchmarkSettings,
-    run_id: str,
-    nodes: Sequence[str],
-    *,
-    leases: NodeLeases | None = None,
-) -> list[str]:
-    """Names of unfinished pair Jobs of *other* runs on any of ``nodes`` (a killed run's leftovers).
-
-    A pair Job whose run still holds both its nodes' Leases belongs to a live run benchmarking that pair
-    now: it is no orphan. ``leases`` reads them (default: this run's). See :func:`orphaned_jobs`.
+    A Job whose run still holds the Leases of all its nodes (one, or a pair's two) belongs to a live run
+    benchmarking them now (a certify and the nightly overlapping): it is no orphan. ``leases`` reads them
+    (default: this run's).
     """
     wanted = set(nodes)
     prefix = settings.label_prefix
@@ -169,22 +134,29 @@ def orphaned_pair_jobs(
         "batch/v1", "Job", settings.namespace, label_selector=f"app.kubernetes.io/component={COMPONENT}"
     ):
         meta = job["metadata"]
-        pair = _pair_nodes(job, prefix)
+        on = _job_nodes(job, prefix)
         owner = (meta.get("labels") or {}).get(f"{prefix}/run-id")
-        if owner == run_id or wanted.isdisjoint(pair) or _finished(job):
+        if owner == run_id or wanted.isdisjoint(on) or _finished(job):
             continue
-        if owner is None or any(leases.live_holder(node) != owner for node in pair):
+        if owner is None or any(leases.live_holder(node) != owner for node in on):
             out.append(str(meta["name"]))
     return out
+
+
+def _job_nodes(job: Mapping[str, Any], prefix: str) -> tuple[str, ...]:
+    """The nodes a benchmark Job is on: its ``<prefix>/node`` annotation's, or the two a pair Job's
+    ``<prefix>/pair`` annotation names; () for neither."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    if node := annotations.get(f"{prefix}/node"):
+        return (str(node),)
+    return tuple(n for n in str(annotations.get(f"{prefix}/pair") or "").split(",") if n)
 
 
 def sweep_orphans(
     kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str], leases: NodeLeases
 ) -> int:
     """Delete the unfinished Jobs, node and pair, that crashed runs left on ``nodes``."""
-    names = [*orphaned_jobs(kube, settings, run_id, nodes, leases=leases),
-             *orphaned_pair_jobs(kube, settings, run_id, nodes, leases=leases)]  # fmt: skip
-    return delete_jobs(kube, settings, names)
+    return delete_jobs(kube, settings, orphaned_jobs(kube, settings, run_id, nodes, leases=leases))
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -11,7 +11,8 @@ What each finding of :func:`gpucert.network.judge_pairs` becomes:
 * every other measured pair: a ``pass`` pair row; a low pair that a finding explains says which.
 
 So a node is failed for its network only by a finding that rests on at least two partners, never by a
-pair row a partner's fault put it in.
+pair row a partner's fault put it in. Each row with a cause names its layer first, as the verdict
+engine's do (``network: …``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from ..verdict import with_layer
 from ._judge import PAIR_METRIC, PairJudgement
 
 __all__ = ["link_verdicts", "pair_references"]
@@ -75,6 +77,7 @@ def link_verdicts(judgement: PairJudgement, *, run_id: str, models: Mapping[str,
         "peer": passing["peer"].astype(str),
     })  # fmt: skip
     rows = pd.concat([from_findings, from_pairs], ignore_index=True)
+    rows["reasons"] = with_layer(rows["cause"].to_numpy(dtype=object), rows["reasons"].to_numpy(dtype=object))
     rows["run_id"] = run_id
     rows["gpu"] = pd.array([pd.NA] * len(rows), dtype="Int64")
     rows["gpu_uuid"] = None

@@ -408,7 +408,8 @@ def _fleet_findings(verdicts: pd.DataFrame, kinds: ObjectArray, group_names: Obj
     if "metric" in verdicts.columns:
         rows &= _text(verdicts, "metric") == PAIR_METRIC
     part = verdicts[rows]
-    reasons = pd.Series(_text(part, "reasons"), dtype=object).astype(str)
+    # The layer the verdict names first (``network: …``) is not part of the finding's own words.
+    reasons = pd.Series(_text(part, "reasons"), dtype=object).astype(str).str.removeprefix("network: ")
     verdict = _text(part, "verdict")
     by_length = sorted(range(len(group_names)), key=lambda g: -len(str(group_names[g])))
     leaf_of = np.full(len(part), -1, dtype=np.int64)

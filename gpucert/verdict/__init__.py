@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..policy import Policy, default_policy, spec_floors
-from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes
+from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes, with_layer
 from ._causes import ACTION_FOR_CAUSE, LAYER_OF_CAUSE, LAYERS, attribute_causes, layer_of
 from ._compare import compare_references
 from ._findings import TICKET_RANK, VERDICT_RANK, concat_findings
@@ -38,6 +38,7 @@ __all__ = [
     "judge",
     "judge_run",
     "layer_of",
+    "with_layer",
 ]
 
 

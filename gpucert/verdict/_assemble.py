@@ -21,7 +21,7 @@ from ._causes import LAYER_OF_CAUSE
 from ._findings import CAUSE_SPECIFICITY, SEVERITY, TICKET_RANK, VERDICT_OF
 from ._index import SCOPE_GPU, SCOPE_NODE, SCOPE_PAIR, RunIndex
 
-__all__ = ["VERDICT_COLUMNS", "assemble", "escalate_nodes"]
+__all__ = ["VERDICT_COLUMNS", "assemble", "escalate_nodes", "with_layer"]
 
 VERDICT_COLUMNS = (
     "run_id",
@@ -154,7 +154,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     reason_eids, reasons = _join_per_entity(
         eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first]
     )
-    out["reasons"] = _with_layer(cause, _scatter(total, reason_eids, reasons, ""))
+    out["reasons"] = with_layer(cause, _scatter(total, reason_eids, reasons, ""))
 
     out = out.iloc[order].reset_index(drop=True)
     if len(fleet):
@@ -163,7 +163,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     return out[list(VERDICT_COLUMNS)]
 
 
-def _with_layer(cause: np.ndarray, reasons: np.ndarray) -> np.ndarray:
+def with_layer(cause: np.ndarray, reasons: np.ndarray) -> np.ndarray:
     """``"<layer>: <reasons>"`` where a row has a cause (:data:`LAYER_OF_CAUSE`); the others as they are."""
     named = pd.notna(cause) & (cause != "")
     if not named.any():
@@ -255,7 +255,7 @@ def _fleet_frame(fleet: pd.DataFrame) -> pd.DataFrame:
             "cause": fleet["cause"].to_numpy(),
             "action": fleet["action"].to_numpy(),
             "ticket": "none",
-            "reasons": _with_layer(
+            "reasons": with_layer(
                 fleet["cause"].to_numpy(dtype=object), fleet["reason"].to_numpy(dtype=object)
             ),
             "gpu_model": None,

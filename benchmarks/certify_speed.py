@@ -27,8 +27,10 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +96,12 @@ def main() -> int:
 
             def run(run_id: str) -> tuple[float, CertifyOutcome]:
                 start, tasks_before = time.perf_counter(), task_runs()
-                out = asyncio.run(certify(cluster=cluster, store=store, policy=policy, run_id=run_id,
-                                          max_parallel=args.max_parallel))  # fmt: skip
+                with RssSampler() as rss:
+                    out = asyncio.run(certify(cluster=cluster, store=store, policy=policy, run_id=run_id,
+                                              max_parallel=args.max_parallel))  # fmt: skip
                 seconds = time.perf_counter() - start
                 print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs", flush=True)
+                print(f"  peak RSS of this process by step: {rss.by_task(str(PREFECT_API_URL.value()))}", flush=True)
                 for line in out.links[:2]:
                     print(f"  links: {line}", flush=True)
                 return seconds, out
@@ -130,6 +134,58 @@ def main() -> int:
     else:
         print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
     return 0
+
+
+class RssSampler:
+    """This process's RSS every 0.2 s while in the ``with`` block, and its peak within each Prefect task
+    run's window: where the flow's memory goes (a task running within another counts in both)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(0.2):
+            with open("/proc/self/statm") as f:
+                self.samples.append((time.time(), int(f.read().split()[1]) * page / 2**20))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def by_task(self, api: str) -> str:
+        """``step: peak MB`` for the task runs started while sampling, the highest first, and the rest."""
+        from datetime import datetime
+
+        import httpx
+
+        if not self.samples:
+            return "no samples"
+        since = datetime.fromtimestamp(self.samples[0][0], tz=UTC).isoformat()
+        body = {"task_runs": {"start_time": {"after_": since}}, "limit": 200}
+        runs = httpx.post(f"{api}/task_runs/filter", json=body, timeout=30).json()
+        peaks: dict[str, float] = {}
+        covered: set[int] = set()
+        for run in runs:
+            if not run.get("start_time") or not run.get("end_time"):
+                continue
+            lo = datetime.fromisoformat(run["start_time"]).timestamp()
+            hi = datetime.fromisoformat(run["end_time"]).timestamp()
+            inside = [i for i, (t, _) in enumerate(self.samples) if lo <= t <= hi]
+            if inside:
+                step = str(run["name"]).split(" ")[0]  # benchmark (the shards' too), judge, settle, pair, keep…
+                peaks[step] = max(peaks.get(step, 0.0), *(self.samples[i][1] for i in inside))
+                covered.update(inside)
+        rest = [mb for i, (_, mb) in enumerate(self.samples) if i not in covered]
+        if rest:
+            peaks["(between tasks)"] = max(rest)
+        return ", ".join(f"{k} {v:.0f}" for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])[:6]) + " MB"
 
 
 @contextlib.contextmanager

@@ -308,3 +308,17 @@ def test_a_crashed_runs_job_is_no_orphan_while_it_holds_the_lease_and_goes_on_ta
     assert kube.find("batch/v1", "Job", dead_job, settings.namespace) is None
     assert no_lease(kube, n)
     assert taints(kube, n) == []
+
+
+def test_a_wave_larger_than_a_validation_batch_keeps_every_nodes_results(
+    sim: SimCluster, kube: Kube, payload: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gpucert.certify._wave.VALIDATE_EVERY", 2)  # 5 nodes: batches of 2, 2, then 1
+    nodes = {node(sim, i): 8 for i in range(5)}
+    wave = asyncio.run(_wave(kube, nodes, "lease-batches", payload, max_parallel=5))
+    assert {n: r.state for n, r in wave.runs.items()} == dict.fromkeys(nodes, "succeeded")
+    frame = wave.frame()
+    assert frame is not None
+    assert sorted(frame["node"].astype(str).unique()) == sorted(nodes)
+    assert sorted(wave.stacks) == sorted(nodes)
+    assert not frame.duplicated(["node", "gpu", "metric", "repeat", "peer"]).any()

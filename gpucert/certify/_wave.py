@@ -56,6 +56,8 @@ __all__ = ["NodeRun", "Wave", "delete_jobs", "orphaned_jobs", "run_wave", "sweep
 #: How long a Job may wait on an image it cannot pull or a node it cannot be scheduled on before the
 #: wave gives up on it (a Job's own deadline counts only from its pod's start).
 PENDING_GRACE_S = 120.0
+#: How many nodes' logs a wave validates at once (see run_wave's ``validate``).
+VALIDATE_EVERY = 64
 #: The longest wait between two looks at a Job, or at a Lease another run holds.
 _POLL_CAP_S = 10.0
 
@@ -391,18 +393,27 @@ async def run_wave(
         wave.runs[node] = run
         if log is not None:
             logs[node] = log
+            if len(logs) >= VALIDATE_EVERY:
+                batch = dict(logs)
+                logs.clear()  # before the await: no other node's coroutine takes the same batch
+                await validate(batch)
+
+    async def validate(batch: Mapping[str, PodLog]) -> None:
+        # Logs validated together: the contract's checks cost about the same on one log as on many. In
+        # batches, so that a wave of a thousand nodes holds at most a batch of logs as parsed records
+        # (about 1 MB a node), the rest as compact frames.
+        checked = await _call(validate_pod_logs, list(batch.values()))
+        for node, got in zip(batch, checked, strict=True):
+            if isinstance(got, ResultsError):  # one node's bad rows cost that node its verdict only
+                wave.runs[node] = NodeRun(node, wave.runs[node].job, "failed", "bad_results", str(got))
+                continue
+            wave.results.append(got.results)
+            if got.stack is not None:
+                wave.stacks[node] = got.stack
 
     logs: dict[str, PodLog] = {}
     await asyncio.gather(*(one(node, gpus) for node, gpus in nodes.items()))
-    # The wave's logs validated together: the contract's checks cost the same on one log as on many.
-    checked = await _call(validate_pod_logs, list(logs.values()))
-    for node, got in zip(logs, checked, strict=True):
-        if isinstance(got, ResultsError):  # one node's bad rows cost that node its verdict only
-            wave.runs[node] = NodeRun(node, wave.runs[node].job, "failed", "bad_results", str(got))
-            continue
-        wave.results.append(got.results)
-        if got.stack is not None:
-            wave.stacks[node] = got.stack
+    await validate(logs)
     return wave
 
 

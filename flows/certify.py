@@ -36,6 +36,7 @@ from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
 from flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
 from gpucert._crashpoints import crashpoint
+from gpucert._memory import release_freed_memory
 from gpucert.audit import ticket_action
 from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange, plan_shards, stored_plan_of
 from tasks.certify import (
@@ -103,6 +104,7 @@ async def certify(
     links = await measure_links(kube, run, setup.cluster.gpu_node_selector, measured, payload, settings,
                                 rules.policy, max_parallel=max_parallel)  # fmt: skip
     audit.flush()  # the Jobs created and deleted
+    release_freed_memory()  # what the waves parsed, before the whole fleet is judged at once
     first = judge_run(run, failed, list(gpus), rules.policy)
     crashpoint("judged")
 

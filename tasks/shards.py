@@ -27,6 +27,7 @@ from prefect import get_run_logger
 from prefect.blocks.core import Block
 from prefect.client.schemas.objects import FlowRun
 
+from gpucert._memory import release_freed_memory
 from gpucert.certify import CertificationRun, ShardParts, read_shards
 from gpucert.errors import GpucertError
 
@@ -98,6 +99,7 @@ async def run_shards(
         async def in_turn(index: int, nodes: dict[str, int]) -> None:
             async with slots:
                 await local(index, nodes)
+                release_freed_memory()  # the shard's logs and frames, before the next shard's come on top
 
         await asyncio.gather(*(in_turn(i, nodes) for i, nodes in enumerate(shards)))
     else:

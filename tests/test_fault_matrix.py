@@ -282,10 +282,16 @@ def check_end_state(
         if row.taint in ("added", "kept"):
             assert taints[UNHEALTHY] == (row.cause or "unknown"), name
     jobs = kube.list_objects("batch/v1", "Job", NAMESPACE, label_selector=f"{PREFIX}/run-id={outcome.run_id}")
-    per_node = sorted(str((j["metadata"].get("annotations") or {}).get(f"{PREFIX}/node")) for j in jobs)
-    # At most one per node (a Job given up on is deleted), and one for every node that was measured.
+    said = [(j["metadata"].get("annotations") or {}) for j in jobs]
+    per_node = sorted(str(a[f"{PREFIX}/node"]) for a in said if f"{PREFIX}/node" in a)
+    pairs = sorted(str(a[f"{PREFIX}/pair"]) for a in said if f"{PREFIX}/pair" in a)
+    assert len(per_node) + len(pairs) == len(jobs), "a Job that is neither a node's nor a pair's"
+    # At most one per node (a Job given up on is deleted), and one for every node that was measured; at
+    # most one per pair of the links step, on measured nodes only.
     assert len(per_node) == len(set(per_node)), f"duplicate Jobs: {per_node}"
     assert set(outcome.nodes) - set(outcome.inconclusive) <= set(per_node) <= set(outcome.nodes), per_node
+    assert len(pairs) == len(set(pairs)), f"duplicate pair Jobs: {pairs}"
+    assert {n for p in pairs for n in p.split(",")} <= set(outcome.nodes) - set(outcome.inconclusive), pairs
     versions = store.versions()
     if new_versions is not None:
         assert len(versions) == versions_before + new_versions, [v.version for v in versions]
@@ -660,7 +666,9 @@ def api_url() -> str:
 
 
 def _run_pods(kube: Kube, run_id: str) -> list[dict[str, Any]]:
-    return kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id={run_id}")
+    """The run's benchmark pods, one per node's Job (the links step's pair pods aside)."""
+    pods = kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id={run_id}")
+    return [p for p in pods if f"{PREFIX}/node" in (p["metadata"].get("annotations") or {})]
 
 
 @pytest.mark.parametrize("row", rows(*KILLED))
@@ -963,9 +971,11 @@ def process_worker(env: Mapping[str, str], queue: str, log: Path) -> Iterator[su
 
 
 def _run_job_uids(kube: Kube, run_id: str) -> dict[str, str]:
-    """The run's Jobs: name → uid (a Job deleted and made again has a new uid)."""
+    """The run's benchmark Jobs, one per node (its links' pair Jobs aside): name → uid (a Job deleted and
+    made again has a new uid)."""
     jobs = kube.list_objects("batch/v1", "Job", NAMESPACE, label_selector=f"{PREFIX}/run-id={run_id}")
-    return {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs}
+    return {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs
+            if f"{PREFIX}/node" in (j["metadata"].get("annotations") or {})}  # fmt: skip
 
 
 def _automations_for_the_test() -> list[dict[str, Any]]:

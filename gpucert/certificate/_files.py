@@ -18,8 +18,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from ..certify._links import LINK_NODES, LINK_PAIRS, plan_of
 from ..certify._run import DECISIONS, POLICY, RESULTS, STACK, VERDICTS, rerun_id
 from ..errors import GpucertError, InputError, PolicyError
+from ..network import PairingPlan
 from ..policy import Policy
 from ..results import parse_results
 from ..store import BaselineStore, empty_baseline, validate_baseline
@@ -183,6 +185,16 @@ class RunFiles:
 
     def results(self, attempt: int = 0) -> pd.DataFrame | None:
         return self.table(RESULTS, attempt)
+
+    def links_plan(self, policy: Policy) -> PairingPlan | None:
+        """The pairing plan the run measured its links by (``links-*.parquet``), None when it measured none."""
+        nodes, pairs = self.table(LINK_NODES), self.table(LINK_PAIRS)
+        if nodes is None or pairs is None:
+            return None
+        try:
+            return plan_of(nodes, pairs, policy)
+        except InputError as exc:
+            raise FileProblem(self.key(LINK_PAIRS), str(exc)) from None
 
     def decisions(self) -> pd.DataFrame:
         """``decisions.parquet``; :class:`FileProblem` when the run was never settled."""

@@ -2,11 +2,12 @@
 
 :func:`rejudge` replays what the certify flow did (flows/certify.py), with the functions it used: the first
 run's results judged against the recorded baseline version under the recorded policy
-(:func:`gpucert.verdict.judge`), each confirming re-run judged among the first run's other nodes
-(:func:`gpucert.certify.judge_rerun`) for exactly the nodes the settlement so far left pending, and the
-whole settled (:func:`gpucert.certify.settle`). :func:`gpucert.certify.settle_offline` is not used as is:
-it takes a run's nodes from its results, so a node whose Job failed (no results, inconclusive) would drop
-out, and a re-run's nodes from what it measured rather than from what the settlement asked for.
+(:func:`gpucert.certify.judge_with_links`: its pairs by its stored pairing plan), each confirming re-run
+judged among the first run's other nodes (:func:`gpucert.certify.judge_rerun`) for exactly the nodes the
+settlement so far left pending, and the whole settled (:func:`gpucert.certify.settle`).
+:func:`gpucert.certify.settle_offline` is not used as is: it takes a run's nodes from its results, so a
+node whose Job failed (no results, inconclusive) would drop out, and a re-run's nodes from what it
+measured rather than from what the settlement asked for.
 
 What is compared, per node: state, verdict, cause, hard gate, confirmed, settled and the runs the decision
 rests on — all of which follow from the verdicts alone. The taint action is not: it depends on the
@@ -32,11 +33,12 @@ from ..certify import (
     Settlement,
     job_failure_verdicts,
     judge_rerun,
+    judge_with_links,
     settle,
     settled_verdicts,
 )
+from ..network import PairingPlan
 from ..policy import Policy
-from ..verdict import judge
 from ._canonical import plain
 from ._files import RunFiles
 
@@ -67,11 +69,12 @@ def _with_floors(policy: Policy, floors: Mapping[tuple[str, str], float]) -> Ite
 
 
 def _verdicts(
-    results: pd.DataFrame | None, run_id: str, baseline: pd.DataFrame, policy: Policy
+    results: pd.DataFrame | None, run_id: str, baseline: pd.DataFrame, policy: Policy,
+    plan: PairingPlan | None = None,
 ) -> pd.DataFrame:
     if results is None or results.empty:
         return job_failure_verdicts(run_id, {})
-    return judge(results, baseline, policy)
+    return judge_with_links(results, baseline, policy, plan=plan)
 
 
 def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]:
@@ -85,7 +88,8 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
     nodes = tuple(sorted(set(stored["node"].astype(str)) | measured))
     problems: list[Difference] = []
     with _with_floors(record.policy, record.floors) as policy:
-        first_verdicts = _verdicts(first_results, files.run_id, files.baseline(), policy)
+        first_verdicts = _verdicts(first_results, files.run_id, files.baseline(), policy,
+                                   files.links_plan(policy))  # fmt: skip
         # Nodes without results had a failed Job: one inconclusive row each, as the flow writes.
         failed = {n: (None, "") for n in nodes if n not in measured}
         if failed:

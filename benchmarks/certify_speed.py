@@ -2,12 +2,12 @@
 different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
 
     python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16] [--shard-size N]
-                                       [--sim-process] [--pairs] [--clean-only]
+                                       [--sim-process] [--no-pairs] [--clean-only]
 
 ``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards (here in this
 process, as sub-flows: the benchmark has no workers). Each run also prints the Prefect task runs it made.
-``--pairs`` turns the policy's ``network.pairs`` on, so each run measures its links too (issue 14's bar: the
-pairing rounds and their judgement add at most 2× the time of the certify without them).
+Each run measures its links too (the policy's ``network.pairs``, on by default); ``--no-pairs`` turns them
+off, for issue 14's bar: the pairing rounds and their judgement add at most 2× the certify without them.
 ``--sim-process`` serves the simulated cluster from its own ``gpucert sim up`` process (faults through
 ``gpucert sim inject``), so this process's peak RSS is the flow's alone — the parent of issue 17's bar.
 
@@ -55,7 +55,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
     parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
     parser.add_argument("--clean-only", action="store_true", help="only the first run (it seeds the baselines)")
-    parser.add_argument("--pairs", action="store_true", help="the policy's network.pairs on: the links step too")
+    parser.add_argument("--no-pairs", action="store_true", help="the policy's network.pairs off: no links step")
     args = parser.parse_args()
 
     import httpx
@@ -85,8 +85,8 @@ def main() -> int:
             store = BaselineStore(uri=f"file://{d}")
 
             fields: dict[str, Any] = {"shard_size": args.shard_size} if args.shard_size else {}
-            if args.pairs:
-                fields["policy"] = {"network": {"pairs": True}}
+            if args.no_pairs:
+                fields["policy"] = {"network": {"pairs": False}}
             policy = CertificationPolicy(**fields) if fields else None
 
             def task_runs() -> int:

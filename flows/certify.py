@@ -9,9 +9,9 @@ The runbook, top to bottom:
    pull, unschedulable, OOM, deadline) makes that node inconclusive. More nodes than the policy's
    ``shard_size``: the benchmarks run as ``certify-shard`` flow runs on the pool's workers (``max_parallel``
    each), joined before judging (``tasks/shards.py``);
-3. **links** (the policy's ``network.pairs``): the measured nodes in two-node all-reduce pairs, round by
-   round, chosen by their leaf and zone labels, then re-paired where nothing explains a low pair yet
-   (``tasks/links.py``);
+3. **links** (the policy's ``network.pairs``, on by default): the measured nodes in two-node all-reduce
+   pairs, round by round, chosen by their leaf and zone labels, then re-paired where nothing explains a
+   low pair yet (``tasks/links.py``);
 4. **judge** the results against the store's current baseline (own history, peers, spec), the pairs by
    the run's pairing plan;
 5. **confirm**: re-run the nodes whose fail no hard gate backs, judged among this run's other nodes;

@@ -7,15 +7,13 @@ asks ("data crosses tasks as small values or store keys").
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.concurrency.asyncio import concurrency
 
 from gpucert.certify import (
     BenchmarkSettings,
@@ -48,6 +46,7 @@ from gpucert.policy import Policy
 from gpucert.store import empty_baseline
 
 from ._retry import kube_task
+from ._slots import benchmark_slot
 
 __all__ = [
     "act_on_nodes",
@@ -60,9 +59,6 @@ __all__ = [
     "settle_run",
 ]
 
-#: The Prefect global concurrency limit every benchmark Job holds a slot of while it runs; create it
-#: (``prefect gcl create gpucert-benchmarks --limit N``) to bound Jobs across concurrent certify runs.
-CONCURRENCY_LIMIT = "gpucert-benchmarks"
 
 
 @kube_task("select nodes")
@@ -122,25 +118,6 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
     return stored
 
 
-async def _limit_exists() -> bool:
-    """Whether the global concurrency limit was created (else Prefect would warn once per Job)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    async with get_client() as client:
-        try:
-            await client.read_global_concurrency_limit_by_name(CONCURRENCY_LIMIT)
-        except ObjectNotFound:
-            return False
-    return True
-
-
-@contextlib.asynccontextmanager
-async def _slot() -> AsyncIterator[None]:
-    async with concurrency(CONCURRENCY_LIMIT, occupy=1, strict=False):
-        yield
-
-
 @task(name="benchmark", task_run_name="benchmark {run.run_id}", cache_policy=NO_CACHE)
 async def benchmark(
     kube: Kube,
@@ -157,7 +134,7 @@ async def benchmark(
 
     Returns node → (reason, message) for each node whose Job failed, and node → stack record.
     """
-    slot = _slot if await _limit_exists() else None
+    slot = await benchmark_slot()
     wave = await run_wave(kube, nodes, run.run_id, payload, settings, max_parallel=max_parallel, slot=slot)
     frame = wave.frame()
     failed = {n: (r.reason, r.message) for n, r in wave.failed().items()}

@@ -30,6 +30,8 @@ from gpucert.policy import Policy
 from gpucert.results import join_parquet
 from gpucert.store import empty_baseline
 
+from ._slots import benchmark_slot
+
 __all__ = ["LinkOutcome", "measure_links"]
 
 
@@ -69,7 +71,9 @@ async def pair_round(
 ) -> tuple[bytes | None, dict[str, str]]:
     """One round of pair Jobs; returns its rows as Parquet (None when no pair produced any: data crosses
     tasks as bytes, not frames) and ``a – b`` → why, for each pair that failed."""
-    done = await run_pair_round(kube, pairs, run.run_id, payload, settings, gpus=gpus, max_parallel=max_parallel)
+    # A pair Job holds a slot of the benchmarks' global concurrency limit, as a node's Job does.
+    done = await run_pair_round(kube, pairs, run.run_id, payload, settings, gpus=gpus, max_parallel=max_parallel,
+                                slot=await benchmark_slot())  # fmt: skip
     failed = {f"{a} – {b}": f"{r.reason}: {r.message}" for (a, b), r in done.failed().items()}
     get_run_logger().info("%s round %d: %d pairs measured, %d failed", stage, index, len(pairs) - len(failed),
                           len(failed))  # fmt: skip

@@ -106,6 +106,7 @@ async def measure_links(
     for note in plan.notes:
         log.info("pairing: %s", note)
     parts: list[bytes] = []
+    frames: list[pd.DataFrame] = []  # the same rows, read once: every judgement of the step takes them all
     failed: dict[str, str] = {}
 
     async def measure(rounds: PairingPlan, first: int, stage: str) -> None:
@@ -117,10 +118,11 @@ async def measure_links(
             failed.update(lost)
             if data is not None:
                 parts.append(data)
+                frames.append(pd.read_parquet(io.BytesIO(data)))
 
     await measure(plan, 0, "pair")
     baseline = run.store.read() if run.store.current_version() is not None else empty_baseline()
-    judgement = judge_links(_frame(parts), plan, baseline, policy) if parts else None
+    judgement = judge_links(pd.concat(frames, ignore_index=True), plan, baseline, policy) if parts else None
     repaired = 0
     while judgement is not None and judgement.pending and repaired < policy.network.repair_rounds:
         more = repairs(judgement, plan, seed=link_seed(run.run_id) + repaired + 1)
@@ -129,7 +131,7 @@ async def measure_links(
         first = plan.rounds
         plan = plan.extended(more)
         await measure(plan, first, "re-pair")
-        judgement = judge_links(_frame(parts), plan, baseline, policy)
+        judgement = judge_links(pd.concat(frames, ignore_index=True), plan, baseline, policy)
         repaired += 1
     store_plan(run, plan)
     _append_results(run, parts)
@@ -142,10 +144,6 @@ async def measure_links(
         uplinks=tuple(f"{a} ↔ {b}" for a, b in judgement.uplinks) if judgement is not None else (),
         summary=summary,
     )  # fmt: skip
-
-
-def _frame(parts: Sequence[bytes]) -> pd.DataFrame:
-    return pd.concat([pd.read_parquet(io.BytesIO(p)) for p in parts], ignore_index=True)
 
 
 def _append_results(run: CertificationRun, parts: Sequence[bytes]) -> None:

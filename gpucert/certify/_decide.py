@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..verdict import VERDICT_RANK
+from ..verdict import VERDICT_OF, VERDICT_RANK
 
 __all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands"]
 
@@ -35,7 +35,6 @@ _HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile", "ib
 #: elsewhere, after the re-pairings: a confirming re-run of the node alone measures no pair.
 _PAIR_METRIC = "nccl_pair_busbw_gbps"
 _STATE = {"pass": "certified", "warn": "degraded", "fail": "failed"}
-VERDICT_OF = {rank: verdict for verdict, rank in VERDICT_RANK.items()}
 
 
 @dataclass(frozen=True)

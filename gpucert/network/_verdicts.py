@@ -22,14 +22,11 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from ..verdict import with_layer
+from ..verdict import VERDICT_COLUMNS, with_layer
 from ._judge import PAIR_METRIC, PairJudgement
 
 __all__ = ["link_verdicts", "pair_references"]
 
-#: The verdict table's columns (gpucert.verdict.VERDICT_COLUMNS, repeated here: this package is below it).
-_COLUMNS = ("run_id", "node", "gpu", "gpu_uuid", "verdict", "metric", "value", "reference", "deviation_pct",
-            "z", "reference_kind", "cause", "action", "ticket", "reasons", "gpu_model", "peer")  # fmt: skip
 _EXPLAINED = {"node": "the node's own network path", "uplink": "the link between their leaves",
               "leaf": "their leaf"}  # fmt: skip
 
@@ -82,7 +79,7 @@ def link_verdicts(judgement: PairJudgement, *, run_id: str, models: Mapping[str,
     rows["gpu"] = pd.array([pd.NA] * len(rows), dtype="Int64")
     rows["gpu_uuid"] = None
     rows["gpu_model"] = rows["node"].map(dict(models)).where(rows["node"].notna(), None)
-    return rows[list(_COLUMNS)].reset_index(drop=True)
+    return rows[list(VERDICT_COLUMNS)].reset_index(drop=True)
 
 
 def pair_references(pair_rows: pd.DataFrame, baseline: pd.DataFrame) -> pd.Series:

@@ -20,7 +20,7 @@ from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes, with_layer
 from ._causes import ACTION_FOR_CAUSE, LAYER_OF_CAUSE, LAYERS, attribute_causes, layer_of
 from ._compare import compare_references
-from ._findings import TICKET_RANK, VERDICT_RANK, concat_findings
+from ._findings import TICKET_RANK, VERDICT_OF, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
 from ._nodes import node_wide_findings, pair_node_findings
@@ -32,6 +32,7 @@ __all__ = [
     "LAYER_OF_CAUSE",
     "TICKET_RANK",
     "VERDICT_COLUMNS",
+    "VERDICT_OF",
     "VERDICT_RANK",
     "RunEvaluation",
     "evaluate_run",

@@ -2,10 +2,14 @@
 different kinds ≤ 60 s; 1,000 nodes ≤ 5 minutes on a 2-core machine), simulated benchmark time ≈ 0.
 
     python benchmarks/certify_speed.py [--nodes 64] [--faults 5] [--max-parallel 16] [--shard-size N]
-                                       [--sim-process] [--no-pairs] [--clean-only]
+                                       [--workers N] [--sim-process] [--no-pairs] [--clean-only]
 
-``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards (here in this
-process, as sub-flows: the benchmark has no workers). Each run also prints the Prefect task runs it made.
+``--shard-size`` sets the policy's shard size: a run of more nodes benchmarks in shards — here in this
+process, as sub-flows, unless ``--workers N`` starts N real ``prefect worker start`` processes on a
+process pool (``--limit 1`` each, the ``shards`` queue) with prefect.yaml's ``certify-shard`` deployment and
+saves the blocks, so the shards run as child flow runs on them as in production and this process is the
+parent alone (the workers' flow-run processes' peak RSS is printed apart). Each run also prints the
+Prefect task runs it made.
 Each run measures its links too (the policy's ``network.pairs``, on by default); ``--no-pairs`` turns them
 off, for issue 14's bar: the pairing rounds and their judgement add at most 2× the certify without them.
 ``--sim-process`` serves the simulated cluster from its own ``gpucert sim up`` process (faults through
@@ -53,6 +57,8 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=5, help="faulty nodes (kinds cycle through five)")
     parser.add_argument("--max-parallel", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="shards on this many process workers (the certify-shard deployment), not in this process")
     parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
     parser.add_argument("--clean-only", action="store_true", help="only the first run (it seeds the baselines)")
     parser.add_argument("--no-pairs", action="store_true", help="the policy's network.pairs off: no links step")
@@ -79,15 +85,21 @@ def main() -> int:
         with (
             simulated(args.nodes, args.sim_process) as (kubeconfig, inject, sim_peak_mb),
             tempfile.TemporaryDirectory() as d,
+            shard_workers(args.workers, kubeconfig, str(PREFECT_API_URL.value()), Path(d)) as workers_peak_mb,
         ):
             print(f"simulated cluster of {args.nodes} nodes up in {time.perf_counter() - t1:.1f} s", flush=True)
             cluster = GpuCluster(kubeconfig=str(kubeconfig))
-            store = BaselineStore(uri=f"file://{d}")
+            store = BaselineStore(uri=f"file://{d}/store")
 
             fields: dict[str, Any] = {"shard_size": args.shard_size} if args.shard_size else {}
             if args.no_pairs:
                 fields["policy"] = {"network": {"pairs": False}}
             policy = CertificationPolicy(**fields) if fields else None
+            if args.workers:  # a worker's flow run loads the blocks by reference: saved, or the shards stay here
+                cluster.save("bench-cluster", overwrite=True)
+                store.save("bench-store", overwrite=True)
+                policy = policy or CertificationPolicy()
+                policy.save("bench-policy", overwrite=True)
 
             def task_runs() -> int:
                 answer = httpx.post(f"{PREFECT_API_URL.value()}/task_runs/count", json={}, timeout=30)
@@ -102,6 +114,9 @@ def main() -> int:
                 seconds = time.perf_counter() - start
                 print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs", flush=True)
                 print(f"  peak RSS of this process by step: {rss.by_task(str(PREFECT_API_URL.value()))}", flush=True)
+                if args.workers:
+                    print(f"  peak RSS of one shard's flow-run process on a worker: {workers_peak_mb():.0f} MB",
+                          flush=True)
                 for line in out.links[:2]:
                     print(f"  links: {line}", flush=True)
                 return seconds, out
@@ -129,7 +144,8 @@ def main() -> int:
           f"({night.audit_seconds / seconds * 100:.1f} % of the run)")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.sim_process:
-        print(f"  peak RSS of this process (the flow; shards as its sub-flows): {peak_mb:.0f} MB; "
+        where = "shards on the workers" if args.workers else "shards as its sub-flows"
+        print(f"  peak RSS of this process (the flow; {where}): {peak_mb:.0f} MB; "
               f"of the simulator: {sim_peak_mb():.0f} MB")
     else:
         print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
@@ -171,6 +187,7 @@ class RssSampler:
         body = {"task_runs": {"start_time": {"after_": since}}, "limit": 200}
         runs = httpx.post(f"{api}/task_runs/filter", json=body, timeout=30).json()
         peaks: dict[str, float] = {}
+        began: dict[str, float] = {}
         covered: set[int] = set()
         for run in runs:
             if not run.get("start_time") or not run.get("end_time"):
@@ -181,11 +198,76 @@ class RssSampler:
             if inside:
                 step = str(run["name"]).split(" ")[0]  # benchmark (the shards' too), judge, settle, pair, keep…
                 peaks[step] = max(peaks.get(step, 0.0), *(self.samples[i][1] for i in inside))
+                began[step] = min(began.get(step, lo), lo)
                 covered.update(inside)
         rest = [mb for i, (_, mb) in enumerate(self.samples) if i not in covered]
-        if rest:
-            peaks["(between tasks)"] = max(rest)
-        return ", ".join(f"{k} {v:.0f}" for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])[:6]) + " MB"
+        in_order = sorted(peaks, key=began.__getitem__)
+        line = ", ".join(f"{step} {peaks[step]:.0f}" for step in in_order)
+        return line + (f"; between tasks {max(rest):.0f}" if rest else "") + " MB (steps in the order they began)"
+
+
+@contextlib.contextmanager
+def shard_workers(count: int, kubeconfig: Path, api_url: str, workdir: Path) -> Iterator[Callable[[], float]]:
+    """``count`` process workers serving prefect.yaml's ``certify-shard`` deployment on the ``gpucert`` pool
+    (none: nothing is started). Yields a function giving the largest peak RSS in MB any process below a
+    worker reached (a flow run's, sampled every 0.5 s); the workers' output goes to ``workdir``."""
+    if not count:
+        yield lambda: 0.0
+        return
+    root = Path(__file__).resolve().parent.parent
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    env = {**os.environ, "PREFECT_API_URL": api_url, "KUBECONFIG": str(kubeconfig),
+           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}  # fmt: skip
+    for command in (["work-pool", "create", "gpucert", "--type", "process", "--overwrite"],
+                    ["deploy", "--name", "certify-shard"]):  # fmt: skip
+        done = subprocess.run([prefect, "--no-prompt", *command], env=env, cwd=root, capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            sys.exit(f"prefect {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
+    workers = []
+    for i in range(count):
+        log = (workdir / f"worker-{i}.log").open("wb")
+        workers.append(subprocess.Popen([prefect, "worker", "start", "--pool", "gpucert", "--type", "process",
+                                         "--limit", "1", "--work-queue", "shards"],
+                                        env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+    peaks: dict[int, float] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not stop.wait(0.5):
+            for pid in _below({w.pid for w in workers}):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page / 2**20
+                    peaks[pid] = max(peaks.get(pid, 0.0), rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield lambda: max(peaks.values(), default=0.0)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            try:
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+
+def _below(roots: set[int]) -> list[int]:
+    """Every process below ``roots`` (a process worker starts each flow run in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a process that ended while read
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
 from blocks.store import BaselineStore
 from blocks.ticketing import Ticketing
+from gpucert._memory import return_arrow_memory
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
 from gpucert.errors import GpucertError, InputError
@@ -106,6 +107,7 @@ def resolve(
     :class:`RunAttemptsExhausted` for a run that crashed too often (:func:`check_attempts`).
     """
     check_attempts()
+    return_arrow_memory()  # a flow process parses a fleet's tables step after step: give their pages back
     cluster = cluster or GpuCluster()
     store_block = store or BaselineStore.default()
     policy = policy or CertificationPolicy()

@@ -124,8 +124,10 @@ async def certify(
     actions = act_on_nodes(kube, settlement, prefix=prefix)
     audit.flush()
     audit.because(f"certify {run.run_id}: passing results merged")
+    release_freed_memory()  # the judge's and the settling's, before the merge takes the medians again
     version, reseeded = keep_baselines(run, stacks, rules.policy)
     audit.flush()
+    release_freed_memory()  # the merge's, before the report draws the fleet
     report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy))
     tickets = ticket_run(setup.tickets, run, rules.escalation) if not settlement.incident else None
     if tickets is not None:

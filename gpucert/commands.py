@@ -10,25 +10,23 @@ import contextlib
 import json
 import os
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ._background import in_background
 from ._io import TABLE_SUFFIXES, write_table
 from .errors import InputError
 from .policy import Policy, load_policy
-from .results import read_results
+from .results import read_results, results_checked_alongside
 from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
 
 if TYPE_CHECKING:
     from .telemetry import PrometheusSource
-
-_T = TypeVar("_T")
 
 # The audit trail, baseline building, certification and telemetry are imported where a command uses them:
 # each costs a few hundred milliseconds at start-up, a large share of `gpucert compare` on a whole fleet.
@@ -114,30 +112,6 @@ def summarize(verdicts: pd.DataFrame) -> str:
     return line
 
 
-def _in_background(work: Callable[[], _T]) -> Callable[[], _T]:
-    """Start ``work`` on a thread; the function returned waits for it and returns its result or raises its
-    exception. A daemon thread: a command that fails meanwhile exits without waiting for it."""
-    outcome: list[_T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except BaseException as exc:  # handed to the caller, who raises it
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="gpucert-background", daemon=True)
-    thread.start()
-
-    def wait() -> _T:
-        thread.join()
-        if failure:
-            raise failure[0]
-        return outcome[0]
-
-    return wait
-
-
 def compare(
     results: Sequence[str],
     *,
@@ -167,24 +141,30 @@ def compare(
             raise InputError(f"--decisions {decisions} is --out too: name two files")
         _check_out(decisions, inputs, option="--decisions")
     store = _open_existing(baselines)
-    # The baseline is read while the results are: two cores, and the Parquet decoding of each leaves the
-    # interpreter to the other. A results file that is wrong is still the error reported first.
-    baseline_read = _in_background(lambda: store.read(baseline_version))
-    frame = read_results(results)
-    rerun_frames = [read_results([r]) for r in reruns]
-    try:
-        table = baseline_read()
-    except UnknownVersion as exc:
-        raise _unknown_version(exc, baselines) from None
+    # The baseline is read while the results are, and the results' checks across rows (duplicates,
+    # conflicting identities) are made while they are judged: two cores, and the Parquet decoding, numpy
+    # and pandas leave the interpreter to the other thread most of the time. A results file that is wrong
+    # is still the error reported first, and nothing is written before every check has passed.
+    baseline_read = in_background(lambda: store.read(baseline_version))
+    with results_checked_alongside(results) as frame:
+        rerun_frames = [read_results([r]) for r in reruns]
+        try:
+            table = baseline_read()
+        except UnknownVersion as exc:
+            raise _unknown_version(exc, baselines) from None
+        settled = rerun_frames or decisions is not None
+        if settled:
+            from .certify import settle_offline
+
+            verdicts, settlement = settle_offline(frame, rerun_frames, table, policy)
+        else:
+            verdicts = _judged(frame, table, policy)
     if table.empty:
         print(
             "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
         )
-    if rerun_frames or decisions is not None:
-        from .certify import settle_offline
-
-        verdicts, settlement = settle_offline(frame, rerun_frames, table, policy)
-        write_table(verdicts, out)
+    write_table(verdicts, out)
+    if settled:
         if decisions is not None:
             write_table(settlement.frame(datetime.now(UTC)), decisions)
         pending = settlement.pending
@@ -192,8 +172,6 @@ def compare(
         print(f"wrote {out}: {summarize(verdicts)}; settled: {states}"
               + (f"; {len(pending)} node(s) need one more run: {', '.join(pending)}" if pending else ""))  # fmt: skip
     else:
-        verdicts = _judged(frame, table, policy)
-        write_table(verdicts, out)
         print(f"wrote {out}: {summarize(verdicts)}")
     if fail_on is not None:
         entity = verdicts[verdicts["reference_kind"] != "fleet"]

@@ -15,6 +15,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert._memory import release_freed_memory
 from gpucert.certify import (
     BenchmarkSettings,
     CertificationRules,
@@ -172,11 +173,13 @@ def judge_run(
     run.write_policy(policy, baseline_version=version)
     if len(failed) < len(nodes):
         baseline = run.store.read(version) if version is not None else empty_baseline()
+        results = run.results()
+        release_freed_memory()  # the Parquet decoding's buffers, before the judge's own come on top
         if cohort is None:
-            judged = judge_with_links(run.results(), baseline, policy, plan=stored_plan_of(run, policy))
+            judged = judge_with_links(results, baseline, policy, plan=stored_plan_of(run, policy))
         else:
             peers = cohort.results() if cohort.has(RESULTS) else None
-            judged = judge_rerun(run.results(), peers, nodes, baseline, policy)
+            judged = judge_rerun(results, peers, nodes, baseline, policy)
         parts.insert(0, judged)
     filled = [p for p in parts if len(p)]
     verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]

@@ -20,13 +20,16 @@ import pytest
 
 from gpucert import _prefetch
 from gpucert.baseline import build_baseline
+from gpucert.certify import judge_with_links
+from gpucert.certify._links import _without
 from gpucert.errors import ResultsError
 from gpucert.fleet import Fleet, random_faults
 from gpucert.policy import default_policy, spec_floors
-from gpucert.results import _relations, parse_results, read_results, write_results
+from gpucert.results import _relations, parse_results, read_results, results_checked_alongside, write_results
 from gpucert.store import empty_baseline
 from gpucert.verdict import evaluate_run, judge
-from gpucert.verdict._compare import _leave_one_out_median
+from gpucert.verdict._compare import _leave_one_out_median, _positions
+from gpucert.verdict._index import group_rows
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 
@@ -189,3 +192,90 @@ def test_group_ids_name_the_same_groups_as_the_tuples() -> None:
         assert key.max() < span
         tuples = pd.factorize(pd.MultiIndex.from_arrays([p for p, _ in parts]))[0]
         np.testing.assert_array_equal(pd.factorize(key)[0], tuples)
+
+
+def test_grouped_rows_give_what_the_scatter_gives() -> None:
+    """Rows whose groups each form one stretch (the payload's order) take the pass over where the key
+    changes; any other order the scatter into a table. Both number groups in order of first appearance,
+    as pandas' factorize does, and lay each group's rows out in row order."""
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        sizes = rng.integers(1, 14, int(rng.integers(1, 300)))
+        span = int(len(sizes) * 3)
+        names = rng.permutation(span)[: len(sizes)]
+        key = np.repeat(names, sizes).astype(np.int32)
+        for rows in (key, key[rng.permutation(len(key))]):
+            grouping = group_rows(rows, span)
+            assert grouping.contiguous == (rows is key)
+            ids, uniques = pd.factorize(rows)
+            np.testing.assert_array_equal(grouping.ids, ids)
+            np.testing.assert_array_equal(rows[grouping.first], uniques)
+            np.testing.assert_array_equal(grouping.counts, np.bincount(ids))
+            seen = 0
+            for groups, members in grouping.by_width():
+                assert members.shape == (len(groups), int(grouping.counts[groups[0]]))
+                for group, its_rows in zip(groups, members, strict=True):
+                    np.testing.assert_array_equal(its_rows, np.flatnonzero(ids == group))
+                seen += len(groups)
+            assert seen == len(uniques)
+
+
+def test_baseline_keys_looked_up_a_stretch_at_a_time_match_row_by_row() -> None:
+    """A baseline's keys stand in stretches (a GPU's metrics together): each stretch is looked up once,
+    and the positions are those of looking up every row."""
+    rng = np.random.default_rng(3)
+    names = pd.Index([f"GPU-{i:05d}" for i in range(500)], dtype="str")
+    for stretch in (1, 4):
+        keys = np.repeat(rng.choice([*names, "GPU-elsewhere"], 300), stretch)
+        values = pa.array(keys, type=pa.large_string())
+        expected = names.get_indexer(pd.Index(keys))
+        np.testing.assert_array_equal(_positions(values, names), expected)
+
+
+def test_pair_rows_after_the_nodes_are_left_out_without_a_copy(night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    """The links step appends its rows after the nodes': the node rows are then a slice of the run's table,
+    judged as the same rows taken out of an interleaved one."""
+    frame, baseline = night
+    is_pair = (frame["metric"] == "nccl_pair_busbw_gbps").to_numpy()
+    assert is_pair.any()
+    assert not is_pair[-1]  # interleaved, as the fleet model writes them
+    appended = pd.concat([frame[~is_pair], frame[is_pair]], ignore_index=True)
+    tail = (appended["metric"] == "nccl_pair_busbw_gbps").to_numpy()
+    nodes_only = _without(appended, tail)
+    assert np.shares_memory(nodes_only["value"].to_numpy(), appended["value"].to_numpy())
+    pd.testing.assert_frame_equal(nodes_only, _without(frame, is_pair), check_exact=True)
+    policy = default_policy()
+    pd.testing.assert_frame_equal(
+        judge_with_links(appended, baseline, policy), judge_with_links(frame, baseline, policy), check_exact=True
+    )
+
+
+def test_checks_across_rows_alongside_report_as_the_reader_does(
+    tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]
+) -> None:
+    """compare judges while the checks across rows run: a duplicated sample is still reported in the same
+    words, and in place of whatever the body raised; a bad value is reported before the body runs."""
+    frame = night[0]
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_pandas(pd.concat([frame, frame.iloc[[7]]], ignore_index=True)), path)
+    with pytest.raises(ResultsError) as reader:
+        read_results([path])
+    def judge_them(path: Path) -> None:
+        with results_checked_alongside([path]) as got:
+            assert len(got) == len(frame) + 1
+            raise RuntimeError("what judging rows that break the contract might raise")
+
+    with pytest.raises(ResultsError) as alongside:
+        judge_them(path)
+    assert str(alongside.value) == str(reader.value)
+    assert "duplicated sample" in str(alongside.value)
+
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pandas(frame.assign(value=frame["value"].where(frame.index != 3, -1.0))), bad)
+    with pytest.raises(ResultsError, match="value"), results_checked_alongside([bad]):
+        pytest.fail("the body ran on a value outside the contract")
+
+    good = tmp_path / "good.parquet"
+    write_results(frame, good)
+    with results_checked_alongside([good]) as got:
+        pd.testing.assert_frame_equal(got, read_results([good]), check_exact=True)

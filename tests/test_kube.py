@@ -181,6 +181,31 @@ def test_list_pages_through_continue(kube: Kube, monkeypatch: pytest.MonkeyPatch
     assert {f"page-{i}" for i in range(5)} <= names
 
 
+def test_iterating_objects_asks_for_a_page_only_when_the_last_is_used(
+    kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan of a fleet's pods holds one page at a time: the next is asked for when the caller gets to
+    it, and the objects come as list_objects gives them."""
+    for i in range(5):
+        kube.apply(_configmap(f"page-{i}"))
+    monkeypatch.setattr(_client, "_PAGE", 2)
+    asked: list[str] = []
+    request = kube.request
+
+    def counting(method: str, path: str, **kwargs: Any) -> Any:
+        asked.append(path)
+        return request(method, path, **kwargs)
+
+    monkeypatch.setattr(kube, "request", counting)
+    objects = kube.iter_objects("v1", "ConfigMap", "default")
+    assert asked == []
+    first = [next(objects), next(objects)]
+    assert len(asked) == 1
+    rest = list(objects)
+    assert len(asked) >= 3
+    assert first + rest == kube.list_objects("v1", "ConfigMap", "default")
+
+
 def test_label_node_sets_and_removes(kube: Kube) -> None:
     node = kube.nodes()[0]["metadata"]["name"]
     assert kube.label_node(node, {"gpucert.io/x": "1"})["metadata"]["labels"]["gpucert.io/x"] == "1"

@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..network import (
@@ -106,13 +107,22 @@ def judge_with_links(
     is_pair = (results["metric"] == PAIR_METRIC).to_numpy()
     if not is_pair.any():
         return judge(results, baseline, policy)
-    verdicts = judge(results[~is_pair].reset_index(drop=True), baseline, policy)
+    verdicts = judge(_without(results, is_pair), baseline, policy)
     pairs = results[is_pair]
     judgement = judge_links(pairs, plan if plan is not None else measured_plan(pairs), baseline, policy)
     models = results.groupby("node", observed=True)["gpu_model"].first()
     links = link_verdicts(judgement, run_id=str(pairs["run_id"].iloc[0]),
                           models={str(k): str(v) for k, v in models.items()})  # fmt: skip
     return pd.concat([verdicts, _explained_by_the_node(links, verdicts)], ignore_index=True)
+
+
+def _without(results: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """``results`` less ``rows``. The links step appends its rows after the nodes' (a run's stored
+    results), so those usually end the table: then a slice, not a copy of a fleet's rows."""
+    first = int(np.argmax(rows))
+    if not rows[:first].any() and rows[first:].all():
+        return results.iloc[:first]
+    return results[~rows].reset_index(drop=True)
 
 
 #: Causes of a node's own benchmark that also slow its pairs (REFERENCE §3: a PCIe link down a generation

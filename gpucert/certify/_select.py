@@ -35,7 +35,7 @@ def _benchmark_pod(pod: Mapping[str, Any], prefix: str) -> bool:
 def busy_nodes(kube: Kube, *, prefix: str = "gpucert.io") -> dict[str, str]:
     """Node → ``namespace/pod`` of one workload pod holding GPUs there (gpucert's benchmarks aside)."""
     busy: dict[str, str] = {}
-    for pod in kube.list_objects("v1", "Pod"):
+    for pod in kube.iter_objects("v1", "Pod"):
         node = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         if not node or phase in ("Succeeded", "Failed") or node in busy:

@@ -90,6 +90,11 @@ def resource_of(api_version: str, kind: str) -> Resource:
         raise ValueError(f"gpucert does not manage {api_version}/{kind}") from None
 
 
+def _text(data: object) -> str:
+    """An answer's body as text (bytes decoded, any bad byte replaced)."""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+
+
 def _reason(exc: BaseException) -> str:
     """Why nothing answered, in a few words: urllib3's message repeats the pool and the URL."""
     if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
@@ -219,16 +224,16 @@ class Kube:
                 raise KubeUnreachable(
                     f"{doing}: no answer from the API server {self.host}: {_reason(exc)}"
                 ) from exc
-            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
             if not 200 <= response.status <= 299:
-                raise from_response(response.status, text, response.headers, doing)
-            if accept == "application/json":
-                try:
-                    # orjson: a list of 10,000 nodes parses in a third of the standard library's time.
-                    return orjson.loads(text) if text else None
-                except ValueError as exc:
-                    raise KubeError(f"{doing}: the API server answered something that is not JSON") from exc
-            return text
+                raise from_response(response.status, _text(data), response.headers, doing)
+            if accept != "application/json":
+                return _text(data)
+            try:
+                # orjson, straight from the bytes (no decoded copy of a page of 500 pods): a list of 10,000
+                # nodes parses in a third of the standard library's time.
+                return orjson.loads(data) if data else None
+            except ValueError as exc:
+                raise KubeError(f"{doing}: the API server answered something that is not JSON") from exc
 
         return self.retry.call(once, deadline=deadline)
 
@@ -272,7 +277,21 @@ class Kube:
         field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         """Every matching object (all namespaces when ``namespace`` is None), paged by ``limit``/``continue``."""
-        return list(self._pages(api_version, kind, namespace, label_selector, field_selector))
+        return list(self.iter_objects(api_version, kind, namespace, label_selector=label_selector,
+                                      field_selector=field_selector))  # fmt: skip
+
+    def iter_objects(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """:meth:`list_objects`, one page in memory at a time: for a scan of every pod of a fleet (50,000
+        at 10,000 nodes, over a gigabyte parsed at once), whose objects the caller does not keep."""
+        return self._pages(api_version, kind, namespace, label_selector, field_selector)
 
     def _pages(
         self, api_version: str, kind: str, namespace: str | None, labels: str | None, fields: str | None

@@ -47,8 +47,10 @@ the first few bad rows of each rule (the rest are counted).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +59,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._background import in_background
 from ..errors import Problem, ResultsError
 from ..metrics import RESULT_COLUMNS
 from ._columns import _validate
@@ -65,7 +68,14 @@ from ._read import _one_line, _read_file, _read_parquet, _unknown_suffix
 from ._relations import _check_relations, _Codes, _concat, _tidy_categories
 from ._write import PARQUET_SCHEMA, _write_csv, _write_jsonl, _write_parquet
 
-__all__ = ["join_parquet", "parse_parquet", "parse_results", "read_results", "write_results"]
+__all__ = [
+    "join_parquet",
+    "parse_parquet",
+    "parse_results",
+    "read_results",
+    "results_checked_alongside",
+    "write_results",
+]
 
 # ---------------------------------------------------------------------------------------------------------
 # Public interface
@@ -77,25 +87,63 @@ def read_results(paths: PathArg | Sequence[PathArg]) -> pd.DataFrame:
     Raises :class:`ResultsError` for the first file that breaks the contract (with every problem of that
     file), or for problems that only show across files, such as a sample present in two of them.
     """
+    frame, check_across_rows = _read_and_check_values(paths, defer=False)
+    check_across_rows()
+    return frame
+
+
+@contextlib.contextmanager
+def results_checked_alongside(paths: PathArg | Sequence[PathArg]) -> Iterator[pd.DataFrame]:
+    """:func:`read_results`, its checks across rows (duplicated samples, conflicting identities) made on a
+    thread while the body works on the frame: for ``gpucert compare``, whose judging is what they would
+    otherwise delay.
+
+    Every value of every row is checked before the body runs, so it never sees a value outside the
+    contract; on leaving, a :class:`ResultsError` of those checks is raised, also in place of the body's
+    own exception (which rows breaking the contract may have caused). Use what the body made of the frame
+    only after the block ends without one.
+    """
+    frame, check_across_rows = _read_and_check_values(paths, defer=True)
+    checked = in_background(check_across_rows, name="gpucert-results-check")
+    try:
+        yield frame
+    except BaseException:
+        checked()
+        raise
+    checked()
+
+
+def _read_and_check_values(
+    paths: PathArg | Sequence[PathArg], *, defer: bool
+) -> tuple[pd.DataFrame, Callable[[], None]]:
+    """Read the files and check every value (raising :class:`ResultsError`); return the canonical frame
+    and the function that makes the checks across rows (raising it too). Unless ``defer``, each file's
+    are made as it is read, so the first bad file is the one reported; a file with a problem of its own
+    has them made at once either way, so that its one error lists every problem it has."""
     files = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not files:
         raise ResultsError("results", [Problem("no results files given")])
     parts: list[pd.DataFrame] = []
     numbers: list[Ints] = []
+    pending: list[Callable[[], None]] = []
     for path in files:
         raw = _read_file(path)
         found = _Findings(_Rows(raw.rows), len(raw.frame), raw.problems, raw.total)
         try:
-            canonical = _validate(raw.frame, found, raw.duplicated_columns)
+            canonical = _validate(raw.frame, found, raw.duplicated_columns, across_rows=False)
         except (TypeError, ValueError, pa.ArrowException) as exc:
             # Values of a type no rule foresaw (a list in a Parquet column, say): still no traceback.
             problem = Problem(f"cannot read the values: {_one_line(exc)}")
             raise ResultsError(os.fspath(path), [*found.problems, problem], total=found.total + 1) from None
-        found.raise_for(os.fspath(path))
-        parts.append(_tidy_categories(canonical))
+        check = functools.partial(_check_across_rows, canonical, found, os.fspath(path))
+        if found.total or not defer:
+            check()  # raises when anything was found
+        else:
+            pending.append(check)
+        parts.append(_tidy_categories(canonical, raw.tidy))
         numbers.append(raw.rows)
     if len(parts) == 1:
-        return parts[0]
+        return parts[0], _each(pending)
     combined = _concat(parts)
     names = tuple(os.fspath(p) for p in files)
     rows = _Rows(
@@ -103,10 +151,23 @@ def read_results(paths: PathArg | Sequence[PathArg]) -> pd.DataFrame:
         files=np.repeat(np.arange(len(parts)), [len(p) for p in parts]),
         names=names,
     )
-    found = _Findings(rows, len(combined))
-    _check_relations(_Codes.of(combined), found)
-    found.raise_for(", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more files")
-    return combined
+    source = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more files"
+    pending.append(functools.partial(_check_across_rows, combined, _Findings(rows, len(combined)), source))
+    return combined, _each(pending)
+
+
+def _each(checks: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    def check_all() -> None:
+        for check in checks:
+            check()
+
+    return check_all
+
+
+def _check_across_rows(canonical: pd.DataFrame, found: _Findings, source: str) -> None:
+    """Duplicated samples and conflicting identities; raises the :class:`ResultsError` of ``found``."""
+    _check_relations(_Codes.of(canonical), found)
+    found.raise_for(source)
 
 
 def parse_results(frame: pd.DataFrame, source: str, *, rows: npt.ArrayLike | None = None) -> pd.DataFrame:
@@ -143,7 +204,7 @@ def parse_parquet(data: bytes, source: str) -> pd.DataFrame:
         problem = Problem(f"cannot read the values: {_one_line(exc)}")
         raise ResultsError(source, [*found.problems, problem], total=found.total + 1) from None
     found.raise_for(source)
-    return _tidy_categories(canonical)
+    return _tidy_categories(canonical, raw.tidy)
 
 
 def join_parquet(parts: Iterable[bytes]) -> bytes | None:

@@ -52,10 +52,18 @@ _NODE_RULE: Final = "a node name is a DNS subdomain: lower-case a-z, 0-9, '-' an
 # Validation
 
 
-def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequence[str] = ()) -> pd.DataFrame:
+def _validate(
+    frame: pd.DataFrame,
+    found: _Findings,
+    duplicated_columns: Sequence[str] = (),
+    *,
+    across_rows: bool = True,
+) -> pd.DataFrame:
     """Check ``frame`` against the contract, recording problems in ``found``; return the canonical frame.
 
-    The returned frame is only meaningful when nothing was found.
+    The returned frame is only meaningful when nothing was found. ``across_rows=False`` leaves out the
+    checks across rows (duplicated samples, conflicting identities: :func:`._relations._check_relations`)
+    for the caller to make; every value of every row is still checked.
     """
     missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
     for name in duplicated_columns:
@@ -83,7 +91,8 @@ def _validate(frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequenc
     _check_levels(levels, gpu_given, _cat_codes(out["peer"]) >= 0, out["metric"], found)
 
     canonical = pd.DataFrame({name: out[name] for name in RESULT_COLUMNS}, copy=False)
-    _check_relations(_Codes.of(canonical), found)
+    if across_rows:
+        _check_relations(_Codes.of(canonical), found)
     return canonical
 
 

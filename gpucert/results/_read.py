@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import json
 import os
@@ -20,6 +21,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from .._background import in_background
 from .._frames import CATEGORY_COLUMNS
 from .._prefetch import reading_pool, take
 from ..errors import Problem, ResultsError
@@ -39,6 +41,9 @@ class _Raw:
     problems: list[Problem] = field(default_factory=list)
     total: int = 0
     duplicated_columns: list[str] = field(default_factory=list)
+    #: Category columns already canonical (categories sorted, each in use), by the dtype they were made
+    #: with: a column that still has that very dtype after validation needs no tidying pass over its codes.
+    tidy: dict[str, Any] = field(default_factory=dict)
 
 
 def _read_file(path: PathArg) -> _Raw:
@@ -182,16 +187,22 @@ def _read_parquet(path: PathArg | pa.NativeFile) -> _Raw:
         if ahead is not None
         else pq.read_table(path, columns=wanted, read_dictionary=text)
     )
-    frame = _arrow_to_frame(table)
+    frame, tidy = _arrow_to_frame_tidy(table)
     return _Raw(
         frame,
         np.arange(1, len(frame) + 1, dtype=np.int64),
         duplicated_columns=[c for c in wanted if names.count(c) > 1],
+        tidy=tidy,
     )
 
 
 def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``.
+    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``."""
+    return _arrow_to_frame_tidy(table)[0]
+
+
+def _arrow_to_frame_tidy(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """:func:`_arrow_to_frame`, and the category columns it made canonical (see :attr:`_Raw.tidy`).
 
     A dictionary column of strings (what Parquet, the CSV reader and the JSON-lines path give) becomes a
     categorical straight from its codes, its categories already sorted and all in use (the canonical
@@ -204,9 +215,7 @@ def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
             i = table.schema.get_field_index(name)
             table = table.set_column(i, name, table.column(name).cast(_ARROW_TYPES[name]))
     names = list(table.column_names)
-    columns: dict[str, object] = {}
-    if "gpu" in names and pa.types.is_integer(table.schema.field("gpu").type):
-        columns["gpu"] = _nullable_integers(table.column("gpu"))
+    encoded: list[str] = []
     for name in CATEGORY_COLUMNS:
         if name in names:
             column = table.column(name)
@@ -214,9 +223,18 @@ def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
                 column = pa.chunked_array([column.combine_chunks().dictionary_encode()])
                 table = table.set_column(table.schema.get_field_index(name), name, column)
             if pa.types.is_dictionary(column.type):
-                categorical = _dictionary_categorical(column)
-                if categorical is not None:
-                    columns[name] = categorical
+                encoded.append(name)
+
+    def categoricals(part: list[str]) -> dict[str, object]:
+        made = {name: _dictionary_categorical(table.column(name)) for name in part}
+        return {name: categorical for name, categorical in made.items() if categorical is not None}
+
+    # Every other column on a second thread: its passes over millions of codes leave the interpreter free.
+    beside = in_background(functools.partial(categoricals, encoded[::2]), name="gpucert-categoricals")
+    columns = categoricals(encoded[1::2])
+    if "gpu" in names and pa.types.is_integer(table.schema.field("gpu").type):
+        columns["gpu"] = _nullable_integers(table.column("gpu"))
+    columns |= beside()
     rest = table.drop_columns(list(columns))
     # The pandas metadata is ignored on purpose: this module sets every dtype itself, faster.
     converted = rest.to_pandas(ignore_metadata=True, split_blocks=True, self_destruct=True)
@@ -228,7 +246,8 @@ def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
         else pd.Series(columns[name], index=index, name=name, copy=False)
         for name in names
     }
-    return pd.DataFrame(series, index=index, copy=False)
+    tidy = {name: series[name].dtype for name in CATEGORY_COLUMNS if name in columns}
+    return pd.DataFrame(series, index=index, copy=False), tidy
 
 
 def _nullable_integers(column: pa.ChunkedArray) -> pd.arrays.IntegerArray:

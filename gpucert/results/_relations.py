@@ -3,7 +3,7 @@ the concatenation of several files into one canonical table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,11 +378,17 @@ def _conflicting(group: Codes, value: Codes, span: int, among: Bools | None = No
 # Canonical categories and concatenation
 
 
-def _tidy_categories(frame: pd.DataFrame) -> pd.DataFrame:
-    """Sorted categories, each one used: the same table reads the same from any format."""
+def _tidy_categories(frame: pd.DataFrame, tidy: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Sorted categories, each one used: the same table reads the same from any format.
+
+    ``tidy`` names columns known canonical already, by their dtype (:attr:`._read._Raw.tidy`): one that
+    still has that very dtype object is skipped, sparing a pass over a fleet's codes.
+    """
     changed = {}
     for name in CATEGORY_COLUMNS:
         column = frame[name]
+        if tidy and column.dtype is tidy.get(name):
+            continue
         categories = column.cat.categories
         seen = np.zeros(len(categories) + 1, dtype=bool)
         seen[_cat_codes(column)] = True  # a missing value (-1) marks the extra last slot

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .._background import in_background
 from ..policy import Policy, default_policy, spec_floors
 from ._assemble import VERDICT_COLUMNS, assemble, escalate_nodes, with_layer
 from ._causes import ACTION_FOR_CAUSE, LAYER_OF_CAUSE, LAYERS, attribute_causes, layer_of
-from ._compare import compare_references
+from ._compare import StoredReferences, compare_references
 from ._findings import TICKET_RANK, VERDICT_OF, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
@@ -95,10 +96,14 @@ def evaluate_run(
 ) -> RunEvaluation:
     """Verdicts (and, when asked, the medians they were judged on) for one run."""
     run = index_run(results)
+    # What needs the run's index alone (its telemetry's gates, the store's references keyed on its codes)
+    # is made on a second thread while the repeats are reduced: numpy leaves the interpreter to the other
+    # thread most of the time, so the two take about as long as the longer.
+    beside = in_background(lambda: _from_the_index(run, baseline, policy), name="gpucert-judge")
     measured, repeat_findings = reduce_repeats(run, policy)
-    judged = compare_references(run, measured, baseline, policy, floors)
-    gates = gate_findings(run, policy)
-    node_gates = node_wide_gate_findings(run, gates, policy)
+    references, gates, node_gates = beside()
+    missing = in_background(lambda: missing_findings(run, measured), name="gpucert-judge")  # medians alone
+    judged = compare_references(run, measured, references, policy, floors)
     gate_causes = (
         node_gates.drop_duplicates("node").set_index("node")["cause"]
         if len(node_gates)
@@ -108,7 +113,7 @@ def evaluate_run(
     node_causes = pd.concat([gate_causes, node_stats.drop_duplicates("node").set_index("node")["cause"]])
     node_causes = node_causes[~node_causes.index.duplicated()]
     findings = concat_findings(
-        [gates, node_gates, node_stats, repeat_findings, judged.findings, missing_findings(run, measured)]
+        [gates, node_gates, node_stats, repeat_findings, judged.findings, missing()]
     )
     findings = attribute_causes(run, findings, node_causes, policy)
     findings = concat_findings(
@@ -121,6 +126,14 @@ def evaluate_run(
     )
     medians = _medians(run, measured) if with_medians else pd.DataFrame()
     return RunEvaluation(verdicts=assemble(run, findings), medians=medians)
+
+
+def _from_the_index(
+    run: RunIndex, baseline: pd.DataFrame, policy: Policy
+) -> tuple[StoredReferences, pd.DataFrame, pd.DataFrame]:
+    """The stored references keyed on the run's codes, its telemetry gates and its node-wide gates."""
+    gates = gate_findings(run, policy)
+    return StoredReferences.of(run, baseline), gates, node_wide_gate_findings(run, gates, policy)
 
 
 def _medians(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:

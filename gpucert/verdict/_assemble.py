@@ -45,7 +45,9 @@ VERDICT_COLUMNS = (
 )
 
 _SCOPE_CODE = {"gpu": SCOPE_GPU, "node": SCOPE_NODE, "pair": SCOPE_PAIR}
-_TICKET_OF = {v: k for k, v in TICKET_RANK.items()}
+#: Each ticket rank's name, at its rank (objects: a column of NumPy fixed-width strings costs pandas a
+#: slow conversion).
+_TICKET_NAMES = np.array(sorted(TICKET_RANK, key=TICKET_RANK.__getitem__), dtype=object)
 
 
 def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
@@ -148,7 +150,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     action[(verdict_sev == SEVERITY["inconclusive"])] = "retest"
     out["cause"] = cause
     out["action"] = action
-    out["ticket"] = np.where(judged, pd.Series(ticket).map(_TICKET_OF).to_numpy(), "none")
+    out["ticket"] = _TICKET_NAMES[np.where(judged, ticket, TICKET_RANK["none"])]
 
     worst_first = np.lexsort((text_order, -rank, -severity, eid))
     reason_eids, reasons = _join_per_entity(

@@ -36,11 +36,30 @@ import pyarrow.compute as pc
 
 from ..policy import Policy
 from ._findings import SEVERITY, concat_findings, make_findings
-from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+from ._index import (
+    MCODE,
+    METRIC_NAMES,
+    N_METRICS,
+    SCOPE_GPU,
+    SCOPE_NODE,
+    RunIndex,
+    group_positions,
+    nan_median,
+)
 
-__all__ = ["HOST_METRICS", "REF_WORDS", "Judged", "compare_references", "link_signature", "per_metric"]
+__all__ = [
+    "HOST_METRICS",
+    "REF_WORDS",
+    "Judged",
+    "StoredReferences",
+    "compare_references",
+    "link_signature",
+    "per_metric",
+]
 
 _MAD_TO_SIGMA = 1.4826
+#: The kinds of primary reference, in order of preference ("" where there is none).
+_KINDS = pd.Index(["own", "peer", "model", ""])
 
 #: Metrics whose path runs through the host (CPU, memory controller, root complex, IOMMU), so the host's
 #: NUMA binding, CPU load or BIOS moves them with the GPU healthy: copy engines over PCIe, and storage
@@ -99,10 +118,26 @@ def _arrow_text(values: pd.Series | pd.Index) -> pa.Array:
 
 def _positions(values: pa.Array, names: pd.Index) -> np.ndarray:
     """Position of each value in ``names`` (-1 when absent), from one hash of ``names`` in Arrow: the
-    fastest string → position mapping at 400,000 baseline rows."""
-    found = pc.index_in(values, value_set=_arrow_text(names))
+    fastest string → position mapping at 400,000 baseline rows. A stretch of equal values (a GPU's
+    metrics stand together in a baseline) is looked up once."""
+    starts = _stretches(values)
+    lookup = values if starts is None else values.take(pa.array(starts, type=pa.int64()))
+    found = pc.index_in(lookup, value_set=_arrow_text(names))
     positions: np.ndarray = np.asarray(pc.fill_null(found, -1).to_numpy(), dtype=np.int64)
-    return positions
+    if starts is None:
+        return positions
+    return np.repeat(positions, np.diff(np.append(starts, len(values))))
+
+
+def _stretches(values: pa.Array) -> np.ndarray | None:
+    """Where each stretch of equal values starts; ``None`` when they are too short to be worth it."""
+    if len(values) < 2:
+        return None
+    changes = pc.fill_null(pc.not_equal(values[1:], values[:-1]), True)
+    starts = np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1
+    if len(starts) > len(values) // 2:
+        return None
+    return np.concatenate(([0], starts))
 
 
 def _baseline_keys(
@@ -137,10 +172,30 @@ def _center_spread(
     return center, spread
 
 
+@dataclass(frozen=True)
+class StoredReferences:
+    """The store's references keyed on one run's codes, per level: each row's key (run code × metric code,
+    rows the run does not name dropped), ``center`` and ``spread``."""
+
+    gpu: tuple[np.ndarray, np.ndarray, np.ndarray]
+    node: tuple[np.ndarray, np.ndarray, np.ndarray]
+    model: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    @classmethod
+    def of(cls, run: RunIndex, baseline: pd.DataFrame) -> StoredReferences:
+        """``baseline`` (the store's table) for ``run``: a hash of its text per level, made once."""
+        base = _Baseline.of(baseline)
+        return cls(
+            gpu=_baseline_keys(base, "gpu", run.uuids),
+            node=_baseline_keys(base, "node", run.nodes),
+            model=_baseline_keys(base, "model", run.models),
+        )
+
+
 def compare_references(
     run: RunIndex,
     measured: pd.DataFrame,
-    baseline: pd.DataFrame,
+    references: StoredReferences,
     policy: Policy,
     floors: dict[tuple[str, str], float],
 ) -> Judged:
@@ -156,13 +211,10 @@ def compare_references(
     # -- own baselines: GPUs by UUID, nodes by name ------------------------------------------------
     own_center = np.full(len(x), np.nan)
     own_spread = np.full(len(x), np.nan)
-    base = _Baseline.of(baseline)
-    for level, scope_id, codes in (
-        ("gpu", SCOPE_GPU, run.uuid_code[eid]),
-        ("node", SCOPE_NODE, node),
+    for (bkeys, centers, spreads), scope_id, codes, names in (
+        (references.gpu, SCOPE_GPU, run.uuid_code[eid], run.uuids),
+        (references.node, SCOPE_NODE, node, run.nodes),
     ):
-        names = run.uuids if level == "gpu" else run.nodes
-        bkeys, centers, spreads = _baseline_keys(base, level, names)
         if len(bkeys) == 0:
             continue
         mine = (scope == scope_id) & (codes >= 0)
@@ -173,19 +225,21 @@ def compare_references(
     has_own = np.isfinite(own_center) & (own_center > 0)
 
     # -- stored per-model reference ----------------------------------------------------------------
-    mkeys, centers, spreads = _baseline_keys(base, "model", run.models)
+    mkeys, centers, spreads = references.model
     model_center, model_spread = _center_spread(
         mkeys, centers, spreads, len(run.models) * N_METRICS, model * N_METRICS + mcode
     )
 
     # -- the run's cohort: same scope, model and metric --------------------------------------------
     cohort = (scope * (len(run.models) + 1) + model) * N_METRICS + mcode
-    frame = pd.DataFrame({"c": cohort, "x": x, "node": node})
-    grouped = frame.groupby("c", sort=False)
-    peer_median = grouped["x"].transform("median").to_numpy()
-    frame["dev"] = np.abs(x - peer_median)
-    peer_mad = frame.groupby("c", sort=False)["dev"].transform("median").to_numpy()
-    peer_nodes = grouped["node"].transform("nunique").to_numpy()
+    peer_median = np.empty(len(x))
+    peer_mad = np.empty(len(x))
+    peer_nodes = np.empty(len(x), dtype=np.int64)
+    for members in group_positions(cohort):
+        values = x[members]
+        peer_median[members] = center = nan_median(values)
+        peer_mad[members] = nan_median(np.abs(values - center))
+        peer_nodes[members] = np.count_nonzero(np.bincount(node[members]))
     has_peers = peer_nodes >= policy.peers.min_nodes
     with np.errstate(divide="ignore", invalid="ignore"):
         peer_sigma = np.maximum(
@@ -197,10 +251,7 @@ def compare_references(
     # -- the fleet factor: how the whole cohort moved against its own baselines --------------------
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(has_own, x / own_center, np.nan)
-    fleet_frame = pd.DataFrame({"c": cohort, "q": ratio, "node": np.where(has_own, node, -1)})
-    fleet_frame = fleet_frame[has_own]
-    fg = fleet_frame.groupby("c", sort=False)
-    fleet_stats = pd.DataFrame({"f": fg["q"].median(), "gpus": fg["q"].size(), "nodes": fg["node"].nunique()})
+    fleet_stats = _fleet_stats(cohort[has_own], ratio[has_own], node[has_own])
     scope_of_cohort = fleet_stats.index.to_numpy() // N_METRICS // (len(run.models) + 1)
     enough = (fleet_stats["nodes"].to_numpy() >= policy.fleet.min_nodes) & (
         (fleet_stats["gpus"].to_numpy() >= policy.fleet.min_gpus) | (scope_of_cohort != SCOPE_GPU)
@@ -212,7 +263,9 @@ def compare_references(
 
     # -- the primary reference of each result ------------------------------------------------------
     has_model = np.isfinite(model_center) & (model_center > 0)
-    kind = np.where(has_own, "own", np.where(has_peers, "peer", np.where(has_model, "model", "")))
+    kind = pd.Categorical.from_codes(
+        np.select([has_own, has_peers, has_model], [0, 1, 2], default=3), categories=_KINDS
+    )
     ref = np.select(
         [has_own, has_peers, has_model],
         [own_center * fleet_factor, peer_median, model_center * fleet_factor],
@@ -300,6 +353,20 @@ def compare_references(
     )
     fleet = _fleet_rows(run, fleet_stats, policy)
     return Judged(table=table, findings=findings, fleet=fleet)
+
+
+def _fleet_stats(cohort: np.ndarray, ratio: np.ndarray, node: np.ndarray) -> pd.DataFrame:
+    """Per cohort (the index, in order of first appearance): ``f`` the median ratio to the own baselines,
+    ``gpus`` how many results, ``nodes`` on how many nodes."""
+    groups = group_positions(cohort)
+    return pd.DataFrame(
+        {
+            "f": [nan_median(ratio[g]) for g in groups],
+            "gpus": np.array([len(g) for g in groups], dtype=np.int64),
+            "nodes": np.array([np.count_nonzero(np.bincount(node[g])) for g in groups], dtype=np.int64),
+        },
+        index=pd.Index(np.array([cohort[g[0]] for g in groups], dtype=cohort.dtype), name="c"),
+    )
 
 
 def _leave_one_out_median(
@@ -400,7 +467,7 @@ def _stat(
     ref: np.ndarray,
     d: np.ndarray,
     z: np.ndarray,
-    kind: np.ndarray | str,
+    kind: pd.Categorical[str] | str,
     shift: np.ndarray | None,
 ) -> pd.DataFrame:
     rows = np.flatnonzero(mask)
@@ -409,7 +476,9 @@ def _stat(
     eids = table["eid"].to_numpy()[rows]
     names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
     # Only the flagged rows' kinds as objects, not the whole table's.
-    kinds = np.asarray(kind[rows] if isinstance(kind, np.ndarray) else np.full(len(rows), kind), dtype=object)
+    kinds = np.asarray(
+        kind[rows] if isinstance(kind, pd.Categorical) else np.full(len(rows), kind), dtype=object
+    )
     x = table["x"].to_numpy()[rows]
     shifts = shift[rows] if shift is not None else np.full(len(rows), np.nan)
     reason = [

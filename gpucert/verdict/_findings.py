@@ -106,32 +106,42 @@ def make_findings(
             return value_.to_numpy()
         return value_
 
+    def text(value_: Any) -> pd.Series:
+        # Kept as Python objects: pandas would turn each text column of each of the engine's few dozen
+        # small frames into Arrow strings, a conversion that costs more than the findings themselves.
+        if isinstance(value_, str) or value_ is None:
+            values = np.full(count, value_, dtype=object)
+        else:
+            values = np.asarray(col(value_), dtype=object)
+        return pd.Series(values, index=index, dtype=object, copy=False)
+
     sev = severity if isinstance(severity, (pd.Series, np.ndarray)) else SEVERITY[severity]
 
     def int64(value_: Any) -> Any:
         # Typed before the frame is built: astype on the frame would copy every column.
         return np.broadcast_to(np.asarray(col(value_), dtype=np.int64), (count,))
 
+    index = pd.RangeIndex(count)
     frame = pd.DataFrame(
         {
-            "scope": col(scope),
-            "node": nodes if nodes is not None else [node],
+            "scope": text(scope),
+            "node": text(nodes if nodes is not None else node),
             "gpu": int64(gpu),
-            "peer": col(peer),
+            "peer": text(peer),
             "severity": int64(sev),
             "rank": int64(RANK[rank]),
-            "metric": col(metric),
+            "metric": text(metric),
             "value": col(value),
             "reference": col(reference),
             "deviation_pct": col(deviation_pct),
             "z": col(z),
-            "reference_kind": col(reference_kind),
-            "cause": col(cause),
-            "action": col(action),
-            "ticket": col(ticket),
-            "reason": col(reason),
+            "reference_kind": text(reference_kind),
+            "cause": text(cause),
+            "action": text(action),
+            "ticket": text(ticket),
+            "reason": text(reason),
         },
-        index=range(count),
+        index=index,
     )
     return frame
 

@@ -17,7 +17,7 @@ import pandas as pd
 from ..policy import Policy
 from ..xid import xid_rules
 from ._findings import SEVERITY, concat_findings, empty_findings, make_findings
-from ._index import IS_PERF, MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex
+from ._index import IS_PERF, MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex, group_positions
 
 __all__ = ["gate_findings", "missing_findings", "node_wide_gate_findings"]
 
@@ -577,9 +577,12 @@ def missing_findings(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:
     present[measured["eid"].to_numpy(), measured["mcode"].to_numpy()] = True
     has_data = present.any(axis=1) | np.isfinite(run.telemetry).any(axis=1)
     cohort = run.scope * (len(run.models) + 1) + run.model_code
-    frame = pd.DataFrame(present[has_data]).groupby(cohort[has_data]).mean()
-    share = frame.reindex(cohort).to_numpy()
-    expected = np.nan_to_num(share, nan=0.0) >= 0.5
+    # What most of each cohort (scope × model) measured, among the entities with any data.
+    expected = np.zeros_like(present)
+    with_data = np.flatnonzero(has_data)
+    for members in group_positions(cohort[with_data]):
+        rows = with_data[members]
+        expected[rows] = present[rows].mean(axis=0) >= 0.5
     lacking = expected & ~present & has_data[:, None]
     eids, mcodes = np.nonzero(lacking)
     if len(eids) == 0:

@@ -10,7 +10,8 @@ from ..policy import Policy
 from ._causes import ACTION_FOR_CAUSE
 from ._compare import REF_WORDS, per_metric
 from ._findings import concat_findings, make_findings
-from ._index import METRIC_NAMES, SCOPE_GPU, SCOPE_PAIR, RunIndex
+from ._index import METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_PAIR, RunIndex, group_rows
+from ._repeats import nan_row_median
 
 __all__ = ["node_wide_findings", "pair_node_findings"]
 
@@ -27,31 +28,34 @@ def node_wide_findings(
     The median drop of a node's GPUs is far more precise than any one GPU's, so a node-wide cause (a host
     that starves PCIe, cooling, power) is found at half the single-GPU warn drop (``node_wide``).
     """
-    gpu_rows = table[(run.scope[table["eid"].to_numpy()] == SCOPE_GPU) & np.isfinite(table["d"])]
-    if gpu_rows.empty:
+    eid = table["eid"].to_numpy()
+    rows = np.flatnonzero((run.scope[eid] == SCOPE_GPU) & np.isfinite(table["d"].to_numpy()))
+    if len(rows) == 0:
         return make_findings("node", [], severity="warn", rank="stat", reason=[])
-    frame = pd.DataFrame(
+    # Each node × metric a row of a matrix of its GPUs' values: medians by sorting short rows.
+    key = run.node_code[eid[rows]] * N_METRICS + table["mcode"].to_numpy()[rows]
+    grouping = group_rows(key, len(run.nodes) * N_METRICS)
+    by_width = list(grouping.by_width())
+
+    def median(column: str) -> np.ndarray:
+        values = table[column].to_numpy(dtype=np.float64)[rows]
+        out = np.empty(len(grouping.first))
+        for groups, members in by_width:
+            out[groups] = nan_row_median(values[members])
+        return out
+
+    group_key = key[grouping.first]
+    agg = pd.DataFrame(
         {
-            "node": run.node_code[gpu_rows["eid"].to_numpy()],
-            "mcode": gpu_rows["mcode"].to_numpy(),
-            "d": gpu_rows["d"].to_numpy(),
-            "sigma": gpu_rows["sigma"].to_numpy(),
-            "x": gpu_rows["x"].to_numpy(),
-            "ref": gpu_rows["ref"].to_numpy(),
-            "own": gpu_rows["has_own"].to_numpy(),
+            "node": group_key // N_METRICS,
+            "mcode": group_key % N_METRICS,
+            "d": median("d"),
+            "sigma": median("sigma"),
+            "n": grouping.counts,
+            "x": median("x"),
+            "ref": median("ref"),
+            "own": np.bincount(grouping.ids, weights=table["has_own"].to_numpy()[rows]) / grouping.counts,
         }
-    )
-    agg = (
-        frame.groupby(["node", "mcode"], sort=False)
-        .agg(
-            d=("d", "median"),
-            sigma=("sigma", "median"),
-            n=("d", "size"),
-            x=("x", "median"),
-            ref=("ref", "median"),
-            own=("own", "mean"),
-        )
-        .reset_index()
     )
     mcode = agg["mcode"].to_numpy()
     cv_rep = per_metric(policy, "cv_rep")[mcode]

@@ -22,12 +22,22 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from .._background import on_two_threads
 from ..bench._stability import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
-from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex, _first_rows
+from ._index import (
+    DIRECTION,
+    IS_PERF,
+    METRIC_NAMES,
+    N_METRICS,
+    RunIndex,
+    group_positions,
+    group_rows,
+    nan_median,
+)
 
-__all__ = ["RepeatStability", "judge_repeat_matrix", "reduce_repeats", "row_median"]
+__all__ = ["RepeatStability", "judge_repeat_matrix", "nan_row_median", "reduce_repeats", "row_median"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -46,28 +56,35 @@ def row_median(matrix: FloatArray, counts: IntArray) -> FloatArray:
 
     Rows are taken a repeat count at a time, so the usual three repeats need no sort at all.
     """
+    if len(counts) and counts.min() == counts.max() == matrix.shape[1]:
+        return _full_row_median(matrix)  # no padding: every row at once, without selecting
     out = np.full(len(matrix), np.nan)
     for width in np.unique(counts):
         if width <= 0:
             continue
         sel = counts == width
-        block = matrix[sel, :width]
-        if width == 3:
-            a, b, c = block[:, 0], block[:, 1], block[:, 2]
-            out[sel] = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
-        else:
-            # A sort of each short row and its middle: what np.median gives (the mean of the two middle
-            # values for an even count, NaN for a row holding one), three times faster on these widths.
-            block.sort(axis=1)  # a copy already (fancy indexing): sorted in place
-            ordered = block
-            middle = ordered[:, width // 2]
-            if width % 2 == 0:
-                middle = (ordered[:, width // 2 - 1] + middle) / 2
-            out[sel] = np.where(np.isnan(ordered[:, -1]), np.nan, middle)
+        out[sel] = _full_row_median(matrix[sel, :width])
     return out
 
 
-def _nan_median(matrix: FloatArray) -> FloatArray:
+def _full_row_median(block: FloatArray) -> FloatArray:
+    """The median of each row of ``block``, every cell a value (NaN for a row holding one)."""
+    width = block.shape[1]
+    if width == 3:
+        a, b, c = block[:, 0], block[:, 1], block[:, 2]
+        median: FloatArray = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+        return median
+    # A sort of each short row and its middle: what np.median gives (the mean of the two middle values
+    # for an even count, NaN for a row holding one), three times faster on these widths.
+    ordered = np.sort(block, axis=1)
+    middle = ordered[:, width // 2]
+    if width % 2 == 0:
+        middle = (ordered[:, width // 2 - 1] + middle) / 2
+    out: FloatArray = np.where(np.isnan(ordered[:, -1]), np.nan, middle)
+    return out
+
+
+def nan_row_median(matrix: FloatArray) -> FloatArray:
     """The median of each row's finite values, wherever they sit (NaN where there are none)."""
     counts = np.isfinite(matrix).sum(axis=1)
     return row_median(np.sort(matrix, axis=1), counts)  # NaN sorts last
@@ -168,7 +185,7 @@ def _judge(
     hit = np.flatnonzero(n_far > 0)
     if len(hit):
         good = np.where(transient[hit], np.nan, matrix[hit])
-        mad[hit] = _nan_median(np.abs(good - _nan_median(good)[:, None]))
+        mad[hit] = nan_row_median(np.abs(good - nan_row_median(good)[:, None]))
     with np.errstate(divide="ignore", invalid="ignore"):
         cv_mad = MAD_TO_SIGMA * mad / x
         noisy = (n_good >= MIN_JUDGED) & (cv_mad > unstable_factor * expected)
@@ -189,48 +206,48 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
     )
     key *= N_METRICS
     key += run.mcode[rows]
-    codes, first = _first_rows(key, run.n_entities * N_METRICS)
-    keys = key[first].astype(np.int64)
-    n = np.bincount(codes, minlength=len(keys)).astype(np.int64)
-    # Each result's repeats laid out as one row of a matrix. A result's repeat numbers are its slots when
-    # they are 0..n-1 (as the payload writes them, and the reader's duplicate check leaves them distinct);
-    # otherwise each row takes the next free slot of its result, in row order.
-    width = int(n.max(initial=0))
-    slot = run.repeat[rows]
-    matrix = np.full((len(keys), width), np.nan)
-    if not _fills_prefix(codes, slot, n, width):
-        order = np.argsort(codes, kind="stable")
-        starts = np.cumsum(n) - n
-        slot = np.empty(len(rows), dtype=np.int64)
-        slot[order] = np.arange(len(order)) - np.repeat(starts, n)
-    matrix[codes, slot] = run.value[rows]
+    grouping = group_rows(key, run.n_entities * N_METRICS)
+    n = grouping.counts
+    keys = key[grouping.first].astype(np.int64)
     eids, mcodes = keys // N_METRICS, keys % N_METRICS
+    values = run.value[rows]
+    # The repeats of each result are one row of a matrix of the results with as many repeats, each
+    # repeat a cell (the median and the stability rule do not depend on which); the rule runs over blocks
+    # of such rows, so its temporaries stay small and are reused, the blocks shared by two threads.
+    classes = [(results, members, values[members]) for results, members in grouping.by_width()]
 
     # The run-to-run noise to expect is the larger of the policy's and tonight's, measured on the whole
-    # cohort: a benchmark that is noisier for everyone tonight makes no single GPU unstable. The rule is
-    # row by row, so it runs over blocks of results: its temporaries stay small and are reused, instead of
-    # a dozen matrices as large as the run's results.
+    # cohort: a benchmark that is noisier for everyone tonight makes no single GPU unstable.
+    blocks = [(results, members, matrix, block) for results, members, matrix in classes
+              for block in _blocks(len(results))]  # fmt: skip
     x_all = np.empty(len(keys))
     mad_all = np.empty(len(keys))
-    for block in _blocks(len(keys)):
-        x_all[block] = row_median(matrix[block], n[block])
-        deviation = matrix[block] - x_all[block, None]
-        mad_all[block] = row_median(np.abs(deviation, out=deviation), n[block])
+
+    def center(part: tuple[IntArray, IntArray, FloatArray, slice]) -> None:
+        results, _, matrix, block = part
+        at, cells = results[block], matrix[block]
+        x_all[at] = row_median(cells, n[at])
+        deviation = cells - x_all[at, None]
+        mad_all[at] = row_median(np.abs(deviation, out=deviation), n[at])
+
+    on_two_threads(center, blocks)
     expected = np.maximum(policy_cv[mcodes], _cohort_noise(run, eids, mcodes, n, x_all, mad_all, policy_cv))
     direction = DIRECTION[mcodes]
     cv_mad = np.empty(len(keys))
     unstable = np.empty(len(keys), dtype=bool)
-    transient_cells = np.empty(matrix.shape, dtype=bool)
-    for block in _blocks(len(keys)):
+    transient = np.empty(len(rows), dtype=bool)  # per result row, in the run's order
+
+    def judge(part: tuple[IntArray, IntArray, FloatArray, slice]) -> None:
+        results, members, matrix, block = part
+        at = results[block]
         judged = _judge(
-            matrix[block], n[block], direction[block], expected[block], x_all[block], mad_all[block],
+            matrix[block], n[at], direction[at], expected[at], x_all[at], mad_all[at],
             policy.repeats.unstable_factor, policy.repeats.transient_pct,
         )  # fmt: skip
-        cv_mad[block], unstable[block], transient_cells[block] = (
-            judged.cv_mad,
-            judged.unstable,
-            judged.transient,
-        )
+        cv_mad[at], unstable[at] = judged.cv_mad, judged.unstable
+        transient[members[block]] = judged.transient
+
+    on_two_threads(judge, blocks)
     measured = pd.DataFrame(
         {
             "eid": eids,
@@ -241,12 +258,11 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
             "unstable": unstable,
         }
     )
-    # Back to result rows (in the run's order) for the transients worth a note.
-    transient = transient_cells[codes, slot]
-    named = np.flatnonzero(transient & ~unstable[codes])
-    at = codes[named]
+    # The transients worth a note, in the run's order.
+    named = np.flatnonzero(transient & ~unstable[grouping.ids])
+    at = grouping.ids[named]
     with np.errstate(divide="ignore", invalid="ignore"):
-        rel = (matrix[at, slot[named]] - x_all[at]) / x_all[at]  # as the rule computes it
+        rel = (values[named] - x_all[at]) / x_all[at]  # as the rule computes it
     findings = [
         _unstable_findings(run, measured[unstable], expected[unstable]),
         _transient_notes(run, rows[named], rel),
@@ -260,19 +276,6 @@ _BLOCK = 1 << 15
 
 def _blocks(count: int) -> list[slice]:
     return [slice(start, min(start + _BLOCK, count)) for start in range(0, count, _BLOCK)]
-
-
-def _fills_prefix(codes: IntArray, slot: IntArray, n: IntArray, width: int) -> bool:
-    """Whether the rows' slots put each result's ``n`` repeats in its first ``n`` cells, one a cell."""
-    if len(slot) == 0:
-        return True
-    if slot.min() < 0 or slot.max() >= width:
-        return False
-    filled = np.zeros((len(n), width), dtype=bool)
-    filled[codes, slot] = True
-    # Every row in a cell of its result's first n, and no two in one, exactly when that many are filled.
-    filled &= np.arange(width) < n[:, None]
-    return int(np.count_nonzero(filled)) == len(slot)
 
 
 def _cohort_noise(
@@ -296,10 +299,11 @@ def _cohort_noise(
             usable, cv / _MAD_MEDIAN_FACTOR[np.minimum(n, len(_MAD_MEDIAN_FACTOR) - 1)], np.nan
         )
     cohort = (run.scope[eids] * (len(run.models) + 1) + run.model_code[eids]) * N_METRICS + mcodes
-    frame = pd.DataFrame({"c": cohort, "e": estimate})
-    stats = frame.groupby("c", sort=False)["e"].agg(["median", "count"])
-    noise = stats["median"].where(stats["count"] >= _MIN_COHORT)
-    result: FloatArray = noise.reindex(cohort).to_numpy(dtype=np.float64)
+    result = np.full(len(cohort), np.nan)
+    for members in group_positions(cohort):
+        values = estimate[members]
+        if np.count_nonzero(~np.isnan(values)) >= _MIN_COHORT:
+            result[members] = nan_median(values)
     filled: FloatArray = np.where(np.isfinite(result), result, policy_cv[mcodes])
     return filled
 

@@ -341,9 +341,10 @@ def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: Float
 def _transient_notes(run: RunIndex, rows: IntArray, rel: FloatArray) -> pd.DataFrame:
     eids = run.eid[rows]
     names = np.array(METRIC_NAMES, dtype=object)[run.mcode[rows]]
+    # As Python numbers (tolist): formatting NumPy scalars costs twice as much, on thousands of notes.
     reason = [
         f"{m}: repeat {r} was a transient ({p:+.1f} % from the median of its repeats), ignored"
-        for m, r, p in zip(names, run.repeat[rows], rel * 100, strict=True)
+        for m, r, p in zip(names.tolist(), run.repeat[rows].tolist(), (rel * 100).tolist(), strict=True)
     ]
     return make_findings(
         _scope_name(run, eids),

@@ -152,7 +152,7 @@ def compare(
             table = baseline_read()
         except UnknownVersion as exc:
             raise _unknown_version(exc, baselines) from None
-        settled = rerun_frames or decisions is not None
+        settled = bool(rerun_frames) or decisions is not None
         if settled:
             from .certify import settle_offline
 

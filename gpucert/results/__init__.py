@@ -157,6 +157,8 @@ def _read_and_check_values(
 
 
 def _each(checks: Sequence[Callable[[], None]]) -> Callable[[], None]:
+    """One check that makes ``checks`` in order."""
+
     def check_all() -> None:
         for check in checks:
             check()

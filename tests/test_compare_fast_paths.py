@@ -25,7 +25,14 @@ from gpucert.certify._links import _without
 from gpucert.errors import ResultsError
 from gpucert.fleet import Fleet, random_faults
 from gpucert.policy import default_policy, spec_floors
-from gpucert.results import _relations, parse_results, read_results, results_checked_alongside, write_results
+from gpucert.results import (
+    _relations,
+    concat_results,
+    parse_results,
+    read_results,
+    results_checked_alongside,
+    write_results,
+)
 from gpucert.store import empty_baseline
 from gpucert.verdict import evaluate_run, judge
 from gpucert.verdict._compare import _leave_one_out_median, _positions
@@ -279,3 +286,24 @@ def test_checks_across_rows_alongside_report_as_the_reader_does(
     write_results(frame, good)
     with results_checked_alongside([good]) as got:
         pd.testing.assert_frame_equal(got, read_results([good]), check_exact=True)
+
+
+def test_canonical_frames_joined_as_parsing_their_concatenation(night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    """A re-run joined to its first run's other nodes (certify's confirming judge): the frame parsing the
+    concatenation gives, its categories sorted as the readers sort them, and a sample in both parts named
+    in the same words."""
+    frame = night[0]
+    nodes = frame["node"].cat.categories[:3]
+    rerun = frame[frame["node"].isin(nodes)]
+    peers = frame[~frame["node"].isin(nodes)]  # categories of every node kept: not canonical on its own
+    parsed = parse_results(pd.concat([rerun, peers], ignore_index=True), "x")
+    pd.testing.assert_frame_equal(
+        concat_results([rerun, peers], "x"), _relations._tidy_categories(parsed), check_exact=True
+    )
+    twice = [rerun, frame.iloc[[int(np.flatnonzero(frame["node"] == nodes[0])[0])]]]
+    with pytest.raises(ResultsError) as joined:
+        concat_results(twice, "x")
+    with pytest.raises(ResultsError) as parsed:
+        parse_results(pd.concat(twice, ignore_index=True), "x")
+    assert str(joined.value) == str(parsed.value)
+    assert "duplicated sample" in str(joined.value)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from ..errors import InputError
 from ..network import PAIR_METRIC, PairingPlan
 from ..policy import Policy
-from ..results import parse_results
+from ..results import concat_results
 from ._links import judge_with_links
 from ._settle import NodeTaints, RunVerdicts, Settlement, settle, settled_verdicts
 
@@ -36,8 +37,11 @@ def judge_rerun(
     if cohort is not None and len(cohort) and len(run_ids) == 1:
         # The first run's pairs stay its own: a re-run measures its nodes alone, among their peers.
         peers = cohort[~cohort["node"].isin(list(nodes)) & (cohort["metric"] != PAIR_METRIC)]
-        results = parse_results(pd.concat([rerun, peers.assign(run_id=run_ids[0])], ignore_index=True),
-                                f"results of run {run_ids[0]}")  # fmt: skip
+        as_rerun = pd.Categorical.from_codes(
+            np.zeros(len(peers), dtype=np.int8), categories=pd.Index([run_ids[0]], dtype="str")
+        )
+        results = concat_results([rerun, peers.assign(run_id=as_rerun)], f"results of run {run_ids[0]}")
+        del peers  # a copy of the fleet's rows: gone before the judge's arrays come
     judged = judge_with_links(results, baseline, policy)
     return judged[judged["node"].isin(list(nodes)) | judged["node"].isna()].reset_index(drop=True)
 

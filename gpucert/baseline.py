@@ -134,7 +134,8 @@ def build_baseline(
     passing_model_samples: list[pd.DataFrame] = []
     seeded = held = rejected = repeated = outliers = 0
     for run_id in order.index:
-        part = usable[usable["run_id"] == run_id]
+        # One run (every certify's merge): its rows as they are, not a copy of the fleet's.
+        part = usable if len(order) == 1 else usable[usable["run_id"] == run_id]
         if part.empty:
             continue
         evaluation = evaluate_run(part, table, policy, floors, with_medians=True)

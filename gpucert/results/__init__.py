@@ -184,22 +184,30 @@ def parse_results(frame: pd.DataFrame, source: str, *, rows: npt.ArrayLike | Non
     )
     if numbers.shape != (len(frame),):
         raise ValueError(f"rows has {numbers.size} numbers for a frame of {len(frame)} rows")
+    return _parse(frame, source, numbers, across_rows=True)
+
+
+def _parse(frame: pd.DataFrame, source: str, numbers: Ints, *, across_rows: bool) -> pd.DataFrame:
     found = _Findings(_Rows(numbers), len(frame))
     duplicated = sorted({c for c in frame.columns[frame.columns.duplicated()] if c in RESULT_COLUMNS})
-    canonical = _validate(frame, found, duplicated)
+    canonical = _validate(frame, found, duplicated, across_rows=across_rows)
     found.raise_for(source)
     return canonical
 
 
 def concat_results(parts: Sequence[pd.DataFrame], source: str) -> pd.DataFrame:
-    """Canonical frames (what the readers return, each checked already) as one canonical frame, checked
-    across rows: a sample in two of them, or a GPU or node named differently, raises :class:`ResultsError`
-    naming ``source`` and the rows of the joined frame.
+    """Results frames as one canonical frame: each part's values checked (a canonical part, as the readers
+    return it, comes through unchanged), then the joined rows checked across parts: a sample in two of
+    them, or a GPU or node named differently, raises :class:`ResultsError` naming ``source``.
 
     What :func:`parse_results` of their concatenation gives, categories sorted as the readers sort them,
-    without checking every value again and without a text column of millions of strings on the way (a
-    re-run joined to the 10,000 nodes of its first run: about a gigabyte)."""
-    combined = _tidy_categories(_concat(parts))
+    without a text column of millions of strings on the way (a re-run joined to the 10,000 nodes of its
+    first run: about a gigabyte)."""
+    checked = [
+        _parse(part, f"{source}, part {i}", np.arange(1, len(part) + 1, dtype=np.int64), across_rows=False)
+        for i, part in enumerate(parts, start=1)
+    ]
+    combined = _tidy_categories(_concat(checked))
     rows = _Rows(np.arange(1, len(combined) + 1, dtype=np.int64))
     _check_across_rows(combined, _Findings(rows, len(combined)), source)
     return combined

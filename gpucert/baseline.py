@@ -505,7 +505,9 @@ def _extend_own(
             # Two runs overlapping in time may merge out of the order they started in: the span only widens.
             "first_ts": first.where(first <= ts, ts).to_numpy(),
             "last_ts": last.where(last >= ts, ts).to_numpy(),
-            "stack": np.where(grow["n"].isna(), stack_json, grow["stack"].fillna(stack_json)),
+            # A new row has no stack yet (the join left it empty): this run's. Not np.where, which would
+            # write the JSON into a fixed-width array, four bytes a character, once per row.
+            "stack": grow["stack"].fillna(stack_json).to_numpy(dtype=object),
             "node": grow["node_of"].to_numpy(),
             "runs": extended[codes[growing]],
         }

@@ -312,3 +312,9 @@ def test_canonical_frames_joined_as_parsing_their_concatenation(night: tuple[pd.
         parse_results(pd.concat(twice, ignore_index=True), "x")
     assert str(joined.value) == str(parsed.value)
     assert "duplicated sample" in str(joined.value)
+    # A re-run of every node leaves no peers: the empty part adds nothing; nothing at all is no rows.
+    pd.testing.assert_frame_equal(
+        concat_results([rerun, peers.iloc[:0]], "x"), concat_results([rerun], "x"), check_exact=True
+    )
+    with pytest.raises(ResultsError, match="no result rows"):
+        concat_results([rerun.iloc[:0], peers.iloc[:0]], "x")

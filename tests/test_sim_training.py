@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -405,7 +406,9 @@ def test_a_flapping_nic_at_half_rate_slows_the_collectives_and_shows_in_its_node
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
     busbw = [s.value for s in families["nccl_bus_bandwidth_gbs"].samples]
     assert len(busbw) == 16
-    assert all(170 < v < 190 for v in busbw)
+    # Half of the healthy 360 GB/s, each GPU's gauge within its 1.5 % jitter (±10 σ here: 16 draws a run).
+    assert median(busbw) == pytest.approx(180.0, rel=0.02)
+    assert all(150 < v < 210 for v in busbw)
     clocks = scrape(f"{world.sim.url}/dcgm/{fine}/metrics")
     assert {clocks["DCGM_FI_DEV_SM_CLOCK", str(g)][1] for g in range(8)} == {1980}
 

@@ -5,8 +5,10 @@ medians (:mod:`._repeats`), each median compared with the GPU's own baseline, it
 the spec (:mod:`._compare`), node-wide and pair findings (:mod:`._nodes`), causes read from the joined
 telemetry (:mod:`._causes`; :func:`layer_of` names each cause's layer), and the findings reduced to
 DESIGN.md's verdict table (:mod:`._assemble`).
-Everything is vectorised over the fleet; the only Python loops run over runs, metrics, or the (few)
-flagged entities.
+Everything is vectorised over the fleet; the only Python loops run over runs, metrics, cohorts, blocks of
+results, or the (few) flagged entities. Steps that need only the run's index (the telemetry gates, the
+store's references) run on a second thread beside the repeats, and the repeat blocks are shared by two:
+numpy leaves the interpreter to the other thread most of the time.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ neighbour — which warns and asks for a re-run.
 
 The payload applies the same rule while it measures (``gpucert/bench/_stability.py``, whose constants
 this module shares) and runs more repeats, up to its ``--max-repeats``, until they agree; so a result may
-have any number of repeats, and every one is used. The repeats of each result are laid out as one row of
-a NaN-padded matrix (results × most repeats); medians are taken a repeat count at a time, so the usual
-three repeats need no sort, and the few rows with a transient are re-sorted without it.
+have any number of repeats, and every one is used. The repeats of each result are one row of a matrix of
+the results with as many repeats (no padding: three GEMM repeats never wait on twelve copies), so the
+usual three repeats need no sort, and the few rows with a transient are re-sorted without it.
 """
 
 from __future__ import annotations

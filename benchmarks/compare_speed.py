@@ -10,11 +10,25 @@ a shared machine weighs on both alike:
 * ``gpucert compare RESULTS --baselines STORE --out verdicts.parquet`` (and ``.csv``).
 
 Each round gives one ratio per output (compare's wall time over that round's floor); the median ratio,
-its spread over the rounds, the median wall times and CPU times (user + system) and the largest peak RSS
-(``/usr/bin/time``) are printed, with the load average before and after. Bars: compare ≤ 5 s, ≤ 2 GB,
-and ≤ 1.5 × the floor (issue 17: the work beyond reading the input at most half the read itself).
+its spread over the rounds, compare's median over the fastest floor, the median wall times and CPU times
+(user + system) and the largest peak RSS (``/usr/bin/time``) are printed, with the load average before
+and after. Bars: compare ≤ 5 s, ≤ 2 GB, and ≤ 1.5 × the floor (issue 17: the work beyond reading the
+input at most half the read itself).
+
+On the project's 2-core KVM guest the floor is bimodal: about 0.65 s with 0.2 s of system time, or
+1.2-1.5 s with about 1 s of it, for the same 26,000 page faults (mostly huge pages; probably memory the
+host must back again after the guest freed it), and which one a round gets depends on what ran just
+before. Compare's own time is steady (1.7-1.9 s), so its ratio swings with the floor's: read the
+fastest-floor ratio beside the median.
 
     python benchmarks/compare_speed.py [--gpus 100000] [--runs 5] [--workdir benchmarks/out/speed]
+                                       [--against TREE]
+
+``--against TREE`` times, in the same rounds, the gpucert of another checkout (``git worktree add
+/tmp/before HEAD~1``) writing Parquet, and prints this tree's time over that one's, round by round: the
+A/B a change needs, since one run's wall time drifts by more than most changes move it. Both trees then
+run through the same ``python -c`` launcher, taking turns to go first. (``PYTHONPATH`` cannot do this:
+the editable install's finder comes before it, so both would run this tree.)
 """
 
 from __future__ import annotations
@@ -32,6 +46,13 @@ from importlib.util import find_spec
 from pathlib import Path
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
+
+#: ``python -c`` that runs the gpucert command line of the checkout named by its first argument.
+_FROM_TREE = (
+    "import sys; tree = sys.argv.pop(1); "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
+    "sys.path.insert(0, tree); from gpucert.cli import main; sys.exit(main())"
+)
 
 
 def prepare(workdir: Path, gpus: int) -> tuple[Path, str]:
@@ -86,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workdir", default="benchmarks/out/speed")
+    parser.add_argument("--against", metavar="TREE", help="another checkout's gpucert, timed beside this one")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).resolve()
+    against = Path(args.against).resolve() if args.against else None
+    if against is not None and not (against / "gpucert" / "cli.py").is_file():
+        parser.error(f"--against {args.against}: no gpucert/cli.py there; name a checkout of this repository")
     results, store = prepare(workdir, args.gpus)
     # gpucert's bytecode, as an installed package has it: where PYTHONDONTWRITEBYTECODE is set (a development
     # checkout on this image) every run would compile the package again, ~0.1 s no user pays.
@@ -95,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if spec is None or not spec.submodule_search_locations:
         sys.exit("gpucert is not installed")
     compileall.compile_dir(spec.submodule_search_locations[0], quiet=1)
+    if against is not None:
+        compileall.compile_dir(against / "gpucert", quiet=1)
     python = sys.executable
     gpucert = str(Path(python).with_name("gpucert"))
     size = os.path.getsize(results) / 2**20
@@ -112,13 +139,24 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for suffix in suffixes
     }
+    if against is not None:
+        # Both trees through the same launcher; the console script's own start is not what is compared.
+        this_tree = Path(spec.submodule_search_locations[0]).parent
+        arguments = compare_cmds[".parquet"][1:]
+        compare_cmds[".parquet"] = [python, "-c", _FROM_TREE, str(this_tree), *arguments]
+        compare_cmds["against"] = [python, "-c", _FROM_TREE, str(against), *arguments[:-1]]
+        compare_cmds["against"].append(str(workdir / "verdicts-against.parquet"))
     load_before = os.getloadavg()
     floors: list[tuple[float, float, float]] = []
-    compares: dict[str, list[tuple[float, float, float]]] = {suffix: [] for suffix in suffixes}
-    for _ in range(args.runs):
+    compares: dict[str, list[tuple[float, float, float]]] = {name: [] for name in compare_cmds}
+    for round_number in range(args.runs):
         floors.append(timed(floor_cmd))
-        for suffix in suffixes:
-            compares[suffix].append(timed(compare_cmds[suffix]))
+        # The two trees take turns going first: what ran just before weighs on a run (see above).
+        names = list(compare_cmds)
+        if round_number % 2:
+            names.reverse()
+        for name in names:
+            compares[name].append(timed(compare_cmds[name]))
     load_after = os.getloadavg()
     print(
         f"pandas floor      : wall {_spread([f[0] for f in floors])} s, CPU {_spread([f[1] for f in floors])} s, "
@@ -130,7 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"compare → {suffix:<8}: wall {_spread([c[0] for c in runs])} s, CPU {_spread([c[1] for c in runs])} s, "
             f"peak {max(c[2] for c in runs):.0f} MB; × the floor of its round: {_spread(ratios)} "
-            f"{[round(r, 2) for r in ratios]}"
+            f"{[round(r, 2) for r in ratios]}; × the fastest floor: "
+            f"{statistics.median(c[0] for c in runs) / min(f[0] for f in floors):.2f}"
+        )
+    if against is not None:
+        runs, before = compares[".parquet"], compares["against"]
+        paired = [c[0] / b[0] for c, b in zip(runs, before, strict=True)]
+        print(
+            f"compare of {against} → .parquet: wall {_spread([b[0] for b in before])} s, "
+            f"CPU {_spread([b[1] for b in before])} s, peak {max(b[2] for b in before):.0f} MB; "
+            f"this tree's time over it: {_spread(paired)} {[round(r, 3) for r in paired]}"
         )
     print(
         f"load average (1, 5, 15 min): before {', '.join(f'{x:.2f}' for x in load_before)}; "

@@ -25,6 +25,8 @@ from kubernetes.client.rest import ApiException
 
 from gpucert.sim import ApiFaults, SimCluster
 
+from .conftest import eventually
+
 NODES = 8
 
 
@@ -435,6 +437,20 @@ def test_pod_log(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
     with pytest.raises(ApiException) as err:
         core.read_namespaced_pod_log("ghost", ns)
     assert err.value.status == 404
+
+
+def test_a_pod_log_is_kept_whole_and_goes_with_its_pod(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
+    """A benchmark-sized log (kept compressed) reads back as written; deleting the pod deletes its log, so
+    a pod made again under the name starts with none, and a log written for a pod that is gone is dropped."""
+    core.create_namespaced_pod(ns, pod("bench-1", "gpu-node-00000"))
+    text = "".join(f'{{"metric": "gemm_tflops", "value": {700 + i % 50}.5, "repeat": {i}}}\n' for i in range(2000))
+    sim.store.set_log(ns, "bench-1", text)
+    assert core.read_namespaced_pod_log("bench-1", ns) == text
+    core.delete_namespaced_pod("bench-1", ns, grace_period_seconds=0)
+    eventually(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=bench-1").items, 10)
+    sim.store.set_log(ns, "bench-1", "written after the pod was deleted\n")
+    core.create_namespaced_pod(ns, pod("bench-1", "gpu-node-00000"))
+    assert sim.store.get_log(ns, "bench-1", None) == ""
 
 
 # --- API faults -----------------------------------------------------------------------------------

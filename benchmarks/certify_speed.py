@@ -196,7 +196,10 @@ class RssSampler:
             hi = datetime.fromisoformat(run["end_time"]).timestamp()
             inside = [i for i, (t, _) in enumerate(self.samples) if lo <= t <= hi]
             if inside:
-                step = str(run["name"]).split(" ")[0]  # benchmark (the shards' too), judge, settle, pair, keep…
+                # benchmark (the shards' too), judge, settle, pair, keep…; run_deployment's stand-in task run
+                # for a child flow run is named after the run (a shard's wait in the parent).
+                waits_for_a_shard = ".run_deployment." in str(run.get("task_key") or "")
+                step = "shard" if waits_for_a_shard else str(run["name"]).split(" ")[0]
                 peaks[step] = max(peaks.get(step, 0.0), *(self.samples[i][1] for i in inside))
                 began[step] = min(began.get(step, lo), lo)
                 covered.update(inside)

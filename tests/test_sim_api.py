@@ -444,7 +444,7 @@ def test_a_pod_log_is_kept_whole_and_goes_with_its_pod(sim: SimCluster, core: cl
     a pod made again under the name starts with none, and a log written for a pod that is gone is dropped."""
     core.create_namespaced_pod(ns, pod("bench-1", "gpu-node-00000"))
     text = "".join(f'{{"metric": "gemm_tflops", "value": {700 + i % 50}.5, "repeat": {i}}}\n' for i in range(2000))
-    sim.store.set_log(ns, "bench-1", text)
+    sim.store.set_log(ns, "bench-1", text, compress=True)
     assert core.read_namespaced_pod_log("bench-1", ns) == text
     core.delete_namespaced_pod("bench-1", ns, grace_period_seconds=0)
     eventually(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=bench-1").items, 10)

@@ -306,7 +306,8 @@ class Kubelets:
         # What the container printed at start stays its head (the stack it read then, not now).
         head = self.store.get_log(namespace, meta["name"], None)
         # The log first: whoever sees the terminal phase must find the whole log.
-        self.store.set_log(namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head))
+        self.store.set_log(namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head),
+                           compress=True)
         now = now_rfc3339()
         started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
         reason = "Completed" if code == 0 else (_annotation(notes, TERMINATED_REASON_ANNOTATION) or "Error")

@@ -17,9 +17,9 @@ sort), and each (label key, value) maps to the keys of the objects carrying it (
 ``controller-uid=…`` reads the one pod it names; see :meth:`Store.page`).
 
 Pod logs are kept as a kubelet keeps them: with their pod, gone when it is deleted (``pods/log`` of a
-deleted pod is 404 anyway), and compressed: a benchmark pod's log is 95 KB of JSON lines (381 rows,
-6 KB through zlib's level 1), and a 10,000-node certify leaves 10,000 of them (and its pairs') for the
-Jobs' time to live: ~1 GB as text.
+deleted pod is 404 anyway). A finished container's log is kept compressed when its writer asks: a
+benchmark pod's is 95 KB of JSON lines (381 rows, 6 KB through zlib's level 1), and a 10,000-node
+certify leaves 10,000 of them (and its pairs') for the Jobs' time to live: ~1 GB as text.
 
 Listeners (:meth:`Store.subscribe`) are the simulated controllers' hook: they are called synchronously,
 under the lock, with every event as it is stored, so an index a controller keeps from them is never a
@@ -57,7 +57,6 @@ _Keys = list[_Key]  # spelled here: inside Store, ``list`` is its method
 DEFAULT_HISTORY = 100_000
 _NAMESPACES = lookup("", "v1", "namespaces")
 _PODS = lookup("", "v1", "pods")
-_COMPRESS_LOGS_FROM = 2048  # characters; a shorter log is kept as it is
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's: no vowels, no look-alikes
 
 
@@ -151,7 +150,7 @@ class Store:
         self._history_limit = history
         self._compacted = 0  # every event with rv > this is still in the history
         self._watchers: dict[str, set[Watcher]] = {r.key: set() for r in RESOURCES}
-        # (namespace, pod) → container ("" for the pod's own) → the log, zlib-compressed when long
+        # (namespace, pod) → container ("" for the pod's own) → the log, as text or zlib-compressed
         self._logs: dict[tuple[str, str], dict[str, str | bytes]] = {}
         self._listeners: list[Listener] = []
 
@@ -307,11 +306,15 @@ class Store:
 
     # --- logs ---------------------------------------------------------------------------------------
 
-    def set_log(self, namespace: str, pod: str, text: str, container: str | None = None) -> None:
+    def set_log(
+        self, namespace: str, pod: str, text: str, container: str | None = None, *, compress: bool = False
+    ) -> None:
         """What ``pods/log`` answers for this pod (and container, when given) while the pod exists; nothing
-        is kept for a pod that is not there (deleted while its kubelet was writing)."""
+        is kept for a pod that is not there (deleted while its kubelet was writing). ``compress`` for a log
+        that is final and that only the store holds (a finished container's): it costs a decompression
+        at each read, so not for one that is read back and rewritten as it grows (a training pod's)."""
         assert _PODS is not None
-        kept = zlib.compress(text.encode(), 1) if len(text) >= _COMPRESS_LOGS_FROM else text
+        kept: str | bytes = zlib.compress(text.encode(), 1) if compress else text
         with self.lock:
             if (namespace, pod) in self._objects[_PODS.key]:
                 self._logs.setdefault((namespace, pod), {})[container or ""] = kept

@@ -75,7 +75,7 @@ class RetryPolicy:
         last error when the attempts run out, and the last error with the deadline said in its message
         when the next wait would pass the deadline.
         """
-        draws = rng or random.Random()
+        draws = rng  # made at the first retry: seeding from os.urandom on every call of a fleet adds up
         limit = deadline or self.start()
         attempt = 1
         while True:
@@ -84,6 +84,7 @@ class RetryPolicy:
             except KubeUnavailable as exc:
                 if attempt >= self.attempts:
                     raise
+                draws = draws or random.Random()
                 wait = self.delay(attempt, exc, draws)
                 if wait >= limit.remaining():
                     # Said in the message (what the command line prints): the deadline, not the attempts,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import functools
 import io
 import json
 import os
@@ -21,7 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from .._background import in_background
+from .._background import on_two_threads
 from .._frames import CATEGORY_COLUMNS
 from .._prefetch import reading_pool, take
 from ..errors import Problem, ResultsError
@@ -225,16 +224,17 @@ def _arrow_to_frame_tidy(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]
             if pa.types.is_dictionary(column.type):
                 encoded.append(name)
 
-    def categoricals(part: list[str]) -> dict[str, object]:
-        made = {name: _dictionary_categorical(table.column(name)) for name in part}
-        return {name: categorical for name, categorical in made.items() if categorical is not None}
+    columns: dict[str, object] = {}
+
+    def convert(name: str) -> None:
+        if name == "gpu":
+            columns[name] = _nullable_integers(table.column(name))
+        elif (categorical := _dictionary_categorical(table.column(name))) is not None:
+            columns[name] = categorical
 
     # Every other column on a second thread: its passes over millions of codes leave the interpreter free.
-    beside = in_background(functools.partial(categoricals, encoded[::2]), name="gpucert-categoricals")
-    columns = categoricals(encoded[1::2])
-    if "gpu" in names and pa.types.is_integer(table.schema.field("gpu").type):
-        columns["gpu"] = _nullable_integers(table.column("gpu"))
-    columns |= beside()
+    integers = ["gpu"] if "gpu" in names and pa.types.is_integer(table.schema.field("gpu").type) else []
+    on_two_threads(convert, [*encoded, *integers])
     rest = table.drop_columns(list(columns))
     # The pandas metadata is ignored on purpose: this module sets every dtype itself, faster.
     converted = rest.to_pandas(ignore_metadata=True, split_blocks=True, self_destruct=True)

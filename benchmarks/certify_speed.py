@@ -107,12 +107,14 @@ def main() -> int:
                 return int(answer.json())
 
             def run(run_id: str) -> tuple[float, CertifyOutcome]:
-                start, tasks_before = time.perf_counter(), task_runs()
+                start, tasks_before, busy_before = time.perf_counter(), task_runs(), machine_busy()
                 with RssSampler() as rss:
                     out = asyncio.run(certify(cluster=cluster, store=store, policy=policy, run_id=run_id,
                                               max_parallel=args.max_parallel))  # fmt: skip
                 seconds = time.perf_counter() - start
-                print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs", flush=True)
+                busy = (machine_busy() - busy_before) / seconds
+                print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs; the machine's CPUs busy "
+                      f"{busy:.2f} of {os.cpu_count()} on average", flush=True)
                 print(f"  peak RSS of this process by step: {rss.by_task(str(PREFECT_API_URL.value()))}", flush=True)
                 if args.workers:
                     print(f"  peak RSS of one shard's flow-run process on a worker: {workers_peak_mb():.0f} MB",
@@ -152,6 +154,15 @@ def main() -> int:
     return 0
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has spent on anything but idling and waiting for I/O (``/proc/stat``):
+    whether a run was held up by the CPUs (busy near all of them) or by waiting."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 class RssSampler:
     """This process's RSS every 0.2 s while in the ``with`` block, and its peak within each Prefect task
     run's window: where the flow's memory goes (a task running within another counts in both)."""
@@ -176,7 +187,9 @@ class RssSampler:
         self._thread.join()
 
     def by_task(self, api: str) -> str:
-        """``step: peak MB`` for the task runs started while sampling, the highest first, and the rest."""
+        """``step: peak MB`` for the task runs started while sampling, in the order they began, and the
+        rest; then when each step started in the run and how long it lasted (first start to last end of its
+        task runs, which may overlap: the shards run side by side)."""
         from datetime import datetime
 
         import httpx
@@ -188,6 +201,7 @@ class RssSampler:
         runs = httpx.post(f"{api}/task_runs/filter", json=body, timeout=30).json()
         peaks: dict[str, float] = {}
         began: dict[str, float] = {}
+        ended: dict[str, float] = {}
         covered: set[int] = set()
         for run in runs:
             if not run.get("start_time") or not run.get("end_time"):
@@ -202,11 +216,15 @@ class RssSampler:
                 step = "shard" if waits_for_a_shard else str(run["name"]).split(" ")[0]
                 peaks[step] = max(peaks.get(step, 0.0), *(self.samples[i][1] for i in inside))
                 began[step] = min(began.get(step, lo), lo)
+                ended[step] = max(ended.get(step, hi), hi)
                 covered.update(inside)
         rest = [mb for i, (_, mb) in enumerate(self.samples) if i not in covered]
         in_order = sorted(peaks, key=began.__getitem__)
         line = ", ".join(f"{step} {peaks[step]:.0f}" for step in in_order)
-        return line + (f"; between tasks {max(rest):.0f}" if rest else "") + " MB (steps in the order they began)"
+        line += (f"; between tasks {max(rest):.0f}" if rest else "") + " MB (steps in the order they began)"
+        t0 = self.samples[0][0]
+        spans = ", ".join(f"{step} {began[step] - t0:.0f}+{ended[step] - began[step]:.1f}" for step in in_order)
+        return f"{line}\n  steps as started+lasted, seconds into the run: {spans}"
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ the upgraded node. A node without any driver must report none, as NVML would.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,11 @@ from gpucert.certify import (
     update_baselines,
 )
 from gpucert.certify._collect import CollectedResults
-from gpucert.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
+from gpucert.fleet import GPU_PERF_METRICS, Fault, Fleet, NoiseModel
 from gpucert.kube import Kube, RetryPolicy, connect
 from gpucert.policy import default_policy
 from gpucert.sim import STACK_NAMESPACE, SimCluster
-from gpucert.sim._benchlogs import node_driver
+from gpucert.sim._benchlogs import _extra_repeat_lines, node_driver, rows_jsonl
 from gpucert.stack import (
     StackRequest,
     apply_manifests,
@@ -252,6 +253,41 @@ def test_a_simulated_payload_measures_again_when_a_transient_unsettles_its_repea
     # --max-repeats 3 (a payload argument of the Job): no more than three.
     capped_perf = capped.results[capped.results["metric"].isin(BENCHMARKS)]
     assert (capped_perf["repeat"] < capped_perf["metric"].map(lambda m: rule.base(str(m))).astype(int)).all()
+
+
+def test_a_simulated_log_has_each_row_as_json_dumps_writes_it_and_the_payloads_lines_between() -> None:
+    """The log the simulator writes for a pod (cell by cell, not a dict a row) is the payload's: each row
+    the text ``json.dumps`` makes of its dict (missing cells null, the stamp in the payload's format), an
+    error row after the payload's line naming where the step failed, a line per result measured again."""
+    fleet = Fleet.generate(nodes=3, gpus_per_node=8, seed=5, noise=NoiseModel(transient_rate=0.4))
+    node = fleet.node_names[1]
+    ts = pd.Timestamp("2026-11-01T02:03:04.5", tz="UTC").to_pydatetime()
+    rule = RepeatRule()
+    wave = fleet.run("log-1", ts=ts, seed=7, nodes=[node], faults=[Fault("uncontained_ecc", node, gpu=3)],
+                     nic=True, storage=True, wave_draws=True)  # fmt: skip
+    rows = wave.results
+    lines = rows_jsonl(rows).splitlines()
+    records = [line for line in lines if line.startswith("{")]
+    expected = []
+    for row in rows.astype(object).where(rows.notna(), None).to_dict("records"):
+        row["ts"] = "2026-11-01T02:03:04.500000Z"
+        expected.append(json.dumps(row))
+    assert records == expected
+    said = [line for line in lines if not line.startswith("{")]
+    assert said == [
+        "gpucert-bench: error: benchmark step on GPU 3: the device reported a fault",
+        "gpucert-bench: error: benchmark step on node: the device reported a fault",
+    ]
+    assert lines.index(said[0]) + 1 == lines.index(next(r for r in records if '"error"' in r))
+    assert rows_jsonl(rows, with_errors=False).splitlines() == expected
+    # One line per (GPU, metric) measured beyond its base repeats, GPU by GPU, the node's own last.
+    measured = rows.dropna(subset=["repeat"])
+    counts = measured.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].max()
+    beyond = [(g, str(m)) for (g, m), top in counts.items() if top + 1 > rule.base(str(m))]
+    repeat_lines = _extra_repeat_lines(rows, rule).splitlines()
+    assert len(repeat_lines) == len(beyond) > 0
+    named = [line.split(": ")[1] for line in repeat_lines]
+    assert named == [("node" if pd.isna(g) else f"GPU {int(g)}") for g, _ in beyond]
 
 
 def benchmark_with_log(

@@ -387,6 +387,17 @@ class Fleet:
         """Position of each node name in :attr:`node_names`."""
         return {name: i for i, name in enumerate(self.node_names)}
 
+    @cached_property
+    def node_categories(self) -> pd.Index:
+        """:attr:`node_names` as the categories of a results frame's ``node`` and ``peer`` (made once: a
+        wave of one node, the simulator's pod, would otherwise pay for the whole fleet's names)."""
+        return pd.Index(self.node_names)
+
+    @cached_property
+    def uuid_categories(self) -> pd.Index:
+        """:attr:`uuids` as the categories of a results frame's ``gpu_uuid`` (made once, as above)."""
+        return pd.Index(self.uuids)
+
     # --- the fabric -----------------------------------------------------------------------------------
 
     @cached_property
@@ -986,33 +997,45 @@ def _repeat_counts(values: FloatArray, ran: BoolArray, rule: RepeatRule, metrics
 
 
 class _Effects:
-    """The injected faults of one wave, accumulated as whole-fleet arrays the row builders read."""
+    """The injected faults of one wave, accumulated as whole-fleet arrays the row builders read.
+
+    Until a fault is applied every array is its neutral value broadcast (a read-only view of one row: no
+    memory, no time): the simulator runs one wave per benchmark pod, nearly all without a fault, and
+    whole-fleet arrays made and filled for each would cost O(fleet) a pod, O(fleet²) a certify.
+    """
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         n_gpus, n_nodes = fleet.n_gpus, fleet.n_nodes
-        self.gpu_factor = np.ones((n_gpus, len(GPU_PERF_METRICS)))
-        self.crash_gpu = np.zeros((n_gpus, len(GPU_PERF_METRICS)), dtype=bool)
-        self.missing = np.zeros(n_gpus, dtype=bool)
-        self.bits = np.zeros(n_gpus, dtype=np.int64)
+        per_gpu = (n_gpus, len(GPU_PERF_METRICS))
+        self.gpu_factor = _neutral(1.0, per_gpu)
+        self.crash_gpu = _neutral(False, per_gpu)
+        self.missing = _neutral(False, n_gpus)
+        self.bits = _neutral(np.int64(0), n_gpus)
         # Readings start at the neutral end of their combine rule (see _LOWER_IS_WORSE).
-        self.telemetry = np.zeros((n_gpus, len(GPU_TELEMETRY_METRICS)))
-        for m in _LOWER_IS_WORSE:
-            self.telemetry[:, _TELE[m]] = np.inf
+        start = [np.inf if m in _LOWER_IS_WORSE else 0.0 for m in GPU_TELEMETRY_METRICS]
+        self.telemetry = _neutral(np.array(start), (n_gpus, len(GPU_TELEMETRY_METRICS)))
         self.touched = dict.fromkeys(GPU_TELEMETRY_METRICS, False)
-        self.nccl_gpu_min = np.ones(n_nodes)
-        self.nccl_node = np.ones(n_nodes)
-        self.crash_nccl = np.zeros(n_nodes, dtype=bool)
-        self.pair_gpu_min = np.ones(n_nodes)
-        self.pair_node = np.ones(n_nodes)
-        self.crash_pair = np.zeros(n_nodes, dtype=bool)
-        self.storage = np.ones(n_nodes)
+        self.nccl_gpu_min = _neutral(1.0, n_nodes)
+        self.nccl_node = _neutral(1.0, n_nodes)
+        self.crash_nccl = _neutral(False, n_nodes)
+        self.pair_gpu_min = _neutral(1.0, n_nodes)
+        self.pair_node = _neutral(1.0, n_nodes)
+        self.crash_pair = _neutral(False, n_nodes)
+        self.storage = _neutral(1.0, n_nodes)
         # NIC readings start at the neutral end of their combine rule, as the GPUs' telemetry does.
-        self.nic = {m: np.full(n_nodes, np.inf if m in NIC_LOWER_IS_WORSE else 0.0) for m in NIC_TELEMETRY}
+        self.nic = {m: _neutral(np.inf if m in NIC_LOWER_IS_WORSE else 0.0, n_nodes) for m in NIC_TELEMETRY}
         #: (leaf, leaf, factor) of each slow link between two leaves
         self.uplinks: list[tuple[int, int, float]] = []
         self.xid_gpu: list[int] = []
         self.xid_code: list[int] = []
+
+    def _writable(self) -> None:
+        """Every array its own memory, to apply a fault to (once a wave; the first fault pays)."""
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray) and not value.flags.writeable:
+                setattr(self, name, value.copy())
+        self.nic = {m: v if v.flags.writeable else v.copy() for m, v in self.nic.items()}
 
     def fabric(self, a: IntArray, b: IntArray) -> FloatArray:
         """What the path between the leaves of ``a[i]`` and ``b[i]`` does to a pair's bandwidth."""
@@ -1058,6 +1081,7 @@ class _Effects:
         }
 
     def _apply(self, r: ResolvedFault, node: int, gpus: slice, on_gpu: bool) -> None:
+        self._writable()
         for m, f in r.perf.items():
             if m == STORAGE:
                 self.storage[node] *= f
@@ -1093,6 +1117,11 @@ class _Effects:
         for g in range(gpus.start, gpus.stop):
             self.xid_gpu += [g] * len(r.xids)
             self.xid_code += list(r.xids)
+
+
+def _neutral(value: Any, shape: int | tuple[int, ...]) -> npt.NDArray[Any]:
+    """``value`` (a scalar, or one row) as a read-only array of ``shape`` that takes no memory."""
+    return np.broadcast_to(np.asarray(value), shape)
 
 
 def _truth_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -1158,14 +1187,14 @@ class _Rows:
         node, gpu, uuid, metric, repeat, peer = (c[order] for c in cols)
         value = value[order]
         n = len(node)
-        nodes = pd.Index(fleet.node_names)
+        nodes = fleet.node_categories
         ts64 = np.datetime64(ts.replace(tzinfo=None), "us")
         one = np.zeros(n, dtype=np.int8)
         columns: dict[str, Any] = {
             "run_id": pd.Categorical.from_codes(one, categories=pd.Index([run_id])),
             "node": _categorical(node, nodes),
             "gpu": pd.arrays.IntegerArray(np.where(gpu < 0, 0, gpu).astype(np.int64), gpu < 0),
-            "gpu_uuid": _categorical(uuid, pd.Index(fleet.uuids)),
+            "gpu_uuid": _categorical(uuid, fleet.uuid_categories),
             "gpu_model": pd.Categorical.from_codes(one, categories=pd.Index([fleet.model.name])),
             "metric": _categorical(metric, _METRIC_CATEGORIES),
             "value": value,
@@ -1179,8 +1208,16 @@ class _Rows:
 def _categorical(codes: I32Array, categories: pd.Index) -> pd.Categorical:
     """Codes into ``categories``, keeping only the categories used (what a reader of the file would see).
 
-    A lookup table instead of ``remove_unused_categories``, which sorts all the codes.
+    A lookup table instead of ``remove_unused_categories``, which sorts all the codes; for fewer codes than
+    categories (a wave of one node among thousands), the codes in use sorted instead: O(rows), not
+    O(fleet).
     """
+    if len(codes) < len(categories):
+        used_codes = np.unique(codes)
+        used_codes = used_codes[used_codes >= 0]
+        new = np.searchsorted(used_codes, codes).astype(np.int32)
+        new[codes < 0] = -1
+        return pd.Categorical.from_codes(new, categories=categories[used_codes])
     used = np.bincount(codes + 1, minlength=len(categories) + 1)[1:] > 0
     remap = np.full(len(categories) + 1, -1, dtype=np.int32)
     remap[1:][used] = np.arange(int(used.sum()), dtype=np.int32)

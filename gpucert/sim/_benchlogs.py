@@ -86,7 +86,7 @@ from .._names import dns_label_ok
 from ..bench._cli import ArgumentsError, check_args
 from ..bench._stability import RepeatRule
 from ..fleet import Fault, Fleet
-from ..metrics import RESULT_COLUMNS
+from ..metrics import METRICS, RESULT_COLUMNS
 from ..stack import load_matrix, node_info
 from ._gpufaults import GpuFaults
 from ._jobs import pod_index
@@ -178,27 +178,51 @@ def _row(run_id: str, node: str, metric: str, value: float, ts: datetime) -> dic
 
 
 def rows_jsonl(frame: pd.DataFrame, *, with_errors: bool = True) -> str:
-    """A results frame as the payload prints it: one JSON object a line, contract columns in order.
+    """A results frame as the payload prints it: one JSON object a line, contract columns in order (the
+    text ``json.dumps`` gives each row's dict).
 
     With ``with_errors``, each ``error`` row is preceded by the stderr line the payload writes for it.
     """
-    columns: list[list[Any]] = []
-    for name in RESULT_COLUMNS:
-        values = frame[name].tolist()
-        if name == "ts":
-            values = [_ts(v) for v in values]
-        else:
-            values = [None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else v
-                      for v in values]
-        columns.append(values)
-    lines = []
-    for cells in zip(*columns, strict=True):
-        row = dict(zip(RESULT_COLUMNS, cells, strict=True))
-        if with_errors and row["metric"] == "error":
-            where = "node" if row["gpu"] is None else f"GPU {row['gpu']}"
-            lines.append(f"{_SAY}error: benchmark step on {where}: the device reported a fault")
-        lines.append(json.dumps(row))
+    # Column by column, each value's JSON made once (a wave's names and stamps repeat on every row), then
+    # the lines joined: the simulator writes a log of a few hundred rows for every benchmark pod.
+    columns = [_json_cells(frame[name], name) for name in RESULT_COLUMNS]
+    lines = [_ROW_TEMPLATE % cells for cells in zip(*columns, strict=True)]
+    if with_errors:
+        metric, gpu = frame["metric"].tolist(), frame["gpu"].tolist()
+        errors = [i for i, m in enumerate(metric) if m == "error"]
+        for i in reversed(errors):
+            where = "node" if _missing(gpu[i]) else f"GPU {gpu[i]}"
+            lines.insert(i, f"{_SAY}error: benchmark step on {where}: the device reported a fault")
     return "".join(line + "\n" for line in lines)
+
+
+#: A result row's line with its cells' JSON put in, as ``json.dumps`` writes the row's dict.
+_ROW_TEMPLATE = "{" + ", ".join(f"{json.dumps(name)}: %s" for name in RESULT_COLUMNS) + "}"
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _json_cells(column: pd.Series, name: str) -> list[str]:
+    """Each value of ``column`` as JSON (``null`` where missing; ``ts`` as the payload stamps it)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        names = [json.dumps(c) for c in column.cat.categories.tolist()] + ["null"]
+        return [names[code] for code in column.cat.codes.tolist()]  # a missing value's code is -1
+    missing = column.isna().tolist()
+    if name == "value":
+        return ["null" if gone else json.dumps(v) for v, gone in zip(column.tolist(), missing, strict=True)]
+    texts: dict[Any, str] = {}
+    cells = []
+    for value, gone in zip(column.tolist(), missing, strict=True):
+        if gone:
+            cells.append("null")
+            continue
+        text = texts.get(value)
+        if text is None:
+            text = texts[value] = json.dumps(_ts(value) if name == "ts" else value)
+        cells.append(text)
+    return cells
 
 
 def _args(pod: Mapping[str, Any]) -> list[str]:
@@ -266,19 +290,26 @@ def pair_pod(pod: Mapping[str, Any], node: str) -> PairPod | None:
     return PairPod(opts.node, peer, opts.rank, master, opts.rule)
 
 
+#: The registry's order of the metrics: the order the payload reports them in.
+_METRIC_ORDER = {name: i for i, name in enumerate(METRICS)}
+
+
 def _extra_repeat_lines(rows: pd.DataFrame, rule: RepeatRule) -> str:
-    """The payload's stderr line for each result it measured again because its repeats disagreed."""
-    measured = rows[rows["repeat"].notna()]
-    if measured.empty:
-        return ""
-    counts = measured.groupby(["gpu", "metric"], observed=True, dropna=False)["repeat"].max().reset_index()
+    """The payload's stderr line for each result it measured again because its repeats disagreed, GPU by
+    GPU (the node's own results last), metric by metric."""
+    last: dict[tuple[float, int, str], int] = {}  # (GPU or inf, registry position, metric) → last repeat
+    gpus, metrics, repeats = rows["gpu"].tolist(), rows["metric"].tolist(), rows["repeat"].tolist()
+    for gpu, metric, repeat in zip(gpus, metrics, repeats, strict=True):
+        if not _missing(repeat):
+            key = (math.inf if _missing(gpu) else gpu, _METRIC_ORDER.get(metric, -1), str(metric))
+            last[key] = max(last.get(key, -1), int(repeat))
     lines = []
-    for gpu, metric, last in zip(counts["gpu"], counts["metric"], counts["repeat"], strict=True):
-        where = "node" if pd.isna(gpu) else f"GPU {int(gpu)}"
-        n, base = int(last) + 1, rule.base(str(metric))
+    for (gpu, _, metric), top in sorted(last.items()):
+        where = "node" if gpu == math.inf else f"GPU {int(gpu)}"
+        n, base = top + 1, rule.base(metric)
         if n > base:
             lines.append(f"{_SAY}{where}: {metric}: repeats disagree: {n - base} more, {n} of at most "
-                         f"{rule.ceiling(str(metric))}")  # fmt: skip
+                         f"{rule.ceiling(metric)}")  # fmt: skip
     return "".join(line + "\n" for line in lines)
 
 

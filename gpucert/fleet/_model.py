@@ -451,7 +451,7 @@ class Fleet:
         """
         g = np.arange(self.n_gpus)
         return pd.DataFrame({
-            "node": pd.Categorical.from_codes(g // self.gpus_per_node, categories=pd.Index(self.node_names)),
+            "node": pd.Categorical.from_codes(g // self.gpus_per_node, categories=self.node_categories),
             "gpu": (g % self.gpus_per_node).astype(np.int64),
             "gpu_uuid": self.uuids,
             "slow_silicon": self.slow_silicon,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -259,10 +260,17 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
     return p
 
 
+@functools.cache
+def _parser(strict: bool) -> argparse.ArgumentParser:
+    """:func:`build_parser`'s parser, built once: parsing leaves it as it was, and the flow (each Job it
+    renders) and the simulator (each benchmark pod) check thousands of command lines a run."""
+    return build_parser(strict=strict)
+
+
 def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Options:
     """The :class:`Options` of a command line (``sys.argv`` when None). Bad arguments print usage and exit 2,
     or with ``strict`` (see :func:`build_parser`) raise :class:`ArgumentsError`."""
-    parser = build_parser(strict=strict)
+    parser = _parser(strict)
     a = parser.parse_args(argv)
     col = 0 if a.device == "cuda" else 1
 

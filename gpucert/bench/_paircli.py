@@ -31,6 +31,7 @@ Path: ``all_reduce_perf`` when ``--nccl-tests PATH`` is executable, ``mpirun`` i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -296,10 +297,16 @@ def _env_number(parser: argparse.ArgumentParser, name: str, kind: type) -> float
     return float(value)
 
 
+@functools.cache
+def _pair_parser(strict: bool) -> argparse.ArgumentParser:
+    """:func:`build_pair_parser`'s parser, built once (as the payload's own, :func:`gpucert.bench._cli._parser`)."""
+    return build_pair_parser(strict=strict)
+
+
 def parse_pair_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> PairOptions:
     """The :class:`PairOptions` of a pair command line (without the leading ``pair``). Bad arguments print
     usage and exit 2, or with ``strict`` raise :class:`~gpucert.bench._cli.ArgumentsError`."""
-    parser = build_pair_parser(strict=strict)
+    parser = _pair_parser(strict)
     a = parser.parse_args(argv)
     col = 0 if a.device == "cuda" else 1
 

@@ -38,6 +38,7 @@ is the fault's exact counterfactual.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import zlib
@@ -1125,6 +1126,17 @@ def _neutral(value: Any, shape: int | tuple[int, ...]) -> npt.NDArray[Any]:
 
 
 def _truth_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    if not rows:  # most waves of the simulator's pods: a copy of the empty frame, not nine new columns
+        return _no_truth().copy()
+    return _truth_columns(rows)
+
+
+@functools.cache
+def _no_truth() -> pd.DataFrame:
+    return _truth_columns([])
+
+
+def _truth_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame({
         "kind": pd.Series([r["kind"] for r in rows], dtype="str"),
         "node": pd.Series([r["node"] for r in rows], dtype="str"),

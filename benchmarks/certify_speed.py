@@ -271,10 +271,13 @@ def shard_workers(count: int, kubeconfig: Path, api_url: str, workdir: Path) -> 
         for worker in workers:
             worker.terminate()
         for worker in workers:
+            # The run is over and nothing is left for a worker to do; one that does not act on SIGTERM
+            # at once (seen: a minute) is killed, so the script ends when its figures are printed.
             try:
-                worker.wait(timeout=60)
+                worker.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 worker.kill()
+                worker.wait()
 
 
 def _below(roots: set[int]) -> list[int]:

@@ -2,10 +2,10 @@
 
 Each benchmark pod of the simulator runs a one-node wave of the fleet model (``Fleet.run(nodes=[node],
 wave_draws=True)``, NIC telemetry on, as the payload reads it by default) and writes its rows as the
-payload prints them (``rows_jsonl``, with the "repeats disagree" lines before). A 10,000-node certify does
-that 10,000 times in the simulator's one event loop, beside the pair pods, so a cost that grows with the
-fleet makes the whole benchmark O(N²). Prints, per fleet size, the median over three rounds of the time
-a pod takes (the wave, and the log apart), after one warm-up round.
+payload prints them (``benchmark_lines``: the "repeats disagree" lines, then the JSON lines). A
+10,000-node certify does that 10,000 times in the simulator's one event loop, beside the pair pods, so a
+cost that grows with the fleet makes the whole benchmark O(N²). Prints, per fleet size, the median over
+three rounds of the time a pod takes (the wave, and the log apart), after one warm-up round.
 
 Figures only, no asserts. Run: ``.venv/bin/python benchmarks/sim_pod_logs.py [--nodes 1000 10000]
 [--pods 200]``
@@ -21,7 +21,7 @@ import time
 
 from gpucert.bench._stability import RepeatRule
 from gpucert.fleet import Fleet
-from gpucert.sim._benchlogs import _extra_repeat_lines, rows_jsonl
+from gpucert.sim._benchlogs import benchmark_lines
 
 TS = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 
@@ -36,7 +36,7 @@ def one_round(fleet: Fleet, nodes: list[str], rule: RepeatRule) -> tuple[float, 
             repeats=rule.repeats, max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of),
         ).results  # fmt: skip
         t1 = time.perf_counter()
-        _extra_repeat_lines(rows, rule) + rows_jsonl(rows)
+        benchmark_lines(rows, rule)
         wave_s += t1 - t0
         log_s += time.perf_counter() - t1
     return wave_s / len(nodes), log_s / len(nodes)

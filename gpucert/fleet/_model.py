@@ -38,14 +38,13 @@ is the fault's exact counterfactual.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
@@ -1131,7 +1130,7 @@ def _truth_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return _truth_columns(rows)
 
 
-@functools.cache
+@cache
 def _no_truth() -> pd.DataFrame:
     return _truth_columns([])
 

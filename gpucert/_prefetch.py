@@ -62,8 +62,10 @@ def _read(path: str, box: list[Any]) -> None:
     try:
         import pyarrow.parquet as pq
 
-        with reading_pool():
-            box.append(pq.read_table(path))
+        # Not pq.read_table: it goes through pyarrow.dataset, whose import imports pandas, and so would
+        # wait for the very import this read is to overlap (decoding began only once it ended).
+        with reading_pool(), pq.ParquetFile(path) as parquet:
+            box.append(parquet.read())
     except Exception:  # the reader reads the file again and reports what is wrong
         box.clear()
 

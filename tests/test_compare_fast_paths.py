@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +161,20 @@ def test_read_ahead_is_the_file_as_read(tmp_path: Path, night: tuple[pd.DataFram
     _prefetch.discard()
     assert _prefetch.take(path) is None
 
+
+
+def test_reading_ahead_does_not_wait_for_pandas(tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    """The read ahead decodes while the command imports pandas; a reader that imports pandas itself
+    (``pq.read_table`` goes through ``pyarrow.dataset``, which does) would wait on that import instead."""
+    path = tmp_path / "night.parquet"
+    write_results(night[0].iloc[:1000], path)
+    script = (
+        "import sys; from gpucert import _prefetch; "
+        f"_prefetch.prefetch_parquet([{str(path)!r}]); table = _prefetch.take({str(path)!r}); "
+        "assert table is not None and table.num_rows == 1000, table; "
+        "assert 'pandas' not in sys.modules, 'the read ahead imported pandas'"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
 
 def test_a_corrupt_file_read_ahead_is_still_reported(tmp_path: Path) -> None:
     path = tmp_path / "broken.parquet"

@@ -51,7 +51,8 @@ T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 _FROM_TREE = (
     "import sys; tree = sys.argv.pop(1); "
     "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
-    "sys.path.insert(0, tree); from gpucert.cli import main; sys.exit(main())"
+    "sys.path.insert(0, tree); import gpucert.cli as cli; "
+    "cli.console() if hasattr(cli, 'console') else sys.exit(cli.main())"
 )
 
 

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ._memory import freed_memory_kept
+
 __all__ = ["discard", "prefetch_parquet", "reading_pool", "take"]
 
 _PARQUET = (".parquet", ".pq")
@@ -99,14 +101,19 @@ def discard() -> None:
 
 @functools.cache
 def _pool() -> Any:
-    """The Arrow memory pool results are read into: jemalloc where this pyarrow has it, else the system's.
+    """The Arrow memory pool results are read into: the system's where glibc keeps freed memory for reuse
+    (:func:`gpucert._memory.keep_freed_memory`, a short command), else jemalloc where this pyarrow has it.
 
     Not Arrow's default (mimalloc): reading a fleet's results through it spent three to four times the
     system time (0.6 to 0.9 s against about 0.2 s on 100,000 GPUs × 3 repeats, measured on the project's
-    2-core VM), returning pages to the kernel and faulting them in again.
+    2-core VM), returning pages to the kernel and faulting them in again. The system's, where glibc keeps
+    what is freed, because the Arrow buffers the reader frees are then the very memory numpy's arrays
+    take next (jemalloc keeps them for Arrow alone).
     """
     import pyarrow as pa
 
+    if freed_memory_kept():
+        return pa.system_memory_pool()
     try:
         return pa.jemalloc_memory_pool()
     except NotImplementedError:

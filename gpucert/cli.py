@@ -25,7 +25,7 @@ from .errors import GpucertError, InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS = 0, 1, 2, 3
 
-__all__ = ["main"]
+__all__ = ["console", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -439,12 +439,22 @@ def _call_timeout(seconds: float | None) -> Iterator[None]:
             os.environ[TIMEOUT_ENV] = before
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command ``argv`` (default: ``sys.argv``); returns its exit status (see the module)."""
+def console() -> NoReturn:
+    """The ``gpucert`` program: :func:`main` on the process's own arguments, in a process that exists for
+    this one command (so it may set what is the whole process's: see ``owns_process``)."""
+    sys.exit(main(owns_process=True))
+
+
+def main(argv: Sequence[str] | None = None, *, owns_process: bool = False) -> int:
+    """Run the command ``argv`` (default: ``sys.argv``); returns its exit status (see the module).
+
+    ``owns_process``: the process ends with the command (the ``gpucert`` program, not a caller such as a
+    test), so ``compare`` has the C allocator keep freed memory for reuse (:mod:`gpucert._memory`).
+    """
     args = _parser().parse_args(argv)
     try:
         with _call_timeout(args.call_timeout):
-            return _dispatch(args)
+            return _dispatch(args, owns_process=owns_process)
     except InputError as exc:
         print(f"gpucert: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -467,10 +477,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
     if args.command == "compare":
-        from . import _prefetch
+        from . import _memory, _prefetch
 
+        if owns_process:  # one read, one judgement, exit: freed memory is worth more kept for reuse
+            _memory.keep_freed_memory()
         # The Parquet results decode on another core while pandas is imported (gpucert._prefetch).
         _prefetch.prefetch_parquet(args.results)
         try:
@@ -605,4 +617,4 @@ def _run_flow_command(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -334,3 +334,5 @@ def test_canonical_frames_joined_as_parsing_their_concatenation(night: tuple[pd.
     )
     with pytest.raises(ResultsError, match="no result rows"):
         concat_results([rerun.iloc[:0], peers.iloc[:0]], "x")
+    with pytest.raises(ResultsError, match="no result rows"):
+        concat_results([], "x")

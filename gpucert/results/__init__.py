@@ -203,7 +203,9 @@ def concat_results(parts: Sequence[pd.DataFrame], source: str) -> pd.DataFrame:
     What :func:`parse_results` of their concatenation gives, categories sorted as the readers sort them,
     without a text column of millions of strings on the way (a re-run joined to the 10,000 nodes of its
     first run: about a gigabyte). An empty part adds nothing (a re-run of every node has no peers left);
-    all of them empty is "no result rows"."""
+    all of them empty, or none given, is "no result rows"."""
+    if not parts:
+        raise ResultsError(source, [Problem("no result rows")])
     numbered = [(i, part) for i, part in enumerate(parts, start=1) if len(part)] or [(1, parts[0])]
     checked = [
         _parse(part, f"{source}, part {i}", np.arange(1, len(part) + 1, dtype=np.int64), across_rows=False)

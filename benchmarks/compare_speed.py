@@ -15,11 +15,12 @@ its spread over the rounds, compare's median over the fastest floor, the median 
 and after. Bars: compare ≤ 5 s, ≤ 2 GB, and ≤ 1.5 × the floor (issue 17: the work beyond reading the
 input at most half the read itself).
 
-On the project's 2-core KVM guest the floor is bimodal: about 0.65 s with 0.2 s of system time, or
-1.2-1.5 s with about 1 s of it, for the same 26,000 page faults (mostly huge pages; probably memory the
-host must back again after the guest freed it), and which one a round gets depends on what ran just
-before. Compare's own time is steady (1.7-1.9 s), so its ratio swings with the floor's: read the
-fastest-floor ratio beside the median.
+On the project's 2-core KVM guest the floor swings between about 0.7 s (0.2 s of system time) and
+1.2-1.6 s (0.8-0.9 s of it) for the same 26,000 page faults, most of them huge pages (950 MB): what a
+fault costs the guest depends on the host at that moment (probably backing freed guest memory again).
+Compare faults in small pages into one heap it reuses (``gpucert._memory.keep_freed_memory``), so its
+own time is steadier (1.55-1.9 s) and its ratio swings with the floor's: read the fastest-floor ratio
+beside the median.
 
     python benchmarks/compare_speed.py [--gpus 100000] [--runs 5] [--workdir benchmarks/out/speed]
                                        [--against TREE]

@@ -140,12 +140,22 @@ def test_a_node_joined_event_starts_an_onboarding_run(
     assert watcher.returncode == 0, watcher.stderr
     assert f"gpucert.node.joined {new}" in watcher.stdout
     kube = connect(sim.kubeconfig_path)
+    deployment = _deployment_id(api_url, "onboard-node", "onboard-node")
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         node = kube.get("v1", "Node", new)
-        if node["metadata"].get("labels", {}).get("gpucert.io/state") == "certified" and not [
+        admitted = node["metadata"].get("labels", {}).get("gpucert.io/state") == "certified" and not [
             t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")
-        ]:
+        ]
+        # The event started one run for the node, which ends completed (and leaves the worker idle, so
+        # the module's teardown need not wait for a run still finishing).
+        runs = [r for r in httpx.post(f"{api_url}/flow_runs/filter", timeout=10,
+                                      json={"deployments": {"id": {"any_": [deployment]}}}).json()
+                if r["parameters"].get("node") == new]  # fmt: skip
+        states = [r["state"]["type"] for r in runs]
+        assert len(runs) <= 1, f"the event started {len(runs)} runs for {new}: {states}"
+        assert not set(states) & {"FAILED", "CRASHED", "CANCELLED"}, states
+        if admitted and states == ["COMPLETED"]:
             return
         time.sleep(2)
-    pytest.fail(f"{new} was not onboarded after its gpucert.node.joined event")
+    pytest.fail(f"{new} was not onboarded after its gpucert.node.joined event (its runs: {states})")

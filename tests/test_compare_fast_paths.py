@@ -35,6 +35,7 @@ from gpucert.results import (
     results_checked_alongside,
     write_results,
 )
+from gpucert.results._read import _dictionary_categorical
 from gpucert.store import empty_baseline
 from gpucert.verdict import evaluate_run, judge
 from gpucert.verdict._compare import _leave_one_out_median, _positions
@@ -336,3 +337,29 @@ def test_canonical_frames_joined_as_parsing_their_concatenation(night: tuple[pd.
         concat_results([rerun.iloc[:0], peers.iloc[:0]], "x")
     with pytest.raises(ResultsError, match="no result rows"):
         concat_results([], "x")
+
+
+@pytest.mark.parametrize(
+    ("indices", "dictionary", "expected"),
+    [
+        ([2, 0, 1, 1], ["b", "a", "c"], (["a", "b", "c"], [2, 1, 0, 0])),  # unsorted: sorted
+        ([0, 0], ["b", "a", "c"], (["b"], [0, 0])),  # only what is used
+        ([0, None, 2], ["a", "b", "c"], (["a", "c"], [0, -1, 1])),  # missing
+        ([1, 0], ["a", "b"], (["a", "b"], [1, 0])),  # sorted already: codes as they are
+        ([0, 1, 5], ["a", "b", "c"], None),  # beyond the dictionary: Arrow's conversion says so
+        ([0, -2, 1], ["a", "b", "c"], None),
+        ([0, 1, 2], ["a", "b", "b"], None),  # a value twice
+    ],
+)
+def test_a_dictionary_column_becomes_the_categorical_of_the_values_in_use(
+    indices: list[int | None], dictionary: list[str], expected: tuple[list[str], list[int]] | None
+) -> None:
+    column = pa.chunked_array(
+        [pa.DictionaryArray.from_arrays(pa.array(indices, type=pa.int32()), pa.array(dictionary), safe=False)]
+    )
+    categorical = _dictionary_categorical(column)
+    if expected is None:
+        assert categorical is None
+    else:
+        assert categorical is not None
+        assert (list(categorical.categories), categorical.codes.tolist()) == expected

@@ -291,18 +291,31 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
             return None
         if indices.null_count:
             indices = pc.fill_null(indices, pa.scalar(-1, indices.type))
-        codes = indices.to_numpy()  # a view of Arrow's buffer when there were no nulls
-        if codes.size and (codes.min() < -1 or codes.max() >= size):
-            return None  # an index outside its dictionary: Arrow's conversion says what is wrong
-        used[codes] = True
+            codes = indices.to_numpy()
+            if codes.size and (codes.min() < -1 or codes.max() >= size):
+                return None  # an index outside its dictionary: Arrow's conversion says what is wrong
+            used[codes] = True
+        else:
+            codes = indices.to_numpy()  # a view of Arrow's buffer
+            # One counting pass is the range check and the marking both (three passes above).
+            try:
+                counts = np.bincount(codes, minlength=size)
+            except ValueError:  # a negative index
+                return None
+            if len(counts) > size:
+                return None
+            used[:size] |= counts > 0
         parts.append(codes)
     used = used[:size] & np.asarray(first.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     kept = np.flatnonzero(used)
     values = first.take(pa.array(kept, type=pa.int64()))
-    order = np.asarray(pc.array_sort_indices(values).to_numpy(), dtype=np.int64)
-    values = values.take(pa.array(order, type=pa.int64()))
-    if len(values) > 1 and pc.any(pc.equal(values[1:], values[:-1])).as_py():
-        return None
+    if len(values) < 2 or pc.all(pc.less(values[:-1], values[1:])).as_py():
+        order = np.arange(len(values), dtype=np.int64)  # sorted, no value twice: one pass, no sort
+    else:
+        order = np.asarray(pc.array_sort_indices(values).to_numpy(), dtype=np.int64)
+        values = values.take(pa.array(order, type=pa.int64()))
+        if pc.any(pc.equal(values[1:], values[:-1])).as_py():
+            return None
     categories = pd.Index(values.to_pandas(), dtype=_STR)
     mapping: npt.NDArray[np.integer[Any]] = np.full(size + 1, -1, dtype=_code_dtype(len(categories)))
     mapping[kept[order]] = np.arange(len(kept))

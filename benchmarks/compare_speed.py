@@ -22,7 +22,7 @@ Compare faults in small pages into one heap it reuses (``gpucert._memory.keep_fr
 own time is steadier (1.55-1.9 s) and its ratio swings with the floor's: read the fastest-floor ratio
 beside the median.
 
-    python benchmarks/compare_speed.py [--gpus 100000] [--runs 5] [--workdir benchmarks/out/speed]
+    python benchmarks/compare_speed.py [--gpus 100000] [--runs 11] [--workdir benchmarks/out/speed]
                                        [--against TREE]
 
 ``--against TREE`` times, in the same rounds, the gpucert of another checkout (``git worktree add
@@ -107,7 +107,9 @@ def _spread(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=5)
+    # Eleven rounds: the floor swings by 2x from one round to the next (see above), so fewer leave the
+    # median ratio to chance.
+    parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--workdir", default="benchmarks/out/speed")
     parser.add_argument("--against", metavar="TREE", help="another checkout's gpucert, timed beside this one")
     args = parser.parse_args(argv)

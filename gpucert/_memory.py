@@ -50,15 +50,11 @@ def _libc_function(name: str) -> Callable[..., int] | None:
         return None
 
 
-def _trim() -> Callable[[int], int] | None:
-    return _libc_function("malloc_trim")
-
-
 def release_freed_memory() -> bool:
     """Collect garbage and return the C allocator's free memory to the system; returns whether glibc's
     ``malloc_trim`` was there to do the second part."""
     gc.collect()
-    trim = _trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)

@@ -348,6 +348,7 @@ def test_canonical_frames_joined_as_parsing_their_concatenation(night: tuple[pd.
         ([1, 0], ["a", "b"], (["a", "b"], [1, 0])),  # sorted already: codes as they are
         ([0, 1, 5], ["a", "b", "c"], None),  # beyond the dictionary: Arrow's conversion says so
         ([0, -2, 1], ["a", "b", "c"], None),
+        ([0, None, 5], ["a", "b", "c"], None),  # beyond, beside a missing one
         ([0, 1, 2], ["a", "b", "b"], None),  # a value twice
     ],
 )

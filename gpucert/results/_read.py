@@ -281,7 +281,7 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
         first = column.chunk(0).dictionary
     parts: list[npt.NDArray[np.integer[Any]] | None] = []
     size = len(first)
-    used = np.zeros(size + 1, dtype=bool)  # the extra last slot: missing (-1)
+    used = np.zeros(size, dtype=bool)
     for chunk in column.chunks:
         indices = chunk.indices
         if indices.null_count == len(indices):
@@ -289,24 +289,21 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
             continue
         if pa.types.is_unsigned_integer(indices.type):
             return None
-        if indices.null_count:
+        missing = int(indices.null_count > 0)
+        if missing:
             indices = pc.fill_null(indices, pa.scalar(-1, indices.type))
-            codes = indices.to_numpy()
-            if codes.size and (codes.min() < -1 or codes.max() >= size):
-                return None  # an index outside its dictionary: Arrow's conversion says what is wrong
-            used[codes] = True
-        else:
-            codes = indices.to_numpy()  # a view of Arrow's buffer
-            # One counting pass is the range check and the marking both (three passes above).
-            try:
-                counts = np.bincount(codes, minlength=size)
-            except ValueError:  # a negative index
-                return None
-            if len(counts) > size:
-                return None
-            used[:size] |= counts > 0
+        codes = indices.to_numpy()  # a view of Arrow's buffer when there were no nulls
+        # One counting pass checks that every index is in the dictionary and marks the values in use; where
+        # some are missing (-1) the codes count one up, and the first count, theirs, is set aside.
+        try:
+            counts = np.bincount(np.add(codes, 1, dtype=np.intp) if missing else codes, minlength=size + missing)
+        except ValueError:  # an index below the dictionary's
+            return None
+        if len(counts) > size + missing:
+            return None  # an index beyond its dictionary: Arrow's conversion says what is wrong
+        used |= counts[missing:] > 0
         parts.append(codes)
-    used = used[:size] & np.asarray(first.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    used &= np.asarray(first.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     kept = np.flatnonzero(used)
     values = first.take(pa.array(kept, type=pa.int64()))
     if len(values) < 2 or pc.all(pc.less(values[:-1], values[1:])).as_py():

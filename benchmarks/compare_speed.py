@@ -7,7 +7,10 @@ engines). Then times, as whole commands in fresh processes, interleaved round by
 a shared machine weighs on both alike:
 
 * ``python -c "import pandas; pandas.read_parquet(RESULTS)"`` — the floor the bar is relative to;
-* ``gpucert compare RESULTS --baselines STORE --out verdicts.parquet`` (and ``.csv``).
+* ``gpucert compare RESULTS --baselines STORE --out verdicts.parquet`` (and ``.csv``);
+* compare's read alone (:data:`_READ_ALONE`): the same process set-up, imports, policy, baseline read and
+  results read with every value checked, then exit. compare's time beyond it is its judging and writing,
+  "the work beyond reading the input" of issue 17 when the reading is the checked one the contracts ask.
 
 Each round gives one ratio per output (compare's wall time over that round's floor); the median ratio,
 its spread over the rounds, compare's median over the fastest floor, the median wall times and CPU times
@@ -54,6 +57,21 @@ _FROM_TREE = (
     "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]; "
     "sys.path.insert(0, tree); import gpucert.cli as cli; "
     "cli.console() if hasattr(cli, 'console') else sys.exit(cli.main())"
+)
+
+
+#: ``python -c`` that does what ``gpucert compare RESULTS --baselines STORE`` does before it judges (the
+#: allocator kept, the Parquet read ahead, the same imports, the default policy, the baseline read beside
+#: the results' checked read), and nothing after.
+_READ_ALONE = (
+    "import gc, sys; results, store = sys.argv[1:]; from gpucert import _memory, _prefetch; "
+    "_memory.keep_freed_memory(); _prefetch.prefetch_parquet([results]); "
+    "from gpucert import commands; gc.freeze(); "
+    "from gpucert._background import in_background; from gpucert.policy import load_policy; "
+    "from gpucert.results import results_checked_alongside; from gpucert.store import open_store; "
+    "load_policy(None); baseline = in_background(lambda: open_store(store, create=False).read(None)); "
+    "checked = results_checked_alongside([results]); checked.__enter__(); baseline(); "
+    "checked.__exit__(None, None, None)"
 )
 
 
@@ -130,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     gpucert = str(Path(python).with_name("gpucert"))
     size = os.path.getsize(results) / 2**20
     floor_cmd = [python, "-c", f"import pandas; pandas.read_parquet({str(results)!r})"]
+    read_cmd = [python, "-c", _READ_ALONE, str(results), store]
     suffixes = (".parquet", ".csv")
     compare_cmds = {
         suffix: [
@@ -152,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         compare_cmds["against"].append(str(workdir / "verdicts-against.parquet"))
     load_before = os.getloadavg()
     floors: list[tuple[float, float, float]] = []
+    reads: list[tuple[float, float, float]] = []
     compares: dict[str, list[tuple[float, float, float]]] = {name: [] for name in compare_cmds}
     for round_number in range(args.runs):
         floors.append(timed(floor_cmd))
+        reads.append(timed(read_cmd))
         # The two trees take turns going first: what ran just before weighs on a run (see above).
         names = list(compare_cmds)
         if round_number % 2:
@@ -166,14 +187,21 @@ def main(argv: list[str] | None = None) -> int:
         f"pandas floor      : wall {_spread([f[0] for f in floors])} s, CPU {_spread([f[1] for f in floors])} s, "
         f"peak {max(f[2] for f in floors):.0f} MB  ({size:.1f} MB Parquet)"
     )
+    print(
+        f"compare's read    : wall {_spread([r[0] for r in reads])} s, CPU {_spread([r[1] for r in reads])} s, "
+        f"peak {max(r[2] for r in reads):.0f} MB; × the floor of its round: "
+        f"{_spread([r[0] / f[0] for r, f in zip(reads, floors, strict=True)])}"
+    )
     for suffix in suffixes:
         runs = compares[suffix]
         ratios = [c[0] / f[0] for c, f in zip(runs, floors, strict=True)]
+        beyond = [(c[0] - r[0]) / r[0] for c, r in zip(runs, reads, strict=True)]
         print(
             f"compare → {suffix:<8}: wall {_spread([c[0] for c in runs])} s, CPU {_spread([c[1] for c in runs])} s, "
             f"peak {max(c[2] for c in runs):.0f} MB; × the floor of its round: {_spread(ratios)} "
             f"{[round(r, 2) for r in ratios]}; × the fastest floor: "
-            f"{statistics.median(c[0] for c in runs) / min(f[0] for f in floors):.2f}"
+            f"{statistics.median(c[0] for c in runs) / min(f[0] for f in floors):.2f}; "
+            f"beyond its own read, × that read: {_spread(beyond)}"
         )
     if against is not None:
         runs, before = compares[".parquet"], compares["against"]

@@ -21,6 +21,8 @@ from blocks.cluster import GpuCluster
 from flows.configure import configure
 from gpucert.sim import SimCluster
 
+from .conftest import eventually
+
 
 def _pg_bin() -> Path | None:
     for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
@@ -94,7 +96,34 @@ def prefect_on_postgres(postgres: str, tmp_path_factory: pytest.TempPathFactory)
         log.close()
 
 
+@contextlib.contextmanager
+def _event_and_log_workers_of_their_own() -> Iterator[None]:
+    """Prefect's event and log workers started inside the block, ended (their queues delivered) with it.
+
+    Each is one per process and reads ``PREFECT_API_URL`` once, when it starts: one started while this
+    test points at its own server would send the events and logs of every later test in this pytest
+    worker to that server after it stopped, and the harness's teardown drains them without a timeout,
+    each send waiting on a dead server (the whole run hung in session teardown when this test happened
+    to run first on its worker). So the workers bound to the harness are drained and dropped before the
+    block, and those started in it after it.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    def drained() -> None:
+        for service in (EventsWorker, APILogWorker):
+            service.drain_all(timeout=30, at_exit=False)
+
+    drained()
+    try:
+        yield
+    finally:
+        drained()
+
+
+@pytest.mark.usefixtures("prefect_harness")  # the server every other test of this process uses
 def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_postgres: str) -> None:
+    from prefect.events import emit_event
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     with (
@@ -102,6 +131,7 @@ def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_pos
         temporary_settings(
             updates={PREFECT_API_URL: prefect_on_postgres, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
         ),
+        _event_and_log_workers_of_their_own(),
     ):
         result = configure(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)), rollout_timeout_s=60)
     assert result.gpus_verified == 16
@@ -109,3 +139,10 @@ def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_pos
     assert [(r["name"] != "", r["state"]["type"]) for r in runs] == [(True, "COMPLETED")]
     artifacts = httpx.post(f"{prefect_on_postgres}/artifacts/filter", json={}, timeout=10).json()
     assert "configure-summary" in {a["key"] for a in artifacts}
+
+    # Nothing bound to this test's server is left in the process: the next event reaches the harness's.
+    harness, name = str(PREFECT_API_URL.value()).rstrip("/"), "gpucert.test.after-postgresql"
+    assert harness != prefect_on_postgres.rstrip("/")
+    emit_event(name, resource={"prefect.resource.id": "gpucert.test"})
+    eventually(lambda: httpx.post(f"{harness}/events/filter", json={"filter": {"event": {"name": [name]}}},
+                                  timeout=10).json()["events"], timeout_s=30)  # fmt: skip

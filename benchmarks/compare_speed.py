@@ -63,16 +63,23 @@ _FROM_TREE = (
 #: ``python -c`` that does what ``gpucert compare RESULTS --baselines STORE`` does before it judges (the
 #: allocator kept, the Parquet read ahead, the same imports, the default policy, the baseline read beside
 #: the results' checked read), and nothing after.
-_READ_ALONE = (
-    "import gc, sys; results, store = sys.argv[1:]; from gpucert import _memory, _prefetch; "
-    "_memory.keep_freed_memory(); _prefetch.prefetch_parquet([results]); "
-    "from gpucert import commands; gc.freeze(); "
-    "from gpucert._background import in_background; from gpucert.policy import load_policy; "
-    "from gpucert.results import results_checked_alongside; from gpucert.store import open_store; "
-    "load_policy(None); baseline = in_background(lambda: open_store(store, create=False).read(None)); "
-    "checked = results_checked_alongside([results]); checked.__enter__(); baseline(); "
-    "checked.__exit__(None, None, None)"
-)
+_READ_ALONE = """
+import gc, sys
+from gpucert import _memory, _prefetch
+results, store = sys.argv[1:]
+_memory.keep_freed_memory()
+_prefetch.prefetch_parquet([results])
+from gpucert import commands
+gc.freeze()
+from gpucert._background import in_background
+from gpucert.policy import load_policy
+from gpucert.results import results_checked_alongside
+from gpucert.store import open_store
+load_policy(None)
+baseline = in_background(lambda: open_store(store, create=False).read(None))
+with results_checked_alongside([results]):
+    baseline()
+"""
 
 
 def prepare(workdir: Path, gpus: int) -> tuple[Path, str]:

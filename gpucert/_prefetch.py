@@ -99,10 +99,10 @@ def discard() -> None:
         thread.join()
 
 
-@functools.cache
 def _pool() -> Any:
     """The Arrow memory pool results are read into: the system's where glibc keeps freed memory for reuse
     (:func:`gpucert._memory.keep_freed_memory`, a short command), else jemalloc where this pyarrow has it.
+    Asked each time, not cached: the answer follows the allocator's setting whenever that was made.
 
     Not Arrow's default (mimalloc): reading a fleet's results through it spent three to four times the
     system time (0.6 to 0.9 s against about 0.2 s on 100,000 GPUs × 3 repeats, measured on the project's
@@ -112,8 +112,13 @@ def _pool() -> Any:
     """
     import pyarrow as pa
 
-    if freed_memory_kept():
-        return pa.system_memory_pool()
+    return pa.system_memory_pool() if freed_memory_kept() else _jemalloc_where_built()
+
+
+@functools.cache
+def _jemalloc_where_built() -> Any:
+    import pyarrow as pa
+
     try:
         return pa.jemalloc_memory_pool()
     except NotImplementedError:

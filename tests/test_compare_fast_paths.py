@@ -163,7 +163,6 @@ def test_read_ahead_is_the_file_as_read(tmp_path: Path, night: tuple[pd.DataFram
     assert _prefetch.take(path) is None
 
 
-
 def test_reading_ahead_does_not_wait_for_pandas(tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
     """The read ahead decodes while the command imports pandas; a reader that imports pandas itself
     (``pq.read_table`` goes through ``pyarrow.dataset``, which does) would wait on that import instead."""
@@ -176,6 +175,7 @@ def test_reading_ahead_does_not_wait_for_pandas(tmp_path: Path, night: tuple[pd.
         "assert 'pandas' not in sys.modules, 'the read ahead imported pandas'"
     )
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+
 
 def test_a_corrupt_file_read_ahead_is_still_reported(tmp_path: Path) -> None:
     path = tmp_path / "broken.parquet"

@@ -399,8 +399,9 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In",
-                                        "values": ["gpu-node-00001", "gpu-node-00002"]}]}]  # fmt: skip
+    # One term per node, ORed: the API server allows a metadata.name matchFields requirement one value.
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                     for n in ("gpu-node-00001", "gpu-node-00002")]  # fmt: skip
     assert pair.nodes == ("gpu-node-00001", "gpu-node-00002")
     [apart] = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert apart["topologyKey"] == "kubernetes.io/hostname"

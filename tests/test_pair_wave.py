@@ -252,6 +252,25 @@ def side(node: str, peer: str | None, values: Sequence[float], *, metric: str = 
     return _Side(node, split_pod_log(text, run_id="pw-rows", node=node, source=source))
 
 
+def test_a_pair_job_names_each_node_in_a_node_selector_term_of_its_own() -> None:
+    # A real API server refuses (422) a matchFields requirement on metadata.name with more than one value.
+    pair = pair_job("pw-terms", "node-b", "node-a", GPUS, payload=payload_configmap(BenchmarkSettings()))
+    required = pair.job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert all(len(req["values"]) == 1 for term in required["nodeSelectorTerms"] for req in term["matchFields"])
+    assert required["nodeSelectorTerms"] == [  # ORed: either node
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-b"]}]},
+    ]
+    assert pair.nodes == ("node-a", "node-b")
+    # A Job an older gpucert wrote, one term naming both nodes, still reads as its pair.
+    required["nodeSelectorTerms"] = [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a", "node-b"]}]}
+    ]
+    assert pair.nodes == ("node-a", "node-b")
+
+
 def test_both_pods_rows_are_kept_as_logged_error_rows_too() -> None:
     pair = ("node-a", "node-b")
     sides = [side("node-a", "node-b", [10.0, 11.0]), side("node-b", "node-a", [10.0, 11.0])]

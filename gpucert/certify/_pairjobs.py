@@ -94,8 +94,10 @@ class PairJob:
         terms = self.job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"]
-        a, b = terms[0]["matchFields"][0]["values"]
-        return str(a), str(b)
+        # One single-value term per node (see _affinity); a Job of the older form, one term naming both
+        # (only a simulated cluster ever took it), is read too.
+        a, b = sorted(str(v) for term in terms for req in term["matchFields"] for v in req["values"])
+        return a, b
 
 
 def _pair(node_a: str, node_b: str) -> tuple[str, str]:
@@ -131,10 +133,13 @@ def check_pair_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHE
 
 
 def _affinity(nodes: tuple[str, str], selector: Mapping[str, str]) -> dict[str, Any]:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(nodes)}]}
+    # One term per node (terms are ORed): the API server refuses a `metadata.name` matchFields requirement
+    # with more than one value (422, "must be only one value when `operator` is 'In' or 'NotIn' for node
+    # field selector"), so `In [a, b]` in one term is no Job a real cluster accepts.
+    terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]} for node in nodes]
     apart = {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": "kubernetes.io/hostname"}
     return {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}},
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]},
     }
 

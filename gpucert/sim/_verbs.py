@@ -6,8 +6,9 @@ framing (routing, content types, streaming) lives in ``_api.py``.
 
 What a real API server does that the simulator does too: the spec/status split (a main-resource write
 keeps the stored status; a ``/status`` write changes only status), identity checks between URL and body,
-name validation (422), field validation of unknown fields (Warn by default, Strict → 400, Ignore), and
-server-side apply that creates a missing object and writes nothing when the result is unchanged.
+name validation (422), a few rules of object validation (422, :mod:`gpucert.sim._validation`), field
+validation of unknown fields (Warn by default, Strict → 400, Ignore), and server-side apply that creates a
+missing object and writes nothing when the result is unchanged.
 Limits: field validation knows top-level and ``metadata`` fields only (deeper unknown fields are stored
 as sent); apply merges like a strategic merge patch and records the manager, but keeps no per-field
 ownership (no apply conflicts, and a field dropped from a later apply is not removed); ``dryRun`` is
@@ -30,6 +31,7 @@ from ._resources import ResourceType
 from ._selectors import parse_selectors
 from ._status import ApiError, bad_request, invalid, not_found
 from ._store import Obj, Store, now_rfc3339
+from ._validation import validate
 
 __all__ = ["PATCH_TYPES", "Reply", "Target", "Verbs"]
 
@@ -158,6 +160,7 @@ class Verbs:
                           "Required value: name or generateName is required")
         if meta.get("name"):
             self._check_name(resource, meta["name"])
+        validate(resource, obj)
         if resource.kind in _INITIAL_STATUS:
             obj = {**obj, "status": dict(_INITIAL_STATUS[resource.kind])}
         stored = self.store.create(resource, obj)
@@ -172,6 +175,7 @@ class Verbs:
         with self.store.lock:
             current = self._existing(target)
             new = self._split(target, current, obj)
+            self._validate(target, new)
             return Reply(self.store.update(resource, new, expect_rv=_metadata(obj).get("resourceVersion")),
                          200, warnings)
 
@@ -192,6 +196,7 @@ class Verbs:
             self._immutable(target, current, patched)
             patched, warnings = _prune(resource, patched, query)
             new = self._split(target, current, patched)
+            self._validate(target, new)
             expect = _metadata(patched).get("resourceVersion")
             return Reply(self.store.update(resource, new, expect_rv=expect), 200, warnings)
 
@@ -264,6 +269,12 @@ class Verbs:
             meta["name"] = target.name
         return {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
 
+    @staticmethod
+    def _validate(target: Target, new: Obj) -> None:
+        # A status write is checked for its status only on a real server: the spec it keeps was checked.
+        if target.sub != "status":
+            validate(target.resource, new)
+
     def _immutable(self, target: Target, current: Obj, patched: Obj) -> None:
         before, after = current["metadata"], _metadata(patched)
         for key in ("name", "namespace", "uid"):
@@ -296,6 +307,7 @@ class Verbs:
                 if target.sub:
                     raise not_found(resource.group, resource.plural, target.name or "")
                 self._check_name(resource, target.name or "")
+                validate(resource, obj)
                 meta = {**obj["metadata"], "managedFields": [managed_fields_entry(manager, resource)]}
                 fresh = {**obj, "metadata": meta}
                 if resource.kind in _INITIAL_STATUS:
@@ -304,6 +316,7 @@ class Verbs:
             patch = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
             merged = strategic_merge_patch(current, patch)
             merged = self._split(target, current, merged)
+            self._validate(target, merged)
             managers = [m for m in current["metadata"].get("managedFields") or [] if m.get("manager") != manager]
             mine = [m for m in current["metadata"].get("managedFields") or [] if m.get("manager") == manager]
             probe = {**merged, "metadata": {**merged["metadata"], "managedFields": [*managers, *mine]}}

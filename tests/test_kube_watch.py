@@ -1,25 +1,41 @@
-"""``announce_joined_nodes``: joins announced once — across 410s, selectors and restarts — over HTTP against
-the simulator.
+"""``announce_joined_nodes``: joins announced once — across 410s, selectors, its own restarts and the API
+server's — over HTTP against the simulator.
 
 One simulated cluster serves the module; each test uses its own label prefix, so it sees only the nodes it
-tainted with that prefix's ``uncertified`` key and no other test's announcements.
+tainted with that prefix's ``uncertified`` key and no other test's announcements. A test that restarts the
+API server has a cluster of its own: :class:`SimCluster` stopped and started again serves the same store on
+the same port, as an API server restarted in front of the same etcd.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
 import pytest
 
-from gpucert.kube import ANNOUNCED_ANNOTATION, Kube, RetryPolicy, announce_joined_nodes, connect
+from gpucert.cli import main
+from gpucert.kube import (
+    ANNOUNCED_ANNOTATION,
+    Kube,
+    KubeForbidden,
+    Reconnect,
+    RetryPolicy,
+    _watch,
+    announce_joined_nodes,
+    connect,
+)
 from gpucert.sim import ApiFaults, SimCluster, gpu_node
 from tests.conftest import eventually
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.001, max_delay_s=0.01)
+#: The back-off of an outage in tens of milliseconds, not seconds; 401/403 waited out for 5 s.
+RIDE_OUT = Reconnect(base_delay_s=0.02, max_delay_s=0.1, forbidden_s=5.0, start_forbidden_s=5.0)
 GPU = "nvidia.com/gpu.present=true"
 _prefixes = itertools.count()
 _indexes = itertools.count(900)
@@ -81,20 +97,39 @@ def announce_once(kube: Kube, prefix: str, selector: str | None = GPU) -> list[t
 class Follower:
     """``announce_joined_nodes`` following in a thread, stopped (and its result checked) on exit."""
 
-    def __init__(self, kube: Kube, prefix: str, selector: str | None = GPU) -> None:
+    def __init__(
+        self, kube: Kube, prefix: str, selector: str | None = GPU, *, reconnect: Reconnect = RIDE_OUT
+    ) -> None:
         self.emitted: list[tuple[str, str]] = []
+        #: What it said about outages (``log``).
+        self.said: list[str] = []
+        #: Called after each announcement (from the watcher's thread), before the node is marked.
+        self.on_emit: Callable[[str], None] = lambda name: None
         self._stop = threading.Event()
         self._result: int | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(kube, prefix, selector), daemon=True)
+        self._handed = False
+        self._thread = threading.Thread(target=self._run, args=(kube, prefix, selector, reconnect), daemon=True)
 
-    def _run(self, kube: Kube, prefix: str, selector: str | None) -> None:
+    def _run(self, kube: Kube, prefix: str, selector: str | None, reconnect: Reconnect) -> None:
+        def emit(name: str, uid: str) -> None:
+            self.emitted.append((name, uid))
+            self.on_emit(name)
+
         try:
             self._result = announce_joined_nodes(
-                kube, prefix=prefix, selector=selector, emit=lambda n, u: self.emitted.append((n, u)),
-                timeout_s=1, stop=self._stop.is_set,
+                kube, prefix=prefix, selector=selector, emit=emit, timeout_s=1, stop=self._stop.is_set,
+                reconnect=reconnect, log=self.said.append,
             )  # fmt: skip
         except BaseException as exc:  # handed to the test thread in close()
             self._result = exc
+
+    def ended(self, timeout_s: float) -> int | BaseException | None:
+        """What the watcher returned or raised, once it ended by itself within ``timeout_s``; handed to the
+        test, so leaving the ``with`` block no longer raises it."""
+        self._thread.join(timeout=timeout_s)
+        assert not self._thread.is_alive(), "the watcher is still running"
+        self._handed = True
+        return self._result
 
     def names(self) -> list[str]:
         return [name for name, _ in self.emitted]
@@ -116,7 +151,7 @@ class Follower:
         self._stop.set()
         self._thread.join(timeout=10)
         assert not self._thread.is_alive(), "the watcher did not stop"
-        if exc is None:
+        if exc is None and not self._handed:
             if isinstance(self._result, BaseException):
                 raise self._result
             assert self._result == len(self.emitted)
@@ -224,3 +259,154 @@ def test_a_failed_emit_marks_nothing_and_the_next_run_announces(
         announce_joined_nodes(kube, prefix=prefix, selector=GPU, emit=failing, follow=False)
     assert mark_of(kube, name, prefix) is None
     assert announce_once(kube, prefix) == [(name, uid_of(kube, name))]
+
+
+# --- the API server going away: a restart, RBAC loading, a compacted history ----------------------------
+
+
+@pytest.fixture
+def own_sim() -> Iterator[SimCluster]:
+    """A cluster of the test's own, to stop and start again."""
+    with SimCluster(nodes=1, controllers=False) as cluster:
+        yield cluster
+
+
+def restart(sim: SimCluster, down_s: float, meanwhile: Callable[[], None] = lambda: None) -> None:
+    """The API server away for ``down_s`` (its port refusing connections), ``meanwhile()`` done to its store,
+    then serving the same store on the same port again."""
+    port = sim.port
+    sim.stop()
+    meanwhile()
+    time.sleep(down_s)
+    sim.start()
+    assert sim.port == port
+
+
+def test_a_restart_of_the_api_server_is_ridden_out_and_what_joined_meanwhile_announced_once(
+    own_sim: SimCluster, prefix: str
+) -> None:
+    kube = connect(own_sim.kubeconfig_path, retry=FAST)
+    before, gone = join(own_sim, prefix), join(own_sim, prefix)
+    uids = {name: uid_of(kube, name) for name in (before, gone)}
+    joined: list[str] = []
+
+    def meanwhile() -> None:
+        joined.append(join(own_sim, prefix))
+        fleeting = join(own_sim, prefix)
+        own_sim.delete_node(fleeting)  # joined and left within the outage: nothing to announce
+        own_sim.delete_node(gone)  # announced before the outage, deleted during it: forgotten
+
+    with Follower(kube, prefix) as follower:
+        follower.wait_for(gone)
+        restart(own_sim, 2.0, meanwhile)  # many tries of the watcher's, all refused
+        follower.wait_for(joined[0])
+        time.sleep(1.5)  # watched on: a second announcement of anything would come now
+    [new] = joined
+    assert follower.emitted == [(before, uids[before]), (gone, uids[gone]), (new, uid_of(kube, new))]
+    assert mark_of(kube, new, prefix) == uid_of(kube, new)
+    # Said once when it started and once when it ended, however many tries there were between.
+    [lost, back] = follower.said
+    assert "away or refusing" in lost
+    assert "cannot connect" in lost
+    assert "answers again after" in back
+
+
+def test_403s_while_rbac_loads_after_a_restart_are_ridden_out(own_sim: SimCluster, prefix: str) -> None:
+    kube = connect(own_sim.kubeconfig_path, retry=FAST)
+    first = join(own_sim, prefix)
+    refused = own_sim.faults.served.get("403", 0)
+    joined: list[str] = []
+
+    def meanwhile() -> None:
+        joined.append(join(own_sim, prefix))
+        own_sim.set_faults(ApiFaults(forbidden_rate=1.0))  # it comes back refusing every list and watch
+
+    with Follower(kube, prefix) as follower:
+        follower.wait_for(first)
+        restart(own_sim, 0.3, meanwhile)
+        eventually(lambda: own_sim.faults.served.get("403", 0) >= refused + 3, timeout_s=5)
+        time.sleep(0.5)  # a second of 403s in all, well within the 5 s they are waited out
+        own_sim.set_faults(None)  # the roles are loaded
+        follower.wait_for(joined[0])
+        time.sleep(1.5)
+    [new] = joined
+    assert follower.emitted == [(first, uid_of(kube, first)), (new, uid_of(kube, new))]
+    assert mark_of(kube, new, prefix) == uid_of(kube, new)
+    assert len(follower.said) == 2
+
+
+def test_a_403_that_outlasts_the_wait_ends_the_watcher(sim: SimCluster, kube: Kube, prefix: str) -> None:
+    first = join(sim, prefix)
+    patience = Reconnect(base_delay_s=0.02, max_delay_s=0.1, forbidden_s=0.5)
+    with Follower(kube, prefix, reconnect=patience) as follower:
+        follower.wait_for(first)
+        sim.set_faults(ApiFaults(forbidden_rate=1.0))  # the identity's permission taken away
+        error = follower.ended(timeout_s=10)
+    assert isinstance(error, KubeForbidden)
+    assert re.search(r"nodes is forbidden: .*refused for \d+ s, after it had been allowed", str(error)), error
+    assert len(follower.said) == 1  # the outage started and never ended
+
+
+def test_watch_nodes_refused_at_start_exits_2_with_one_line(
+    sim: SimCluster, kube: Kube, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Set by the command for Prefect, restored after the test.
+    for name in ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "GPUCERT_TRIGGER",
+                 "PREFECT_SERVER_ANALYTICS_ENABLED"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(_watch, "DEFAULT_RECONNECT", Reconnect(base_delay_s=0.02, start_forbidden_s=0.5))
+    sim.set_faults(ApiFaults(forbidden_rate=1.0))  # /version answers: the identity may not list nodes
+    start = time.monotonic()
+    code = main(["watch-nodes", "--kubeconfig", str(sim.kubeconfig_path), "--once"])
+    assert code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert 'cannot list resource "nodes"' in line
+    assert "at start" in line
+    assert "gpucert-runtime" in line
+    assert time.monotonic() - start < 20
+
+
+def test_a_restart_that_compacted_the_history_relists_on_410_without_duplicates(
+    own_sim: SimCluster, prefix: str
+) -> None:
+    kube = connect(own_sim.kubeconfig_path, retry=FAST)
+    first = join(own_sim, prefix)
+    expired = own_sim.faults.served.get("expired", 0)
+    joined: list[str] = []
+
+    def meanwhile() -> None:
+        joined.append(join(own_sim, prefix))
+        own_sim.set_faults(ApiFaults(watch_expired_rate=1.0))  # every watch from a version: 410 in the stream
+
+    with Follower(kube, prefix) as follower:
+        follower.wait_for(first)
+        restart(own_sim, 0.5, meanwhile)
+        follower.wait_for(joined[0])
+        eventually(lambda: own_sim.faults.served.get("expired", 0) >= expired + 3, timeout_s=5)  # re-listed again
+        later = join(own_sim, prefix)  # found by a re-list
+        follower.wait_for(later)
+        time.sleep(1.0)
+    [new] = joined
+    assert follower.emitted == [(name, uid_of(kube, name)) for name in (first, new, later)]
+
+
+def test_a_mark_lost_to_an_outage_is_made_after_it_and_the_node_not_announced_again(
+    own_sim: SimCluster, prefix: str
+) -> None:
+    kube = connect(own_sim.kubeconfig_path, retry=FAST)
+    first = join(own_sim, prefix)
+    with Follower(kube, prefix) as follower:
+        follower.wait_for(first)  # listed: what joins now comes by the watch
+
+        def away(name: str) -> None:  # the API server goes away between the announcement and the mark
+            follower.on_emit = lambda name: None
+            own_sim.stop()
+            threading.Timer(0.5, own_sim.start).start()
+
+        follower.on_emit = away
+        new = join(own_sim, prefix)
+        follower.wait_for(new)
+        eventually(lambda: len(follower.said) == 2, timeout_s=8)  # it went away and came back
+        assert mark_of(kube, new, prefix) == uid_of(kube, new)
+        time.sleep(1.0)
+    assert follower.emitted == [(first, uid_of(kube, first)), (new, uid_of(kube, new))]

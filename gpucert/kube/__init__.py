@@ -3,7 +3,8 @@
 * :class:`Kube` — get, list (paged), server-side apply (field manager ``gpucert``), create, merge
   patch, delete, node labels, pod logs; every failure a :class:`KubeError` naming the call;
 * :func:`connect` — a :class:`Kube` from a kubeconfig (file or data) or the in-cluster account;
-* :func:`announce_joined_nodes` — each node waiting to be onboarded announced once, across restarts;
+* :func:`announce_joined_nodes` — each node waiting to be onboarded announced once, across restarts
+  (its own and the API server's: :class:`Reconnect`);
 * :class:`NodeLeases` — one run per node at a time: a ``coordination.k8s.io`` Lease per node, taken,
   renewed and released by its run, and the ``<prefix>/testing`` taint of a node under test;
 * :class:`RetryPolicy` — transient failures (5xx, 429 after ``Retry-After``, no answer) retried
@@ -49,7 +50,7 @@ from ._nodes import (
     unhealthy_taint,
 )
 from ._retry import NO_RETRY, RetryPolicy
-from ._watch import ANNOUNCED_ANNOTATION, announce_joined_nodes
+from ._watch import ANNOUNCED_ANNOTATION, Reconnect, announce_joined_nodes
 
 __all__ = [
     "ANNOUNCED_ANNOTATION",
@@ -75,6 +76,7 @@ __all__ = [
     "LeaseLost",
     "NodeLease",
     "NodeLeases",
+    "Reconnect",
     "Resource",
     "RetryPolicy",
     "announce_joined_nodes",

@@ -12,6 +12,10 @@ together (``gpucert --timeout`` or ``$GPUCERT_TIMEOUT``; 20 s when neither is se
 accepts connections and never answers then fails a command within half a minute instead of the
 attempts × timeouts (minutes) it would take otherwise. The deadline itself is
 :mod:`gpucert._deadline`'s, shared with the store, ticket and telemetry layers.
+
+A caller that knows more than one call does may widen what is retried (``retry_if``): ``watch-nodes``
+rides out an API server restart — refused connections for a minute, then 403s while its RBAC loads — with
+the same back-off, unbounded attempts and deadline, and its own rule for how long a 403 may last.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .._deadline import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
-from ._errors import KubeThrottled, KubeUnavailable
+from ._errors import KubeError, KubeThrottled, KubeUnavailable
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -51,7 +55,7 @@ class RetryPolicy:
     #: read when each call starts.
     deadline_s: float | None = None
 
-    def delay(self, attempt: int, error: KubeUnavailable, rng: random.Random) -> float:
+    def delay(self, attempt: int, error: KubeError, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` after ``error`` ended attempt ``attempt`` (1-based)."""
         if isinstance(error, KubeThrottled) and error.retry_after is not None:
             return min(error.retry_after, self.max_retry_after_s)
@@ -68,12 +72,14 @@ class RetryPolicy:
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         deadline: Deadline | None = None,
+        retry_if: Callable[[KubeError], bool] | None = None,
     ) -> T:
-        """``fn()``, retried on :class:`KubeUnavailable` while attempts and time remain.
+        """``fn()``, retried on :class:`KubeUnavailable` (or each :class:`KubeError` that ``retry_if``
+        accepts) while attempts and time remain.
 
         ``deadline`` (default: :meth:`start`) is the one ``fn`` should cut its own timeouts to. Raises the
-        last error when the attempts run out, and the last error with the deadline said in its message
-        when the next wait would pass the deadline.
+        last error when the attempts run out or ``retry_if`` refuses it, and the last error with the
+        deadline said in its message when the next wait would pass the deadline.
         """
         draws = rng  # made at the first retry: seeding from os.urandom on every call of a fleet adds up
         limit = deadline or self.start()
@@ -81,8 +87,9 @@ class RetryPolicy:
         while True:
             try:
                 return fn()
-            except KubeUnavailable as exc:
-                if attempt >= self.attempts:
+            except KubeError as exc:
+                retried = isinstance(exc, KubeUnavailable) if retry_if is None else retry_if(exc)
+                if not retried or attempt >= self.attempts:
                     raise
                 draws = draws or random.Random()
                 wait = self.delay(attempt, exc, draws)

@@ -7,29 +7,49 @@ any other ERROR event is re-watched from the last good version, with back-off, a
 does not end is an error rather than a busy loop. The facade reads an answer whole, so each watch is
 short (``timeout_s``, 5 s): a join is reported within that, and an idle cluster costs one small request
 per period. Reading whole also means a stream cut mid-way (a proxy dropping long requests) loses what it
-carried, so a watch that stays cut past the client's retries is answered like a 410: by listing again.
+carried, so a watch that stays cut past the client's retries is answered by listing again.
+
+The API server going away: a watcher runs for weeks, and the API server restarts under it (an upgrade, a
+control-plane node replaced) — connections refused for a minute, then, once it listens again, 401/403 for
+a moment while its RBAC authorizer loads the roles. Once the first list has succeeded, what fails past the
+client's own retries — a watch, a list, a mark — is followed by a list and a watch from its version,
+tried again with the :class:`~._retry.RetryPolicy`'s capped exponential back-off with full jitter (a 429's
+``Retry-After`` honoured) for as long as it takes: a watcher that once connected keeps trying. The outage
+is logged twice, when it starts and when it ends, not once per try. The list that succeeds is the new
+starting point: each node that joined or became eligible meanwhile is announced, one announced before is
+not (its mark, or the watcher's memory, says so), and one deleted meanwhile is simply not there. Taken for
+transient: no answer (refused, reset, timed out), 5xx, 429, and 401/403 for :attr:`Reconnect.forbidden_s`
+(60 s) from the first of a run of them — a denial that lasts longer is the permission gone, an error. At
+start, until the first list (and the marks it calls for) succeeded, only a 401/403 is waited out, and for
+:attr:`Reconnect.start_forbidden_s` (10 s): a server that does not answer, or an identity that may not
+list nodes, is reported to whoever started the watcher rather than waited out.
 
 :func:`announce_joined_nodes` remembers what it announced on the cluster itself: after ``emit`` returns
 it annotates the node ``<prefix>/join-announced: <uid>``, so a restarted watcher (or a second one after
 a failover) does not onboard the same node twice, while a node that rejoins — a new Node object, a new
 UID — is announced again. Emit first, mark second: a crash between the two announces a node twice
-(the onboarding deployment's idempotency key is per node UID), never zero times.
+(the onboarding deployment's idempotency key is per node UID), never zero times; a mark that fails in an
+outage is made when the node is listed again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
+import sys
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._client import Kube, resource_of
-from ._errors import KubeError, KubeNotFound, KubeUnavailable
+from ._errors import KubeError, KubeForbidden, KubeNotFound, KubeUnavailable, KubeUnreachable
 from ._nodes import has_taint
+from ._retry import RetryPolicy
 
-__all__ = ["ANNOUNCED_ANNOTATION", "announce_joined_nodes"]
+__all__ = ["ANNOUNCED_ANNOTATION", "DEFAULT_RECONNECT", "Reconnect", "announce_joined_nodes"]
 
 #: The annotation (under the label prefix) holding the UID of the node object last announced.
 ANNOUNCED_ANNOTATION = "join-announced"
@@ -40,10 +60,34 @@ _MAX_WATCH_ERRORS = 8
 _BACKOFF_S = 0.1
 _BACKOFF_CAP_S = 2.0
 _NODES = resource_of("v1", "Node")
-#: The reason of a watch whose stream broke (past the client's retries): it is re-listed, like a 410.
-_CUT = "Cut"
+_LOG = logging.getLogger("gpucert.kube")
 
 Node = dict[str, Any]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How a watcher rides out the API server going away (see the module): back-off and patience."""
+
+    #: The first wait before listing again after a failed try (the first try is at once); each next doubles,
+    #: jittered, up to ``max_delay_s``.
+    base_delay_s: float = 0.5
+    max_delay_s: float = 15.0
+    #: How long 401/403 answers are taken for a restarted API server's RBAC still loading, from the first of a
+    #: run of them (a refused connection between starts the run again: the server restarted again).
+    forbidden_s: float = 60.0
+    #: The same before the first list succeeded: shorter, since whoever started the watcher waits for it.
+    start_forbidden_s: float = 10.0
+
+    def policy(self) -> RetryPolicy:
+        """The retry policy of the lists: no bound on attempts or time (``forbidden_s`` bounds a denial)."""
+        return RetryPolicy(attempts=sys.maxsize, base_delay_s=self.base_delay_s, max_delay_s=self.max_delay_s,
+                           max_retry_after_s=self.max_delay_s, deadline_s=math.inf)  # fmt: skip
+
+
+#: What :func:`announce_joined_nodes` rides out with when not told (read at each call).
+DEFAULT_RECONNECT = Reconnect()
 
 
 def announce_joined_nodes(
@@ -55,30 +99,61 @@ def announce_joined_nodes(
     follow: bool = True,
     timeout_s: int = 5,
     stop: Callable[[], bool] | None = None,
+    reconnect: Reconnect | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> int:
     """Call ``emit(name, uid)`` once per node waiting to be onboarded, then mark it announced.
 
     A node waits when it matches the label ``selector`` (None: every node), carries the
     ``<prefix>/uncertified`` taint and its ``<prefix>/join-announced`` annotation does not hold its
     current UID. Nodes present now are announced, then, with ``follow``, those that join or become
-    eligible later, until ``stop()`` is true (checked between watches, so within ``timeout_s``).
+    eligible later, until ``stop()`` is true (checked between watches, so within ``timeout_s``, and
+    between tries while the API server is away). ``reconnect`` (default :data:`DEFAULT_RECONNECT`) says
+    how the API server going away is ridden out; ``log`` (default: the ``gpucert.kube`` logger's warnings)
+    is told once when such an outage starts and once when it ends.
 
     Returns how many nodes were announced. Raises whatever ``emit`` raises (that node is not marked),
-    and :class:`KubeError` when a call fails past its retries or watches keep ending in errors.
+    :class:`KubeError` when the first list fails past the client's retries or watches keep ending in
+    errors, and :class:`KubeForbidden` when 401/403 lasts past ``reconnect``'s patience.
     """
     taint, annotation = f"{prefix}/uncertified", f"{prefix}/{ANNOUNCED_ANNOTATION}"
     # Also remembered here: events queued before our own patch still show the node unmarked.
     announced: set[str] = set()
-    for node in _follow(kube, selector=selector, follow=follow, timeout_s=timeout_s, stop=stop):
+    # Announced, but the mark failed (the API server went away): marked when the node is listed again.
+    unmarked: set[str] = set()
+    count = 0
+
+    def seen(node: Node) -> None:
+        nonlocal count
         name, uid = _identity(node)
-        if not uid or uid in announced or not has_taint(node, taint):
-            continue
+        if not uid or not has_taint(node, taint):
+            return
         if ((node.get("metadata") or {}).get("annotations") or {}).get(annotation) == uid:
-            continue
-        emit(name, uid)
-        announced.add(uid)
+            unmarked.discard(uid)  # a mark whose answer was lost did land
+            return
+        if uid in announced and uid not in unmarked:
+            return
+        if uid not in announced:
+            emit(name, uid)
+            announced.add(uid)
+            unmarked.add(uid)
+            count += 1
         _mark(kube, name, annotation, uid)
-    return len(announced)
+        unmarked.discard(uid)
+
+    def listed(nodes: list[Node]) -> None:
+        # A node the list no longer shows was deleted (or left the selection, and its mark speaks for it):
+        # forgotten, so a watcher that runs for months holds only the nodes there are.
+        present = {_identity(node)[1] for node in nodes}
+        announced.intersection_update(present | unmarked)
+        for node in nodes:
+            seen(node)
+
+    _follow(
+        kube, selector=selector, follow=follow, timeout_s=timeout_s, stopped=stop or (lambda: False),
+        reconnect=reconnect or DEFAULT_RECONNECT, log=log or _LOG.warning, listed=listed, seen=seen,
+    )  # fmt: skip
+    return count
 
 
 # --- list and watch ----------------------------------------------------------------------------------
@@ -94,38 +169,132 @@ class _Ended:
 
 
 def _follow(
-    kube: Kube, *, selector: str | None, follow: bool, timeout_s: int, stop: Callable[[], bool] | None
-) -> Iterator[Node]:
-    """Every node matching ``selector`` as listed, then (``follow``) as each watch event shows it.
+    kube: Kube,
+    *,
+    selector: str | None,
+    follow: bool,
+    timeout_s: int,
+    stopped: Callable[[], bool],
+    reconnect: Reconnect,
+    log: Callable[[str], None],
+    listed: Callable[[list[Node]], None],
+    seen: Callable[[Node], None],
+) -> None:
+    """``listed(nodes)`` with every node matching ``selector``, then (``follow``) ``seen(node)`` with each
+    node a watch event shows, and ``listed`` again after each 410 or outage, until ``stopped()``.
 
-    Raises :class:`KubeError` when a call fails past its retries or :data:`_MAX_WATCH_ERRORS` watches in
-    a row end in an ERROR other than 410.
+    Raises :class:`KubeError` when the first list fails past the client's retries (or a 401/403 past
+    ``reconnect.start_forbidden_s``), a 401/403 lasts past ``reconnect.forbidden_s``, a call fails in a way
+    no retry cures (a 404, a 422), or :data:`_MAX_WATCH_ERRORS` watches in a row end in an ERROR other
+    than 410.
     """
-    stopped = stop or (lambda: False)
-    streak = 0  # watches in a row that ended in an error with no event between
-    relist = True
-    while relist:
+    policy = reconnect.policy()
+
+    def start() -> str:
         nodes, version = _list(kube, selector)
-        yield from nodes
-        relist = False
-        while follow and not stopped() and not relist:
-            ended = yield from _watch(kube, selector, version, timeout_s)
-            version = ended.version
-            if ended.error is None:
-                streak = 0
-                continue
-            streak = 1 if ended.progressed else streak + 1
-            _pause(_backoff(streak), stopped)
-            if _expired(ended.error) or ended.error.get("reason") == _CUT:
-                # Too old: only a fresh list has a version the server still knows, and it always cures a 410.
-                # Cut: the events the broken stream carried are lost, and a list has them all.
-                relist = not stopped()
-            elif streak >= _MAX_WATCH_ERRORS:
-                raise KubeError(
-                    f"watch nodes: {streak} watches in a row ended in an error, the last: "
-                    f"{ended.error.get('message') or ended.error}",
-                    status=_code(ended.error),
-                )
+        listed(nodes)
+        return version
+
+    version = _retrying(policy, start, _Outage(reconnect.start_forbidden_s, None), stopped)
+    if version is None or not follow:
+        return
+    outage = _Outage(reconnect.forbidden_s, log)
+
+    def relist() -> _Ended:
+        # The watch is part of the try: a list that succeeds while every watch fails (a 403 on watch only,
+        # a proxy cutting each one) is the outage going on, backed off, not a busy loop of lists.
+        nodes, version = _list(kube, selector)
+        listed(nodes)
+        return _watch(kube, selector, version, timeout_s, seen)
+
+    streak = 0  # watches in a row that ended in an error with no event between
+    again = False  # list again before watching
+    while not stopped():
+        ended: _Ended | None = None
+        if not again:
+            try:
+                ended = _watch(kube, selector, version, timeout_s, seen)
+            except KubeError as exc:
+                if not outage.transient(exc):
+                    raise
+        if ended is None:
+            ended = _retrying(policy, relist, outage, stopped)
+            if ended is None:
+                return
+        version, again = ended.version, False
+        if ended.error is None:
+            streak = 0
+            continue
+        streak = 1 if ended.progressed else streak + 1
+        _pause(_backoff(streak), stopped)
+        if _expired(ended.error):
+            again = True  # too old: only a fresh list has a version the server still knows
+        elif streak >= _MAX_WATCH_ERRORS:
+            raise KubeError(
+                f"watch nodes: {streak} watches in a row ended in an error, the last: "
+                f"{ended.error.get('message') or ended.error}",
+                status=_code(ended.error),
+            )
+
+
+class _Outage:
+    """Which failures are ridden out, and since when; says when an outage starts and when it ends."""
+
+    def __init__(self, forbidden_s: float, log: Callable[[str], None] | None) -> None:
+        self.forbidden_s = forbidden_s
+        #: None before the first list: only a 401/403 is waited out (a server that is down is reported), and
+        #: quietly, as the error that ends it (or nothing, once allowed) is all whoever started it needs.
+        self.log = log
+        self.since: float | None = None  # the outage's first failure (monotonic)
+        self.forbidden_since: float | None = None  # the first 401/403 of the run of them going on
+        self.failures = 0
+
+    def transient(self, exc: KubeError) -> bool:
+        """Whether to try again after ``exc``; when not, ``exc``'s message says why it is final."""
+        now = time.monotonic()
+        if isinstance(exc, KubeForbidden):
+            self.forbidden_since = now if self.forbidden_since is None else self.forbidden_since
+            lasted = now - self.forbidden_since
+            if lasted >= self.forbidden_s:
+                when = "at start" if self.log is None else "after it had been allowed"
+                exc.args = (f"{exc} (refused for {lasted:.0f} s, {when})",)
+                return False
+        elif isinstance(exc, KubeUnavailable) and self.log is not None:
+            if isinstance(exc, KubeUnreachable):
+                self.forbidden_since = None  # the server went away again: its RBAC loads again
+        else:
+            return False
+        if self.since is None:
+            self.since = now
+            if self.log is not None:
+                self.log(f"the API server is away or refusing: {exc}; listing the nodes again with back-off until "
+                         f"it answers (as long as it takes; a 401/403 for up to {self.forbidden_s:g} s)")  # fmt: skip
+        self.failures += 1
+        return True
+
+    def over(self) -> None:
+        """The try after failures succeeded: said once, and the next failure starts a new outage."""
+        if self.since is not None and self.log is not None:
+            tries = f"{self.failures} failed tr{'y' if self.failures == 1 else 'ies'}"
+            self.log(f"the API server answers again after {time.monotonic() - self.since:.1f} s ({tries}); "
+                     f"the nodes were listed again, so what joined meanwhile is announced")  # fmt: skip
+        self.since = self.forbidden_since = None
+        self.failures = 0
+
+
+def _retrying(
+    policy: RetryPolicy, fn: Callable[[], T], outage: _Outage, stopped: Callable[[], bool]
+) -> T | None:
+    """``fn()``, tried again with ``policy``'s back-off while ``outage`` takes its failures for transient;
+    None when ``stopped()`` before it succeeded."""
+
+    def attempt() -> T | None:
+        return None if stopped() else fn()
+
+    result = policy.call(attempt, retry_if=outage.transient, sleep=lambda s: _pause(s, stopped))
+    if result is not None:
+        outage.over()
+    return result
 
 
 def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
@@ -153,10 +322,14 @@ def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
             # The continue token outlived its snapshot: list again from the start.
 
 
-def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int) -> Generator[Node, None, _Ended]:
-    """The nodes of the ADDED and MODIFIED events of one watch from ``version``; returns how it ended.
+def _watch(
+    kube: Kube, selector: str | None, version: str, timeout_s: int, seen: Callable[[Node], None]
+) -> _Ended:
+    """``seen(node)`` with the node of each ADDED and MODIFIED event of one watch from ``version``; returns
+    how it ended.
 
-    Raises :class:`KubeError` on a failed call other than 410.
+    Raises :class:`KubeError` on a failed call other than 410, :class:`KubeUnavailable` when every try of
+    it was cut or unanswered (a proxy that drops long requests, the API server going away).
     """
     try:
         text = kube.request(
@@ -164,10 +337,6 @@ def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int) -> Ge
             query={"watch": "1", "resourceVersion": version, "timeoutSeconds": timeout_s,
                    "labelSelector": selector, "allowWatchBookmarks": "true"},
         )  # fmt: skip
-    except KubeUnavailable as exc:
-        # Every try of it cut or unanswered (a proxy that drops long requests, a restart): re-listed, and
-        # a server that is down fails the list past its retries, so a real outage still ends the watcher.
-        return _Ended(version, {"reason": _CUT, "message": str(exc)}, progressed=False)
     except KubeError as exc:
         if exc.status == 410:
             return _Ended(version, {"code": 410, "message": str(exc)}, progressed=False)
@@ -187,7 +356,7 @@ def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int) -> Ge
         version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
         progressed = True
         if event.get("type") in ("ADDED", "MODIFIED"):
-            yield obj
+            seen(obj)
     return _Ended(version, None, progressed)
 
 
@@ -217,8 +386,6 @@ def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
 def _identity(node: Node) -> tuple[str, str]:
     meta = node.get("metadata") or {}
     return str(meta.get("name") or ""), str(meta.get("uid") or "")
-
-
 
 
 def _mark(kube: Kube, name: str, annotation: str, uid: str) -> None:

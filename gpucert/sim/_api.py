@@ -74,9 +74,12 @@ async def _status_errors(request: web.Request, handler: Handler) -> web.StreamRe
 def _fault_middleware(faults: FaultInjector) -> Any:
     @web.middleware
     async def inject(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(_NOT_KUBERNETES):  # the simulator's own endpoints: never faulted
+        # The simulator's own endpoints are never faulted; with no faults, nothing to parse.
+        if request.path.startswith(_NOT_KUBERNETES) or not faults.policy.active:
             return await handler(request)
-        decision = faults.decide()
+        info = request_info(request.method, request.path, request.query,
+                            bearer_user(request.headers.get("Authorization")))
+        decision = faults.decide(resource_request=info.resource_request)
         if decision.latency_s:
             await asyncio.sleep(decision.latency_s)
         if decision.status == 429:
@@ -85,6 +88,12 @@ def _fault_middleware(faults: FaultInjector) -> Any:
                            headers={"Retry-After": str(decision.retry_after_s)})
         if decision.status == 500:
             raise ApiError(500, "Internal error occurred: injected by gpucert sim")
+        if decision.status == 403:
+            # The API server's wording (an RBAC denial), so a client's message reads as on a real cluster.
+            scope = f'in the namespace "{info.namespace}"' if info.namespace else "at the cluster scope"
+            raise ApiError(403, f'{info.combined_resource} is forbidden: User "{info.user or "system:anonymous"}" '
+                                f'cannot {info.verb} resource "{info.combined_resource}" in API group '
+                                f'"{info.group}" {scope}: injected by gpucert sim')
         return await handler(request)
 
     return inject

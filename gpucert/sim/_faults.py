@@ -1,7 +1,8 @@
 """API faults: the misbehaviour of a loaded or flaky API server, injected on purpose.
 
 gpucert's flows must survive a 429 with ``Retry-After``, a 500, a slow server, a watch cut mid-stream and
-a watch whose resourceVersion was compacted away, because real control planes do all of these under load.
+a watch whose resourceVersion was compacted away, because real control planes do all of these under load;
+and a restarted API server answers 403 for a moment while its RBAC authorizer loads the roles.
 The policy is one immutable value swapped atomically on the running server, from Python
 (:meth:`FaultInjector.set`) or over HTTP (``POST /gpucert/faults``), so a test can turn faults on for
 one step and off again. The injector counts what it did (:attr:`FaultInjector.served`), so a test can
@@ -38,16 +39,20 @@ class ApiFaults:
     #: Share of watches resumed from a resourceVersion answered with an in-stream 410 Expired (an ERROR event
     #: under HTTP 200), as after an etcd compaction the client did not see: it must re-list.
     watch_expired_rate: float = 0.0
+    #: Share of resource requests (``/api/v1/…``, ``/apis/<group>/<version>/…``) answered 403 Forbidden, as
+    #: while a restarted API server's RBAC authorizer is still loading its roles; 1 is an identity that may do
+    #: nothing. Discovery and ``/version``, which every user may read, are never refused.
+    forbidden_rate: float = 0.0
     #: Seed of the draws, for repeatable runs; None draws from the OS.
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("error_rate", "throttle_rate", "watch_expired_rate"):
+        for name in ("error_rate", "throttle_rate", "forbidden_rate", "watch_expired_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise InputError(f"API faults: {name} must be within [0, 1], got {value}")
-        if self.error_rate + self.throttle_rate > 1.0:
-            raise InputError("API faults: error_rate + throttle_rate must not exceed 1")
+        if self.error_rate + self.throttle_rate + self.forbidden_rate > 1.0:
+            raise InputError("API faults: error_rate + throttle_rate + forbidden_rate must not exceed 1")
         if self.latency_s < 0 or self.retry_after_s < 0:
             raise InputError("API faults: latency_s and retry_after_s must be >= 0")
         if self.drop_watch_after_s is not None and self.drop_watch_after_s <= 0:
@@ -74,6 +79,7 @@ class ApiFaults:
         return bool(
             self.error_rate
             or self.throttle_rate
+            or self.forbidden_rate
             or self.latency_s
             or self.drop_watch_after_s
             or self.watch_expired_rate
@@ -117,13 +123,14 @@ class FaultInjector:
 
     @property
     def served(self) -> dict[str, int]:
-        """How many faults were served since the server started, by kind: ``500``, ``429``, ``slow`` (a
-        request delayed by ``latency_s``) and ``expired`` (a watch answered 410); kinds never served are
+        """How many faults were served since the server started, by kind: ``500``, ``429``, ``403``, ``slow``
+        (a request delayed by ``latency_s``) and ``expired`` (a watch answered 410); kinds never served are
         absent. Setting a new policy does not reset the counts."""
         with self._lock:
             return dict(self._served)
 
-    def decide(self) -> FaultDecision:
+    def decide(self, *, resource_request: bool = True) -> FaultDecision:
+        """The fault of one request; ``resource_request``: not discovery or ``/version`` (never a 403)."""
         policy = self._policy
         if not policy.active:
             return FaultDecision()
@@ -134,6 +141,8 @@ class FaultInjector:
                 status = 500
             elif draw < policy.error_rate + policy.throttle_rate:
                 status = 429
+            elif draw < policy.error_rate + policy.throttle_rate + policy.forbidden_rate and resource_request:
+                status = 403
             if status is not None:
                 self._served[str(status)] += 1
             if policy.latency_s:

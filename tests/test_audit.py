@@ -11,6 +11,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -247,6 +248,75 @@ def test_kubectl_sees_the_events(sim: SimCluster, kube: Kube, tmp_path: Path) ->
     ).stdout  # fmt: skip
     notes = [item.get("note", "") for item in json.loads(out)["items"] if item.get("reportingController") == "gpucert"]
     assert any("cert-2" in note for note in notes)
+
+
+def _describer_query(node: dict[str, Any]) -> str:
+    """The field selector ``kubectl describe node`` lists a node's Events with (all namespaces, core v1)."""
+    meta = node["metadata"]
+    return (f"involvedObject.name={meta['name']},involvedObject.namespace=,involvedObject.kind=Node,"
+            f"involvedObject.uid={meta['uid']}")
+
+
+def test_a_node_event_names_the_node_uid_and_the_describer_query_finds_it(
+    sim: SimCluster, kube: Kube, tmp_path: Path
+) -> None:
+    """Issue 29: gpucert's Events (events.k8s.io) are listed by kubectl's node describer (core v1, by uid)."""
+    recorder = AuditRecorder(AuditLog(FileObjectStore(tmp_path)), run_id="cert-29", trigger="cli").watch(kube)
+    node = kube.get("v1", "Node", "gpu-node-00001")
+    kube.label_node("gpu-node-00001", {"gpucert.io/state": "failed"}, before=node)
+    # A ticket is no Kubernetes object: its Event goes to a node this run did not write, read for its uid.
+    recorder.note(AuditAction("ticket.open", "Ticket", "T-29", api_version="gpucert.io/v1",
+                              after={"node": "gpu-node-00000", "cause": "xid"}, why="XID 79 on GPU 2"))
+    recorder.flush()
+    recorder.unwatch()
+
+    core = client.CoreV1Api(sim.api_client())
+    found = core.list_event_for_all_namespaces(field_selector=_describer_query(node)).items
+    [labelled] = [e for e in found if e.reason == "Labelled" and "cert-29" in str(e.message)]
+    assert labelled.involved_object.kind == "Node"
+    assert labelled.involved_object.api_version == "v1"
+    assert labelled.involved_object.name == "gpu-node-00001"
+    assert labelled.involved_object.uid == node["metadata"]["uid"]
+    assert (labelled.type, labelled.action, labelled.reporting_component) == ("Normal", "label", "gpucert")
+    assert labelled.reporting_instance
+    assert labelled.event_time is not None
+    # Another object's uid finds none of them: the uid is what the describer matches on.
+    stale = {**node, "metadata": {**node["metadata"], "uid": "00000000-0000-0000-0000-000000000000"}}
+    assert not [e for e in core.list_event_for_all_namespaces(field_selector=_describer_query(stale)).items
+                if "cert-29" in str(e.message)]
+
+    other = kube.get("v1", "Node", "gpu-node-00000")
+    [ticket] = [e for e in core.list_event_for_all_namespaces(field_selector=_describer_query(other)).items
+                if e.reason == "TicketOpened"]
+    assert ticket.type == "Warning"
+    assert "XID 79" in str(ticket.message)
+    # And through the API gpucert wrote it with, the same object.
+    mine = kube.list_objects("events.k8s.io/v1", "Event", "default",
+                             field_selector=f"regarding.kind=Node,regarding.uid={node['metadata']['uid']},"
+                                            "reportingController=gpucert")  # fmt: skip
+    assert labelled.metadata.uid in {e["metadata"]["uid"] for e in mine}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl is not on PATH (apt-get install kubernetes-client)")
+def test_kubectl_describe_node_shows_gpucerts_events(sim: SimCluster, kube: Kube, tmp_path: Path) -> None:
+    recorder = AuditRecorder(AuditLog(FileObjectStore(tmp_path)), run_id="cert-30", trigger="cli").watch(kube)
+    recorder.because(per_object={"gpu-node-00000": "failed: row remap pending on GPU 5"})
+    node = kube.get("v1", "Node", "gpu-node-00000")
+    taint = {"key": "gpucert.io/unhealthy", "value": "row_remap", "effect": "NoSchedule"}
+    kube.merge_patch("v1", "Node", "gpu-node-00000", {"spec": {"taints": [taint]}}, before=node)
+    recorder.flush()
+    recorder.unwatch()
+    out = subprocess.run(
+        ["kubectl", "--kubeconfig", str(sim.kubeconfig_path), "describe", "node", "gpu-node-00000"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    events = out.split("\nEvents:", 1)[1]
+    [line] = [line for line in events.splitlines() if "TaintAdded" in line]
+    assert line.split()[:2] == ["Warning", "TaintAdded"]
+    assert "gpucert" in line.split()  # the From column: the reporting controller
+    assert "row remap pending on GPU 5 (run cert-30" in line
+    kube.merge_patch("v1", "Node", "gpu-node-00000", {"spec": {"taints": None}})
 
 
 def test_a_write_that_fails_records_nothing_and_a_failed_flush_keeps_its_actions(

@@ -11,6 +11,11 @@ its node). An Event's name is derived from its entry's hash, so a step that is r
 is restarted never sends one twice; Events are the cluster's view and are best effort (a failure is
 counted, the trail is the record).
 
+An Event names its object by uid as well as by kind and name: ``kubectl describe node`` lists the Events
+whose ``involvedObject.uid`` is the node's, and shows no other. The uid is the one of the object the
+write answered with (or the caller read), so it costs no request; a node this run did not write (a
+ticket's) is read once.
+
 Leases and the Events themselves are not recorded: a Lease is coordination between runs, not a change
 to what the cluster runs, and the taint that marks a node under test is recorded like any other.
 """
@@ -81,6 +86,8 @@ class AuditRecorder:
         self.event_failures = 0
         #: Seconds spent writing the trail and sending Events (what recording costs the run).
         self.seconds = 0.0
+        #: (kind, namespace or "", name) → uid of the objects written, for their Events.
+        self._uids: dict[tuple[str, str, str], str] = {}
 
     # --- collecting -------------------------------------------------------------------------------
 
@@ -117,7 +124,13 @@ class AuditRecorder:
         return self._why.get(name, self.default_why)
 
     def _on_change(self, change: KubeChange) -> None:
-        if change.kind in _UNRECORDED_KINDS or change.unchanged:
+        if change.kind in _UNRECORDED_KINDS:
+            return
+        uid = _uid_of(change)
+        if uid:
+            with self._lock:
+                self._uids[(change.kind, change.namespace or "", change.name)] = uid
+        if change.unchanged:
             return
         with self._lock:
             why = self._why_of(change.name)
@@ -160,7 +173,9 @@ class AuditRecorder:
 
     def _send_events(self, kube: Kube, entries: Sequence[Mapping[str, Any]]) -> None:
         instance = f"{self.actor}"[:128]
-        bodies = [e for e in (event_of(entry, instance=instance) for entry in entries) if e is not None]
+        about = [(entry, ref) for entry in entries if (ref := _regarding(entry)) is not None]
+        if not about:
+            return
 
         def send(body: dict[str, Any]) -> bool:
             try:
@@ -171,11 +186,26 @@ class AuditRecorder:
                 return False
             return True
 
-        if not bodies:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(bodies)), thread_name_prefix="gpucert-events") as pool:
+        with ThreadPoolExecutor(max_workers=min(8, len(about)), thread_name_prefix="gpucert-events") as pool:
+            with self._lock:
+                unseen = sorted({str(ref["name"]) for _, ref in about
+                                 if ref["kind"] == "Node" and _ref_key(ref) not in self._uids})  # fmt: skip
+            # A node no write of this run answered with (a ticket's): read once, for its uid.
+            read = dict(zip(unseen, pool.map(lambda name: _node_uid(kube, name), unseen), strict=True))
+            with self._lock:
+                self._uids.update({("Node", "", name): uid for name, uid in read.items() if uid})
+                bodies = [_event(entry, ref, instance, self._uids.get(_ref_key(ref))) for entry, ref in about]
             failed = sum(not ok for ok in pool.map(send, bodies))
         self.event_failures += failed
+
+
+def _uid_of(change: KubeChange) -> str | None:
+    """The uid of the object written: the server's answer's, else that of the object the caller read."""
+    for obj in (change.result, change.before):
+        uid = ((obj or {}).get("metadata") or {}).get("uid")
+        if uid:
+            return str(uid)
+    return None
 
 
 def _with_why(action: AuditAction, why: str) -> AuditAction:
@@ -269,28 +299,54 @@ def _taint(taints: Any, key: tuple[str, str]) -> dict[str, Any] | None:
 # --- an entry as an Event ------------------------------------------------------------------------------
 
 
-def event_of(entry: Mapping[str, Any], *, instance: str) -> dict[str, Any] | None:
-    """The ``events.k8s.io/v1`` Event of an audit entry, on the object it touched (a ticket's on its node);
-    None when there is no Kubernetes object to put it on (a baseline)."""
+def _regarding(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The reference to the object an entry's Event is about (a ticket's node), without its uid; None when
+    there is no Kubernetes object to put it on (a baseline)."""
     obj = dict(entry.get("object") or {})
     if obj.get("kind") in _OFF_CLUSTER:
         node = node_of(entry)
         if node is None:
             return None
         obj = {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": None}
-    action = str(entry.get("action", ""))
     regarding = {"apiVersion": obj.get("apiVersion") or "v1", "kind": obj.get("kind"), "name": obj.get("name")}
     if obj.get("namespace"):
         regarding["namespace"] = obj["namespace"]
+    return regarding
+
+
+def _ref_key(ref: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(ref.get("kind")), str(ref.get("namespace") or ""), str(ref.get("name")))
+
+
+def _node_uid(kube: Kube, name: str) -> str | None:
+    try:
+        node = kube.get("v1", "Node", name)
+    except KubeError:
+        return None  # gone, or not to be read: the Event goes without (best effort, as Events are)
+    return str((node.get("metadata") or {}).get("uid") or "") or None
+
+
+def event_of(entry: Mapping[str, Any], *, instance: str, uid: str | None = None) -> dict[str, Any] | None:
+    """The ``events.k8s.io/v1`` Event of an audit entry, on the object it touched (a ticket's on its node),
+    naming that object's ``uid`` when given (``kubectl describe`` shows only the Events that do); None
+    when there is no Kubernetes object to put it on (a baseline)."""
+    regarding = _regarding(entry)
+    return None if regarding is None else _event(entry, regarding, instance, uid)
+
+
+def _event(entry: Mapping[str, Any], regarding: dict[str, Any], instance: str, uid: str | None) -> dict[str, Any]:
+    action = str(entry.get("action", ""))
+    if uid:
+        regarding = {**regarding, "uid": uid}
     run = entry.get("run_id")
     note = f"{entry.get('why') or action}" + (f" (run {run}" if run else " (") + f", audit #{entry.get('seq')})"
-    name = f"{str(obj.get('name'))[:200]}.{str(entry.get('hash'))[:16]}"
+    name = f"{str(regarding.get('name'))[:200]}.{str(entry.get('hash'))[:16]}"
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         # Node events live in "default", as the kubelet's do.
         "metadata": {
-            "name": name, "namespace": obj.get("namespace") or "default",
+            "name": name, "namespace": regarding.get("namespace") or "default",
             "labels": {"app.kubernetes.io/managed-by": CONTROLLER},
         },
         "eventTime": _micro_time(str(entry.get("ts", ""))),

@@ -793,9 +793,9 @@ def _event_time(item: Mapping[str, Any], new_api: bool) -> pd.Timestamp | None:
 
 
 def _dedupe_events(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per happening: a server that keeps both Event APIs apart (the simulator) shows one twice,
-    under two UIDs (and a core message may word the note otherwise); the same object and reason within
-    one second is the same Event."""
+    """One row per happening: a recorder that writes one through both Event APIs makes two Events, under
+    two UIDs (and a core message may word the note otherwise); the same object and reason within one
+    second is the same Event."""
     if frame.empty:
         return frame
     second = pd.to_datetime(frame["ts"], utc=True).dt.floor("s")

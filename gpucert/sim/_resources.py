@@ -112,16 +112,21 @@ RESOURCES: tuple[ResourceType, ...] = (
                  returns_deleted_object=True, generation_tracks=None),
     ResourceType("", "v1", "endpoints", "Endpoints", True, ("ep",), fields=frozenset({"subsets"}),
                  generation_tracks=None),
+    # The field labels are the API server's (ToSelectableFields); ``source`` is the source's component,
+    # else the reporting controller (see _selectors.py).
     ResourceType("", "v1", "events", "Event", True, ("ev",), fields=_EVENT_FIELDS,
                  field_labels=("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-                               "involvedObject.uid", "involvedObject.apiVersion", "reason", "source",
-                               "type", "reportingComponent"),
+                               "involvedObject.uid", "involvedObject.apiVersion",
+                               "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+                               "reportingComponent", "source", "type"),
                  generation_tracks=None),
-    # The events.k8s.io shape gpucert writes its Events in (issue 16). A real server keeps both shapes in
-    # one store; here they are two (``kubectl get events.events.k8s.io`` lists these).
+    # The events.k8s.io shape gpucert writes its Events in (issue 16). As on a real server, the same
+    # objects as core Events, in one store, converted on the way in and out (_events.py, _store.py); its
+    # field labels are the core ones under their events.k8s.io names (AddFieldLabelConversionsForEvent).
     ResourceType("events.k8s.io", "v1", "events", "Event", True, fields=_EVENTS_V1_FIELDS,
-                 field_labels=("regarding.kind", "regarding.namespace", "regarding.name", "reason", "type",
-                               "reportingController"),
+                 field_labels=("regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
+                               "regarding.apiVersion", "regarding.resourceVersion", "regarding.fieldPath",
+                               "reason", "reportingController", "source", "type"),
                  generation_tracks=None),
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",),
                  fields=frozenset({"secrets", "imagePullSecrets", "automountServiceAccountToken"}),

@@ -81,6 +81,24 @@ def _field_value(obj: Mapping[str, Any], path: tuple[str, ...]) -> str:
     return str(value)
 
 
+def _source_of(component: tuple[str, ...], controller: tuple[str, ...]) -> Callable[[Mapping[str, Any]], str]:
+    return lambda obj: _field_value(obj, component) or _field_value(obj, controller)
+
+
+#: Field labels that are no path in the object, by resource: an Event's ``source`` is its source's
+#: component, else its reporting controller (the API server's ToSelectableFields), in either API's shape.
+_COMPUTED: dict[tuple[str, str], Callable[[Mapping[str, Any]], str]] = {
+    ("v1/events", "source"): _source_of(("source", "component"), ("reportingComponent",)),
+    ("events.k8s.io/v1/events", "source"): _source_of(("deprecatedSource", "component"), ("reportingController",)),
+}
+
+
+def _computed_requirement(read: Callable[[Mapping[str, Any]], str], negate: bool, value: str) -> Predicate:
+    if negate:
+        return lambda obj: read(obj) != value
+    return lambda obj: read(obj) == value
+
+
 def _field_requirement(text: str, resource: ResourceType) -> tuple[Predicate, str | None]:
     """The predicate of one field requirement, and the name it pins (``metadata.name=x``), else None."""
     m = _OP.match(text)
@@ -89,6 +107,9 @@ def _field_requirement(text: str, resource: ResourceType) -> tuple[Predicate, st
     path, op, value = m.groups()
     if path not in ("metadata.name", "metadata.namespace", *resource.field_labels):
         raise bad_request(f'field label not supported: {path}')
+    computed = _COMPUTED.get((resource.key, path))
+    if computed is not None:
+        return _computed_requirement(computed, op == "!=", value), None
     parts = tuple(path.split("."))  # split once per request, not once per object matched
     if op == "!=":
         return (lambda obj: _field_value(obj, parts) != value), None

@@ -16,6 +16,10 @@ resource are kept sorted (a list, or a page after a ``continue`` key, is a bisec
 sort), and each (label key, value) maps to the keys of the objects carrying it (a list by
 ``controller-uid=…`` reads the one pod it names; see :meth:`Store.page`).
 
+Events are kept once, as a real server keeps them: ``events.k8s.io/v1`` is served from the core Events'
+storage, each object converted on its way in and out (``_events.py``), so an Event written through either
+API is read, listed (with either API's field selectors), watched and deleted through both.
+
 Pod logs are kept as a kubelet keeps them: with their pod, gone when it is deleted (``pods/log`` of a
 deleted pod is 404 anyway). A finished container's log is kept compressed when its writer asks: a
 benchmark pod's is 95 KB of JSON lines (381 rows, 6 KB through zlib's level 1), and a 10,000-node
@@ -42,6 +46,7 @@ from datetime import UTC, datetime
 from threading import RLock
 from typing import Any, NamedTuple
 
+from ._events import to_core, to_events_v1
 from ._resources import RESOURCES, ResourceType, lookup
 from ._selectors import Selector
 from ._status import ApiError, conflict, invalid, not_found
@@ -57,6 +62,8 @@ _Keys = list[_Key]  # spelled here: inside Store, ``list`` is its method
 DEFAULT_HISTORY = 100_000
 _NAMESPACES = lookup("", "v1", "namespaces")
 _PODS = lookup("", "v1", "pods")
+_EVENTS = lookup("", "v1", "events")
+_EVENTS_V1 = lookup("events.k8s.io", "v1", "events")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # apiserver's: no vowels, no look-alikes
 
 
@@ -96,8 +103,12 @@ class Watcher:
     queue: asyncio.Queue[WatchEvent] = field(default_factory=asyncio.Queue)
     accept: Callable[[WatchEvent], bool] | None = None
     thread: int = field(default_factory=threading.get_ident)
+    #: A watch of a view (events.k8s.io Events): the stored event in the view's shape.
+    convert: Callable[[WatchEvent], WatchEvent] | None = None
 
     def push(self, event: WatchEvent) -> None:
+        if self.convert is not None:
+            event = self.convert(event)
         if self.accept is not None and not self.accept(event):
             return
         if threading.get_ident() == self.thread:
@@ -112,6 +123,55 @@ class Watcher:
 
 #: Called with each stored event, under the store's lock (see the module docstring).
 Listener = Callable[[WatchEvent], None]
+Convert = Callable[[Mapping[str, Any]], Obj]
+
+
+class _View(NamedTuple):
+    """A resource served from another's storage: that resource, and the conversions into its shape
+    (a write) and out of it (a read)."""
+
+    stored: ResourceType
+    into: Convert
+    out: Convert
+
+
+assert _EVENTS is not None
+assert _EVENTS_V1 is not None
+_VIEWS: dict[str, _View] = {_EVENTS_V1.key: _View(_EVENTS, to_core, to_events_v1)}
+#: The resources that have a storage of their own.
+_STORED = tuple(r for r in RESOURCES if r.key not in _VIEWS)
+
+
+def _served(event: WatchEvent, resource: ResourceType, view: _View) -> WatchEvent:
+    """``event`` of a stored object as a watch of ``resource`` (served through ``view``) sees it."""
+    old = view.out(event.old) if event.old is not None else None
+    return WatchEvent(event.rv, event.type, resource.key, view.out(event.obj), old)
+
+
+def _converter(resource: ResourceType, view: _View) -> Callable[[WatchEvent], WatchEvent]:
+    return lambda event: _served(event, resource, view)
+
+
+def _storage(resource: ResourceType) -> tuple[ResourceType, _View | None]:
+    """The resource whose storage holds ``resource``'s objects, and the view that converts them (None
+    when that is ``resource`` itself)."""
+    view = _VIEWS.get(resource.key)
+    return (view.stored, view) if view is not None else (resource, None)
+
+
+@contextlib.contextmanager
+def _named_as(resource: ResourceType, stored: ResourceType) -> Iterator[None]:
+    """A write through a view fails naming the view's resource (``events.events.k8s.io "x" not found``),
+    as the API server names the resource of the request."""
+    try:
+        yield
+    except ApiError as exc:
+        details = exc.details or {}
+        if details.get("group") != stored.group or details.get("kind") != stored.plural:
+            raise  # not about the object (its namespace is missing, say)
+        what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+        raise ApiError(exc.code, exc.message.replace(f'{stored.plural} "', f'{what} "', 1), reason=exc.reason,
+                       details={**details, "group": resource.group}, headers=exc.headers) from None
 
 
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,15 +201,15 @@ class Store:
 
     def __init__(self, *, history: int = DEFAULT_HISTORY) -> None:
         self.lock = RLock()
-        self._objects: dict[str, dict[_Key, Obj]] = {r.key: {} for r in RESOURCES}
-        self._keys: dict[str, list[_Key]] = {r.key: [] for r in RESOURCES}  # sorted
-        self._by_label: dict[str, dict[tuple[str, str], set[_Key]]] = {r.key: {} for r in RESOURCES}
+        self._objects: dict[str, dict[_Key, Obj]] = {r.key: {} for r in _STORED}
+        self._keys: dict[str, list[_Key]] = {r.key: [] for r in _STORED}  # sorted
+        self._by_label: dict[str, dict[tuple[str, str], set[_Key]]] = {r.key: {} for r in _STORED}
         self._owned: dict[str, set[tuple[str, _Key]]] = {}  # owner uid → (resource, key) of dependents
         self._rv = 0
         self._history: deque[WatchEvent] = deque()
         self._history_limit = history
         self._compacted = 0  # every event with rv > this is still in the history
-        self._watchers: dict[str, set[Watcher]] = {r.key: set() for r in RESOURCES}
+        self._watchers: dict[str, set[Watcher]] = {r.key: set() for r in _STORED}
         # (namespace, pod) → container ("" for the pod's own) → the log, as text or zlib-compressed
         self._logs: dict[tuple[str, str], dict[str, str | bytes]] = {}
         self._listeners: list[Listener] = []
@@ -161,13 +221,19 @@ class Store:
         return self._rv
 
     def get(self, resource: ResourceType, namespace: str | None, name: str) -> Obj | None:
-        return self._objects[resource.key].get((namespace or "", name))
+        view = _VIEWS.get(resource.key)
+        if view is None:
+            return self._objects[resource.key].get((namespace or "", name))
+        found = self._objects[view.stored.key].get((namespace or "", name))
+        return view.out(found) if found is not None else None
 
     def list(self, resource: ResourceType, namespace: str | None = None) -> tuple[list[Obj], int]:
         """Objects sorted by namespace and name (stable pages for ``continue``), and the list's RV."""
         with self.lock:
-            items = self._objects[resource.key]
-            return [items[k] for k in self._range(resource, namespace)], self._rv
+            stored, view = _storage(resource)
+            items = self._objects[stored.key]
+            found = [items[k] for k in self._range(stored, namespace)]
+            return ([view.out(o) for o in found] if view else found), self._rv
 
     def page(
         self,
@@ -181,21 +247,24 @@ class Store:
         """The objects (of ``namespace``, matching ``selector``) whose key sorts after ``after``, at most
         ``limit`` of them; label values and a name the selector pins are read from the indexes."""
         with self.lock:
-            items = self._objects[resource.key]
-            candidates = self._candidates(resource, selector) if selector else None
+            stored, view = _storage(resource)
+            items = self._objects[stored.key]
+            candidates = self._candidates(stored, selector) if selector else None
             if candidates is not None:
                 keys = sorted(k for k in candidates if (namespace is None or k[0] == namespace)
                               and (after is None or k > after))
             else:
-                keys = self._range(resource, namespace, after)
+                keys = self._range(stored, namespace, after)
             if not selector:
                 more = bool(limit) and len(keys) > (limit or 0)
                 chosen = keys[:limit] if limit else keys
                 remaining = len(keys) - len(chosen)
-                return Page([items[k] for k in chosen], self._rv, more, remaining)
+                page = [items[k] for k in chosen]
+                return Page([view.out(o) for o in page] if view else page, self._rv, more, remaining)
             found: list[Obj] = []
             for key in keys:
-                obj = items[key]
+                # A view's selector names its own fields (regarding.kind …): matched in its shape.
+                obj = view.out(items[key]) if view else items[key]
                 if selector.matches(obj):
                     if limit and len(found) == limit:
                         return Page(found, self._rv, True, None)
@@ -205,7 +274,7 @@ class Store:
     def labelled(self, resource: ResourceType, label: str, value: str) -> set[tuple[str, str]]:
         """The keys of the objects whose label ``label`` is ``value`` (a copy, from the index)."""
         with self.lock:
-            return set(self._by_label[resource.key].get((label, value), ()))
+            return set(self._by_label[_storage(resource)[0].key].get((label, value), ()))
 
     def namespace_exists(self, namespace: str) -> bool:
         assert _NAMESPACES is not None
@@ -213,8 +282,13 @@ class Store:
 
     # --- writing ------------------------------------------------------------------------------------
 
-    def create(self, resource: ResourceType, obj: Mapping[str, Any]) -> Obj:
-        """Store a new object; fills name from generateName and the metadata only a server sets."""
+    def create(self, resource: ResourceType, obj: Mapping[str, Any], *, uid: str | None = None) -> Obj:
+        """Store a new object; fills name from generateName and the metadata only a server sets (``uid``: the
+        one it has elsewhere, for a mirror of another server's object)."""
+        stored_as, view = _storage(resource)
+        if view is not None:
+            with _named_as(resource, stored_as):
+                return view.out(self.create(stored_as, view.into(obj), uid=uid))
         with self.lock:
             meta = dict(_meta(obj))
             namespace = meta.get("namespace") if resource.namespaced else None
@@ -229,7 +303,7 @@ class Store:
             if (namespace or "", name) in self._objects[resource.key]:
                 raise conflict(resource.group, resource.plural, name, "already exists", reason="AlreadyExists")
             self._rv += 1
-            meta.update(uid=str(uuid.uuid4()), resourceVersion=str(self._rv),
+            meta.update(uid=uid or str(uuid.uuid4()), resourceVersion=str(self._rv),
                         creationTimestamp=now_rfc3339())
             meta.pop("deletionTimestamp", None)
             if resource.generation_tracks:
@@ -241,6 +315,10 @@ class Store:
 
     def update(self, resource: ResourceType, obj: Mapping[str, Any], *, expect_rv: str | None = None) -> Obj:
         """Replace a stored object; 409 when ``expect_rv`` is stale; no write (nor new RV) if unchanged."""
+        stored_as, view = _storage(resource)
+        if view is not None:
+            with _named_as(resource, stored_as):
+                return view.out(self.update(stored_as, view.into(obj), expect_rv=expect_rv))
         with self.lock:
             meta = _meta(obj)
             namespace = meta.get("namespace") if resource.namespaced else None
@@ -275,6 +353,12 @@ class Store:
                propagation: str = "Background", expect_uid: str | None = None,
                expect_rv: str | None = None) -> tuple[Obj, bool]:
         """Delete now, or mark for deletion while finalizers remain; returns (object, still pending)."""
+        stored_as, view = _storage(resource)
+        if view is not None:
+            with _named_as(resource, stored_as):
+                gone, pending = self.delete(stored_as, namespace, name, propagation=propagation,
+                                            expect_uid=expect_uid, expect_rv=expect_rv)
+            return view.out(gone), pending
         with self.lock:
             current = self.get(resource, namespace, name)
             if current is None:
@@ -332,6 +416,7 @@ class Store:
               accept: Callable[[WatchEvent], bool] | None = None) -> tuple[Sequence[WatchEvent], Watcher]:
         """The events to replay and a registered watcher for the rest (only the events ``accept`` passes,
         when given; called under the lock by the writer), taken atomically. Call on ``loop``'s thread."""
+        stored, view = _storage(resource)
         with self.lock:
             if since is None:
                 replay = [WatchEvent(int(o["metadata"]["resourceVersion"]), "ADDED", resource.key, o)
@@ -340,9 +425,13 @@ class Store:
                 raise ApiError(410, f"too old resource version: {since} ({self._compacted + 1})",
                                reason="Expired")
             else:
-                replay = [e for e in self._history if e.rv > since and e.resource == resource.key]
-            watcher = Watcher(resource.key, loop, accept=accept)
-            self._watchers[resource.key].add(watcher)
+                replay = [e for e in self._history if e.rv > since and e.resource == stored.key]
+                if view is not None:
+                    replay = [_served(e, resource, view) for e in replay]
+            # A view's watcher waits on the stored resource's events and sees them in the view's shape.
+            convert = _converter(resource, view) if view is not None else None
+            watcher = Watcher(stored.key, loop, accept=accept, convert=convert)
+            self._watchers[stored.key].add(watcher)
             return replay, watcher
 
     def unwatch(self, watcher: Watcher) -> None:
@@ -459,7 +548,7 @@ class Store:
         owned = self._owned.get(owner_uid)
         if not owned:
             return
-        for r in RESOURCES:
+        for r in _STORED:
             for key in sorted(k for rk, k in owned if rk == r.key):
                 yield r, self._objects[r.key][key]
 
@@ -471,7 +560,7 @@ class Store:
                 self.delete(r, meta.get("namespace"), meta["name"])
 
     def _delete_namespace_content(self, namespace: str) -> None:
-        for r in RESOURCES:
+        for r in _STORED:
             if r.namespaced:
                 for key in self._range(r, namespace):
                     self._remove(r, self._objects[r.key][key])

@@ -41,9 +41,10 @@ from the job's start:
   25e9), the collectives of the whole job take twice as long; a flapping link also counts symbol errors,
   receive errors and a link-down every 10 minutes.
 * ``evict`` (``node``, ``at_minute``, ``params.gap_minutes`` default 5): the job's pod on that node is
-  evicted then (pod Failed with reason ``Evicted``; an ``Evicted`` Warning Event, ``events.k8s.io`` and
-  core, at that time even when the time is in the past). Steps stall until the replacement pod (the Job
-  controller makes one) resumes ``gap_minutes`` after the eviction; meanwhile every GPU of the job idles.
+  evicted then (pod Failed with reason ``Evicted``; an ``Evicted`` Warning Event, read through
+  ``events.k8s.io`` and core alike, at that time even when the time is in the past). Steps stall until the
+  replacement pod (the Job controller makes one) resumes ``gap_minutes`` after the eviction; meanwhile every
+  GPU of the job idles.
 * ``slow_input`` (``params.factor`` default 1.6): steps take ``factor`` as long; the GPUs are healthy but
   wait for data: utilisation and engine activity drop on every GPU alike, clocks stay at the maximum.
 
@@ -849,7 +850,7 @@ class TrainingTick:
 
     status: dict[str, Any] | None = None   # the pod's new status
     log: str | None = None                 # the pod's whole log
-    events: tuple[dict[str, Any], ...] = ()  # Events to create (events.k8s.io and core)
+    events: tuple[dict[str, Any], ...] = ()  # Events to create (either API: one store serves both)
     wake_s: float | None = None            # look at the pod again in this many seconds
 
 
@@ -1555,7 +1556,8 @@ def _evicted(status: Mapping[str, Any], inc: _Inc, at: float) -> dict[str, Any]:
 
 
 def _eviction_events(pod: Mapping[str, Any], node: str, inc: _Inc, at: float) -> tuple[dict[str, Any], ...]:
-    """The kubelet's ``Evicted`` Event, in both shapes the simulator serves, dated ``at``."""
+    """The kubelet's ``Evicted`` Event, dated ``at``: once, as ``events.k8s.io/v1`` (the store serves it as
+    a core Event too, with ``message`` and ``involvedObject``; a second, core copy would be a duplicate)."""
     meta = pod.get("metadata") or {}
     message = _EVICTION_MESSAGE.format(container=inc.container)
     name = f"{meta.get('name')}.{_hash64(meta.get('uid'), at) & 0xFFFFFFFFFFFF:012x}"
@@ -1565,11 +1567,7 @@ def _eviction_events(pod: Mapping[str, Any], node: str, inc: _Inc, at: float) ->
           "metadata": {"name": name, "namespace": meta.get("namespace")},
           "eventTime": _rfc3339(at, micro=True), "reportingController": "kubelet", "reportingInstance": node,
           "action": "Evict", "reason": "Evicted", "regarding": regarding, "note": message, "type": "Warning"}
-    core = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": meta.get("namespace")},
-            "involvedObject": regarding, "reason": "Evicted", "message": message, "type": "Warning",
-            "source": {"component": "kubelet", "host": node}, "reportingComponent": "kubelet",
-            "reportingInstance": node, "firstTimestamp": _rfc3339(at), "lastTimestamp": _rfc3339(at), "count": 1}
-    return v1, core
+    return (v1,)
 
 
 # --- HTTP --------------------------------------------------------------------------------------------------

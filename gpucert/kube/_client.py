@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FIELD_MANAGER", "KINDS", "Kube", "KubeChange", "Resource"]
 
-#: The field manager of every server-side apply gpucert makes (issue 4).
+#: The field manager of every write gpucert makes, server-side apply or not (issue 4): without one the API
+#: server files a patch's fields under the client's user agent (``OpenAPI-Generator/…``), and nobody can
+#: tell gpucert's labels and taints from anyone else's in ``managedFields``.
 FIELD_MANAGER = "gpucert"
 _APPLY = "application/apply-patch+yaml"
 _MERGE = "application/merge-patch+json"
@@ -128,7 +130,7 @@ class KubeChange:
     body: Mapping[str, Any] | None
     #: The object as the caller last read it, when it passed it (what a patch changed it from).
     before: Mapping[str, Any] | None = None
-    #: The object as the server answered (None for a delete).
+    #: The object as the server answered (None for a delete): its uid is what an Event about it names.
     result: Mapping[str, Any] | None = None
 
     @property
@@ -336,10 +338,11 @@ class Kube:
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
         namespace = (obj.get("metadata") or {}).get("namespace")
         stored = dict(
-            self.request("POST", res.path(namespace), doing=f"create {describe(obj)}", body=dict(obj))
+            self.request("POST", res.path(namespace), doing=f"create {describe(obj)}", body=dict(obj),
+                         query={"fieldManager": FIELD_MANAGER})
         )
         name = str((stored.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("name"))
-        self._changed(KubeChange("create", res.api_version, res.kind, name, namespace, obj))
+        self._changed(KubeChange("create", res.api_version, res.kind, name, namespace, obj, result=stored))
         return stored
 
     def merge_patch(
@@ -360,11 +363,12 @@ class Kube:
                 "PATCH",
                 res.path(namespace, name),
                 doing=f"patch {kind} {namespace + '/' if namespace else ''}{name}",
+                query={"fieldManager": FIELD_MANAGER},
                 body=dict(patch),
                 content_type=_MERGE,
             )
         )
-        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before))
+        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before, stored))
         return stored
 
     def patch_status(
@@ -379,11 +383,12 @@ class Kube:
                 "PATCH",
                 res.path(namespace, name, "status"),
                 doing=f"patch the status of {kind} {namespace + '/' if namespace else ''}{name}",
+                query={"fieldManager": FIELD_MANAGER},
                 body=dict(patch),
                 content_type=_STRATEGIC,
             )
         )
-        self._changed(KubeChange("patch_status", res.api_version, res.kind, name, namespace, patch))
+        self._changed(KubeChange("patch_status", res.api_version, res.kind, name, namespace, patch, result=stored))
         return stored
 
     def delete(

@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .._names import check_run_id, dns_subdomain_ok
-from ._client import Kube, Resource
+from ._client import FIELD_MANAGER, Kube, Resource
 from ._errors import KubeConflict, KubeNotFound
 
 __all__ = [
@@ -308,7 +308,8 @@ class NodeLeases:
 
     def _request(self, method: str, doing: str, name: str | None, body: Any = None) -> dict[str, Any]:
         path = LEASE.path(self.namespace, name)
-        return dict(self.kube.request(method, path, doing=doing, body=body) or {})
+        query = {"fieldManager": FIELD_MANAGER} if method in ("POST", "PUT") else None
+        return dict(self.kube.request(method, path, doing=doing, body=body, query=query) or {})
 
 
 # --- the testing taint ---------------------------------------------------------------------------------

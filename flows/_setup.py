@@ -183,7 +183,8 @@ def benchmark_settings(
                               "policy_args": policy_payload_args(setup.rules.policy),
                               "deadline_s": deadline_s, "pod_annotations": pod_annotations or {},
                               "storage_claim": setup.cluster.storage_claim,
-                              "storage_host_path": setup.cluster.storage_host_path}  # fmt: skip
+                              "storage_host_path": setup.cluster.storage_host_path,
+                              "taint_under_test": not setup.policy.observe_only}  # fmt: skip
     if image:
         fields["image"] = image
     if payload_args:

@@ -227,6 +227,10 @@ class BenchmarkSettings:
     #: :data:`STORAGE_MOUNT` with a folder per node (``subPathExpr``); at most one. None: not measured.
     storage_claim: str | None = None
     storage_host_path: str | None = None
+    #: Whether a node under test carries ``<prefix>/testing=<run id>:NoSchedule`` while its Job runs. Off
+    #: under an observe-only policy, whose promise is that gpucert taints nothing: the benchmark pods still
+    #: hold every GPU of the node, so no GPU workload lands there mid-benchmark; a CPU-only pod may.
+    taint_under_test: bool = True
 
     def __post_init__(self) -> None:
         if not dns_label_ok(self.namespace):

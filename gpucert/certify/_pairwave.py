@@ -293,7 +293,7 @@ async def _leased_pair(
                 raise
 
     try:
-        for node in nodes:
+        for node in nodes if settings.taint_under_test else ():
             await _call(taint_testing, kube, node, prefix=settings.label_prefix, run_id=run_id)
         if lapsed:  # a crashed run's Job may still hold a node's GPUs: it goes before ours
             await _call(sweep_orphans, kube, settings, run_id, lapsed, leases)

@@ -295,7 +295,8 @@ async def _leased_node(
             raise
 
     try:
-        await _call(taint_testing, kube, node, prefix=prefix, run_id=run_id)
+        if settings.taint_under_test:
+            await _call(taint_testing, kube, node, prefix=prefix, run_id=run_id)
         if claim.previous is not None:
             # A crashed run's lapsed Lease: its Job may still hold the node's GPUs; it goes before ours.
             await _call(sweep_orphans, kube, settings, run_id, [node], leases)

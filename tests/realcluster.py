@@ -1,0 +1,112 @@
+"""One cluster fixture, two servers: ``gpucert sim`` and a real control plane with the simulator's kubelets.
+
+:func:`open_cluster` gives either, behind the few methods the Kubernetes-facing tests use (the kubeconfig,
+an official client, the fleet model, GPU faults, a node's kubelet stopping), so one test body runs on
+both; where the two disagree the real server is right (issue 29). ``real`` is a
+:class:`~tests.controlplane.ControlPlane` (etcd, kube-apiserver with RBAC and an audit log,
+kube-controller-manager, kube-scheduler) with :class:`gpucert.sim._attach.AttachedKubelets` holding its GPU
+nodes. In CI (``CI=true``) a control plane that cannot start fails the test; elsewhere it is skipped with
+the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from gpucert.fleet import Fault, Fleet
+from gpucert.sim import SimCluster
+from gpucert.sim._attach import AttachedKubelets
+
+from .controlplane import ControlPlane, ControlPlaneUnavailable
+
+__all__ = ["SERVERS", "Cluster", "RealCluster", "open_cluster", "require_control_plane"]
+
+#: The parameters of a two-server fixture.
+SERVERS = ("sim", "real")
+
+
+class Cluster(Protocol):
+    """What a test asks of a cluster, on either server."""
+
+    @property
+    def kubeconfig_path(self) -> Path: ...
+
+    @property
+    def fleet(self) -> Fleet: ...
+
+    def api_client(self) -> Any: ...
+
+    def inject_fault(self, fault: Fault) -> None: ...
+
+    def clear_faults(self, node: str | None = None) -> int: ...
+
+    def set_node_ready(self, node: str, ready: bool) -> None: ...
+
+    def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]: ...
+
+
+class RealCluster:
+    """A real control plane whose GPU nodes are the simulator's kubelets."""
+
+    server = "real"
+
+    def __init__(self, plane: ControlPlane, kubelets: AttachedKubelets) -> None:
+        self.plane = plane
+        self.kubelets = kubelets
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.plane.admin_kubeconfig
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.kubelets.fleet
+
+    def api_client(self) -> Any:
+        return self.plane.api_client()
+
+    def inject_fault(self, fault: Fault) -> None:
+        self.kubelets.inject_fault(fault)
+
+    def clear_faults(self, node: str | None = None) -> int:
+        return self.kubelets.clear_faults(node)
+
+    def set_node_ready(self, node: str, ready: bool) -> None:
+        self.kubelets.set_node_ready(node, ready)
+
+    def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]:
+        return self.kubelets.add_nodes(count, uncertified_taint=uncertified_taint)
+
+
+def require_control_plane(exc: ControlPlaneUnavailable) -> None:
+    """A control plane that cannot start: a failure in CI, a skip with the reason elsewhere."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"the real control plane cannot start in CI: {exc}")
+    pytest.skip(f"no real control plane here: {exc}")
+
+
+@contextmanager
+def open_cluster(server: str, **kwargs: Any) -> Iterator[Any]:
+    """A started cluster on ``server`` (``sim`` or ``real``) of the SimCluster arguments ``kwargs``."""
+    if server == "sim":
+        with SimCluster(**kwargs) as sim:
+            sim.server = "sim"  # type: ignore[attr-defined]
+            yield sim
+        return
+    plane = ControlPlane()
+    try:
+        plane.start()
+    except ControlPlaneUnavailable as exc:
+        require_control_plane(exc)
+    try:
+        with AttachedKubelets(plane.admin_kubeconfig, **kwargs) as kubelets:
+            yield RealCluster(plane, kubelets)
+            assert not kubelets.errors, kubelets.errors
+    finally:
+        plane.stop()

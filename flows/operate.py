@@ -4,7 +4,8 @@ The runbook:
 
 1. read the passive DCGM telemetry since the last night (the ``Prometheus`` block when configured, else
    the exporters scraped directly) and judge it by the gates: a node whose telemetry fails asks to be
-   re-certified;
+   re-certified; every GPU node whose telemetry could not be read is named with why, and a night that
+   read none (no DCGM exporter found, every scrape failed) says so in ``telemetry_missing``;
 2. look for slow drift on each GPU's own history (CUSUM): a drifting GPU asks to be re-certified too —
    neither telemetry nor drift acts alone;
 3. choose tonight's nodes: those that asked first, then every GPU node due within the policy's rotation;
@@ -62,16 +63,18 @@ async def operate(
     setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only)
     kube, rules, prefix = setup.kube, setup.rules, setup.cluster.label_prefix
     now = datetime.now(UTC)
-    asked, unreadable = telemetry_check(
+    gpu_nodes = kube.nodes(setup.cluster.gpu_node_selector)
+    asked, coverage = telemetry_check(
         kube, setup.store, run_id=f"telemetry-{now:%Y%m%d-%H%M%S}", namespace=setup.cluster.stack_namespace,
         prometheus=prometheus.source() if prometheus else None, since_h=telemetry_hours,
         scrape_interval_s=scrape_interval_s, policy=rules.policy,
+        gpu_nodes=[str(n["metadata"]["name"]) for n in gpu_nodes],
     )  # fmt: skip
     drifting = drift_check(setup.store, rules.policy)
     for node, why in drifting.items():
         asked.setdefault(node, why)
     due = due_nodes(
-        kube.nodes(setup.cluster.gpu_node_selector), now=now, asked=asked, busy=busy_nodes(kube, prefix=prefix),
+        gpu_nodes, now=now, asked=asked, busy=busy_nodes(kube, prefix=prefix),
         rotation_days=rules.rotation_days if rotation_days is None else rotation_days,
         max_nodes=max_nodes or rules.max_nodes, prefix=prefix,
     )  # fmt: skip
@@ -86,6 +89,8 @@ async def operate(
             pod_annotations=pod_annotations,
         )
     night = OperateOutcome(night=now.date(), due=due.chosen, postponed=due.postponed, asked=asked,
-                           drift=drifting, unreadable=unreadable, certify=certified)  # fmt: skip
+                           drift=drifting, unreadable=coverage.unread, telemetry_read=coverage.read,
+                           telemetry_partial=coverage.partial, telemetry_missing=coverage.missing,
+                           certify=certified)  # fmt: skip
     await acreate_markdown_artifact(key="operate-night", markdown=night.markdown(), description="operate")
     return night

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._names import check_run_id, dns_subdomain_ok
+from .cli import EXIT_UNJUDGED
 from .errors import GpucertError, InputError
 
 #: How long a command waits for an endpoint to answer its first question before giving up (the call
@@ -292,7 +293,10 @@ def operate_command(
     namespace: str,
     as_json: bool,
 ) -> int:
-    """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0."""
+    """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0, or 4 (the
+    run completed but could not judge) with one line on stderr when the night read no telemetry at all: no
+    DCGM exporter found, or no GPU node's telemetry readable. Some nodes unread is 0: those read were judged,
+    and the unread are named in the report."""
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
                          store=store, policy_file=policy_file, ticketing=ticketing, namespace=namespace)  # fmt: skip
     prometheus = _prometheus(prometheus_url)
@@ -305,6 +309,10 @@ def operate_command(
                 max_nodes=max_nodes, scrape_interval_s=scrape_interval_s)
     )  # fmt: skip
     _print(outcome, as_json)
+    if outcome.telemetry_missing:
+        # Not a clean night: nothing asked for re-certification for want of numbers, not of faults.
+        sys.stderr.write(f"gpucert: operate: {outcome.telemetry_missing}\n")
+        return EXIT_UNJUDGED
     return 0
 
 
@@ -391,12 +399,19 @@ def watch_nodes_command(
 ) -> int:
     """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (those present at
     start and those that join), once per node UID, even across restarts; runs until interrupted
-    (``once``: only the present)."""
+    (``once``: only the present).
+
+    Once it has listed the nodes it rides out the API server going away, for as long as it takes, and
+    announces what joined meanwhile (:mod:`gpucert.kube._watch`); each outage is said on stderr when it
+    starts and when it ends. Raises :class:`InputError` (exit 2) when the kubeconfig's identity is refused
+    (401/403) past the bounded wait — at start, or during the run after it had permission — and the
+    :class:`~gpucert.kube.KubeError` of a server that does not answer at start (exit 1).
+    """
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector)
     _prepare_prefect()
     from prefect.events import emit_event
 
-    from .kube import announce_joined_nodes
+    from .kube import KubeForbidden, announce_joined_nodes
 
     def emit(node: str, uid: str) -> None:
         emit_event(
@@ -407,5 +422,17 @@ def watch_nodes_command(
         sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
         sys.stdout.flush()
 
-    announce_joined_nodes(inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit, follow=not once)
+    def log(message: str) -> None:
+        sys.stderr.write(f"gpucert: watch-nodes: {message}\n")
+        sys.stderr.flush()
+
+    try:
+        announce_joined_nodes(inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit,
+                              follow=not once, log=log)  # fmt: skip
+    except KubeForbidden as exc:
+        # Not a passing state any more but the identity's permissions: something for a person to fix.
+        raise InputError(
+            f"{exc}; the kubeconfig's identity must be allowed to list, watch and patch nodes "
+            "(the gpucert-runtime ClusterRole, templates/stack/rbac.yaml.j2)"
+        ) from None
     return 0

@@ -1,8 +1,10 @@
 """The ``gpucert`` command line.
 
 Exit status: 0 done; 2 bad input (a file, flag or policy to fix; the message names it); 3 verdicts at or
-above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind). A user
-never sees a traceback: set ``GPUCERT_DEBUG=1`` to get one when reporting a bug.
+above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind); 4 the run
+completed but could not judge (``operate`` read no telemetry at all: no DCGM exporter found, or no GPU
+node's telemetry readable; one line on stderr says which). A user never sees a traceback: set
+``GPUCERT_DEBUG=1`` to get one when reporting a bug.
 
 ``gpucert --timeout SECONDS COMMAND …`` bounds every outbound call of the command (to the cluster, the
 store, Jira, a webhook, Prometheus), its retries included; it sets ``$GPUCERT_TIMEOUT`` for the command,
@@ -23,7 +25,7 @@ from typing import NoReturn
 from . import __version__
 from .errors import GpucertError, InputError
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS, EXIT_UNJUDGED = 0, 1, 2, 3, 4
 
 __all__ = ["console", "main"]
 
@@ -164,6 +166,20 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--kubeconfig", required=True, metavar="PATH", help="where to write the kubeconfig")
     up.add_argument("--dcgm-host-label", choices=("hostname", "Hostname"), default="hostname",
                     help="host label of the DCGM exporters: 'hostname' (exporter since #655) or 'Hostname'")
+    kubelets = sim_actions.add_parser(
+        "kubelets",
+        help="attach N simulated GPU nodes to a real Kubernetes API server until stopped",
+        description="Register N simulated GPU nodes with the real API server KUBECONFIG names and run their "
+        "kubelets (pods, status, logs over TLS), device plugin and DCGM exporters, while the real control "
+        "plane schedules and controls. Stops cleanly on SIGINT or SIGTERM.",
+    )
+    kubelets.add_argument("--kubeconfig", required=True, metavar="PATH", help="the real API server's kubeconfig")
+    kubelets.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
+    kubelets.add_argument("--gpus", type=_positive_int, default=8, metavar="G", help="GPUs per node")
+    kubelets.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
+    kubelets.add_argument("--preconfigured", action="store_true",
+                          help="apply the stack configure would, and advertise the GPUs at once")
+    kubelets.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
     inject = sim_actions.add_parser(
         "inject",
         help="inject faults into a running simulated cluster",
@@ -233,7 +249,9 @@ def _parser() -> argparse.ArgumentParser:
         help="one night of operate: telemetry, drift, re-certify what is due or suspect (runs the flow once)",
         description="Read the DCGM telemetry (from Prometheus, else the exporters), look for drift on each GPU's "
         "own history, then re-certify the nodes that asked and those due by the policy's rotation, with the "
-        "same policy and ticketing as certify; print the fleet report.",
+        "same policy and ticketing as certify; print the fleet report, naming each GPU node whose telemetry "
+        "was unread and why. Exits 0 when done (some nodes unread included), 4 when the night read no "
+        "telemetry at all (no DCGM exporter found, or no GPU node readable).",
     )
     _cluster_arguments(operate)
     _run_arguments(operate)
@@ -330,7 +348,9 @@ def _parser() -> argparse.ArgumentParser:
         help="emit gpucert.node.joined Prefect events for nodes waiting to be onboarded",
         description="Emit a gpucert.node.joined event (Prefect) for every node carrying <prefix>/uncertified: "
         "those there now and each that joins, once per node UID. The onboard-node deployment's trigger "
-        "starts an onboarding run for each. Runs until interrupted.",
+        "starts an onboarding run for each. Runs until interrupted, riding out API server restarts (each "
+        "outage said on stderr) and announcing what joined meanwhile; exit 2 when the identity is refused "
+        "nodes (401/403) past a bounded wait.",
     )
     _cluster_arguments(watch)
     watch.add_argument("--once", action="store_true", help="only the nodes waiting now, then exit")
@@ -542,6 +562,11 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             ready=args.ready, delete=args.delete_node, join=args.join, join_untainted=args.join_untainted,
             clear=args.clear, clear_node=args.clear_node,
         )
+    if args.command == "sim" and args.action == "kubelets":
+        from .sim._attach import run_kubelets
+
+        return run_kubelets(kubeconfig=args.kubeconfig, nodes=args.nodes, gpus=args.gpus, model=args.model,
+                            seed=args.seed, preconfigured=args.preconfigured)
     if args.command == "sim":
         from .sim import serve
 

@@ -3,6 +3,7 @@ GPU's own history. Both only *ask* for re-certification; neither taints anything
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from prefect import get_run_logger, task
@@ -10,6 +11,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.kube import Kube
+from gpucert.operate import TelemetryCoverage, counted, telemetry_coverage
 from gpucert.policy import Policy
 from gpucert.report import render_drift_html
 from gpucert.store import BaselineStore
@@ -38,18 +40,22 @@ def telemetry_check(
     since_h: float,
     scrape_interval_s: float,
     policy: Policy,
-) -> tuple[dict[str, str], dict[str, str]]:
+    gpu_nodes: Sequence[str],
+) -> tuple[dict[str, str], TelemetryCoverage]:
     """Read the DCGM telemetry of the last ``since_h`` hours (from ``prometheus`` when given, with its
     credentials and TLS settings, else from the exporters scraped directly) and judge it by the gates;
-    returns node → why it should be re-certified, and node → why its telemetry could not be read.
+    returns node → why it should be re-certified, and which of ``gpu_nodes`` (the GPU nodes in scope) it
+    read, which not and why, and whether it read any (a night that read none is not a clean one).
 
     Raises ``gpucert.telemetry.PrometheusAuthError`` (not retried) when Prometheus refuses the
     credentials, ``TelemetryError`` when it cannot be read at all."""
     if prometheus is not None:
         now = datetime.now(UTC)
-        telemetry = prometheus.read(now - timedelta(hours=since_h), now, run_id=run_id)
+        telemetry = prometheus.read(now - timedelta(hours=since_h), now, run_id=run_id, nodes=gpu_nodes)
     else:
-        telemetry = ExporterScrape(kube, namespace).read(run_id=run_id, interval_s=scrape_interval_s)
+        telemetry = ExporterScrape(kube, namespace).read(
+            run_id=run_id, interval_s=scrape_interval_s, nodes=gpu_nodes
+        )
     asked: dict[str, str] = {}
     if len(telemetry.results):
         verdicts = judge(telemetry.results, store.read(), policy)
@@ -57,10 +63,16 @@ def telemetry_check(
         for node, rows in flagged.groupby("node", observed=True, sort=True):
             first = rows.iloc[0]
             asked[str(node)] = f"telemetry: {str(first['reasons']).split(';')[0]}"
+    coverage = telemetry_coverage(telemetry, gpu_nodes)
     log = get_run_logger()
-    log.info("telemetry (%s): %d nodes asked for re-certification, %d unreadable",
-             telemetry.source, len(asked), len(telemetry.problems))  # fmt: skip
-    return asked, dict(telemetry.problems)
+    log.info("telemetry (%s): %s asked for re-certification; read on %s, unread on %s",
+             telemetry.source, counted(len(asked), "node"), counted(len(coverage.read), "node"),
+             counted(len(coverage.unread), "node"))  # fmt: skip
+    for node, why in coverage.unread.items():
+        log.warning("telemetry of %s unread: %s", node, why)
+    if coverage.missing:
+        log.error("%s: this night judged no telemetry", coverage.missing)
+    return asked, coverage
 
 
 @task(name="drift", cache_policy=NO_CACHE)
@@ -70,7 +82,7 @@ def drift_check(store: BaselineStore, policy: Policy) -> dict[str, str]:
     drift = check_drift(store, policy)
     asked = drift.asked()
     get_run_logger().info(
-        "drift: %d series in alarm; %d nodes asked to re-certify", len(drift.alarms), len(asked)
+        "drift: %d series in alarm; %s asked to re-certify", len(drift.alarms), counted(len(asked), "node")
     )
     if len(drift.alarms):
         # Each flagged GPU's history for a person: its own baseline, every night, the alarm point.

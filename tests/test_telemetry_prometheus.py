@@ -638,10 +638,14 @@ def test_a_named_host_label_reads_only_series_that_carry_it(backfilled: Backfill
     either = PrometheusSource(backfilled.url, step_s=STEP).read(start, sc.end, run_id="op-2")
     pd.testing.assert_frame_equal(named.results, either.results)
     wrong = PrometheusSource(backfilled.url, other, step_s=STEP).read(
-        start, sc.end, run_id="op-2", expected_gpus={"node-a": 4}
+        start, sc.end, run_id="op-2", expected_gpus={"node-a": 4}, nodes=["node-b"]
     )
     assert wrong.results.empty
-    assert "node-a" in wrong.problems
+    assert sorted(wrong.problems) == ["node-a", "node-b"]  # the GPU nodes in scope, each named
+    assert "no DCGM series in Prometheus for this node" in wrong.problems["node-b"]
+    assert wrong.absent is not None
+    assert wrong.absent.startswith(f"no DCGM series in Prometheus {backfilled.url} between ")
+    assert either.absent is None
 
 
 def test_a_short_window_and_an_empty_one(backfilled: Backfilled) -> None:

@@ -118,6 +118,7 @@ def test_a_node_whose_exporter_does_not_answer_is_a_problem_not_a_number(sim: Si
     assert list(seen.problems) == [node(0)]
     assert "(listed not ready)" in seen.problems[node(0)]
     assert "HTTP 404" in seen.problems[node(0)]
+    assert seen.absent is None
     r = seen.results
     assert node(0) not in set(r["node"].astype(str))  # neither telemetry nor a GPU count of 0
     assert set(r["node"].astype(str)) == set(NODES[1:])
@@ -268,7 +269,8 @@ def test_a_real_exporter_path_the_old_host_label_and_every_kind_of_failure(
     assert "no complete answer within 0.5 s" in problems["node-silent"]
     assert "not Prometheus exposition" in problems["node-html"]
     assert "no DCGM GPU series" in problems["node-other"]
-    assert "no DCGM exporter address" in problems["node-gone"]
+    assert problems["node-gone"].startswith("no exporter: no DCGM exporter address")
+    assert seen.absent is None
     assert all("127.0.0.1:" in p for n, p in problems.items() if n != "node-gone")  # each names its URL
 
 
@@ -276,6 +278,15 @@ def test_no_exporters_and_a_failed_listing() -> None:
     seen = ExporterScrape(_Lister([]), "gpu-monitoring").read(run_id="operate-5", interval_s=5)
     assert seen.results.empty
     assert any("no DCGM exporter listed" in note for note in seen.notes)
+    assert seen.absent == (
+        "no DCGM exporter found — looked for the Endpoints of Services labelled "
+        "app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter in namespace gpu-monitoring"
+    )
+    # The GPU nodes in scope are each a problem, not silently absent.
+    none = ExporterScrape(_Lister([]), "gpu-monitoring")
+    seen = none.read(run_id="operate-5", interval_s=0, nodes=["a", "b"])
+    why = "no exporter: no DCGM exporter Endpoints in namespace gpu-monitoring"
+    assert seen.problems == {"a": why, "b": why}
     with pytest.raises(
         TelemetryError, match=r"cannot list the DCGM exporters' Endpoints in namespace 'x'.*forbidden"
     ):

@@ -2,10 +2,21 @@
 release) returns.
 
 The rest of a night — telemetry (:mod:`gpucert.telemetry`), drift (:mod:`gpucert.telemetry`), tickets
-(:mod:`gpucert.tickets`) — lives in its own package; this one holds the rotation and the outcomes.
+(:mod:`gpucert.tickets`) — lives in its own package; this one holds the rotation, what the night's
+telemetry covered (:func:`telemetry_coverage`) and the outcomes.
 """
 
+from ._coverage import TelemetryCoverage, counted, telemetry_coverage
 from ._due import DueNodes, due_nodes
 from ._outcome import OnboardOutcome, OperateOutcome, ReleaseOutcome
 
-__all__ = ["DueNodes", "OnboardOutcome", "OperateOutcome", "ReleaseOutcome", "due_nodes"]
+__all__ = [
+    "DueNodes",
+    "OnboardOutcome",
+    "OperateOutcome",
+    "ReleaseOutcome",
+    "TelemetryCoverage",
+    "counted",
+    "due_nodes",
+    "telemetry_coverage",
+]

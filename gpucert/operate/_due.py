@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ._coverage import counted
+
 __all__ = ["DueNodes", "due_nodes"]
 
 
@@ -66,7 +68,7 @@ def due_nodes(
         if name in busy:
             postponed[name] = f"busy ({busy[name]} holds GPUs)"
         elif len(chosen) >= max_nodes:
-            postponed[name] = f"over tonight's cap of {max_nodes} nodes"
+            postponed[name] = f"over tonight's cap of {counted(max_nodes, 'node')}"
         else:
             chosen.append(name)
     return DueNodes(sorted(chosen), postponed)

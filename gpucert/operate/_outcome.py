@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..certify import CertifyOutcome
 from ..stack import ConfigureOutcome
+from ._coverage import counted
 
 __all__ = ["OnboardOutcome", "OperateOutcome", "ReleaseOutcome"]
 
@@ -25,17 +26,38 @@ class OperateOutcome(_Model):
     asked: dict[str, str] = Field(default_factory=dict, description="node → why telemetry or drift asked")
     drift: dict[str, str] = Field(default_factory=dict)
     unreadable: dict[str, str] = Field(
-        default_factory=dict, description="node → why its telemetry was unread"
+        default_factory=dict,
+        description="node → why its telemetry was unread: every GPU node in scope without telemetry (no "
+        "exporter, a failed scrape, no series in Prometheus' window)",
+    )
+    telemetry_read: list[str] = Field(
+        default_factory=list, description="the GPU nodes whose telemetry was read"
+    )
+    telemetry_partial: dict[str, str] = Field(
+        default_factory=dict, description="node → what of its telemetry, read otherwise, is missing"
+    )
+    telemetry_missing: str | None = Field(
+        default=None,
+        description="why the night judged no telemetry at all (no DCGM exporter found, no GPU node read); "
+        "None when it read some: such a night is not a clean one",
     )
     certify: CertifyOutcome | None = None
 
     def markdown(self) -> str:
         """The night as a short fleet report."""
-        lines = ["# operate: tonight", "", f"{len(self.due)} nodes re-certified"]
+        lines = ["# operate: tonight", "", f"{counted(len(self.due), 'node')} re-certified"]
+        if self.telemetry_missing:
+            lines.append(f"NOT CLEAN: {self.telemetry_missing}")
         lines += [f"- {node} asked: {why}" for node, why in sorted(self.asked.items())]
-        if self.unreadable:
-            unread = ", ".join(f"{n} ({w})" for n, w in sorted(self.unreadable.items()))
-            lines.append(f"telemetry unreadable: {unread}")
+        if self.telemetry_read or self.unreadable:
+            line = f"telemetry read on {counted(len(self.telemetry_read), 'node')}"
+            if self.unreadable:
+                unread = ", ".join(f"{n} ({w})" for n, w in sorted(self.unreadable.items()))
+                line += f"; unread on {counted(len(self.unreadable), 'node')}: {unread}"
+            lines.append(line)
+        if self.telemetry_partial:
+            partial = ", ".join(f"{n} ({w})" for n, w in sorted(self.telemetry_partial.items()))
+            lines.append(f"telemetry partial: {partial}")
         if self.certify is not None:
             states = ", ".join(f"{n} {s}" for s, n in sorted(self.certify.states.items()))
             lines.append(f"states: {states}; tainted: {', '.join(self.certify.tainted) or 'none'}")

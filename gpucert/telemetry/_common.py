@@ -140,7 +140,9 @@ class Telemetry:
     that could not be read is absent, never invented.
     ``problems``: node → why its telemetry is missing or partial (an exporter that did not answer, a GPU
     swapped within the window). ``notes``: source-wide remarks (series without a host label, Prometheus
-    warnings). ``start``/``end``: the window read (``start`` is None for a single scrape).
+    warnings). ``start``/``end``: the window read (``start`` is None for a single scrape). ``absent``: why
+    the source had nothing to read at all (no exporter listed, no DCGM series in Prometheus), else None —
+    a night with it judged no telemetry, however quiet ``problems`` looks.
     """
 
     results: pd.DataFrame
@@ -150,6 +152,7 @@ class Telemetry:
     end: datetime
     source: str
     nodes: tuple[str, ...] = field(default=())
+    absent: str | None = None
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -179,6 +182,9 @@ class Problems:
         messages = self._by_node.setdefault(node, [])
         if message not in messages:
             messages.append(message)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._by_node
 
     def as_dict(self) -> dict[str, str]:
         return {node: "; ".join(messages) for node, messages in sorted(self._by_node.items())}

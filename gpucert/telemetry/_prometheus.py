@@ -44,7 +44,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
@@ -206,14 +206,16 @@ class PrometheusSource:
         *,
         run_id: str,
         expected_gpus: Mapping[str, int] | None = None,
+        nodes: Iterable[str] = (),
     ) -> Telemetry:
         """The telemetry of the window (``start``, ``end``] (``end`` defaults to now; naive times are UTC).
 
         Returns a :class:`Telemetry` whose ``results`` hold, per GPU that reported in the window, the
         registry's telemetry metrics (see :data:`gpucert.telemetry.SIGNALS` for how each is reduced), its
         XID events, and per node ``gpu_count`` (GPUs reporting at ``end``) and, for the nodes in
-        ``expected_gpus``, ``gpu_count_expected``; ``run_id`` labels the rows. An expected node with no
-        series at all is a problem, not a row.
+        ``expected_gpus``, ``gpu_count_expected``; ``run_id`` labels the rows. A node of ``nodes`` or
+        ``expected_gpus`` (the GPU nodes in scope) with no series at all is a problem, not a row; with no
+        GPU series of any node, :attr:`Telemetry.absent` says so.
 
         Raises :class:`PrometheusAuthError` when Prometheus refuses the credentials (or their absence),
         :class:`TelemetryError` naming the query when it refuses, redirects or does not answer one,
@@ -293,7 +295,7 @@ class PrometheusSource:
                 f"node-exporter's infiniband series of {len(unmatched)} node(s) with no DCGM series ({shown}): "
                 "their NIC telemetry is not read (is their node or instance label the node's name?)"
             )
-        for node in missing_nodes(expected_gpus or {}, results["node"].astype(str).unique()):
+        for node in missing_nodes({*(expected_gpus or {}), *nodes}, results["node"].astype(str).unique()):
             problems.add(
                 node,
                 f"no DCGM series in Prometheus for this node between {start_utc:%Y-%m-%d %H:%M:%S} "
@@ -306,6 +308,12 @@ class PrometheusSource:
             start=start_utc,
             end=end_utc,
             source=f"Prometheus {self.url}",
+            absent=(
+                f"no DCGM series in Prometheus {self.url} between {start_utc:%Y-%m-%d %H:%M:%S} and "
+                f"{end_utc:%Y-%m-%d %H:%M:%S} UTC (is it scraping the DCGM exporters?)"
+                if results.empty
+                else None
+            ),
         )
 
     # --- PromQL --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -171,13 +171,16 @@ class ExporterScrape:
         run_id: str,
         interval_s: float = 60.0,
         expected_gpus: Mapping[str, int] | None = None,
+        nodes: Iterable[str] = (),
     ) -> Telemetry:
         """Scrape every exporter (twice, ``interval_s`` apart, when ``interval_s`` > 0) and return a
         :class:`Telemetry`: per GPU the registry's telemetry metrics from the last scrape (and the rates,
         increases and shares between the two), the XIDs the exporter counted in its last 5 minutes (or a
         change of the last-XID gauge between the scrapes), per node ``gpu_count`` and, for the nodes in
-        ``expected_gpus``, ``gpu_count_expected``. A target that failed is a problem of its node; an
-        expected node with no target at all is one too.
+        ``expected_gpus``, ``gpu_count_expected``. A target that failed is a problem of its node; a node of
+        ``nodes`` or ``expected_gpus`` (the GPU nodes in scope) with no target at all is one too, its reason
+        starting ``no exporter``. With no target at all, :attr:`Telemetry.absent` says where they were
+        looked for.
 
         Raises :class:`TelemetryError` when the Endpoints cannot be listed or prometheus-client (the
         parser) is missing, ``ValueError`` for a negative interval.
@@ -187,8 +190,13 @@ class ExporterScrape:
         parse = _parser()
         targets = self.targets()
         notes: list[str] = []
+        absent = None
         if not targets:
             notes.append(f"no DCGM exporter listed in namespace {self.namespace!r} ({self.label_selector})")
+            absent = (
+                f"no DCGM exporter found — looked for the Endpoints of Services labelled {self.label_selector} "
+                f"in namespace {self.namespace}"
+            )
         rounds = [self._scrape_all(targets, 0, parse)]
         if interval_s > 0 and targets:
             time.sleep(interval_s)
@@ -243,10 +251,21 @@ class ExporterScrape:
             problems=problems,
             source=f"the DCGM exporters of {self.namespace}",
         )
-        listed = {t.node for t in targets}
-        for node in missing_nodes(expected_gpus or {}, results["node"].astype(str).unique()):
-            if node not in listed:
-                problems.add(node, "no DCGM exporter address for this node in the Endpoints")
+        listed = {t.node for t in targets if t.node_known}
+        unnamed = sum(not t.node_known for t in targets)
+        scope = {*(expected_gpus or {}), *nodes}
+        for node in missing_nodes(scope, results["node"].astype(str).unique()):
+            if node in listed:
+                if node not in problems:  # answered, yet nothing of it was kept
+                    problems.add(node, "its exporter answered, but no GPU series of it could be kept")
+            elif not targets:
+                problems.add(node, f"no exporter: no DCGM exporter Endpoints in namespace {self.namespace}")
+            else:
+                # An address without a nodeName is matched by its series' host label, so say it was tried.
+                others = f" (nor a series of the {unnamed} addresses naming no node)" if unnamed else ""
+                problems.add(
+                    node, f"no exporter: no DCGM exporter address for this node in the Endpoints{others}"
+                )
         return Telemetry(
             results=results,
             problems=problems.as_dict(),
@@ -254,6 +273,7 @@ class ExporterScrape:
             start=datetime.fromtimestamp(start_t, UTC) if start_t is not None else None,
             end=end,
             source=f"DCGM exporters in {self.namespace}",
+            absent=absent,
         )
 
     # --- scraping ------------------------------------------------------------------------------------

@@ -190,7 +190,7 @@ def test_benchmark_job_runs_on_its_node_and_logs_that_nodes_rows(
         job = finished(batch, ns, "bench-0")
     finally:
         core.patch_node(target, {"spec": {"taints": None}})
-    assert [c.type for c in job.status.conditions] == ["Complete"]
+    assert [c.type for c in job.status.conditions] == ["SuccessCriteriaMet", "Complete"]
     assert job.status.succeeded == 1
     assert not job.status.active
     assert not job.status.failed
@@ -332,7 +332,8 @@ def test_a_failed_pod_fails_a_job_with_backoff_limit_0(
         ns, bench_job("crash", node(6), "night-3", gpus=0, annotations={EXIT_CODE_ANNOTATION: "1"})
     )
     job = finished(batch, ns, "crash")
-    [cond] = job.status.conditions
+    target, cond = job.status.conditions  # as the real controller: the target reached, then the outcome
+    assert (target.type, target.reason) == ("FailureTarget", cond.reason)
     assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
     assert job.status.failed == 1
     assert not job.status.succeeded
@@ -354,7 +355,8 @@ def test_a_job_past_its_deadline_fails_and_its_pod_goes(
     started = time.monotonic()
     job = finished(batch, ns, "slow")
     assert 0.5 <= time.monotonic() - started < 3
-    [cond] = job.status.conditions
+    target, cond = job.status.conditions  # as the real controller: the target reached, then the outcome
+    assert (target.type, target.reason) == ("FailureTarget", cond.reason)
     assert (cond.type, cond.reason) == ("Failed", "DeadlineExceeded")
     assert cond.message == "Job was active longer than specified deadline"
     assert not job.status.active
@@ -375,7 +377,7 @@ def test_ttl_after_finished_deletes_the_job_and_its_pods(
         if event["type"] == "DELETED":
             break
     assert seen[0] == ("ADDED", [])
-    assert ("MODIFIED", ["Complete"]) in seen
+    assert ("MODIFIED", ["SuccessCriteriaMet", "Complete"]) in seen
     assert seen[-1][0] == "DELETED"
     eventually(lambda: job_pods(core, ns, "brief") == [])
 
@@ -386,7 +388,8 @@ def test_an_oom_killed_container_fails_its_pod_with_reason_oomkilled(
     annotations = {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"}
     batch.create_namespaced_job(ns, bench_job("oom", node(6), "night-6", gpus=0, annotations=annotations))
     job = finished(batch, ns, "oom")
-    [cond] = job.status.conditions
+    target, cond = job.status.conditions  # as the real controller: the target reached, then the outcome
+    assert (target.type, target.reason) == ("FailureTarget", cond.reason)
     assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
     [p] = job_pods(core, ns, "oom")
     assert p.status.phase == "Failed"
@@ -433,7 +436,8 @@ def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_until_the_deadline
     time.sleep(0.2)
     assert pod_phase(core, ns, p.metadata.name) == "Pending"  # it never starts on its own
     job = finished(batch, ns, "no-image")
-    [cond] = job.status.conditions
+    target, cond = job.status.conditions  # as the real controller: the target reached, then the outcome
+    assert (target.type, target.reason) == ("FailureTarget", cond.reason)
     assert (cond.type, cond.reason) == ("Failed", "DeadlineExceeded")
     assert job_pods(core, ns, "no-image") == []
 

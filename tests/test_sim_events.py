@@ -20,6 +20,8 @@ from kubernetes.client.rest import ApiException
 from gpucert.sim import SimCluster
 
 _EVENTS_V1 = "/apis/events.k8s.io/v1"
+#: Where an Event about a Node lives: the API server refuses it in any namespace but "default".
+NODE_EVENTS = "default"
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +63,9 @@ def _new_event(name: str, ns: str, regarding: dict[str, Any], **fields: Any) -> 
 
 
 def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
-    sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api, ns: str
+    sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api
 ) -> None:
+    ns = NODE_EVENTS
     ref = _node_ref(core, "gpu-node-00001")
     made = events.create_namespaced_event(ns, _new_event("n1.taint", ns, ref, series={
         "count": 3, "lastObservedTime": "2026-12-03T14:05:00.000000Z"}))
@@ -86,6 +89,7 @@ def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
     assert [e.metadata.name for e in core.list_event_for_all_namespaces(field_selector=query).items] == ["n1.taint"]
     other = query.replace(ref["uid"], "gpu-node-00001")  # kubectl's other query: the name as uid (the kubelet's)
     assert core.list_event_for_all_namespaces(field_selector=other).items == []
+    events.delete_namespaced_event("n1.taint", ns)
 
 
 def test_a_core_event_is_an_events_k8s_io_event_with_its_fields_converted(
@@ -126,8 +130,9 @@ def test_a_core_event_is_an_events_k8s_io_event_with_its_fields_converted(
 
 
 def test_field_selectors_are_the_servers_in_either_api(
-    sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api, ns: str
+    sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api
 ) -> None:
+    ns = NODE_EVENTS
     ref = _node_ref(core, "gpu-node-00000")
     events.create_namespaced_event(ns, _new_event("mine", ns, ref))
     core.create_namespaced_event(ns, {"metadata": {"name": "kubelets"}, "reason": "NodeReady", "type": "Normal",
@@ -161,6 +166,8 @@ def test_field_selectors_are_the_servers_in_either_api(
                            (f"{_EVENTS_V1}/namespaces/{ns}/events", "note=x")):
         code, status = raw(sim, "GET", f"{path}?fieldSelector={selector}")
         assert (code, status["reason"]) == (400, "BadRequest"), selector
+    for name in ("mine", "kubelets"):
+        core.delete_namespaced_event(name, ns)
 
 
 def test_one_object_watched_and_deleted_through_either_api(

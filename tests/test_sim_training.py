@@ -426,7 +426,7 @@ def test_a_job_past_its_duration_succeeded_and_a_bad_annotation_fails_its_pod(wo
     assert 590 <= int(last.split()[2]) <= 610
     assert max(t for t, _ in steps_of(log_records(world, done))) <= end
     job = client.BatchV1Api(world.sim.api_client()).read_namespaced_job("short", "done")
-    assert [c.type for c in job.status.conditions if c.status == "True"] == ["Complete"]
+    assert [c.type for c in job.status.conditions if c.status == "True"] == ["SuccessCriteriaMet", "Complete"]
 
     bad = job_pods(world, BAD)[0]  # and its retry, refused alike
     assert bad.status.container_statuses[0].state.terminated.exit_code == 2

@@ -20,6 +20,7 @@ from aiohttp import web
 from .._yaml import UniqueKeyLoader
 from ..errors import InputError
 from ._faults import ApiFaults, FaultInjector
+from ._kubelet import log_refusal
 from ._requests import RequestLog, bearer_user, request_info
 from ._resources import api_group, api_group_list, api_resource_list, api_versions, lookup, version_info
 from ._status import ApiError, bad_request, status_body
@@ -162,27 +163,43 @@ class _Routes:
 
     async def _resource(self, request: web.Request, target: Target) -> web.StreamResponse:
         method, query = request.method, request.query
+        agent = request.headers.get("User-Agent", "")  # a write's field manager when it names none
         if method == "GET":
             if target.sub == "log":
+                if not self._log_due(target, query.get("container")):
+                    return web.Response(status=204)
                 return web.Response(text=self.verbs.log(target, query), content_type="text/plain")
             if query.get("watch") in ("true", "1"):
                 return await serve_watch(request, target, self.store, self.faults,
                                          bookmark_interval_s=self.bookmark_interval_s)
             reply = self.verbs.get(target) if target.name else self.verbs.list(target, query)
+            if "as=Table" in request.headers.get("Accept", ""):
+                return _json(as_table(reply.body))
         elif target.sub == "log":
             raise ApiError(405, "the server does not allow this method on the requested resource")
         elif method == "POST" and target.name is None:
-            reply = self.verbs.create(target, query, await _object_body(request))
+            reply = self.verbs.create(target, query, await _object_body(request), agent=agent)
         elif method == "PUT" and target.name is not None:
-            reply = self.verbs.replace(target, query, await _object_body(request))
+            reply = self.verbs.replace(target, query, await _object_body(request), agent=agent)
         elif method == "PATCH" and target.name is not None:
             kind, patch = await _patch_body(request)
-            reply = self.verbs.patch(target, query, kind, patch)
+            reply = self.verbs.patch(target, query, kind, patch, agent=agent)
         elif method == "DELETE" and target.sub is None:
             reply = self.verbs.delete(target, query, await _optional_body(request))
         else:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         return _reply(reply)
+
+    def _log_due(self, target: Target, container: str | None) -> bool:
+        """Whether a pod's log can be read yet: a pod bound to no node answers 204 and nothing (the API
+        server asks no kubelet); a container that has not started is the kubelet's 400 naming its wait."""
+        pod = self.verbs.get(target).body
+        if not (pod.get("spec") or {}).get("nodeName"):
+            return False
+        refusal = log_refusal(pod, container)
+        if refusal is not None:
+            raise bad_request(refusal)
+        return True
 
     # --- faults -------------------------------------------------------------------------------------
 
@@ -202,6 +219,22 @@ class _Routes:
     async def clear_faults(self, request: web.Request) -> web.Response:
         self.faults.clear()
         return _json(self.faults.policy.to_mapping())
+
+
+def as_table(body: dict[str, Any]) -> dict[str, Any]:
+    """A ``meta.k8s.io/v1`` Table of an object or a list, with the columns the API server gives a kind it
+    has no printer for (Name, Created At): what ``kubectl get`` asks for, and prints."""
+    items = body.get("items") if "items" in body else [body]
+    rows = [{"cells": [(o.get("metadata") or {}).get("name"), (o.get("metadata") or {}).get("creationTimestamp")],
+             "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                        "metadata": o.get("metadata") or {}}} for o in items or ()]
+    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within "
+                "a namespace.", "priority": 0},
+               {"name": "Created At", "type": "date", "format": "", "description": "CreationTimestamp is a "
+                "timestamp representing the server time when this object was created.", "priority": 0}]
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k in ("resourceVersion", "continue")}
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta if "items" in body else {},
+            "columnDefinitions": columns, "rows": rows}
 
 
 def _reply(reply: Reply) -> web.Response:

@@ -57,7 +57,7 @@ from ._dcgm import DcgmExporters
 from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
 from ._gpufaults import GpuFaults
-from ._kubelet import Kubelets
+from ._kubelet import Kubelets, log_refusal
 from ._nodes import register_nodes
 from ._objects import DAEMONSETS, NODES, PODS, deleting, node_ready, set_condition
 from ._resources import KUBERNETES_VERSION, ResourceType, by_kind, lookup
@@ -427,8 +427,12 @@ class AttachedKubelets:
 
     async def _container_logs(self, request: web.Request) -> web.Response:
         namespace, pod, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
-        if self.store.get(PODS, namespace, pod) is None:
+        found = self.store.get(PODS, namespace, pod)
+        if found is None:
             return web.Response(status=404, text=f"pod {namespace}/{pod} is not on this node\n")
+        refusal = log_refusal(found, container)
+        if refusal is not None:
+            return web.Response(status=400, text=refusal)
         text = self.store.get_log(namespace, pod, container)
         tail = request.query.get("tailLines")
         if tail is not None and tail.isdigit():

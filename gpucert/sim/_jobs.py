@@ -60,6 +60,10 @@ INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
+#: The interim condition the real Job controller sets before each terminal one.
+_TARGET_OF = {"Complete": "SuccessCriteriaMet", "Failed": "FailureTarget"}
+
+
 def _finished(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for cond in (job.get("status") or {}).get("conditions") or ():
         if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
@@ -298,6 +302,15 @@ class JobController:
             }
             if reason:
                 cond.update(reason=reason, message=message)
+            # Since v1.31 the Job controller first records the target it reached (SuccessCriteriaMet or
+            # FailureTarget, with the same reason) and then the terminal condition, as the real one does.
+            first = _TARGET_OF.get(kind)
+            if first is not None:
+                target = {**cond, "type": first}
+                if kind == "Complete":
+                    target.update(reason="CompletionsReached", message="Reached expected number of succeeded pods")
+                    cond.update(reason="CompletionsReached", message="Reached expected number of succeeded pods")
+                new["conditions"] = [*(new.get("conditions") or ()), target]
             new["conditions"] = [*(new.get("conditions") or ()), cond]
             self._finished[job["metadata"]["uid"]] = self.rt.now()
         self.store.update(JOBS, {**job, "status": new})

@@ -69,6 +69,7 @@ __all__ = [
     "TERMINATED_REASON_ANNOTATION",
     "UNPULLABLE_IMAGE",
     "Kubelets",
+    "log_refusal",
 ]
 
 RUN_SECONDS_ANNOTATION = "sim.gpucert.io/run-seconds"
@@ -131,6 +132,25 @@ def _container_id(pod: Obj, name: str) -> str:
 
 def _image_id(image: str) -> str:
     return f"{image.split(':', maxsplit=1)[0]}@sha256:{_digest(image)}"
+
+
+#: How a kubelet words a container that is not running yet, by its waiting reason (pkg/kubelet/kubelet_pods.go).
+_WAITING_WORDS = {"ErrImagePull": "trying and failing to pull image", "ImagePullBackOff": "image can't be pulled"}
+
+
+def log_refusal(pod: Mapping[str, Any], container: str | None) -> str | None:
+    """Why a kubelet refuses (400) the log of ``container`` (the pod's first when None): it has not started.
+    None when there is a log to serve."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    name = container or str(containers[0].get("name"))
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or ()}
+    status = statuses.get(name)
+    waiting = ((status or {}).get("state") or {}).get("waiting") if status is not None else {}
+    if waiting is None or (status or {}).get("lastState", {}).get("terminated"):
+        return None
+    reason = str(waiting.get("reason") or "ContainerCreating")
+    pod_name = (pod.get("metadata") or {}).get("name")
+    return f'container "{name}" in pod "{pod_name}" is waiting to start: {_WAITING_WORDS.get(reason, reason)}'
 
 
 class Kubelets:

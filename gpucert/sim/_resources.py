@@ -25,7 +25,7 @@ __all__ = [
     "version_info",
 ]
 
-KUBERNETES_VERSION = "v1.30.4"
+KUBERNETES_VERSION = "v1.36.2"
 
 _RW = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _META_FIELDS = frozenset({"apiVersion", "kind", "metadata"})

@@ -85,9 +85,11 @@ def _source_of(component: tuple[str, ...], controller: tuple[str, ...]) -> Calla
     return lambda obj: _field_value(obj, component) or _field_value(obj, controller)
 
 
-#: Field labels that are no path in the object, by resource: an Event's ``source`` is its source's
+#: Field labels that are no plain path in the object, by resource: an Event's ``source`` is its source's
 #: component, else its reporting controller (the API server's ToSelectableFields), in either API's shape.
 _COMPUTED: dict[tuple[str, str], Callable[[Mapping[str, Any]], str]] = {
+    # A node's ``spec.unschedulable`` is a bool the server prints: absent reads as "false", as it matches.
+    ("v1/nodes", "spec.unschedulable"): lambda obj: str(bool((obj.get("spec") or {}).get("unschedulable"))).lower(),
     ("v1/events", "source"): _source_of(("source", "component"), ("reportingComponent",)),
     ("events.k8s.io/v1/events", "source"): _source_of(("deprecatedSource", "component"), ("reportingController",)),
 }

@@ -9,7 +9,9 @@ own manifests have got wrong or could:
 * a node selector term's ``matchFields`` requirement (a Pod's, or a Job's or DaemonSet's pod template's,
   required or preferred node affinity) has key ``metadata.name``, operator ``In`` or ``NotIn`` and exactly
   one value: ``In [a, b]`` is refused with "must be only one value when `operator` is 'In' or 'NotIn' for
-  node field selector", so a pod for either of two nodes takes two terms (terms are ORed).
+  node field selector", so a pod for either of two nodes takes two terms (terms are ORed);
+* an Event is in the namespace of the object it is about, one about a cluster-scoped object (a Node) in
+  ``default`` (``involvedObject.namespace: … does not match event.namespace``).
 
 The first refusal found is answered, with its field path (``spec.template.spec.affinity.nodeAffinity.
 requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values``), as
@@ -46,6 +48,8 @@ def validate(resource: ResourceType, obj: Mapping[str, Any]) -> None:
     if resource.kind == "Job" and not (isinstance(spec, Mapping) and isinstance(spec.get("template"), Mapping)):
         raise invalid(resource.kind, resource.group, name, "spec.template.spec.containers", "FieldValueRequired",
                       "Required value")
+    if resource.kind == "Event":
+        _check_event_namespace(resource, obj, name)
     path = _POD_SPECS.get(resource.kind)
     if path is None:
         return
@@ -56,6 +60,17 @@ def validate(resource: ResourceType, obj: Mapping[str, Any]) -> None:
         return
     for field, reason, message in _node_affinity_errors(pod_spec, ".".join(path)):
         raise invalid(resource.kind, resource.group, name, field, reason, message)
+
+
+def _check_event_namespace(resource: ResourceType, event: Mapping[str, Any], name: str) -> None:
+    """An Event lives in its object's namespace; one about a cluster-scoped object (a Node) in ``default``
+    (through either Event API: the real server stores both as core Events and checks them alike)."""
+    involved = _mapping(event.get("involvedObject") or event.get("regarding"))
+    involved_ns = str(involved.get("namespace") or "")
+    event_ns = str(_mapping(event.get("metadata")).get("namespace") or "")
+    if event_ns != involved_ns and not (involved_ns == "" and event_ns == "default"):
+        raise invalid("Event", resource.group, name, "involvedObject.namespace", "FieldValueInvalid",
+                      f'Invalid value: "{involved_ns}": does not match event.namespace')
 
 
 def _node_affinity_errors(pod_spec: Mapping[str, Any], at: str) -> Iterator[tuple[str, str, str]]:

@@ -1,0 +1,195 @@
+"""The simulator against the real API server: the same requests to both, the answers compared (issue 29).
+
+Each case sends raw requests (the official client's transport, no gpucert code in between) to ``gpucert sim``
+and to a real kube-apiserver with the simulator's kubelets attached, and reduces each answer to what gpucert
+and the tests rely on — the status code, the Status reason, the kinds and types of what comes back. The two
+must agree; where the real server is right and the simulator does not model it, the case is listed in
+:data:`KNOWN_DIFFERENCES` with the reason it does not matter to gpucert, and the test fails if such a case
+starts to agree (the list must shrink, never hide a fixed case).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpucert.sim._attach import _Refused, _Remote
+
+from .realcluster import open_cluster
+
+_names = itertools.count()
+Answer = dict[str, Any]
+Case = Callable[[_Remote, str], Answer]
+
+#: Case → why the simulator may answer otherwise, and why gpucert does not depend on it.
+KNOWN_DIFFERENCES: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, tuple[_Remote, Any]]]:
+    with open_cluster("sim", nodes=1, seed=2) as sim, open_cluster("real", nodes=1, seed=2) as real:
+        yield {"sim": (_Remote(str(sim.kubeconfig_path)), sim), "real": (_Remote(str(real.kubeconfig_path)), real)}
+
+
+def _answer(remote: _Remote, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+    try:
+        answer = remote.call(method, path, **kwargs)
+    except _Refused as refused:
+        body = refused.body
+        status = refused.status
+    else:
+        body = answer.read()
+        status = answer.status
+    try:
+        return status, json.loads(body) if body else None
+    except ValueError:
+        return status, body.decode(errors="replace")
+
+
+def _status(code: int, body: Any) -> Answer:
+    """A refusal as gpucert reads it: the code and the Status reason."""
+    return {"code": code, "reason": body.get("reason") if isinstance(body, dict) else None}
+
+
+def _namespace(remote: _Remote) -> str:
+    name = f"conf{next(_names)}"
+    remote.json("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    return name
+
+
+def _pod(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}}
+
+
+# --- the cases -----------------------------------------------------------------------------------------
+
+
+def job_without_spec(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    return _status(*_answer(remote, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                            body={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}))
+
+
+def two_values_in_match_fields(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node, "other"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    return _status(*_answer(remote, "POST", f"/api/v1/namespaces/{ns}/pods", body=_pod("p", affinity=affinity)))
+
+
+def one_term_per_node(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in (node, "other")]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    code, _ = _answer(remote, "POST", f"/api/v1/namespaces/{ns}/pods", body=_pod("p", affinity=affinity))
+    return {"code": code}
+
+
+def unschedulable_false_selects_nodes(remote: _Remote, node: str) -> Answer:
+    code, body = _answer(remote, "GET", "/api/v1/nodes", query={"fieldSelector": "spec.unschedulable=false"})
+    return {"code": code, "nodes": sorted(i["metadata"]["name"] for i in body["items"])}
+
+
+def events_are_one_store(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    name = f"e{next(_names)}"
+    event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name},
+             "eventTime": "2026-12-06T10:00:00.000000Z", "reportingController": "gpucert.io/certify",
+             "reportingInstance": "gpucert", "action": "Certify", "reason": "Certified", "type": "Normal",
+             "note": "all GPUs pass", "regarding": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    # About a Node, an Event lives in "default": elsewhere it is refused.
+    elsewhere = _status(*_answer(remote, "POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body=event))
+    created, _ = _answer(remote, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", body=event)
+    code, core = _answer(remote, "GET", f"/api/v1/namespaces/default/events/{name}")
+    return {"elsewhere": elsewhere, "created": created, "code": code, "message": core.get("message"),
+            "involved": (core.get("involvedObject") or {}).get("name"), "reason": core.get("reason"),
+            "component": core.get("reportingComponent")}
+
+
+def log_of_a_waiting_container(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    # Bound to a node, its image never pulled: the API server refuses the log itself (400).
+    remote.json("POST", f"/api/v1/namespaces/{ns}/pods",
+                body=_pod("p", nodeName=node, containers=[{"name": "c", "image": "example.invalid/does-not-exist"}]))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pod = remote.json("GET", f"/api/v1/namespaces/{ns}/pods/p")
+        if (pod.get("status") or {}).get("containerStatuses"):
+            break
+        time.sleep(0.2)
+    return _status(*_answer(remote, "GET", f"/api/v1/namespaces/{ns}/pods/p/log"))
+
+
+def status_patch_keeps_labels(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    remote.json("POST", f"/api/v1/namespaces/{ns}/services",
+                body={"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"ports": [{"port": 80}]}})
+    code, body = _answer(remote, "PATCH", f"/api/v1/namespaces/{ns}/services/s/status",
+                         body={"metadata": {"labels": {"a": "2"}}, "status": {}},
+                         content_type="application/merge-patch+json")
+    return {"code": code, "label": (body.get("metadata") or {}).get("labels", {}).get("a")}
+
+
+def log_before_start(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    # Bound to no node that exists: it never starts, so there is no container log to read.
+    remote.json("POST", f"/api/v1/namespaces/{ns}/pods", body=_pod("p", nodeSelector={"none": "such"}))
+    return _status(*_answer(remote, "GET", f"/api/v1/namespaces/{ns}/pods/p/log"))
+
+
+def job_conditions_when_done(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+           "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                          "containers": [{"name": "c", "image": "busybox"}]}}}}
+    remote.json("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = remote.json("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/j")
+        types = sorted(c["type"] for c in (got.get("status") or {}).get("conditions") or () if c["status"] == "True")
+        if "Complete" in types:
+            return {"conditions": types, "succeeded": got["status"].get("succeeded")}
+        time.sleep(0.2)
+    return {"conditions": "not complete within 60 s"}
+
+
+def table_output(remote: _Remote, node: str) -> Answer:
+    params = remote.api.param_serialize("GET", "/api/v1/nodes", header_params={
+        "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"])
+    got = remote.api.call_api(*params, _request_timeout=30)
+    body = json.loads(got.read())
+    # The columns differ by kind (a real server prints nodes' Status, Roles, Age …); the first is the name.
+    return {"code": got.status, "kind": body.get("kind"),
+            "first_column": [c["name"] for c in body.get("columnDefinitions") or ()][:1],
+            "rows": len(body.get("rows") or ())}
+
+
+def kubelet_version_matches_server(remote: _Remote, node: str) -> Answer:
+    server = remote.json("GET", "/version")["gitVersion"]
+    kubelet = remote.json("GET", f"/api/v1/nodes/{node}")["status"]["nodeInfo"]["kubeletVersion"]
+    minor = lambda v: ".".join(v.lstrip("v").split(".")[:2])  # noqa: E731
+    return {"same_minor": minor(server) == minor(kubelet)}
+
+
+CASES: dict[str, Case] = {f.__name__: f for f in (
+    job_without_spec, two_values_in_match_fields, one_term_per_node, unschedulable_false_selects_nodes,
+    events_are_one_store, status_patch_keeps_labels, log_before_start, log_of_a_waiting_container,
+    job_conditions_when_done, table_output, kubelet_version_matches_server,
+)}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_simulator_answers_as_the_real_server(servers: dict[str, tuple[_Remote, Any]], case: str) -> None:
+    answers = {}
+    for server, (remote, cluster) in servers.items():
+        answers[server] = CASES[case](remote, cluster.fleet.node_names[0])
+    if case in KNOWN_DIFFERENCES:
+        assert answers["sim"] != answers["real"], f"{case} now agrees: drop it from KNOWN_DIFFERENCES"
+        return
+    assert answers["sim"] == answers["real"], answers

@@ -194,6 +194,7 @@ class ControlPlane:
         self.folder = Path(self._own_tmp.name) if self._own_tmp else folder  # type: ignore[assignment]
         self.binaries = binaries
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}
         self.port = 0
         self.url = ""
         self.audit_log = self.folder / "audit.log"
@@ -329,8 +330,24 @@ class ControlPlane:
 
     # --- details ------------------------------------------------------------------------------------
 
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM, as a rolling restart does), keep it down ``down_s`` seconds (its port
+        refusing connections), start it again with the same flags and wait until it is ready; etcd, and so
+        every object, stays."""
+        process = self.processes.pop("kube-apiserver")
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # open watches can hold a graceful stop; a kubelet's grace ends too
+            process.kill()
+            process.wait(timeout=10)
+        time.sleep(down_s)
+        self._spawn("kube-apiserver", self._argv["kube-apiserver"])
+        self._wait_ready()
+
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.folder / f"{name}.log").open("wb")
+        self._argv[name] = argv
+        log = (self.folder / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, cwd=self.folder)
 

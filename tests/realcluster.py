@@ -12,6 +12,7 @@ the reason.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,7 +96,10 @@ def require_control_plane(exc: ControlPlaneUnavailable) -> None:
 def open_cluster(server: str, **kwargs: Any) -> Iterator[Any]:
     """A started cluster on ``server`` (``sim`` or ``real``) of the SimCluster arguments ``kwargs``."""
     if server == "sim":
-        with SimCluster(**kwargs) as sim:
+        # A kubeconfig of the test's, not the simulator's own temporary one: it stays where it is when the
+        # simulated API server is stopped and started again (a restart).
+        with tempfile.TemporaryDirectory(prefix="gpucert-sim-") as folder, \
+                SimCluster(kubeconfig=Path(folder) / "kubeconfig", **kwargs) as sim:
             sim.server = "sim"  # type: ignore[attr-defined]
             yield sim
         return

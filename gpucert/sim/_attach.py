@@ -317,12 +317,18 @@ class AttachedKubelets:
         server's port, at the control plane's version."""
         node = self.store.get(NODES, None, name)
         assert node is not None
+        # Pod addresses on loopback, never a routable range: the simulated pods answer nowhere, and a client
+        # that dials one (a scraper reading Endpoints) must reach this machine only. The endpoint controllers
+        # refuse loopback addresses, so an exporter Service lists none: operate says it found no exporter.
+        index = self.fleet.node_index[name]
+        cidr = f"127.{64 + index // 256 % 64}.{index % 256}.0/24"
+        spec = {**(node.get("spec") or {}), "podCIDR": cidr, "podCIDRs": [cidr]}
         status = dict(node["status"])
         status["addresses"] = [{"type": "InternalIP", "address": _HOST}, {"type": "Hostname", "address": name}]
         status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
         status["nodeInfo"] = {**status["nodeInfo"], "kubeletVersion": KUBELET_VERSION,
                               "kubeProxyVersion": KUBELET_VERSION}
-        return self.store.update(NODES, {**node, "status": status})
+        return self.store.update(NODES, {**node, "spec": spec, "status": status})
 
     def _apply_stack(self, names: list[str]) -> None:
         """What configure would have applied, applied for real with gpucert's field manager (``_stack.py``)."""
@@ -483,17 +489,22 @@ class AttachedKubelets:
                 while not self._pending and self._outbox.empty() and not self._stop.is_set():
                     self._pending_lock.wait(1.0)
                 batch, self._pending = list(self._pending), {}
-            for resource_key, namespace, name in batch:
-                resource = PODS if resource_key == PODS.key else NODES
+            for key in batch:
+                resource = PODS if key[0] == PODS.key else NODES
                 with self.store.lock:
-                    obj = self.store.get(resource, namespace or None, name)
-                if obj is not None:
-                    self._push_status(resource, obj)
+                    obj = self.store.get(resource, key[1] or None, key[2])
+                if obj is not None and not self._push_status(resource, obj):
+                    # The server is away (restarting, say): the latest state goes when it is back.
+                    with self._pending_lock:
+                        self._pending.setdefault(key, None)
+                    self._stop.wait(_RETRY_S)
             while not self._outbox.empty():
                 resource, obj = self._outbox.get_nowait()
                 self._push_event(resource, obj)
 
-    def _push_status(self, resource: ResourceType, obj: Obj) -> None:
+    def _push_status(self, resource: ResourceType, obj: Obj) -> bool:
+        """Patch ``obj``'s status onto the real object; False when the server could not be reached (try
+        again), True when it was written or cannot be (gone, or refused: recorded)."""
         assert self._remote is not None
         meta = obj["metadata"]
         path = resource.path(meta.get("namespace") if resource.namespaced else None, meta["name"]) + "/status"
@@ -501,8 +512,11 @@ class AttachedKubelets:
             self._remote.json("PATCH", path, body={"status": obj.get("status") or {}},
                               content_type="application/merge-patch+json", query={"fieldManager": "kubelet"})
         except Exception as exc:
+            if _transient(exc):
+                return False
             if getattr(exc, "status", None) != 404:  # gone meanwhile: nothing to report on
                 self._failed(f"status of {resource.kind} {meta.get('namespace', '')}/{meta['name']}", exc)
+        return True
 
     def _push_event(self, resource: ResourceType, obj: Obj) -> None:
         assert self._remote is not None
@@ -528,7 +542,10 @@ class AttachedKubelets:
                 self._failed(f"deleting pod {meta['namespace']}/{meta['name']}", exc)
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        if self._stop.is_set():
+        """A request the real server refused: logged and kept in :attr:`errors`. An outage is not one (a
+        kubelet rides out its API server's restart), nor anything during stop."""
+        if self._stop.is_set() or _transient(exc):
+            _LOG.info("sim kubelets: %s: %s", what, _reason(exc))
             return
         message = f"{what}: {_reason(exc)}"
         _LOG.warning("sim kubelets: %s", message)
@@ -661,6 +678,13 @@ class _Refused(Exception):
 
 class _Gone(Exception):
     """The watch's resourceVersion is compacted away (410): list again."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error of the server being away or busy (no answer, 5xx, 429), not a refusal of the request. A
+    restarted server answers 401/403 for a moment while its RBAC cache loads: that is one too."""
+    status = getattr(exc, "status", None)
+    return status is None or status >= 500 or status in (401, 403, 429)
 
 
 def _lines(answer: Any) -> Iterator[bytes]:

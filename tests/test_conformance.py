@@ -177,10 +177,55 @@ def kubelet_version_matches_server(remote: _Remote, node: str) -> Answer:
     return {"same_minor": minor(server) == minor(kubelet)}
 
 
+def _watch_lines(remote: _Remote, path: str, query: dict[str, Any], count: int) -> tuple[int, list[Any]]:
+    """The status and the first ``count`` events of a watch (it is closed after them, or at its timeout)."""
+    try:
+        answer = remote.call("GET", path, query={"watch": "1", "timeoutSeconds": 5, **query}, timeout=(5, 15))
+    except _Refused as refused:
+        return refused.status, [json.loads(refused.body)]
+    events: list[Any] = []
+    try:
+        buffer = b""
+        for chunk in answer.response.stream(4096):
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n")
+            events += [json.loads(line) for line in done if line.strip()]
+            if len(events) >= count:
+                break
+    finally:
+        answer.response.release_conn()
+    return answer.status, events[:count]
+
+
+def watch_from_a_compacted_version(remote: _Remote, node: str) -> Answer:
+    # "1": older than anything a server that has run a while still holds (etcd's compaction, the watch cache).
+    code, events = _watch_lines(remote, "/api/v1/namespaces", {"resourceVersion": "1"}, 1)
+    first = events[0] if events else {}
+    obj = first.get("object") or first
+    return {"code": code, "type": first.get("type"), "status_code": obj.get("code"), "reason": obj.get("reason")}
+
+
+def initial_events_end_with_a_bookmark(remote: _Remote, node: str) -> Answer:
+    ns = _namespace(remote)
+    # Services: a new namespace has none of its own (ConfigMaps: the controller-manager's kube-root-ca.crt).
+    for name in ("a", "b"):
+        remote.json("POST", f"/api/v1/namespaces/{ns}/services",
+                    body={"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
+    code, events = _watch_lines(remote, f"/api/v1/namespaces/{ns}/services",
+                                {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+                                 "allowWatchBookmarks": "true"}, 3)
+    bookmark = events[-1] if events else {}
+    notes = ((bookmark.get("object") or {}).get("metadata") or {}).get("annotations") or {}
+    return {"code": code, "types": [e.get("type") for e in events],
+            "names": sorted((e.get("object") or {}).get("metadata", {}).get("name") for e in events[:2]),
+            "initial_events_end": notes.get("k8s.io/initial-events-end")}
+
+
 CASES: dict[str, Case] = {f.__name__: f for f in (
     job_without_spec, two_values_in_match_fields, one_term_per_node, unschedulable_false_selects_nodes,
     events_are_one_store, status_patch_keeps_labels, log_before_start, log_of_a_waiting_container,
-    job_conditions_when_done, table_output, kubelet_version_matches_server,
+    job_conditions_when_done, table_output, kubelet_version_matches_server, watch_from_a_compacted_version,
+    initial_events_end_with_a_bookmark,
 )}
 
 

@@ -113,6 +113,11 @@ async def serve_watch(
     try:
         for at in range(0, len(replay), _BATCH):
             await _write(response, replay[at:at + _BATCH], target, selector)
+        if bookmarks and query.get("sendInitialEvents") in ("true", "1"):
+            # The state as of now is sent: a bookmark so annotated says so (a streaming list's end, KEP-3157).
+            end = _bookmark(target, store)
+            end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+            await response.write(_line("BOOKMARK", end))
         queue = watcher.queue
         while True:
             now = loop.time()

@@ -1,6 +1,7 @@
-"""Finding the job to explain: its pods, nodes, GPUs and window, against ``gpucert sim`` over HTTP.
+"""Finding the job to explain: its pods, nodes, GPUs and window, against ``gpucert sim`` over HTTP and against a
+real control plane whose nodes are the simulator's kubelets (``tests/realcluster.py``), one body for both.
 
-The simulated API server serves no custom resources (``gpucert/sim/_resources.py`` has no CRDs), so a
+Neither server here serves the training operators' custom resources (``gpucert/sim/_resources.py`` has no CRDs), so a
 JobSet's and a PyTorchJob's pods are created as the JobSet and training-operator controllers would create
 them: pods with their controller's labels. That is all :func:`resolve_target` reads (never the custom object),
 so the path is the production one. A batch/v1 Job goes through the simulated Job controller.
@@ -28,21 +29,22 @@ from gpucert.explain import (
     resolve_target,
 )
 from gpucert.kube import Kube
-from gpucert.sim import SimCluster
 
 from .conftest import eventually
+from .realcluster import SERVERS, open_cluster
 
 NODES = 6
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=NODES, gpus=8, preconfigured=True, seed=5) as cluster:
+@pytest.fixture(scope="module", params=SERVERS)
+def sim(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The simulator, and a real control plane with the simulator's kubelets (issue 29): one body, two servers."""
+    with open_cluster(request.param, nodes=NODES, gpus=8, preconfigured=True, seed=5) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def kube(sim: SimCluster) -> Kube:
+def kube(sim: Any) -> Kube:
     return Kube(sim.api_client())
 
 

@@ -72,6 +72,11 @@ class RealCluster:
     def api_client(self) -> Any:
         return self.plane.api_client()
 
+    @property
+    def store(self) -> Any:
+        """The kubelets' mirror of the real server's nodes and bound pods (a test may subscribe to it)."""
+        return self.kubelets.store
+
     def inject_fault(self, fault: Fault) -> None:
         self.kubelets.inject_fault(fault)
 

@@ -25,26 +25,27 @@ from gpucert.kube import (
     lift_testing_taint,
     taint_testing,
 )
-from gpucert.sim import SimCluster
 from gpucert.sim._objects import NODES
 from gpucert.sim._store import WatchEvent
 from gpucert.stack import dns_subdomain_ok
 
 from .conftest import eventually
+from .realcluster import SERVERS, open_cluster
 
 PREFIX = "gpucert.io"
 TESTING = "gpucert.io/testing"  # the contract (README); testing_taint() must say the same
 T0 = datetime(2026, 3, 1, 2, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=6, preconfigured=True, seed=4) as cluster:
+@pytest.fixture(scope="module", params=SERVERS)
+def sim(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The simulator, and a real control plane with the simulator's kubelets (issue 29): one body, two servers."""
+    with open_cluster(request.param, nodes=6, preconfigured=True, seed=4) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def kube(sim: SimCluster) -> Kube:
+def kube(sim: Any) -> Kube:
     return connect(sim.kubeconfig_path)
 
 
@@ -59,7 +60,7 @@ def payload(kube: Kube, settings: BenchmarkSettings) -> dict[str, Any]:
     return kube.apply(payload_configmap(settings))
 
 
-def node(sim: SimCluster, i: int) -> str:
+def node(sim: Any, i: int) -> str:
     return sim.fleet.node_names[i]
 
 
@@ -88,7 +89,7 @@ def test_lease_names_are_dns_subdomains_distinct_for_long_nodes() -> None:
     assert all(len(n) <= 253 and dns_subdomain_ok(n) for n in names)
 
 
-def test_acquire_held_by_another_same_holder_again_and_release(sim: SimCluster, kube: Kube) -> None:
+def test_acquire_held_by_another_same_holder_again_and_release(sim: Any, kube: Kube) -> None:
     n = node(sim, 0)
     a, b = leases(kube, "run-a"), leases(kube, "run-b")
     first = a.acquire(n)
@@ -112,7 +113,7 @@ def test_acquire_held_by_another_same_holder_again_and_release(sim: SimCluster, 
     assert b.release(n)
 
 
-def test_a_lapsed_lease_is_taken_over_and_its_holder_loses_it(sim: SimCluster, kube: Kube) -> None:
+def test_a_lapsed_lease_is_taken_over_and_its_holder_loses_it(sim: Any, kube: Kube) -> None:
     n = node(sim, 1)
     crashed = leases(kube, "run-crashed", at=T0, duration_s=30)
     old = crashed.acquire(n)
@@ -129,7 +130,7 @@ def test_a_lapsed_lease_is_taken_over_and_its_holder_loses_it(sim: SimCluster, k
     assert late.release(n) is True
 
 
-def test_renew_moves_renew_time_and_a_deleted_lease_is_lost(sim: SimCluster, kube: Kube) -> None:
+def test_renew_moves_renew_time_and_a_deleted_lease_is_lost(sim: Any, kube: Kube) -> None:
     n = node(sim, 1)
     now = [T0]
     mine = NodeLeases(kube, "run-r", namespace=BenchmarkSettings().namespace, duration_s=30, clock=lambda: now[0])
@@ -161,7 +162,7 @@ class _Racing(Kube):
         return super().request(method, path, **kwargs)
 
 
-def test_two_runs_racing_for_a_lapsed_lease_one_wins_the_other_sees_it(sim: SimCluster, kube: Kube) -> None:
+def test_two_runs_racing_for_a_lapsed_lease_one_wins_the_other_sees_it(sim: Any, kube: Kube) -> None:
     n = node(sim, 2)
     leases(kube, "run-gone", at=T0, duration_s=30).acquire(n)
     later = T0 + timedelta(minutes=5)
@@ -176,7 +177,7 @@ def test_two_runs_racing_for_a_lapsed_lease_one_wins_the_other_sees_it(sim: SimC
     assert winner.release(n)
 
 
-def test_testing_taint_replaces_a_stale_one_and_keeps_other_taints(sim: SimCluster, kube: Kube) -> None:
+def test_testing_taint_replaces_a_stale_one_and_keeps_other_taints(sim: Any, kube: Kube) -> None:
     n = node(sim, 3)
     kube.merge_patch("v1", "Node", n, {"spec": {"taints": [
         {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
@@ -205,7 +206,7 @@ def _jobs(kube: Kube, run_id: str) -> list[dict[str, Any]]:
 
 
 def test_the_testing_taint_is_on_while_the_pod_is_bound_and_lifted_after(
-    sim: SimCluster, kube: Kube, payload: dict[str, Any]
+    sim: Any, kube: Kube, payload: dict[str, Any]
 ) -> None:
     n = node(sim, 0)
     bound: list[list[str]] = []
@@ -231,7 +232,7 @@ def test_the_testing_taint_is_on_while_the_pod_is_bound_and_lifted_after(
 
 @pytest.mark.parametrize("how", ["failure", "exception", "cancelled"])
 def test_the_taint_is_lifted_and_the_lease_released_whatever_the_outcome(
-    sim: SimCluster, kube: Kube, payload: dict[str, Any], how: str
+    sim: Any, kube: Kube, payload: dict[str, Any], how: str
 ) -> None:
     n = node(sim, 4)
     run_id = f"lease-{how}"
@@ -259,7 +260,7 @@ def test_the_taint_is_lifted_and_the_lease_released_whatever_the_outcome(
 
 
 def test_a_node_another_run_holds_is_waited_for_then_benchmarked(
-    sim: SimCluster, kube: Kube, payload: dict[str, Any]
+    sim: Any, kube: Kube, payload: dict[str, Any]
 ) -> None:
     n = node(sim, 5)
     other = leases(kube, "run-other")
@@ -273,7 +274,7 @@ def test_a_node_another_run_holds_is_waited_for_then_benchmarked(
 
 
 def test_a_node_another_run_holds_is_skipped_with_the_reason(
-    sim: SimCluster, kube: Kube, payload: dict[str, Any]
+    sim: Any, kube: Kube, payload: dict[str, Any]
 ) -> None:
     n = node(sim, 5)
     other = leases(kube, "run-other")
@@ -292,7 +293,7 @@ def test_a_node_another_run_holds_is_skipped_with_the_reason(
 
 
 def test_a_crashed_runs_job_is_no_orphan_while_it_holds_the_lease_and_goes_on_takeover(
-    sim: SimCluster, kube: Kube, settings: BenchmarkSettings, payload: dict[str, Any]
+    sim: Any, kube: Kube, settings: BenchmarkSettings, payload: dict[str, Any]
 ) -> None:
     n = node(sim, 2)
     crashed = leases(kube, "run-dead", at=datetime.now(UTC))
@@ -311,7 +312,7 @@ def test_a_crashed_runs_job_is_no_orphan_while_it_holds_the_lease_and_goes_on_ta
 
 
 def test_a_wave_larger_than_a_validation_batch_keeps_every_nodes_results(
-    sim: SimCluster, kube: Kube, payload: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sim: Any, kube: Kube, payload: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("gpucert.certify._wave.VALIDATE_EVERY", 2)  # 5 nodes: batches of 2, 2, then 1
     nodes = {node(sim, i): 8 for i in range(5)}

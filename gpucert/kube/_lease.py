@@ -259,7 +259,10 @@ class NodeLeases:
         for _ in range(_ATTEMPTS):
             spec = self._spec(lease.acquired or self.clock(), self.clock(), lease.transitions)
             try:
-                stored = self._request("PUT", f"renew Lease {self.namespace}/{lease.name}", lease.name,
+                # A merge patch, not a PUT: the API server creates a Lease that a PUT names and that is gone
+                # (Leases allow create-on-update), which would bring back a Lease someone deleted to take
+                # the node from us. A patch of a missing object is a 404, and its resourceVersion a 409.
+                stored = self._request("PATCH", f"renew Lease {self.namespace}/{lease.name}", lease.name,
                                        self._body(claim.node, spec, lease.resource_version))  # fmt: skip
                 return replace(claim, lease=NodeLease.of(claim.node, stored))
             except (KubeConflict, KubeNotFound):
@@ -308,8 +311,10 @@ class NodeLeases:
 
     def _request(self, method: str, doing: str, name: str | None, body: Any = None) -> dict[str, Any]:
         path = LEASE.path(self.namespace, name)
-        query = {"fieldManager": FIELD_MANAGER} if method in ("POST", "PUT") else None
-        return dict(self.kube.request(method, path, doing=doing, body=body, query=query) or {})
+        query = {"fieldManager": FIELD_MANAGER} if method in ("POST", "PUT", "PATCH") else None
+        content_type = "application/merge-patch+json" if method == "PATCH" else None
+        return dict(self.kube.request(method, path, doing=doing, body=body, query=query,
+                                      content_type=content_type) or {})
 
 
 # --- the testing taint ---------------------------------------------------------------------------------

@@ -248,5 +248,6 @@ def test_a_join_through_a_restart_is_onboarded_and_a_repair_released_on_both_ser
         # The attached kubelets' pods have loopback addresses, which the endpoint controllers refuse: the
         # exporter Service lists none, and operate says so instead of calling the night clean.
         assert not read
-        assert night_out.telemetry_missing and "no DCGM exporter found" in night_out.telemetry_missing
+        assert night_out.telemetry_missing is not None
+        assert "no DCGM exporter found" in night_out.telemetry_missing
     assert not _refused(cluster), _refused(cluster)

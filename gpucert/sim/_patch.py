@@ -18,7 +18,7 @@ import jsonpatch
 
 from ._status import ApiError, bad_request
 
-__all__ = ["json_patch", "merge_patch", "strategic_merge_patch"]
+__all__ = ["json_patch", "merge_keys", "merge_patch", "set_list", "strategic_merge_patch"]
 
 # patchMergeKey of the list fields the project patches; ``ports`` is keyed by containerPort in a
 # container and by port in a Service, so a list may name candidates, tried in order.
@@ -38,6 +38,17 @@ _MERGE_KEYS: dict[str, tuple[str, ...]] = {
 # patchStrategy:"merge" on a list of scalars: a set union.
 _PRIMITIVE_MERGE = frozenset({"finalizers"})
 _DELETE_FROM = "$deleteFromPrimitiveList/"
+
+
+def merge_keys(field: str) -> tuple[str, ...] | None:
+    """The merge key candidates of a list field; None for an atomic list. Server-side apply keys the
+    items it owns by them too (:mod:`gpucert.sim._fields`)."""
+    return _MERGE_KEYS.get(field)
+
+
+def set_list(field: str) -> bool:
+    """Whether a list field of scalars is a set (merged by union, owned value by value)."""
+    return field in _PRIMITIVE_MERGE
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

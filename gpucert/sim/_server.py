@@ -53,6 +53,7 @@ from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
 from ._endpoints import DcgmEndpoints
 from ._faults import ApiFaults, FaultInjector
+from ._fields import managed_fields_entry
 from ._gpufaults import GpuFaults
 from ._inject import (
     FaultPlan,
@@ -75,7 +76,6 @@ from ._stack import preconfigured_stack
 from ._store import DEFAULT_HISTORY, Obj, Store
 from ._training import TrainingModel
 from ._training import routes as training_routes
-from ._verbs import managed_fields_entry
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -220,7 +220,7 @@ class SimCluster:
         for obj in objects:
             resource = by_kind(str(obj["apiVersion"]), str(obj["kind"]))
             assert resource is not None, obj["kind"]
-            meta = {**obj["metadata"], "managedFields": [managed_fields_entry(FIELD_MANAGER, resource)]}
+            meta = {**obj["metadata"], "managedFields": [managed_fields_entry(FIELD_MANAGER, resource, obj)]}
             seeded: dict[str, Any] = {**obj, "metadata": meta}
             if resource.kind == "Namespace":
                 seeded["status"] = {"phase": "Active"}

@@ -8,11 +8,15 @@ What a real API server does that the simulator does too: the spec/status split (
 keeps the stored status; a ``/status`` write changes only status), identity checks between URL and body,
 name validation (422), a few rules of object validation (422, :mod:`gpucert.sim._validation`), field
 validation of unknown fields (Warn by default, Strict → 400, Ignore), and server-side apply that creates a
-missing object and writes nothing when the result is unchanged.
+missing object and writes nothing when the result is unchanged. Every write keeps per-field ownership in
+``managedFields`` (:mod:`gpucert.sim._fields`): an apply files its fields under its manager's Apply entry,
+removes a field it applied before and no longer applies unless another manager owns it, and answers 409
+Conflict where it would change another manager's field, unless ``force=true`` takes the field over; a
+create, update or patch files the fields it changes under an Update entry of its ``fieldManager`` (else
+of its User-Agent's product, ``OpenAPI-Generator`` for the official client) and takes them from the rest.
 Limits: field validation knows top-level and ``metadata`` fields only (deeper unknown fields are stored
-as sent); apply merges like a strategic merge patch and records the manager, but keeps no per-field
-ownership (no apply conflicts, and a field dropped from a later apply is not removed); ``dryRun`` is
-not supported.
+as sent); apply merges like a strategic merge patch, and ownership is read off the object with no schema
+(see ``_fields.py``); ``dryRun`` is not supported.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any
 
 import orjson
 
+from ._fields import track_apply, track_update
 from ._patch import json_patch, merge_patch, strategic_merge_patch
 from ._resources import ResourceType
 from ._selectors import parse_selectors
 from ._status import ApiError, bad_request, invalid, not_found
-from ._store import Obj, Store, now_rfc3339
+from ._store import Obj, Store
 from ._validation import validate
 
 __all__ = ["PATCH_TYPES", "Reply", "Target", "Verbs"]
@@ -150,7 +155,7 @@ class Verbs:
 
     # --- writing ------------------------------------------------------------------------------------
 
-    def create(self, target: Target, query: Mapping[str, str], body: Any) -> Reply:
+    def create(self, target: Target, query: Mapping[str, str], body: Any, *, agent: str = "") -> Reply:
         resource = target.resource
         obj = self._identity(target, body, creating=True)
         obj, warnings = _prune(resource, obj, query)
@@ -161,6 +166,7 @@ class Verbs:
         if meta.get("name"):
             self._check_name(resource, meta["name"])
         validate(resource, obj)
+        obj = track_update(resource, None, None, obj, _manager(query, agent))
         if resource.kind in _INITIAL_STATUS:
             obj = {**obj, "status": dict(_INITIAL_STATUS[resource.kind])}
         stored = self.store.create(resource, obj)
@@ -168,18 +174,20 @@ class Verbs:
             self._check_name(resource, stored["metadata"]["name"])
         return Reply(stored, 201, warnings)
 
-    def replace(self, target: Target, query: Mapping[str, str], body: Any) -> Reply:
+    def replace(self, target: Target, query: Mapping[str, str], body: Any, *, agent: str = "") -> Reply:
         resource = target.resource
         obj = self._identity(target, body, creating=False)
         obj, warnings = _prune(resource, obj, query)
         with self.store.lock:
             current = self._existing(target)
             new = self._split(target, current, obj)
+            new = track_update(resource, target.sub, current, new, _manager(query, agent))
             self._validate(target, new)
             return Reply(self.store.update(resource, new, expect_rv=_metadata(obj).get("resourceVersion")),
                          200, warnings)
 
-    def patch(self, target: Target, query: Mapping[str, str], kind: str, patch: Any) -> Reply:
+    def patch(self, target: Target, query: Mapping[str, str], kind: str, patch: Any, *,
+              agent: str = "") -> Reply:
         if kind == "apply":
             return self._apply(target, query, patch)
         resource = target.resource
@@ -196,6 +204,7 @@ class Verbs:
             self._immutable(target, current, patched)
             patched, warnings = _prune(resource, patched, query)
             new = self._split(target, current, patched)
+            new = track_update(resource, target.sub, current, new, _manager(query, agent))
             self._validate(target, new)
             expect = _metadata(patched).get("resourceVersion")
             return Reply(self.store.update(resource, new, expect_rv=expect), 200, warnings)
@@ -299,6 +308,7 @@ class Verbs:
         manager = query.get("fieldManager")
         if not manager:
             raise bad_request("PATCH with apply requires a fieldManager parameter")
+        force = query.get("force", "").lower() in ("1", "t", "true")  # Go's ParseBool, as the server reads it
         obj = self._identity(target, body, creating=False)
         obj, warnings = _prune(resource, obj, query)
         with self.store.lock:
@@ -308,29 +318,24 @@ class Verbs:
                     raise not_found(resource.group, resource.plural, target.name or "")
                 self._check_name(resource, target.name or "")
                 validate(resource, obj)
-                meta = {**obj["metadata"], "managedFields": [managed_fields_entry(manager, resource)]}
-                fresh = {**obj, "metadata": meta}
+                fresh = track_apply(resource, None, None, obj, dict(obj), manager, force=force)
                 if resource.kind in _INITIAL_STATUS:
                     fresh["status"] = dict(_INITIAL_STATUS[resource.kind])
                 return Reply(self.store.create(resource, fresh), 201, warnings)
             patch = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
             merged = strategic_merge_patch(current, patch)
             merged = self._split(target, current, merged)
+            # Unchanged fields and ownership leave it equal to ``current``: the store writes nothing then.
+            merged = track_apply(resource, target.sub, current, patch, merged, manager, force=force)
             self._validate(target, merged)
-            managers = [m for m in current["metadata"].get("managedFields") or [] if m.get("manager") != manager]
-            mine = [m for m in current["metadata"].get("managedFields") or [] if m.get("manager") == manager]
-            probe = {**merged, "metadata": {**merged["metadata"], "managedFields": [*managers, *mine]}}
-            if mine and probe == current:
-                return Reply(current, 200, warnings)
-            merged["metadata"] = {**merged["metadata"],
-                                  "managedFields": [*managers, managed_fields_entry(manager, resource)]}
             expect = _metadata(obj).get("resourceVersion")
             return Reply(self.store.update(resource, merged, expect_rv=expect), 200, warnings)
 
 
-def managed_fields_entry(manager: str, resource: ResourceType) -> dict[str, Any]:
-    return {"manager": manager, "operation": "Apply", "apiVersion": resource.api_version,
-            "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": {}}
+def _manager(query: Mapping[str, str], agent: str) -> str:
+    """The field manager of a write that is not an apply: ``fieldManager``, else what the API server takes
+    from the User-Agent, its product (``OpenAPI-Generator`` of ``OpenAPI-Generator/31.0.0/python``)."""
+    return query.get("fieldManager") or agent.split("/", 1)[0]
 
 
 def _success(resource: ResourceType, obj: Obj) -> dict[str, Any]:

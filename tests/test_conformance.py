@@ -170,11 +170,33 @@ def table_output(remote: _Remote, node: str) -> Answer:
             "rows": len(body.get("rows") or ())}
 
 
-def kubelet_version_matches_server(remote: _Remote, node: str) -> Answer:
-    server = remote.json("GET", "/version")["gitVersion"]
-    kubelet = remote.json("GET", f"/api/v1/nodes/{node}")["status"]["nodeInfo"]["kubeletVersion"]
-    minor = lambda v: ".".join(v.lstrip("v").split(".")[:2])  # noqa: E731
-    return {"same_minor": minor(server) == minor(kubelet)}
+def put_of_a_missing_object(remote: _Remote, node: str) -> Answer:
+    """PUT of an object that is not there: created for the kinds whose strategy allows create-on-update."""
+    ns = _namespace(remote)
+    objects = {
+        "leases": ("/apis/coordination.k8s.io/v1", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                                    "spec": {"holderIdentity": "x"}}),
+        "configmaps": ("/api/v1", {"apiVersion": "v1", "kind": "ConfigMap", "data": {"a": "1"}}),
+        "endpoints": ("/api/v1", {"apiVersion": "v1", "kind": "Endpoints"}),
+        "roles": ("/apis/rbac.authorization.k8s.io/v1", {"apiVersion": "rbac.authorization.k8s.io/v1",
+                                                         "kind": "Role", "rules": []}),
+        "serviceaccounts": ("/api/v1", {"apiVersion": "v1", "kind": "ServiceAccount"}),
+    }
+    codes = {}
+    for plural, (prefix, partial) in objects.items():
+        body = {**partial, "metadata": {"name": "x", "namespace": ns}}
+        codes[plural] = _answer(remote, "PUT", f"{prefix}/namespaces/{ns}/{plural}/x", body=body)[0]
+    return codes
+
+
+def kubelet_version_within_the_skew_policy(remote: _Remote, node: str) -> Answer:
+    """A kubelet is never newer than its API server, and at most three minors older (the skew policy)."""
+    def minor(version: str) -> int:
+        return int(version.lstrip("v").split(".")[1])
+
+    server = minor(remote.json("GET", "/version")["gitVersion"])
+    kubelet = minor(remote.json("GET", f"/api/v1/nodes/{node}")["status"]["nodeInfo"]["kubeletVersion"])
+    return {"within": server - 3 <= kubelet <= server}
 
 
 def _watch_lines(remote: _Remote, path: str, query: dict[str, Any], count: int) -> tuple[int, list[Any]]:
@@ -224,7 +246,8 @@ def initial_events_end_with_a_bookmark(remote: _Remote, node: str) -> Answer:
 CASES: dict[str, Case] = {f.__name__: f for f in (
     job_without_spec, two_values_in_match_fields, one_term_per_node, unschedulable_false_selects_nodes,
     events_are_one_store, status_patch_keeps_labels, log_before_start, log_of_a_waiting_container,
-    job_conditions_when_done, table_output, kubelet_version_matches_server, watch_from_a_compacted_version,
+    job_conditions_when_done, table_output, kubelet_version_within_the_skew_policy,
+    watch_from_a_compacted_version, put_of_a_missing_object,
     initial_events_end_with_a_bookmark,
 )}
 

@@ -62,6 +62,14 @@ def pod(name: str, node: str | None = None, labels: dict[str, str] | None = None
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
 
 
+def started(core: client.CoreV1Api, ns: str, name: str) -> None:
+    """Its container running, as its kubelet would report (the bare API runs no kubelet): a kubelet serves
+    no log of a container that has not started."""
+    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running", "containerStatuses": [
+        {"name": "main", "image": "busybox", "imageID": "", "ready": True, "restartCount": 0,
+         "state": {"running": {"startedAt": "2026-12-06T00:00:00Z"}}}]}})
+
+
 # --- discovery ------------------------------------------------------------------------------------
 
 
@@ -136,8 +144,8 @@ def test_core_crud_and_list_kinds(sim: SimCluster, core: client.CoreV1Api, ns: s
     core.create_namespaced_service(ns, {"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}})
     core.create_namespaced_service_account(ns, {"metadata": {"name": "sa"}})
     core.create_namespaced_endpoints(ns, {"metadata": {"name": "svc"}, "subsets": []})
-    core.create_namespaced_event(ns, {"metadata": {"name": "e1"}, "involvedObject": {"kind": "Node",
-                                      "name": "gpu-node-00000"}, "reason": "Certified", "type": "Normal"})
+    core.create_namespaced_event(ns, {"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap",
+                                      "name": "a", "namespace": ns}, "reason": "Certified", "type": "Normal"})
     assert core.read_namespaced_config_map("a", ns).data == {"x": "1"}
     assert [s.metadata.name for s in core.list_namespaced_service(ns).items] == ["svc"]
     assert core.list_namespaced_event(ns, field_selector="reason=Certified").items[0].type == "Normal"
@@ -360,6 +368,117 @@ def test_server_side_apply_creates_and_an_identical_apply_changes_nothing(core: 
     assert err.value.status == 400  # apply needs a field manager
 
 
+APPLY = "application/apply-patch+yaml"
+
+
+def owned(obj: client.V1ConfigMap | client.V1DaemonSet) -> dict[tuple[str, str], Any]:
+    """(manager, operation) → the fieldsV1 it owns."""
+    return {(m.manager, m.operation): m.fields_v1 for m in obj.metadata.managed_fields or ()}
+
+
+def test_apply_removes_what_its_manager_stopped_applying_unless_another_owns_it(core: client.CoreV1Api,
+                                                                                ns: str) -> None:
+    # configure's stack record: a pin left out of the next apply is gone, not read back stale.
+    stack = {"pinned.driver": "570.86", "version.driver": "570.86", "version.toolkit": "1.17"}
+    core.patch_namespaced_config_map("stack", ns, {**cm("stack", **stack), "metadata": {
+        "name": "stack", "labels": {"app": "gpucert", "tier": "stack"}}}, field_manager="gpucert", _content_type=APPLY)
+    # Another writer's key (a merge patch), and a key another applier applies with the same value.
+    core.patch_namespaced_config_map("stack", ns, {"data": {"note": "kept"}}, field_manager="editor",
+                                     _content_type="application/merge-patch+json")
+    core.patch_namespaced_config_map("stack", ns, cm("stack", **{"version.toolkit": "1.17"}),
+                                     field_manager="auditor", _content_type=APPLY)
+    again = core.patch_namespaced_config_map("stack", ns, {**cm("stack", **{"version.driver": "570.86"}),
+                                                           "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
+                                             field_manager="gpucert", _content_type=APPLY)
+    assert again.data == {"version.driver": "570.86", "version.toolkit": "1.17", "note": "kept"}
+    assert again.metadata.labels == {"app": "gpucert"}
+    fields = owned(again)
+    assert fields[("gpucert", "Apply")] == {"f:data": {"f:version.driver": {}}, "f:metadata": {"f:labels": {
+        "f:app": {}}}}
+    assert fields[("editor", "Update")] == {"f:data": {"f:note": {}}}
+    assert fields[("auditor", "Apply")] == {"f:data": {"f:version.toolkit": {}}}
+    # Applying it all again changes nothing; an applier that stops applying everything leaves no entry.
+    same = core.patch_namespaced_config_map("stack", ns, {**cm("stack", **{"version.driver": "570.86"}),
+                                                          "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
+                                            field_manager="gpucert", _content_type=APPLY)
+    assert same.metadata.resource_version == again.metadata.resource_version
+    bare = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stack"}}
+    gone = core.patch_namespaced_config_map("stack", ns, bare, field_manager="auditor", _content_type=APPLY)
+    assert "version.toolkit" not in gone.data
+    assert {m for m, _ in owned(gone)} == {"gpucert", "editor"}
+
+
+def test_apply_of_a_field_another_manager_owns_is_a_conflict_unless_forced(sim: SimCluster, core: client.CoreV1Api,
+                                                                           ns: str) -> None:
+    core.patch_namespaced_config_map("c", ns, cm("c", key="a", other="a"), field_manager="a", _content_type=APPLY)
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_config_map("c", ns, cm("c", key="b"), field_manager="b", _content_type=APPLY)
+    assert err.value.status == 409
+    status = json.loads(err.value.body)
+    assert (status["reason"], status["message"]) == ("Conflict", 'Apply failed with 1 conflict: conflict with "a": '
+                                                                 ".data.key")
+    assert status["details"]["causes"] == [{"reason": "FieldManagerConflict", "message": 'conflict with "a"',
+                                            "field": ".data.key"}]
+    # A writer that is not an applier is named with its API version; two conflicts are listed by manager.
+    core.patch_namespaced_config_map("c", ns, {"data": {"other": "edited"}}, field_manager="editor")
+    code, _, body = raw(sim, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/c?fieldManager=b",
+                        json.dumps(cm("c", key="b", other="b")).encode(), {"Content-Type": APPLY})
+    assert (code, body["reason"]) == (409, "Conflict")
+    assert body["message"] == ('Apply failed with 2 conflicts: conflicts with "a":\n- .data.key\n'
+                               'conflicts with "editor" using v1:\n- .data.other')
+    assert core.read_namespaced_config_map("c", ns).data == {"key": "a", "other": "edited"}
+    # The same value is no conflict: both own the field.
+    shared = core.patch_namespaced_config_map("c", ns, cm("c", key="a"), field_manager="b", _content_type=APPLY)
+    assert owned(shared)[("b", "Apply")] == {"f:data": {"f:key": {}}}
+    assert owned(shared)[("a", "Apply")] == {"f:data": {"f:key": {}}}  # the editor's patch took "other"
+    forced = core.patch_namespaced_config_map("c", ns, cm("c", key="b"), field_manager="b", force=True,
+                                              _content_type=APPLY)
+    assert forced.data == {"key": "b", "other": "edited"}
+    # "a" lost the field it was forced off, its last: its entry goes.
+    assert owned(forced) == {("editor", "Update"): {"f:data": {"f:other": {}}}, ("b", "Apply"): {"f:data": {
+        "f:key": {}}}}
+    # "a" applying its old value again is now the conflict, with "b".
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_config_map("c", ns, cm("c", key="a"), field_manager="a", _content_type=APPLY)
+    assert json.loads(err.value.body)["message"] == 'Apply failed with 1 conflict: conflict with "b": .data.key'
+
+
+def test_managed_fields_after_a_forced_reapply(api: client.ApiClient, ns: str) -> None:
+    apps = client.AppsV1Api(api)
+
+    def daemonset(*containers: str) -> dict[str, Any]:
+        return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "labels": {"app": "x"}},
+                "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+                    "metadata": {"labels": {"app": "x"}},
+                    "spec": {"containers": [{"name": c, "image": "i:1"} for c in containers]}}}}
+
+    apps.patch_namespaced_daemon_set("ds", ns, daemonset("main", "sidecar"), field_manager="gpucert",
+                                     _content_type=APPLY)
+    # Someone else changes the image (the official client with no fieldManager: its User-Agent's product).
+    apps.patch_namespaced_daemon_set("ds", ns, {"spec": {"template": {"spec": {"containers": [
+        {"name": "main", "image": "i:2"}]}}}})
+    edited = apps.read_namespaced_daemon_set("ds", ns)
+    assert owned(edited)[("OpenAPI-Generator", "Update")] == {"f:spec": {"f:template": {"f:spec": {
+        "f:containers": {'k:{"name":"main"}': {"f:image": {}}}}}}}
+    with pytest.raises(ApiException) as err:
+        apps.patch_namespaced_daemon_set("ds", ns, daemonset("main"), field_manager="gpucert", _content_type=APPLY)
+    assert json.loads(err.value.body)["details"]["causes"][0]["field"] == \
+        '.spec.template.spec.containers[name="main"].image'
+    forced = apps.patch_namespaced_daemon_set("ds", ns, daemonset("main"), field_manager="gpucert", force=True,
+                                              _content_type=APPLY)
+    assert [(c.name, c.image) for c in forced.spec.template.spec.containers] == [("main", "i:1")]
+    [entry] = forced.metadata.managed_fields  # the other writer lost its only field: no entry left
+    assert (entry.manager, entry.operation, entry.api_version, entry.fields_type) == ("gpucert", "Apply", "apps/v1",
+                                                                                      "FieldsV1")
+    assert entry.time is not None
+    assert entry.fields_v1 == {
+        "f:metadata": {"f:labels": {"f:app": {}}},
+        "f:spec": {"f:selector": {}, "f:template": {  # a LabelSelector is owned whole
+            "f:metadata": {"f:labels": {"f:app": {}}},
+            "f:spec": {"f:containers": {'k:{"name":"main"}': {".": {}, "f:image": {}, "f:name": {}}}}}},
+    }
+
+
 # --- deletion -------------------------------------------------------------------------------------
 
 
@@ -413,6 +532,50 @@ def test_bad_requests_get_the_status_a_real_server_gives(sim: SimCluster, ns: st
     assert code == 415
 
 
+def test_specs_a_real_server_refuses_are_422_invalid(sim: SimCluster, api: client.ApiClient, ns: str) -> None:
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    json_ct = {"Content-Type": "application/json"}
+    # A Job without its spec (nor so its pod template).
+    code, _, body = raw(sim, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                        json.dumps({"metadata": {"name": "bare"}}).encode(), json_ct)
+    assert (code, body["reason"]) == (422, "Invalid")
+    assert body["details"]["causes"][0]["field"].startswith("spec.template")
+
+    # One matchFields requirement on metadata.name naming two nodes: the real server wants one value
+    # (a pod for either of two nodes takes two terms, which are ORed).
+    def affinity(*values: list[str]) -> dict[str, Any]:
+        terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": v}]} for v in values]
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+    a, b = "gpu-node-00001", "gpu-node-00002"
+    spec = {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}
+    with pytest.raises(ApiException) as err:
+        batch.create_namespaced_job(ns, {"metadata": {"name": "both"}, "spec": {"template": {
+            "spec": {**spec, "affinity": affinity([a, b])}}}})
+    assert err.value.status == 422
+    status = json.loads(err.value.body)
+    assert status["reason"] == "Invalid"
+    [cause] = status["details"]["causes"]
+    assert cause["field"] == ("spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                              ".nodeSelectorTerms[0].matchFields[0].values")
+    assert "must be only one value" in cause["message"]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(ns, {**pod("both"), "spec": {**spec, "affinity": affinity([a], [])}})
+    assert err.value.status == 422
+    assert json.loads(err.value.body)["details"]["causes"][0]["field"] == (
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[1].matchFields[0].values")
+    assert batch.list_namespaced_job(ns).items == []
+    # One single-value term per node is the valid form; a later write that breaks it is refused too.
+    job = batch.create_namespaced_job(ns, {"metadata": {"name": "either"}, "spec": {"template": {
+        "spec": {**spec, "affinity": affinity([a], [b])}}}})
+    assert job.metadata.name == "either"
+    with pytest.raises(ApiException) as err:
+        batch.patch_namespaced_job("either", ns, {"spec": {"template": {"spec": {"affinity": affinity([a, b])}}}},
+                                   _content_type="application/merge-patch+json")
+    assert err.value.status == 422
+
+
 def test_unknown_fields_warn_by_default_and_fail_when_strict(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_config_map(ns, cm("u"))
     obj, _, headers = core.patch_namespaced_config_map_with_http_info(
@@ -431,6 +594,7 @@ def test_unknown_fields_warn_by_default_and_fail_when_strict(core: client.CoreV1
 
 def test_pod_log(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("bench-0", "gpu-node-00000"))
+    started(core, ns, "bench-0")
     sim.store.set_log(ns, "bench-0", "line 1\nline 2\n{\"metric\": \"gemm_tflops\"}\n")
     assert core.read_namespaced_pod_log("bench-0", ns).endswith('{"metric": "gemm_tflops"}\n')
     assert core.read_namespaced_pod_log("bench-0", ns, tail_lines=1) == '{"metric": "gemm_tflops"}\n'
@@ -443,6 +607,7 @@ def test_a_pod_log_is_kept_whole_and_goes_with_its_pod(sim: SimCluster, core: cl
     """A benchmark-sized log (kept compressed) reads back as written; deleting the pod deletes its log, so
     a pod made again under the name starts with none, and a log written for a pod that is gone is dropped."""
     core.create_namespaced_pod(ns, pod("bench-1", "gpu-node-00000"))
+    started(core, ns, "bench-1")
     text = "".join(f'{{"metric": "gemm_tflops", "value": {700 + i % 50}.5, "repeat": {i}}}\n' for i in range(2000))
     sim.store.set_log(ns, "bench-1", text, compress=True)
     assert core.read_namespaced_pod_log("bench-1", ns) == text

@@ -18,12 +18,15 @@ import uuid
 from typing import Any
 
 from ..fleet import ZONE_LABEL, Fleet
-from ._resources import KUBERNETES_VERSION, lookup
+from ._resources import lookup
 from ._store import Store, now_rfc3339
 
 __all__ = ["gpu_node", "leaf_label_of", "register_nodes"]
 
-_KUBELET = KUBERNETES_VERSION  # no version skew between the model server and its kubelets
+# Three minors older than the API server (KUBERNETES_VERSION), as the version-skew policy allows a kubelet to
+# be: the older releases of the compatibility matrix still fit the simulated nodes, as on a cluster upgraded
+# control plane first. Never newer than the server (a kubelet newer than its API server is unsupported).
+_KUBELET = "v1.33.5"
 # AWS names for the 8-GPU boxes the fleet models; other shapes get a descriptive made-up name.
 _INSTANCE_TYPES = {("NVIDIA H200", 8): "p5e.48xlarge", ("NVIDIA H100 80GB HBM3", 8): "p5.48xlarge"}
 _GPU_MEMORY_MIB = {"NVIDIA H200": "143771", "NVIDIA H100 80GB HBM3": "81559"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +40,14 @@ from ._store import Obj, Store
 from ._validation import validate
 
 __all__ = ["PATCH_TYPES", "Reply", "Target", "Verbs"]
+
+#: The kinds whose real strategy allows create-on-update (a PUT of a missing object creates it); the others
+#: answer 404. Read off a real kube-apiserver v1.36 (tests/test_conformance.py, put_of_a_missing_object).
+_CREATE_ON_UPDATE = frozenset({
+    ("coordination.k8s.io", "leases"), ("", "endpoints"),
+    ("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
+    ("rbac.authorization.k8s.io", "clusterroles"), ("rbac.authorization.k8s.io", "clusterrolebindings"),
+})
 
 PATCH_TYPES = {
     "application/json-patch+json": "json",
@@ -179,6 +188,14 @@ class Verbs:
         obj = self._identity(target, body, creating=False)
         obj, warnings = _prune(resource, obj, query)
         with self.store.lock:
+            if (target.sub is None and (resource.group, resource.plural) in _CREATE_ON_UPDATE
+                    and self.store.get(resource, target.namespace, target.name or "") is None):
+                # What these kinds' strategies allow: a PUT of a missing object creates it (even with a
+                # resourceVersion in the body, which a renewal of a deleted Lease carries).
+                meta = {k: v for k, v in _metadata(obj).items() if k != "resourceVersion"}
+                created = self.create(dataclasses.replace(target, name=None), query, {**obj, "metadata": meta},
+                                      agent=agent)
+                return Reply(created.body, 201, (*warnings, *created.warnings))
             current = self._existing(target)
             new = self._split(target, current, obj)
             new = track_update(resource, target.sub, current, new, _manager(query, agent))
@@ -294,7 +311,12 @@ class Verbs:
     def _split(self, target: Target, current: Obj, new: Obj) -> Obj:
         """Apply the spec/status split: which part of ``new`` a write through ``target`` may change."""
         if target.sub == "status":
-            meta = {**current["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}
+            # The real status strategies reset the spec (and a pod's owner references and deletion stamp),
+            # not the rest of the metadata: labels and annotations written through /status are kept.
+            meta = {**current["metadata"]}
+            for key in ("labels", "annotations"):
+                if key in new.get("metadata", {}):
+                    meta[key] = new["metadata"][key]
             return {**current, "metadata": meta, "status": new.get("status")}
         if target.resource.has_status:
             kept = {k: v for k, v in new.items() if k != "status"}

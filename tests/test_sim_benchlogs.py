@@ -130,9 +130,10 @@ def test_a_preconfigured_node_reports_its_seeded_driver(sim: SimCluster, kube: K
     collected = benchmark(kube, "seeded-1", target)
     assert collected.stack is not None
     assert collected.stack["driver"] == seeded
-    # The CUDA version of the driver's branch, per the compatibility matrix (580: 13.0).
+    # The CUDA version of the driver's branch, per the compatibility matrix (580: 13.0); a branch the matrix
+    # knows by its major only (595: 13) is not guessed at, and the record has none.
     branch = load_matrix().drivers[seeded.partition(".")[0]]
-    assert collected.stack["cuda_driver"] == branch.cuda
+    assert collected.stack.get("cuda_driver") == (branch.cuda if "." in branch.cuda else None)
     assert "error" not in set(collected.results["metric"].astype(str))
 
 

@@ -127,7 +127,8 @@ def _mutate_unknown_key(raw: dict[str, Any]) -> None:
 
 
 def _mutate_default_outside_branches(raw: dict[str, Any]) -> None:
-    raw["releases"][0]["driver"]["branches"] = ["595", "590"]
+    default_branch = raw["releases"][0]["driver"]["default"].partition(".")[0]
+    raw["releases"][0]["driver"]["branches"] = [b for b in ("595", "590", "580") if b != default_branch]
 
 
 def _mutate_default_unknown_release(raw: dict[str, Any]) -> None:

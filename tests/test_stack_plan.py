@@ -210,10 +210,13 @@ def test_a_host_driver_that_cannot_drive_the_gpus_is_a_conflict(matrix: Matrix) 
 
 def test_blackwell_with_a_535_driver_names_the_model_and_nodes(matrix: Matrix) -> None:
     nodes = [node("gpu-node-00002", "NVIDIA B200"), node("gpu-node-00001", "NVIDIA B200"), node("h")]
-    error = conflicts_of(nodes, StackRequest(versions={"driver": "535.274.02"}), matrix)
+    # 26.3.1 still supports branch 535, so what refuses the request there is the architecture.
+    error = conflicts_of(nodes, StackRequest(release="26.3.1", versions={"driver": "535.274.02"}), matrix)
     assert "driver 535.274.02 does not support blackwell (NVIDIA B200 on gpu-node-00001, gpu-node-00002)" in (
         error.conflicts
     )
+    # Asked of no release, every release refuses it, and the newest's refusal is the one told.
+    error = conflicts_of(nodes, StackRequest(versions={"driver": "535.274.02"}), matrix)
     assert str(error).splitlines()[0].startswith("no release of the compatibility matrix accepts")
     assert f"GPU Operator {matrix.newest_release().name}" in str(error).splitlines()[0]
 
@@ -303,9 +306,8 @@ def test_all_conflicts_are_reported_together(matrix: Matrix) -> None:
         node("ancient", kubelet_version="v1.20.1"),
         node("b", "NVIDIA B200"),
     ]
-    request = StackRequest(
-        release=matrix.newest_release().name, versions={"driver": "535.274.02", "cuda": "13.0"}
-    )
+    # 26.3.1: a release that still supports branch 535, so the B200's architecture is what refuses it.
+    request = StackRequest(release="26.3.1", versions={"driver": "535.274.02", "cuda": "13.0"})
     error = conflicts_of(nodes, request, matrix)
     text = "\n".join(error.conflicts)
     for piece in (

@@ -7,6 +7,12 @@ both; where the two disagree the real server is right (issue 29). ``real`` is a
 kube-controller-manager, kube-scheduler) with :class:`gpucert.sim._attach.AttachedKubelets` holding its GPU
 nodes. In CI (``CI=true``) a control plane that cannot start fails the test; elsewhere it is skipped with
 the reason.
+
+``open_cluster(..., api_faults=True)`` gives the real server the simulator's API faults too: a
+:class:`~tests.apifaults_proxy.ApiFaultProxy` stands in front of its kube-apiserver, the cluster's
+``kubeconfig_path`` points at the proxy, and ``set_faults``, ``faults`` (``.served``) and ``requests`` answer
+as :class:`~gpucert.sim.SimCluster`'s do (the simulator has them always). The attached kubelets, the
+controllers and the scheduler talk to kube-apiserver directly, as the simulator's own never meet its faults.
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ from typing import Any, Protocol
 import pytest
 
 from gpucert.fleet import Fault, Fleet
-from gpucert.sim import SimCluster
+from gpucert.sim import ApiFaults, SimCluster
 from gpucert.sim._attach import AttachedKubelets
+from gpucert.sim._faults import FaultInjector
+from gpucert.sim._requests import ApiRequest
 
+from .apifaults_proxy import ApiFaultProxy
 from .controlplane import ControlPlane, ControlPlaneUnavailable
 
 __all__ = ["SERVERS", "Cluster", "RealCluster", "open_cluster", "require_control_plane"]
@@ -49,7 +58,19 @@ class Cluster(Protocol):
 
     def set_node_ready(self, node: str, ready: bool) -> None: ...
 
+    def delete_node(self, node: str) -> None: ...
+
     def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]: ...
+
+    # API faults: the simulator's always; the real server's with ``open_cluster(..., api_faults=True)``.
+
+    @property
+    def faults(self) -> FaultInjector: ...
+
+    def set_faults(self, faults: ApiFaults | None) -> None: ...
+
+    @property
+    def requests(self) -> list[ApiRequest]: ...
 
 
 class RealCluster:
@@ -57,20 +78,23 @@ class RealCluster:
 
     server = "real"
 
-    def __init__(self, plane: ControlPlane, kubelets: AttachedKubelets) -> None:
+    def __init__(self, plane: ControlPlane, kubelets: AttachedKubelets, proxy: ApiFaultProxy | None = None) -> None:
         self.plane = plane
         self.kubelets = kubelets
+        #: The API fault proxy in front of kube-apiserver (``api_faults=True``), else None.
+        self.proxy = proxy
 
     @property
     def kubeconfig_path(self) -> Path:
-        return self.plane.admin_kubeconfig
+        """The admin's kubeconfig: through the API fault proxy when there is one, else straight to the server."""
+        return self.proxy.kubeconfig_path if self.proxy is not None else self.plane.admin_kubeconfig
 
     @property
     def fleet(self) -> Fleet:
         return self.kubelets.fleet
 
     def api_client(self) -> Any:
-        return self.plane.api_client()
+        return self.plane.api_client(self.kubeconfig_path)
 
     @property
     def store(self) -> Any:
@@ -86,6 +110,32 @@ class RealCluster:
     def set_node_ready(self, node: str, ready: bool) -> None:
         self.kubelets.set_node_ready(node, ready)
 
+    def delete_node(self, node: str) -> None:
+        """Delete the Node through the API, as when a machine is removed (straight to kube-apiserver, never
+        faulted). What follows is the real controllers': its pods are left to pod GC (which waits 40 s for
+        an orphan), a Job's deletion of them confirmed by the attached kubelets."""
+        from kubernetes import client
+
+        with self.plane.api_client() as api:
+            client.CoreV1Api(api).delete_node(node)
+
+    @property
+    def faults(self) -> FaultInjector:
+        return self._proxy().faults
+
+    def set_faults(self, faults: ApiFaults | None) -> None:
+        self._proxy().set_faults(faults)
+
+    @property
+    def requests(self) -> list[ApiRequest]:
+        """The requests that came through the API fault proxy (the kubelets' and controllers' do not)."""
+        return self._proxy().requests
+
+    def _proxy(self) -> ApiFaultProxy:
+        if self.proxy is None:
+            raise RuntimeError("no API fault proxy: open the real cluster with api_faults=True")
+        return self.proxy
+
     def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]:
         return self.kubelets.add_nodes(count, uncertified_taint=uncertified_taint)
 
@@ -98,8 +148,9 @@ def require_control_plane(exc: ControlPlaneUnavailable) -> None:
 
 
 @contextmanager
-def open_cluster(server: str, **kwargs: Any) -> Iterator[Any]:
-    """A started cluster on ``server`` (``sim`` or ``real``) of the SimCluster arguments ``kwargs``."""
+def open_cluster(server: str, *, api_faults: bool = False, **kwargs: Any) -> Iterator[Any]:
+    """A started cluster on ``server`` (``sim`` or ``real``) of the SimCluster arguments ``kwargs``;
+    ``api_faults``: the real server behind an :class:`ApiFaultProxy` (the simulator injects them itself)."""
     if server == "sim":
         # A kubeconfig of the test's, not the simulator's own temporary one: it stays where it is when the
         # simulated API server is stopped and started again (a restart).
@@ -113,9 +164,14 @@ def open_cluster(server: str, **kwargs: Any) -> Iterator[Any]:
         plane.start()
     except ControlPlaneUnavailable as exc:
         require_control_plane(exc)
+    proxy = ApiFaultProxy.for_plane(plane) if api_faults else None
     try:
+        if proxy is not None:
+            proxy.start()
         with AttachedKubelets(plane.admin_kubeconfig, **kwargs) as kubelets:
-            yield RealCluster(plane, kubelets)
+            yield RealCluster(plane, kubelets, proxy)
             assert not kubelets.errors, kubelets.errors
     finally:
+        if proxy is not None:
+            proxy.stop()
         plane.stop()

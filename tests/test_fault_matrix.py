@@ -3,22 +3,32 @@
 Every row of :data:`MATRIX` names one fault and the promise a run under it keeps; the README's "Fault
 matrix" table is this table (a test keeps the two the same). Each row runs a real flow — certify,
 operate, onboard or configure, under the session's Prefect test server — against ``gpucert sim`` with
-the fault injected, and checks the END STATE, not the absence of an exception: every node decided once
-in the run's ``decisions.parquet``, its state label, ``GpuCertified`` condition and ``unhealthy`` taint
-as decided, no gpucert taint without a recorded decision, no ``testing`` taint left, the run's files
-present, at most one Job per node, no duplicate ticket, no extra or half-written baseline version.
+the fault injected; the rows whose ``servers`` say so run against a real control plane too (issue 29:
+kube-apiserver, kube-controller-manager and kube-scheduler with the simulator's kubelets attached,
+``tests/realcluster.py``), from the same parametrised fixture and the same test body. Each checks the
+END STATE, not the absence of an exception: every node decided once in the run's ``decisions.parquet``,
+its state label, ``GpuCertified`` condition and ``unhealthy`` taint as decided, no gpucert taint without
+a recorded decision, no ``testing`` taint left, the run's files present, at most one Job per node, no
+duplicate ticket, no extra or half-written baseline version.
 
 Cost is kept down the way the suite's budget asks: clusters of 2 to 7 nodes with sub-second simulated
 timing, a shared moto S3 server, one certify run carrying the six pod and node faults that do not
-interfere (each its own node), one fork server (``flows.certify`` imported once) for the killed runs.
+interfere (each its own node), one fork server (``flows.certify`` imported once) for the killed runs. The
+real server's variants cost about three minutes on 2 busy cores: three control planes (API rows, the chaos
+run, the watch rows), started one after another and each stopped before the next starts
+(:data:`REAL_FIRST`), ~15 s to start and ~15 s to stop each, plus the runs (~80, ~45 and ~60 s in all).
 
 How faults get in:
 
 * Kubernetes API — :class:`gpucert.sim.ApiFaults` (500s, 429 with Retry-After, latency, dropped and
-  expired watches); the simulator counts what it served, so a row fails if its fault never fired;
+  expired watches); the simulator counts what it served, so a row fails if its fault never fired. On the
+  real server the same policy object is injected by :class:`tests.apifaults_proxy.ApiFaultProxy`, a TLS
+  reverse proxy in front of kube-apiserver that decides with the simulator's own ``FaultInjector`` and
+  counts the same way;
 * pods — node annotations the simulated kubelet honours (``sim.gpucert.io/image-pull-error``,
-  ``exit-code`` + ``terminated-reason``, ``run-seconds``), a foreign ``NoSchedule`` taint for a pod
-  that cannot be scheduled, a node deleted or gone NotReady while its Job runs;
+  ``exit-code`` + ``terminated-reason``, ``run-seconds``; the attached kubelets honour them on the real
+  server), a foreign ``NoSchedule`` taint for a pod that cannot be scheduled, a node deleted (through the
+  API, on the real server) or gone NotReady (its kubelet stops) while its Job runs;
 * the store — :class:`tests.s3servers.FaultProxy` in front of moto: 5xx, a rival writer's 412,
   connections dropped after S3 acted, and an endpoint nothing listens on;
 * a killed run — a forked process running the flow, killed with SIGKILL by the test once its Jobs run,
@@ -76,6 +86,7 @@ from gpucert.tickets import LocalTickets, local_path
 
 from . import faultproc
 from .conftest import stop_process
+from .realcluster import SERVERS, open_cluster
 from .s3servers import (
     ACCESS_KEY,
     DROP_AFTER,
@@ -99,25 +110,31 @@ TESTING = f"{PREFIX}/testing"
 NAMESPACE = JOBS_NAMESPACE
 
 
+#: A row run on both servers: ``gpucert sim`` and the real control plane.
+BOTH = tuple(SERVERS)
+
+
 @dataclass(frozen=True)
 class Row:
-    """One row of the matrix: its id, the test that runs it, the flow, the fault in words, the promise."""
+    """One row of the matrix: its id, the test that runs it, the flow, the fault in words, the promise, and
+    the servers its test runs it on."""
 
     id: str
     test: str
     flow: str
     fault: str
     promise: str
+    servers: tuple[str, ...] = ("sim",)
 
 
 MATRIX: tuple[Row, ...] = (
     # --- the Kubernetes API ----------------------------------------------------------------------------
     Row("api-500", "test_certify_rides_out_a_flaky_api", "certify",
         "10 % of API requests answered 500",
-        "certify completes; every node decided once, labels, conditions and taints match decisions.parquet"),
+        "certify completes; every node decided once, labels, conditions and taints match decisions.parquet", BOTH),
     Row("api-429", "test_certify_rides_out_a_flaky_api", "certify",
         "10 % of API requests answered 429 with Retry-After: 1",
-        "certify waits as told and completes: every node decided and certified, as on a clean run"),
+        "certify waits as told and completes: every node decided and certified, as on a clean run", BOTH),
     Row("api-429-operate", "test_operate_night_under_429s", "operate",
         "4 % of API requests answered 429 with Retry-After: 1, a whole night",
         "the night's telemetry, choice and certify complete; every due node decided, labels as decided"),
@@ -126,31 +143,32 @@ MATRIX: tuple[Row, ...] = (
         "configure installs and verifies the whole stack on every node; a second run writes nothing"),
     Row("api-latency", "test_certify_rides_out_a_flaky_api", "certify",
         "2 s added to every API request while the Jobs run",
-        "no call times out; certify completes and every node is decided"),
+        "no call times out; certify completes and every node is decided", BOTH),
     Row("watch-dropped", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
         "every node watch cut 0.3 s after it starts",
-        "watch-nodes re-lists a cut watch and announces a node that joins meanwhile exactly once; onboard admits it"),
+        "watch-nodes re-lists a cut watch and announces a node that joins meanwhile exactly once; onboard admits it",
+        BOTH),
     Row("watch-expired", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
         "every resumed node watch answered 410 Expired in the stream",
-        "watch-nodes re-lists and announces each joined node exactly once, however often it re-lists"),
+        "watch-nodes re-lists and announces each joined node exactly once, however often it re-lists", BOTH),
     Row("node-deleted", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node deleted while its Job runs",
-        "certify completes; the gone node is inconclusive and written nowhere, the others are decided"),
+        "certify completes; the gone node is inconclusive and written nowhere, the others are decided", BOTH),
     Row("node-not-ready", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node going NotReady while its Job runs",
-        "its Job ends at the deadline: inconclusive, its state label untouched, no taint; the others decided"),
+        "its Job ends at the deadline: inconclusive, its state label untouched, no taint; the others decided", BOTH),
     Row("job-image-pull", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node whose pods cannot pull their image",
-        "inconclusive (image_pull), never a GPU verdict; no taint, no ticket, the state label untouched"),
+        "inconclusive (image_pull), never a GPU verdict; no taint, no ticket, the state label untouched", BOTH),
     Row("job-unschedulable", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node a foreign NoSchedule taint keeps the pod off",
-        "inconclusive (unschedulable); the foreign taint stays, no gpucert taint is added"),
+        "inconclusive (unschedulable); the foreign taint stays, no gpucert taint is added", BOTH),
     Row("job-oom", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node whose benchmark container is OOM-killed (exit 137)",
-        "inconclusive (oom), never a GPU verdict; no taint, no ticket"),
+        "inconclusive (oom), never a GPU verdict; no taint, no ticket", BOTH),
     Row("job-deadline", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
         "a node whose benchmark outlives the Job's deadline",
-        "inconclusive (deadline); no pod of the run is left holding the node's GPUs"),
+        "inconclusive (deadline); no pod of the run is left holding the node's GPUs", BOTH),
     # --- the store -------------------------------------------------------------------------------------
     Row("store-5xx", "test_every_write_of_the_run_meets_the_fault_once", "certify",
         "the first PUT of every object the run writes answered 500 or 503",
@@ -202,7 +220,8 @@ def rows(*ids: str) -> list[Any]:
 # --- running flows and reading what they left ----------------------------------------------------------
 
 
-def _cluster(sim: SimCluster) -> GpuCluster:
+def _cluster(sim: Any) -> GpuCluster:
+    """The flows' cluster block for ``sim`` (a SimCluster, or a RealCluster: then through its fault proxy)."""
     return GpuCluster(kubeconfig=str(sim.kubeconfig_path))
 
 
@@ -210,7 +229,7 @@ def _file_store(root: Path) -> BaselineStore:
     return BaselineStore(uri=f"file://{root}")
 
 
-def run_certify(sim: SimCluster, store: BaselineStore, **kwargs: Any) -> CertifyOutcome:
+def run_certify(sim: Any, store: BaselineStore, **kwargs: Any) -> CertifyOutcome:
     """One certify flow run on ``sim``; returns its outcome."""
     outcome: CertifyOutcome = asyncio.run(certify(cluster=_cluster(sim), store=store, **kwargs))
     return outcome
@@ -334,17 +353,37 @@ def _while_running(
     return thread
 
 
+# --- both servers ----------------------------------------------------------------------------------------
+
+#: The fixtures' servers, the real one first. pytest ends a module-scoped parametrised fixture's instance
+#: only when the next parameter of that same fixture is set up (or the module ends): real then sim, each
+#: real control plane is stopped before the next fixture starts its own — one at a time on the machine.
+REAL_FIRST = tuple(sorted(BOTH, key=lambda server: server != "real"))
+#: The fixtures that give each test using them both servers (a test of a ``BOTH`` row must use one).
+SERVER_FIXTURES = ("api_cluster", "chaos", "onboard_cluster")
+
+
+@contextlib.contextmanager
+def faulty_cluster(server: str, **kwargs: Any) -> Iterator[Any]:
+    """A cluster on ``server`` that takes API faults: the simulator, or a real control plane behind the API
+    fault proxy (``set_faults``, ``faults.served`` and ``requests`` alike on both); faults off at the end."""
+    with open_cluster(server, api_faults=True, **kwargs) as cluster:
+        try:
+            yield cluster
+        finally:
+            cluster.set_faults(None)
+
+
 # --- the Kubernetes API --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def api_sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=3, preconfigured=True, seed=21) as sim:
-        yield sim
-        sim.set_faults(None)
+@pytest.fixture(scope="module", params=REAL_FIRST)
+def api_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+    with faulty_cluster(request.param, nodes=3, preconfigured=True, seed=21) as cluster:
+        yield cluster
 
 
-def _slow_while_jobs_run(sim: SimCluster, kube: Kube, run_id: str, timeout_s: float = 60.0) -> None:
+def _slow_while_jobs_run(sim: Any, kube: Kube, run_id: str, timeout_s: float = 60.0) -> None:
     """Add 2 s to every API request from the first benchmark pod of ``run_id`` Running until every one of
     them has ended."""
 
@@ -361,7 +400,8 @@ def _slow_while_jobs_run(sim: SimCluster, kube: Kube, run_id: str, timeout_s: fl
 
 
 @pytest.mark.parametrize("row", rows("api-500", "api-429", "api-latency"))
-def test_certify_rides_out_a_flaky_api(row: Row, api_sim: SimCluster, tmp_path: Path) -> None:
+def test_certify_rides_out_a_flaky_api(row: Row, api_cluster: Any, tmp_path: Path) -> None:
+    api_sim = api_cluster
     kube = connect(api_sim.kubeconfig_path)
     before, served = nodes_of(kube), api_sim.faults.served
     faults = {"api-500": ApiFaults(error_rate=0.1, seed=5),
@@ -386,7 +426,7 @@ def test_certify_rides_out_a_flaky_api(row: Row, api_sim: SimCluster, tmp_path: 
     assert fired > 0, f"the fault of {row.id} never fired"
     decisions = check_end_state(kube, open_store(block.uri), outcome, before, versions_before=0)
     assert set(decisions["state"]) == {"certified"}, decisions[["node", "state", "summary"]]
-    print(f"{row.id}: {fired} faults served, certify took {took:.1f} s")
+    print(f"{row.id} on {api_sim.server}: {fired} faults served, certify took {took:.1f} s")
 
 
 # --- pods that never run, a node deleted or gone NotReady mid-run: one certify run, a node each ---------
@@ -402,7 +442,7 @@ FOREIGN_TAINT = {"key": "maintenance", "value": "firmware", "effect": "NoSchedul
 
 @dataclass(frozen=True)
 class Chaos:
-    sim: SimCluster
+    sim: Any  # a SimCluster or a RealCluster
     kube: Kube
     store: Store
     root: Path
@@ -414,11 +454,19 @@ class Chaos:
         return self.sim.fleet.node_names[next(i for i, r in CHAOS.items() if r == row)]
 
 
-@pytest.fixture(scope="module")
-def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
-    """One certify run of 7 nodes, six of them each under one of the faults of :data:`CHAOS`."""
-    root = tmp_path_factory.mktemp("chaos-store")
-    with SimCluster(nodes=7, preconfigured=True, seed=22) as sim, pytest.MonkeyPatch.context() as patch:
+@pytest.fixture(scope="module", params=REAL_FIRST)
+def chaos(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
+    """One certify run of 7 nodes, six of them each under one of the faults of :data:`CHAOS`, on each server.
+
+    On the real server the faults take the real paths: the attached kubelets honour the same node
+    annotations, the real scheduler leaves the tainted node's pod Pending (Unschedulable), the real Job
+    controller ends the Jobs at their ``activeDeadlineSeconds`` and the attached kubelets confirm the pods'
+    deletion; the deleted node is deleted through the API (its pod is left to pod GC, which waits 40 s, so
+    its Job too ends at its deadline), the NotReady one's kubelet stops (Ready False, no Lease renewed; the
+    node lifecycle controller taints it)."""
+    root = tmp_path_factory.mktemp(f"chaos-store-{request.param}")
+    with open_cluster(request.param, nodes=7, preconfigured=True, seed=22) as sim, \
+            pytest.MonkeyPatch.context() as patch:  # fmt: skip
         names, kube = sim.fleet.node_names, connect(sim.kubeconfig_path)
         shaped = {0: {IMAGE_PULL_ERROR_ANNOTATION: "ErrImagePull"},
                   2: {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"},
@@ -448,6 +496,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
 def test_a_node_whose_benchmark_cannot_run_is_inconclusive(row: Row, chaos: Chaos) -> None:
     node = chaos.node(row.id)
     outcome, names = chaos.outcome, chaos.sim.fleet.node_names
+    print(f"{row.id} on {chaos.sim.server}: {outcome.inconclusive.get(node)}")
     # The run completed and decided every node: the healthy one certified, whatever the others did.
     assert outcome.states == {"certified": 1, "unchanged": len(CHAOS)}, outcome.states
     assert outcome.decision(names[6]).state == "certified"  # type: ignore[union-attr]
@@ -745,14 +794,13 @@ def _today() -> date:
 # --- watches: watch-nodes announcing joins to onboard, under dropped and expired watches ----------------
 
 
-@pytest.fixture(scope="module")
-def onboard_sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, preconfigured=True, seed=25) as sim:
-        yield sim
-        sim.set_faults(None)
+@pytest.fixture(scope="module", params=REAL_FIRST)
+def onboard_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+    with faulty_cluster(request.param, nodes=2, preconfigured=True, seed=25) as cluster:
+        yield cluster
 
 
-def _announce_while(sim: SimCluster, faults: ApiFaults, settle_s: float) -> tuple[str, list[tuple[str, str]]]:
+def _announce_while(sim: Any, faults: ApiFaults, settle_s: float) -> tuple[str, list[tuple[str, str]]]:
     """Run watch-nodes' loop under ``faults``; after ``settle_s`` a node joins; returns that node and what
     was announced (node, uid) by the time it was seen, plus a little more watching (a second announcement
     would show)."""
@@ -790,10 +838,12 @@ def _announce_while(sim: SimCluster, faults: ApiFaults, settle_s: float) -> tupl
 
 @pytest.mark.parametrize("row", rows("watch-dropped", "watch-expired"))
 def test_watch_nodes_announces_a_join_once_and_onboard_admits_it(
-    row: Row, onboard_sim: SimCluster, tmp_path: Path
+    row: Row, onboard_cluster: Any, tmp_path: Path
 ) -> None:
+    onboard_sim = onboard_cluster
     kube = connect(onboard_sim.kubeconfig_path)
     served, watches = onboard_sim.faults.served, _watch_requests(onboard_sim)
+    cut = onboard_sim.proxy.cut if onboard_sim.server == "real" else 0
     faults = ApiFaults(drop_watch_after_s=0.3) if row.id == "watch-dropped" else ApiFaults(watch_expired_rate=1.0)
     new, announced = _announce_while(onboard_sim, faults, settle_s=0.8)
     joined = kube.get("v1", "Node", new)
@@ -802,6 +852,8 @@ def test_watch_nodes_announces_a_join_once_and_onboard_admits_it(
     assert joined["metadata"]["annotations"][f"{PREFIX}/join-announced"] == uid
     if row.id == "watch-dropped":  # cut watches were watched again (more than the ~2 s watches would need)
         assert _watch_requests(onboard_sim) - watches >= 4
+        if onboard_sim.server == "real":  # the fault proxy also counts the watches it cut
+            assert onboard_sim.proxy.cut > cut, "no watch was cut"
     else:
         assert onboard_sim.faults.served.get("expired", 0) > served.get("expired", 0)
     # The announcement starts onboard-node (its deployment trigger); run it as the trigger would.
@@ -814,14 +866,24 @@ def test_watch_nodes_announces_a_join_once_and_onboard_admits_it(
     assert UNCERTIFIED not in gpucert_taints(kube.get("v1", "Node", new))
 
 
-def _watch_requests(sim: SimCluster) -> int:
+def _watch_requests(sim: Any) -> int:
     return sum(1 for r in sim.requests if r.verb == "watch" and r.resource == "nodes")
 
 
 # --- operate and configure under a flaky API -------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def api_sim() -> Iterator[SimCluster]:
+    with SimCluster(nodes=3, preconfigured=True, seed=21) as sim:
+        yield sim
+        sim.set_faults(None)
+
+
 def test_operate_night_under_429s(api_sim: SimCluster, tmp_path: Path) -> None:
+    # Not in issue 29's set of two-server rows: on the real server the attached kubelets' pods have loopback
+    # addresses, which the endpoint controllers refuse, so operate finds no DCGM exporter and its telemetry
+    # step reads nothing — the row's promise ("the night's telemetry ... complete") cannot be kept there.
     row = ROWS["api-429-operate"]
     kube = connect(api_sim.kubeconfig_path)
     before, served = nodes_of(kube), api_sim.faults.served.get("429", 0)
@@ -1116,10 +1178,11 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
 
 def readme_table() -> list[str]:
     """The matrix as the README's "Fault matrix" table (markdown lines)."""
-    lines = ["| row | fault | promise checked | test |", "|---|---|---|---|"]
+    lines = ["| row | fault | promise checked | servers | test |", "|---|---|---|---|---|"]
     for row in MATRIX:
         cell = row.test + (f"[{row.id}]" if _row_ids(row.test) else "")
-        lines.append(f"| `{row.id}` | {row.fault} | {row.promise} | {row.flow}: `{cell}` |")
+        servers = " and ".join(f"`{s}`" for s in row.servers)
+        lines.append(f"| `{row.id}` | {row.fault} | {row.promise} | {servers} | {row.flow}: `{cell}` |")
     return lines
 
 
@@ -1130,10 +1193,16 @@ def _row_ids(test: str) -> list[str]:
 
 
 def test_every_row_has_its_test_and_the_readme_shows_the_matrix() -> None:
+    import inspect
+
     for row in MATRIX:
         assert callable(globals().get(row.test)), f"{row.id}: no test {row.test}"
         ids = _row_ids(row.test)
         assert not ids or row.id in ids, f"{row.test} does not run {row.id}"
+        # A row said to run on both servers is run by a test using a fixture of both; no other is.
+        fixtures = set(inspect.signature(globals()[row.test]).parameters) & set(SERVER_FIXTURES)
+        assert row.servers in (("sim",), BOTH), (row.id, row.servers)
+        assert bool(fixtures) == (row.servers == BOTH), f"{row.id}: servers {row.servers}, fixtures {fixtures}"
     assert len(ROWS) == len(MATRIX), "two rows share an id"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## Fault matrix"):]

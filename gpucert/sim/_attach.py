@@ -181,6 +181,8 @@ class AttachedKubelets:
         self._runners: list[web.AppRunner] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._not_ready: set[str] = set()
+        #: The open watch of each mirrored resource, to shut down at stop.
+        self._watches: dict[str, Any] = {}
         self.kubelet_port = 0
         self.metrics_port = 0
 
@@ -216,6 +218,10 @@ class AttachedKubelets:
         self._stop.set()
         with self._pending_lock:
             self._pending_lock.notify_all()
+        # A watch blocks in its socket's read until the server sends something: shut the sockets down so the
+        # mirror threads end now, not at their join timeouts.
+        for response in list(self._watches.values()):
+            response.shutdown()
         loop = self._loop
         if loop is not None:
             async def _close() -> None:
@@ -227,7 +233,7 @@ class AttachedKubelets:
             asyncio.run_coroutine_threadsafe(_close(), loop).result(timeout=10)
             loop.call_soon_threadsafe(loop.stop)
         for thread in self._threads:
-            thread.join(timeout=5 if thread.name != "sim-kubelets-nodes" else 2)
+            thread.join(timeout=5)
         self._threads.clear()
         self._loop = None
         if self._remote is not None:
@@ -593,6 +599,7 @@ class AttachedKubelets:
         query = {**self._query(resource), "watch": "1", "resourceVersion": version,
                  "allowWatchBookmarks": "true", "timeoutSeconds": _WATCH_TIMEOUT_S}
         answer = self._remote.call("GET", resource.path(), query=query, timeout=(10, _WATCH_TIMEOUT_S + 30))
+        self._watches[resource.key] = answer.response
         try:
             for line in _lines(answer):
                 if self._stop.is_set():
@@ -607,6 +614,7 @@ class AttachedKubelets:
                 if kind != "BOOKMARK":
                     self._mirror(resource, str(kind), obj)
         finally:
+            self._watches.pop(resource.key, None)
             answer.response.release_conn()
         return version
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -215,3 +216,26 @@ def test_find_drift_reports_opt_outs_host_drivers_and_bystanders() -> None:
     assert rows[("d", "device-plugin")].found == "v0.14.0"
     assert ("a", "driver") not in rows
     assert all(isinstance(d, Drift) for d in drift)
+
+
+def _ds_pod(node: str, generation: int, revision: str, uid: str = "ds-1") -> dict[str, Any]:
+    return {"metadata": {"name": f"p-{node}", "labels": {"pod-template-generation": str(generation),
+                                                       "controller-revision-hash": revision},
+                         "ownerReferences": [{"kind": "DaemonSet", "uid": uid, "controller": True}]},
+            "spec": {"nodeName": node}}
+
+
+def test_a_template_changed_and_changed_back_counts_the_pods_never_replaced_as_current() -> None:
+    """Found on a real control plane: an outside edit rolled a DaemonSet part way, configure put the template
+    back (generation 3, the revision of generation 1 again), and the DaemonSet controller left the pod it had
+    not yet replaced — generation 1, the current revision — where it was. It is current, as the controller
+    judges (IsPodUpdated: generation or revision hash); a pod of the edited template is not."""
+    from gpucert.stack._rollout import _current_pods_by_node, _Template
+
+    pods = [_ds_pod("a", 3, "h1"), _ds_pod("b", 1, "h1"), _ds_pod("c", 2, "h2")]
+    rolling = {"ds-1": _Template(generation=3, all_updated=False)}
+    assert sorted(_current_pods_by_node(rolling, pods)) == ["a", "b"]
+    # No pod made at this generation yet: the controller's own count (all updated) is what says so.
+    settled = {"ds-1": _Template(generation=3, all_updated=True)}
+    assert sorted(_current_pods_by_node(settled, [_ds_pod("b", 1, "h1")])) == ["b"]
+    assert _current_pods_by_node(rolling, [_ds_pod("b", 1, "h1")]) == {}

@@ -6,7 +6,7 @@ patched, so a second configure run moves no ``resourceVersion``.
 
 Readiness is judged per node, the way the GPU Operator's gates do (REFERENCE §7): a component is
 ready on a node when that node has a Ready pod of the component's DaemonSet made from its current
-template (``pod-template-generation`` = the DaemonSet's ``generation``) — an aggregate
+template (as the DaemonSet controller judges it: its generation or its revision hash) — an aggregate
 ``numberReady`` cannot say *which* node is missing, and the error must name it.
 """
 
@@ -38,6 +38,7 @@ __all__ = [
 
 _PART_OF = "app.kubernetes.io/part-of=gpucert"
 _VERSION = "app.kubernetes.io/version"
+_REVISION_HASH = "controller-revision-hash"
 
 
 @dataclass(frozen=True)
@@ -151,26 +152,55 @@ def _owner_uid(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Template:
+    """A DaemonSet's current template, as its pods can be matched to it."""
+
+    generation: int
+    #: The DaemonSet controller counts every scheduled pod as updated (its status, for this generation).
+    all_updated: bool
+
+
 def _component_pods(
     kube: Kube, namespace: str, component: str
-) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """The component's DaemonSets (uid → generation) and their pods."""
+) -> tuple[dict[str, _Template], list[dict[str, Any]]]:
+    """The component's DaemonSets (uid → current template) and their pods."""
     selector = f"{_PART_OF},app.kubernetes.io/component={component}"
     daemonsets = kube.list_objects("apps/v1", "DaemonSet", namespace, label_selector=selector)
-    generations = {str(d["metadata"]["uid"]): int(d["metadata"].get("generation") or 1) for d in daemonsets}
-    return generations, kube.list_objects("v1", "Pod", namespace, label_selector=selector)
+    templates = {}
+    for ds in daemonsets:
+        generation = int(ds["metadata"].get("generation") or 1)
+        status = ds.get("status") or {}
+        updated = (int(status.get("observedGeneration") or 0) >= generation
+                   and int(status.get("updatedNumberScheduled") or 0)
+                   == int(status.get("desiredNumberScheduled") or 0))  # fmt: skip
+        templates[str(ds["metadata"]["uid"])] = _Template(generation, updated)
+    return templates, kube.list_objects("v1", "Pod", namespace, label_selector=selector)
 
 
 def _current_pods_by_node(
-    generations: Mapping[str, int], pods: Iterable[Mapping[str, Any]]
+    templates: Mapping[str, _Template], pods: Iterable[Mapping[str, Any]]
 ) -> dict[str, list[Mapping[str, Any]]]:
+    """Node → the pods made from their DaemonSet's current template, as the DaemonSet controller judges it
+    (``IsPodUpdated``): the pod's ``pod-template-generation`` is the DaemonSet's generation, or its
+    ``controller-revision-hash`` is the current template's. A template changed and changed back is the same
+    revision again, so a pod made before the change that was never replaced is current, under an older
+    generation: its hash is matched to those of the pods made at this generation, and when there are none
+    the controller's own count (every scheduled pod updated) says so."""
+    owned = [(uid, pod) for pod in pods if (uid := _owner_uid(pod)) is not None and uid in templates]
+    current_hashes: dict[str, set[str]] = {}
+    for uid, pod in owned:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get("pod-template-generation") == str(templates[uid].generation):
+            current_hashes.setdefault(uid, set()).add(str(labels.get(_REVISION_HASH)))
     by_node: dict[str, list[Mapping[str, Any]]] = {}
-    for pod in pods:
-        uid = _owner_uid(pod)
-        if uid is None or uid not in generations:
-            continue
-        generation = ((pod.get("metadata") or {}).get("labels") or {}).get("pod-template-generation")
-        if generation is not None and generation != str(generations[uid]):
+    for uid, pod in owned:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        generation = labels.get("pod-template-generation")
+        current = (generation is None or generation == str(templates[uid].generation)
+                   or labels.get(_REVISION_HASH) in current_hashes.get(uid, set())
+                   or templates[uid].all_updated)  # fmt: skip
+        if not current:
             continue  # a pod of an older template: the rollout has not reached this node yet
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
@@ -180,8 +210,8 @@ def _current_pods_by_node(
 
 def not_ready_nodes(kube: Kube, plan: StackPlan, component: str, targets: Sequence[str]) -> dict[str, str]:
     """Target node → why ``component`` is not ready there (empty when ready everywhere)."""
-    generations, pods = _component_pods(kube, plan.namespace, component)
-    by_node = _current_pods_by_node(generations, pods)
+    templates, pods = _component_pods(kube, plan.namespace, component)
+    by_node = _current_pods_by_node(templates, pods)
     missing: dict[str, str] = {}
     for node in targets:
         current = by_node.get(node, [])
@@ -216,11 +246,11 @@ def observed_versions(kube: Kube, plan: StackPlan) -> dict[str, dict[str, str]]:
     host-driver nodes report their host driver's version."""
     out: dict[str, dict[str, str]] = {n: {} for n in plan.nodes}
     for component in COMPONENTS:
-        generations, pods = _component_pods(kube, plan.namespace, component)
+        templates, pods = _component_pods(kube, plan.namespace, component)
         for pod in pods:
             node = str((pod.get("spec") or {}).get("nodeName") or "")
             version = ((pod.get("metadata") or {}).get("labels") or {}).get(_VERSION)
-            if node in out and version and _ready(pod) and _owner_uid(pod) in generations:
+            if node in out and version and _ready(pod) and _owner_uid(pod) in templates:
                 out[node][component] = str(version)
     for node, version in plan.host_driver.items():
         if node in out:

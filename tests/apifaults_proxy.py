@@ -43,6 +43,7 @@ from aiohttp import web
 from yarl import URL
 
 from gpucert.sim._faults import ApiFaults, FaultInjector
+from gpucert.sim._loop import run_loop
 from gpucert.sim._requests import ApiRequest, RequestLog, request_info
 from gpucert.sim._status import status_body
 
@@ -154,21 +155,10 @@ class ApiFaultProxy:
     # --- serving --------------------------------------------------------------------------------------
 
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._listen())
-        except BaseException as exc:
-            failure.append(exc)
-            ready.set()
-            loop.close()
-            return
+        run_loop(lambda loop: self._listen(), ready, failure, self._set_loop, catch=(BaseException,))
+
+    def _set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
 
     async def _listen(self) -> None:
         upstream_tls = ssl.create_default_context(cafile=str(self.ca))

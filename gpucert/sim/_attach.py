@@ -58,8 +58,9 @@ from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
 from ._gpufaults import GpuFaults
 from ._kubelet import Kubelets, log_refusal
+from ._loop import run_loop
 from ._nodes import register_nodes
-from ._objects import DAEMONSETS, NODES, PODS, deleting, node_ready, set_condition
+from ._objects import DAEMONSETS, NODES, PODS, deleting, node_ready, ready_condition, set_condition
 from ._resources import KUBERNETES_VERSION, ResourceType, by_kind, lookup
 from ._stack import preconfigured_stack
 from ._store import Obj, Store, WatchEvent, now_rfc3339
@@ -273,14 +274,8 @@ class AttachedKubelets:
             obj = self.store.get(NODES, None, node)
             if obj is None:
                 raise InputError(f"sim kubelets: no node {node!r}")
-            now = now_rfc3339()
-            cond = ({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                     "message": "kubelet is posting ready status"} if ready else
-                    {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                     "message": "container runtime is down: PLEG is not healthy"})
             status = dict(obj.get("status") or {})
-            status["conditions"] = set_condition(status.get("conditions"),
-                                                 {**cond, "lastHeartbeatTime": now, "lastTransitionTime": now})
+            status["conditions"] = set_condition(status.get("conditions"), ready_condition(ready, now_rfc3339()))
             (self._not_ready.discard if ready else self._not_ready.add)(node)
             self.store.update(NODES, {**obj, "status": status})
 
@@ -356,21 +351,10 @@ class AttachedKubelets:
     # --- the loop: controllers, the kubelet endpoint, the exporters -----------------------------------
 
     def _serve(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._listen(loop))
-        except Exception as exc:
-            failure.append(exc)
-            ready.set()
-            loop.close()
-            return
+        run_loop(self._listen, ready, failure, self._set_loop)
+
+    def _set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
 
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
         kubelet = web.Application()

@@ -62,7 +62,7 @@ from .._yaml import UniqueKeyLoader, read_yaml_mapping
 from ..errors import InputError
 from ..fleet import FAULTS, Fault
 from ._faults import ApiFaults
-from ._objects import NODES, PODS, set_condition
+from ._objects import NODES, PODS, ready_condition, set_condition
 from ._store import now_rfc3339
 from ._training import TrainingFault, parse_training_fault
 
@@ -297,13 +297,8 @@ def set_node_ready(sim: SimCluster, name: str, ready: bool) -> None:
         if node is None:
             raise InputError(f"sim: no node {name!r} in the cluster")
         now = now_rfc3339()
-        cond = ({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "kubelet is posting ready status"} if ready else
-                {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                 "message": "container runtime is down: PLEG is not healthy"})
         status = dict(node.get("status") or {})
-        status["conditions"] = set_condition(status.get("conditions"),
-                                             {**cond, "lastHeartbeatTime": now, "lastTransitionTime": now})
+        status["conditions"] = set_condition(status.get("conditions"), ready_condition(ready, now))
         spec = dict(node.get("spec") or {})
         taints = [t for t in spec.get("taints") or () if t.get("key") != _NOT_READY_KEY]
         if not ready:

@@ -30,6 +30,7 @@ __all__ = [
     "owner_ref",
     "phase",
     "pod_ready",
+    "ready_condition",
     "record_event",
     "set_condition",
     "terminal",
@@ -142,6 +143,15 @@ def set_condition(
     if not replaced:
         out.append(dict(new))
     return out
+
+
+def ready_condition(ready: bool, now: str) -> dict[str, Any]:
+    """A node's ``Ready`` condition as its kubelet posts it: up, or down with the runtime not healthy."""
+    cond = ({"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "kubelet is posting ready status"} if ready else
+            {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+             "message": "container runtime is down: PLEG is not healthy"})
+    return {**cond, "lastHeartbeatTime": now, "lastTransitionTime": now}
 
 
 def record_event(store: Store, involved: Obj, kind: str, reason: str, message: str, component: str) -> None:

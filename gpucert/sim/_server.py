@@ -67,6 +67,7 @@ from ._inject import (
 from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import Kubelets
+from ._loop import run_loop
 from ._nodes import register_nodes
 from ._objects import NODES, node_ready
 from ._requests import ApiRequest, RequestLog
@@ -392,21 +393,10 @@ class SimCluster:
         self.stop()
 
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._listen())
-        except OSError as exc:
-            failure.append(exc)
-            ready.set()
-            loop.close()
-            return
+        run_loop(lambda loop: self._listen(), ready, failure, self._set_loop, catch=(OSError,))
+
+    def _set_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
 
     async def _listen(self) -> None:
         app = build_app(

@@ -51,16 +51,15 @@ from aiohttp import web
 from ..errors import InputError
 from ..fleet import Fault, Fleet
 from ..kube import FIELD_MANAGER
-from ._benchlogs import PodLogs, node_driver
 from ._controllers import Runtime, SimTiming
 from ._dcgm import DcgmExporters
 from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
 from ._gpufaults import GpuFaults
-from ._kubelet import Kubelets, log_refusal
+from ._kubelet import log_refusal, node_kubelets
 from ._loop import run_loop
 from ._nodes import register_nodes
-from ._objects import DAEMONSETS, NODES, PODS, deleting, node_ready, ready_condition, set_condition
+from ._objects import DAEMONSETS, NODES, PODS, deleting, ready_condition, set_condition
 from ._resources import KUBERNETES_VERSION, ResourceType, by_kind, lookup
 from ._stack import preconfigured_stack
 from ._store import Obj, Store, WatchEvent, now_rfc3339
@@ -366,23 +365,8 @@ class AttachedKubelets:
             metrics.router.add_route(method, path, handler)
         self.metrics_port = await self._site(metrics, None)
         runtime = Runtime(self.store, loop)
-
-        def driver(node: str) -> str | None:
-            return node_driver(self.store.get(NODES, None, node), runtime.pods.on_node(node))
-
-        def node_up(node: str) -> bool:
-            return node_ready(self.store.get(NODES, None, node))
-
-        logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, driver=driver,
-                       label_prefix=self.label_prefix, node_up=node_up)
-        kubelets = Kubelets(runtime, self.timing, logs, self.training)
-        runtime.add(kubelets)
-
-        def look_again() -> None:
-            for key in self.training.training_pods():
-                runtime.mark(kubelets, key)
-
-        self.training.on_change = look_again
+        runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
+                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
         self.store.subscribe(self._on_local_event)
         runtime.start()

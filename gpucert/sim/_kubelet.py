@@ -38,11 +38,11 @@ counts from when the kubelet first sees it); the timestamps written are wall-clo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._benchlogs import PodLogs
+from ._benchlogs import PodLogs, node_driver
 from ._controllers import Runtime, SimTiming
 from ._objects import (
     NODES,
@@ -60,6 +60,8 @@ from ._resources import by_kind
 from ._store import Obj, WatchEvent, now_rfc3339
 
 if TYPE_CHECKING:
+    from ..fleet import Fleet
+    from ._gpufaults import GpuFaults
     from ._training import TrainingModel
 
 __all__ = [
@@ -70,6 +72,7 @@ __all__ = [
     "UNPULLABLE_IMAGE",
     "Kubelets",
     "log_refusal",
+    "node_kubelets",
 ]
 
 RUN_SECONDS_ANNOTATION = "sim.gpucert.io/run-seconds"
@@ -132,6 +135,30 @@ def _container_id(pod: Obj, name: str) -> str:
 
 def _image_id(image: str) -> str:
     return f"{image.split(':', maxsplit=1)[0]}@sha256:{_digest(image)}"
+
+
+def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int, label_prefix: str,
+                  timing: SimTiming, training: TrainingModel) -> Kubelets:
+    """The kubelets of every node, to add to ``runtime``: their benchmark pods' logs from the fleet model and
+    the GPU faults in force (with the driver each node runs), their training pods from ``training``, looked
+    at again whenever its faults change."""
+    store = runtime.store
+
+    def driver(node: str) -> str | None:
+        return node_driver(store.get(NODES, None, node), runtime.pods.on_node(node))
+
+    def node_up(node: str) -> bool:
+        return node_ready(store.get(NODES, None, node))
+
+    logs = PodLogs(fleet, faults, seed=seed, driver=driver, label_prefix=label_prefix, node_up=node_up)
+    kubelets = Kubelets(runtime, timing, logs, training)
+
+    def look_again() -> None:  # training faults changed: the training pods' next state may be due now
+        for key in training.training_pods():
+            runtime.mark(kubelets, key)
+
+    training.on_change = look_again
+    return kubelets
 
 
 #: How a kubelet words a container that is not running yet, by its waiting reason (pkg/kubelet/kubelet_pods.go).

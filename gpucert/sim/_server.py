@@ -45,7 +45,6 @@ from ..errors import InputError
 from ..fleet import Fault, Fleet
 from ..kube import FIELD_MANAGER
 from ._api import build_app
-from ._benchlogs import PodLogs, node_driver
 from ._controllers import Runtime, SimTiming
 from ._daemonsets import DaemonSetController
 from ._dcgm import DcgmExporters
@@ -66,10 +65,9 @@ from ._inject import (
 )
 from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
-from ._kubelet import Kubelets
+from ._kubelet import node_kubelets
 from ._loop import run_loop
 from ._nodes import register_nodes
-from ._objects import NODES, node_ready
 from ._requests import ApiRequest, RequestLog
 from ._resources import by_kind, lookup
 from ._scheduler import Scheduler
@@ -422,25 +420,10 @@ class SimCluster:
 
     def _start_controllers(self, loop: asyncio.AbstractEventLoop) -> Runtime:
         runtime = Runtime(self.store, loop)
-
-        def driver(node: str) -> str | None:
-            return node_driver(self.store.get(NODES, None, node), runtime.pods.on_node(node))
-
-        def node_up(node: str) -> bool:
-            return node_ready(self.store.get(NODES, None, node))
-
-        logs = PodLogs(lambda: self.fleet, self.gpu_faults, seed=self.seed, driver=driver,
-                       label_prefix=self.label_prefix, node_up=node_up)
         # Order within a batch: bind, run, then the controllers that react to what pods did.
         runtime.add(Scheduler(runtime))
-        kubelets = Kubelets(runtime, self.timing, logs, self.training)
-        runtime.add(kubelets)
-
-        def look_again() -> None:  # training faults changed: the training pods' next state may be due now
-            for key in self.training.training_pods():
-                runtime.mark(kubelets, key)
-
-        self.training.on_change = look_again
+        runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
+                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training))
         runtime.add(JobController(runtime))
         runtime.add(DaemonSetController(runtime))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))

@@ -214,7 +214,8 @@ def test_the_testing_taint_is_on_while_the_pod_is_bound_and_lifted_after(
     def on_event(event: WatchEvent) -> None:  # the node's taints at the moment the scheduler binds the pod
         spec = event.obj.get("spec") or {}
         was = (event.old or {}).get("spec") or {}
-        if event.resource == "v1/pods" and spec.get("nodeName") == n and not was.get("nodeName"):
+        bound_now = event.type != "DELETED" and spec.get("nodeName") == n and not was.get("nodeName")
+        if event.resource == "v1/pods" and bound_now:
             node_obj = sim.store.get(NODES, None, n)
             bound.append([t["key"] for t in (node_obj or {}).get("spec", {}).get("taints") or ()])
 

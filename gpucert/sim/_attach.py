@@ -212,7 +212,34 @@ class AttachedKubelets:
             t = threading.Thread(target=target, args=(name,), name=f"sim-kubelets-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        if self.preconfigured:
+            try:
+                self._wait_for_stack()
+            except Exception:
+                self.stop()
+                raise
         return self
+
+    def _wait_for_stack(self, timeout_s: float = 120.0) -> None:
+        """Return once the stack applied at start runs on every node, as ``gpucert sim up --preconfigured``
+        starts: a benchmark started at once must find each node's driver loaded, not a driver pod on its way."""
+        assert self._remote is not None
+        deadline = time.monotonic() + timeout_s
+        pending: list[str] = []
+        while time.monotonic() < deadline:
+            listed = self._remote.json("GET", DAEMONSETS.path(_STACK_NAMESPACE))
+            pending = []
+            for ds in listed.get("items") or ():
+                status, meta = ds.get("status") or {}, ds["metadata"]
+                desired = int(status.get("desiredNumberScheduled") or 0)
+                if (int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 1) or desired == 0
+                        or int(status.get("numberReady") or 0) < desired):
+                    pending.append(meta["name"])
+            if listed.get("items") and not pending:
+                return
+            self._stop.wait(0.2)
+        raise InputError(f"sim kubelets: the preconfigured stack is not ready within {timeout_s:.0f} s "
+                         f"({', '.join(pending) or 'no DaemonSet'})")
 
     def stop(self) -> None:
         self._stop.set()

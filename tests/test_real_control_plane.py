@@ -117,9 +117,10 @@ def test_configure_certify_with_pairs_and_taint_on_both_servers(cluster: Any, tm
     assert {d.node for d in clean.decisions} == set(names)
     assert clean.links, "the pair benchmarks ran and were judged"
     nodes = {n["metadata"]["name"]: n for n in kube.nodes()}
+    decided = {d.node: d for d in clean.decisions}
     for name in names:
         labels = nodes[name]["metadata"]["labels"]
-        assert labels.get(f"{_PREFIX}/state") in ("certified", "degraded", "failed"), (name, labels)
+        assert labels.get(f"{_PREFIX}/state") in ("certified", "degraded", "failed"), (name, decided[name])
         conditions = {c["type"]: c for c in nodes[name]["status"].get("conditions") or ()}
         assert "GpuCertified" in conditions, name
         taints = {t["key"] for t in nodes[name]["spec"].get("taints") or ()}

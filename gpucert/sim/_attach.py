@@ -393,7 +393,8 @@ class AttachedKubelets:
         self.metrics_port = await self._site(metrics, None)
         runtime = Runtime(self.store, loop)
         runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
-                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training))
+                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training,
+                                  rendezvous=True))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
         self.store.subscribe(self._on_local_event)
         runtime.start()

@@ -48,6 +48,7 @@ from ._objects import (
     NODES,
     PODS,
     Key,
+    controller_ref,
     deleting,
     key_of,
     node_ready,
@@ -138,7 +139,7 @@ def _image_id(image: str) -> str:
 
 
 def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int, label_prefix: str,
-                  timing: SimTiming, training: TrainingModel) -> Kubelets:
+                  timing: SimTiming, training: TrainingModel, rendezvous: bool = False) -> Kubelets:
     """The kubelets of every node, to add to ``runtime``: their benchmark pods' logs from the fleet model and
     the GPU faults in force (with the driver each node runs), their training pods from ``training``, looked
     at again whenever its faults change."""
@@ -151,7 +152,7 @@ def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFault
         return node_ready(store.get(NODES, None, node))
 
     logs = PodLogs(fleet, faults, seed=seed, driver=driver, label_prefix=label_prefix, node_up=node_up)
-    kubelets = Kubelets(runtime, timing, logs, training)
+    kubelets = Kubelets(runtime, timing, logs, training, rendezvous=rendezvous)
 
     def look_again() -> None:  # training faults changed: the training pods' next state may be due now
         for key in training.training_pods():
@@ -159,6 +160,12 @@ def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFault
 
     training.on_change = look_again
     return kubelets
+
+
+def _is_pair_pod(pod: Mapping[str, Any]) -> bool:
+    """A pod of gpucert's pair benchmark: its container's arguments start with ``pair`` (``_benchlogs.py``)."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return list(containers[0].get("args") or ())[:1] == ["pair"]
 
 
 #: How a kubelet words a container that is not running yet, by its waiting reason (pkg/kubelet/kubelet_pods.go).
@@ -184,12 +191,17 @@ class Kubelets:
     """The kubelet of every node; see the module docstring."""
 
     def __init__(self, runtime: Runtime, timing: SimTiming, logs: PodLogs,
-                 training: TrainingModel | None = None) -> None:
+                 training: TrainingModel | None = None, *, rendezvous: bool = False) -> None:
         self.rt = runtime
         self.store = runtime.store
         self.timing = timing
         self.logs = logs
         self.training = training
+        #: A pair pod ends only once its peer has started, as the payload waits at its rendezvous. Needed
+        #: under a real scheduler, which binds the pair's pods one after the other and, once the first has
+        #: ended, no longer counts it against the second (anti-affinity ignores finished pods); the
+        #: simulator's scheduler binds both in one batch.
+        self.rendezvous = rendezvous
         self._bound: dict[str, float] = {}    # pod uid → when first seen bound (monotonic)
         self._started: dict[str, tuple[float, datetime]] = {}  # pod uid → container start (mono, wall)
         self._next_ip: dict[str, int] = {}
@@ -212,7 +224,12 @@ class Kubelets:
             if self.training is not None:
                 self.training.forget(uid)
             return ()
-        return (key_of(event.obj),) if (event.obj.get("spec") or {}).get("nodeName") else ()
+        if not (event.obj.get("spec") or {}).get("nodeName"):
+            return ()
+        if self.rendezvous and _is_pair_pod(event.obj):
+            # Its peer waits at the rendezvous for it: a pod of the pair starting lets the other end.
+            return [key_of(p) for p in self._pair_of(event.obj)]
+        return (key_of(event.obj),)
 
     def reconcile(self, key: Key) -> None:
         pod = self.store.get(PODS, key[0], key[1])
@@ -249,6 +266,8 @@ class Kubelets:
         ends = (pod.get("spec") or {}).get("restartPolicy", "Always") != "Always"
         run_s = _annotation_number(notes, RUN_SECONDS_ANNOTATION)
         end_at = started + (self.timing.pod_run_s if run_s is None else max(0.0, run_s))
+        if ends and self.rendezvous and _is_pair_pod(pod) and not self._pair_started(pod):
+            return  # the payload waits at its rendezvous until its peer runs (marked again when it does)
         if ends and now >= end_at:
             self._finish(pod, node, started_wall, notes)
             return
@@ -377,6 +396,15 @@ class Kubelets:
         self.store.update(PODS, {**pod, "status": status})
 
     # --- details ------------------------------------------------------------------------------------
+
+    def _pair_of(self, pod: Obj) -> list[Obj]:
+        """The pods of ``pod``'s pair Job (``pod`` among them)."""
+        ref = controller_ref(pod)
+        return self.rt.pods.owned_by(str(ref["uid"])) if ref and ref.get("uid") else [pod]
+
+    def _pair_started(self, pod: Obj) -> bool:
+        """Both pods of the pair have started: the two sides met at the rendezvous."""
+        return sum(1 for p in self._pair_of(pod) if phase(p) != "Pending" and not deleting(p)) >= 2
 
     def _container(self, pod: Obj, container: Mapping[str, Any], state: dict[str, Any], *,
                    ready: bool) -> dict[str, Any]:

@@ -128,6 +128,8 @@ def test_fault_signatures_and_counters_that_grow(sim: SimCluster) -> None:
     sim.inject_fault(Fault("pcie_replay", target, gpu=3, params={"replays_per_min": 6000.0}))
     sim.inject_fault(Fault("nvlink_crc", target, gpu=4, params={"crc_per_s": 500.0}))
     try:
+        # The counters count from the fault's start: a scrape within a few ms of it may read 0 replays yet.
+        time.sleep(0.1)
         _, first = scrape(sim, target)
         time.sleep(0.3)
         _, second = scrape(sim, target)

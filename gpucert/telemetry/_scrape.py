@@ -312,7 +312,10 @@ class ExporterScrape:
             return failed(f"answered text that is not Prometheus exposition: {exc}")
         if not rows:
             return failed("answered no DCGM GPU series")
-        return _Scraped(target, snap, t, rows, None)
+        # Stamped when the answer came, not when it was asked for: an exporter computes its counters when it
+        # gets to the request, so a first answer that came late would otherwise cover a shorter interval than
+        # the stamps say (the fraction of it under a clock event, read too low).
+        return _Scraped(target, snap, time.time(), rows, None)
 
     def _parse(
         self, text: str, target: ExporterTarget, parse: Any

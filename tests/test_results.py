@@ -676,3 +676,21 @@ def test_parts_joined_into_one_parquet_file_read_as_their_concatenation() -> Non
     assert joined is not None
     pd.testing.assert_frame_equal(parse_parquet(joined, "joined"), parse_results(good, "good"))
     assert join_parquet(iter([])) is None
+
+
+def test_a_node_read_before_its_driver_loaded_is_one_node_not_two_models(tmp_path: Path) -> None:
+    """Rows of ``gpu_model`` ``unknown`` (the payload's word where NVML cannot tell: no driver loaded yet) and
+    rows of the node's real model in one run — its benchmark ran while its driver pod restarted, its pair
+    benchmark after — read, as one node; two real models on one node are still refused."""
+    rows = [
+        "run_id,node,gpu,gpu_uuid,gpu_model,metric,value,repeat,peer,ts",
+        "cert-1,node-a,,,unknown,error,1,0,,2024-05-01T12:00:00Z",
+        "cert-1,node-a,0,GPU-aaaa-0000,NVIDIA H200,gemm_bf16_tflops,812.4,0,,2024-05-01T12:00:00Z",
+    ]
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(rows) + "\n")
+    frame = read_results(path)
+    assert sorted(frame["gpu_model"].astype(str)) == ["NVIDIA H200", "unknown"]
+    rows.append("cert-1,node-a,1,GPU-aaaa-0001,NVIDIA H100 80GB HBM3,gemm_bf16_tflops,615.0,0,,2024-05-01T12:00:00Z")
+    path.write_text("\n".join(rows) + "\n")
+    assert "node 'node-a' has several gpu_model values" in str(_error(path))

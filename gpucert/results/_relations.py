@@ -27,6 +27,9 @@ from ._common import (
     _text_at,
 )
 
+#: The ``gpu_model`` the payload writes where NVML cannot tell (``gpucert.bench._devices``: no driver loaded).
+UNKNOWN_MODEL = "unknown"
+
 # Across rows --------------------------------------------------------------------------------------------
 
 
@@ -41,6 +44,9 @@ class _Codes:
     gpu: Codes
     uuid: Codes
     model: Codes
+    #: The code of ``gpu_model`` ``unknown`` (what the payload writes where NVML cannot tell: no driver
+    #: loaded), -2 when no row has it: such a row says nothing about the node's model.
+    unknown_model: int
     metric: Codes
     repeat: Ints
     peer: Codes
@@ -61,6 +67,7 @@ class _Codes:
             gpu=_gpu_indices(frame["gpu"]),
             uuid=codes("gpu_uuid"),
             model=codes("gpu_model"),
+            unknown_model=_code_of(frame["gpu_model"], UNKNOWN_MODEL),
             metric=codes("metric"),
             repeat=frame["repeat"].to_numpy(dtype=np.int64),
             peer=codes("peer"),
@@ -79,6 +86,7 @@ class _Codes:
             gpu=self.gpu[idx],
             uuid=self.uuid[idx],
             model=self.model[idx],
+            unknown_model=self.unknown_model,
             metric=self.metric[idx],
             repeat=self.repeat[idx],
             peer=self.peer[idx],
@@ -206,16 +214,25 @@ def _identity_keys(rows: _Codes) -> tuple[_Keyed, _Keyed, _Keyed]:
     )
 
 
+def _code_of(column: pd.Series, value: str) -> int:
+    """The category code of ``value`` in a categorical column, -2 when it is no category (no code is -2)."""
+    found = np.flatnonzero(column.cat.categories == value)
+    return int(found[0]) if found.size else -2
+
+
 def _identity_conflicts(
     rows: _Codes, keys: tuple[_Keyed, _Keyed, _Keyed] | None = None
 ) -> tuple[Bools | None, Bools | None, Bools | None]:
     """The rows of GPUs with several UUIDs, of UUIDs on several GPUs, of nodes with several models."""
     (gpu_key, gpu_span), (uuid_key, uuid_span), (node_key, node_span) = keys or _identity_keys(rows)
     has_gpu = (rows.gpu >= 0) & (rows.uuid >= 0)
+    # A node's rows from before its driver loaded (model "unknown") and after it did are one node, not two
+    # models: a driver pod restarting between a node's benchmark and its pair benchmark is no bad input.
+    known_model = rows.model != rows.unknown_model if rows.unknown_model >= 0 else None
     return (
         _conflicting(gpu_key, rows.uuid, gpu_span, has_gpu),
         _conflicting(uuid_key, gpu_key, uuid_span, has_gpu),
-        _conflicting(node_key, rows.model, node_span),
+        _conflicting(node_key, rows.model, node_span, known_model),
     )
 
 

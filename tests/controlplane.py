@@ -25,13 +25,12 @@ import json
 import lzma
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from .s3servers import free_ports
 
 __all__ = ["ASSETS_ENV", "BINARIES", "ControlPlane", "ControlPlaneUnavailable", "assets"]
 
@@ -89,12 +90,6 @@ def assets() -> Path:
         part.chmod(0o755)
         part.replace(CACHE / binary)
     return CACHE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((_HOST, 0))
-        return int(s.getsockname()[1])
 
 
 # --- certificates -------------------------------------------------------------------------------------
@@ -227,7 +222,8 @@ class ControlPlane:
         sa = _service_account_keys(f)
         (f / "audit-policy.yaml").write_text(_AUDIT_POLICY)
 
-        etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
+        # Held open together until all three are chosen: three different ports.
+        etcd_port, peer_port, self.port = free_ports(3)
         self.url = f"https://{_HOST}:{self.port}"
         self._spawn("etcd", [
             str(bins / "etcd"), "--data-dir", str(f / "etcd"), "--name", "gpucert-test",
@@ -392,10 +388,3 @@ class ControlPlane:
         # made its "default" ServiceAccount: wait for it, so the first test's Job is not refused.
         self._wait("the default ServiceAccount",
                    lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200)
-
-
-def iter_audit(plane: ControlPlane, *, user: str | None = None) -> Iterator[dict[str, Any]]:
-    """The plane's audit events, those of ``user`` only when given."""
-    for event in plane.audit():
-        if user is None or (event.get("user") or {}).get("username") == user:
-            yield event

@@ -6,7 +6,8 @@ The rest of a night — telemetry (:mod:`gpucert.telemetry`), drift (:mod:`gpuce
 telemetry covered (:func:`telemetry_coverage`) and the outcomes.
 """
 
-from ._coverage import TelemetryCoverage, counted, telemetry_coverage
+from .._text import counted
+from ._coverage import TelemetryCoverage, telemetry_coverage
 from ._due import DueNodes, due_nodes
 from ._outcome import OnboardOutcome, OperateOutcome, ReleaseOutcome
 

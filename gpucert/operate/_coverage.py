@@ -11,14 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .._text import counted
 from ..telemetry import Telemetry
 
-__all__ = ["TelemetryCoverage", "counted", "telemetry_coverage"]
-
-
-def counted(n: int, word: str) -> str:
-    """``1 node``, ``2 nodes``: a count and its noun, singular or plural."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+__all__ = ["TelemetryCoverage", "telemetry_coverage"]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ._coverage import counted
+from .._text import counted
 
 __all__ = ["DueNodes", "due_nodes"]
 

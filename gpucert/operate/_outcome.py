@@ -6,9 +6,9 @@ from datetime import date
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._text import counted
 from ..certify import CertifyOutcome
 from ..stack import ConfigureOutcome
-from ._coverage import counted
 
 __all__ = ["OnboardOutcome", "OperateOutcome", "ReleaseOutcome"]
 

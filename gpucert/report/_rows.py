@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._text import counted
 from ._common import NON_PASS, entity_kinds, json_value, ordered_non_pass, require_columns
 
 __all__ = ["DECISION_KEYS", "ROW_KEYS", "decision_table", "is_summary_row", "verdict_rows"]
@@ -31,10 +32,6 @@ ROW_KEYS: tuple[str, ...] = (
     "gpu_uuid",
 )
 _DIGITS = {"value": 4, "reference": 4, "deviation_pct": 2, "z": 2}
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
 def _note(verdict: str | None, text: str) -> dict[str, Any]:
@@ -97,7 +94,7 @@ def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, 
     if len(passing):
         kinds = pd.Series(entity_kinds(passing)).value_counts()
         words = {"gpu": "GPU", "node": "node", "pair": "pair", "fleet": "fleet check"}
-        per_kind = ", ".join(_plural(int(kinds[k]), words[k]) for k in words if k in kinds)
+        per_kind = ", ".join(counted(int(kinds[k]), words[k]) for k in words if k in kinds)
         rows.append(_note("pass", f"{len(passing):,} passing rows not listed: {per_kind}"))
     return rows
 

@@ -1,7 +1,7 @@
 """The fault matrix: the flows run under each fault, and what they leave behind is checked.
 
-Every row of :data:`MATRIX` names one fault and the promise a run under it keeps; the README's "Fault
-matrix" table is this table (a test keeps the two the same). Each row runs a real flow — certify,
+Every row of :data:`MATRIX` names one fault and the promise a run under it keeps; the "Fault matrix"
+table of docs/design/testing.md is this table (a test keeps the two the same). Each row runs a real flow — certify,
 operate, onboard or configure, under the session's Prefect test server — against ``gpucert sim`` with
 the fault injected; the rows whose ``servers`` say so run against a real control plane too (issue 29:
 kube-apiserver, kube-controller-manager and kube-scheduler with the simulator's kubelets attached,
@@ -1176,8 +1176,8 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
 # --- the table itself ------------------------------------------------------------------------------------
 
 
-def readme_table() -> list[str]:
-    """The matrix as the README's "Fault matrix" table (markdown lines)."""
+def docs_table() -> list[str]:
+    """The matrix as docs/design/testing.md's "Fault matrix" table (markdown lines)."""
     lines = ["| row | fault | promise checked | servers | test |", "|---|---|---|---|---|"]
     for row in MATRIX:
         cell = row.test + (f"[{row.id}]" if _row_ids(row.test) else "")
@@ -1192,7 +1192,7 @@ def _row_ids(test: str) -> list[str]:
     return [p.id for m in marks if m.name == "parametrize" for p in m.args[1]]
 
 
-def test_every_row_has_its_test_and_the_readme_shows_the_matrix() -> None:
+def test_every_row_has_its_test_and_the_docs_show_the_matrix() -> None:
     import inspect
 
     for row in MATRIX:
@@ -1204,7 +1204,7 @@ def test_every_row_has_its_test_and_the_readme_shows_the_matrix() -> None:
         assert row.servers in (("sim",), BOTH), (row.id, row.servers)
         assert bool(fixtures) == (row.servers == BOTH), f"{row.id}: servers {row.servers}, fixtures {fixtures}"
     assert len(ROWS) == len(MATRIX), "two rows share an id"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Fault matrix"):]
+    testing_doc = (ROOT / "docs" / "design" / "testing.md").read_text(encoding="utf-8")
+    section = testing_doc[testing_doc.index("## Fault matrix"):]
     table = [line for line in section.splitlines() if line.startswith("|")]
-    assert table[: len(MATRIX) + 2] == readme_table(), "README.md's fault matrix is not tests/test_fault_matrix.py's"
+    assert table[: len(MATRIX) + 2] == docs_table(), "docs/design/testing.md's fault matrix is not this file's"

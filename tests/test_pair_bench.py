@@ -27,9 +27,9 @@ import kubernetes_validate
 import pytest
 
 from gpucert.bench._allreduce import busbw_gbps
+from gpucert.bench._cli import parse_pair_args
 from gpucert.bench._nccl_tests import NcclTestsError, parse_all_reduce_perf
 from gpucert.bench._pair import PairMeasurement, mpi_slots, run_pair_nccl_tests, sweep_sizes
-from gpucert.bench._paircli import parse_pair_args
 from gpucert.bench._rows import Device, RowWriter
 from gpucert.certify import (
     BenchmarkSettings,
@@ -298,6 +298,52 @@ def test_the_nccl_tests_path_runs_all_reduce_perf_under_mpirun_and_reports_its_b
     assert calls[0].split() == ["--allow-run-as-root", "-x", "NCCL_DEBUG", "-np", "16", "-H",
                                 "ztan-mig-235z:8,ztan-mig-gq73:8", str(perf), "-b", "8", "-e", str(8 << 30), "-f",
                                 "2", "-g", "1", "-n", "20", "-w", "5", "-c", "1"]  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for mpirun")
+def test_the_nccl_tests_path_measures_disagreeing_repeats_again_as_a_node_does_within_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """The pair goes through the payload's one repeat loop: sweeps that disagree get more, as the node's
+    benchmarks do, and none that would not fit before --deadline-seconds."""
+    good = FIXTURE.read_text(encoding="utf-8")
+    slow = good.replace("338.82", "200.00").replace("337.35", "199.00")  # a transient, far below
+    # Call 1 is good, the rest slow: the median is slow and the good sweep stands far above it.
+    (tmp_path / "out-1.txt").write_text(good, encoding="utf-8")
+    (tmp_path / "out-n.txt").write_text(slow, encoding="utf-8")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mpirun = bin_dir / "mpirun"
+    mpirun.write_text(f"#!/bin/sh\ncd '{tmp_path}'\necho \"$@\" >> calls\n"
+                      "if [ \"$(wc -l < calls)\" -eq 1 ]; then cat out-1.txt; else cat out-n.txt; fi\n",
+                      encoding="utf-8")  # fmt: skip
+    mpirun.chmod(0o755)
+    perf = tmp_path / "all_reduce_perf"
+    perf.write_text("#!/bin/sh\nexit 1\n", encoding="utf-8")
+    perf.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO)}
+
+    def pair(*extra: str) -> tuple[list[float], str, int]:
+        (tmp_path / "calls").unlink(missing_ok=True)
+        done = subprocess.run(
+            [sys.executable, "-S", "-m", "gpucert.bench", "pair", "--run-id", "pair-6", "--node", "a", "--peer",
+             "b", "--nccl-tests", str(perf), "--mpi-hosts", "a:8,b:8", "--repeats", "3", *extra],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        values = list(read_log(done.stdout, done.stderr, "pair-6", "a").results["value"])
+        calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines()
+        return values, done.stderr, len(calls)
+
+    values, err, calls = pair()
+    assert (values, calls) == ([338.82] + [200.0] * 6, 7)
+    said = f"pair: {METRIC}: repeats disagree (1 of 3 repeats far above their median): 2 more, 5 of at most 7"
+    assert said in err
+    assert f"pair: {METRIC}: repeats still disagree after 7" in err
+    # 30 s is the margin kept free before the deadline: no extra sweep fits.
+    values, err, calls = pair("--deadline-seconds", "30")
+    assert (values, calls) == ([338.82, 200.0, 200.0], 3)
+    assert "2 more would not fit before the deadline" in err
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for mpirun")

@@ -41,9 +41,10 @@ stderr carries human messages (prefixed ``gpucert-bench:``), the stack record as
 ``--dcgm`` (``dcgmi diag`` at ``--dcgm-level``, 1 by default), the diagnostic summary as
 ``gpucert-dcgm: {…}``.
 
-``python -m gpucert.bench pair …`` runs one side of a two-node all-reduce instead (every GPU of both nodes
-of a pair, ``nccl_pair_busbw_gbps`` rows with ``peer`` set): see :mod:`gpucert.bench._paircli` and, for the
-rendezvous and the measurement, :mod:`gpucert.bench._pair`.
+``python -m gpucert.bench pair …`` runs the other benchmark unit instead, a pair: one side of a two-node
+all-reduce (every GPU of both nodes, ``nccl_pair_busbw_gbps`` rows with ``peer`` set). Both units share
+one command line (:mod:`gpucert.bench._cli`) and one run (:mod:`gpucert.bench._run`: framing, repeats,
+deadline); the pair's rendezvous and measurement are :mod:`gpucert.bench._pair`.
 
 On the CPU (``--device cpu``) the GPUs are pretend devices ``0..n−1`` with UUID ``CPU-<hostname>-<i>``
 and model ``cpu``: the whole pipeline runs here with small sizes and is tested.

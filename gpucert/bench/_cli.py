@@ -1,21 +1,45 @@
-"""``python -m gpucert.bench``: arguments, defaults per device, and a stdout that carries rows only."""
+"""``python -m gpucert.bench [pair] …``: one command line for both benchmark units.
+
+A unit is what one payload process measures: a node (``python -m gpucert.bench …``, every benchmark of
+the node's GPUs) or a pair (``python -m gpucert.bench pair …``, one side of a two-node all-reduce: a pair
+is a benchmark unit of two nodes). Both take the same shared arguments (the run, the node, the device,
+the repeat rule, the deadline, nccl-tests, the stack record) from one parser builder, resolve them the
+same way (environment fallbacks, per-device defaults) and run through :func:`gpucert.bench._run.run`,
+which prints rows only on stdout.
+
+Pair arguments::
+
+    python -m gpucert.bench pair --run-id RUN [--node NODE] [--nodes NODE_A NODE_B] [--rank 0|1]
+        --master HOST:PORT [--device cuda|cpu] [--repeats N] [-b MIN] [-e MAX] [-f FACTOR] …
+
+Each node of the pair runs it once (the two pods of the pair's Indexed Job). ``--rank`` is the node's rank
+in the pair, by default ``$JOB_COMPLETION_INDEX`` (what an Indexed Job gives each of its pods), else the
+rank an MPI launcher gives (``$OMPI_COMM_WORLD_RANK``, ``$PMI_RANK``: ``mpirun -np 2``); node rank 0
+serves the rendezvous at ``--master``, which node rank 1 connects to. ``--node`` is this node (default
+``$NODE_NAME``, the downward API's ``spec.nodeName``, else the hostname): a pod may land on either node of
+the pair, so it learns where it is rather than being told. ``--nodes`` names the pair: this node must be
+one of them and the peer the other. ``--peer`` says the other node when it is known in advance (required
+on the nccl-tests path, whose launcher is on neither node).
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import re
 import shlex
 import socket
 import sys
-from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO, TypeVar
 
 from ..metrics import METRICS
 from ._dcgm import DIAG_LEVELS
 from ._nccl_tests import check_extra_args
 from ._nic import SYSFS_ROOT
+from ._pair import PairOptions, mpi_slots
 from ._run import STEPS, Options, run
 from ._stability import (
     DEFAULT_CV_REP,
@@ -25,12 +49,15 @@ from ._stability import (
     DEFAULT_UNSTABLE_FACTOR,
 )
 
-__all__ = ["ArgumentsError", "build_parser", "check_args", "main", "parse_args"]
+__all__ = ["ArgumentsError", "build_pair_parser", "build_parser", "check_args", "check_pair_args", "main",
+           "parse_args", "parse_pair_args"]  # fmt: skip
 
 _RUN_ID = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
-_GiB, _MiB = 1 << 30, 1 << 20
+_GiB, _MiB, _KiB = 1 << 30, 1 << 20, 1 << 10
 
-#: (cuda, cpu) defaults of the sizes and durations: full size on a GPU, tiny on the CPU.
+#: (cuda, cpu) defaults of the sizes and durations: full size on a GPU, tiny on the CPU. The pair's sweep
+#: is nccl-tests' range above the latency-bound sizes, to the 8 GB the policy judges at; its rendezvous
+#: waits long enough on GPUs for the other pod's image pull (an NGC image is ~10 GB).
 _DEFAULTS: dict[str, tuple[float, float]] = {
     "gemm_n": (8192, 256),
     "gemm_seconds": (30.0, 0.05),
@@ -41,7 +68,54 @@ _DEFAULTS: dict[str, tuple[float, float]] = {
     "allreduce_bytes": (8 * _GiB, 1 * _MiB),
     "allreduce_iters": (20, 5),
     "storage_size_gb": (4.0, 0.064),
+    # the pair's
+    "min_bytes": (1 * _MiB, 64 * _KiB),
+    "max_bytes": (8 * _GiB, 1 * _MiB),
+    "iters": (20, 5),
+    "warmup_iters": (5, 1),
+    "rendezvous_timeout": (900.0, 60.0),
+    "step_timeout": (300.0, 60.0),
 }
+#: Where a node's rank in the pair comes from without ``--rank``, first found: an Indexed Job's pod index,
+#: then the rank an MPI launcher gives each process (Open MPI, then MPICH / Intel MPI / PMI).
+_RANK_ENV = ("JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+#: The most repeats one metric may be given (the policy's bound on metrics.<name>.repeats).
+MAX_METRIC_REPEATS = 25
+
+# --- argument types -------------------------------------------------------------------------------------
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(
+    convert: Callable[[str], _N], accept: Callable[[_N], bool], noun: str, rule: str
+) -> Callable[[str], _N]:
+    """An argument type: ``convert`` the text (else "is not ``noun``"), then ``accept`` it (else ``rule``)."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: {rule}")
+        return value
+
+    return parse
+
+
+_positive_int = _number(int, lambda v: v >= 1, "an integer", "must be at least 1")
+_seconds = _number(
+    float, lambda v: 0 <= v < math.inf, "a number of seconds", "seconds must be a finite number ≥ 0"
+)
+_gigabytes = _number(
+    float, lambda v: 0 < v < math.inf, "a size in GB", "a size in GB must be a finite number above 0"
+)
+_factor = _number(float, lambda v: 1 < v < math.inf, "a number", "the factor must be a finite number above 1")
+_percent = _number(float, lambda v: 0 < v < 100, "a number", "a percentage between 0 and 100")
+_step_factor = _number(
+    int, lambda v: v >= 2, "a whole number", "the step factor is a whole number of at least 2"
+)
 
 
 def _size(text: str) -> int:
@@ -56,36 +130,6 @@ def _size(text: str) -> int:
         ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
-    return value
-
-
-def _gigabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GB") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a size in GB must be a finite number above 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds must be a finite number ≥ 0")
     return value
 
 
@@ -111,36 +155,12 @@ def _cv_rep(text: str) -> tuple[str, float]:
     return name, cv
 
 
-#: The most repeats one metric may be given (the policy's bound on metrics.<name>.repeats).
-MAX_METRIC_REPEATS = 25
-
-
 def _repeats_of(text: str) -> tuple[str, int]:
     """``METRIC=N``: base repeats of a performance metric measured more often than ``--repeats``."""
     name, number = _perf_pair(text, "METRIC=N")
     if not number.strip().isdigit() or not 1 <= int(number) <= MAX_METRIC_REPEATS:
         raise argparse.ArgumentTypeError(f"{text!r}: N must be a whole number from 1 to {MAX_METRIC_REPEATS}")
     return name, int(number)
-
-
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 1 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the factor must be a finite number above 1")
-    return value
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 100:
-        raise argparse.ArgumentTypeError(f"{text!r}: a percentage between 0 and 100")
-    return value
 
 
 def _run_id(text: str) -> str:
@@ -152,6 +172,12 @@ def _run_id(text: str) -> str:
     return text
 
 
+def _node(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a node name is empty")
+    return text.strip()
+
+
 def _shape(text: str) -> tuple[int, int, int]:
     parts = text.lower().replace(",", "x").split("x")
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
@@ -160,11 +186,52 @@ def _shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
+def _words(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 def _nccl_tests_args(text: str) -> tuple[str, ...]:
     try:
-        return check_extra_args(shlex.split(text))
-    except ValueError as exc:  # shlex: an unclosed quote; check_extra_args: an option the payload sets
+        return check_extra_args(_words(text))
+    except ValueError as exc:  # an option the payload sets
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def _master(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 address) → (host, port)."""
+    host, colon, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if (
+        not colon
+        or not host
+        or not port.isdigit()
+        or not 0 < int(port) < 65536
+        or any(c.isspace() for c in host)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT (e.g. pair-0.pair.gpucert-system.svc:29500)"
+        )
+    return host, int(port)
+
+
+def _rank(text: str) -> int:
+    if text.strip() not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a node's rank in a pair is 0 or 1")
+    return int(text)
+
+
+def _hosts(text: str) -> str:
+    try:
+        mpi_slots(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
+# --- the parsers ----------------------------------------------------------------------------------------
 
 
 class ArgumentsError(ValueError):
@@ -178,21 +245,13 @@ class _Checking(argparse.ArgumentParser):
         raise ArgumentsError(message)
 
 
-def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
-    """The payload's argument parser. ``strict`` (for checking arguments ahead of a run): no
-    abbreviations, no ``--help``, and :class:`ArgumentsError` instead of a usage message and exit 2."""
-    p = (_Checking if strict else argparse.ArgumentParser)(
-        prog="python -m gpucert.bench",
-        description="Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, "
-        "and the stack record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations "
-        "default to full size on cuda and to tiny values on cpu.",
-        # A checked argument must be the very option the pod will see, not a prefix argparse completes.
-        allow_abbrev=not strict,
-        add_help=not strict,
-    )
+def _shared_arguments(p: argparse.ArgumentParser, *, cpu_devices: int) -> None:
+    """The arguments every unit takes: the run, the node, the device, the repeat rule, the deadline."""
     p.add_argument("--run-id", required=True, type=_run_id, help="the certification run (a DNS label)")
-    p.add_argument("--node", default=None, help="node name (default: $NODE_NAME, else the hostname)")
+    p.add_argument("--node", type=_node, help="this node (default: $NODE_NAME, else the hostname)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--cpu-devices", type=_positive_int, default=cpu_devices,
+                   help=f"pretend GPUs (one process each) on --device cpu ({cpu_devices})")  # fmt: skip
     p.add_argument("--repeats", type=_positive_int, default=3, help="measurements per benchmark (default 3)")
     p.add_argument("--max-repeats", type=_positive_int, default=DEFAULT_MAX_REPEATS,
                    help="when a benchmark's repeats disagree (robust CV or transients beyond the noise model), "
@@ -213,8 +272,18 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
                    f"repeats.transient_pct (default {DEFAULT_TRANSIENT_PCT:g})")  # fmt: skip
     p.add_argument("--deadline-seconds", type=_seconds,
                    help="seconds from the payload's start by which it must be done (the Job's deadline less "
-                   "image pull and scheduling): extra repeats start only while they and the work ahead fit "
-                   "(default: $GPUCERT_DEADLINE_S; none: no deadline)")  # fmt: skip
+                   "image pull and scheduling): extra repeats, and a pair's rendezvous, start only while "
+                   "they and the work ahead fit (default: $GPUCERT_DEADLINE_S; none: no deadline)")  # fmt: skip
+    p.add_argument("--nccl-tests", metavar="PATH",
+                   help="all_reduce_perf: when executable it measures the all-reduce instead of torch (a "
+                   "pair's: built with MPI=1, run under mpirun when --mpi-hosts is given)")  # fmt: skip
+    p.add_argument("--nccl-tests-args", type=_nccl_tests_args, default=(), metavar="ARGS",
+                   help="more all_reduce_perf options, one shell-quoted string (e.g. '-d bfloat16 -G 1'); "
+                   "not those the payload sets: -t -g -b -e -i -f -n -c")  # fmt: skip
+    p.add_argument("--stack-json", metavar="PATH", help="also write the stack record to this file")
+
+
+def _node_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-n", type=_positive_int, help="square BF16 GEMM size (cuda 8192, cpu 256)")
     p.add_argument("--gemm-shape", type=_shape, help="GEMM shape MxNxK instead of --gemm-n")
     p.add_argument("--gemm-seconds", type=_seconds, help="sustained time per GEMM repeat (cuda 30, cpu 0.05)")
@@ -227,20 +296,13 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--allreduce-iters", type=_positive_int, help="all-reduces timed per repeat (cuda 20, cpu 5)"
     )
-    p.add_argument("--cpu-devices", type=_positive_int, default=2, help="pretend GPUs on --device cpu (2)")
     p.add_argument("--skip", action="append", choices=STEPS, default=[], help="leave a step out (repeatable)")
-    p.add_argument("--nccl-tests", metavar="PATH",
-                   help="all_reduce_perf: when executable it measures the all-reduce instead of torch")  # fmt: skip
-    p.add_argument("--nccl-tests-args", type=_nccl_tests_args, default=(), metavar="ARGS",
-                   help="more all_reduce_perf options, one shell-quoted string (e.g. '-d bfloat16 -G 1'); "
-                   "not those the payload sets: -t -g -b -e -i -f -n -c")  # fmt: skip
     p.add_argument(
         "--dcgm", action="store_true", help="also run 'dcgmi diag -r LEVEL -j' when dcgmi is present"
     )
     p.add_argument("--dcgm-level", type=int, choices=DIAG_LEVELS,
                    help="the dcgmi diag level (1 quick, the default; 2 medium; 3 and 4 long: allow for them in "
                    "the Job's deadline); implies --dcgm")  # fmt: skip
-    p.add_argument("--stack-json", metavar="PATH", help="also write the stack record to this file")
     p.add_argument("--expected-gpus", type=_positive_int,
                    help="GPUs the node advertises (default: $GPUCERT_EXPECTED_GPUS; none: no row)")  # fmt: skip
     p.add_argument("--sample-interval", type=_seconds, default=0.2, help="NVML sampling period (0.2 s)")
@@ -257,81 +319,210 @@ def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
                    "storage_read_gbps, with fio when on the PATH (default: no storage step)")  # fmt: skip
     p.add_argument("--storage-size-gb", type=_gigabytes,
                    help="the size of the file written once and read per repeat, in GB (cuda 4, cpu 0.064)")  # fmt: skip
+
+
+def _pair_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", nargs=2, type=_node, metavar="NODE",
+                   help="the pair's two nodes: this node must be one, the peer the other")  # fmt: skip
+    p.add_argument("--peer", type=_node, help="the other node, when known in advance (checked)")
+    p.add_argument("--rank", type=_rank, help="this node's rank in the pair (default: $JOB_COMPLETION_INDEX, "
+                   "else an MPI launcher's $OMPI_COMM_WORLD_RANK or $PMI_RANK)")  # fmt: skip
+    p.add_argument("--master", type=_master, metavar="HOST:PORT",
+                   help="the rendezvous: node rank 0 serves it, node rank 1 connects to it")  # fmt: skip
+    p.add_argument("-b", "--min-bytes", type=_size, help="smallest message (cuda 1M, cpu 64K)")
+    p.add_argument(
+        "-e", "--max-bytes", type=_size, help="largest message, the one reported (cuda 8G, cpu 1M)"
+    )
+    p.add_argument("-f", "--step-factor", type=_step_factor, default=2, help="size multiplier (2)")
+    p.add_argument("-n", "--iters", type=_positive_int, help="all-reduces timed per size (cuda 20, cpu 5)")
+    p.add_argument(
+        "-w", "--warmup-iters", type=_positive_int, help="untimed all-reduces first (cuda 5, cpu 1)"
+    )
+    p.add_argument("--rendezvous-timeout", type=_seconds,
+                   help="seconds to wait for the other node (cuda 900, cpu 60)")  # fmt: skip
+    p.add_argument("--step-timeout", type=_seconds,
+                   help="each collective's timeout, and the process group's start (cuda 300, cpu 60)")  # fmt: skip
+    p.add_argument("--mpi-hosts", type=_hosts, metavar="HOST:GPUS,HOST:GPUS",
+                   help="the two hosts for mpirun -H (the nccl-tests path)")  # fmt: skip
+    p.add_argument("--mpirun-args", type=_words, default=(), metavar="ARGS",
+                   help="more mpirun options, one shell-quoted string (e.g. '--allow-run-as-root -x "
+                   "NCCL_DEBUG')")  # fmt: skip
+
+
+#: unit → (prog, description, default --cpu-devices, its own arguments)
+_UNITS: dict[str, tuple[str, str, int, Callable[[argparse.ArgumentParser], None]]] = {
+    "node": ("python -m gpucert.bench",
+             "Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, and the stack "
+             "record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations default to full size "
+             "on cuda and to tiny values on cpu.", 2, _node_arguments),
+    "pair": ("python -m gpucert.bench pair",
+             "One side of a two-node all-reduce (every GPU of both nodes): results rows (nccl_pair_busbw_gbps, "
+             "peer = the other node) on stdout, the sweep and messages on stderr.", 1, _pair_arguments),
+}  # fmt: skip
+
+
+def _build(unit: str, strict: bool) -> argparse.ArgumentParser:
+    prog, description, cpu_devices, add_own = _UNITS[unit]
+    p = (_Checking if strict else argparse.ArgumentParser)(
+        prog=prog,
+        description=description,
+        # A checked argument must be the very option the pod will see, not a prefix argparse completes.
+        allow_abbrev=not strict,
+        add_help=not strict,
+    )
+    _shared_arguments(p, cpu_devices=cpu_devices)
+    add_own(p)
     return p
 
 
+def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
+    """The node unit's argument parser. ``strict`` (for checking arguments ahead of a run): no
+    abbreviations, no ``--help``, and :class:`ArgumentsError` instead of a usage message and exit 2."""
+    return _build("node", strict)
+
+
+def build_pair_parser(*, strict: bool = False) -> argparse.ArgumentParser:
+    """The pair unit's argument parser (the arguments after ``pair``); ``strict`` as in :func:`build_parser`."""
+    return _build("pair", strict)
+
+
 @functools.cache
-def _parser(strict: bool) -> argparse.ArgumentParser:
-    """:func:`build_parser`'s parser, built once: parsing leaves it as it was, and the flow (each Job it
-    renders) and the simulator (each benchmark pod) check thousands of command lines a run."""
-    return build_parser(strict=strict)
+def _parser(unit: str, strict: bool) -> argparse.ArgumentParser:
+    """A unit's parser, built once: parsing leaves it as it was, and the flow (each Job it renders) and the
+    simulator (each benchmark pod) check thousands of command lines a run."""
+    return _build(unit, strict)
+
+
+class _Parsed:
+    """One command line parsed: the namespace, with the shared resolution of defaults and environment."""
+
+    def __init__(self, unit: str, argv: Sequence[str] | None, strict: bool) -> None:
+        self.parser = _parser(unit, strict)
+        self.a = self.parser.parse_args(argv)
+        self.col = 0 if self.a.device == "cuda" else 1
+
+    def pick(self, name: str) -> float:
+        """The argument ``name`` as given, else its default on this device."""
+        given = getattr(self.a, name)
+        return float(given) if given is not None else _DEFAULTS[name][self.col]
+
+    def env(self, name: str, parse: Callable[[str], Any]) -> Any:
+        """``$name`` through ``parse`` (None when unset or blank); a bad value is a usage error naming it."""
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            return parse(raw)
+        except argparse.ArgumentTypeError as exc:
+            self.parser.error(f"{name}: {exc}")
+
+    def shared(self) -> dict[str, Any]:
+        """The options every unit takes (see :class:`gpucert.bench._run.UnitOptions`)."""
+        a = self.a
+        deadline = (
+            a.deadline_seconds if a.deadline_seconds is not None else self.env("GPUCERT_DEADLINE_S", _seconds)
+        )
+        return {
+            "run_id": a.run_id,
+            "node": a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname(),
+            "device": a.device,
+            "cpu_devices": a.cpu_devices,
+            "repeats": a.repeats,
+            "max_repeats": max(a.repeats, a.max_repeats),
+            "cv_rep": tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items()),
+            "repeats_of": tuple({**DEFAULT_REPEATS_OF, **dict(a.repeats_of)}.items()),
+            "unstable_factor": a.unstable_factor,
+            "transient_pct": a.transient_pct,
+            "deadline_s": deadline or 0.0,
+            "nccl_tests": a.nccl_tests,
+            "nccl_tests_args": a.nccl_tests_args,
+            "stack_json": a.stack_json,
+        }
+
+
+def _gpu_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU count")
+    return int(text)
 
 
 def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Options:
-    """The :class:`Options` of a command line (``sys.argv`` when None). Bad arguments print usage and exit 2,
-    or with ``strict`` (see :func:`build_parser`) raise :class:`ArgumentsError`."""
-    parser = _parser(strict)
-    a = parser.parse_args(argv)
-    col = 0 if a.device == "cuda" else 1
-
-    def pick(name: str) -> float:
-        given = getattr(a, name)
-        return float(given) if given is not None else _DEFAULTS[name][col]
-
-    expected = a.expected_gpus
-    if expected is None and os.environ.get("GPUCERT_EXPECTED_GPUS", "").strip():
-        raw = os.environ["GPUCERT_EXPECTED_GPUS"].strip()
-        if not raw.isdigit():
-            parser.error(f"GPUCERT_EXPECTED_GPUS={raw!r} is not a GPU count")
-        expected = int(raw)
-    deadline = a.deadline_seconds
-    if deadline is None and os.environ.get("GPUCERT_DEADLINE_S", "").strip():
-        try:
-            deadline = _seconds(os.environ["GPUCERT_DEADLINE_S"].strip())
-        except argparse.ArgumentTypeError as exc:
-            parser.error(f"GPUCERT_DEADLINE_S: {exc}")
-    n = int(pick("gemm_n"))
-    node = a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+    """The node unit's :class:`Options` of a command line (``sys.argv`` when None). Bad arguments print
+    usage and exit 2, or with ``strict`` (see :func:`build_parser`) raise :class:`ArgumentsError`."""
+    p = _Parsed("node", argv, strict)
+    a = p.a
+    n = int(p.pick("gemm_n"))
+    expected = a.expected_gpus if a.expected_gpus is not None else p.env("GPUCERT_EXPECTED_GPUS", _gpu_count)
     return Options(
-        run_id=a.run_id,
-        node=node,
-        device=a.device,
-        repeats=a.repeats,
-        max_repeats=max(a.repeats, a.max_repeats),
-        cv_rep=tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items()),
-        repeats_of=tuple({**DEFAULT_REPEATS_OF, **dict(a.repeats_of)}.items()),
-        unstable_factor=a.unstable_factor,
-        transient_pct=a.transient_pct,
-        deadline_s=deadline or 0.0,
+        **p.shared(),
         gemm_shape=a.gemm_shape or (n, n, n),
-        gemm_seconds=pick("gemm_seconds"),
-        gemm_warmup_seconds=pick("gemm_warmup_seconds"),
-        copy_bytes=int(pick("copy_bytes")),
-        h2d_bytes=int(pick("h2d_bytes")),
-        bw_seconds=pick("bw_seconds"),
-        allreduce_bytes=int(pick("allreduce_bytes")),
-        allreduce_iters=int(pick("allreduce_iters")),
-        cpu_devices=a.cpu_devices,
+        gemm_seconds=p.pick("gemm_seconds"),
+        gemm_warmup_seconds=p.pick("gemm_warmup_seconds"),
+        copy_bytes=int(p.pick("copy_bytes")),
+        h2d_bytes=int(p.pick("h2d_bytes")),
+        bw_seconds=p.pick("bw_seconds"),
+        allreduce_bytes=int(p.pick("allreduce_bytes")),
+        allreduce_iters=int(p.pick("allreduce_iters")),
         skip=frozenset(a.skip),
-        nccl_tests=a.nccl_tests,
-        nccl_tests_args=a.nccl_tests_args,
         dcgm=a.dcgm or a.dcgm_level is not None,
         dcgm_level=a.dcgm_level or 1,
-        stack_json=a.stack_json,
         expected_gpus=expected,
         sample_interval=a.sample_interval or 0.2,
         step_timeout=a.step_timeout,
         ib_sysfs=a.ib_sysfs,
         ib_devices=tuple(a.ib_devices),
         storage_path=a.storage_path,
-        storage_bytes=round(pick("storage_size_gb") * 1e9),
+        storage_bytes=round(p.pick("storage_size_gb") * 1e9),
     )
+
+
+def parse_pair_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> PairOptions:
+    """The pair unit's :class:`~gpucert.bench._pair.PairOptions` of a command line (without the leading
+    ``pair``); bad arguments as in :func:`parse_args`."""
+    p = _Parsed("pair", argv, strict)
+    a = p.a
+    rank = a.rank
+    for name in () if rank is not None else _RANK_ENV:
+        rank = p.env(name, _rank)
+        if rank is not None:
+            break
+    if not (a.nccl_tests is not None and a.mpi_hosts is not None) and (rank is None or a.master is None):
+        p.parser.error("the torch path needs --master HOST:PORT and --rank (or $JOB_COMPLETION_INDEX)")
+    if a.nodes is not None and a.nodes[0] == a.nodes[1]:
+        p.parser.error(f"--nodes names {a.nodes[0]} twice: a pair is two nodes")
+    opts = PairOptions(
+        **p.shared(),
+        master=a.master,
+        rank=rank,
+        nodes=None if a.nodes is None else (a.nodes[0], a.nodes[1]),
+        peer=a.peer,
+        min_bytes=int(p.pick("min_bytes")),
+        max_bytes=int(p.pick("max_bytes")),
+        step_factor=a.step_factor,
+        iters=int(p.pick("iters")),
+        warmup_iters=int(p.pick("warmup_iters")),
+        rendezvous_timeout=p.pick("rendezvous_timeout") or _DEFAULTS["rendezvous_timeout"][p.col],
+        step_timeout=p.pick("step_timeout") or _DEFAULTS["step_timeout"][p.col],
+        mpi_hosts=a.mpi_hosts,
+        mpirun_args=a.mpirun_args,
+    )
+    try:
+        opts.sizes  # noqa: B018  - checked now: a bad sweep is a bad argument, not a failed step
+    except ValueError as exc:
+        p.parser.error(str(exc))
+    return opts
 
 
 def check_args(argv: Sequence[str]) -> Options:
     """The :class:`Options` ``argv`` would run with, parsed strictly (see :func:`build_parser`); raises
     :class:`ArgumentsError` naming what the payload would refuse."""
     return parse_args(list(argv), strict=True)
+
+
+def check_pair_args(argv: Sequence[str]) -> PairOptions:
+    """The :class:`~gpucert.bench._pair.PairOptions` ``argv`` (without ``pair``) would run with, parsed
+    strictly; raises :class:`ArgumentsError` naming what the payload would refuse."""
+    return parse_pair_args(list(argv), strict=True)
 
 
 def _rows_stream() -> TextIO:
@@ -347,15 +538,10 @@ def _rows_stream() -> TextIO:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit status 0 once rows were printed, errors included; 2 for bad arguments (argparse).
-
-    ``pair …`` runs one side of a two-node all-reduce instead (:mod:`gpucert.bench._paircli`)."""
+    """Exit status 0 once rows were printed, errors included; 2 for bad arguments (argparse). A leading
+    ``pair`` runs the pair unit instead of the node's."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["pair"]:
-        from ._paircli import main as pair_main
-
-        return pair_main(args[1:])
-    opts = parse_args(args)
+    opts = parse_pair_args(args[1:]) if args[:1] == ["pair"] else parse_args(args)
     out = _rows_stream()
     try:
         return run(opts, out=out)

@@ -1,8 +1,17 @@
 """Two-node all-reduce bus bandwidth: every GPU of both nodes of a pair in one collective.
 
-One payload process runs on each node of the pair (``python -m gpucert.bench pair``; in a cluster, the
-two pods of the pair's Indexed Job, ``templates/certify/pair-job.yaml.j2``). Standard library and torch
-only, like the rest of the payload.
+A pair is a benchmark unit of two nodes (:class:`PairOptions`, run by :func:`gpucert.bench._run.run` as
+a node is): one payload process runs on each node of the pair (``python -m gpucert.bench pair``, its
+arguments in :mod:`gpucert.bench._cli`; in a cluster, the two pods of the pair's Indexed Job,
+``templates/certify/pair-job.yaml.j2``). Standard library and torch only, like the rest of the payload.
+
+What it prints, like the node unit: on stdout ``nccl_pair_busbw_gbps`` rows, level pair (``gpu`` empty,
+``peer`` the other node), one per repeat, values the busbw at the largest message size; on stderr the
+stack record, the sweep as a table (``gpucert-bench: pair: SIZE B …``) and messages. Anything that stops
+the measurement — no torch, a rendezvous that did not complete within ``--rendezvous-timeout``, a peer of
+another run, a failed rank — is a node-level ``error`` row with the reason on stderr, and the exit status
+is still 0. Both nodes print their rows (each pod's log is read as its own node's), and the values are the
+same on both sides: the times are the slowest rank's of the one collective they ran together.
 
 Rendezvous (:class:`Rendezvous`)
 --------------------------------
@@ -42,9 +51,11 @@ MPIJob's launcher pod): ``--nccl-tests PATH --mpi-hosts A:8,B:8`` with ``mpirun`
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -55,9 +66,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ._allreduce import busbw_gbps
+from ._devices import Discovery
 from ._nccl_tests import AllReducePerf, NcclTestsError, check_extra_args, parse_all_reduce_perf
 from ._nvml import describe
-from ._rows import say
+from ._rows import RowWriter, say
+from ._run import Session, StepError, UnitOptions, nccl_tests_failure
 from ._stability import RepeatRule
 
 __all__ = [
@@ -66,6 +79,7 @@ __all__ = [
     "PairConfig",
     "PairError",
     "PairMeasurement",
+    "PairOptions",
     "Rendezvous",
     "Side",
     "mpi_slots",
@@ -77,12 +91,12 @@ __all__ = [
 METRIC = "nccl_pair_busbw_gbps"
 #: Every key the pair writes in the store starts with this.
 _KEY = "gpucert/pair/"
-#: Kept free before the deadline for the rows and the end of the rendezvous.
-DEADLINE_MARGIN_S = 30.0
 _FLOAT_BYTES = 4
+#: The slowest bus bandwidth a working pair is planned at (GB/s), to bound how long its sweeps may take.
+_FLOOR_GBPS = {"cuda": 1.0, "cpu": 0.02}
 
 
-class PairError(RuntimeError):
+class PairError(StepError):
     """The pair could not be measured (a rendezvous that did not complete, a peer refused, a rank that
     failed or ran past its time); the message says why, in words for an ``error`` row."""
 
@@ -324,18 +338,14 @@ class PairMeasurement:
 def _more(cfg: PairConfig, seconds: list[tuple[float, ...]], took: list[float], started: float) -> int:
     """Global rank 0's decision: how many more repeats all ranks run now (0: they agree, or no time)."""
     values = [busbw_gbps(cfg.sizes[-1], per_size[-1], cfg.world) for per_size in seconds]
-    more, verdict = cfg.rule.more(METRIC, values)
-    if not verdict.unstable:
-        return 0
-    n = len(values)
-    if more == 0:
-        say(f"pair: {METRIC}: repeats still disagree after {n} ({verdict.why}): at the maximum")
-        return 0
-    if cfg.deadline_s > 0 and time.monotonic() - started + more * statistics.fmean(took) > cfg.deadline_s:
-        say(f"pair: {METRIC}: repeats disagree after {n} ({verdict.why}), but {more} more would not fit "
-            "before the deadline")  # fmt: skip
-        return 0
-    say(f"pair: {METRIC}: repeats disagree ({verdict.why}): {more} more")
+
+    def late(more: int) -> str | None:
+        fits = time.monotonic() - started + more * statistics.fmean(took) <= cfg.deadline_s
+        return None if cfg.deadline_s <= 0 or fits else ""
+
+    more, message = cfg.rule.decide(METRIC, values, "pair", late)
+    if message:
+        say(message)
     return more
 
 
@@ -516,3 +526,147 @@ def run_pair_nccl_tests(
     if parsed.wrong:
         raise NcclTestsError(f"{path}: {parsed.wrong} wrong result(s): the all-reduce corrupted data")
     return parsed, done.stdout
+
+
+# --- the pair unit --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairOptions(UnitOptions):
+    """The pair unit: one side of a two-node all-reduce (the arguments: :func:`gpucert.bench._cli.parse_pair_args`)."""
+
+    label = "pair "
+    cpu_devices: int = 1
+    #: each collective's timeout (and the process group's start)
+    step_timeout: float = 300.0
+    master: tuple[str, int] | None = None
+    rank: int | None = None
+    nodes: tuple[str, str] | None = None
+    peer: str | None = None
+    min_bytes: int = 1 << 20
+    max_bytes: int = 8 << 30
+    step_factor: int = 2
+    iters: int = 20
+    warmup_iters: int = 5
+    rendezvous_timeout: float = 900.0
+    mpi_hosts: str | None = None
+    mpirun_args: tuple[str, ...] = ()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return sweep_sizes(self.min_bytes, self.max_bytes, self.step_factor)
+
+    def session(self, found: Discovery, rows: RowWriter, started: float) -> _PairRun:
+        return _PairRun(self, found, rows, started)
+
+
+class _PairRun(Session[PairOptions]):
+    """The pair unit's session: all_reduce_perf under mpirun when that path applies, else torch.distributed
+    over both nodes after the rendezvous; whatever stops it is the node's ``error`` row."""
+
+    def measure(self) -> None:
+        try:
+            mpirun = self.mpirun()
+            if mpirun is not None:
+                self.nccl_tests_pair(mpirun)
+            else:
+                self.torch_pair()
+        except StepError as exc:
+            self.rows.error(METRIC, str(exc))
+
+    def other_node(self) -> str | None:
+        """The other node of ``--nodes``, when this node is one of them."""
+        o = self.opts
+        if o.nodes is None or o.node not in o.nodes:
+            return None
+        return o.nodes[1] if o.nodes[0] == o.node else o.nodes[0]
+
+    def check_peer(self, peer: str) -> None:
+        """The peer the rendezvous found must be the one the arguments expect; :class:`PairError` if not."""
+        o = self.opts
+        if o.nodes is not None:
+            other = self.other_node()
+            if other is None:
+                raise PairError(f"this node {o.node} is not one of the pair's nodes {list(o.nodes)}")
+            if peer != other:
+                raise PairError(f"the other side of the pair runs on {peer}, not on {other}")
+        if o.peer is not None and peer != o.peer:
+            raise PairError(f"the other side of the pair runs on {peer}, not on --peer {o.peer}")
+
+    def torch_pair(self) -> None:
+        o = self.opts
+        backend, ranks, devices = self.torch_ranks("a pair all-reduce", fewest=1)
+        if not self.torch.distributed.is_available():
+            raise PairError(f"torch {self.torch.__version__} is built without torch.distributed")
+        if o.master is None or o.rank is None:  # the parser refuses this; options made by hand may not
+            raise PairError("the torch path needs --master HOST:PORT and --rank")
+        host, port = o.master
+        rendezvous = Rendezvous(self.torch, host, port, o.rank, timeout_s=self.left(o.rendezvous_timeout),
+                                linger_s=min(120.0, o.step_timeout))  # fmt: skip
+        self.rows.say(f"pair: node rank {o.rank}, {ranks} local rank(s) ({backend}); rendezvous at {host}:{port} "
+                      f"within {rendezvous.timeout_s:.0f} s")  # fmt: skip
+        failure: str | None = None
+        try:
+            meeting = rendezvous.meet(Side(o.run_id, o.node, o.device, ranks))
+            peer = meeting.peer.node
+            self.check_peer(peer)
+            self.rows.say(f"pair: met {peer} ({meeting.peer.ranks} ranks): {meeting.world} ranks in all")
+            sizes = o.sizes
+            # How long the sweeps may take at the slowest bandwidth a working pair has, every repeat run.
+            planned = self.rule.ceiling(METRIC) * (o.iters + 1) * sum(sizes) / (_FLOOR_GBPS[o.device] * 1e9)
+            limit = self.left(o.step_timeout + 2 * planned + 60.0)
+            # Node rank 0's ranks reach the store in their own pod: no DNS name needed (NCCL and gloo pick
+            # their own addresses for the collective; the store only introduces the ranks).
+            store_host = "127.0.0.1" if o.rank == 0 else host
+            cfg = PairConfig(store_host, port, backend, o.device, ranks, devices, meeting.offset, meeting.world, sizes,
+                             o.iters, o.warmup_iters, self.rule, o.step_timeout,
+                             deadline_s=max(0.0, limit - 60.0) if self.deadline is not None else 0.0)  # fmt: skip
+            measured = run_pair(self.torch, cfg, limit_s=limit, peer_failed=rendezvous.peer_failed)
+        except PairError as exc:
+            failure = str(exc)
+            raise
+        finally:
+            rendezvous.finish(failure)
+        for size, time_us, algbw, busbw in measured.table():
+            self.rows.say(
+                f"pair: {size:>14,} B {time_us:12.1f} us  algbw {algbw:10.4g} GB/s  busbw {busbw:10.4g} GB/s"
+            )
+        for repeat, value in enumerate(measured.busbw()):
+            self.rows.pair_row(METRIC, peer, value, repeat)
+
+    def nccl_tests_pair(self, mpirun: str) -> None:
+        o = self.opts
+        peer = o.peer or self.other_node()
+        if peer is None:
+            raise PairError("the nccl-tests path needs --peer (or --nodes): its launcher is on neither node")
+        if o.mpi_hosts is None or o.nccl_tests is None:
+            raise PairError("the nccl-tests path needs --nccl-tests PATH and --mpi-hosts")
+        hosts, path = o.mpi_hosts, o.nccl_tests
+
+        def measure() -> float:
+            parsed, _out = run_pair_nccl_tests(
+                path, mpirun=mpirun, hosts=hosts, sizes=(o.min_bytes, o.max_bytes, o.step_factor),
+                iters=o.iters, warmup=o.warmup_iters, timeout_s=self.left(o.step_timeout + 600.0),
+                extra_args=o.nccl_tests_args, mpirun_args=o.mpirun_args,
+            )  # fmt: skip
+            busbw, size = parsed.peak_busbw_gbps, parsed.largest_size
+            self.rows.say(f"pair: all_reduce_perf: busbw {busbw:.1f} GB/s at {size:,} B")
+            return busbw
+
+        emit = functools.partial(self.rows.pair_row, METRIC, peer)
+        try:
+            self.repeat(METRIC, "pair", measure, emit, 0.0)
+        except Exception as exc:
+            raise PairError(f"all_reduce_perf under mpirun: {nccl_tests_failure(exc)}") from None
+
+    def mpirun(self) -> str | None:
+        """The ``mpirun`` to run ``all_reduce_perf`` under, when the nccl-tests path applies; else None."""
+        if not self.nccl_tests_usable("the pair"):
+            return None
+        found = shutil.which("mpirun")
+        if found is None or self.opts.mpi_hosts is None:
+            why = "mpirun is not on the PATH" if found is None else "no --mpi-hosts were given"
+            self.rows.say(f"all_reduce_perf measures across nodes only as an MPI job, and {why}: the pair runs "
+                          "on torch.distributed")  # fmt: skip
+            return None
+        return found

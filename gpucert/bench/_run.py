@@ -1,12 +1,16 @@
-"""The payload's run: discover, record the stack, benchmark each GPU in turn, all-reduce, summarise.
+"""The payload's run, for every benchmark unit: discover, record the stack, measure, summarise.
 
-Each benchmark runs ``--repeats`` times; when those disagree (:mod:`._stability`, the verdict engine's
-rule) it runs more, as many as could settle them, again while they still disagree, up to
+A unit is what one payload process measures: a node (:class:`Options`, below: each GPU in turn, then the
+node's all-reduce, storage and DCGM) or a pair (:class:`gpucert.bench._pair.PairOptions`: one side of a
+two-node all-reduce). :func:`run` frames both the same way — devices discovered, the stack record, the
+rows writer, the messages that open and close the log — and every benchmark of either goes through
+:class:`Session`'s repeat loop: ``--repeats`` times; when those disagree (:mod:`._stability`, the verdict
+engine's rule) it runs more, as many as could settle them, again while they still disagree, up to
 ``--max-repeats`` in all, so that instability is resolved here rather than judged "re-run" later. Extra
 repeats start only while they, and the base work still ahead (the other GPUs, the all-reduce, DCGM),
 fit before ``--deadline-seconds``. The rows simply number the repeats ``0..n-1``.
 
-Around the benchmarks the node's RDMA ports are read from sysfs (:mod:`._nic`: ports down, trained down,
+Around the node's benchmarks its RDMA ports are read from sysfs (:mod:`._nic`: ports down, trained down,
 error counters rising during the run), and with ``--storage-path`` a mounted volume's sequential read
 throughput is measured after the all-reduce (:mod:`._storage`).
 
@@ -19,6 +23,7 @@ then ends the process with status 0, since a hung CUDA call cannot be interrupte
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -28,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, Generic, TextIO, TypeVar
 
 from ._allreduce import AllReduceConfig, run_allreduce
 from ._dcgm import DIAG_TIMEOUT_S, DcgmError, run_dcgm_diag
@@ -48,7 +53,7 @@ from ._stability import (
 from ._storage import StorageBench, StorageError
 from ._torch_steps import copy_gbps, gemm_tflops, heat, transfer_gbps
 
-__all__ = ["STEPS", "Options", "run"]
+__all__ = ["STEPS", "Options", "Session", "StepError", "UnitOptions", "run"]
 
 #: Steps ``--skip`` accepts.
 STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm", "nic", "storage")
@@ -59,17 +64,24 @@ DCGM_PREFIX = "gpucert-dcgm: "
 #: Planned storage throughput for the deadline (a slow network volume; a local NVMe is ten times faster).
 _STORAGE_PLAN_BPS = 0.5e9
 
-#: Kept free before the deadline: the telemetry summary and the last rows still have to be written.
+#: Kept free before the deadline: the telemetry summary and the last rows (a pair's: the end of the
+#: rendezvous) still have to be written.
 DEADLINE_MARGIN_S = 30.0
 # Base work not yet measured is planned at its nominal length times this (allocation, sync, start-up).
 _OVERHEAD = 1.25
 
 
 @dataclass(frozen=True)
-class Options:
+class UnitOptions:
+    """What every benchmark unit runs with: the run, the node, the device, the repeat rule, the deadline."""
+
+    #: the word the unit's opening and closing messages start with ("" for a node, "pair " for a pair)
+    label: ClassVar[str] = ""
     run_id: str
     node: str
     device: str = "cuda"
+    #: pretend GPUs (one process each) on the CPU
+    cpu_devices: int = 2
     repeats: int = 3
     #: more repeats while they disagree, up to this many in all (never fewer than ``repeats``)
     max_repeats: int = DEFAULT_MAX_REPEATS
@@ -82,6 +94,34 @@ class Options:
     repeats_of: tuple[tuple[str, int], ...] = tuple(DEFAULT_REPEATS_OF.items())
     #: seconds from the payload's start by which it must be done; 0: no deadline
     deadline_s: float = 0.0
+    #: a node's: seconds before a step counts as hung, 0 derived from the step's length; a pair's: each
+    #: collective's timeout
+    step_timeout: float = 0.0
+    nccl_tests: str | None = None
+    #: more ``all_reduce_perf`` options, after the payload's (never the ones it sets: ``_nccl_tests.py``)
+    nccl_tests_args: tuple[str, ...] = ()
+    stack_json: str | None = None
+    hostname: str | None = None
+
+    @property
+    def rule(self) -> RepeatRule:
+        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct,
+                          self.repeats_of)  # fmt: skip
+
+    @property
+    def use_nvml(self) -> bool:
+        """Whether discovery opens NVML (identity and telemetry of the GPUs)."""
+        return self.device == "cuda"
+
+    def session(self, found: Discovery, rows: RowWriter, started: float) -> Session[Any]:
+        """The unit's :class:`Session`, whose :meth:`Session.measure` runs its benchmarks."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Options(UnitOptions):
+    """The node unit: every benchmark of the node's GPUs."""
+
     gemm_shape: tuple[int, int, int] = (8192, 8192, 8192)
     gemm_seconds: float = 30.0
     gemm_warmup_seconds: float = 10.0
@@ -90,19 +130,12 @@ class Options:
     bw_seconds: float = 1.0
     allreduce_bytes: int = 8 << 30
     allreduce_iters: int = 20
-    cpu_devices: int = 2
     skip: frozenset[str] = field(default_factory=frozenset)
-    nccl_tests: str | None = None
-    #: more ``all_reduce_perf`` options, after the payload's (never the ones it sets: ``_nccl_tests.py``)
-    nccl_tests_args: tuple[str, ...] = ()
     dcgm: bool = False
     #: the ``dcgmi diag -r`` level (1-4)
     dcgm_level: int = 1
-    stack_json: str | None = None
     expected_gpus: int | None = None
     sample_interval: float = 0.2
-    step_timeout: float = 0.0  # 0: derived from the step's length
-    hostname: str | None = None
     #: the sysfs directory of the RDMA devices, and shell patterns of the devices to read (empty: all)
     ib_sysfs: str = SYSFS_ROOT
     ib_devices: tuple[str, ...] = ()
@@ -111,9 +144,131 @@ class Options:
     storage_bytes: int = 4_000_000_000
 
     @property
-    def rule(self) -> RepeatRule:
-        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct,
-                          self.repeats_of)
+    def use_nvml(self) -> bool:
+        return "telemetry" not in self.skip
+
+    def session(self, found: Discovery, rows: RowWriter, started: float) -> _Run:
+        return _Run(self, found, rows, started)
+
+
+class StepError(RuntimeError):
+    """A benchmark could not run or be measured; the message says why, in words for an ``error`` row."""
+
+
+_O = TypeVar("_O", bound=UnitOptions)
+
+
+class Session(Generic[_O]):
+    """One unit's run once its devices are found: the options, the devices, the rows, the deadline, and
+    what every benchmark of every unit shares (the repeat loop, the collective's ranks, nccl-tests)."""
+
+    def __init__(self, opts: _O, found: Discovery, rows: RowWriter, started: float) -> None:
+        self.opts = opts
+        self.found = found
+        self.rows = rows
+        self.torch = found.torch
+        self.rule = opts.rule
+        self.deadline = started + opts.deadline_s if opts.deadline_s > 0 else None
+
+    def measure(self) -> None:
+        """Run the unit's benchmarks, writing their rows."""
+        raise NotImplementedError
+
+    # The deadline -----------------------------------------------------------------------------------
+
+    def fits(self, seconds: float) -> bool:
+        """Whether ``seconds`` more work ends before the deadline (less its margin)."""
+        if self.deadline is None:
+            return True
+        return time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
+
+    def left(self, wanted: float) -> float:
+        """``wanted`` seconds, or fewer when the deadline (less its margin) comes first (at least 1)."""
+        if self.deadline is None:
+            return wanted
+        return max(1.0, min(wanted, self.deadline - DEADLINE_MARGIN_S - time.monotonic()))
+
+    # Repeats ----------------------------------------------------------------------------------------
+
+    def repeat(
+        self, metric: str, where: str, measure: Callable[[], float], emit: Callable[[float, int], bool],
+        ahead: float,
+    ) -> float | None:  # fmt: skip
+        """Measure ``metric`` its base repeats, then more while they disagree (see :meth:`more`), each row
+        written by ``emit(value, repeat)`` (False: it was no measurement, and the loop stops); returns the
+        ``time.monotonic()`` at which the base repeats were done (None if they were not)."""
+        values: list[float] = []
+        took: list[float] = []
+        base_done: float | None = None
+        target = self.rule.base(metric)
+        while len(values) < target:
+            t = time.monotonic()
+            value = measure()
+            took.append(time.monotonic() - t)
+            if not emit(value, len(values)):
+                break
+            values.append(value)
+            if len(values) == self.rule.base(metric):
+                base_done = time.monotonic()
+            if len(values) == target:
+                target += self.more(metric, values, where, statistics.fmean(took), ahead)
+        return base_done
+
+    def more(
+        self, metric: str, values: list[float], where: str, each: float, ahead: float, per_batch: float = 0.0
+    ) -> int:
+        """How many more repeats of ``metric`` to run now: 0 when they agree, at the maximum, or out of time.
+
+        ``each``: seconds a repeat takes, ``per_batch`` on top for a batch of them; ``ahead``: seconds of
+        base work still to come after this step.
+        """
+
+        def late(more: int) -> str | None:
+            if self.fits(per_batch + more * each + ahead):
+                return None
+            left = "?" if self.deadline is None else f"{self.deadline - time.monotonic():.0f}"
+            return f" ({left} s left, {ahead:.0f} s of work ahead)"
+
+        more, message = self.rule.decide(metric, values, where, late)
+        if message:
+            self.rows.say(message)
+        return more
+
+    # What the collectives share ---------------------------------------------------------------------
+
+    def torch_ranks(self, what: str, *, fewest: int = 0) -> tuple[str, int, tuple[int, ...]]:
+        """(backend, local ranks, torch devices) of a collective over every device of the node: NCCL over
+        all its GPUs, gloo over ``cpu_devices`` processes on the CPU. Raises :class:`StepError` when torch
+        cannot, or can use fewer GPUs than the node has (or than ``fewest``): ``what`` would not be the
+        node's."""
+        found = self.found
+        if self.torch is None:
+            raise StepError(found.torch_reason or "torch is not available")
+        if self.opts.device != "cuda":
+            return "gloo", self.opts.cpu_devices, ()
+        if found.torch_reason:
+            raise StepError(found.torch_reason)
+        usable = tuple(d.torch_index for _, d in sorted(found.devices.items()) if d.torch_index is not None)
+        if len(usable) < max(fewest, len(found.devices)):
+            raise StepError(f"torch can use {len(usable)} of the node's {len(found.devices)} GPUs: {what} over "
+                            "fewer would not be the node's")  # fmt: skip
+        return "nccl", len(usable), usable
+
+    def nccl_tests_usable(self, instead: str) -> bool:
+        """Whether ``--nccl-tests`` names an executable; says so, and that ``instead`` runs on
+        torch.distributed, when it names something else."""
+        path = self.opts.nccl_tests
+        if not path:
+            return False
+        if os.access(path, os.X_OK):
+            return True
+        self.rows.say(f"{path} is not an executable: {instead} runs on torch.distributed")
+        return False
+
+
+def nccl_tests_failure(exc: Exception) -> str:
+    """Why an ``all_reduce_perf`` run failed, in words: its own message, or the exception's (a timeout)."""
+    return str(exc) if isinstance(exc, NcclTestsError | OSError | ValueError) else describe(exc)
 
 
 class Watchdog:
@@ -152,15 +307,11 @@ class Watchdog:
             self._on_expiry(step, gpu, seconds)
 
 
-class _Run:
-    def __init__(self, opts: Options, found: Discovery, rows: RowWriter, started: float | None = None) -> None:
-        self.opts = opts
-        self.found = found
-        self.rows = rows
-        self.torch = found.torch
-        self.rule = opts.rule
-        started = time.monotonic() if started is None else started
-        self.deadline = started + opts.deadline_s if opts.deadline_s > 0 else None
+class _Run(Session[Options]):
+    """The node unit's session: telemetry and NICs around the per-GPU steps, the all-reduce, storage, DCGM."""
+
+    def __init__(self, opts: Options, found: Discovery, rows: RowWriter, started: float) -> None:
+        super().__init__(opts, found, rows, started)
         #: the longest a GPU's base repeats have taken so far (its steps' ``repeats``, warm-up included)
         self._gpu_seconds = 0.0
         self.sampler: Sampler | None = None
@@ -171,6 +322,20 @@ class _Run:
         self._nic_lock = threading.Lock()
         self.exit: Callable[[int], None] = os._exit
         self.watchdog = Watchdog(self._hung)
+
+    def measure(self) -> None:
+        if self.opts.expected_gpus is not None:
+            self.rows.node_row("gpu_count_expected", self.opts.expected_gpus)
+        self.start_telemetry()
+        self.start_nic()
+        try:
+            self.per_gpu_steps()
+            self.allreduce()
+            self.storage()
+            self.dcgm()
+        finally:
+            self.finish_telemetry()
+            self.finish_nic()
 
     # Steps ----------------------------------------------------------------------------------------------
 
@@ -209,61 +374,44 @@ class _Run:
                                     index)  # fmt: skip
                     continue
                 device = self._torch_device(dev.torch_index)
-                base = self.rule.base(metric)
-                self.rows.say(f"GPU {index}: {step} × {base}")
+                self.rows.say(f"GPU {index}: {step} × {self.rule.base(metric)}")
                 t0 = time.monotonic()
                 try:
                     with self._current(device), self._loaded([index], load):
                         if step == "gemm" and o.gemm_warmup_seconds > 0:
                             with self.watchdog.guard(metric, index, self._timeout(o.gemm_warmup_seconds)):
                                 heat(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
-                        values: list[float] = []
-                        took: list[float] = []
-                        target = base
-                        while len(values) < target:
-                            t = time.monotonic()
-                            with self.watchdog.guard(metric, index, self._timeout(seconds)):
-                                value = fn(device)
-                            took.append(time.monotonic() - t)
-                            if not self.rows.gpu(metric, index, value, len(values)):
-                                break
-                            values.append(value)
-                            if len(values) == base:
-                                gpu_seconds += time.monotonic() - t0
-                            if len(values) == target:
-                                each = statistics.fmean(took)
-                                target += self._more(metric, values, f"GPU {index}", each, ahead)
+                        measure = functools.partial(self._guarded, metric, index, seconds, fn, device)
+                        emit = functools.partial(self.rows.gpu, metric, index)
+                        base_done = self.repeat(metric, f"GPU {index}", measure, emit, ahead)
+                        if base_done is not None:
+                            gpu_seconds += base_done - t0
                 except Exception as exc:
                     self.rows.error(metric, describe(exc), index)
                 finally:
                     self._free_memory()
             self._gpu_seconds = max(self._gpu_seconds, gpu_seconds)
 
+    def _guarded(
+        self, metric: str, index: int, seconds: float, fn: Callable[[Any], float], device: Any
+    ) -> float:
+        """One repeat of a per-GPU step, under the watchdog."""
+        with self.watchdog.guard(metric, index, self._timeout(seconds)):
+            return fn(device)
+
     def allreduce(self) -> None:
         o, found = self.opts, self.found
         metric = "nccl_allreduce_busbw_gbps"
         if "allreduce" in o.skip:
             return
-        if o.device == "cuda" and o.nccl_tests:
-            if os.access(o.nccl_tests, os.X_OK):
-                self._nccl_tests()
-                return
-            self.rows.say(f"{o.nccl_tests} is not an executable: the all-reduce runs on torch.distributed")
-        if self.torch is None:
-            self.rows.error(metric, found.torch_reason or "torch is not available")
+        if o.device == "cuda" and self.nccl_tests_usable("the all-reduce"):
+            self._nccl_tests()
             return
-        if o.device == "cuda":
-            if found.torch_reason:
-                self.rows.error(metric, found.torch_reason)
-                return
-            usable = [d.torch_index for _, d in sorted(found.devices.items()) if d.torch_index is not None]
-            if len(usable) < len(found.devices):
-                self.rows.error(metric, f"torch can use {len(usable)} of the node's {len(found.devices)} GPUs: "
-                                "an all-reduce over fewer would not be the node's")  # fmt: skip
-                return
-            backend, ranks, devices = "nccl", len(usable), tuple(i for i in usable if i is not None)
-        else:
-            backend, ranks, devices = "gloo", o.cpu_devices, ()
+        try:
+            backend, ranks, devices = self.torch_ranks("an all-reduce")
+        except StepError as exc:
+            self.rows.error(metric, str(exc))
+            return
         if ranks < 2:
             self.rows.say(f"{ranks} device(s): no intra-node all-reduce to measure")
             return
@@ -288,39 +436,29 @@ class _Run:
                 if self.rows.node_row(metric, value, len(values)):
                     values.append(value)
             # Each batch starts its ranks afresh: its start-up and warm-up cost about the whole first batch.
-            batch = self._more(metric, values, "node", first / base, self._after_allreduce(), per_batch=first)
+            batch = self.more(metric, values, "node", first / base, self._after_allreduce(), per_batch=first)
             timeout = self._timeout(max(30.0, batch * o.allreduce_iters * 0.5))
             cfg = replace(cfg, repeats=batch, timeout_s=timeout)
 
     def _nccl_tests(self) -> None:
         o, metric = self.opts, "nccl_allreduce_busbw_gbps"
-        gpus = len(self.found.devices)
-        values: list[float] = []
-        took: list[float] = []
-        target = self.rule.base(metric)
-        while len(values) < target:
-            t = time.monotonic()
-            try:
-                with self._loaded(sorted(self.found.devices), "compute"):
-                    parsed, _out = run_all_reduce_perf(
-                        o.nccl_tests or "", gpus=gpus, nbytes=o.allreduce_bytes, iters=o.allreduce_iters,
-                        timeout_s=self._timeout(120.0), extra_args=o.nccl_tests_args,
-                    )  # fmt: skip
-            except (NcclTestsError, OSError, ValueError) as exc:
-                self.rows.error(metric, f"all_reduce_perf: {exc}")
-                return
-            except Exception as exc:  # a timeout, say
-                self.rows.error(metric, f"all_reduce_perf: {describe(exc)}")
-                return
+
+        def measure() -> float:
+            with self._loaded(sorted(self.found.devices), "compute"):
+                parsed, _out = run_all_reduce_perf(
+                    o.nccl_tests or "", gpus=len(self.found.devices), nbytes=o.allreduce_bytes,
+                    iters=o.allreduce_iters, timeout_s=self._timeout(120.0), extra_args=o.nccl_tests_args,
+                )  # fmt: skip
             self.rows.say(
                 f"all_reduce_perf: busbw {parsed.peak_busbw_gbps:.1f} GB/s at {parsed.largest_size:,} B"
             )
-            took.append(time.monotonic() - t)
-            if not self.rows.node_row(metric, parsed.peak_busbw_gbps, len(values)):
-                return
-            values.append(parsed.peak_busbw_gbps)
-            if len(values) == target:
-                target += self._more(metric, values, "node", statistics.fmean(took), self._after_allreduce())
+            return parsed.peak_busbw_gbps
+
+        emit = functools.partial(self.rows.node_row, metric)
+        try:
+            self.repeat(metric, "node", measure, emit, self._after_allreduce())
+        except Exception as exc:
+            self.rows.error(metric, f"all_reduce_perf: {nccl_tests_failure(exc)}")
 
     def storage(self) -> None:
         """``storage_read_gbps`` of ``--storage-path``: the file written once, then read per repeat."""
@@ -330,26 +468,23 @@ class _Run:
         bench = StorageBench(o.storage_path, o.storage_bytes)
         self.rows.say(f"storage: {bench.size_bytes:,} bytes under {o.storage_path}"
                       + (f" with {bench.fio}" if bench.fio else ""))  # fmt: skip
+        timeout = self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)
+        named = [""]  # the method the log last named
+
+        def measure() -> float:
+            with self.watchdog.guard(metric, None, timeout):
+                value = bench.measure()
+            if bench.method != named[0]:
+                named[0] = bench.method
+                self.rows.say(f"storage: {metric} by {bench.method}")
+            return value
+
         try:
-            with self.watchdog.guard(metric, None, self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)):
+            with self.watchdog.guard(metric, None, timeout):
                 bench.prepare()
-            values: list[float] = []
-            took: list[float] = []
-            target = self.rule.base(metric)
-            method = ""
-            while len(values) < target:
-                t = time.monotonic()
-                with self.watchdog.guard(metric, None, self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)):
-                    value = bench.measure()
-                took.append(time.monotonic() - t)
-                if bench.method != method:
-                    method = bench.method
-                    self.rows.say(f"storage: {metric} by {method}")
-                if not self.rows.node_row(metric, value, len(values)):
-                    return
-                values.append(value)
-                if len(values) == target:
-                    target += self._more(metric, values, "node", statistics.fmean(took), self._dcgm_work())
+            self.repeat(
+                metric, "node", measure, functools.partial(self.rows.node_row, metric), self._dcgm_work()
+            )
         except StorageError as exc:
             self.rows.error(metric, str(exc))
         except Exception as exc:
@@ -440,37 +575,7 @@ class _Run:
             if problems:
                 self.rows.error("nic", "; ".join(problems))
 
-    # Repeats --------------------------------------------------------------------------------------------
-
-    def _more(
-        self, metric: str, values: list[float], where: str, each: float, ahead: float, per_batch: float = 0.0
-    ) -> int:
-        """How many more repeats of ``metric`` to run now: 0 when they agree, at the maximum, or out of time.
-
-        ``each``: seconds a repeat takes, ``per_batch`` on top for a batch of them; ``ahead``: seconds of
-        base work still to come after this step.
-        """
-        more, verdict = self.rule.more(metric, values)
-        if not verdict.unstable:
-            return 0
-        n = len(values)
-        if more == 0:
-            self.rows.say(f"{where}: {metric}: repeats still disagree after {n} ({verdict.why}): at the "
-                          f"maximum of {self.rule.ceiling(metric)}")  # fmt: skip
-            return 0
-        if not self._fits(per_batch + more * each + ahead):
-            left = "?" if self.deadline is None else f"{self.deadline - time.monotonic():.0f}"
-            self.rows.say(f"{where}: {metric}: repeats disagree after {n} ({verdict.why}), but {more} more "
-                          f"would not fit before the deadline ({left} s left, {ahead:.0f} s of work ahead)")
-            return 0
-        self.rows.say(f"{where}: {metric}: repeats disagree ({verdict.why}): {more} more, "
-                      f"{n + more} of at most {self.rule.ceiling(metric)}")  # fmt: skip
-        return more
-
-    def _fits(self, seconds: float) -> bool:
-        if self.deadline is None:
-            return True
-        return time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
+    # Planning ---------------------------------------------------------------------------------------------
 
     def _nominal(self, step: str, metric: str, seconds: float) -> float:
         """Planned seconds of one GPU's base repeats of ``step`` (measuring ``metric``), warm-up included."""
@@ -554,16 +659,12 @@ def _line(text: str, err: TextIO | None) -> None:
     print(text, file=err if err is not None else sys.stderr, flush=True)
 
 
-def run(opts: Options, *, out: TextIO, err: TextIO | None = None, nvml_module: Any = None) -> int:
-    """Run the payload, printing rows on ``out`` and messages on ``err``; returns the exit status (0)."""
+def run(opts: UnitOptions, *, out: TextIO, err: TextIO | None = None, nvml_module: Any = None) -> int:
+    """Run the unit ``opts`` describes, printing rows on ``out`` and messages on ``err``; returns the exit
+    status (0: rows were printed, ``error`` rows among them for whatever could not be measured)."""
     t0 = time.monotonic()
-    found = discover(
-        opts.device,
-        cpu_devices=opts.cpu_devices,
-        hostname=opts.hostname,
-        nvml_module=nvml_module,
-        use_nvml="telemetry" not in opts.skip,
-    )
+    found = discover(opts.device, cpu_devices=opts.cpu_devices, hostname=opts.hostname, nvml_module=nvml_module,
+                     use_nvml=opts.use_nvml)  # fmt: skip
     rows = RowWriter(opts.run_id, opts.node, found.model, found.devices, out=out, err=err)
     for note in found.notes:
         rows.say(note)
@@ -577,20 +678,11 @@ def run(opts: Options, *, out: TextIO, err: TextIO | None = None, nvml_module: A
         except OSError as exc:
             rows.say(f"cannot write --stack-json {opts.stack_json}: {exc}")
     devices = ", ".join(f"{i}={d.uuid}" for i, d in sorted(found.devices.items())) or "none"
-    rows.say(f"run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}")
-
-    job = _Run(opts, found, rows, started=t0)
-    if opts.expected_gpus is not None:
-        rows.node_row("gpu_count_expected", opts.expected_gpus)
-    job.start_telemetry()
-    job.start_nic()
-    try:
-        job.per_gpu_steps()
-        job.allreduce()
-        job.storage()
-        job.dcgm()
-    finally:
-        job.finish_telemetry()
-        job.finish_nic()
-    rows.say(f"done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)")
+    rows.say(
+        f"{opts.label}run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}"
+    )
+    opts.session(found, rows, t0).measure()
+    rows.say(
+        f"{opts.label}done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)"
+    )
     return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -202,3 +202,24 @@ class RepeatRule:
         """(repeats to add now, the judgement): 0 when they agree or the ceiling is reached."""
         verdict = self.judge(metric, values)
         return min(verdict.settle, max(0, self.ceiling(metric) - len(values))), verdict
+
+    def decide(
+        self, metric: str, values: Sequence[float], where: str, late: Callable[[int], str | None]
+    ) -> tuple[int, str]:
+        """(repeats to add now, the line the payload says about it; empty when they agree).
+
+        Every benchmark of every unit decides here: 0 more when the repeats agree, at the ceiling, or when
+        ``late(more)`` says the extra repeats would not fit before the deadline (returning the detail to
+        say, ``""`` for none; None when they fit). ``where`` starts the line (``GPU 0``, ``node``, ``pair``).
+        """
+        more, verdict = self.more(metric, values)
+        if not verdict.unstable:
+            return 0, ""
+        n, ceiling, head = len(values), self.ceiling(metric), f"{where}: {metric}: repeats"
+        if more == 0:
+            return 0, f"{head} still disagree after {n} ({verdict.why}): at the maximum of {ceiling}"
+        detail = late(more)
+        if detail is not None:
+            return 0, (f"{head} disagree after {n} ({verdict.why}), but {more} more would not fit before the "
+                       f"deadline{detail}")  # fmt: skip
+        return more, f"{head} disagree ({verdict.why}): {more} more, {n + more} of at most {ceiling}"

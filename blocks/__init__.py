@@ -1,4 +1,19 @@
-"""Prefect blocks: GpuCluster, BaselineStore, Ticketing and CertificationPolicy (DESIGN.md, "Prefect").
+"""Prefect blocks: GpuCluster, BaselineStore, Ticketing, CertificationPolicy and Prometheus (DESIGN.md,
+"Prefect").
 
-CertificationPolicy will carry the same policy as ``gpucert.policy.Policy`` (the YAML defaults in
-``gpucert/data/policy.yaml``), so the UI and the command line judge with one set of thresholds."""
+CertificationPolicy carries the same policy as ``gpucert.policy.Policy`` (the YAML defaults in
+``gpucert/data/policy.yaml``, merged with the block's ``policy`` and its fields), so the UI and the command
+line judge with one set of thresholds.
+
+Every block class is named here, so ``prefect block register -m blocks`` registers all five types (Prefect
+registers the block classes a module holds). ``gpucert setup`` registers them too, and saves the blocks the
+deployments name (``gpucert`` each; see prefect.yaml).
+"""
+
+from blocks.cluster import GpuCluster
+from blocks.policy import CertificationPolicy
+from blocks.prometheus import Prometheus
+from blocks.store import BaselineStore
+from blocks.ticketing import Ticketing
+
+__all__ = ["BaselineStore", "CertificationPolicy", "GpuCluster", "Prometheus", "Ticketing"]

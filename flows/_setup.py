@@ -4,6 +4,16 @@ certify, operate, onboard-node and release each take ``cluster``, ``store``, ``p
 ``ticketing`` parameters and hand the resolved :class:`Setup` on, so a nightly operate, an onboarding
 started through the API and a certify from the UI judge, taint and ticket alike.
 
+Each block may instead be named: ``cluster_block``, ``store_block``, ``policy_block`` and
+``ticketing_block`` name saved blocks, loaded when the run starts (a block given whole wins over its
+name). prefect.yaml's deployments name the blocks ``gpucert setup`` saves (all called ``gpucert``), so a
+deployed run, a scheduled night and an event-started onboarding need no parameter at all, and a block
+edited in the UI takes effect at the next run. A deployed run never guesses: with no cluster (nor
+``$KUBECONFIG`` in the worker's environment) or no store (nor ``$GPUCERT_STORE``) it fails at once naming
+the parameter — never a file store in the worker's working folder, never the worker's in-cluster account
+by accident (a GpuCluster block without a kubeconfig says that on purpose). A name that is not saved
+fails the same way.
+
 Ticketing, in order: the ``ticketing`` parameter, else the policy's ``Ticketing`` block, else — the
 embedded default — local tickets in a ``file://`` store's folder; an S3 store with none of these has no
 ticket backend, and runs record the tickets they would open in the store instead (the next run with a
@@ -14,7 +24,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
@@ -23,7 +33,7 @@ from blocks.ticketing import Ticketing
 from gpucert._memory import return_arrow_memory
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
-from gpucert.errors import GpucertError, InputError
+from gpucert.errors import GpucertError, InputError, SetupMissing
 from gpucert.kube import Kube
 from gpucert.store import BaselineStore as Store
 from gpucert.tickets import TicketBackend
@@ -33,13 +43,20 @@ __all__ = [
     "RunAttemptsExhausted",
     "Setup",
     "apublish_audit",
+    "audit_key",
     "benchmark_settings",
     "certify_run_id",
     "check_attempts",
+    "cluster_of",
+    "load_named",
     "publish_audit",
     "resolve",
     "run_trigger",
+    "store_of",
 ]
+
+
+BlockT = TypeVar("BlockT", GpuCluster, BaselineStore, CertificationPolicy, Ticketing)
 
 
 @dataclass(frozen=True)
@@ -100,29 +117,104 @@ def resolve(
     ticketing: Ticketing | None,
     *,
     observe_only: bool | None = None,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
+    ticketing_block: str | None = None,
 ) -> Setup:
-    """Resolve a flow's parameters (see the module docstring); ``observe_only`` overrides the policy's.
+    """Resolve a flow's parameters (see the module docstring); ``observe_only`` overrides the policy's;
+    ``*_block`` name saved blocks, loaded where the block itself is not given.
 
-    Raises ``InputError`` for a kubeconfig, store or policy that cannot be used, and
+    Raises :class:`~gpucert.errors.SetupMissing` for a named block that is not saved and for a deployed
+    run with no cluster or store, ``InputError`` for a kubeconfig, store or policy that cannot be used, and
     :class:`RunAttemptsExhausted` for a run that crashed too often (:func:`check_attempts`).
     """
     check_attempts()
     return_arrow_memory()  # a flow process parses a fleet's tables step after step: give their pages back
-    cluster = cluster or GpuCluster()
-    store_block = store or BaselineStore.default()
+    cluster = cluster_of(cluster, cluster_block)
+    given_store = store_of(store, store_block)
+    if policy is None:
+        policy = load_named(CertificationPolicy, policy_block, "policy_block") if policy_block else None
     policy = policy or CertificationPolicy()
+    if ticketing is None and ticketing_block:
+        ticketing = load_named(Ticketing, ticketing_block, "ticketing_block")
     if observe_only is not None:
         policy = policy.model_copy(update={"observe_only": observe_only})
     rules = policy.rules()
-    opened = store_block.open(create=True)
+    opened = given_store.open(create=True)
+    opened.objects.root_exists()  # a missing S3 bucket is an input error now, before any Job starts
     chosen = ticketing or policy.ticketing
     if chosen is None and opened.uri.startswith("file://"):
         chosen = Ticketing(backend="local", path=opened.uri)
     kube = cluster.kube()
     audit = AuditRecorder(AuditLog(opened.objects), run_id=None, trigger=run_trigger()).watch(kube, opened)
-    return Setup(cluster=cluster, kube=kube, store=opened, store_block=store_block, policy=policy,
+    return Setup(cluster=cluster, kube=kube, store=opened, store_block=given_store, policy=policy,
                  ticketing=chosen, rules=rules, tickets=chosen.open() if chosen is not None else None,
                  audit=audit)  # fmt: skip
+
+
+def cluster_of(cluster: GpuCluster | None, name: str | None) -> GpuCluster:
+    """``cluster``, else the saved GpuCluster block ``name``, else — outside a deployment, or with
+    ``$KUBECONFIG`` set in the worker's environment — the default chain. Raises
+    :class:`~gpucert.errors.SetupMissing` for a deployed run with none of these (never the worker's
+    in-cluster service account by accident) and for a name that is not saved."""
+    if cluster is not None:
+        return cluster
+    if name:
+        return load_named(GpuCluster, name, "cluster_block")
+    if _deployed() and not os.environ.get("KUBECONFIG"):
+        raise SetupMissing(
+            "no cluster: a deployed run takes it from the cluster parameter or cluster_block, the name of a "
+            "saved GpuCluster block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
+            "falls back to the worker's in-cluster service account")
+    return GpuCluster()
+
+
+def store_of(store: BaselineStore | None, name: str | None) -> BaselineStore:
+    """``store``, else the saved BaselineStore block ``name``, else — outside a deployment, or with
+    ``$GPUCERT_STORE`` set in the worker's environment — :meth:`BaselineStore.default`. Raises
+    :class:`~gpucert.errors.SetupMissing` for a deployed run with none of these (never a file store in the
+    worker's working folder) and for a name that is not saved."""
+    if store is not None:
+        return store
+    if name:
+        return load_named(BaselineStore, name, "store_block")
+    if _deployed() and not os.environ.get("GPUCERT_STORE"):
+        raise SetupMissing(
+            "no store: a deployed run takes it from the store parameter or store_block, the name of a saved "
+            "BaselineStore block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
+            "writes a file store into the worker's working folder")
+    return BaselineStore.default()
+
+
+def load_named(block_type: type[BlockT], name: str, parameter: str) -> BlockT:
+    """The saved ``block_type`` block ``name``; raises :class:`~gpucert.errors.SetupMissing` naming
+    ``parameter`` when the Prefect server has none of that name (or it no longer validates)."""
+    from prefect.exceptions import ObjectNotFound
+    from pydantic import ValidationError
+
+    kind = block_type.get_block_type_name()
+    try:
+        loaded = block_type.load(name, _sync=True)  # type: ignore[call-arg]  # inside async flows too
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "value"
+        raise SetupMissing(f"{parameter} {name!r}: the saved {kind} block is not valid: {where}: "
+                           f"{first['msg']}") from None  # fmt: skip
+    except (ObjectNotFound, ValueError):
+        raise SetupMissing(
+            f"{parameter} {name!r}: no {kind} block of that name is saved on the Prefect server "
+            "(`gpucert setup` saves them; or name another)") from None
+    if not isinstance(loaded, block_type):
+        raise SetupMissing(f"{parameter} {name!r}: the saved block is a {type(loaded).__name__}, not a {kind}")
+    return loaded
+
+
+def _deployed() -> bool:
+    """Whether this flow runs for a deployment (a sub-flow of a deployed run too)."""
+    from prefect.runtime import deployment
+
+    return deployment.id is not None
 
 
 def run_trigger() -> str:
@@ -198,9 +290,19 @@ def benchmark_settings(
 _AUDIT_ROWS = 500
 
 
+def audit_key(flow_name: str | None) -> str:
+    """The audit artifact's key: one per flow (``gpucert-audit-certify``), the same every run, so that the
+    artifact catalogue holds one entry a flow, each run a version of it, not a new key every run."""
+    name = "".join(c if c.isalnum() else "-" for c in (flow_name or "run").lower())
+    return f"gpucert-audit-{name}"[:100]
+
+
 def _audit_table(audit: AuditRecorder) -> dict[str, Any]:
-    """Flush ``audit``; the table artifact of the run's changes (``audit-<run>``), with the trail's head
-    hash, so that the trail can be checked against a record kept outside the store."""
+    """Flush ``audit``; the table artifact of the run's changes (key :func:`audit_key`, the run named in its
+    description), with the trail's head hash, so that the trail can be checked against a record kept
+    outside the store."""
+    from prefect.runtime import flow_run
+
     audit.flush()
     rows = [
         {"#": e["seq"], "action": e["action"], "object": f"{e['object']['kind']} {e['object']['name']}",
@@ -208,10 +310,10 @@ def _audit_table(audit: AuditRecorder) -> dict[str, Any]:
         for e in audit.entries[:_AUDIT_ROWS]
     ]  # fmt: skip
     last = audit.entries[-1]["hash"] if audit.entries else "none"
-    key = "audit-" + "".join(c if c.isalnum() else "-" for c in (audit.run_id or "run").lower())
     shown = "" if len(audit.entries) <= _AUDIT_ROWS else f" (the first {_AUDIT_ROWS}: `gpucert audit show` has all)"
-    return {"key": key[:100], "table": rows or [{"#": "", "action": "no changes"}],
-            "description": f"{len(audit.entries)} changes recorded{shown}; the trail's head after them: {last}; "
+    return {"key": audit_key(flow_run.flow_name), "table": rows or [{"#": "", "action": "no changes"}],
+            "description": f"run {audit.run_id or flow_run.name or 'unnamed'}: {len(audit.entries)} changes "
+                           f"recorded{shown}; the trail's head after them: {last}; "
                            f"{audit.event_failures} Events not delivered"}  # fmt: skip
 
 

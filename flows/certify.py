@@ -21,14 +21,18 @@ The runbook, top to bottom:
 7. **act**: state labels, annotations, the ``GpuCertified`` condition and the taint, from the decision;
 8. **keep**: the run's passing results merged into a new baseline version, ``stack.json`` stored;
 9. **report**: ``report.html``, the verdict and decision tables, a summary and a link, as artifacts;
-10. **ticket**: one ticket per fault, opened, updated, escalated or resolved (recorded in the store when no
-   ticketing is configured, and opened by the next run that has it).
+10. **ticket**: one ticket per fault, opened, updated, escalated or resolved — resolved only when the run
+   measured what the fault was found on, else kept open and said so (recorded in the store when no
+   ticketing is configured, and opened by the next run that has it); a run past the blast radius opens one
+   incident ticket naming every node held back instead, audits it and emits ``gpucert.incident.opened``
+   (the command exits 5).
 """
 
 from datetime import UTC, date, datetime
 from typing import Any
 
 from prefect import flow
+from prefect.events import emit_event
 
 from blocks.cluster import GpuCluster
 from blocks.policy import CertificationPolicy
@@ -37,8 +41,15 @@ from blocks.ticketing import Ticketing
 from flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
 from gpucert._crashpoints import crashpoint
 from gpucert._memory import release_freed_memory
-from gpucert.audit import ticket_action
-from gpucert.certify import CertificationRun, CertifyOutcome, TicketChange, plan_shards, stored_plan_of
+from gpucert.certify import (
+    CertificationRun,
+    CertifyOutcome,
+    TicketChange,
+    incident_summary,
+    plan_shards,
+    stored_plan_of,
+    ticket_audit,
+)
 from tasks.certify import (
     act_on_nodes,
     benchmark,
@@ -72,15 +83,21 @@ async def certify(
     deadline_s: int = 3600,
     pod_annotations: dict[str, str] | None = None,
     payload_args: list[str] | None = None,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
+    ticketing_block: str | None = None,
 ) -> CertifyOutcome:
     """Benchmark, judge and mark the cluster's GPU nodes (all, or ``nodes``); returns the settled outcome.
 
     ``store`` defaults to ``$GPUCERT_STORE`` (else ``./gpucert-store``); ``observe_only`` overrides the
     policy's; ``pod_annotations`` go on every benchmark pod (the simulator reads ``sim.gpucert.io/…``);
     ``payload_args`` are extra options of the benchmark payload; tickets go to ``ticketing``, else the
-    policy's, else local tickets in a ``file://`` store (recorded only, for an S3 store).
+    policy's, else local tickets in a ``file://`` store (recorded only, for an S3 store). ``*_block`` name
+    saved blocks to use where the block is not given (prefect.yaml's deployment names ``gpucert``'s).
     """
-    setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only)
+    setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only, cluster_block=cluster_block,
+                    store_block=store_block, policy_block=policy_block, ticketing_block=ticketing_block)
     kube, prefix, rules = setup.kube, setup.cluster.label_prefix, setup.rules
     run = CertificationRun(setup.store, run_id or certify_run_id(), datetime.now(UTC).date())
     audit = setup.audit
@@ -98,7 +115,9 @@ async def certify(
     else:
         shard: dict[str, Any] = {"cluster": cluster, "store": store, "policy": policy, "image": image,
                                  "max_parallel": max_parallel, "deadline_s": deadline_s,
-                                 "pod_annotations": pod_annotations, "payload_args": payload_args}  # fmt: skip
+                                 "pod_annotations": pod_annotations, "payload_args": payload_args,
+                                 "cluster_block": cluster_block, "store_block": store_block,
+                                 "policy_block": policy_block}  # fmt: skip
         failed, stacks = await _benchmark_in_shards(run, shards, setup, shard)
     measured = {node: count for node, count in gpus.items() if node not in failed}
     links = await measure_links(kube, run, setup.cluster.gpu_node_selector, measured, payload, settings,
@@ -128,10 +147,14 @@ async def certify(
     version, reseeded = keep_baselines(run, stacks, rules.policy)
     audit.flush()
     release_freed_memory()  # the merge's, before the report draws the fleet
-    report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy))
-    tickets = ticket_run(setup.tickets, run, rules.escalation) if not settlement.incident else None
-    if tickets is not None:
-        audit.note(*(ticket_action(e) for e in tickets.events))
+    tickets = ticket_run(setup.tickets, run, rules.escalation, incident=settlement.incident)
+    # After the tickets: the report says what the run did, tickets included (they link to its known key).
+    report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy),
+                                  tickets=tickets)  # fmt: skip
+    incident = incident_summary(run, settlement.incident, tickets) if settlement.incident else None
+    audit.note(*ticket_audit(tickets, incident))
+    if incident is not None:
+        _page(incident)
     await apublish_audit(audit)
     return CertifyOutcome.of(
         settlement, day=run.day, store=setup.store.uri, nodes=sorted(gpus), skipped=skipped,
@@ -139,9 +162,22 @@ async def certify(
         observe_only=rules.observe_only, baseline_version=version, reseeded=reseeded, report=report,
         links=links.lines(),
         report_link=link, ticketing=setup.ticketing_name, actions=actions,
-        tickets=[TicketChange.of(e) for e in tickets.events] if tickets else [],
-        tickets_recorded=tickets.recorded if tickets else 0, audited=len(audit.entries),
+        tickets=[TicketChange.of(e) for e in tickets.events], tickets_recorded=tickets.recorded,
+        incident_ticket=incident["ticket"] if incident else None, audited=len(audit.entries),
         audit_seconds=round(audit.seconds, 3),
+    )  # fmt: skip
+
+
+def _page(incident: dict[str, Any]) -> None:
+    """Emit ``gpucert.incident.opened``: the event an automation pages on (its payload names the run, the
+    ticket, every node held back and its findings, hard gates first)."""
+    emit_event(
+        event="gpucert.incident.opened",
+        resource={"prefect.resource.id": f"gpucert.incident.{incident['run_id']}",
+                  "prefect.resource.name": f"blast-radius incident of {incident['run_id']}"},
+        related=[{"prefect.resource.id": f"gpucert.node.{n}", "prefect.resource.role": "node"}
+                 for n in incident["nodes"][:50]],
+        payload=incident,
     )  # fmt: skip
 
 
@@ -153,7 +189,8 @@ async def _benchmark_in_shards(
     common = {**given, "run_id": run.run_id, "day": run.day.isoformat()}
 
     def here(index: int, nodes: dict[str, int]) -> Any:
-        resolved = {"cluster": setup.cluster, "store": setup.store_block, "policy": setup.policy}
+        resolved = {"cluster": setup.cluster, "store": setup.store_block, "policy": setup.policy,
+                    "cluster_block": None, "store_block": None, "policy_block": None}
         return certify_shard(**{**common, **resolved}, index=index, nodes=nodes)
 
     parts = await run_shards(run, shards, common, local=here, wait_s=2 * given["deadline_s"] + 600)
@@ -174,11 +211,15 @@ async def certify_shard(
     deadline_s: int = 3600,
     pod_annotations: dict[str, str] | None = None,
     payload_args: list[str] | None = None,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
 ) -> dict[str, int]:
     """Benchmark shard ``index`` of certify run ``run_id`` (started on ``day``, ISO): ``nodes`` (node → GPUs),
     under the run's id, so a shard started again adopts its Jobs; its results, failed Jobs and stacks go to
     the run's folder for the parent to join. Returns how many nodes it measured and how many Jobs failed."""
-    setup = resolve(cluster, store, policy, None)
+    setup = resolve(cluster, store, policy, None, cluster_block=cluster_block, store_block=store_block,
+                    policy_block=policy_block)
     run = CertificationRun(setup.store, run_id, date.fromisoformat(day))
     setup.audit.run_id = run_id
     setup.audit.because(f"certify {run_id}: benchmark, shard {index}")

@@ -54,6 +54,10 @@ async def explain_job(
     ticketing: Ticketing | None = None,
     step_metric: str | None = STEP_METRIC,
     act: bool = False,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
+    ticketing_block: str | None = None,
 ) -> ExplainOutcome:
     """Why ``job`` (``NAMESPACE/NAME``; or the pods of ``selector``) is slow over ``since``..``until``
     (ISO 8601 or a duration ago such as ``6h``; default its lifetime); returns the answer, the suspects and
@@ -62,7 +66,8 @@ async def explain_job(
     """
     if prometheus is None:
         raise InputError("explain-job reads DCGM telemetry from Prometheus: give the prometheus block")
-    setup = resolve(cluster, store, policy, ticketing)
+    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
+                    policy_block=policy_block, ticketing_block=ticketing_block)
     kube, prefix = setup.kube, setup.cluster.label_prefix
     now = datetime.now(UTC)
     run_id = explain_id(job or f"selector-{selector}", now)

@@ -52,12 +52,21 @@ async def onboard(
     ticketing: Ticketing | None = None,
     ready_timeout_s: float = 900.0,
     pod_annotations: dict[str, str] | None = None,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
+    ticketing_block: str | None = None,
 ) -> OnboardOutcome:
     """Configure and certify ``node`` (whose UID is ``uid``, when the caller knows it); returns its state,
-    whether it was admitted, and the configure and certify outcomes."""
-    setup = resolve(cluster, store, policy, ticketing)
+    whether it was admitted, and the configure and certify outcomes. ``*_block`` name saved blocks to use
+    where the block is not given: the deployment names ``gpucert``'s, so the ``gpucert.node.joined``
+    automation, which passes only the node and its UID, onboards with the team's cluster, store, policy
+    and ticketing."""
+    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
+                    policy_block=policy_block, ticketing_block=ticketing_block)
     seen_uid = wait_for_node(setup.kube, node, uid, ready_timeout_s)
-    configured = configure(cluster=setup.cluster, nodes=[node])
+    # The same store as the certify: configure's audit trail belongs with the rest of the node's record.
+    configured = configure(cluster=setup.cluster, nodes=[node], store=setup.store_block)
     certified = await certify(
         cluster=setup.cluster,
         store=setup.store_block,

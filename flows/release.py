@@ -3,7 +3,9 @@
 The runbook (``gpucert release NODE…``, or from the UI):
 
 1. record the repair on each open ticket of the nodes — whatever the backend (local, Jira, webhook), so
-   a fault that comes back counts its resets and escalates to a replacement by REFERENCE §5's rule;
+   a fault that comes back counts its resets and escalates to a replacement by REFERENCE §5's rule; an
+   ``action`` that does not fit a ticket's cause (a GPU reset on a network ticket) is refused before
+   anything is recorded, naming the actions that fit (exit 2);
 2. certify the nodes (busy or not) with the fleet's policy and ticketing: a pass lifts gpucert's taints
    and resolves their tickets, a fail keeps them out.
 """
@@ -41,10 +43,15 @@ async def release(
     ticketing: Ticketing | None = None,
     action: str | None = None,
     note: str = "",
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    policy_block: str | None = None,
+    ticketing_block: str | None = None,
 ) -> ReleaseOutcome:
     """Record the repair of ``nodes`` (``action``: what was done; default: what each ticket asked for) and
     re-certify them; returns what was recorded and which nodes were released."""
-    setup = resolve(cluster, store, policy, ticketing)
+    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
+                    policy_block=policy_block, ticketing_block=ticketing_block)
     recorded = record_repairs_task(setup.tickets, nodes, datetime.now(UTC), action=action, note=note)
     setup.audit.because("release: repair recorded")
     setup.audit.note(*(ticket_action(e) for e in recorded))

@@ -21,10 +21,10 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._names import check_run_id, dns_subdomain_ok
-from .cli import EXIT_UNJUDGED
+from .cli import EXIT_INCIDENT, EXIT_UNJUDGED
 from .errors import GpucertError, InputError
 
 #: How long a command waits for an endpoint to answer its first question before giving up (the call
@@ -36,15 +36,20 @@ if TYPE_CHECKING:
     from blocks.policy import CertificationPolicy
     from blocks.store import BaselineStore
     from blocks.ticketing import Ticketing
+    from gpucert._prometheus_cli import PrometheusOptions
+
+    B = TypeVar("B", GpuCluster, CertificationPolicy, BaselineStore, Ticketing)
 
 __all__ = [
     "FlowInputs",
+    "NamedBlocks",
     "certify_command",
     "configure_command",
     "onboard_command",
     "operate_command",
     "parse_versions",
     "release_command",
+    "setup_command",
     "watch_nodes_command",
 ]
 
@@ -97,6 +102,27 @@ def check_nodes(nodes: Sequence[str], *, what: str = "node") -> list[str]:
 
 
 @dataclass(frozen=True)
+class NamedBlocks:
+    """What a certifying command takes from saved blocks, or the GpuCluster fields it gives instead: the
+    same cluster, storage location, store and policy a deployment run names (prefect.yaml)."""
+
+    cluster_block: str | None = None
+    store_block: str | None = None
+    policy_block: str | None = None
+    storage_claim: str | None = None
+    storage_host_path: str | None = None
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, args: Any) -> NamedBlocks:
+        """The fields from parsed arguments (those a command does not have: None)."""
+        return cls(**{name: getattr(args, name, None) for name in cls.__dataclass_fields__})
+
+
+_CLUSTER_DEFAULTS = {"--label-prefix": "gpucert.io", "--selector": "nvidia.com/gpu.present=true"}
+
+
+@dataclass(frozen=True)
 class FlowInputs:
     """The blocks a flow command passes, built and checked before any flow starts."""
 
@@ -117,30 +143,38 @@ def flow_inputs(
     ticketing: str | None = None,
     namespace: str | None = None,
     nodes: Sequence[str] = (),
+    blocks: NamedBlocks | None = None,
+    needs_store: bool = False,
 ) -> FlowInputs:
     """Check and build a flow's inputs; raises :class:`InputError` naming the one that is wrong.
+
+    ``blocks`` names saved blocks (``--cluster-block``, ``--store-block``, ``--policy-block``), each instead
+    of the options it stands for (both given: exit 2), or gives the cluster's storage location and stack
+    namespace; ``needs_store``: one of ``store`` and ``--store-block`` is required.
 
     The kubeconfig is read, the API server asked for its version and the nodes asked for looked up, the policy
     file fully validated, the store opened (a missing ``file://`` root is created: certify starts a store) and
     reached, a saved ``Ticketing`` block loaded. Raises the :class:`~gpucert.kube.KubeError` or
     :class:`~gpucert.errors.StoreError` of an endpoint that did not answer in time.
     """
-    from blocks.cluster import GpuCluster
     from blocks.policy import CertificationPolicy
     from blocks.store import BaselineStore
 
-    fields: dict[str, Any] = {"kubeconfig": kubeconfig, "context": context, "label_prefix": label_prefix,
-                              "gpu_node_selector": selector}  # fmt: skip
-    if namespace is not None:
-        fields["stack_namespace"] = namespace
-    try:
-        cluster = GpuCluster(**fields)
-    except ValueError as exc:  # pydantic's ValidationError names the field
-        raise InputError(_first_error(exc)) from None
+    named = blocks or NamedBlocks()
+    namespace = namespace or named.namespace
+    _one_of("--store", store, "--store-block", named.store_block, required=needs_store)
+    _one_of("--policy", policy_file, "--policy-block", named.policy_block, required=False)
+    cluster = _cluster(named, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
+                       namespace=namespace)  # fmt: skip
     kube = cluster.kube()  # a kubeconfig that cannot be read fails here
     check_nodes(nodes)
     policy = CertificationPolicy.from_file(policy_file) if policy_file else None
+    if named.policy_block:
+        policy = _saved(CertificationPolicy, named.policy_block, "--policy-block")
+        policy.rules()  # a saved policy that no longer validates: named now, exit 2
     store_block = BaselineStore(uri=store) if store is not None else None
+    if named.store_block:
+        store_block = _saved(BaselineStore, named.store_block, "--store-block")
     opened = store_block.open(create=True) if store_block is not None else None  # a bad URI fails here
     # The local checks done, the endpoints: a server that is down or never answers fails here, in seconds.
     kube.version(within_s=REACH_S)
@@ -150,6 +184,42 @@ def flow_inputs(
     if opened is not None:
         opened.objects.root_exists()  # one listing (a stat on file://), within the store's call deadline
     return FlowInputs(cluster=cluster, store=store_block, policy=policy, ticketing=_saved_ticketing(ticketing))
+
+
+def _one_of(flag: str, value: str | None, block_flag: str, block: str | None, *, required: bool) -> None:
+    """Raise :class:`InputError` when both ``flag`` and ``block_flag`` are given, or neither where one is
+    ``required``."""
+    if value is not None and block:
+        raise InputError(f"{block_flag} {block}: give it or {flag}, not both")
+    if required and value is None and not block:
+        raise InputError(f"give {flag} or {block_flag} NAME")
+
+
+def _cluster(
+    named: NamedBlocks, *, kubeconfig: str | None, context: str | None, label_prefix: str, selector: str,
+    namespace: str | None,
+) -> GpuCluster:
+    """The saved GpuCluster ``--cluster-block`` (no cluster option beside it), else one of the options."""
+    from blocks.cluster import GpuCluster
+
+    options = {"--kubeconfig": kubeconfig, "--context": context, "--namespace": namespace,
+               "--storage-claim": named.storage_claim, "--storage-host-path": named.storage_host_path,
+               "--label-prefix": label_prefix, "--selector": selector}  # fmt: skip
+    if named.cluster_block:
+        beside = [flag for flag, value in options.items() if value is not None and value != _CLUSTER_DEFAULTS.get(flag)]
+        if beside:
+            raise InputError(f"--cluster-block {named.cluster_block}: the block says how to reach the cluster and "
+                             f"what to measure; drop {', '.join(beside)}")  # fmt: skip
+        return _saved(GpuCluster, named.cluster_block, "--cluster-block")
+    fields: dict[str, Any] = {"kubeconfig": kubeconfig, "context": context, "label_prefix": label_prefix,
+                              "gpu_node_selector": selector, "storage_claim": named.storage_claim,
+                              "storage_host_path": named.storage_host_path}  # fmt: skip
+    if namespace is not None:
+        fields["stack_namespace"] = namespace
+    try:
+        return GpuCluster(**fields)
+    except ValueError as exc:  # pydantic's ValidationError names the field
+        raise InputError(_first_error(exc)) from None
 
 
 def _first_error(exc: ValueError) -> str:
@@ -163,25 +233,30 @@ def _first_error(exc: ValueError) -> str:
 
 
 def _saved_ticketing(name: str | None) -> Ticketing | None:
-    """The saved ``Ticketing`` block ``name``; None for no name. Raises :class:`InputError` when no Prefect
-    server is configured (a temporary one holds no blocks) or it has no such block."""
+    """The saved ``Ticketing`` block ``name``; None for no name (see :func:`_saved`)."""
     if not name:
         return None
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():
-        raise InputError(
-            f"--ticketing {name}: a saved Ticketing block lives on a Prefect server; set PREFECT_API_URL to it"
-        )
-    from prefect.exceptions import ObjectNotFound
-
     from blocks.ticketing import Ticketing
 
+    return _saved(Ticketing, name, "--ticketing")
+
+
+def _saved(block_type: type[B], name: str, flag: str) -> B:
+    """The saved ``block_type`` block ``name``. Raises :class:`InputError` when no Prefect server is
+    configured (a temporary one holds no blocks) or it has no such block."""
+    from prefect.settings import PREFECT_API_URL
+
+    kind = block_type.__name__
+    if not PREFECT_API_URL.value():
+        raise InputError(f"{flag} {name}: a saved {kind} block lives on a Prefect server; set PREFECT_API_URL to it")
+    from prefect.exceptions import ObjectNotFound
+
     try:
-        loaded = Ticketing.load(name)
+        loaded = block_type.load(name)
     except (ObjectNotFound, ValueError) as exc:
-        raise InputError(f"--ticketing {name}: no such Ticketing block ({type(exc).__name__})") from None
-    assert isinstance(loaded, Ticketing)
+        raise InputError(f"{flag} {name}: no such {kind} block ({type(exc).__name__})") from None
+    if not isinstance(loaded, block_type):
+        raise InputError(f"{flag} {name}: the saved block is a {type(loaded).__name__}, not a {kind}")
     return loaded
 
 
@@ -208,6 +283,8 @@ def configure_command(
     gpus_per_node: int,
     timeout_s: float,
     as_json: bool,
+    installer: str = "auto",
+    certify_changed: bool = True,
 ) -> int:
     """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
     pinned = parse_versions(versions)
@@ -225,7 +302,8 @@ def configure_command(
 
     outcome = configure(cluster=inputs.cluster, release=release, versions=pinned, registry=registry,
                         nodes=list(nodes) or None, dry_run_dir=dry_run, gpus_per_node=gpus_per_node,
-                        rollout_timeout_s=timeout_s)  # fmt: skip
+                        rollout_timeout_s=timeout_s, installer=installer,
+                        certify_changed=certify_changed)  # fmt: skip
     _print(outcome, as_json)
     return 0
 
@@ -234,7 +312,7 @@ def certify_command(
     *,
     kubeconfig: str | None,
     context: str | None,
-    store: str,
+    store: str | None,
     nodes: Sequence[str],
     include_busy: bool,
     run_id: str | None,
@@ -246,14 +324,17 @@ def certify_command(
     payload_args: Sequence[str],
     label_prefix: str,
     selector: str,
+    blocks: NamedBlocks | None = None,
     as_json: bool,
 ) -> int:
     """Run the certify flow once; prints what it found and did. Returns 0: a run that found faults did its job
-    (they are in the labels, taints, report and the printed summary)."""
+    (they are in the labels, taints, report and the printed summary) — or 5 when it hit the blast radius
+    (an incident: nothing tainted, one incident ticket, a page)."""
     if run_id is not None:
         check_run_id(run_id, what="--run-id")
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes, blocks=blocks,
+                         needs_store=True)  # fmt: skip
     _check_payload_args(payload_args)
     _prepare_prefect()
     from flows.certify import certify
@@ -265,7 +346,7 @@ def certify_command(
                 payload_args=list(payload_args) or None)
     )  # fmt: skip
     _print(outcome, as_json)
-    return 0
+    return _incident_exit(outcome) or 0
 
 
 def _check_payload_args(args: Sequence[str]) -> None:
@@ -280,17 +361,18 @@ def operate_command(
     *,
     kubeconfig: str | None,
     context: str | None,
-    store: str,
+    store: str | None,
     policy_file: str | None,
     ticketing: str | None,
     observe_only: bool,
-    prometheus_url: str | None,
+    prometheus_url: PrometheusOptions | str | None,
     rotation_days: float | None,
     max_nodes: int | None,
     scrape_interval_s: float,
     label_prefix: str,
     selector: str,
     namespace: str,
+    blocks: NamedBlocks | None = None,
     as_json: bool,
 ) -> int:
     """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0, or 4 (the
@@ -298,7 +380,8 @@ def operate_command(
     DCGM exporter found, or no GPU node's telemetry readable. Some nodes unread is 0: those read were judged,
     and the unread are named in the report."""
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, namespace=namespace)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, namespace=namespace,
+                         blocks=blocks, needs_store=True)  # fmt: skip
     prometheus = _prometheus(prometheus_url)
     _prepare_prefect()
     from flows.operate import operate
@@ -313,22 +396,34 @@ def operate_command(
         # Not a clean night: nothing asked for re-certification for want of numbers, not of faults.
         sys.stderr.write(f"gpucert: operate: {outcome.telemetry_missing}\n")
         return EXIT_UNJUDGED
-    return 0
+    return _incident_exit(outcome.certify) or 0
 
 
-def _prometheus(url: str | None) -> Any:
-    """A ``Prometheus`` block for ``url`` (None for none), its server asked one query first. Raises
-    :class:`InputError` for a bad URL and the ``TelemetryError`` of a server that refuses or does not answer
-    within :data:`REACH_S` (or the call deadline when shorter)."""
-    if url is None:
+def _incident_exit(outcome: Any) -> int | None:
+    """:data:`~gpucert.cli.EXIT_INCIDENT`, with one line on stderr, when the certification hit the blast
+    radius; None otherwise."""
+    if outcome is None or not outcome.incident:
+        return None
+    ticket = outcome.incident_ticket or "recorded in the store"
+    sys.stderr.write(f"gpucert: incident (ticket {ticket}): {outcome.incident}\n")
+    return EXIT_INCIDENT
+
+
+def _prometheus(given: PrometheusOptions | str | None) -> Any:
+    """A ``Prometheus`` block for ``--prometheus`` and its companions (a URL with credentials, or a saved
+    block's name; see :mod:`gpucert._prometheus_cli`; None for none), its server asked one query first.
+    Raises :class:`InputError` for bad options and the ``TelemetryError`` of a server that refuses or does not
+    answer within :data:`REACH_S` (or the call deadline when shorter)."""
+    if given is None:
         return None
     import dataclasses
     import time
 
-    from blocks.prometheus import Prometheus
+    from ._prometheus_cli import PrometheusOptions, prometheus_block
 
+    options = PrometheusOptions(given) if isinstance(given, str) else given
+    block = prometheus_block(options)
     try:
-        block = Prometheus(url=url)
         source = block.source()
     except ValueError as exc:
         raise InputError(f"--prometheus: {_first_error(exc)}") from None
@@ -342,18 +437,20 @@ def onboard_command(
     uid: str | None,
     kubeconfig: str | None,
     context: str | None,
-    store: str,
+    store: str | None,
     policy_file: str | None,
     ticketing: str | None,
     ready_timeout_s: float,
     label_prefix: str,
     selector: str,
+    blocks: NamedBlocks | None = None,
     as_json: bool,
 ) -> int:
     """Onboard ``node`` once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
     check_nodes([node])  # it may not have joined yet: the flow waits for it
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, blocks=blocks,
+                         needs_store=True)  # fmt: skip
     _prepare_prefect()
     from flows.onboard import onboard
 
@@ -362,7 +459,7 @@ def onboard_command(
                 ticketing=inputs.ticketing, ready_timeout_s=ready_timeout_s)
     )  # fmt: skip
     _print(outcome, as_json)
-    return 0 if outcome.admitted else 3
+    return _incident_exit(outcome.certify) or (0 if outcome.admitted else 3)
 
 
 def release_command(
@@ -370,19 +467,21 @@ def release_command(
     nodes: Sequence[str],
     kubeconfig: str | None,
     context: str | None,
-    store: str,
+    store: str | None,
     policy_file: str | None,
     ticketing: str | None,
     label_prefix: str,
     selector: str,
     action: str | None,
     note: str,
+    blocks: NamedBlocks | None = None,
     as_json: bool = False,
 ) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes)  # fmt: skip
+                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes, blocks=blocks,
+                         needs_store=True)  # fmt: skip
     _prepare_prefect()
     from flows.release import release
 
@@ -391,7 +490,55 @@ def release_command(
                 ticketing=inputs.ticketing, action=action, note=note)
     )  # fmt: skip
     _print(outcome, as_json)
-    return 0 if set(outcome.released) == set(nodes) else 3
+    return _incident_exit(outcome.certify) or (0 if set(outcome.released) == set(nodes) else 3)
+
+
+def setup_command(args: Any) -> int:
+    """``gpucert setup`` (``flows/_teamsetup.py`` does the work); prints each step, returns 0. Raises
+    :class:`InputError` for no Prefect server, a bad team file or option, an unreachable store or cluster."""
+    from pathlib import Path
+
+    token, secret_key = _from_env("--jira-token-env", args.jira_token_env), _from_env("--s3-secret-key-env",
+                                                                                   args.s3_secret_key_env)
+    _prepare_prefect()
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise InputError("setup: set PREFECT_API_URL to the team's Prefect server (a temporary one keeps nothing)")
+    from flows._teamsetup import read_team_file, setup_team
+
+    jira = {"backend": "jira" if args.jira_url else None, "server": args.jira_url, "user": args.jira_user,
+            "project": args.jira_project, "token": token}  # fmt: skip
+    overrides = {
+        "name": {"name": args.name},
+        "cluster": {"kubeconfig": args.kubeconfig, "context": args.context, "label_prefix": args.label_prefix,
+                    "gpu_node_selector": args.selector, "stack_namespace": args.namespace,
+                    "storage_claim": args.storage_claim, "storage_host_path": args.storage_host_path},
+        "store": {"uri": args.store, "endpoint_url": args.s3_endpoint, "public_url": args.public_url,
+                  "aws_access_key_id": args.s3_access_key_id, "aws_secret_access_key": secret_key,
+                  "region_name": args.s3_region},
+        "ticketing": jira,
+        "policy": {"file": args.policy},
+    }  # fmt: skip
+    team = read_team_file(args.team_file, overrides)
+
+    def say(line: str) -> None:
+        sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
+
+    setup_team(team, project=Path(args.project).resolve(), deploy=not args.no_deploy, reach_s=REACH_S, say=say)
+    return 0
+
+
+def _from_env(flag: str, variable: str | None) -> str | None:
+    """The secret in the environment variable ``variable`` (None: not asked for); raises :class:`InputError`
+    when it is not set: a secret is never taken from the command line, where every process sees it."""
+    if not variable:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise InputError(f"{flag} {variable}: that variable is not set")
+    return value
 
 
 def watch_nodes_command(
@@ -436,3 +583,31 @@ def watch_nodes_command(
             "(the gpucert-runtime ClusterRole, templates/stack/rbac.yaml.j2)"
         ) from None
     return 0
+
+
+def tickets_command(
+    *, tickets: str | None, store: str | None, ticketing: str | None, state: str | None, nodes: list[str] | None
+) -> str:
+    """``gpucert tickets list``: the tickets of every backend as text — a saved ``Ticketing`` block's (Jira, a
+    webhook's file), else the local ticket file (``--tickets``, a ``file://`` store's, or the default) —
+    followed by those runs without ticketing recorded in ``--store`` and no run opened yet (an ``s3://``
+    store has only these). Raises :class:`InputError` for a location or block that is not there."""
+    from .tickets import DEFAULT_TICKETS, format_tickets, tickets_list
+
+    parts: list[str] = []
+    s3 = store is not None and store.strip().lower().startswith("s3://")
+    backend = _saved_ticketing(ticketing)
+    if backend is not None:
+        parts.append(tickets_list(backend.open(), state, nodes=nodes))
+    elif tickets is not None or not s3:
+        parts.append(tickets_list(tickets or store or DEFAULT_TICKETS, state, nodes=nodes))
+    if store is not None and state != "resolved":
+        from .certify import recorded_tickets
+        from .store import open_store
+
+        recorded = recorded_tickets(open_store(store, create=False))
+        wanted = [t for t in recorded if nodes is None or t.node in nodes]
+        if wanted or s3:
+            head = f"recorded in {store} by runs without ticketing (opened by the first run that has it):"
+            parts.append(head + "\n" + (format_tickets(wanted) if wanted else "no recorded tickets"))
+    return "\n\n".join(parts)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._text import counted
 from .errors import GpucertError
 
 __all__ = ["run_lifecycle_demo"]
@@ -228,7 +229,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
         open_tickets = open_backend(os.environ["GPUCERT_STORE"]).tickets(state="open")
         caught = "all caught" if injected <= tainted else f"MISSED: {', '.join(sorted(injected - tainted))}"
         return [
-            f"Faults injected on {len(injected)} nodes: {', '.join(sorted(injected))} — {caught}",
+            f"Faults injected on {counted(len(injected), 'node')}: {', '.join(sorted(injected))} — {caught}",
             f"Nodes tainted unhealthy: {', '.join(sorted(tainted)) or 'none'}"
             + (f" (not injected, found by peers: {', '.join(also)} — the fleet model's slow silicon)" if also else ""),
             f"Tickets open ({len(open_tickets)}): " + "; ".join(f"{t.id} {title_of(t)}" for t in open_tickets),
@@ -251,7 +252,7 @@ def decisions_agree(kube: Any, store: Any) -> str:
     wrong = sorted(n for n, state in latest.items() if labels.get(n) != state)
     if wrong:
         return f"DISAGREE: the state label of {', '.join(wrong)} is not its decision on record"
-    return f"Decisions on record agree with every node's state label ({len(latest)} nodes)"
+    return f"Decisions on record agree with every node's state label ({counted(len(latest), 'node')})"
 
 
 def audit_agrees(kube: Any, store: Any) -> str:
@@ -268,8 +269,9 @@ def audit_agrees(kube: Any, store: Any) -> str:
             if e.get("reportingController") == CONTROLLER and e.get("reason") == "TaintAdded"}  # fmt: skip
     unsent = [e for e in added if (e["object"]["name"], e["hash"][:16]) not in sent]
     if unsent:
-        return f"AUDIT: {len(unsent)} of {len(added)} taints recorded have no Event on their node"
-    return (f"Audit trail intact: {len(checked.entries)} changes recorded; each of the {len(added)} taints "
+        return f"AUDIT: {len(unsent)} of {counted(len(added), 'taint')} recorded have no Event on their node"
+    return (f"Audit trail intact: {counted(len(checked.entries), 'change')} recorded; each of the "
+            f"{counted(len(added), 'taint')} "
             "set has its entry and its Event on the node (gpucert audit show --store …)")
 
 

@@ -3,7 +3,10 @@
 Exit status: 0 done; 2 bad input (a file, flag or policy to fix; the message names it); 3 verdicts at or
 above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind); 4 the run
 completed but could not judge (``operate`` read no telemetry at all: no DCGM exporter found, or no GPU
-node's telemetry readable; one line on stderr says which). A user never sees a traceback: set
+node's telemetry readable; one line on stderr says which); 5 a blast-radius incident (``certify``,
+``operate``, ``onboard``, ``release``: more nodes would have been tainted than the blast radius allows, so
+none was; one incident ticket names them, and a ``gpucert.incident.opened`` Prefect event was emitted). A
+user never sees a traceback: set
 ``GPUCERT_DEBUG=1`` to get one when reporting a bug.
 
 ``gpucert --timeout SECONDS COMMAND …`` bounds every outbound call of the command (to the cluster, the
@@ -23,9 +26,10 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from . import __version__
+from ._prometheus_cli import add_prometheus_arguments, prometheus_options
 from .errors import GpucertError, InputError
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS, EXIT_UNJUDGED = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS, EXIT_UNJUDGED, EXIT_INCIDENT = 0, 1, 2, 3, 4, 5
 
 __all__ = ["console", "main"]
 
@@ -173,7 +177,8 @@ def _parser() -> argparse.ArgumentParser:
         "kubelets (pods, status, logs over TLS), device plugin and DCGM exporters, while the real control "
         "plane schedules and controls. Stops cleanly on SIGINT or SIGTERM.",
     )
-    kubelets.add_argument("--kubeconfig", required=True, metavar="PATH", help="the real API server's kubeconfig")
+    kubelets.add_argument("--kubeconfig", metavar="PATH",
+                          help="the real API server's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
     kubelets.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
     kubelets.add_argument("--gpus", type=_positive_int, default=8, metavar="G", help="GPUs per node")
     kubelets.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
@@ -187,7 +192,8 @@ def _parser() -> argparse.ArgumentParser:
         "and/or options. Everything is checked before anything is applied; exit 2 names a bad entry.",
     )
     inject.add_argument("files", nargs="*", metavar="FILE", help="YAML with 'api', 'gpu' and 'nodes' sections")
-    inject.add_argument("--kubeconfig", required=True, metavar="PATH", help="the simulator's kubeconfig")
+    inject.add_argument("--kubeconfig", metavar="PATH",
+                        help="the simulator's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
     inject.add_argument("--gpu", nargs="+", action="append", default=[], metavar="ARG",
                         help="a fault of the fleet catalog: KIND NODE [GPU] [NAME=VALUE …]")
     inject.add_argument("--not-ready", action="append", default=[], metavar="NODE", help="the node goes NotReady")
@@ -221,6 +227,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="GPUs expected on a node without an nvidia.com/gpu.count label")
     configure.add_argument("--timeout", type=_positive_float, default=900.0, metavar="S",
                            help="seconds each component has to get Ready on every node")
+    configure.add_argument("--installer", choices=("auto", "gpucert", "gpu-operator"), default="auto",
+                           help="who installs the stack: auto adopts the NVIDIA GPU Operator where it runs it and "
+                           "installs gpucert's own manifests where nothing does (default); two installers: exit 2")
+    configure.add_argument("--no-certify", dest="certify_changed", action="store_false",
+                           help="do not certify the nodes whose driver the GPU Operator changed")
     configure.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     cert = commands.add_parser(
@@ -232,6 +243,7 @@ def _parser() -> argparse.ArgumentParser:
         "run's results, verdicts and HTML report.",
     )
     _cluster_arguments(cert)
+    _measure_arguments(cert, namespace=True)
     _run_arguments(cert)
     cert.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
                       help="certify only this node (repeatable; default: every idle GPU node)")
@@ -254,16 +266,18 @@ def _parser() -> argparse.ArgumentParser:
         "telemetry at all (no DCGM exporter found, or no GPU node readable).",
     )
     _cluster_arguments(operate)
+    _measure_arguments(operate, namespace=False)
     _run_arguments(operate)
     operate.add_argument("--observe-only", action="store_true", help="label and report, never taint")
-    operate.add_argument("--prometheus", metavar="URL", help="read telemetry from this Prometheus (default: scrape)")
+    add_prometheus_arguments(operate, required=False, what="read telemetry from it (default: scrape the exporters)")
     operate.add_argument("--rotation-days", type=_non_negative_float, metavar="D",
                          help="re-certify each node this often (default: the policy's)")
     operate.add_argument("--max-nodes", type=_positive_int, metavar="N",
                          help="nodes to certify tonight at most (default: the policy's)")
     operate.add_argument("--scrape-interval", type=_positive_float, default=60.0, metavar="S",
                          help="seconds between the two exporter scrapes without Prometheus")
-    operate.add_argument("--namespace", default="gpucert-system", help="namespace of the stack (DCGM exporters)")
+    operate.add_argument("--namespace", default=None,
+                         help="namespace of the stack (DCGM exporters; default: gpucert-system)")
     operate.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     onboard = commands.add_parser(
@@ -276,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     onboard.add_argument("node", metavar="NODE")
     onboard.add_argument("--uid", metavar="UID", help="the node's UID: refuse a node that rejoined under another")
     _cluster_arguments(onboard)
+    _measure_arguments(onboard, namespace=True)
     _run_arguments(onboard)
     onboard.add_argument("--ready-timeout", type=_positive_float, default=900.0, metavar="S",
                          help="seconds the node has to become Ready")
@@ -300,8 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--since", metavar="TIME",
                          help="window start: ISO 8601 (UTC default) or a duration ago (6h)")
     explain.add_argument("--until", metavar="TIME", help="window end (default: the job's end, or now)")
-    explain.add_argument("--prometheus", required=True, metavar="URL",
-                         help="the Prometheus that scrapes the DCGM exporters")
+    add_prometheus_arguments(explain, required=True, what="it scrapes the DCGM exporters")
     explain.add_argument("--step-metric", default="train_step_seconds", metavar="NAME",
                          help="the job's step-time gauge in Prometheus, labelled namespace and pod ('' for none: "
                               "read the pods' logs)")  # fmt: skip
@@ -322,11 +336,17 @@ def _parser() -> argparse.ArgumentParser:
 
     tickets = commands.add_parser("tickets", help="the remediation and replacement tickets")
     ticket_actions = tickets.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = ticket_actions.add_parser("list", help="list the tickets of a local ticket file")
+    listing = ticket_actions.add_parser(
+        "list", help="list the tickets: a local ticket file, a saved Ticketing block (Jira), or those an s3:// "
+        "store recorded for want of ticketing")
     listing.add_argument("--tickets", default=None, metavar="PATH",
                          help="a tickets .sqlite file or a store root holding tickets.sqlite "
                               "(default: the --store's, else gpucert-store/)")  # fmt: skip
-    listing.add_argument("--store", metavar="URI", help="a file:// store whose tickets to list")
+    listing.add_argument("--store", metavar="URI",
+                         help="a store: file:// lists its tickets.sqlite; any store lists the tickets runs "
+                              "without ticketing recorded in it (s3://)")
+    listing.add_argument("--ticketing", metavar="BLOCK",
+                         help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL")
     listing.add_argument("--state", choices=("open", "resolved"), help="only open or only resolved tickets")
     listing.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE")
 
@@ -338,10 +358,51 @@ def _parser() -> argparse.ArgumentParser:
     )
     release.add_argument("nodes", nargs="+", metavar="NODE")
     _cluster_arguments(release)
+    _measure_arguments(release, namespace=True)
     _run_arguments(release)
-    release.add_argument("--action", metavar="ACTION", help="what was done (default: what each ticket asked for)")
+    release.add_argument("--action", metavar="ACTION",
+                         help="what was done (default: what each ticket asked for); it must fit each ticket's "
+                              "cause, else exit 2 naming the actions that do")  # fmt: skip
     release.add_argument("--note", default="", help="a note for the tickets")
     release.add_argument("--json", action="store_true", help="print the flow's result as JSON")
+
+    setup = commands.add_parser(
+        "setup",
+        help="set a team's Prefect server up: block types, the named blocks, work pool, deployments, automations",
+        description="Register gpucert's block types; save the GpuCluster, BaselineStore, CertificationPolicy and "
+        "(with a ticketing section or --jira-url) Ticketing blocks that prefect.yaml's deployments name, from "
+        "--file TEAM.yaml and the options (options win); create the work pool, run `prefect deploy --all` in "
+        "--project and create automations.yaml's automations. Safe to run again: blocks are overwritten, the "
+        "pool kept, deployments updated, each automation replaced by name. Needs PREFECT_API_URL. Exit 2 "
+        "names a bad field, an unreachable store or cluster, before anything is saved.",
+    )
+    setup.add_argument("--file", dest="team_file", metavar="TEAM.yaml",
+                       help="the team file: name, cluster, store, ticketing and policy sections")
+    setup.add_argument("--name", metavar="NAME", help="the blocks' name (default: gpucert, what prefect.yaml names)")
+    setup.add_argument("--project", default=".", metavar="DIR", help="the folder holding prefect.yaml (default: .)")
+    setup.add_argument("--no-deploy", action="store_true",
+                       help="only register and save the blocks: no pool, deployments or automations")
+    setup.add_argument("--kubeconfig", metavar="PATH",
+                       help="the cluster's kubeconfig, saved in the block (default: none: the worker's own chain)")
+    setup.add_argument("--context", metavar="NAME", help="its context (default: the current one)")
+    setup.add_argument("--label-prefix", metavar="PREFIX", help="prefix of gpucert's labels and taints")
+    setup.add_argument("--selector", metavar="S", help="label selector of GPU nodes")
+    setup.add_argument("--namespace", metavar="NS", help="namespace of the GPU stack")
+    setup.add_argument("--storage-claim", metavar="PVC", help="measure storage reads from this PersistentVolumeClaim")
+    setup.add_argument("--storage-host-path", metavar="PATH", help="or from this host path")
+    setup.add_argument("--store", metavar="URI", help="store root: file:///path or s3://bucket/prefix")
+    setup.add_argument("--s3-endpoint", metavar="URL", help="an S3-compatible endpoint (MinIO, Ceph, SeaweedFS)")
+    setup.add_argument("--public-url", metavar="URL", help="where the store root is served (report links)")
+    setup.add_argument("--s3-access-key-id", metavar="ID", help="the S3 access key id (an AwsCredentials block)")
+    setup.add_argument("--s3-secret-key-env", metavar="VAR",
+                       help="the environment variable holding the S3 secret key (never the key on the command line)")
+    setup.add_argument("--s3-region", metavar="REGION", help="the S3 region")
+    setup.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
+    setup.add_argument("--jira-url", metavar="URL", help="Jira server: tickets go to Jira")
+    setup.add_argument("--jira-user", metavar="USER", help="Jira user (a Cloud e-mail)")
+    setup.add_argument("--jira-project", metavar="KEY", help="Jira project key")
+    setup.add_argument("--jira-token-env", metavar="VAR",
+                       help="the environment variable holding the Jira token (never the token on the command line)")
 
     watch = commands.add_parser(
         "watch-nodes",
@@ -423,11 +484,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every certifying command shares: the store, the policy, the ticketing."""
-    parser.add_argument("--store", required=True, metavar="URI", help="store root: file:///path or s3://…")
+    parser.add_argument("--store", metavar="URI", help="store root: file:///path or s3://… (or --store-block)")
+    parser.add_argument("--store-block", metavar="NAME",
+                        help="a saved BaselineStore block (its S3 endpoint and credentials too), as a deployment "
+                             "names it; on the Prefect server of PREFECT_API_URL")
     parser.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
+    parser.add_argument("--policy-block", metavar="NAME",
+                        help="a saved CertificationPolicy block (and the Ticketing it names), instead of --policy")
     parser.add_argument("--ticketing", metavar="BLOCK",
                         help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL "
                              "(default: local tickets in a file:// store; recorded in the store for s3://)")
+
+
+def _measure_arguments(parser: argparse.ArgumentParser, *, namespace: bool) -> None:
+    """The rest of the GpuCluster block, for the commands that certify: name the block, or give its fields,
+    so that a command measures what the deployment does (the storage location above all)."""
+    parser.add_argument("--cluster-block", metavar="NAME",
+                        help="a saved GpuCluster block, as a deployment names it: how to reach the cluster, its "
+                             "label prefix, selector, stack namespace and storage location (instead of the "
+                             "cluster options)")
+    parser.add_argument("--storage-claim", metavar="PVC",
+                        help="measure each node's read throughput from this PersistentVolumeClaim (the dataset)")
+    parser.add_argument("--storage-host-path", metavar="PATH",
+                        help="or from this host path (a node's local dataset disk)")
+    if namespace:
+        parser.add_argument("--namespace", default=None, metavar="NS",
+                            help="namespace of the GPU stack (default: gpucert-system)")
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -582,23 +664,29 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             kubeconfig=args.kubeconfig, context=args.context, release=args.release, versions=args.versions,
             registry=args.registry, nodes=args.nodes, dry_run=args.dry_run, namespace=args.namespace,
             label_prefix=args.label_prefix, selector=args.selector, gpus_per_node=args.gpus_per_node,
-            timeout_s=args.timeout, as_json=args.json,
+            timeout_s=args.timeout, as_json=args.json, installer=args.installer,
+            certify_changed=args.certify_changed,
         )
     if args.command in ("certify", "operate", "onboard", "release"):
         return _run_flow_command(args)
     if args.command == "explain":
         return commands.explain(
-            args.job, selector=args.pod_selector, since=args.since, until=args.until, prometheus=args.prometheus,
+            args.job, selector=args.pod_selector, since=args.since, until=args.until,
+            prometheus=prometheus_options(args) or args.prometheus,
             step_metric=args.step_metric, out=args.out, act=args.act, store=args.store, policy_file=args.policy,
             ticketing=args.ticketing, kubeconfig=args.kubeconfig, context=args.context,
             label_prefix=args.label_prefix, gpu_node_selector=args.gpu_node_selector, as_json=args.json,
         )  # fmt: skip
     if args.command == "tickets":
-        from .tickets import DEFAULT_TICKETS, tickets_list
+        from ._flowcli import tickets_command
 
-        where = args.tickets or args.store or DEFAULT_TICKETS
-        print(tickets_list(where, args.state, nodes=args.nodes or None))
+        print(tickets_command(tickets=args.tickets, store=args.store, ticketing=args.ticketing, state=args.state,
+                              nodes=args.nodes or None))  # fmt: skip
         return EXIT_OK
+    if args.command == "setup":
+        from ._flowcli import setup_command
+
+        return setup_command(args)
     if args.command == "watch-nodes":
         from ._flowcli import watch_nodes_command
 
@@ -624,7 +712,8 @@ def _run_flow_command(args: argparse.Namespace) -> int:
 
     common = {"kubeconfig": args.kubeconfig, "context": args.context, "store": args.store,
               "policy_file": args.policy, "ticketing": args.ticketing, "label_prefix": args.label_prefix,
-              "selector": args.selector, "as_json": args.json}  # fmt: skip
+              "selector": args.selector, "as_json": args.json,
+              "blocks": _flowcli.NamedBlocks.of(args)}  # fmt: skip
     if args.command == "certify":
         return _flowcli.certify_command(
             **common, nodes=args.nodes, include_busy=args.include_busy, run_id=args.run_id, image=args.image,
@@ -632,7 +721,7 @@ def _run_flow_command(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if args.command == "operate":
         return _flowcli.operate_command(
-            **common, observe_only=args.observe_only, prometheus_url=args.prometheus,
+            **common, observe_only=args.observe_only, prometheus_url=prometheus_options(args),
             rotation_days=args.rotation_days, max_nodes=args.max_nodes, scrape_interval_s=args.scrape_interval,
             namespace=args.namespace,
         )  # fmt: skip

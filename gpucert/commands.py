@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from ._background import in_background
-from ._io import TABLE_SUFFIXES, write_table
+from ._io import TABLE_SUFFIXES, check_out_folder, make_out_folder, write_table
+from ._text import counted
 from .errors import InputError
 from .policy import Policy, load_policy
 from .results import read_results, results_checked_alongside
@@ -26,6 +27,8 @@ from .store import BaselineStore, UnknownVersion, open_store
 from .verdict import judge
 
 if TYPE_CHECKING:
+    from ._prometheus_cli import PrometheusOptions
+    from .explain import Explanation
     from .telemetry import PrometheusSource
 
 # The audit trail, baseline building, certification and telemetry are imported where a command uses them:
@@ -52,7 +55,7 @@ _ORDER = {"pass": 0, "inconclusive": 1, "warn": 2, "fail": 3}
 def _check_out(out: str, inputs: Sequence[tuple[str, str]], *, option: str = "--out") -> None:
     """Return if the verdicts can be written to ``out``; raise :class:`InputError` naming it otherwise.
 
-    ``out`` must end in .csv or .parquet, be no folder, lie in a folder that exists and can be written
+    ``out`` must end in .csv or .parquet, be no folder, lie in a folder that can be written or made
     (tried: a temporary file is made there and removed), and be none of ``inputs`` (``(option, path)``
     pairs) by inode: writing the verdicts over a results or policy file would destroy it.
     """
@@ -63,24 +66,12 @@ def _check_out(out: str, inputs: Sequence[tuple[str, str]], *, option: str = "--
         raise InputError(f"{option} {out}: is a folder; name a .csv or .parquet file")
     if path.exists() and not path.is_file():
         raise InputError(f"{option} {out}: exists and is not a regular file")
-    if not path.parent.exists():
-        raise InputError(f"{option} {out}: the folder {path.parent} does not exist")
-    if not path.parent.is_dir():
-        raise InputError(f"{option} {out}: {path.parent} is not a folder")
     for source, given in inputs:
         if _same_file(path, Path(given)):
             raise InputError(
                 f"{option} {out} is the input {source} {given}: the output would replace it; name another file"
             )
-    try:
-        # The one sure test of a folder's permissions (root passes os.access; a read-only mount does not).
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as exc:
-        raise InputError(
-            f"{option} {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
+    check_out_folder(path.parent, f"{option} {out}")  # a missing folder is made when the file is written
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -306,7 +297,7 @@ def audit_verify(*, store: str) -> int:
         return 3
     head = log.head()
     last = f", last #{head['seq']} {str(head['hash'])[:16]}" if head else ""
-    print(f"audit trail of {store}: intact, {len(checked.entries)} entries{last}")
+    print(f"audit trail of {store}: intact, {counted(len(checked.entries), 'entry', 'entries')}{last}")
     for key in checked.orphans:
         print(f"  {key}: an interrupted or losing write, not part of the trail")
     return 0
@@ -341,8 +332,9 @@ def audit_show(*, store: str, node: str | None, since: str | None, as_json: bool
         was = json.dumps(e.get("before"), sort_keys=True) if e.get("before") is not None else ""
         arrow = f" {was} -> {change}" if was else (f" {change}" if change else "")
         run = f" run {e['run_id']}" if e.get("run_id") else ""
+        step = f", step: {e['step']}" if e.get("step") else ""  # the run's step that made it (newer entries)
         print(f"#{e.get('seq')} {e.get('ts')} {e.get('action')} {where}{arrow} — {e.get('why') or ''}"
-              f" [{e.get('trigger')}{run}, {e.get('actor')}]")  # fmt: skip
+              f" [{e.get('trigger')}{run}, {e.get('actor')}{step}]")  # fmt: skip
     return 0
 
 
@@ -389,20 +381,21 @@ def certificate_build(
         except ValueError:
             raise InputError(f"--since {since}: not a date (YYYY-MM-DD)") from None
     folder = Path(out)
-    if not folder.is_dir():
-        raise InputError(f"--out {out}: not a folder")
+    check_out_folder(folder, f"--out {out}")  # made below, once the certificate is built
     key = load_private_key(key_file) if key_file is not None else None
     cert = build_certificate(_open_existing(store), run_id, since=day, cluster=cluster)
     if key is not None:
         cert = sign(cert, key)
     stem = f"certificate-{run_id}" if run_id is not None else f"certificate-since-{since}"
     json_path, html_path = folder / f"{stem}.json", folder / f"{stem}.html"
+    make_out_folder(folder, f"--out {out}")
     _atomic_write(json_path, cert.to_json())
     _atomic_write(html_path, render_certificate_html(cert, json_name=json_path.name))
     tally = cert.body["tally"]
     states = ", ".join(f"{tally.get(s, 0)} {s}" for s in ("certified", "degraded", "failed", "inconclusive"))
     how = f"signed by key {cert.signature.key_sha256[:16]}" if cert.signature else "unsigned"
-    print(f"wrote {json_path} and {html_path.name}: {len(cert.runs)} run(s), {len(cert.body['nodes'])} nodes "
+    print(f"wrote {json_path} and {html_path.name}: {counted(len(cert.runs), 'run')}, "
+          f"{counted(len(cert.body['nodes']), 'node')} "
           f"({states}); {how}; sha256 {cert.sha256[:16]}")  # fmt: skip
     for skipped in cert.body.get("skipped") or []:
         print(f"  not certified: {skipped['run_id']}: {skipped['why']}")
@@ -436,25 +429,19 @@ def certificate_keygen(*, out: str) -> int:
 
 
 def _check_html_out(out: str) -> Path:
-    """``out`` when a timeline can be written there (an .html file in a folder that exists and can be
-    written); raises :class:`InputError` naming it otherwise."""
+    """``out`` when a timeline can be written there (an .html file in a folder that can be written or
+    made); raises :class:`InputError` naming it otherwise."""
     path = Path(out)
     if path.suffix.lower() not in (".html", ".htm"):
         raise InputError(f"--out {out}: write an .html file")
     if path.is_dir() or (path.exists() and not path.is_file()):
         raise InputError(f"--out {out}: is not a regular file; name an .html file")
-    if not path.parent.is_dir():
-        raise InputError(f"--out {out}: the folder {path.parent} does not exist")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as exc:
-        raise InputError(f"--out {out}: cannot write in the folder {path.parent} ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(probe)
+    check_out_folder(path.parent, f"--out {out}")  # a missing folder is made when the timeline is written
     return path
 
 
 def _write_text_atomically(path: Path, text: str) -> None:
+    make_out_folder(path.parent, f"--out {path}")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -466,21 +453,19 @@ def _write_text_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _reachable_prometheus(url: str) -> PrometheusSource:
-    """A :class:`~gpucert.telemetry.PrometheusSource` for ``url`` whose server answered one query within a
-    few seconds; raises :class:`InputError` (exit 2) for a bad URL and for a server that refuses or does not
-    answer: explaining without telemetry explains nothing."""
-    import dataclasses
-    import time as _time
+def _reachable_prometheus(given: PrometheusOptions | str) -> PrometheusSource:
+    """The :class:`~gpucert.telemetry.PrometheusSource` of ``--prometheus`` and its companions (a URL with its
+    credentials, or a saved block's name) whose server answered one query within a few seconds; raises
+    :class:`InputError` (exit 2) for bad options and for a server that refuses or does not answer: explaining
+    without telemetry explains nothing."""
+    from ._flowcli import _prometheus
+    from .telemetry import TelemetryError
 
-    from ._flowcli import REACH_S
-    from .telemetry import PrometheusSource, TelemetryError
-
-    source = PrometheusSource(url)
+    target = given if isinstance(given, str) else given.target
     try:
-        dataclasses.replace(source, timeout_s=min(source.timeout_s, REACH_S)).query("vector(1)", _time.time())
+        source: PrometheusSource = _prometheus(given).source()
     except TelemetryError as exc:
-        raise InputError(f"--prometheus {url}: {exc}") from None
+        raise InputError(f"--prometheus {target}: {exc}") from None
     return source
 
 
@@ -490,7 +475,7 @@ def explain(
     selector: str | None,
     since: str | None,
     until: str | None,
-    prometheus: str,
+    prometheus: PrometheusOptions | str,
     step_metric: str,
     out: str | None,
     act: bool,
@@ -549,10 +534,20 @@ def explain(
         tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
     explained = explain_job(kube, source, job, selector=selector, since=since, until=until,
                             store=opened, tickets=tickets, policy=policy, step_metric=step_metric or None)  # fmt: skip
+    if explained.explanation.verdict == "no-data":
+        raise InputError(_nothing_to_judge(explained.explanation))
     _write_text_atomically(target_out, explained.html)
     outcome = ExplainOutcome.of(explained.explanation, timeline=str(target_out), seconds=explained.seconds)
     print(outcome.model_dump_json(indent=2) if as_json else outcome.text(), end="" if not as_json else "\n")
     return 0
+
+
+def _nothing_to_judge(explanation: Explanation) -> str:
+    """The one line of a window with no data (exit 2): the job, the window and what was missing."""
+    start, end = explanation.window
+    why = explanation.notes[0] if explanation.notes else "no telemetry, step times or events"
+    return (f"explain {explanation.job}: nothing to judge from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} "
+            f"UTC: {why}")
 
 
 def _explain_act(
@@ -561,7 +556,7 @@ def _explain_act(
     selector: str | None,
     since: str | None,
     until: str | None,
-    prometheus: str,
+    prometheus: PrometheusOptions | str,
     step_metric: str,
     out: Path,
     store: str,
@@ -581,7 +576,7 @@ def _explain_act(
     inputs = _flowcli.flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
                                   selector=gpu_node_selector, store=store, policy_file=policy_file,
                                   ticketing=ticketing)  # fmt: skip
-    prometheus_block = _flowcli._prometheus(prometheus)
+    prometheus_block = _flowcli._prometheus(prometheus)  # asked once already: the flow gets the same block
     _flowcli._prepare_prefect()
     from flows.explain import explain_job as explain_flow
 
@@ -590,6 +585,9 @@ def _explain_act(
                      cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
                      step_metric=step_metric or None, act=True)
     )  # fmt: skip
+    if outcome.verdict == "no-data":
+        raise InputError(f"explain {outcome.job}: nothing to judge from {outcome.start:%Y-%m-%d %H:%M:%S} to "
+                         f"{outcome.end:%Y-%m-%d %H:%M:%S} UTC: {outcome.notes[0] if outcome.notes else 'no data'}")
     opened = _open_existing(store)
     key = outcome.timeline.removeprefix(opened.uri.rstrip("/") + "/")
     blob = opened.objects.get(key)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import commands
+from ._text import counted
 from .fleet import Fault, Fleet
 from .results import write_results
 
@@ -46,7 +47,7 @@ def run_demo(*, workdir: str, nodes: int = 16, seed: int = 7) -> int:
     store = (root / "store").as_uri()
     fleet = Fleet.generate(nodes=nodes, seed=seed)
     console.rule("[bold]gpucert demo")
-    console.print(f"A fleet of {nodes} nodes × 8 NVIDIA H200, store {store}")
+    console.print(f"A fleet of {counted(nodes, 'node')} × 8 NVIDIA H200, store {store}")
 
     start = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
     seed_files = []

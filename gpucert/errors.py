@@ -11,8 +11,11 @@ never shows a traceback for any of them::
     │   ├── BaselineFormatError a stored baseline does not have the contract's columns or types
     │   ├── MatrixError         a compatibility matrix file has an unknown key or an inconsistent fact
     │   ├── StackConflict       the GPU nodes and the requested stack cannot go together (every conflict)
+    │   │   └── InstallerConflict  two installers would run the GPU stack (the GPU Operator and gpucert …)
     │   ├── RunIdError          a run id that is not a DNS label (gpucert._names; also a ValueError)
-    │   └── PayloadArgsError    an option the benchmark payload does not take (gpucert.certify)
+    │   ├── PayloadArgsError    an option the benchmark payload does not take (gpucert.certify)
+    │   ├── TicketActionError   a repair (release --action) that does not fit its ticket's cause (gpucert.tickets)
+    │   └── SetupMissing        a named Prefect block is not saved, or a deployed run names no cluster/store
     ├── StackNotReady           a stack component did not get Ready on every target node in time (names them)
     └── StoreError              the baseline store could not do what was asked
         ├── StoreConflict       another writer moved ``baselines/current`` first (retry the update)
@@ -20,6 +23,7 @@ never shows a traceback for any of them::
         │   └── UnknownVersion  a version the user named is not listed (also an InputError: exit 2)
         ├── StoreURIError       a store URI that cannot be one (also an InputError)
         ├── StoreNotFound       a reader opened a root that does not exist: a typo (also an InputError)
+        │   └── BucketNotFound  an S3 store's bucket does not exist: refused for writers too
         └── StoreUnavailable    the backend failed (I/O error, S3 5xx, a dropped connection)
 
 The ticket backends' :class:`~gpucert.tickets.TicketError` and the Kubernetes layer's
@@ -38,10 +42,12 @@ __all__ = [
     "BaselineFormatError",
     "GpucertError",
     "InputError",
+    "InstallerConflict",
     "MatrixError",
     "PolicyError",
     "Problem",
     "ResultsError",
+    "SetupMissing",
     "StackConflict",
     "StackNotReady",
     "StoreConflict",
@@ -126,6 +132,17 @@ class StackConflict(InputError):
         super().__init__("\n".join([first, *(f"  - {c}" for c in self.conflicts)]))
 
 
+class InstallerConflict(StackConflict):
+    """Two installers would run the GPU stack (the GPU Operator and gpucert's own DaemonSets, or another
+    installer's operands), or the installer asked for is not the one that runs it; nothing has been written."""
+
+
+class SetupMissing(InputError):
+    """A block a run or command names (``cluster_block``, ``--store-block``, …) is not saved on the Prefect
+    server, or a deployed run has no cluster or store at all; the message names the parameter and says how
+    to set the team up (``gpucert setup``)."""
+
+
 class StackNotReady(GpucertError):
     """A configure step did not get ready on every target node in time; ``nodes`` maps each to why."""
 
@@ -134,7 +151,8 @@ class StackNotReady(GpucertError):
         named = sorted(self.nodes)
         listed = "; ".join(f"{n} ({self.nodes[n]})" for n in named[:shown])
         more = f"; and {len(named) - shown} more" if len(named) > shown else ""
-        super().__init__(f"{what} not ready after {timeout_s:g} s on {len(named)} of {total} nodes: {listed}{more}")
+        noun = "node" if total == 1 else "nodes"
+        super().__init__(f"{what} not ready after {timeout_s:g} s on {len(named)} of {total} {noun}: {listed}{more}")
 
 
 class StoreError(GpucertError):

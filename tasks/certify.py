@@ -15,7 +15,9 @@ import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert._frames import empty_results
 from gpucert._memory import release_freed_memory
+from gpucert._text import counted
 from gpucert.certify import (
     BenchmarkSettings,
     CertificationRules,
@@ -89,7 +91,7 @@ def select_nodes(
         else:
             skipped[name] = "advertises no nvidia.com/gpu (is the stack configured? run gpucert configure)"
     log = get_run_logger()
-    log.info("%d nodes to benchmark, %d skipped", len(gpus), len(skipped))
+    log.info("%s to benchmark, %d skipped", counted(len(gpus), "node"), len(skipped))
     return gpus, skipped
 
 
@@ -113,7 +115,7 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
     orphans = orphaned_jobs(kube, settings, run_id, nodes)
     if orphans:
         get_run_logger().warning(
-            "deleting %d Jobs a killed run left behind: %s", len(orphans), ", ".join(orphans)
+            "deleting %s a killed run left behind: %s", counted(len(orphans), "Job"), ", ".join(orphans)
         )
         delete_jobs(kube, settings, orphans)
     return stored
@@ -144,7 +146,7 @@ async def benchmark(
     elif frame is not None:
         run.write_table(RESULTS, frame)
     get_run_logger().info(
-        "%s: %d nodes measured, %d without results%s", run.run_id, len(nodes) - len(failed), len(failed),
+        "%s: %s measured, %d without results%s", run.run_id, counted(len(nodes) - len(failed), "node"), len(failed),
         f" ({', '.join(sorted({str(r) for r, _ in failed.values()}))})" if failed else "",
     )  # fmt: skip
     return failed, wave.stacks
@@ -203,11 +205,16 @@ def settle_run(
 ) -> Settlement:
     """Settle the run (:func:`gpucert.certify.settle`) and store what it concluded: ``decisions.parquet``
     and the verdicts made to agree with it; returns the settlement (its ``pending`` nodes need a re-run)."""
-    settlement = settle(first, reruns, fleet=fleet, policy=rules.policy, observe_only=rules.observe_only)
+    measured = run.results_or_none()  # what the run measured, per node and GPU: the clearing rule's input
+    settlement = settle(first, reruns, fleet=fleet, policy=rules.policy, observe_only=rules.observe_only,
+                        measured=measured if measured is not None else empty_results())  # fmt: skip
     run.write_table(VERDICTS, settled_verdicts(first.verdicts, settlement))
     run.write_table(DECISIONS, settlement.frame(datetime.now(UTC)))
+    log = get_run_logger()
+    for node, why in sorted(settlement.unmeasured.items()):
+        log.warning("%s: %s", node, why)
     if settlement.incident:
-        get_run_logger().error(settlement.incident)
+        log.error(settlement.incident)
     return settlement
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from gpucert._text import counted
 from gpucert.certify import (
     BenchmarkSettings,
     CertificationRun,
@@ -75,8 +76,8 @@ async def pair_round(
     done = await run_pair_round(kube, pairs, run.run_id, payload, settings, gpus=gpus, max_parallel=max_parallel,
                                 slot=await benchmark_slot())  # fmt: skip
     failed = {f"{a} – {b}": f"{r.reason}: {r.message}" for (a, b), r in done.failed().items()}
-    get_run_logger().info("%s round %d: %d pairs measured, %d failed", stage, index, len(pairs) - len(failed),
-                          len(failed))  # fmt: skip
+    get_run_logger().info("%s round %d: %s measured, %d failed", stage, index,
+                          counted(len(pairs) - len(failed), "pair"), len(failed))  # fmt: skip
     if done.results is None or done.results.empty:
         return None, failed
     buffer = io.BytesIO()

@@ -11,9 +11,10 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import NO_CACHE
 
 from gpucert._frames import empty_results
-from gpucert.certify import CertificationRun, Settlement
+from gpucert._text import counted
+from gpucert.certify import CertificationRun, Settlement, TicketStep
 from gpucert.network import PairingPlan
-from gpucert.report import decision_table, render_html, summary_markdown, verdict_rows
+from gpucert.report import decision_table, done_view, render_html, summary_markdown, verdict_rows
 
 __all__ = ["publish_report"]
 
@@ -43,17 +44,22 @@ def publish_report(
     settlement: Settlement,
     actions: Mapping[str, str],
     links: PairingPlan | None = None,
+    tickets: TicketStep | None = None,
 ) -> tuple[str, str]:
     """Render and store the run's ``report.html`` from its settled verdicts; publish the verdict table, the
     decisions, the markdown summary and a link to the report. ``links``, the plan the run measured its node
     pairs by (``gpucert.certify.stored_plan_of(run, policy)``; None when it measured none), adds the page's
-    "Links" section. Returns the report's URI and a link to it a browser opens (a presigned URL for S3, the
-    store's public URL when it has one)."""
+    "Links" section; the page opens with what the run did: the decisions, ``actions`` (node → what was
+    written to it: labels, taints, the condition) and the ``tickets`` step's events. Returns the report's
+    URI and a link to it a browser opens (a presigned URL for S3, the store's public URL when it has one)."""
     verdicts = run.verdicts()
     results = run.results_or_none()
     baseline = run.store.read() if run.store.current_version() is not None else None
+    done = done_view(settlement.frame(), actions=actions, tickets=tickets.events if tickets is not None else (),
+                     tickets_recorded=tickets.recorded if tickets is not None else 0,
+                     incident=settlement.incident or "")  # fmt: skip
     html = render_html(results if results is not None else empty_results(), verdicts, run_id=run.run_id,
-                       baseline=baseline, links=links)  # fmt: skip
+                       baseline=baseline, links=links, done=done)  # fmt: skip
     uri = run.write_report(html)
     link = run.store.link(run.key("report.html"))
     markdown = summary_markdown(verdicts, run_id=run.run_id, report_link=link, actions_taken=actions)
@@ -66,7 +72,8 @@ def publish_report(
         key=_artifact_key("verdicts"), table=verdict_rows(verdicts), description=f"verdicts of {run.run_id}"
     )
     decisions, left_out = decision_table(settlement.frame())
-    quiet = f"; {left_out:,} nodes certified untainted not listed (decisions.parquet has all)" if left_out else ""
+    quiet = (f"; {counted(left_out, 'node')} certified untainted not listed (decisions.parquet has all)"
+             if left_out else "")  # fmt: skip
     create_table_artifact(
         key=_artifact_key("decisions"), table=decisions,
         description=f"the settled decision per node of {run.run_id}{quiet}",

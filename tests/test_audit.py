@@ -5,6 +5,7 @@ baseline move recorded, each also an events.k8s.io Event the official client and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rfc8785
 from kubernetes import client
 
 from gpucert.audit import AuditAction, AuditLog, AuditRecorder, check_chain, event_of
@@ -23,6 +25,9 @@ from gpucert.sim import SimCluster
 from gpucert.store import BaselineStore, FileObjectStore, empty_baseline
 
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS, ServerDidNotStart
+from .unavailable import require, unavailable
+
+KUBECTL = require(shutil.which("kubectl") is not None, "kubectl is not on PATH (apt-get install kubernetes-client)")
 
 
 def _actions(n: int, node: str = "gpu-node-00001") -> list[AuditAction]:
@@ -118,6 +123,52 @@ def test_no_head_with_segments_is_a_broken_trail() -> None:
     assert check_chain([], None).ok
 
 
+def _python_json(value: object) -> bytes:
+    """How entries were hashed before RFC 8785: Python's JSON, keys sorted, floats as their repr."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def test_an_entry_hash_is_sha256_of_its_rfc_8785_json_without_gpucert(tmp_path: Path) -> None:
+    log = AuditLog(FileObjectStore(tmp_path))
+    moved = AuditAction(
+        "baseline.move", "Baseline", "v2", before={"deviation_pct": 5.0}, after={"floor": 1e-5}
+    )
+    log.append([moved, *_actions(2)], run_id="r1", trigger="cli", actor="test")
+    [segment] = _segment_files(tmp_path)
+    entries = [json.loads(line) for line in segment.read_text(encoding="utf-8").splitlines()]
+    for entry in entries:
+        body = {k: v for k, v in entry.items() if k != "hash"}
+        assert entry["canon"] == "rfc8785"
+        assert hashlib.sha256(rfc8785.dumps(body)).hexdigest() == entry["hash"]
+    # 5.0 and 1e-5 are written otherwise by Python's repr: a hash over those bytes would not match.
+    first = {k: v for k, v in entries[0].items() if k != "hash"}
+    assert hashlib.sha256(_python_json(first)).hexdigest() != entries[0]["hash"]
+
+
+def test_a_trail_hashed_before_rfc_8785_still_checks_and_grows(tmp_path: Path) -> None:
+    # Two entries as gpucert wrote them before: no ``canon``, hashed over Python's JSON.
+    prev, lines = "0" * 64, []
+    for seq in (1, 2):
+        entry: dict[str, Any] = {"seq": seq, "prev": prev, "action": "label", "after": {"pct": 5.0}}
+        entry["hash"] = prev = hashlib.sha256(_python_json(entry)).hexdigest()
+        lines.append(json.dumps(entry))
+    key = "audit/date=2026-01-01/000000000001-0a0b0c0d.jsonl"
+    (tmp_path / key).parent.mkdir(parents=True)
+    (tmp_path / key).write_text("\n".join(lines) + "\n")
+    (tmp_path / "audit/HEAD").write_text(json.dumps({"seq": 2, "hash": prev, "segment": key}))
+    log = AuditLog(FileObjectStore(tmp_path))
+    assert log.check().ok, log.check().problem
+    log.append(_actions(1), run_id="r2", trigger="cli", actor="test")
+    checked = log.check()
+    assert checked.ok, checked.problem
+    assert [e.get("canon") for e in checked.entries] == [None, None, "rfc8785"]
+    # A legacy entry changed is still caught.
+    (tmp_path / key).write_text((tmp_path / key).read_text().replace("5.0", "6.0", 1))
+    assert "entry #1" in str(log.check().problem)
+
+
 def _concurrent_appends(log_factory: type | object, writers: int, each: int) -> None:
     errors: list[BaseException] = []
 
@@ -151,7 +202,7 @@ def seaweedfs() -> Iterator[str]:
     try:
         endpoint = weed.start()
     except ServerDidNotStart as exc:
-        pytest.skip(f"SeaweedFS cannot start here: {exc}")
+        unavailable(f"SeaweedFS cannot start here: {exc}")
     try:
         yield endpoint
     finally:
@@ -235,8 +286,46 @@ def test_every_write_is_recorded_with_what_it_changed_and_sent_as_an_event(
     assert recorder.event_failures == 0
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None,
-                    reason="kubectl is not on PATH (apt-get install kubernetes-client)")
+def test_each_change_is_stamped_when_it_happened_with_its_own_why_and_its_step(
+    sim: SimCluster, kube: Kube, seaweedfs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A testing taint's add and lift, flushed together at the end of the benchmark step (as certify flushes),
+    are two moments and two reasons — not the flush's one time and the step's one "why" — and both name the
+    step that made them. On S3, as a team's store is."""
+    import time
+    from datetime import UTC, datetime
+
+    from gpucert.kube import lift_testing_taint, taint_testing
+    from gpucert.store import S3ObjectStore
+
+    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+                        ("AWS_DEFAULT_REGION", REGION)):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    log = AuditLog(S3ObjectStore("gpucert-audit", "stamps", endpoint_url=seaweedfs, region=REGION))
+    recorder = AuditRecorder(log, run_id="cert-9", trigger="schedule").watch(kube)
+    recorder.because("certify cert-9: benchmark")
+    before = datetime.now(UTC)
+    assert taint_testing(kube, "gpu-node-00001", prefix="gpucert.io", run_id="cert-9")
+    time.sleep(0.05)  # the benchmark runs
+    between = datetime.now(UTC)
+    assert lift_testing_taint(kube, "gpu-node-00001", prefix="gpucert.io")
+    time.sleep(0.05)
+    flushed = datetime.now(UTC)
+    entries = recorder.flush()
+    recorder.unwatch()
+    added, lifted = entries
+    assert (added["action"], lifted["action"]) == ("taint.add", "taint.lift")
+    stamp = lambda t: t.isoformat(timespec="microseconds").replace("+00:00", "Z")  # noqa: E731
+    assert stamp(before) <= added["ts"] < stamp(between) <= lifted["ts"] < stamp(flushed)
+    assert added["why"] != lifted["why"]
+    assert "benchmarks the node" in added["why"]
+    assert "benchmark ended" in lifted["why"]
+    assert added["step"] == lifted["step"] == "certify cert-9: benchmark"
+    assert log.check().ok
+    assert [e["ts"] for e in log.history(node="gpu-node-00001")] == [added["ts"], lifted["ts"]]
+
+
+@KUBECTL
 def test_kubectl_sees_the_events(sim: SimCluster, kube: Kube, tmp_path: Path) -> None:
     recorder = AuditRecorder(AuditLog(FileObjectStore(tmp_path)), run_id="cert-2", trigger="cli").watch(kube)
     node = kube.get("v1", "Node", "gpu-node-00000")
@@ -297,8 +386,7 @@ def test_a_node_event_names_the_node_uid_and_the_describer_query_finds_it(
     assert labelled.metadata.uid in {e["metadata"]["uid"] for e in mine}
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None,
-                    reason="kubectl is not on PATH (apt-get install kubernetes-client)")
+@KUBECTL
 def test_kubectl_describe_node_shows_gpucerts_events(sim: SimCluster, kube: Kube, tmp_path: Path) -> None:
     recorder = AuditRecorder(AuditLog(FileObjectStore(tmp_path)), run_id="cert-30", trigger="cli").watch(kube)
     recorder.because(per_object={"gpu-node-00000": "failed: row remap pending on GPU 5"})

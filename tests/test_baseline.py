@@ -22,6 +22,7 @@ from gpucert.store import BaselineStore, S3ObjectStore, empty_baseline, open_sto
 
 from .conftest import T0, seed_waves
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS, ServerDidNotStart, moto_server, s3_client
+from .unavailable import unavailable
 
 BUCKET = "gpucert-baseline-test"
 
@@ -249,7 +250,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         return open_store((tmp_path / "store").as_uri())
     endpoint = request.getfixturevalue("s3_endpoints").get(request.param)
     if endpoint is None:
-        pytest.skip(f"{request.param} cannot start here")
+        unavailable(f"{request.param} cannot start here")
     # boto3's standard chain with the servers' test credentials, nothing from the host.
     nowhere = str(tmp_path / "no-aws-config")
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):

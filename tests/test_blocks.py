@@ -257,3 +257,30 @@ def test_a_policy_with_its_ticketing_saves_and_loads() -> None:
     assert loaded.ticketing is not None
     assert loaded.ticketing.token is not None
     assert loaded.ticketing.token.get_secret_value() == "secret-token"
+
+
+# --- registration -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() -> None:
+    """`prefect block register -m blocks` (the README's way) registers all five types, not none."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    api = str(PREFECT_API_URL.value()).rstrip("/")
+    env = {**os.environ, "PREFECT_API_URL": api}
+    done = subprocess.run([str(Path(sys.executable).with_name("prefect")), "block", "register", "-m", "blocks"],
+                          env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Successfully registered 5 blocks" in " ".join(done.stdout.split()), done.stdout
+    for block in (GpuCluster, BaselineStore, Ticketing, CertificationPolicy, Prometheus):
+        answer = httpx.get(f"{api}/block_types/slug/{block.get_block_type_slug()}", timeout=10)
+        assert answer.status_code == 200, block.__name__
+        schemas = httpx.post(f"{api}/block_schemas/filter", timeout=10,
+                             json={"block_schema_filter": {"block_type_id": {"any_": [answer.json()["id"]]}}})
+        assert schemas.json(), f"{block.__name__}: no schema registered"

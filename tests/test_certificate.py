@@ -1,27 +1,38 @@
 """``gpucert certificate``: an acceptance certificate of a real certify run (the flow on ``gpucert sim``, under
 the session's Prefect server), verified against its store — and made to fail by a changed results value, a
 re-written decision whose certificate was re-made to match, a changed byte of a signed certificate, the
-wrong public key; bad input is one line and exit 2. The S3 store (moto's server) serves the same run."""
+wrong public key; bad input is one line and exit 2. The S3 store (moto's server) serves the same run. The
+signed bytes are RFC 8785: a verifier with a JCS library and Ed25519, and no gpucert, checks a certificate;
+one of the legacy schema (/1, Python's canonical JSON) still verifies as it was signed."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
+import rfc8785
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from blocks.cluster import GpuCluster
 from blocks.store import BaselineStore as StoreBlock
 from flows.certify import certify
 from gpucert.certificate import (
+    SCHEMA,
+    Certificate,
     build_certificate,
+    check_signature,
     read_certificate,
     render_certificate_html,
+    sign,
     verify_certificate,
 )
 from gpucert.cli import main
@@ -94,7 +105,7 @@ def test_the_certificate_of_a_certify_run_verifies_and_says_what_was_decided(
     assert any(line.startswith(f"ok    re-judgement of {NIGHT}") for line in lines)
 
     body = json.loads(path.read_text())
-    assert body["schema"] == "gpucert.certificate/1"
+    assert body["schema"] == "gpucert.certificate/2"
     [run] = body["runs"]
     assert run["reruns"] == [f"{NIGHT}-c1"]
     assert run["baseline"]["version"] == certified.seed_version  # judged against what the clean run left
@@ -206,6 +217,23 @@ def test_a_signed_certificate_fails_on_a_changed_byte_and_on_the_wrong_key(
     assert "not signed" in lines[-1]
 
 
+def test_keygen_and_the_certificate_make_their_out_folders(
+    certified: Certified, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``certificate keygen --out ~/.gpucert`` on a fresh machine (no such folder yet) used to fail as "not a
+    folder"; the key folder is made its owner's only, and the certificate's --out folder is made too."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    assert main(["certificate", "keygen", "--out", "~/.gpucert"]) == 0
+    keys = tmp_path / "home" / ".gpucert"
+    assert (keys / "gpucert-signing.pem").is_file()
+    assert keys.stat().st_mode & 0o077 == 0
+    out = tmp_path / "shared" / "certificates"
+    assert main(["certificate", "--store", certified.store.as_uri(), "--run", NIGHT, "--out", str(out),
+                 "--key", str(keys / "gpucert-signing.pem")]) == 0  # fmt: skip
+    assert verify_certificate(read_certificate(out / f"certificate-{NIGHT}.json")).ok
+
+
 def test_the_signature_holds_over_the_canonical_body_whatever_the_layout(
     certified: Certified, tmp_path: Path
 ) -> None:
@@ -219,6 +247,82 @@ def test_the_signature_holds_over_the_canonical_body_whatever_the_layout(
     assert again.sha256 == read_certificate(path).sha256
     assert verify_certificate(again).ok
     assert "Signed" in render_certificate_html(again)
+
+
+def _python_canonical(value: object) -> bytes:
+    """What gpucert signed before RFC 8785 (schema /1): Python's JSON, keys sorted, floats as their repr."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def _thresholds(run: dict[str, Any]) -> dict[str, Any]:
+    record = run["policy"]["record"]
+    return {"policy": record["policy"], "spec_floors": record["spec_floors"]}
+
+
+def test_the_signed_bytes_are_rfc_8785_and_verify_without_gpucert(
+    certified: Certified, tmp_path: Path
+) -> None:
+    # A verifier in another language has the file, a JCS (RFC 8785) library and Ed25519: nothing of gpucert's.
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    assert main(["certificate", "keygen", "--out", str(keys)]) == 0
+    path = _build(certified.store, tmp_path / "out", "--key", str(keys / "gpucert-signing.pem"))
+    body = json.loads(path.read_text(encoding="utf-8"))
+    signature = body.pop("signature")
+    signed = rfc8785.dumps(body)
+    # The body holds numbers that RFC 8785 and Python's float repr write differently (an integral float,
+    # say): on bytes made from the repr this signature would not hold.
+    assert signed != _python_canonical(body)
+
+    raw_key = base64.b64decode(signature["public_key"], validate=True)
+    embedded = Ed25519PublicKey.from_public_bytes(raw_key)
+    # Raises InvalidSignature when the signature does not hold over these bytes.
+    embedded.verify(base64.b64decode(signature["value"]), signed)
+    assert hashlib.sha256(raw_key).hexdigest() == signature["key_sha256"]
+    pem = serialization.load_pem_public_key((keys / "gpucert-signing.pub.pem").read_bytes())
+    assert pem.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) == raw_key
+    # The policy's fingerprint is RFC 8785 too: the recorded thresholds reproduce it.
+    for run in body["runs"]:
+        assert hashlib.sha256(rfc8785.dumps(_thresholds(run))).hexdigest() == run["policy"]["sha256"]
+
+
+def test_a_certificate_of_the_legacy_schema_still_verifies_as_it_was_signed(
+    certified: Certified, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Made here as gpucert made them before RFC 8785: schema /1, Python's canonical JSON for the policy's
+    # fingerprint and for the signed bytes.
+    body = build_certificate(open_store(certified.store.as_uri()), NIGHT).to_dict()
+    body["schema"] = "gpucert.certificate/1"
+    for run in body["runs"]:
+        run["policy"]["sha256"] = hashlib.sha256(_python_canonical(_thresholds(run))).hexdigest()
+    key = Ed25519PrivateKey.generate()
+    raw_key = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    body["signature"] = {"algorithm": "Ed25519", "public_key": base64.b64encode(raw_key).decode(),
+                         "key_sha256": hashlib.sha256(raw_key).hexdigest(),
+                         "value": base64.b64encode(key.sign(_python_canonical(body))).decode()}  # fmt: skip
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(body, indent=1))
+    code, lines = _verify(path, capsys, "--store", certified.store.as_uri())
+    assert code == 0, lines
+    assert lines[0].startswith("ok    signature: valid, by the embedded key")
+
+
+def test_a_certificate_signs_the_rfc_8785_bytes_of_its_body() -> None:
+    # RFC 8785 writes numbers as ECMAScript does (1.0 is 1, 1e-5 is 0.00001, 1e21 is 1e+21) and sorts keys
+    # by UTF-16 code units (U+1F600 sorts before U+FF5E; by code point it would sort after).
+    body = {"schema": SCHEMA, "runs": [], "n": [1.0, 1e-5, 1e21, 2.5, -0.0], "\U0001f600": 1, "\uff5e": "é\n"}
+    cert = Certificate(body)
+    expected = '{"n":[1,0.00001,1e+21,2.5,0],"runs":[],"schema":"gpucert.certificate/2","\U0001f600":1,"\uff5e":"é\\n"}'
+    assert cert.canonical() == expected.encode()
+    signed = sign(cert, Ed25519PrivateKey.generate())
+    assert check_signature(signed, None)[0]
+    assert signed.sha256 == hashlib.sha256(expected.encode()).hexdigest()
+    # The legacy schema keeps its own bytes, so what was signed under it still checks.
+    assert Certificate({**body, "schema": "gpucert.certificate/1"}).canonical() == _python_canonical(
+        {**body, "schema": "gpucert.certificate/1"}
+    )
 
 
 def test_a_run_without_a_recorded_policy_cannot_be_certified(

@@ -97,7 +97,6 @@ def test_compare_with_an_empty_store_judges_by_peers(
     ("args", "message"),
     [
         (["--out", "{tmp}/v.txt"], "write .csv or .parquet"),
-        (["--out", "{tmp}/missing/v.csv"], "does not exist"),
         (["--out", "{tmp}/v.csv", "--policy", "{tmp}/nope.yaml"], "cannot read it"),
         (["--out", "{tmp}/v.csv", "--baselines", "ftp://x/y"], "ftp://x/y"),
     ],
@@ -113,6 +112,16 @@ def test_bad_flags_exit_2_with_a_message_and_write_nothing(
     assert message in err
     assert "Traceback" not in err
     assert not (tmp_path / "v.csv").exists()
+
+
+def test_compare_makes_the_out_folders(files: dict[str, Path], tmp_path: Path) -> None:
+    """A missing --out (and --decisions) folder is made, as every --out is, not refused."""
+    out, decisions = tmp_path / "new" / "v.csv", tmp_path / "other" / "deep" / "d.parquet"
+    argv = ["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out),
+            "--decisions", str(decisions)]  # fmt: skip
+    assert main(argv) == 0
+    assert len(pd.read_csv(out)) > 0
+    assert decisions.is_file()
 
 
 def test_bad_results_exit_2_naming_file_row_and_column(
@@ -218,3 +227,28 @@ def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_pa
         )
         == 2  # an unknown version is a typo: input, exit 2
     )
+
+
+def test_one_of_a_thing_is_said_in_the_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"1 nodes benchmarked" and the like: every count that meets a noun in what gpucert prints agrees."""
+    from datetime import date
+
+    from gpucert.audit import AuditAction, AuditLog
+    from gpucert.certify import CertifyOutcome
+    from gpucert.errors import StackNotReady
+    from gpucert.store import open_store
+
+    one = CertifyOutcome(run_id="night-1", day=date(2026, 12, 1), store="file:///s", nodes=["gpu-node-00000"],
+                         tickets_recorded=1)  # fmt: skip
+    text = one.text()
+    assert "certify night-1: 1 node benchmarked" in text
+    assert "1 ticket recorded, none opened" in text
+    assert "2 nodes benchmarked" in one.model_copy(update={"nodes": ["a", "b"]}).text()
+
+    store = open_store((tmp_path / "store").as_uri())
+    AuditLog(store.objects).append([AuditAction("label", "Node", "gpu-node-00000")], run_id="r", trigger="cli",
+                                   actor="test")  # fmt: skip
+    assert main(["audit", "verify", "--store", store.uri]) == 0
+    assert "intact, 1 entry, last #1" in capsys.readouterr().out
+
+    assert " on 1 of 1 node: " in str(StackNotReady("the driver", 60, {"gpu-node-00000": "pending"}, 1))

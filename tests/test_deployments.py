@@ -1,161 +1,119 @@
-"""The deployments of prefect.yaml against a real Prefect server, run by a real process worker: the
-onboarding REST call repeated three times with one idempotency key starts one run, which configures and
-certifies the new simulated node and lifts its taint (issue 6's bar); a wrong parameter type is refused."""
+"""prefect.yaml's deployments as shipped: each names the saved blocks ``gpucert setup`` saves, by parameters
+its flow takes, so a run started with no parameter (the schedule, an event, the UI's "Quick run") works on the
+team's cluster, store and policy. Against a real Prefect server, worker, S3 and Jira:
+tests/test_production_path.py (one module-scoped set of servers for the deployments' whole day one)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
+import importlib
+import inspect
 from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
+import yaml
 
-from flows.onboard import idempotency_key
-from gpucert.kube import connect
+from blocks.cluster import GpuCluster
+from blocks.policy import CertificationPolicy
+from blocks.store import BaselineStore
+from gpucert._flowcli import NamedBlocks, flow_inputs
+from gpucert.cli import _parser, main
+from gpucert.errors import InputError
 from gpucert.sim import SimCluster
 
-from .conftest import stop_process
-
-pytestmark = pytest.mark.usefixtures("prefect_harness")
 ROOT = Path(__file__).resolve().parent.parent
-PREFECT = str(Path(sys.executable).with_name("prefect"))
+#: Each parameter that names a saved block, and the block it stands for (a parameter of the flow too).
+NAMED = {"cluster_block": ("cluster", GpuCluster), "store_block": ("store", BaselineStore),
+         "policy_block": ("policy", CertificationPolicy)}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def api_url() -> str:
-    from prefect.settings import PREFECT_API_URL
-
-    url = PREFECT_API_URL.value()
-    assert url, "the Prefect test harness sets PREFECT_API_URL"
-    return str(url).rstrip("/")
+def _deployments() -> list[dict[str, Any]]:
+    return list(yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"])
 
 
-@pytest.fixture(scope="module")
-def deployed(
-    api_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[SimCluster, dict[str, str]]]:
-    store = tmp_path_factory.mktemp("store")
-    with SimCluster(nodes=3, preconfigured=True, seed=9) as sim:
-        env = {**os.environ, "PREFECT_API_URL": api_url, "KUBECONFIG": str(sim.kubeconfig_path),
-               "GPUCERT_STORE": f"file://{store}", "PREFECT_WORKER_QUERY_SECONDS": "1",
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}  # fmt: skip
-        subprocess.run([PREFECT, "--no-prompt", "work-pool", "create", "gpucert", "--type", "process",
-                        "--overwrite"], env=env, cwd=ROOT, check=True, capture_output=True)  # fmt: skip
-        deploy = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], env=env, cwd=ROOT,
-                                capture_output=True, text=True, check=False)  # fmt: skip
-        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        worker = subprocess.Popen(
-            [PREFECT, "worker", "start", "--pool", "gpucert", "--type", "process", "--limit", "2"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            yield sim, env
-        finally:
-            stop_process(worker)
+def _flow_of(entrypoint: str) -> Any:
+    path, _, name = entrypoint.partition(":")
+    return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
 
 
-def _deployment_id(api_url: str, flow: str, name: str) -> str:
-    answer = httpx.get(f"{api_url}/deployments/name/{flow}/{name}", timeout=10)
-    answer.raise_for_status()
-    return str(answer.json()["id"])
+def test_every_deployment_names_the_saved_cluster_and_store() -> None:
+    for deployment in _deployments():
+        parameters = deployment.get("parameters") or {}
+        assert parameters.get("cluster_block") == "gpucert", deployment["name"]
+        assert parameters.get("store_block") == "gpucert", deployment["name"]
 
 
-def _create_run(api_url: str, deployment: str, body: dict[str, object]) -> str:
-    answer = httpx.post(f"{api_url}/deployments/{deployment}/create_flow_run", json=body, timeout=10)
-    assert answer.status_code in (200, 201), f"{answer.status_code}: {answer.text}"
-    return str(answer.json()["id"])
+def test_each_named_block_is_a_parameter_of_the_flow_beside_the_block_it_names() -> None:
+    """enforce_parameter_schema refuses a parameter the flow does not take: each name must be one, and the
+    flow must take the block itself too (a run may pass it, which wins over the name)."""
+    for deployment in _deployments():
+        signature = inspect.signature(_flow_of(deployment["entrypoint"]).fn)
+        for name in deployment.get("parameters") or {}:
+            assert name in signature.parameters, (deployment["name"], name)
+            block, block_type = NAMED[name]
+            assert block_type.__name__ in str(signature.parameters[block].annotation), (deployment["name"], block)
+            assert signature.parameters[name].default is None  # called in-process, a flow needs no saved block
 
 
-def test_every_deployment_is_registered(api_url: str, deployed: tuple[SimCluster, dict[str, str]]) -> None:
-    for flow, name in [("configure", "configure"), ("certify", "certify"), ("certify-shard", "certify-shard"),
-                       ("operate", "operate"), ("onboard-node", "onboard-node"), ("release", "release"),
-                       ("explain-job", "explain-job")]:  # fmt: skip
-        assert _deployment_id(api_url, flow, name)
-    shard = httpx.get(f"{api_url}/deployments/{_deployment_id(api_url, 'certify-shard', 'certify-shard')}",
-                      timeout=10).json()  # fmt: skip
-    assert shard["work_queue_name"] == "shards"
-    assert shard["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
-    operate = httpx.get(
-        f"{api_url}/deployments/{_deployment_id(api_url, 'operate', 'operate')}", timeout=10
-    ).json()
-    assert operate["schedules"][0]["schedule"]["timezone"] == "Europe/Amsterdam"
-    limit = operate.get("global_concurrency_limit") or {}
-    assert (operate.get("concurrency_limit") or limit.get("limit")) == 1, sorted(operate)
+# --- the command line measures what the deployment does ----------------------------------------------------
 
 
-def test_onboarding_through_the_rest_api_starts_one_run_that_admits_the_node(
-    api_url: str, deployed: tuple[SimCluster, dict[str, str]]
+@pytest.mark.parametrize("command", ["certify", "operate", "onboard", "release"])
+def test_every_certifying_command_takes_the_blocks_or_the_cluster_blocks_fields(command: str) -> None:
+    target = ["n1"] if command in ("onboard", "release") else []
+    args = _parser().parse_args([command, *target, "--cluster-block", "c", "--store-block", "s", "--policy-block",
+                                 "p", "--storage-claim", "datasets", "--storage-host-path", "/data"])  # fmt: skip
+    named = NamedBlocks.of(args)
+    assert (named.cluster_block, named.store_block, named.policy_block) == ("c", "s", "p")
+    assert (named.storage_claim, named.storage_host_path) == ("datasets", "/data")
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ([], "give --store or --store-block NAME"),
+        (["--store", "file:///tmp/x", "--store-block", "team"], "--store-block team: give it or --store, not both"),
+        (["--store", "file:///tmp/x", "--policy", "p.yaml", "--policy-block", "team"],
+         "--policy-block team: give it or --policy, not both"),
+        (["--store", "file:///tmp/x", "--cluster-block", "team", "--kubeconfig", "k", "--storage-claim", "d"],
+         "--cluster-block team: the block says how to reach the cluster and what to measure; drop --kubeconfig, "
+         "--storage-claim"),
+    ],
+)
+def test_a_command_given_a_block_and_what_it_stands_for_is_refused(
+    options: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    sim, _ = deployed
-    [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
-    kube = connect(sim.kubeconfig_path)
-    uid = kube.get("v1", "Node", new)["metadata"]["uid"]
-    deployment = _deployment_id(api_url, "onboard-node", "onboard-node")
-    body = {"parameters": {"node": new, "uid": uid}, "idempotency_key": idempotency_key(new, uid)}
-    ids = {_create_run(api_url, deployment, body) for _ in range(3)}
-    assert len(ids) == 1
-    [run_id] = ids
-    deadline = time.monotonic() + 240
-    state = None
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{api_url}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
-        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(1)
-    assert state == "COMPLETED"
-    node = kube.get("v1", "Node", new)
-    assert node["metadata"]["labels"]["gpucert.io/state"] == "certified"
-    assert not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")]
-    runs = httpx.post(f"{api_url}/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment]}}},
-                      timeout=10).json()  # fmt: skip
-    assert len(runs) == 1
+    assert main(["certify", *options]) == 2
+    assert capsys.readouterr().err.strip() == f"gpucert: {says}"
 
 
-def test_a_bad_parameter_type_is_refused(api_url: str, deployed: tuple[SimCluster, dict[str, str]]) -> None:
-    deployment = _deployment_id(api_url, "onboard-node", "onboard-node")
-    answer = httpx.post(f"{api_url}/deployments/{deployment}/create_flow_run",
-                        json={"parameters": {"node": ["not", "a", "name"]}}, timeout=10)  # fmt: skip
-    assert answer.status_code == 409
+def test_the_storage_location_given_as_options_is_the_clusters(tmp_path: Path) -> None:
+    """Without the block, its fields as options: a command certifies storage as the deployment does."""
+    with SimCluster(nodes=1, controllers=False) as sim:
+        inputs = flow_inputs(kubeconfig=str(sim.kubeconfig_path), context=None, label_prefix="gpucert.io",
+                             selector="nvidia.com/gpu.present=true", store=tmp_path.as_uri(), needs_store=True,
+                             blocks=NamedBlocks(storage_claim="datasets", namespace="gpu-ops"))  # fmt: skip
+    assert inputs.cluster.storage_claim == "datasets"
+    assert inputs.cluster.stack_namespace == "gpu-ops"
 
 
-def test_a_node_joined_event_starts_an_onboarding_run(
-    api_url: str, deployed: tuple[SimCluster, dict[str, str]]
-) -> None:
-    """``gpucert watch-nodes`` reports the join as a gpucert.node.joined event; the deployment's trigger
-    (prefect.yaml) starts onboard-node for it, which admits the node."""
-    sim, env = deployed
-    [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
-    watcher = subprocess.run(
-        [str(Path(sys.executable).with_name("gpucert")), "watch-nodes", "--once",
-         "--kubeconfig", str(sim.kubeconfig_path)],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert watcher.returncode == 0, watcher.stderr
-    assert f"gpucert.node.joined {new}" in watcher.stdout
-    kube = connect(sim.kubeconfig_path)
-    deployment = _deployment_id(api_url, "onboard-node", "onboard-node")
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        node = kube.get("v1", "Node", new)
-        admitted = node["metadata"].get("labels", {}).get("gpucert.io/state") == "certified" and not [
-            t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")
-        ]
-        # The event started one run for the node, which ends completed (and leaves the worker idle, so
-        # the module's teardown need not wait for a run still finishing).
-        runs = [r for r in httpx.post(f"{api_url}/flow_runs/filter", timeout=10,
-                                      json={"deployments": {"id": {"any_": [deployment]}}}).json()
-                if r["parameters"].get("node") == new]  # fmt: skip
-        states = [r["state"]["type"] for r in runs]
-        assert len(runs) <= 1, f"the event started {len(runs)} runs for {new}: {states}"
-        assert not set(states) & {"FAILED", "CRASHED", "CANCELLED"}, states
-        if admitted and states == ["COMPLETED"]:
-            return
-        time.sleep(2)
-    pytest.fail(f"{new} was not onboarded after its gpucert.node.joined event (its runs: {states})")
+# --- gpucert setup: its input, checked before anything is saved ------------------------------------------
+
+
+def test_a_team_file_with_a_wrong_field_is_named_before_anything_is_saved(tmp_path: Path) -> None:
+    from flows._teamsetup import build_blocks, read_team_file
+
+    team = tmp_path / "team.yaml"
+    team.write_text("cluster:\n  kubeconfg: /k\nstore:\n  uri: file:///tmp/s\n")
+    with pytest.raises(InputError, match=rf"--file {team}: cluster.kubeconfg: Extra inputs are not permitted"):
+        read_team_file(str(team), {})
+    with pytest.raises(InputError, match=r"setup: no store: give --store URI"):
+        build_blocks(read_team_file(None, {}))
+    bad_prefix = read_team_file(None, {"store": {"uri": "file:///tmp/s"}, "cluster": {"label_prefix": "Not A/"}})
+    with pytest.raises(InputError, match=r"setup: cluster.label_prefix: "):
+        build_blocks(bad_prefix)
+    # The options win over the file, field by field.
+    team.write_text("store:\n  uri: file:///tmp/s\n  public_url: https://files.example.com\n")
+    merged = read_team_file(str(team), {"store": {"uri": "s3://b/p", "public_url": None}})
+    assert merged.store is not None
+    assert (merged.store.uri, merged.store.public_url) == ("s3://b/p", "https://files.example.com")

@@ -1119,8 +1119,11 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
         policy = CertificationPolicy(shard_size=2)
         policy_ref = {"$ref": {"block_document_id": str(policy.save("fm-shards", overwrite=True))}}
         try:
+            # No saved team blocks here: the names prefect.yaml gives are cleared, so the workers' $KUBECONFIG
+            # and $GPUCERT_STORE say where (flows/_setup.py).
             flow_run = run_deployment("certify/certify", timeout=0, parameters={
-                "policy": policy_ref, "pod_annotations": {RUN_SECONDS_ANNOTATION: "5"}})  # fmt: skip
+                "policy": policy_ref, "pod_annotations": {RUN_SECONDS_ANNOTATION: "5"},
+                "cluster_block": None, "store_block": None, "policy_block": None})  # fmt: skip
             assert isinstance(flow_run, FlowRun)
             with process_worker(env, "default", tmp_path / "parent.log"), \
                     process_worker(env, "shards", tmp_path / "doomed.log") as doomed, \

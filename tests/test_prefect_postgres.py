@@ -22,6 +22,7 @@ from flows.configure import configure
 from gpucert.sim import SimCluster
 
 from .conftest import eventually
+from .unavailable import unavailable
 
 
 def _pg_bin() -> Path | None:
@@ -46,7 +47,7 @@ def _as_postgres(args: list[str]) -> list[str]:
 def postgres() -> Iterator[str]:
     pg = _pg_bin()
     if pg is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql-15)")
+        unavailable("PostgreSQL is not installed (apt-get install postgresql-15)")
     root = Path(tempfile.mkdtemp(prefix="gpucert-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")

@@ -18,11 +18,11 @@ from gpucert.fleet import Fault
 from gpucert.report import render_html
 
 from .conftest import Seeded
+from .unavailable import require
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="chromium is not on PATH (Debian: apt-get install -y --no-install-recommends chromium)",
+pytestmark = require(
+    CHROMIUM is not None, "chromium is not on PATH (Debian: apt-get install -y --no-install-recommends chromium)"
 )
 HOSTILE = "<script>alert(1)</script>"
 WIDTH, HEIGHT = 1200, 1000

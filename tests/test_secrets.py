@@ -47,6 +47,7 @@ from gpucert.tickets import JiraTickets, TicketError, WebhookTickets
 
 from . import s3servers
 from .fakejira import AppThread, FakeJira
+from .unavailable import unavailable
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -134,7 +135,7 @@ def s3() -> Iterator[str]:
         try:
             endpoint = server.start()
         except s3servers.ServerDidNotStart as exc:
-            pytest.skip(f"SeaweedFS could not start: {exc}")
+            unavailable(f"SeaweedFS could not start: {exc}")
     try:
         yield endpoint
     finally:

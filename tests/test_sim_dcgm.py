@@ -189,6 +189,31 @@ def test_no_exporter_on_a_missing_or_not_ready_node(sim: SimCluster) -> None:
     assert fetch(f"{sim.url}/dcgm/{node(4)}/metrics")[0] == 200
 
 
+def _drivers(sim: SimCluster, name: str) -> set[str | None]:
+    return {labels.get("DCGM_FI_DRIVER_VERSION") for _, labels, _ in samples(scrape(sim, name)[1])}
+
+
+def test_the_exporter_reports_the_driver_the_node_runs() -> None:
+    """The driver configure installed (seeded on a preconfigured cluster), and after an upgrade the new one
+    on that node only — never a fixed version; a node with no driver loaded carries no driver label."""
+    from gpucert.kube import connect
+
+    from .test_sim_benchlogs import NEW_DRIVER, running_image, seeded_driver, upgrade_driver
+
+    with SimCluster(nodes=2, gpus=8, model="NVIDIA H200", seed=21, preconfigured=True) as sim:
+        kube = connect(sim.kubeconfig_path)
+        seeded = seeded_driver(kube)
+        for target in (node(0), node(1)):
+            eventually(lambda t=target: running_image(kube, t))  # type: ignore[misc]
+            assert _drivers(sim, target) == {seeded}
+        upgrade_driver(kube, node(0), NEW_DRIVER)
+        eventually(lambda: (running_image(kube, node(0)) or "").endswith(f":{NEW_DRIVER}-ubuntu22.04"), 10)
+        assert _drivers(sim, node(0)) == {NEW_DRIVER}
+        assert _drivers(sim, node(1)) == {seeded}
+    with SimCluster(nodes=1, gpus=2, seed=3) as bare:  # not configured: no driver loaded anywhere
+        assert _drivers(bare, node(0)) == {None}
+
+
 def test_the_older_hostname_label() -> None:
     with SimCluster(nodes=1, gpus=2, controllers=False, dcgm_host_label="Hostname") as small:
         _, families = scrape(small, node(0))

@@ -257,6 +257,41 @@ def test_gpucert_sim_inject_against_a_running_cluster(sim: SimCluster, core: cli
     assert not int(dcgm(sim.url, target, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 6) or 0) & 0x40
 
 
+def test_gpucert_sim_inject_reads_the_kubeconfig_env_var(
+    sim: SimCluster, core: client.CoreV1Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No --kubeconfig: the simulator is the one $KUBECONFIG names (its first file, as kubectl reads it)."""
+    target = node(3)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config to fall back on
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert main(["sim", "inject", "--not-ready", target]) == 2
+    assert "give --kubeconfig PATH or set $KUBECONFIG" in capsys.readouterr().err
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(sim.kubeconfig_path), str(tmp_path / "other")]))
+    try:
+        assert main(["sim", "inject", "--not-ready", target]) == 0
+        assert ready(core, target) == "False"
+    finally:
+        assert main(["sim", "inject", "--ready", target]) == 0
+    assert ready(core, target) == "True"
+
+
+def test_gpucert_sim_kubelets_takes_the_kubeconfig_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --kubeconfig: $KUBECONFIG names the API server, as for kubectl (here a file that is no kubeconfig:
+    the one-line error names it, so the variable was read)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert main(["sim", "kubelets", "--nodes", "1"]) == 2
+    assert "give --kubeconfig PATH or set $KUBECONFIG" in capsys.readouterr().err
+    named = tmp_path / "from-env.yaml"
+    named.write_text("- not\n- a kubeconfig\n")
+    monkeypatch.setenv("KUBECONFIG", str(named))
+    assert main(["sim", "kubelets", "--nodes", "1"]) == 2
+    assert str(named) in capsys.readouterr().err
+
+
 def test_node_events_seen_through_a_watch(tmp_path: Path) -> None:
     with SimCluster(nodes=3, gpus=8, seed=12, preconfigured=True) as small:
         core = client.CoreV1Api(small.api_client())

@@ -14,8 +14,9 @@ import pytest
 
 from gpucert.sim import SimCluster
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                reason="kubectl is not on PATH (apt-get install kubernetes-client)")
+from .unavailable import require
+
+pytestmark = require(shutil.which("kubectl") is not None, "kubectl is not on PATH (apt-get install kubernetes-client)")
 
 Kubectl = Callable[..., str]
 

@@ -74,7 +74,7 @@ def test_markdown_says_what_was_taken_from_the_record() -> None:
     assert "Taken from the fleet's record (ConfigMap gpucert-stack): release, versions." in text
     assert "Registry of the compatibility matrix; pinned: driver 580.95.05." in text
     assert "| NVIDIA H200 | 580.95.05 | v0.18.0 |" in text
-    assert "**Drift**: 1 components off the chosen versions on 1 nodes" in text
+    assert "**Drift**: 1 component off the chosen versions on 1 node (see" in text
     plain = _outcome(drift=()).markdown()
     assert "Taken from" not in plain
     assert "Registry" not in plain

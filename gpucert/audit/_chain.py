@@ -2,7 +2,10 @@
 
 An entry is one change gpucert made (a taint added, a Job created, a ticket opened, a baseline moved):
 a JSON object whose ``hash`` is the SHA-256 of its canonical JSON without the ``hash`` field, and whose
-``prev`` is the hash of the entry before it (:data:`GENESIS` for the first). ``seq`` numbers entries
+``prev`` is the hash of the entry before it (:data:`GENESIS` for the first). The canonical JSON is RFC 8785
+(JCS) for an entry that says ``"canon": "rfc8785"`` — every entry written now — so any JCS library
+re-computes the hash; an entry without ``canon`` was written before and is hashed as it was then, over
+Python's JSON (a float as its ``repr``). ``seq`` numbers entries
 from 1. Entries are stored in *segments* (one per append, JSON lines) and a head object names the
 last entry; see :mod:`._log`.
 
@@ -29,6 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import rfc8785
+
+from .._text import counted
+
 __all__ = [
     "GENESIS",
     "ChainCheck",
@@ -41,6 +48,8 @@ __all__ = [
 
 #: The ``prev`` of the first entry.
 GENESIS = "0" * 64
+#: The ``canon`` of an entry hashed over RFC 8785 canonical JSON.
+RFC8785 = "rfc8785"
 
 
 def canonical_json(value: Any) -> bytes:
@@ -49,15 +58,19 @@ def canonical_json(value: Any) -> bytes:
 
 
 def entry_hash(entry: Mapping[str, Any]) -> str:
-    """The SHA-256 (hex) of ``entry``'s canonical JSON without its ``hash`` field."""
-    return hashlib.sha256(canonical_json({k: v for k, v in entry.items() if k != "hash"})).hexdigest()
+    """The SHA-256 (hex) of ``entry``'s canonical JSON without its ``hash`` field: RFC 8785 when the entry
+    says so (``canon``), else the legacy bytes. Raises ``ValueError`` for what RFC 8785 cannot write (an
+    integer beyond 2**53 - 1, NaN)."""
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    data = rfc8785.dumps(body) if entry.get("canon") == RFC8785 else canonical_json(body)
+    return hashlib.sha256(data).hexdigest()
 
 
 def seal(bodies: Sequence[Mapping[str, Any]], *, prev: str, first_seq: int) -> list[dict[str, Any]]:
     """``bodies`` as chained entries: numbered from ``first_seq``, each with ``prev`` and ``hash``."""
     out: list[dict[str, Any]] = []
     for i, body in enumerate(bodies):
-        entry = {**body, "seq": first_seq + i, "prev": prev}
+        entry = {**body, "seq": first_seq + i, "prev": prev, "canon": RFC8785}
         entry["hash"] = prev = entry_hash(entry)
         out.append(entry)
     return out
@@ -94,6 +107,13 @@ def _segment_order(segment: Segment) -> tuple[int, str]:
     return (int(digits) if digits.isdigit() else -1, segment.key)
 
 
+def _hash_or_none(entry: Mapping[str, Any]) -> str | None:
+    try:
+        return entry_hash(entry)
+    except ValueError:  # content RFC 8785 cannot write was never hashed by us: it was changed
+        return None
+
+
 def _where(key: str, line: int) -> str:
     return f"{key} line {line}"
 
@@ -119,7 +139,7 @@ def check_chain(segments: Sequence[Segment], head: Mapping[str, Any] | None) -> 
                 return ChainCheck((), f"{_where(segment.key, line)} is not a JSON entry: it was changed")
             if not isinstance(entry, dict) or not isinstance(entry.get("hash"), str):
                 return ChainCheck((), f"{_where(segment.key, line)} is not an audit entry: it was changed")
-            if entry_hash(entry) != entry["hash"]:
+            if _hash_or_none(entry) != entry["hash"]:
                 seq = entry.get("seq", "?")
                 return ChainCheck((), f"entry #{seq} ({_where(segment.key, line)}) was changed: its content "
                                       "no longer has its hash")  # fmt: skip
@@ -165,5 +185,7 @@ def check_chain(segments: Sequence[Segment], head: Mapping[str, Any] | None) -> 
             return ChainCheck((), f"entry #{got.get('seq')} ({_where(key, line)}) is out of order: entry "
                                   f"#{position + 1} belongs there; entries were swapped or moved")  # fmt: skip
     if len(stored) != len(chain):
-        return ChainCheck((), f"{abs(len(stored) - len(chain))} entries are stored twice or out of place")
+        extra = abs(len(stored) - len(chain))
+        return ChainCheck((), f"{counted(extra, 'entry', 'entries')} {'is' if extra == 1 else 'are'} stored twice or "
+                              "out of place")
     return ChainCheck(tuple(chain), None, tuple(orphans))

@@ -54,11 +54,16 @@ class AuditAction:
     why: str = ""
     #: The run it belongs to, when not the recorder's own (a re-run's Job, say).
     run_id: str | None = None
+    #: When the change happened (None: when it is appended, for a caller that does not know better).
+    at: datetime | None = None
+    #: The step of the run that made it (``certify r1: benchmark``); empty when not told.
+    step: str = ""
 
     def body(self, *, run_id: str | None, trigger: str, actor: str, ts: datetime) -> dict[str, Any]:
-        """The entry before it is chained."""
-        return {
-            "ts": ts.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        """The entry before it is chained; ``ts`` stamps it unless the action knows when it happened."""
+        when = self.at or ts
+        entry = {
+            "ts": when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "action": self.action,
             "object": {
                 "apiVersion": self.api_version, "kind": self.kind, "name": self.name, "namespace": self.namespace,
@@ -70,6 +75,9 @@ class AuditAction:
             "trigger": trigger,
             "actor": actor,
         }
+        if self.step:  # absent rather than empty: entries written before steps were recorded hash as they did
+            entry["step"] = self.step
+        return entry
 
 
 class AuditLog:

@@ -27,7 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from ..kube import Kube, KubeChange, KubeConflict, KubeError
@@ -108,7 +109,10 @@ class AuditRecorder:
         self._stops.clear()
 
     def because(self, why: str | None = None, *, per_object: Mapping[str, str] | None = None) -> None:
-        """Set the reason of what follows: for every change, and (``per_object``) for named objects."""
+        """Set the reason of what follows: for every change, and (``per_object``) for named objects.
+
+        ``why`` names the run's step as well: every change recorded from now on carries it as its ``step``,
+        and, when neither its writer nor ``per_object`` says more, as its ``why``."""
         with self._lock:
             if why is not None:
                 self.default_why = why
@@ -116,9 +120,12 @@ class AuditRecorder:
                 self._why.update(per_object)
 
     def note(self, *actions: AuditAction) -> None:
-        """Record changes that are not Kubernetes writes (tickets, baselines)."""
+        """Record changes that are not Kubernetes writes (tickets, baselines), stamped now unless they say
+        when they happened."""
+        at = datetime.now(UTC)
         with self._lock:
-            self._pending += [a if a.why else _with_why(a, self._why_of(a.name)) for a in actions]
+            self._pending += [_stamped(a, a.why or self._why_of(a.name), self.default_why, a.at or at)
+                              for a in actions]  # fmt: skip
 
     def _why_of(self, name: str) -> str:
         return self._why.get(name, self.default_why)
@@ -132,9 +139,10 @@ class AuditRecorder:
                 self._uids[(change.kind, change.namespace or "", change.name)] = uid
         if change.unchanged:
             return
+        at = datetime.now(UTC)  # when the write succeeded, not when the step's changes are flushed
         with self._lock:
-            why = self._why_of(change.name)
-            self._pending += [_with_why(a, why) for a in actions_of_change(change)]
+            why = change.why or self._why_of(change.name)
+            self._pending += [_stamped(a, why, self.default_why, at) for a in actions_of_change(change)]
 
     def _on_baseline(self, change: BaselineChange) -> None:
         action = "baseline.rollback" if change.action == "rollback" else "baseline.write"
@@ -208,11 +216,9 @@ def _uid_of(change: KubeChange) -> str | None:
     return None
 
 
-def _with_why(action: AuditAction, why: str) -> AuditAction:
-    if action.why or not why:
-        return action
-    return AuditAction(action.action, action.kind, action.name, action.namespace, action.api_version,
-                       action.before, action.after, why, action.run_id)  # fmt: skip
+def _stamped(action: AuditAction, why: str, step: str, at: datetime) -> AuditAction:
+    """``action`` with its reason (its own first), the step that made it and when it happened."""
+    return replace(action, why=action.why or why, step=action.step or step, at=action.at or at)
 
 
 # --- tickets ---------------------------------------------------------------------------------------------

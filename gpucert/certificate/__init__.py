@@ -1,7 +1,7 @@
 """Acceptance certificates: what a certification run proved about a cluster, in a form anyone can check.
 
-A certificate (:class:`Certificate`, schema ``gpucert.certificate/1``) is one JSON object, made from the
-store alone by :func:`build_certificate`:
+A certificate (:class:`Certificate`, schema ``gpucert.certificate/2``; ``/1`` is still verified) is one
+JSON object, made from the store alone by :func:`build_certificate`:
 
 * ``schema``, ``gpucert`` (the version that built it), ``issued_at``, ``cluster`` (a name, when given),
   ``store`` (the root URI), ``scope`` (``{"run": id}`` or ``{"since": day}``);
@@ -16,8 +16,8 @@ store alone by :func:`build_certificate`:
   ``files``: the key, SHA-256 and size of every object of the run's folder and of the baseline version;
 * ``skipped`` (runs of a ``since`` scope that could not be certified, with why), ``nodes`` (each node's
   standing: its latest decision over the runs) and ``tally``;
-* ``signature`` (optional, beside the body): Ed25519 over the body's canonical JSON (:mod:`._canonical`),
-  with the public key and its fingerprint (:mod:`._sign`).
+* ``signature`` (optional, beside the body): Ed25519 over the body's RFC 8785 canonical JSON
+  (:mod:`._canonical`), with the public key and its fingerprint (:mod:`._sign`).
 
 :func:`verify_certificate` checks the signature and, given the store, every file's hash, a re-judgement
 of every decision from the stored results, baseline and policy (:mod:`._rejudge`), and that the

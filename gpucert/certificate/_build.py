@@ -20,7 +20,7 @@ from ..certify import common_stack
 from ..errors import InputError
 from ..metrics import METRICS
 from ..store import BaselineStore
-from ._canonical import canonical_bytes, plain, sha256_hex
+from ._canonical import canonical_for, plain, sha256_hex
 from ._files import FileProblem, RunFiles, baseline_keys
 from ._model import SCHEMA, Certificate
 
@@ -36,11 +36,12 @@ _DECISION_FIELDS = ("state", "verdict", "cause", "hard_gate", "confirmed", "tain
 _STATE_WORD = {"certified": "certified", "degraded": "degraded", "failed": "failed", None: "inconclusive"}
 
 
-def policy_sha256(record: Mapping[str, Any]) -> str:
-    """The policy's fingerprint: SHA-256 of the canonical JSON of the recorded policy and spec floors (the
-    thresholds in force, without the baseline version, which the certificate names on its own)."""
+def policy_sha256(record: Mapping[str, Any], schema: str = SCHEMA) -> str:
+    """The policy's fingerprint: SHA-256 of the canonical JSON (RFC 8785; the legacy bytes for a
+    certificate of the legacy ``schema``) of the recorded policy and spec floors (the thresholds in
+    force, without the baseline version, which the certificate names on its own)."""
     thresholds = {"policy": record.get("policy"), "spec_floors": record.get("spec_floors")}
-    return sha256_hex(canonical_bytes(plain(thresholds)))
+    return sha256_hex(canonical_for(schema)(plain(thresholds)))
 
 
 def _text(value: Any) -> str | None:
@@ -154,8 +155,9 @@ def _findings(frame: pd.DataFrame | None, node: str | None) -> list[dict[str, An
     return _rows(rows, _FINDING_COLUMNS)
 
 
-def run_section(files: RunFiles) -> dict[str, Any]:
-    """One run's part of a certificate, from its stored files alone (see the package docstring).
+def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
+    """One run's part of a certificate of ``schema``, from its stored files alone (see the package
+    docstring); the schema says how the policy's fingerprint is made.
 
     Raises :class:`~._files.FileProblem` (an ``InputError``) naming a file that is missing or unreadable.
     """
@@ -202,7 +204,7 @@ def run_section(files: RunFiles) -> dict[str, Any]:
         "decided_at": plain(decided.max()) if len(decided) else None,
         "baseline": {"version": version, "files": list(baseline_keys(version)) if version else [],
                      "versions": files.baseline_versions()},
-        "policy": {"sha256": policy_sha256(record.raw), "observe_only": record.policy.observe_only,
+        "policy": {"sha256": policy_sha256(record.raw, schema), "observe_only": record.policy.observe_only,
                    "record": plain(record.raw)},
         "stack": {"common": common_stack(stacks), "nodes": plain(stacks)},
         "tally": tally,

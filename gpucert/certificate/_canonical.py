@@ -1,9 +1,15 @@
 """The exact bytes a certificate is hashed and signed over, and the plain values it is made of.
 
-Canonical JSON: keys sorted, no whitespace (``","`` and ``":"``), UTF-8 (no ``\\u`` escapes of non-ASCII),
-no NaN or infinity. Numbers are Python's: an ``int`` is written as digits, a ``float`` as its ``repr`` —
-the shortest text that reads back to the same double — so parsing a certificate and writing it again
-gives the same bytes, and the signature holds over a file that was pretty-printed in between.
+Canonical JSON is RFC 8785, the JSON Canonicalization Scheme (the ``rfc8785`` package): keys sorted by
+their UTF-16 code units, no whitespace, UTF-8, numbers written as ECMAScript writes a double (``1.0`` is
+``1``, ``1e-05`` is ``0.00001``), no NaN or infinity and no integer beyond 2**53 - 1. Any language's JCS
+library reproduces these bytes from the certificate file, so a verifier needs neither Python nor gpucert;
+and parsing a certificate and writing it again gives the same bytes, so the signature holds over a file
+that was pretty-printed in between.
+
+Certificates of schema ``gpucert.certificate/1`` were signed over Python's own canonical JSON (sorted
+keys, ``","``/``":"``, a ``float`` written as its ``repr``): :func:`canonical_for` still gives those bytes
+for them, so a certificate issued before the change keeps verifying.
 """
 
 from __future__ import annotations
@@ -12,13 +18,24 @@ import datetime as dt
 import hashlib
 import json
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
+import rfc8785
 
-__all__ = ["canonical_bytes", "plain", "sha256_hex"]
+__all__ = [
+    "LEGACY_SCHEMA",
+    "canonical_bytes",
+    "canonical_for",
+    "legacy_canonical_bytes",
+    "plain",
+    "sha256_hex",
+]
+
+#: The certificate schema whose bytes were Python's canonical JSON, not RFC 8785.
+LEGACY_SCHEMA: Final = "gpucert.certificate/1"
 
 
 def sha256_hex(data: bytes) -> str:
@@ -27,11 +44,22 @@ def sha256_hex(data: bytes) -> str:
 
 
 def canonical_bytes(value: Any) -> bytes:
-    """``value`` (plain JSON data) as canonical JSON bytes (see the module docstring); raises ``ValueError``
-    for NaN or infinity and ``TypeError`` for anything that is not plain JSON data."""
+    """``value`` (plain JSON data) as RFC 8785 canonical JSON bytes; raises ``ValueError`` for NaN,
+    infinity, an integer beyond 2**53 - 1 or anything that is not plain JSON data."""
+    return rfc8785.dumps(value)
+
+
+def legacy_canonical_bytes(value: Any) -> bytes:
+    """``value`` as the canonical bytes of schema ``gpucert.certificate/1`` (Python's float ``repr``);
+    only to check what was signed before RFC 8785. Raises as :func:`canonical_bytes` does."""
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
+
+
+def canonical_for(schema: object) -> Callable[[Any], bytes]:
+    """How a certificate of ``schema`` makes its canonical bytes: RFC 8785, except for the legacy schema."""
+    return legacy_canonical_bytes if schema == LEGACY_SCHEMA else canonical_bytes
 
 
 def plain(value: Any) -> Any:

@@ -1,8 +1,11 @@
 """The certificate as data: :class:`Certificate` (the signed body, plain JSON) and its :class:`Signature`.
 
 The file is one JSON object: the body's keys and, when signed, a ``signature`` key beside them. The
-signature covers the canonical bytes of everything else (:func:`~._canonical.canonical_bytes`), so a
-reader checks it after parsing, whatever whitespace the file was written with.
+signature covers the canonical bytes of everything else (RFC 8785, :func:`~._canonical.canonical_bytes`),
+so a reader checks it after parsing, whatever whitespace the file was written with.
+
+The schema names how the bytes are made: ``gpucert.certificate/2`` is RFC 8785; ``gpucert.certificate/1``
+(issued before) was Python's canonical JSON, and is still read and verified as it was signed.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..errors import InputError
-from ._canonical import canonical_bytes, sha256_hex
+from ._canonical import LEGACY_SCHEMA, canonical_for, sha256_hex
 
-__all__ = ["SCHEMA", "Certificate", "Signature", "read_certificate"]
+__all__ = ["SCHEMA", "SCHEMAS", "Certificate", "Signature", "read_certificate"]
 
-#: The body's schema id; a reader refuses any other.
-SCHEMA: Final = "gpucert.certificate/1"
+#: The schema id a new certificate's body carries: its canonical bytes are RFC 8785.
+SCHEMA: Final = "gpucert.certificate/2"
+#: The schemas a reader accepts (the legacy one only to verify what was issued under it); it refuses any other.
+SCHEMAS: Final = (SCHEMA, LEGACY_SCHEMA)
 ALGORITHM: Final = "Ed25519"
 
 
@@ -49,9 +54,13 @@ class Certificate:
     body: Mapping[str, Any]
     signature: Signature | None = None
 
+    @property
+    def schema(self) -> str:
+        return str(self.body.get("schema"))
+
     def canonical(self) -> bytes:
-        """The bytes the signature covers: the body as canonical JSON."""
-        return canonical_bytes(self.body)
+        """The bytes the signature covers: the body as canonical JSON (RFC 8785; see the module docstring)."""
+        return canonical_for(self.schema)(dict(self.body))
 
     @property
     def sha256(self) -> str:
@@ -87,9 +96,10 @@ class Certificate:
         if not isinstance(data, dict):
             raise InputError(f"{source}: not a gpucert certificate (the JSON is not an object)")
         body = {k: v for k, v in data.items() if k != "signature"}
-        if body.get("schema") != SCHEMA:
+        if body.get("schema") not in SCHEMAS:
             raise InputError(
-                f"{source}: not a gpucert certificate of schema {SCHEMA} (schema {body.get('schema')!r})"
+                f"{source}: not a gpucert certificate of schema {' or '.join(SCHEMAS)} "
+                f"(schema {body.get('schema')!r})"
             )
         if not isinstance(body.get("runs"), list) or not all(
             isinstance(r, dict) and isinstance(r.get("run_id"), str) and isinstance(r.get("date"), str)

@@ -2,7 +2,7 @@
 
 :func:`rejudge` replays what the certify flow did (flows/certify.py), with the functions it used: the first
 run's results judged against the recorded baseline version under the recorded policy
-(:func:`gpucert.certify.judge_with_links`: its pairs by its stored pairing plan), each confirming re-run
+(:func:`gpucert.certify.run_verdicts`: its pairs by its stored pairing plan), each confirming re-run
 judged among the first run's other nodes (:func:`gpucert.certify.judge_rerun`) for exactly the nodes the
 settlement so far left pending, and the whole settled (:func:`gpucert.certify.settle`).
 :func:`gpucert.certify.settle_offline` is not used as is: it takes a run's nodes from its results, so a
@@ -33,11 +33,10 @@ from ..certify import (
     Settlement,
     job_failure_verdicts,
     judge_rerun,
-    judge_with_links,
+    run_verdicts,
     settle,
     settled_verdicts,
 )
-from ..network import PairingPlan
 from ..policy import Policy
 from ._canonical import plain
 from ._files import RunFiles
@@ -68,15 +67,6 @@ def _with_floors(policy: Policy, floors: Mapping[tuple[str, str], float]) -> Ite
         yield policy.model_copy(update={"spec_floors_file": str(path)})
 
 
-def _verdicts(
-    results: pd.DataFrame | None, run_id: str, baseline: pd.DataFrame, policy: Policy,
-    plan: PairingPlan | None = None,
-) -> pd.DataFrame:
-    if results is None or results.empty:
-        return job_failure_verdicts(run_id, {})
-    return judge_with_links(results, baseline, policy, plan=plan)
-
-
 def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]:
     """The settlement and settled verdicts the run's stored results lead to, and what in the folder's
     re-runs does not fit the replay (a re-run stored that the settlement never asked for)."""
@@ -88,14 +78,10 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
     nodes = tuple(sorted(set(stored["node"].astype(str)) | measured))
     problems: list[Difference] = []
     with _with_floors(record.policy, record.floors) as policy:
-        first_verdicts = _verdicts(first_results, files.run_id, files.baseline(), policy,
-                                   files.links_plan(policy))  # fmt: skip
         # Nodes without results had a failed Job: one inconclusive row each, as the flow writes.
         failed = {n: (None, "") for n in nodes if n not in measured}
-        if failed:
-            first_verdicts = pd.concat(
-                [first_verdicts, job_failure_verdicts(files.run_id, failed)], ignore_index=True
-            )
+        first_verdicts = run_verdicts(files.run_id, first_results, failed, files.baseline(), policy,
+                                      plan=files.links_plan(policy))  # fmt: skip
         first = RunVerdicts(files.run_id, first_verdicts, nodes)
         fleet = {n: NodeTaints() for n in nodes}
         settlement = settle(first, [], fleet=fleet, policy=policy, observe_only=policy.observe_only)

@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .._io import check_out_folder, make_out_folder
 from ..errors import InputError
 from ._canonical import sha256_hex
 from ._model import ALGORITHM, Certificate, Signature
@@ -146,11 +147,11 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
 
 def generate_keys(folder: str | Path) -> tuple[Path, Path]:
     """Write a new Ed25519 key pair into ``folder`` (the private key readable by its owner only); returns
-    (private, public) paths. Raises :class:`InputError` when ``folder`` is not a folder or a key file is
+    (private, public) paths. A missing ``folder`` is made (readable by its owner only, as ``~/.ssh``), with
+    its parents. Raises :class:`InputError` when it cannot be made or is not a folder, or a key file is
     already there (never overwritten)."""
-    where = Path(folder)
-    if not where.is_dir():
-        raise InputError(f"--out {folder}: not a folder")
+    where = Path(folder).expanduser()  # "--out=~/.gpucert": no shell expands a tilde after "="
+    check_out_folder(where, f"--out {folder}")
     private_path, public_path = where / PRIVATE_KEY_NAME, where / PUBLIC_KEY_NAME
     for path in (private_path, public_path):
         if path.exists():
@@ -163,6 +164,7 @@ def generate_keys(folder: str | Path) -> tuple[Path, Path]:
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+    make_out_folder(where, f"--out {folder}", mode=0o700)
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as out:

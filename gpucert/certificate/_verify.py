@@ -23,6 +23,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from .._text import counted
 from ..errors import GpucertError, InputError
 from ..store import BaselineStore
 from ._build import run_section, summarise
@@ -79,7 +80,7 @@ def _first_difference(mine: Any, theirs: Any, path: str) -> str | None:
         return None
     if isinstance(mine, list) and isinstance(theirs, list):
         if len(mine) != len(theirs):
-            return f"{path} ({len(theirs)} entries, the store gives {len(mine)})"
+            return f"{path} ({counted(len(theirs), 'entry', 'entries')}, the store gives {len(mine)})"
         for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
             label = a.get("node") or a.get("key") or a.get("metric") if isinstance(a, Mapping) else None
             found = _first_difference(a, b, f"{path}[{label if isinstance(label, str) else index}]")
@@ -103,10 +104,10 @@ def _files_check(store: BaselineStore, run: Mapping[str, Any], day: date) -> tup
     extra = sorted(set(store.objects.list(run_prefix(day, str(run["run_id"])))) - set(listed))
     if extra:
         return Check(name, False, f"{extra[0]}: in the run's folder but not in the certificate"), files
-    return Check(name, True, f"{len(listed)} files, every sha256 as certified"), files
+    return Check(name, True, f"{counted(len(listed), 'file')}, every sha256 as certified"), files
 
 
-def _run_checks(store: BaselineStore, run: Mapping[str, Any]) -> list[Check]:
+def _run_checks(store: BaselineStore, run: Mapping[str, Any], schema: str) -> list[Check]:
     run_id = str(run["run_id"])
     try:
         day = date.fromisoformat(str(run["date"]))
@@ -124,10 +125,10 @@ def _run_checks(store: BaselineStore, run: Mapping[str, Any]) -> list[Check]:
             checks.append(Check(f"re-judgement of {run_id}", False, f"{differences[0]}{more}"))
         else:
             count = len(run.get("nodes") or [])
-            words = f"the decisions of {count} nodes follow from the stored results, baseline and policy"
+            words = f"the decisions of {counted(count, 'node')} follow from the stored results, baseline and policy"
             checks.append(Check(f"re-judgement of {run_id}", True, words))
     try:
-        rebuilt = run_section(files)
+        rebuilt = run_section(files, schema)
     except (GpucertError, ValueError, KeyError, TypeError) as exc:
         checks.append(Check(f"contents of {run_id}", False, f"cannot rebuild from the store: {exc}"))
     else:
@@ -154,7 +155,7 @@ def verify_certificate(
         checks.append(Check("store", True, "not checked (no --store): file hashes and decisions unverified"))
         return VerifyReport(tuple(checks))
     for run in cert.runs:
-        checks += _run_checks(store, run)
+        checks += _run_checks(store, run, cert.schema)
     runs: Sequence[Mapping[str, Any]] = cert.runs
     try:
         nodes, tally = summarise(runs)

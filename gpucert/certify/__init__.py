@@ -1,8 +1,8 @@
 """certify's core: benchmark Jobs on the cluster, their outcome, and the results they logged.
 
-* :mod:`._jobs` — :func:`benchmark_job` and :func:`payload_configmap` (``templates/certify/``), the
-  Job's name (:func:`job_name`) and labels, :class:`BenchmarkSettings`; :mod:`._pairjobs` —
-  :func:`pair_job`: a two-node all-reduce as an Indexed Job and its headless Service (:class:`PairJob`);
+* :mod:`._jobs` — the benchmark units' objects (``templates/certify/``): a node's Job
+  (:func:`benchmark_job`, named by :func:`job_name`), a pair's Indexed Job and headless Service
+  (:func:`pair_job`, :class:`PairJob`), the payload (:func:`payload_configmap`), :class:`BenchmarkSettings`;
 * :mod:`._outcome` — :func:`classify` a Job and its pods into a :class:`JobOutcome` (a failure outside
   the GPU — image pull, unschedulable, OOM, deadline — is ``inconclusive`` for that node, never a GPU
   verdict); :func:`observe` and :func:`abandon` do it through :class:`gpucert.kube.Kube`;
@@ -10,9 +10,9 @@
   validates them (:mod:`gpucert.results`) and checks they are the Job's run and node; a wave reads its
   logs with :func:`read_pod_log` and validates them together with :func:`validate_pod_logs`.
 
-* :mod:`._wave` — :func:`run_wave`: a Job per node, bounded, async, adopting its own Jobs on a restart;
-  :mod:`._pairwave` — :func:`run_pair_round`: one round of disjoint pair Jobs the same way, both nodes'
-  Leases held, one orientation of each pair's rows kept (:class:`PairRound`);
+* :mod:`._wave` — one bounded async wave for both units, adopting its own Jobs on a restart and holding
+  its nodes' Leases: :func:`run_wave`, a Job per node (:class:`Wave`); :func:`run_pair_round`, one round
+  of disjoint pair Jobs, both pods' rows kept (:class:`PairRound`);
 * :mod:`._run` — :class:`CertificationRun`: a run's files in the store (results, verdicts, decisions,
   stack, report) and its confirming re-runs;
 * :mod:`._decide` — one run's verdicts → :class:`NodeDecision` per node; :mod:`._settle` —
@@ -49,23 +49,27 @@ from ._jobs import (
     DEFAULT_IMAGE,
     JOB_TEMPLATE,
     JOBS_NAMESPACE,
+    PAIR_PORT,
     PAYLOAD_DIR,
     PAYLOAD_TEMPLATE,
     BenchmarkSettings,
     JobRenderError,
+    PairJob,
     PayloadArgsError,
     benchmark_job,
     check_payload_args,
     ensure_payload,
     job_labels,
     job_name,
+    pair_job,
+    pair_name,
     payload_configmap,
     payload_items,
     payload_key,
     payload_path,
     policy_payload_args,
 )
-from ._judge import judge_rerun, settle_offline
+from ._judge import judge_rerun, run_verdicts, settle_offline
 from ._links import (
     LINK_NODES,
     LINK_PAIRS,
@@ -78,8 +82,6 @@ from ._links import (
 )
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
-from ._pairjobs import PAIR_PORT, PairJob, pair_job, pair_name
-from ._pairwave import PairRound, PairRun, run_pair_round
 from ._record import (
     common_stack,
     job_failure_verdicts,
@@ -102,8 +104,26 @@ from ._settle import (
     settled_verdicts,
 )
 from ._shards import ShardParts, plan_shards, read_shards, write_shard
-from ._tickets import TicketStep, pending_runs, ticket_step
-from ._wave import NodeRun, Wave, delete_jobs, orphaned_jobs, run_wave, sweep_orphans
+from ._tickets import (
+    TicketStep,
+    held_back,
+    incident_summary,
+    pending_runs,
+    recorded_tickets,
+    ticket_audit,
+    ticket_step,
+)
+from ._wave import (
+    NodeRun,
+    PairRound,
+    PairRun,
+    Wave,
+    delete_jobs,
+    orphaned_jobs,
+    run_pair_round,
+    run_wave,
+    sweep_orphans,
+)
 
 __all__ = [
     "BENCH_PREFIX",
@@ -168,6 +188,8 @@ __all__ = [
     "ensure_payload",
     "fail_stands",
     "fleet_taints",
+    "held_back",
+    "incident_summary",
     "job_failure_verdicts",
     "job_labels",
     "job_name",
@@ -193,8 +215,10 @@ __all__ = [
     "policy_payload_args",
     "read_pod_log",
     "read_shards",
+    "recorded_tickets",
     "rerun_id",
     "run_pair_round",
+    "run_verdicts",
     "run_wave",
     "settle",
     "settle_offline",
@@ -204,6 +228,7 @@ __all__ = [
     "store_plan",
     "stored_plan_of",
     "sweep_orphans",
+    "ticket_audit",
     "ticket_step",
     "update_baselines",
     "validate_pod_logs",

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..verdict import VERDICT_OF, VERDICT_RANK
 
-__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands"]
+__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands", "hard_gate_rows"]
 
 #: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
 #: uncontained ECC error.
@@ -60,6 +60,12 @@ class NodeDecision:
         if self.state == "failed":
             return not self.hard_gate
         return self.state == "degraded" and not self.corroborated
+
+
+def hard_gate_rows(rows: pd.DataFrame) -> pd.Series:
+    """Which verdict rows fail a hard hardware gate (a row-remap failure, XID 64/79/95, a volatile DBE, an
+    RDMA port down, a node's own network path): a fail that needs no confirming re-run."""
+    return _hard_gate(rows)
 
 
 def _hard_gate(rows: pd.DataFrame) -> pd.Series:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._text import counted
 from ..tickets import TicketEvent
 from ._settle import Settlement, tally_states
 
@@ -69,6 +70,9 @@ class CertifyOutcome(_Model):
         default_factory=dict, description="node → why its Job gave no result"
     )
     incident: str | None = None
+    incident_ticket: str | None = Field(
+        default=None, description="the blast-radius incident's ticket (None: no incident, or only recorded)"
+    )
     observe_only: bool = False
     baseline_version: str | None = None
     reseeded: list[str] = Field(default_factory=list, description="nodes re-seeded after a driver change")
@@ -126,19 +130,27 @@ class CertifyOutcome(_Model):
 
     def ticket_line(self) -> str:
         """What happened to tickets, in one line."""
+        if self.incident and self.ticketing == "not configured":
+            return "ticketing not configured: the incident ticket recorded, not opened; no ticket per fault"
         if self.incident:
-            return "tickets: none (an incident paused the run's actions)"
+            return (f"tickets ({self.ticketing}): incident ticket {self.incident_ticket or 'unchanged'} "
+                    "(no ticket per fault: the blast radius held them back)")  # fmt: skip
         if self.ticketing == "not configured":
-            return f"ticketing not configured: {self.tickets_recorded} tickets recorded, none opened"
+            return f"ticketing not configured: {counted(self.tickets_recorded, 'ticket')} recorded, none opened"
         if not self.tickets:
             return f"tickets ({self.ticketing}): no change"
         changes = ", ".join(f"{t.kind} {t.ticket} ({t.node} {t.cause})" for t in self.tickets)
         return f"tickets ({self.ticketing}): {changes}"
 
+    @property
+    def kept(self) -> list[TicketChange]:
+        """The tickets left open because the run passed their hardware without measuring their fault."""
+        return [t for t in self.tickets if t.kind == "kept"]
+
     def text(self) -> str:
         """The outcome for a person, a few lines."""
         states = ", ".join(f"{n} {state}" for state, n in sorted(self.states.items())) or "nothing"
-        lines = [f"certify {self.run_id}: {len(self.nodes)} nodes benchmarked: {states}"]
+        lines = [f"certify {self.run_id}: {counted(len(self.nodes), 'node')} benchmarked: {states}"]
         if self.skipped:
             lines.append(f"skipped: {', '.join(f'{n} ({why})' for n, why in sorted(self.skipped.items()))}")
         for node, why in sorted(self.inconclusive.items()):
@@ -148,6 +160,8 @@ class CertifyOutcome(_Model):
                 lines.append(f"{d.node}: {d.state}, taint {d.taint}: {d.summary}")
         if self.reruns:
             lines.append(f"confirming re-runs: {', '.join(self.reruns)}")
+        for t in self.kept:
+            lines.append(f"ticket {t.ticket} {t.detail}")
         if self.incident:
             lines.append(f"INCIDENT: {self.incident}")
         if self.observe_only:

@@ -10,10 +10,13 @@
   guess);
 * **taints**: a confirmed fail adds ``<prefix>/unhealthy`` (``added``, or ``kept`` when it is there), a
   node that now passes or is only degraded has it ``lifted``, an inconclusive or unsettled node keeps
-  what it has;
+  what it has — and so does a node whose taint's cause this run did not measure on it (the clearing rule:
+  a storage taint stays through a run without a storage location; its state is left as it was and its
+  summary says why);
 * **blast radius** (DESIGN.md): gpucert's taints *in force* after this run — every run's, not this run's
   alone — never exceed ``policy.max_tainted_nodes(GPU nodes)``; past it no taint is added (``refused``)
-  and the run records one incident: the likelier culprit is the baseline, the benchmark or the stack;
+  and the run records one incident: the likelier culprit is the baseline, the benchmark or the stack
+  (the run opens one incident ticket naming what it held back and ends with exit status 5);
 * **observe-only**: states and summaries as usual, no taint added or lifted.
 
 :func:`settled_verdicts` makes the run's verdict table agree with the decisions (a row is never worse than
@@ -24,7 +27,7 @@ made from the same decision, can never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -32,6 +35,8 @@ import pandas as pd
 
 from ..kube import has_taint, node_name, taint_keys
 from ..policy import Policy
+from ..tickets import CAUSE_METRICS, not_measured
+from ..tickets import measured as measured_on
 from ..verdict import VERDICT_RANK
 from ._decide import NodeDecision, decide_nodes, deficit_stands, fail_stands
 
@@ -59,10 +64,11 @@ DECISION_COLUMNS: Final = (
 
 @dataclass(frozen=True)
 class NodeTaints:
-    """gpucert's taints a GPU node carries now."""
+    """gpucert's taints a GPU node carries now, and the cause the ``unhealthy`` one was put on for."""
 
     unhealthy: bool = False
     uncertified: bool = False
+    cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,8 @@ class Settlement:
     #: How many of gpucert's taints are in force after the run, and the blast radius's limit.
     in_force: int = 0
     limit: int = 0
+    #: Node → why its taint was kept: this run passed it without measuring the taint's cause (clearing rule).
+    unmeasured: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def pending(self) -> list[str]:
@@ -210,12 +218,15 @@ def settle(
     fleet: Mapping[str, NodeTaints],
     policy: Policy,
     observe_only: bool = False,
+    measured: pd.DataFrame | None = None,
 ) -> Settlement:
     """Each of ``first.nodes``'s final decision (see the module docstring).
 
     ``reruns`` are the confirming re-runs so far, in order; ``fleet`` maps every GPU node of the cluster
     to gpucert's taints on it now (the blast radius counts the fleet's ``unhealthy`` taints, not this
-    run's); ``observe_only`` changes nothing but the taint actions.
+    run's); ``observe_only`` changes nothing but the taint actions. ``measured`` is what the run measured
+    (its results table): a taint whose cause it did not measure on the node is kept, never lifted
+    (:func:`gpucert.tickets.measured`); None skips that check (no results table to tell).
     """
     histories: dict[str, list[tuple[str, NodeDecision]]] = {
         n: [(first.run_id, d)] for n, d in decide_nodes(first.verdicts, first.nodes).items()
@@ -236,6 +247,7 @@ def settle(
         decisions[node] = SettledDecision(node, decision.state, decision.cause, decision.hard_gate, confirmed,
                                           action, runs, summary, settled)  # fmt: skip
 
+    unmeasured = _keep_unmeasured(decisions, fleet, measured) if measured is not None else {}
     lifted = {n for n, d in decisions.items() if d.taint == "lifted"}
     added = {n for n, d in decisions.items() if d.taint == "added"}
     in_force = ({n for n, t in fleet.items() if t.unhealthy} - lifted) | added
@@ -254,7 +266,7 @@ def settle(
                 f"{d.summary} (not tainted: blast radius reached)", d.settled,
             )  # fmt: skip
         in_force -= added
-    return Settlement(first.run_id, decisions, incident, len(in_force), limit)
+    return Settlement(first.run_id, decisions, incident, len(in_force), limit, unmeasured)
 
 
 def settled_verdicts(verdicts: pd.DataFrame, settlement: Settlement) -> pd.DataFrame:
@@ -284,6 +296,36 @@ def fleet_taints(nodes: Iterable[Mapping[str, Any]], *, prefix: str) -> dict[str
     """GPU node name → gpucert's taints on it, from the Node objects."""
     unhealthy, uncertified = taint_keys(prefix)
     return {
-        node_name(n): NodeTaints(unhealthy=has_taint(n, unhealthy), uncertified=has_taint(n, uncertified))
+        node_name(n): NodeTaints(unhealthy=has_taint(n, unhealthy), uncertified=has_taint(n, uncertified),
+                                 cause=_taint_value(n, unhealthy))
         for n in nodes
-    }
+    }  # fmt: skip
+
+
+def _taint_value(node: Mapping[str, Any], key: str) -> str:
+    return next((str(t.get("value") or "") for t in (node.get("spec") or {}).get("taints") or ()
+                 if t.get("key") == key), "")  # fmt: skip
+
+
+def _keep_unmeasured(decisions: dict[str, SettledDecision], fleet: Mapping[str, NodeTaints],
+                     measured_rows: pd.DataFrame) -> dict[str, str]:
+    """The clearing rule for taints: a taint a decision would lift stays, and the node's state with it, when
+    the run did not measure the taint's cause on the node (a storage fault, and no storage location
+    configured this time); its summary says so. One vectorised check over every such node. Returns node →
+    why, for each taint kept."""
+    lifting = [n for n, d in sorted(decisions.items()) if d.taint == "lifted" and fleet.get(n, NodeTaints()).unhealthy]
+    if not lifting:
+        return {}
+    causes = [fleet[n].cause or "unknown" for n in lifting]
+    metrics = [CAUSE_METRICS.get(c, CAUSE_METRICS["unknown"]) for c in causes]
+    faults = pd.DataFrame({"node": lifting, "gpu_uuid": "", "gpu": pd.array([None] * len(lifting), dtype="Int64"),
+                           "metrics": metrics})  # fmt: skip
+    seen = measured_on(faults, measured_rows)
+    kept: dict[str, str] = {}
+    for node, cause, wanted, ok in zip(lifting, causes, metrics, seen, strict=True):
+        if ok:
+            continue
+        d = decisions[node]
+        kept[node] = f"taint {cause} kept: {not_measured(cause, node, wanted)}"
+        decisions[node] = replace(d, state=None, taint="kept", summary=f"{d.summary}; {kept[node]}")
+    return kept

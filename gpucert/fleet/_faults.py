@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
+from .._text import counted
+
 if TYPE_CHECKING:
     from ._model import Fleet, ModelSpec
 
@@ -500,7 +502,7 @@ def random_faults(
     free_nodes = n_nodes - len(node_kinds)
     if free_nodes < 0 or len(gpu_kinds) > max(free_nodes, 0) * per_node or (gpu_kinds and free_nodes == 0):
         raise ValueError(
-            f"{count} faults do not fit on {n_nodes} nodes × {per_node} GPUs "
+            f"{count} faults do not fit on {counted(n_nodes, 'node')} × {counted(per_node, 'GPU')} "
             f"({len(node_kinds)} need a node of their own)"
         )
     order = rng.permutation(n_nodes)

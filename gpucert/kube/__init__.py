@@ -14,7 +14,7 @@ The error hierarchy is drawn in :mod:`gpucert.kube._errors`. Nothing here import
 """
 
 from ._client import FIELD_MANAGER, KINDS, Kube, KubeChange, Resource, describe, resource_of
-from ._connect import connect
+from ._connect import connect, kubeconfig_file
 from ._errors import (
     KubeConflict,
     KubeError,
@@ -41,8 +41,11 @@ from ._lease import (
     testing_taint,
 )
 from ._nodes import (
+    CERTIFIED_CONDITION,
     condition,
     has_taint,
+    mark_never_certified,
+    never_certified_patch,
     node_name,
     node_ready,
     taint_keys,
@@ -54,6 +57,7 @@ from ._watch import ANNOUNCED_ANNOTATION, Reconnect, announce_joined_nodes
 
 __all__ = [
     "ANNOUNCED_ANNOTATION",
+    "CERTIFIED_CONDITION",
     "DEFAULT_LEASE_S",
     "FIELD_MANAGER",
     "KINDS",
@@ -84,8 +88,11 @@ __all__ = [
     "connect",
     "describe",
     "has_taint",
+    "kubeconfig_file",
     "lease_name",
     "lift_testing_taint",
+    "mark_never_certified",
+    "never_certified_patch",
     "node_name",
     "node_ready",
     "resource_of",

@@ -75,6 +75,10 @@ KINDS: dict[tuple[str, str], Resource] = {
         Resource("v1", "Event", "events", True),
         Resource("events.k8s.io/v1", "Event", "events", True),
         Resource("apps/v1", "DaemonSet", "daemonsets", True),
+        Resource("apps/v1", "Deployment", "deployments", True),
+        # The NVIDIA GPU Operator's own resources: configure adopts a stack the operator runs (issue 32).
+        Resource("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+        Resource("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
         Resource("batch/v1", "Job", "jobs", True),
         Resource(_RBAC, "ClusterRole", "clusterroles", False),
         Resource(_RBAC, "ClusterRoleBinding", "clusterrolebindings", False),
@@ -132,6 +136,8 @@ class KubeChange:
     before: Mapping[str, Any] | None = None
     #: The object as the server answered (None for a delete): its uid is what an Event about it names.
     result: Mapping[str, Any] | None = None
+    #: Why the caller made this write, when it said (the audit trail's ``why``; else the run's step).
+    why: str | None = None
 
     @property
     def unchanged(self) -> bool:
@@ -354,9 +360,11 @@ class Kube:
         namespace: str | None = None,
         *,
         before: Mapping[str, Any] | None = None,
+        why: str | None = None,
     ) -> dict[str, Any]:
         """JSON merge patch (RFC 7386): ``None`` deletes a key. Returns the patched object. ``before``: the
-        object as the caller read it, for the observers (what the patch changed)."""
+        object as the caller read it, for the observers (what the patch changed); ``why``: the reason the
+        observers record for it (the audit trail)."""
         res = resource_of(api_version, kind)
         stored = dict(
             self.request(
@@ -368,7 +376,7 @@ class Kube:
                 content_type=_MERGE,
             )
         )
-        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before, stored))
+        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before, stored, why))
         return stored
 
     def patch_status(

@@ -22,7 +22,7 @@ from ..errors import InputError
 from ._client import Kube
 from ._retry import RetryPolicy
 
-__all__ = ["connect"]
+__all__ = ["connect", "kubeconfig_file"]
 
 
 def connect(
@@ -106,6 +106,16 @@ def _check_kubeconfig(path: Path) -> None:
     """Raise :class:`InputError` naming ``path`` unless it is UTF-8 YAML holding a mapping (the client's
     loader would fail on anything else with a bare parser error or a traceback)."""
     read_yaml_mapping(path, f"kubeconfig {path}", what="a kubeconfig (a mapping)")
+
+
+def kubeconfig_file(given: str | os.PathLike[str] | None, *, option: str = "--kubeconfig") -> Path:
+    """The kubeconfig file a command reads, in ``kubectl``'s order: ``given``, else the first file of
+    ``$KUBECONFIG``, else ``~/.kube/config``. For the commands that need a file (the simulator's, which has
+    no in-cluster account); raises :class:`InputError` naming ``option`` when there is none."""
+    path = Path(given).expanduser() if given is not None else _default_kubeconfig()
+    if path is None:
+        raise InputError(f"no kubeconfig: give {option} PATH or set $KUBECONFIG (~/.kube/config does not exist)")
+    return path
 
 
 def _default_kubeconfig() -> Path | None:

@@ -326,10 +326,11 @@ def testing_taint(prefix: str) -> str:
 
 
 def _edit_taints(
-    kube: Kube, node: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+    kube: Kube, node: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *, why: str
 ) -> bool:
     """Write ``edit(taints)`` to ``node`` unless it leaves them as they are, conditioned on the node's
-    ``resourceVersion`` and recomputed on 409; True when something was written."""
+    ``resourceVersion`` and recomputed on 409; True when something was written. ``why`` goes to the audit
+    trail with the write."""
     for _ in range(_ATTEMPTS):
         current = kube.get("v1", "Node", node)
         meta = current.get("metadata") or {}
@@ -339,7 +340,7 @@ def _edit_taints(
             return False
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"taints": wanted}}
         try:
-            kube.merge_patch("v1", "Node", node, patch, before=current)
+            kube.merge_patch("v1", "Node", node, patch, before=current, why=why)
         except KubeConflict:
             continue  # the node changed since the read (another writer's label or taint): read it again
         return True
@@ -352,14 +353,16 @@ def taint_testing(kube: Kube, node: str, *, prefix: str, run_id: str) -> bool:
     that is gone."""
     key = testing_taint(prefix)
     mine = {"key": key, "value": run_id, "effect": "NoSchedule"}
+    why = f"run {run_id} benchmarks the node: no new workload lands on it until its benchmark ends"
     return _edit_taints(kube, node, lambda taints: [*(t for t in taints if t.get("key") != key), mine]
-                        if mine not in taints else taints)  # fmt: skip
+                        if mine not in taints else taints, why=why)  # fmt: skip
 
 
 def lift_testing_taint(kube: Kube, node: str, *, prefix: str) -> bool:
     """Take ``<prefix>/testing`` off ``node``; True when it was there. A node that is gone has none."""
     key = testing_taint(prefix)
+    why = "the node's benchmark ended (done, failed or stopped): it takes workloads again"
     try:
-        return _edit_taints(kube, node, lambda taints: [t for t in taints if t.get("key") != key])
+        return _edit_taints(kube, node, lambda taints: [t for t in taints if t.get("key") != key], why=why)
     except KubeNotFound:
         return False

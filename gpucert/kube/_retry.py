@@ -4,7 +4,8 @@ A loaded control plane answers 429 with ``Retry-After`` and the odd 500, and a c
 and then; a flow step that applies tens of objects and labels hundreds of nodes must ride that out per
 call, or one bad answer out of a thousand fails the step. Only :class:`KubeUnavailable` is retried:
 capped exponential back-off with full jitter (AWS's recommendation, which keeps many clients from
-retrying in step), and a 429's ``Retry-After`` when the server gave one. A 4xx is never retried.
+retrying in step), and a 429's ``Retry-After`` when the server gave one. A 4xx is never retried. The loop
+is tenacity's (:class:`tenacity.Retrying`); what is retried, how long to wait and when to stop are ours.
 
 The deadline: every outbound call gpucert makes — to the API server, the S3 store, Jira, a webhook,
 Prometheus — takes at most :func:`call_deadline_s` seconds, its attempts and the waits between them
@@ -24,7 +25,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from .._deadline import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
 from ._errors import KubeError, KubeThrottled, KubeUnavailable
@@ -81,29 +84,46 @@ class RetryPolicy:
         last error when the attempts run out or ``retry_if`` refuses it, and the last error with the
         deadline said in its message when the next wait would pass the deadline.
         """
-        draws = rng  # made at the first retry: seeding from os.urandom on every call of a fleet adds up
         limit = deadline or self.start()
-        attempt = 1
-        while True:
-            try:
-                return fn()
-            except KubeError as exc:
-                retried = isinstance(exc, KubeUnavailable) if retry_if is None else retry_if(exc)
-                if not retried or attempt >= self.attempts:
-                    raise
-                draws = draws or random.Random()
-                wait = self.delay(attempt, exc, draws)
-                if wait >= limit.remaining():
-                    # Said in the message (what the command line prints): the deadline, not the attempts,
-                    # ended it, and which knob moves it.
-                    exc.args = (
-                        f"{exc} (gave up after {attempt} attempt{'s' if attempt > 1 else ''} in "
-                        f"{limit.elapsed():.1f} s; the call's deadline: {limit.seconds:g} s, see gpucert "
-                        f"--timeout or ${TIMEOUT_ENV})",
-                    )
-                    raise
-                sleep(wait)
-                attempt += 1
+        transient = retry_if or (lambda exc: isinstance(exc, KubeUnavailable))
+        draws: list[random.Random] = [rng] if rng is not None else []
+
+        def wait(state: RetryCallState) -> float:
+            if not draws:  # made at the first retry: seeding from os.urandom on every call of a fleet adds up
+                draws.append(random.Random())
+            return self.delay(state.attempt_number, _error(state), draws[0])
+
+        def out_of_time(state: RetryCallState) -> bool:
+            return state.attempt_number >= self.attempts or state.upcoming_sleep >= limit.remaining()
+
+        def give_up(state: RetryCallState) -> NoReturn:
+            exc, attempt = _error(state), state.attempt_number
+            if attempt < self.attempts:
+                # Said in the message (what the command line prints): the deadline, not the attempts,
+                # ended it, and which knob moves it.
+                exc.args = (
+                    f"{exc} (gave up after {attempt} attempt{'s' if attempt > 1 else ''} in "
+                    f"{limit.elapsed():.1f} s; the call's deadline: {limit.seconds:g} s, see gpucert "
+                    f"--timeout or ${TIMEOUT_ENV})",
+                )
+            raise exc
+
+        retrying = Retrying(
+            retry=retry_if_exception(lambda exc: isinstance(exc, KubeError) and transient(exc)),
+            wait=wait,
+            stop=out_of_time,
+            sleep=sleep,
+            retry_error_callback=give_up,
+        )
+        return retrying(fn)
+
+
+def _error(state: RetryCallState) -> KubeError:
+    """The error that ended the attempt ``state`` describes (only a KubeError is ever retried)."""
+    assert state.outcome is not None
+    error = state.outcome.exception()
+    assert isinstance(error, KubeError)
+    return error
 
 
 NO_RETRY = RetryPolicy(attempts=1)

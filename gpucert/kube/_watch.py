@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from ._client import Kube, resource_of
 from ._errors import KubeError, KubeForbidden, KubeNotFound, KubeUnavailable, KubeUnreachable
-from ._nodes import has_taint
+from ._nodes import has_taint, mark_never_certified
 from ._retry import RetryPolicy
 
 __all__ = ["ANNOUNCED_ANNOTATION", "DEFAULT_RECONNECT", "Reconnect", "announce_joined_nodes"]
@@ -134,6 +134,7 @@ def announce_joined_nodes(
         if uid in announced and uid not in unmarked:
             return
         if uid not in announced:
+            _never_certified(kube, node)
             emit(name, uid)
             announced.add(uid)
             unmarked.add(uid)
@@ -386,6 +387,15 @@ def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
 def _identity(node: Node) -> tuple[str, str]:
     meta = node.get("metadata") or {}
     return str(meta.get("name") or ""), str(meta.get("uid") or "")
+
+
+def _never_certified(kube: Kube, node: Node) -> None:
+    """Give a joining node the ``GpuCertified`` condition ``Unknown`` (``kubectl describe node`` shows it until
+    onboarding certifies it). Best effort: a node is announced whether or not it could be written."""
+    try:
+        mark_never_certified(kube, node)
+    except KubeError as exc:
+        _LOG.warning("node %s: its GpuCertified condition (Unknown) was not written: %s", _identity(node)[0], exc)
 
 
 def _mark(kube: Kube, name: str, annotation: str, uid: str) -> None:

@@ -13,6 +13,7 @@ Pure pandas/numpy, vectorised over pairs; nothing here imports Prefect or the Ku
 
 from ._judge import (
     FINDING_COLUMNS,
+    NIC_ADVICE,
     PAIR_METRIC,
     PAIR_STATUSES,
     PairJudgement,
@@ -42,6 +43,7 @@ __all__ = [
     "INTER_ZONE",
     "INTRA_LEAF",
     "KINDS",
+    "NIC_ADVICE",
     "PAIR_COLUMNS",
     "PAIR_METRIC",
     "PAIR_STATUSES",

@@ -59,6 +59,7 @@ from ._plan import PAIR_COLUMNS, PairingPlan, _codes, _kinds, _pair_keys
 
 __all__ = [
     "FINDING_COLUMNS",
+    "NIC_ADVICE",
     "PAIR_METRIC",
     "PAIR_STATUSES",
     "PairJudgement",
@@ -66,6 +67,13 @@ __all__ = [
     "judge_pairs",
     "repairs",
 ]
+
+#: What a node's own-network-path finding asks of a person, the end of its reasons: the NIC side. A caller that
+#: finds another cause for the node's low pairs (its own PCIe link, say) replaces it with that cause's.
+NIC_ADVICE = (
+    "Its own network path: check its NIC's port state, rate and error counters, then the cable, transceiver "
+    "and switch port"
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -959,9 +967,7 @@ def _findings(
                 ticket="remediation" if fails >= 2 else "none",
                 reasons=(
                     f"{names[u]} is low with {len(mine)} of its {len(idx)} partners — {evidence}. Reference: "
-                    f"{note}. Its own "
-                    "network path: check its NIC's port state, rate and error counters, then the cable, "
-                    "transceiver and switch port"
+                    f"{note}. {NIC_ADVICE}"
                 ),
                 **stats(mine),
             )

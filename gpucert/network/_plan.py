@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from .._text import counted
 from ..errors import InputError
 
 __all__ = [
@@ -524,7 +525,7 @@ def _notes(builder: _Builder, frame: pd.DataFrame, leaf_label: str) -> list[str]
     unlabelled = int(frame["unlabelled"].sum())
     if unlabelled == len(frame) and len(frame):
         notes.append(
-            f"no node carries the leaf label {leaf_label!r}: all {len(frame)} nodes form one group "
+            f"no node carries the leaf label {leaf_label!r}: all {counted(len(frame), 'node')} form one group "
             f"{UNLABELLED!r}, so the plan cannot tell a leaf's uplink from a node"
         )
     elif unlabelled:
@@ -547,12 +548,12 @@ def _notes(builder: _Builder, frame: pd.DataFrame, leaf_label: str) -> list[str]
         here = rounds == r
         counts = pd.Series(kinds[here]).value_counts()
         mix = ", ".join(f"{int(counts[k])} {k}" for k in KINDS if k in counts.index)
-        line = f"round {r} ({what}): {int(here.sum())} pairs ({mix or 'none'})"
+        line = f"round {r} ({what}): {counted(int(here.sum()), 'pair')} ({mix or 'none'})"
         if what == INTER_LEAF and g >= 2:
             ga, gb = builder.group[a[here]], builder.group[b[here]]
             cross = ga != gb
             covered = len(np.unique(np.minimum(ga, gb)[cross] * g + np.maximum(ga, gb)[cross]))
-            line += f", meeting {covered} of {g * (g - 1) // 2} pairs of leaves"
+            line += f", meeting {covered} of {counted(g * (g - 1) // 2, 'pair')} of leaves"
         idle = next((len(n) for rr, n in builder.idle if rr == r), 0)
         if idle:
             line += f"; {idle} node{'s' if idle != 1 else ''} idle"

@@ -8,15 +8,17 @@ telemetry covered (:func:`telemetry_coverage`) and the outcomes.
 
 from .._text import counted
 from ._coverage import TelemetryCoverage, telemetry_coverage
-from ._due import DueNodes, due_nodes
+from ._due import BUSY_PREFIX, DueNodes, busy_overdue, due_nodes
 from ._outcome import OnboardOutcome, OperateOutcome, ReleaseOutcome
 
 __all__ = [
+    "BUSY_PREFIX",
     "DueNodes",
     "OnboardOutcome",
     "OperateOutcome",
     "ReleaseOutcome",
     "TelemetryCoverage",
+    "busy_overdue",
     "counted",
     "due_nodes",
     "telemetry_coverage",

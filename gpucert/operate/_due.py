@@ -3,18 +3,28 @@
 Order of priority: nodes telemetry or drift asked about (``asked``), then nodes never certified, then the
 longest since certification; idle nodes only (a busy node waits for the next night), and no more than
 ``max_nodes``. The date comes from the ``<prefix>/certified-at`` annotation certify writes.
+
+A node that telemetry or drift asked about and that is busy is postponed — but not forever: each night
+records in the store which asked nodes it postponed for being busy (``operate/busy/night=<date>.json``),
+and :func:`busy_overdue` names those postponed ``nights`` nights in a row (nights operate ran), for a
+ticket asking for a maintenance window.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from .._text import counted
+from ..store import ObjectStore
 
-__all__ = ["DueNodes", "due_nodes"]
+__all__ = ["BUSY_PREFIX", "DueNodes", "busy_overdue", "due_nodes"]
+
+#: Where each night records the asked nodes it postponed for being busy.
+BUSY_PREFIX = "operate/busy/"
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,8 @@ class DueNodes:
 
     chosen: list[str]
     postponed: dict[str, str] = field(default_factory=dict)
+    #: The postponed nodes telemetry or drift asked about that are busy: node → why it was asked.
+    busy_asked: dict[str, str] = field(default_factory=dict)
 
 
 def _certified_at(node: Mapping[str, Any], prefix: str, now: datetime) -> datetime | None:
@@ -71,4 +83,37 @@ def due_nodes(
             postponed[name] = f"over tonight's cap of {counted(max_nodes, 'node')}"
         else:
             chosen.append(name)
-    return DueNodes(sorted(chosen), postponed)
+    busy_asked = {n: asked[n] for n in sorted(postponed) if n in asked and n in busy}
+    return DueNodes(sorted(chosen), postponed, busy_asked)
+
+
+def _busy_key(night: date) -> str:
+    return f"{BUSY_PREFIX}night={night.isoformat()}.json"
+
+
+def busy_overdue(
+    objects: ObjectStore, *, night: date, busy_asked: Mapping[str, str], nights: int
+) -> dict[str, str]:
+    """Record tonight's busy asked nodes in the store and return those busy for ``nights`` nights in a row,
+    tonight included (node → why it was asked, and for how long it waited). Only nights operate ran count;
+    a night a node was free (or not asked about) starts its count again. Reads at most ``nights`` records.
+
+    Raises :class:`~gpucert.errors.StoreError` when the store fails.
+    """
+    objects.put(_busy_key(night), json.dumps({"night": night.isoformat(), "nodes": dict(busy_asked)}).encode())
+    if not busy_asked:
+        return {}
+    earlier = sorted(k for k in objects.list(BUSY_PREFIX) if k < _busy_key(night))
+    newest_first = [_busy_nodes(objects, key) for key in reversed(earlier[len(earlier) - (nights - 1):])]
+    overdue = {}
+    for node, why in sorted(busy_asked.items()):
+        # Tonight, then each earlier night back to the first one it was not busy on.
+        streak = 1 + next((i for i, busy in enumerate(newest_first) if node not in busy), len(newest_first))
+        if streak >= nights:
+            overdue[node] = f"{why}; busy {counted(streak, 'night')} in a row"
+    return overdue
+
+
+def _busy_nodes(objects: ObjectStore, key: str) -> set[str]:
+    blob = objects.get(key)
+    return set(json.loads(blob.data).get("nodes") or {}) if blob is not None else set()

@@ -41,6 +41,16 @@ class OperateOutcome(_Model):
         description="why the night judged no telemetry at all (no DCGM exporter found, no GPU node read); "
         "None when it read some: such a night is not a clean one",
     )
+    maintenance: dict[str, str] = Field(
+        default_factory=dict,
+        description="node → the ticket asking for a maintenance window: telemetry or drift asked about it and it "
+        "stayed busy for the policy's escalation.busy_nights nights in a row",
+    )
+    stack_drift: dict[str, str] = Field(
+        default_factory=dict,
+        description="node → the GPU stack versions that moved outside gpucert since configure verified them "
+        "(an operator or Helm upgrade, a hand edit): component configured → running",
+    )
     certify: CertifyOutcome | None = None
 
     def markdown(self) -> str:
@@ -67,6 +77,8 @@ class OperateOutcome(_Model):
             lines.append(f"report: {self.certify.report_link or self.certify.report}")
         if self.postponed:
             lines.append(f"postponed: {', '.join(f'{n} ({w})' for n, w in sorted(self.postponed.items()))}")
+        lines += [f"- {node} needs a maintenance window: {what}" for node, what in sorted(self.maintenance.items())]
+        lines += [f"- {node} stack drift: {what}" for node, what in sorted(self.stack_drift.items())]
         return "\n".join(lines) + "\n"
 
 

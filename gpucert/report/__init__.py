@@ -10,6 +10,8 @@ The renderings, all pure functions (no Prefect here; the certify flow turns them
 * :func:`render_html` — a self-contained HTML page (``templates/report.html.j2``) with inline SVG
   pictures: each GPU's performance relative to its reference per metric, stragglers marked, and a
   node × GPU heat map. It is stored with the run (``runs/…/report.html``) and opened offline;
+* :func:`done_view` — the page's "What was done" section: the settled decisions, the taints and labels the
+  run wrote, the tickets it opened, updated or resolved, and a blast-radius incident;
 * :func:`drift_view` / :func:`render_drift_html` — each drifting GPU's own history (its baseline, every
   night's value, where the alarm rose and cleared) as a section of that page or a page of its own;
 * :func:`link_view` — the page's "Links" section when the run measured node pairs: the pairing plan's
@@ -19,6 +21,7 @@ The renderings, all pure functions (no Prefect here; the certify flow turns them
 
 from __future__ import annotations
 
+from ._done import DoneView, done_view
 from ._drift import DriftChart, DriftView, drift_view, render_drift_html
 from ._html import render_html
 from ._links import LinkView, link_view
@@ -28,10 +31,12 @@ from ._summary import md_escape, summary_markdown
 __all__ = [
     "DECISION_KEYS",
     "ROW_KEYS",
+    "DoneView",
     "DriftChart",
     "DriftView",
     "LinkView",
     "decision_table",
+    "done_view",
     "drift_view",
     "is_summary_row",
     "link_view",

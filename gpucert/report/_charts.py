@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from .._text import counted
 from ..metrics import METRICS
 from ._common import VERDICT_ORDER, entity_kinds, gpu_keys
 
@@ -574,7 +575,7 @@ def heat_map(rel: pd.DataFrame, verdicts: pd.DataFrame, *, max_nodes: int) -> He
     order = np.concatenate([drawn_flagged, sample]).astype(np.int64)
 
     if len(order) == n_nodes:
-        note = f"All {n_nodes:,} nodes are drawn"
+        note = f"All {counted(n_nodes, 'node')} {'is' if n_nodes == 1 else 'are'} drawn"
         note += ", those with a verdict other than pass first." if len(flagged) else "."
     elif len(drawn_flagged) < len(flagged):
         note = (

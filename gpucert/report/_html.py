@@ -19,6 +19,7 @@ from ._charts import (
     strip_charts,
 )
 from ._common import NON_PASS, entity_kinds, for_run, require_columns
+from ._done import DoneView
 from ._drift import DriftView
 from ._links import LinkView, link_view
 from ._rows import is_summary_row, verdict_rows
@@ -64,6 +65,7 @@ def render_html(
     drift: DriftView | None = None,
     links: PairingPlan | None = None,
     max_link_nodes: int = 120,
+    done: DoneView | None = None,
 ) -> str:
     """The run's HTML report as one self-contained page, rendered from ``templates/report.html.j2``.
 
@@ -79,7 +81,9 @@ def render_html(
     facts, a partner × node matrix of each pair's bandwidth relative to its reference (every node up to
     ``max_link_nodes``, else the nodes flagged and their partners; the page says which) and a table per
     leaf (:func:`~gpucert.report.link_view`). Without it, or without pairs, the page has no such
-    section. Every value from the data is escaped by the template's autoescape.
+    section. ``done`` (:func:`~gpucert.report.done_view`), when given, adds "What was done" at the top: the
+    settled decisions, the taints and labels the run wrote and the tickets it opened, updated or resolved.
+    Every value from the data is escaped by the template's autoescape.
 
     Returns the page as a string. Raises ``ValueError`` when a table lacks a column the report reads
     and ``jinja2.TemplateError`` when the template is broken.
@@ -129,4 +133,5 @@ def render_html(
         with_baseline=baseline is not None and len(baseline) > 0,
         drift=drift if drift is not None and not drift.empty else None,
         links=pairs,
+        done=done,
     )

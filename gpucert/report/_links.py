@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from .._text import counted
 from ..network import PAIR_METRIC, PairingPlan
 from ._charts import _NAME_CHARS, HEAT_BINS, NO_VALUE_FILL, VERDICT_COLOURS, _fills, _short
 from ._common import VERDICT_ORDER, entity_kinds
@@ -359,10 +360,10 @@ def link_view(
     makeup_rounds = len(np.unique(rounds[stage == "makeup"]))
     n_measured = int(measured.sum())
     facts = [
-        f"{n:,} nodes in {len(group_names):,} leaf group{'s' if len(group_names) != 1 else ''}",
+        f"{counted(n, 'node')} in {counted(len(group_names), 'leaf group')}",
         f"{n_rounds:,} round{'s' if n_rounds != 1 else ''}: {n_rounds - repair_rounds - makeup_rounds:,} "
         f"planned, {makeup_rounds:,} makeup, {repair_rounds:,} re-pairing",
-        f"{len(key):,} pairs planned: {n_measured:,} measured, {len(key) - n_measured:,} missing",
+        f"{counted(len(key), 'pair')} planned: {n_measured:,} measured, {len(key) - n_measured:,} missing",
     ]
     by_kind = pd.Series(kind[measured]).value_counts()
     if len(by_kind):
@@ -457,7 +458,7 @@ def _shown(
 ) -> tuple[IntArray, str]:
     """The codes of the nodes drawn, and a sentence saying which."""
     if n <= max_nodes:
-        return np.arange(n, dtype=np.int64), f"All {n:,} nodes of the plan are drawn."
+        return np.arange(n, dtype=np.int64), f"All {counted(n, 'node')} of the plan {'is' if n == 1 else 'are'} drawn."
     interesting = np.flatnonzero((any_sev < _PASS) | noted)
     interesting = interesting[
         np.lexsort((interesting, worst_rel[interesting], any_sev[interesting], net_sev[interesting]))

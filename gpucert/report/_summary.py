@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from .._text import counted
 from ._common import (
     NON_PASS,
     entity_kinds,
@@ -165,10 +166,11 @@ def summary_markdown(
     if not len(verdicts):
         out.append("No verdicts were written for this run.")
     elif entity.empty:
-        out.append(f"**All {judged:,} checks passed.** {_counts(verdicts[kinds != 'fleet'])}")
+        out.append(f"**{'The' if judged == 1 else 'All'} {counted(judged, 'check')} passed.** "
+                   f"{_counts(verdicts[kinds != 'fleet'])}")
     else:
         out.append(
-            f"**{len(entity):,} of {judged:,} checks did not pass:** {_counts(verdicts[kinds != 'fleet'])}"
+            f"**{len(entity):,} of {counted(judged, 'check')} did not pass:** {_counts(verdicts[kinds != 'fleet'])}"
         )
     if len(fleet):
         out[-1] += f"; and {len(fleet):,} fleet-level finding{'s' if len(fleet) != 1 else ''}."

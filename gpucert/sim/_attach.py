@@ -48,15 +48,16 @@ from typing import Any
 
 from aiohttp import web
 
+from .._text import counted
 from ..errors import InputError
 from ..fleet import Fault, Fleet
-from ..kube import FIELD_MANAGER
+from ..kube import FIELD_MANAGER, never_certified_patch
 from ._controllers import Runtime, SimTiming
 from ._dcgm import DcgmExporters
 from ._dcgm import routes as dcgm_routes
 from ._deviceplugin import DevicePlugin
 from ._gpufaults import GpuFaults
-from ._kubelet import log_refusal, node_kubelets
+from ._kubelet import loaded_driver, log_refusal, node_kubelets
 from ._loop import run_loop
 from ._nodes import register_nodes
 from ._objects import DAEMONSETS, NODES, PODS, deleting, ready_condition, set_condition
@@ -370,9 +371,17 @@ class AttachedKubelets:
             path = resource.path(meta.get("namespace") if resource.namespaced else None, meta["name"])
             self._remote.json("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
                               query={"fieldManager": FIELD_MANAGER, "force": "true"})
+        now = dt.datetime.now(dt.UTC)
         for name, extra in labels.items():
             self._remote.json("PATCH", f"/api/v1/nodes/{name}", body={"metadata": {"labels": extra}},
                               content_type="application/merge-patch+json", query={"fieldManager": FIELD_MANAGER})
+            # configure gives each node it takes on the GpuCertified condition Unknown (never certified).
+            node = self.store.get(NODES, None, name)
+            unknown = never_certified_patch(node or {}, now=now)
+            if unknown is not None:
+                self._remote.json("PATCH", f"/api/v1/nodes/{name}/status", body=unknown,
+                                  content_type="application/strategic-merge-patch+json",
+                                  query={"fieldManager": FIELD_MANAGER})  # fmt: skip
 
     # --- the loop: controllers, the kubelet endpoint, the exporters -----------------------------------
 
@@ -395,6 +404,7 @@ class AttachedKubelets:
         runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
                                   label_prefix=self.label_prefix, timing=self.timing, training=self.training,
                                   rendezvous=True))
+        self.dcgm.driver = loaded_driver(runtime)  # the exporters report the driver each node runs
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
         self.store.subscribe(self._on_local_event)
         runtime.start()
@@ -713,17 +723,22 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_kubelets(*, kubeconfig: str, nodes: int, gpus: int, model: str, seed: int = 0,
+def run_kubelets(*, kubeconfig: str | None, nodes: int, gpus: int, model: str, seed: int = 0,
                  preconfigured: bool = False, stop: Callable[[], bool] | None = None) -> int:
-    """``gpucert sim kubelets``: attach until SIGINT or SIGTERM; returns the exit status."""
+    """``gpucert sim kubelets``: attach until SIGINT or SIGTERM; returns the exit status. Without
+    ``kubeconfig``, the API server is the one ``$KUBECONFIG`` (else ``~/.kube/config``) names."""
     import signal
+
+    from ..kube import kubeconfig_file
+
+    kubeconfig = str(kubeconfig_file(kubeconfig))
 
     stopping = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with AttachedKubelets(kubeconfig, nodes=nodes, gpus=gpus, model=model, seed=seed,
                               preconfigured=preconfigured) as attached:
-            print(f"gpucert sim kubelets: {nodes} nodes × {gpus} {model} attached to {attached.server}; "
+            print(f"gpucert sim kubelets: {counted(nodes, 'node')} × {gpus} {model} attached to {attached.server}; "
                   f"kubelet endpoint {_HOST}:{attached.kubelet_port}, exporters at {attached.metrics_url}",
                   flush=True)
             while not stopping.wait(0.5) and not (stop and stop()):

@@ -13,7 +13,9 @@ all. How operate finds these paths: the exporter Service's Endpoints (``_endpoin
 What: Prometheus text exposition 0.0.4 as dcgm-exporter writes it: per metric a ``# HELP`` and a
 ``# TYPE`` line, then one sample per GPU with the labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``
 (``nvidia<i>``), ``modelName``, the host label (``hostname`` since NVIDIA/dcgm-exporter#655, ``Hostname``
-before; configurable) and ``DCGM_FI_DRIVER_VERSION``. Names are DCGM's exactly (no ``_total`` is added
+before; configurable) and ``DCGM_FI_DRIVER_VERSION`` — the driver loaded on the node, as the benchmark pods
+see it (:func:`~gpucert.sim._benchlogs.node_driver`: what configure installed, or the host's pre-installed
+one), so ``gpucert configure`` changes what the exporters report. Names are DCGM's exactly (no ``_total`` is added
 to counters: REFERENCE §6.2); help texts are those of ``etc/default-counters.csv`` where it has the
 field. Integers print as integers, doubles with six decimals, as the exporter does. A GPU that fell off
 the bus has no series at all. A GPU a training pod holds (``_training.py``) also carries ``pod``,
@@ -60,12 +62,11 @@ from ._store import Store
 if TYPE_CHECKING:
     from ._training import GpuNow
 
-__all__ = ["DCGM_PATH", "DRIVER_VERSION", "HOST_LABELS", "DcgmExporters"]
+__all__ = ["DCGM_PATH", "HOST_LABELS", "DcgmExporters"]
 
 #: The route of one node's exporter; ``{node}`` is the node name.
 DCGM_PATH = "/dcgm/{node}/metrics"
 HOST_LABELS = ("hostname", "Hostname")
-DRIVER_VERSION = "550.90.07"
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _WINDOW_S = 300.0   # dcgm-exporter's default --xid-count-window-size / clock-events window
 _DUTY_PERIOD_S = 60.0
@@ -175,6 +176,9 @@ class DcgmExporters:
         self._ts = datetime.now(UTC)
         #: GPUs a training pod holds (``_training.py``): node → GPU index → pod labels and busy values.
         self.training: Callable[[str], Mapping[int, GpuNow]] | None = None
+        #: node → the driver version loaded there (``_kubelet.loaded_driver``), set once the controllers
+        #: run; None (or no driver loaded) leaves ``DCGM_FI_DRIVER_VERSION`` out, never a made-up version.
+        self.driver: Callable[[str], str | None] | None = None
 
     # --- HTTP ---------------------------------------------------------------------------------------
 
@@ -197,10 +201,11 @@ class DcgmExporters:
         model = fleet.model.name
         samples: dict[str, list[tuple[str, float | int]]] = {name: [] for name, _, _ in METRICS}
         held = self.training(node) if self.training is not None else {}
+        driver = self.driver(node) if self.driver is not None else None
+        loaded = f',DCGM_FI_DRIVER_VERSION="{driver}"' if driver else ""
         for gpu in gpus:
             labels = (f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{_bus_id(gpu.index)}",'
-                      f'device="nvidia{gpu.index}",modelName="{model}",{self.host_label}="{node}",'
-                      f'DCGM_FI_DRIVER_VERSION="{DRIVER_VERSION}"')
+                      f'device="nvidia{gpu.index}",modelName="{model}",{self.host_label}="{node}"{loaded}')
             training = held.get(gpu.index)
             if training is not None:  # dcgm-exporter's Kubernetes mode: the pod holding the GPU
                 labels += training.labels

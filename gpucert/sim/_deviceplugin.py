@@ -4,7 +4,8 @@ On a real node ``nvidia.com/gpu`` appears in capacity and allocatable only after
 registered with the kubelet; a benchmark pod asking for GPUs before that stays Pending. gpucert's
 configure flow exists to get there, so the simulator makes the same dependency visible: when a pod of
 the device-plugin DaemonSet (recognised by its labels ``app.kubernetes.io/part-of: gpucert`` and
-``app.kubernetes.io/component: device-plugin``, DESIGN.md "Kubernetes conventions") is Ready on a
+``app.kubernetes.io/component: device-plugin``, DESIGN.md "Kubernetes conventions"; or the GPU Operator's,
+``app: nvidia-device-plugin-daemonset`` managed by ``gpu-operator``) is Ready on a
 node, the node's status gets ``nvidia.com/gpu`` = its GPU count (its ``nvidia.com/gpu.count`` label)
 in capacity and allocatable, a MODIFIED event for every node watcher. When the plugin's pod is gone
 the count drops to 0, as a kubelet reports a resource whose plugin unregistered. Nodes that started
@@ -24,11 +25,18 @@ from ._store import Obj, WatchEvent
 __all__ = ["DEVICE_PLUGIN_LABELS", "DevicePlugin"]
 
 DEVICE_PLUGIN_LABELS = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "device-plugin"}
+#: The NVIDIA GPU Operator's device plugin DaemonSet (its ClusterPolicy's ``state-device-plugin``): a cluster
+#: whose stack the operator runs advertises its GPUs the same way.
+OPERATOR_DEVICE_PLUGIN_LABELS = {
+    "app": "nvidia-device-plugin-daemonset",
+    "app.kubernetes.io/managed-by": "gpu-operator",
+}
 
 
 def _is_device_plugin(ds: Mapping[str, Any] | None) -> bool:
     labels = ((ds or {}).get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in DEVICE_PLUGIN_LABELS.items())
+    return any(all(labels.get(k) == v for k, v in known.items())
+               for known in (DEVICE_PLUGIN_LABELS, OPERATOR_DEVICE_PLUGIN_LABELS))  # fmt: skip
 
 
 class DevicePlugin:

@@ -457,7 +457,7 @@ def post(url: str, method: str, body: bytes | None = None, timeout_s: float = 30
 
 def inject_command(
     *,
-    kubeconfig: str,
+    kubeconfig: str | None,
     files: Sequence[str] = (),
     gpu: Sequence[Sequence[str]] = (),
     not_ready: Sequence[str] = (),
@@ -472,9 +472,12 @@ def inject_command(
 
     The files and options merge into one document (files first, then ``--gpu``, then node events in
     the order not-ready, ready, delete, join), checked here before it is sent and again by the server,
-    which applies all of it or nothing. ``--clear``/``--clear-node`` lift faults first.
+    which applies all of it or nothing. ``--clear``/``--clear-node`` lift faults first. Without
+    ``kubeconfig``, the simulator is the one ``$KUBECONFIG`` (else ``~/.kube/config``) names, as for kubectl.
     """
-    url = server_url(kubeconfig) + INJECT_PATH
+    from ..kube import kubeconfig_file
+
+    url = server_url(kubeconfig_file(kubeconfig)) + INJECT_PATH
     doc: dict[str, Any] = {"gpu": [], "nodes": [], "training": []}
     for path in files:
         source = f"gpucert sim inject {path}"

@@ -138,15 +138,24 @@ def _image_id(image: str) -> str:
     return f"{image.split(':', maxsplit=1)[0]}@sha256:{_digest(image)}"
 
 
+def loaded_driver(runtime: Runtime) -> Callable[[str], str | None]:
+    """node → the NVIDIA driver version loaded there (:func:`node_driver`: its running driver pod, else the
+    host's pre-installed one), as its benchmark pods and its DCGM exporter read it; None: no driver."""
+    store = runtime.store
+
+    def driver(node: str) -> str | None:
+        return node_driver(store.get(NODES, None, node), runtime.pods.on_node(node))
+
+    return driver
+
+
 def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int, label_prefix: str,
                   timing: SimTiming, training: TrainingModel, rendezvous: bool = False) -> Kubelets:
     """The kubelets of every node, to add to ``runtime``: their benchmark pods' logs from the fleet model and
     the GPU faults in force (with the driver each node runs), their training pods from ``training``, looked
     at again whenever its faults change."""
     store = runtime.store
-
-    def driver(node: str) -> str | None:
-        return node_driver(store.get(NODES, None, node), runtime.pods.on_node(node))
+    driver = loaded_driver(runtime)
 
     def node_up(node: str) -> bool:
         return node_ready(store.get(NODES, None, node))

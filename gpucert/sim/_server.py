@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -41,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from aiohttp import web
 
+from .._text import counted
 from ..errors import InputError
 from ..fleet import Fault, Fleet
-from ..kube import FIELD_MANAGER
+from ..kube import FIELD_MANAGER, never_certified_patch
 from ._api import build_app
 from ._controllers import Runtime, SimTiming
 from ._daemonsets import DaemonSetController
@@ -65,7 +66,7 @@ from ._inject import (
 )
 from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
-from ._kubelet import node_kubelets
+from ._kubelet import loaded_driver, node_kubelets
 from ._loop import run_loop
 from ._nodes import register_nodes
 from ._requests import ApiRequest, RequestLog
@@ -224,10 +225,16 @@ class SimCluster:
             if resource.kind == "Namespace":
                 seeded["status"] = {"phase": "Active"}
             self.store.create(resource, seeded)
+        now = datetime.now(UTC)
         for node in nodes:
             meta = node["metadata"]
             merged = {**meta["labels"], **labels[meta["name"]]}
-            self.store.update(nodes_type, {**node, "metadata": {**meta, "labels": merged}})
+            # configure gives each node it takes on the GpuCertified condition Unknown (never certified).
+            unknown = never_certified_patch(node, now=now)
+            status = dict(node.get("status") or {})
+            if unknown is not None:
+                status["conditions"] = [*(status.get("conditions") or ()), *unknown["status"]["conditions"]]
+            self.store.update(nodes_type, {**node, "metadata": {**meta, "labels": merged}, "status": status})
 
     def create(self, obj: Mapping[str, Any]) -> Obj:
         """Seed an object straight into the store (test set-up; no HTTP, no validation)."""
@@ -424,6 +431,7 @@ class SimCluster:
         runtime.add(Scheduler(runtime))
         runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
                                   label_prefix=self.label_prefix, timing=self.timing, training=self.training))
+        self.dcgm.driver = loaded_driver(runtime)  # the exporters report the driver each node runs
         runtime.add(JobController(runtime))
         runtime.add(DaemonSetController(runtime))
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
@@ -475,7 +483,7 @@ def serve(
         check_plan(sim, plan, source)
         apply_plan(sim, FaultPlan(None, plan.gpu, plan.nodes, plan.training), source)
         with sim:
-            print(f"gpucert sim: serving {nodes} nodes × {gpus} {model} at {sim.url}", flush=True)
+            print(f"gpucert sim: serving {counted(nodes, 'node')} × {gpus} {model} at {sim.url}", flush=True)
             print(f"gpucert sim: kubeconfig written to {sim.kubeconfig_path}", flush=True)
             while not stop.wait(0.5):
                 pass

@@ -38,7 +38,7 @@ from ._baselines import (
     check_public_url,
     open_store,
 )
-from ._errors import StoreNotFound, StoreURIError, UnknownVersion
+from ._errors import BucketNotFound, StoreNotFound, StoreURIError, UnknownVersion
 from ._format import BASELINE_COLUMNS, BASELINE_LEVELS, empty_baseline, validate_baseline
 from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store, require_root
 
@@ -52,6 +52,7 @@ __all__ = [
     "BaselineChange",
     "BaselineStore",
     "Blob",
+    "BucketNotFound",
     "FileObjectStore",
     "ObjectStore",
     "S3ObjectStore",

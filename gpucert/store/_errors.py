@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import InputError, StoreError, VersionNotFound
 
-__all__ = ["StoreNotFound", "StoreURIError", "UnknownVersion"]
+__all__ = ["BucketNotFound", "StoreNotFound", "StoreURIError", "UnknownVersion"]
 
 
 class StoreURIError(StoreError, InputError):
@@ -18,6 +18,12 @@ class StoreURIError(StoreError, InputError):
 class StoreNotFound(StoreError, InputError):
     """A store opened for reading (``create=False``) has no root: a mistyped ``--store``/``--baselines``
     must not read as an empty store. The message names the root."""
+
+
+class BucketNotFound(StoreNotFound):
+    """The S3 bucket of a store does not exist. Unlike a missing root, a writer cannot start it either (the
+    store never creates buckets), so every command that opens the store refuses it before anything starts.
+    The message names the bucket and the endpoint."""
 
 
 class UnknownVersion(VersionNotFound, InputError):

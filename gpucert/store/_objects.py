@@ -94,7 +94,9 @@ class ObjectStore(Protocol):
         ...
 
     def root_exists(self) -> bool:
-        """Whether the root itself exists (a folder; an S3 bucket with something under the prefix)."""
+        """Whether the root itself exists (a folder; an S3 bucket with something under the prefix).
+
+        Raises :class:`~gpucert.store.BucketNotFound` when an S3 store's bucket is missing."""
         ...
 
     def link(self, key: str, *, expires_s: int) -> str:

@@ -52,7 +52,7 @@ from botocore.retries import standard
 
 from .._deadline import call_deadline_s
 from ..errors import StoreConflict, StoreUnavailable
-from ._errors import StoreURIError
+from ._errors import BucketNotFound, StoreURIError
 from ._objects import Blob, _check_prefix, check_key
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DeadlineExceeded", "S3ObjectStore", "normalise_etag"]
@@ -391,14 +391,16 @@ class S3ObjectStore:
         """Whether the bucket exists and holds at least one object under the prefix.
 
         S3 has no folders: a prefix with nothing under it is indistinguishable from a mistyped one, so
-        both count as "no store here".
+        both count as "no store here". A missing bucket is another matter: no write can ever start the
+        store (gpucert never creates buckets), so it raises :class:`~gpucert.store.BucketNotFound`, an
+        input error, and a command that checks its store first stops before it has started anything.
         """
         root = f"{self.prefix}/" if self.prefix else ""
         try:
             page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=root, MaxKeys=1)
         except botocore.exceptions.ClientError as exc:
             if _error_code(exc)[0] == "NoSuchBucket":
-                return False
+                raise self._no_bucket() from None
             raise self._unavailable("list", root + "*", exc) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise self._unavailable("list", root + "*", exc) from exc
@@ -457,6 +459,13 @@ class S3ObjectStore:
         """After a retried conditional PUT failed: the etag if the object holds our bytes, else None."""
         current = self._read(s3_key)
         return current.etag if current is not None and current.data == data else None
+
+    def _no_bucket(self) -> BucketNotFound:
+        endpoint = getattr(self._client.meta, "endpoint_url", None) or "S3"
+        return BucketNotFound(
+            f"store {self.uri}: the S3 bucket {self.bucket!r} does not exist at {endpoint}; create it "
+            "(gpucert never creates buckets) or fix the bucket in the store URI"
+        )
 
     def _conflict(self, s3_key: str, if_match: str | None, code: str, *, gone: bool) -> StoreConflict:
         where = self._where(s3_key)

@@ -21,14 +21,13 @@ capping, which without the brake bit is a configuration fault the power-limit ga
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import httpx
 import numpy as np
 import pandas as pd
 
@@ -62,6 +61,7 @@ _WANTED = frozenset(
 #: An exporter of 8 GPUs prints about 100 KB; anything beyond this is not an exporter.
 _MAX_BYTES = 32 << 20
 _PREFERRED_PORTS = ("gpu-metrics", "metrics", "http-metrics")
+_HEADERS = {"Accept": "text/plain", "User-Agent": "gpucert-telemetry"}
 _NS = 1e9
 _RAW_COLUMNS = ["node", "gpu", "gpu_uuid", "gpu_model", "name", "xid", "snap", "t", "value"]
 
@@ -281,30 +281,30 @@ class ExporterScrape:
     def _scrape_all(self, targets: Sequence[ExporterTarget], snap: int, parse: Any) -> list[_Scraped]:
         if not targets:
             return []
-        with ThreadPoolExecutor(
-            max_workers=min(self.workers, len(targets)), thread_name_prefix="gpucert-scrape"
-        ) as pool:
-            return list(pool.map(lambda t: self._scrape(t, snap, parse), targets))
+        workers = min(self.workers, len(targets))
+        # One client for the round: httpx's Client is thread-safe, and its pool holds a connection per worker.
+        limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+        with (
+            httpx.Client(timeout=self.timeout_s, limits=limits, headers=_HEADERS) as http,
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpucert-scrape") as pool,
+        ):
+            return list(pool.map(lambda t: self._scrape(http, t, snap, parse), targets))
 
-    def _scrape(self, target: ExporterTarget, snap: int, parse: Any) -> _Scraped:
+    def _scrape(self, http: httpx.Client, target: ExporterTarget, snap: int, parse: Any) -> _Scraped:
         t = time.time()
 
         def failed(problem: str) -> _Scraped:
             return _Scraped(target, snap, t, None, problem)
 
         try:
-            text = _fetch(target.url, self.timeout_s)
-        except urllib.error.HTTPError as exc:
-            return failed(f"answered HTTP {exc.code} {exc.reason}")
-        except TimeoutError:
+            text = _fetch(http, target.url, self.timeout_s)
+        except _HttpStatus as exc:
+            return failed(f"answered HTTP {exc}")
+        except (httpx.TimeoutException, TimeoutError):
             return failed(f"no complete answer within {self.timeout_s:g} s")
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                return failed(f"no complete answer within {self.timeout_s:g} s")
-            return failed(f"unreachable: {_reason(exc.reason)}")
         except ValueError as exc:
             return failed(f"answered {exc}: not an exporter")
-        except OSError as exc:
+        except (httpx.TransportError, OSError) as exc:
             return failed(f"unreachable: {_reason(exc)}")
         try:
             rows = self._parse(text, target, parse)
@@ -367,19 +367,24 @@ def _port(ports: Sequence[Mapping[str, Any]]) -> int | None:
     return None
 
 
-def _fetch(url: str, timeout_s: float) -> str:
-    """The body at ``url`` within ``timeout_s`` for the whole answer (a socket timeout alone is per read)."""
+class _HttpStatus(Exception):
+    """An answer that is not 2xx; its text is the status and reason (``404 Not Found``)."""
+
+
+def _fetch(http: httpx.Client, url: str, timeout_s: float) -> str:
+    """The body at ``url`` within ``timeout_s`` for the whole answer (httpx's timeouts are per read: an
+    exporter trickling bytes would outlast them). Raises :class:`_HttpStatus` for an answer not 2xx,
+    ``ValueError`` for one too large to be an exporter's, ``TimeoutError`` past the deadline, and httpx's
+    errors for the rest."""
     deadline = time.monotonic() + timeout_s
-    request = urllib.request.Request(url, headers={"Accept": "text/plain", "User-Agent": "gpucert-telemetry"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    with http.stream("GET", url) as response:
+        if not response.is_success:
+            raise _HttpStatus(f"{response.status_code} {response.reason_phrase}")
         chunks: list[bytes] = []
         size = 0
-        while True:
+        for chunk in response.iter_bytes(1 << 16):
             if time.monotonic() > deadline:
                 raise TimeoutError
-            chunk = response.read(1 << 16)
-            if not chunk:
-                break
             size += len(chunk)
             if size > _MAX_BYTES:
                 raise ValueError(f"more than {_MAX_BYTES >> 20} MiB")
@@ -387,12 +392,17 @@ def _fetch(url: str, timeout_s: float) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def _reason(reason: object) -> str:
-    if isinstance(reason, TimeoutError):
-        return "connection timed out"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason) or type(reason).__name__
+def _reason(error: BaseException) -> str:
+    """Why a target was unreachable, in the system's words (``connection refused``): the OSError that httpx
+    wraps, found along the chain of causes."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, TimeoutError):
+            return "connection timed out"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror.lower()
+        seen = seen.__cause__ or seen.__context__
+    return str(error) or type(error).__name__
 
 
 _GPU = ["node", "gpu", "gpu_uuid", "gpu_model"]

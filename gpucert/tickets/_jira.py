@@ -174,15 +174,17 @@ class JiraTickets:
             raise TicketConfigError(f"the Jira server must be an http(s) URL, not {redact_url(server)}")
         if not project.strip():
             raise TicketConfigError("Jira tickets need a project key")
-        unknown = (set(issue_types or {}) | set(priorities or {})) - {"remediation", "replacement"}
+        unknown = (set(issue_types or {}) | set(priorities or {})) - {"remediation", "replacement", "incident"}
         if unknown:
-            raise TicketConfigError(f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement")
+            raise TicketConfigError(
+                f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement, incident"
+            )
         self.server = server.rstrip("/")
         self.user = user
         self.project = project.strip()
-        self.issue_types = {"remediation": "Task", "replacement": "Task"}
+        self.issue_types = {"remediation": "Task", "replacement": "Task", "incident": "Task"}
         self.issue_types.update(issue_types or {})
-        defaults = {"remediation": "High", "replacement": "Highest"}
+        defaults = {"remediation": "High", "replacement": "Highest", "incident": "Highest"}
         self.priorities = defaults if priorities is None else dict(priorities)
         self.labels = tuple(labels)
         self.done_transition = done_transition

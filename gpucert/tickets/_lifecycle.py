@@ -10,7 +10,10 @@
   rule fires (REFERENCE.md §5);
 - an open ticket whose hardware passes in this run is resolved: a GPU ticket when its GPU's row passes (a
   replaced GPU, seen under a new UUID at the same index, counts), a node ticket when every row of its node
-  passes (REFERENCE.md §4.6: the full certification passes before a node returns).
+  passes (REFERENCE.md §4.6: the full certification passes before a node returns) — and only when the run
+  measured what the fault was found on, on that hardware (the clearing rule of :mod:`._causes`, given the
+  run's results as ``evidence.results``): a pass that did not measure it leaves the ticket open and is
+  reported as a ``kept`` event.
 
 Reconciling the same run twice changes nothing the second time (a ticket remembers the runs it saw).
 """
@@ -31,6 +34,7 @@ from gpucert.metrics import METRICS
 from gpucert.verdict import TICKET_RANK, VERDICT_RANK
 
 from ._backend import TicketBackend
+from ._causes import check_action, fault_metrics, measured, not_measured
 from ._model import (
     MAX_EVIDENCE,
     MAX_HISTORY,
@@ -46,7 +50,15 @@ from ._model import (
     TicketNotFound,
 )
 
-__all__ = ["RunEvidence", "fingerprints", "reconcile", "record_remediation", "record_repairs", "title_of"]
+__all__ = [
+    "RunEvidence",
+    "fingerprints",
+    "reconcile",
+    "record_remediation",
+    "record_repairs",
+    "recorded_tickets",
+    "title_of",
+]
 
 _REQUIRED = ("node", "gpu", "gpu_uuid", "verdict", "cause", "action", "ticket", "reasons")
 _FLAGGED = ("fail", "warn")
@@ -127,7 +139,8 @@ def reconcile(
             if event is not None:
                 events.append(event)
             crashpoint("between-tickets")
-    events += _resolve_passing(backend, verdicts, set(flagged["_key"]), run_id=run_id, now=now)
+    events += _resolve_passing(backend, verdicts, set(flagged["_key"]), run_id=run_id, now=now,
+                               results=evidence.results)  # fmt: skip
     return events
 
 
@@ -142,6 +155,31 @@ def _check(verdicts: pd.DataFrame, now: datetime) -> None:
 def _text(column: pd.Series) -> pd.Series:
     # Verdict tables carry names as categoricals or strings, with NaN or None where empty.
     return column.astype("string").fillna("")
+
+
+def recorded_tickets(verdicts: pd.DataFrame, *, run_id: str, at: datetime) -> list[Ticket]:
+    """The tickets ``run_id``'s verdicts ask for, as a run without ticketing recorded them (not opened: no
+    id, one occurrence each), by fingerprint."""
+    flagged = _flagged(verdicts)
+    if flagged.empty:
+        return []
+    order = flagged["ticket"].map(TICKET_RANK) * 10 + flagged["verdict"].map(VERDICT_RANK)
+    worst = flagged.assign(_order=order).sort_values("_order", ascending=False, kind="stable")
+    worst = worst.drop_duplicates("_key").sort_values("_key")
+    replacement = set(flagged.loc[flagged["ticket"].eq("replacement"), "_key"])
+    gpu = worst["gpu"].astype("Int64")
+    out = []
+    for key, node, uuid, cause, action, index in zip(
+        worst["_key"], worst["_node"], worst["_uuid"], worst["_cause"], _text(worst["action"]), gpu, strict=True
+    ):
+        ticket = Ticket(
+            id=f"recorded:{run_id}", node=node, gpu_uuid=uuid, cause=cause, action=action,
+            gpu=int(index) if uuid and pd.notna(index) else None,
+            kind="replacement" if key in replacement else "remediation",
+            occurrences=1, seen=[at], runs=[run_id], created=at, updated=at,
+        )  # fmt: skip
+        out.append(ticket.model_copy(update={"title": title_of(ticket)}))
+    return out
 
 
 def fingerprints(verdicts: pd.DataFrame) -> list[str]:
@@ -384,9 +422,17 @@ def _bursts(times: Sequence[datetime], policy: EscalationPolicy) -> int:
 
 
 def _resolve_passing(
-    backend: TicketBackend, verdicts: pd.DataFrame, recurring: set[str], *, run_id: str, now: datetime
+    backend: TicketBackend,
+    verdicts: pd.DataFrame,
+    recurring: set[str],
+    *,
+    run_id: str,
+    now: datetime,
+    results: pd.DataFrame | None,
 ) -> list[TicketEvent]:
-    """Resolve the open tickets whose hardware passes in this run; returns the events."""
+    """Resolve the open tickets whose hardware passes in this run and that the run measured (the clearing
+    rule, :func:`gpucert.tickets.measured`, when ``results`` says what it measured); returns the events,
+    a ``kept`` one (stored nowhere) for each ticket that passed unmeasured."""
     node = _text(verdicts["node"])
     judged = node.ne("")
     if not judged.any():
@@ -401,17 +447,46 @@ def _resolve_passing(
     node_flagged = (~passing[judged]).groupby(node[judged]).any()
     nodes_passing = set(node_flagged.index[~node_flagged.to_numpy()])
 
-    events: list[TicketEvent] = []
+    passing_tickets = []
     for ticket in backend.tickets(state="open", nodes=set(node[judged])):
         if ticket.fingerprint.key in recurring:
             continue
         why = _passes(ticket, seen_uuids, passing_uuids, passing_slots, nodes_passing)
-        if not why:
+        if why:
+            passing_tickets.append((ticket, why))
+    events: list[TicketEvent] = []
+    for (ticket, why), seen in zip(passing_tickets, _measured(passing_tickets, results), strict=True):
+        if not seen:
+            events.append(_kept(ticket, run_id=run_id, now=now))
             continue
         event = backend.change(ticket.fingerprint, partial(_resolve, run_id=run_id, now=now, why=why))
         if event is not None:
             events.append(event)
     return events
+
+
+def _measured(passing: Sequence[tuple[Ticket, str]], results: pd.DataFrame | None) -> list[bool]:
+    """Whether the run measured each ticket's fault (all True when the caller has no results table to say:
+    its verdict rows alone decide, as before the clearing rule)."""
+    if results is None:
+        return [True] * len(passing)
+    faults = pd.DataFrame(
+        {
+            "node": [t.node for t, _ in passing],
+            "gpu_uuid": [t.gpu_uuid for t, _ in passing],
+            "gpu": pd.array([t.gpu for t, _ in passing], dtype="Int64"),
+            "metrics": [fault_metrics(t) for t, _ in passing],
+        }
+    )
+    return [bool(x) for x in measured(faults, results)]
+
+
+def _kept(ticket: Ticket, *, run_id: str, now: datetime) -> TicketEvent:
+    """A ticket whose hardware passed in a run that did not measure its fault: it stays open, and the run
+    says so (the event is reported, never stored)."""
+    why = not_measured(ticket.cause, ticket.where, fault_metrics(ticket))
+    detail = f"kept open by run {run_id}: it passed, but {why}; a run that measures it resolves it"
+    return TicketEvent(kind="kept", ticket=ticket, previous=ticket, detail=detail, at=now)
 
 
 def _passes(
@@ -486,12 +561,17 @@ def record_repairs(
     """Record a repair on every open ticket of ``nodes`` (``gpucert release``: the nodes were repaired and
     are about to be re-certified); ``action`` defaults to what each ticket asked for. Returns the events.
 
-    Raises :class:`TicketError` for a naive time.
+    Raises :class:`TicketError` for a naive time, and :class:`~gpucert.tickets.TicketActionError` (nothing
+    recorded) when ``action`` does not fit the cause of one of the tickets: a GPU reset is no repair of a
+    network fault, and recording it would count towards the reset rule's escalation.
     """
     if now.tzinfo is None:
         raise TicketError("a repair needs an aware time (UTC), got a naive datetime")
+    open_tickets = backend.tickets(state="open", nodes=nodes)
+    if action:
+        check_action(open_tickets, action)
     events = []
-    for ticket in backend.tickets(state="open", nodes=nodes):
+    for ticket in open_tickets:
         done = action or ticket.action or "repair"
         event = backend.change(
             ticket.fingerprint,

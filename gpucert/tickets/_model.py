@@ -33,9 +33,11 @@ __all__ = [
     "TicketNotFound",
 ]
 
-Kind = Literal["remediation", "replacement"]
+#: ``incident``: one ticket for a blast-radius incident, naming every node and finding held back.
+Kind = Literal["remediation", "replacement", "incident"]
 State = Literal["open", "resolved"]
-EventKind = Literal["opened", "updated", "reopened", "escalated", "resolved", "remediated"]
+#: ``kept``: the ticket's hardware passed in a run that did not measure its fault; reported, never stored.
+EventKind = Literal["opened", "updated", "reopened", "escalated", "resolved", "remediated", "kept"]
 
 #: A ticket keeps the evidence of its latest occurrences only; ``occurrences`` still counts them all.
 #: (A Jira description holds at most 32,767 characters, and a flapping GPU would otherwise grow without end.)
@@ -190,7 +192,9 @@ class TicketEvent:
 
     ``kind`` names the most significant change: ``opened`` (a new ticket, possibly a replacement straight
     away), ``reopened`` (a resolved fault recurred), ``escalated`` (remediation → replacement),
-    ``updated`` (another occurrence), ``resolved`` (re-certification passed), ``remediated`` (work recorded).
+    ``updated`` (another occurrence), ``resolved`` (re-certification passed and measured the fault),
+    ``remediated`` (work recorded), ``kept`` (its hardware passed in a run that did not measure the fault:
+    left open, and only reported).
     """
 
     kind: EventKind
@@ -222,6 +226,10 @@ class EscalationPolicy(BaseModel):
     - the fault reopens ``flaps`` times within ``flap_window``: the node alternates pass and fail
       (REFERENCE.md §4.6, project default: ≥ 3 times in 14 days is escalated, not returned).
 
+    And one that is not about a fault's kind: a node telemetry or drift asked about that stays busy
+    ``busy_nights`` nights in a row gets a ticket asking for a maintenance window (operate would otherwise
+    postpone it forever).
+
     A verdict row whose ``ticket`` is already ``replacement`` (a row-remap failure, an NVLink baseboard
     fault) needs no rule: its ticket is a replacement from the start.
     """
@@ -252,3 +260,8 @@ class EscalationPolicy(BaseModel):
     )
     flaps: int = Field(default=3, ge=1, description="Reopenings within the flap window that escalate.")
     flap_window: timedelta = Field(default=timedelta(days=14), description="The flap window.")
+    busy_nights: int = Field(
+        default=3, ge=1,
+        description="Nights in a row a node telemetry or drift asked about may stay busy (and so "
+        "unre-certified) before operate opens a ticket asking for a maintenance window.",
+    )  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
@@ -11,6 +11,7 @@ from blocks._schema import block_schema_extra
 from gpucert.tickets import (
     DEFAULT_TICKETS,
     JiraTickets,
+    Kind,
     TicketBackend,
     TicketConfigError,
     WebhookTickets,
@@ -19,6 +20,9 @@ from gpucert.tickets import (
 )
 
 __all__ = ["Ticketing"]
+
+#: Every ticket kind gpucert opens; each may have its own Jira issue type and priority.
+TICKET_KINDS: tuple[str, ...] = get_args(Kind)
 
 
 class Ticketing(Block):
@@ -67,11 +71,11 @@ class Ticketing(Block):
     token: SecretStr | None = Field(default=None, description="Jira: the API token or password.")
     project: str | None = Field(default=None, description="Jira: the project key tickets are created in.")
     issue_types: dict[str, str] = Field(
-        default_factory=lambda: {"remediation": "Task", "replacement": "Task"},
-        description="Jira: the issue type of each ticket kind (remediation, replacement).",
+        default_factory=lambda: {"remediation": "Task", "replacement": "Task", "incident": "Task"},
+        description="Jira: the issue type of each ticket kind (remediation, replacement, incident).",
     )
     priorities: dict[str, str] = Field(
-        default_factory=lambda: {"remediation": "High", "replacement": "Highest"},
+        default_factory=lambda: {"remediation": "High", "replacement": "Highest", "incident": "Highest"},
         description="Jira: the priority of each ticket kind; empty to set none.",
     )
     done_transition: str = Field(default="Done", description="Jira: the transition that resolves an issue.")
@@ -95,9 +99,9 @@ class Ticketing(Block):
             missing = [n for n in ("server", "project", "token") if not getattr(self, n)]
             if missing:
                 raise ValueError(f"the jira backend needs {', '.join(missing)}")
-            unknown = (set(self.issue_types) | set(self.priorities)) - {"remediation", "replacement"}
+            unknown = (set(self.issue_types) | set(self.priorities)) - set(TICKET_KINDS)
             if unknown:
-                raise ValueError(f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement")
+                raise ValueError(f"unknown ticket kind(s) {sorted(unknown)}: use {', '.join(TICKET_KINDS)}")
         if self.backend == "webhook" and self.url is None:
             raise ValueError("the webhook backend needs a url")
         return self

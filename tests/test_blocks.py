@@ -284,3 +284,16 @@ def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() ->
         schemas = httpx.post(f"{api}/block_schemas/filter", timeout=10,
                              json={"block_schema_filter": {"block_type_id": {"any_": [answer.json()["id"]]}}})
         assert schemas.json(), f"{block.__name__}: no schema registered"
+
+
+def test_the_ticketing_block_takes_the_incident_kind() -> None:
+    """An incident ticket has its own Jira issue type and priority: the block must accept the kind, and its
+    defaults name every kind gpucert opens."""
+    block = Ticketing(
+        backend="jira", server="https://jira.example.test", project="OPS", token="t",
+        issue_types={"incident": "Incident"}, priorities={"incident": "Highest"},
+    )
+    assert block.issue_types == {"incident": "Incident"}
+    assert set(Ticketing(backend="local").priorities) == {"remediation", "replacement", "incident"}
+    with pytest.raises(ValueError, match="unknown ticket kind"):
+        Ticketing(backend="jira", server="https://j.test", project="OPS", token="t", priorities={"outage": "High"})

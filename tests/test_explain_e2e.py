@@ -211,6 +211,9 @@ def test_the_cli_prints_the_answer_and_writes_the_timeline(
         (["thermal/pretrain", "--since", "1h", "--until", "2h"], "is empty"),
         (["thermal/pretrain", "--prometheus", "http://127.0.0.1:9"], "--prometheus http://127.0.0.1:9"),
         (["thermal/pretrain", "--out", "timeline.txt"], "write an .html file"),
+        # Issue 31: a window with no data in it is judged by nobody: one line, exit 2 (not "elsewhere", exit 0).
+        (["thermal/pretrain", "--since", "20h", "--until", "19h"], "explain thermal/pretrain: nothing to judge from"),
+        (["thermal/pretrain", "--prometheus-user", "gpucert"], "--prometheus-user needs a password"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

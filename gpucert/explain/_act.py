@@ -9,8 +9,11 @@ For the first suspect of an explanation that blames hardware (``gpu``, ``nvlink`
    inside the policy's blast radius — gpucert's taints in force, all runs together, never beyond
    ``policy.max_tainted_nodes`` — and not at all under an observe-only policy. The taint keeps new pods
    off and lets the running ones finish (NoSchedule, not a drain); certify's benchmark tolerates it, so
-   the node can be re-certified, and a pass lifts it as for any confirmed fail. The node's state label
-   stays as it was: an explanation is no certification;
+   the node can be re-certified, and a pass lifts it as for any confirmed fail. An explanation is no
+   certification, and a cordoned node is no longer certified either: its state label becomes
+   ``uncertified`` (DESIGN.md's state for a node awaiting certification) and its ``GpuCertified``
+   condition ``Unknown`` (reason ``Suspected``), so ``kubectl get nodes -L <prefix>/state`` never shows a
+   tainted node as ``certified``; the re-certification writes its real state;
 2. **ticket** it with the evidence, through :func:`gpucert.tickets.reconcile` and the backend certify
    uses: one verdict row (``fail``, the suspect's cause and action, its evidence as the reasons) under a
    run id of its own, so the fingerprint's ticket is opened, or updated when one is open;
@@ -29,7 +32,7 @@ from datetime import datetime
 import pandas as pd
 
 from ..audit import AuditRecorder, ticket_action
-from ..certify import SettledDecision, apply_decision, busy_nodes, fleet_taints
+from ..certify import CONDITION, SettledDecision, apply_decision, busy_nodes, fleet_taints
 from ..kube import Kube, has_taint, taint_keys
 from ..policy import Policy
 from ..tickets import EscalationPolicy, RunEvidence, TicketBackend, TicketEvent, reconcile
@@ -47,6 +50,8 @@ _CAUSE_WORDS = (
     ("ecc", "ecc"), ("xid", "xid"), ("nvlink", "nvlink"),
 )  # fmt: skip
 _SUMMARY_MAX = 400
+#: The state label of a node explain cordoned: no longer certified, awaiting its re-certification.
+UNCERTIFIED = "uncertified"
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,7 @@ def act_on(
         decision = SettledDecision(node=suspect.node, state=None, cause=cause, hard_gate=False, confirmed=True,
                                    taint="added", runs=(run_id,), summary=summary)  # fmt: skip
         apply_decision(kube, decision, prefix=prefix, run_id=run_id, now=now)
+        _suspected(kube, suspect.node, prefix=prefix, summary=summary, now=now)
         cordon, why = "added", f"{unhealthy}={cause}:NoSchedule"
     audit.flush(now=now)
 
@@ -163,6 +169,17 @@ def act_on(
         ticket_events=tuple(events),
         recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
     )  # fmt: skip
+
+
+def _suspected(kube: Kube, node: str, *, prefix: str, summary: str, now: datetime) -> None:
+    """Label the cordoned ``node`` ``<prefix>/state=uncertified`` and set its ``GpuCertified`` condition
+    ``Unknown`` (reason ``Suspected``, the evidence as message): the taint says it is held back, and its
+    state must not go on saying ``certified`` until a certification says so again."""
+    kube.label_node(node, {f"{prefix}/state": UNCERTIFIED})
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    entry = {"type": CONDITION, "status": "Unknown", "reason": "Suspected", "message": summary,
+             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}  # fmt: skip
+    kube.patch_status("v1", "Node", node, {"status": {"conditions": [entry]}})
 
 
 def _verdict_row(explanation: Explanation, suspect: Suspect, cause: str, run_id: str) -> pd.DataFrame:

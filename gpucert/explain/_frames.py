@@ -32,8 +32,10 @@ __all__ = [
     "LAYERS",
     "NIC_COLUMNS",
     "NIC_SIGNALS",
+    "OPTIONAL_SIGNALS",
     "RECORD_COLUMNS",
     "SIGNALS",
+    "SPARSE_SIGNALS",
     "STEPS_COLUMNS",
     "TELEMETRY_COLUMNS",
     "VERDICTS",
@@ -74,13 +76,35 @@ SIGNALS: Final = (
     "pcie_replays_per_min",    # rate of DCGM_FI_DEV_PCIE_REPLAY_COUNTER × 60
     "thermal_violation_frac",  # rate of DCGM_FI_DEV_THERMAL_VIOLATION / 1e9
     "power_violation_frac",    # rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9
+    "pcie_link_gen",           # DCGM_FI_DEV_PCIE_LINK_GEN, the link's current generation
+    "pcie_link_gen_max",       # DCGM_FI_DEV_PCIE_MAX_LINK_GEN
+    "pcie_link_width",         # DCGM_FI_DEV_PCIE_LINK_WIDTH, lanes
+    "pcie_link_width_max",     # DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH
+    "ecc_sbe",                 # increase of DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
+    "row_remap_failure",       # DCGM_FI_DEV_ROW_REMAP_FAILURE
+    "row_remap_pending",       # DCGM_FI_DEV_ROW_REMAP_PENDING
+    "remapped_rows_uncorrectable",  # DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS
+    "remapped_rows_correctable",    # DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
 )
+#: Signals gathering reads only where they are non-zero (errors, flags) or differ (a link's maxima where it runs
+#: below them): their absence reads as zero (as "at its maximum"), never as unscraped.
+SPARSE_SIGNALS: Final = frozenset({
+    "xid", "ecc_dbe", "ecc_sbe", "row_remap_failure", "row_remap_pending", "remapped_rows_uncorrectable",
+    "remapped_rows_correctable", "pcie_link_gen_max", "pcie_link_width_max",
+})
+#: Signals many exporters' default counters leave out: their absence is no note.
+OPTIONAL_SIGNALS: Final = frozenset({
+    "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max", "ecc_sbe", "row_remap_failure",
+    "row_remap_pending", "remapped_rows_uncorrectable", "remapped_rows_correctable",
+})
 
 #: The NIC signals (node-exporter's infiniband collector); the counters are increases per step.
 NIC_SIGNALS: Final = ("rate_gbps", "symbol_errors", "link_downed", "rcv_errors")
 
-LAYERS: Final = ("gpu", "nvlink", "network", "node", "event")
-VERDICTS: Final = ("gpu", "network", "event", "elsewhere", "no-data")
+#: ``transient``: a departure that recovered (its window in the evidence, never acted on); ``hang``: the job
+#: stopped stepping while its GPUs stayed busy.
+LAYERS: Final = ("gpu", "nvlink", "network", "node", "event", "transient", "hang")
+VERDICTS: Final = ("gpu", "network", "event", "hang", "transient", "elsewhere", "healthy", "no-data")
 
 # Column kinds: "ts" tz-aware UTC datetime, "str" text (nullable where the contract says so), "int" integer
 # (nullable integers are pandas' Int64), "float" any real number, NaN for missing.
@@ -219,6 +243,10 @@ class Suspect:
     score: float
     onset: pd.Timestamp | None
     evidence: tuple[str, ...]
+    #: Where it recovered (a ``transient``): the last instant it departed.
+    until: pd.Timestamp | None = None
+    #: Named by the job's own timings (collectives, per-pod steps) while its telemetry shows no cause.
+    silent: bool = False
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from .._memory import release_freed_memory
 from ..kube import Kube, KubeError
 from ..telemetry import PrometheusSource
 from ..telemetry._common import HOST_LABELS
@@ -49,7 +50,8 @@ from ._frames import (
     empty_steps,
     empty_telemetry,
 )
-from ._target import JobTarget, TargetPod, assign_gpus
+from ._grid import column_codes
+from ._target import JobTarget, TargetPod, assign_gpus, workload_of
 
 __all__ = [
     "NODES_PER_QUERY",
@@ -88,8 +90,10 @@ SIGNAL_QUERIES: Mapping[str, Callable[[Callable[[str], str], str, str], str]] = 
     "pcie_gbps": lambda s, w, step: (
         f"({s('DCGM_FI_PROF_PCIE_TX_BYTES')} + {s('DCGM_FI_PROF_PCIE_RX_BYTES')}) / 1e9"
     ),
-    "xid": lambda s, w, step: s("DCGM_FI_DEV_XID_ERRORS"),
-    "ecc_dbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[{w}]) * {step}",
+    # Errors and flags are read only where they are non-zero (see SPARSE_SIGNALS): a healthy fleet's zeros are
+    # most of the points of a large job, and an absence reads as zero.
+    "xid": lambda s, w, step: f"{s('DCGM_FI_DEV_XID_ERRORS')} > 0",
+    "ecc_dbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[{w}]) * {step} > 0",
     "pcie_replays_per_min": lambda s, w, step: f"irate({s('DCGM_FI_DEV_PCIE_REPLAY_COUNTER')}[{w}]) * 60",
     "thermal_violation_frac": lambda s, w, step: (
         f"clamp(irate({s('DCGM_FI_DEV_THERMAL_VIOLATION')}[{w}]) / 1e9, 0, 1)"
@@ -97,6 +101,18 @@ SIGNAL_QUERIES: Mapping[str, Callable[[Callable[[str], str], str, str], str]] = 
     "power_violation_frac": lambda s, w, step: (
         f"clamp(irate({s('DCGM_FI_DEV_POWER_VIOLATION')}[{w}]) / 1e9, 0, 1)"
     ),
+    "pcie_link_gen": lambda s, w, step: s("DCGM_FI_DEV_PCIE_LINK_GEN"),
+    # The maxima only where the link runs below them (a link at its maximum needs no second figure).
+    "pcie_link_gen_max": lambda s, w, step: f"{s('DCGM_FI_DEV_PCIE_MAX_LINK_GEN')} > {s('DCGM_FI_DEV_PCIE_LINK_GEN')}",
+    "pcie_link_width": lambda s, w, step: s("DCGM_FI_DEV_PCIE_LINK_WIDTH"),
+    "pcie_link_width_max": lambda s, w, step: (
+        f"{s('DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH')} > {s('DCGM_FI_DEV_PCIE_LINK_WIDTH')}"
+    ),
+    "ecc_sbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_SBE_VOL_TOTAL')}[{w}]) * {step} > 0",
+    "row_remap_failure": lambda s, w, step: f"{s('DCGM_FI_DEV_ROW_REMAP_FAILURE')} > 0",
+    "row_remap_pending": lambda s, w, step: f"{s('DCGM_FI_DEV_ROW_REMAP_PENDING')} > 0",
+    "remapped_rows_uncorrectable": lambda s, w, step: f"{s('DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS')} > 0",
+    "remapped_rows_correctable": lambda s, w, step: f"{s('DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS')} > 0",
 }
 #: node-exporter's infiniband series → the nic frame's signal, and whether it is a counter (increase per step).
 _NIC_SERIES = (
@@ -105,6 +121,8 @@ _NIC_SERIES = (
     ("node_infiniband_link_downed_total", "link_downed", True),
     ("node_infiniband_port_errors_received_total", "rcv_errors", True),
 )
+#: The (namespace, pod) label pairs a job's own metric can carry: the scrape's, or renamed behind honorLabels false.
+_WORKLOAD_LABEL_PAIRS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
 _NCCL_BUSBW = "nccl_bus_bandwidth_gbs"
 _NCCL_TIME = "nccl_collective_exec_time_microseconds"
 #: A node's condition → (reason when it turns bad, reason when it turns good, the bad status).
@@ -176,15 +194,32 @@ def gather(
     clock.add("prometheus", time.perf_counter() - started, queries=1)
     telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock)
     steps, collectives = gather_steps(kube, source, target, step_s=step, step_metric=step_metric,
-                                      read_logs=read_logs, notes=notes, clock=clock)  # fmt: skip
+                                      read_logs=read_logs, notes=notes, clock=clock,
+                                      gpus_of_pod=_gpus_of_pod(telemetry))  # fmt: skip
     began = time.perf_counter()
     events = gather_events(kube, target, notes=notes)
     clock.add("events", time.perf_counter() - began)
     if telemetry.empty:
         notes.append("no DCGM telemetry of the job's GPUs in Prometheus for the window")
+    # The answers' bytes and arrays (from several threads' arenas) are garbage now: give them back before the
+    # judgement builds its matrices, so the two do not add up.
+    release_freed_memory()
     return Gathered(telemetry=telemetry, nic=nic, steps=steps, collectives=collectives, events=events,
                     step_s=step, notes=tuple(dict.fromkeys(notes)), seconds=dict(clock.seconds),
                     queries=clock.queries)  # fmt: skip
+
+
+def _gpus_of_pod(telemetry: pd.DataFrame) -> dict[str, list[int]]:
+    """pod → the GPU indexes it held, from the telemetry's own labels (how a pod's CUDA devices map)."""
+    if telemetry.empty:
+        return {}
+    codes, names = column_codes(telemetry["pod"])
+    gpus = telemetry["gpu"].to_numpy(dtype=np.int64)
+    keyed = np.unique(codes.astype(np.int64) * 65_536 + gpus)  # one pass over the codes, no row objects
+    out: dict[str, list[int]] = {}
+    for key in keyed[keyed >= 0]:
+        out.setdefault(names[int(key) // 65_536], []).append(int(key) % 65_536)
+    return out
 
 
 # --- PromQL helpers ---------------------------------------------------------------------------------------
@@ -201,14 +236,29 @@ def _host_labels(source: PrometheusSource) -> tuple[str, ...]:
     return (source.host_label,) if source.host_label else HOST_LABELS
 
 
-def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[[Callable[[str], str]], str]) -> str:
+def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[[Callable[[str], str]], str],
+                labels: Sequence[str] | None = None) -> str:
     """``build(s)`` for each host label the source reads, joined by ``or`` (a fleet mid-upgrade carries
-    either): ``s(metric)`` is the metric restricted to ``nodes``."""
+    either): ``s(metric)`` is the metric restricted to ``nodes``. ``labels``: the host labels the job's series
+    were seen to carry (:func:`_seen_host_labels`), so that a fleet with one pays for one selector, not an
+    ``or`` of three evaluated at every instant."""
     regex = _regex(nodes)
     exprs = []
-    for label in _host_labels(source):
+    # A scrape that relabels the node into ``node`` (kube-prometheus' pod SD) is read too: dcgm-exporter's
+    # host label is the exporter pod's own hostname when it runs without hostNetwork and NODE_NAME.
+    for label in labels or (*_host_labels(source), "node"):
         exprs.append(build(lambda metric, label=label: f'{metric}{{{label}=~"{regex}"}}'))  # type: ignore[misc]
     return " or ".join(f"({e})" for e in exprs) if len(exprs) > 1 else exprs[0]
+
+
+def _seen_host_labels(source: PrometheusSource, series_labels: Iterable[Mapping[str, str]],
+                      nodes: Sequence[str]) -> tuple[str, ...] | None:
+    """The host labels (of those :func:`_over_hosts` reads) whose value names a node of the job on some
+    series; None when none does (then every label is asked, as before)."""
+    wanted = set(nodes)
+    candidates = (*_host_labels(source), "node")
+    seen = {label for labels in series_labels for label in candidates if labels.get(label) in wanted}
+    return tuple(label for label in candidates if label in seen) or None
 
 
 def _chunks(items: Sequence[str], size: int) -> list[list[str]]:
@@ -278,6 +328,7 @@ def gather_telemetry(
             ident = _identity(s.labels, source.host_label)
             if ident is not None:
                 labels.append((ident[0], ident[1], s.labels))
+    host_labels = _seen_host_labels(source, (lab for _, _, lab in labels), nodes)
     holders, assigned = assign_gpus(target, labels)
     notes.extend(assigned)
     clock.add("prometheus", time.perf_counter() - began, queries=len(_chunks(nodes, NODES_PER_QUERY * 4)))
@@ -286,19 +337,27 @@ def gather_telemetry(
     jobs: list[Callable[[], None]] = []
     for signal, build in SIGNAL_QUERIES.items():
         for chunk in _chunks(nodes, NODES_PER_QUERY):
-            expr = _over_hosts(source, chunk, lambda s, build=build: build(s, w, step))  # type: ignore[misc]
+            expr = _over_hosts(source, chunk, lambda s, build=build: build(s, w, step), host_labels)  # type: ignore[misc]
             for lo, hi in spans:
                 jobs.append(functools.partial(frames.read, source, signal, expr, lo, hi, step_s, notes, clock))
     nic_frames: list[pd.DataFrame] = []
     for metric, signal, counter in _NIC_SERIES:
-        expr = _nic_expr(metric, counter, nodes, w, step)
-        for lo, hi in spans:
-            jobs.append(functools.partial(_read_nic, source, nic_frames, signal, expr, lo, hi, step_s,
-                                          set(nodes), notes, clock, counter))  # fmt: skip
+        for chunk in _chunks(nodes, NODES_PER_QUERY):  # 8 ports a node: as many series as a DCGM query
+            expr = _nic_expr(metric, counter, chunk, w, step)
+            for lo, hi in spans:
+                jobs.append(functools.partial(_read_nic, source, nic_frames, signal, expr, lo, hi, step_s,
+                                              set(nodes), notes, clock, counter))  # fmt: skip
     _run_all(jobs, workers=source.workers)
     telemetry = frames.frame()
-    nic = pd.concat(nic_frames, ignore_index=True) if nic_frames else empty_nic()
+    notes.extend(frames.untied_notes(telemetry))
+    nic = _categorical(pd.concat(nic_frames, ignore_index=True), ("node", "device", "signal")) if nic_frames \
+        else empty_nic()
     return telemetry, nic
+
+
+def _categorical(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``frame`` with its text ``columns`` as categoricals: millions of rows share a few hundred names."""
+    return frame.astype(dict.fromkeys(columns, "category"))
 
 
 def _run_all(jobs: Sequence[Callable[[], None]], *, workers: int) -> None:
@@ -321,7 +380,10 @@ def _run_all(jobs: Sequence[Callable[[], None]], *, workers: int) -> None:
 
 
 def _identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str] | None:
-    node = labels.get(host_label) if host_label else (labels.get("hostname") or labels.get("Hostname"))
+    # A ``node`` a scrape's relabeling set is the Kubernetes node itself; dcgm-exporter's host label is its pod's
+    # own hostname when it runs without hostNetwork and NODE_NAME.
+    node = labels.get("node") or labels.get("kubernetes_node")
+    node = node or (labels.get(host_label) if host_label else (labels.get("hostname") or labels.get("Hostname")))
     gpu = labels.get("gpu")
     if not node or gpu is None or not gpu.isdigit():
         return None
@@ -339,6 +401,8 @@ class _Frames:
         self._lock = threading.Lock()
         self._parts: list[tuple[str, np.ndarray, np.ndarray, list[tuple[str, int, str, str | None, int]]]] = []
         self.skipped = 0
+        #: GPUs of the job's nodes left out because a pod outside the job held them: (node, gpu) → pod.
+        self.others: dict[tuple[str, int], str] = {}
         #: Whether some GPU came in two series of one answer (a pod label that changed): dedupe then.
         self.repeated = False
 
@@ -354,15 +418,15 @@ class _Frames:
         clock: _Clock,
     ) -> None:
         began = time.perf_counter()
-        answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+        answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
         asked = time.perf_counter()
         clock.add("prometheus", asked - began, queries=1)
         self._add(signal, answer)
         clock.add("frames", time.perf_counter() - asked)
 
     def _add(self, signal: str, answer: Sequence[Mapping[str, Any]]) -> None:
-        times: list[float] = []
-        texts: list[str] = []
+        times: list[np.ndarray] = []
+        texts: list[np.ndarray] = []
         meta: list[tuple[str, int, str, str | None, int]] = []
         skipped = 0
         gpus: set[tuple[str, int]] = set()
@@ -371,78 +435,118 @@ class _Frames:
             labels = series.get("metric") or {}
             ident = _identity(labels, self.host_label)
             values = series.get("values") or ()
-            if ident is None or not values:
+            if ident is None or not _n_points(values):
                 skipped += ident is None
                 continue
             node, gpu, uuid = ident
             repeated = repeated or (node, gpu) in gpus
             gpus.add((node, gpu))
-            pod = labels.get("pod") or None
-            namespace = labels.get("namespace") or ""
+            namespace, pod = workload_of(labels)
             if pod is not None and (namespace, pod) not in self.job_pods:
-                continue  # a GPU another workload held at the time
+                if node in self.holders:
+                    # A job pod holds every GPU of this node: the pod named is the exporter's own (a scrape
+                    # that kept the target's pod label), not a workload.
+                    pod = None
+                else:
+                    with self._lock:
+                        self.others[(node, gpu)] = f"{namespace}/{pod}"
+                    continue  # a GPU another workload held at the time
             if pod is None and node not in self.holders:
                 continue  # dcgm-exporter labels this node's job GPUs: this one the job did not hold
-            first = len(times)
-            # Two flat lists, converted at once below: a tuple per point would cost more than the JSON.
-            times.extend([p[0] for p in values])
-            texts.extend([p[1] for p in values])
+            # Arrays cut from the answer's bytes (query_range_arrays): joined at once below.
+            stamps, figures = _points(values)
+            times.append(stamps)
+            texts.append(figures)
             if pod is None:
                 holders = self.holders[node]
                 if len(holders) > 1:
                     # Pods that held the whole node one after the other: each sample to the one holding it then.
-                    stamps = np.asarray(times[first:], dtype=np.float64)
                     starts = np.array([(h.started or pd.Timestamp(0, tz=UTC)).timestamp() for h in holders])
                     which = np.clip(np.searchsorted(starts, stamps, side="right") - 1, 0, len(holders) - 1)
                     cuts = np.flatnonzero(np.diff(which)) + 1
-                    for part in np.split(np.arange(len(values)), cuts):
+                    for part in np.split(np.arange(len(stamps)), cuts):
                         meta.append((node, gpu, uuid, holders[int(which[part[0]])].name, len(part)))
                     continue
                 pod = holders[0].name
-            meta.append((node, gpu, uuid, pod, len(values)))
+            meta.append((node, gpu, uuid, pod, len(stamps)))
         if not times:
             with self._lock:
                 self.skipped += skipped
             return
-        ts = np.asarray(times, dtype=np.float64)
-        value = np.asarray(texts, dtype=np.float64)  # Prometheus' "1", "NaN", "+Inf" parse as floats
+        ts = np.concatenate(times)
+        value = np.concatenate(texts)
         with self._lock:
             self._parts.append((signal, ts, value, meta))
             self.skipped += skipped
             self.repeated = self.repeated or repeated
 
+    def untied_notes(self, telemetry: pd.DataFrame) -> list[str]:
+        """What was read but could not be tied to the job, precisely: GPUs held by pods outside it, series
+        without a host or GPU label."""
+        out = []
+        held: set[tuple[str, int]] = set()
+        if self.others and len(telemetry):
+            pairs = telemetry[["node", "gpu"]].drop_duplicates()
+            held = set(zip(pairs["node"].astype(str), pairs["gpu"].astype(int), strict=True))
+        others = {k: v for k, v in self.others.items() if k not in held}
+        if others:
+            pods = sorted(set(others.values()))
+            listed = ", ".join(f"{n} GPU {g}" for n, g in sorted(others)[:5])
+            out.append(f"{len(others)} GPU(s) on the job's nodes name pods outside the job and were left out "
+                       f"({listed}{', …' if len(others) > 5 else ''}; held by {', '.join(pods[:3])}"
+                       f"{', …' if len(pods) > 3 else ''})")
+        if self.skipped:
+            out.append(f"{self.skipped} DCGM series on the job's nodes carry no host or gpu label: not tied to a GPU")
+        return out
+
     def frame(self) -> pd.DataFrame:
         """The long telemetry frame; (ts, node, gpu, signal) unique (a GPU seen by two series counts once)."""
         if not self._parts:
             return empty_telemetry()
-        ts = np.concatenate([p[1] for p in self._parts])
-        value = np.concatenate([p[2] for p in self._parts])
-        meta = [m for p in self._parts for m in p[3]]
+        parts, self._parts = self._parts, []  # the answers' arrays go as soon as they are joined
+        value = np.concatenate([p[2] for p in parts])
+        finite = np.isfinite(value)
+        keep: np.ndarray | None = None if finite.all() else finite  # NaN answers, dropped column by column
+
+        def cut(column: Any) -> Any:
+            return column if keep is None else column[keep]
+
+        meta = [m for p in parts for m in p[3]]
         counts = np.array([m[4] for m in meta], dtype=np.int64)
-        per_part = [len(p[1]) for p in self._parts]
+        per_part = np.array([len(p[1]) for p in parts], dtype=np.int64)
+        ts = _unix(cut(np.concatenate([p[1] for p in parts])))
+        signals = [p[0] for p in parts]
+        del parts
         # Categoricals: millions of rows share a few hundred names (the frames' contract allows them).
         frame = pd.DataFrame(
             {
-                "ts": _unix(ts),
-                "node": _repeat_category([m[0] for m in meta], counts),
-                "gpu": np.repeat(np.array([m[1] for m in meta], dtype=np.int64), counts),
-                "gpu_uuid": _repeat_category([m[2] for m in meta], counts),
-                "pod": _repeat_category([m[3] for m in meta], counts),
-                "signal": _repeat_category([p[0] for p in self._parts], np.array(per_part, dtype=np.int64)),
-                "value": value,
-            }
+                "ts": ts,
+                "node": cut(_repeat_category([m[0] for m in meta], counts)),
+                "gpu": cut(np.repeat(np.array([m[1] for m in meta], dtype=np.int16), counts)),  # 2 bytes a row
+                "gpu_uuid": cut(_repeat_category([m[2] for m in meta], counts)),
+                "pod": cut(_repeat_category([m[3] for m in meta], counts)),
+                "signal": cut(_repeat_category(signals, per_part)),
+                "value": cut(value),
+            },
+            copy=False,
         )
-        finite = np.isfinite(value)
-        if not finite.all():
-            frame = frame[finite]
+        del value, ts
         if self.repeated:
             frame = frame.drop_duplicates(["ts", "node", "gpu", "signal"])
         # Unsorted: the answers come in the order the threads finished; every series is in time order.
         return frame.reset_index(drop=True)
 
 
-def _points(values: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """A series' ``[[t, "v"], …]`` as (unix seconds, values) arrays."""
+def _n_points(values: Any) -> int:
+    """How many points a series' values hold (arrays or Prometheus' list)."""
+    return len(values[0]) if isinstance(values, tuple) else len(values)
+
+
+def _points(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A series' points as (unix seconds, values) arrays: as :meth:`PrometheusSource.query_range_arrays`
+    hands them, or Prometheus' ``[[t, "v"], …]``."""
+    if isinstance(values, tuple):
+        return values[0], values[1]
     return (np.asarray([p[0] for p in values], dtype=np.float64),
             np.asarray([p[1] for p in values], dtype=np.float64))  # fmt: skip
 
@@ -461,7 +565,8 @@ def _repeat_category(labels: Sequence[str | None], counts: np.ndarray) -> pd.Cat
     """``labels[i]`` repeated ``counts[i]`` times, as a categorical (None: missing)."""
     categories = sorted({label for label in labels if label is not None})
     index = {label: i for i, label in enumerate(categories)}
-    codes = np.array([index[label] if label is not None else -1 for label in labels], dtype=np.int64)
+    width = np.int8 if len(categories) < 127 else np.int16 if len(categories) < 32_767 else np.int32
+    codes = np.array([index[label] if label is not None else -1 for label in labels], dtype=width)
     made: pd.Categorical[str] = pd.Categorical.from_codes(np.repeat(codes, counts), categories=pd.Index(categories))
     return made
 
@@ -475,7 +580,8 @@ def _nic_expr(metric: str, counter: bool, nodes: Sequence[str], w: str, step: st
     regex = _regex(nodes)
     selectors = (f'{metric}{{node=~"{regex}"}}', f'{metric}{{instance=~"({regex})(:[0-9]+)?"}}')
     if counter:
-        return " or ".join(f"irate({s}[{w}]) * {step}" for s in selectors)
+        # Error counters only where they rose (an absence reads as zero): most of a large job's points.
+        return " or ".join(f"irate({s}[{w}]) * {step} > 0" for s in selectors)
     return " or ".join(f"{s} * 8 / 1e9" for s in selectors)
 
 
@@ -493,7 +599,7 @@ def _read_nic(
     counter: bool,
 ) -> None:
     began = time.perf_counter()
-    answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+    answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
     clock.add("prometheus", time.perf_counter() - began, queries=1)
     rows = []
     for series in answer:
@@ -503,7 +609,7 @@ def _read_nic(
             continue
         port = labels.get("port") or "1"
         values = series.get("values") or ()
-        if not values:
+        if not _n_points(values):
             continue
         times, figures = _points(values)
         rows.append(pd.DataFrame({
@@ -528,6 +634,7 @@ def gather_steps(
     read_logs: bool = True,
     notes: list[str],
     clock: _Clock | None = None,
+    gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The steps and collectives frames: Prometheus first (the step gauge ``step_metric``, NCCL Inspector's
     metrics), the pods' logs for what Prometheus does not have. Raises as :meth:`PrometheusSource.query`."""
@@ -537,7 +644,7 @@ def gather_steps(
     steps = empty_steps()
     if step_metric:
         steps = _steps_from_prometheus(source, target, step_metric, spans, step_s, node_of, notes, clock)
-    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock)
+    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock, gpus_of_pod)
     if (steps.empty or collectives.empty) and read_logs:
         started = time.perf_counter()
         log_steps, log_collectives = _from_logs(kube, target, notes)
@@ -565,20 +672,21 @@ def _steps_from_prometheus(
     frames = []
     namespaces = sorted({p.namespace for p in target.pods})
     for chunk in _chunks(sorted({p.name for p in target.pods}), PODS_PER_QUERY):
-        expr = f'{metric}{{namespace=~"{_regex(namespaces)}",pod=~"{_regex(chunk)}"}}'
+        ns_re, pod_re = _regex(namespaces), _regex(chunk)
+        expr = " or ".join(f'{metric}{{{ns}=~"{ns_re}",{pl}=~"{pod_re}"}}' for ns, pl in _WORKLOAD_LABEL_PAIRS)
         for lo, hi in spans:
             began = time.perf_counter()
-            answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+            answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
             clock.add("prometheus", time.perf_counter() - began, queries=1)
             for series in answer:
-                pod = (series.get("metric") or {}).get("pod") or ""
+                pod = workload_of(series.get("metric") or {})[1] or ""
                 values = series.get("values") or ()
-                if pod not in node_of or not values:
+                if pod not in node_of or not _n_points(values):
                     continue
                 times, figures = _points(values)
                 frames.append(pd.DataFrame({
                     "ts": _unix(times), "pod": pod,
-                    "node": node_of[pod], "step": pd.array([pd.NA] * len(values), dtype="Int64"),
+                    "node": node_of[pod], "step": pd.array([pd.NA] * _n_points(values), dtype="Int64"),
                     "step_time_s": figures,
                 }))  # fmt: skip
     if not frames:
@@ -589,6 +697,14 @@ def _steps_from_prometheus(
     return ordered
 
 
+#: The labels a collective's series is told apart by: NCCL Inspector's own (``comm_id``, ``hostname`` — the
+#: pod's name, or the node's under hostNetwork —, ``rank``, ``gpu_device_id`` ``GPU<n>``: the CUDA device
+#: within the pod), the simpler exporters' (``node``, ``gpu``, ``comm``) and the scrape's pod labels. Every
+#: other label (``coll_sn``, ``timestamp``, ``message_size``: new with each dump) is aggregated away.
+_COLLECTIVE_KEYS = ("hostname", "rank", "comm_id", "gpu_device_id", "collective", "node", "gpu", "comm",
+                    "pod", "namespace", "exported_pod", "exported_namespace")
+
+
 def _collectives_from_prometheus(
     source: PrometheusSource,
     target: JobTarget,
@@ -596,32 +712,53 @@ def _collectives_from_prometheus(
     step_s: float,
     notes: list[str],
     clock: _Clock,
+    gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
 ) -> pd.DataFrame:
+    """NCCL Inspector's per-rank timings of the job, each tied to its node, GPU, pod and rank: the node from
+    ``node`` or ``hostname`` (a node's name under hostNetwork, else the pod's: its node), the GPU from
+    ``gpu`` or from ``gpu_device_id`` (the pod's n-th GPU by index, as the device plugin exposes them)."""
     nodes = set(target.nodes)
+    pods = {p.name: p for p in target.pods if p.node}
+    gpus_of_pod = gpus_of_pod or {}
     parts: dict[str, list[pd.DataFrame]] = {"busbw_gbps": [], "exec_time_us": []}
+    untied: set[str] = set()
+    by = ", ".join(_COLLECTIVE_KEYS)
     for metric, column in ((_NCCL_BUSBW, "busbw_gbps"), (_NCCL_TIME, "exec_time_us")):
-        for chunk in _chunks(target.nodes, NODES_PER_QUERY * 4):
+        for node_chunk in _chunks(sorted(nodes), NODES_PER_QUERY):
+            # The nodes and their pods: a rank is named by either, as many ranks as a DCGM query has GPUs.
+            chunk = [*node_chunk, *sorted(p.name for p in pods.values() if p.node in node_chunk)]
             regex = _regex(chunk)
-            expr = f'{metric}{{node=~"{regex}"}} or {metric}{{hostname=~"{regex}"}}'
+            # Each dump is a new series (its coll_sn and timestamp labels change): only the samples of the last
+            # step count, as they do live once Prometheus marks the older dumps stale (a backfill has no stale
+            # markers, and the 5-minute lookback would mix ten dumps of one rank).
+            selectors = [f'last_over_time({metric}{{{label}=~"{regex}"}}[{step_s:g}s])'
+                         for label in ("hostname", "node", "pod", "exported_pod")]
+            expr = f"max by ({by}) ({' or '.join(selectors)})"
             for lo, hi in spans:
                 began = time.perf_counter()
-                answer = source.query_range_matrix(expr, lo, hi, step_s, notes)
+                answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
                 clock.add("prometheus", time.perf_counter() - began, queries=1)
                 for series in answer:
                     labels = series.get("metric") or {}
-                    node = labels.get("node") or labels.get("hostname") or ""
                     values = series.get("values") or ()
-                    if node not in nodes or not values:
+                    tied = _tie_collective(labels, nodes, pods, gpus_of_pod)
+                    if tied is None:
+                        untied.add(labels.get("hostname") or labels.get("node") or labels.get("pod") or "?")
                         continue
-                    gpu = labels.get("gpu") or ""
+                    if not _n_points(values):
+                        continue
+                    node, pod, gpu, rank = tied
                     times, figures = _points(values)
                     parts[column].append(pd.DataFrame({
-                        "ts": _unix(times), "node": node,
-                        "gpu": int(gpu) if gpu.isdigit() else pd.NA,
-                        "comm": labels.get("comm") or labels.get("communicator") or "",
+                        "ts": _unix(times), "node": node, "gpu": float(gpu) if gpu is not None else np.nan,
+                        "comm": labels.get("comm_id") or labels.get("comm") or labels.get("communicator") or "",
                         "collective": labels.get("collective") or "", column: figures,
+                        "rank": float(rank) if rank is not None else np.nan, "pod": pod or "",
                     }))  # fmt: skip
-    keys = ["ts", "node", "gpu", "comm", "collective"]
+    if untied:
+        notes.append(f"NCCL series of {len(untied)} host(s) could not be tied to a node of the job: "
+                     f"{', '.join(sorted(untied)[:5])}")
+    keys = ["ts", "node", "gpu", "comm", "collective", "rank", "pod"]
     frames = [pd.concat(p, ignore_index=True) for p in parts.values() if p]
     if not frames:
         return empty_collectives()
@@ -632,7 +769,39 @@ def _collectives_from_prometheus(
         if column not in merged:
             merged[column] = np.nan
     merged["gpu"] = merged["gpu"].astype("Int64")
-    return merged[list(COLLECTIVES_COLUMNS)].sort_values("ts", kind="stable").reset_index(drop=True)
+    merged["rank"] = merged["rank"].astype("Int64")
+    ordered = _categorical(merged[[*COLLECTIVES_COLUMNS, "rank", "pod"]], ("node", "comm", "collective", "pod"))
+    return ordered.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _tie_collective(
+    labels: Mapping[str, str], nodes: set[str], pods: Mapping[str, TargetPod], gpus_of_pod: Mapping[str, Sequence[int]]
+) -> tuple[str, str | None, int | None, int | None] | None:
+    """(node, pod, physical GPU index, rank) of one collective series, or None when it names nothing of the job."""
+    host = labels.get("hostname") or ""
+    _, pod = workload_of(labels)
+    if pod not in pods:
+        pod = host if host in pods else None
+    node = labels.get("node") if labels.get("node") in nodes else (host if host in nodes else None)
+    if node is None and pod is not None:
+        node = pods[pod].node
+    if node is None:
+        return None
+    gpu: int | None = None
+    raw_gpu = labels.get("gpu") or ""
+    device = (labels.get("gpu_device_id") or "").removeprefix("GPU")
+    if raw_gpu.isdigit():
+        gpu = int(raw_gpu)
+    elif device.isdigit():
+        local = int(device)
+        held = sorted(gpus_of_pod.get(pod or "", ()))
+        if local < len(held):
+            gpu = held[local]  # the pod's n-th visible device: its n-th GPU by index
+        elif pod is None or (pods[pod].holds_node if pod in pods else False) or not held:
+            gpu = local  # the whole node (hostNetwork, or a pod holding every GPU): the index itself
+    rank_text = labels.get("rank") or ""
+    rank = int(rank_text) if rank_text.isdigit() else None
+    return node, pod, gpu, rank
 
 
 def parse_step_log(text: str, *, pod: str, node: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -82,7 +82,7 @@ class Grid:
         return pd.Timestamp(self.t0_ns + self.step_ns * int(i), unit="ns", tz="UTC")
 
 
-def _last_code(columns: IntArray, codes: npt.NDArray[np.signedinteger], n_columns: int,
+def _last_code(columns: npt.NDArray[np.signedinteger], codes: npt.NDArray[np.signedinteger], n_columns: int,
                hint: IntArray | None = None) -> IntArray:
     """Per column, the code of the last row (in frame order) where it is not missing; -1 when none.
 
@@ -138,20 +138,31 @@ def _grid(
     if len(ts) == 0:
         return Grid(t0_ns if t0_ns is not None else 0, step_ns, 0, (), (), (), ())
     start = int(ts.min()) if t0_ns is None else t0_ns
-    t_idx = ts - start  # integer arithmetic throughout: 7 M rows, no float temporaries
-    t_idx += step_ns // 2
-    t_idx //= step_ns
-    inside = t_idx >= 0
-    n_times = int(t_idx.max()) + 1 if inside.any() else 0
+    t_wide = ts - start  # integer arithmetic throughout: 20 M rows, no float temporaries
+    del ts
+    t_wide += step_ns // 2
+    t_wide //= step_ns
+    n_times = int(t_wide.max()) + 1 if len(t_wide) else 0
     if n_times > MAX_INSTANTS:
         raise InputError(f"telemetry spans {n_times:,} instants of {step_s:g} s: the step does not fit the window")
+    # Instants fit 32 bits (MAX_INSTANTS): half the memory of every row-long temporary from here on.
+    t_idx = np.maximum(t_wide, -1).astype(np.int32)
+    del t_wide
+    inside = t_idx >= 0
+    n_times = max(n_times, 0) if inside.any() else 0
 
     def pick(name: str) -> pd.Series:
         col = frame[name]
         return col if rows is None else col.iloc[rows]
 
-    raw_index = np.asarray(pick(index_column).to_numpy(dtype=np.float64, na_value=-1.0), dtype=np.float64)
-    index: IntArray = np.where(raw_index >= 0, raw_index, -1.0).astype(np.int64)  # missing or negative: unknown
+    picked = pick(index_column)
+    if pd.api.types.is_integer_dtype(picked.dtype) and not picked.hasnans:
+        index: IntArray = np.maximum(picked.to_numpy(), -1).astype(np.int64)
+    else:
+        raw_index = np.asarray(picked.to_numpy(dtype=np.float64, na_value=-1.0), dtype=np.float64)
+        index = np.where(raw_index >= 0, raw_index, -1.0).astype(np.int64)  # missing or negative: unknown
+        del raw_index
+    del picked
     id_codes, id_names = column_codes(pick(id_column))
     # One column per (node, index) — per (node, device, port) for NICs: a combined integer key, then ordered by
     # node name, device and index.
@@ -162,27 +173,32 @@ def _grid(
     if id_in_key:
         key += id_codes.astype(np.int64) + 1
     key *= span
-    key += index + 1
+    key += index
+    key += 1
+    del index
     keyspace = len(node_names) * n_ids * span
-    if keyspace <= 50_000_000:  # a lookup table over the key space: linear, no hashing of 7 M keys
+    if keyspace <= 50_000_000:  # a lookup table over the key space: linear, no hashing of 20 M keys
         seen_key = np.zeros(keyspace, dtype=bool)
         seen_key[key] = True
         uniques = np.flatnonzero(seen_key).astype(np.int64)
-        slot = np.full(keyspace, -1, dtype=np.int64)
-        slot[uniques] = np.arange(len(uniques))
+        del seen_key
+        slot = np.full(keyspace, -1, dtype=np.int32)
+        slot[uniques] = np.arange(len(uniques), dtype=np.int32)
         col = slot[key]
+        del slot
     else:
         col_raw, uniques_raw = pd.factorize(key)
-        col = np.asarray(col_raw, dtype=np.int64)
+        col = np.asarray(col_raw, dtype=np.int32)
         uniques = np.asarray(uniques_raw, dtype=np.int64)
+    del key
     u_index = uniques % span - 1
     u_id = (uniques // span) % n_ids - 1
     u_node = uniques // span // n_ids
     names = np.asarray(node_names, dtype=object)[u_node]
     id_text = np.asarray([*id_names, ""], dtype=object)[u_id]  # -1 indexes the trailing ""
     order = np.lexsort((u_index, id_text.astype(str), names.astype(str)))
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
     col = rank[col]
     n_cols = len(order)
 
@@ -205,19 +221,26 @@ def _grid(
         if with_pod.any() and not with_pod.all():
             with_pod &= inside
             held = np.zeros((n_times, n_cols), dtype=bool)
-            held.reshape(-1)[t_idx[with_pod] * n_cols + col[with_pod]] = True
+            held.reshape(-1)[t_idx[with_pod].astype(np.int64) * n_cols + col[with_pod]] = True
 
     # Every wanted signal in one (signal × instant × column) block, filled by a single assignment.
     wanted = [name for name in sig_names if signals is None or name in signals]
-    dense_of = np.asarray([wanted.index(n) if n in wanted else -1 for n in sig_names] + [-1], dtype=np.int64)
+    dense_of = np.asarray([wanted.index(n) if n in wanted else -1 for n in sig_names] + [-1], dtype=np.int16)
     dense = dense_of[sig_codes]  # a missing signal (-1) indexes the trailing -1
     sel = (dense >= 0) & inside
     if not sel.all():
         t_sel, c_sel, d_sel, v_sel = t_idx[sel], col[sel], dense[sel], values[sel]
     else:
         t_sel, c_sel, d_sel, v_sel = t_idx, col, dense, values
+    del sel, dense
     block = np.full((len(wanted), n_times, n_cols), np.nan)
-    block.reshape(-1)[(d_sel * n_times + t_sel) * n_cols + c_sel] = v_sel
+    flat = d_sel.astype(np.int64)  # the flat position, built in place: one row-long temporary, not four
+    flat *= n_times
+    flat += t_sel
+    flat *= n_cols
+    flat += c_sel
+    block.reshape(-1)[flat] = v_sel
+    del flat
     present = np.bincount(d_sel, minlength=len(wanted)) > 0
     matrices: dict[str, FloatArray] = {name: block[d] for d, name in enumerate(wanted) if present[d]}
     return Grid(

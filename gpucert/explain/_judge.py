@@ -34,8 +34,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ._frames import SIGNALS, Explanation, StepChange, Suspect, check_frame
+from ._frames import OPTIONAL_SIGNALS, SIGNALS, SPARSE_SIGNALS, Explanation, StepChange, Suspect, check_frame
 from ._grid import FloatArray, Grid, column_codes, nic_grid, telemetry_grid, to_ns
+from ._straggler import POD_STEP_GATE, JobFinding, collective_grid, pod_step_grid, rank_departures
 
 __all__ = [
     "BUSY_GATE",
@@ -82,6 +83,10 @@ PERSIST_FRAC = 0.8
 STEP_SHIFT_GATE = 0.10
 #: A suspect's onset at most this long before the step-time change (or an event this close to a stall) is tied.
 TIE_S = 300.0
+#: A departure followed by this long in line with the peers (to the window's end) recovered: a transient.
+RECOVERED_S = 600.0
+#: A rank whose collectives are this much shorter than its peers' is the one they wait for (see _straggler).
+COLLECTIVE_GATE = 0.10
 #: A NIC port this far below its rated rate (the 95th percentile of its device's ports) departs.
 NIC_RATE_GATE = 0.10
 
@@ -270,6 +275,8 @@ class _Finding:
     evidence: list[str]
     hard_bits: bool = False  # carries a slowdown reason (a fault of the GPU, not of what happened to its pod)
     pod: str | None = None
+    until: int | None = None  # the last instant it departed, when it recovered after (a transient)
+    silent: bool = False  # found from the job's own signals, with nothing in the GPU's telemetry
 
 
 def _bit_words(bits: npt.NDArray[np.int64], peer_bits: npt.NDArray[np.int64]) -> list[str]:
@@ -346,9 +353,21 @@ def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
         score = best_score + 0.25 * sum(s for s, _, _ in scored[1:]) + (0.25 if hard_bits else 0.0)
         evidence = [s for _, _, s in scored]
         evidence += _corroboration(grid, g, since)
+        last = max(int(np.flatnonzero(c.departed[:, g])[-1]) for c, _ in hits)
         findings.append(_Finding(grid.nodes[g], grid.index[g] if grid.index[g] >= 0 else None, grid.ids[g],
-                                 best.layer, score, onset, evidence, hard_bits, grid.pods[g]))
+                                 best.layer, score, onset, evidence, hard_bits, grid.pods[g],
+                                 until=last if _recovered(grid, g, last) else None))
     return findings
+
+
+def _recovered(grid: Grid, g: int, last: int) -> bool:
+    """Whether column ``g`` stopped departing at instant ``last`` and was seen in line with its peers for at
+    least :data:`RECOVERED_S` (and :data:`PERSIST_WINDOW` instants) after it: a transient, not a standing fault."""
+    step_s = grid.step_ns / 1e9
+    needed = max(PERSIST_WINDOW, math.ceil(RECOVERED_S / step_s))
+    after = slice(last + 1, grid.n_times)
+    seen = max((int(np.isfinite(m[after, g]).sum()) for m in grid.values.values()), default=0)
+    return seen >= needed
 
 
 def _corroboration(grid: Grid, g: int, since: slice) -> list[str]:
@@ -411,6 +430,142 @@ def _hard_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str]]
             rate = _nanmean(replays[first:, col])
             if math.isfinite(rate) and rate >= 1:
                 lines.append(f"{rate:,.0f} PCIe replays per minute")
+    return out
+
+
+#: PCIe generation → GT/s per lane: a link's speed is this × its width.
+_PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+#: PCIe replays per minute below this are noise, whatever the peers do.
+REPLAY_FLOOR_PER_MIN = 10.0
+#: Single-bit ECC errors in the window below this are noise; above it, and this many times the peers' worst
+#: ordinary count (their 90th percentile), they are a signal.
+SBE_FLOOR = 100.0
+SBE_PEER_FACTOR = 10.0
+
+
+def _link_text(gen: float, width: float) -> str:
+    parts = []
+    if math.isfinite(gen):
+        parts.append(f"Gen{gen:.0f}")
+    if math.isfinite(width):
+        parts.append(f"x{width:.0f}")
+    return " ".join(parts) or "n/a"
+
+
+def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str], float]]:
+    """Per GPU column with a PCIe or memory sign: (first instant, evidence lines, score).
+
+    * a link trained below its maximum (generation or width) while its peers run at theirs: links train down
+      when idle, so only a link below both its own maximum and its peers' current state counts;
+    * PCIe replays per minute above the peers' (their median plus :data:`ROBUST_Z` robust deviations, three
+      times their 90th percentile, and :data:`REPLAY_FLOOR_PER_MIN`) for most of the instants from its onset
+      on: noisy peers raise the bar, bursts do not count;
+    * single-bit ECC errors over the window above :data:`SBE_FLOOR` and :data:`SBE_PEER_FACTOR` × the peers';
+    * row remapping failed or pending, uncorrectable remapped rows rising.
+    """
+    out: dict[int, tuple[int, list[str], float]] = {}
+    if grid.empty:
+        return out
+    vals = grid.values
+
+    def add(col: int, first: int, line: str, score: float) -> None:
+        f0, lines, s0 = out.get(col, (first, [], 0.0))
+        out[col] = (min(f0, first), [*lines, line], s0 + score)
+
+    gen, width = vals.get("pcie_link_gen"), vals.get("pcie_link_width")
+    if gen is not None or width is not None:
+        down = np.zeros((grid.n_times, grid.n_columns), dtype=bool)
+        refs: dict[str, FloatArray] = {}
+        for cur, top, name in ((gen, vals.get("pcie_link_gen_max"), "gen"), (width, vals.get("pcie_link_width_max"),
+                                                                             "width")):
+            if cur is None:
+                continue
+            peer = _nanmedian(cur, axis=1)[:, None]
+            ref = np.where(np.isfinite(top), top, peer) if top is not None else np.broadcast_to(peer, cur.shape)
+            refs[name] = np.asarray(ref, dtype=np.float64)
+            down |= np.nan_to_num((cur < ref) & (cur < peer), nan=False).astype(bool)
+        onsets = persistent_onset(down)
+        for g in np.flatnonzero(onsets >= 0):
+            t = int(onsets[g])
+            at = np.flatnonzero(down[t:, g]) + t
+            own_gen = float(np.median(gen[at, g])) if gen is not None else math.nan
+            own_w = float(np.median(width[at, g])) if width is not None else math.nan
+            max_gen = float(np.median(refs["gen"][at, g])) if "gen" in refs else math.nan
+            max_w = float(np.median(refs["width"][at, g])) if "width" in refs else math.nan
+            peers = np.ones(grid.n_columns, dtype=bool)
+            peers[g] = False
+            peer_gen = float(np.nanmedian(gen[np.ix_(at, peers)])) if gen is not None and peers.any() else math.nan
+            peer_w = float(np.nanmedian(width[np.ix_(at, peers)])) if width is not None and peers.any() else math.nan
+            speed = (_PCIE_GTS.get(round(own_gen), 1.0) if math.isfinite(own_gen) else 1.0) * (
+                own_w if math.isfinite(own_w) else 1.0)
+            full = (_PCIE_GTS.get(round(max_gen), 1.0) if math.isfinite(max_gen) else 1.0) * (
+                max_w if math.isfinite(max_w) else 1.0)
+            lost = max(0.0, 1.0 - speed / full) if full > 0 else 0.0
+            persistence = float(down[t:, g].mean())
+            line = (f"PCIe link trained down to {_link_text(own_gen, own_w)} vs its maximum "
+                    f"{_link_text(max_gen, max_w)} (peers run {_link_text(peer_gen, peer_w)}) from "
+                    f"{_fmt_time(grid.at(t), with_date)}: {_share(lost)} of its host bandwidth lost; "
+                    f"{_share(persistence)} of the instants since")
+            add(int(g), t, line, max(_HARD_SCORE, lost * persistence))
+
+    replays = vals.get("pcie_replays_per_min")
+    if replays is not None and grid.n_columns >= 2:
+        peer, sigma, counts = _peer_stats(replays)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            upper = np.nanpercentile(replays, 90, axis=1)
+        bar = np.fmax(np.fmax(peer + ROBUST_Z * sigma, 2.0 * upper), REPLAY_FLOOR_PER_MIN)
+        high = np.nan_to_num((replays > bar[:, None]) & (counts >= 2)[:, None], nan=False).astype(bool)
+        onsets = persistent_onset(high)
+        for g in np.flatnonzero(onsets >= 0):
+            t = int(onsets[g])
+            if float(high[t:, g].mean()) < 0.5:
+                continue  # bursts a noisy GPU has now and then: not a link that went bad
+            at = np.flatnonzero(high[t:, g]) + t
+            own = float(np.median(replays[at, g]))
+            before = replays[:t, g]
+            history = (f", {_num(float(np.nanmedian(before)))} before" if np.isfinite(before).sum() >= PERSIST_WINDOW
+                       else "")
+            since_share = _share(float(high[t:, g].mean()))
+            line = (f"PCIe replays {_num(own)} per minute vs peers' {_num(float(np.nanmedian(peer[at])))}{history} "
+                    f"from {_fmt_time(grid.at(t), with_date)}; {since_share} of the instants since")
+            add(int(g), t, line, _HARD_SCORE)
+
+    sbe = vals.get("ecc_sbe")
+    if sbe is not None and grid.n_columns >= 2:
+        totals = np.nansum(np.clip(np.nan_to_num(sbe, nan=0.0), 0, None), axis=0)
+        for g in np.flatnonzero(totals >= SBE_FLOOR):
+            peers = np.delete(totals, g)
+            usual = float(np.percentile(peers, 90)) if peers.size else 0.0
+            if totals[g] < SBE_PEER_FACTOR * max(usual, 1.0):
+                continue
+            cum = np.cumsum(np.clip(np.nan_to_num(sbe[:, g], nan=0.0), 0, None))
+            first = int(np.searchsorted(cum, 0.1 * totals[g]))
+            line = (f"{totals[g]:,.0f} single-bit ECC errors in the window vs at most {usual:,.0f} on its peers, "
+                    f"from {_fmt_time(grid.at(first), with_date)}: its memory is wearing (ECC)")
+            add(int(g), first, line, _HARD_SCORE)
+
+    for signal, words in (("row_remap_failure", "row remapping failed (ECC): the GPU needs replacing"),
+                          ("row_remap_pending", "a row remap is pending (ECC): the GPU needs a reset")):
+        m = vals.get(signal)
+        if m is None:
+            continue
+        hit = np.nan_to_num(m, nan=0.0) > 0
+        for g in np.flatnonzero(hit.any(axis=0)):
+            first = int(np.flatnonzero(hit[:, g])[0])
+            add(int(g), first, f"{words}, from {_fmt_time(grid.at(first), with_date)}", _HARD_SCORE)
+    for signal, kind, weight in (("remapped_rows_uncorrectable", "uncorrectable", _HARD_SCORE),
+                                 ("remapped_rows_correctable", "correctable", 0.5 * _HARD_SCORE)):
+        rows = vals.get(signal)
+        if rows is None:
+            continue
+        rows = np.nan_to_num(rows, nan=0.0)  # read only where non-zero: an absence is zero
+        rose = np.diff(rows, axis=0) > 0
+        for g in np.flatnonzero(rose.any(axis=0)):
+            first = int(np.flatnonzero(rose[:, g])[0]) + 1
+            grown = float(rows[:, g].max() - rows[:, g].min())
+            add(int(g), first, f"{grown:,.0f} more {kind} remapped rows (ECC) from "
+                               f"{_fmt_time(grid.at(first), with_date)}", weight)
     return out
 
 
@@ -739,8 +894,10 @@ def _record_lines(record: pd.DataFrame) -> dict[str, list[str]]:
 def _collective_line(collectives: pd.DataFrame, node: str, gpu: int | None, since: pd.Timestamp | None) -> str | None:
     """What NCCL Inspector says of a suspect since its onset, where it differs from its peers by 10 % or more.
 
-    A straggler GPU arrives last at each collective and waits least, so its collectives are *shorter* than its
-    peers'; a node with a slow network has lower bus bandwidth than the other nodes.
+    Figures are compared within each (communicator, collective) only — a small Broadcast's bandwidth is no peer
+    of a large AllReduce's — as the suspect's median share of its peers' median there. A straggler GPU arrives
+    last at each collective and waits least, so its collectives are *shorter* than its peers'; a node with a slow
+    network has lower bus bandwidth than the other nodes.
     """
     if not len(collectives):
         return None
@@ -749,26 +906,263 @@ def _collective_line(collectives: pd.DataFrame, node: str, gpu: int | None, sinc
     if not len(rows):
         return None
     nodes = rows["node"].astype(object).astype(str).to_numpy()
-    if gpu is not None and rows["gpu"].notna().any() and rows["exec_time_us"].notna().any():
+    groups = rows["comm"].astype(str).to_numpy() + "\x00" + rows["collective"].astype(str).to_numpy()
+
+    def ratio(column: str, mine: npt.NDArray[np.bool_]) -> tuple[float, float, float] | None:
+        values = rows[column].to_numpy(dtype=np.float64, na_value=np.nan)
+        ok = np.isfinite(values)
+        if not (mine & ok).any() or not (~mine & ok).any():
+            return None
+        frame = pd.DataFrame({"g": groups[ok], "mine": mine[ok], "v": values[ok]})
+        medians = frame.groupby(["g", "mine"])["v"].median().unstack()
+        if True not in medians or False not in medians:
+            return None
+        both = medians.dropna()
+        if both.empty:
+            return None
+        own, peers = both[True].to_numpy(), both[False].to_numpy()
+        shares = own / np.where(peers > 0, peers, np.nan)
+        if not np.isfinite(shares).any():
+            return None
+        # The collective where it departs most stands for it: small, latency-bound ones hide a slow link.
+        k = int(np.nanargmax(np.abs(shares - 1)))
+        return float(shares[k]), float(own[k]), float(peers[k])
+
+    if gpu is not None and rows["gpu"].notna().any():
         gpus = rows["gpu"].to_numpy(dtype=np.float64, na_value=np.nan)
-        exec_us = rows["exec_time_us"].to_numpy(dtype=np.float64, na_value=np.nan)
-        mine = (nodes == node) & (gpus == gpu)
-        own = exec_us[mine & np.isfinite(exec_us)]
-        peers = exec_us[~mine & np.isfinite(exec_us)]
-        if own.size and peers.size:
-            o, p = float(np.median(own)), float(np.median(peers))
-            if p > 0 and o / p - 1 <= -0.10:
-                return (f"NCCL collectives {_num(o)} µs vs peers' {_num(p)} ({_pct(100 * (o / p - 1))}): it arrives "
-                        "last and waits least")
+        found = ratio("exec_time_us", (nodes == node) & (gpus == gpu))
+        if found is not None and math.isfinite(found[0]) and found[0] - 1 <= -0.10:
+            share, o, p = found
+            return (f"NCCL collectives {_num(o)} µs vs peers' {_num(p)} ({_pct(100 * (share - 1))}): it arrives "
+                    "last and waits least")
         return None
-    busbw = rows["busbw_gbps"].to_numpy(dtype=np.float64, na_value=np.nan)
-    mine = nodes == node
-    own, peers = busbw[mine & np.isfinite(busbw)], busbw[~mine & np.isfinite(busbw)]
-    if own.size and peers.size:
-        o, p = float(np.median(own)), float(np.median(peers))
-        if p > 0 and abs(o / p - 1) >= 0.10:
-            return f"NCCL bus bandwidth {_num(o)} GB/s vs other nodes' {_num(p)} ({_pct(100 * (o / p - 1))})"
+    found = ratio("busbw_gbps", nodes == node)
+    if found is not None and math.isfinite(found[0]) and abs(found[0] - 1) >= 0.10:
+        share, o, p = found
+        return f"NCCL bus bandwidth {_num(o)} GB/s vs other nodes' {_num(p)} ({_pct(100 * (share - 1))})"
     return None
+
+
+# --- the job's own signals: the rank the others wait for, transients, hangs, routine stalls ---------------------
+
+_HANG_SCORE = 3.0  # a job that stopped stepping outranks any slowdown
+#: The step gauge frozen this long (and this many of its usual steps) while the GPUs stay busy is a hang.
+HANG_MIN_S = 300.0
+_HANG_STEPS = 20.0
+#: GPUs count as busy at this utilisation (or engine activity × 100) and more.
+_BUSY_PCT = 50.0
+
+
+def _job_signal_findings(grid: Grid, collectives: pd.DataFrame, steps: pd.DataFrame, step_s: float,
+                         window: tuple[pd.Timestamp, pd.Timestamp], t0: int | None,
+                         with_date: bool) -> tuple[list[_Finding], Grid | None]:
+    """Findings from the job's own timings (see :mod:`._straggler`): the rank its peers wait for in every
+    collective, and a pod whose own step time lags its peers'. Onsets are on the returned grid (aligned on the
+    telemetry's first instant when there is one)."""
+    out: list[_Finding] = []
+    coll = collective_grid(collectives, step_s=step_s, window=window, t0_ns=t0)
+    used: Grid | None = coll
+    uuid_of = {(n, i): u for n, i, u in zip(grid.nodes, grid.index, grid.ids, strict=True)}
+    seen_cols = set(zip(grid.nodes, grid.index, strict=True))
+    if coll is not None and not coll.empty:
+        for jf in rank_departures(coll, below=True, gate=COLLECTIVE_GATE, onset_of=persistent_onset):
+            out.append(_silent_finding(jf, coll, with_date, uuid_of, seen_cols, "collective"))
+    pods = pod_step_grid(steps, step_s=step_s, window=window, t0_ns=t0)
+    if pods is not None and not pods.empty:
+        for jf in rank_departures(pods, below=False, gate=POD_STEP_GATE, onset_of=persistent_onset, gpus=False):
+            if any(f.node == jf.node for f in out):
+                continue  # the collectives named its GPU already
+            used = used if used is not None and not used.empty else pods
+            if used is not pods and used.t0_ns != pods.t0_ns:
+                continue  # on another time axis: the collectives' finding stands alone
+            out.append(_silent_finding(jf, pods, with_date, uuid_of, seen_cols, "steps"))
+    return out, used
+
+
+def _silent_finding(jf: JobFinding, on: Grid, with_date: bool, uuid_of: Mapping[tuple[str, int], str | None],
+                    seen_cols: set[tuple[str, int]], how: str) -> _Finding:
+    when = _fmt_time(on.at(jf.onset), with_date)
+    since = f"{_share(jf.persistence)} of the instants since"
+    who = f"rank {jf.rank}" if jf.rank else (f"pod {jf.pod}" if jf.pod else f"{jf.node}")
+    where = f" (pod {jf.pod})" if jf.pod and jf.rank else ""
+    if how == "collective":
+        line = (f"NCCL: {who}{where} spends {_pct(100 * (jf.own / jf.peer - 1))} the time of its peers in each "
+                f"collective from {when}: it arrives last, every other rank waits for it; {since}")
+    else:
+        line = (f"pod {jf.pod}'s step time runs {_pct(100 * (jf.own / jf.peer - 1))} against its peers' from {when}; "
+                f"{since}")
+    if jf.gpu is not None and (jf.node, jf.gpu) in seen_cols:
+        # No word of a cause here ("power", "PCIe" …): --act's ticket takes its cause from the evidence's words.
+        cause = "its telemetry shows no cause: every DCGM signal of it is in line with its peers'"
+    elif any(n == jf.node for n, _ in seen_cols):
+        cause = "its node's telemetry shows no cause: every DCGM signal of its GPUs is in line with their peers'"
+    else:
+        cause = "no DCGM telemetry of it was read: the job's own timings name it"
+    layer = "gpu" if jf.gpu is not None else "node"
+    score = max(0.05, jf.gap) * jf.persistence
+    return _Finding(jf.node, jf.gpu, uuid_of.get((jf.node, jf.gpu)) if jf.gpu is not None else None, layer, score,
+                    jf.onset, [line, cause], False, jf.pod,
+                    until=jf.last if _recovered(on, jf.column, jf.last) else None, silent=True)
+
+
+def _make_transient(f: _Finding, on: Grid, with_date: bool) -> None:
+    """``f`` recovered: it becomes a transient with its window, weighed far below a standing fault."""
+    assert f.onset is not None
+    assert f.until is not None
+    begin, end = on.at(f.onset), on.at(f.until + 1)
+    f.evidence.insert(0, f"transient: departed {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
+                         f"({_fmt_duration((end - begin).total_seconds())}), then ran in line with its peers to the "
+                         "window's end")
+    f.layer = "transient"
+    f.until = f.until + 1
+    f.score *= 0.2
+
+
+@dataclass(frozen=True)
+class _Hang:
+    start: pd.Timestamp
+    end: pd.Timestamp
+    node: str
+    evidence: tuple[str, ...]
+
+
+def _frozen_spans(steps: pd.DataFrame, min_s: float) -> list[tuple[pd.Timestamp, pd.Timestamp, int]]:
+    """Where at least half the pods' step gauges held one value for ``min_s`` or longer (no step finished):
+    (start, end, pods). A gauge that never varies says nothing: it is left out."""
+    if not len(steps) or steps["pod"].isna().all():
+        return []
+    frame = pd.DataFrame({"pod": steps["pod"].astype(str).to_numpy(), "ns": to_ns(steps["ts"]),
+                          "v": steps["step_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)})
+    frame = frame[np.isfinite(frame["v"].to_numpy())].sort_values(["pod", "ns"], kind="stable")
+    if frame.empty:
+        return []
+    varied = frame.groupby("pod")["v"].nunique()
+    frame = frame[frame["pod"].map(varied).to_numpy() >= 5]
+    if frame.empty:
+        return []
+    pod = frame["pod"].to_numpy()
+    value = frame["v"].to_numpy()
+    new_run = np.ones(len(frame), dtype=bool)
+    new_run[1:] = (pod[1:] != pod[:-1]) | (value[1:] != value[:-1])
+    run = np.cumsum(new_run)
+    runs = frame.assign(run=run).groupby("run").agg(pod=("pod", "first"), lo=("ns", "min"), hi=("ns", "max"))
+    runs = runs[(runs["hi"] - runs["lo"]) >= min_s * 1e9]
+    n_pods = frame["pod"].nunique()
+    if runs.empty:
+        return []
+    # The job hangs where most pods froze together: the overlap of their frozen runs.
+    lo = int(np.median(runs["lo"].to_numpy()))
+    hi = int(np.median(runs["hi"].to_numpy()))
+    frozen = runs[(runs["lo"] <= hi) & (runs["hi"] >= lo)]
+    if frozen["pod"].nunique() * 2 < n_pods or hi <= lo:
+        return []
+    return [(pd.Timestamp(int(frozen["lo"].min()), unit="ns", tz="UTC"),
+             pd.Timestamp(int(frozen["hi"].max()), unit="ns", tz="UTC"), int(frozen["pod"].nunique()))]
+
+
+def _busy_share(grid: Grid, begin: pd.Timestamp, end: pd.Timestamp) -> float | None:
+    """The share of the job's GPUs busy over [begin, end] (median utilisation ≥ :data:`_BUSY_PCT`); None unseen."""
+    if grid.empty:
+        return None
+    m, scale = (grid.values.get("util_pct"), 1.0) if "util_pct" in grid.values else (
+        grid.values.get("engine_active"), 100.0)
+    if m is None:
+        return None
+    i0 = max(0, int((begin.value - grid.t0_ns) // grid.step_ns))
+    i1 = min(grid.n_times, int((end.value - grid.t0_ns) // grid.step_ns) + 1)
+    if i1 <= i0:
+        return None
+    level = _nanmedian(m[i0:i1] * scale, axis=0)
+    seen = np.isfinite(level)
+    return float((level[seen] >= _BUSY_PCT).mean()) if seen.any() else None
+
+
+def _hangs(steps: pd.DataFrame, grid: Grid, collectives: pd.DataFrame, step_s: float,
+           window: tuple[pd.Timestamp, pd.Timestamp], with_date: bool,
+           gaps: Sequence[tuple[pd.Timestamp, pd.Timestamp]] = ()) -> list[_Hang]:
+    """The job stopped stepping (its step gauge frozen on most pods, or no step logged: ``gaps``) for
+    :data:`HANG_MIN_S` while its GPUs stayed busy — spinning in a collective that never completes."""
+    if not len(steps):
+        return []
+    typical = float(np.nanmedian(steps["step_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)))
+    min_s = max(HANG_MIN_S, _HANG_STEPS * typical if math.isfinite(typical) else 0.0, 4 * step_s)
+    spans = _frozen_spans(steps, min_s)
+    last_step = pd.DatetimeIndex(steps["ts"]).max()
+    if window[1] - last_step >= pd.Timedelta(seconds=min_s):
+        gaps = [*gaps, (last_step, window[1])]  # no step logged to the window's end
+    for begin, end in gaps:
+        if (end - begin).total_seconds() >= min_s and not any(b <= begin <= e for b, e, _ in spans):
+            spans.append((begin, end, int(steps["pod"].nunique())))
+    out = []
+    for begin, end, pods in spans:
+        busy = _busy_share(grid, begin, end)
+        if busy is None or busy < 0.5:
+            continue  # idle GPUs are a stall (a checkpoint, an eviction), not a hang
+        lasting = end >= window[1] - pd.Timedelta(seconds=2 * step_s)
+        until = "to the end of the window" if lasting else "until " + _fmt_time(end, with_date)
+        head = (f"the job stopped stepping at {_fmt_time(begin, with_date)} UTC and its GPUs stayed busy "
+                f"({_share(busy)} of them) {until} ({_fmt_duration((end - begin).total_seconds())}): "
+                f"no step finished on {pods} pod(s)")
+        lines = [head, *_in_flight(collectives, begin, step_s)]
+        nodes = [ln.split("never entered it: ", 1)[1] for ln in lines if "never entered it: " in ln]
+        node = nodes[0].split(" ", 1)[0].rstrip(",") if nodes else "(the job)"
+        out.append(_Hang(begin, end, node, tuple(lines)))
+    return out
+
+
+def _in_flight(collectives: pd.DataFrame, begin: pd.Timestamp, step_s: float) -> list[str]:
+    """The collective in flight when the job hung (the last one completed before, by communicator) and the ranks
+    that never entered it: those whose last completed collective came well before the others'."""
+    if not len(collectives):
+        return ["no NCCL timings: the collective in flight is unknown"]
+    ts = pd.DatetimeIndex(collectives["ts"])
+    before = collectives.loc[np.asarray(ts <= begin + pd.Timedelta(seconds=step_s))]
+    if not len(before):
+        return ["no NCCL timings before the hang: the collective in flight is unknown"]
+    last = before.assign(at_=pd.DatetimeIndex(before["ts"])).sort_values("at_").iloc[-1]
+    lines = [f"collective in flight: {last['collective'] or 'a collective'} on communicator {last['comm'] or '?'} "
+             f"(the last completed before {_fmt_time(begin, False)})"]
+    key = before["node"].astype(str) + " GPU " + before["gpu"].astype("string").fillna("?")
+    if "rank" in before:
+        key = key + " (rank " + before["rank"].astype("string").fillna("?") + ")"
+    lasts = pd.DatetimeIndex(before["ts"]).to_series(index=before.index).groupby(key.to_numpy()).max()
+    newest = lasts.max()
+    behind = lasts[lasts < newest - pd.Timedelta(seconds=3 * step_s)]
+    if 0 < len(behind) < 0.5 * len(lasts):
+        lines.append(f"{len(behind)} rank(s) never entered it: {', '.join(sorted(behind.index)[:5])}")
+    return lines
+
+
+@dataclass(frozen=True)
+class _Periodic:
+    count: int
+    every_s: float
+    lasting_s: float
+
+    def line(self) -> str:
+        return (f"{self.count} periodic stalls of ~{_fmt_duration(self.lasting_s)} every "
+                f"{_fmt_duration(self.every_s)} (checkpoints, most likely): routine, not a fault")
+
+
+def _split_periodic(stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]]
+                    ) -> tuple[_Periodic | None, tuple[tuple[pd.Timestamp, pd.Timestamp], ...]]:
+    """Stalls that recur at a steady period with a steady length (three or more; their spacing and length
+    within 20 % and 50 % of their medians) are routine — checkpoints —: split off from the others."""
+    if len(stalls) < 3:
+        return None, tuple(stalls)
+    starts = np.array([b.value for b, _ in stalls], dtype=np.float64) / 1e9
+    lengths = np.array([(e - b).total_seconds() for b, e in stalls])
+    gaps = np.diff(starts)
+    every, lasting = float(np.median(gaps)), float(np.median(lengths))
+    regular_gap = np.abs(gaps - every) <= 0.2 * every
+    regular_len = np.abs(lengths - lasting) <= 0.5 * max(lasting, 1.0)
+    member = regular_len.copy()
+    member[1:] &= regular_gap | np.r_[regular_gap[1:], False]
+    member[0] &= bool(regular_gap[0])
+    if member.sum() < 3 or lasting >= 0.5 * every:
+        return None, tuple(stalls)
+    rest = tuple(st for st, m in zip(stalls, member, strict=True) if not m)
+    return _Periodic(int(member.sum()), every, lasting), rest
 
 
 def _who(s: Suspect) -> str:
@@ -812,7 +1206,7 @@ def explain(
     if grid.empty:
         notes.append("no GPU telemetry for the job in the window: the GPUs were not judged")
     else:
-        missing = [s for s in SIGNALS if s not in present]
+        missing = [s for s in SIGNALS if s not in present and s not in OPTIONAL_SIGNALS | SPARSE_SIGNALS]
         if missing:
             notes.append(f"signals not scraped: {', '.join(missing)} (judged with the rest)")
         if grid.n_columns < 3:
@@ -823,14 +1217,18 @@ def explain(
             notes.append(f"unknown signals ignored: {', '.join(unknown[:5])}")
 
     findings = _merge_nodes(_gpu_findings(grid, with_date), grid, with_date)
-    hard = _hard_errors(grid, with_date)
-    for col, (first, hard_lines) in hard.items():
+    hard = {col: (first, found, _HARD_SCORE) for col, (first, found) in _hard_errors(grid, with_date).items()}
+    for col, (first, found, weight) in _pcie_memory_errors(grid, with_date).items():
+        f0, l0, s0 = hard.get(col, (first, [], 0.0))
+        hard[col] = (min(f0, first), [*l0, *found], s0 + weight)
+    for col, (first, hard_lines, hard_score) in hard.items():
         target = next((f for f in findings if f.node == grid.nodes[col] and f.gpu == grid.index[col]), None)
         if target is not None:
             target.evidence.extend(hard_lines)
-            target.score += _HARD_SCORE
+            target.score += hard_score
+            target.until = None  # an error counted is no transient
         else:
-            findings.append(_Finding(grid.nodes[col], grid.index[col], grid.ids[col], "gpu", _HARD_SCORE, first,
+            findings.append(_Finding(grid.nodes[col], grid.index[col], grid.ids[col], "gpu", hard_score, first,
                                      hard_lines, True, grid.pods[col]))
 
     nic_findings, nic_g = _nic_findings(nic, step_s, window, t0, with_date)
@@ -846,6 +1244,24 @@ def explain(
         change = step_change(times, job_steps.values)
     stalls = _merge_spans([*(job_steps.stalls if job_steps is not None else ()), *_idle_stalls(grid)],
                           pd.Timedelta(seconds=2 * step_s))
+    hangs = _hangs(steps, grid, collectives, step_s, window, with_date,
+                   gaps=job_steps.stalls if job_steps is not None else ())
+    # A stall inside a hang is the hang: said once, as the hang.
+    stalls = tuple(st for st in stalls if not any(h.start - pd.Timedelta(seconds=2 * step_s) <= st[0] <= h.end
+                                                 for h in hangs))
+    periodic, stalls = _split_periodic(stalls)
+
+    # The job's own signals: the rank its peers wait for, the pod slower than the others.
+    job_findings, job_grid = _job_signal_findings(grid, collectives, steps, step_s, window, t0, with_date)
+    job_only: list[_Finding] = []
+    for jf in job_findings:
+        same = next((f for f in findings if f.node == jf.node and (jf.gpu is None or f.gpu in (None, jf.gpu))
+                     and f.layer != "network"), None)
+        if same is not None:
+            same.evidence.append(jf.evidence[0])  # the GPU's own telemetry names a cause: the job confirms it
+            same.score += 0.25 * jf.score
+            continue
+        job_only.append(jf)
 
     evs = _events(events, window)
     pod_node: dict[str, str] = {}
@@ -912,9 +1328,13 @@ def explain(
 
     # Tie suspects to the step-time change that follows their onset.
     all_findings: list[tuple[_Finding, Grid | None]] = [(f, grid) for f in findings]
+    all_findings += [(f, job_grid) for f in job_only]
     all_findings += [(f, nic_g) for f in nic_findings]
     for f, on in all_findings:
-        if change is None or f.onset is None or on is None:
+        if f.until is not None and on is not None and f.onset is not None:
+            _make_transient(f, on, with_date)
+    for f, on in all_findings:
+        if change is None or f.onset is None or on is None or f.layer == "transient":
             continue
         onset_ts = on.at(f.onset)
         lead = (change.at - onset_ts).total_seconds()
@@ -930,38 +1350,45 @@ def explain(
     suspects: list[Suspect] = []
     for f, on in all_findings:
         onset = on.at(f.onset) if (on is not None and f.onset is not None) else None
-        nccl = _collective_line(collectives, f.node, f.gpu, onset)
+        nccl = None if f.silent else _collective_line(collectives, f.node, f.gpu, onset)
         extra = ([nccl] if nccl else []) + record_lines.get(f.node, [])
+        until = on.at(f.until) if (on is not None and f.until is not None and f.layer == "transient") else None
         suspects.append(Suspect(node=f.node, gpu=f.gpu, gpu_uuid=f.gpu_uuid, layer=f.layer,
-                                score=round(float(f.score), 4), onset=onset, evidence=(*f.evidence, *extra)))
+                                score=round(float(f.score), 4), onset=onset, evidence=(*f.evidence, *extra),
+                                until=until, silent=f.silent))
     for e, score, lines in event_findings:
         node = node_of(e) or "(unknown node)"
         head = e.line(with_date)
         suspects.append(Suspect(node=node, gpu=None, gpu_uuid=None, layer="event", score=round(score, 4),
                                 onset=e.ts, evidence=(head, *lines, *record_lines.get(node, []))))
+    for h in hangs:
+        suspects.append(Suspect(node=h.node, gpu=None, gpu_uuid=None, layer="hang", score=_HANG_SCORE, onset=h.start,
+                                evidence=h.evidence))
     suspects.sort(key=lambda s: (-s.score, s.node, -1 if s.gpu is None else s.gpu))
 
-    nothing = grid.empty and job_steps is None and not evs and not nic_findings
-    verdict = _verdict(suspects, nothing, grid.empty)
+    nothing = grid.empty and job_steps is None and not evs and not nic_findings and not len(collectives)
+    verdict = _verdict(suspects, nothing, grid.empty and not job_findings, change is None and not stalls)
     events_of_note = [e.line(with_date) for e in evs[:_MAX_EVENTS_OF_NOTE]]
     if len(evs) > _MAX_EVENTS_OF_NOTE:
         events_of_note.append(f"… and {len(evs) - _MAX_EVENTS_OF_NOTE} more")
     recommendations = _recommendations(verdict, suspects, change, stalls, with_date)
-    answer = _answer(verdict, suspects, change, stalls, job_steps is not None, recommendations, with_date, notes)
+    answer = _answer(verdict, suspects, change, stalls, job_steps is not None, recommendations, with_date, notes,
+                     periodic)
     return Explanation(job=job, window=window, verdict=verdict, suspects=tuple(suspects), step_change=change,
                        events_of_note=tuple(events_of_note), answer=answer, recommendations=tuple(recommendations),
                        notes=tuple(notes))
 
 
-_VERDICT_OF_LAYER = {"gpu": "gpu", "nvlink": "gpu", "node": "gpu", "network": "network", "event": "event"}
+_VERDICT_OF_LAYER = {"gpu": "gpu", "nvlink": "gpu", "node": "gpu", "network": "network", "event": "event",
+                     "transient": "transient", "hang": "hang"}
 
 
-def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool) -> str:
+def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool, steady: bool) -> str:
     if suspects:
         return _VERDICT_OF_LAYER[suspects[0].layer]
     if nothing or no_telemetry:
         return "no-data"  # GPUs that were not seen cannot be said to show nothing
-    return "elsewhere"
+    return "healthy" if steady else "elsewhere"
 
 
 def _recommendations(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
@@ -972,7 +1399,21 @@ def _recommendations(verdict: str, suspects: Sequence[Suspect], change: StepChan
             out.append(f"look into the {s.evidence[0].split(' ', 1)[1]}; if it recurs on {s.node}, cordon it "
                        "and re-certify it")
             continue
+        if s.layer == "hang":
+            out.append("the job is hung: dump its ranks' stacks (py-spy dump, NCCL's flight recorder) and restart it"
+                       + (f"; look first at {s.node}" if not s.node.startswith("(") else ""))
+            continue
+        if s.layer == "transient":
+            window = (f"{_fmt_time(s.onset, with_date)}–{_fmt_time(s.until, with_date)}"
+                      if s.onset is not None and s.until is not None else "once")
+            out.append(f"nothing to do now: {_who(s)} departed {window} and recovered (transient, no cordon); "
+                       f"if it recurs, re-certify {s.node}")
+            continue
         what = {"network": "its network", "nvlink": "its NVLink", "node": "all its GPUs"}.get(s.layer, f"GPU {s.gpu}")
+        if s.silent:
+            out.append(f"re-certify {s.node} ({what}): certify runs when it is idle, and its verdict settles the "
+                       "cause its telemetry does not show")
+            continue
         out.append(f"cordon {s.node} and re-certify it ({what})")
         out.append(f"open a ticket for {_who(s)} with the evidence: {'; '.join(s.evidence[:2])}")
     if verdict == "elsewhere":
@@ -981,6 +1422,8 @@ def _recommendations(verdict: str, suspects: Sequence[Suspect], change: StepChan
             out.append(f"look at the job's input pipeline, storage reads and code{since}: the cluster shows nothing")
         else:
             out.append("nothing to do on the cluster: the GPUs, nodes and events show nothing")
+    if verdict == "healthy":
+        out.append("nothing to do: the job runs at a steady pace and its GPUs, nodes and collectives are in line")
     if verdict == "no-data":
         out.append("make sure Prometheus scrapes dcgm-exporter on the job's nodes, and that the job logs its step time")
     return out
@@ -991,42 +1434,70 @@ def _headline(evidence: Sequence[str]) -> str:
     return evidence[0].split("; ", 1)[0] if evidence else ""
 
 
+def _describe(s: Suspect) -> str:
+    """One suspect in the answer's words: its kind, who, and its first figures."""
+    if s.layer == "event":
+        return f"event: {s.evidence[0]}"
+    if s.layer == "hang":
+        return f"hang: {_headline(s.evidence)}"
+    if s.layer == "network":
+        return f"network: {s.node}'s NIC — {_headline(s.evidence)}"
+    if s.layer == "node":
+        head = "the straggler" if s.silent else "as a whole"
+        return f"gpu: {s.node} {head} — {_headline(s.evidence)}"
+    if s.layer == "transient":
+        return f"transient: {_who(s)} — {_headline(s.evidence)}"
+    return f"gpu: {_who(s)} is the straggler — {_headline(s.evidence)}"
+
+
+#: Suspects scoring at least this share of the first one's are faults of their own in the headline.
+_HEADLINE_SHARE = 0.25
+_HEADLINE_MAX = 3
+
+
 def _answer(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
             stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]], have_steps: bool, recommendations: Sequence[str],
-            with_date: bool, notes: Sequence[str]) -> tuple[str, str, str]:
+            with_date: bool, notes: Sequence[str], periodic: _Periodic | None = None) -> tuple[str, str, str]:
     if suspects:
         top = suspects[0]
-        if top.layer == "event":
-            what = f"event: {top.evidence[0]}"
-        elif top.layer == "network":
-            what = f"network: {top.node}'s NIC — {_headline(top.evidence)}"
-        elif top.layer == "node":
-            what = f"gpu: {top.node} as a whole — {_headline(top.evidence)}"
-        else:
-            what = f"gpu: {_who(top)} is the straggler — {_headline(top.evidence)}"
-        others = len(suspects) - 1
+        # Every standing fault that carries a real share of the slowdown is named, the largest first.
+        faults = [s for s in suspects if s.layer not in ("transient",) and s.score >= _HEADLINE_SHARE * top.score
+                  and s.score > 0] or [top]
+        if top.layer == "transient":
+            faults = [top]
+        faults = faults[:_HEADLINE_MAX]
+        what = "; and ".join(_describe(s) for s in faults)
+        others = len(suspects) - len(faults)
         if others:
             what += f" (and {others} more suspect{'s' if others != 1 else ''})"
     elif verdict == "elsewhere":
         what = "elsewhere: GPUs and nodes show nothing: input pipeline, storage or the code"
+    elif verdict == "healthy":
+        what = "healthy: the step time is steady and the GPUs, nodes and collectives show nothing wrong"
     else:
         what = "no-data: " + (notes[0] if notes else "nothing to judge in the window")
 
     parts: list[str] = []
-    if suspects and suspects[0].onset is not None and suspects[0].layer != "event":
+    if suspects and suspects[0].onset is not None and suspects[0].layer not in ("event", "transient"):
         parts.append(f"since {_fmt_time(suspects[0].onset, with_date)} UTC")
+    if suspects and suspects[0].layer == "transient" and suspects[0].onset is not None and suspects[0].until:
+        s0 = suspects[0]
+        parts.append(f"from {_fmt_time(s0.onset, with_date)} to {_fmt_time(s0.until, with_date)} UTC "  # type: ignore[arg-type]
+                     f"({_fmt_duration((s0.until - s0.onset).total_seconds())}), then recovered")  # type: ignore[operator]
     if change is not None:
         parts.append(f"step time {_secs(change.before_s)} s → {_secs(change.after_s)} s ({_pct(change.change_pct)}) "
                      f"from {_fmt_time(change.at, with_date)} UTC")
     for begin, end in stalls[:2]:
         parts.append(f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} UTC "
                      f"({_fmt_duration((end - begin).total_seconds())})")
+    if periodic is not None:
+        parts.append(periodic.line())
     if not have_steps:
         parts.append("no step timings: the answer rests on telemetry")
     elif change is None and not stalls:
         parts.append(f"the step time did not change by {_share(STEP_SHIFT_GATE)} or more")
     when = "; ".join(parts) if parts else "no onset: nothing departs"
-    if suspects and suspects[0].layer != "event":
+    if suspects and suspects[0].layer not in ("event", "hang", "transient") and not suspects[0].silent:
         # The full recommendations carry the evidence; the answer's line says what to do, in short.
         todo = f"{recommendations[0]}; open a ticket with the evidence"
     else:

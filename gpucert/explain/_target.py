@@ -47,6 +47,7 @@ __all__ = [
     "parse_job",
     "parse_moment",
     "resolve_target",
+    "workload_of",
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -380,6 +381,22 @@ def _few(names: Sequence[str], limit: int = 5) -> str:
 
 # --- which GPUs each pod holds ----------------------------------------------------------------------------
 
+#: Where the workload's pod is named on a DCGM (or any scraped) series, most specific first. Behind a
+#: ServiceMonitor or PodMonitor with ``honorLabels: false`` (the GPU Operator's default) the exporter's own
+#: ``pod``/``namespace``/``container`` are the target's, and dcgm-exporter's are renamed ``exported_*``.
+_WORKLOAD_LABELS = (("exported_namespace", "exported_pod"), ("namespace", "pod"))
+
+
+def workload_of(labels: Mapping[str, str]) -> tuple[str, str | None]:
+    """(namespace, pod) of the workload a series names: ``exported_pod`` where the scrape renamed
+    dcgm-exporter's labels, else ``pod``; (``""``, None) when it names none."""
+    for namespace_label, pod_label in _WORKLOAD_LABELS:
+        pod = labels.get(pod_label)
+        if pod:
+            return labels.get(namespace_label) or "", pod
+    return "", None
+
+
 
 def assign_gpus(
     target: JobTarget, series_labels: Iterable[tuple[str, int, Mapping[str, str]]]
@@ -399,7 +416,7 @@ def assign_gpus(
     seen: set[str] = set()
     for node, _gpu, labels in series_labels:
         seen.add(node)
-        if (labels.get("namespace") or "", labels.get("pod") or "") in job_pods:
+        if workload_of(labels) in job_pods:
             labelled.add(node)
     whole: dict[str, tuple[TargetPod, ...]] = {}
     unknown: list[str] = []

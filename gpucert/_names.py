@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from .errors import InputError
+from .errors import InputError, RunIdError
 
 __all__ = [
     "DNS_LABEL",
@@ -49,10 +49,6 @@ def dns_subdomain_ok(value: object) -> bool:
 def label_value_ok(value: object) -> bool:
     """Whether ``value`` may be a label value (≤ 63 characters of ``A-Za-z0-9-_.``, alphanumeric ends)."""
     return isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value) is not None
-
-
-class RunIdError(InputError, ValueError):
-    """A run id breaks the rule (an input error; a ``ValueError`` for callers that check values)."""
 
 
 def check_run_id(run_id: object, *, what: str = "run id") -> str:

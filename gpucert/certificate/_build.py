@@ -17,11 +17,11 @@ import pandas as pd
 from .. import __version__
 from .._names import check_run_id
 from ..certify import common_stack
-from ..errors import InputError
+from ..errors import FileProblem, InputError
 from ..metrics import METRICS
 from ..store import BaselineStore
 from ._canonical import canonical_for, plain, sha256_hex
-from ._files import FileProblem, RunFiles, baseline_keys
+from ._files import RunFiles, baseline_keys
 from ._model import SCHEMA, Certificate
 
 __all__ = ["build_certificate", "choose_runs", "policy_sha256", "run_section", "summarise"]
@@ -159,7 +159,7 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
     """One run's part of a certificate of ``schema``, from its stored files alone (see the package
     docstring); the schema says how the policy's fingerprint is made.
 
-    Raises :class:`~._files.FileProblem` (an ``InputError``) naming a file that is missing or unreadable.
+    Raises :class:`~gpucert.errors.FileProblem` (an ``InputError``) naming a file that is missing or unreadable.
     """
     record = files.policy()
     decisions = files.decisions()

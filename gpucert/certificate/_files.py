@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from ..certify._links import LINK_NODES, LINK_PAIRS, plan_of
 from ..certify._run import DECISIONS, POLICY, RESULTS, STACK, VERDICTS, rerun_id
-from ..errors import GpucertError, InputError, PolicyError
+from ..errors import FileProblem, GpucertError, InputError, PolicyError
 from ..network import PairingPlan
 from ..policy import Policy
 from ..results import parse_results
@@ -37,14 +37,6 @@ def run_prefix(day: date, run_id: str) -> str:
 def baseline_keys(version: str) -> tuple[str, str]:
     """The keys of a baseline version's table and its record (DESIGN.md, "The store")."""
     return f"baselines/v={version}/baseline.parquet", f"baselines/v={version}/meta.json"
-
-
-class FileProblem(InputError):
-    """A stored file cannot be used as the certificate needs it; ``key`` names it."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        super().__init__(f"{key}: {message}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@
 * :class:`RetryPolicy` — transient failures (5xx, 429 after ``Retry-After``, no answer) retried
   with capped, jittered back-off inside each call.
 
-The error hierarchy is drawn in :mod:`gpucert.kube._errors`. Nothing here imports Prefect.
+The error hierarchy is drawn in :mod:`gpucert.errors`. Nothing here imports Prefect.
 """
 
 from ._client import FIELD_MANAGER, KINDS, Kube, KubeChange, Resource, describe, resource_of

@@ -2,19 +2,11 @@
 
 The official client raises ``ApiException`` (and its per-status subclasses) for an HTTP answer and
 urllib3's errors for no answer at all. Callers care about two things — is it worth retrying, and is it
-the object's absence or a conflict — so every failure is mapped once, here, onto::
-
-    GpucertError
-    └── KubeError                 a call failed; the message names the verb and the object
-        ├── KubeUnavailable       transient: retried with back-off (see :mod:`._retry`)
-        │   ├── KubeUnreachable   no answer: refused, reset, timed out
-        │   ├── KubeServerError   5xx
-        │   └── KubeThrottled     429 TooManyRequests; ``retry_after`` from the header
-        └── KubeRequestError      4xx: retrying the same request cannot help
-            ├── KubeNotFound      404
-            ├── KubeConflict      409 (an object that exists, a stale resourceVersion, an apply conflict)
-            ├── KubeForbidden     401 / 403: gpucert's role lacks a permission (RBAC in templates/stack)
-            └── KubeInvalid       400 / 422: the server refused the object (its message says which field)
+the object's absence or a conflict — so every failure is mapped once, here, onto the :class:`KubeError`
+branch of the tree drawn in :mod:`gpucert.errors` (where the classes live; they are re-exported here):
+no answer → :class:`KubeUnreachable`, 5xx → :class:`KubeServerError`, 429 → :class:`KubeThrottled`
+(with ``Retry-After``), 404 → :class:`KubeNotFound`, 409 → :class:`KubeConflict`, 401/403 →
+:class:`KubeForbidden`, 400/422 → :class:`KubeInvalid`, any other 4xx → :class:`KubeRequestError`.
 
 Following kopf, the mapping keeps the server's ``Status`` message, which is what a person needs.
 """
@@ -24,7 +16,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import GpucertError
+from ..errors import (
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeInvalid,
+    KubeNotFound,
+    KubeRequestError,
+    KubeServerError,
+    KubeThrottled,
+    KubeUnavailable,
+    KubeUnreachable,
+)
 
 __all__ = [
     "KubeConflict",
@@ -40,54 +43,6 @@ __all__ = [
     "from_api_exception",
     "from_response",
 ]
-
-
-class KubeError(GpucertError):
-    """A Kubernetes API call failed. ``status`` is the HTTP status, None when nothing answered."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class KubeUnavailable(KubeError):
-    """The API server did not do it this time; the same call may succeed later."""
-
-
-class KubeUnreachable(KubeUnavailable):
-    """No answer: the connection was refused, reset or timed out."""
-
-
-class KubeServerError(KubeUnavailable):
-    """The server answered 5xx."""
-
-
-class KubeThrottled(KubeUnavailable):
-    """The server answered 429; ``retry_after`` is how long it asked to wait (seconds), if it said."""
-
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message, status=429)
-        self.retry_after = retry_after
-
-
-class KubeRequestError(KubeError):
-    """The server refused the request (4xx); repeating it unchanged cannot help."""
-
-
-class KubeNotFound(KubeRequestError):
-    """404: no such object (or no such resource on this server)."""
-
-
-class KubeConflict(KubeRequestError):
-    """409: the object exists, changed under us, or another field manager owns the field."""
-
-
-class KubeForbidden(KubeRequestError):
-    """401/403: the credentials in use may not do this."""
-
-
-class KubeInvalid(KubeRequestError):
-    """400/422: the server refused the object as written."""
 
 
 def _server_message(body: Any) -> str:

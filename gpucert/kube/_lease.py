@@ -25,7 +25,7 @@ and lifted with a merge patch carrying the node's ``resourceVersion`` (409 → r
 taint gpucert writes, so another writer's taints in between are never lost.
 
 Every failure is a :class:`~gpucert.kube.KubeError` (:mod:`._errors`); :class:`LeaseLost` is a
-:class:`~gpucert.kube.KubeConflict`.
+:class:`~gpucert.kube.KubeConflict` (both drawn in :mod:`gpucert.errors`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .._names import check_run_id, dns_subdomain_ok
+from ..errors import KubeConflict, KubeNotFound, LeaseLost
 from ._client import FIELD_MANAGER, Kube, Resource
-from ._errors import KubeConflict, KubeNotFound
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -68,10 +68,6 @@ _LABELS = {"app.kubernetes.io/managed-by": "gpucert", "app.kubernetes.io/part-of
 _HASH = 8
 #: Rounds of read-and-write before a Lease or a node that keeps changing under us is an error.
 _ATTEMPTS = 5
-
-
-class LeaseLost(KubeConflict):
-    """The Lease of a node we held was taken over by another run (ours had expired) or deleted."""
 
 
 def lease_name(node: str) -> str:

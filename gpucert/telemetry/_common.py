@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from .._frames import empty_results
-from ..errors import GpucertError
+from ..errors import TelemetryError
 from ..metrics import RESULT_COLUMNS, bound_arrays
 from ..results import parse_results
 
@@ -41,12 +41,6 @@ HOST_LABELS: tuple[str, str] = ("hostname", "Hostname")
 
 #: How a signal's samples over the window reduce to one value per GPU.
 Reduce = Literal["max", "min", "last", "increase", "peak_rate_per_min", "bits_or", "hw_share"]
-
-
-class TelemetryError(GpucertError):
-    """Telemetry could not be read at all (Prometheus refused or did not answer a query, the exporters'
-    Endpoints could not be listed); the message names the query or the call. A single exporter that does
-    not answer is not an error: it is a per-node problem in :attr:`Telemetry.problems`."""
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import http
 import json
 import math
 import os
@@ -61,7 +60,7 @@ from pydantic import SecretStr
 
 from .._deadline import call_deadline_s
 from .._secrets import reveal, scrub
-from ..errors import InputError
+from ..errors import InputError, PrometheusAuthError
 from ._common import (
     CLOCK_EVENT_BITS,
     NIC_SERIES,
@@ -92,23 +91,6 @@ _UUID_CHUNK = 100
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: Authorization schemes a message may name: the word before the credentials, never the credentials.
 _AUTH_SCHEMES = {"basic": "Basic", "bearer": "Bearer", "token": "Token", "apikey": "ApiKey"}
-
-
-class PrometheusAuthError(TelemetryError):
-    """Prometheus (or the proxy in front of it) answered 401 or 403: the credentials sent were refused or
-    missing. ``url`` is the server, ``status`` the HTTP status, ``sent`` what kind of credentials went
-    (``basic auth as user 'x'``, ``an Authorization header (Bearer)``, ``none``): never a secret."""
-
-    def __init__(self, url: str, status: int, sent: str) -> None:
-        self.url, self.status, self.sent = url, status, sent
-        try:
-            status_text = f"HTTP {status} {http.HTTPStatus(status).phrase}"
-        except ValueError:
-            status_text = f"HTTP {status}"
-        super().__init__(
-            f"Prometheus {url} refused the credentials ({sent}): {status_text}; "
-            "check the username and password, token or headers it is read with"
-        )
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from gpucert.errors import InputError
+from gpucert.errors import TicketActionError
 from gpucert.metrics import EVENT_METRICS, METRICS, NIC_METRICS
 from gpucert.verdict import ACTION_FOR_CAUSE, layer_of
 
-from ._model import Ticket, TicketError
+from ._model import Ticket
 
 __all__ = [
     "CAUSE_ACTIONS",
@@ -78,11 +78,6 @@ CAUSE_ACTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     for cause in CAUSE_METRICS
     if layer_of(cause) in _LAYER_ACTIONS
 }
-
-
-class TicketActionError(TicketError, InputError):
-    """A repair does not fit its ticket's cause (a GPU reset on a network ticket): the user must say what was
-    really done."""
 
 
 def allowed_actions(ticket: Ticket) -> tuple[str, ...]:

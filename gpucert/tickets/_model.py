@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from gpucert.errors import GpucertError, InputError
+from gpucert.errors import TicketConfigError, TicketError, TicketNotFound
 
 __all__ = [
     "MAX_EVIDENCE",
@@ -44,18 +44,6 @@ EventKind = Literal["opened", "updated", "reopened", "escalated", "resolved", "r
 MAX_EVIDENCE = 5
 #: How many occurrence times, run ids and reopen times a ticket remembers: far more than any rule looks at.
 MAX_HISTORY = 200
-
-
-class TicketError(GpucertError):
-    """A ticket backend could not do what was asked; the message says what, and never holds a secret."""
-
-
-class TicketNotFound(TicketError):
-    """No ticket has the id asked for."""
-
-
-class TicketConfigError(TicketError, InputError):
-    """A ticket backend cannot be opened as configured (a bad path, URI or block field): the user must fix it."""
 
 
 class Fingerprint(BaseModel):

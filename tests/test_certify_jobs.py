@@ -99,7 +99,7 @@ def test_the_payload_configmap_is_valid_immutable_and_named_by_its_content(cm: d
     assert cm["metadata"]["name"] == f"gpucert-payload-{digest[:10]}"
     # The same files give the same name; one changed byte gives another, so a running Job keeps its own.
     assert payload_configmap()["metadata"]["name"] == cm["metadata"]["name"]
-    changed = {**files, "gpucert/metrics.py": files["gpucert/metrics.py"] + "\n"}
+    changed = {**files, "gpucert/bench/_metrics.py": files["gpucert/bench/_metrics.py"] + "\n"}
     assert payload_configmap(files=changed)["metadata"]["name"] != cm["metadata"]["name"]
     other = payload_configmap(BenchmarkSettings(namespace="bench", label_prefix="example.com"))
     assert other["metadata"]["namespace"] == "bench"

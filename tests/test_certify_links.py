@@ -126,5 +126,16 @@ def test_a_node_slow_in_its_pairs_for_its_own_pcie_fault_is_that_fault_one_ticke
                       & verdicts["peer"].isna()].itertuples()  # fmt: skip
     assert (link.cause, link.ticket, link.action) == ("pcie", "none", "none")
     assert link.reasons.startswith("gpu: explained by this node's own pcie fault")
+    # Its advice is the PCIe fault's, not the NIC's: nobody is sent to check a cable that is fine.
+    assert "NIC's port state" not in link.reasons
+    assert "cable" not in link.reasons
+    own = verdicts[(verdicts["node"] == node) & (verdicts["cause"] == "pcie") & verdicts["gpu"].notna()]
+    assert f"do what its own rows ask ({own['action'].iloc[0]})" in link.reasons
+    # Its partners' pairs, low but passing, name its PCIe fault, not "the node's own network path".
+    pairs = verdicts[(verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].notna()
+                     & ((verdicts["node"] == node) | (verdicts["peer"] == node))]  # fmt: skip
+    assert not pairs["reasons"].str.contains("network path").any(), list(pairs["reasons"])
+    assert pairs["reasons"].str.contains(f"explained by {node}'s own pcie fault").any()
     assert decide_nodes(verdicts, [node])[node].cause == "pcie"
+    assert "NIC" not in decide_nodes(verdicts, [node])[node].summary
     assert {key.split("/")[-1] for key in fingerprints(verdicts) if key.startswith(node)} == {"pcie"}

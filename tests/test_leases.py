@@ -266,31 +266,59 @@ def test_a_node_another_run_holds_is_waited_for_then_benchmarked(
     n = node(sim, 5)
     other = leases(kube, "run-other")
     assert other.acquire(n).held
+    held_until = other.read(n).expires  # type: ignore[union-attr]
     threading.Timer(0.5, other.release, (n,)).start()  # the other run's benchmark ends
-    wave = asyncio.run(_wave(kube, {n: 8}, "lease-wait", payload, lease_wait_s=20))
+    said: list[str] = []
+    wave = asyncio.run(_wave(kube, {n: 8}, "lease-wait", payload, lease_wait_s=20, say=said.append))
     assert wave.runs[n].state == "succeeded"
+    # The wait is in the run's log, once (not at every look): who holds the Lease, until when, then its end.
+    assert len(said) == 2, said
+    assert said[0].startswith(f"node {n}: waiting up to 20 s for its Lease: benchmarked by run run-other")
+    assert f"held until {held_until:%Y-%m-%dT%H:%M:%SZ}" in said[0]
+    assert said[1].startswith(f"node {n}: its Lease is free after ")
     assert len(_jobs(kube, "lease-wait")) == 1
     assert no_lease(kube, n)
     assert taints(kube, n) == []
 
 
 def test_a_node_another_run_holds_is_skipped_with_the_reason(
-    sim: Any, kube: Kube, payload: dict[str, Any]
+    sim: Any, kube: Kube, payload: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     n = node(sim, 5)
     other = leases(kube, "run-other")
     other.acquire(n)
     taint_testing(kube, n, prefix=PREFIX, run_id="run-other")
     try:
-        wave = asyncio.run(_wave(kube, {n: 8}, "lease-skip", payload, lease_wait_s=0.3))
+        with caplog.at_level("INFO", logger="gpucert.certify"):
+            wave = asyncio.run(_wave(kube, {n: 8}, "lease-skip", payload, lease_wait_s=0.3))
     finally:
         lift_testing_taint(kube, n, prefix=PREFIX)
         assert other.release(n)
     run = wave.runs[n]
     assert (run.state, run.reason) == ("failed", "leased")
     assert run.message.startswith("benchmarked by run run-other")
+    waits = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert waits == [f"node {n}: waiting up to 0 s for its Lease: {run.message.split('; waited')[0]}"], waits
     assert _jobs(kube, "lease-skip") == []  # nothing was started on it
     assert wave.frame() is None
+
+
+def test_a_pair_waiting_for_a_nodes_lease_says_who_holds_it(sim: Any, kube: Kube, payload: dict[str, Any]) -> None:
+    from gpucert.certify import run_pair_round
+
+    a, b = node(sim, 3), node(sim, 4)
+    other = leases(kube, "run-other")
+    assert other.acquire(b).held
+    said: list[str] = []
+    try:
+        done = asyncio.run(run_pair_round(kube, [(a, b)], "pair-wait", payload, BenchmarkSettings(),
+                                          gpus={a: 8, b: 8}, poll_s=0.05, lease_wait_s=0.3, say=said.append))
+    finally:
+        assert other.release(b)
+    assert done.runs[(a, b)].reason == "leased"
+    assert len(said) == 1, said
+    assert said[0].startswith(f"pair {a} – {b}: waiting up to 0 s for its Lease: benchmarked by run run-other")
+    assert lease_name(b) in said[0]
 
 
 def test_a_crashed_runs_job_is_no_orphan_while_it_holds_the_lease_and_goes_on_takeover(

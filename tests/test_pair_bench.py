@@ -41,8 +41,7 @@ from gpucert.certify import (
     parse_pod_log,
     payload_configmap,
 )
-from gpucert.certify._jobs import PayloadArgsError
-from gpucert.certify._pairjobs import owned_by
+from gpucert.certify._jobs import PayloadArgsError, owned_by
 from gpucert.kube import Kube, RetryPolicy, connect
 from gpucert.sim import SimCluster
 

@@ -26,8 +26,8 @@ from gpucert.certify import (
     run_pair_round,
     split_pod_log,
 )
-from gpucert.certify._pairjobs import owned_by
-from gpucert.certify._pairwave import PairRun, _round_results, _Side
+from gpucert.certify._jobs import owned_by
+from gpucert.certify._wave import PairRun, _round_results, _Side
 from gpucert.kube import Kube, NodeLeases, RetryPolicy, connect
 from gpucert.sim import SimCluster
 

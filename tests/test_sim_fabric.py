@@ -25,7 +25,7 @@ from gpucert.certify import (
     payload_configmap,
 )
 from gpucert.certify._collect import CollectedResults
-from gpucert.certify._pairjobs import owned_by
+from gpucert.certify._jobs import owned_by
 from gpucert.errors import InputError
 from gpucert.fleet import LEAF_LABEL, ZONE_LABEL, Fault
 from gpucert.kube import Kube, RetryPolicy, connect

@@ -2,7 +2,9 @@
 
 It imports the standard library and, each only when present, torch and pynvml — never Prefect, the
 Kubernetes client, pandas or numpy — so a stock PyTorch image runs it from a ConfigMap holding the
-files :func:`payload_files` lists (``gpucert/__init__.py``, ``gpucert/metrics.py`` and this package).
+files :func:`payload_files` lists (``gpucert/__init__.py`` and this package). It imports nothing else of
+gpucert: the metric registry and the results columns are its own (:mod:`gpucert.bench._metrics`), which
+:mod:`gpucert.metrics` re-exports.
 
 What it prints
 --------------
@@ -55,14 +57,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._dcgm import DcgmDiag, DcgmError, parse_dcgm_diag
+from ._metrics import EVENT_METRICS, METRICS, NIC_METRICS, PERF_METRICS, RESULT_COLUMNS, Kind, Level, Metric
 from ._nccl_tests import AllReducePerf, NcclTestsError, parse_all_reduce_perf
 from ._nvml import GpuTelemetry, Sampler
 
 __all__ = [
+    "EVENT_METRICS",
+    "METRICS",
+    "NIC_METRICS",
+    "PERF_METRICS",
+    "RESULT_COLUMNS",
     "AllReducePerf",
     "DcgmDiag",
     "DcgmError",
     "GpuTelemetry",
+    "Kind",
+    "Level",
+    "Metric",
     "NcclTestsError",
     "Sampler",
     "main",
@@ -86,9 +97,7 @@ def payload_files() -> dict[str, str]:
     """
     here = Path(__file__).resolve().parent
     root = here.parent
-    files = {
-        f"gpucert/{name}": (root / name).read_text(encoding="utf-8") for name in ("__init__.py", "metrics.py")
-    }
+    files = {"gpucert/__init__.py": (root / "__init__.py").read_text(encoding="utf-8")}
     for path in sorted(here.glob("*.py")):
         files[f"gpucert/bench/{path.name}"] = path.read_text(encoding="utf-8")
     return files

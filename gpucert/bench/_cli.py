@@ -35,8 +35,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO, TypeVar
 
-from ..metrics import METRICS
 from ._dcgm import DIAG_LEVELS
+from ._metrics import METRICS
 from ._nccl_tests import check_extra_args
 from ._nic import SYSFS_ROOT
 from ._pair import PairOptions, mpi_slots

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..metrics import METRICS, RESULT_COLUMNS
+from ._metrics import METRICS, RESULT_COLUMNS
 
 __all__ = ["Device", "RowWriter", "say"]
 

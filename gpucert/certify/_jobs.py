@@ -1,8 +1,12 @@
-"""The benchmark Job and its payload ConfigMap, rendered from ``templates/certify/``.
+"""The benchmark units' Kubernetes objects and their payload ConfigMap, rendered from ``templates/certify/``.
 
-One Job per node, in gpucert's own namespace, runs ``python -m gpucert.bench`` on all of that node's
-GPUs (DESIGN.md "Kubernetes conventions"). The payload travels in a ConfigMap so that a stock PyTorch
-image serves: no image of gpucert's own to build, publish and keep in step with the code.
+A benchmark unit is a node or a pair of nodes. A node is measured by one Job, in gpucert's own namespace,
+running ``python -m gpucert.bench`` on all of that node's GPUs (DESIGN.md "Kubernetes conventions"). A pair
+is measured by one Indexed Job of two pods (``pair-job.yaml.j2``), one on each node with all its GPUs,
+running ``python -m gpucert.bench pair``: pod 0 serves the rendezvous, pod 1 reaches it at
+``<job>-0.<service>.<namespace>.svc`` through a headless Service (``pair-service.yaml.j2``), and the two
+run one all-reduce over every GPU of both nodes. The payload travels in a ConfigMap so that a stock
+PyTorch image serves: no image of gpucert's own to build, publish and keep in step with the code.
 
 What a template gets is data computed here (labels, the affinity, tolerations, arguments, the
 ConfigMap's items), serialised by the environment's ``finalize`` (:mod:`gpucert._templates`), and what
@@ -15,19 +19,29 @@ Names
   ``job-name`` label of its pods), readable (``<run id>-<node>``, cut to fit) and always ending in a
   hash of the run id and the node, so that two runs or two nodes never share a name however their
   texts line up (``a-b`` + ``c`` against ``a`` + ``b-c``) or get cut.
+* Pair Job and its Service: :func:`pair_name` — ``pair-<run id>-<node>-<node>`` (the two nodes sorted, so
+  a pair is one Job whichever way round it is asked for), cut to fit, ending in a hash of the run id and
+  both nodes; at most 61 characters (an Indexed Job's pods are named ``<job>-<index>`` as hostnames, which
+  stop at 63), starting with a letter, as a Service name must.
 * ConfigMap: ``gpucert-payload-<hash of the files>``: a new payload is a new object, so a Job still
   running never sees its files change; the object is immutable, and :func:`ensure_payload` takes the
   one already there (another run's is the same). Nothing deletes old payloads yet (they are ~90 kB).
 
 The node goes in the label ``<prefix>/node`` when it is a valid label value (node names may run to 253
-characters with dots; label values stop at 63), and always in the annotation of the same name.
+characters with dots; label values stop at 63), and always in the annotation of the same name. A pair
+Job has neither (it is on two nodes): its annotation ``<prefix>/pair`` names both (``node-a,node-b``) and
+its label ``<prefix>/pair-job`` (its name) is what the Service and the pods' anti-affinity select. The
+Job is created first, then its Service made the Job's with :func:`owned_by` (it needs the Job's uid), so
+the Service goes when the Job's TTL deletes the Job; node rank 1 retries the rendezvous until its name
+resolves, so the order costs nothing.
 
 Payload arguments
 -----------------
 ``BenchmarkSettings.payload_args`` (sizes and durations, ``--skip``, ``--dcgm-level``,
 ``--nccl-tests-args``…) follow the Job's own arguments. They are checked with the payload's own parser,
 strictly (:func:`gpucert.bench._cli.check_args`: no abbreviation, no ``--help``), when the settings are
-made and again on the whole command line when a Job is rendered, so a typo fails as a
+made and again on the whole command line when a Job is rendered (a pair Job's ``pair_args`` with the pair
+parser, :func:`gpucert.bench._cli.check_pair_args`), so a typo fails as a
 :class:`PayloadArgsError` naming it before any Job exists; the flags the Job sets itself
 (``--run-id``, ``--node``, ``--repeats``, ``--expected-gpus``) are refused. Each ``$`` is written as
 ``$$``: the kubelet expands ``$(VAR)`` in a container's arguments, and a payload argument must reach the
@@ -46,7 +60,7 @@ import jinja2
 
 from .._names import check_run_id
 from .._templates import yaml_environment
-from ..errors import GpucertError, InputError
+from ..errors import JobRenderError, PayloadArgsError
 from ..kube import Kube, KubeConflict
 from ..policy import Policy
 from ..stack import (
@@ -66,16 +80,24 @@ __all__ = [
     "DEFAULT_LABEL_PREFIX",
     "JOBS_NAMESPACE",
     "JOB_TEMPLATE",
+    "PAIR_JOB_TEMPLATE",
+    "PAIR_PORT",
+    "PAIR_SERVICE_TEMPLATE",
     "PAYLOAD_DIR",
     "PAYLOAD_TEMPLATE",
     "BenchmarkSettings",
     "JobRenderError",
+    "PairJob",
     "PayloadArgsError",
     "benchmark_job",
+    "check_pair_payload_args",
     "check_payload_args",
     "ensure_payload",
     "job_labels",
     "job_name",
+    "owned_by",
+    "pair_job",
+    "pair_name",
     "payload_configmap",
     "payload_items",
     "payload_key",
@@ -95,6 +117,10 @@ JOBS_NAMESPACE = STACK_NAMESPACE
 PAYLOAD_DIR = "/opt/gpucert"
 JOB_TEMPLATE = "certify/benchmark-job.yaml.j2"
 PAYLOAD_TEMPLATE = "certify/payload-configmap.yaml.j2"
+PAIR_JOB_TEMPLATE = "certify/pair-job.yaml.j2"
+PAIR_SERVICE_TEMPLATE = "certify/pair-service.yaml.j2"
+#: The rendezvous port (torch.distributed's customary one): node rank 0's payload listens on it.
+PAIR_PORT = 29500
 
 _KEY_WORD = re.compile(r"[-_a-zA-Z0-9]+")
 _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
@@ -106,21 +132,19 @@ _OWN_FLAGS = (
     # The policy's, one home: metrics.<name>.cv_rep and .repeats, repeats.unstable_factor and .transient_pct.
     "--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct",
 )  # fmt: skip
+#: The pair flags a pair Job sets itself; ``pair_args`` may not set them again.
+_PAIR_OWN_FLAGS = (
+    "--run-id", "--node", "--nodes", "--peer", "--rank", "--master", "--repeats", "--deadline-seconds",
+    "--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct", "--nccl-tests", "--mpi-hosts",
+)  # fmt: skip
 #: Of a Job's deadline, what image pull and scheduling may take before the payload starts.
 _START_ALLOWANCE_S = 300
-#: What the Job's own flags are checked with when ``payload_args`` are checked alone.
+#: What the Job's own flags are checked with when ``payload_args`` (``pair_args``) are checked alone.
 _CHECK_PREFIX = ("--run-id", "check", "--node", "check", "--repeats", "1", "--expected-gpus", "1")
+_PAIR_CHECK_PREFIX = ("--run-id", "check", "--node", "a", "--rank", "0", "--master", "host:1")
 _HASH = 8
-
-
-class JobRenderError(GpucertError):
-    """A benchmark template rendered into something that is not the expected object (a template bug,
-    or a value that tried to bend a manifest); the message names the template."""
-
-
-class PayloadArgsError(JobRenderError, InputError, ValueError):
-    """Payload arguments the payload's command line would refuse, or that set a flag the Job sets; the
-    message names the argument. Bad input (exit 2), and a ``ValueError`` like every other bad setting."""
+#: ``<job>-<index>`` is each pair pod's hostname, a DNS label: 63 characters less ``-0``/``-1``.
+_MAX_PAIR_NAME = 61
 
 
 def policy_payload_args(policy: Policy) -> tuple[str, ...]:
@@ -154,6 +178,17 @@ def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PR
 
     return checked_args(args, field="payload_args", job="the Job", payload="the payload", own_flags=_OWN_FLAGS,
                         check=check_args, prefix=prefix)  # fmt: skip
+
+
+def check_pair_payload_args(
+    args: Sequence[str], *, prefix: Sequence[str] = _PAIR_CHECK_PREFIX
+) -> tuple[str, ...]:
+    """``args`` as a tuple when the pair payload's parser takes ``prefix`` + ``args`` strictly and none of
+    ``args`` sets a flag the pair Job sets; raises :class:`PayloadArgsError`."""
+    from ..bench._cli import check_pair_args
+
+    return checked_args(args, field="pair_args", job="the pair Job", payload="the pair payload",
+                        own_flags=_PAIR_OWN_FLAGS, check=check_pair_args, prefix=prefix)  # fmt: skip
 
 
 def checked_args(
@@ -292,6 +327,29 @@ def job_labels(run_id: str, node: str, label_prefix: str = DEFAULT_LABEL_PREFIX)
     return labels
 
 
+def _pair(node_a: str, node_b: str) -> tuple[str, str]:
+    """The pair's two nodes in sorted order; ``ValueError`` for a name that is no node's or a node twice."""
+    for node in (node_a, node_b):
+        # Kubernetes node names are DNS subdomains; the results contract holds node and peer to it too.
+        if not isinstance(node, str) or not dns_subdomain_ok(node):
+            raise ValueError(f"node name {node!r} is not a DNS subdomain")
+    if node_a == node_b:
+        raise ValueError(f"a pair is two nodes, not {node_a} twice")
+    a, b = sorted((node_a, node_b))
+    return a, b
+
+
+def pair_name(run_id: str, node_a: str, node_b: str) -> str:
+    """The pair's Job and Service name (see the module docstring): a DNS label of at most 61 characters
+    that starts with a letter. Raises ``ValueError`` for a bad run id or node names (see :func:`pair_job`)."""
+    check_run_id(run_id)
+    a, b = _pair(node_a, node_b)
+    digest = hashlib.sha256(f"pair\n{run_id}\n{a}\n{b}".encode()).hexdigest()[:_HASH]
+    readable = re.sub(r"[^a-z0-9-]+", "-", f"pair-{run_id}-{a}-{b}".lower())
+    head = readable[: _MAX_PAIR_NAME - 1 - _HASH].rstrip("-")
+    return f"{head}-{digest}"
+
+
 # --- the payload ConfigMap ------------------------------------------------------------------------------
 
 
@@ -406,10 +464,14 @@ def ensure_payload(kube: Kube, configmap: Mapping[str, Any]) -> dict[str, Any]:
 # --- the Job --------------------------------------------------------------------------------------------
 
 
-def _affinity(node: str) -> dict[str, Any]:
+def _node_term(node: str) -> dict[str, Any]:
     # matchFields on metadata.name: see the template's notes (why not nodeName, why not the hostname label).
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    return {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+
+
+def _affinity(node: str) -> dict[str, Any]:
+    terms = [_node_term(node)]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
 def _tolerations(label_prefix: str) -> list[dict[str, str]]:
@@ -444,10 +506,7 @@ def benchmark_job(
     name = job_name(run_id, node)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"a benchmark Job requests at least 1 GPU, not {gpus!r}")
-    payload_name = str((payload.get("metadata") or {}).get("name") or "")
-    if not dns_subdomain_ok(payload_name):
-        raise ValueError(f"payload ConfigMap name {payload_name!r} is not a DNS subdomain")
-    items = payload_items(payload)
+    payload_name, items = _payload_ref(payload)
     labels = job_labels(run_id, node, s.label_prefix)
     node_annotation = {f"{s.label_prefix}/node": node}
     own = [
@@ -458,7 +517,7 @@ def benchmark_job(
         "--expected-gpus", str(gpus),
         # Extra repeats (to settle disagreeing ones) start only if they fit before the Job's own deadline,
         # less what pulling the image and scheduling may have taken.
-        "--deadline-seconds", str(max(60, s.deadline_s - _START_ALLOWANCE_S)),
+        "--deadline-seconds", _payload_deadline(s),
         *s.policy_args,
         *(("--storage-path", STORAGE_MOUNT) if _storage_volume(s) else ()),
     ]  # fmt: skip
@@ -466,15 +525,161 @@ def benchmark_job(
     payload_args = check_payload_args(s.payload_args, prefix=own)
     args = [*own, *(_kubelet_literal(arg) for arg in payload_args)]
     context = {
+        **_pod_context(s, name, labels, node_annotation, gpus, payload_name, items, args),
+        "affinity": _affinity(node),
+        "storage": _storage_volume(s),
+        "storage_mount": STORAGE_MOUNT,
+    }
+    return _render_one(JOB_TEMPLATE, {"job": context}, "Job")
+
+
+# --- the pair Job and its Service -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairJob:
+    """The two objects of one pair benchmark: create ``job``, then ``owned_by(service, the created job)``."""
+
+    job: dict[str, Any]
+    service: dict[str, Any]
+    #: the rendezvous, ``<job>-0.<service>.<namespace>.svc:<port>``
+    master: str
+
+    @property
+    def name(self) -> str:
+        return str(self.job["metadata"]["name"])
+
+    @property
+    def nodes(self) -> tuple[str, str]:
+        terms = self.job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        # One single-value term per node (see _pair_affinity); a Job of the older form, one term naming both
+        # (only a simulated cluster ever took it), is read too.
+        a, b = sorted(str(v) for term in terms for req in term["matchFields"] for v in req["values"])
+        return a, b
+
+
+def _pair_affinity(nodes: tuple[str, str], selector: Mapping[str, str]) -> dict[str, Any]:
+    # One term per node (terms are ORed): the API server refuses a `metadata.name` matchFields requirement
+    # with more than one value (422, "must be only one value when `operator` is 'In' or 'NotIn' for node
+    # field selector"), so `In [a, b]` in one term is no Job a real cluster accepts.
+    terms = [_node_term(node) for node in nodes]
+    apart = {"labelSelector": {"matchLabels": dict(selector)}, "topologyKey": "kubernetes.io/hostname"}
+    return {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]},
+    }
+
+
+def pair_job(
+    run_id: str,
+    node_a: str,
+    node_b: str,
+    gpus: int,
+    *,
+    payload: Mapping[str, Any],
+    settings: BenchmarkSettings | None = None,
+    pair_args: Sequence[str] = (),
+    port: int = PAIR_PORT,
+) -> PairJob:
+    """The pair benchmark of ``node_a`` and ``node_b`` in ``run_id``: its Job and headless Service.
+
+    Each pod requests ``gpus`` (all of a node's: the two nodes of a pair have as many) and runs ``python -m
+    gpucert.bench pair --run-id RUN --node $(NODE_NAME) --nodes A B --master <job>-0.<svc>.<ns>.svc:PORT
+    --repeats N --deadline-seconds D`` plus the settings' policy flags and ``pair_args`` (checked with the
+    pair payload's own parser); ``settings.payload_args`` are the node benchmark's and do not apply. The Job
+    carries what the node's does (labels, tolerations, deadline, TTL, no service account token) but the
+    pair's annotation and selector label instead of the node's. Returns a :class:`PairJob`. Raises
+    ``ValueError`` for a bad run id, node names that are not DNS subdomains or the same node twice, fewer
+    than 1 GPU, a bad port or a ConfigMap that is not a payload's, :class:`PayloadArgsError` for arguments
+    the payload refuses, and :class:`JobRenderError` when a template does not render into its one object.
+    """
+    s = settings or BenchmarkSettings()
+    name = pair_name(run_id, node_a, node_b)
+    nodes = _pair(node_a, node_b)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"a pair Job requests at least 1 GPU per node, not {gpus!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"{port!r} is not a TCP port")
+    payload_name, items = _payload_ref(payload)
+    selector = {f"{s.label_prefix}/pair-job": name}
+    labels = {**COMMON_LABELS, f"{s.label_prefix}/run-id": run_id, **selector}
+    annotations = {f"{s.label_prefix}/pair": ",".join(nodes)}
+    master = f"{name}-0.{name}.{s.namespace}.svc:{port}"
+    own = [
+        "pair",
+        "--run-id", run_id,
+        # $(NODE_NAME): the node this pod was bound to, from the downward API (either of the two).
+        "--node", "$(NODE_NAME)",
+        "--nodes", *nodes,
+        # No --rank: the payload takes $JOB_COMPLETION_INDEX, which the Job controller gives each pod.
+        "--master", master,
+        "--repeats", str(s.repeats),
+        "--deadline-seconds", _payload_deadline(s),
+        *s.policy_args,
+    ]  # fmt: skip
+    # Checked as the payload will parse it, with the rank each pod takes from $JOB_COMPLETION_INDEX.
+    extra = check_pair_payload_args(pair_args, prefix=[*own[1:], "--rank", "0"])
+    # The Job's own arguments hold no `$` but $(NODE_NAME) (run ids and node names are DNS names); the
+    # extra ones reach the payload as written.
+    args = [*own, *(_kubelet_literal(arg) for arg in extra)]
+    service = _render_one(
+        PAIR_SERVICE_TEMPLATE,
+        {"svc": {"name": name, "namespace": s.namespace, "labels": labels, "annotations": annotations,
+                 "selector": selector, "port": port}},
+        "Service",
+    )  # fmt: skip
+    context = {
+        **_pod_context(s, name, labels, annotations, gpus, payload_name, items, args),
+        "subdomain": name,
+        "affinity": _pair_affinity(nodes, selector),
+        "port": port,
+    }
+    job = _render_one(PAIR_JOB_TEMPLATE, {"job": context}, "Job")
+    return PairJob(job=job, service=service, master=master)
+
+
+def owned_by(service: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
+    """``service`` with an ownerReference to ``job`` as created (it needs the Job's uid), so the garbage
+    collector deletes the Service with the Job. Raises ``ValueError`` for a Job without a uid."""
+    meta = job.get("metadata") or {}
+    uid = meta.get("uid")
+    if not uid:
+        raise ValueError(f"Job {meta.get('name')!r} has no uid: pass the Job as the API server returned it")
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": uid,
+             "controller": False, "blockOwnerDeletion": False}  # fmt: skip
+    return {**service, "metadata": {**service["metadata"], "ownerReferences": [owner]}}
+
+
+def _payload_ref(payload: Mapping[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The payload ConfigMap's name and its volume's items; ``ValueError`` for one that is not a payload's."""
+    payload_name = str((payload.get("metadata") or {}).get("name") or "")
+    if not dns_subdomain_ok(payload_name):
+        raise ValueError(f"payload ConfigMap name {payload_name!r} is not a DNS subdomain")
+    return payload_name, payload_items(payload)
+
+
+def _payload_deadline(s: BenchmarkSettings) -> str:
+    """The payload's ``--deadline-seconds``: the Job's deadline less image pull and scheduling."""
+    return str(max(60, s.deadline_s - _START_ALLOWANCE_S))
+
+
+def _pod_context(
+    s: BenchmarkSettings, name: str, labels: Mapping[str, str], annotations: Mapping[str, str], gpus: int,
+    payload_name: str, items: list[dict[str, str]], args: list[str],
+) -> dict[str, Any]:
+    """What a node's and a pair's Job template get alike: names, the pod's deadline, TTL and priority, its
+    tolerations, image, arguments, resources (``gpus`` a pod) and the payload volume."""
+    return {
         "name": name,
         "namespace": s.namespace,
-        "labels": labels,
-        "annotations": node_annotation,
-        "pod_annotations": {**node_annotation, **s.pod_annotations},
+        "labels": dict(labels),
+        "annotations": dict(annotations),
+        "pod_annotations": {**annotations, **s.pod_annotations},
         "deadline_s": s.deadline_s,
         "ttl_s": s.ttl_s,
         "priority_class": s.priority_class,
-        "affinity": _affinity(node),
         "tolerations": _tolerations(s.label_prefix),
         "image": s.image,
         "args": args,
@@ -487,10 +692,7 @@ def benchmark_job(
         "payload_items": items,
         "payload_dir": PAYLOAD_DIR,
         "shm_size": s.shm_size,
-        "storage": _storage_volume(s),
-        "storage_mount": STORAGE_MOUNT,
     }
-    return _render_one(JOB_TEMPLATE, {"job": context}, "Job")
 
 
 def _storage_volume(s: BenchmarkSettings) -> dict[str, Any] | None:

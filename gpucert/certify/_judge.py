@@ -1,5 +1,8 @@
-"""Judging a run and its confirming re-runs, and settling them offline: the one path certify and
-``gpucert compare --rerun`` share.
+"""Judging a run and its confirming re-runs, and settling them offline: the one path certify, the
+certificate's re-judgement and ``gpucert compare --rerun`` share.
+
+A run's verdicts are made in one place, :func:`run_verdicts`: its results judged (pairs by the run's
+pairing plan) and an ``inconclusive`` row for each node whose benchmark gave none.
 
 A confirming re-run measures a few nodes; judged alone, its peers would be just those nodes (and a slow
 GPU would "pass" among the other suspects). So a re-run is judged with the first run's other nodes as
@@ -18,9 +21,38 @@ from ..network import PAIR_METRIC, PairingPlan
 from ..policy import Policy
 from ..results import concat_results
 from ._links import judge_with_links
+from ._record import job_failure_verdicts
 from ._settle import NodeTaints, RunVerdicts, Settlement, settle, settled_verdicts
 
-__all__ = ["judge_rerun", "settle_offline"]
+__all__ = ["judge_rerun", "run_verdicts", "settle_offline"]
+
+
+def run_verdicts(
+    run_id: str,
+    results: pd.DataFrame | None,
+    failed: Mapping[str, tuple[str | None, str]],
+    baseline: pd.DataFrame,
+    policy: Policy,
+    *,
+    plan: PairingPlan | None = None,
+    cohort: pd.DataFrame | None = None,
+    nodes: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """The verdicts of run ``run_id``: its ``results`` judged (None or empty: nothing to judge), then one
+    ``inconclusive`` row per node of ``failed`` (node → the wave's reason and message).
+
+    A first run is judged with its pairs by ``plan`` (:func:`judge_with_links`); a confirming re-run, given
+    its ``nodes``, among the first run's results (``cohort``, :func:`judge_rerun`) for those nodes only.
+    """
+    parts = [job_failure_verdicts(run_id, failed)]
+    if results is not None and len(results):
+        if nodes is None:
+            judged = judge_with_links(results, baseline, policy, plan=plan)
+        else:
+            judged = judge_rerun(results, cohort, nodes, baseline, policy)
+        parts.insert(0, judged)
+    filled = [part for part in parts if len(part)]
+    return pd.concat(filled, ignore_index=True) if filled else parts[0]
 
 
 def judge_rerun(
@@ -74,7 +106,7 @@ def settle_offline(
     """
     first_id = _one_run(first, "the first run")
     nodes = tuple(sorted(first["node"].astype("string").unique()))
-    judged = RunVerdicts(first_id, judge_with_links(first, baseline, policy, plan=plan), nodes)
+    judged = RunVerdicts(first_id, run_verdicts(first_id, first, {}, baseline, policy, plan=plan), nodes)
     judged_reruns = []
     for index, rerun in enumerate(reruns, start=1):
         rerun_id = _one_run(rerun, f"re-run {index}")
@@ -84,7 +116,7 @@ def settle_offline(
             raise InputError(
                 f"re-run {index} ({rerun_id}) measured nodes the first run did not: {', '.join(stray)}"
             )
-        verdicts = judge_rerun(rerun, first, rerun_nodes, baseline, policy)
+        verdicts = run_verdicts(rerun_id, rerun, {}, baseline, policy, cohort=first, nodes=rerun_nodes)
         judged_reruns.append(RunVerdicts(rerun_id, verdicts, rerun_nodes))
     taints = fleet if fleet is not None else {n: NodeTaints() for n in nodes}
     settlement = settle(judged, judged_reruns, fleet=taints, policy=policy, observe_only=policy.observe_only)

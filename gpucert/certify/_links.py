@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..network import (
+    NIC_ADVICE,
     PAIR_METRIC,
     PairingPlan,
     PairJudgement,
@@ -133,12 +134,17 @@ _NODE_CAUSES_OF_PAIRS = frozenset({"pcie", "nvlink", "thermal", "power", "ecc", 
 def _explained_by_the_node(links: pd.DataFrame, verdicts: pd.DataFrame) -> pd.DataFrame:
     """The link rows, a node's own network path named where its own benchmark found a cause that slows its
     pairs too made that cause's: the node's GPU rows carry the action and the ticket, and the link row
-    says why it asks for none (one fault, one ticket)."""
+    says why it asks for none (one fault, one ticket) and gives that fault's advice, not the NIC's — a
+    node low with every partner because its own PCIe link trained down needs its GPU reseated, not its
+    cable. The passing pairs its fault explains say so too."""
     flagged = verdicts[verdicts["verdict"].isin(["warn", "fail"]) & verdicts["node"].notna()]
     flagged = flagged[flagged["cause"].isin(list(_NODE_CAUSES_OF_PAIRS))]
     if flagged.empty:
         return links
-    cause_of = flagged.groupby(flagged["node"].astype(str), sort=False)["cause"].first()
+    # The node's worst such row speaks for it: a fail before a warn.
+    worst = flagged.assign(_fail=flagged["verdict"] != "fail").sort_values("_fail", kind="stable")
+    by_node = worst.groupby(worst["node"].astype(str), sort=False)
+    cause_of, action_of = by_node["cause"].first(), by_node["action"].first()
     own_path = (links["peer"].isna() & (links["cause"] == "network") & links["node"].notna()).to_numpy()
     node_cause = links["node"].astype("string").map(cause_of).to_numpy(dtype=object)
     explained = own_path & pd.notna(node_cause)
@@ -146,13 +152,33 @@ def _explained_by_the_node(links: pd.DataFrame, verdicts: pd.DataFrame) -> pd.Da
         return links
     out = links.copy()
     causes = node_cause[explained].astype(str)
+    actions = out.loc[explained, "node"].astype(str).map(action_of).fillna("none").astype(str).to_numpy(dtype=object)
     out.loc[explained, "cause"] = causes
     out.loc[explained, "action"] = "none"
     out.loc[explained, "ticket"] = "none"
-    pairs_said = out.loc[explained, "reasons"].astype(str).str.removeprefix("network: ").to_numpy(dtype=object)
-    said = "explained by this node's own " + causes + " fault (its own rows): " + pairs_said
+    pairs_said = (out.loc[explained, "reasons"].astype(str).str.removeprefix("network: ")
+                  .str.replace(f". {NIC_ADVICE}", "", regex=False).to_numpy(dtype=object))  # fmt: skip
+    said = ("explained by this node's own " + causes + " fault (its own rows): " + pairs_said
+            + ". Not its NIC: its " + causes + " fault slows every pair it is in; do what its own rows ask ("
+            + actions + "), then its links are measured again with it")  # fmt: skip
     out.loc[explained, "reasons"] = with_layer(causes.astype(object), said)
-    return out
+    return _partners_explained(out, dict(zip(out.loc[explained, "node"].astype(str), causes, strict=True)))
+
+
+def _partners_explained(links: pd.DataFrame, cause_of: Mapping[str, str]) -> pd.DataFrame:
+    """The passing pair rows low because of a node whose own fault (``cause_of``: node → cause) explains its
+    pairs: they name that node and fault, not "the node's own network path"."""
+    blamed = "low, explained by the node's own network path (its own row)"
+    node, peer = links["node"].astype("string"), links["peer"].astype("string")
+    culprit = node.map(cause_of).notna()
+    who = node.where(culprit, peer)
+    cause = who.map(cause_of)
+    rows = ((links["reasons"].astype("string") == blamed) & cause.notna()).fillna(False).to_numpy()
+    if not rows.any():
+        return links
+    links.loc[rows, "reasons"] = ("low, explained by " + who[rows] + "'s own " + cause[rows]
+                                  + " fault (its own rows)").astype(object)  # fmt: skip
+    return links
 
 
 def store_plan(run: CertificationRun, plan: PairingPlan) -> None:

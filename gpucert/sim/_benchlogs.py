@@ -50,7 +50,7 @@ Pair pods
 ---------
 A pod of gpucert's pair benchmark (its container's arguments start with ``pair``: the Indexed Job of
 ``gpucert.certify.pair_job``) logs what one side of the payload's two-node all-reduce prints
-(:mod:`gpucert.bench._paircli`): its stack record, ``pair run … on <node>``, the rendezvous, then
+(:mod:`gpucert.bench._cli`): its stack record, ``pair run … on <node>``, the rendezvous, then
 ``nccl_pair_busbw_gbps`` rows with ``node`` its own node and ``peer`` the other of ``--nodes``. Its rank
 is its completion index (``$JOB_COMPLETION_INDEX``), its repeats the pair payload's own arguments. The
 values are the fleet model's for that pair (``pairs=[(a, b)]``, the faults of both nodes and of the fabric
@@ -101,6 +101,8 @@ _SAY = "gpucert-bench: "
 _IMAGE_STACK = {"cuda": "12.4", "torch": "2.4.1", "nccl": "2.20.5"}
 _VBIOS = "96.00.9F.00.04"
 _DRIVER_POD = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "driver"}
+# The GPU Operator's driver pods (ClusterPolicy or NVIDIADriver DaemonSets) say the same with their labels.
+_OPERATOR_DRIVER_POD = {"app.kubernetes.io/managed-by": "gpu-operator", "app.kubernetes.io/component": "nvidia-driver"}
 # A driver container's tag is `<driver version>-<os>` (compatibility.yaml, `os`).
 _DRIVER_TAG = re.compile(r"^(\d{3,4}\.\d{1,3}(?:\.\d{1,3})?)(?:-|$)")
 # What the payload says on a node without a loaded driver (NVML and torch both fail to start).
@@ -127,15 +129,20 @@ def _image_driver(image: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _is_driver_pod(pod: Mapping[str, Any]) -> bool:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return any(all(labels.get(k) == v for k, v in known.items()) for known in (_DRIVER_POD, _OPERATOR_DRIVER_POD))
+
+
 def node_driver(node: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> str | None:
     """The NVIDIA driver version loaded on ``node`` (its Node object; ``pods``: the pods bound to it).
 
-    Returns the version of the newest running pod of gpucert's driver DaemonSet there, else the host
-    driver a pre-installed node declares, else None (no driver: NVML would not start).
+    Returns the version of the newest running pod of gpucert's (or the GPU Operator's) driver DaemonSet
+    there, else the host driver a pre-installed node declares, else None (no driver: NVML would not start).
     """
     running = [
         p for p in pods
-        if all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in _DRIVER_POD.items())
+        if _is_driver_pod(p)
         # Running, not Ready: the simulated driver pod's readiness is only a delay, and a benchmark pod
         # scheduled right after a preconfigured cluster starts must find the driver it was seeded with.
         and phase(p) == "Running" and not deleting(p)
@@ -271,7 +278,7 @@ def pair_pod(pod: Mapping[str, Any], node: str) -> PairPod | None:
     args = _args(pod)
     if args[:1] != ["pair"]:
         return None
-    from ..bench._paircli import check_pair_args
+    from ..bench._cli import check_pair_args
 
     argv = [a.replace("$(NODE_NAME)", node) for a in args[1:]]
     index = pod_index(pod)

@@ -157,6 +157,11 @@ def test_a_throttling_gpu_is_named_first_with_its_onset_and_the_step_time_change
     assert tel["pod"].notna().all()
     assert set(tel["node"].astype(str)) == set(thermal.target.nodes)
     assert len(thermal.gathered.steps) > 0
+    # NCCL Inspector's real labels (hostname = the pod, GPU<n> = its n-th GPU, rank): every rank tied to its GPU.
+    coll = thermal.gathered.collectives
+    assert coll.groupby(["node", "gpu"], observed=True).ngroups == 128
+    assert coll["rank"].notna().all()
+    assert not [n for n in thermal.explanation.notes if n.startswith("NCCL series")]
     assert "<html" in thermal.html.lower()
     # Without --since the window is the job's lifetime: its pods report the (compressed) start.
     assert resolve_target(world.kube, "thermal/pretrain").window[0] == pd.Timestamp(world.start)
@@ -202,6 +207,18 @@ def test_the_cli_prints_the_answer_and_writes_the_timeline(
     assert not has_taint(world.kube.get("v1", "Node", node), "gpucert.io/unhealthy")  # never on its own
 
 
+def test_the_cli_takes_the_label_mapping(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulated exporters label as a plain scrape keeps dcgm-exporter's labels: ``--labels plain`` (and the
+    node's label, told) reads the same answer as detection."""
+    code = main(["explain", "thermal/pretrain", "--prometheus", world.prometheus, "--kubeconfig",
+                 str(world.sim.kubeconfig_path), "--since", world.start.isoformat(), "--until", world.end.isoformat(),
+                 "--out", str(tmp_path / "t.html"), "--labels", "plain,node=hostname", "--json"])  # fmt: skip
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    outcome = ExplainOutcome.model_validate_json(printed.out)
+    assert (outcome.suspects[0].node, outcome.suspects[0].gpu) == world.faults["thermal/pretrain"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -214,6 +231,7 @@ def test_the_cli_prints_the_answer_and_writes_the_timeline(
         # Issue 31: a window with no data in it is judged by nobody: one line, exit 2 (not "elsewhere", exit 0).
         (["thermal/pretrain", "--since", "20h", "--until", "19h"], "explain thermal/pretrain: nothing to judge from"),
         (["thermal/pretrain", "--prometheus-user", "gpucert"], "--prometheus-user needs a password"),
+        (["thermal/pretrain", "--labels", "pod=workload_pod"], "--labels 'pod=workload_pod': give pod=LABEL and"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -240,6 +258,26 @@ def test_a_job_without_pods_exits_2(world: World, tmp_path: Path, capsys: pytest
                  str(world.sim.kubeconfig_path)])
     assert code == 2
     assert "has no pods" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_deployed_flow_fails_a_window_with_no_data_with_the_clis_line(world: World, tmp_path: Path) -> None:
+    """The explain-job flow is the deployed way in: a window with nothing in it fails its run with the line the
+    CLI exits 2 with, never a Completed run whose verdict is ``no-data``."""
+    import asyncio
+
+    from gpucert import _flowcli
+    from gpucert.errors import InputError
+    from gpucert.flows.explain import explain_job as explain_flow
+
+    inputs = _flowcli.flow_inputs(kubeconfig=str(world.sim.kubeconfig_path), context=None, label_prefix="gpucert.io",
+                                  selector="nvidia.com/gpu.present=true", store=(tmp_path / "store").as_uri())
+    state = asyncio.run(explain_flow(
+        job="thermal/pretrain", since="20h", until="19h", prometheus=_flowcli._prometheus(world.prometheus),
+        cluster=inputs.cluster, store=inputs.store, return_state=True))  # fmt: skip
+    assert state.is_failed(), state
+    with pytest.raises(InputError, match=r"^explain thermal/pretrain: nothing to judge from .* UTC: "):
+        state.result()
 
 
 # --- --act: through certify's code, audited ---------------------------------------------------------------

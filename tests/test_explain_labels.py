@@ -16,11 +16,19 @@ namespace, each written the way one real setup writes it:
   Gen4 x4, with replays, among peers whose replays are noisy;
 * ``podhost``: dcgm-exporter without hostNetwork or NODE_NAME (its ``Hostname`` is its own pod's name) scraped
   with a ``node`` relabeling; the job shares a node with another team's pod (4 GPUs each): nothing wrong;
-* ``hung``: the step gauge freezes while the GPUs stay busy.
+* ``hung``: the step gauge freezes while the GPUs stay busy;
+* ``custom``: a custom relabeling explain cannot guess — the ServiceMonitor's metricRelabelings renamed
+  ``exported_pod`` / ``exported_namespace`` to ``workload_pod`` / ``workload_namespace`` (``pod`` stays the
+  exporter's own), dcgm-exporter runs without hostNetwork (its ``Hostname`` is its pod's name) and the node is
+  relabeled into ``kube_node``; the job shares a node with another team's pod; one GPU throttles thermally:
+  read only when told with ``--labels``;
+* ``podsteps``: each pod reports its own step time (its compute, not the job's) and one pod's runs 20 % slower
+  from the onset, with no DCGM sign and no NCCL Inspector: the pod's node is the straggler.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,7 +38,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpucert.explain import JobTarget, TargetPod, empty_record, gather, judge_gathered
+from gpucert.errors import InputError
+from gpucert.explain import JobTarget, LabelMap, TargetPod, empty_record, gather, judge_gathered
 from gpucert.kube import KubeError
 from gpucert.telemetry import PrometheusSource
 
@@ -41,7 +50,9 @@ MINUTES = 60
 ONSET_MINUTE = 30
 GPUS = 8
 NODES = 3
-JOBS = ("operator", "plain", "podhost", "hung")
+JOBS = ("operator", "plain", "podhost", "hung", "custom", "podsteps")
+#: What the custom relabeling is, as ``--labels`` says it.
+CUSTOM_LABELS = "pod=workload_pod,namespace=workload_namespace,node=kube_node"
 
 
 def node_of(job: str, i: int) -> str:
@@ -84,6 +95,12 @@ def _dcgm_labels(job: str, node: int, gpu: int, holder: tuple[str, str] | None) 
                  "pod": f"nvidia-dcgm-exporter-{node:05x}", "service": "nvidia-dcgm-exporter"}
         if holder is not None:
             base |= {"exported_namespace": holder[0], "exported_pod": holder[1], "exported_container": "train"}
+    elif job == "custom":
+        base |= {"Hostname": f"nvidia-dcgm-exporter-{node:05x}", "kube_node": host, "container": "nvidia-dcgm-exporter",
+                 "instance": f"10.4.0.{node}:9400", "job": "nvidia-dcgm-exporter", "namespace": "gpu-operator",
+                 "pod": f"nvidia-dcgm-exporter-{node:05x}"}
+        if holder is not None:
+            base |= {"workload_namespace": holder[0], "workload_pod": holder[1]}
     elif job == "podhost":
         base |= {"Hostname": f"nvidia-dcgm-exporter-{node:05x}", "node": host, "instance": f"10.2.0.{node}:9400",
                  "job": "dcgm-exporter"}
@@ -110,15 +127,19 @@ def _history(start: int, end: int) -> str:
         for n in range(NODES):
             for g in range(GPUS):
                 holder: tuple[str, str] | None = (job, pod_of(job, n))
-                if job == "podhost" and n == 0 and g >= 4:
+                if job in ("podhost", "custom") and n == 0 and g >= 4:
                     holder = ("other-team", "notebook-7")  # the job holds GPUs 0-3 of this node only
                 labels = _dcgm_labels(job, n, g, holder)
                 noise = rng.standard_normal((8, len(times)))
                 busy = np.ones(len(times))
                 if job == "hung":
                     busy[:] = 1.0  # spinning in NCCL: busy to the end
-                add("DCGM_FI_DEV_SM_CLOCK", labels, np.rint(1980 + 6 * noise[0]))
-                add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, np.where(rng.random(len(times)) < 0.3, 4.0, 0.0))
+                clock = np.rint(1980 + 6 * noise[0])
+                reasons = np.where(rng.random(len(times)) < 0.3, 4.0, 0.0)
+                if job == "custom" and (n, g) == (1, 2):
+                    clock[after], reasons[after] = np.rint(0.7 * clock[after]), 0x48  # HW thermal + HW slowdown
+                add("DCGM_FI_DEV_SM_CLOCK", labels, clock)
+                add("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", labels, reasons)
                 add("DCGM_FI_DEV_POWER_USAGE", labels, np.round(650 + 10 * noise[1], 1))
                 add("DCGM_FI_DEV_GPU_TEMP", labels, np.rint(66 + 1.2 * noise[2]))
                 add("DCGM_FI_DEV_GPU_UTIL", labels, np.clip(np.rint(95 * busy + 1.0 * noise[3]), 0, 100))
@@ -143,15 +164,20 @@ def _history(start: int, end: int) -> str:
                 add("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", labels, np.full(len(times), 16.0))
         # The job's step time, one gauge per pod (a PodMonitor: the pod's own labels).
         step = 1.0 + 0.02 * rng.standard_normal(len(times))
-        if job in ("operator", "plain"):
+        if job in ("operator", "plain", "custom"):
             step[after] *= 1.2
         if job == "hung":
             step[after] = step[np.flatnonzero(after)[0]]
         for n in range(NODES):
+            own = step
+            if job == "podsteps":  # each pod's own compute time: pod 1's runs 20 % slower from the onset
+                own = 1.0 + 0.02 * rng.standard_normal(len(times))
+                if n == 1:
+                    own[after] *= 1.2
             add("train_step_seconds", {"namespace": job, "pod": pod_of(job, n), "container": "train",
-                                       "instance": f"10.3.{n}.1:8000", "job": f"{job}/train"}, step)  # fmt: skip
+                                       "instance": f"10.3.{n}.1:8000", "job": f"{job}/train"}, own)  # fmt: skip
         # NCCL Inspector, one dump per rank and interval: coll_sn and timestamp make each a series of its own.
-        if job == "podhost":
+        if job in ("podhost", "custom", "podsteps"):
             continue
         for n in range(NODES):
             for g in range(GPUS):
@@ -207,9 +233,9 @@ def target(world: World, job: str, *, gpus: int = GPUS, window: tuple[pd.Timesta
                      window=window or (world.start, world.end))
 
 
-def explained(world: World, tgt: JobTarget) -> Any:
+def explained(world: World, tgt: JobTarget, labels: str | None = None) -> Any:
     source = PrometheusSource(world.url)
-    got = gather(_NoEvents(), source, tgt, read_logs=False)  # type: ignore[arg-type]
+    got = gather(_NoEvents(), source, tgt, read_logs=False, labels=LabelMap.parse(labels))  # type: ignore[arg-type]
     explanation, _, seconds = judge_gathered(tgt, got, empty_record(), list(got.notes))
     print(tgt.job, dict(got.seconds), seconds, got.queries)
     return got, explanation
@@ -270,3 +296,67 @@ def test_a_window_with_no_data_is_no_data(world: World) -> None:
     assert ex.verdict == "no-data"
 
 
+
+
+# --- telling explain the labels (--labels) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("job", "labels"), [("operator", "operator"), ("plain", "plain")])
+def test_the_presets_read_what_detection_reads(world: World, job: str, labels: str) -> None:
+    _, detected = explained(world, target(world, job))
+    got, told = explained(world, target(world, job), labels)
+    assert got.telemetry.groupby(["node", "gpu"], observed=True).ngroups == NODES * GPUS
+    assert told.verdict == detected.verdict == "gpu"
+    assert [(s.node, s.gpu) for s in told.suspects[:1]] == [(s.node, s.gpu) for s in detected.suspects[:1]]
+
+
+def test_a_custom_relabeling_is_read_once_told_and_said_when_not(world: World) -> None:
+    tgt = target(world, "custom", gpus=4)
+    got, ex = explained(world, tgt)
+    assert got.telemetry.empty  # nothing names the node by a label explain knows: it cannot guess
+    assert ex.verdict == "no-data"
+    assert any("--labels node=LABEL" in n for n in ex.notes), ex.notes
+
+    got, ex = explained(world, tgt, CUSTOM_LABELS)
+    # The job's GPUs only: node 0's other 4 belong to another team's pod, named as such.
+    assert got.telemetry.groupby(["node", "gpu"], observed=True).ngroups == NODES * GPUS - 4
+    assert sorted(got.telemetry["pod"].astype(str).unique()) == [pod_of("custom", n) for n in range(NODES)]
+    assert ex.verdict == "gpu", ex.answer
+    top = ex.suspects[0]
+    assert (top.node, top.gpu, top.silent) == (node_of("custom", 1), 2, False)
+    assert "HW thermal slowdown (0x40)" in top.evidence[0]
+    assert any(n.startswith(f"4 GPU(s) on the job's nodes name pods outside the job and were left out "
+                            f"({node_of('custom', 0)} GPU 4") and "other-team/notebook-7" in n
+               for n in ex.notes), ex.notes
+
+
+@pytest.mark.parametrize(("labels", "bad"), [
+    ("operators", "'operators'"), ("pod=workload_pod", "together"), ("node=kube-node", "'node=kube-node'"),
+    ("operator,pod=a,namespace=b", "together"), ("node=a,node=b", "'node=b'"),
+])  # fmt: skip
+def test_a_bad_label_mapping_is_one_line(labels: str, bad: str) -> None:
+    with pytest.raises(InputError, match=f"^--labels '{labels}': .*") as exc:
+        LabelMap.parse(labels)
+    assert bad in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+# --- per-pod step times -----------------------------------------------------------------------------------------
+
+
+def test_a_pod_whose_own_step_time_lags_names_its_node(world: World) -> None:
+    got, ex = explained(world, target(world, "podsteps"))
+    assert got.collectives.empty  # no NCCL Inspector: the pods' own step times alone
+    assert got.steps["pod"].nunique() == NODES
+    assert ex.verdict == "gpu", ex.answer
+    top = ex.suspects[0]
+    assert (top.node, top.gpu, top.layer, top.silent) == (node_of("podsteps", 1), None, "node", True)
+    # +20 % against the others; against the median of all three pods (its own among them) a little less.
+    assert re.match(rf"pod {pod_of('podsteps', 1)}'s step time runs \+(1[5-9]|20) % against its peers' from ",
+                    top.evidence[0]), top.evidence[0]
+    assert top.evidence[1].startswith("its node's telemetry shows no cause")
+    start = world.start + pd.Timedelta(minutes=ONSET_MINUTE)
+    assert top.onset is not None
+    assert abs((top.onset - start).total_seconds()) <= 2 * STEP_S
+    assert [s.node for s in ex.suspects] == [node_of("podsteps", 1)]  # its peers are not blamed
+    assert ex.recommendations[0].startswith(f"re-certify {node_of('podsteps', 1)} (all its GPUs)")

@@ -39,6 +39,9 @@ from .test_telemetry_prometheus import IDLE_CONFIG, PromBins, prom_bins, running
 
 STEP = 15
 HOT = ("gpu-node-00005", 3)
+#: The labels NCCL Inspector's Prometheus dump writes (NVIDIA/nccl ext-profiler/inspector/inspector_prom.cc).
+INSPECTOR_LABELS = ("comm_id", "hostname", "rank", "slurm_job", "slurm_job_id", "nranks", "n_nodes", "gpu_device_id",
+                    "collective", "coll_sn", "timestamp", "message_size")
 THERMAL, INPUT, EVICT, NET = "thermal/pretrain", "input/finetune", "evict/sft", "net/ddp"
 DONE, BAD = "done/short", "bad/typo"
 NODES = {THERMAL: [f"gpu-node-{i:05d}" for i in range(16)], INPUT: ["gpu-node-00016", "gpu-node-00017"],
@@ -279,6 +282,18 @@ def test_the_step_time_rises_after_the_throttle_in_the_logs_and_the_job_metrics(
     assert len(set(gauge.values())) == 1
     assert next(iter(gauge.values())) == pytest.approx(1.7, rel=0.05)
     assert len(families["nccl_bus_bandwidth_gbs"].samples) == 16 * 8
+    # NCCL Inspector's own label set (inspector_prom.cc), one dump per rank: no simplified node/gpu/comm.
+    samples = families["nccl_collective_exec_time_microseconds"].samples
+    assert {frozenset(x.labels) for x in samples} == {frozenset(INSPECTOR_LABELS)}
+    assert sorted(int(x.labels["rank"]) for x in samples) == list(range(16 * 8))
+    [hot] = [p for p in pods if p.spec.node_name == HOT[0]]
+    mine = {x.labels["gpu_device_id"]: x for x in samples if x.labels["hostname"] == hot.metadata.name}
+    assert sorted(mine) == [f"GPU{g}" for g in range(8)]  # the pod holds all 8: GPU<n> is GPU n
+    assert {x.labels["nranks"] for x in samples} == {"128"}
+    assert {x.labels["n_nodes"] for x in samples} == {"16"}
+    assert len({x.labels["comm_id"] for x in samples}) == 1
+    # The straggler arrives last and waits least: the shortest collective is its rank's.
+    assert min(samples, key=lambda x: x.value) is mine[f"GPU{HOT[1]}"]
 
 
 # --- a slow input pipeline ----------------------------------------------------------------------------------
@@ -378,6 +393,12 @@ def test_the_history_backfilled_by_promtool_answers_a_range_query(
         late = [float(v) for t, v in steps[0]["values"] if float(t) > onset + 15]
         assert all(math.isclose(v, 1.7, rel_tol=0.05) for v in late)
         assert len(query(url, 'node_infiniband_rate_bytes_per_second{device="mlx5_0"}')) == 16
+        # NCCL Inspector as node-exporter's textfile collector serves it, coll_sn and timestamp dropped.
+        [nccl] = query(url, f'nccl_collective_exec_time_microseconds{{hostname="{hot.metadata.name}",'
+                            f'gpu_device_id="GPU{HOT[1]}"}}')
+        assert set(nccl["metric"]) == {"__name__", *INSPECTOR_LABELS} - {"coll_sn", "timestamp"} | {"instance",
+                                                                                                     "job"}
+        assert nccl["metric"]["instance"] == f"{HOT[0]}:9100"
 
 
 # --- a NIC at half rate, a job that ended, a job refused ---------------------------------------------------

@@ -50,13 +50,23 @@ from ._gather import (
     parse_step_log,
     scrape_step,
 )
-from ._job import TIMELINES, JobExplanation, explain_id, explain_job, judge_gathered, timeline_key
+from ._job import (
+    TIMELINES,
+    JobExplanation,
+    explain_id,
+    explain_job,
+    judge_gathered,
+    nothing_to_judge,
+    timeline_key,
+)
 from ._judge import explain
 from ._outcome import ExplainOutcome, SuspectLine
 from ._record import blank_record, read_record
 from ._target import (
     JOB_LABELS,
+    LABEL_PRESETS,
     JobTarget,
+    LabelMap,
     TargetPod,
     assign_gpus,
     holder_at,
@@ -72,6 +82,7 @@ __all__ = [
     "EVENTS_COLUMNS",
     "FRAME_COLUMNS",
     "JOB_LABELS",
+    "LABEL_PRESETS",
     "LAYERS",
     "NIC_COLUMNS",
     "NIC_SIGNALS",
@@ -90,6 +101,7 @@ __all__ = [
     "Gathered",
     "JobExplanation",
     "JobTarget",
+    "LabelMap",
     "StepChange",
     "Suspect",
     "SuspectLine",
@@ -115,6 +127,7 @@ __all__ = [
     "gather_telemetry",
     "holder_at",
     "judge_gathered",
+    "nothing_to_judge",
     "parse_job",
     "parse_moment",
     "parse_step_log",

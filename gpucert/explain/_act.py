@@ -20,6 +20,13 @@ For the first suspect of an explanation that blames hardware (``gpu``, ``nvlink`
 3. **re-certify** it: the ``explain-job`` flow runs certify on the node (idle nodes only: a node still
    running the job is left for the next certify, and the outcome says so).
 
+A **silent straggler** (a suspect named by the job's own timings — its peers wait for it in every collective,
+or its pod's step time lags — while its DCGM telemetry shows no cause) is neither cordoned nor ticketed: a
+taint or a ticket on a guess would blame hardware nothing shows. Its one action is step 3, the
+re-certification, whose verdict settles the cause (and taints and tickets it, as certify does, if it fails).
+A ``transient`` (it departed, then ran in line with its peers) earns no action at all, and a ``hang`` is
+reported only: the job needs a restart, not a node taken out.
+
 Every write is recorded by the caller's :class:`~gpucert.audit.AuditRecorder` (the Kubernetes writes as
 it watches them; the ticket events are noted here), as certify's are.
 """
@@ -68,12 +75,16 @@ class ActOutcome:
     ticket_events: tuple[TicketEvent, ...] = field(default=(), repr=False)
     #: ``due`` (the node is idle: certify it now) or ``busy: ns/pod`` (left for the next certify); ``""``.
     recertify: str = ""
+    #: The suspect was named by the job's timings alone: re-certified only, never cordoned or ticketed.
+    silent: bool = False
 
     def lines(self) -> list[str]:
         """The outcome in a few lines, for the CLI and the artifact."""
         if self.node is None:
             return [f"nothing done: {self.why}"]
         where = f"{self.node}" + (f" GPU {self.gpu}" if self.gpu is not None else "")
+        if self.silent:
+            return [f"no cordon, no ticket for {where}: {self.why}", f"re-certify: {self.recertify}"]
         out = [f"cordon {where}: {self.cordon}" + (f" ({self.why})" if self.why else "")]
         out.append(f"tickets: {', '.join(self.tickets)}" if self.tickets else "tickets: none opened")
         if self.recertify:
@@ -120,10 +131,9 @@ def act_on(
     """
     suspect = suspect_to_act_on(explanation)
     if suspect is None:
-        why = {"elsewhere": "the GPUs and nodes show nothing: the slowdown is elsewhere",
-               "event": "the slowdown follows a Kubernetes event, not a node's hardware",
-               "no-data": "there was nothing to judge"}.get(explanation.verdict, "no hardware suspect")  # fmt: skip
-        return ActOutcome(node=None, why=why)
+        return ActOutcome(node=None, why=_NOTHING_TO_DO.get(explanation.verdict, "no hardware suspect"))
+    if suspect.silent:
+        return _recertify_only(suspect, kube, prefix=prefix)
     cause = cause_of(suspect)
     summary = f"explain {explanation.job}: {'; '.join(suspect.evidence)}"[:_SUMMARY_MAX]
     audit.because(f"explain {explanation.job}: {run_id}", per_object={suspect.node: summary})
@@ -167,6 +177,28 @@ def act_on(
         node=suspect.node, gpu=suspect.gpu, cordon=cordon, why=why,
         tickets=tuple(dict.fromkeys(e.ticket.external_key or e.ticket.id for e in events)),
         ticket_events=tuple(events),
+        recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
+    )  # fmt: skip
+
+
+#: Why nothing is done about an explanation without a hardware suspect, by its verdict.
+_NOTHING_TO_DO = {
+    "elsewhere": "the GPUs and nodes show nothing: the slowdown is elsewhere",
+    "event": "the slowdown follows a Kubernetes event, not a node's hardware",
+    "transient": "the departure recovered (transient): no cordon, no ticket; re-certify the node if it recurs",
+    "hang": "the job is hung: a restart, not a node taken out; nothing is cordoned or ticketed",
+    "healthy": "the job is healthy",
+    "no-data": "there was nothing to judge",
+}
+
+
+def _recertify_only(suspect: Suspect, kube: Kube, *, prefix: str) -> ActOutcome:
+    """A silent straggler: no taint and no ticket on a guess (nothing is written, so nothing is audited here);
+    the re-certification (idle nodes only) is the action, and its verdict settles the cause."""
+    busy = busy_nodes(kube, prefix=prefix).get(suspect.node)
+    return ActOutcome(
+        node=suspect.node, gpu=suspect.gpu, cordon="none", silent=True,
+        why="its telemetry shows no cause: re-certifying it settles one; a cordon or a ticket now would be a guess",
         recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
     )  # fmt: skip
 

@@ -51,7 +51,7 @@ from ._frames import (
     empty_telemetry,
 )
 from ._grid import column_codes
-from ._target import JobTarget, TargetPod, assign_gpus, workload_of
+from ._target import JobTarget, LabelMap, TargetPod, assign_gpus, workload_of
 
 __all__ = [
     "NODES_PER_QUERY",
@@ -179,10 +179,12 @@ def gather(
     step_s: float | None = None,
     step_metric: str | None = STEP_METRIC,
     read_logs: bool = True,
+    labels: LabelMap | None = None,
 ) -> Gathered:
     """All frames of ``target``'s window (see the module docstring). ``step_s``: the resolution of the range
     queries, default the exporters' scrape interval as Prometheus holds it; ``step_metric``: the job's step
-    gauge (None or ``""``: read the pods' logs only); ``read_logs``: False reads no pod log.
+    gauge (None or ``""``: read the pods' logs only); ``read_logs``: False reads no pod log; ``labels``: the
+    label mapping where detection cannot tell (``--labels``), default detected.
 
     Raises :class:`~gpucert.telemetry.PrometheusAuthError` / :class:`TelemetryError` when Prometheus refuses
     or does not answer, the :class:`~gpucert.kube.KubeError` of a cluster that does not answer.
@@ -190,12 +192,12 @@ def gather(
     clock = _Clock()
     notes: list[str] = list(target.notes)
     started = time.perf_counter()
-    step = step_s or scrape_step(source, target, notes)
+    step = step_s or scrape_step(source, target, notes, labels=labels)
     clock.add("prometheus", time.perf_counter() - started, queries=1)
-    telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock)
+    telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock, labels=labels)
     steps, collectives = gather_steps(kube, source, target, step_s=step, step_metric=step_metric,
                                       read_logs=read_logs, notes=notes, clock=clock,
-                                      gpus_of_pod=_gpus_of_pod(telemetry))  # fmt: skip
+                                      gpus_of_pod=_gpus_of_pod(telemetry), labels=labels)  # fmt: skip
     began = time.perf_counter()
     events = gather_events(kube, target, notes=notes)
     clock.add("events", time.perf_counter() - began)
@@ -236,6 +238,12 @@ def _host_labels(source: PrometheusSource) -> tuple[str, ...]:
     return (source.host_label,) if source.host_label else HOST_LABELS
 
 
+def _node_labels(source: PrometheusSource, labels: LabelMap | None) -> tuple[str, ...]:
+    """The labels a DCGM series may name its node by: the one told (``--labels node=…``), else the exporter's
+    host label(s) and a scrape's ``node``."""
+    return (labels.node,) if labels is not None and labels.node else (*_host_labels(source), "node")
+
+
 def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[[Callable[[str], str]], str],
                 labels: Sequence[str] | None = None) -> str:
     """``build(s)`` for each host label the source reads, joined by ``or`` (a fleet mid-upgrade carries
@@ -251,12 +259,11 @@ def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[
     return " or ".join(f"({e})" for e in exprs) if len(exprs) > 1 else exprs[0]
 
 
-def _seen_host_labels(source: PrometheusSource, series_labels: Iterable[Mapping[str, str]],
+def _seen_host_labels(candidates: Sequence[str], series_labels: Iterable[Mapping[str, str]],
                       nodes: Sequence[str]) -> tuple[str, ...] | None:
-    """The host labels (of those :func:`_over_hosts` reads) whose value names a node of the job on some
-    series; None when none does (then every label is asked, as before)."""
+    """The host labels (of ``candidates``, those :func:`_over_hosts` reads) whose value names a node of the job
+    on some series; None when none does (then every label is asked, as before)."""
     wanted = set(nodes)
-    candidates = (*_host_labels(source), "node")
     seen = {label for labels in series_labels for label in candidates if labels.get(label) in wanted}
     return tuple(label for label in candidates if label in seen) or None
 
@@ -280,7 +287,8 @@ def _grid(window: tuple[pd.Timestamp, pd.Timestamp], step: float) -> list[tuple[
     return spans
 
 
-def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | None = None) -> float:
+def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | None = None, *,
+                labels: LabelMap | None = None) -> float:
     """The DCGM exporters' scrape interval on the job's nodes, in whole seconds: the window over the most
     samples any GPU temperature series holds in it (``count_over_time``); 15 s when there are none."""
     start, end = target.window
@@ -288,7 +296,8 @@ def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | 
     nodes = target.nodes[:NODES_PER_QUERY]
     if not nodes:
         return _DEFAULT_STEP_S
-    expr = _over_hosts(source, nodes, lambda s: f"count_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])")
+    expr = _over_hosts(source, nodes, lambda s: f"count_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])",
+                       _node_labels(source, labels))
     series = source.query(expr, end.timestamp(), notes)
     counts = [v for s in series for _, v in s.values if math.isfinite(v) and v > 1]
     if not counts:
@@ -306,10 +315,14 @@ def gather_telemetry(
     step_s: float,
     notes: list[str],
     clock: _Clock | None = None,
+    labels: LabelMap | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The telemetry frame (one row per GPU × signal × instant, the job's GPUs only) and the nic frame of
-    ``target``'s window, read at ``step_s``. Raises as :meth:`PrometheusSource.query` does."""
+    ``target``'s window, read at ``step_s``; ``labels`` as :func:`gather`. Raises as
+    :meth:`PrometheusSource.query` does."""
     clock = clock or _Clock()
+    mapping = labels or LabelMap()
+    candidates = _node_labels(source, labels)
     nodes = target.nodes
     if not nodes:
         return empty_telemetry(), empty_nic()
@@ -321,19 +334,20 @@ def gather_telemetry(
     # Which pod holds which GPU: the series' own labels, read once over the window.
     began = time.perf_counter()
     window = max(1, math.floor((target.window[1] - target.window[0]).total_seconds()))
-    labels: list[tuple[str, int, dict[str, str]]] = []
+    seen: list[tuple[str, int, dict[str, str]]] = []
     for chunk in _chunks(nodes, NODES_PER_QUERY * 4):
-        expr = _over_hosts(source, chunk, lambda s: f"last_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])")
+        expr = _over_hosts(source, chunk, lambda s: f"last_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])",
+                           candidates)
         for s in source.query(expr, end, notes):
-            ident = _identity(s.labels, source.host_label)
+            ident = _identity(s.labels, source.host_label, mapping.node)
             if ident is not None:
-                labels.append((ident[0], ident[1], s.labels))
-    host_labels = _seen_host_labels(source, (lab for _, _, lab in labels), nodes)
-    holders, assigned = assign_gpus(target, labels)
+                seen.append((ident[0], ident[1], s.labels))
+    host_labels = _seen_host_labels(candidates, (lab for _, _, lab in seen), nodes)
+    holders, assigned = assign_gpus(target, seen, mapping)
     notes.extend(assigned)
     clock.add("prometheus", time.perf_counter() - began, queries=len(_chunks(nodes, NODES_PER_QUERY * 4)))
 
-    frames = _Frames(target, holders, source.host_label)
+    frames = _Frames(target, holders, source.host_label, mapping)
     jobs: list[Callable[[], None]] = []
     for signal, build in SIGNAL_QUERIES.items():
         for chunk in _chunks(nodes, NODES_PER_QUERY):
@@ -343,10 +357,10 @@ def gather_telemetry(
     nic_frames: list[pd.DataFrame] = []
     for metric, signal, counter in _NIC_SERIES:
         for chunk in _chunks(nodes, NODES_PER_QUERY):  # 8 ports a node: as many series as a DCGM query
-            expr = _nic_expr(metric, counter, chunk, w, step)
+            expr = _nic_expr(metric, counter, chunk, w, step, mapping.node)
             for lo, hi in spans:
                 jobs.append(functools.partial(_read_nic, source, nic_frames, signal, expr, lo, hi, step_s,
-                                              set(nodes), notes, clock, counter))  # fmt: skip
+                                              set(nodes), notes, clock, counter, mapping.node))  # fmt: skip
     _run_all(jobs, workers=source.workers)
     telemetry = frames.frame()
     notes.extend(frames.untied_notes(telemetry))
@@ -379,11 +393,15 @@ def _run_all(jobs: Sequence[Callable[[], None]], *, workers: int) -> None:
             future.result()
 
 
-def _identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str] | None:
+def _identity(labels: Mapping[str, str], host_label: str | None, node_label: str | None = None
+              ) -> tuple[str, int, str] | None:
     # A ``node`` a scrape's relabeling set is the Kubernetes node itself; dcgm-exporter's host label is its pod's
-    # own hostname when it runs without hostNetwork and NODE_NAME.
-    node = labels.get("node") or labels.get("kubernetes_node")
-    node = node or (labels.get(host_label) if host_label else (labels.get("hostname") or labels.get("Hostname")))
+    # own hostname when it runs without hostNetwork and NODE_NAME. A label told (--labels node=…) is the only one.
+    if node_label:
+        node = labels.get(node_label)
+    else:
+        node = labels.get("node") or labels.get("kubernetes_node")
+        node = node or (labels.get(host_label) if host_label else (labels.get("hostname") or labels.get("Hostname")))
     gpu = labels.get("gpu")
     if not node or gpu is None or not gpu.isdigit():
         return None
@@ -393,8 +411,10 @@ def _identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, i
 class _Frames:
     """The telemetry answers as they come (from many threads), turned into columns at once per answer."""
 
-    def __init__(self, target: JobTarget, holders: Mapping[str, Sequence[TargetPod]], host_label: str | None):
+    def __init__(self, target: JobTarget, holders: Mapping[str, Sequence[TargetPod]], host_label: str | None,
+                 labels: LabelMap):
         self.host_label = host_label
+        self.labels = labels
         self.job_pods = {(p.namespace, p.name) for p in target.pods}
         # Nodes where dcgm-exporter labels the job's pods: an unlabelled series there is a GPU the job does not hold.
         self.holders = {n: list(h) for n, h in holders.items()}
@@ -433,7 +453,7 @@ class _Frames:
         repeated = False
         for series in answer:
             labels = series.get("metric") or {}
-            ident = _identity(labels, self.host_label)
+            ident = _identity(labels, self.host_label, self.labels.node)
             values = series.get("values") or ()
             if ident is None or not _n_points(values):
                 skipped += ident is None
@@ -441,7 +461,7 @@ class _Frames:
             node, gpu, uuid = ident
             repeated = repeated or (node, gpu) in gpus
             gpus.add((node, gpu))
-            namespace, pod = workload_of(labels)
+            namespace, pod = workload_of(labels, self.labels.workload)
             if pod is not None and (namespace, pod) not in self.job_pods:
                 if node in self.holders:
                     # A job pod holds every GPU of this node: the pod named is the exporter's own (a scrape
@@ -574,11 +594,12 @@ def _repeat_category(labels: Sequence[str | None], counts: np.ndarray) -> pd.Cat
 # --- nic ---------------------------------------------------------------------------------------------------
 
 
-def _nic_expr(metric: str, counter: bool, nodes: Sequence[str], w: str, step: str) -> str:
-    """node-exporter's ``metric`` on ``nodes`` (by its ``node`` label or its ``instance`` without the port):
-    a counter as its increase per step, the link rate in Gb/s."""
+def _nic_expr(metric: str, counter: bool, nodes: Sequence[str], w: str, step: str, node_label: str | None = None
+              ) -> str:
+    """node-exporter's ``metric`` on ``nodes`` (by its ``node`` label, the one told, or its ``instance`` without
+    the port): a counter as its increase per step, the link rate in Gb/s."""
     regex = _regex(nodes)
-    selectors = (f'{metric}{{node=~"{regex}"}}', f'{metric}{{instance=~"({regex})(:[0-9]+)?"}}')
+    selectors = (f'{metric}{{{node_label or "node"}=~"{regex}"}}', f'{metric}{{instance=~"({regex})(:[0-9]+)?"}}')
     if counter:
         # Error counters only where they rose (an absence reads as zero): most of a large job's points.
         return " or ".join(f"irate({s}[{w}]) * {step} > 0" for s in selectors)
@@ -597,6 +618,7 @@ def _read_nic(
     notes: list[str],
     clock: _Clock,
     counter: bool,
+    node_label: str | None = None,
 ) -> None:
     began = time.perf_counter()
     answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
@@ -604,7 +626,7 @@ def _read_nic(
     rows = []
     for series in answer:
         labels = series.get("metric") or {}
-        node = labels.get("node") or (labels.get("instance") or "").rsplit(":", 1)[0]
+        node = labels.get(node_label or "node") or (labels.get("instance") or "").rsplit(":", 1)[0]
         if node not in nodes:
             continue
         port = labels.get("port") or "1"
@@ -635,16 +657,19 @@ def gather_steps(
     notes: list[str],
     clock: _Clock | None = None,
     gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
+    labels: LabelMap | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The steps and collectives frames: Prometheus first (the step gauge ``step_metric``, NCCL Inspector's
     metrics), the pods' logs for what Prometheus does not have. Raises as :meth:`PrometheusSource.query`."""
     clock = clock or _Clock()
+    mapping = labels or LabelMap()
     spans = _grid(target.window, step_s)
     node_of = {p.name: p.node for p in target.pods}
     steps = empty_steps()
     if step_metric:
-        steps = _steps_from_prometheus(source, target, step_metric, spans, step_s, node_of, notes, clock)
-    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock, gpus_of_pod)
+        steps = _steps_from_prometheus(source, target, step_metric, spans, step_s, node_of, notes, clock,
+                                       mapping.job_workload)  # fmt: skip
+    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock, gpus_of_pod, mapping)
     if (steps.empty or collectives.empty) and read_logs:
         started = time.perf_counter()
         log_steps, log_collectives = _from_logs(kube, target, notes)
@@ -668,18 +693,19 @@ def _steps_from_prometheus(
     node_of: Mapping[str, str | None],
     notes: list[str],
     clock: _Clock,
+    pairs: Sequence[tuple[str, str]] = _WORKLOAD_LABEL_PAIRS,
 ) -> pd.DataFrame:
     frames = []
     namespaces = sorted({p.namespace for p in target.pods})
     for chunk in _chunks(sorted({p.name for p in target.pods}), PODS_PER_QUERY):
         ns_re, pod_re = _regex(namespaces), _regex(chunk)
-        expr = " or ".join(f'{metric}{{{ns}=~"{ns_re}",{pl}=~"{pod_re}"}}' for ns, pl in _WORKLOAD_LABEL_PAIRS)
+        expr = " or ".join(f'{metric}{{{ns}=~"{ns_re}",{pl}=~"{pod_re}"}}' for ns, pl in pairs)
         for lo, hi in spans:
             began = time.perf_counter()
             answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
             clock.add("prometheus", time.perf_counter() - began, queries=1)
             for series in answer:
-                pod = workload_of(series.get("metric") or {})[1] or ""
+                pod = workload_of(series.get("metric") or {}, pairs)[1] or ""
                 values = series.get("values") or ()
                 if pod not in node_of or not _n_points(values):
                     continue
@@ -699,10 +725,11 @@ def _steps_from_prometheus(
 
 #: The labels a collective's series is told apart by: NCCL Inspector's own (``comm_id``, ``hostname`` — the
 #: pod's name, or the node's under hostNetwork —, ``rank``, ``gpu_device_id`` ``GPU<n>``: the CUDA device
-#: within the pod), the simpler exporters' (``node``, ``gpu``, ``comm``) and the scrape's pod labels. Every
-#: other label (``coll_sn``, ``timestamp``, ``message_size``: new with each dump) is aggregated away.
-_COLLECTIVE_KEYS = ("hostname", "rank", "comm_id", "gpu_device_id", "collective", "node", "gpu", "comm",
-                    "pod", "namespace", "exported_pod", "exported_namespace")
+#: within the pod, ``collective``; see ``ext-profiler/inspector/inspector_prom.cc``), and the scrape's: a
+#: relabeled ``node``, the pod labels of a scrape of the training pods. Every other label (``coll_sn``,
+#: ``timestamp``, ``message_size``: new with each dump) is aggregated away.
+_COLLECTIVE_KEYS = ("hostname", "rank", "comm_id", "gpu_device_id", "collective", "node", "pod", "namespace",
+                    "exported_pod", "exported_namespace")
 
 
 def _collectives_from_prometheus(
@@ -713,16 +740,21 @@ def _collectives_from_prometheus(
     notes: list[str],
     clock: _Clock,
     gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
+    labels: LabelMap | None = None,
 ) -> pd.DataFrame:
     """NCCL Inspector's per-rank timings of the job, each tied to its node, GPU, pod and rank: the node from
-    ``node`` or ``hostname`` (a node's name under hostNetwork, else the pod's: its node), the GPU from
-    ``gpu`` or from ``gpu_device_id`` (the pod's n-th GPU by index, as the device plugin exposes them)."""
+    a scrape's ``node`` (or the label told) or ``hostname`` (a node's name under hostNetwork, else the pod's:
+    its node), the GPU from ``gpu_device_id`` (the pod's n-th GPU by index, as the device plugin exposes them)."""
+    mapping = labels or LabelMap()
     nodes = set(target.nodes)
     pods = {p.name: p for p in target.pods if p.node}
     gpus_of_pod = gpus_of_pod or {}
     parts: dict[str, list[pd.DataFrame]] = {"busbw_gbps": [], "exec_time_us": []}
     untied: set[str] = set()
-    by = ", ".join(_COLLECTIVE_KEYS)
+    told = [label for pair in mapping.workload for label in pair] + ([mapping.node] if mapping.node else [])
+    by = ", ".join(dict.fromkeys([*_COLLECTIVE_KEYS, *told]))
+    pod_labels = [pod for _, pod in mapping.job_workload]
+    name_labels = list(dict.fromkeys(["hostname", mapping.node or "node", *pod_labels]))
     for metric, column in ((_NCCL_BUSBW, "busbw_gbps"), (_NCCL_TIME, "exec_time_us")):
         for node_chunk in _chunks(sorted(nodes), NODES_PER_QUERY):
             # The nodes and their pods: a rank is named by either, as many ranks as a DCGM query has GPUs.
@@ -731,19 +763,18 @@ def _collectives_from_prometheus(
             # Each dump is a new series (its coll_sn and timestamp labels change): only the samples of the last
             # step count, as they do live once Prometheus marks the older dumps stale (a backfill has no stale
             # markers, and the 5-minute lookback would mix ten dumps of one rank).
-            selectors = [f'last_over_time({metric}{{{label}=~"{regex}"}}[{step_s:g}s])'
-                         for label in ("hostname", "node", "pod", "exported_pod")]
+            selectors = [f'last_over_time({metric}{{{label}=~"{regex}"}}[{step_s:g}s])' for label in name_labels]
             expr = f"max by ({by}) ({' or '.join(selectors)})"
             for lo, hi in spans:
                 began = time.perf_counter()
                 answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
                 clock.add("prometheus", time.perf_counter() - began, queries=1)
                 for series in answer:
-                    labels = series.get("metric") or {}
+                    found = series.get("metric") or {}
                     values = series.get("values") or ()
-                    tied = _tie_collective(labels, nodes, pods, gpus_of_pod)
+                    tied = _tie_collective(found, nodes, pods, gpus_of_pod, mapping)
                     if tied is None:
-                        untied.add(labels.get("hostname") or labels.get("node") or labels.get("pod") or "?")
+                        untied.add(next((found[n] for n in name_labels if found.get(n)), "?"))
                         continue
                     if not _n_points(values):
                         continue
@@ -751,8 +782,8 @@ def _collectives_from_prometheus(
                     times, figures = _points(values)
                     parts[column].append(pd.DataFrame({
                         "ts": _unix(times), "node": node, "gpu": float(gpu) if gpu is not None else np.nan,
-                        "comm": labels.get("comm_id") or labels.get("comm") or labels.get("communicator") or "",
-                        "collective": labels.get("collective") or "", column: figures,
+                        "comm": found.get("comm_id") or "",
+                        "collective": found.get("collective") or "", column: figures,
                         "rank": float(rank) if rank is not None else np.nan, "pod": pod or "",
                     }))  # fmt: skip
     if untied:
@@ -775,24 +806,24 @@ def _collectives_from_prometheus(
 
 
 def _tie_collective(
-    labels: Mapping[str, str], nodes: set[str], pods: Mapping[str, TargetPod], gpus_of_pod: Mapping[str, Sequence[int]]
+    labels: Mapping[str, str], nodes: set[str], pods: Mapping[str, TargetPod], gpus_of_pod: Mapping[str, Sequence[int]],
+    mapping: LabelMap | None = None,
 ) -> tuple[str, str | None, int | None, int | None] | None:
     """(node, pod, physical GPU index, rank) of one collective series, or None when it names nothing of the job."""
+    mapping = mapping or LabelMap()
     host = labels.get("hostname") or ""
-    _, pod = workload_of(labels)
+    _, pod = workload_of(labels, mapping.job_workload)
     if pod not in pods:
         pod = host if host in pods else None
-    node = labels.get("node") if labels.get("node") in nodes else (host if host in nodes else None)
+    scraped = labels.get(mapping.node or "node")
+    node = scraped if scraped in nodes else (host if host in nodes else None)
     if node is None and pod is not None:
         node = pods[pod].node
     if node is None:
         return None
     gpu: int | None = None
-    raw_gpu = labels.get("gpu") or ""
     device = (labels.get("gpu_device_id") or "").removeprefix("GPU")
-    if raw_gpu.isdigit():
-        gpu = int(raw_gpu)
-    elif device.isdigit():
+    if device.isdigit():
         local = int(device)
         held = sorted(gpus_of_pod.get(pod or "", ()))
         if local < len(held):

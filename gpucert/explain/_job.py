@@ -21,10 +21,11 @@ from ._frames import Explanation
 from ._gather import STEP_METRIC, Gathered, gather
 from ._judge import explain
 from ._record import read_record
-from ._target import JobTarget, resolve_target
+from ._target import JobTarget, LabelMap, resolve_target
 from ._timeline import render_timeline
 
-__all__ = ["TIMELINES", "JobExplanation", "explain_id", "explain_job", "judge_gathered", "timeline_key"]
+__all__ = ["TIMELINES", "JobExplanation", "explain_id", "explain_job", "judge_gathered", "nothing_to_judge",
+           "timeline_key"]
 
 #: Where timelines are kept in the store: ``explain/date=YYYY-MM-DD/<explain id>.html``.
 TIMELINES = "explain/"
@@ -57,6 +58,16 @@ def explain_id(job: str, now: datetime) -> str:
 def timeline_key(run_id: str, now: datetime) -> str:
     """The store key of an explanation's timeline."""
     return f"{TIMELINES}date={now.astimezone(UTC):%Y-%m-%d}/{run_id}.html"
+
+
+def nothing_to_judge(explanation: Explanation) -> str:
+    """The one line of a window with no data (the verdict ``no-data``): the job, the window and what was
+    missing. ``gpucert explain`` exits 2 with it and the ``explain-job`` flow fails with it: an answer about
+    GPUs nobody saw is no answer."""
+    start, end = explanation.window
+    why = explanation.notes[0] if explanation.notes else "no telemetry, step times or events"
+    return (f"explain {explanation.job}: nothing to judge from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} "
+            f"UTC: {why}")
 
 
 def judge_gathered(
@@ -99,10 +110,11 @@ def explain_job(
     step_s: float | None = None,
     drift: bool = True,
     now: datetime | None = None,
+    labels: LabelMap | None = None,
 ) -> JobExplanation:
     """Explain ``job`` (``NAMESPACE/NAME``, or the pods of ``selector``) over ``since``..``until`` (default
     its lifetime); see :func:`~gpucert.explain._target.resolve_target`, :func:`~._gather.gather`,
-    :func:`~._record.read_record`.
+    :func:`~._record.read_record`; ``labels``: the label mapping where detection cannot tell (``--labels``).
 
     Raises :class:`~gpucert.errors.InputError` for a job that cannot be found or a bad window, the
     ``TelemetryError`` of a Prometheus that refuses or does not answer, the ``KubeError`` of a cluster that
@@ -112,7 +124,7 @@ def explain_job(
     began = time.perf_counter()
     target = resolve_target(kube, job, selector=selector, since=since, until=until, now=now)
     resolved = time.perf_counter()
-    gathered = gather(kube, source, target, step_s=step_s, step_metric=step_metric)
+    gathered = gather(kube, source, target, step_s=step_s, step_metric=step_metric, labels=labels)
     gathered_at = time.perf_counter()
     record, record_notes = read_record(store, target.nodes, tickets=tickets, policy=policy, drift=drift)
     recorded = time.perf_counter()

@@ -40,7 +40,9 @@ from ..kube import Kube, KubeError, KubeNotFound
 __all__ = [
     "GPU_RESOURCE",
     "JOB_LABELS",
+    "LABEL_PRESETS",
     "JobTarget",
+    "LabelMap",
     "TargetPod",
     "assign_gpus",
     "holder_at",
@@ -387,19 +389,76 @@ def _few(names: Sequence[str], limit: int = 5) -> str:
 _WORKLOAD_LABELS = (("exported_namespace", "exported_pod"), ("namespace", "pod"))
 
 
-def workload_of(labels: Mapping[str, str]) -> tuple[str, str | None]:
-    """(namespace, pod) of the workload a series names: ``exported_pod`` where the scrape renamed
-    dcgm-exporter's labels, else ``pod``; (``""``, None) when it names none."""
-    for namespace_label, pod_label in _WORKLOAD_LABELS:
+def workload_of(labels: Mapping[str, str], pairs: Sequence[tuple[str, str]] = _WORKLOAD_LABELS
+                ) -> tuple[str, str | None]:
+    """(namespace, pod) of the workload a series names: by the first (namespace label, pod label) of ``pairs``
+    whose pod label is set — by default ``exported_pod`` where the scrape renamed dcgm-exporter's labels, else
+    ``pod``; (``""``, None) when it names none."""
+    for namespace_label, pod_label in pairs:
         pod = labels.get(pod_label)
         if pod:
             return labels.get(namespace_label) or "", pod
     return "", None
 
 
+#: ``--labels`` presets: the GPU Operator's ServiceMonitor (``honorLabels: false``: only ``exported_*`` name the
+#: workload, ``pod`` is the exporter's own) and a plain scrape honouring dcgm-exporter's labels.
+LABEL_PRESETS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "operator": (("exported_namespace", "exported_pod"),),
+    "plain": (("namespace", "pod"),),
+}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Which labels of the scraped series name the workload's pod and namespace, and the node, where
+    explain's own detection cannot tell (``--labels``; :meth:`parse`).
+
+    ``workload``: the (namespace label, pod label) pairs read on dcgm-exporter's series, first set wins
+    (default: ``exported_*``, then ``pod``/``namespace``); ``node``: the one label naming the Kubernetes node
+    on every source (default: ``node``, ``kubernetes_node``, then the exporter's ``Hostname``/``hostname``).
+    The job's own series (its step gauge, NCCL Inspector scraped from its pods) are read by ``workload``
+    first and then by the defaults: a PodMonitor on the training pods names them ``pod`` whatever the DCGM
+    scrape does.
+    """
+
+    workload: tuple[tuple[str, str], ...] = _WORKLOAD_LABELS
+    node: str | None = None
+
+    @property
+    def job_workload(self) -> tuple[tuple[str, str], ...]:
+        """The pairs the job's own series are read by: the told ones, then the defaults."""
+        return tuple(dict.fromkeys([*self.workload, *_WORKLOAD_LABELS]))
+
+    @classmethod
+    def parse(cls, text: str | None) -> LabelMap:
+        """``operator``, ``plain``, or ``pod=LABEL,namespace=LABEL`` and/or ``node=LABEL`` (a preset may be
+        followed by ``,node=LABEL``); None or empty: detect. Raises :class:`InputError` naming the bad part."""
+        if not text or not text.strip():
+            return cls()
+        workload: tuple[tuple[str, str], ...] | None = None
+        told: dict[str, str] = {}
+        for part in (p.strip() for p in text.split(",")):
+            key, eq, value = part.partition("=")
+            if not eq and part in LABEL_PRESETS and workload is None:
+                workload = LABEL_PRESETS[part]
+                continue
+            if not eq or key not in ("pod", "namespace", "node") or key in told or not _LABEL_NAME.match(value):
+                raise InputError(f"--labels {text!r}: {part!r} is not one of operator, plain, pod=LABEL, "
+                                 "namespace=LABEL, node=LABEL (each once, Prometheus label names)")
+            told[key] = value
+        if ("pod" in told) != ("namespace" in told) or (workload is not None and "pod" in told):
+            raise InputError(f"--labels {text!r}: give pod=LABEL and namespace=LABEL together, or a preset "
+                             f"({', '.join(LABEL_PRESETS)})")
+        if "pod" in told:
+            workload = ((told["namespace"], told["pod"]),)
+        return cls(workload=workload or _WORKLOAD_LABELS, node=told.get("node"))
+
+
 
 def assign_gpus(
-    target: JobTarget, series_labels: Iterable[tuple[str, int, Mapping[str, str]]]
+    target: JobTarget, series_labels: Iterable[tuple[str, int, Mapping[str, str]]], labels: LabelMap | None = None
 ) -> tuple[dict[str, tuple[TargetPod, ...]], list[str]]:
     """How the GPUs of the job's nodes map to its pods where the DCGM series do not say; returns node → the
     pods that held all of its GPUs (the device plugin's allocation), earliest start first, and notes.
@@ -414,9 +473,10 @@ def assign_gpus(
     job_pods = {(p.namespace, p.name) for p in target.pods}
     labelled: set[str] = set()
     seen: set[str] = set()
-    for node, _gpu, labels in series_labels:
+    pairs = (labels or LabelMap()).workload
+    for node, _gpu, series in series_labels:
         seen.add(node)
-        if workload_of(labels) in job_pods:
+        if workload_of(series, pairs) in job_pods:
             labelled.add(node)
     whole: dict[str, tuple[TargetPod, ...]] = {}
     unknown: list[str] = []
@@ -436,7 +496,9 @@ def assign_gpus(
         unknown += [p.name for p in pods if not p.holds_node]
     notes = []
     if silent:
-        notes.append(f"no DCGM series in Prometheus for {len(silent)} node(s) of the job: {_few(silent)}")
+        how = "" if labels is not None and labels.node else (
+            " (if its series name the node by another label, tell explain which: --labels node=LABEL)")
+        notes.append(f"no DCGM series in Prometheus for {len(silent)} node(s) of the job: {_few(silent)}{how}")
     if unknown:
         notes.append(
             f"which GPUs {len(unknown)} pod(s) hold is unknown (no pod labels on the DCGM series: turn on "

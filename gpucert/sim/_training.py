@@ -66,8 +66,12 @@ Where it shows
 * the DCGM exporters (``_dcgm.py``): a GPU held by a training pod carries ``pod``, ``namespace`` and
   ``container`` labels and the values above;
 * :data:`TRAINING_METRICS_PATH`: the job's ``train_step_seconds{namespace,pod}`` and NCCL Inspector's
-  ``nccl_bus_bandwidth_gbs`` / ``nccl_collective_exec_time_microseconds`` (labels ``node``, ``gpu``,
-  ``comm``, ``collective``, ``namespace``, ``pod``);
+  ``nccl_bus_bandwidth_gbs`` / ``nccl_collective_exec_time_microseconds`` with the labels its Prometheus dump
+  writes (NVIDIA/nccl ``ext-profiler/inspector/inspector_prom.cc``): ``comm_id``, ``hostname`` (the pod's
+  name: training pods run without hostNetwork), ``rank`` (a replacement pod takes the ranks of the pod it
+  replaces), ``slurm_job``/``slurm_job_id`` (``unknown`` outside Slurm), ``nranks``, ``n_nodes``,
+  ``gpu_device_id`` (``GPU<n>``: the pod's n-th CUDA device, its n-th GPU by index), ``collective``,
+  ``coll_sn``, ``timestamp``, ``message_size``;
 * :data:`INFINIBAND_PATH`: node-exporter's infiniband collector for one node (8 ports, ``mlx5_0``–``mlx5_7``);
 * :meth:`TrainingModel.history`: OpenMetrics text with timestamps of all of these over a window, for
   ``promtool tsdb create-blocks-from openmetrics``; :meth:`TrainingModel.frames`: the same as the frames of
@@ -75,7 +79,10 @@ Where it shows
 
 The history's DCGM series carry the labels gpucert reads (``gpu``, ``UUID``, the host label, and ``pod``,
 ``namespace``, ``container`` while held), not the exporter's descriptive ones: a 64-node, 6-hour backfill is
-large enough already. Static series (XID, DBE, PCIe replays, power violation) come from the fleet model's
+large enough already. Its NCCL Inspector series are as node-exporter's textfile collector serves the dumps
+(``instance="<node>:9100"``, ``job="node-exporter"``) to a scrape that drops ``coll_sn`` and ``timestamp``
+(``metric_relabel_configs: labeldrop``, as ``gpucert explain``'s documentation advises): each dump would
+otherwise be a series of its own. Static series (XID, DBE, PCIe replays, power violation) come from the fleet model's
 values of that GPU, counted from the job's start.
 """
 
@@ -817,6 +824,29 @@ def _labels(pairs: Sequence[tuple[str, object]]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in pairs)
 
 
+#: NCCL Inspector's ``message_size`` of the job's AllReduce (its human-readable form).
+_MESSAGE_SIZE = "256.00MB"
+
+
+def _inspector_labels(tl: _Timeline, g: int, h: int) -> list[tuple[str, object]]:
+    """NCCL Inspector's static labels (``inspectorPromCacheStaticLabels``) and ``collective`` for GPU column
+    ``g`` held by incarnation ``h``: ranks are numbered pod by pod in the order the job's first pods were made,
+    GPU by GPU within a pod; a replacement takes the ranks of the pod it replaces."""
+    firsts = [i for i, inc in enumerate(tl.incs) if inc.replaces is None]
+    by_uid = {inc.uid: i for i, inc in enumerate(tl.incs)}
+    first = h
+    while tl.incs[first].replaces is not None and tl.incs[first].replaces in by_uid:
+        first = by_uid[tl.incs[first].replaces]  # type: ignore[index]
+    inc = tl.incs[h]
+    devices = sorted(inc.gpus)
+    local = devices.index(tl.columns[g].gpu)
+    base = sum(len(tl.incs[i].gpus) for i in firsts[: firsts.index(first)]) if first in firsts else 0
+    return [("comm_id", tl.spec.comm), ("hostname", inc.pod), ("rank", base + local), ("slurm_job", "unknown"),
+            ("slurm_job_id", "unknown"), ("nranks", sum(len(tl.incs[i].gpus) for i in firsts)),
+            ("n_nodes", len({tl.incs[i].node for i in firsts})), ("gpu_device_id", f"GPU{local}"),
+            ("collective", "AllReduce")]  # fmt: skip
+
+
 def _family(name: str, kind: str, prefixes: Sequence[str], values: Floats, stamps: npt.NDArray[np.uint8],
             mask: Bools, decimals: int) -> Iterator[bytes]:
     """One OpenMetrics family: its ``# TYPE`` line (a counter's without ``_total``) and its rows' samples;
@@ -1190,13 +1220,14 @@ class TrainingModel:
             if inc.hold <= now < tl.inc_end(i) and inc.gone is None and last >= 0 and ends[last] >= inc.active:
                 step_lines.append(f'train_step_seconds{{namespace="{inc.namespace}",pod="{inc.pod}"}} '
                                   f"{durations[last]:.4f}")
-        for g, column in enumerate(tl.columns):
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for g, _column in enumerate(tl.columns):
             h = int(sample.holder[0, g])
             if h < 0 or not np.isfinite(busbw[0, g]):
                 continue
-            inc = tl.incs[h]
-            labels = _labels([("node", column.node), ("gpu", column.gpu), ("comm", tl.spec.comm),
-                              ("collective", "AllReduce"), ("namespace", inc.namespace), ("pod", inc.pod)])
+            # The last dump, as the plugin writes it: its collective's sequence number and time are labels.
+            labels = _labels([*_inspector_labels(tl, g, h), ("coll_sn", max(0, last)), ("timestamp", stamp),
+                              ("message_size", _MESSAGE_SIZE)])
             bw_lines.append(f"nccl_bus_bandwidth_gbs{{{labels}}} {busbw[0, g]:.2f}")
             time_lines.append(f"nccl_collective_exec_time_microseconds{{{labels}}} {exec_us[0, g]:.0f}")
         text = ["# HELP train_step_seconds Seconds the last training step took.", "# TYPE train_step_seconds gauge",
@@ -1326,8 +1357,8 @@ class TrainingModel:
             return
         row_g = np.array([g for g, _ in rows], dtype=np.int64)
         mask = (holder[row_g] == np.array([h for _, h in rows])[:, None]) & sample.act.T[row_g]
-        bases = [_labels([("node", tl.columns[g].node), ("gpu", tl.columns[g].gpu), ("comm", tl.spec.comm),
-                          ("collective", "AllReduce"), ("namespace", tl.incs[h].namespace), ("pod", tl.incs[h].pod)])
+        bases = [_labels([*_inspector_labels(tl, g, h), ("message_size", _MESSAGE_SIZE),
+                          ("instance", f"{tl.columns[g].node}:9100"), ("job", "node-exporter")])
                  for g, h in rows]
         for name, values_g, decimals in (("nccl_bus_bandwidth_gbs", busbw, 2),
                                          ("nccl_collective_exec_time_microseconds", exec_us, 0)):

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test lint types unit bench clean
+.PHONY: demo check test static lint format layers types unit bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,21 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)          ## the main job on the embedded default
 	$(BIN)/gpucert demo
 
-test: lint types unit   ## everything CI runs
+check: static $(STAMP)  ## the fast tier: static checks and the tests that need no server (<= 3 min on 2 cores)
+	$(BIN)/pytest -q -n auto --dist worksteal -m "not e2e"
+
+test: static unit       ## everything CI runs: static checks, then every test, end-to-end ones included
+
+static: lint format layers types
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+format: $(STAMP)        ## `ruff format .` fixes what this finds
+	$(BIN)/ruff format --check .
+
+layers: $(STAMP)        ## the import contracts of .importlinter
+	$(BIN)/lint-imports
 
 types: $(STAMP)
 	$(BIN)/mypy

@@ -68,11 +68,11 @@ def main() -> int:
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from blocks.cluster import GpuCluster
-    from blocks.policy import CertificationPolicy
-    from blocks.store import BaselineStore
-    from flows.certify import certify
+    from gpucert.blocks.cluster import GpuCluster
+    from gpucert.blocks.policy import CertificationPolicy
+    from gpucert.blocks.store import BaselineStore
     from gpucert.certify import CertifyOutcome
+    from gpucert.flows.certify import certify
 
     logging.getLogger("prefect").setLevel(logging.WARNING)
     t0 = time.perf_counter()

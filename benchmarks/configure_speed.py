@@ -40,8 +40,8 @@ def main() -> int:
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    from blocks.cluster import GpuCluster
-    from flows.configure import configure
+    from gpucert.blocks.cluster import GpuCluster
+    from gpucert.flows.configure import configure
     from gpucert.sim import ApiFaults, SimCluster, SimTiming
     from gpucert.stack import COMPONENTS
 

@@ -5,15 +5,15 @@ CertificationPolicy carries the same policy as ``gpucert.policy.Policy`` (the YA
 ``gpucert/data/policy.yaml``, merged with the block's ``policy`` and its fields), so the UI and the command
 line judge with one set of thresholds.
 
-Every block class is named here, so ``prefect block register -m blocks`` registers all five types (Prefect
+Every block class is named here, so ``prefect block register -m gpucert.blocks`` registers all five types (Prefect
 registers the block classes a module holds). ``gpucert setup`` registers them too, and saves the blocks the
 deployments name (``gpucert`` each; see prefect.yaml).
 """
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.prometheus import Prometheus
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.prometheus import Prometheus
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 
 __all__ = ["BaselineStore", "CertificationPolicy", "GpuCluster", "Prometheus", "Ticketing"]

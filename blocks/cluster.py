@@ -8,8 +8,8 @@ from prefect.blocks.core import Block
 from prefect_kubernetes.credentials import KubernetesCredentials
 from pydantic import ConfigDict, Field, field_validator
 
-from blocks._schema import block_schema_extra
 from gpucert._names import check_label_selector, dns_label_ok
+from gpucert.blocks._schema import block_schema_extra
 from gpucert.errors import InputError
 from gpucert.kube import Kube, connect
 from gpucert.stack import DEFAULT_GPU_SELECTOR, STACK_NAMESPACE, check_label_prefix
@@ -26,7 +26,7 @@ class GpuCluster(Block):
 
     Example:
         ```python
-        from blocks.cluster import GpuCluster
+        from gpucert.blocks.cluster import GpuCluster
         cluster = GpuCluster.load("BLOCK_NAME")
         kube = cluster.kube()
         ```

@@ -8,8 +8,8 @@ from typing import Any
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, ValidationError
 
-from blocks._schema import block_schema_extra
-from blocks.ticketing import Ticketing
+from gpucert.blocks._schema import block_schema_extra
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRules
 from gpucert.errors import PolicyError
 from gpucert.policy import load_policy, read_policy_file
@@ -28,7 +28,7 @@ class CertificationPolicy(Block):
 
     Example:
         ```python
-        from blocks.policy import CertificationPolicy
+        from gpucert.blocks.policy import CertificationPolicy
         policy = CertificationPolicy.load("BLOCK_NAME")
         rules = policy.rules()
         ```

@@ -7,7 +7,7 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from blocks._schema import block_schema_extra
+from gpucert.blocks._schema import block_schema_extra
 from gpucert.errors import InputError
 from gpucert.telemetry import PrometheusSource
 
@@ -26,7 +26,7 @@ class Prometheus(Block):
     Example:
         ```python
         from datetime import UTC, datetime, timedelta
-        from blocks.prometheus import Prometheus
+        from gpucert.blocks.prometheus import Prometheus
         prometheus = Prometheus.load("BLOCK_NAME")
         day = prometheus.source().read(datetime.now(UTC) - timedelta(days=1), run_id="telemetry-1")
         print(day.problems)

@@ -9,7 +9,7 @@ from prefect.blocks.core import Block
 from prefect_aws import AwsCredentials
 from pydantic import ConfigDict, Field, field_validator
 
-from blocks._schema import block_schema_extra
+from gpucert.blocks._schema import block_schema_extra
 from gpucert.store import BaselineStore as Store
 from gpucert.store import S3ObjectStore, StoreURIError, check_public_url, open_store
 
@@ -26,7 +26,7 @@ class BaselineStore(Block):
 
     Example:
         ```python
-        from blocks.store import BaselineStore
+        from gpucert.blocks.store import BaselineStore
         store = BaselineStore.load("BLOCK_NAME").open(create=False)   # a reader: the store must exist
         print(store.current_version())
         print(store.link("runs/date=2026-12-01/run=nightly-1/report.html"))

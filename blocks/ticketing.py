@@ -7,7 +7,7 @@ from typing import Literal, get_args
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from blocks._schema import block_schema_extra
+from gpucert.blocks._schema import block_schema_extra
 from gpucert.tickets import (
     DEFAULT_TICKETS,
     JiraTickets,
@@ -37,7 +37,7 @@ class Ticketing(Block):
 
     Example:
         ```python
-        from blocks.ticketing import Ticketing
+        from gpucert.blocks.ticketing import Ticketing
         tickets = Ticketing.load("BLOCK_NAME").open()
         for ticket in tickets.tickets(state="open"):
             print(ticket.title)

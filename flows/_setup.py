@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
 from gpucert._memory import return_arrow_memory
 from gpucert.audit import AuditLog, AuditRecorder
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
-from gpucert.errors import GpucertError, InputError, SetupMissing
+from gpucert.errors import InputError, RunAttemptsExhausted, SetupMissing
 from gpucert.kube import Kube
 from gpucert.store import BaselineStore as Store
 from gpucert.tickets import TicketBackend
@@ -88,9 +88,6 @@ MAX_RUN_ATTEMPTS_ENV = "GPUCERT_MAX_RUN_ATTEMPTS"
 DEFAULT_MAX_RUN_ATTEMPTS = 3
 
 
-class RunAttemptsExhausted(GpucertError):
-    """A flow run started more often than ``$GPUCERT_MAX_RUN_ATTEMPTS`` allows: it fails (not crashes),
-    so the crashed-runs automation does not schedule it again."""
 
 
 def check_attempts() -> int:

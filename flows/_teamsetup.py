@@ -4,7 +4,7 @@ The steps, each idempotent:
 
 1. **check** the team file and flags (every field validated as its block would, a bad one named), the
    store (its root reached: a missing bucket fails here) and the cluster (its API server asked);
-2. **register** every gpucert block type (``prefect block register -m blocks`` does the same);
+2. **register** every gpucert block type (``prefect block register -m gpucert.blocks`` does the same);
 3. **save** the blocks prefect.yaml's deployments name (``gpucert``, or ``--name``): the GpuCluster (its
    kubeconfig's contents in a prefect-kubernetes ``KubernetesCredentials`` block, so a worker on another
    machine reaches the cluster), the BaselineStore (S3 keys in a prefect-aws ``AwsCredentials`` block),
@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from blocks import BaselineStore, CertificationPolicy, GpuCluster, Prometheus, Ticketing
 from gpucert._yaml import read_yaml_mapping
+from gpucert.blocks import BaselineStore, CertificationPolicy, GpuCluster, Prometheus, Ticketing
 from gpucert.errors import InputError
 
 __all__ = ["DEFAULT_NAME", "SetupReport", "TeamFile", "setup_team"]

@@ -34,13 +34,12 @@ from typing import Any
 from prefect import flow
 from prefect.events import emit_event
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
 from gpucert._crashpoints import crashpoint
 from gpucert._memory import release_freed_memory
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import (
     CertificationRun,
     CertifyOutcome,
@@ -50,7 +49,8 @@ from gpucert.certify import (
     stored_plan_of,
     ticket_audit,
 )
-from tasks.certify import (
+from gpucert.flows._setup import Setup, apublish_audit, benchmark_settings, certify_run_id, resolve
+from gpucert.tasks.certify import (
     act_on_nodes,
     benchmark,
     fleet_state,
@@ -60,10 +60,10 @@ from tasks.certify import (
     select_nodes,
     settle_run,
 )  # fmt: skip
-from tasks.links import measure_links
-from tasks.report import publish_report
-from tasks.shards import run_shards
-from tasks.tickets import ticket_run
+from gpucert.tasks.links import measure_links
+from gpucert.tasks.report import publish_report
+from gpucert.tasks.shards import run_shards
+from gpucert.tasks.tickets import ticket_run
 
 __all__ = ["certify", "certify_shard"]
 

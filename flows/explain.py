@@ -8,11 +8,15 @@ The runbook, top to bottom:
    own step and collective times (its Prometheus metric, else its pods' logs), the Kubernetes events of its
    pods and nodes, gpucert's record of those nodes (last certification, open tickets, drift, baseline
    deviations); the GPUs are peers: the straggler, its onset and the step-time change that follows it, or
-   plainly "elsewhere" when the GPUs and nodes show nothing; the timeline stored beside the runs;
+   plainly "elsewhere" when the GPUs and nodes show nothing; the timeline stored beside the runs.
+   A window with nothing to judge fails the run with one line (``gpucert explain`` exits 2 with the same):
+   no answer is published about GPUs nobody saw;
 3. **publish**: the answer in three lines (a markdown artifact) and a link to the timeline;
 4. **act** — only when ``act`` is set, never on its own: cordon the suspect node with gpucert's taint
    (inside the blast radius, as certify taints), open a ticket with the evidence, and re-certify it with
-   the certify flow once it is idle (a node still running the job is left to the next certify).
+   the certify flow once it is idle (a node still running the job is left to the next certify). A silent
+   straggler (named by the job's own timings, its telemetry showing no cause) is only re-certified — no
+   cordon, no ticket on a guess; its verdict settles the cause. A transient or a hang is reported only.
 """
 
 from datetime import UTC, datetime
@@ -20,16 +24,16 @@ from datetime import UTC, datetime
 from prefect import flow
 from prefect.runtime import flow_run
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.prometheus import Prometheus
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._setup import apublish_audit, resolve
-from flows.certify import certify
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.prometheus import Prometheus
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.errors import InputError
-from gpucert.explain import STEP_METRIC, ExplainOutcome, explain_id
-from tasks.explain import act_on_suspect, explain_window, find_job, publish_explanation
+from gpucert.explain import STEP_METRIC, ExplainOutcome, LabelMap, explain_id, nothing_to_judge
+from gpucert.flows._setup import apublish_audit, resolve
+from gpucert.flows.certify import certify
+from gpucert.tasks.explain import act_on_suspect, explain_window, find_job, publish_explanation
 
 __all__ = ["explain_job"]
 
@@ -54,6 +58,7 @@ async def explain_job(
     ticketing: Ticketing | None = None,
     step_metric: str | None = STEP_METRIC,
     act: bool = False,
+    labels: str | None = None,
     cluster_block: str | None = None,
     store_block: str | None = None,
     policy_block: str | None = None,
@@ -62,10 +67,14 @@ async def explain_job(
     """Why ``job`` (``NAMESPACE/NAME``; or the pods of ``selector``) is slow over ``since``..``until``
     (ISO 8601 or a duration ago such as ``6h``; default its lifetime); returns the answer, the suspects and
     the timeline's link. ``prometheus`` is where the DCGM telemetry is read; ``step_metric`` the job's
-    step-time gauge (empty: its pods' logs only). ``act`` cordons, tickets and re-certifies the suspect.
+    step-time gauge (empty: its pods' logs only). ``labels``: which labels name the pod, namespace and node
+    where explain cannot tell on its own (``operator``, ``plain``, or ``pod=…,namespace=…`` and/or
+    ``node=…``; default detected). ``act`` cordons, tickets and re-certifies the suspect (a silent straggler
+    is only re-certified).
     """
     if prometheus is None:
         raise InputError("explain-job reads DCGM telemetry from Prometheus: give the prometheus block")
+    mapping = LabelMap.parse(labels)  # a bad mapping fails before anything is read
     setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
                     policy_block=policy_block, ticketing_block=ticketing_block)
     kube, prefix = setup.kube, setup.cluster.label_prefix
@@ -76,8 +85,10 @@ async def explain_job(
     target = find_job(kube, job, selector=selector, since=since, until=until, now=now)
     explanation, timeline, link, seconds = explain_window(
         kube, prometheus.source(), target, store=setup.store, tickets=setup.tickets, policy=setup.rules.policy,
-        step_metric=step_metric or None, run_id=run_id, now=now,
+        step_metric=step_metric or None, run_id=run_id, now=now, labels=mapping,
     )  # fmt: skip
+    if explanation.verdict == "no-data":
+        raise InputError(nothing_to_judge(explanation))
     answered = ExplainOutcome.of(explanation, timeline=timeline, timeline_link=link, seconds=seconds)
     if not act:
         publish_explanation(answered)

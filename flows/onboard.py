@@ -19,15 +19,15 @@ The runbook:
 from prefect import flow
 from prefect.runtime import flow_run
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._setup import resolve
-from flows.certify import certify
-from flows.configure import configure
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
+from gpucert.flows._setup import resolve
+from gpucert.flows.certify import certify
+from gpucert.flows.configure import configure
 from gpucert.operate import OnboardOutcome
-from tasks.nodes import admitted, wait_for_node
+from gpucert.tasks.nodes import admitted, wait_for_node
 
 __all__ = ["idempotency_key", "onboard"]
 

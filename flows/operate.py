@@ -23,20 +23,20 @@ from prefect import flow
 from prefect.artifacts import acreate_markdown_artifact
 from prefect.runtime import flow_run
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.prometheus import Prometheus
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._setup import resolve
-from flows.certify import certify
 from gpucert.audit import ticket_action
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.prometheus import Prometheus
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import busy_nodes
+from gpucert.flows._setup import resolve
+from gpucert.flows.certify import certify
 from gpucert.operate import OperateOutcome, busy_overdue, due_nodes
+from gpucert.tasks.stack import stack_drift
+from gpucert.tasks.telemetry import drift_check, telemetry_check
+from gpucert.tasks.tickets import maintenance_tickets
 from gpucert.tickets import TicketEvent
-from tasks.stack import stack_drift
-from tasks.telemetry import drift_check, telemetry_check
-from tasks.tickets import maintenance_tickets
 
 __all__ = ["operate"]
 

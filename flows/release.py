@@ -15,16 +15,16 @@ from datetime import UTC, datetime
 from prefect import flow
 from prefect.runtime import flow_run
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._setup import resolve
-from flows.certify import certify
 from gpucert.audit import ticket_action
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
+from gpucert.flows._setup import resolve
+from gpucert.flows.certify import certify
 from gpucert.operate import ReleaseOutcome
 from gpucert.stack import target_name
-from tasks.tickets import record_repairs_task
+from gpucert.tasks.tickets import record_repairs_task
 
 __all__ = ["release"]
 

@@ -32,11 +32,11 @@ from .errors import GpucertError, InputError
 REACH_S = 8.0
 
 if TYPE_CHECKING:
-    from blocks.cluster import GpuCluster
-    from blocks.policy import CertificationPolicy
-    from blocks.store import BaselineStore
-    from blocks.ticketing import Ticketing
     from gpucert._prometheus_cli import PrometheusOptions
+    from gpucert.blocks.cluster import GpuCluster
+    from gpucert.blocks.policy import CertificationPolicy
+    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.ticketing import Ticketing
 
     B = TypeVar("B", GpuCluster, CertificationPolicy, BaselineStore, Ticketing)
 
@@ -157,8 +157,8 @@ def flow_inputs(
     reached, a saved ``Ticketing`` block loaded. Raises the :class:`~gpucert.kube.KubeError` or
     :class:`~gpucert.errors.StoreError` of an endpoint that did not answer in time.
     """
-    from blocks.policy import CertificationPolicy
-    from blocks.store import BaselineStore
+    from gpucert.blocks.policy import CertificationPolicy
+    from gpucert.blocks.store import BaselineStore
 
     named = blocks or NamedBlocks()
     namespace = namespace or named.namespace
@@ -200,7 +200,7 @@ def _cluster(
     namespace: str | None,
 ) -> GpuCluster:
     """The saved GpuCluster ``--cluster-block`` (no cluster option beside it), else one of the options."""
-    from blocks.cluster import GpuCluster
+    from gpucert.blocks.cluster import GpuCluster
 
     options = {"--kubeconfig": kubeconfig, "--context": context, "--namespace": namespace,
                "--storage-claim": named.storage_claim, "--storage-host-path": named.storage_host_path,
@@ -236,7 +236,7 @@ def _saved_ticketing(name: str | None) -> Ticketing | None:
     """The saved ``Ticketing`` block ``name``; None for no name (see :func:`_saved`)."""
     if not name:
         return None
-    from blocks.ticketing import Ticketing
+    from gpucert.blocks.ticketing import Ticketing
 
     return _saved(Ticketing, name, "--ticketing")
 
@@ -298,7 +298,7 @@ def configure_command(
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
                          namespace=namespace)  # fmt: skip
     _prepare_prefect()
-    from flows.configure import configure
+    from gpucert.flows.configure import configure
 
     outcome = configure(cluster=inputs.cluster, release=release, versions=pinned, registry=registry,
                         nodes=list(nodes) or None, dry_run_dir=dry_run, gpus_per_node=gpus_per_node,
@@ -337,7 +337,7 @@ def certify_command(
                          needs_store=True)  # fmt: skip
     _check_payload_args(payload_args)
     _prepare_prefect()
-    from flows.certify import certify
+    from gpucert.flows.certify import certify
 
     outcome = asyncio.run(
         certify(cluster=inputs.cluster, store=inputs.store, nodes=list(nodes) or None, include_busy=include_busy,
@@ -384,7 +384,7 @@ def operate_command(
                          blocks=blocks, needs_store=True)  # fmt: skip
     prometheus = _prometheus(prometheus_url)
     _prepare_prefect()
-    from flows.operate import operate
+    from gpucert.flows.operate import operate
 
     outcome = asyncio.run(
         operate(cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
@@ -452,7 +452,7 @@ def onboard_command(
                          store=store, policy_file=policy_file, ticketing=ticketing, blocks=blocks,
                          needs_store=True)  # fmt: skip
     _prepare_prefect()
-    from flows.onboard import onboard
+    from gpucert.flows.onboard import onboard
 
     outcome = asyncio.run(
         onboard(node=node, uid=uid, cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
@@ -483,7 +483,7 @@ def release_command(
                          store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes, blocks=blocks,
                          needs_store=True)  # fmt: skip
     _prepare_prefect()
-    from flows.release import release
+    from gpucert.flows.release import release
 
     outcome = asyncio.run(
         release(nodes=list(nodes), cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
@@ -505,7 +505,7 @@ def setup_command(args: Any) -> int:
 
     if not PREFECT_API_URL.value():
         raise InputError("setup: set PREFECT_API_URL to the team's Prefect server (a temporary one keeps nothing)")
-    from flows._teamsetup import read_team_file, setup_team
+    from gpucert.flows._teamsetup import read_team_file, setup_team
 
     jira = {"backend": "jira" if args.jira_url else None, "server": args.jira_url, "user": args.jira_user,
             "project": args.jira_project, "token": token}  # fmt: skip

@@ -163,12 +163,12 @@ def run_lifecycle_demo(*, workdir: str, nodes: int = 16, seed: int = 7, ui: bool
 def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> list[str]:
     import httpx
 
-    from blocks.cluster import GpuCluster
-    from blocks.store import BaselineStore
-    from flows.certify import certify
-    from flows.configure import configure
-    from flows.onboard import idempotency_key, onboard
-    from flows.operate import operate
+    from gpucert.blocks.cluster import GpuCluster
+    from gpucert.blocks.store import BaselineStore
+    from gpucert.flows.certify import certify
+    from gpucert.flows.configure import configure
+    from gpucert.flows.onboard import idempotency_key, onboard
+    from gpucert.flows.operate import operate
 
     from .fleet import Fault
     from .kube import connect

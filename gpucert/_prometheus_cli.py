@@ -152,7 +152,7 @@ def prometheus_block(options: PrometheusOptions) -> Any:
     """The ``blocks.prometheus.Prometheus`` block ``options`` name or describe. A block's name loads the saved
     block (auth options then are refused: the block's own stand). Raises :class:`InputError` for bad options, a
     block that does not exist or cannot be loaded."""
-    from blocks.prometheus import Prometheus
+    from gpucert.blocks.prometheus import Prometheus
 
     if not options.is_url:
         if options.has_auth:

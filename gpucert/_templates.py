@@ -15,7 +15,6 @@ autoescapes instead.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import json
 import re
 from collections.abc import Mapping
@@ -66,11 +65,9 @@ def yaml_value(value: Any) -> str:
 
 
 def template_dir() -> Path:
-    """Where ``templates/`` is: next to the package in a checkout, or installed as package data."""
-    checkout = Path(__file__).resolve().parent.parent / "templates"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(importlib.resources.files("templates")))
+    """Where ``templates/`` is: ``gpucert/templates``, a link to the checkout's top-level folder, or the
+    installed package data."""
+    return Path(__file__).parent / "templates"
 
 
 @functools.cache

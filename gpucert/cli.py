@@ -305,7 +305,8 @@ def _parser() -> argparse.ArgumentParser:
         "over the window (default: the job's lifetime), name the straggler and its onset or say the slowdown is "
         "elsewhere; print the answer and write the timeline (--out). --act cordons the suspect node (gpucert's "
         "taint, inside the blast radius), opens a ticket with the evidence and re-certifies it (runs the "
-        "explain-job flow). Exit 0 when explained, 2 on bad input (an unknown job, no pods, an unreachable "
+        "explain-job flow); a straggler whose telemetry shows no cause is only re-certified, a transient or a "
+        "hang gets nothing. Exit 0 when explained, 2 on bad input (an unknown job, no pods, an unreachable "
         "Prometheus, a bad time).",
     )
     explain.add_argument("job", nargs="?", metavar="NAMESPACE/NAME",
@@ -319,9 +320,15 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--step-metric", default="train_step_seconds", metavar="NAME",
                          help="the job's step-time gauge in Prometheus, labelled namespace and pod ('' for none: "
                               "read the pods' logs)")  # fmt: skip
+    explain.add_argument("--labels", metavar="MAP",
+                         help="which labels name the pod, namespace and node where explain cannot tell on its own: "
+                              "'operator' (the GPU Operator's ServiceMonitor: exported_pod, exported_namespace), "
+                              "'plain' (pod, namespace), or 'pod=LABEL,namespace=LABEL' and/or 'node=LABEL' "
+                              "(a custom relabeling); default: detected")  # fmt: skip
     explain.add_argument("--out", metavar="HTML", help="write the timeline here (default: explain-<job>.html)")
     explain.add_argument("--act", action="store_true",
-                         help="cordon the suspect node, open a ticket with the evidence and re-certify it")
+                         help="cordon the suspect node, open a ticket with the evidence and re-certify it (a "
+                              "silent straggler: re-certify only)")
     explain.add_argument("--store", metavar="URI",
                          help="gpucert's store (default: $GPUCERT_STORE, else ./gpucert-store)")
     explain.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults (the blast radius)")
@@ -673,7 +680,8 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
         return commands.explain(
             args.job, selector=args.pod_selector, since=args.since, until=args.until,
             prometheus=prometheus_options(args) or args.prometheus,
-            step_metric=args.step_metric, out=args.out, act=args.act, store=args.store, policy_file=args.policy,
+            step_metric=args.step_metric, labels=args.labels, out=args.out, act=args.act, store=args.store,
+            policy_file=args.policy,
             ticketing=args.ticketing, kubeconfig=args.kubeconfig, context=args.context,
             label_prefix=args.label_prefix, gpu_node_selector=args.gpu_node_selector, as_json=args.json,
         )  # fmt: skip

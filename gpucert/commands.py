@@ -487,6 +487,7 @@ def explain(
     label_prefix: str,
     gpu_node_selector: str,
     as_json: bool,
+    labels: str | None = None,
 ) -> int:
     """``gpucert explain``: why the job is slow; prints the answer (or the outcome as JSON), writes the
     timeline to ``out`` and returns 0. Without ``act`` nothing is written to the cluster and Prefect is not
@@ -495,7 +496,7 @@ def explain(
     Raises :class:`InputError` (exit 2) for a malformed job, selector or time, an unknown job, a job without
     pods, an empty window, an unreachable Prometheus or cluster, a bad ``--out``, store or policy file.
     """
-    from .explain import ExplainOutcome, explain_job, parse_job, resolve_target
+    from .explain import ExplainOutcome, LabelMap, explain_job, parse_job, resolve_target
     from .kube import KubeError, connect
     from .tickets import local_path, open_backend
 
@@ -503,6 +504,7 @@ def explain(
         raise InputError("name the job as NAMESPACE/NAME, or give --selector")
     if job is not None and selector is None:
         parse_job(job)
+    mapping = LabelMap.parse(labels)
     target_out = _check_html_out(out or f"explain-{(job or 'selector').replace('/', '-')}.html")
     policy = load_policy(policy_file) if policy_file else None
     uri = store or os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri()
@@ -528,12 +530,13 @@ def explain(
         return _explain_act(job, selector=selector, since=since, until=until, prometheus=prometheus,
                             step_metric=step_metric, out=target_out, store=uri, policy_file=policy_file,
                             ticketing=ticketing, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
-                            gpu_node_selector=gpu_node_selector, as_json=as_json)  # fmt: skip
+                            gpu_node_selector=gpu_node_selector, as_json=as_json, labels=labels)  # fmt: skip
     tickets = None
     if opened is not None and opened.uri.startswith("file://") and local_path(opened.uri).is_file():
         tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
     explained = explain_job(kube, source, job, selector=selector, since=since, until=until,
-                            store=opened, tickets=tickets, policy=policy, step_metric=step_metric or None)  # fmt: skip
+                            store=opened, tickets=tickets, policy=policy, step_metric=step_metric or None,
+                            labels=mapping)  # fmt: skip
     if explained.explanation.verdict == "no-data":
         raise InputError(_nothing_to_judge(explained.explanation))
     _write_text_atomically(target_out, explained.html)
@@ -543,11 +546,10 @@ def explain(
 
 
 def _nothing_to_judge(explanation: Explanation) -> str:
-    """The one line of a window with no data (exit 2): the job, the window and what was missing."""
-    start, end = explanation.window
-    why = explanation.notes[0] if explanation.notes else "no telemetry, step times or events"
-    return (f"explain {explanation.job}: nothing to judge from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} "
-            f"UTC: {why}")
+    """The one line of a window with no data (exit 2): the same line the ``explain-job`` flow fails with."""
+    from .explain import nothing_to_judge
+
+    return nothing_to_judge(explanation)
 
 
 def _explain_act(
@@ -567,6 +569,7 @@ def _explain_act(
     label_prefix: str,
     gpu_node_selector: str,
     as_json: bool,
+    labels: str | None = None,
 ) -> int:
     """``gpucert explain --act``: the ``explain-job`` flow, once, acting; the timeline copied to ``out``."""
     import asyncio
@@ -578,16 +581,13 @@ def _explain_act(
                                   ticketing=ticketing)  # fmt: skip
     prometheus_block = _flowcli._prometheus(prometheus)  # asked once already: the flow gets the same block
     _flowcli._prepare_prefect()
-    from flows.explain import explain_job as explain_flow
+    from gpucert.flows.explain import explain_job as explain_flow
 
     outcome = asyncio.run(
         explain_flow(job=job, selector=selector, since=since, until=until, prometheus=prometheus_block,
                      cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
-                     step_metric=step_metric or None, act=True)
+                     step_metric=step_metric or None, act=True, labels=labels)
     )  # fmt: skip
-    if outcome.verdict == "no-data":
-        raise InputError(f"explain {outcome.job}: nothing to judge from {outcome.start:%Y-%m-%d %H:%M:%S} to "
-                         f"{outcome.end:%Y-%m-%d %H:%M:%S} UTC: {outcome.notes[0] if outcome.notes else 'no data'}")
     opened = _open_existing(store)
     key = outcome.timeline.removeprefix(opened.uri.rstrip("/") + "/")
     blob = opened.objects.get(key)

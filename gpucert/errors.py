@@ -17,6 +17,8 @@ bases is drawn under the first; "also" names the other::
     │   ├── RunIdError              a run id that is not a DNS label (also a ValueError)
     │   ├── FileProblem             a stored file of a run cannot serve its certificate (names the key)
     │   └── SetupMissing            a named Prefect block is not saved, or a deployed run names no cluster/store
+    ├── RunAttemptsExhausted        a flow run crashed back more often than $GPUCERT_MAX_RUN_ATTEMPTS allows
+    ├── ShardFailed                 a shard of a large certify failed, stayed crashed or was never picked up
     ├── StackNotReady               a stack component did not get Ready on every target node in time (names them)
     ├── StackRenderError            a stack template rendered into something that is not Kubernetes objects
     ├── JobRenderError              a benchmark template rendered into something that is not the expected object
@@ -87,8 +89,10 @@ __all__ = [
     "Problem",
     "PrometheusAuthError",
     "ResultsError",
+    "RunAttemptsExhausted",
     "RunIdError",
     "SetupMissing",
+    "ShardFailed",
     "StackConflict",
     "StackNotReady",
     "StackRenderError",
@@ -209,6 +213,16 @@ class SetupMissing(InputError):
 
 
 # --- the GPU stack and the benchmark Jobs -------------------------------------------------------------
+
+
+class RunAttemptsExhausted(GpucertError):
+    """A flow run started more often than ``$GPUCERT_MAX_RUN_ATTEMPTS`` allows: it fails (not crashes),
+    so the crashed-runs automation does not schedule it again."""
+
+
+class ShardFailed(GpucertError):
+    """A shard's flow run ended FAILED or CANCELLED, stayed CRASHED, or was never picked up; the message
+    names the shard, its first node and its flow run."""
 
 
 class StackNotReady(GpucertError):

@@ -18,6 +18,7 @@ from gpucert.explain import (
     ExplainOutcome,
     Explanation,
     JobTarget,
+    LabelMap,
     act_on,
     gather,
     judge_gathered,
@@ -68,11 +69,12 @@ def explain_window(
     step_metric: str | None,
     run_id: str,
     now: datetime,
+    labels: LabelMap | None = None,
 ) -> tuple[Explanation, str, str, dict[str, float]]:
     """Gather the window's telemetry, timings, events and gpucert's record of the nodes, judge them and
     store the timeline; returns the explanation, the timeline's URI and a link a browser opens, and the
-    seconds each part took."""
-    gathered = gather(kube, source, target, step_metric=step_metric)
+    seconds each part took; ``labels``: the label mapping where detection cannot tell."""
+    gathered = gather(kube, source, target, step_metric=step_metric, labels=labels)
     record, notes = read_record(store, target.nodes, tickets=tickets, policy=policy)
     explanation, html, seconds = judge_gathered(target, gathered, record, [*gathered.notes, *notes])
     key = timeline_key(run_id, now)

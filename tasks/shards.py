@@ -29,7 +29,7 @@ from prefect.client.schemas.objects import FlowRun
 
 from gpucert._memory import release_freed_memory
 from gpucert.certify import CertificationRun, ShardParts, read_shards
-from gpucert.errors import GpucertError
+from gpucert.errors import ShardFailed
 
 __all__ = ["CRASH_GRACE_S", "LOCAL_SHARDS_AT_ONCE", "SHARD_DEPLOYMENT", "ShardFailed", "run_shards"]
 
@@ -45,9 +45,6 @@ _POLL_S = 2.0
 LocalShard = Callable[[int, dict[str, int]], Awaitable[Any]]
 
 
-class ShardFailed(GpucertError):
-    """A shard's flow run ended FAILED or CANCELLED, stayed CRASHED, or was never picked up; the message
-    names the shard, its first node and its flow run."""
 
 
 async def _deployment_id() -> UUID | None:

@@ -184,3 +184,46 @@ def prefect_harness() -> Iterator[None]:
         server_startup_timeout=60
     ), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+# --- the two tiers: `make check` runs the tests that need no server, `make test` and CI run them all ---------
+
+#: Modules whose tests start a real part: the Kubernetes control plane, S3 (SeaweedFS, moto's server),
+#: Prometheus, PostgreSQL, chromium, kubectl, the GPU Operator, or the payload's CPU benchmarks. A test that
+#: asks for ``prefect_harness`` (a Prefect server) is end-to-end wherever it lives.
+END_TO_END_MODULES = frozenset(
+    {
+        "test_audit",
+        "test_baseline",
+        "test_certificate",
+        "test_conformance",
+        "test_explain_e2e",
+        "test_explain_job_signals",
+        "test_explain_labels",
+        "test_explain_target",
+        "test_fault_matrix",
+        "test_gpu_operator",
+        "test_least_privilege",
+        "test_leases",
+        "test_prefect_postgres",
+        "test_production_path",
+        "test_real_control_plane",
+        "test_report_browser",
+        "test_secrets",
+        "test_sim_attach",
+        "test_sim_kubectl",
+        "test_sim_training",
+        "test_stack_operator",
+        "test_store_contract",
+        "test_store_s3",
+        "test_telemetry_prometheus",
+        "test_tickets_production",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
+        if module in END_TO_END_MODULES or "prefect_harness" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from multiprocessing.context import ForkServerContext
 from typing import Any
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
-from flows.certify import certify
 from gpucert._crashpoints import CRASH_ENV
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
+from gpucert.flows.certify import certify
 
 __all__ = ["certify_in_child", "fork_server"]
 

@@ -16,11 +16,11 @@ from prefect_aws import AwsCredentials
 from prefect_kubernetes.credentials import KubernetesClusterConfig, KubernetesCredentials
 from pydantic import SecretStr, ValidationError
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.prometheus import Prometheus
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.prometheus import Prometheus
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.errors import InputError, PolicyError
 from gpucert.sim import SimCluster
 from gpucert.store import StoreNotFound, StoreURIError
@@ -264,7 +264,7 @@ def test_a_policy_with_its_ticketing_saves_and_loads() -> None:
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() -> None:
-    """`prefect block register -m blocks` (the README's way) registers all five types, not none."""
+    """`prefect block register -m gpucert.blocks` (the README's way) registers all five types, not none."""
     import os
     import subprocess
     import sys

@@ -22,9 +22,8 @@ import rfc8785
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore as StoreBlock
-from flows.certify import certify
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore as StoreBlock
 from gpucert.certificate import (
     SCHEMA,
     Certificate,
@@ -37,6 +36,7 @@ from gpucert.certificate import (
 )
 from gpucert.cli import main
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
 from gpucert.sim import SimCluster
 from gpucert.store import BaselineStore, S3ObjectStore, open_store
 

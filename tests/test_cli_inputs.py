@@ -271,7 +271,7 @@ def test_a_duplicate_key_in_a_matrix_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_port_out_of_range_in_a_ticket_backend_url_is_a_config_error(tmp_path: Path) -> None:
-    from blocks.ticketing import Ticketing
+    from gpucert.blocks.ticketing import Ticketing
 
     with pytest.raises(TicketConfigError, match="Port out of range"):
         JiraTickets("https://jira.example.com:99999", "u", "t", "OPS")

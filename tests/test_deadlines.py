@@ -175,10 +175,10 @@ def half_hung_jira(mode: str) -> Iterator[str]:
 def imported() -> None:
     """Import what the commands import lazily (Prefect's blocks, the flows' helpers), so that what is timed
     is the calls, not a first import (tens of seconds on a loaded 2-core machine)."""
-    import blocks.cluster
-    import blocks.policy
-    import blocks.prometheus
-    import blocks.store  # noqa: F401
+    import gpucert.blocks.cluster
+    import gpucert.blocks.policy
+    import gpucert.blocks.prometheus
+    import gpucert.blocks.store
     import gpucert.commands
     import gpucert.stack._render
     import gpucert.store._s3  # noqa: F401

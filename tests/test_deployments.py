@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
 from gpucert._flowcli import NamedBlocks, flow_inputs
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
 from gpucert.cli import _parser, main
 from gpucert.errors import InputError
 from gpucert.sim import SimCluster
@@ -32,8 +32,8 @@ def _deployments() -> list[dict[str, Any]]:
 
 
 def _flow_of(entrypoint: str) -> Any:
-    path, _, name = entrypoint.partition(":")
-    return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+    module, _, name = entrypoint.rpartition(".")  # a module path: gpucert.flows.certify.certify
+    return getattr(importlib.import_module(module), name)
 
 
 def test_every_deployment_names_the_saved_cluster_and_store() -> None:
@@ -101,7 +101,7 @@ def test_the_storage_location_given_as_options_is_the_clusters(tmp_path: Path) -
 
 
 def test_a_team_file_with_a_wrong_field_is_named_before_anything_is_saved(tmp_path: Path) -> None:
-    from flows._teamsetup import build_blocks, read_team_file
+    from gpucert.flows._teamsetup import build_blocks, read_team_file
 
     team = tmp_path / "team.yaml"
     team.write_text("cluster:\n  kubeconfg: /k\nstore:\n  uri: file:///tmp/s\n")

@@ -9,6 +9,8 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import gpucert
 import gpucert.errors
 
@@ -56,18 +58,15 @@ def test_every_public_name_resolves_to_its_home_module() -> None:
             assert isinstance(value, str)
             continue
         home = inspect.getmodule(value)
-        assert home is not None and home.__name__.startswith("gpucert."), name
+        assert home is not None, name
+        assert home.__name__.startswith("gpucert."), name
         # Defined in gpucert (not a re-export of a third party's name) and public where it lives.
         assert not any(part.startswith("_") for part in value.__module__.split(".")[1:-1]), name
 
 
 def test_unknown_names_are_an_attribute_error() -> None:
-    try:
+    with pytest.raises(AttributeError, match="not_a_name"):
         gpucert.not_a_name  # noqa: B018
-    except AttributeError as exc:
-        assert "not_a_name" in str(exc)
-    else:
-        raise AssertionError("gpucert.not_a_name resolved")
 
 
 def test_importing_gpucert_imports_none_of_its_heavy_parts() -> None:

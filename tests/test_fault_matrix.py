@@ -61,16 +61,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from flows.certify import certify
-from flows.configure import configure
-from flows.onboard import onboard
-from flows.operate import operate
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import JOBS_NAMESPACE, CertificationRun, CertifyOutcome
 from gpucert.errors import StoreUnavailable
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
+from gpucert.flows.configure import configure
+from gpucert.flows.onboard import onboard
+from gpucert.flows.operate import operate
 from gpucert.kube import Kube, RetryPolicy, announce_joined_nodes, condition, connect, taint_keys
 from gpucert.sim import (
     EXIT_CODE_ANNOTATION,

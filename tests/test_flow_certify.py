@@ -13,12 +13,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
-from flows.certify import certify
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import BenchmarkSettings, CertifyOutcome, benchmark_job, payload_configmap
 from gpucert.cli import main
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
 from gpucert.kube import Kube, connect
 from gpucert.sim import SimCluster
 from gpucert.store import open_store

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
-from flows.certify import certify
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome, latest_decisions
+from gpucert.flows.certify import certify
 from gpucert.kube import LEASE, connect
 from gpucert.sim import SimCluster
 from gpucert.sim._objects import NODES

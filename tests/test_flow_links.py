@@ -19,12 +19,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from flows.certify import certify
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
 from gpucert.sim import SimCluster
 from gpucert.store import open_store
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from blocks.cluster import GpuCluster
-from flows.onboard import idempotency_key, onboard
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.flows.onboard import idempotency_key, onboard
 from gpucert.kube import announce_joined_nodes, connect
 from gpucert.sim import SimCluster
 
@@ -40,7 +40,7 @@ def test_onboard_configures_certifies_and_admits_a_new_node(sim: SimCluster, tmp
     [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
     kube = connect(sim.kubeconfig_path)
     uid = kube.get("v1", "Node", new)["metadata"]["uid"]
-    from blocks.store import BaselineStore
+    from gpucert.blocks.store import BaselineStore
 
     result = asyncio.run(
         onboard(

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
-from flows.operate import operate
 from gpucert._frames import empty_results
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
 from gpucert.cli import main
 from gpucert.fleet import Fault
+from gpucert.flows.operate import operate
 from gpucert.kube import connect
 from gpucert.operate import OnboardOutcome, OperateOutcome, telemetry_coverage
 from gpucert.sim import STACK_NAMESPACE, SimCluster

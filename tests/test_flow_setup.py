@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from blocks.store import BaselineStore
-from flows._setup import (
+from gpucert.audit import AuditLog, AuditRecorder
+from gpucert.blocks.store import BaselineStore
+from gpucert.errors import InputError, SetupMissing
+from gpucert.flows._setup import (
     MAX_RUN_ATTEMPTS_ENV,
     RunAttemptsExhausted,
     audit_key,
@@ -20,8 +22,6 @@ from flows._setup import (
     publish_audit,
     store_of,
 )
-from gpucert.audit import AuditLog, AuditRecorder
-from gpucert.errors import InputError, SetupMissing
 from gpucert.store import open_store
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -58,16 +58,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from flows.certify import certify
-from flows.configure import configure
-from flows.onboard import onboard
-from flows.operate import operate
-from flows.release import release
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import BenchmarkSettings, benchmark_job, payload_configmap
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
+from gpucert.flows.configure import configure
+from gpucert.flows.onboard import onboard
+from gpucert.flows.operate import operate
+from gpucert.flows.release import release
 from gpucert.kube import Kube, KubeForbidden, announce_joined_nodes, connect
 from gpucert.sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
 from gpucert.sim._rbac import DISCOVERY_RULES, grants_of, rule_allows, subject_groups

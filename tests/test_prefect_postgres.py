@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from blocks.cluster import GpuCluster
-from flows.configure import configure
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.flows.configure import configure
 from gpucert.sim import SimCluster
 
 from .conftest import eventually

@@ -36,17 +36,17 @@ import pytest
 import yaml
 from prefect_aws import AwsCredentials
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows._teamsetup import SetupReport, ensure_pools, pool_names, replace_automations
-from flows.onboard import idempotency_key, onboard
-from flows.operate import operate
 from gpucert.audit import AuditLog
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome
 from gpucert.cli import main
 from gpucert.fleet import Fault
+from gpucert.flows._teamsetup import SetupReport, ensure_pools, pool_names, replace_automations
+from gpucert.flows.onboard import idempotency_key, onboard
+from gpucert.flows.operate import operate
 from gpucert.kube import Kube, condition, connect, has_taint
 from gpucert.sim import SimCluster
 

@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from flows.certify import certify
-from flows.configure import configure
-from flows.onboard import onboard
-from flows.operate import operate
-from flows.release import release
 from gpucert.audit import AuditLog
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
+from gpucert.flows.configure import configure
+from gpucert.flows.onboard import onboard
+from gpucert.flows.operate import operate
+from gpucert.flows.release import release
 from gpucert.kube import FIELD_MANAGER, Kube, Reconnect, announce_joined_nodes, connect
 from gpucert.store import open_store
 

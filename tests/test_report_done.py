@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
 from gpucert.fleet import Fault
 from gpucert.report import done_view, render_html
 from gpucert.sim import SimCluster
@@ -77,7 +77,7 @@ def test_the_section_says_when_tickets_were_only_recorded_and_names_an_incident(
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_certify_run_s_report_shows_its_taint_and_its_ticket(tmp_path: Path) -> None:
     """End to end: the report.html certify stores names the node it tainted and the ticket it opened."""
-    from flows.certify import certify
+    from gpucert.flows.certify import certify
 
     store = tmp_path / "store"
     with SimCluster(nodes=6, preconfigured=True, seed=6) as sim:

@@ -319,7 +319,7 @@ def test_a_thousand_node_plan_draws_fast_and_bounded() -> None:
 def test_publish_report_takes_the_plan_as_links() -> None:
     import inspect
 
-    from tasks.report import publish_report
+    from gpucert.tasks.report import publish_report
 
     parameter = inspect.signature(publish_report.fn).parameters["links"]
     assert parameter.default is None

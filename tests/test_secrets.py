@@ -35,7 +35,7 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from blocks.ticketing import Ticketing
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.cli import main
 from gpucert.errors import GpucertError
 from gpucert.fleet import Fault

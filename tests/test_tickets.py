@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from blocks.ticketing import Ticketing
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.fleet import Fault
 from gpucert.tickets import (
     TICKETS_FILE,

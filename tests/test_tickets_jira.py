@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from blocks.ticketing import Ticketing
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.tickets import (
     JiraTickets,
     RunEvidence,

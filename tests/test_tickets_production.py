@@ -31,16 +31,16 @@ import pytest
 from prefect_aws import AwsCredentials
 from pydantic import SecretStr
 
-from blocks.cluster import GpuCluster
-from blocks.policy import CertificationPolicy
-from blocks.store import BaselineStore
-from blocks.ticketing import Ticketing
-from flows.certify import certify
-from flows.operate import operate
 from gpucert.audit import AuditLog
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.policy import CertificationPolicy
+from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome, ticket_step
 from gpucert.cli import main
 from gpucert.fleet import Fault
+from gpucert.flows.certify import certify
+from gpucert.flows.operate import operate
 from gpucert.kube import Kube, connect, has_taint
 from gpucert.operate import BUSY_PREFIX
 from gpucert.sim import SimCluster

@@ -19,7 +19,7 @@ from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import SecretStr
 
-from blocks.ticketing import Ticketing
+from gpucert.blocks.ticketing import Ticketing
 from gpucert.tickets import (
     TicketBackend,
     TicketConfigError,

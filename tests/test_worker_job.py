@@ -69,7 +69,8 @@ CONFIGURE_DEPLOYMENTS = frozenset({"configure", "onboard-node"})
 #: warning (``fieldValidation`` defaults to Warn); the template also sets both where they belong, in the
 #: Job's spec. Only these are removed before the strict schema check.
 POD_SPEC_QUIRKS = ("completions", "parallelism")
-#: What the image must hold: the code the deployments' entrypoints import, and what installs it.
+#: What the image must hold: the package (its links gpucert/flows, … point at the top-level folders) and what
+#: installs it.
 IMAGE_CONTENTS = ("gpucert", "flows", "tasks", "blocks", "templates", "requirements.lock", "pyproject.toml")
 #: The parameters a run needs where its flow has required ones (the rest run on their defaults).
 PARAMETERS: dict[str, dict[str, Any]] = {
@@ -524,9 +525,9 @@ def test_every_deployment_moved_to_the_pool_runs_as_its_role_in_the_image(
             assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
             assert configuration.namespace == STACK_NAMESPACE
             _validate(job, "1.33")
-            # The run starts in the image's working directory, where the entrypoint's file is.
+            # The run starts in the image's working directory; its entrypoint is a module of the package.
             assert deployment.pull_steps == _prefect_yaml()["definitions"]["in_image"]
-            assert (ROOT / str(deployment.entrypoint).split(":")[0]).is_file()
+            assert _entrypoint_file(str(deployment.entrypoint)).is_file()
         assert answers["certify-shard"][0].work_queue_name == "shards"
         assert asyncio.run(_refused_status({"service_account_name": "default"})) == 422
     finally:
@@ -604,7 +605,7 @@ def test_the_containerfile_builds_what_the_pool_runs(rendered: tuple[dict[str, A
     # Its default command is the one the worker gives the pod.
     [(_, cmd)] = [s for s in final if s[0] == "CMD"]
     assert json.loads(cmd) == _container(rendered[0])["args"]
-    assert all((ROOT / d["entrypoint"].split(":")[0]).is_file() for d in _prefect_yaml()["deployments"])
+    assert all(_entrypoint_file(d["entrypoint"]).is_file() for d in _prefect_yaml()["deployments"])
 
 
 def test_the_lock_pins_every_dependency_of_gpucert() -> None:
@@ -626,9 +627,16 @@ def test_the_lock_pins_every_dependency_of_gpucert() -> None:
     assert f"--python-version {arg.split(':', 1)[1].split('-')[0]}" in header
 
 
+def _entrypoint_file(entrypoint: str) -> Path:
+    """The file of a module-path entrypoint (``gpucert.flows.certify.certify``) in the checkout."""
+    module = entrypoint.rpartition(".")[0]
+    return ROOT / (module.replace(".", "/") + ".py")
+
+
 def test_every_template_file_ships_in_the_wheel() -> None:
     """pyproject's package data covers every file of ``templates/`` (the image installs the wheel's copy)."""
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["templates"]
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    globs = package_data["gpucert.templates"]
     folder = ROOT / "templates"
     shipped = {p for pattern in globs for p in folder.glob(pattern) if p.is_file()}
     present = {p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}

@@ -292,7 +292,7 @@ def configure_command(
     if dry_run is not None:
         from pathlib import Path
 
-        from .stack._render import check_output_dir
+        from .stack import check_output_dir
 
         check_output_dir(Path(dry_run))  # a file there, or a folder that cannot be written: exit 2 now
     inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
@@ -494,7 +494,7 @@ def release_command(
 
 
 def setup_command(args: Any) -> int:
-    """``gpucert setup`` (``flows/_teamsetup.py`` does the work); prints each step, returns 0. Raises
+    """``gpucert setup`` (``flows/teamsetup.py`` does the work); prints each step, returns 0. Raises
     :class:`InputError` for no Prefect server, a bad team file or option, an unreachable store or cluster."""
     from pathlib import Path
 
@@ -505,7 +505,7 @@ def setup_command(args: Any) -> int:
 
     if not PREFECT_API_URL.value():
         raise InputError("setup: set PREFECT_API_URL to the team's Prefect server (a temporary one keeps nothing)")
-    from gpucert.flows._teamsetup import read_team_file, setup_team
+    from gpucert.flows.teamsetup import read_team_file, setup_team
 
     jira = {"backend": "jira" if args.jira_url else None, "server": args.jira_url, "user": args.jira_user,
             "project": args.jira_project, "token": token}  # fmt: skip

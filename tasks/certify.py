@@ -1,8 +1,8 @@
 """certify's tasks: choose nodes, benchmark them (async, bounded), judge, settle, act, keep the baseline.
 
 Large data stays out of task boundaries: a wave's results go to the store, and the tasks after it get
-the :class:`~gpucert.certify.CertificationRun` that addresses them (and keeps what it read), as DESIGN.md
-asks ("data crosses tasks as small values or store keys").
+the :class:`~gpucert.certify.CertificationRun` that addresses them (and keeps what it read), as
+docs/design/architecture.md, "Layers" asks ("data crosses tasks as small values or store keys").
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from gpucert._frames import empty_results
 from gpucert._memory import release_freed_memory
 from gpucert._text import counted
 from gpucert.certify import (
+    DECISIONS,
+    RESULTS,
+    VERDICTS,
     BenchmarkSettings,
     CertificationRules,
     CertificationRun,
@@ -42,7 +45,6 @@ from gpucert.certify import (
     update_baselines,
     write_shard,
 )
-from gpucert.certify._run import DECISIONS, RESULTS, VERDICTS
 from gpucert.errors import InputError
 from gpucert.kube import Kube, KubeNotFound
 from gpucert.policy import Policy

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucert._text import counted
 from gpucert.certify import (
+    RESULTS,
     BenchmarkSettings,
     CertificationRun,
     judge_links,
@@ -24,7 +25,6 @@ from gpucert.certify import (
     run_pair_round,
     store_plan,
 )
-from gpucert.certify._run import RESULTS
 from gpucert.kube import Kube
 from gpucert.network import PairingPlan, repairs
 from gpucert.policy import Policy

@@ -101,7 +101,7 @@ def test_the_storage_location_given_as_options_is_the_clusters(tmp_path: Path) -
 
 
 def test_a_team_file_with_a_wrong_field_is_named_before_anything_is_saved(tmp_path: Path) -> None:
-    from gpucert.flows._teamsetup import build_blocks, read_team_file
+    from gpucert.flows.teamsetup import build_blocks, read_team_file
 
     team = tmp_path / "team.yaml"
     team.write_text("cluster:\n  kubeconfg: /k\nstore:\n  uri: file:///tmp/s\n")

@@ -56,18 +56,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._cli import ArgumentsError, check_args, check_pair_args
 from ._dcgm import DcgmDiag, DcgmError, parse_dcgm_diag
 from ._metrics import EVENT_METRICS, METRICS, NIC_METRICS, PERF_METRICS, RESULT_COLUMNS, Kind, Level, Metric
 from ._nccl_tests import AllReducePerf, NcclTestsError, parse_all_reduce_perf
 from ._nvml import GpuTelemetry, Sampler
+from ._stability import (
+    ABOVE_FACTOR,
+    DEFAULT_CV_REP,
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_REPEATS_OF,
+    DEFAULT_TRANSIENT_PCT,
+    DEFAULT_UNSTABLE_FACTOR,
+    MAD_TO_SIGMA,
+    MIN_JUDGED,
+    TRANSIENT_SIGMAS,
+    RepeatRule,
+)
 
 __all__ = [
+    "ABOVE_FACTOR",
+    "DEFAULT_CV_REP",
+    "DEFAULT_MAX_REPEATS",
+    "DEFAULT_REPEATS_OF",
+    "DEFAULT_TRANSIENT_PCT",
+    "DEFAULT_UNSTABLE_FACTOR",
     "EVENT_METRICS",
+    "MAD_TO_SIGMA",
     "METRICS",
+    "MIN_JUDGED",
     "NIC_METRICS",
     "PERF_METRICS",
     "RESULT_COLUMNS",
+    "TRANSIENT_SIGMAS",
     "AllReducePerf",
+    "ArgumentsError",
     "DcgmDiag",
     "DcgmError",
     "GpuTelemetry",
@@ -75,7 +98,10 @@ __all__ = [
     "Level",
     "Metric",
     "NcclTestsError",
+    "RepeatRule",
     "Sampler",
+    "check_args",
+    "check_pair_args",
     "main",
     "parse_all_reduce_perf",
     "parse_dcgm_diag",

@@ -18,8 +18,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from ..certify._links import LINK_NODES, LINK_PAIRS, plan_of
-from ..certify._run import DECISIONS, POLICY, RESULTS, STACK, VERDICTS, rerun_id
+from ..certify import DECISIONS, LINK_NODES, LINK_PAIRS, POLICY, RESULTS, STACK, VERDICTS, plan_of, rerun_id
 from ..errors import FileProblem, GpucertError, InputError, PolicyError
 from ..network import PairingPlan
 from ..policy import Policy

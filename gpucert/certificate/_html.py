@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._templates import html_environment
-from ..report._charts import VERDICT_COLOURS
+from ..report import VERDICT_COLOURS
 from ._model import Certificate
 
 __all__ = ["TEMPLATE", "render_certificate_html"]

@@ -77,6 +77,7 @@ from ._links import (
     judge_with_links,
     link_plan,
     link_seed,
+    plan_of,
     store_plan,
     stored_plan_of,
 )
@@ -90,7 +91,17 @@ from ._record import (
 )
 from ._result import CertifyOutcome, NodeOutcome, TicketChange
 from ._rules import CertificationRules
-from ._run import RUN_FILES, CertificationRun, latest_decisions, rerun_id
+from ._run import (
+    DECISIONS,
+    POLICY,
+    RESULTS,
+    RUN_FILES,
+    STACK,
+    VERDICTS,
+    CertificationRun,
+    latest_decisions,
+    rerun_id,
+)
 from ._select import busy_nodes, choose_nodes
 from ._settle import (
     DECISION_COLUMNS,
@@ -131,6 +142,7 @@ __all__ = [
     "COMPONENT",
     "CONDITION",
     "DCGM_PREFIX",
+    "DECISIONS",
     "DECISION_COLUMNS",
     "DEFAULT_IMAGE",
     "DEFAULT_LABEL_PREFIX",
@@ -142,10 +154,14 @@ __all__ = [
     "PAIR_PORT",
     "PAYLOAD_DIR",
     "PAYLOAD_TEMPLATE",
+    "POLICY",
     "REASONS",
+    "RESULTS",
     "RUN_FILES",
+    "STACK",
     "STACK_PREFIX",
     "STATES",
+    "VERDICTS",
     "BenchmarkSettings",
     "CertificationRules",
     "CertificationRun",
@@ -211,6 +227,7 @@ __all__ = [
     "payload_key",
     "payload_path",
     "pending_runs",
+    "plan_of",
     "plan_shards",
     "policy_payload_args",
     "read_pod_log",

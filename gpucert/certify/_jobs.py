@@ -150,7 +150,7 @@ _MAX_PAIR_NAME = 61
 def policy_payload_args(policy: Policy) -> tuple[str, ...]:
     """The payload flags that carry ``policy``'s repeat rule where it differs from the payload's own defaults
     (which are the shipped policy's): expected CVs, per-metric repeats, the instability knobs."""
-    from ..bench._stability import (
+    from ..bench import (
         DEFAULT_CV_REP,
         DEFAULT_REPEATS_OF,
         DEFAULT_TRANSIENT_PCT,
@@ -174,7 +174,7 @@ def policy_payload_args(policy: Policy) -> tuple[str, ...]:
 def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
     """``args`` as a tuple when the payload's parser takes ``prefix`` + ``args`` strictly (no abbreviation,
     no ``--help``) and none of ``args`` sets a flag the Job sets; raises :class:`PayloadArgsError`."""
-    from ..bench._cli import check_args
+    from ..bench import check_args
 
     return checked_args(args, field="payload_args", job="the Job", payload="the payload", own_flags=_OWN_FLAGS,
                         check=check_args, prefix=prefix)  # fmt: skip
@@ -185,7 +185,7 @@ def check_pair_payload_args(
 ) -> tuple[str, ...]:
     """``args`` as a tuple when the pair payload's parser takes ``prefix`` + ``args`` strictly and none of
     ``args`` sets a flag the pair Job sets; raises :class:`PayloadArgsError`."""
-    from ..bench._cli import check_pair_args
+    from ..bench import check_pair_args
 
     return checked_args(args, field="pair_args", job="the pair Job", payload="the pair payload",
                         own_flags=_PAIR_OWN_FLAGS, check=check_pair_args, prefix=prefix)  # fmt: skip
@@ -197,7 +197,7 @@ def checked_args(
 ) -> tuple[str, ...]:
     """``args`` (the policy's ``field``) as a tuple when ``check`` takes ``prefix`` + ``args`` and none of
     ``args`` sets one of ``own_flags`` (``job`` sets those); raises :class:`PayloadArgsError` naming them."""
-    from ..bench._cli import ArgumentsError
+    from ..bench import ArgumentsError
 
     if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
         raise PayloadArgsError(f"{field} must be a sequence of strings, not {args!r}")

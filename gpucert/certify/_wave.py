@@ -59,7 +59,7 @@ from ..kube import (
     taint_testing,
 )
 from ..metrics import METRICS
-from ..results._relations import _concat
+from ..results import concat_frames
 from ._collect import CollectedResults, PodLog, read_pod_log, validate_pod_logs
 from ._jobs import BenchmarkSettings, _pair, benchmark_job, job_name, owned_by, pair_job, pair_name
 from ._names import COMPONENT
@@ -860,7 +860,7 @@ def _round_results(runs: dict[Pair, PairRun], logs: Mapping[Pair, list[_Side]]) 
         if bad:
             runs[pair] = replace(runs[pair], state="failed", reason="bad_results", message=bad, rows=0)
             continue
-        kept = _concat([collected.results for collected in good])
+        kept = concat_frames([collected.results for collected in good])
         runs[pair] = replace(runs[pair], rows=len(kept))
         parts.append(kept)
-    return _concat(parts) if parts else None
+    return concat_frames(parts) if parts else None

@@ -43,8 +43,7 @@ from ..certify import CONDITION, SettledDecision, apply_decision, busy_nodes, fl
 from ..kube import Kube, has_taint, taint_keys
 from ..policy import Policy
 from ..tickets import EscalationPolicy, RunEvidence, TicketBackend, TicketEvent, reconcile
-from ..verdict import VERDICT_COLUMNS
-from ..verdict._causes import ACTION_FOR_CAUSE
+from ..verdict import ACTION_FOR_CAUSE, VERDICT_COLUMNS
 from ._frames import Explanation, Suspect
 
 __all__ = ["ACTABLE_LAYERS", "ActOutcome", "act_on", "cause_of", "suspect_to_act_on"]

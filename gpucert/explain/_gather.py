@@ -39,8 +39,7 @@ import pandas as pd
 
 from .._memory import release_freed_memory
 from ..kube import Kube, KubeError
-from ..telemetry import PrometheusSource
-from ..telemetry._common import HOST_LABELS
+from ..telemetry import HOST_LABELS, PrometheusSource
 from ._frames import (
     COLLECTIVES_COLUMNS,
     EVENTS_COLUMNS,

@@ -21,6 +21,7 @@ The renderings, all pure functions (no Prefect here; the certify flow turns them
 
 from __future__ import annotations
 
+from ._charts import VERDICT_COLOURS
 from ._done import DoneView, done_view
 from ._drift import DriftChart, DriftView, drift_view, render_drift_html
 from ._html import render_html
@@ -31,6 +32,7 @@ from ._summary import md_escape, summary_markdown
 __all__ = [
     "DECISION_KEYS",
     "ROW_KEYS",
+    "VERDICT_COLOURS",
     "DoneView",
     "DriftChart",
     "DriftView",

@@ -65,10 +65,11 @@ from ..metrics import RESULT_COLUMNS
 from ._columns import _validate
 from ._common import _CSV, _JSONL, _PARQUET, Ints, PathArg, _Findings, _Rows
 from ._read import _one_line, _read_file, _read_parquet, _unknown_suffix
-from ._relations import _check_relations, _Codes, _concat, _tidy_categories
+from ._relations import _check_relations, _Codes, _tidy_categories, concat_frames
 from ._write import PARQUET_SCHEMA, _write_csv, _write_jsonl, _write_parquet
 
 __all__ = [
+    "concat_frames",
     "concat_results",
     "join_parquet",
     "parse_parquet",
@@ -145,7 +146,7 @@ def _read_and_check_values(
         numbers.append(raw.rows)
     if len(parts) == 1:
         return parts[0], _each(pending)
-    combined = _concat(parts)
+    combined = concat_frames(parts)
     names = tuple(os.fspath(p) for p in files)
     rows = _Rows(
         np.concatenate(numbers),
@@ -211,7 +212,7 @@ def concat_results(parts: Sequence[pd.DataFrame], source: str) -> pd.DataFrame:
         _parse(part, f"{source}, part {i}", np.arange(1, len(part) + 1, dtype=np.int64), across_rows=False)
         for i, part in numbered
     ]
-    combined = _tidy_categories(_concat(checked))
+    combined = _tidy_categories(concat_frames(checked))
     rows = _Rows(np.arange(1, len(combined) + 1, dtype=np.int64))
     _check_across_rows(combined, _Findings(rows, len(combined)), source)
     return combined

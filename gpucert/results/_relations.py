@@ -420,7 +420,8 @@ def _tidy_categories(frame: pd.DataFrame, tidy: Mapping[str, Any] | None = None)
     return frame.assign(**changed) if changed else frame
 
 
-def _concat(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+def concat_frames(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Canonical results frames as one, categories unioned and sorted; no check across the parts."""
     columns: dict[str, Any] = {}
     for name in RESULT_COLUMNS:
         if name in CATEGORY_COLUMNS:

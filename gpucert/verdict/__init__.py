@@ -27,7 +27,7 @@ from ._findings import TICKET_RANK, VERDICT_OF, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
 from ._nodes import node_wide_findings, pair_node_findings
-from ._repeats import reduce_repeats
+from ._repeats import judge_repeat_matrix, reduce_repeats
 
 __all__ = [
     "ACTION_FOR_CAUSE",
@@ -40,6 +40,7 @@ __all__ = [
     "RunEvaluation",
     "evaluate_run",
     "judge",
+    "judge_repeat_matrix",
     "judge_run",
     "layer_of",
     "with_layer",

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from .._background import on_two_threads
-from ..bench._stability import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
+from ..bench import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
 from ._index import (

@@ -21,41 +21,62 @@ Every write is a server-side apply or a label patch made only when needed, so ru
 configured cluster changes nothing.
 """
 
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
+from prefect.utilities.asyncutils import run_coro_as_sync
 
-from blocks.cluster import GpuCluster
-from blocks.store import BaselineStore
-from flows._setup import check_attempts, publish_audit, run_trigger
 from gpucert.audit import AuditLog, AuditRecorder
+from gpucert.blocks.cluster import GpuCluster
+from gpucert.blocks.store import BaselineStore
+from gpucert.flows._setup import check_attempts, cluster_of, publish_audit, run_trigger, store_of
+from gpucert.kube import Kube
 from gpucert.stack import (
     COMPONENTS,
+    GPU_OPERATOR,
+    OWN,
     RECORD_NAME,
     ConfigureOutcome,
+    NodeInfo,
+    OperatorChange,
     StackRecord,
     StackRequest,
+    StackSurvey,
+    choose_installer,
     component_targets,
+    configured_versions,
     find_drift,
     follow_record,
+    load_matrix,
+    operator_changes,
+    operator_drift,
+    operator_release,
     pick_targets,
     record_departures,
     render_stack,
     target_name,
+    untolerated_taints,
     write_manifests,
+    write_operator_changes,
 )
-from tasks.stack import (
+from gpucert.tasks.stack import (
     apply_step,
+    apply_to_operator,
     choose_stack,
+    follow_driver_rollout,
     inventory,
     label_targets,
+    operator_versions,
     prune_drivers,
     record_versions,
     recorded_stack,
+    survey,
     verify_gpus,
     wait_for_component,
+    wait_for_operands,
 )
 
 __all__ = ["configure"]
@@ -77,6 +98,10 @@ def configure(
     gpus_per_node: int = 8,
     rollout_timeout_s: float = 900.0,
     store: BaselineStore | None = None,
+    cluster_block: str | None = None,
+    store_block: str | None = None,
+    installer: str = "auto",
+    certify_changed: bool = True,
 ) -> ConfigureOutcome:
     """Install the GPU stack on the cluster's GPU nodes (all, or ``nodes``); returns what was done.
 
@@ -86,15 +111,28 @@ def configure(
     ``gpus_per_node`` is expected where a node has no ``nvidia.com/gpu.count`` label; each component has
     ``rollout_timeout_s`` to get Ready everywhere. Every object applied and node labelled is recorded in
     ``store``'s audit trail (default ``$GPUCERT_STORE``, else ``./gpucert-store``) and as an Event.
+    ``installer``: ``auto`` adopts the NVIDIA GPU Operator where it runs the stack and installs gpucert's own
+    manifests where nothing does; ``gpucert`` or ``gpu-operator`` insist on one (refused, exit 2, where the
+    other runs). Where the operator's driver changed, ``certify_changed`` certifies the nodes it changed.
+    ``cluster_block`` and ``store_block`` name saved blocks to use where the block is not given (a
+    deployed run needs both, or the variables: see ``flows/_setup.py``).
     """
     log = get_run_logger()
     check_attempts()
-    cluster = cluster or GpuCluster()
+    cluster = cluster_of(cluster, cluster_block)
+    # Now, not after the plan: a deployed run without a store fails before it looks at a node.
+    trail = store_of(store, store_block) if dry_run_dir is None else None
     kube = cluster.kube()
 
     fleet = inventory(kube, cluster.gpu_node_selector)
     targets = pick_targets(fleet, nodes)
     request = StackRequest(release=release, versions=versions or {}, registry=registry)
+    # Never a second stack beside another installer's: adopt the GPU Operator where it runs it.
+    found = survey(kube, fleet)
+    if choose_installer(found, installer) == GPU_OPERATOR:
+        return _adopt(kube, cluster, found, fleet, targets, request, trail=trail, dry_run_dir=dry_run_dir,
+                      gpus_per_node=gpus_per_node, timeout_s=rollout_timeout_s,
+                      certify_changed=certify_changed)  # fmt: skip
     recorded: StackRecord | None = None
     reused: tuple[str, ...] = ()
     if nodes and request.unset():
@@ -122,6 +160,8 @@ def configure(
         pinned=dict(request.versions),
         registry=request.registry,
         reused=reused,
+        installer=OWN,
+        found=tuple(found.lines()),
     )
 
     if dry_run_dir is not None:
@@ -130,7 +170,8 @@ def configure(
         _publish(outcome)
         return outcome
 
-    audit = AuditRecorder(AuditLog((store or BaselineStore.default()).open(create=True).objects),
+    assert trail is not None  # a dry run returned above
+    audit = AuditRecorder(AuditLog(trail.open(create=True).objects),
                           run_id=flow_run.name, trigger=run_trigger(),
                           default_why=f"configure release {plan.release}: {stack}").watch(kube)  # fmt: skip
     try:
@@ -159,6 +200,132 @@ def configure(
     _publish(outcome)
     publish_audit(audit)
     return outcome
+
+
+def _adopt(
+    kube: Kube,
+    cluster: GpuCluster,
+    found: StackSurvey,
+    fleet: list[NodeInfo],
+    targets: list[NodeInfo],
+    request: StackRequest,
+    *,
+    trail: BaselineStore | None,
+    dry_run_dir: str | None,
+    gpus_per_node: int,
+    timeout_s: float,
+    certify_changed: bool,
+) -> ConfigureOutcome:
+    """The GPU Operator runs the stack: plan against its release, change it through it, follow, verify, certify.
+
+    1. the operator's release (its Deployment or labels) is found in the compatibility matrix, and the
+       nodes, the versions it runs and the ones asked for are checked against that release;
+    2. what was asked and differs is written to the operator — its ClusterPolicy's component versions, or
+       the NVIDIADriver of each affected node pool — by server-side apply (field manager ``gpucert``);
+       never its DaemonSets (``--dry-run DIR`` writes these objects there and stops);
+    3. a driver change is followed node by node through the upgrade controller's state labels to
+       ``upgrade-done``; other operands until their pods run the new versions;
+    4. verify as for gpucert's own stack: GPUs advertised, versions per node (labelled), drift against
+       what the operator was told;
+    5. the nodes whose driver changed are certified (their own baselines re-seeded by certify); one that
+       fails is named with the driver change as the likeliest cause.
+    """
+    log = get_run_logger()
+    operator = found.operator
+    assert operator is not None  # choose_installer adopts only an operator with a ClusterPolicy
+    release = operator_release(load_matrix(), operator.version)
+    current = operator.spec_versions.get("driver") or next(iter(sorted(operator.drivers.values())), None)
+    pins = {**({"driver": current} if current else {}), **request.versions}
+    plan = choose_stack(targets, StackRequest(release=release.name, versions=pins, registry=request.registry),
+                        namespace=cluster.stack_namespace, label_prefix=cluster.label_prefix)  # fmt: skip
+    changes = operator_changes(operator, plan, request.versions, fleet)
+    log.info("adopting %s, planned against release %s (version from %s): %s", operator.describe(), release.name,
+             operator.version_from, "; ".join(c.name for c in changes) or "nothing to change")  # fmt: skip
+    chosen = ConfigureOutcome(
+        release=plan.release, nodes=plan.nodes, stack=ConfigureOutcome.stack_of(plan),
+        objects=tuple(c.name for c in changes), pinned=dict(request.versions), registry=request.registry,
+        installer=GPU_OPERATOR, found=tuple(found.lines()),
+        operator_changes=tuple(f"{c.name}: " + ", ".join(f"{k} {a or '(unset)'} → {b}" for k, (a, b)
+                                                           in c.changes.items()) for c in changes),
+    )  # fmt: skip
+    if dry_run_dir is not None:
+        files = write_operator_changes(changes, Path(dry_run_dir))
+        outcome = chosen.model_copy(update={"dry_run_files": tuple(map(str, files))})
+        _publish(outcome)
+        return outcome
+
+    if any("driver" in c.changes for c in changes):
+        for node, taints in untolerated_taints(kube.nodes(cluster.gpu_node_selector), operator.tolerations).items():
+            log.warning("node %s has taints the operator's DaemonSets do not tolerate (%s): its upgrade controller "
+                        "stops for every node until they go or spec.daemonsets.tolerations covers them",
+                        node, taints)  # fmt: skip
+    assert trail is not None
+    audit = AuditRecorder(AuditLog(trail.open(create=True).objects), run_id=flow_run.name,
+                          trigger=run_trigger(), default_why=f"configure: adopt the GPU Operator {operator.version}"
+                          ).watch(kube)  # fmt: skip
+    began = time.monotonic()
+    try:
+        apply_to_operator(kube, changes)
+    finally:
+        audit.flush()  # what was applied, even when an apply failed half-way
+    driver_nodes = sorted({n for c in changes if "driver" in c.changes for n in c.nodes} - set(plan.host_driver))
+    rollout: dict[str, str] = {}
+    if driver_nodes:
+        rollout = follow_driver_rollout(kube, driver_nodes, plan.expected_versions(driver_nodes[0])["driver"],
+                                        timeout_s)  # fmt: skip
+    configured = configured_versions(operator, plan, fleet)
+    for change in changes:  # what the operator was told now, not what it ran before
+        for node in change.nodes:
+            configured[node].update({c: new for c, (_old, new) in change.changes.items()})
+    changed_components = {c for ch in changes for c in ch.changes if c != "driver"}
+    if changed_components:
+        wait_for_operands(kube, {n: {c: configured[n][c] for c in changed_components} for n in plan.nodes},
+                          timeout_s)  # fmt: skip
+    rollout_s = time.monotonic() - began
+    labels = {info.name: info.labels for info in targets}
+    with_plugin = [n for n in plan.nodes if labels.get(n, {}).get("nvidia.com/gpu.deploy.device-plugin") != "false"
+                   and "device-plugin" not in operator.disabled]  # fmt: skip
+    expected = {i.name: i.gpu_count or gpus_per_node for i in targets if i.name in with_plugin}
+    gpus = verify_gpus(kube, plan, expected, timeout_s)
+    observed = operator_versions(kube, plan)
+    drift = operator_drift(configured, observed, fleet)
+    outcome = chosen.model_copy(update={
+        "gpus_verified": gpus, "drift": tuple(drift),
+        "rollout": rollout, "rollout_s": round(rollout_s, 1) if changes else 0.0,
+    })  # fmt: skip
+    if driver_nodes and certify_changed:
+        outcome = _certify_changed(cluster, trail, outcome, driver_nodes, changes)
+    _publish(outcome)
+    publish_audit(audit)
+    return outcome
+
+
+def _certify_changed(
+    cluster: GpuCluster,
+    store: BaselineStore,
+    outcome: ConfigureOutcome,
+    nodes: list[str],
+    changes: list[OperatorChange],
+) -> ConfigureOutcome:
+    """Certify the nodes whose driver changed (the seed's configure → certify); a node that fails is
+    named with the driver change as its likeliest cause."""
+    from gpucert.flows.certify import (
+        certify,  # configure is imported by certify's callers: no cycle at import
+    )
+
+    log = get_run_logger()
+    certified = run_coro_as_sync(certify(cluster=cluster, store=store, nodes=nodes))
+    assert certified is not None
+    states = {n: (d.state or "inconclusive") if (d := certified.decision(n)) else
+              f"not benchmarked ({certified.skipped.get(n, 'skipped')})" for n in nodes}  # fmt: skip
+    driver = next(v for c in changes for k, v in c.changes.items() if k == "driver")
+    suspects = tuple(f"{n} {state} certification after its driver changed {driver[0] or '(unset)'} → "
+                     f"{driver[1]}: the version change is the likeliest cause"
+                     for n, state in sorted(states.items()) if state in ("failed", "degraded"))  # fmt: skip
+    for line in suspects:
+        log.error("%s", line)
+    return outcome.model_copy(update={"certified": states, "suspects": suspects,
+                                      "reseeded": tuple(sorted(certified.reseeded))})  # fmt: skip
 
 
 def _publish(outcome: ConfigureOutcome) -> None:

@@ -7,6 +7,7 @@ passed by reference and never cached (``NO_CACHE``): a configure run must look a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from prefect import get_run_logger, task
@@ -14,23 +15,33 @@ from prefect.cache_policies import NO_CACHE
 
 from gpucert.kube import Kube
 from gpucert.stack import (
+    UPGRADE_FAILED,
     Applied,
     Manifest,
     NodeInfo,
+    OperatorChange,
     StackPlan,
     StackRecord,
     StackRequest,
+    StackSurvey,
     component_targets,
     desired_target_labels,
     desired_version_labels,
+    drift_since_configure,
     gpu_shortfall,
     label_nodes,
     load_matrix,
     not_ready_nodes,
     observed_versions,
+    operand_versions,
+    operator_pods,
+    pending_operands,
     plan_stack,
     prune_driver_variants,
     read_record,
+    rollout_check,
+    stack_pods,
+    survey_stack,
     take_inventory,
     wait_until,
 )
@@ -40,14 +51,20 @@ from ._retry import kube_task
 
 __all__ = [
     "apply_step",
+    "apply_to_operator",
     "choose_stack",
+    "follow_driver_rollout",
     "inventory",
     "label_targets",
+    "operator_versions",
     "prune_drivers",
     "record_versions",
     "recorded_stack",
+    "stack_drift",
+    "survey",
     "verify_gpus",
     "wait_for_component",
+    "wait_for_operands",
 ]
 
 
@@ -138,3 +155,91 @@ def record_versions(kube: Kube, plan: StackPlan) -> dict[str, dict[str, str]]:
     observed = observed_versions(kube, plan)
     label_nodes(kube, desired_version_labels(plan, observed))
     return observed
+
+
+@kube_task("survey the stack's installers")
+def survey(kube: Kube, fleet: Sequence[NodeInfo]) -> StackSurvey:
+    """What installs the GPU stack here (the GPU Operator, gpucert, another installer, host drivers)."""
+    found = survey_stack(kube, fleet)
+    for line in found.lines():
+        get_run_logger().info("found: %s", line)
+    return found
+
+
+@kube_task("apply to the GPU operator")
+def apply_to_operator(kube: Kube, changes: Sequence[OperatorChange]) -> list[str]:
+    """Server-side apply each change (field manager ``gpucert``) to the operator's ClusterPolicy or
+    NVIDIADrivers; returns what was changed, ``Kind name: component from → to``."""
+    done = []
+    for change in changes:
+        obj = change.obj
+        before = kube.find(str(obj["apiVersion"]), str(obj["kind"]), str(obj["metadata"]["name"]))
+        kube.apply(obj, before=before)
+        what = ", ".join(f"{c} {old or '(unset)'} → {new}" for c, (old, new) in change.changes.items())
+        done.append(f"{change.name}: {what}")
+        get_run_logger().info("applied to the operator: %s", done[-1])
+    return done
+
+
+@kube_task("follow the driver rollout")
+def follow_driver_rollout(kube: Kube, nodes: Sequence[str], driver: str, timeout_s: float) -> dict[str, str]:
+    """Follow the operator's driver upgrade node by node (``nvidia.com/gpu-driver-upgrade-state`` and the
+    driver pod's version) until every node in ``nodes`` runs ``driver``; logs each node's every state
+    change and names a node in ``upgrade-failed`` as soon as it is seen. Returns node → final state.
+
+    Raises ``StackNotReady`` naming each node not done (a node stuck in ``upgrade-failed`` says so).
+    """
+    log = get_run_logger()
+    seen: dict[str, str] = {}
+
+    def pending() -> Mapping[str, str]:
+        waiting = rollout_check(kube, nodes, driver)
+        for node in nodes:
+            state = waiting.get(node, "done")
+            if seen.get(node) != state:
+                done = sum(1 for n in nodes if n not in waiting)
+                log.info("driver %s rollout: %s %s (%d of %d nodes done)", driver, node, state, done, len(nodes))
+                if state.startswith(f"stuck in {UPGRADE_FAILED}"):
+                    log.error("node %s is in %s: the operator could not upgrade its driver to %s",
+                              node, UPGRADE_FAILED, driver)  # fmt: skip
+                seen[node] = state
+        return waiting
+
+    wait_until(pending, what=f"driver {driver} rollout", total=len(nodes), timeout_s=timeout_s)
+    states = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {}) for n in kube.nodes()}
+    return {n: states.get(n, {}).get("nvidia.com/gpu-driver-upgrade-state", "") for n in nodes}
+
+
+@kube_task("wait for the operator's operands")
+def wait_for_operands(kube: Kube, wanted: Mapping[str, Mapping[str, str]], timeout_s: float) -> float:
+    """Wait until every node runs the operand versions ``wanted`` (node → component → version) in Ready
+    pods; returns the seconds it took. Raises ``StackNotReady`` naming each node and operand behind."""
+    began = time.monotonic()
+    wait_until(lambda: pending_operands(operator_pods(kube), wanted), what="the operator's operands",
+               total=len(wanted), timeout_s=timeout_s)  # fmt: skip
+    return time.monotonic() - began
+
+
+@kube_task("record the operator's versions")
+def operator_versions(kube: Kube, plan: StackPlan) -> dict[str, dict[str, str]]:
+    """Node → component → the version the operator's Ready pods run there (host drivers: the host's), and
+    each node labelled with them as configure labels its own stack's nodes (what operate compares with)."""
+    observed = operand_versions(operator_pods(kube), plan.nodes)
+    for node, version in plan.host_driver.items():
+        observed.setdefault(node, {})["driver"] = version
+    label_nodes(kube, desired_version_labels(plan, observed))
+    return observed
+
+
+@kube_task("stack drift since configure")
+def stack_drift(kube: Kube, selector: str, prefix: str) -> dict[str, str]:
+    """Node → the stack versions that moved outside gpucert since configure verified them there (an operator
+    or Helm upgrade, a hand edit), ``component configured → running`` each; logged as warnings."""
+    drift = drift_since_configure(kube.nodes(selector), stack_pods(kube), prefix)
+    out: dict[str, str] = {}
+    for d in drift:
+        text = f"{d.component} {d.expected} → {d.found or 'not running'} ({d.reason})"
+        out[d.node] = f"{out[d.node]}; {text}" if d.node in out else text
+    for node, text in sorted(out.items()):
+        get_run_logger().warning("stack drift on %s: %s", node, text)
+    return out

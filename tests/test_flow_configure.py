@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from blocks.cluster import GpuCluster
-from flows.configure import configure
+from gpucert.blocks.cluster import GpuCluster
 from gpucert.cli import main
+from gpucert.flows.configure import configure
 from gpucert.kube import Kube, connect
-from gpucert.sim import ApiFaults, SimCluster
 from gpucert.stack import ConfigureOutcome, StackConflict, StackNotReady, load_matrix
+from gpucert_sim import ApiFaults, SimCluster
 
 from .conftest import eventually
 
@@ -173,6 +173,24 @@ def test_dry_run_renders_everything_and_writes_nothing(tmp_path: Path) -> None:
         assert [f.name for f in files] == sorted(Path(f).name for f in result.dry_run_files)
         kinds = {doc["kind"] for f in files for doc in yaml.safe_load_all(f.read_text()) if doc}
         assert {"Namespace", "DaemonSet", "Service", "ConfigMap", "ClusterRole"} <= kinds
+        # The path it takes, said plainly: nothing else runs the stack, so gpucert's own manifests.
+        assert result.installer == "gpucert"
+        assert result.found[0] == "no NVIDIA GPU Operator (no ClusterPolicy, no operand DaemonSet)"
+        assert "Installer: **gpucert**" in result.markdown()
+
+
+def test_the_gpu_operator_path_is_refused_where_no_operator_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--installer gpu-operator`` on a cluster without the operator (the simulator serves no ClusterPolicy
+    API at all): exit 2, nothing written; ``--installer gpucert`` installs gpucert's own stack."""
+    with SimCluster(nodes=2) as sim:
+        kubeconfig = str(sim.kubeconfig_path)
+        kube = connect(sim.kubeconfig_path)
+        before = _store_version(kube)
+        assert main(["configure", "--kubeconfig", kubeconfig, "--installer", "gpu-operator"]) == 2
+        assert "--installer gpu-operator refused: no GPU Operator runs the GPU stack" in capsys.readouterr().err
+        assert _store_version(kube) == before
+        assert main(["configure", "--kubeconfig", kubeconfig, "--installer", "gpucert", "--timeout", "30"]) == 0
+        assert "Installer: **gpucert**" in capsys.readouterr().out
 
 
 def test_command_line_configure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,12 +12,15 @@ Layers, each importing only those above it:
 * :mod:`._rollout` — apply, label, wait per node, verify GPUs, observe versions (through :mod:`gpucert.kube`);
 * :mod:`._record` — what the fleet was configured with, kept in the cluster (ConfigMap ``gpucert-stack``),
   which a configure limited to some nodes follows;
+* :mod:`._operator` — the NVIDIA GPU Operator a cluster already runs: what installs the stack, adopting the
+  operator (its release against the matrix, version changes through its ClusterPolicy or NVIDIADrivers,
+  the driver rollout followed node by node);
 * :mod:`._drift`, :mod:`._outcome` — what is off the chosen versions; what a run did.
 """
 
 from __future__ import annotations
 
-from ..errors import MatrixError, StackConflict, StackNotReady
+from ..errors import InstallerConflict, MatrixError, StackConflict, StackNotReady
 from ._drift import Drift, find_drift
 from ._inventory import DEFAULT_GPU_SELECTOR, node_info, pick_targets, take_inventory
 from ._labels import (
@@ -41,10 +44,44 @@ from ._matrix import (
     load_matrix,
 )
 from ._model import COMPONENTS, DriverVariant, Manifest, NodeInfo, StackPlan, StackRequest
+from ._operator import (
+    GPU_OPERATOR,
+    INSTALLERS,
+    OWN,
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
+    UPGRADE_STATE,
+    OperatorChange,
+    OperatorStack,
+    StackSurvey,
+    choose_installer,
+    configured_versions,
+    drift_since_configure,
+    normalise_version,
+    operand_versions,
+    operator_changes,
+    operator_drift,
+    operator_pods,
+    operator_release,
+    pending_operands,
+    rollout_check,
+    rollout_pending,
+    stack_pods,
+    survey_stack,
+    untolerated_taints,
+    write_operator_changes,
+)
 from ._outcome import TARGET_CHARS, ConfigureOutcome, target_name
 from ._plan import NODES_SHOWN, os_tag, plan_stack
 from ._record import RECORD_NAME, StackRecord, follow_record, read_record, record_departures
-from ._render import StackRenderError, load_manifests, record_manifest, render_stack, write_manifests
+from ._render import (
+    StackRenderError,
+    check_output_dir,
+    load_manifests,
+    record_manifest,
+    render_stack,
+    write_manifests,
+)
 from ._rollout import (
     Applied,
     apply_manifests,
@@ -65,11 +102,17 @@ STACK_NAMESPACE = "gpucert-system"
 __all__ = [
     "COMPONENTS",
     "DEFAULT_GPU_SELECTOR",
+    "GPU_OPERATOR",
+    "INSTALLERS",
     "NODES_SHOWN",
+    "OWN",
     "RECORD_NAME",
     "RELEASE_COMPONENTS",
     "STACK_NAMESPACE",
     "TARGET_CHARS",
+    "UPGRADE_DONE",
+    "UPGRADE_FAILED",
+    "UPGRADE_STATE",
     "Applied",
     "ComponentPin",
     "ConfigureOutcome",
@@ -77,11 +120,14 @@ __all__ = [
     "DriverBranch",
     "DriverChoice",
     "DriverVariant",
+    "InstallerConflict",
     "KubernetesRange",
     "Manifest",
     "Matrix",
     "MatrixError",
     "NodeInfo",
+    "OperatorChange",
+    "OperatorStack",
     "Release",
     "StackConflict",
     "StackNotReady",
@@ -89,13 +135,18 @@ __all__ = [
     "StackRecord",
     "StackRenderError",
     "StackRequest",
+    "StackSurvey",
     "apply_manifests",
     "check_label_prefix",
+    "check_output_dir",
+    "choose_installer",
     "component_targets",
+    "configured_versions",
     "desired_target_labels",
     "desired_version_labels",
     "dns_label_ok",
     "dns_subdomain_ok",
+    "drift_since_configure",
     "driver_label",
     "find_drift",
     "follow_record",
@@ -105,9 +156,16 @@ __all__ = [
     "load_manifests",
     "load_matrix",
     "node_info",
+    "normalise_version",
     "not_ready_nodes",
     "observed_versions",
+    "operand_versions",
+    "operator_changes",
+    "operator_drift",
+    "operator_pods",
+    "operator_release",
     "os_tag",
+    "pending_operands",
     "pick_targets",
     "plan_stack",
     "prune_driver_variants",
@@ -116,10 +174,16 @@ __all__ = [
     "record_manifest",
     "release_label",
     "render_stack",
+    "rollout_check",
+    "rollout_pending",
     "stack_label",
+    "stack_pods",
+    "survey_stack",
     "take_inventory",
     "target_name",
+    "untolerated_taints",
     "version_label",
     "wait_until",
     "write_manifests",
+    "write_operator_changes",
 ]

@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import InputError
-from ..kube import Kube
-from ..kube._nodes import node_ready
+from ..kube import Kube, node_ready
 from ._labels import (
     DEPLOY_PREFIX,
     DRIVER_FULL,

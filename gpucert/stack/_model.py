@@ -20,8 +20,8 @@ __all__ = [
     "StackRequest",
 ]
 
-#: The stack's components in the order configure installs them (REFERENCE §7, the GPU Operator's
-#: state order): each waits for the one before it to be ready on every target node.
+#: The stack's components in the order configure installs them (docs/design/configure.md, "Why this order";
+#: the GPU Operator's state order): each waits for the one before it to be ready on every target node.
 COMPONENTS: tuple[str, ...] = (
     "driver",
     "container-toolkit",

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._text import counted
 from ._drift import Drift
 from ._model import StackPlan
 from ._record import RECORD_NAME
@@ -40,6 +41,22 @@ class ConfigureOutcome(BaseModel):
     #: Which of ``release``, ``versions``, ``registry`` were taken from the cluster's record of the
     #: last full configure (a run limited to some nodes that was not given them).
     reused: tuple[str, ...] = ()
+    #: Who installs the stack: ``gpucert`` (its own manifests) or ``gpu-operator`` (adopted, issue 32).
+    installer: str = "gpucert"
+    #: What the inventory found installing the stack, one sentence each.
+    found: tuple[str, ...] = ()
+    #: The version changes made through the operator, ``ClusterPolicy cluster-policy: driver A → B``.
+    operator_changes: tuple[str, ...] = ()
+    #: Node → its driver upgrade state when the rollout was followed to its end.
+    rollout: dict[str, str] = Field(default_factory=dict)
+    #: Seconds from the change to the last node's ``upgrade-done``.
+    rollout_s: float = 0.0
+    #: Node → its certification state after the change (the nodes whose driver changed).
+    certified: dict[str, str] = Field(default_factory=dict)
+    #: The nodes whose own baselines certify re-seeded after the driver change.
+    reseeded: tuple[str, ...] = ()
+    #: The nodes that failed certification after their driver changed, each with that change as its likeliest cause.
+    suspects: tuple[str, ...] = ()
 
     @staticmethod
     def stack_of(plan: StackPlan) -> dict[str, dict[str, str]]:
@@ -63,14 +80,29 @@ class ConfigureOutcome(BaseModel):
         lines = [
             f"# configure: release {self.release}{' (dry run: nothing written)' if dry else ''}",
             "",
-            f"{len(self.nodes)} GPU nodes; {len(self.objects)} objects {'rendered' if dry else 'applied'}"
+            f"{counted(len(self.nodes), 'GPU node')}; {counted(len(self.objects), 'object')} "
+            f"{'rendered' if dry else 'applied'}"
             + (
                 ""
                 if dry
-                else f"; {len(self.labelled_nodes)} nodes relabelled; {self.gpus_verified} GPUs advertised"
+                else f"; {counted(len(self.labelled_nodes), 'node')} relabelled; "
+                f"{counted(self.gpus_verified, 'GPU')} advertised"
             ),
             "",
         ]
+        if self.found:
+            lines += [f"Installer: **{self.installer}**. Found: " + "; ".join(self.found) + ".", ""]
+        if self.installer != "gpucert" or self.operator_changes:
+            changes = "; ".join(self.operator_changes) or "nothing (adopted as it runs)"
+            lines += [f"{'Would change' if dry else 'Changed'} through the operator: {changes}.", ""]
+        if self.rollout:
+            lines += [f"Driver rollout followed on {len(self.rollout)} nodes to "
+                      f"{', '.join(sorted(set(self.rollout.values())))} in {self.rollout_s:.1f} s.", ""]  # fmt: skip
+        if self.certified:
+            states = ", ".join(f"{n} {s}" for n, s in sorted(self.certified.items()))
+            lines += [f"Certified after the change: {states}."
+                      + (f" Own baselines re-seeded: {', '.join(self.reseeded)}." if self.reseeded else ""), ""]
+        lines += [f"- {s}" for s in self.suspects] + ([""] if self.suspects else [])
         if self.reused:
             lines += [
                 f"Taken from the fleet's record (ConfigMap {RECORD_NAME}): {', '.join(self.reused)}.",
@@ -93,8 +125,8 @@ class ConfigureOutcome(BaseModel):
         lines.append("")
         if self.drift:
             lines.append(
-                f"**Drift**: {len(self.drift)} components off the chosen versions on "
-                f"{len({d.node for d in self.drift})} nodes (see the table artifact)."
+                f"**Drift**: {counted(len(self.drift), 'component')} off the chosen versions on "
+                f"{counted(len({d.node for d in self.drift}), 'node')} (see the table artifact)."
             )
         elif not dry:
             lines.append("No drift: every target node runs the chosen versions.")

@@ -29,7 +29,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 from yaml.nodes import MappingNode
 
 from .._templates import template_dir, yaml_environment
-from ..errors import GpucertError, InputError
+from ..errors import InputError, StackRenderError
 from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, dns_label_ok, driver_label, stack_label
 from ._model import COMPONENTS, DriverVariant, Manifest, StackPlan
 from ._record import RECORD_NAME, StackRecord
@@ -51,7 +51,7 @@ __all__ = [
     "write_manifests",
 ]
 
-#: Install steps, in order: the namespace, RBAC, then the components (REFERENCE §7).
+#: Install steps, in order: the namespace, RBAC, then the components (docs/design/configure.md, "Why this order").
 STEPS: tuple[str, ...] = ("namespace", "rbac", *COMPONENTS)
 #: Step → template, relative to ``templates/``.
 TEMPLATES: Mapping[str, str] = {step: f"stack/{step}.yaml.j2" for step in STEPS}
@@ -61,7 +61,7 @@ COUNTERS_FILE = "stack/dcgm-metrics.csv"
 STACK_SERVICE_ACCOUNT = "nvidia-stack"
 EXPORTER_PORT = 9400
 
-#: Labels on every object gpucert creates (DESIGN.md "Kubernetes conventions").
+#: Labels on every object gpucert creates (docs/reference/labels-taints-conditions.md, "GPU stack (configure)").
 COMMON_LABELS: Mapping[str, str] = {
     "app.kubernetes.io/part-of": "gpucert",
     "app.kubernetes.io/managed-by": "gpucert",
@@ -83,11 +83,6 @@ _MAIN_CONTAINER: Mapping[str, str] = {
     "gpu-feature-discovery": "gpu-feature-discovery",
 }
 
-
-
-class StackRenderError(GpucertError):
-    """A template rendered into something that is not a set of Kubernetes objects (a template bug, or a
-    value that tried to bend a manifest); the message names the template."""
 
 
 # --- what the flow writes on nodes, and what the pods select and tolerate -------------------------------

@@ -4,10 +4,10 @@ Each function does one step of configure's runbook against a :class:`~gpucert.ku
 idempotent: applying what is there writes nothing (server-side apply), a node already labelled is not
 patched, so a second configure run moves no ``resourceVersion``.
 
-Readiness is judged per node, the way the GPU Operator's gates do (REFERENCE §7): a component is
-ready on a node when that node has a Ready pod of the component's DaemonSet made from its current
-template (as the DaemonSet controller judges it: its generation or its revision hash) — an aggregate
-``numberReady`` cannot say *which* node is missing, and the error must name it.
+Readiness is judged per node, the way the GPU Operator's gates do (docs/design/configure.md, "Why this
+order"): a component is ready on a node when that node has a Ready pod of the component's DaemonSet made from
+its current template (as the DaemonSet controller judges it: its generation or its revision hash) — an
+aggregate ``numberReady`` cannot say *which* node is missing, and the error must name it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StackNotReady
-from ..kube import Kube
+from ..kube import Kube, mark_never_certified
 from ._labels import DEPLOY_PREFIX, MANAGED, driver_label, release_label, stack_label, version_label
 from ._model import COMPONENTS, Manifest, StackPlan
 
@@ -124,7 +124,8 @@ def desired_version_labels(
 def label_nodes(kube: Kube, desired: Mapping[str, Mapping[str, str | None]]) -> list[str]:
     """Patch the labels of the nodes whose labels differ from ``desired``; returns the nodes patched.
 
-    Labels are read afresh, so a node is patched only when it has to be (and a rerun patches none).
+    Labels are read afresh, so a node is patched only when it has to be (and a rerun patches none). A node
+    configure takes on that has no ``GpuCertified`` condition yet gets it ``Unknown``: never certified.
     """
     nodes = {n["metadata"]["name"]: n for n in kube.nodes()}
     current = {name: n["metadata"].get("labels") or {} for name, n in nodes.items()}
@@ -135,6 +136,8 @@ def label_nodes(kube: Kube, desired: Mapping[str, Mapping[str, str | None]]) -> 
         if patch:
             kube.label_node(node, patch, before=nodes.get(node))
             changed.append(node)
+        if node in nodes:
+            mark_never_certified(kube, nodes[node])
     return changed
 
 

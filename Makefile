@@ -3,14 +3,17 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# The stamp names both projects' settings: gpucert's and the simulator's (gpucert-sim, in sim/).
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml sim/pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: demo check test static lint format layers types unit bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
+	# gpucert and its simulator (its own distribution, never in the production image): the demo and the tests
+	# need both.
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]' -e ./sim
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0  # CPU wheel for the payload's tests: pip, never uv (uv would fetch a multi-GB CUDA build)
 	# Bytecode once, here: where PYTHONDONTWRITEBYTECODE is set (this image sets it) no .pyc is ever written, and
 	# every process would compile pandas, Prefect and the rest again (~2 s each; the suite starts hundreds).
@@ -41,7 +44,7 @@ types: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/python -m compileall -q gpucert flows tasks blocks tests >/dev/null  # see $(STAMP): ours too
+	$(BIN)/python -m compileall -q gpucert flows tasks blocks sim tests >/dev/null  # see $(STAMP): ours too
 	# worksteal: a worker that runs out of tests takes queued ones from the other. With the default (load)
 	# a worker could sit idle for two minutes while the other ran the fault matrix's 100 s test with tests
 	# still queued behind it (measured on 2 cores: 543 and 556 s with load, 489 s with worksteal).

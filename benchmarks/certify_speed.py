@@ -298,8 +298,8 @@ def _below(roots: set[int]) -> list[int]:
 def simulated(nodes: int, own_process: bool) -> Iterator[tuple[Path, Callable[[str, str, int | None], None],
                                                                Callable[[], float]]]:
     """A simulated cluster of ``nodes``: (its kubeconfig, inject(kind, node, gpu), the sim's peak RSS in MB)."""
-    from gpucert.fleet import Fault
-    from gpucert.sim import SimCluster
+    from gpucert_sim import SimCluster
+    from gpucert_sim.fleet import Fault
 
     if not own_process:
         with SimCluster(nodes=nodes, preconfigured=True, seed=3) as sim:

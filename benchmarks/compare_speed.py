@@ -84,9 +84,9 @@ with results_checked_alongside([results]):
 
 def prepare(workdir: Path, gpus: int) -> tuple[Path, str]:
     from gpucert.baseline import build_baseline
-    from gpucert.fleet import Fleet, random_faults
     from gpucert.results import write_results
     from gpucert.store import empty_baseline, open_store
+    from gpucert_sim.fleet import Fleet, random_faults
 
     results = workdir / "night.parquet"
     store_dir = workdir / "store"

@@ -42,8 +42,8 @@ def main() -> int:
 
     from gpucert.blocks.cluster import GpuCluster
     from gpucert.flows.configure import configure
-    from gpucert.sim import ApiFaults, SimCluster, SimTiming
     from gpucert.stack import COMPONENTS
+    from gpucert_sim import ApiFaults, SimCluster, SimTiming
 
     faults = ApiFaults(error_rate=0.1, throttle_rate=0.03, retry_after_s=1, seed=1) if args.faults else None
     timing = SimTiming(pod_start_s=args.pod_start, pod_ready_s=args.pod_ready)

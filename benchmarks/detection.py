@@ -35,10 +35,10 @@ import pandas as pd
 
 from gpucert.baseline import build_baseline
 from gpucert.certify import NodeTaints, RunVerdicts, judge_rerun, settle, settled_verdicts
-from gpucert.fleet import FAULTS, Fault, Fleet, NoiseModel, Wave, random_faults
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
+from gpucert_sim.fleet import FAULTS, Fault, Fleet, NoiseModel, Wave, random_faults
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 REP_SCALES = (0.72, 1.0, 1.3, 1.5, 1.7)  # GEMM cv_rep 0.7 % × these = 0.5 ... 1.2 %

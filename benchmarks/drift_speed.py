@@ -1,6 +1,6 @@
 """Drift detection: how often it cries wolf, how soon it sees a real decline, and how fast it runs.
 
-**Detection** (the fleet model, ``gpucert.fleet``, judged the way operate judges): ``--stable`` stable
+**Detection** (the fleet model, ``gpucert_sim.fleet``, judged the way operate judges): ``--stable`` stable
 GPUs plus, per GPU metric, ``--drifting`` GPUs losing 0.5 % a night and ``--drifting`` with a 3 % step,
 all on their own nodes. Baselines are built from five seeding waves by ``build_baseline`` (as
 ``gpucert baseline build`` does), then ``--nights`` nightly certifications of the whole fleet at a
@@ -9,8 +9,8 @@ that makes every GPU ``--shift`` slower. Every night ``drift_alarms`` runs on th
 the shipped policy. Printed: the false-alarm rate (share of stable GPUs ever flagged in the nights, on
 any GPU metric; stable nodes on the all-reduce apart), and per metric the detection delay (median and
 p90 nights, night 1 = the first drifted night) of the decline and of the step; then the same stable
-fleet judged with REFERENCE §4.8's k = 0.5, h = 5 and no one-run limit, and without the fleet
-correction, to show what each part of the calibration buys.
+fleet judged with the textbook k = 0.5, h = 5 (docs/design/operate.md, "Drift") and no one-run limit, and
+without the fleet correction, to show what each part of the calibration buys.
 
 **Speed** (synthetic, so that only the detector is timed; as before): 10,000 GPUs × 30 runs, 1,250
 nodes × 8 GPUs → 41,250 series, 1.24 M history rows. Times, each the best of ``--repeats``:
@@ -38,11 +38,11 @@ import numpy as np
 import pandas as pd
 
 from gpucert.baseline import build_baseline
-from gpucert.fleet import Fleet
 from gpucert.metrics import METRICS
 from gpucert.policy import Policy, default_policy, load_policy
 from gpucert.store import BaselineStore, FileObjectStore, empty_baseline
 from gpucert.telemetry import DRIFT_METRICS, drift_alarms, history_from_store, run_medians
+from gpucert_sim.fleet import Fleet
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 GPU_METRICS = tuple(m for m in DRIFT_METRICS if METRICS[m].level == "gpu")
@@ -192,7 +192,7 @@ def detection(args: argparse.Namespace) -> None:
                 f"p90 {nights_text(p90)} nights ({hit} of {total} flagged)"
             )
     for label, overrides in (
-        ("REFERENCE k = 0.5, h = 5, no one-run limit", {"drift": {"k": 0.5, "h": 5.0, "shewhart": 1e9}}),
+        ("textbook k = 0.5, h = 5, no one-run limit", {"drift": {"k": 0.5, "h": 5.0, "shewhart": 1e9}}),
         ("without the fleet correction", {"fleet": {"min_gpus": 10**9, "min_nodes": 10**9}}),
     ):
         other = first_flagged(history, baseline, load_policy(None, overrides))

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpucert.explain import explain_job
 from gpucert.kube import Kube
-from gpucert.sim import SimCluster
 from gpucert.telemetry import PrometheusSource
+from gpucert_sim import SimCluster
 from tests.test_telemetry_prometheus import IDLE_CONFIG, PromBins, _cache_dir, running_prometheus
 
 STEP = 15

@@ -1,8 +1,9 @@
 """How long the real-control-plane tier takes to stand up and tear down (issue 29's "cold start well under 30 s").
 
 Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``$KUBEBUILDER_ASSETS`` (else the
-cache ``tests/controlplane.py`` unpacks ``../shared/k8s`` into), attaches N preconfigured GPU nodes of the
-simulator's kubelets and waits for their stack to run, then stops everything; prints each phase per round::
+cache ``tests/controlplane.py`` unpacks the assets' ``k8s/`` into, tests/assets.py), attaches N preconfigured
+GPU nodes of the simulator's kubelets and waits for their stack to run, then stops everything; prints each
+phase per round::
 
     python benchmarks/realcluster_start.py [--rounds 3] [--nodes 8]
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpucert.sim._attach import AttachedKubelets
+from gpucert_sim._attach import AttachedKubelets
 from tests.controlplane import ControlPlane
 
 

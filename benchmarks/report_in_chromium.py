@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gpucert.baseline import build_baseline
-    from gpucert.fleet import Fleet, random_faults
     from gpucert.report import render_html, summary_markdown, verdict_rows
     from gpucert.store import empty_baseline
     from gpucert.verdict import judge
+    from gpucert_sim.fleet import Fleet, random_faults
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)

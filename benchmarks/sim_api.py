@@ -6,9 +6,9 @@ Prints, for a 1,000-node × 8-GPU simulator (change with --nodes/--gpus):
 * peak RSS of this process, server and client together (bar ≤ 1 GB);
 * a full node list through the official client, deserialized into V1Node objects (bar ≤ 0.5 s), best and
   median of several runs, with the raw HTTP time apart so the client's share is visible;
-* a benchmark Job (DESIGN.md's shape: 8 GPUs, a hostname selector, gpucert's tolerations) from create,
-  through the simulated scheduler, kubelet and Job controller, to Succeeded as seen by a watch, and its
-  log read and parsed as results rows (bar ≤ 1 s), best and median over several nodes.
+* a benchmark Job (docs/reference/labels-taints-conditions.md shape: 8 GPUs, a hostname selector, gpucert's
+  tolerations) from create, through the simulated scheduler, kubelet and Job controller, to Succeeded as seen
+  by a watch, and its log read and parsed as results rows (bar ≤ 1 s), best and median over several nodes.
 
 The cluster runs with its controllers and starts preconfigured (GPUs advertised), as ``gpucert sim up
 --preconfigured`` serves it.
@@ -83,7 +83,7 @@ def main() -> None:
     started = time.perf_counter()
     from kubernetes import client
 
-    from gpucert.sim import SimCluster
+    from gpucert_sim import SimCluster
 
     imported = time.perf_counter()
     sim = SimCluster(nodes=args.nodes, gpus=args.gpus, model="NVIDIA H200", preconfigured=True,

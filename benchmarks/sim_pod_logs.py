@@ -20,8 +20,8 @@ import sys
 import time
 
 from gpucert.bench._stability import RepeatRule
-from gpucert.fleet import Fleet
-from gpucert.sim._benchlogs import benchmark_lines
+from gpucert_sim._benchlogs import benchmark_lines
+from gpucert_sim.fleet import Fleet
 
 TS = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 

@@ -43,7 +43,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-_NAMESPACE = "gpucert-system"  # the stack's namespace in a preconfigured cluster (gpucert.sim.STACK_NAMESPACE)
+_NAMESPACE = "gpucert-system"  # the stack's namespace in a preconfigured cluster (gpucert_sim.STACK_NAMESPACE)
 _BURST_LABEL = "bench.gpucert.io/burst"
 _PROBE_LABEL = "bench.gpucert.io/probe"
 _PROBE_NAMESPACE = "gpucert-bench"

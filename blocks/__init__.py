@@ -1,5 +1,5 @@
-"""Prefect blocks: GpuCluster, BaselineStore, Ticketing, CertificationPolicy and Prometheus (DESIGN.md,
-"Prefect").
+"""Prefect blocks: GpuCluster, BaselineStore, Ticketing, CertificationPolicy and Prometheus
+(docs/design/architecture.md, "Prefect: blocks, deployments, events").
 
 CertificationPolicy carries the same policy as ``gpucert.policy.Policy`` (the YAML defaults in
 ``gpucert/data/policy.yaml``, merged with the block's ``policy`` and its fields), so the UI and the command

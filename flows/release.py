@@ -3,7 +3,8 @@
 The runbook (``gpucert release NODE…``, or from the UI):
 
 1. record the repair on each open ticket of the nodes — whatever the backend (local, Jira, webhook), so
-   a fault that comes back counts its resets and escalates to a replacement by REFERENCE §5's rule; an
+   a fault that comes back counts its resets and escalates to a replacement by the rule of
+   docs/reference/causes-and-actions.md, "Escalation"; an
    ``action`` that does not fit a ticket's cause (a GPU reset on a network ticket) is refused before
    anything is recorded, naming the actions that fit (exit 2);
 2. certify the nodes (busy or not) with the fleet's policy and ticketing: a pass lifts gpucert's taints

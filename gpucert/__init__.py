@@ -11,8 +11,10 @@ this list, and may change in any release. The core needs no Prefect and no clust
   :func:`open_store`) keeps them versioned, in a folder or S3;
 * policy — :class:`Policy`, :func:`load_policy`, :func:`default_policy`: every threshold in one place;
 * certificates — :func:`build_certificate` / :func:`verify_certificate`: a signed, re-judgeable record;
-* the fleet model — :class:`Fleet` and :class:`Fault` generate realistic results, faults included;
 * errors — :class:`GpucertError` and its tree (:mod:`gpucert.errors` draws it).
+
+The fleet model that generates realistic results (faults included), the simulated cluster and the demo
+are not here: they are the simulator, its own distribution (``gpucert-sim``, package ``gpucert_sim``).
 
 The names are imported on first use: ``import gpucert`` stays cheap for the command line.
 """
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
         ResultsError,
         StoreError,
     )
-    from .fleet import Fault, Fleet
     from .policy import Policy, default_policy, load_policy
     from .results import concat_results, read_results, write_results
     from .store import BaselineStore, VersionInfo, open_store
@@ -62,8 +63,6 @@ _HOME = {
     "default_policy": "policy",
     "build_certificate": "certificate",
     "verify_certificate": "certificate",
-    "Fleet": "fleet",
-    "Fault": "fleet",
     "GpucertError": "errors",
     "InputError": "errors",
     "ResultsError": "errors",
@@ -74,8 +73,6 @@ _HOME = {
 __all__ = [
     "BaselineStore",
     "BuildReport",
-    "Fault",
-    "Fleet",
     "GpucertError",
     "InputError",
     "Policy",

@@ -1,4 +1,5 @@
-"""Building baselines from runs (DESIGN.md, "The store"; REFERENCE.md §4.4 R1 and §4.9).
+"""Building baselines from runs (docs/design/verdict-engine.md, "Baselines"; docs/design/data-contracts.md,
+"Baselines").
 
 Three kinds of rows, in one table:
 
@@ -255,9 +256,10 @@ def _seedable(verdicts: pd.DataFrame, policy: Policy) -> pd.Series:
     """Which verdicts may teach an own baseline.
 
     A pass, and also a warn whose only ground is a mild deficit against peers or the model reference
-    (weaker than ``peers.seed_z``): GPUs sit up to ~5 % apart by binning alone (REFERENCE.md §2),
-    and one in the tail of that spread would otherwise warn at every seeding run, never get a history of
-    its own, and warn every night for ever. A GPU clearly below its peers still never seeds.
+    (weaker than ``peers.seed_z``): GPUs sit up to ~5 % apart by binning alone
+    (docs/reference/reference-values.md, "Noise model"), and one in the tail of that spread would otherwise
+    warn at every seeding run, never get a history of its own, and warn every night for ever. A GPU clearly
+    below its peers still never seeds.
     """
     mild = (
         (verdicts["verdict"] == "warn")

@@ -644,7 +644,8 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             )
         return commands.baseline_list(store=args.store)
     if args.command == "sim" and args.action == "inject":
-        from .sim._inject import inject_command
+        _require_simulator()
+        from gpucert_sim._inject import inject_command
 
         return inject_command(
             kubeconfig=args.kubeconfig, files=args.files, gpu=args.gpu, not_ready=args.not_ready,
@@ -652,12 +653,14 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             clear=args.clear, clear_node=args.clear_node,
         )
     if args.command == "sim" and args.action == "kubelets":
-        from .sim._attach import run_kubelets
+        _require_simulator()
+        from gpucert_sim._attach import run_kubelets
 
         return run_kubelets(kubeconfig=args.kubeconfig, nodes=args.nodes, gpus=args.gpus, model=args.model,
                             seed=args.seed, preconfigured=args.preconfigured)
     if args.command == "sim":
-        from .sim import serve
+        _require_simulator()
+        from gpucert_sim import serve
 
         return serve(
             nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
@@ -703,15 +706,32 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             selector=args.selector, once=args.once,
         )
     if args.command == "demo" and args.verdicts_only:
-        from .demo import run_demo
+        _require_simulator()
+        from gpucert_sim.demo import run_demo
 
         return run_demo(workdir=args.workdir, nodes=args.nodes, seed=7 if args.seed is None else args.seed)
     if args.command == "demo":
-        from ._lifecycle import run_lifecycle_demo
+        _require_simulator()
+        from gpucert_sim._lifecycle import run_lifecycle_demo
 
         seed = 3 if args.seed is None else args.seed
         return run_lifecycle_demo(workdir=args.workdir, nodes=args.nodes, seed=seed, ui=not args.no_ui)
     raise AssertionError(args.command)
+
+
+#: What ``gpucert sim`` and ``gpucert demo`` say where the simulator is not installed (a production install).
+SIMULATOR_MISSING = "sim and demo need the simulator: pip install gpucert-sim (./sim in the repository)"
+
+
+def _require_simulator() -> None:
+    """Import the simulator now, or say how to install it: gpucert-sim is its own distribution (the product
+    never needs it and the production image leaves it out), so its absence is an input error, not a bug."""
+    try:
+        import gpucert_sim  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "gpucert_sim":  # the simulator is there but something it needs is not: a real error
+            raise
+        raise InputError(SIMULATOR_MISSING) from None
 
 
 def _run_flow_command(args: argparse.Namespace) -> int:

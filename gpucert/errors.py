@@ -168,7 +168,7 @@ class PolicyError(InputError):
 
 
 class BaselineFormatError(InputError):
-    """A baseline table does not follow the contract of DESIGN.md."""
+    """A baseline table does not follow its contract (docs/design/data-contracts.md, "Baselines")."""
 
 
 class MatrixError(InputError):

@@ -1,4 +1,4 @@
-"""The metric registry of DESIGN.md: every metric a results row may carry, its level and direction.
+"""The metric registry (docs/reference/metrics.md): every metric a results row may carry, its level and direction.
 
 The registry itself (:data:`METRICS`, :class:`Metric`, :data:`RESULT_COLUMNS`) is the payload's
 (:mod:`gpucert.bench`, which writes the rows with the standard library only) and is re-exported here;

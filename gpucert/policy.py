@@ -1,4 +1,4 @@
-"""The certification policy: every threshold the verdict engine uses, with defaults from REFERENCE.md.
+"""The certification policy: every threshold the verdict engine uses, with defaults (docs/reference/policy.md).
 
 The defaults live in ``gpucert/data/policy.yaml`` (commented, one place to read them). A user's policy
 file is merged over them key by key, so it names only what it changes; an unknown key, a wrong type or
@@ -115,7 +115,7 @@ class BlastRadiusPolicy(_Strict):
 
 
 class DriftPolicy(_Strict):
-    """Slow drift on each GPU's own history (REFERENCE §4.8; gpucert/telemetry/_drift.py says why these)."""
+    """Slow drift on each GPU's own history (docs/design/operate.md, "Drift", says why these)."""
 
     method: Literal["cusum", "ewma"]
     k: float = Field(gt=0)
@@ -165,7 +165,8 @@ class Policy(_Strict):
         return self
 
     def max_tainted_nodes(self, gpu_nodes: int) -> int:
-        """How many nodes one run may taint before the blast-radius guard stops it (DESIGN.md)."""
+        """How many nodes one run may taint before the blast-radius guard stops it
+        (docs/design/certify-runbook.md, "Blast radius")."""
         return max(self.blast_radius.min_nodes, math.floor(self.blast_radius.fraction * gpu_nodes))
 
 
@@ -200,7 +201,7 @@ def _build(raw: Mapping[str, Any], source: str) -> Policy:
 
 @cache
 def default_policy() -> Policy:
-    """The shipped defaults (REFERENCE.md)."""
+    """The shipped defaults (docs/reference/policy.md)."""
     return _build({}, "the default policy")
 
 

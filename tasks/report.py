@@ -20,7 +20,7 @@ __all__ = ["publish_report"]
 
 
 def _artifact_key(what: str) -> str:
-    # One key per kind (lowercase, digits, dashes: REFERENCE §9), so the UI shows each kind's history.
+    # One key per kind (lowercase, digits, dashes: docs/design/testing.md), so the UI shows each kind's history.
     return f"certify-{what}"
 
 

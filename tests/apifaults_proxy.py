@@ -2,9 +2,9 @@
 
 The fault matrix's API rows promise that a flow rides out what a loaded control plane does — 500s, 429s
 with ``Retry-After``, a slow server, a watch cut mid-stream, a resumed watch answered 410 Expired. The
-simulator injects these itself (:class:`gpucert.sim.ApiFaults`); a real API server cannot be asked to, so
+simulator injects these itself (:class:`gpucert_sim.ApiFaults`); a real API server cannot be asked to, so
 this proxy stands in front of it and injects the same faults with the same policy object and the same
-decision logic (:class:`gpucert.sim._faults.FaultInjector`: one draw per request for 500/429/403, the same
+decision logic (:class:`gpucert_sim._faults.FaultInjector`: one draw per request for 500/429/403, the same
 latency, ``expire_watch`` for a resumed watch) and the same answers (the simulator's ``Status`` bodies, the
 ``Retry-After`` header, the in-stream ``ERROR`` event under HTTP 200, a watch cut by closing the connection
 without the chunked terminator). It counts what it served (:attr:`ApiFaultProxy.faults` ``.served``) and
@@ -42,10 +42,10 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from gpucert.sim._faults import ApiFaults, FaultInjector
-from gpucert.sim._loop import run_loop
-from gpucert.sim._requests import ApiRequest, RequestLog, request_info
-from gpucert.sim._status import status_body
+from gpucert_sim._faults import ApiFaults, FaultInjector
+from gpucert_sim._loop import run_loop
+from gpucert_sim._requests import ApiRequest, RequestLog, request_info
+from gpucert_sim._status import status_body
 
 from .controlplane import ControlPlane, kubeconfig_text
 
@@ -80,7 +80,7 @@ class ApiFaultProxy:
         self.upstream = upstream.rstrip("/")
         self.ca, self.serving, self.client, self.user = ca, serving, client, user
         self.folder = folder
-        #: The policy in force and what was served, as :attr:`gpucert.sim.SimCluster.faults`.
+        #: The policy in force and what was served, as :attr:`gpucert_sim.SimCluster.faults`.
         self.faults = FaultInjector(faults)
         self.request_log = RequestLog()
         #: Watches this proxy cut (``drop_watch_after_s``); those answered 410 are ``faults.served["expired"]``.
@@ -206,7 +206,7 @@ class ApiFaultProxy:
         return await self._forward(request, drop_after_s=self.faults.policy.drop_watch_after_s if watch else None)
 
     async def _fault(self, info: ApiRequest) -> web.Response | None:
-        """The simulator's fault middleware (gpucert/sim/_api.py), answer for answer."""
+        """The simulator's fault middleware (sim/gpucert_sim/_api.py), answer for answer."""
         if not self.faults.policy.active:
             return None
         decision = self.faults.decide(resource_request=info.resource_request)

@@ -19,10 +19,10 @@ import pytest
 from kubernetes import client
 
 from gpucert.baseline import build_baseline
-from gpucert.fleet import Fault, Fleet, Wave
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
+from gpucert_sim.fleet import Fault, Fleet, Wave
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 
@@ -91,9 +91,9 @@ def flagged(verdicts: pd.DataFrame) -> pd.DataFrame:
 def unexpected(verdicts: pd.DataFrame) -> pd.DataFrame:
     """Flagged rows other than UNSTABLE warns.
 
-    The fleet model draws transient bad repeats at REFERENCE.md's rate, so a night of a few hundred GPUs
-    now and then has two on one result; the engine rightly warns "unstable, re-run" there. Rule tests
-    that ask "is anything else flagged?" look past those and only those.
+    The fleet model draws transient bad repeats at the rate of docs/reference/reference-values.md, "Noise
+    model", so a night of a few hundred GPUs now and then has two on one result; the engine rightly warns
+    "unstable, re-run" there. Rule tests that ask "is anything else flagged?" look past those and only those.
     """
     rows = flagged(verdicts)
     unstable_only = (
@@ -158,7 +158,7 @@ def ns(core: client.CoreV1Api) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-# --- Prefect: one test server for the whole run, flow heartbeats off (REFERENCE §9) -------------------
+# --- Prefect: one test server for the whole run, flow heartbeats off (docs/design/testing.md) ---
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -2,10 +2,10 @@
 
 The simulator (``gpucert sim``) is our model of the API; this is the thing itself, the oracle the model and
 gpucert's Kubernetes paths are checked against. The binaries come from a folder named by
-``$KUBEBUILDER_ASSETS`` (controller-runtime's envtest convention; ``.ci/run`` unpacks ``../shared/k8s`` into
-a cache and sets it). Without it, :func:`assets` tries that cache and then ``../shared/k8s`` itself
-(unpacking once, ~3 s); a test whose control plane cannot start fails in CI (``CI=true``) and is skipped
-with the reason elsewhere.
+``$KUBEBUILDER_ASSETS`` (controller-runtime's envtest convention; ``.ci/run`` unpacks the ``k8s/`` folder of
+the tests' assets, :data:`tests.assets.ASSETS`, into a cache and sets it). Without it, :func:`assets` tries
+that cache and then that ``k8s/`` folder itself (unpacking once, ~3 s); a test whose control plane cannot
+start fails in CI (``CI=true``) and is skipped with the reason elsewhere.
 
 Everything listens on loopback ports picked free at start; every process is stopped by its PID. The API
 server runs with RBAC (``--authorization-mode=Node,RBAC``) and an audit log of every request (user, verb,
@@ -14,7 +14,7 @@ plane (EC P-256, a second): one CA signs the serving certificate, the admin's (`
 controllers' and the scheduler's client certificates, and the client certificate the API server shows
 kubelets.
 
-Nothing here runs a kubelet: :mod:`gpucert.sim` attaches its simulated kubelets to this API server
+Nothing here runs a kubelet: :mod:`gpucert_sim` attaches its simulated kubelets to this API server
 (``gpucert sim kubelets``), which keep the GPU nodes Ready and run their pods.
 """
 
@@ -40,14 +40,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from .assets import ASSETS
 from .s3servers import free_ports
 
 __all__ = ["ASSETS_ENV", "BINARIES", "ControlPlane", "ControlPlaneUnavailable", "assets"]
 
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-#: Where ../shared/k8s sits beside a checkout (the tests' shared folder), and where it is unpacked once.
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "k8s"
+#: The packed binaries among the tests' assets (tests/assets.py), and where they are unpacked once.
+SHARED = ASSETS / "k8s"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpucert" / "k8s-v1.36.2"
 _HOST = "127.0.0.1"
 _START_TIMEOUT_S = 90.0
@@ -66,7 +67,7 @@ class ControlPlaneUnavailable(RuntimeError):
 
 
 def assets() -> Path:
-    """The folder of the four binaries: ``$KUBEBUILDER_ASSETS``, else the cache, else ``../shared/k8s``
+    """The folder of the four binaries: ``$KUBEBUILDER_ASSETS``, else the cache, else :data:`SHARED`
     unpacked into the cache. Raises :class:`ControlPlaneUnavailable` naming what is missing."""
     named = os.environ.get(ASSETS_ENV)
     if named:

@@ -1,10 +1,11 @@
 """A local fake of the Jira REST v2 calls gpucert makes, and a helper that serves an aiohttp app in a thread.
 
-The subset REFERENCE.md §9 describes: ``serverInfo``, ``field``, ``project/{key}``, ``issue`` POST/GET/PUT,
-comments, ``transitions`` GET/POST and ``search`` with a tiny JQL (``a = b AND …`` over ``project``,
-``labels``, ``status`` and ``key``). It checks basic or bearer auth, validates issue types, priorities and
-transitions as Jira does, records every request, and can answer the next requests with injected errors.
-It proves the encoded wire contract the real ``jira`` client speaks, not Jira's behaviour beyond it.
+The subset docs/design/testing.md ("Notes on the components") describes: ``serverInfo``, ``field``,
+``project/{key}``, ``issue`` POST/GET/PUT, comments, ``transitions`` GET/POST and ``search`` with a tiny JQL
+(``a = b AND …`` over ``project``, ``labels``, ``status`` and ``key``). It checks basic or bearer auth,
+validates issue types, priorities and transitions as Jira does, records every request, and can answer the next
+requests with injected errors. It proves the encoded wire contract the real ``jira`` client speaks, not Jira's
+behaviour beyond it.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@
 an official client, the fleet model, GPU faults, a node's kubelet stopping), so one test body runs on
 both; where the two disagree the real server is right (issue 29). ``real`` is a
 :class:`~tests.controlplane.ControlPlane` (etcd, kube-apiserver with RBAC and an audit log,
-kube-controller-manager, kube-scheduler) with :class:`gpucert.sim._attach.AttachedKubelets` holding its GPU
+kube-controller-manager, kube-scheduler) with :class:`gpucert_sim._attach.AttachedKubelets` holding its GPU
 nodes. In CI (``CI=true``) a control plane that cannot start fails the test; elsewhere it is skipped with
 the reason.
 
 ``open_cluster(..., api_faults=True)`` gives the real server the simulator's API faults too: a
 :class:`~tests.apifaults_proxy.ApiFaultProxy` stands in front of its kube-apiserver, the cluster's
 ``kubeconfig_path`` points at the proxy, and ``set_faults``, ``faults`` (``.served``) and ``requests`` answer
-as :class:`~gpucert.sim.SimCluster`'s do (the simulator has them always). The attached kubelets, the
+as :class:`~gpucert_sim.SimCluster`'s do (the simulator has them always). The attached kubelets, the
 controllers and the scheduler talk to kube-apiserver directly, as the simulator's own never meet its faults.
 """
 
@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpucert.fleet import Fault, Fleet
-from gpucert.sim import ApiFaults, SimCluster
-from gpucert.sim._attach import AttachedKubelets
-from gpucert.sim._faults import FaultInjector
-from gpucert.sim._requests import ApiRequest
+from gpucert_sim import ApiFaults, SimCluster
+from gpucert_sim._attach import AttachedKubelets
+from gpucert_sim._faults import FaultInjector
+from gpucert_sim._requests import ApiRequest
+from gpucert_sim.fleet import Fault, Fleet
 
 from .apifaults_proxy import ApiFaultProxy
 from .controlplane import ControlPlane, ControlPlaneUnavailable

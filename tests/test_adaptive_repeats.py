@@ -16,11 +16,11 @@ import pytest
 
 from gpucert.baseline import build_baseline
 from gpucert.bench._stability import DEFAULT_CV_REP, DEFAULT_REPEATS_OF, RepeatRule, judge_repeats
-from gpucert.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
 from gpucert.verdict._repeats import judge_repeat_matrix
+from gpucert_sim.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
 
 from .conftest import Seeded, flagged, row
 

@@ -21,8 +21,8 @@ from kubernetes import client
 from gpucert.audit import AuditAction, AuditLog, AuditRecorder, check_chain, event_of
 from gpucert.cli import main
 from gpucert.kube import Kube, connect
-from gpucert.sim import SimCluster
 from gpucert.store import BaselineStore, FileObjectStore, empty_baseline
+from gpucert_sim import SimCluster
 
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS, ServerDidNotStart
 from .unavailable import require, unavailable

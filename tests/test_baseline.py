@@ -16,9 +16,9 @@ import pytest
 
 from gpucert.baseline import build_baseline, forget, trimmed_mean, update_store
 from gpucert.cli import main
-from gpucert.fleet import Fault, Fleet
 from gpucert.results import write_results
 from gpucert.store import BaselineStore, S3ObjectStore, empty_baseline, open_store, validate_baseline
+from gpucert_sim.fleet import Fault, Fleet
 
 from .conftest import T0, seed_waves
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS, ServerDidNotStart, moto_server, s3_client

@@ -21,11 +21,11 @@ import pytest
 from gpucert.baseline import BuildReport, build_baseline, update_store
 from gpucert.cli import main
 from gpucert.errors import ResultsError
-from gpucert.fleet import Fleet
 from gpucert.policy import default_policy
 from gpucert.results import read_results, write_results
 from gpucert.store import empty_baseline, open_store
 from gpucert.verdict import judge
+from gpucert_sim.fleet import Fleet
 
 from .conftest import T0, row, unexpected
 

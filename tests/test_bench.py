@@ -713,7 +713,7 @@ def test_dcgm_step_turns_failed_tests_into_error_rows(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Repeats that disagree are measured again, up to --max-repeats (REFERENCE.md §4.3)
+# Repeats that disagree are measured again, up to --max-repeats (docs/design/verdict-engine.md, "Stage 1: repeats")
 
 
 class _Scripted:

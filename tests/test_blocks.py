@@ -22,9 +22,9 @@ from gpucert.blocks.prometheus import Prometheus
 from gpucert.blocks.store import BaselineStore
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.errors import InputError, PolicyError
-from gpucert.sim import SimCluster
 from gpucert.store import StoreNotFound, StoreURIError
 from gpucert.telemetry import PrometheusAuthError, PrometheusSource
+from gpucert_sim import SimCluster
 
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, moto_server, s3_client
 from .test_telemetry_prometheus import bearer_server

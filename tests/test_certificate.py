@@ -35,10 +35,10 @@ from gpucert.certificate import (
     verify_certificate,
 )
 from gpucert.cli import main
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
-from gpucert.sim import SimCluster
 from gpucert.store import BaselineStore, S3ObjectStore, open_store
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 from .s3servers import ACCESS_KEY, REGION, SECRET_KEY, moto_server, s3_client
 

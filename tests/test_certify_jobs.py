@@ -51,7 +51,7 @@ from gpucert.certify import (
 from gpucert.certify._jobs import JobRenderError, PayloadArgsError
 from gpucert.errors import InputError, ResultsError
 from gpucert.kube import Kube, KubeConflict, RetryPolicy, connect
-from gpucert.sim import (
+from gpucert_sim import (
     EXIT_CODE_ANNOTATION,
     RUN_SECONDS_ANNOTATION,
     TERMINATED_REASON_ANNOTATION,

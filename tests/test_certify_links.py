@@ -15,13 +15,13 @@ import pytest
 from gpucert.baseline import build_baseline
 from gpucert.certify import decide_nodes, judge_links, judge_with_links, link_seed
 from gpucert.cli import main
-from gpucert.fleet import Fault, Fleet
-from gpucert.fleet._model import LEAF_LABEL
 from gpucert.network import PAIR_METRIC, PairingPlan, plan_rounds, repairs
 from gpucert.policy import default_policy
 from gpucert.results import parse_results, write_results
 from gpucert.store import empty_baseline
 from gpucert.tickets import fingerprints
+from gpucert_sim.fleet import Fault, Fleet
+from gpucert_sim.fleet._model import LEAF_LABEL
 
 T0 = datetime(2026, 12, 1, 2, tzinfo=UTC)
 

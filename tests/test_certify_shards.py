@@ -11,9 +11,9 @@ import pytest
 from gpucert._frames import CATEGORY_COLUMNS
 from gpucert.certify import CertificationRun, plan_shards, read_shards, write_shard
 from gpucert.errors import InputError, StoreError
-from gpucert.fleet import Fleet
 from gpucert.results import parse_results
 from gpucert.store import open_store
+from gpucert_sim.fleet import Fleet
 
 
 def test_shards_are_contiguous_sorted_and_even() -> None:

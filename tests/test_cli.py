@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from gpucert.cli import main
-from gpucert.fleet import Fault, Fleet
 from gpucert.results import write_results
 from gpucert.store import open_store
+from gpucert_sim.fleet import Fault, Fleet
 
 from .conftest import T0
 
@@ -177,7 +177,7 @@ def test_a_stack_file_is_recorded_and_a_bad_one_refused(files: dict[str, Path], 
 
 
 def test_the_installed_command_runs_without_prefect(files: dict[str, Path], tmp_path: Path) -> None:
-    """The console script works and the core never imports Prefect (DESIGN.md, rules of the house)."""
+    """The console script works and the core never imports Prefect (docs/design/architecture.md, "Layers")."""
     probe = (
         "import sys; from gpucert.cli import main; "
         f"code = main(['compare', {str(files['healthy'])!r}, '--baselines', {store_uri(tmp_path)!r}, "
@@ -202,6 +202,52 @@ def test_the_demo_runs_and_finds_what_was_injected(
     assert "Injected faults against the verdicts" in out
     assert "✗" not in out
     assert (tmp_path / "demo" / "verdicts-night-1.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sim", "up", "--nodes", "1"],
+        ["sim", "inject", "--clear"],
+        ["sim", "kubelets", "--nodes", "1"],
+        ["demo", "--no-ui"],
+        ["demo", "--verdicts-only"],
+    ],
+    ids=" ".join,
+)
+def test_sim_and_demo_without_the_simulator_say_how_to_install_it(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A production install has no gpucert-sim: one line naming the package, exit 2, nothing written."""
+    # None in sys.modules: `import gpucert_sim` fails as where the package is not installed.
+    monkeypatch.setitem(sys.modules, "gpucert_sim", None)
+    kubeconfig, workdir = tmp_path / "kubeconfig", tmp_path / "demo"
+    where = ["--workdir", str(workdir)] if argv[0] == "demo" else ["--kubeconfig", str(kubeconfig)]
+    assert main([*argv, *where]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "gpucert: sim and demo need the simulator: pip install gpucert-sim (./sim in the repository)\n"
+    )
+    assert captured.out == ""
+    assert not kubeconfig.exists()
+    assert not workdir.exists()
+
+
+def test_the_product_imports_without_the_simulator() -> None:
+    """Every module of gpucert (flows, tasks and blocks included) imports where gpucert-sim is not installed."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['gpucert_sim'] = None\n"
+        "import gpucert\n"
+        "names = [m.name for m in pkgutil.walk_packages(gpucert.__path__, 'gpucert.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "print(len(names))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 100  # the walk reached the whole package, not an empty path
 
 
 def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_path: Path) -> None:

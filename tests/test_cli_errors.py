@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpucert.cli import main
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 
 @pytest.fixture(scope="module")

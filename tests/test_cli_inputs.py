@@ -26,8 +26,8 @@ from pydantic import SecretStr
 
 from gpucert.cli import main
 from gpucert.errors import InputError
-from gpucert.sim import SimCluster
 from gpucert.tickets import JiraTickets, TicketConfigError, WebhookTickets
+from gpucert_sim import SimCluster
 
 
 def _row(**overrides: object) -> dict[str, object]:
@@ -251,7 +251,7 @@ def test_a_repeat_too_large_for_int64_is_called_too_large(
 def test_a_duplicate_key_in_a_faults_file_is_refused(files: Path) -> None:
     # What `sim up --faults FILE` and `sim inject FILE` read (both through decode()); not run as commands,
     # since a faults file accepted today would start a simulator or change the module's.
-    from gpucert.sim._inject import load_fault_plan
+    from gpucert_sim._inject import load_fault_plan
 
     with pytest.raises(InputError, match="duplicate key"):
         load_fault_plan(files / "faults-duplicate.yaml")

@@ -25,7 +25,6 @@ from gpucert.baseline import build_baseline
 from gpucert.certify import judge_with_links
 from gpucert.certify._links import _without
 from gpucert.errors import ResultsError
-from gpucert.fleet import Fleet, random_faults
 from gpucert.policy import default_policy, spec_floors
 from gpucert.results import (
     _relations,
@@ -40,6 +39,7 @@ from gpucert.store import empty_baseline
 from gpucert.verdict import evaluate_run, judge
 from gpucert.verdict._compare import _leave_one_out_median, _positions
 from gpucert.verdict._index import group_rows
+from gpucert_sim.fleet import Fleet, random_faults
 
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpucert.sim._attach import _Refused, _Remote
+from gpucert_sim._attach import _Refused, _Remote
 
 from .realcluster import open_cluster
 

@@ -33,8 +33,8 @@ from gpucert._deadline import Deadline
 from gpucert.cli import _dispatch, _parser, main
 from gpucert.errors import GpucertError, InputError
 from gpucert.kube import KubeUnreachable, RetryPolicy
-from gpucert.sim import SimCluster
 from gpucert.tickets import JiraTickets, TicketError, WebhookTickets, reconcile
+from gpucert_sim import SimCluster
 
 from .test_tickets import THERMAL, verdicts
 

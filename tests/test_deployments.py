@@ -19,7 +19,7 @@ from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.store import BaselineStore
 from gpucert.cli import _parser, main
 from gpucert.errors import InputError
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each parameter that names a saved block, and the block it stands for (a parameter of the flow too).

@@ -1,4 +1,4 @@
-"""Drift detection on each GPU's own history (REFERENCE.md §4.8): a calibrated lower CUSUM or EWMA.
+"""Drift detection on each GPU's own history (docs/design/operate.md, "Drift"): a calibrated lower CUSUM or EWMA.
 
 Synthetic fleets (seeded numpy: each GPU's own level, repeats at the policy's cv_rep, baselines set from
 five runs the way ``baseline build`` sets them) check the bar the detector is tuned to: a stable fleet
@@ -20,7 +20,6 @@ import pandas as pd
 import pytest
 
 from gpucert.errors import StoreError
-from gpucert.fleet import Fleet
 from gpucert.policy import Policy, default_policy, load_policy
 from gpucert.store import BASELINE_COLUMNS, BaselineStore, FileObjectStore
 from gpucert.telemetry import (
@@ -34,6 +33,7 @@ from gpucert.telemetry import (
     history_from_store,
     run_medians,
 )
+from gpucert_sim.fleet import Fleet
 
 from .conftest import T0, Seeded
 
@@ -41,7 +41,8 @@ GEMM = "gemm_bf16_tflops"
 GPU_METRICS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps")
 LEVEL = {"gemm_bf16_tflops": 730.0, "hbm_copy_gbps": 4010.0, "h2d_gbps": 52.0, "d2h_gbps": 52.0}
 NIGHT0 = T0 + dt.timedelta(days=6)
-REFERENCE_K05 = {"drift": {"k": 0.5, "h": 5.0, "shewhart": 1e9}}  # REFERENCE §4.8's chart, no one-run limit
+#: The textbook chart (docs/design/operate.md, "Drift"), without the one-run limit.
+REFERENCE_K05 = {"drift": {"k": 0.5, "h": 5.0, "shewhart": 1e9}}
 
 
 def synthetic(
@@ -156,12 +157,12 @@ def nightly(history: pd.DataFrame, baseline: pd.DataFrame, **kwargs: object) -> 
 
 def test_a_stable_fleet_is_rarely_flagged_in_thirty_nights() -> None:
     # 1,000 stable GPUs × 4 metrics × 30 nights, baselines from five runs: at most 0.5 % ever flagged.
-    # REFERENCE's k = 0.5, h = 5 assumes centres known exactly; the centre's own error (σ/√5, the same
+    # The textbook k = 0.5, h = 5 assumes centres known exactly; the centre's own error (σ/√5, the same
     # every night) walks that chart into alarm on a large share of the same fleet.
     history, baseline = synthetic(1000, 30, seed=0, metrics=GPU_METRICS)
     flagged = ever_flagged(history, baseline)
     reference = ever_flagged(history, baseline, load_policy(None, REFERENCE_K05))
-    print(f"stable fleet: {len(flagged)} of 1,000 flagged; with REFERENCE's k = 0.5, h = 5: {len(reference)}")
+    print(f"stable fleet: {len(flagged)} of 1,000 flagged; with the textbook k = 0.5, h = 5: {len(reference)}")
     assert len(flagged) <= 5
     assert len(reference) > 10 * max(len(flagged), 1)
 

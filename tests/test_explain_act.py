@@ -18,9 +18,9 @@ from gpucert.explain import ActOutcome, act_on
 from gpucert.explain._frames import Explanation, Suspect
 from gpucert.kube import Kube, connect, has_taint
 from gpucert.policy import default_policy
-from gpucert.sim import SimCluster
 from gpucert.store import open_store
 from gpucert.tickets import open_backend
+from gpucert_sim import SimCluster
 
 PREFIX = "gpucert.io"
 UNHEALTHY = f"{PREFIX}/unhealthy"

@@ -1,7 +1,7 @@
 """``gpucert explain`` end to end: the simulated cluster runs training jobs, the real Prometheus holds their
 history, the answer is judged from what gpucert reads back over HTTP.
 
-Three jobs run at once in one simulated cluster (``gpucert/sim/_training.py``), each begun 90 minutes ago
+Three jobs run at once in one simulated cluster (``sim/gpucert_sim/_training.py``), each begun 90 minutes ago
 (``sim.gpucert.io/training-start``, how the simulator compresses time): a 16-node job one of whose GPUs
 throttles thermally from minute 45, a 4-node job whose input pipeline slows from minute 45 with healthy
 GPUs, and a 4-node job one of whose pods is evicted at minute 45. Their 90 minutes of 15 s telemetry, step
@@ -34,10 +34,10 @@ from gpucert.cli import main
 from gpucert.explain import ExplainOutcome, JobExplanation, act_on, explain_job, resolve_target
 from gpucert.kube import Kube, has_taint
 from gpucert.policy import default_policy
-from gpucert.sim import SimCluster
 from gpucert.store import open_store
 from gpucert.telemetry import PrometheusSource
 from gpucert.tickets import JiraTickets, open_backend
+from gpucert_sim import SimCluster
 
 from .conftest import eventually
 from .fakejira import AppThread, FakeJira

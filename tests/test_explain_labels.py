@@ -7,10 +7,10 @@ namespace, each written the way one real setup writes it:
 * ``operator``: dcgm-exporter behind the GPU Operator's ServiceMonitor (``honorLabels`` unset, so false): the
   workload's pod arrives as ``exported_pod`` / ``exported_namespace`` / ``exported_container``, and ``pod``,
   ``namespace``, ``container``, ``service``, ``endpoint``, ``instance`` are the exporter's own (see
-  ``/work/shared/fixtures/gpu-operator/dcgm-exporter-servicemonitor.asset.yaml``); NCCL Inspector's Prometheus
-  dump (``ext-profiler/inspector/inspector_prom.cc``: ``comm_id``, ``hostname`` — the pod's name without
-  hostNetwork —, ``rank``, ``gpu_device_id="GPU<n>"``, ``coll_sn``/``timestamp`` new with every dump, …) read by
-  node-exporter's textfile collector; one GPU 20 % slower with no DCGM sign;
+  ``fixtures/gpu-operator/dcgm-exporter-servicemonitor.asset.yaml`` of tests/assets.py's folder); NCCL
+  Inspector's Prometheus dump (``ext-profiler/inspector/inspector_prom.cc``: ``comm_id``, ``hostname`` — the
+  pod's name without hostNetwork —, ``rank``, ``gpu_device_id="GPU<n>"``, ``coll_sn``/``timestamp`` new with
+  every dump, …) read by node-exporter's textfile collector; one GPU 20 % slower with no DCGM sign;
 * ``plain``: a plain scrape config honouring dcgm-exporter's labels (``pod``, ``namespace``, ``Hostname``), the
   training pods on hostNetwork (NCCL's ``hostname`` is the node's); one GPU whose PCIe link trained down to
   Gen4 x4, with replays, among peers whose replays are noisy;

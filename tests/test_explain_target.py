@@ -1,10 +1,10 @@
 """Finding the job to explain: its pods, nodes, GPUs and window, against ``gpucert sim`` over HTTP and against a
 real control plane whose nodes are the simulator's kubelets (``tests/realcluster.py``), one body for both.
 
-Neither server here serves the training operators' custom resources (``gpucert/sim/_resources.py`` has no CRDs), so a
-JobSet's and a PyTorchJob's pods are created as the JobSet and training-operator controllers would create
-them: pods with their controller's labels. That is all :func:`resolve_target` reads (never the custom object),
-so the path is the production one. A batch/v1 Job goes through the simulated Job controller.
+Neither server here serves the training operators' custom resources (``sim/gpucert_sim/_resources.py`` has no
+CRDs), so a JobSet's and a PyTorchJob's pods are created as the JobSet and training-operator controllers would
+create them: pods with their controller's labels. That is all :func:`resolve_target` reads (never the custom
+object), so the path is the production one. A batch/v1 Job goes through the simulated Job controller.
 """
 
 from __future__ import annotations

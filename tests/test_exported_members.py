@@ -17,8 +17,6 @@ import gpucert.errors
 PUBLIC = {
     "BaselineStore",
     "BuildReport",
-    "Fault",
-    "Fleet",
     "GpucertError",
     "InputError",
     "Policy",

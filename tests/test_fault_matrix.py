@@ -20,7 +20,7 @@ run, the watch rows), started one after another and each stopped before the next
 
 How faults get in:
 
-* Kubernetes API — :class:`gpucert.sim.ApiFaults` (500s, 429 with Retry-After, latency, dropped and
+* Kubernetes API — :class:`gpucert_sim.ApiFaults` (500s, 429 with Retry-After, latency, dropped and
   expired watches); the simulator counts what it served, so a row fails if its fault never fired. On the
   real server the same policy object is injected by :class:`tests.apifaults_proxy.ApiFaultProxy`, a TLS
   reverse proxy in front of kube-apiserver that decides with the simulator's own ``FaultInjector`` and
@@ -66,13 +66,15 @@ from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import JOBS_NAMESPACE, CertificationRun, CertifyOutcome
 from gpucert.errors import StoreUnavailable
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
 from gpucert.flows.configure import configure
 from gpucert.flows.onboard import onboard
 from gpucert.flows.operate import operate
 from gpucert.kube import Kube, RetryPolicy, announce_joined_nodes, condition, connect, taint_keys
-from gpucert.sim import (
+from gpucert.store import BaselineStore as Store
+from gpucert.store import S3ObjectStore, open_store
+from gpucert.tickets import LocalTickets, local_path
+from gpucert_sim import (
     EXIT_CODE_ANNOTATION,
     IMAGE_PULL_ERROR_ANNOTATION,
     RUN_SECONDS_ANNOTATION,
@@ -80,9 +82,7 @@ from gpucert.sim import (
     ApiFaults,
     SimCluster,
 )
-from gpucert.store import BaselineStore as Store
-from gpucert.store import S3ObjectStore, open_store
-from gpucert.tickets import LocalTickets, local_path
+from gpucert_sim.fleet import Fault
 
 from . import faultproc
 from .conftest import stop_process

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from gpucert._frames import RESULT_DTYPES
-from gpucert.fleet import (
+from gpucert.metrics import EVENT_METRICS, METRICS, PERF_METRICS, RESULT_COLUMNS
+from gpucert_sim.fleet import (
     FAULTS,
     GPU_PERF_METRICS,
     GPU_TELEMETRY_METRICS,
@@ -32,8 +33,7 @@ from gpucert.fleet import (
     Wave,
     random_faults,
 )
-from gpucert.fleet import _faults as catalog
-from gpucert.metrics import EVENT_METRICS, METRICS, PERF_METRICS, RESULT_COLUMNS
+from gpucert_sim.fleet import _faults as catalog
 
 GEMM, HBM, H2D, D2H = GPU_PERF_METRICS
 NCCL, PAIR, STORAGE = "nccl_allreduce_busbw_gbps", "nccl_pair_busbw_gbps", "storage_read_gbps"
@@ -439,7 +439,7 @@ def test_crashes_write_error_rows_instead_of_values(
     assert rows(df, node=node, metric=NCCL).empty == node_error
     assert wave.truth["cost"].tolist() == [1.0]
     if node_error:  # the node's multi-node jobs die with it: its pairs have no value (and no error row,
-        # which DESIGN.md allows at GPU or node level only)
+        # which docs/design/data-contracts.md, "Results", allows at GPU or node level only)
         pairs = plain(df[df["metric"] == PAIR])
         assert node not in set(pairs["node"]) | set(pairs["peer"])
         assert df[(df["metric"] == "error") & df["peer"].notna()].empty

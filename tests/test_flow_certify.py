@@ -17,11 +17,11 @@ from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import BenchmarkSettings, CertifyOutcome, benchmark_job, payload_configmap
 from gpucert.cli import main
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
 from gpucert.kube import Kube, connect
-from gpucert.sim import SimCluster
 from gpucert.store import open_store
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

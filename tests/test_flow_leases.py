@@ -23,10 +23,10 @@ from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome, latest_decisions
 from gpucert.flows.certify import certify
 from gpucert.kube import LEASE, connect
-from gpucert.sim import SimCluster
-from gpucert.sim._objects import NODES
-from gpucert.sim._store import WatchEvent
 from gpucert.store import open_store
+from gpucert_sim import SimCluster
+from gpucert_sim._objects import NODES
+from gpucert_sim._store import WatchEvent
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

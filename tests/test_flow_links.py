@@ -23,10 +23,10 @@ from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
-from gpucert.sim import SimCluster
 from gpucert.store import open_store
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -14,7 +14,7 @@ import pytest
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.flows.onboard import idempotency_key, onboard
 from gpucert.kube import announce_joined_nodes, connect
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 ROOT = Path(__file__).resolve().parent.parent

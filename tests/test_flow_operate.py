@@ -18,13 +18,13 @@ from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
 from gpucert.cli import main
-from gpucert.fleet import Fault
 from gpucert.flows.operate import operate
 from gpucert.kube import connect
 from gpucert.operate import OnboardOutcome, OperateOutcome, telemetry_coverage
-from gpucert.sim import STACK_NAMESPACE, SimCluster
 from gpucert.telemetry import EXPORTER_SELECTOR, ExporterScrape, Telemetry
 from gpucert.tickets import open_backend
+from gpucert_sim import STACK_NAMESPACE, SimCluster
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 

@@ -377,8 +377,8 @@ def test_the_same_sample_in_two_files_names_both(files: Path, capsys: pytest.Cap
 
 def test_an_alias_bomb_is_refused_in_milliseconds_wherever_yaml_is_read(files: Path, tmp_path: Path) -> None:
     from gpucert._yaml import read_yaml_mapping
-    from gpucert.sim._inject import decode
     from gpucert.stack import load_matrix
+    from gpucert_sim._inject import decode
 
     bomb = _alias_bomb()
     (tmp_path / "matrix.yaml").write_text(bomb)
@@ -725,7 +725,7 @@ def test_a_hostile_gpu_name_keeps_the_ticket_list_one_line_a_ticket(
 @pytest.fixture(scope="module")
 def night() -> tuple[pd.DataFrame, str, str]:
     """Results of a small fleet whose one faulty GPU carries a hostile UUID and model."""
-    from gpucert.fleet import Fault, Fleet
+    from gpucert_sim.fleet import Fault, Fleet
 
     fleet = Fleet.generate(nodes=4, seed=11)
     bad = fleet.node_names[1]
@@ -794,7 +794,7 @@ def test_a_hostile_gpu_product_label_read_from_the_cluster_is_named_not_rendered
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gpucert.kube import connect
-    from gpucert.sim import SimCluster
+    from gpucert_sim import SimCluster
 
     value = "{{ x }}\n$(id) <script>\"'"
     with SimCluster(nodes=2, preconfigured=False, seed=1) as sim:

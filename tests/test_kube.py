@@ -24,7 +24,7 @@ from gpucert.kube import (
     connect,
 )
 from gpucert.kube._errors import from_response
-from gpucert.sim import ApiFaults, SimCluster
+from gpucert_sim import ApiFaults, SimCluster
 
 FAST = RetryPolicy(attempts=8, base_delay_s=0.001, max_delay_s=0.01)
 

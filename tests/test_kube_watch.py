@@ -30,7 +30,7 @@ from gpucert.kube import (
     announce_joined_nodes,
     connect,
 )
-from gpucert.sim import ApiFaults, SimCluster, gpu_node
+from gpucert_sim import ApiFaults, SimCluster, gpu_node
 from tests.conftest import eventually
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.001, max_delay_s=0.01)

@@ -25,9 +25,9 @@ from gpucert.kube import (
     lift_testing_taint,
     taint_testing,
 )
-from gpucert.sim._objects import NODES
-from gpucert.sim._store import WatchEvent
 from gpucert.stack import dns_subdomain_ok
+from gpucert_sim._objects import NODES
+from gpucert_sim._store import WatchEvent
 
 from .conftest import eventually
 from .realcluster import SERVERS, open_cluster

@@ -6,7 +6,7 @@ Who judges what:
 
 * on ``gpucert sim`` (``[sim]``), which authenticates nobody and authorises everything, the simulator's
   request log (who asked, in RBAC's terms) is judged by gpucert's own RBAC evaluator
-  (``gpucert/sim/_rbac.py``): every request must be allowed by the roles, and every permission of the
+  (``sim/gpucert_sim/_rbac.py``): every request must be allowed by the roles, and every permission of the
   roles used by some request of an account bound to it;
 * on a real control plane (``[real]``: kube-apiserver with ``--authorization-mode=Node,RBAC``, the GPU
   nodes the simulator's kubelets), the flows authenticate with TokenRequest tokens of the same
@@ -17,13 +17,13 @@ Who judges what:
   real one's decision is the response code (403 refused, anything else allowed), the evaluator's is
   ``_rbac.py``'s under the same roles — and must agree on all, the allowed ones of the flows and
   :data:`PROBES`, requests the roles do not grant, which both must refuse. The simulator's request parser
-  (``gpucert/sim/_requests.py``) must also read each audited URI as the API server did (the audit's verb
+  (``sim/gpucert_sim/_requests.py``) must also read each audited URI as the API server did (the audit's verb
   and ``objectRef``).
 
 The exceptions, written out: the escalation guard (configure holds runtime's permissions in order to grant
 them) and :data:`PENDING_GRANTS`.
 
-Who runs as whom (DESIGN.md "Kubernetes conventions", the template's header):
+Who runs as whom (docs/reference/labels-taints-conditions.md, "RBAC", and the template's header):
 
 * ``gpucert-configure``: configure, and onboard-node — onboarding configures the stack on its node
   (namespace, RBAC, DaemonSets applied; the node labelled) before certifying it, which the runtime role
@@ -62,17 +62,17 @@ from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import BenchmarkSettings, benchmark_job, payload_configmap
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
 from gpucert.flows.configure import configure
 from gpucert.flows.onboard import onboard
 from gpucert.flows.operate import operate
 from gpucert.flows.release import release
 from gpucert.kube import Kube, KubeForbidden, announce_joined_nodes, connect
-from gpucert.sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
-from gpucert.sim._rbac import DISCOVERY_RULES, grants_of, rule_allows, subject_groups
-from gpucert.sim._requests import ApiRequest, request_info
 from gpucert.stack import StackRequest, load_matrix, node_info, plan_stack, render_stack
+from gpucert_sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
+from gpucert_sim._rbac import DISCOVERY_RULES, grants_of, rule_allows, subject_groups
+from gpucert_sim._requests import ApiRequest, request_info
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 from .realcluster import SERVERS, open_cluster
@@ -537,7 +537,7 @@ def test_each_flow_asks_only_what_its_role_grants_and_uses_all_it_grants(server:
         *(["granted but used by no flow:", *unused] if unused else []),
         *([f"no flow makes these requests any more, remove them from PENDING_VIOLATIONS: {sorted(fixed)}"]
           if fixed else []),
-        *(["the real authorizer and gpucert/sim/_rbac.py disagree:", *disagree] if disagree else []),
+        *(["the real authorizer and sim/gpucert_sim/_rbac.py disagree:", *disagree] if disagree else []),
         *(["the simulator's request parser reads these otherwise than the API server:",
            *sorted(set(misparsed + also_misparsed))] if misparsed or also_misparsed else []),
     ]  # fmt: skip

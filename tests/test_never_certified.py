@@ -16,9 +16,9 @@ from gpucert.explain import act_on
 from gpucert.explain._frames import Explanation, Suspect
 from gpucert.kube import Kube, announce_joined_nodes, condition, connect
 from gpucert.policy import default_policy
-from gpucert.sim import SimCluster
 from gpucert.stack import label_nodes
 from gpucert.store import open_store
+from gpucert_sim import SimCluster
 
 PREFIX = "gpucert.io"
 

@@ -43,7 +43,7 @@ from gpucert.certify import (
 )
 from gpucert.certify._jobs import PayloadArgsError, owned_by
 from gpucert.kube import Kube, RetryPolicy, connect
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 from .conftest import eventually
 

@@ -29,7 +29,7 @@ from gpucert.certify import (
 from gpucert.certify._jobs import owned_by
 from gpucert.certify._wave import PairRun, _round_results, _Side
 from gpucert.kube import Kube, NodeLeases, RetryPolicy, connect
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 from .conftest import eventually
 

@@ -262,7 +262,7 @@ def test_bad_node_tables() -> None:
 
 @dataclass
 class Fabric:
-    """Pair bandwidth as the fleet model makes it (gpucert/fleet/_model.py): a base, a node factor at each
+    """Pair bandwidth as the fleet model makes it (sim/gpucert_sim/fleet/_model.py): a base, a node factor at each
     end (1 %), the slower end's NIC, the link between the ends' leaves, 4 % run-to-run noise per repeat,
     and rare transient bad samples."""
 

@@ -1,4 +1,4 @@
-"""The policy: defaults from REFERENCE.md, partial overrides, and errors that name the key."""
+"""The policy: defaults (docs/reference/policy.md), partial overrides, and errors that name the key."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pytest
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.flows.configure import configure
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 from .conftest import eventually
 from .unavailable import unavailable
@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 
 def _as_postgres(args: list[str]) -> list[str]:
-    # initdb refuses to run as root (REFERENCE §9): as root, run it as the postgres user.
+    # initdb refuses to run as root (docs/design/testing.md): as root, run it as the postgres user.
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 

@@ -9,8 +9,8 @@ same settled decision with the same policy and ticketing:
 * each run's ``decisions.parquet`` in S3 agrees with the state label, the ``GpuCertified`` condition and
   the taint of every node;
 * ``gpucert release`` on the S3 store records each repair on the Jira ticket; the fault coming back
-  after 2 resets escalates the ticket to a replacement (docs/reference/causes-and-actions.md, "Escalation"), exactly as the local backend does;
-  a release after the real repair resolves it (the Done transition);
+  after 2 resets escalates the ticket to a replacement (docs/reference/causes-and-actions.md, "Escalation"),
+  exactly as the local backend does; a release after the real repair resolves it (the Done transition);
 * an onboarding whose node fails opens a ticket for it and keeps it out.
 """
 
@@ -43,12 +43,12 @@ from gpucert.blocks.store import BaselineStore
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome
 from gpucert.cli import main
-from gpucert.fleet import Fault
 from gpucert.flows.onboard import idempotency_key, onboard
 from gpucert.flows.operate import operate
 from gpucert.flows.teamsetup import SetupReport, ensure_pools, pool_names, replace_automations
 from gpucert.kube import Kube, condition, connect, has_taint
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 from .conftest import stop_process
 from .fakejira import AppThread, FakeJira

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpucert.baseline import build_baseline
-from gpucert.fleet import Fault, Fleet
 from gpucert.metrics import PERF_METRICS
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
+from gpucert_sim.fleet import Fault, Fleet
 
 from .conftest import T0, seed_waves, unexpected
 

@@ -26,7 +26,6 @@ from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.store import BaselineStore
 from gpucert.certify import CertifyOutcome
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
 from gpucert.flows.configure import configure
 from gpucert.flows.onboard import onboard
@@ -34,6 +33,7 @@ from gpucert.flows.operate import operate
 from gpucert.flows.release import release
 from gpucert.kube import FIELD_MANAGER, Kube, Reconnect, announce_joined_nodes, connect
 from gpucert.store import open_store
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 from .realcluster import SERVERS, open_cluster

@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 
 from gpucert._frames import empty_results
-from gpucert.fleet import Fault, Fleet
 from gpucert.report import (
     ROW_KEYS,
     decision_table,
@@ -28,6 +27,7 @@ from gpucert.report import (
 )
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
+from gpucert_sim.fleet import Fault, Fleet
 
 from .conftest import T0, Seeded
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucert.fleet import Fault
 from gpucert.report import render_html
+from gpucert_sim.fleet import Fault
 
 from .conftest import Seeded
 from .unavailable import require

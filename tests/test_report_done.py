@@ -14,11 +14,11 @@ import pytest
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.store import BaselineStore
-from gpucert.fleet import Fault
 from gpucert.report import done_view, render_html
-from gpucert.sim import SimCluster
 from gpucert.store import open_store
 from gpucert.tickets import Ticket, TicketEvent
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 NOW = datetime(2026, 12, 1, 3, tzinfo=UTC)
 

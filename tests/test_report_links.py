@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpucert.fleet import Fault
 from gpucert.network import PAIR_METRIC, PairingPlan, judge_pairs, link_verdicts, plan_rounds, repairs
 from gpucert.report import link_view, render_html
 from gpucert.report._charts import VERDICT_COLOURS
+from gpucert_sim.fleet import Fault
 
 from .conftest import Seeded
 

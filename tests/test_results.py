@@ -1,4 +1,5 @@
-"""Tests of gpucert.results: reading, validating and writing the results contract of DESIGN.md."""
+"""Tests of gpucert.results: reading, validating and writing the results contract
+(docs/design/data-contracts.md, "Results")."""
 
 from __future__ import annotations
 

@@ -38,12 +38,12 @@ from pydantic import SecretStr
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.cli import main
 from gpucert.errors import GpucertError
-from gpucert.fleet import Fault
 from gpucert.kube import connect
-from gpucert.sim import SimCluster
-from gpucert.sim._server import kubeconfig_text
 from gpucert.store import open_store
 from gpucert.tickets import JiraTickets, TicketError, WebhookTickets
+from gpucert_sim import SimCluster
+from gpucert_sim._server import kubeconfig_text
+from gpucert_sim.fleet import Fault
 
 from . import s3servers
 from .fakejira import AppThread, FakeJira

@@ -23,7 +23,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from gpucert.sim import ApiFaults, SimCluster
+from gpucert_sim import ApiFaults, SimCluster
 
 from .conftest import eventually
 

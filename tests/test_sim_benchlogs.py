@@ -30,11 +30,8 @@ from gpucert.certify import (
     update_baselines,
 )
 from gpucert.certify._collect import CollectedResults
-from gpucert.fleet import GPU_PERF_METRICS, Fault, Fleet, NoiseModel
 from gpucert.kube import Kube, RetryPolicy, connect
 from gpucert.policy import default_policy
-from gpucert.sim import STACK_NAMESPACE, SimCluster
-from gpucert.sim._benchlogs import _extra_repeat_lines, node_driver, rows_jsonl
 from gpucert.stack import (
     StackRequest,
     apply_manifests,
@@ -45,6 +42,9 @@ from gpucert.stack import (
     render_stack,
 )
 from gpucert.store import open_store
+from gpucert_sim import STACK_NAMESPACE, SimCluster
+from gpucert_sim._benchlogs import _extra_repeat_lines, node_driver, rows_jsonl
+from gpucert_sim.fleet import GPU_PERF_METRICS, Fault, Fleet, NoiseModel
 
 from .conftest import eventually
 

@@ -18,9 +18,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client, watch
 
-from gpucert.fleet import Fault
 from gpucert.results import read_results
-from gpucert.sim import (
+from gpucert_sim import (
     EXIT_CODE_ANNOTATION,
     IMAGE_PULL_ERROR_ANNOTATION,
     RUN_SECONDS_ANNOTATION,
@@ -29,6 +28,7 @@ from gpucert.sim import (
     SimCluster,
     SimTiming,
 )
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 
@@ -119,7 +119,7 @@ def bench_job(
     ttl_s: int = 3600,
     gpus: int = 8,
 ) -> dict[str, Any]:
-    """A benchmark Job as DESIGN.md's conventions shape it."""
+    """A benchmark Job as docs/reference/labels-taints-conditions.md shapes it."""
     labels = {"app.kubernetes.io/managed-by": "gpucert", "gpucert.io/run-id": run_id}
     return {
         "apiVersion": "batch/v1",
@@ -589,7 +589,8 @@ def test_a_daemonset_skips_nodes_its_selector_or_tolerations_exclude(bare: SimCl
 
 
 def test_a_preconfigured_cluster_runs_the_whole_stack_on_every_gpu_node() -> None:
-    """As if configure had run: the stack's DaemonSets (DESIGN.md component labels) roll out everywhere."""
+    """As if configure had run: the stack's DaemonSets (docs/reference/labels-taints-conditions.md, "GPU stack
+    (configure)") roll out everywhere."""
     with SimCluster(nodes=4, gpus=8, preconfigured=True) as sim:
         apps = client.AppsV1Api(sim.api_client())
         core = client.CoreV1Api(sim.api_client())

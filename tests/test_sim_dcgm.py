@@ -1,9 +1,10 @@
 """The simulated DCGM exporters, scraped over HTTP as Prometheus would and parsed by prometheus_client.
 
-Names, types and labels are checked exactly (dcgm-exporter's, REFERENCE §6.2); values against the fleet
-model: a healthy GPU looks healthy, each injected fault shows its signature (REFERENCE §3), and counters
-grow between two scrapes so ``rate()`` works. The exporters are found through the exporter Service's
-Endpoints, read with the official client, as operate finds them.
+Names, types and labels are checked exactly (dcgm-exporter's, docs/reference/telemetry.md, "DCGM exporter");
+values against the fleet model: a healthy GPU looks healthy, each injected fault shows its signature
+(docs/design/simulator.md, "Fault catalogue"), and counters grow between two scrapes so ``rate()`` works. The
+exporters are found through the exporter Service's Endpoints, read with the official client, as operate finds
+them.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpucert.errors import InputError
-from gpucert.fleet import Fault
-from gpucert.sim import METRICS_PATH_ANNOTATION, STACK_NAMESPACE, SimCluster
-from gpucert.sim._dcgm import METRICS
+from gpucert_sim import METRICS_PATH_ANNOTATION, STACK_NAMESPACE, SimCluster
+from gpucert_sim._dcgm import METRICS
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 _EVENTS_V1 = "/apis/events.k8s.io/v1"
 #: Where an Event about a Node lives: the API server refuses it in any namespace but "default".

@@ -27,10 +27,10 @@ from gpucert.certify import (
 from gpucert.certify._collect import CollectedResults
 from gpucert.certify._jobs import owned_by
 from gpucert.errors import InputError
-from gpucert.fleet import LEAF_LABEL, ZONE_LABEL, Fault
 from gpucert.kube import Kube, RetryPolicy, connect
 from gpucert.network import plan_rounds
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import LEAF_LABEL, ZONE_LABEL, Fault
 
 from .conftest import eventually
 
@@ -325,8 +325,8 @@ def test_a_benchmark_with_a_storage_path_reads_it_and_a_slow_mount_shows(
 
 def test_a_fabric_fault_reads_from_a_document_and_from_the_command_line() -> None:
     from gpucert.cli import _parser
-    from gpucert.sim import parse_fault_plan
-    from gpucert.sim._inject import fault_mapping, gpu_option
+    from gpucert_sim import parse_fault_plan
+    from gpucert_sim._inject import fault_mapping, gpu_option
 
     plan = parse_fault_plan({"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-02", "leaf_b": 0}},
                                      {"kind": "slow_storage", "node": node(1)}]}, "doc")  # fmt: skip

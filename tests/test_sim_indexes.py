@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 from tests.conftest import eventually
 
 NODES = 6

@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client, config, watch
 
 from gpucert.cli import main
-from gpucert.sim import INJECT_PATH, SimCluster
+from gpucert_sim import INJECT_PATH, SimCluster
 
 from .conftest import eventually
 
@@ -399,7 +399,7 @@ def test_gpucert_sim_inject_rejects_bad_input_with_exit_2(
 
 def test_a_fault_document_with_a_duplicate_key_or_too_deep_is_refused(tmp_path: Path) -> None:
     from gpucert.errors import InputError
-    from gpucert.sim._inject import decode, load_fault_plan
+    from gpucert_sim._inject import decode, load_fault_plan
 
     faults = tmp_path / "faults.yaml"
     faults.write_text("api:\n  latency_s: 0.001\napi:\n  latency_s: 0.002\n")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 from .unavailable import require
 

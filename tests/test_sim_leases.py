@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpucert.sim import SimCluster
+from gpucert_sim import SimCluster
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The simulator's request log and the RBAC evaluator the least-privilege check rests on
-(``gpucert/sim/_requests.py``, ``gpucert/sim/_rbac.py``): requests parsed into RBAC attributes the way
+(``sim/gpucert_sim/_requests.py``, ``sim/gpucert_sim/_rbac.py``): requests parsed into RBAC attributes the way
 the API server parses them, recorded from the official client over HTTP with who asked, and judged by
 RBAC's rules — verbs, groups, resources and subresources, resource names, wildcards, and the scope of
 a RoleBinding against a ClusterRoleBinding."""
@@ -16,10 +16,10 @@ import pytest
 from kubernetes import client
 
 from gpucert.kube import connect
-from gpucert.sim import SimCluster, kubeconfig_text
-from gpucert.sim._api import REQUESTS_PATH
-from gpucert.sim._rbac import DISCOVERY_RULES, grants_of, rule_allows
-from gpucert.sim._requests import ApiRequest, RequestLog, request_info
+from gpucert_sim import SimCluster, kubeconfig_text
+from gpucert_sim._api import REQUESTS_PATH
+from gpucert_sim._rbac import DISCOVERY_RULES, grants_of, rule_allows
+from gpucert_sim._requests import ApiRequest, RequestLog, request_info
 
 USER = "system:serviceaccount:tools:reader"
 

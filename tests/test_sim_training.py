@@ -1,4 +1,4 @@
-"""Training jobs on the simulated cluster (``gpucert/sim/_training.py``), driven with the official client over HTTP.
+"""Training jobs on the simulated cluster (``sim/gpucert_sim/_training.py``), driven with the official client over HTTP.
 
 One cluster of 24 nodes runs six Jobs at once, each held to its own nodes by node affinity and begun in the
 past (``sim.gpucert.io/training-start``: time compressed), with its faults in the fault document's
@@ -32,7 +32,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpucert.errors import InputError
-from gpucert.sim import SimCluster, parse_fault_plan
+from gpucert_sim import SimCluster, parse_fault_plan
 
 from .conftest import eventually
 from .test_telemetry_prometheus import IDLE_CONFIG, PromBins, prom_bins, running_prometheus  # noqa: F401

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from gpucert.errors import InputError, StackConflict
-from gpucert.sim._nodes import gpu_node
 from gpucert.stack import (
     NODES_SHOWN,
     RELEASE_COMPONENTS,
@@ -20,6 +19,7 @@ from gpucert.stack import (
     plan_stack,
 )
 from gpucert.stack._matrix import driver_key, minor_key
+from gpucert_sim._nodes import gpu_node
 
 NS = "gpucert-stack"
 

@@ -11,7 +11,6 @@ import pytest
 
 from gpucert.errors import InputError
 from gpucert.kube import connect
-from gpucert.sim import SimCluster
 from gpucert.stack import (
     RECORD_NAME,
     RELEASE_COMPONENTS,
@@ -26,6 +25,7 @@ from gpucert.stack import (
     record_manifest,
     render_stack,
 )
+from gpucert_sim import SimCluster
 
 NS = "gpucert-system"
 MIRROR = "registry.local:5000/mirror"

@@ -21,8 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpucert._templates import template_dir, yaml_environment, yaml_value
-from gpucert.sim._dcgm import METRICS as SIM_METRICS
-from gpucert.sim._scheduler import selects
 from gpucert.stack import load_matrix, plan_stack
 from gpucert.stack._model import COMPONENTS, DriverVariant, Manifest, NodeInfo, StackPlan, StackRequest
 from gpucert.stack._render import (
@@ -31,10 +29,13 @@ from gpucert.stack._render import (
     TEMPLATES,
     StackRenderError,
     load_manifests,
+    render_rbac,
     render_stack,
     write_manifests,
 )
 from gpucert.stack._rollout import component_targets, desired_target_labels
+from gpucert_sim._dcgm import METRICS as SIM_METRICS
+from gpucert_sim._scheduler import selects
 
 
 def _supported() -> list[tuple[str, str]]:
@@ -319,7 +320,7 @@ def test_privileged_where_the_gpu_operator_is(manifests: list[Manifest]) -> None
             )
 
 
-# --- per-node readiness gates (REFERENCE §7) -------------------------------------------------------------
+# --- per-node readiness gates (docs/design/configure.md, "Why this order") -----------------------------
 
 
 def _script(container: Mapping[str, Any]) -> str:
@@ -462,7 +463,8 @@ def test_counters_turn_on_everything_gpucert_reads() -> None:
     for name, kind, _ in SIM_METRICS:
         assert kinds.get(name) == kind, name
     assert kinds["DCGM_FI_DRIVER_VERSION"] == "label"
-    # REFERENCE §6.2: ECC, violations, clock events, PCIe link and replays, NVLink errors, remapped rows.
+    # docs/reference/telemetry.md, "DCGM exporter": ECC, violations, clock events, PCIe link and replays,
+    # NVLink errors, remapped rows.
     required = [
         *(f"DCGM_FI_DEV_ECC_{b}_{s}_TOTAL" for b in ("SBE", "DBE") for s in ("VOL", "AGG")),
         *(
@@ -535,6 +537,28 @@ def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(
     assert ("apps", "daemonsets", "create") in grants[("Role", "gpucert-configure")]
     # The stack's pods get no token and no binding.
     assert rbac[("ServiceAccount", "nvidia-stack")]["automountServiceAccountToken"] is False
+
+
+def test_rbac_for_the_operators_exporters_is_a_role_in_its_namespace_only(manifests: list[Manifest]) -> None:
+    """Where the GPU Operator runs the stack, operate lists its exporter Endpoints in the operator's namespace:
+    a Role there (and configure's, to grant it), nothing cluster-wide, nothing else changed."""
+    own = [m.obj for m in manifests if m.step == "rbac"]
+    assert [m.obj for m in render_rbac(NS)] == own
+    with_operator = render_rbac(NS, "gpu-operator")
+    assert [m.obj for m in with_operator[: len(own)]] == own
+    added = {(m.kind, m.name): m.obj for m in with_operator[len(own) :]}
+    assert {m.namespace for m in with_operator[len(own) :]} == {"gpu-operator"}
+    assert set(added) == {(k, f"gpucert-{r}-exporters") for k in ("Role", "RoleBinding")
+                          for r in ("runtime", "configure")}  # fmt: skip
+    runtime = _grants(added[("Role", "gpucert-runtime-exporters")]["rules"])
+    assert runtime == {("", "endpoints", "list")}
+    assert runtime <= _grants(added[("Role", "gpucert-configure-exporters")]["rules"])  # escalation guard
+    for role in ("runtime", "configure"):
+        binding = added[("RoleBinding", f"gpucert-{role}-exporters")]
+        assert binding["roleRef"]["name"] == f"gpucert-{role}-exporters"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"gpucert-{role}", "namespace": NS}]
+    for m in with_operator:
+        kubernetes_validate.validate(dict(m.obj), KUBERNETES_VERSIONS[0], strict=True)
 
 
 # --- validity for every supported Kubernetes version -------------------------------------------------------
@@ -850,7 +874,7 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
     # and the exporter Service gets an address per node.
     from kubernetes import client, utils
 
-    from gpucert.sim import SimCluster, SimTiming
+    from gpucert_sim import SimCluster, SimTiming
 
     from .conftest import eventually
 

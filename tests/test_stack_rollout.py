@@ -11,7 +11,6 @@ import pytest
 
 from gpucert.errors import InputError, StackNotReady
 from gpucert.kube import Kube, connect
-from gpucert.sim import SimCluster
 from gpucert.stack import (
     Drift,
     NodeInfo,
@@ -32,6 +31,7 @@ from gpucert.stack import (
     take_inventory,
     wait_until,
 )
+from gpucert_sim import SimCluster
 
 NS = "gpucert-system"
 

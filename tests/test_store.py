@@ -28,7 +28,6 @@ from gpucert.errors import (
     StoreUnavailable,
     VersionNotFound,
 )
-from gpucert.fleet import Fleet
 from gpucert.results import write_results
 from gpucert.store import (
     BASELINE_COLUMNS,
@@ -44,6 +43,7 @@ from gpucert.store import (
     validate_baseline,
 )
 from gpucert.tickets import LocalTickets
+from gpucert_sim.fleet import Fleet
 
 T0 = pd.Timestamp("2026-12-01T08:00:00Z")
 

@@ -172,7 +172,7 @@ def test_a_baseline_version_round_trips(store: BaselineStore, server: Server, pr
     expected = validate_baseline(frame, "test")
     pd.testing.assert_frame_equal(store.read(), expected)
     pd.testing.assert_frame_equal(store.read(v1), expected)
-    # The layout of DESIGN.md, under the prefix, as any other S3 tool sees it.
+    # The layout of docs/reference/store-layout.md, under the prefix, as any other S3 tool sees it.
     client = server.client()
     listed = client.list_objects_v2(Bucket=server.bucket, Prefix=f"{prefix}/")
     assert sorted(o["Key"] for o in listed["Contents"]) == [
@@ -602,7 +602,7 @@ def test_a_missing_bucket_stops_certify_before_any_job(
     """Exit 2 and one line naming the bucket, before a single benchmark Job is created (it used to run
     every Job and fail with exit 1 at the first write)."""
     from gpucert.cli import main
-    from gpucert.sim import SimCluster
+    from gpucert_sim import SimCluster
 
     monkeypatch.setenv("GPUCERT_S3_ENDPOINT", seaweedfs.endpoint)
     with SimCluster(nodes=1, preconfigured=True, seed=3) as sim:

@@ -5,7 +5,7 @@ create-blocks-from openmetrics`` into a data directory Prometheus then starts on
 holds a PCIe link trained down, an XID 79 after which the GPU's series vanish, a thermal-slowdown spell,
 a replay burst, a DBE with a remap pending, a power cap and application XIDs seen only through the
 last-XID gauge, for both spellings of the host label. A last test lets Prometheus scrape the simulated
-cluster's exporters live (the first sample lands 5–6 s after start, REFERENCE §9). A secured Prometheus
+cluster's exporters live (the first sample lands 5–6 s after start, docs/design/testing.md). A secured Prometheus
 (``--web.config.file``: TLS from a private CA, basic auth with a bcrypt hash) shows refused credentials as
 one clear error and the right ones reading the same window; a bearer token, extra headers and redirects
 are shown against a tiny local server, since Prometheus itself knows no bearer tokens.
@@ -50,12 +50,12 @@ from cryptography.x509.oid import NameOID
 from pydantic import SecretStr
 
 from gpucert.errors import InputError
-from gpucert.fleet import Fault
 from gpucert.results import parse_results
-from gpucert.sim import SimCluster
 from gpucert.store import empty_baseline
 from gpucert.telemetry import PrometheusAuthError, PrometheusSource, TelemetryError
 from gpucert.verdict import judge
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 STEP = 15  # the backfill's scrape interval, seconds
 MODEL = "NVIDIA H200"

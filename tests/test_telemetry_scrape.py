@@ -18,13 +18,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpucert.fleet import Fault
 from gpucert.kube import connect
 from gpucert.results import parse_results
-from gpucert.sim import STACK_NAMESPACE, SimCluster
 from gpucert.store import empty_baseline
 from gpucert.telemetry import METRICS_PATH_ANNOTATION, ExporterScrape, TelemetryError
 from gpucert.verdict import judge
+from gpucert_sim import STACK_NAMESPACE, SimCluster
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 

@@ -18,7 +18,6 @@ import pandas as pd
 import pytest
 
 from gpucert.blocks.ticketing import Ticketing
-from gpucert.fleet import Fault
 from gpucert.tickets import (
     TICKETS_FILE,
     EscalationPolicy,
@@ -37,6 +36,7 @@ from gpucert.tickets import (
     tickets_list,
 )
 from gpucert.verdict import VERDICT_COLUMNS
+from gpucert_sim.fleet import Fault
 
 from .conftest import Seeded
 
@@ -274,8 +274,9 @@ def test_the_fault_recurring_after_two_resets_escalates_to_replacement(tickets: 
 
 
 def test_an_rdma_port_down_again_after_two_reseats_escalates_to_replacement(tickets: LocalTickets) -> None:
-    """REFERENCE §5: "IB port down / flapping / downshift: bring up, reseat cable or transceiver; persists →
-    replace". The node row carries it (a NIC is the node's), one ticket for the node."""
+    """docs/reference/causes-and-actions.md, "Remediation playbook": an RDMA port down, slow or flapping is
+    brought up, its cable or transceiver reseated; when it persists, replaced. The node row carries it (a NIC
+    is the node's), one ticket for the node."""
     port = {"node": "n2", "gpu": None, "cause": "network", "action": "reseat_nic", "metric": "ib_ports_active",
             "value": 7.0, "reasons": "network: 1 of 8 RDMA ports down"}  # fmt: skip
     ticket = run(tickets, 1, [port])[0].ticket

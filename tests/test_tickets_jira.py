@@ -30,7 +30,7 @@ from .test_tickets import THERMAL, verdicts
 T0 = dt.datetime(2026, 11, 1, 2, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
 USER, TOKEN = "gpucert-bot@example.com", "jira-token-Zq8x1"
-#: What the client may call: the subset the fake serves (REFERENCE §9).
+#: What the client may call: the subset the fake serves (docs/design/testing.md).
 ENDPOINTS = ("/serverInfo", "/field", "/project/", "/issue", "/search")
 
 

@@ -38,13 +38,13 @@ from gpucert.blocks.store import BaselineStore
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome, ticket_step
 from gpucert.cli import main
-from gpucert.fleet import Fault
 from gpucert.flows.certify import certify
 from gpucert.flows.operate import operate
 from gpucert.kube import Kube, connect, has_taint
 from gpucert.operate import BUSY_PREFIX
-from gpucert.sim import SimCluster
 from gpucert.tickets import EscalationPolicy
+from gpucert_sim import SimCluster
+from gpucert_sim.fleet import Fault
 
 from .conftest import eventually
 from .fakejira import AppThread, FakeJira

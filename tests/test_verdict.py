@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpucert.fleet import FAULTS, Fault, Fleet
 from gpucert.policy import default_policy, load_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import VERDICT_COLUMNS, judge
+from gpucert_sim.fleet import FAULTS, Fault, Fleet
 
 from .conftest import T0, Seeded, flagged, row, unexpected
 
@@ -79,7 +79,7 @@ def test_each_node_fault_is_a_node_finding(seeded: Seeded, kind: str) -> None:
     got = row(verdicts, node)
     assert got["verdict"] in ({verdict} if verdict else {"warn", "fail"}), got["reasons"]
     assert got["cause"] == cause, got["reasons"]
-    # DESIGN.md: a node-wide cause is written on each GPU's row with that cause.
+    # docs/design/data-contracts.md, "Verdicts": a node-wide cause is written on each GPU's row with that cause.
     gpus = verdicts[(verdicts["node"] == node) & verdicts["gpu"].notna()]
     flagged_gpus = gpus[gpus["verdict"] != "pass"]
     assert (flagged_gpus["cause"] == cause).all(), flagged_gpus[["gpu", "cause", "reasons"]].to_string()
@@ -87,7 +87,8 @@ def test_each_node_fault_is_a_node_finding(seeded: Seeded, kind: str) -> None:
 
 
 def test_the_most_specific_cause_wins() -> None:
-    """A remap failure with its XID 64 and a DBE is row_remap (DESIGN.md), and asks for an RMA ticket."""
+    """A remap failure with its XID 64 and a DBE is row_remap (docs/reference/causes-and-actions.md,
+    "Causes"), and asks for an RMA ticket."""
     fleet = Fleet.generate(nodes=12, seed=5)
     wave = fleet.run(
         "n",
@@ -197,7 +198,7 @@ def test_a_fleet_wide_shift_is_one_finding_not_a_fleet_of_flags(seeded: Seeded) 
     verdicts = seeded.judge(seeded.night(seed=5008, fleet_shift=-0.02))
     assert flagged(verdicts).empty
     fleet = verdicts[verdicts["reference_kind"] == "fleet"]
-    assert len(fleet) == 1  # DESIGN.md: one row, node and gpu empty
+    assert len(fleet) == 1  # docs/design/data-contracts.md, "Verdicts": one row, node and gpu empty
     assert fleet["deviation_pct"].between(-2.6, -1.4).all()
     for metric in ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "nccl_allreduce_busbw_gbps"):
         assert metric in fleet["reasons"].iloc[0]

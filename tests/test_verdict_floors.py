@@ -1,6 +1,6 @@
-"""Spec floors (REFERENCE.md §1.3): a floor miss fails only with something behind it, host-side metrics
-under a floor on a whole node are the node's config finding, and every shipped floor sits outside
-healthy noise."""
+"""Spec floors (docs/reference/reference-values.md, "Initial hard floors"): a floor miss fails only with
+something behind it, host-side metrics under a floor on a whole node are the node's config finding, and every
+shipped floor sits outside healthy noise."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 
 from gpucert.baseline import build_baseline
-from gpucert.fleet import DEFAULT_NOISE, GPU_PERF_METRICS, MODELS, Fault, Fleet, NoiseModel
 from gpucert.metrics import METRICS
 from gpucert.policy import default_policy, spec_floors
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
+from gpucert_sim.fleet import DEFAULT_NOISE, GPU_PERF_METRICS, MODELS, Fault, Fleet, NoiseModel
 
 from .conftest import T0, row
 
@@ -298,8 +298,9 @@ def test_every_shipped_floor_sits_outside_healthy_noise(model: str, metric: str)
     floor = spec_floors()[(model, metric)]
     base = MODELS[model].base.get(metric)
     if base is None:
-        # FP8: the fleet model does not measure it. REFERENCE §1.1: cuBLASLt 1,290-1,377 TFLOPS; with
-        # BF16 GEMM's noise the floor must clear the lowest of them as BF16's does its base.
+        # FP8: the fleet model does not measure it. docs/reference/reference-values.md, "Healthy reference
+        # values": cuBLASLt 1,290-1,377 TFLOPS; with BF16 GEMM's noise the floor must clear the lowest of them
+        # as BF16's does its base.
         assert metric == "gemm_fp8_tflops"
         base, metric_noise = 1290.1, "gemm_bf16_tflops"
     else:

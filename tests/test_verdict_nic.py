@@ -12,11 +12,11 @@ import datetime as dt
 import pandas as pd
 import pytest
 
-from gpucert.fleet import Fleet
 from gpucert.policy import load_policy
 from gpucert.results import parse_results
 from gpucert.store import empty_baseline
 from gpucert.verdict import ACTION_FOR_CAUSE, LAYER_OF_CAUSE, LAYERS, judge, layer_of
+from gpucert_sim.fleet import Fleet
 
 from .conftest import T0, row, unexpected
 
@@ -189,6 +189,6 @@ def test_every_cause_has_a_layer_and_an_action() -> None:
 
 
 def test_the_fleet_vocabulary_knows_every_cause_the_verdict_names() -> None:
-    from gpucert.fleet import CAUSES
+    from gpucert_sim.fleet import CAUSES
 
     assert set(LAYER_OF_CAUSE) <= set(CAUSES) | {"unknown"}

@@ -51,9 +51,9 @@ from prefect.utilities.schema_tools import validate as validate_variables
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
 from gpucert.kube import connect
-from gpucert.sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
-from gpucert.sim._rbac import DISCOVERY_RULES, grants_of
 from gpucert.stack import StackRequest, load_matrix, node_info, plan_stack, render_stack
+from gpucert_sim import STACK_NAMESPACE, SimCluster, kubeconfig_text
+from gpucert_sim._rbac import DISCOVERY_RULES, grants_of
 
 from .conftest import eventually
 
@@ -625,6 +625,32 @@ def test_the_lock_pins_every_dependency_of_gpucert() -> None:
     header = (ROOT / "requirements.lock").read_text().splitlines()[1]
     [(_, arg)] = [s for s in _instructions(CONTAINERFILE.read_text()) if s[0] == "ARG"]
     assert f"--python-version {arg.split(':', 1)[1].split('-')[0]}" in header
+
+
+def test_the_image_and_the_wheel_leave_the_simulator_out() -> None:
+    """The simulator is its own distribution (gpucert-sim, sim/): gpucert's wheel finds none of it, the
+    product's dependencies are not the simulator's, and the image's context never holds it."""
+    from setuptools import find_packages
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = find_packages(str(ROOT), **setuptools["packages"]["find"])
+    assert "gpucert" in packages
+    # Only gpucert's own packages, none of them the simulator's (its old homes were gpucert's sim and fleet).
+    assert all(p == "gpucert" or p.startswith("gpucert.") for p in packages), packages
+    assert not [p for p in packages if p.split(".")[-1] in ("sim", "fleet")]
+    product = {canonicalize_name(Requirement(text).name)
+               for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}  # fmt: skip
+    simulator = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
+    assert simulator["name"] == "gpucert-sim"
+    own = {canonicalize_name(Requirement(text).name) for text in simulator["dependencies"]} - {"gpucert"}
+    assert own == {"aiohttp", "jsonpatch"}
+    assert not own & product
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]  # fmt: skip
+    assert _ignored("sim/gpucert_sim/__init__.py", patterns)
+    assert not (ROOT / "gpucert" / "sim").exists()
+    assert not (ROOT / "gpucert" / "fleet").exists()
+    assert not (ROOT / "gpucert" / "demo.py").exists()
 
 
 def _entrypoint_file(entrypoint: str) -> Path:

@@ -1,4 +1,4 @@
-"""XID classes from NVIDIA's catalog and REFERENCE.md §5."""
+"""XID classes from NVIDIA's catalog and docs/reference/causes-and-actions.md, "XID classes"."""
 
 from __future__ import annotations
 

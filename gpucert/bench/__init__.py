@@ -8,7 +8,7 @@ gpucert: the metric registry and the results columns are its own (:mod:`gpucert.
 
 What it prints
 --------------
-stdout carries results rows only, one JSON object a line with the ten contract columns of DESIGN.md
+stdout carries results rows only, one JSON object a line with the ten contract columns of docs/design/data-contracts.md
 (run_id, node, gpu, gpu_uuid, gpu_model, metric, value, repeat, peer, ts), so that
 ``gpucert.results.read_results`` reads the Pod log as it is:
 

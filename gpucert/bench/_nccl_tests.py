@@ -4,7 +4,7 @@ The table ``all_reduce_perf`` prints has, per message size, an out-of-place and 
 ``size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong`` (older versions or
 other collectives may lack ``redop``/``root``, so the line is read from both ends). The figure the payload
 reports is the bus bandwidth at the largest size, the better of out-of-place and in-place, as the
-bandwidth of a large all-reduce is what the node is judged on (REFERENCE.md: busbw at 8 GB).
+bandwidth of a large all-reduce is what the node is judged on (docs/reference/reference-values.md: busbw at 8 GB).
 
 More ``all_reduce_perf`` options (``--nccl-tests-args``: a data type, an operation, a CUDA graph…) go
 after the payload's own. The options that decide *what* is measured stay the payload's and are refused

@@ -1,8 +1,8 @@
 """The node's RDMA NICs, read from sysfs before and after the benchmark: ports down, trained down, flapping.
 
 A port that is down, runs below its peers' rate (NDR trained down to HDR) or whose link drops and comes
-back (flapping) slows every multi-node job the node is in, while every GPU benchmark passes (REFERENCE.md
-§3, "IB port down", "IB downshift / flapping"). The kernel shows each RDMA port (InfiniBand or RoCE) under
+back (flapping) slows every multi-node job the node is in, while every GPU benchmark passes (docs/design/simulator.md,
+"Fault catalogue"). The kernel shows each RDMA port (InfiniBand or RoCE) under
 ``/sys/class/infiniband/<device>/ports/<n>/``:
 
 * ``state`` — ``"4: ACTIVE"`` (``1: DOWN``, ``2: INIT``, ``3: ARMED``, ``5: ACTIVE_DEFER``);
@@ -12,8 +12,8 @@ back (flapping) slows every multi-node job the node is in, while every GPU bench
 * ``counters/symbol_error``, ``counters/link_downed``, ``counters/port_rcv_errors`` — plain integers
   since the counters were last cleared.
 
-Reading twice, at the start and at the end of the run, gives the node's rows (all node level, DESIGN.md's
-registry): ``ib_ports`` (ports seen in either reading), ``ib_ports_active`` (ACTIVE in both readings: a
+Reading twice, at the start and at the end of the run, gives the node's rows (all node level, docs/reference/metrics.md,
+"Telemetry, node level"): ``ib_ports`` (ports seen in either reading), ``ib_ports_active`` (ACTIVE in both readings: a
 port that was down at either end was down during the benchmark), ``ib_rate_min_gbps`` and
 ``ib_rate_max_gbps`` (the slowest and the fastest active port, over both readings), and
 ``ib_symbol_errors``, ``ib_link_downed``, ``ib_rcv_errors`` (each counter's increase over the run,

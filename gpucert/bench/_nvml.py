@@ -1,7 +1,7 @@
 """NVML telemetry sampled in a background thread while the benchmarks run, and XID events.
 
 The NVML module is passed in (``pynvml`` in a Pod, a fake in the tests), so every rule here is tested
-without a GPU. What a run yields, per GPU (DESIGN.md's telemetry metrics):
+without a GPU. What a run yields, per GPU (docs/reference/metrics.md, "Telemetry, GPU level"):
 
 * ``clocks_event_reasons`` — the OR of the clock-event bitmask over every sample of the run;
 * ``hw_slowdown_frac`` — the share of the GPU's *benchmark* samples (those taken while a step drove it)
@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["HW_SLOWDOWN_BITS", "GpuTelemetry", "NvmlUnavailable", "Sampler", "open_nvml", "text"]
 
-#: HwSlowdown | HwThermalSlowdown | HwPowerBrakeSlowdown (REFERENCE.md §6.1).
+#: HwSlowdown | HwThermalSlowdown | HwPowerBrakeSlowdown (docs/reference/telemetry.md, "Clock-event reasons").
 HW_SLOWDOWN_BITS = 0x08 | 0x40 | 0x80
 
 # NVML return codes (nvml.h), by number so that a fake module needs only ``NVMLError`` with ``.value``.

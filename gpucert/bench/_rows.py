@@ -1,4 +1,4 @@
-"""Row emission: every line the payload prints on stdout is one results row of DESIGN.md's contract.
+"""Row emission: every line the payload prints on stdout is one results row (docs/design/data-contracts.md, "Results").
 
 The writer knows the node's devices (index, UUID, model), so a caller names a metric, a GPU index (or
 none, for a node-level row), a value and a repeat. It refuses a value that is not a finite, non-negative

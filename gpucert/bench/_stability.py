@@ -1,4 +1,5 @@
-"""When a benchmark's repeats disagree, and how many more it takes to settle them (REFERENCE.md §4.3).
+"""When a benchmark's repeats disagree, and how many more it takes to settle them
+(docs/design/verdict-engine.md, "Stage 1: repeats").
 
 The payload runs ``--repeats`` of each benchmark, then asks :meth:`RepeatRule.more` whether they agree;
 when they do not, it runs more, up to ``--max-repeats``, so instability is resolved before anyone judges.

@@ -2,7 +2,7 @@
 
 Training reads its data and checkpoints through the node's storage path (the NVMe, the NIC to a parallel
 file system, the host's page cache and memory), so a node whose reads are slow stalls every rank it holds
-(DESIGN.md's registry: ``storage_read_gbps``, node level, optional). What is measured must be the storage,
+(docs/reference/metrics.md: ``storage_read_gbps``, node level, optional). What is measured must be the storage,
 not the page cache the file was just written through, so each repeat reads a file written once, end to
 end, in 16 MiB sequential reads, by the first method that works:
 

@@ -2,7 +2,7 @@
 
 :class:`RunFiles` holds the bytes of every object in a run's folder (``runs/date=<day>/run=<id>/``: the
 first run's files and its confirming re-runs') and of the baseline version the run was judged against
-(``baselines/v=<version>/baseline.parquet`` and ``meta.json``, DESIGN.md "The store"). The tables, the
+(``baselines/v=<version>/baseline.parquet`` and ``meta.json``, docs/reference/store-layout.md). The tables, the
 stack record and the policy record are parsed from those bytes, never read again from the store.
 """
 
@@ -34,7 +34,7 @@ def run_prefix(day: date, run_id: str) -> str:
 
 
 def baseline_keys(version: str) -> tuple[str, str]:
-    """The keys of a baseline version's table and its record (DESIGN.md, "The store")."""
+    """The keys of a baseline version's table and its record (docs/reference/store-layout.md)."""
     return f"baselines/v={version}/baseline.parquet", f"baselines/v={version}/meta.json"
 
 

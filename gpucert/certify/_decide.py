@@ -7,7 +7,7 @@
   down or degraded) and a node's own network path named by its pairs need no confirming re-run; any
   other fail does, and so does a warn that no telemetry gate backs (a statistical deficit, or repeats too
   unstable to judge): only a reproducible result marks a node —
-  :func:`deficit_stands` counts REFERENCE §4.6's 2 of 3.
+  :func:`deficit_stands` counts the 2 of 3 of docs/design/certify-runbook.md, "Confirm".
 
 Settling a run — its re-runs, taints, the blast radius — is :mod:`._settle`'s.
 """
@@ -24,11 +24,12 @@ from ..verdict import VERDICT_OF, VERDICT_RANK
 
 __all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands", "hard_gate_rows"]
 
-#: XIDs whose fail needs no confirming re-run (REFERENCE §4.6): row remap failure, fallen off the bus,
-#: uncontained ECC error.
+#: XIDs whose fail needs no confirming re-run (docs/design/certify-runbook.md, "Confirm"): row remap failure,
+#: fallen off the bus, uncontained ECC error.
 HARD_GATE_XIDS = frozenset({64, 79, 95})
 #: A fail on these is measured, not a statistic, so it needs no confirming re-run either: a row-remap failure,
-#: a double-bit ECC error, an RDMA port down, below its rate or with rising error counters (REFERENCE §4.2).
+#: a double-bit ECC error, an RDMA port down, below its rate or with rising error counters
+#: (docs/reference/causes-and-actions.md, "Gates").
 _HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile", "ib_ports_active", "ib_rate_min_gbps",
                                 "ib_symbol_errors", "ib_link_downed", "ib_rcv_errors"})  # fmt: skip
 #: A node's own network path named by its pairs (gpucert.network): low with two partners that are fine
@@ -140,9 +141,9 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
 
 
 def deficit_stands(runs: Iterable[NodeDecision]) -> bool | None:
-    """REFERENCE §4.6 over a node's runs so far (first run first), for a first run that warned or failed:
-    True once 2 runs found a deficit as bad as the first's (a fail for a fail; a warn or fail for a warn),
-    False once 2 did not, None while undecided. An inconclusive run counts as neither."""
+    """docs/design/certify-runbook.md, "Confirm", over a node's runs so far (first run first), for a first run
+    that warned or failed: True once 2 runs found a deficit as bad as the first's (a fail for a fail; a warn
+    or fail for a warn), False once 2 did not, None while undecided. An inconclusive run counts as neither."""
     history = list(runs)
     if not history:
         return None
@@ -158,8 +159,9 @@ def deficit_stands(runs: Iterable[NodeDecision]) -> bool | None:
 
 
 def fail_stands(runs: Iterable[NodeDecision]) -> bool | None:
-    """REFERENCE §4.6 over a node's runs so far (first run first): True once 2 have failed, False once 2
-    have not, None while undecided (run once more). An inconclusive re-run counts as neither."""
+    """docs/design/certify-runbook.md, "Confirm", over a node's runs so far (first run first): True once 2
+    have failed, False once 2 have not, None while undecided (run once more). An inconclusive re-run counts as
+    neither."""
     failed = passed = 0
     for decision in runs:
         if decision.state == "failed":

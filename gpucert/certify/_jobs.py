@@ -1,9 +1,9 @@
 """The benchmark units' Kubernetes objects and their payload ConfigMap, rendered from ``templates/certify/``.
 
 A benchmark unit is a node or a pair of nodes. A node is measured by one Job, in gpucert's own namespace,
-running ``python -m gpucert.bench`` on all of that node's GPUs (DESIGN.md "Kubernetes conventions"). A pair
-is measured by one Indexed Job of two pods (``pair-job.yaml.j2``), one on each node with all its GPUs,
-running ``python -m gpucert.bench pair``: pod 0 serves the rendezvous, pod 1 reaches it at
+running ``python -m gpucert.bench`` on all of that node's GPUs (docs/design/certify-runbook.md, "Benchmark
+Jobs"). A pair is measured by one Indexed Job of two pods (``pair-job.yaml.j2``), one on each node with all
+its GPUs, running ``python -m gpucert.bench pair``: pod 0 serves the rendezvous, pod 1 reaches it at
 ``<job>-0.<service>.<namespace>.svc`` through a headless Service (``pair-service.yaml.j2``), and the two
 run one all-reduce over every GPU of both nodes. The payload travels in a ConfigMap so that a stock
 PyTorch image serves: no image of gpucert's own to build, publish and keep in step with the code.

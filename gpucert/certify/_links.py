@@ -126,8 +126,9 @@ def _without(results: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
     return results[~rows].reset_index(drop=True)
 
 
-#: Causes of a node's own benchmark that also slow its pairs (REFERENCE §3: a PCIe link down a generation
-#: halves that GPUDirect rail; a GPU held back by heat, power or an error slows the ring it is in).
+#: Causes of a node's own benchmark that also slow its pairs (docs/design/simulator.md, "Fault catalogue": a
+#: PCIe link down a generation halves that GPUDirect rail; a GPU held back by heat, power or an error slows
+#: the ring it is in).
 _NODE_CAUSES_OF_PAIRS = frozenset({"pcie", "nvlink", "thermal", "power", "ecc", "row_remap", "xid", "config"})
 
 

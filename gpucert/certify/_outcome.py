@@ -89,7 +89,8 @@ class JobOutcome:
 
     @property
     def inconclusive(self) -> bool:
-        """The node cannot be judged from this Job: it failed or vanished (DESIGN.md ``inconclusive``)."""
+        """The node cannot be judged from this Job: it failed or vanished
+        (docs/reference/causes-and-actions.md, "Verdicts": ``inconclusive``)."""
         return self.state == "failed"
 
 

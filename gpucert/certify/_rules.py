@@ -25,7 +25,10 @@ class CertificationRules(BaseModel):
     )
     repeats: int = Field(default=3, ge=1, le=15, description="repeats of each benchmark in a run")
     max_reruns: int = Field(
-        default=2, ge=0, le=5, description="confirming re-runs a fail may get (REFERENCE §4.6: 2 of 3)"
+        default=2,
+        ge=0,
+        le=5,
+        description="confirming re-runs a fail may get (2 of 3: docs/design/certify-runbook.md#confirmation)",
     )
     rotation_days: float = Field(default=7.0, ge=0, description="operate re-certifies each node this often")
     max_nodes: int = Field(default=64, ge=1, description="nodes operate certifies in one night at most")

@@ -1,6 +1,6 @@
 """A certification run in the store: :class:`CertificationRun` addresses its files, once.
 
-A run is ``runs/date=<day>/run=<run id>/`` of the store (DESIGN.md, "The store"): ``results.parquet``,
+A run is ``runs/date=<day>/run=<run id>/`` of the store (docs/reference/store-layout.md): ``results.parquet``,
 ``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``policy.json`` (the policy it was judged by and
 the baseline version it was judged against), ``report.html``, and the confirming re-runs'
 files beside them (``results-c1.parquet``, ``verdicts-c1.parquet``, …), reached through :meth:`rerun`.

@@ -2,21 +2,22 @@
 
 :func:`settle` is the one place the run's rules live, as a pure function (tested without a cluster):
 
-* **confirmation** (REFERENCE §4.6): a fail that no hard hardware gate backs (row-remap failure, XID
-  64/79/95, a volatile DBE) stands only when 2 of the node's runs fail, and a warn no telemetry gate backs
-  (a statistical deficit, repeats too unstable to judge) only when 2 runs find a deficit: ``degraded``
-  means a reproduced deficit, never "we could not tell". A deficit the re-runs do not reproduce is a pass;
-  one still undecided when the re-runs ran out is inconclusive and not ``settled`` (never a mark on a
-  guess);
+* **confirmation** (docs/design/certify-runbook.md, "Confirm"): a fail that no hard hardware gate backs
+  (row-remap failure, XID 64/79/95, a volatile DBE) stands only when 2 of the node's runs fail, and a warn no
+  telemetry gate backs (a statistical deficit, repeats too unstable to judge) only when 2 runs find a deficit:
+  ``degraded`` means a reproduced deficit, never "we could not tell". A deficit the re-runs do not reproduce
+  is a pass; one still undecided when the re-runs ran out is inconclusive and not ``settled`` (never a mark on
+  a guess);
 * **taints**: a confirmed fail adds ``<prefix>/unhealthy`` (``added``, or ``kept`` when it is there), a
   node that now passes or is only degraded has it ``lifted``, an inconclusive or unsettled node keeps
   what it has — and so does a node whose taint's cause this run did not measure on it (the clearing rule:
   a storage taint stays through a run without a storage location; its state is left as it was and its
   summary says why);
-* **blast radius** (DESIGN.md): gpucert's taints *in force* after this run — every run's, not this run's
-  alone — never exceed ``policy.max_tainted_nodes(GPU nodes)``; past it no taint is added (``refused``)
-  and the run records one incident: the likelier culprit is the baseline, the benchmark or the stack
-  (the run opens one incident ticket naming what it held back and ends with exit status 5);
+* **blast radius** (docs/design/certify-runbook.md, "Blast radius"): gpucert's taints *in force* after this
+  run — every run's, not this run's alone — never exceed ``policy.max_tainted_nodes(GPU nodes)``; past it no
+  taint is added (``refused``) and the run records one incident: the likelier culprit is the baseline, the
+  benchmark or the stack (the run opens one incident ticket naming what it held back and ends with exit status
+  5);
 * **observe-only**: states and summaries as usual, no taint added or lifted.
 
 :func:`settled_verdicts` makes the run's verdict table agree with the decisions (a row is never worse than
@@ -55,7 +56,7 @@ __all__ = [
 TaintAction = Literal["added", "kept", "lifted", "refused", "none"]
 #: The state each settled state reads as in a verdict table.
 _VERDICT_OF: Final = {"certified": "pass", "degraded": "warn", "failed": "fail", None: "inconclusive"}
-#: ``decisions.parquet``, one row per node (DESIGN.md, "The store").
+#: ``decisions.parquet``, one row per node (docs/design/data-contracts.md, "Decisions").
 DECISION_COLUMNS: Final = (
     "run_id", "node", "state", "verdict", "cause", "hard_gate", "confirmed", "taint", "runs", "summary",
     "settled", "decided_at",

@@ -11,7 +11,7 @@ For the first suspect of an explanation that blames hardware (``gpu``, ``nvlink`
    off and lets the running ones finish (NoSchedule, not a drain); certify's benchmark tolerates it, so
    the node can be re-certified, and a pass lifts it as for any confirmed fail. An explanation is no
    certification, and a cordoned node is no longer certified either: its state label becomes
-   ``uncertified`` (DESIGN.md's state for a node awaiting certification) and its ``GpuCertified``
+   ``uncertified`` (docs/reference/labels-taints-conditions.md: a node awaiting certification) and its ``GpuCertified``
    condition ``Unknown`` (reason ``Suspected``), so ``kubectl get nodes -L <prefix>/state`` never shows a
    tainted node as ``certified``; the re-certification writes its real state;
 2. **ticket** it with the evidence, through :func:`gpucert.tickets.reconcile` and the backend certify

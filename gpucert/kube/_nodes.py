@@ -56,7 +56,8 @@ def has_taint(node: Mapping[str, Any], key: str) -> bool:
 
 
 def unhealthy_taint(prefix: str) -> str:
-    """The key of the taint a confirmed fail puts on a node (DESIGN.md: ``<prefix>/unhealthy``)."""
+    """The key of the taint a confirmed fail puts on a node (docs/reference/labels-taints-conditions.md:
+    ``<prefix>/unhealthy``)."""
     return f"{prefix}/unhealthy"
 
 

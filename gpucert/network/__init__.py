@@ -1,4 +1,5 @@
-"""Inter-node network localisation: the pairing plan and its judgement (REFERENCE.md §4.5, §4.7).
+"""Inter-node network localisation: the pairing plan and its judgement (docs/design/verdict-engine.md, "Node
+and pair findings").
 
 * :mod:`._plan` — :func:`plan_rounds`: rounds of two-node pairs chosen by the nodes' topology labels, so
   every node meets partners in its own leaf and in another; a :class:`PairingPlan`;

@@ -1,14 +1,14 @@
 """The judgement of a pairing plan's results: which network component a low pair bandwidth points at.
 
-Each measured pair is compared with a reference (REFERENCE.md §4.5, "NCCL / IB inter-node (per pair or
-rail)"): its deviation ``d = value / reference − 1`` and ``z = d / spread``. A pair is *low* when
+Each measured pair is compared with a reference (docs/reference/causes-and-actions.md,
+"Inter-node network"): its deviation ``d = value / reference − 1`` and ``z = d / spread``. A pair is *low* when
 ``d ≤ −warn`` (5 %) and ``z ≤ −z`` (3): the deviation gate alone would flag about one healthy pair in
 twenty at the 4 % run-to-run noise of a two-node all-reduce, and a node low in two such pairs by chance
 would then be blamed in most runs of a few hundred nodes. A low pair is at *fail* level when
 ``d ≤ −fail`` (15 %). The spread is the fleet's robust spread of ``d`` (1.4826·MAD, never below
 ``min_spread``), or ``default_spread`` with fewer than ``min_pairs_for_spread`` pairs.
 
-Then the low pairs are explained, most specific layer first (REFERENCE §4.7):
+Then the low pairs are explained, most specific layer first (docs/design/verdict-engine.md, "Node and pair findings"):
 
 1. **the link between two leaves** — an end of a low pair between leaves A and B is a *witness* when it is
    fine with its partners outside the other leaf (passing, or low only with a culprit of step 2). The
@@ -19,9 +19,10 @@ Then the low pairs are explained, most specific layer first (REFERENCE §4.7):
    level, which a bad NIC behind the slow link makes it.
 2. **a node's own network path** (NIC, cable, switch port) — the node is low with at least two partners
    that are not such candidates themselves (a candidate: a node in two low pairs), counting the pairs no
-   link and no other culprit explains (REFERENCE: "the node appears in ≥ 2 failing pairs"; a NIC at half
-   rate is low with every partner). A node between a culprit and one other low pair is re-paired, not
-   blamed. Steps 1 and 2 depend on each other and are repeated until neither changes.
+   link and no other culprit explains (docs/reference/causes-and-actions.md, "Inter-node network": the node
+   appears in ≥ 2 failing pairs; a NIC at half rate is low with every partner). A node between a culprit and
+   one other low pair is re-paired, not blamed. Steps 1 and 2 depend on each other and are repeated until
+   neither changes.
 3. **a leaf** — when at least ``leaf_min_nodes`` nodes and ``leaf_share`` of a leaf's measured nodes
    come out of step 2, the cause is the leaf (its switch or its uplinks): one fleet finding, and its
    nodes are not blamed; step 2 runs again without the leaf's pairs.
@@ -87,11 +88,12 @@ PAIR_STATUSES: tuple[str, ...] = ("missing", "pass", "node", "uplink", "leaf", "
 
 #: One row per finding. ``scope`` is ``node``, ``pair`` or ``fleet`` (node empty); ``status`` is
 #: ``culprit``, ``uplink``, ``leaf``, ``suspect``, ``probe``, ``cleared`` or ``unmeasured``; ``verdict``, ``cause``,
-#: ``action``, ``ticket`` and ``reference_kind`` use the verdict contract's words (DESIGN.md); ``layer`` is
-#: ``network``; ``component`` is ``nic`` (the node's NIC, cable or switch port), ``uplink`` (between the two
-#: leaves of ``location``), ``leaf`` (its switch or uplinks) or ``pair``; ``location`` names the leaf, the two
-#: leaves (``A ↔ B``) or the pair; ``partners`` is how many pairs the finding rests on; ``reasons`` is the
-#: evidence: every partner measured, in GB/s and % of the reference.
+#: ``action``, ``ticket`` and ``reference_kind`` use the verdict contract's words
+#: (docs/design/data-contracts.md); ``layer`` is ``network``; ``component`` is ``nic`` (the node's NIC, cable
+#: or switch port), ``uplink`` (between the two leaves of ``location``), ``leaf`` (its switch or uplinks) or
+#: ``pair``; ``location`` names the leaf, the two leaves (``A ↔ B``) or the pair; ``partners`` is how many
+#: pairs the finding rests on; ``reasons`` is the evidence: every partner measured, in GB/s and % of the
+#: reference.
 FINDING_COLUMNS: tuple[str, ...] = (
     "scope",
     "status",
@@ -119,7 +121,8 @@ _SHOWN = ResultsError.SHOWN
 
 @dataclass(frozen=True)
 class PairThresholds:
-    """The pair judgement's thresholds (REFERENCE §4.5; :meth:`from_policy` takes the policy's own).
+    """The pair judgement's thresholds (docs/reference/policy.md, "`network`"; :meth:`from_policy` takes the
+    policy's own).
 
     ``warn_drop_pct`` / ``fail_drop_pct``: the deviation gates; ``z``: the statistical gate, in spreads;
     ``min_spread``, ``default_spread``, ``min_pairs_for_spread``: the spread (a fraction of the reference);
@@ -962,7 +965,7 @@ def _findings(
                 location=str(group_names[group[u]]),
                 component="nic",
                 # At warn level (its pairs low, but fewer than two at the fail drop) it is re-tested first
-                # (REFERENCE §4.6); two failing pairs are the confirmation a fail needs.
+                # (docs/design/certify-runbook.md, "Confirm"); two failing pairs are the confirmation a fail needs.
                 action="check_cable" if fails >= 2 else "retest",
                 ticket="remediation" if fails >= 2 else "none",
                 reasons=(

@@ -3,9 +3,9 @@
 A node's pair bandwidth mixes three things: its own network path (NIC, cable, switch port), its partner's,
 and the fabric between them (the leaf switch for two nodes of one leaf, the leaf's uplinks and the spine
 for two leaves). One pair cannot tell them apart; a plan in which every node meets a partner in its own
-leaf *and* one in another leaf can (REFERENCE.md §4.7): a node low with every partner is its own path, a
-deficit only between two leaves is the link between them, and one slow pair with no pattern is re-paired
-with known-good nodes (:func:`gpucert.network.repairs`) before anyone is blamed.
+leaf *and* one in another leaf can (docs/design/verdict-engine.md, "Node and pair findings"): a node low with
+every partner is its own path, a deficit only between two leaves is the link between them, and one slow pair
+with no pattern is re-paired with known-good nodes (:func:`gpucert.network.repairs`) before anyone is blamed.
 
 The plan is built from *rounds*; in each round every node is in at most one pair, so a round is one batch
 of two-node Jobs that keeps the whole fleet busy once. Rounds alternate between intra-leaf and inter-leaf

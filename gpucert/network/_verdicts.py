@@ -1,11 +1,12 @@
-"""A pair judgement as verdict rows (DESIGN.md "Verdicts"), and the pair references a baseline gives.
+"""A pair judgement as verdict rows (docs/design/data-contracts.md, "Verdicts"), and the pair references a
+baseline gives.
 
 What each finding of :func:`gpucert.network.judge_pairs` becomes:
 
 * a node's own network path (``culprit``) and a node none of whose pairs ran (``unmeasured``): one node
   row, ``peer`` empty, the evidence (every partner, in GB/s and % of the reference) in ``reasons``;
 * the link between two leaves, or a leaf: one fleet row (``node`` empty, ``reference_kind`` ``fleet``): it
-  flags no node, as DESIGN.md says of fleet findings;
+  flags no node, as docs/design/data-contracts.md says of fleet findings;
 * a suspect pair (low, nothing explains it, the re-pairings spent), a culprit's pair still to probe, a
   cleared transient: one pair row, oriented as the finding names it;
 * every other measured pair: a ``pass`` pair row; a low pair that a finding explains says which.

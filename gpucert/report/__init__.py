@@ -1,4 +1,4 @@
-"""The certify run's reports, built from the results and verdict tables (DESIGN.md "Data contracts"),
+"""The certify run's reports, built from the results and verdict tables (docs/design/data-contracts.md),
 and operate's drift view of each drifting GPU's own history.
 
 The renderings, all pure functions (no Prefect here; the certify flow turns them into artifacts):

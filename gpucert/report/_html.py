@@ -69,11 +69,11 @@ def render_html(
 ) -> str:
     """The run's HTML report as one self-contained page, rendered from ``templates/report.html.j2``.
 
-    ``results`` and ``verdicts`` are DESIGN.md's tables (rows of other runs are ignored); ``baseline``
-    (the store's table), when given, supplies each GPU's own reference where its verdict has none.
-    The page holds the counts per verdict, the fleet-level findings, a node × GPU heat map (every node
-    with a verdict other than pass up to ``max_heatmap_nodes``, then a sample of passing ones; the page
-    says which), a strip chart per metric of each GPU's median relative to its reference with the
+    ``results`` and ``verdicts`` are the tables of docs/design/data-contracts.md (rows of other runs are
+    ignored); ``baseline`` (the store's table), when given, supplies each GPU's own reference where its
+    verdict has none. The page holds the counts per verdict, the fleet-level findings, a node × GPU heat map
+    (every node with a verdict other than pass up to ``max_heatmap_nodes``, then a sample of passing ones; the
+    page says which), a strip chart per metric of each GPU's median relative to its reference with the
     stragglers marked and labelled, and the table of verdicts other than pass (at most
     ``max_table_rows``). ``drift`` (:func:`~gpucert.report.drift_view`), when given, adds each drifting
     GPU's own history. ``links``, the plan the run measured its node pairs by

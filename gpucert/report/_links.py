@@ -227,11 +227,12 @@ def link_view(
     results: pd.DataFrame, verdicts: pd.DataFrame, plan: PairingPlan | None, *, max_nodes: int = 120
 ) -> LinkView | None:
     """The "Links" section of the run's report, or None when there is nothing to draw (no plan, or neither
-    a pair result nor a pair verdict row). ``results`` and ``verdicts`` are DESIGN.md's tables for one run;
-    ``plan`` is the plan the run measured its pairs by (``gpucert.certify.stored_plan_of``). The matrix
-    draws every node of the plan up to ``max_nodes``; above, the nodes with a verdict other than pass or a
-    low pair (the worst first, at most ``max_nodes``), then their partners, then a sample of other pairs'
-    nodes to fill ``max_nodes``. Raises ``ValueError`` for ``max_nodes`` below 2."""
+    a pair result nor a pair verdict row). ``results`` and ``verdicts`` are the tables of
+    docs/design/data-contracts.md for one run; ``plan`` is the plan the run measured its pairs by
+    (``gpucert.certify.stored_plan_of``). The matrix draws every node of the plan up to ``max_nodes``; above,
+    the nodes with a verdict other than pass or a low pair (the worst first, at most ``max_nodes``), then
+    their partners, then a sample of other pairs' nodes to fill ``max_nodes``. Raises ``ValueError`` for
+    ``max_nodes`` below 2."""
     if max_nodes < 2:
         raise ValueError(f"max_nodes {max_nodes}: must be at least 2")
     if plan is None or plan.pairs.empty:

@@ -47,7 +47,7 @@ def is_summary_row(row: dict[str, Any]) -> bool:
 
 
 def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, Any]]:
-    """JSON-able rows for a Prefect table artifact of ``verdicts`` (DESIGN.md's verdict table).
+    """JSON-able rows for a Prefect table artifact of ``verdicts`` (docs/design/data-contracts.md, "Verdicts").
 
     Returns up to ``limit`` rows that are not ``pass``, fail → warn → inconclusive (fleet findings
     first within a verdict, then by node, the node's row before its GPUs'), each a dict with the keys of

@@ -1,4 +1,4 @@
-"""Read, validate and write results tables: the "Results" data contract of DESIGN.md.
+"""Read, validate and write results tables: the "Results" data contract (docs/design/data-contracts.md).
 
 The reader's contract
 ---------------------

@@ -539,7 +539,7 @@ def _parse_ts_text(raw: pd.Series) -> tuple[pd.Series, Bools]:
 def _check_levels(
     levels: npt.NDArray[np.int8], gpu_given: Bools, peer_given: Bools, metric: pd.Series, found: _Findings
 ) -> None:
-    """Each metric's level fixes which of ``gpu`` and ``peer`` a row fills (DESIGN.md, metric registry)."""
+    """Each metric's level fixes which of ``gpu`` and ``peer`` a row fills (docs/reference/metrics.md)."""
 
     def words(i: int) -> str:
         return f"{_text_at(metric, i)!r} is {_LEVEL_WORDS[int(levels[i])]} metric"

@@ -45,6 +45,7 @@ __all__ = [
     "counters_csv",
     "load_manifests",
     "record_manifest",
+    "render_rbac",
     "render_stack",
     "stack_node_selector",
     "stack_tolerations",
@@ -324,6 +325,16 @@ def record_manifest(plan: StackPlan) -> Manifest:
     return Manifest("namespace", obj)
 
 
+def render_rbac(stack_namespace: str, operator_namespace: str | None = None) -> list[Manifest]:
+    """gpucert's ServiceAccounts and roles (the ``rbac`` step); with ``operator_namespace`` (where the GPU
+    Operator runs the stack) also the Roles there that let operate list the operator's exporter Endpoints
+    (``gpucert-runtime-exporters``) and configure grant that (``gpucert-configure-exporters``)."""
+    context = {"stack_namespace": stack_namespace, "labels": dict(COMMON_LABELS)}
+    if operator_namespace:
+        context["operator_namespace"] = operator_namespace
+    return [Manifest("rbac", obj) for obj in _render(TEMPLATES["rbac"], context)]
+
+
 def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
     """Every object of the stack, in install order: the namespace and (``record``) the ConfigMap recording
     what this run applies (:func:`record_manifest`), RBAC, then the components in :data:`COMPONENTS`
@@ -357,7 +368,7 @@ def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
     )
     if record:
         manifests.append(record_manifest(plan))
-    add("rbac", {"stack_namespace": plan.namespace, "labels": common})
+    manifests += render_rbac(plan.namespace)
     for variant in plan.drivers:
         add("driver", {"ds": _driver_context(plan, variant)})
     add("container-toolkit", {"ds": _component_context(plan, "container-toolkit")})

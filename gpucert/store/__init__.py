@@ -1,4 +1,4 @@
-"""The baseline store: versioned baseline tables and run files under one root URI (DESIGN.md, "The store").
+"""The baseline store: versioned baseline tables and run files under one root URI (docs/reference/store-layout.md).
 
 Two layers, so that a new backend implements only the small one:
 

@@ -5,7 +5,7 @@ directions: a bad table is refused before it becomes a version (so ``current`` n
 and a stored file that was edited by hand, truncated or written by a foreign tool is refused on read
 with a message naming the object, instead of surfacing later as a ``KeyError`` deep in the engine.
 
-The columns are DESIGN.md's nine plus two gpucert extensions:
+The columns are the nine of docs/design/data-contracts.md, "Baselines", plus two gpucert extensions:
 
 * ``node``: for a ``gpu`` row, the node the GPU was last measured on, so a report can say where a GPU
   with a drifting baseline lives; empty for ``node`` and ``model`` rows, whose key already is the node
@@ -180,7 +180,7 @@ def _times(col: pd.Series[Any], name: str, problems: _Problems) -> pd.Series[Any
     if isinstance(col.dtype, pd.DatetimeTZDtype):
         ts = col.dt.tz_convert("UTC")
     elif pd.api.types.is_datetime64_dtype(col.dtype):
-        # DESIGN.md keeps every timestamp in UTC; a naive one can only have meant UTC.
+        # docs/design/data-contracts.md keeps every timestamp in UTC; a naive one can only have meant UTC.
         ts = col.dt.tz_localize("UTC")
     else:
         ts = pd.to_datetime(col, utc=True, errors="coerce", format="ISO8601")

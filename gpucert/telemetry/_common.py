@@ -1,5 +1,5 @@
 """What both telemetry sources share: the signals gpucert reads, the reading they return, and how raw
-per-GPU readings become rows of the results contract (DESIGN.md "Results").
+per-GPU readings become rows of the results contract (docs/design/data-contracts.md, "Results").
 
 A source first produces *readings*: one row per GPU (node, index, UUID, model), registry metric and
 value, already reduced over its window, possibly with duplicates (two Prometheus jobs scraping one
@@ -56,8 +56,8 @@ class Signal:
     reduce: Reduce
 
 
-#: The signals gpucert acts on between certifications (REFERENCE §4.2 gates, §6.2 names). Why each
-#: reduction:
+#: The signals gpucert acts on between certifications (gates: docs/reference/causes-and-actions.md, "Gates";
+#: names: docs/reference/telemetry.md). Why each reduction:
 #:
 #: * PCIe generation and width: the highest the link reached. Links train down when idle, so only a link
 #:   that never reached its maximum in the window is trained down (the gate wants "under load").
@@ -95,7 +95,8 @@ SIGNALS: tuple[Signal, ...] = (
 #: PCIe generation and width are the exception: their reading is already the best the link reached.
 _LOWER_WINS = frozenset({"temp_slowdown_c"})
 
-#: The bits of the clock-event reasons mask (REFERENCE §6.1) and the hardware-slowdown ones among them.
+#: The bits of the clock-event reasons mask (docs/reference/telemetry.md, "Clock-event reasons") and the
+#: hardware-slowdown ones among them.
 CLOCK_EVENT_BITS: tuple[int, ...] = (0x001, 0x002, 0x004, 0x008, 0x010, 0x020, 0x040, 0x080, 0x100)
 HW_SLOWDOWN_BITS = 0x008 | 0x040 | 0x080
 

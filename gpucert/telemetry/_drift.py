@@ -1,4 +1,4 @@
-"""Slow drift on each GPU's own history (REFERENCE.md §4.8): a lower CUSUM (or EWMA) per GPU × metric.
+"""Slow drift on each GPU's own history (docs/design/operate.md, "Drift"): a lower CUSUM (or EWMA) per GPU × metric.
 
 Input: per run, each GPU's median of a performance metric (and each node's, for node metrics), with the
 count and standard deviation of the repeats behind it, from :func:`history_from_store` or
@@ -26,7 +26,7 @@ with either, a one-run limit: ``u_t < −shewhart`` alarms at once (a step). An 
 later run is back at the baseline (``u_t ≥ −clear``: the statistic restarts from 0) or the statistic
 is back at rest on its own.
 
-Why not REFERENCE's k = 0.5, h = 5 (ARL0 ≈ 930): those ARLs assume μ0 known. A centre set from n = 5
+Why not the textbook k = 0.5, h = 5 (ARL0 ≈ 930): those ARLs assume μ0 known. A centre set from n = 5
 runs is off by σ/√5 ≈ 0.45 σ, the *same* error every night (u correlated 1/(n+1) between nights), so a
 stable GPU whose centre came out high sits at u ≈ −0.4 night after night and a k = 0.5 chart walks into
 alarm. A Monte Carlo of exactly that (normal noise, σ known, 4 metrics × 30 nights per GPU) flags
@@ -40,7 +40,7 @@ let one 3 % step in ten wait a night), the decline crosses in 4–5 nights, the 
 19 of 20. The EWMA defaults (λ = 0.3, L = 5.5: −2.31 σ) were chosen the same way. The fleet model
 (``benchmarks/drift_speed.py``: transient bad repeats, a larger σ_t) prints what it measures.
 
-An alarm asks for a re-certification only; it drains nothing by itself (REFERENCE §4.8). The recursion
+An alarm asks for a re-certification only; it drains nothing by itself (docs/design/operate.md, "Drift"). The recursion
 runs over positions — few — with numpy across all series at once.
 """
 
@@ -563,7 +563,7 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
 
     center = baseline_column("center", np.nan)
     spread = np.nan_to_num(baseline_column("spread", 0.0), nan=0.0)
-    # A table without run counts (built by hand) is taken as complete: DESIGN's tables always have them.
+    # A table without run counts (built by hand) is taken as complete: the store's tables always have them.
     n_base = np.nan_to_num(baseline_column("n", np.nan), nan=float(p.min_baseline_runs))
     first_ts = np.full(len(uniques), np.iinfo(np.int64).min)  # NaT: no record of when
     first_ts[last_of] = _micros(picked["first_ts"])

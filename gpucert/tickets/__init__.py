@@ -3,7 +3,8 @@
 A ticket stands for a :class:`Fingerprint` — (node, GPU UUID or ``""`` for a node-level fault, cause) — and
 that fingerprint has one ticket for life: a recurrence updates it, a recurrence after it was resolved
 reopens it. Its kind is ``remediation`` (reset, reboot, reseat, config, cooling) or ``replacement`` (an
-RMA), escalated from one to the other by REFERENCE.md §5's rules (:class:`EscalationPolicy`); each carries
+RMA), escalated from one to the other by the rules of docs/reference/causes-and-actions.md, "Escalation"
+(:class:`EscalationPolicy`); each carries
 its evidence: the verdict rows, the telemetry, the stack versions and a link to the run's report.
 
 Backends (:class:`TicketBackend`):

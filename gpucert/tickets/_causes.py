@@ -8,8 +8,9 @@
   measuring that (no storage location configured, no pairs) leaves both in place and says so.
   :func:`measured` is the one vectorised check, for any number of faults at once.
 * **Fitting actions.** A repair recorded on a ticket must fit its cause (:func:`allowed_actions`): two GPU
-  resets on a network ticket are no repair of it, and would escalate it to a replacement by REFERENCE §5's
-  reset rule. :func:`check_action` refuses one that does not fit, naming those that do.
+  resets on a network ticket are no repair of it, and would escalate it to a replacement by the reset rule
+  of docs/reference/causes-and-actions.md, "Escalation". :func:`check_action` refuses one that does not fit,
+  naming those that do.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ _RESETS = ("reset_gpu", "reboot_node", "power_cycle")
 _GPU_WORK = (*_RESETS, "reseat", "run_field_diag", "replace_gpu", "retest")
 _NIC_WORK = ("check_cable", "reseat_nic", "reseat_cable", "check_switch_port", "reboot_node", "replace_cable",
              "replace_transceiver", "replace_nic", "retest")  # fmt: skip
-#: What may be recorded as done about a fault of each layer (REFERENCE §5's remediation table). The cause's
-#: own first action (:data:`gpucert.verdict.ACTION_FOR_CAUSE`) and the ticket's own always fit too.
+#: What may be recorded as done about a fault of each layer (docs/reference/causes-and-actions.md,
+#: "Remediation playbook"). The cause's own first action (:data:`gpucert.verdict.ACTION_FOR_CAUSE`) and the
+#: ticket's own always fit too.
 _LAYER_ACTIONS: Final[Mapping[str, tuple[str, ...]]] = {
     "gpu": (*_GPU_WORK, "check_cooling", "check_power", "replace_psu", "fix_config"),
     "nvlink": (*_GPU_WORK, "restart_fabric_manager", "replace_baseboard"),

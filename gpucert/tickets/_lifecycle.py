@@ -4,16 +4,16 @@
 
 - every ``fail`` or ``warn`` row whose ``ticket`` is not ``none`` is an occurrence of its fingerprint
   (node, GPU UUID, cause): the fingerprint's ticket is opened, updated (occurrence + 1, evidence added) or,
-  when it was resolved, reopened; a node-wide cause (DESIGN.md writes it on every GPU row of the node) is
-  one node-level fingerprint, not one ticket per GPU;
+  when it was resolved, reopened; a node-wide cause (docs/design/data-contracts.md writes it on every GPU row
+  of the node) is one node-level fingerprint, not one ticket per GPU;
 - a remediation ticket escalates to replacement when its row asks for one or an :class:`EscalationPolicy`
-  rule fires (REFERENCE.md §5);
+  rule fires (docs/reference/causes-and-actions.md, "Escalation");
 - an open ticket whose hardware passes in this run is resolved: a GPU ticket when its GPU's row passes (a
   replaced GPU, seen under a new UUID at the same index, counts), a node ticket when every row of its node
-  passes (REFERENCE.md §4.6: the full certification passes before a node returns) — and only when the run
-  measured what the fault was found on, on that hardware (the clearing rule of :mod:`._causes`, given the
-  run's results as ``evidence.results``): a pass that did not measure it leaves the ticket open and is
-  reported as a ``kept`` event.
+  passes (docs/design/certify-runbook.md, "Confirm": the full certification passes before a node returns) —
+  and only when the run measured what the fault was found on, on that hardware (the clearing rule of
+  :mod:`._causes`, given the run's results as ``evidence.results``): a pass that did not measure it leaves the
+  ticket open and is reported as a ``kept`` event.
 
 Reconciling the same run twice changes nothing the second time (a ticket remembers the runs it saw).
 """
@@ -63,6 +63,8 @@ __all__ = [
 _REQUIRED = ("node", "gpu", "gpu_uuid", "verdict", "cause", "action", "ticket", "reasons")
 _FLAGGED = ("fail", "warn")
 _TICKETED = ("remediation", "replacement")
+#: Where an escalation's reason points its reader for the rule that fired.
+_RULES = "docs/reference/causes-and-actions.md#escalation"
 #: Telemetry and events copied into a ticket's evidence; for these a lower value is the worse one.
 _TELEMETRY = tuple(m.name for m in METRICS.values() if m.kind in ("telemetry", "event"))
 _WORST_IS_LOW = frozenset({"pcie_gen", "pcie_width", "gpu_count"})
@@ -390,20 +392,20 @@ def _escalation_reason(
     resets = [r for r in ticket.remediations if r.action in policy.reset_actions and r.at <= now]
     if recurrence and not occurrence.reset_exempt and len(resets) >= policy.resets:
         done = ", ".join(f"{r.action} {r.at:%Y-%m-%d %H:%M}" for r in resets[-policy.resets :])
-        return f"the fault recurred after {len(resets)} resets or reboots ({done}); REFERENCE §5"
+        return f"the fault recurred after {len(resets)} resets or reboots ({done}); {_RULES}"
     recent = [r for t in (ticket, *others) for r in t.remediations if now - policy.node_window < r.at <= now]
     if len(recent) >= policy.node_remediations:
         days = policy.node_window.total_seconds() / 86400
-        return f"{len(recent)} remediations on {ticket.node} within {days:g} days; REFERENCE §5"
+        return f"{len(recent)} remediations on {ticket.node} within {days:g} days; {_RULES}"
     if ticket.cause in policy.burst_causes:
         bursts = _bursts([t for t in ticket.seen if now - policy.burst_window < t <= now], policy)
         if bursts >= policy.burst_count:
             hours = policy.burst_window.total_seconds() / 3600
-            return f"seen in {bursts} separate bursts within {hours:g} h; REFERENCE §5"
+            return f"seen in {bursts} separate bursts within {hours:g} h; {_RULES}"
     flaps = [t for t in ticket.reopened if now - policy.flap_window < t <= now]
     if len(flaps) >= policy.flaps:
         days = policy.flap_window.total_seconds() / 86400
-        return f"it failed again after passing {len(flaps)} times within {days:g} days (flapping); REFERENCE §4.6"
+        return f"it failed again after passing {len(flaps)} times within {days:g} days (flapping); {_RULES}"
     return ""
 
 

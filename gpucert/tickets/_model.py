@@ -3,7 +3,7 @@
 A ticket stands for one fault on one piece of hardware: its :class:`Fingerprint` is (node, GPU UUID — empty
 for a node-level fault —, cause). A fingerprint has exactly one ticket over its whole life: a recurrence
 updates it, a recurrence after it was resolved reopens it, so its history (occurrences, remediations,
-reopenings) is what the escalation rules of REFERENCE.md §5 count.
+reopenings) is what the escalation rules count (docs/reference/causes-and-actions.md, "Escalation").
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Evidence(BaseModel):
 
     run_id: str
     at: AwareDatetime
-    #: The verdict rows of this fingerprint in the run, as JSON objects (DESIGN.md's verdict columns).
+    #: The verdict rows of this fingerprint in the run, as JSON objects (docs/design/data-contracts.md, "Verdicts").
     verdicts: list[dict[str, Any]] = Field(default_factory=list)
     #: Telemetry and events of the run, worst value per metric: ``{"node" | GPU UUID: {metric: value}}``.
     telemetry: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -199,20 +199,21 @@ class TicketEvent:
 
 
 class EscalationPolicy(BaseModel):
-    """When a remediation ticket becomes a replacement (REFERENCE.md §5, "Escalation rules"; §4.6).
+    """When a remediation ticket becomes a replacement (docs/reference/causes-and-actions.md, "Escalation").
 
     Any one rule escalates:
 
     - the same fault recurs after ``resets`` resets or reboots recorded on its ticket (gpud's
       ``DefaultRebootThreshold = 2``), except for the XIDs in ``reset_exempt_xids`` (Xid 94, a contained
       ECC error the application survives); an RDMA port's reseats count alike (``reseat_nic``,
-      ``check_cable``: REFERENCE.md §5, "IB port down / flapping / downshift … persists → replace");
+      ``check_cable``: docs/reference/causes-and-actions.md, "Remediation playbook": a port that persists is replaced);
     - ``node_remediations`` remediations on one node within ``node_window`` (NVSentinel's
       health-events analyser: ≥ 5 within 7 days);
     - a fault of a cause in ``burst_causes`` seen ``burst_count`` times within ``burst_window``, occurrences
       closer than ``burst_merge`` counting once (NVSentinel: the same fatal XID 5× in 24 h, 3-minute bursts);
     - the fault reopens ``flaps`` times within ``flap_window``: the node alternates pass and fail
-      (REFERENCE.md §4.6, project default: ≥ 3 times in 14 days is escalated, not returned).
+      (docs/reference/causes-and-actions.md, "Escalation"; project default: ≥ 3 times in 14 days is escalated,
+      not returned).
 
     And one that is not about a fault's kind: a node telemetry or drift asked about that stays busy
     ``busy_nights`` nights in a row gets a ticket asking for a maintenance window (operate would otherwise
@@ -228,8 +229,9 @@ class EscalationPolicy(BaseModel):
         default=2, ge=1, description="Resets or reboots after which a recurrence is hardware."
     )
     reset_actions: tuple[str, ...] = Field(
-        # An RDMA port's remediations count too: "IB port down / flapping / downshift: bring up, reseat
-        # cable or transceiver; persists → replace" (REFERENCE §5).
+        # An RDMA port's remediations count too: a port down, slow or flapping is brought up, its cable or
+        # transceiver reseated; when it persists, replaced (docs/reference/causes-and-actions.md, "Remediation
+        # playbook").
         default=("reset_gpu", "reboot_node", "power_cycle", "reseat_nic", "check_cable"),
         description="Remediations that count as a reset (or, for a NIC, a reseat).",
     )

@@ -1,10 +1,10 @@
 """The verdict engine: results and baselines in, one explained verdict per GPU, node and pair out.
 
-Stages follow REFERENCE.md §4: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
+Stages follow docs/design/verdict-engine.md: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
 medians (:mod:`._repeats`), each median compared with the GPU's own baseline, its cohort, its node and
 the spec (:mod:`._compare`), node-wide and pair findings (:mod:`._nodes`), causes read from the joined
 telemetry (:mod:`._causes`; :func:`layer_of` names each cause's layer), and the findings reduced to
-DESIGN.md's verdict table (:mod:`._assemble`).
+the verdict table of docs/design/data-contracts.md (:mod:`._assemble`).
 Everything is vectorised over the fleet; the only Python loops run over runs, metrics, cohorts, blocks of
 results, or the (few) flagged entities. Steps that need only the run's index (the telemetry gates, the
 store's references) run on a second thread beside the repeats, and the repeat blocks are shared by two:

@@ -1,4 +1,5 @@
-"""Findings reduced to the verdict table of DESIGN.md: one row per GPU, node and pair, plus fleet rows.
+"""Findings reduced to the verdict table (docs/design/data-contracts.md, "Verdicts"): one row per GPU, node
+and pair, plus fleet rows.
 
 The verdict is the worst severity among an entity's findings; the deciding comparison is the
 highest-ranked finding of that severity (a gate over a floor over a statistic); the cause is the most
@@ -53,8 +54,9 @@ _TICKET_NAMES = np.array(sorted(TICKET_RANK, key=TICKET_RANK.__getitem__), dtype
 def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
     """Node findings for nodes whose node benchmark could not run because one of their GPUs failed.
 
-    DESIGN.md: inconclusive is for reasons outside the GPU; an NCCL job that died with a GPU that fails a
-    hard gate is explained by that GPU, so the node row fails with its cause instead.
+    docs/reference/causes-and-actions.md, "Verdicts": inconclusive is for reasons outside the GPU; an NCCL job
+    that died with a GPU that fails a hard gate is explained by that GPU, so the node row fails with its cause
+    instead.
     """
     node_blocked = findings[
         (findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])

@@ -3,16 +3,16 @@
 A drop the statistics found is named by what the telemetry says happened while it was measured: throttle
 bits (thermal, power), a power limit below default (config), a PCIe link below its maximum (pcie), NVLinks
 down (nvlink). Without a signature, a drop shared by the GPUs of a node is a node cause (the host for
-PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric (DESIGN.md), a node's
-storage reads are its storage path (``storage``: the mount, the volume, the NIC to it), another
-host-side node metric is the host's configuration, a pair deficit is the network, and a lone GPU that is
-slow against its peers is slow silicon.
+PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric
+(docs/reference/causes-and-actions.md, "Causes"), a node's storage reads are its storage path (``storage``:
+the mount, the volume, the NIC to it), another host-side node metric is the host's configuration, a pair
+deficit is the network, and a lone GPU that is slow against its peers is slow silicon.
 
 Every cause belongs to a *layer* (:func:`layer_of`): the GPU itself (its silicon, memory, power, cooling and
 PCIe link), the NVLink fabric between a node's GPUs, the network between nodes, the storage, the software
 stack and configuration (``stack``), or ``unknown``. The verdict's ``reasons`` start with it.
 
-A host-side metric the node carries as a host finding (REFERENCE §5, "H2D low ..., link at spec") is not
+A host-side metric the node carries as a host finding (docs/reference/causes-and-actions.md, "Causes") is not
 its GPUs' fault: on a GPU whose own link is at spec it is at most a warn, cause ``config``.
 """
 
@@ -31,9 +31,10 @@ __all__ = ["ACTION_FOR_CAUSE", "LAYERS", "LAYER_OF_CAUSE", "attribute_causes", "
 
 _COMPUTE = {"gemm_bf16_tflops", "gemm_fp8_tflops", "hbm_copy_gbps"}
 
-#: What a technician does first about a confirmed statistical fail of each cause (REFERENCE.md §5). A
-#: node's network deficit (low with every partner: its NIC, cable or switch port) starts at the cable; the
-#: NIC telemetry's own gates name ``reseat_nic`` for a port down.
+#: What a technician does first about a confirmed statistical fail of each cause
+#: (docs/reference/causes-and-actions.md, "Remediation playbook"). A node's network deficit (low with every
+#: partner: its NIC, cable or switch port) starts at the cable; the NIC telemetry's own gates name
+#: ``reseat_nic`` for a port down.
 ACTION_FOR_CAUSE = {
     "thermal": "check_cooling",
     "power": "check_power",

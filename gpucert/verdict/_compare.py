@@ -1,4 +1,4 @@
-"""Stages 2 and 3 (REFERENCE.md §4.4-4.5): each median against its references, flagged only when the drop
+"""Stages 2 and 3 (docs/design/verdict-engine.md): each median against its references, flagged only when the drop
 is both large (a deviation gate) and strong (a z gate).
 
 References, per entity × metric:
@@ -14,15 +14,15 @@ References, per entity × metric:
 * **model** — the stored per-model reference, for a GPU with no history in a cohort too small for peers.
 * **node** — the other GPUs of the same node (leave-one-out median), on baseline-normalised values, so a
   GPU that falls behind its neighbours fails at a smaller drop than against its own history alone.
-* **spec** — the absolute floor per model (REFERENCE.md §1.3): a gross-fault catch, so a miss fails only
-  when something backs it — a warn-size drop against the GPU's (or node's) own baseline, or of its whole
-  cohort against theirs (a fleet collapsing under the floor still fails; a 2 % driver shift backs
+* **spec** — the absolute floor per model (docs/reference/policy.md, "Spec floors"): a gross-fault catch, so a
+  miss fails only when something backs it — a warn-size drop against the GPU's (or node's) own baseline, or of
+  its whole cohort against theirs (a fleet collapsing under the floor still fails; a 2 % driver shift backs
   nothing), the other GPUs of its node disagreeing, a PCIe link signature under a host-side miss, or no
   history to weigh it against. A miss its own history and its node peers both call normal is noise at
   the floor: a warn.
   A host-side metric (:data:`HOST_METRICS`) under the floor on most GPUs of a node whose links are at spec
-  is the host's (NUMA binding, CPU contention, IOMMU, BIOS; REFERENCE §5): one node finding, cause
-  ``config``, and its GPUs only warn.
+  is the host's (NUMA binding, CPU contention, IOMMU, BIOS; docs/reference/causes-and-actions.md, "Causes"):
+  one node finding, cause ``config``, and its GPUs only warn.
 """
 
 from __future__ import annotations
@@ -524,8 +524,9 @@ def link_signature(telemetry: np.ndarray, policy: Policy) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Backing:
-    """What stands behind a floor miss, per result. A floor catches gross faults (REFERENCE §1.3), so a
-    miss fails only with one of these; without any it is noise at the floor."""
+    """What stands behind a floor miss, per result. A floor catches gross faults
+    (docs/reference/reference-values.md, "Initial hard floors"), so a miss fails only with one of these;
+    without any it is noise at the floor."""
 
     #: the value against its own baseline after the night's fleet-wide shift; NaN without one
     d_own: np.ndarray
@@ -607,9 +608,10 @@ def _host_low_nodes(
     policy: Policy,
 ) -> _HostLow:
     """The nodes whose GPUs, links at spec, sit under a host-side floor by their median (at least half of
-    them under it): the host moves them all, so the finding is the node's (REFERENCE §5, "H2D low ...,
-    link at spec"). It is backed (a fail) when the GPUs' median also dropped against their own
-    baselines, or they have none; a node that has always measured this low only warns."""
+    them under it): the host moves them all, so the finding is the node's (docs/reference/causes-and-actions.md,
+    "Remediation playbook": H2D low with the link at spec). It is backed (a fail) when the GPUs' median also
+    dropped against their own baselines, or they have none; a node that has always measured this low only
+    warns."""
     scope = run.scope[eid]
     host = (scope == SCOPE_GPU) & _IS_HOST[mcode] & np.isfinite(floor) & ~backing.link
     node = run.node_code[eid]
@@ -789,8 +791,9 @@ def _host_node_spec(run: RunIndex, host_low: _HostLow) -> pd.DataFrame:
 
 
 def _fleet_rows(run: RunIndex, stats: pd.DataFrame, policy: Policy) -> pd.DataFrame:
-    """One fleet-level finding per GPU model whose cohort shifted against its own baselines (DESIGN.md:
-    "one row with node and gpu empty"); the largest shift decides, every shifted metric is a reason."""
+    """One fleet-level finding per GPU model whose cohort shifted against its own baselines
+    (docs/design/data-contracts.md, "Verdicts": one row with node and gpu empty); the largest shift decides,
+    every shifted metric is a reason."""
     shifted = stats[stats["usable"] & (np.abs(stats["f"] - 1) * 100 >= policy.fleet.report_pct)]
     if shifted.empty:
         return make_findings("fleet", [], severity="warn", rank="stat", reason=[])

@@ -36,8 +36,9 @@ VERDICT_RANK = {verdict: rank for rank, verdict in VERDICT_OF.items()}
 #: a statistical comparison. (The cause is chosen separately, by specificity.)
 RANK = {"gate": 4, "missing": 3, "spec": 2, "stat": 1, "note": 0}
 
-#: DESIGN.md: "the most specific telemetry names the cause" — a row-remap failure over the ECC error that
-#: caused it over the XID that reported it; a statistical finding without a signature comes last.
+#: docs/design/data-contracts.md, "Verdicts": "the most specific telemetry names the cause" — a row-remap
+#: failure over the ECC error that caused it over the XID that reported it; a statistical finding without a
+#: signature comes last.
 CAUSE_SPECIFICITY = {
     "row_remap": 10,
     "ecc": 9,

@@ -1,10 +1,11 @@
-"""Stage 0 (REFERENCE.md §4.2): rules on telemetry and events that need no statistics.
+"""Stage 0 (docs/design/verdict-engine.md, "Stage 0: gates"): rules on telemetry and events that need no statistics.
 
 A gate names its cause from the signal itself (a PCIe link below its maximum is ``pcie``; a row-remap
 failure is ``row_remap``; an RDMA port down, trained down or flapping is ``network``), and its action and
-ticket from REFERENCE.md §5's decision table. This module also owns what is *missing*: a GPU the node
-should have but that reports nothing fails (DESIGN.md), while a benchmark step that errored or a result
-that is absent, without a GPU signal, is inconclusive.
+ticket from docs/reference/causes-and-actions.md, "Remediation playbook". This module also owns what is
+*missing*: a GPU the node should have but that reports nothing fails (docs/design/data-contracts.md,
+"Verdicts"), while a benchmark step that errored or a result that is absent, without a GPU signal, is
+inconclusive.
 """
 
 from __future__ import annotations
@@ -364,7 +365,7 @@ _RATE_TOLERANCE = 0.01
 
 
 def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
-    """The node's RDMA ports (REFERENCE.md §3, §5 "IB port down / flapping / downshift"), one finding each:
+    """The node's RDMA ports (docs/reference/causes-and-actions.md, "Inter-node network"), one finding each:
     a port not ACTIVE; an active port slower than ``gates.ib_rate_gbps`` or, without it, than the node's
     fastest (a node whose NICs differ by design, 400 Gb/s compute and 200 Gb/s storage ports, sets the
     rate, or leaves the others out in the payload's ``--ib-devices``); an error counter that rose more than
@@ -623,7 +624,8 @@ def node_wide_gate_findings(run: RunIndex, findings: pd.DataFrame, policy: Polic
     wide = per[per["gpus"].to_numpy() >= np.maximum(2, policy.node_wide.cause_share * total)]
     if wide.empty:
         return empty_findings()
-    # FM degraded mode (links down on every GPU) is baseboard / NVSwitch work: REFERENCE.md §5.
+    # FM degraded mode (links down on every GPU) is baseboard / NVSwitch work
+    # (docs/reference/causes-and-actions.md, "Remediation playbook").
     ticket = np.where(wide["cause"] == "nvlink", "replacement", "remediation")
     words = {
         "power": "power delivery: check the PSU, PDU and BMC power capping",

@@ -1,5 +1,5 @@
 """Findings about nodes that no single GPU or pair shows: a node whose GPUs all lose the same share, and
-a node low in every pair it is in (REFERENCE.md §4.7, fault localisation)."""
+a node low in every pair it is in (docs/design/verdict-engine.md, "Node and pair findings")."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def node_wide_findings(
 def pair_node_findings(
     run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame
 ) -> pd.DataFrame:
-    """A node whose every pair is low is the likelier culprit (REFERENCE.md §4.5, §4.7).
+    """A node whose every pair is low is the likelier culprit (docs/design/verdict-engine.md, "Node and pair findings").
 
     The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in,
     while each of its partners keeps one good pair. The best pair must be low by the metric's warn drop

@@ -1,4 +1,5 @@
-"""Stage 1 (REFERENCE.md §4.3): repeated measurements reduced to a median, and their stability judged.
+"""Stage 1 (docs/design/verdict-engine.md, "Stage 1: repeats"): repeated measurements reduced to a median, and
+their stability judged.
 
 The median of the repeats is what the references compare, so a transient bad repeat among several moves
 nothing; it is still *named*, because a technician reading the report should know it happened. When the

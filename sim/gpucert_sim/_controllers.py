@@ -28,7 +28,7 @@ from ._store import Obj, Store, WatchEvent
 
 __all__ = ["Controller", "PodIndex", "Runtime", "SimTiming"]
 
-_LOG = logging.getLogger("gpucert.sim")
+_LOG = logging.getLogger("gpucert_sim")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 gpucert's operate phase reads GPU telemetry the way a platform team's Prometheus does, from
 dcgm-exporter, so the simulator serves what that exporter would print on each node, built from the
 same fleet model (and the same injected faults) as the node's benchmark logs: a fault that slows a
-benchmark also shows its signature here (REFERENCE §3, "Every injected fault must also emit its
-DCGM/NVML series").
+benchmark also shows its signature here (docs/design/simulator.md, "Fault catalogue": every injected
+fault also emits its DCGM/NVML series).
 
 Where: ``GET /dcgm/<node>/metrics`` (:data:`DCGM_PATH`). A node that does not exist, is NotReady, or has
 no simulated GPUs answers 404 with no series, as an exporter that is not running would not answer at
@@ -14,14 +14,15 @@ What: Prometheus text exposition 0.0.4 as dcgm-exporter writes it: per metric a 
 ``# TYPE`` line, then one sample per GPU with the labels ``gpu``, ``UUID``, ``pci_bus_id``, ``device``
 (``nvidia<i>``), ``modelName``, the host label (``hostname`` since NVIDIA/dcgm-exporter#655, ``Hostname``
 before; configurable) and ``DCGM_FI_DRIVER_VERSION`` — the driver loaded on the node, as the benchmark pods
-see it (:func:`~gpucert.sim._benchlogs.node_driver`: what configure installed, or the host's pre-installed
+see it (:func:`~gpucert_sim._benchlogs.node_driver`: what configure installed, or the host's pre-installed
 one), so ``gpucert configure`` changes what the exporters report. Names are DCGM's exactly (no ``_total`` is added
-to counters: REFERENCE §6.2); help texts are those of ``etc/default-counters.csv`` where it has the
-field. Integers print as integers, doubles with six decimals, as the exporter does. A GPU that fell off
-the bus has no series at all. A GPU a training pod holds (``_training.py``) also carries ``pod``,
-``namespace`` and ``container`` (the exporter's Kubernetes mode), and its clock, clock-event reasons, power,
-temperature, utilisation, engine activity, NVLink and PCIe byte counters and thermal violation time are the
-training model's at that instant; any other GPU shows no activity (utilisation 0, no NVLink/PCIe bytes).
+to counters: docs/reference/telemetry.md, "DCGM exporter"); help texts are those of
+``etc/default-counters.csv`` where it has the field. Integers print as integers, doubles with six decimals, as
+the exporter does. A GPU that fell off the bus has no series at all. A GPU a training pod holds
+(``_training.py``) also carries ``pod``, ``namespace`` and ``container`` (the exporter's Kubernetes mode), and
+its clock, clock-event reasons, power, temperature, utilisation, engine activity, NVLink and PCIe byte
+counters and thermal violation time are the training model's at that instant; any other GPU shows no activity
+(utilisation 0, no NVLink/PCIe bytes).
 
 Values, per GPU, from two fleet-model waves on the node with a seed fixed per cluster and node: one
 healthy, one with the node's injected faults (so a fault's drawn parameters stay put between scrapes;
@@ -34,7 +35,7 @@ benchmark's per-minute count, SBEs from ``ecc_sbe_volatile`` per hour; DBEs and 
 at the fault's onset. A HW slowdown with duty D (``hw_thermal``, ``power_brake``) is active for the first
 D of every minute since the fault began: the clock-event bits (0x40/0x80 with 0x08) and the halved SM
 clock show only then, and ``DCGM_FI_DEV_THERMAL_VIOLATION`` (``_POWER_VIOLATION`` for the brake) grows by
-the active time, in nanoseconds as REFERENCE §6.2 has it (the CSV's help says "us"; DCGM's value is
+the active time, in nanoseconds as docs/reference/telemetry.md has it (the CSV's help says "us"; DCGM's value is
 NVML's violation time). A power cap below the default grows ``_POWER_VIOLATION`` half of the time.
 ``DCGM_EXP_XID_ERRORS_COUNT`` counts the XIDs logged within the last 5 minutes (fault XIDs at the
 fault's onset, application XIDs of healthy GPUs at the cluster's start); ``DCGM_EXP_CLOCK_EVENTS_COUNT``
@@ -54,10 +55,10 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from aiohttp import web
 
-from ..fleet import GPU_TELEMETRY_METRICS, Fault, Fleet
 from ._gpufaults import GpuFaults
 from ._objects import NODES, node_ready
 from ._store import Store
+from .fleet import GPU_TELEMETRY_METRICS, Fault, Fleet
 
 if TYPE_CHECKING:
     from ._training import GpuNow
@@ -72,7 +73,7 @@ _WINDOW_S = 300.0   # dcgm-exporter's default --xid-count-window-size / clock-ev
 _DUTY_PERIOD_S = 60.0
 _NS = 1_000_000_000
 
-# Clock-event reason bits (REFERENCE §6.1) and the names dcgm-exporter gives them.
+# Clock-event reason bits (docs/reference/telemetry.md, "Clock-event reasons") and the names dcgm-exporter gives them.
 _CLOCK_EVENTS = {0x001: "gpu_idle", 0x002: "clocks_setting", 0x004: "sw_power_cap", 0x008: "hw_slowdown",
                  0x010: "sync_boost", 0x020: "sw_thermal", 0x040: "hw_thermal", 0x080: "hw_power_brake",
                  0x100: "display_clocks"}

@@ -1,6 +1,6 @@
 """The Job controller: a benchmark Job creates its pod, and its status follows the pod to an end.
 
-gpucert runs every benchmark as a Job (DESIGN.md "Kubernetes conventions": ``backoffLimit: 0``, a
+gpucert runs every benchmark as a Job (docs/design/certify-runbook.md, "Benchmark Jobs": ``backoffLimit: 0``, a
 deadline, ``ttlSecondsAfterFinished``) and waits on the Job's conditions, so these fields behave as in
 kube-controller-manager:
 

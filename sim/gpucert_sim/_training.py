@@ -104,10 +104,11 @@ import numpy.typing as npt
 import pandas as pd
 from aiohttp import web
 
-from ..errors import InputError
-from ..fleet import Fleet
+from gpucert.errors import InputError
+
 from ._objects import JOBS, NODES, PODS, controller_ref, node_ready, set_condition
 from ._store import Store
+from .fleet import Fleet
 
 __all__ = [
     "COLLECTIVE_EVERY",
@@ -1408,7 +1409,7 @@ class TrainingModel:
 
     def _telemetry_frame(self, tl: _Timeline, sample: _Sample) -> pd.DataFrame:
         """Every signal of the GPUs the job held, one row per GPU × signal × instant (sparse ones where > 0)."""
-        from ..explain import _frames
+        from gpucert import explain as _frames
 
         cols = tl.columns
         t_idx, g_idx = np.nonzero(sample.holder >= 0)
@@ -1463,7 +1464,7 @@ class TrainingModel:
     def _nic_frame(self, tl: _Timeline, times: Floats) -> pd.DataFrame:
         """The job's nodes' infiniband ports, one row per node × port × signal × instant (counters as the
         increase since the instant before, the rate in Gb/s)."""
-        from ..explain import _frames
+        from gpucert import explain as _frames
 
         nodes = sorted({c.node for c in tl.columns})
         if not nodes or not len(times):
@@ -1494,7 +1495,7 @@ class TrainingModel:
 
     def _steps_frame(self, job: _Job, tl: _Timeline, times: Floats) -> pd.DataFrame:
         """One row per pod and instant it trained: the last step it finished by then, as the gauge reads."""
-        from ..explain import _frames
+        from gpucert import explain as _frames
 
         if not len(times):
             return _frames.empty_steps()
@@ -1513,7 +1514,7 @@ class TrainingModel:
         return pd.concat(parts, ignore_index=True) if parts else _frames.empty_steps()
 
     def _collectives_frame(self, tl: _Timeline, sample: _Sample) -> pd.DataFrame:
-        from ..explain import _frames
+        from gpucert import explain as _frames
 
         busbw, exec_us = _nccl(tl, sample)
         t_idx, g_idx = np.nonzero(np.isfinite(busbw))
@@ -1528,7 +1529,7 @@ class TrainingModel:
         })
 
     def _events_frame(self, tl: _Timeline) -> pd.DataFrame:
-        from ..explain import _frames
+        from gpucert import explain as _frames
 
         rows = [{"ts": pd.Timestamp(t, unit="s", tz="UTC"), "object_kind": "Pod", "object_name": tl.incs[i].pod,
                  "namespace": tl.incs[i].namespace, "node": tl.incs[i].node, "reason": "Evicted",

@@ -7,7 +7,7 @@ another manager owns is a 409 conflict unless forced (forcing takes the field ov
 an apply (create, update, patch) takes over the fields it changes, filed under an ``Update`` entry.
 
 A field set is read off the object itself, in the ``FieldsV1`` encoding: a map's keys are fields
-(``f:<name>``), a list of the merge-key table of :mod:`gpucert.sim._patch` is a set of items keyed by
+(``f:<name>``), a list of the merge-key table of :mod:`gpucert_sim._patch` is a set of items keyed by
 their merge key (``k:{"name":"c"}``; the item is a member itself, ``.``, next to its fields),
 ``finalizers`` a set of values (``v:"x"``), any other list and a LabelSelector atomic: one field, owned
 whole. An apply owns what its configuration names; a write that is not an apply owns what it changed,

@@ -2,10 +2,14 @@
 
 operate finds the exporters as it would in a real cluster: it lists the Endpoints of the Service
 labelled ``app.kubernetes.io/part-of: gpucert`` and ``app.kubernetes.io/component: dcgm-exporter``
-(DESIGN.md "Kubernetes conventions") and scrapes one target per address. A real endpoints controller
-writes pod IPs there; the simulated exporters all live on the simulator's own port, so this controller
-writes, per node, an address with ``ip: 127.0.0.1``, the node in ``nodeName`` (and the exporter pod in
-``targetRef`` when there is one), and the simulator's port under the Service's first port name.
+(docs/reference/labels-taints-conditions.md, "GPU stack (configure)") and scrapes one target per address. A
+real endpoints controller writes pod IPs there; the simulated exporters all live on the simulator's own port,
+so this controller writes, per node, an address with ``ip: 127.0.0.1``, the node in ``nodeName`` (and the
+exporter pod in ``targetRef`` when there is one), and the simulator's port under the Service's first port
+name.
+
+The GPU Operator's exporter Service (``nvidia-dcgm-exporter``, labelled ``app=nvidia-dcgm-exporter``, in the
+operator's namespace) gets the same Endpoints: operate scrapes whichever installer's exporter runs the stack.
 
 Endpoints carry only IP and port, so the path goes in an annotation on the Endpoints object:
 ``sim.gpucert.io/metrics-path: /dcgm/{node}/metrics`` (:data:`METRICS_PATH_ANNOTATION`), a template
@@ -36,9 +40,11 @@ from ._objects import NODES, PODS, Key, deleting, key_of, node_ready, pod_ready,
 from ._resources import lookup
 from ._store import Obj, WatchEvent
 
-__all__ = ["EXPORTER_LABELS", "METRICS_PATH_ANNOTATION", "DcgmEndpoints"]
+__all__ = ["EXPORTER_LABELS", "METRICS_PATH_ANNOTATION", "OPERATOR_EXPORTER_LABELS", "DcgmEndpoints"]
 
 EXPORTER_LABELS = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "dcgm-exporter"}
+#: The GPU Operator's exporter Service's label (its state-dcgm-exporter/0400_service.yaml).
+OPERATOR_EXPORTER_LABELS = {"app": "nvidia-dcgm-exporter"}
 METRICS_PATH_ANNOTATION = "sim.gpucert.io/metrics-path"
 _SERVICES = lookup("", "v1", "services")
 _ENDPOINTS = lookup("", "v1", "endpoints")
@@ -50,7 +56,9 @@ _HOST = "127.0.0.1"
 
 def _is_exporter(obj: Mapping[str, Any] | None) -> bool:
     labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in EXPORTER_LABELS.items())
+    return any(
+        all(labels.get(k) == v for k, v in wanted.items()) for wanted in (EXPORTER_LABELS, OPERATOR_EXPORTER_LABELS)
+    )
 
 
 class DcgmEndpoints:

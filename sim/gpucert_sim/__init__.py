@@ -30,7 +30,7 @@ from ._benchlogs import MANAGED_BY, rows_jsonl
 from ._controllers import SimTiming
 from ._dcgm import DCGM_PATH, HOST_LABELS
 from ._deviceplugin import DEVICE_PLUGIN_LABELS
-from ._endpoints import EXPORTER_LABELS, METRICS_PATH_ANNOTATION
+from ._endpoints import EXPORTER_LABELS, METRICS_PATH_ANNOTATION, OPERATOR_EXPORTER_LABELS
 from ._faults import ApiFaults
 from ._inject import INJECT_PATH, FaultPlan, NodeEvent, load_fault_plan, parse_fault_plan
 from ._kubelet import (
@@ -68,6 +68,7 @@ __all__ = [
     "INJECT_PATH",
     "MANAGED_BY",
     "METRICS_PATH_ANNOTATION",
+    "OPERATOR_EXPORTER_LABELS",
     "RESOURCES",
     "RUN_SECONDS_ANNOTATION",
     "STACK_NAMESPACE",

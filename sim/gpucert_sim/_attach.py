@@ -48,10 +48,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .._text import counted
-from ..errors import InputError
-from ..fleet import Fault, Fleet
-from ..kube import FIELD_MANAGER, never_certified_patch
+from gpucert._text import counted
+from gpucert.errors import InputError
+from gpucert.kube import FIELD_MANAGER, never_certified_patch
+
 from ._controllers import Runtime, SimTiming
 from ._dcgm import DcgmExporters
 from ._dcgm import routes as dcgm_routes
@@ -66,10 +66,11 @@ from ._stack import preconfigured_stack
 from ._store import Obj, Store, WatchEvent, now_rfc3339
 from ._training import TrainingModel
 from ._training import routes as training_routes
+from .fleet import Fault, Fleet
 
 __all__ = ["KUBELET_VERSION", "LEASE_RENEW_S", "AttachedKubelets"]
 
-_LOG = logging.getLogger("gpucert.sim.attach")
+_LOG = logging.getLogger("gpucert_sim.attach")
 _HOST = "127.0.0.1"
 #: What the simulated kubelets report: the control plane's own version (no version skew to explain).
 KUBELET_VERSION = KUBERNETES_VERSION
@@ -729,7 +730,7 @@ def run_kubelets(*, kubeconfig: str | None, nodes: int, gpus: int, model: str, s
     ``kubeconfig``, the API server is the one ``$KUBECONFIG`` (else ``~/.kube/config``) names."""
     import signal
 
-    from ..kube import kubeconfig_file
+    from gpucert.kube import kubeconfig_file
 
     kubeconfig = str(kubeconfig_file(kubeconfig))
 

@@ -6,8 +6,8 @@ compatibility matrix that fits its nodes) and seeds the objects as if gpucert ha
 them (its field manager in ``managedFields``), and its nodes with the labels configure writes
 (``<prefix>/stack=managed``, the driver variant, the verified versions). So configure run on a
 preconfigured cluster finds nothing to change, and the simulated controllers — which key on the stack
-labels of DESIGN.md (``app.kubernetes.io/part-of: gpucert`` and ``app.kubernetes.io/component``) — run
-the same DaemonSets, Service and Endpoints a configured cluster has.
+labels of docs/reference/labels-taints-conditions.md (``app.kubernetes.io/part-of: gpucert`` and
+``app.kubernetes.io/component``) — run the same DaemonSets, Service and Endpoints a configured cluster has.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..stack import (
+from gpucert.stack import (
     StackRequest,
     desired_target_labels,
     desired_version_labels,

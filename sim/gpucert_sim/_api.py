@@ -17,8 +17,9 @@ import orjson
 import yaml
 from aiohttp import web
 
-from .._yaml import UniqueKeyLoader
-from ..errors import InputError
+from gpucert._yaml import UniqueKeyLoader
+from gpucert.errors import InputError
+
 from ._faults import ApiFaults, FaultInjector
 from ._kubelet import log_refusal
 from ._requests import RequestLog, bearer_user, request_info
@@ -35,7 +36,7 @@ FAULTS_PATH = "/gpucert/faults"
 REQUESTS_PATH = "/gpucert/requests"
 #: Paths that are not the Kubernetes API (control endpoints, DCGM exporters): API faults leave them alone.
 _NOT_KUBERNETES = ("/gpucert/", "/dcgm/")
-_LOG = logging.getLogger("gpucert.sim")
+_LOG = logging.getLogger("gpucert_sim")
 _NOT_FOUND = "the server could not find the requested resource"
 _MAX_BODY = 64 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -42,7 +42,7 @@ _DELETE_FROM = "$deleteFromPrimitiveList/"
 
 def merge_keys(field: str) -> tuple[str, ...] | None:
     """The merge key candidates of a list field; None for an atomic list. Server-side apply keys the
-    items it owns by them too (:mod:`gpucert.sim._fields`)."""
+    items it owns by them too (:mod:`gpucert_sim._fields`)."""
     return _MERGE_KEYS.get(field)
 
 

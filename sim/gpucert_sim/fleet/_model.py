@@ -1,12 +1,13 @@
 """The fleet model: simulated GPUs with fixed identities, healthy noise, and benchmark waves over them.
 
 One model feeds the tests, the detection benchmark, the demo and the simulated cluster, so all of them
-see the same statistics. It encodes REFERENCE.md:
+see the same statistics. It encodes docs/reference/reference-values.md and
+docs/design/simulator.md:
 
-* §1.1 healthy values, per GPU model (:data:`MODELS`): sustained BF16 GEMM ≈730 TFLOPS, HBM copy
+* the healthy reference values, per GPU model (:data:`MODELS`): sustained BF16 GEMM ≈730 TFLOPS, HBM copy
   2.90 / 4.01 TB/s, PCIe H2D/D2H 51-52 GB/s, 8-GPU NVLS all-reduce 478.9 / 480 GB/s, and ≈370 GB/s per
   node for a two-node all-reduce without in-network reduction;
-* §2 noise (:class:`NoiseModel`, the "Simulator start value" column) and §3's healthy generator::
+* the noise model (:class:`NoiseModel`, the "Simulator start value" column) and the healthy generator::
 
       x = base_m · (1+ε_unit[g,m]) · (1+ε_node[n,m]) · (1+ε_rep[g,m,r]) · (1+ε_day)
           · slow_silicon[g] · (1+fleet_shift_m) · fault effects
@@ -51,9 +52,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ..bench._stability import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS_OF, MIN_JUDGED, RepeatRule
-from ..metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
-from ..verdict._repeats import judge_repeat_matrix
+from gpucert.bench import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS_OF, MIN_JUDGED, RepeatRule
+from gpucert.metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
+from gpucert.verdict import judge_repeat_matrix
+
 from ._faults import (
     D2H,
     FAULTS,
@@ -109,7 +111,8 @@ _TELE = {m: i for i, m in enumerate(GPU_TELEMETRY_METRICS)}
 _LOWER_IS_WORSE = frozenset({"pcie_gen", "pcie_width", "power_limit_w"})
 _METRIC_CODE = {m: i for i, m in enumerate(METRICS)}
 _METRIC_CATEGORIES = pd.Index(list(METRICS))
-_APP_XIDS = np.array([13, 31, 43])  # application errors: a healthy GPU may log them (REFERENCE §5)
+#: Application errors: a healthy GPU may log them (docs/reference/causes-and-actions.md, "XID classes").
+_APP_XIDS = np.array([13, 31, 43])
 _RUN_ID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 #: The NIC telemetry the wave writes with ``nic=True``: those of :data:`NIC_TELEMETRY` the metric registry
 #: knows (a results row may carry no other metric), in that order.
@@ -123,7 +126,8 @@ LEAF_LABEL = "gpucert.io/leaf"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPU model's healthy behaviour: the peer cohort's centre before any noise (REFERENCE §1.1)."""
+    """A GPU model's healthy behaviour: the peer cohort's centre before any noise
+    (docs/reference/reference-values.md)."""
 
     name: str
     #: Healthy value per performance metric (both per-GPU and node/pair metrics).
@@ -133,15 +137,16 @@ class ModelSpec:
     nvlinks: int = 18
     pcie_gen_max: int = 5
     pcie_width_max: int = 16
-    #: InfiniBand ports per node and their healthy rate: 8 × 400 Gb/s NDR, one per GPU (REFERENCE §1.1).
+    #: InfiniBand ports per node and their healthy rate: 8 × 400 Gb/s NDR, one per GPU
+    #: (docs/reference/reference-values.md).
     ib_ports: int = 8
     ib_rate_gbps: float = 400.0
 
 
 # Sequential read of the node's storage mount, large blocks: 10 GB/s is an estimate, to be calibrated (no
-# published figure in REFERENCE): what a local NVMe RAID-0 of a few Gen4 drives sustains, and the order of
-# a parallel file system's per-client ceiling over one 100-200 Gb/s front-end link. It is the host's, not
-# the GPU's, so both models share it.
+# published figure in docs/reference/reference-values.md): what a local NVMe RAID-0 of a few Gen4 drives
+# sustains, and the order of a parallel file system's per-client ceiling over one 100-200 Gb/s front-end link.
+# It is the host's, not the GPU's, so both models share it.
 _STORAGE_READ_GBPS = 10.0
 
 MODELS: dict[str, ModelSpec] = {
@@ -153,7 +158,8 @@ MODELS: dict[str, ModelSpec] = {
                   STORAGE: _STORAGE_READ_GBPS},
         ),
         ModelSpec(
-            # H200 GEMM is not published; REFERENCE gives MAMF as "same as H100", so the H100 burn.
+            # H200 GEMM is not published; docs/reference/reference-values.md gives MAMF as "same as H100", so
+            # the H100 burn.
             "NVIDIA H200",
             base={GEMM: 730.0, HBM: 4010.0, H2D: 52.0, D2H: 52.0, NCCL: 480.0, PAIR: 370.0,
                   STORAGE: _STORAGE_READ_GBPS},
@@ -180,7 +186,8 @@ def _cv_node() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class NoiseModel:
-    """Healthy variation, as relative standard deviations (REFERENCE §2, "Simulator start value").
+    """Healthy variation, as relative standard deviations (docs/reference/reference-values.md, "Noise model":
+    "Simulator start value").
 
     ``cv_unit`` is fixed per GPU and ``cv_node`` per node when they join the fleet; ``cv_rep`` is drawn
     per repeat. All are estimates, to be replaced by the calibration protocol's measurements.
@@ -776,9 +783,10 @@ class Fleet:
         ends = self.node_factors[a, j] * self.node_factors[b, j]
         level = self.model.base[PAIR] * drift[j] * ends * np.minimum(end[a], end[b]) * eff.fabric(a, b)
         values = level[:, None] * rep
-        # A node whose NCCL job dies (lost GPU, uncontained ECC, hung GSP) fails its pairs as well. DESIGN.md
-        # puts `error` rows at GPU or node level only, and the node's own NCCL error is already written: the
-        # pair simply has no value, which the verdict engine reports as an inconclusive pair.
+        # A node whose NCCL job dies (lost GPU, uncontained ECC, hung GSP) fails its pairs as well.
+        # docs/design/data-contracts.md puts `error` rows at GPU or node level only, and the node's own NCCL
+        # error is already written: the pair simply has no value, which the verdict engine reports as an
+        # inconclusive pair.
         dead = eff.crash_nccl | eff.crash_pair
         ok = ~(dead[a] | dead[b])
         counts = _repeat_counts(values[:, None, :], ok[:, None], rule, (PAIR,))[:, 0]

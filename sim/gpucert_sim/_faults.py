@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from threading import Lock
 from typing import Any
 
-from ..errors import InputError
+from gpucert.errors import InputError
 
 __all__ = ["ApiFaults", "FaultDecision", "FaultInjector"]
 

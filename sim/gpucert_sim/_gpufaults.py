@@ -1,6 +1,6 @@
 """GPU faults injected into the simulated cluster's fleet, which its benchmark pods then measure.
 
-The fleet model (:mod:`gpucert.fleet`) applies faults per benchmark wave; a cluster needs them to
+The fleet model (:mod:`gpucert_sim.fleet`) applies faults per benchmark wave; a cluster needs them to
 persist instead: a GPU that has lost PCIe lanes stays slow for every benchmark run on its node until
 the fault is cleared (the part is "repaired"). This is that list, shared by the kubelets' benchmark
 logs and the DCGM exporters, changed from Python, the ``--faults`` file and ``POST /gpucert/inject``.
@@ -18,8 +18,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from threading import Lock
 
-from ..errors import InputError
-from ..fleet import FAULTS, Fault, Fleet
+from gpucert.errors import InputError
+
+from .fleet import FAULTS, Fault, Fleet
 
 __all__ = ["GpuFaults"]
 

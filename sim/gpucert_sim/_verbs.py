@@ -6,10 +6,10 @@ framing (routing, content types, streaming) lives in ``_api.py``.
 
 What a real API server does that the simulator does too: the spec/status split (a main-resource write
 keeps the stored status; a ``/status`` write changes only status), identity checks between URL and body,
-name validation (422), a few rules of object validation (422, :mod:`gpucert.sim._validation`), field
+name validation (422), a few rules of object validation (422, :mod:`gpucert_sim._validation`), field
 validation of unknown fields (Warn by default, Strict → 400, Ignore), and server-side apply that creates a
 missing object and writes nothing when the result is unchanged. Every write keeps per-field ownership in
-``managedFields`` (:mod:`gpucert.sim._fields`): an apply files its fields under its manager's Apply entry,
+``managedFields`` (:mod:`gpucert_sim._fields`): an apply files its fields under its manager's Apply entry,
 removes a field it applied before and no longer applies unless another manager owns it, and answers 409
 Conflict where it would change another manager's field, unless ``force=true`` takes the field over; a
 create, update or patch files the fields it changes under an Update entry of its ``fieldManager`` (else

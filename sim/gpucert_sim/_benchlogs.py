@@ -7,9 +7,10 @@ anything else would test a parser against a format nobody prints.
 Which pods are benchmark pods
 -----------------------------
 A pod is a gpucert benchmark pod when it carries the label ``app.kubernetes.io/managed-by: gpucert``
-and a run id: the label ``<prefix>/run-id`` (``gpucert.io/run-id`` with the default prefix; DESIGN.md
-"Kubernetes conventions"), or an annotation of that name when the label is absent. The label is what a
-benchmark Job's template carries, so ``kubectl get pods -l gpucert.io/run-id=…`` finds a run's pods.
+and a run id: the label ``<prefix>/run-id`` (``gpucert.io/run-id`` with the default prefix;
+docs/reference/labels-taints-conditions.md, "Benchmark Jobs, pods and ConfigMaps"), or an annotation of that
+name when the label is absent. The label is what a benchmark Job's template carries, so ``kubectl get pods -l
+gpucert.io/run-id=…`` finds a run's pods.
 
 What its log holds
 ------------------
@@ -81,16 +82,16 @@ from typing import Any
 
 import pandas as pd
 
-from .. import __version__
-from .._names import dns_label_ok
-from ..bench._cli import ArgumentsError, check_args
-from ..bench._stability import RepeatRule
-from ..fleet import Fault, Fleet
-from ..metrics import METRICS, RESULT_COLUMNS
-from ..stack import load_matrix, node_info
+from gpucert import __version__
+from gpucert._names import dns_label_ok
+from gpucert.bench import ArgumentsError, RepeatRule, check_args
+from gpucert.metrics import METRICS, RESULT_COLUMNS
+from gpucert.stack import load_matrix, node_info
+
 from ._gpufaults import GpuFaults
 from ._jobs import pod_index
 from ._objects import deleting, phase
+from .fleet import Fault, Fleet
 
 __all__ = ["MANAGED_BY", "PairPod", "PodLogs", "node_driver", "pair_pod", "payload_repeats", "rows_jsonl"]
 
@@ -278,7 +279,7 @@ def pair_pod(pod: Mapping[str, Any], node: str) -> PairPod | None:
     args = _args(pod)
     if args[:1] != ["pair"]:
         return None
-    from ..bench._cli import check_pair_args
+    from gpucert.bench import check_pair_args
 
     argv = [a.replace("$(NODE_NAME)", node) for a in args[1:]]
     index = pod_index(pod)

@@ -15,10 +15,11 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from . import commands
-from ._text import counted
+from gpucert import commands
+from gpucert._text import counted
+from gpucert.results import write_results
+
 from .fleet import Fault, Fleet
-from .results import write_results
 
 __all__ = ["run_demo"]
 

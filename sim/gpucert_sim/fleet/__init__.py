@@ -4,7 +4,7 @@ One model serves the tests, the detection benchmark, the demo and the simulated 
 
     fleet = Fleet.generate(nodes=16, seed=1)
     wave = fleet.run("night-1", ts=now, seed=7, faults=[Fault("pcie_gen4", fleet.node_names[3], gpu=2)])
-    wave.results   # DESIGN.md "Results", with the dtypes of gpucert._frames.RESULT_DTYPES
+    wave.results   # docs/design/data-contracts.md, "Results", with the dtypes of gpucert._frames.RESULT_DTYPES
     wave.truth     # one row per injected fault: kind, scope, expected cause, signature, cost, params
 
     pairs = [(fleet.node_names[0], fleet.node_names[9])]           # explicit pairs, keyed noise
@@ -12,8 +12,9 @@ One model serves the tests, the detection benchmark, the demo and the simulated 
               faults=[Fault("slow_uplink", params={"leaf_a": 0, "leaf_b": 1})])
     fleet.topology()   # node, topology.kubernetes.io/zone, gpucert.io/leaf: what plan_rounds reads
 
-``_model.py`` holds identities, noise and the wave generator (REFERENCE §1.1, §2, §3 "Healthy
-generator"); ``_faults.py`` holds the fault catalog (REFERENCE §3 table).
+``_model.py`` holds identities, noise and the wave generator (docs/reference/reference-values.md;
+docs/design/simulator.md, "Healthy generator"); ``_faults.py`` holds the fault catalog
+(docs/design/simulator.md, "Fault catalogue").
 """
 
 from ._faults import (

@@ -15,7 +15,7 @@ own manifests have got wrong or could:
 
 The first refusal found is answered, with its field path (``spec.template.spec.affinity.nodeAffinity.
 requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values``), as
-:func:`~gpucert.sim._status.invalid` reports it; the real server lists every one. Writes through the
+:func:`~gpucert_sim._status.invalid` reports it; the real server lists every one. Writes through the
 ``status`` subresource are not validated, as the real server checks only the status there.
 """
 

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from aiohttp import web
 
-from .._text import counted
-from ..errors import InputError
-from ..fleet import Fault, Fleet
-from ..kube import FIELD_MANAGER, never_certified_patch
+from gpucert._text import counted
+from gpucert.errors import InputError
+from gpucert.kube import FIELD_MANAGER, never_certified_patch
+
 from ._api import build_app
 from ._controllers import Runtime, SimTiming
 from ._daemonsets import DaemonSetController
@@ -76,6 +76,7 @@ from ._stack import preconfigured_stack
 from ._store import DEFAULT_HISTORY, Obj, Store
 from ._training import TrainingModel
 from ._training import routes as training_routes
+from .fleet import Fault, Fleet
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -276,10 +277,10 @@ class SimCluster:
     def add_nodes(self, count: int = 1, *, uncertified_taint: str | None = None) -> list[str]:
         """New GPU nodes joining: the fleet grows by ``count`` nodes and their Node objects register.
 
-        DESIGN.md expects joining nodes to carry the ``gpucert.io/uncertified`` taint: pass it as
-        ``uncertified_taint``. A joining node is bare even in a preconfigured cluster — no stack labels,
-        no GPUs advertised — until configure (or onboarding) installs the stack there, as on a real
-        cluster. Returns the new nodes' names.
+        docs/reference/labels-taints-conditions.md expects joining nodes to carry the
+        ``gpucert.io/uncertified`` taint: pass it as ``uncertified_taint``. A joining node is bare even in a
+        preconfigured cluster — no stack labels, no GPUs advertised — until configure (or onboarding) installs
+        the stack there, as on a real cluster. Returns the new nodes' names.
         """
         with self.store.lock:
             before = self.fleet.n_nodes

@@ -61,9 +61,9 @@ from ._resources import by_kind
 from ._store import Obj, WatchEvent, now_rfc3339
 
 if TYPE_CHECKING:
-    from ..fleet import Fleet
     from ._gpufaults import GpuFaults
     from ._training import TrainingModel
+    from .fleet import Fleet
 
 __all__ = [
     "EXIT_CODE_ANNOTATION",

@@ -1,6 +1,6 @@
 """Simulated GPU nodes: the Node objects a kubelet and GPU feature discovery would register.
 
-Names and GPU model come from the fleet model (:class:`gpucert.fleet.Fleet`), so a node in the simulated
+Names and GPU model come from the fleet model (:class:`gpucert_sim.fleet.Fleet`), so a node in the simulated
 cluster is the same node whose benchmarks and telemetry the fleet model generates. ``nvidia.com/gpu``
 appears in capacity only when the stack is in place (``preconfigured``): before that no device plugin
 has advertised the GPUs, which is exactly what configure has to fix.
@@ -17,9 +17,9 @@ import hashlib
 import uuid
 from typing import Any
 
-from ..fleet import ZONE_LABEL, Fleet
 from ._resources import lookup
 from ._store import Store, now_rfc3339
+from .fleet import ZONE_LABEL, Fleet
 
 __all__ = ["gpu_node", "leaf_label_of", "register_nodes"]
 

@@ -1,13 +1,13 @@
 """The fault catalog: every fault the fleet model can inject, one declarative entry per kind.
 
-Each :class:`FaultSpec` row transcribes one line of REFERENCE.md §3 ("Fault effects for the
-fault-injection simulator"): its scope (one GPU, a whole node, or the fabric between nodes), the cause a
+Each :class:`FaultSpec` row transcribes one line of docs/design/simulator.md, "Fault
+catalogue": its scope (one GPU, a whole node, or the fabric between nodes), the cause a
 verdict should name (the verdict contract's vocabulary), whether it emits telemetry that names it, the
 parameters it draws, the multiplicative effect on each performance metric, the telemetry it writes, the
-clock-event bits it sets (REFERENCE §6.1), the XIDs it logs, and the benchmark steps it crashes. The
-catalog only *declares*; the fleet model (``_model.py``) applies a resolved fault to its arrays,
-vectorised, so one entry reads as one table row and the numbers can be checked against the reference at a
-glance.
+clock-event bits it sets (docs/reference/telemetry.md, "Clock-event reasons"), the XIDs it logs, and the
+benchmark steps it crashes. The catalog only *declares*; the fleet model (``_model.py``) applies a resolved
+fault to its arrays, vectorised, so one entry reads as one table row and the numbers can be checked against
+the reference at a glance.
 
 Metric keys in ``perf``:
 
@@ -15,21 +15,23 @@ Metric keys in ``perf``:
   GPU of the node for a node fault);
 * ``nccl_allreduce_busbw_gbps`` acts on the node's intra-node all-reduce. A node runs at the speed of its
   slowest GPU, so GPU faults on one node combine by their minimum, node faults multiply on top;
-* ``nccl_pair_busbw_gbps`` acts on every pair the node is in (REFERENCE's "NCCL inter / IB" column: a
-  GPUDirect rail at half speed halves the whole ring, so PCIe faults appear there too). A pair runs at
-  the speed of its slower end. For a ``fabric`` fault (a slow uplink between two leaf switches) it acts
-  on the pairs whose path crosses that link only: no node is faulty, and the fault names no node;
+* ``nccl_pair_busbw_gbps`` acts on every pair the node is in (the catalogue's "NCCL inter / IB" column,
+  docs/design/simulator.md: a GPUDirect rail at half speed halves the whole ring, so PCIe faults appear there
+  too). A pair runs at the speed of its slower end. For a ``fabric`` fault (a slow uplink between two leaf
+  switches) it acts on the pairs whose path crosses that link only: no node is faulty, and the fault names no
+  node;
 * ``storage_read_gbps`` acts on the node's storage read (its mount), measured when a wave asks for it.
 
 Telemetry keys are the GPU telemetry of the results contract (written on the fault's GPU, or on every GPU
 of the node), and for node faults also the node's InfiniBand port telemetry (:data:`NIC_TELEMETRY`): a
 port at half rate, a port down, counters that rose during the benchmark.
 
-Left out on purpose: silent data corruption (REFERENCE §3, last row). It changes no speed and no
+Left out on purpose: silent data corruption (docs/design/simulator.md, "Fault catalogue"). It changes no speed and no
 telemetry; only a correctness test (checksum or miscompare, DCGM r4) sees it, and the metric registry
 has no correctness metric to carry that result. Add one to ``gpucert.metrics`` first, then a row here.
 
-All multipliers and rates are REFERENCE's estimates, to be calibrated on real hardware.
+All multipliers and rates are the estimates of docs/design/simulator.md, "Fault catalogue", to be calibrated
+on real hardware.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from .._text import counted
+from gpucert._text import counted
 
 if TYPE_CHECKING:
     from ._model import Fleet, ModelSpec
@@ -66,7 +68,7 @@ Params = Mapping[str, float]
 #: A multiplier on a performance metric, or a telemetry value, from the drawn parameters and the model.
 Effect = Callable[[Params, "ModelSpec"], float]
 
-#: The verdict contract's cause vocabulary (DESIGN.md, Verdicts).
+#: The verdict contract's cause vocabulary (docs/reference/causes-and-actions.md, "Causes").
 CAUSES: frozenset[str] = frozenset(
     {"thermal", "power", "pcie", "nvlink", "ecc", "row_remap", "xid", "slow_silicon", "network", "config",
      "storage", "unknown"}
@@ -98,7 +100,7 @@ NIC_TELEMETRY: tuple[str, ...] = (
 #: NIC readings where a fault's lower value is the worse one (for the others, the higher is).
 NIC_LOWER_IS_WORSE = frozenset({"ib_ports", "ib_ports_active", "ib_rate_min_gbps"})
 
-# Clock-event reason bits (REFERENCE §6.1).
+# Clock-event reason bits (docs/reference/telemetry.md, "Clock-event reasons").
 SW_POWER_CAP = 0x04
 HW_SLOWDOWN = 0x08
 SW_THERMAL = 0x20
@@ -172,7 +174,7 @@ class Fault:
     ``params`` pins some of the kind's random draws (``{"duty": 0.3}``, ``{"crash": 1}``); the others
     are drawn per wave from the wave's seed. A fabric kind names no node (``node`` stays empty) and takes
     the place it acts on as parameters it needs: ``Fault("slow_uplink", params={"leaf_a": 0, "leaf_b": 3})``
-    (leaf numbers of :attr:`Fleet.leaf_names <gpucert.fleet.Fleet.leaf_names>`).
+    (leaf numbers of :attr:`Fleet.leaf_names <gpucert_sim.fleet.Fleet.leaf_names>`).
     """
 
     kind: str
@@ -290,7 +292,7 @@ def _catalog(*specs: FaultSpec) -> dict[str, FaultSpec]:
     return {s.kind: s for s in specs}
 
 
-# The catalog. Read each entry as a row of REFERENCE §3.
+# The catalog. Read each entry as a row of docs/design/simulator.md, "Fault catalogue".
 FAULTS: dict[str, FaultSpec] = _catalog(
     FaultSpec(
         "hw_thermal", "gpu", "thermal", signature=True,
@@ -433,14 +435,14 @@ FAULTS: dict[str, FaultSpec] = _catalog(
     ),
     FaultSpec(
         # One NIC's link at half its rate: a ring over the node's rails runs at its slowest, so every pair
-        # the node is in runs at about half (REFERENCE §3: "that GPUDirect rail ×0.5").
+        # the node is in runs at about half (docs/design/simulator.md, "Fault catalogue": that GPUDirect rail ×0.5).
         "nic_half_rate", "node", "network", signature=True,
         draws={"pair": Uniform(0.45, 0.55)},
         perf={PAIR: _param("pair")},
         telemetry={"ib_rate_min_gbps": lambda p, m: m.ib_rate_gbps / 2},
     ),
     FaultSpec(
-        # A port that goes down and up during the benchmark: intermittent loss (REFERENCE: −20…−100 %
+        # A port that goes down and up during the benchmark: intermittent loss (docs/design/simulator.md: −20…−100 %
         # while it flaps), link-down and symbol-error counters that rise, receive errors with them.
         "ib_flapping_port", "node", "network", signature=True,
         draws={"pair": Uniform(0.6, 0.9), "link_downed": IntUniform(1, 12),

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._text import counted
-from .errors import GpucertError
+from gpucert._text import counted
+from gpucert.errors import GpucertError
 
 __all__ = ["run_lifecycle_demo"]
 
@@ -169,10 +169,10 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
     from gpucert.flows.configure import configure
     from gpucert.flows.onboard import idempotency_key, onboard
     from gpucert.flows.operate import operate
+    from gpucert.kube import connect
 
+    from . import SimCluster
     from .fleet import Fault
-    from .kube import connect
-    from .sim import SimCluster
 
     with SimCluster(nodes=nodes, seed=seed, kubeconfig=root / "kubeconfig") as sim:
         os.environ["KUBECONFIG"] = str(sim.kubeconfig_path)
@@ -224,7 +224,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
         injected = {f.node for f in [*first, night_fault]}
         also = sorted(tainted_nodes(kube) - injected)
         tainted = tainted_nodes(kube)
-        from .tickets import open_backend, title_of
+        from gpucert.tickets import open_backend, title_of
 
         open_tickets = open_backend(os.environ["GPUCERT_STORE"]).tickets(state="open")
         caught = "all caught" if injected <= tainted else f"MISSED: {', '.join(sorted(injected - tainted))}"
@@ -243,8 +243,8 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
 
 def decisions_agree(kube: Any, store: Any) -> str:
     """One line: whether every node's state label is its latest decision on record (decisions.parquet)."""
-    from .certify import latest_decisions
-    from .kube import node_name
+    from gpucert.certify import latest_decisions
+    from gpucert.kube import node_name
 
     decided = latest_decisions(store)
     latest = dict(zip(decided["node"], decided["state"], strict=True))
@@ -258,7 +258,7 @@ def decisions_agree(kube: Any, store: Any) -> str:
 def audit_agrees(kube: Any, store: Any) -> str:
     """One line: whether the store's audit trail checks out, and every taint gpucert set has its entry and
     its Event on the node."""
-    from .audit import CONTROLLER, AuditLog
+    from gpucert.audit import CONTROLLER, AuditLog
 
     checked = AuditLog(store.objects).check()
     if not checked.ok:
@@ -277,7 +277,7 @@ def audit_agrees(kube: Any, store: Any) -> str:
 
 def tainted_nodes(kube: Any) -> set[str]:
     """The nodes carrying gpucert's ``unhealthy`` taint."""
-    from .kube import has_taint, node_name, unhealthy_taint
+    from gpucert.kube import has_taint, node_name, unhealthy_taint
 
     return {node_name(n) for n in kube.nodes() if has_taint(n, unhealthy_taint("gpucert.io"))}
 

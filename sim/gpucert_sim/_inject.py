@@ -10,7 +10,7 @@ names where it came from and which entry is wrong (``--faults f.yaml: gpu[1]: â€
     api:                      # API faults (ApiFaults): replaces the server's policy
       throttle_rate: 0.1
       latency_s: 0.05
-    gpu:                      # GPU and node faults of the fleet model's catalog (gpucert.fleet.FAULTS)
+    gpu:                      # GPU and node faults of the fleet model's catalog (gpucert_sim.fleet.FAULTS)
       - {kind: pcie_gen4, node: gpu-node-00003, gpu: 2}
       - {kind: hw_thermal, node: gpu-node-00001, gpu: 0, params: {duty: 0.5}}
       - {kind: power_cap, node: gpu-node-00002}          # a node-wide kind: no gpu
@@ -58,13 +58,14 @@ import orjson
 import yaml
 from aiohttp import web
 
-from .._yaml import UniqueKeyLoader, read_yaml_mapping
-from ..errors import InputError
-from ..fleet import FAULTS, Fault
+from gpucert._yaml import UniqueKeyLoader, read_yaml_mapping
+from gpucert.errors import InputError
+
 from ._faults import ApiFaults
 from ._objects import NODES, PODS, ready_condition, set_condition
 from ._store import now_rfc3339
 from ._training import TrainingFault, parse_training_fault
+from .fleet import FAULTS, Fault
 
 if TYPE_CHECKING:
     from ._server import SimCluster
@@ -475,7 +476,7 @@ def inject_command(
     which applies all of it or nothing. ``--clear``/``--clear-node`` lift faults first. Without
     ``kubeconfig``, the simulator is the one ``$KUBECONFIG`` (else ``~/.kube/config``) names, as for kubectl.
     """
-    from ..kube import kubeconfig_file
+    from gpucert.kube import kubeconfig_file
 
     url = server_url(kubeconfig_file(kubeconfig)) + INJECT_PATH
     doc: dict[str, Any] = {"gpu": [], "nodes": [], "training": []}
@@ -516,7 +517,7 @@ def inject_command(
     if code == 400:
         raise InputError(_message(body))
     if code != 200:
-        from ..errors import GpucertError
+        from gpucert.errors import GpucertError
 
         raise GpucertError(f"gpucert sim inject: the simulator answered {code}: {_message(body)}")
     print(f"injected: {orjson.dumps(body).decode()}")
@@ -529,7 +530,7 @@ def _send(url: str, method: str, body: bytes | None) -> tuple[int, Any]:
     try:
         return post(url, method, body)
     except (urllib.error.URLError, OSError) as exc:
-        from ..errors import GpucertError
+        from gpucert.errors import GpucertError
 
         raise GpucertError(f"gpucert sim inject: cannot reach the simulator at {url}: {exc}") from exc
 

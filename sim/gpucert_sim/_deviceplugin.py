@@ -4,10 +4,10 @@ On a real node ``nvidia.com/gpu`` appears in capacity and allocatable only after
 registered with the kubelet; a benchmark pod asking for GPUs before that stays Pending. gpucert's
 configure flow exists to get there, so the simulator makes the same dependency visible: when a pod of
 the device-plugin DaemonSet (recognised by its labels ``app.kubernetes.io/part-of: gpucert`` and
-``app.kubernetes.io/component: device-plugin``, DESIGN.md "Kubernetes conventions"; or the GPU Operator's,
-``app: nvidia-device-plugin-daemonset`` managed by ``gpu-operator``) is Ready on a
-node, the node's status gets ``nvidia.com/gpu`` = its GPU count (its ``nvidia.com/gpu.count`` label)
-in capacity and allocatable, a MODIFIED event for every node watcher. When the plugin's pod is gone
+``app.kubernetes.io/component: device-plugin``, docs/reference/labels-taints-conditions.md, "GPU stack
+(configure)"; or the GPU Operator's, ``app: nvidia-device-plugin-daemonset`` managed by ``gpu-operator``) is
+Ready on a node, the node's status gets ``nvidia.com/gpu`` = its GPU count (its ``nvidia.com/gpu.count``
+label) in capacity and allocatable, a MODIFIED event for every node watcher. When the plugin's pod is gone
 the count drops to 0, as a kubelet reports a resource whose plugin unregistered. Nodes that started
 with GPUs advertised (``--preconfigured``) keep them: the simulator only takes away what it gave.
 """

@@ -189,28 +189,39 @@ def prefect_harness() -> Iterator[None]:
 # --- the two tiers: `make check` runs the tests that need no server, `make test` and CI run them all ---------
 
 #: Modules whose tests start a real part: the Kubernetes control plane, S3 (SeaweedFS, moto's server),
-#: Prometheus, PostgreSQL, chromium, kubectl, the GPU Operator, or the payload's CPU benchmarks. A test that
-#: asks for ``prefect_harness`` (a Prefect server) is end-to-end wherever it lives.
+#: Prometheus, PostgreSQL, chromium, kubectl, the GPU Operator, processes of the benchmark payload (torch, gloo,
+#: MPI stand-ins), a Prefect server for the demo, or whose point is a deadline measured in seconds. Beyond
+#: these, a test that asks for a Prefect server (``prefect_harness``) or a simulated cluster (a ``sim``
+#: fixture) is end-to-end wherever it lives.
 END_TO_END_MODULES = frozenset(
     {
         "test_audit",
         "test_baseline",
+        "test_bench",
         "test_certificate",
         "test_conformance",
+        "test_deadlines",
+        "test_demo_lifecycle",
+        "test_explain_act",
         "test_explain_e2e",
         "test_explain_job_signals",
         "test_explain_labels",
         "test_explain_target",
+        "test_exporter_sources",
         "test_fault_matrix",
         "test_gpu_operator",
+        "test_hostile_input",
+        "test_kube_watch",
         "test_least_privilege",
         "test_leases",
+        "test_pair_bench",
         "test_prefect_postgres",
         "test_production_path",
         "test_real_control_plane",
         "test_report_browser",
         "test_secrets",
         "test_sim_attach",
+        "test_sim_inject",
         "test_sim_kubectl",
         "test_sim_training",
         "test_stack_operator",
@@ -220,10 +231,13 @@ END_TO_END_MODULES = frozenset(
         "test_tickets_production",
     }
 )
+#: Fixtures that start a server for the test that asks for them.
+END_TO_END_FIXTURES = frozenset({"prefect_harness", "sim"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
-        if module in END_TO_END_MODULES or "prefect_harness" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in END_TO_END_MODULES or fixtures & END_TO_END_FIXTURES:
             item.add_marker(pytest.mark.e2e)

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import pandas as pd
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -33,11 +32,9 @@ from gpucert.certify import (
     choose_nodes,
     delete_jobs,
     fleet_taints,
-    job_failure_verdicts,
-    judge_rerun,
-    judge_with_links,
     orphaned_jobs,
     payload_configmap,
+    run_verdicts,
     run_wave,
     settle,
     settled_verdicts,
@@ -171,22 +168,22 @@ def judge_run(
     ``cohort`` (the first run) the other nodes' results of that run join as peers, and only ``nodes``
     are judged.
     """
-    parts = [job_failure_verdicts(run.run_id, failed)]
     # One version, read by id and recorded with the policy (policy.json), so the decision can be re-judged.
     version = run.store.current_version()
     run.write_policy(policy, baseline_version=version)
+    results, peers, baseline = None, None, empty_baseline()
     if len(failed) < len(nodes):
-        baseline = run.store.read(version) if version is not None else empty_baseline()
+        if version is not None:
+            baseline = run.store.read(version)
         results = run.results()
         release_freed_memory()  # the Parquet decoding's buffers, before the judge's own come on top
-        if cohort is None:
-            judged = judge_with_links(results, baseline, policy, plan=stored_plan_of(run, policy))
-        else:
-            peers = cohort.results() if cohort.has(RESULTS) else None
-            judged = judge_rerun(results, peers, nodes, baseline, policy)
-        parts.insert(0, judged)
-    filled = [p for p in parts if len(p)]
-    verdicts = pd.concat(filled, ignore_index=True) if filled else parts[0]
+        if cohort is not None and cohort.has(RESULTS):
+            peers = cohort.results()
+    rerun = cohort is not None
+    plan = stored_plan_of(run, policy) if not rerun and results is not None else None
+    verdicts = run_verdicts(
+        run.run_id, results, failed, baseline, policy, plan=plan, cohort=peers, nodes=nodes if rerun else None
+    )
     run.write_table(VERDICTS, verdicts)
     return RunVerdicts(run.run_id, verdicts, tuple(nodes))
 

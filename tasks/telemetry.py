@@ -14,6 +14,7 @@ from gpucert.kube import Kube
 from gpucert.operate import TelemetryCoverage, counted, telemetry_coverage
 from gpucert.policy import Policy
 from gpucert.report import render_drift_html
+from gpucert.stack import exporter_sources
 from gpucert.store import BaselineStore
 from gpucert.telemetry import ExporterScrape, PrometheusSource, check_drift
 from gpucert.verdict import judge
@@ -43,7 +44,8 @@ def telemetry_check(
     gpu_nodes: Sequence[str],
 ) -> tuple[dict[str, str], TelemetryCoverage]:
     """Read the DCGM telemetry of the last ``since_h`` hours (from ``prometheus`` when given, with its
-    credentials and TLS settings, else from the exporters scraped directly) and judge it by the gates;
+    credentials and TLS settings, else from the exporters scraped directly: gpucert's own in ``namespace``
+    and the GPU Operator's where it runs the stack) and judge it by the gates;
     returns node → why it should be re-certified, and which of ``gpu_nodes`` (the GPU nodes in scope) it
     read, which not and why, and whether it read any (a night that read none is not a clean one).
 
@@ -53,9 +55,9 @@ def telemetry_check(
         now = datetime.now(UTC)
         telemetry = prometheus.read(now - timedelta(hours=since_h), now, run_id=run_id, nodes=gpu_nodes)
     else:
-        telemetry = ExporterScrape(kube, namespace).read(
-            run_id=run_id, interval_s=scrape_interval_s, nodes=gpu_nodes
-        )
+        # gpucert's own exporter, the GPU Operator's, or both: whichever installer runs the stack.
+        scrape = ExporterScrape(kube, sources=exporter_sources(kube, namespace))
+        telemetry = scrape.read(run_id=run_id, interval_s=scrape_interval_s, nodes=gpu_nodes)
     asked: dict[str, str] = {}
     if len(telemetry.results):
         verdicts = judge(telemetry.results, store.read(), policy)

@@ -95,8 +95,16 @@ OLDER, OLDER_PINS = "26.7.0", {"driver": "580.126.20"}
 PENDING_VIOLATIONS: dict[tuple[str, str, str, str, str], str] = {}
 #: Grants these runs do not exercise although a flow needs them: a Lease is updated to renew it (a
 #: benchmark longer than a third of its duration) or to take over an expired one (a crashed run's), which
-#: runs this short never do; tests/test_leases.py drives both.
-PENDING_GRANTS: frozenset[tuple[str, str]] = frozenset({("coordination.k8s.io", "leases")})
+#: runs this short never do (tests/test_leases.py drives both); the GPU Operator's Deployment, ClusterPolicy
+#: and NVIDIADrivers are read and written only where the operator runs (tests/test_gpu_operator.py).
+PENDING_GRANTS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("coordination.k8s.io", "leases"),
+        ("apps", "deployments"),
+        ("nvidia.com", "clusterpolicies"),
+        ("nvidia.com", "nvidiadrivers"),
+    }
+)
 #: Requests gpucert's roles do not grant — a resource, a Role's rule outside its namespace, a verb, a
 #: subresource's verb, a collection's delete, a watch where only list is granted, a URL — made as
 #: gpucert-runtime on the real server after the flows, so that the evaluator's refusals are compared with

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpucert.errors import InstallerConflict, StackConflict
+from gpucert.errors import InstallerConflict, KubeForbidden, KubeNotFound, StackConflict
 from gpucert.stack import (
     UPGRADE_STATE,
     NodeInfo,
@@ -26,6 +26,7 @@ from gpucert.stack import (
     operator_release,
     plan_stack,
     rollout_pending,
+    survey_stack,
     untolerated_taints,
 )
 
@@ -254,3 +255,19 @@ def test_what_the_operator_was_told_per_node_in_nvidiadriver_mode() -> None:
     assert told["b1"]["driver"] == "580.105.08"
     assert told["a1"]["device-plugin"] == "v0.20.0"
     assert configured_versions(_operator(), plan, nodes)["a1"]["driver"] == "595.91.07"  # ClusterPolicy mode
+
+
+class _RefusingKube:
+    """A cluster where gpucert may list nodes but not what installs the stack (RBAC left out)."""
+
+    def list_objects(self, api_version: str, kind: str, **_: Any) -> list[dict[str, Any]]:
+        if kind == "ClusterPolicy":
+            raise KubeNotFound("list ClusterPolicy: the server could not find the requested resource", status=404)
+        raise KubeForbidden(f"list {kind}: forbidden", status=403)
+
+
+def test_a_survey_that_may_not_look_is_an_error_never_no_installer() -> None:
+    """A survey that could not list the DaemonSets must not read as "nothing runs the stack here": configure
+    would install a second stack beside the operator's. A missing CRD (404) is simply no operator."""
+    with pytest.raises(KubeForbidden, match="DaemonSet"):
+        survey_stack(_RefusingKube(), [_node("gpu-1")])  # type: ignore[arg-type]

@@ -18,7 +18,9 @@ Almost every GPU cluster gets its stack from the GPU Operator (a ``ClusterPolicy
 * :func:`rollout_pending` follows a driver change node by node through the upgrade controller's
   ``nvidia.com/gpu-driver-upgrade-state`` label and the driver pod's version (the ClusterPolicy reads
   ``ready`` before the last node is done, so its state alone says nothing of the rollout);
-* :func:`operand_versions` reads the versions each node runs from the operand pods' images.
+* :func:`operand_versions` reads the versions each node runs from the operand pods' images;
+* :func:`exporter_sources` says where operate finds the DCGM exporters: gpucert's own Service, the
+  operator's (in the namespace its exporter pods run in), or both.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import pandas as pd
 import yaml
 
 from ..errors import InstallerConflict, StackConflict
-from ..kube import Kube, KubeForbidden, KubeNotFound
+from ..kube import Kube, KubeNotFound
+from ..telemetry import EXPORTER_SELECTOR, OPERATOR_EXPORTER_SELECTOR, ExporterSource
 from ._drift import Drift
 from ._inventory import node_info
 from ._labels import DEPLOY_PREFIX, PRE_INSTALLED, version_label
@@ -54,6 +57,7 @@ __all__ = [
     "choose_installer",
     "configured_versions",
     "drift_since_configure",
+    "exporter_sources",
     "normalise_version",
     "operand_versions",
     "operator_changes",
@@ -237,10 +241,12 @@ class StackSurvey:
 
 
 def _list(kube: Kube, api_version: str, kind: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """The objects, or none where the API does not serve the kind (no CRD) or may not be read."""
+    """The objects, or none where the API does not serve the kind (no CRD). A kind gpucert may not read
+    is an error (``KubeForbidden``), never "none": a survey that could not look must not conclude that no
+    other installer runs the stack and install a second one."""
     try:
         return kube.list_objects(api_version, kind, **kwargs)
-    except (KubeNotFound, KubeForbidden):
+    except KubeNotFound:
         return []
 
 
@@ -595,6 +601,21 @@ def rollout_pending(
 def stack_pods(kube: Kube) -> list[dict[str, Any]]:
     """The stack's pods of either installer, in every namespace: the operator's operands and gpucert's own."""
     return operator_pods(kube) + _list(kube, "v1", "Pod", label_selector=_PART_OF_GPUCERT)
+
+
+def exporter_sources(kube: Kube, stack_namespace: str) -> list[ExporterSource]:
+    """Where the DCGM exporters of whichever installer runs the stack are: gpucert's own exporter Service in
+    ``stack_namespace`` (always looked for: nothing there costs nothing), and the GPU Operator's
+    ``nvidia-dcgm-exporter`` Service in each namespace its exporter pods run in (usually ``gpu-operator``).
+
+    The operator's namespace is read from its operand pods, which the runtime role may already list in
+    every namespace: reading its ClusterPolicy or Deployment would need rights operate has no other use for.
+    """
+    pods = _list(kube, "v1", "Pod", label_selector=f"{_MANAGED_BY_OPERATOR},{OPERATOR_EXPORTER_SELECTOR}")
+    namespaces = sorted({str(p["metadata"]["namespace"]) for p in pods if p["metadata"].get("namespace")})
+    return [ExporterSource(stack_namespace, EXPORTER_SELECTOR)] + [
+        ExporterSource(ns, OPERATOR_EXPORTER_SELECTOR) for ns in namespaces
+    ]
 
 
 def operator_pods(kube: Kube) -> list[dict[str, Any]]:

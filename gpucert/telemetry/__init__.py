@@ -1,4 +1,4 @@
-"""Passive telemetry and drift detection for the operate stage (DESIGN.md "operate"; REFERENCE §4.8, §6.2).
+"""Passive telemetry and drift detection for the operate stage (docs/design/operate.md; docs/reference/telemetry.md).
 
 Between certifications gpucert watches two things, both without touching a GPU:
 
@@ -7,9 +7,9 @@ Between certifications gpucert watches two things, both without touching a GPU:
   server needs (basic auth, a bearer token or other headers, a private CA; a refusal is a
   :class:`PrometheusAuthError`); :class:`ExporterScrape` scrapes the DCGM exporters
   directly where no Prometheus is configured. Both return a :class:`Telemetry` whose ``results`` are rows
-  of the results contract (DESIGN.md "Results": the registry's telemetry metrics per GPU, XID events, GPU
-  counts per node, and from Prometheus the node's RDMA ports, node-exporter's infiniband collector), so
-  the verdict engine's hard gates judge them as they judge a certification's
+  of the results contract (docs/design/data-contracts.md, "Results": the registry's telemetry metrics per GPU,
+  XID events, GPU counts per node, and from Prometheus the node's RDMA ports, node-exporter's infiniband
+  collector), so the verdict engine's hard gates judge them as they judge a certification's
   telemetry; what could not be read is a per-node problem, never an invented number.
 * **Slow drift on each GPU's own history** — :func:`history_from_store` gathers each GPU's own last N
   certifications (per-run medians and the repeats' spread) from the store's runs, and
@@ -44,7 +44,14 @@ from ._drift import (
     run_medians,
 )
 from ._prometheus import PrometheusAuthError, PrometheusSource, PromSeries
-from ._scrape import EXPORTER_SELECTOR, METRICS_PATH_ANNOTATION, ExporterScrape, ExporterTarget
+from ._scrape import (
+    EXPORTER_SELECTOR,
+    METRICS_PATH_ANNOTATION,
+    OPERATOR_EXPORTER_SELECTOR,
+    ExporterScrape,
+    ExporterSource,
+    ExporterTarget,
+)
 
 __all__ = [
     "DRIFT_COLUMNS",
@@ -54,10 +61,12 @@ __all__ = [
     "HOST_LABELS",
     "METRICS_PATH_ANNOTATION",
     "NIC_SERIES",
+    "OPERATOR_EXPORTER_SELECTOR",
     "SIGNALS",
     "TRACE_COLUMNS",
     "DriftCheck",
     "ExporterScrape",
+    "ExporterSource",
     "ExporterTarget",
     "PromSeries",
     "PrometheusAuthError",

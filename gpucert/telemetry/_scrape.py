@@ -2,9 +2,13 @@
 
 The exporters are found as in any cluster: the Endpoints of the Service labelled
 ``app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter`` in the stack's namespace
-(DESIGN.md "Kubernetes conventions"), one target per address and port. The path is ``/metrics`` (what a
-real exporter serves) unless the Endpoints carry the annotation ``sim.gpucert.io/metrics-path``, a
-template with ``{node}`` (the simulated cluster serves every node's exporter on its own port).
+(docs/reference/labels-taints-conditions.md, "GPU stack (configure)"), one target per address and port.
+Where the NVIDIA GPU Operator runs the stack its exporter is the Service ``nvidia-dcgm-exporter`` labelled
+``app=nvidia-dcgm-exporter`` (port ``gpu-metrics``, 9400) in the operator's namespace: each such place is
+an :class:`ExporterSource`, and one scrape reads every source given (both, on a cluster where both run). The
+path is ``/metrics`` (what a real exporter serves) unless the Endpoints carry the annotation
+``sim.gpucert.io/metrics-path``, a template with ``{node}`` (the simulated cluster serves every node's
+exporter on its own port).
 
 Every target is scraped concurrently, each within its own deadline; one that does not answer, answers
 an error or something unparsable is a problem of its node, returned with the telemetry of the others,
@@ -48,9 +52,19 @@ from ._common import (
     to_results,
 )
 
-__all__ = ["EXPORTER_SELECTOR", "METRICS_PATH_ANNOTATION", "ExporterScrape", "ExporterTarget"]
+__all__ = [
+    "EXPORTER_SELECTOR",
+    "METRICS_PATH_ANNOTATION",
+    "OPERATOR_EXPORTER_SELECTOR",
+    "ExporterScrape",
+    "ExporterSource",
+    "ExporterTarget",
+]
 
 EXPORTER_SELECTOR = "app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter"
+#: The GPU Operator's exporter Service (``nvidia-dcgm-exporter``, state-dcgm-exporter/0400_service.yaml)
+#: and its pods carry this label.
+OPERATOR_EXPORTER_SELECTOR = "app=nvidia-dcgm-exporter"
 METRICS_PATH_ANNOTATION = "sim.gpucert.io/metrics-path"
 _POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"
 _THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"
@@ -79,6 +93,17 @@ class _Lister(Protocol):
 
 
 @dataclass(frozen=True)
+class ExporterSource:
+    """Where one installer's exporter Service lives: its namespace and the label selector of its Endpoints."""
+
+    namespace: str
+    label_selector: str = EXPORTER_SELECTOR
+
+    def describe(self) -> str:
+        return f"{self.label_selector} in namespace {self.namespace}"
+
+
+@dataclass(frozen=True)
 class ExporterTarget:
     """One exporter to scrape: the node it runs on (the address's ``nodeName``; its IP when the address
     names no node, ``node_known`` False, and the series' host label names the node), its URL, and whether
@@ -102,9 +127,11 @@ class _Scraped:
 class ExporterScrape:
     """Scrapes every DCGM exporter of the cluster directly (see the module docstring).
 
-    ``kube``: a :class:`gpucert.kube.Kube` (anything with its ``list_objects``). ``namespace``: where the
-    exporter Service lives. ``host_label``: read only for a target without a ``nodeName`` (the
-    Endpoints' node is the name gpucert acts on); None reads ``hostname`` or ``Hostname``.
+    ``kube``: a :class:`gpucert.kube.Kube` (anything with its ``list_objects``). ``namespace`` and
+    ``label_selector``: where the exporter Service lives, and its label; ``sources``, when given, replaces
+    both with every place to look (gpucert's own exporter, the GPU Operator's, or both). ``host_label``:
+    read only for a target without a ``nodeName`` (the Endpoints' node is the name gpucert acts on); None
+    reads ``hostname`` or ``Hostname``.
     ``timeout_s``: each target's deadline for the whole answer. ``workers``: concurrent scrapes.
     """
 
@@ -114,6 +141,7 @@ class ExporterScrape:
         namespace: str = "gpucert-system",
         *,
         label_selector: str = EXPORTER_SELECTOR,
+        sources: Sequence[ExporterSource] = (),
         host_label: str | None = None,
         timeout_s: float = 5.0,
         workers: int = 32,
@@ -121,8 +149,9 @@ class ExporterScrape:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
         self.kube = kube
-        self.namespace = namespace
-        self.label_selector = label_selector
+        self.sources = tuple(dict.fromkeys(sources)) or (ExporterSource(namespace, label_selector),)
+        self.namespace = ", ".join(dict.fromkeys(s.namespace for s in self.sources))
+        self.label_selector = "; ".join(dict.fromkeys(s.label_selector for s in self.sources))
         self.host_label = host_label
         self.timeout_s = timeout_s
         self.workers = max(1, workers)
@@ -130,20 +159,43 @@ class ExporterScrape:
     def __repr__(self) -> str:
         return f"ExporterScrape(namespace={self.namespace!r})"
 
-    def targets(self) -> list[ExporterTarget]:
-        """Every exporter address of the labelled Endpoints, ready ones and not, one per URL, by node.
+    def _where(self) -> str:
+        """Where the exporters were looked for, for a person: one source as before, several joined."""
+        return "; ".join(s.describe() for s in self.sources)
 
-        Raises :class:`TelemetryError` when the Endpoints cannot be listed.
+    def _endpoints(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The Endpoints of every source, and why a source's could not be listed (one line each).
+
+        Raises :class:`TelemetryError` when no source's could: a source refused beside one that answered
+        (the operator's namespace without its Role) costs its exporters, not the whole night."""
+        endpoints: list[dict[str, Any]] = []
+        refused: list[str] = []
+        first: Exception | None = None
+        for source in self.sources:
+            try:
+                endpoints += self.kube.list_objects(
+                    "v1", "Endpoints", source.namespace, label_selector=source.label_selector
+                )
+            except Exception as exc:  # KubeError and whatever a duck-typed lister raises: one clear error
+                first = first or exc
+                refused.append(
+                    f"cannot list the DCGM exporters' Endpoints in namespace {source.namespace!r} "
+                    f"({source.label_selector}): {exc}"
+                )
+        if len(refused) == len(self.sources):
+            raise TelemetryError(refused[0] if len(refused) == 1 else "; ".join(refused)) from first
+        return endpoints, refused
+
+    def targets(self) -> list[ExporterTarget]:
+        """Every exporter address of the labelled Endpoints of every source, ready ones and not, one per
+        URL, by node.
+
+        Raises :class:`TelemetryError` when no source's Endpoints can be listed.
         """
-        try:
-            endpoints = self.kube.list_objects(
-                "v1", "Endpoints", self.namespace, label_selector=self.label_selector
-            )
-        except Exception as exc:  # KubeError and whatever a duck-typed lister raises: one clear error
-            raise TelemetryError(
-                f"cannot list the DCGM exporters' Endpoints in namespace {self.namespace!r} "
-                f"({self.label_selector}): {exc}"
-            ) from exc
+        return self._listed()[0]
+
+    def _listed(self) -> tuple[list[ExporterTarget], list[str]]:
+        endpoints, refused = self._endpoints()
         found: dict[str, ExporterTarget] = {}
         for obj in endpoints:
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
@@ -163,7 +215,7 @@ class ExporterScrape:
                         path = template.replace("{node}", node)
                         url = f"http://{host}:{port}{path if path.startswith('/') else '/' + path}"
                         found.setdefault(url, ExporterTarget(node, url, ready, node_known=bool(node_name)))
-        return sorted(found.values(), key=lambda t: (t.node, t.url))
+        return sorted(found.values(), key=lambda t: (t.node, t.url)), refused
 
     def read(
         self,
@@ -182,21 +234,22 @@ class ExporterScrape:
         starting ``no exporter``. With no target at all, :attr:`Telemetry.absent` says where they were
         looked for.
 
-        Raises :class:`TelemetryError` when the Endpoints cannot be listed or prometheus-client (the
-        parser) is missing, ``ValueError`` for a negative interval.
+        Raises :class:`TelemetryError` when no source's Endpoints can be listed (one that cannot, beside
+        one that can, is named in :attr:`Telemetry.notes` and in the reason of each node without an
+        exporter) or prometheus-client (the parser) is missing, ``ValueError`` for a negative interval.
         """
         if interval_s < 0:
             raise ValueError(f"interval_s must be 0 or more, not {interval_s!r}")
         parse = _parser()
-        targets = self.targets()
-        notes: list[str] = []
+        targets, refused = self._listed()
+        notes: list[str] = list(refused)
         absent = None
         if not targets:
-            notes.append(f"no DCGM exporter listed in namespace {self.namespace!r} ({self.label_selector})")
-            absent = (
-                f"no DCGM exporter found — looked for the Endpoints of Services labelled {self.label_selector} "
-                f"in namespace {self.namespace}"
+            notes.append(
+                "no DCGM exporter listed in "
+                + "; ".join(f"namespace {s.namespace!r} ({s.label_selector})" for s in self.sources)
             )
+            absent = f"no DCGM exporter found — looked for the Endpoints of Services labelled {self._where()}"
         rounds = [self._scrape_all(targets, 0, parse)]
         if interval_s > 0 and targets:
             time.sleep(interval_s)
@@ -254,17 +307,21 @@ class ExporterScrape:
         listed = {t.node for t in targets if t.node_known}
         unnamed = sum(not t.node_known for t in targets)
         scope = {*(expected_gpus or {}), *nodes}
+        # A source that could not be listed may hold this node's exporter: say so with the node.
+        unlisted = "".join(f"; {why}" for why in refused)
         for node in missing_nodes(scope, results["node"].astype(str).unique()):
             if node in listed:
                 if node not in problems:  # answered, yet nothing of it was kept
                     problems.add(node, "its exporter answered, but no GPU series of it could be kept")
             elif not targets:
-                problems.add(node, f"no exporter: no DCGM exporter Endpoints in namespace {self.namespace}")
+                problems.add(
+                    node, f"no exporter: no DCGM exporter Endpoints in namespace {self.namespace}{unlisted}"
+                )
             else:
                 # An address without a nodeName is matched by its series' host label, so say it was tried.
                 others = f" (nor a series of the {unnamed} addresses naming no node)" if unnamed else ""
                 problems.add(
-                    node, f"no exporter: no DCGM exporter address for this node in the Endpoints{others}"
+                    node, f"no exporter: no DCGM exporter address for this node in the Endpoints{others}{unlisted}"
                 )
         return Telemetry(
             results=results,

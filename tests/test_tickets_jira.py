@@ -202,6 +202,16 @@ def test_errors_name_the_call_and_never_carry_the_token(
         JiraTickets("http://127.0.0.1:9", USER, TOKEN, "OPS", max_retries=0, timeout_s=2).tickets()
 
 
+def test_throttled_and_unavailable_answers_are_retried_within_the_call(fake: FakeJira) -> None:
+    # The shared retry policy, not the client's session: a 503 without Retry-After is worth a try too.
+    tickets = backend(fake)
+    tickets.tickets()  # connected
+    fake.fail_next = [429, 503]
+    [event] = night(tickets, 1, [THERMAL])
+    assert event.kind == "opened"
+    assert fake.fail_next == []
+
+
 def test_an_unknown_project_or_done_transition_is_a_ticket_error(fake: FakeJira) -> None:
     with pytest.raises(TicketConfigError, match="must be an http"):
         JiraTickets("jira.example.com", USER, TOKEN, "OPS")

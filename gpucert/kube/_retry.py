@@ -4,8 +4,9 @@ A loaded control plane answers 429 with ``Retry-After`` and the odd 500, and a c
 and then; a flow step that applies tens of objects and labels hundreds of nodes must ride that out per
 call, or one bad answer out of a thousand fails the step. Only :class:`KubeUnavailable` is retried:
 capped exponential back-off with full jitter (AWS's recommendation, which keeps many clients from
-retrying in step), and a 429's ``Retry-After`` when the server gave one. A 4xx is never retried. The loop
-is tenacity's (:class:`tenacity.Retrying`); what is retried, how long to wait and when to stop are ours.
+retrying in step), and a 429's ``Retry-After`` when the server gave one. A 4xx is never retried. The
+policy is the one Jira and webhooks share (:mod:`gpucert._retry`, on tenacity); what is retried here is
+Kubernetes'.
 
 The deadline: every outbound call gpucert makes — to the API server, the S3 store, Jira, a webhook,
 Prometheus — takes at most :func:`call_deadline_s` seconds, its attempts and the waits between them
@@ -24,12 +25,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NoReturn, TypeVar
-
-from tenacity import RetryCallState, Retrying, retry_if_exception
+from typing import TypeVar
 
 from .._deadline import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
+from .._retry import RetryPolicy as _SharedPolicy
 from ._errors import KubeError, KubeThrottled, KubeUnavailable
 
 __all__ = [
@@ -43,30 +42,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a call is retried."""
 
-    #: Attempts in all, the first included.
-    attempts: int = 8
-    #: The first back-off; each next one doubles, up to ``max_delay_s``.
-    base_delay_s: float = 0.1
-    max_delay_s: float = 5.0
-    #: A ``Retry-After`` longer than this is cut to it (a server asking for minutes is a failure).
-    max_retry_after_s: float = 30.0
-    #: The most one call may take, every attempt and wait included; None: :func:`call_deadline_s`,
-    #: read when each call starts.
-    deadline_s: float | None = None
+class RetryPolicy(_SharedPolicy):
+    """How often and how patiently a Kubernetes call is retried (the shared policy, Kubernetes' errors)."""
 
     def delay(self, attempt: int, error: KubeError, rng: random.Random) -> float:
         """Seconds to wait before attempt ``attempt + 1`` after ``error`` ended attempt ``attempt`` (1-based)."""
-        if isinstance(error, KubeThrottled) and error.retry_after is not None:
-            return min(error.retry_after, self.max_retry_after_s)
-        return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
-
-    def start(self) -> Deadline:
-        """The deadline of a call starting now. Raises :class:`InputError` for a bad ``$GPUCERT_TIMEOUT``."""
-        return Deadline.start(self.deadline_s)
+        return self.wait_s(attempt, _retry_after(error), rng)
 
     def call(
         self,
@@ -84,46 +66,20 @@ class RetryPolicy:
         last error when the attempts run out or ``retry_if`` refuses it, and the last error with the
         deadline said in its message when the next wait would pass the deadline.
         """
-        limit = deadline or self.start()
         transient = retry_if or (lambda exc: isinstance(exc, KubeUnavailable))
-        draws: list[random.Random] = [rng] if rng is not None else []
-
-        def wait(state: RetryCallState) -> float:
-            if not draws:  # made at the first retry: seeding from os.urandom on every call of a fleet adds up
-                draws.append(random.Random())
-            return self.delay(state.attempt_number, _error(state), draws[0])
-
-        def out_of_time(state: RetryCallState) -> bool:
-            return state.attempt_number >= self.attempts or state.upcoming_sleep >= limit.remaining()
-
-        def give_up(state: RetryCallState) -> NoReturn:
-            exc, attempt = _error(state), state.attempt_number
-            if attempt < self.attempts:
-                # Said in the message (what the command line prints): the deadline, not the attempts,
-                # ended it, and which knob moves it.
-                exc.args = (
-                    f"{exc} (gave up after {attempt} attempt{'s' if attempt > 1 else ''} in "
-                    f"{limit.elapsed():.1f} s; the call's deadline: {limit.seconds:g} s, see gpucert "
-                    f"--timeout or ${TIMEOUT_ENV})",
-                )
-            raise exc
-
-        retrying = Retrying(
-            retry=retry_if_exception(lambda exc: isinstance(exc, KubeError) and transient(exc)),
-            wait=wait,
-            stop=out_of_time,
+        return self.run(
+            fn,
+            retryable=lambda exc: isinstance(exc, KubeError) and transient(exc),
+            retry_after=_retry_after,
             sleep=sleep,
-            retry_error_callback=give_up,
+            rng=rng,
+            deadline=deadline,
         )
-        return retrying(fn)
 
 
-def _error(state: RetryCallState) -> KubeError:
-    """The error that ended the attempt ``state`` describes (only a KubeError is ever retried)."""
-    assert state.outcome is not None
-    error = state.outcome.exception()
-    assert isinstance(error, KubeError)
-    return error
+def _retry_after(error: BaseException) -> float | None:
+    """A 429's ``Retry-After``, when the server gave one."""
+    return error.retry_after if isinstance(error, KubeThrottled) else None
 
 
 NO_RETRY = RetryPolicy(attempts=1)

@@ -18,10 +18,11 @@ both create an issue. Run one reconcile at a time per project (the certify flow 
 The wire contract is REST v2 as Jira Server/Data Center speaks it; Jira Cloud's v3 differs (ADF bodies,
 ``/rest/api/3/search/jql``), and the ``jira`` client switches to it on a Cloud server by itself.
 
-Each of gpucert's Jira calls (a search, a create, a transition: one or a few requests, the client's own
-retries included) ends within the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``, 20 s by
-default): every request's timeout is cut to what is left of it, the client's waits between retries too,
-and no request is sent once it has passed.
+Each of gpucert's Jira calls (a search, a create, a transition: one or a few requests, their retries
+included) ends within the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``, 20 s by default):
+every request's timeout is cut to what is left of it, and no request is sent once it has passed. A request
+is retried (a refused or dropped connection, a 429, a 503) by the policy Kubernetes and webhooks share
+(:mod:`gpucert._retry`), not by the client's own session.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from .._deadline import CONNECT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
+from .._retry import RetryPolicy
 from .._secrets import redact_url, reveal, scrub
 from ._backend import Change
 from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
@@ -74,42 +76,70 @@ _DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
 )
 
 
-def _mount_deadline(session: Any) -> None:
-    """Send each request of ``session`` (the jira client's) within what is left of its Jira call's deadline.
+#: What a Jira request answered that is worth another try: throttled, or unavailable for a while.
+_TRANSIENT_STATUS = frozenset({429, 503})
 
-    The client's session retries with a fixed timeout per request and waits up to a minute between tries;
-    this transport cuts both to the call's deadline and sends nothing once it has passed, so a call ends
-    by it. (requests is imported here, as everywhere in this module, only once Jira is used.)
+
+def _mount_deadline(session: Any, retry: RetryPolicy) -> None:
+    """Send each request of ``session`` (the jira client's) with ``retry``, the policy Kubernetes and
+    webhooks share, within what is left of its Jira call's deadline.
+
+    The client's own retries are off (``max_retries=0``): this transport retries a refused or dropped
+    connection, a 429 and a 503 (their ``Retry-After`` honoured), cuts each request's timeouts to the
+    deadline and sends nothing once it has passed, so a call ends by it. A request that failed every try
+    returns its last answer, which the client turns into its ``JIRAError``. (requests is imported here, as
+    everywhere in this module, only once Jira is used.)
     """
     import requests.adapters
 
     class OutOfTime(requests.exceptions.ReadTimeout):
-        """Not sent: the deadline had passed (not a ConnectionError, which the client would retry)."""
+        """Not sent: the deadline had passed (not a ConnectionError, which would be retried)."""
+
+    class Transient(Exception):
+        """A 429 or 503 answer, raised for the policy to retry and returned when it gives up."""
+
+        def __init__(self, response: requests.Response) -> None:
+            super().__init__(f"HTTP {response.status_code}")
+            self.response = response
+
+    def retry_after(error: BaseException) -> float | None:
+        if not isinstance(error, Transient):
+            return None
+        value = error.response.headers.get("Retry-After")
+        try:
+            return float(value) if value else None
+        except ValueError:  # an HTTP date: not honoured
+            return None
 
     class DeadlineAdapter(requests.adapters.HTTPAdapter):
-        def __init__(self) -> None:
-            super().__init__()
-            self._max_wait = float(getattr(session, "max_retry_delay", 60))
-
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-            deadline = _DEADLINE.get()
-            if deadline is None:
-                return super().send(request, *args, **kwargs)
-            if deadline.remaining() <= 0:
-                raise OutOfTime(
-                    f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request
+            deadline = _DEADLINE.get() or retry.start()
+
+            def attempt() -> Any:
+                if deadline.remaining() <= 0:
+                    raise OutOfTime(
+                        f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request
+                    )
+                timeout = kwargs.get("timeout")
+                connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+                kwargs["timeout"] = (
+                    deadline.cap(connect or CONNECT_TIMEOUT_S),
+                    deadline.cap(read or deadline.seconds),
                 )
-            timeout = kwargs.get("timeout")
-            connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-            kwargs["timeout"] = (
-                deadline.cap(connect or CONNECT_TIMEOUT_S),
-                deadline.cap(read or deadline.seconds),
-            )
+                response = super(DeadlineAdapter, self).send(request, *args, **kwargs)
+                if response.status_code in _TRANSIENT_STATUS:
+                    raise Transient(response)
+                return response
+
             try:
-                return super().send(request, *args, **kwargs)
-            finally:
-                # The session's wait before its next try (it reads this then): never past the deadline.
-                session.max_retry_delay = max(0.0, min(self._max_wait, deadline.remaining()))
+                return retry.run(
+                    attempt,
+                    retryable=lambda exc: isinstance(exc, (Transient, requests.ConnectionError)),
+                    retry_after=retry_after,
+                    deadline=deadline,
+                )
+            except Transient as last:
+                return last.response
 
     adapter = DeadlineAdapter()
     session.mount("https://", adapter)
@@ -299,8 +329,9 @@ class JiraTickets:
             # The client keeps its session private; it is the one place to set its transport and retries.
             session = jira._session
             session.timeout = (CONNECT_TIMEOUT_S, self.timeout_s)
-            session.max_retries = self.max_retries
-            _mount_deadline(session)
+            session.max_retries = 0  # the retries are the shared policy's, in the deadline's transport
+            retry = RetryPolicy(attempts=self.max_retries + 1, base_delay_s=0.5, max_delay_s=10.0)
+            _mount_deadline(session, retry)
             self._jira = jira
         return self._jira
 

@@ -1,8 +1,9 @@
 """``WebhookTickets``: each ticket change POSTed as JSON, Slack-compatible (``text`` plus ``blocks``).
 
 A webhook keeps no state, so the tickets live in a :class:`LocalTickets` file and every change is announced
-inside its transaction: when the POST fails (after retrying 5xx, 429 and connection errors with exponential
-backoff), the change is rolled back and the next reconcile tries again, so no change is stored unannounced.
+inside its transaction: when the POST fails (after retrying 5xx, 429 and connection errors with the retry
+policy Kubernetes and Jira share, :mod:`gpucert._retry`), the change is rolled back and the next reconcile
+tries again, so no change is stored unannounced.
 
 Values from a cluster or a results file (a GPU model, a UUID, reasons naming them) are data, never markup:
 Slack's mrkdwn reads ``<…>`` as a link or a mention (``<!channel>``), so every text of the message has its
@@ -10,7 +11,9 @@ Slack's mrkdwn reads ``<…>`` as a link or a mention (``<!channel>``), so every
 
 Secrets stay secret: the URL (a Slack webhook URL *is* its secret), header values and the signing secret
 are ``SecretStr``; messages and logs name the endpoint as ``scheme://host/…`` only. With a signing secret
-each request carries ``X-Gpucert-Signature: sha256=<HMAC-SHA256 of the body>`` for the receiver to check.
+each request carries ``X-Gpucert-Signature: sha256=<HMAC-SHA256 of the body>`` for the receiver to check:
+the signed bytes are the bytes sent (httpx sends ``content=`` as given). A redirect is not followed: it
+would carry the signed body and the headers to a place the configuration never named.
 """
 
 from __future__ import annotations
@@ -20,16 +23,15 @@ import hmac
 import json
 import logging
 import os
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import SecretStr
 
 from .._deadline import TIMEOUT_ENV, Deadline
+from .._retry import RetryPolicy
 from .._secrets import redact_url, reveal, scrub
 from ._backend import Change
 from ._local import LocalTickets
@@ -47,6 +49,28 @@ _ICON = {
     "resolved": ":white_check_mark:",
     "remediated": ":wrench:",
 }
+
+
+class _SecretUrls(logging.Filter):
+    """httpx logs every request's full URL at INFO (``HTTP Request: POST https://…``): a webhook's URL is
+    its secret, so the URLs registered here are logged as ``scheme://host/…``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and self.urls:
+            record.args = tuple(
+                redact_url(str(arg)) if isinstance(arg, httpx.URL) and str(arg) in self.urls else arg
+                for arg in record.args
+            )
+        return True
+
+
+_SECRET_URLS = _SecretUrls()
+logging.getLogger("httpx").addFilter(_SECRET_URLS)
+
 #: Slack's limits: a section's text, a header's text, a field's text.
 _SECTION, _HEADER, _FIELD = 3000, 150, 2000
 
@@ -175,6 +199,7 @@ class WebhookTickets:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.where = redact_url(plain)
+        _SECRET_URLS.urls.add(str(httpx.URL(plain)))
         self.local = LocalTickets(state, on_event=self.announce)
 
     def __repr__(self) -> str:
@@ -204,52 +229,60 @@ class WebhookTickets:
         if self._signing is not None:
             digest = hmac.new(reveal(self._signing).encode(), body, hashlib.sha256).hexdigest()
             headers["X-Gpucert-Signature"] = f"sha256={digest}"
-        attempts = self.retries + 1
         deadline = Deadline.start()
-        what = ""
-        for attempt in range(attempts):
-            outcome, retry_after = self._post(body, headers, deadline.cap(self.timeout_s))
-            if outcome is None:
-                return
-            retryable, what = outcome
-            if not retryable:
-                raise TicketError(f"webhook {self.where}: {what}; the ticket change was not stored")
-            if attempt + 1 == attempts:
-                break
-            delay = min(self.max_backoff_s, max(self.backoff_s * 2**attempt, retry_after))
-            if delay >= deadline.remaining():
-                raise TicketError(
-                    f"webhook {self.where}: {what}; gave up after {attempt + 1} attempt(s) in "
-                    f"{deadline.elapsed():.1f} s, the deadline of a call being {deadline.seconds:g} s (gpucert "
-                    f"--timeout or ${TIMEOUT_ENV}); the ticket change was not stored"
-                )
-            log.warning(
-                "webhook %s: %s; retry %d of %d in %.2f s", self.where, what, attempt + 1, self.retries, delay
-            )
-            time.sleep(delay)
-        raise TicketError(
-            f"webhook {self.where}: {what} after {attempts} attempts; the ticket change was not stored"
-        )
+        policy = RetryPolicy(
+            attempts=self.retries + 1, base_delay_s=self.backoff_s, max_delay_s=self.max_backoff_s,
+            max_retry_after_s=self.max_backoff_s, jitter=False,
+        )  # fmt: skip
 
-    def _post(
-        self, body: bytes, headers: dict[str, str], timeout_s: float
-    ) -> tuple[tuple[bool, str] | None, float]:
-        """One POST waiting at most ``timeout_s``: None when accepted, else (whether to retry, what happened
-        in words) and a Retry-After."""
-        request = urllib.request.Request(reveal(self._url), data=body, headers=headers, method="POST")
+        def log_retry(error: BaseException, attempt: int, wait_s: float) -> None:
+            log.warning(
+                "webhook %s: %s; retry %d of %d in %.2f s", self.where, error, attempt, self.retries, wait_s
+            )
+
+        def gave_up(error: BaseException, attempt: int, limit: Deadline, out_of_time: bool) -> NoReturn:
+            if out_of_time:
+                raise TicketError(
+                    f"webhook {self.where}: {error}; gave up after {attempt} attempt(s) in {limit.elapsed():.1f} s, "
+                    f"the deadline of a call being {limit.seconds:g} s (gpucert --timeout or ${TIMEOUT_ENV}); "
+                    "the ticket change was not stored"
+                )
+            raise TicketError(
+                f"webhook {self.where}: {error} after {attempt} attempts; the ticket change was not stored"
+            )
+
+        with httpx.Client(follow_redirects=False) as client:
+            try:
+                policy.run(
+                    lambda: self._post(client, body, headers, deadline),
+                    retryable=lambda exc: isinstance(exc, _NotAccepted) and exc.retryable,
+                    retry_after=lambda exc: exc.retry_after if isinstance(exc, _NotAccepted) else None,
+                    on_retry=log_retry,
+                    gave_up=gave_up,
+                    deadline=deadline,
+                )
+            except _NotAccepted as refused:
+                raise TicketError(
+                    f"webhook {self.where}: {refused}; the ticket change was not stored"
+                ) from None
+
+    def _post(self, client: httpx.Client, body: bytes, headers: dict[str, str], deadline: Deadline) -> None:
+        """One POST, each of its waits cut to ``timeout_s`` and what is left of ``deadline``; raises
+        :class:`_NotAccepted` when it was not accepted."""
+        timeout = httpx.Timeout(deadline.cap(self.timeout_s))
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                response.read()
-                return None, 0.0
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-            retry_after = _seconds(exc.headers.get("Retry-After") if exc.headers else None)
-            exc.close()
-            return (status >= 500 or status == 429, f"HTTP {status}"), retry_after
-        except (urllib.error.URLError, OSError) as exc:
+            response = client.post(reveal(self._url), content=body, headers=headers, timeout=timeout)
+        except httpx.TransportError as exc:
             # The reason may name the host; never the path (the secret part) or a header.
-            reason = getattr(exc, "reason", exc)
-            return (True, self._scrub(f"{type(exc).__name__}: {reason}")), 0.0
+            raise _NotAccepted(self._scrub(f"{type(exc).__name__}: {exc}"), retryable=True) from None
+        if response.is_success:
+            return
+        status = response.status_code
+        raise _NotAccepted(
+            f"HTTP {status}",
+            retryable=status >= 500 or status == 429,
+            retry_after=_seconds(response.headers.get("Retry-After")),
+        )
 
     def _scrub(self, text: str) -> str:
         url = reveal(self._url)
@@ -266,8 +299,19 @@ class WebhookTickets:
         return scrub(text, secrets)
 
 
-def _seconds(value: str | None) -> float:
+class _NotAccepted(Exception):
+    """One POST the receiver did not accept: what happened in words (no secret), whether it is worth
+    another attempt, and the ``Retry-After`` it asked for."""
+
+    def __init__(self, what: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def _seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds; None when absent or not a number (an HTTP date is not honoured)."""
     try:
-        return max(0.0, float(value)) if value else 0.0
+        return max(0.0, float(value)) if value else None
     except ValueError:
-        return 0.0
+        return None

@@ -57,8 +57,12 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=5, help="faulty nodes (kinds cycle through five)")
     parser.add_argument("--max-parallel", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=None, help="the policy's shard size (default 1000)")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="shards on this many process workers (the certify-shard deployment), not in this process")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="shards on this many process workers (the certify-shard deployment), not in this process",
+    )
     parser.add_argument("--sim-process", action="store_true", help="the simulator in its own process")
     parser.add_argument("--clean-only", action="store_true", help="only the first run (it seeds the baselines)")
     parser.add_argument("--no-pairs", action="store_true", help="the policy's network.pairs off: no links step")
@@ -109,16 +113,24 @@ def main() -> int:
             def run(run_id: str) -> tuple[float, CertifyOutcome]:
                 start, tasks_before, busy_before = time.perf_counter(), task_runs(), machine_busy()
                 with RssSampler() as rss:
-                    out = asyncio.run(certify(cluster=cluster, store=store, policy=policy, run_id=run_id,
-                                              max_parallel=args.max_parallel))  # fmt: skip
+                    out = asyncio.run(
+                        certify(
+                            cluster=cluster, store=store, policy=policy, run_id=run_id, max_parallel=args.max_parallel
+                        )
+                    )
                 seconds = time.perf_counter() - start
                 busy = (machine_busy() - busy_before) / seconds
-                print(f"  {run_id}: {task_runs() - tasks_before} Prefect task runs; the machine's CPUs busy "
-                      f"{busy:.2f} of {os.cpu_count()} on average", flush=True)
+                print(
+                    f"  {run_id}: {task_runs() - tasks_before} Prefect task runs; the machine's CPUs busy "
+                    f"{busy:.2f} of {os.cpu_count()} on average",
+                    flush=True,
+                )
                 print(f"  peak RSS of this process by step: {rss.by_task(str(PREFECT_API_URL.value()))}", flush=True)
                 if args.workers:
-                    print(f"  peak RSS of one shard's flow-run process on a worker: {workers_peak_mb():.0f} MB",
-                          flush=True)
+                    print(
+                        f"  peak RSS of one shard's flow-run process on a worker: {workers_peak_mb():.0f} MB",
+                        flush=True,
+                    )
                 for line in out.links[:2]:
                     print(f"  links: {line}", flush=True)
                 return seconds, out
@@ -128,8 +140,10 @@ def main() -> int:
             if args.clean_only:
                 decided = sum(clean.states.values())
                 print(f"  {decided} of {args.nodes} nodes decided; tainted {len(clean.tainted)}")
-                print(f"  peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
-                      + (f"; of the simulator: {sim_peak_mb():.0f} MB" if args.sim_process else " (flow + simulator)"))
+                print(
+                    f"  peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+                    + (f"; of the simulator: {sim_peak_mb():.0f} MB" if args.sim_process else " (flow + simulator)")
+                )
                 return 0
             names = [f"gpu-node-{i:05d}" for i in range(args.nodes)]
             step = max(1, len(names) // max(1, args.faults))
@@ -142,13 +156,17 @@ def main() -> int:
             seconds, night = run("bench-night")
     print(f"faulty run: {seconds:6.1f} s for {args.nodes} nodes × 8 GPUs; injected {', '.join(injected)}")
     print(f"  states {night.states}; tainted {night.tainted}; unconfirmed {night.unconfirmed}")
-    print(f"  audit trail: {night.audited} changes recorded and sent as Events in {night.audit_seconds:.1f} s "
-          f"({night.audit_seconds / seconds * 100:.1f} % of the run)")
+    print(
+        f"  audit trail: {night.audited} changes recorded and sent as Events in {night.audit_seconds:.1f} s "
+        f"({night.audit_seconds / seconds * 100:.1f} % of the run)"
+    )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.sim_process:
         where = "shards on the workers" if args.workers else "shards as its sub-flows"
-        print(f"  peak RSS of this process (the flow; {where}): {peak_mb:.0f} MB; "
-              f"of the simulator: {sim_peak_mb():.0f} MB")
+        print(
+            f"  peak RSS of this process (the flow; {where}): {peak_mb:.0f} MB; "
+            f"of the simulator: {sim_peak_mb():.0f} MB"
+        )
     else:
         print(f"  peak RSS of this process (flow + simulator): {peak_mb:.0f} MB")
     return 0
@@ -237,20 +255,46 @@ def shard_workers(count: int, kubeconfig: Path, api_url: str, workdir: Path) -> 
         return
     root = Path(__file__).resolve().parent.parent
     prefect = str(Path(sys.executable).with_name("prefect"))
-    env = {**os.environ, "PREFECT_API_URL": api_url, "KUBECONFIG": str(kubeconfig),
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}  # fmt: skip
-    for command in (["work-pool", "create", "gpucert", "--type", "process", "--overwrite"],
-                    ["deploy", "--name", "certify-shard"]):  # fmt: skip
-        done = subprocess.run([prefect, "--no-prompt", *command], env=env, cwd=root, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": api_url,
+        "KUBECONFIG": str(kubeconfig),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+    }
+    for command in (
+        ["work-pool", "create", "gpucert", "--type", "process", "--overwrite"],
+        ["deploy", "--name", "certify-shard"],
+    ):
+        done = subprocess.run(
+            [prefect, "--no-prompt", *command], env=env, cwd=root, capture_output=True, text=True, check=False
+        )
         if done.returncode != 0:
             sys.exit(f"prefect {' '.join(command)} failed:\n{done.stdout}{done.stderr}")
     workers = []
     for i in range(count):
         log = (workdir / f"worker-{i}.log").open("wb")
-        workers.append(subprocess.Popen([prefect, "worker", "start", "--pool", "gpucert", "--type", "process",
-                                         "--limit", "1", "--work-queue", "shards"],
-                                        env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        workers.append(
+            subprocess.Popen(
+                [
+                    prefect,
+                    "worker",
+                    "start",
+                    "--pool",
+                    "gpucert",
+                    "--type",
+                    "process",
+                    "--limit",
+                    "1",
+                    "--work-queue",
+                    "shards",
+                ],
+                env=env,
+                cwd=root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     peaks: dict[int, float] = {}
     stop = threading.Event()
 
@@ -295,8 +339,9 @@ def _below(roots: set[int]) -> list[int]:
 
 
 @contextlib.contextmanager
-def simulated(nodes: int, own_process: bool) -> Iterator[tuple[Path, Callable[[str, str, int | None], None],
-                                                               Callable[[], float]]]:
+def simulated(
+    nodes: int, own_process: bool
+) -> Iterator[tuple[Path, Callable[[str, str, int | None], None], Callable[[], float]]]:
     """A simulated cluster of ``nodes``: (its kubeconfig, inject(kind, node, gpu), the sim's peak RSS in MB)."""
     from gpucert_sim import SimCluster
     from gpucert_sim.fleet import Fault
@@ -315,9 +360,19 @@ def simulated(nodes: int, own_process: bool) -> Iterator[tuple[Path, Callable[[s
             return max(peak, proc.peak_rss_mb()) if proc.proc.poll() is None else peak
 
         def inject(kind: str, node: str, gpu: int | None) -> None:
-            command = [sys.executable, "-c", "import sys; from gpucert.cli import main; sys.exit(main())",
-                       "sim", "inject", "--kubeconfig", str(proc.kubeconfig),
-                       "--gpu", kind, node, *([str(gpu)] if gpu is not None else [])]
+            command = [
+                sys.executable,
+                "-c",
+                "import sys; from gpucert.cli import main; sys.exit(main())",
+                "sim",
+                "inject",
+                "--kubeconfig",
+                str(proc.kubeconfig),
+                "--gpu",
+                kind,
+                node,
+                *([str(gpu)] if gpu is not None else []),
+            ]
             subprocess.run(command, check=True, capture_output=True)
 
         try:

@@ -101,9 +101,7 @@ def prepare(workdir: Path, gpus: int) -> tuple[Path, str]:
     baseline, _ = build_baseline(empty_baseline(), seed_wave)
     store = open_store(store_dir.as_uri())
     store.update(lambda _: baseline, message="speed benchmark")
-    night = fleet.run(
-        "night-1", ts=T0 + dt.timedelta(days=1), seed=2, faults=random_faults(fleet, 100, seed=3)
-    )
+    night = fleet.run("night-1", ts=T0 + dt.timedelta(days=1), seed=2, faults=random_faults(fleet, 100, seed=3))
     write_results(night.results, results)
     marker.touch()
     print(
@@ -116,9 +114,7 @@ def prepare(workdir: Path, gpus: int) -> tuple[Path, str]:
 
 def timed(command: list[str]) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds: user + system, peak RSS MB) of one whole command."""
-    proc = subprocess.run(
-        ["/usr/bin/time", "-f", "%e %U %S %M", *command], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *command], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     wall, user, system, rss_kb = proc.stderr.strip().splitlines()[-1].split()

@@ -28,12 +28,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=64)
-    parser.add_argument(
-        "--pod-start", type=float, default=0.5, help="simulated seconds from bound to Running"
-    )
-    parser.add_argument(
-        "--pod-ready", type=float, default=2.0, help="simulated seconds from Running to Ready"
-    )
+    parser.add_argument("--pod-start", type=float, default=0.5, help="simulated seconds from bound to Running")
+    parser.add_argument("--pod-ready", type=float, default=2.0, help="simulated seconds from Running to Ready")
     parser.add_argument("--faults", action="store_true", help="10 %% 500s and 3 %% 429s (Retry-After 1 s)")
     args = parser.parse_args()
 
@@ -72,8 +68,7 @@ def main() -> int:
         f"(5 components × {args.pod_start + args.pod_ready:.1f} s); beyond it {t_first - rollout_s:6.2f} s"
     )
     print(
-        f"second run  {t_second:6.2f} s; nodes relabelled {len(second.labelled_nodes)}; "
-        f"drift rows {len(second.drift)}"
+        f"second run  {t_second:6.2f} s; nodes relabelled {len(second.labelled_nodes)}; drift rows {len(second.drift)}"
     )
     return 0
 

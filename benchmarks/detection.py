@@ -48,26 +48,18 @@ PEER_ONLY_FAULTS = 12
 def one_seed(seed: int, nodes: int, per_kind: int) -> tuple[pd.DataFrame, dict[str, float]]:
     noise = NoiseModel(rep_scale=REP_SCALES[(seed - 1) % len(REP_SCALES)])
     fleet = Fleet.generate(nodes=nodes, seed=seed, noise=noise)
-    waves = [
-        fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed * 1000 + i).results for i in range(5)
-    ]
-    baseline, _ = build_baseline(
-        empty_baseline(), pd.concat(waves, ignore_index=True), policy=default_policy()
-    )
+    waves = [fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed * 1000 + i).results for i in range(5)]
+    baseline, _ = build_baseline(empty_baseline(), pd.concat(waves, ignore_index=True), policy=default_policy())
 
     night_fleet = fleet.replace_gpus(0.03, seed=seed)
     new_uuids = set(night_fleet.uuids) - set(fleet.uuids)
     faults = random_faults(night_fleet, per_kind * len(FAULTS), seed=seed)
     # Faults placed on new GPUs on purpose, so peer-only recall (the ≥ 8 % bar) is measured, not left to
     # the 3 % chance of a random fault landing on one: slow silicon costing 8-15 % on GEMM.
-    used = {(f.node, f.gpu) for f in faults} | {
-        (f.node, g) for f in faults if f.gpu is None for g in range(8)
-    }
+    used = {(f.node, f.gpu) for f in faults} | {(f.node, g) for f in faults if f.gpu is None for g in range(8)}
     new_table = night_fleet.gpu_table()
     new_table = new_table[new_table["gpu_uuid"].isin(set(night_fleet.uuids) - set(fleet.uuids))]
-    candidates = [
-        (n, int(g)) for n, g in zip(new_table["node"], new_table["gpu"], strict=True) if (n, g) not in used
-    ]
+    candidates = [(n, int(g)) for n, g in zip(new_table["node"], new_table["gpu"], strict=True) if (n, g) not in used]
     rng = np.random.default_rng(seed)
     for i in rng.permutation(len(candidates))[:PEER_ONLY_FAULTS]:
         node, gpu = candidates[i]
@@ -106,9 +98,13 @@ def one_seed(seed: int, nodes: int, per_kind: int) -> tuple[pd.DataFrame, dict[s
         rerun_jobs += len(pending)
         rerun_nodes |= set(pending)
         again = night_fleet.run(
-            f"night-c{attempt}", ts=T0 + dt.timedelta(days=30, hours=attempt), seed=seed * 1000 + 99 + attempt,
-            faults=faults, fleet_shift=-0.02, nodes=pending,
-        )  # fmt: skip
+            f"night-c{attempt}",
+            ts=T0 + dt.timedelta(days=30, hours=attempt),
+            seed=seed * 1000 + 99 + attempt,
+            faults=faults,
+            fleet_shift=-0.02,
+            nodes=pending,
+        )
         rerun = judge_rerun(again.results, wave.results, pending, baseline, policy)
         reruns.append(RunVerdicts(f"night-c{attempt}", rerun, tuple(pending)))
         settlement = settle(first, reruns, fleet=fleet_taints, policy=policy)

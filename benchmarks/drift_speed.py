@@ -65,9 +65,7 @@ def detection_fleet(
     ``stable``, ``decline`` or ``step``; ``metric``: the one that drifts)."""
     per_node = 8
     groups = [("stable", "", -(-stable // per_node))] + [
-        (scenario, metric, -(-drifting // per_node))
-        for metric in GPU_METRICS
-        for scenario in ("decline", "step")
+        (scenario, metric, -(-drifting // per_node)) for metric in GPU_METRICS for scenario in ("decline", "step")
     ]
     fleet = Fleet.generate(nodes=sum(n for _, _, n in groups), seed=seed)
     rows, first = [], 0
@@ -80,9 +78,7 @@ def detection_fleet(
 
     rng = np.random.default_rng(seed)
     seeding = [
-        fleet.run(
-            f"seed-{i}", ts=T0 + dt.timedelta(days=i, minutes=int(rng.integers(0, 180))), seed=seed * 100 + i
-        )
+        fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i, minutes=int(rng.integers(0, 180))), seed=seed * 100 + i)
         for i in range(5)
     ]
     baseline, _ = build_baseline(
@@ -108,9 +104,7 @@ def detection_fleet(
         for scenario, rate in (("decline", 1 - 0.005 * night), ("step", 0.97)):
             for metric in GPU_METRICS:
                 who = drift_uuid[(drift_uuid["scenario"] == scenario) & (drift_uuid["metric"] == metric)]
-                hit = (results["metric"] == metric).to_numpy() & results["gpu_uuid"].isin(
-                    who["gpu_uuid"]
-                ).to_numpy()
+                hit = (results["metric"] == metric).to_numpy() & results["gpu_uuid"].isin(who["gpu_uuid"]).to_numpy()
                 factor[hit] = rate
         results = results.assign(value=results["value"].to_numpy() * factor)
         parts.append(run_medians(results))
@@ -143,9 +137,7 @@ def false_alarms(first: pd.DataFrame, gpus: pd.DataFrame) -> tuple[float, int, i
     return flagged / len(stable), int(flagged), len(stable), nodes_flagged, len(stable_nodes)
 
 
-def delays(
-    first: pd.DataFrame, gpus: pd.DataFrame, scenario: str, metric: str
-) -> tuple[float, float, int, int]:
+def delays(first: pd.DataFrame, gpus: pd.DataFrame, scenario: str, metric: str) -> tuple[float, float, int, int]:
     """(median, p90 of the first night the drifting metric alarmed, how many flagged, of how many);
     a GPU never flagged counts as later than every night."""
     who = gpus[(gpus["scenario"] == scenario) & (gpus["metric"] == metric) & gpus["has_baseline"]]
@@ -284,9 +276,7 @@ def speed(args: argparse.Namespace) -> None:
         buffer = io.BytesIO()
         part.to_parquet(buffer, index=False)
         store.write_run_file(str(run_id), part["ts"].iloc[0].date(), "results.parquet", buffer.getvalue())
-    print(
-        f"prepared {len(results):,} result rows in {args.runs} runs in {time.perf_counter() - started:.1f} s"
-    )
+    print(f"prepared {len(results):,} result rows in {args.runs} runs in {time.perf_counter() - started:.1f} s")
 
     t_read, history = best(max(1, args.repeats // 2), lambda: history_from_store(store, last_runs=args.runs))
     assert isinstance(history, pd.DataFrame)
@@ -295,9 +285,7 @@ def speed(args: argparse.Namespace) -> None:
     for method in ("cusum", "ewma"):
         t, alarms = best(args.repeats, lambda m=method: drift_alarms(history, baseline, method=m))
         assert isinstance(alarms, pd.DataFrame)
-        print(
-            f"drift_alarms {method}: best {t * 1000:.0f} ms over {args.repeats}; {len(alarms)} series alarmed now"
-        )
+        print(f"drift_alarms {method}: best {t * 1000:.0f} ms over {args.repeats}; {len(alarms)} series alarmed now")
 
 
 def main() -> None:

@@ -37,12 +37,24 @@ from gpucert_sim import SimCluster
 from tests.test_telemetry_prometheus import IDLE_CONFIG, PromBins, _cache_dir, running_prometheus
 
 STEP = 15
-GAUGES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_POWER_USAGE",
-          "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_XID_ERRORS",
-          "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES")
-COUNTERS = ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-            "DCGM_FI_DEV_THERMAL_VIOLATION",
-            "DCGM_FI_DEV_POWER_VIOLATION")  # fmt: skip
+GAUGES = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+COUNTERS = (
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_POWER_VIOLATION",
+)
 
 
 def history(path: Path, pods: dict[str, str], start: int, end: int, hot: tuple[str, int], onset: int) -> int:
@@ -64,8 +76,10 @@ def history(path: Path, pods: dict[str, str], start: int, end: int, hot: tuple[s
                     for gpu in range(8):
                         is_hot = (node, gpu) == hot
                         values = _values(name, is_hot, after, rng, n)
-                        labels = (f'gpu="{gpu}",UUID="GPU-{i:04d}-{gpu}",modelName="NVIDIA H200",hostname="{node}",'
-                                  f'pod="{pod}",namespace="bench",container="train"')  # fmt: skip
+                        labels = (
+                            f'gpu="{gpu}",UUID="GPU-{i:04d}-{gpu}",modelName="NVIDIA H200",hostname="{node}",'
+                            f'pod="{pod}",namespace="bench",container="train"'
+                        )
                         series.append((f"{name}{{{labels}}}", values))
                 for prefix, values in series:
                     out.write("".join(f"{prefix} {v:.6g} {t}\n" for v, t in zip(values, times, strict=True)))
@@ -117,12 +131,24 @@ def main() -> None:
     with SimCluster(nodes=args.nodes, gpus=8, preconfigured=True, seed=1) as sim:
         api = sim.api_client()
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
-        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "pretrain"},
-               "spec": {"parallelism": args.nodes, "completions": args.nodes, "template": {
-                   "metadata": {"annotations": {"sim.gpucert.io/run-seconds": "36000"}},
-                   "spec": {"restartPolicy": "Never", "containers": [{
-                       "name": "train", "image": "train:1",
-                       "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}}  # fmt: skip
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "pretrain"},
+            "spec": {
+                "parallelism": args.nodes,
+                "completions": args.nodes,
+                "template": {
+                    "metadata": {"annotations": {"sim.gpucert.io/run-seconds": "36000"}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "train", "image": "train:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+                        ],
+                    },
+                },
+            },
+        }
         client.BatchV1Api(api).create_namespaced_job("bench", job)
         kube = Kube(api)
         deadline = time.monotonic() + 60
@@ -139,8 +165,13 @@ def main() -> None:
         samples = history(work / "history.om", placed, start, end, hot, start + 7200)
         written = time.perf_counter() - began
         began = time.perf_counter()
-        made = subprocess.run([str(bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om",
-                               "data"], cwd=work, capture_output=True, text=True, check=False)  # fmt: skip
+        made = subprocess.run(
+            [str(bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if made.returncode != 0:
             sys.exit(made.stderr[-2000:])
         (work / "history.om").unlink()
@@ -148,21 +179,33 @@ def main() -> None:
         with running_prometheus(bins, work, IDLE_CONFIG) as url:
             source = PrometheusSource(url, workers=args.workers)
             began = time.perf_counter()
-            done = explain_job(kube, source, "bench/pretrain", since=datetime.fromtimestamp(start, UTC),
-                               until=datetime.fromtimestamp(end, UTC), now=datetime.now(UTC) + timedelta(seconds=1))
+            done = explain_job(
+                kube,
+                source,
+                "bench/pretrain",
+                since=datetime.fromtimestamp(start, UTC),
+                until=datetime.fromtimestamp(end, UTC),
+                now=datetime.now(UTC) + timedelta(seconds=1),
+            )
             total = time.perf_counter() - began
     s = done.seconds
     # The work that is not a query: answers into frames (thread time, so an upper bound of its share of the
     # wall), events, pod logs, the record, the judgement and the timeline.
     rest = sum(s.get(k, 0.0) for k in ("resolve", "frames", "events", "logs", "record", "judge", "render"))
     first = done.explanation.suspects[0] if done.explanation.suspects else None
-    print(f"{args.nodes} nodes × 8 GPUs, {args.hours:g} h at {STEP} s: {samples:,} samples backfilled "
-          f"(written {written:.0f} s, promtool {backfilled:.0f} s)")
-    print(f"explain_job: {total:.1f} s wall; {done.gathered.queries} queries, "
-          f"{len(done.gathered.telemetry):,} telemetry rows")
+    print(
+        f"{args.nodes} nodes × 8 GPUs, {args.hours:g} h at {STEP} s: {samples:,} samples backfilled "
+        f"(written {written:.0f} s, promtool {backfilled:.0f} s)"
+    )
+    print(
+        f"explain_job: {total:.1f} s wall; {done.gathered.queries} queries, "
+        f"{len(done.gathered.telemetry):,} telemetry rows"
+    )
     print("  " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(s.items())))
-    print(f"  beyond the Prometheus queries: {rest:.1f} s (bar: ≤ 30 s); the queries' own time is summed over "
-          f"{args.workers} threads")
+    print(
+        f"  beyond the Prometheus queries: {rest:.1f} s (bar: ≤ 30 s); the queries' own time is summed over "
+        f"{args.workers} threads"
+    )
     named = f"{first.node} GPU {first.gpu}" if first else "none"
     print(f"  straggler: {named} (injected {hot[0]} GPU {hot[1]}); verdict {done.explanation.verdict}")
 

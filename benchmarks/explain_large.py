@@ -42,21 +42,36 @@ SLOW_GPU = 5  # the GPU of node number nodes // 3 that computes 20 % slower from
 
 #: dcgm-exporter fields → how a healthy GPU's values go (a gauge around a level, a counter at a rate, a constant).
 DCGM: dict[str, tuple[str, float, float]] = {
-    "DCGM_FI_DEV_SM_CLOCK": ("gauge", 1980, 6), "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("const", 0, 0),
-    "DCGM_FI_DEV_POWER_USAGE": ("gauge", 650, 10), "DCGM_FI_DEV_GPU_TEMP": ("gauge", 66, 1.2),
-    "DCGM_FI_DEV_GPU_UTIL": ("gauge", 95, 1), "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", 0.9, 0.01),
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("counter", 300e9, 0), "DCGM_FI_PROF_PCIE_TX_BYTES": ("gauge", 18e9, 2e8),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("gauge", 22e9, 2e8), "DCGM_FI_DEV_XID_ERRORS": ("const", 0, 0),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("const", 0, 0), "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("const", 0, 0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("const", 0, 0), "DCGM_FI_DEV_THERMAL_VIOLATION": ("const", 0, 0),
-    "DCGM_FI_DEV_POWER_VIOLATION": ("const", 0, 0), "DCGM_FI_DEV_PCIE_LINK_GEN": ("const", 5, 0),
-    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": ("const", 5, 0), "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("const", 16, 0),
-    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": ("const", 16, 0), "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("const", 0, 0),
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("const", 0, 0), "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("const", 0, 0),
+    "DCGM_FI_DEV_SM_CLOCK": ("gauge", 1980, 6),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("const", 0, 0),
+    "DCGM_FI_DEV_POWER_USAGE": ("gauge", 650, 10),
+    "DCGM_FI_DEV_GPU_TEMP": ("gauge", 66, 1.2),
+    "DCGM_FI_DEV_GPU_UTIL": ("gauge", 95, 1),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gauge", 0.9, 0.01),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("counter", 300e9, 0),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("gauge", 18e9, 2e8),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("gauge", 22e9, 2e8),
+    "DCGM_FI_DEV_XID_ERRORS": ("const", 0, 0),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("const", 0, 0),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("const", 0, 0),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("const", 0, 0),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ("const", 0, 0),
+    "DCGM_FI_DEV_POWER_VIOLATION": ("const", 0, 0),
+    "DCGM_FI_DEV_PCIE_LINK_GEN": ("const", 5, 0),
+    "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": ("const", 5, 0),
+    "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("const", 16, 0),
+    "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": ("const", 16, 0),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("const", 0, 0),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("const", 0, 0),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("const", 0, 0),
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("const", 0, 0),
-}  # fmt: skip
-IB = ("node_infiniband_rate_bytes_per_second", "node_infiniband_symbol_error_total",
-      "node_infiniband_link_downed_total", "node_infiniband_port_errors_received_total")  # fmt: skip
+}
+IB = (
+    "node_infiniband_rate_bytes_per_second",
+    "node_infiniband_symbol_error_total",
+    "node_infiniband_link_downed_total",
+    "node_infiniband_port_errors_received_total",
+)
 
 
 def node_name(i: int) -> str:
@@ -86,8 +101,10 @@ def write_history(path: Path, nodes: int, start: int, end: int) -> int:
             out.write(f"# TYPE {name} gauge\n")
             for i in range(nodes):
                 for g in range(GPUS):
-                    labels = (f'gpu="{g}",UUID="GPU-{i:03d}-{g}",Hostname="{node_name(i)}",pod="{pod_name(i)}",'
-                              f'namespace="bench",container="train"')
+                    labels = (
+                        f'gpu="{g}",UUID="GPU-{i:03d}-{g}",Hostname="{node_name(i)}",pod="{pod_name(i)}",'
+                        f'namespace="bench",container="train"'
+                    )
                     if kind == "gauge":
                         values = level + spread * rng.standard_normal(n)
                     elif kind == "counter":
@@ -100,8 +117,13 @@ def write_history(path: Path, nodes: int, start: int, end: int) -> int:
         step[after] *= 1.2
         out.write("# TYPE train_step_seconds gauge\n")
         for i in range(nodes):
-            written += _write(out, f'train_step_seconds{{namespace="bench",pod="{pod_name(i)}",container="train"}}',
-                              step, stamps, False)
+            written += _write(
+                out,
+                f'train_step_seconds{{namespace="bench",pod="{pod_name(i)}",container="train"}}',
+                step,
+                stamps,
+                False,
+            )
         for name in IB:
             out.write(f"# TYPE {name} gauge\n")
             for i in range(nodes):
@@ -120,10 +142,12 @@ def write_history(path: Path, nodes: int, start: int, end: int) -> int:
                     if (i, g) != (nodes // 3, SLOW_GPU):
                         exec_us[late] *= 440 / 300  # every other rank waits for the slow one
                     values = exec_us if name.endswith("microseconds") else 360 * 300 / exec_us
-                    labels = (f'comm_id="0xbenchc0ffee",hostname="{pod_name(i)}",rank="{i * GPUS + g}",'
-                              f'slurm_job="unknown",slurm_job_id="unknown",nranks="{nodes * GPUS}",n_nodes="{nodes}",'
-                              f'gpu_device_id="GPU{g}",collective="AllReduce",message_size="256.00MB",'
-                              f'instance="{node_name(i)}:9100",job="node-exporter"')
+                    labels = (
+                        f'comm_id="0xbenchc0ffee",hostname="{pod_name(i)}",rank="{i * GPUS + g}",'
+                        f'slurm_job="unknown",slurm_job_id="unknown",nranks="{nodes * GPUS}",n_nodes="{nodes}",'
+                        f'gpu_device_id="GPU{g}",collective="AllReduce",message_size="256.00MB",'
+                        f'instance="{node_name(i)}:9100",job="node-exporter"'
+                    )
                     written += _write(out, f"{name}{{{labels}}}", values, dump_stamps, False)
         out.write("# EOF\n")
     return written
@@ -146,25 +170,43 @@ def explain_once(url: str, nodes: int, start: int, end: int) -> dict[str, Any]:
 
     began = time.perf_counter()
     window = (pd.Timestamp(start, unit="s", tz="UTC"), pd.Timestamp(end, unit="s", tz="UTC"))
-    pods = tuple(TargetPod(namespace="bench", name=pod_name(i), uid=f"u{i}", node=node_name(i), phase="Running",
-                           reason="", gpus=GPUS, node_gpus=GPUS, started=window[0], ended=None,
-                           containers=("train",)) for i in range(nodes))  # fmt: skip
-    target = JobTarget(job="bench/train", kind="Job", namespace="bench", selector="job-name=train", pods=pods,
-                       window=window)
+    pods = tuple(
+        TargetPod(
+            namespace="bench",
+            name=pod_name(i),
+            uid=f"u{i}",
+            node=node_name(i),
+            phase="Running",
+            reason="",
+            gpus=GPUS,
+            node_gpus=GPUS,
+            started=window[0],
+            ended=None,
+            containers=("train",),
+        )
+        for i in range(nodes)
+    )
+    target = JobTarget(
+        job="bench/train", kind="Job", namespace="bench", selector="job-name=train", pods=pods, window=window
+    )
     got = gather(NoCluster(), PrometheusSource(url, timeout_s=300), target, read_logs=False)  # type: ignore[arg-type]
     explanation, html, judged = judge_gathered(target, got, empty_record(), list(got.notes))
     wall = time.perf_counter() - began
     usage = resource.getrusage(resource.RUSAGE_SELF)
     top = explanation.suspects[0] if explanation.suspects else None
     return {
-        "wall_s": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "wall_s": round(wall, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-        "parts_s": {k: round(v, 1) for k, v in {**got.seconds, **judged}.items()}, "queries": got.queries,
-        "telemetry_rows": len(got.telemetry), "collective_rows": len(got.collectives),
-        "verdict": explanation.verdict, "answer": explanation.answer[0][:160],
+        "parts_s": {k: round(v, 1) for k, v in {**got.seconds, **judged}.items()},
+        "queries": got.queries,
+        "telemetry_rows": len(got.telemetry),
+        "collective_rows": len(got.collectives),
+        "verdict": explanation.verdict,
+        "answer": explanation.answer[0][:160],
         "named": top is not None and (top.node, top.gpu) == (node_name(nodes // 3), SLOW_GPU),
         "timeline_kb": len(html) // 1024,
-    }  # fmt: skip
+    }
 
 
 def _pid_of(workdir: Path) -> int:
@@ -205,8 +247,11 @@ def main() -> None:
     from tests.test_telemetry_prometheus import IDLE_CONFIG, PromBins, _cache_dir, running_prometheus
 
     found = shutil.which("prometheus"), shutil.which("promtool")
-    bins = (PromBins(Path(found[0]), Path(found[1])) if found[0] and found[1]
-            else PromBins(_cache_dir() / "usr/bin/prometheus", _cache_dir() / "usr/bin/promtool"))
+    bins = (
+        PromBins(Path(found[0]), Path(found[1]))
+        if found[0] and found[1]
+        else PromBins(_cache_dir() / "usr/bin/prometheus", _cache_dir() / "usr/bin/promtool")
+    )
     work = args.workdir.resolve()
     stamp = work / "window.json"
     if not stamp.is_file() or json.loads(stamp.read_text())["nodes"] != args.nodes:
@@ -217,33 +262,57 @@ def main() -> None:
         began = time.perf_counter()
         samples = write_history(work / "history.om", args.nodes, start, end)
         wrote = time.perf_counter()
-        made = subprocess.run([str(bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
-                              cwd=work, capture_output=True, text=True, check=False)  # fmt: skip
+        made = subprocess.run(
+            [str(bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if made.returncode != 0:
             sys.exit(f"promtool failed: {made.stderr[-2000:]}")
         (work / "history.om").unlink()
-        print(f"history: {samples:,} samples written in {wrote - began:.0f} s, backfilled in "
-              f"{time.perf_counter() - wrote:.0f} s", flush=True)
+        print(
+            f"history: {samples:,} samples written in {wrote - began:.0f} s, backfilled in "
+            f"{time.perf_counter() - wrote:.0f} s",
+            flush=True,
+        )
         stamp.write_text(json.dumps({"nodes": args.nodes, "start": start, "end": end}))
     window = json.loads(stamp.read_text())
     with running_prometheus(bins, work, IDLE_CONFIG) as url:
         server = _pid_of(work)
         server_cpu = _cpu_s(server)
-        child = subprocess.run([sys.executable, __file__, "--nodes", str(args.nodes), "--explain-only", url,
-                                str(window["start"]), str(window["end"])], capture_output=True, text=True,
-                               check=False)  # fmt: skip
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--nodes",
+                str(args.nodes),
+                "--explain-only",
+                url,
+                str(window["start"]),
+                str(window["end"]),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         server_cpu = _cpu_s(server) - server_cpu
     if child.returncode != 0:
         sys.exit(f"explain failed: {child.stderr[-3000:]}")
     figures = json.loads(child.stdout.strip().splitlines()[-1])
     figures["prometheus_cpu_s"] = round(server_cpu, 1)
     hours = (window["end"] - window["start"]) / 3600
-    print(f"explain of {args.nodes} nodes × {GPUS} GPUs over {hours:g} h at {STEP} s: {figures['wall_s']} s, "
-          f"peak {figures['peak_rss_mb']} MB (bar: 60 s, 2048 MB)")
+    print(
+        f"explain of {args.nodes} nodes × {GPUS} GPUs over {hours:g} h at {STEP} s: {figures['wall_s']} s, "
+        f"peak {figures['peak_rss_mb']} MB (bar: 60 s, 2048 MB)"
+    )
     with open("/proc/loadavg", encoding="ascii") as load:
         figures["load_average"] = load.read().split()[:3]
-    print(f"CPU seconds: explain {figures['cpu_s']}, Prometheus {figures['prometheus_cpu_s']} (on an idle 2-core "
-          f"machine the wall time is about their sum / 2 at best); load average {figures['load_average']}")
+    print(
+        f"CPU seconds: explain {figures['cpu_s']}, Prometheus {figures['prometheus_cpu_s']} (on an idle 2-core "
+        f"machine the wall time is about their sum / 2 at best); load average {figures['load_average']}"
+    )
     print(json.dumps(figures, indent=2))
 
 

@@ -28,14 +28,22 @@ from gpucert.explain import empty_collectives, empty_record, explain, render_tim
 
 START = pd.Timestamp("2026-12-01T00:00:00Z")
 SIGNALS = {  # healthy mean, noise sd
-    "sm_clock_mhz": (1980.0, 8.0), "clock_event_reasons": (0.0, 0.0), "power_w": (650.0, 12.0),
-    "temp_c": (66.0, 1.5), "util_pct": (95.0, 1.5), "engine_active": (0.9, 0.015), "nvlink_gbps": (310.0, 6.0),
-    "pcie_gbps": (22.0, 1.0), "xid": (0.0, 0.0), "ecc_dbe": (0.0, 0.0),
+    "sm_clock_mhz": (1980.0, 8.0),
+    "clock_event_reasons": (0.0, 0.0),
+    "power_w": (650.0, 12.0),
+    "temp_c": (66.0, 1.5),
+    "util_pct": (95.0, 1.5),
+    "engine_active": (0.9, 0.015),
+    "nvlink_gbps": (310.0, 6.0),
+    "pcie_gbps": (22.0, 1.0),
+    "xid": (0.0, 0.0),
+    "ecc_dbe": (0.0, 0.0),
 }
 
 
-def build(nodes: int, hours: float, step_s: float, seed: int, throttle_at: float, with_nic: bool
-          ) -> tuple[dict[str, pd.DataFrame | None], tuple[str, int, pd.Timestamp]]:
+def build(
+    nodes: int, hours: float, step_s: float, seed: int, throttle_at: float, with_nic: bool
+) -> tuple[dict[str, pd.DataFrame | None], tuple[str, int, pd.Timestamp]]:
     """The frames of a job with one GPU throttling, and (node, GPU, onset) of that GPU."""
     rng = np.random.default_rng(seed)
     n_t = int(hours * 3600 / step_s) + 1
@@ -58,21 +66,24 @@ def build(nodes: int, hours: float, step_s: float, seed: int, throttle_at: float
             m[onset_i:, bad_col] += 22
         elif signal == "power_w":
             m[onset_i:, bad_col] *= 0.62
-        values[k * n_t * n_g:(k + 1) * n_t * n_g] = m.ravel()
+        values[k * n_t * n_g : (k + 1) * n_t * n_g] = m.ravel()
         del m
     per_signal = n_t * n_g
     g_idx = np.tile(np.arange(n_g, dtype=np.int32), n_t * len(SIGNALS))
     t_idx = np.tile(np.repeat(np.arange(n_t, dtype=np.int32), n_g), len(SIGNALS))
-    telemetry = pd.DataFrame({
-        "ts": ts[t_idx],
-        "node": pd.Categorical.from_codes(g_idx // 8, categories=pd.Index(names)),
-        "gpu": pd.array(g_idx % 8, dtype="Int64"),
-        "gpu_uuid": pd.Categorical.from_codes(g_idx, categories=pd.Index([f"GPU-{i:08x}" for i in range(n_g)])),
-        "pod": pd.Categorical.from_codes(g_idx // 8, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
-        "signal": pd.Categorical.from_codes(np.repeat(np.arange(len(SIGNALS)), per_signal),
-                                            categories=pd.Index(list(SIGNALS))),
-        "value": values,
-    })
+    telemetry = pd.DataFrame(
+        {
+            "ts": ts[t_idx],
+            "node": pd.Categorical.from_codes(g_idx // 8, categories=pd.Index(names)),
+            "gpu": pd.array(g_idx % 8, dtype="Int64"),
+            "gpu_uuid": pd.Categorical.from_codes(g_idx, categories=pd.Index([f"GPU-{i:08x}" for i in range(n_g)])),
+            "pod": pd.Categorical.from_codes(g_idx // 8, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
+            "signal": pd.Categorical.from_codes(
+                np.repeat(np.arange(len(SIGNALS)), per_signal), categories=pd.Index(list(SIGNALS))
+            ),
+            "value": values,
+        }
+    )
     del g_idx, t_idx
 
     # One line per pod per step; a step takes 1 s, 2 s once the GPU throttles (synchronous training).
@@ -86,13 +97,15 @@ def build(nodes: int, hours: float, step_s: float, seed: int, throttle_at: float
     ends, dt = ends[keep], dt[keep]
     n_s = len(ends)
     pods = np.tile(np.arange(nodes), n_s)
-    steps = pd.DataFrame({
-        "ts": START + pd.to_timedelta(np.repeat(ends, nodes), unit="s"),
-        "pod": pd.Categorical.from_codes(pods, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
-        "node": pd.Categorical.from_codes(pods, categories=pd.Index(names)),
-        "step": pd.array(np.repeat(np.arange(1, n_s + 1), nodes), dtype="Int64"),
-        "step_time_s": np.repeat(dt, nodes),
-    })
+    steps = pd.DataFrame(
+        {
+            "ts": START + pd.to_timedelta(np.repeat(ends, nodes), unit="s"),
+            "pod": pd.Categorical.from_codes(pods, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
+            "node": pd.Categorical.from_codes(pods, categories=pd.Index(names)),
+            "step": pd.array(np.repeat(np.arange(1, n_s + 1), nodes), dtype="Int64"),
+            "step_time_s": np.repeat(dt, nodes),
+        }
+    )
 
     nic = None
     if with_nic:
@@ -100,20 +113,28 @@ def build(nodes: int, hours: float, step_s: float, seed: int, throttle_at: float
         n_p = nodes * 8
         p_idx = np.tile(np.arange(n_p), n_t * len(nic_signals))
         s_idx = np.repeat(np.arange(len(nic_signals)), n_t * n_p)
-        nic = pd.DataFrame({
-            "ts": ts[np.tile(np.repeat(np.arange(n_t), n_p), len(nic_signals))],
-            "node": pd.Categorical.from_codes(p_idx // 8, categories=pd.Index(names)),
-            "device": pd.Categorical.from_codes(p_idx % 8, categories=pd.Index([f"mlx5_{d}" for d in range(8)])),
-            "port": pd.array(np.ones(len(p_idx), dtype=np.int64), dtype="Int64"),
-            "signal": pd.Categorical.from_codes(s_idx, categories=pd.Index(list(nic_signals))),
-            "value": np.where(s_idx == 0, 400.0, 0.0),
-        })
-    events = pd.DataFrame({
-        "ts": pd.to_datetime([START + pd.Timedelta(minutes=5), START + pd.Timedelta(hours=2)], utc=True),
-        "object_kind": ["Pod", "Node"], "object_name": ["train-3", names[1]], "namespace": ["ml", None],
-        "node": [names[3], names[1]], "reason": ["Started", "Certified"], "type": ["Normal", "Normal"],
-        "note": ["Started container train", "gpucert: certified"],
-    })
+        nic = pd.DataFrame(
+            {
+                "ts": ts[np.tile(np.repeat(np.arange(n_t), n_p), len(nic_signals))],
+                "node": pd.Categorical.from_codes(p_idx // 8, categories=pd.Index(names)),
+                "device": pd.Categorical.from_codes(p_idx % 8, categories=pd.Index([f"mlx5_{d}" for d in range(8)])),
+                "port": pd.array(np.ones(len(p_idx), dtype=np.int64), dtype="Int64"),
+                "signal": pd.Categorical.from_codes(s_idx, categories=pd.Index(list(nic_signals))),
+                "value": np.where(s_idx == 0, 400.0, 0.0),
+            }
+        )
+    events = pd.DataFrame(
+        {
+            "ts": pd.to_datetime([START + pd.Timedelta(minutes=5), START + pd.Timedelta(hours=2)], utc=True),
+            "object_kind": ["Pod", "Node"],
+            "object_name": ["train-3", names[1]],
+            "namespace": ["ml", None],
+            "node": [names[3], names[1]],
+            "reason": ["Started", "Certified"],
+            "type": ["Normal", "Normal"],
+            "note": ["Started container train", "gpucert: certified"],
+        }
+    )
     frames: dict[str, pd.DataFrame | None] = {"telemetry": telemetry, "steps": steps, "events": events, "nic": nic}
     return frames, (names[bad_col // 8], bad_col % 8, onset)
 
@@ -131,8 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t = time.perf_counter()
-    frames, (node, gpu, onset) = build(args.nodes, args.hours, args.step, args.seed, args.throttle_at,
-                                       not args.no_nic)
+    frames, (node, gpu, onset) = build(args.nodes, args.hours, args.step, args.seed, args.throttle_at, not args.no_nic)
     built = time.perf_counter() - t
     for name, frame in frames.items():
         if frame is not None:
@@ -149,8 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     html = ""
     for _ in range(args.repeats):
         t = time.perf_counter()
-        ex = explain("ml/train", window, telemetry=telemetry, steps=steps, collectives=empty_collectives(),
-                     events=events, record=empty_record(), nic=frames["nic"], step_s=args.step)
+        ex = explain(
+            "ml/train",
+            window,
+            telemetry=telemetry,
+            steps=steps,
+            collectives=empty_collectives(),
+            events=events,
+            record=empty_record(),
+            nic=frames["nic"],
+            step_s=args.step,
+        )
         judge_s.append(time.perf_counter() - t)
         t = time.perf_counter()
         html = render_timeline(ex, telemetry=telemetry, steps=steps, events=events, step_s=args.step)
@@ -166,8 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in ex.answer:
         print(f"answer:           {line}")
     top = ex.suspects[0] if ex.suspects else None
-    ok = (top is not None and (top.node, top.gpu) == (node, gpu) and top.onset is not None
-          and abs((top.onset - onset).total_seconds()) <= args.step)
+    ok = (
+        top is not None
+        and (top.node, top.gpu) == (node, gpu)
+        and top.onset is not None
+        and abs((top.onset - onset).total_seconds()) <= args.step
+    )
     print("judgement:        " + ("names the throttled GPU, onset within one scrape interval" if ok else "WRONG"))
     return 0 if ok else 1
 

@@ -35,9 +35,7 @@ LEAF = "gpucert.io/leaf"
 
 def _fleet(nodes: int, leaf_size: int) -> pd.DataFrame:
     index = np.arange(nodes)
-    return pd.DataFrame(
-        {"node": [f"node-{i:05d}" for i in index], LEAF: [f"leaf-{i // leaf_size:03d}" for i in index]}
-    )
+    return pd.DataFrame({"node": [f"node-{i:05d}" for i in index], LEAF: [f"leaf-{i // leaf_size:03d}" for i in index]})
 
 
 class _Fabric:
@@ -63,10 +61,7 @@ class _Fabric:
         a = self.leaf[self.index.get_indexer(pd.Index(pairs["node"]))]
         b = self.leaf[self.index.get_indexer(pd.Index(pairs["peer"]))]
         return int(
-            np.sum(
-                np.minimum(a, b) * 100_000 + np.maximum(a, b)
-                == min(self.slow_link) * 100_000 + max(self.slow_link)
-            )
+            np.sum(np.minimum(a, b) * 100_000 + np.maximum(a, b) == min(self.slow_link) * 100_000 + max(self.slow_link))
         )
 
     def measure(self, pairs: pd.DataFrame, repeats: int = 3) -> pd.DataFrame:
@@ -142,14 +137,29 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.nodes[0], args.leaf_size, args.repeats, args.seed)))
         return
-    print(f"{'nodes':>6} {'leaves':>6} {'pairs':>6} {'rounds':>6} {'plan s':>7} {'judge s':>7} {'repair s':>8} "
-          f"{'rejudge s':>9} {'total s':>7} {'RSS MiB':>15}  found")  # fmt: skip
+    print(
+        f"{'nodes':>6} {'leaves':>6} {'pairs':>6} {'rounds':>6} {'plan s':>7} {'judge s':>7} {'repair s':>8} "
+        f"{'rejudge s':>9} {'total s':>7} {'RSS MiB':>15}  found"
+    )
     for nodes in args.nodes:
         child = subprocess.run(
-            [sys.executable, __file__, "--one", "--nodes", str(nodes), "--leaf-size", str(args.leaf_size),
-             "--repeats", str(args.repeats), "--seed", str(args.seed)],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                "--nodes",
+                str(nodes),
+                "--leaf-size",
+                str(args.leaf_size),
+                "--repeats",
+                str(args.repeats),
+                "--seed",
+                str(args.seed),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         r = json.loads(child.stdout)
         print(
             f"{r['nodes']:>6} {r['leaves']:>6} {r['pairs']:>6} {r['rounds']:>6} {r['plan_s']:>7.3f} "

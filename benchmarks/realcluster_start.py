@@ -35,8 +35,11 @@ def main() -> int:
                 attached = time.monotonic() - attaching
             stopping = time.monotonic()
         down = time.monotonic() - stopping
-        print(f"round {round_}: control plane up {up:.1f} s; {args.nodes} preconfigured nodes attached, their "
-              f"stack running {attached:.1f} s; everything stopped {down:.1f} s", flush=True)
+        print(
+            f"round {round_}: control plane up {up:.1f} s; {args.nodes} preconfigured nodes attached, their "
+            f"stack running {attached:.1f} s; everything stopped {down:.1f} s",
+            flush=True,
+        )
     return 0
 
 

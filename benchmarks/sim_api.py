@@ -37,15 +37,35 @@ def _peak_rss_mb() -> float:
 
 def _bench_job(name: str, node: str, run_id: str) -> dict[str, Any]:
     labels = {"app.kubernetes.io/managed-by": "gpucert", "gpucert.io/run-id": run_id}
-    tolerations = [{"key": k, "operator": "Exists", "effect": "NoSchedule"}
-                   for k in ("gpucert.io/uncertified", "gpucert.io/unhealthy")]
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels}, "spec": {
-        "backoffLimit": 0, "activeDeadlineSeconds": 600, "ttlSecondsAfterFinished": 3600,
-        "template": {"metadata": {"labels": labels}, "spec": {
-            "restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": tolerations,
-            "containers": [{"name": "bench", "image": "ghcr.io/gpucert/payload:0.1",
-                            "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}}
+    tolerations = [
+        {"key": k, "operator": "Exists", "effect": "NoSchedule"}
+        for k in ("gpucert.io/uncertified", "gpucert.io/unhealthy")
+    ]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": 600,
+            "ttlSecondsAfterFinished": 3600,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": tolerations,
+                    "containers": [
+                        {
+                            "name": "bench",
+                            "image": "ghcr.io/gpucert/payload:0.1",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
 
 
 def _job_to_rows(api: Any, namespace: str, name: str, node: str) -> tuple[float, int]:
@@ -59,9 +79,13 @@ def _job_to_rows(api: Any, namespace: str, name: str, node: str) -> tuple[float,
         path = Path(tmp) / f"{name}.jsonl"
         t0 = time.perf_counter()
         created = batch.create_namespaced_job(namespace, _bench_job(name, node, name))
-        for event in watch.Watch().stream(batch.list_namespaced_job, namespace,
-                                          field_selector=f"metadata.name={name}",
-                                          resource_version=created.metadata.resource_version, timeout_seconds=30):
+        for event in watch.Watch().stream(
+            batch.list_namespaced_job,
+            namespace,
+            field_selector=f"metadata.name={name}",
+            resource_version=created.metadata.resource_version,
+            timeout_seconds=30,
+        ):
             conditions = {c.type: c.status for c in event["object"].status.conditions or ()}
             if conditions.get("Complete") == "True":
                 break
@@ -86,8 +110,9 @@ def main() -> None:
     from gpucert_sim import SimCluster
 
     imported = time.perf_counter()
-    sim = SimCluster(nodes=args.nodes, gpus=args.gpus, model="NVIDIA H200", preconfigured=True,
-                     controllers=True).start()
+    sim = SimCluster(
+        nodes=args.nodes, gpus=args.gpus, model="NVIDIA H200", preconfigured=True, controllers=True
+    ).start()
     ready = time.perf_counter()
     try:
         api = sim.api_client()
@@ -115,14 +140,20 @@ def main() -> None:
         sim.stop()
 
     print(f"simulated cluster: {args.nodes:,} nodes × {args.gpus} GPUs")
-    print(f"  ready after construction : {ready - imported:6.2f} s   (bar ≤ 10 s; imports took "
-          f"{imported - started:.2f} s more)")
+    print(
+        f"  ready after construction : {ready - imported:6.2f} s   (bar ≤ 10 s; imports took "
+        f"{imported - started:.2f} s more)"
+    )
     print(f"  peak RSS                 : {_peak_rss_mb():6.0f} MB  (bar ≤ 1024 MB)")
-    print(f"  list nodes, client       : {min(lists):6.3f} s best, {statistics.median(lists):.3f} s median "
-          f"of {args.repeats}  (bar ≤ 0.5 s)")
+    print(
+        f"  list nodes, client       : {min(lists):6.3f} s best, {statistics.median(lists):.3f} s median "
+        f"of {args.repeats}  (bar ≤ 0.5 s)"
+    )
     print(f"  list nodes, raw HTTP     : {min(raws):6.3f} s best ({size / 1e6:.1f} MB of JSON)")
-    print(f"  benchmark Job → rows     : {min(jobs):6.3f} s best, {statistics.median(jobs):.3f} s median "
-          f"of {args.repeats}, {rows} rows a node  (bar ≤ 1 s)")
+    print(
+        f"  benchmark Job → rows     : {min(jobs):6.3f} s best, {statistics.median(jobs):.3f} s median "
+        f"of {args.repeats}, {rows} rows a node  (bar ≤ 1 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,16 @@ def one_round(fleet: Fleet, nodes: list[str], rule: RepeatRule) -> tuple[float, 
     for i, node in enumerate(nodes):
         t0 = time.perf_counter()
         rows = fleet.run(
-            "bench-pods", ts=TS, seed=i, nodes=[node], wave_draws=True, nic=True,
-            repeats=rule.repeats, max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of),
-        ).results  # fmt: skip
+            "bench-pods",
+            ts=TS,
+            seed=i,
+            nodes=[node],
+            wave_draws=True,
+            nic=True,
+            repeats=rule.repeats,
+            max_repeats=rule.max_repeats,
+            repeats_of=dict(rule.repeats_of),
+        ).results
         t1 = time.perf_counter()
         benchmark_lines(rows, rule)
         wave_s += t1 - t0
@@ -55,8 +62,10 @@ def main() -> int:
         rounds = [one_round(fleet, nodes, rule) for _ in range(3)]
         wave = statistics.median(r[0] for r in rounds) * 1e3
         log = statistics.median(r[1] for r in rounds) * 1e3
-        print(f"{size:>6,} nodes: {wave + log:5.2f} ms a pod (wave {wave:.2f}, log {log:.2f}), "
-              f"median of 3 rounds of {len(nodes)} pods")  # fmt: skip
+        print(
+            f"{size:>6,} nodes: {wave + log:5.2f} ms a pod (wave {wave:.2f}, log {log:.2f}), "
+            f"median of 3 rounds of {len(nodes)} pods"
+        )
     return 0
 
 

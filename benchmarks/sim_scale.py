@@ -55,9 +55,21 @@ class Sim:
     def __init__(self, nodes: int, gpus: int, workdir: Path, seed: int | None = None) -> None:
         self.kubeconfig = workdir / "kubeconfig"
         self.log = (workdir / "sim.log").open("w")
-        command = [sys.executable, "-c", "import sys; from gpucert.cli import main; sys.exit(main())",
-                   "sim", "up", "--nodes", str(nodes), "--gpus", str(gpus), "--preconfigured",
-                   "--kubeconfig", str(self.kubeconfig), *(["--seed", str(seed)] if seed is not None else [])]
+        command = [
+            sys.executable,
+            "-c",
+            "import sys; from gpucert.cli import main; sys.exit(main())",
+            "sim",
+            "up",
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            str(gpus),
+            "--preconfigured",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            *(["--seed", str(seed)] if seed is not None else []),
+        ]
         self.launched = time.perf_counter()
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.port = 0
@@ -140,8 +152,10 @@ def _rolled_out(sim: Sim, nodes: int, timeout_s: float) -> tuple[float, int]:
     while True:
         items = orjson.loads(_get(conn, f"/apis/apps/v1/namespaces/{_NAMESPACE}/daemonsets"))["items"]
         statuses = [d.get("status") or {} for d in items]
-        if items and all(s.get("desiredNumberScheduled") == s.get("numberReady") and
-                         s.get("desiredNumberScheduled", 0) > 0 for s in statuses):
+        if items and all(
+            s.get("desiredNumberScheduled") == s.get("numberReady") and s.get("desiredNumberScheduled", 0) > 0
+            for s in statuses
+        ):
             conn.close()
             return time.perf_counter() - sim.launched, len(items)
         if time.perf_counter() > end:
@@ -242,22 +256,37 @@ def _watch_burst(sim: Sim, names: Sequence[str], senders: int, timeout_s: float)
         raise SystemExit(f"sim_scale: the watch failed: {failure[0]!r}")
     latencies = [received[n] - sent[n] for n in names if n in received]
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    return {"patched_s": patched, "drained_s": drained, "received": len(received), "latencies": latencies,
-            "max_gap": max(gaps, default=0.0)}
+    return {
+        "patched_s": patched,
+        "drained_s": drained,
+        "received": len(received),
+        "latencies": latencies,
+        "max_gap": max(gaps, default=0.0),
+    }
 
 
 def _probe_pods(sim: Sim, names: Sequence[str], count: int) -> list[str]:
     """Create ``count`` pods, each with a label only it has, on the first nodes; returns their label values."""
     conn = sim.conn()
-    _send(conn, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": _PROBE_NAMESPACE}}, "application/json")
+    _send(
+        conn,
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": _PROBE_NAMESPACE}},
+        "application/json",
+    )
     values = []
     for i in range(count):
         value = f"p{i:04d}"
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": f"probe-{i:04d}", "labels": {_PROBE_LABEL: value}},
-               "spec": {"nodeSelector": {"kubernetes.io/hostname": names[i % len(names)]},
-                        "containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.9"}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"probe-{i:04d}", "labels": {_PROBE_LABEL: value}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": names[i % len(names)]},
+                "containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.9"}],
+            },
+        }
         _send(conn, "POST", f"/api/v1/namespaces/{_PROBE_NAMESPACE}/pods", pod, "application/json")
         values.append(value)
     conn.close()
@@ -290,8 +319,11 @@ def _pod_lists(sim: Sim, names: Sequence[str], probes: Sequence[str], repeats: i
         paged.append(time.perf_counter() - t0)
     one = []
     for value in probes:
-        path = f"/api/v1/namespaces/{_PROBE_NAMESPACE}/pods?labelSelector=" + \
-            urllib.parse.quote(f"{_PROBE_LABEL}={value}") + "&limit=500"
+        path = (
+            f"/api/v1/namespaces/{_PROBE_NAMESPACE}/pods?labelSelector="
+            + urllib.parse.quote(f"{_PROBE_LABEL}={value}")
+            + "&limit=500"
+        )
         seconds, page = _timed_get(conn, path)
         if len(page["items"]) != 1:
             raise SystemExit(f"sim_scale: {_PROBE_LABEL}={value} listed {len(page['items'])} pods, expected 1")
@@ -301,8 +333,15 @@ def _pod_lists(sim: Sim, names: Sequence[str], probes: Sequence[str], repeats: i
         seconds, page = _timed_get(conn, f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}")
         by_node.append(seconds)
     conn.close()
-    return {"all_s": took, "all_bytes": size, "total": total, "exporters": matched, "paged": paged, "one": one,
-            "by_node": by_node}
+    return {
+        "all_s": took,
+        "all_bytes": size,
+        "total": total,
+        "exporters": matched,
+        "paged": paged,
+        "one": one,
+        "by_node": by_node,
+    }
 
 
 def main() -> int:
@@ -311,8 +350,13 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--senders", type=int, default=8, help="connections patching nodes at once")
-    parser.add_argument("--burst", type=int, default=None, metavar="K",
-                        help="patch only the first K nodes in the watch burst (default: every node)")
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=None,
+        metavar="K",
+        help="patch only the first K nodes in the watch burst (default: every node)",
+    )
     parser.add_argument("--probes", type=int, default=50, help="pods listed one at a time by their own label")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds any one phase may take")
     args = parser.parse_args()
@@ -338,28 +382,43 @@ def main() -> int:
     print(f"  start: API answering     {api_up:7.1f} s after launch")
     print(f"         stack rolled out  {rolled:7.1f} s (every DaemonSet pod Ready; bar ≤ 60 s)")
     print(f"         controllers idle  {idle:7.1f} s")
-    print(f"  memory: RSS {rss_started:,.0f} MB once started (peak {peak_started:,.0f} MB); "
-          f"peak {peak_end:,.0f} MB at the end, RSS {rss_end:,.0f} MB (bar ≤ 4096 MB)")
-    print(f"  list all nodes, one GET  : {min(lists['raw']):6.3f} s best, {statistics.median(lists['raw']):.3f} s "
-          f"median of {args.repeats}; {lists['bytes'] / 1e6:.1f} MB of JSON")
-    print(f"  list all nodes, Kube     : {min(lists['kube']):6.3f} s best, {statistics.median(lists['kube']):.3f} s "
-          f"median (pages of 500, parsed)")
+    print(
+        f"  memory: RSS {rss_started:,.0f} MB once started (peak {peak_started:,.0f} MB); "
+        f"peak {peak_end:,.0f} MB at the end, RSS {rss_end:,.0f} MB (bar ≤ 4096 MB)"
+    )
+    print(
+        f"  list all nodes, one GET  : {min(lists['raw']):6.3f} s best, {statistics.median(lists['raw']):.3f} s "
+        f"median of {args.repeats}; {lists['bytes'] / 1e6:.1f} MB of JSON"
+    )
+    print(
+        f"  list all nodes, Kube     : {min(lists['kube']):6.3f} s best, {statistics.median(lists['kube']):.3f} s "
+        f"median (pages of 500, parsed)"
+    )
     patched = len(names[: args.burst])
-    print(f"  watch, burst of {patched:,} label patches from {args.senders} connections: "
-          f"sent in {burst['patched_s']:.1f} s ({patched / burst['patched_s']:,.0f}/s), "
-          f"{burst['received']:,}/{patched:,} events received by {burst['drained_s']:.1f} s")
+    print(
+        f"  watch, burst of {patched:,} label patches from {args.senders} connections: "
+        f"sent in {burst['patched_s']:.1f} s ({patched / burst['patched_s']:,.0f}/s), "
+        f"{burst['received']:,}/{patched:,} events received by {burst['drained_s']:.1f} s"
+    )
     if lat:
-        print(f"    patch → event latency p50 {_pct(lat, 50) * 1e3:.1f} ms, p99 {_pct(lat, 99) * 1e3:.1f} ms, "
-              f"max {max(lat) * 1e3:.1f} ms; longest gap between events {burst['max_gap'] * 1e3:.1f} ms"
-              + ("" if burst["received"] == patched else "  (STALLED: events missing)"))
-    print(f"  pods: {pods['total']:,} in all, one unpaged GET {pods['all_s']:.3f} s "
-          f"({pods['all_bytes'] / 1e6:.1f} MB)")
-    print(f"    component=dcgm-exporter ({pods['exporters']:,} pods, pages of 500): "
-          f"{min(pods['paged']):.3f} s best, {statistics.median(pods['paged']):.3f} s median")
-    print(f"    one pod by its own label ({len(pods['one'])} lists): p50 {_pct(pods['one'], 50) * 1e3:.2f} ms, "
-          f"p99 {_pct(pods['one'], 99) * 1e3:.2f} ms")
-    print(f"    one node's pods by fieldSelector spec.nodeName: p50 {_pct(pods['by_node'], 50) * 1e3:.1f} ms, "
-          f"max {max(pods['by_node']) * 1e3:.1f} ms")
+        print(
+            f"    patch → event latency p50 {_pct(lat, 50) * 1e3:.1f} ms, p99 {_pct(lat, 99) * 1e3:.1f} ms, "
+            f"max {max(lat) * 1e3:.1f} ms; longest gap between events {burst['max_gap'] * 1e3:.1f} ms"
+            + ("" if burst["received"] == patched else "  (STALLED: events missing)")
+        )
+    print(f"  pods: {pods['total']:,} in all, one unpaged GET {pods['all_s']:.3f} s ({pods['all_bytes'] / 1e6:.1f} MB)")
+    print(
+        f"    component=dcgm-exporter ({pods['exporters']:,} pods, pages of 500): "
+        f"{min(pods['paged']):.3f} s best, {statistics.median(pods['paged']):.3f} s median"
+    )
+    print(
+        f"    one pod by its own label ({len(pods['one'])} lists): p50 {_pct(pods['one'], 50) * 1e3:.2f} ms, "
+        f"p99 {_pct(pods['one'], 99) * 1e3:.2f} ms"
+    )
+    print(
+        f"    one node's pods by fieldSelector spec.nodeName: p50 {_pct(pods['by_node'], 50) * 1e3:.1f} ms, "
+        f"max {max(pods['by_node']) * 1e3:.1f} ms"
+    )
     return 0
 
 

@@ -37,9 +37,7 @@ class GpuCluster(Block):
     _block_type_name = "GPU Cluster"
     _block_type_slug = "gpucert-gpu-cluster"
     _documentation_url = "https://github.com/gpucert/gpucert#readme"  # type: ignore[assignment]
-    _description = (
-        "A Kubernetes GPU cluster for gpucert: how to reach it, where its GPU stack lives, its label prefix."
-    )
+    _description = "A Kubernetes GPU cluster for gpucert: how to reach it, where its GPU stack lives, its label prefix."
 
     credentials: KubernetesCredentials | None = Field(
         default=None,
@@ -48,9 +46,7 @@ class GpuCluster(Block):
     kubeconfig: str | None = Field(
         default=None, description="Path to a kubeconfig file, used when no credentials block is set."
     )
-    context: str | None = Field(
-        default=None, description="The kubeconfig context to use (default: its current one)."
-    )
+    context: str | None = Field(default=None, description="The kubeconfig context to use (default: its current one).")
     stack_namespace: str = Field(
         default=STACK_NAMESPACE,
         description="Namespace of the GPU stack (driver, toolkit, device plugin, DCGM exporter).",

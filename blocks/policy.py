@@ -39,17 +39,13 @@ class CertificationPolicy(Block):
     _block_type_name = "gpucert Certification Policy"
     _block_type_slug = "gpucert-certification-policy"
     _documentation_url = "https://github.com/gpucert/gpucert#readme"  # type: ignore[assignment]
-    _description = (
-        "The thresholds, confirmation, blast radius, rotation, escalation and tickets gpucert runs by."
-    )
+    _description = "The thresholds, confirmation, blast radius, rotation, escalation and tickets gpucert runs by."
 
     policy: dict[str, Any] = Field(
         default_factory=dict,
         description="Thresholds merged over the shipped defaults: the contents of a policy YAML file.",
     )
-    source: str = Field(
-        default="", description="Where `policy` came from (a file name), named in error messages."
-    )
+    source: str = Field(default="", description="Where `policy` came from (a file name), named in error messages.")
     repeats: int = Field(default=3, ge=1, le=15, description="Repeats of each benchmark in a run.")
     max_reruns: int = Field(
         default=2,
@@ -94,8 +90,11 @@ class CertificationPolicy(Block):
     def rules(self) -> CertificationRules:
         """The resolved rules; raises ``PolicyError`` (an input error) naming the key that is wrong."""
         overrides: dict[str, Any] = {}
-        radius = {k: v for k, v in (("min_nodes", self.blast_radius_min_nodes),
-                                    ("fraction", self.blast_radius_fraction)) if v is not None}  # fmt: skip
+        radius = {
+            k: v
+            for k, v in (("min_nodes", self.blast_radius_min_nodes), ("fraction", self.blast_radius_fraction))
+            if v is not None
+        }
         if radius:
             overrides["blast_radius"] = radius
         if self.observe_only is not None:
@@ -108,9 +107,14 @@ class CertificationPolicy(Block):
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise PolicyError(f"{source}: escalation.{where}: {first['msg']}") from None
-        return CertificationRules(policy=policy, repeats=self.repeats, max_reruns=self.max_reruns,
-                                  rotation_days=self.rotation_days, max_nodes=self.max_nodes,
-                                  escalation=escalation)  # fmt: skip
+        return CertificationRules(
+            policy=policy,
+            repeats=self.repeats,
+            max_reruns=self.max_reruns,
+            rotation_days=self.rotation_days,
+            max_nodes=self.max_nodes,
+            escalation=escalation,
+        )
 
 
 def _merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

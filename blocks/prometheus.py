@@ -37,8 +37,7 @@ class Prometheus(Block):
     _block_type_slug = "gpucert-prometheus"
     _documentation_url = "https://github.com/gpucert/gpucert#readme"  # type: ignore[assignment]
     _description = (
-        "The Prometheus gpucert reads DCGM telemetry from between certifications: its URL, credentials "
-        "and TLS checks."
+        "The Prometheus gpucert reads DCGM telemetry from between certifications: its URL, credentials and TLS checks."
     )
 
     # A validation error would otherwise echo its input, a token or password given as a plain string too.

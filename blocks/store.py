@@ -81,8 +81,6 @@ class BaselineStore(Block):
         """
         if self.uri.strip().lower().startswith("s3://"):
             session = self.credentials.get_boto3_session() if self.credentials is not None else None
-            objects = S3ObjectStore.from_uri(
-                self.uri.strip(), session=session, endpoint_url=self.endpoint_url
-            )
+            objects = S3ObjectStore.from_uri(self.uri.strip(), session=session, endpoint_url=self.endpoint_url)
             return Store(objects, create=create, public_url=self.public_url)
         return open_store(self.uri, create=create, public_url=self.public_url)

@@ -62,9 +62,7 @@ class Ticketing(Block):
             "keeps its ticket state there too."
         ),
     )
-    server: str | None = Field(
-        default=None, description="Jira: the server URL, e.g. https://jira.example.com."
-    )
+    server: str | None = Field(default=None, description="Jira: the server URL, e.g. https://jira.example.com.")
     user: str | None = Field(
         default=None, description="Jira: the user (a Cloud e-mail); empty to use the token as a bearer token."
     )
@@ -79,9 +77,7 @@ class Ticketing(Block):
         description="Jira: the priority of each ticket kind; empty to set none.",
     )
     done_transition: str = Field(default="Done", description="Jira: the transition that resolves an issue.")
-    reopen_transition: str = Field(
-        default="Reopen", description="Jira: the transition that reopens an issue."
-    )
+    reopen_transition: str = Field(default="Reopen", description="Jira: the transition that reopens an issue.")
     url: SecretStr | None = Field(
         default=None, description="Webhook: the URL changes are POSTed to (a Slack incoming webhook works)."
     )

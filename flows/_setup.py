@@ -88,8 +88,6 @@ MAX_RUN_ATTEMPTS_ENV = "GPUCERT_MAX_RUN_ATTEMPTS"
 DEFAULT_MAX_RUN_ATTEMPTS = 3
 
 
-
-
 def check_attempts() -> int:
     """This flow run's attempt: 1 for its first start, more when a crash brought it back (the same flow
     run, so the same run id: it adopts what the last attempt left). Raises :class:`RunAttemptsExhausted`
@@ -103,7 +101,8 @@ def check_attempts() -> int:
     if attempt > int(raw):
         raise RunAttemptsExhausted(
             f"flow run {flow_run.name or flow_run.id}: attempt {attempt} of at most {raw} "
-            f"(${MAX_RUN_ATTEMPTS_ENV}); it crashed every time — see the earlier attempts' logs")
+            f"(${MAX_RUN_ATTEMPTS_ENV}); it crashed every time — see the earlier attempts' logs"
+        )
     return attempt
 
 
@@ -145,9 +144,17 @@ def resolve(
         chosen = Ticketing(backend="local", path=opened.uri)
     kube = cluster.kube()
     audit = AuditRecorder(AuditLog(opened.objects), run_id=None, trigger=run_trigger()).watch(kube, opened)
-    return Setup(cluster=cluster, kube=kube, store=opened, store_block=given_store, policy=policy,
-                 ticketing=chosen, rules=rules, tickets=chosen.open() if chosen is not None else None,
-                 audit=audit)  # fmt: skip
+    return Setup(
+        cluster=cluster,
+        kube=kube,
+        store=opened,
+        store_block=given_store,
+        policy=policy,
+        ticketing=chosen,
+        rules=rules,
+        tickets=chosen.open() if chosen is not None else None,
+        audit=audit,
+    )
 
 
 def cluster_of(cluster: GpuCluster | None, name: str | None) -> GpuCluster:
@@ -163,7 +170,8 @@ def cluster_of(cluster: GpuCluster | None, name: str | None) -> GpuCluster:
         raise SetupMissing(
             "no cluster: a deployed run takes it from the cluster parameter or cluster_block, the name of a "
             "saved GpuCluster block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
-            "falls back to the worker's in-cluster service account")
+            "falls back to the worker's in-cluster service account"
+        )
     return GpuCluster()
 
 
@@ -180,7 +188,8 @@ def store_of(store: BaselineStore | None, name: str | None) -> BaselineStore:
         raise SetupMissing(
             "no store: a deployed run takes it from the store parameter or store_block, the name of a saved "
             "BaselineStore block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
-            "writes a file store into the worker's working folder")
+            "writes a file store into the worker's working folder"
+        )
     return BaselineStore.default()
 
 
@@ -196,12 +205,14 @@ def load_named(block_type: type[BlockT], name: str, parameter: str) -> BlockT:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "value"
-        raise SetupMissing(f"{parameter} {name!r}: the saved {kind} block is not valid: {where}: "
-                           f"{first['msg']}") from None  # fmt: skip
+        raise SetupMissing(
+            f"{parameter} {name!r}: the saved {kind} block is not valid: {where}: {first['msg']}"
+        ) from None
     except (ObjectNotFound, ValueError):
         raise SetupMissing(
             f"{parameter} {name!r}: no {kind} block of that name is saved on the Prefect server "
-            "(`gpucert setup` saves them; or name another)") from None
+            "(`gpucert setup` saves them; or name another)"
+        ) from None
     if not isinstance(loaded, block_type):
         raise SetupMissing(f"{parameter} {name!r}: the saved block is a {type(loaded).__name__}, not a {kind}")
     return loaded
@@ -268,12 +279,16 @@ def benchmark_settings(
     """The benchmark Job's settings for a flow: the policy's repeats and repeat rule, the cluster's label
     prefix and storage location, the rest as given. Raises ``InputError`` for a value the Job cannot take
     (an unknown payload option, say)."""
-    fields: dict[str, Any] = {"label_prefix": setup.cluster.label_prefix, "repeats": setup.rules.repeats,
-                              "policy_args": policy_payload_args(setup.rules.policy),
-                              "deadline_s": deadline_s, "pod_annotations": pod_annotations or {},
-                              "storage_claim": setup.cluster.storage_claim,
-                              "storage_host_path": setup.cluster.storage_host_path,
-                              "taint_under_test": not setup.policy.observe_only}  # fmt: skip
+    fields: dict[str, Any] = {
+        "label_prefix": setup.cluster.label_prefix,
+        "repeats": setup.rules.repeats,
+        "policy_args": policy_payload_args(setup.rules.policy),
+        "deadline_s": deadline_s,
+        "pod_annotations": pod_annotations or {},
+        "storage_claim": setup.cluster.storage_claim,
+        "storage_host_path": setup.cluster.storage_host_path,
+        "taint_under_test": not setup.policy.observe_only,
+    }
     if image:
         fields["image"] = image
     if payload_args:
@@ -302,16 +317,24 @@ def _audit_table(audit: AuditRecorder) -> dict[str, Any]:
 
     audit.flush()
     rows = [
-        {"#": e["seq"], "action": e["action"], "object": f"{e['object']['kind']} {e['object']['name']}",
-         "why": str(e.get("why") or "")[:200], "hash": str(e["hash"])[:16]}
+        {
+            "#": e["seq"],
+            "action": e["action"],
+            "object": f"{e['object']['kind']} {e['object']['name']}",
+            "why": str(e.get("why") or "")[:200],
+            "hash": str(e["hash"])[:16],
+        }
         for e in audit.entries[:_AUDIT_ROWS]
-    ]  # fmt: skip
+    ]
     last = audit.entries[-1]["hash"] if audit.entries else "none"
     shown = "" if len(audit.entries) <= _AUDIT_ROWS else f" (the first {_AUDIT_ROWS}: `gpucert audit show` has all)"
-    return {"key": audit_key(flow_run.flow_name), "table": rows or [{"#": "", "action": "no changes"}],
-            "description": f"run {audit.run_id or flow_run.name or 'unnamed'}: {len(audit.entries)} changes "
-                           f"recorded{shown}; the trail's head after them: {last}; "
-                           f"{audit.event_failures} Events not delivered"}  # fmt: skip
+    return {
+        "key": audit_key(flow_run.flow_name),
+        "table": rows or [{"#": "", "action": "no changes"}],
+        "description": f"run {audit.run_id or flow_run.name or 'unnamed'}: {len(audit.entries)} changes "
+        f"recorded{shown}; the trail's head after them: {last}; "
+        f"{audit.event_failures} Events not delivered",
+    }
 
 
 def publish_audit(audit: AuditRecorder) -> None:
@@ -342,5 +365,9 @@ async def apublish_audit(audit: AuditRecorder) -> None:
 def _artifact_lost(table: dict[str, Any], exc: BaseException) -> None:
     from prefect import get_run_logger
 
-    get_run_logger().warning("the audit artifact %s was not published (the Prefect API did not answer: %s); "
-                             "the trail is in the store: %s", table["key"], exc, table["description"])  # fmt: skip
+    get_run_logger().warning(
+        "the audit artifact %s was not published (the Prefect API did not answer: %s); the trail is in the store: %s",
+        table["key"],
+        exc,
+        table["description"],
+    )

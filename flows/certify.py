@@ -59,7 +59,7 @@ from gpucert.tasks.certify import (
     prepare,
     select_nodes,
     settle_run,
-)  # fmt: skip
+)
 from gpucert.tasks.links import measure_links
 from gpucert.tasks.report import publish_report
 from gpucert.tasks.shards import run_shards
@@ -96,32 +96,50 @@ async def certify(
     policy's, else local tickets in a ``file://`` store (recorded only, for an S3 store). ``*_block`` name
     saved blocks to use where the block is not given (prefect.yaml's deployment names ``gpucert``'s).
     """
-    setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only, cluster_block=cluster_block,
-                    store_block=store_block, policy_block=policy_block, ticketing_block=ticketing_block)
+    setup = resolve(
+        cluster,
+        store,
+        policy,
+        ticketing,
+        observe_only=observe_only,
+        cluster_block=cluster_block,
+        store_block=store_block,
+        policy_block=policy_block,
+        ticketing_block=ticketing_block,
+    )
     kube, prefix, rules = setup.kube, setup.cluster.label_prefix, setup.rules
     run = CertificationRun(setup.store, run_id or certify_run_id(), datetime.now(UTC).date())
     audit = setup.audit
     audit.run_id = run.run_id
     audit.because(f"certify {run.run_id}: benchmark")
-    settings = benchmark_settings(setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations,
-                                  payload_args=payload_args)  # fmt: skip
+    settings = benchmark_settings(
+        setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations, payload_args=payload_args
+    )
 
-    gpus, skipped = select_nodes(kube, setup.cluster.gpu_node_selector, nodes, include_busy=include_busy,
-                                 prefix=prefix)  # fmt: skip
+    gpus, skipped = select_nodes(kube, setup.cluster.gpu_node_selector, nodes, include_busy=include_busy, prefix=prefix)
     payload = prepare(kube, settings, run.run_id, list(gpus))
     shards = plan_shards(gpus, setup.policy.shard_size)
     if len(shards) == 1:
         failed, stacks = await benchmark(kube, gpus, run, payload, settings, max_parallel=max_parallel)
     else:
-        shard: dict[str, Any] = {"cluster": cluster, "store": store, "policy": policy, "image": image,
-                                 "max_parallel": max_parallel, "deadline_s": deadline_s,
-                                 "pod_annotations": pod_annotations, "payload_args": payload_args,
-                                 "cluster_block": cluster_block, "store_block": store_block,
-                                 "policy_block": policy_block}  # fmt: skip
+        shard: dict[str, Any] = {
+            "cluster": cluster,
+            "store": store,
+            "policy": policy,
+            "image": image,
+            "max_parallel": max_parallel,
+            "deadline_s": deadline_s,
+            "pod_annotations": pod_annotations,
+            "payload_args": payload_args,
+            "cluster_block": cluster_block,
+            "store_block": store_block,
+            "policy_block": policy_block,
+        }
         failed, stacks = await _benchmark_in_shards(run, shards, setup, shard)
     measured = {node: count for node, count in gpus.items() if node not in failed}
-    links = await measure_links(kube, run, setup.cluster.gpu_node_selector, measured, payload, settings,
-                                rules.policy, max_parallel=max_parallel)  # fmt: skip
+    links = await measure_links(
+        kube, run, setup.cluster.gpu_node_selector, measured, payload, settings, rules.policy, max_parallel=max_parallel
+    )
     audit.flush()  # the Jobs created and deleted
     release_freed_memory()  # what the waves parsed, before the whole fleet is judged at once
     first = judge_run(run, failed, list(gpus), rules.policy)
@@ -149,23 +167,34 @@ async def certify(
     release_freed_memory()  # the merge's, before the report draws the fleet
     tickets = ticket_run(setup.tickets, run, rules.escalation, incident=settlement.incident)
     # After the tickets: the report says what the run did, tickets included (they link to its known key).
-    report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy),
-                                  tickets=tickets)  # fmt: skip
+    report, link = publish_report(run, settlement, actions, links=stored_plan_of(run, rules.policy), tickets=tickets)
     incident = incident_summary(run, settlement.incident, tickets) if settlement.incident else None
     audit.note(*ticket_audit(tickets, incident))
     if incident is not None:
         _page(incident)
     await apublish_audit(audit)
     return CertifyOutcome.of(
-        settlement, day=run.day, store=setup.store.uri, nodes=sorted(gpus), skipped=skipped,
-        reruns=[r.run_id for r in reruns], inconclusive={n: f"{r}: {m}" for n, (r, m) in sorted(failed.items())},
-        observe_only=rules.observe_only, baseline_version=version, reseeded=reseeded, report=report,
+        settlement,
+        day=run.day,
+        store=setup.store.uri,
+        nodes=sorted(gpus),
+        skipped=skipped,
+        reruns=[r.run_id for r in reruns],
+        inconclusive={n: f"{r}: {m}" for n, (r, m) in sorted(failed.items())},
+        observe_only=rules.observe_only,
+        baseline_version=version,
+        reseeded=reseeded,
+        report=report,
         links=links.lines(),
-        report_link=link, ticketing=setup.ticketing_name, actions=actions,
-        tickets=[TicketChange.of(e) for e in tickets.events], tickets_recorded=tickets.recorded,
-        incident_ticket=incident["ticket"] if incident else None, audited=len(audit.entries),
+        report_link=link,
+        ticketing=setup.ticketing_name,
+        actions=actions,
+        tickets=[TicketChange.of(e) for e in tickets.events],
+        tickets_recorded=tickets.recorded,
+        incident_ticket=incident["ticket"] if incident else None,
+        audited=len(audit.entries),
         audit_seconds=round(audit.seconds, 3),
-    )  # fmt: skip
+    )
 
 
 def _page(incident: dict[str, Any]) -> None:
@@ -173,12 +202,16 @@ def _page(incident: dict[str, Any]) -> None:
     ticket, every node held back and its findings, hard gates first)."""
     emit_event(
         event="gpucert.incident.opened",
-        resource={"prefect.resource.id": f"gpucert.incident.{incident['run_id']}",
-                  "prefect.resource.name": f"blast-radius incident of {incident['run_id']}"},
-        related=[{"prefect.resource.id": f"gpucert.node.{n}", "prefect.resource.role": "node"}
-                 for n in incident["nodes"][:50]],
+        resource={
+            "prefect.resource.id": f"gpucert.incident.{incident['run_id']}",
+            "prefect.resource.name": f"blast-radius incident of {incident['run_id']}",
+        },
+        related=[
+            {"prefect.resource.id": f"gpucert.node.{n}", "prefect.resource.role": "node"}
+            for n in incident["nodes"][:50]
+        ],
         payload=incident,
-    )  # fmt: skip
+    )
 
 
 async def _benchmark_in_shards(
@@ -189,8 +222,14 @@ async def _benchmark_in_shards(
     common = {**given, "run_id": run.run_id, "day": run.day.isoformat()}
 
     def here(index: int, nodes: dict[str, int]) -> Any:
-        resolved = {"cluster": setup.cluster, "store": setup.store_block, "policy": setup.policy,
-                    "cluster_block": None, "store_block": None, "policy_block": None}
+        resolved = {
+            "cluster": setup.cluster,
+            "store": setup.store_block,
+            "policy": setup.policy,
+            "cluster_block": None,
+            "store_block": None,
+            "policy_block": None,
+        }
         return certify_shard(**{**common, **resolved}, index=index, nodes=nodes)
 
     parts = await run_shards(run, shards, common, local=here, wait_s=2 * given["deadline_s"] + 600)
@@ -218,13 +257,15 @@ async def certify_shard(
     """Benchmark shard ``index`` of certify run ``run_id`` (started on ``day``, ISO): ``nodes`` (node → GPUs),
     under the run's id, so a shard started again adopts its Jobs; its results, failed Jobs and stacks go to
     the run's folder for the parent to join. Returns how many nodes it measured and how many Jobs failed."""
-    setup = resolve(cluster, store, policy, None, cluster_block=cluster_block, store_block=store_block,
-                    policy_block=policy_block)
+    setup = resolve(
+        cluster, store, policy, None, cluster_block=cluster_block, store_block=store_block, policy_block=policy_block
+    )
     run = CertificationRun(setup.store, run_id, date.fromisoformat(day))
     setup.audit.run_id = run_id
     setup.audit.because(f"certify {run_id}: benchmark, shard {index}")
-    settings = benchmark_settings(setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations,
-                                  payload_args=payload_args)  # fmt: skip
+    settings = benchmark_settings(
+        setup, image=image, deadline_s=deadline_s, pod_annotations=pod_annotations, payload_args=payload_args
+    )
     payload = prepare(setup.kube, settings, run_id, list(nodes))
     failed, _ = await benchmark(setup.kube, nodes, run, payload, settings, max_parallel=max_parallel, shard=index)
     await apublish_audit(setup.audit)

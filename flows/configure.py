@@ -130,9 +130,19 @@ def configure(
     # Never a second stack beside another installer's: adopt the GPU Operator where it runs it.
     found = survey(kube, fleet)
     if choose_installer(found, installer) == GPU_OPERATOR:
-        return _adopt(kube, cluster, found, fleet, targets, request, trail=trail, dry_run_dir=dry_run_dir,
-                      gpus_per_node=gpus_per_node, timeout_s=rollout_timeout_s,
-                      certify_changed=certify_changed)  # fmt: skip
+        return _adopt(
+            kube,
+            cluster,
+            found,
+            fleet,
+            targets,
+            request,
+            trail=trail,
+            dry_run_dir=dry_run_dir,
+            gpus_per_node=gpus_per_node,
+            timeout_s=rollout_timeout_s,
+            certify_changed=certify_changed,
+        )
     recorded: StackRecord | None = None
     reused: tuple[str, ...] = ()
     if nodes and request.unset():
@@ -142,9 +152,7 @@ def configure(
             log.info("no full configure has recorded a stack yet: the newest compatible one is chosen")
         elif reused:
             log.info("taken from the fleet's record (ConfigMap %s): %s", RECORD_NAME, ", ".join(reused))
-    plan = choose_stack(
-        targets, request, namespace=cluster.stack_namespace, label_prefix=cluster.label_prefix
-    )
+    plan = choose_stack(targets, request, namespace=cluster.stack_namespace, label_prefix=cluster.label_prefix)
     for change in record_departures(recorded, plan):
         log.warning("the DaemonSets of every node change, not only of the nodes asked for: %s", change)
     # Only a full run says what the whole fleet is configured with.
@@ -171,9 +179,12 @@ def configure(
         return outcome
 
     assert trail is not None  # a dry run returned above
-    audit = AuditRecorder(AuditLog(trail.open(create=True).objects),
-                          run_id=flow_run.name, trigger=run_trigger(),
-                          default_why=f"configure release {plan.release}: {stack}").watch(kube)  # fmt: skip
+    audit = AuditRecorder(
+        AuditLog(trail.open(create=True).objects),
+        run_id=flow_run.name,
+        trigger=run_trigger(),
+        default_why=f"configure release {plan.release}: {stack}",
+    ).watch(kube)
     try:
         apply_step(kube, "namespace", manifests)
         apply_step(kube, "rbac", manifests)
@@ -236,18 +247,33 @@ def _adopt(
     release = operator_release(load_matrix(), operator.version)
     current = operator.spec_versions.get("driver") or next(iter(sorted(operator.drivers.values())), None)
     pins = {**({"driver": current} if current else {}), **request.versions}
-    plan = choose_stack(targets, StackRequest(release=release.name, versions=pins, registry=request.registry),
-                        namespace=cluster.stack_namespace, label_prefix=cluster.label_prefix)  # fmt: skip
+    plan = choose_stack(
+        targets,
+        StackRequest(release=release.name, versions=pins, registry=request.registry),
+        namespace=cluster.stack_namespace,
+        label_prefix=cluster.label_prefix,
+    )
     changes = operator_changes(operator, plan, request.versions, fleet)
-    log.info("adopting %s, planned against release %s (version from %s): %s", operator.describe(), release.name,
-             operator.version_from, "; ".join(c.name for c in changes) or "nothing to change")  # fmt: skip
+    log.info(
+        "adopting %s, planned against release %s (version from %s): %s",
+        operator.describe(),
+        release.name,
+        operator.version_from,
+        "; ".join(c.name for c in changes) or "nothing to change",
+    )
     chosen = ConfigureOutcome(
-        release=plan.release, nodes=plan.nodes, stack=ConfigureOutcome.stack_of(plan),
-        objects=tuple(c.name for c in changes), pinned=dict(request.versions), registry=request.registry,
-        installer=GPU_OPERATOR, found=tuple(found.lines()),
-        operator_changes=tuple(f"{c.name}: " + ", ".join(f"{k} {a or '(unset)'} → {b}" for k, (a, b)
-                                                           in c.changes.items()) for c in changes),
-    )  # fmt: skip
+        release=plan.release,
+        nodes=plan.nodes,
+        stack=ConfigureOutcome.stack_of(plan),
+        objects=tuple(c.name for c in changes),
+        pinned=dict(request.versions),
+        registry=request.registry,
+        installer=GPU_OPERATOR,
+        found=tuple(found.lines()),
+        operator_changes=tuple(
+            f"{c.name}: " + ", ".join(f"{k} {a or '(unset)'} → {b}" for k, (a, b) in c.changes.items()) for c in changes
+        ),
+    )
     if dry_run_dir is not None:
         files = write_operator_changes(changes, Path(dry_run_dir))
         outcome = chosen.model_copy(update={"dry_run_files": tuple(map(str, files))})
@@ -256,13 +282,19 @@ def _adopt(
 
     if any("driver" in c.changes for c in changes):
         for node, taints in untolerated_taints(kube.nodes(cluster.gpu_node_selector), operator.tolerations).items():
-            log.warning("node %s has taints the operator's DaemonSets do not tolerate (%s): its upgrade controller "
-                        "stops for every node until they go or spec.daemonsets.tolerations covers them",
-                        node, taints)  # fmt: skip
+            log.warning(
+                "node %s has taints the operator's DaemonSets do not tolerate (%s): its upgrade controller "
+                "stops for every node until they go or spec.daemonsets.tolerations covers them",
+                node,
+                taints,
+            )
     assert trail is not None
-    audit = AuditRecorder(AuditLog(trail.open(create=True).objects), run_id=flow_run.name,
-                          trigger=run_trigger(), default_why=f"configure: adopt the GPU Operator {operator.version}"
-                          ).watch(kube)  # fmt: skip
+    audit = AuditRecorder(
+        AuditLog(trail.open(create=True).objects),
+        run_id=flow_run.name,
+        trigger=run_trigger(),
+        default_why=f"configure: adopt the GPU Operator {operator.version}",
+    ).watch(kube)
     began = time.monotonic()
     try:
         apply_to_operator(kube, changes)
@@ -271,28 +303,36 @@ def _adopt(
     driver_nodes = sorted({n for c in changes if "driver" in c.changes for n in c.nodes} - set(plan.host_driver))
     rollout: dict[str, str] = {}
     if driver_nodes:
-        rollout = follow_driver_rollout(kube, driver_nodes, plan.expected_versions(driver_nodes[0])["driver"],
-                                        timeout_s)  # fmt: skip
+        rollout = follow_driver_rollout(
+            kube, driver_nodes, plan.expected_versions(driver_nodes[0])["driver"], timeout_s
+        )
     configured = configured_versions(operator, plan, fleet)
     for change in changes:  # what the operator was told now, not what it ran before
         for node in change.nodes:
             configured[node].update({c: new for c, (_old, new) in change.changes.items()})
     changed_components = {c for ch in changes for c in ch.changes if c != "driver"}
     if changed_components:
-        wait_for_operands(kube, {n: {c: configured[n][c] for c in changed_components} for n in plan.nodes},
-                          timeout_s)  # fmt: skip
+        wait_for_operands(kube, {n: {c: configured[n][c] for c in changed_components} for n in plan.nodes}, timeout_s)
     rollout_s = time.monotonic() - began
     labels = {info.name: info.labels for info in targets}
-    with_plugin = [n for n in plan.nodes if labels.get(n, {}).get("nvidia.com/gpu.deploy.device-plugin") != "false"
-                   and "device-plugin" not in operator.disabled]  # fmt: skip
+    with_plugin = [
+        n
+        for n in plan.nodes
+        if labels.get(n, {}).get("nvidia.com/gpu.deploy.device-plugin") != "false"
+        and "device-plugin" not in operator.disabled
+    ]
     expected = {i.name: i.gpu_count or gpus_per_node for i in targets if i.name in with_plugin}
     gpus = verify_gpus(kube, plan, expected, timeout_s)
     observed = operator_versions(kube, plan)
     drift = operator_drift(configured, observed, fleet)
-    outcome = chosen.model_copy(update={
-        "gpus_verified": gpus, "drift": tuple(drift),
-        "rollout": rollout, "rollout_s": round(rollout_s, 1) if changes else 0.0,
-    })  # fmt: skip
+    outcome = chosen.model_copy(
+        update={
+            "gpus_verified": gpus,
+            "drift": tuple(drift),
+            "rollout": rollout,
+            "rollout_s": round(rollout_s, 1) if changes else 0.0,
+        }
+    )
     if driver_nodes and certify_changed:
         outcome = _certify_changed(cluster, trail, outcome, driver_nodes, changes)
     _publish(outcome)
@@ -316,16 +356,24 @@ def _certify_changed(
     log = get_run_logger()
     certified = run_coro_as_sync(certify(cluster=cluster, store=store, nodes=nodes))
     assert certified is not None
-    states = {n: (d.state or "inconclusive") if (d := certified.decision(n)) else
-              f"not benchmarked ({certified.skipped.get(n, 'skipped')})" for n in nodes}  # fmt: skip
+    states = {
+        n: (d.state or "inconclusive")
+        if (d := certified.decision(n))
+        else f"not benchmarked ({certified.skipped.get(n, 'skipped')})"
+        for n in nodes
+    }
     driver = next(v for c in changes for k, v in c.changes.items() if k == "driver")
-    suspects = tuple(f"{n} {state} certification after its driver changed {driver[0] or '(unset)'} → "
-                     f"{driver[1]}: the version change is the likeliest cause"
-                     for n, state in sorted(states.items()) if state in ("failed", "degraded"))  # fmt: skip
+    suspects = tuple(
+        f"{n} {state} certification after its driver changed {driver[0] or '(unset)'} → "
+        f"{driver[1]}: the version change is the likeliest cause"
+        for n, state in sorted(states.items())
+        if state in ("failed", "degraded")
+    )
     for line in suspects:
         log.error("%s", line)
-    return outcome.model_copy(update={"certified": states, "suspects": suspects,
-                                      "reseeded": tuple(sorted(certified.reseeded))})  # fmt: skip
+    return outcome.model_copy(
+        update={"certified": states, "suspects": suspects, "reseeded": tuple(sorted(certified.reseeded))}
+    )
 
 
 def _publish(outcome: ConfigureOutcome) -> None:

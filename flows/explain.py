@@ -75,8 +75,16 @@ async def explain_job(
     if prometheus is None:
         raise InputError("explain-job reads DCGM telemetry from Prometheus: give the prometheus block")
     mapping = LabelMap.parse(labels)  # a bad mapping fails before anything is read
-    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
-                    policy_block=policy_block, ticketing_block=ticketing_block)
+    setup = resolve(
+        cluster,
+        store,
+        policy,
+        ticketing,
+        cluster_block=cluster_block,
+        store_block=store_block,
+        policy_block=policy_block,
+        ticketing_block=ticketing_block,
+    )
     kube, prefix = setup.kube, setup.cluster.label_prefix
     now = datetime.now(UTC)
     run_id = explain_id(job or f"selector-{selector}", now)
@@ -84,9 +92,17 @@ async def explain_job(
 
     target = find_job(kube, job, selector=selector, since=since, until=until, now=now)
     explanation, timeline, link, seconds = explain_window(
-        kube, prometheus.source(), target, store=setup.store, tickets=setup.tickets, policy=setup.rules.policy,
-        step_metric=step_metric or None, run_id=run_id, now=now, labels=mapping,
-    )  # fmt: skip
+        kube,
+        prometheus.source(),
+        target,
+        store=setup.store,
+        tickets=setup.tickets,
+        policy=setup.rules.policy,
+        step_metric=step_metric or None,
+        run_id=run_id,
+        now=now,
+        labels=mapping,
+    )
     if explanation.verdict == "no-data":
         raise InputError(nothing_to_judge(explanation))
     answered = ExplainOutcome.of(explanation, timeline=timeline, timeline_link=link, seconds=seconds)
@@ -95,16 +111,30 @@ async def explain_job(
         return answered
 
     done = act_on_suspect(
-        explanation, kube, policy=setup.rules.policy, tickets=setup.tickets, audit=setup.audit, run_id=run_id,
-        now=now, prefix=prefix, gpu_node_selector=setup.cluster.gpu_node_selector, evidence_link=link,
+        explanation,
+        kube,
+        policy=setup.rules.policy,
+        tickets=setup.tickets,
+        audit=setup.audit,
+        run_id=run_id,
+        now=now,
+        prefix=prefix,
+        gpu_node_selector=setup.cluster.gpu_node_selector,
+        evidence_link=link,
         escalation=setup.rules.escalation,
-    )  # fmt: skip
+    )
     certified = None
     if done.node is not None and done.recertify == "due":
-        certified = await certify(cluster=setup.cluster, store=setup.store_block, nodes=[done.node],
-                                  policy=setup.policy, ticketing=setup.ticketing)  # fmt: skip
+        certified = await certify(
+            cluster=setup.cluster,
+            store=setup.store_block,
+            nodes=[done.node],
+            policy=setup.policy,
+            ticketing=setup.ticketing,
+        )
     await apublish_audit(setup.audit)
-    outcome = ExplainOutcome.of(explanation, timeline=timeline, timeline_link=link, seconds=seconds, act=done,
-                                certify=certified)  # fmt: skip
+    outcome = ExplainOutcome.of(
+        explanation, timeline=timeline, timeline_link=link, seconds=seconds, act=done, certify=certified
+    )
     publish_explanation(outcome)
     return outcome

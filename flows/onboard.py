@@ -62,8 +62,16 @@ async def onboard(
     where the block is not given: the deployment names ``gpucert``'s, so the ``gpucert.node.joined``
     automation, which passes only the node and its UID, onboards with the team's cluster, store, policy
     and ticketing."""
-    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
-                    policy_block=policy_block, ticketing_block=ticketing_block)
+    setup = resolve(
+        cluster,
+        store,
+        policy,
+        ticketing,
+        cluster_block=cluster_block,
+        store_block=store_block,
+        policy_block=policy_block,
+        ticketing_block=ticketing_block,
+    )
     seen_uid = wait_for_node(setup.kube, node, uid, ready_timeout_s)
     # The same store as the certify: configure's audit trail belongs with the rest of the node's record.
     configured = configure(cluster=setup.cluster, nodes=[node], store=setup.store_block)
@@ -78,5 +86,11 @@ async def onboard(
     )
     decision = certified.decision(node)
     state = decision.state if decision else None
-    return OnboardOutcome(node=node, uid=seen_uid, state=state, configure=configured, certify=certified,
-                          admitted=admitted(setup.kube, node, prefix=setup.cluster.label_prefix))  # fmt: skip
+    return OnboardOutcome(
+        node=node,
+        uid=seen_uid,
+        state=state,
+        configure=configured,
+        certify=certified,
+        admitted=admitted(setup.kube, node, prefix=setup.cluster.label_prefix),
+    )

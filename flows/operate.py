@@ -78,26 +78,44 @@ async def operate(
     last ``telemetry_hours``; without it the exporters are scraped twice, ``scrape_interval_s`` apart.
     ``*_block`` name saved blocks to use where the block is not given (prefect.yaml names ``gpucert``'s).
     """
-    setup = resolve(cluster, store, policy, ticketing, observe_only=observe_only, cluster_block=cluster_block,
-                    store_block=store_block, policy_block=policy_block, ticketing_block=ticketing_block)
+    setup = resolve(
+        cluster,
+        store,
+        policy,
+        ticketing,
+        observe_only=observe_only,
+        cluster_block=cluster_block,
+        store_block=store_block,
+        policy_block=policy_block,
+        ticketing_block=ticketing_block,
+    )
     kube, rules, prefix = setup.kube, setup.rules, setup.cluster.label_prefix
     now = datetime.now(UTC)
     gpu_nodes = kube.nodes(setup.cluster.gpu_node_selector)
     asked, coverage = telemetry_check(
-        kube, setup.store, run_id=f"telemetry-{now:%Y%m%d-%H%M%S}", namespace=setup.cluster.stack_namespace,
-        prometheus=prometheus.source() if prometheus else None, since_h=telemetry_hours,
-        scrape_interval_s=scrape_interval_s, policy=rules.policy,
+        kube,
+        setup.store,
+        run_id=f"telemetry-{now:%Y%m%d-%H%M%S}",
+        namespace=setup.cluster.stack_namespace,
+        prometheus=prometheus.source() if prometheus else None,
+        since_h=telemetry_hours,
+        scrape_interval_s=scrape_interval_s,
+        policy=rules.policy,
         gpu_nodes=[str(n["metadata"]["name"]) for n in gpu_nodes],
-    )  # fmt: skip
+    )
     drifting = drift_check(setup.store, rules.policy)
     moved = stack_drift(kube, setup.cluster.gpu_node_selector, prefix)  # versions changed outside gpucert
     for node, why in drifting.items():
         asked.setdefault(node, why)
     due = due_nodes(
-        gpu_nodes, now=now, asked=asked, busy=busy_nodes(kube, prefix=prefix),
+        gpu_nodes,
+        now=now,
+        asked=asked,
+        busy=busy_nodes(kube, prefix=prefix),
         rotation_days=rules.rotation_days if rotation_days is None else rotation_days,
-        max_nodes=max_nodes or rules.max_nodes, prefix=prefix,
-    )  # fmt: skip
+        max_nodes=max_nodes or rules.max_nodes,
+        prefix=prefix,
+    )
     nights = rules.escalation.busy_nights
     overdue = busy_overdue(setup.store.objects, night=now.date(), busy_asked=due.busy_asked, nights=nights)
     maintenance = maintenance_tickets(setup.tickets, overdue, nights=nights, run_id=f"operate-{now:%Y-%m-%d}")
@@ -114,10 +132,19 @@ async def operate(
             ticketing=setup.ticketing,
             pod_annotations=pod_annotations,
         )
-    night = OperateOutcome(night=now.date(), due=due.chosen, postponed=due.postponed, asked=asked,
-                           drift=drifting, unreadable=coverage.unread, telemetry_read=coverage.read,
-                           telemetry_partial=coverage.partial, telemetry_missing=coverage.missing,
-                           maintenance=_maintenance(overdue, maintenance), stack_drift=moved,
-                           certify=certified)  # fmt: skip
+    night = OperateOutcome(
+        night=now.date(),
+        due=due.chosen,
+        postponed=due.postponed,
+        asked=asked,
+        drift=drifting,
+        unreadable=coverage.unread,
+        telemetry_read=coverage.read,
+        telemetry_partial=coverage.partial,
+        telemetry_missing=coverage.missing,
+        maintenance=_maintenance(overdue, maintenance),
+        stack_drift=moved,
+        certify=certified,
+    )
     await acreate_markdown_artifact(key="operate-night", markdown=night.markdown(), description="operate")
     return night

@@ -51,14 +51,28 @@ async def release(
 ) -> ReleaseOutcome:
     """Record the repair of ``nodes`` (``action``: what was done; default: what each ticket asked for) and
     re-certify them; returns what was recorded and which nodes were released."""
-    setup = resolve(cluster, store, policy, ticketing, cluster_block=cluster_block, store_block=store_block,
-                    policy_block=policy_block, ticketing_block=ticketing_block)
+    setup = resolve(
+        cluster,
+        store,
+        policy,
+        ticketing,
+        cluster_block=cluster_block,
+        store_block=store_block,
+        policy_block=policy_block,
+        ticketing_block=ticketing_block,
+    )
     recorded = record_repairs_task(setup.tickets, nodes, datetime.now(UTC), action=action, note=note)
     setup.audit.because("release: repair recorded")
     setup.audit.note(*(ticket_action(e) for e in recorded))
     setup.audit.flush()
     repairs = [f"{e.ticket.id}: {e.detail}" for e in recorded]
-    certified = await certify(cluster=setup.cluster, store=setup.store_block, nodes=nodes, include_busy=True,
-                              policy=setup.policy, ticketing=setup.ticketing)  # fmt: skip
+    certified = await certify(
+        cluster=setup.cluster,
+        store=setup.store_block,
+        nodes=nodes,
+        include_busy=True,
+        policy=setup.policy,
+        ticketing=setup.ticketing,
+    )
     released = [d.node for d in certified.decisions if d.state == "certified"]
     return ReleaseOutcome(nodes=sorted(nodes), repairs=repairs, released=sorted(released), certify=certified)

@@ -150,17 +150,20 @@ def build_blocks(team: TeamFile) -> _Blocks:
     if team.store.aws_access_key_id or team.store.aws_secret_access_key:
         from prefect_aws import AwsCredentials
 
-        aws = AwsCredentials(aws_access_key_id=team.store.aws_access_key_id,
-                             aws_secret_access_key=team.store.aws_secret_access_key,
-                             region_name=team.store.region_name)  # fmt: skip
+        aws = AwsCredentials(
+            aws_access_key_id=team.store.aws_access_key_id,
+            aws_secret_access_key=team.store.aws_secret_access_key,
+            region_name=team.store.region_name,
+        )
     policy_fields = team.policy.model_dump(exclude_none=True, exclude={"file"})
     try:
         cluster = GpuCluster(credentials=kube_credentials, **cluster_fields)
     except ValidationError as exc:
         raise InputError(f"setup: cluster.{_first_error(exc)}") from None
     try:
-        store = BaselineStore(uri=team.store.uri, credentials=aws, endpoint_url=team.store.endpoint_url,
-                              public_url=team.store.public_url)  # fmt: skip
+        store = BaselineStore(
+            uri=team.store.uri, credentials=aws, endpoint_url=team.store.endpoint_url, public_url=team.store.public_url
+        )
     except ValidationError as exc:
         raise InputError(f"setup: store.{_first_error(exc)}") from None
     try:
@@ -172,8 +175,14 @@ def build_blocks(team: TeamFile) -> _Blocks:
     except ValidationError as exc:
         raise InputError(f"setup: policy.{_first_error(exc)}") from None
     policy.rules()  # a bad key fails now, naming it
-    return _Blocks(cluster=cluster, store=store, ticketing=ticketing, policy=policy,
-                   kube_credentials=kube_credentials, aws_credentials=aws)  # fmt: skip
+    return _Blocks(
+        cluster=cluster,
+        store=store,
+        ticketing=ticketing,
+        policy=policy,
+        kube_credentials=kube_credentials,
+        aws_credentials=aws,
+    )
 
 
 def _kube_credentials(path: str, context: str | None) -> Any:
@@ -252,23 +261,23 @@ async def ensure_pools(names: list[str], report: SetupReport) -> None:
                 report.say(f"work pool {name!r}: there already ({pool.type})")
             except ObjectNotFound:
                 template = ProcessWorker.get_default_base_job_template()
-                await client.create_work_pool(
-                    WorkPoolCreate(name=name, type="process", base_job_template=template)
-                )
+                await client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
                 report.say(f"work pool {name!r}: created (process)")
 
 
 def deploy_all(project: Path, report: SetupReport, *, prefect: str) -> None:
     """``prefect deploy --all`` in ``project``; raises ``InputError`` with its last lines when it fails."""
-    done = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], cwd=project, capture_output=True,
-                          text=True, check=False, env={**os.environ, "PREFECT_CLI_PROMPT": "false"})  # fmt: skip
+    done = subprocess.run(
+        [prefect, "--no-prompt", "deploy", "--all"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PREFECT_CLI_PROMPT": "false"},
+    )
     if done.returncode != 0:
-        tail = " | ".join(
-            line.strip() for line in (done.stdout + done.stderr).splitlines()[-6:] if line.strip()
-        )
-        raise InputError(
-            f"setup: `prefect deploy --all` in {project} failed (exit {done.returncode}): {tail}"
-        )
+        tail = " | ".join(line.strip() for line in (done.stdout + done.stderr).splitlines()[-6:] if line.strip())
+        raise InputError(f"setup: `prefect deploy --all` in {project} failed (exit {done.returncode}): {tail}")
     count = len(_project_file(project, "prefect.yaml").get("deployments") or [])
     report.say(f"deployed {count} deployments from {project / 'prefect.yaml'}")
 
@@ -311,15 +320,15 @@ def setup_team(
     file, flag or project folder that is wrong, before anything is saved."""
     report = SetupReport(echo=say)
     if not (project / "prefect.yaml").is_file():
-        raise InputError(
-            f"--project {project}: no prefect.yaml there (the folder of gpucert's checkout or image)"
-        )
+        raise InputError(f"--project {project}: no prefect.yaml there (the folder of gpucert's checkout or image)")
     blocks = build_blocks(team)
     check_reachable(blocks, reach_s=reach_s)
     save_blocks(blocks, team.name, report)
     if team.name != DEFAULT_NAME:
-        report.say(f"note: prefect.yaml's deployments name {DEFAULT_NAME!r}; runs must pass "
-                   f"cluster_block/store_block/policy_block {team.name!r}")  # fmt: skip
+        report.say(
+            f"note: prefect.yaml's deployments name {DEFAULT_NAME!r}; runs must pass "
+            f"cluster_block/store_block/policy_block {team.name!r}"
+        )
     if deploy:
         asyncio.run(ensure_pools(pool_names(project), report))
         deploy_all(project, report, prefect=_prefect_program())

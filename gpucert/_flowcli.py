@@ -70,11 +70,7 @@ def _prepare_prefect() -> None:
 def _no_traceback_for_gpucert_errors(record: logging.LogRecord) -> bool:
     """Keep Prefect's log line for an expected failure but drop its traceback: the message says it all,
     and a user of the command line never gets a traceback (set GPUCERT_DEBUG=1 to keep them)."""
-    if (
-        record.exc_info
-        and isinstance(record.exc_info[1], GpucertError)
-        and not os.environ.get("GPUCERT_DEBUG")
-    ):
+    if record.exc_info and isinstance(record.exc_info[1], GpucertError) and not os.environ.get("GPUCERT_DEBUG"):
         record.exc_info = None
         record.exc_text = None
     return True
@@ -95,9 +91,7 @@ def check_nodes(nodes: Sequence[str], *, what: str = "node") -> list[str]:
     """``nodes`` when each is a valid node name (a DNS subdomain); raises :class:`InputError` naming one."""
     for node in nodes:
         if not dns_subdomain_ok(node):
-            raise InputError(
-                f"{what} {node!r} is not a node name (lower-case a-z, 0-9, '-' and '.', at most 253)"
-            )
+            raise InputError(f"{what} {node!r} is not a node name (lower-case a-z, 0-9, '-' and '.', at most 253)")
     return list(nodes)
 
 
@@ -164,8 +158,9 @@ def flow_inputs(
     namespace = namespace or named.namespace
     _one_of("--store", store, "--store-block", named.store_block, required=needs_store)
     _one_of("--policy", policy_file, "--policy-block", named.policy_block, required=False)
-    cluster = _cluster(named, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                       namespace=namespace)  # fmt: skip
+    cluster = _cluster(
+        named, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector, namespace=namespace
+    )
     kube = cluster.kube()  # a kubeconfig that cannot be read fails here
     check_nodes(nodes)
     policy = CertificationPolicy.from_file(policy_file) if policy_file else None
@@ -196,24 +191,42 @@ def _one_of(flag: str, value: str | None, block_flag: str, block: str | None, *,
 
 
 def _cluster(
-    named: NamedBlocks, *, kubeconfig: str | None, context: str | None, label_prefix: str, selector: str,
+    named: NamedBlocks,
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    label_prefix: str,
+    selector: str,
     namespace: str | None,
 ) -> GpuCluster:
     """The saved GpuCluster ``--cluster-block`` (no cluster option beside it), else one of the options."""
     from gpucert.blocks.cluster import GpuCluster
 
-    options = {"--kubeconfig": kubeconfig, "--context": context, "--namespace": namespace,
-               "--storage-claim": named.storage_claim, "--storage-host-path": named.storage_host_path,
-               "--label-prefix": label_prefix, "--selector": selector}  # fmt: skip
+    options = {
+        "--kubeconfig": kubeconfig,
+        "--context": context,
+        "--namespace": namespace,
+        "--storage-claim": named.storage_claim,
+        "--storage-host-path": named.storage_host_path,
+        "--label-prefix": label_prefix,
+        "--selector": selector,
+    }
     if named.cluster_block:
         beside = [flag for flag, value in options.items() if value is not None and value != _CLUSTER_DEFAULTS.get(flag)]
         if beside:
-            raise InputError(f"--cluster-block {named.cluster_block}: the block says how to reach the cluster and "
-                             f"what to measure; drop {', '.join(beside)}")  # fmt: skip
+            raise InputError(
+                f"--cluster-block {named.cluster_block}: the block says how to reach the cluster and "
+                f"what to measure; drop {', '.join(beside)}"
+            )
         return _saved(GpuCluster, named.cluster_block, "--cluster-block")
-    fields: dict[str, Any] = {"kubeconfig": kubeconfig, "context": context, "label_prefix": label_prefix,
-                              "gpu_node_selector": selector, "storage_claim": named.storage_claim,
-                              "storage_host_path": named.storage_host_path}  # fmt: skip
+    fields: dict[str, Any] = {
+        "kubeconfig": kubeconfig,
+        "context": context,
+        "label_prefix": label_prefix,
+        "gpu_node_selector": selector,
+        "storage_claim": named.storage_claim,
+        "storage_host_path": named.storage_host_path,
+    }
     if namespace is not None:
         fields["stack_namespace"] = namespace
     try:
@@ -295,15 +308,24 @@ def configure_command(
         from .stack import check_output_dir
 
         check_output_dir(Path(dry_run))  # a file there, or a folder that cannot be written: exit 2 now
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         namespace=namespace)  # fmt: skip
+    inputs = flow_inputs(
+        kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector, namespace=namespace
+    )
     _prepare_prefect()
     from gpucert.flows.configure import configure
 
-    outcome = configure(cluster=inputs.cluster, release=release, versions=pinned, registry=registry,
-                        nodes=list(nodes) or None, dry_run_dir=dry_run, gpus_per_node=gpus_per_node,
-                        rollout_timeout_s=timeout_s, installer=installer,
-                        certify_changed=certify_changed)  # fmt: skip
+    outcome = configure(
+        cluster=inputs.cluster,
+        release=release,
+        versions=pinned,
+        registry=registry,
+        nodes=list(nodes) or None,
+        dry_run_dir=dry_run,
+        gpus_per_node=gpus_per_node,
+        rollout_timeout_s=timeout_s,
+        installer=installer,
+        certify_changed=certify_changed,
+    )
     _print(outcome, as_json)
     return 0
 
@@ -332,19 +354,37 @@ def certify_command(
     (an incident: nothing tainted, one incident ticket, a page)."""
     if run_id is not None:
         check_run_id(run_id, what="--run-id")
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes, blocks=blocks,
-                         needs_store=True)  # fmt: skip
+    inputs = flow_inputs(
+        kubeconfig=kubeconfig,
+        context=context,
+        label_prefix=label_prefix,
+        selector=selector,
+        store=store,
+        policy_file=policy_file,
+        ticketing=ticketing,
+        nodes=nodes,
+        blocks=blocks,
+        needs_store=True,
+    )
     _check_payload_args(payload_args)
     _prepare_prefect()
     from gpucert.flows.certify import certify
 
     outcome = asyncio.run(
-        certify(cluster=inputs.cluster, store=inputs.store, nodes=list(nodes) or None, include_busy=include_busy,
-                run_id=run_id, image=image, policy=inputs.policy, ticketing=inputs.ticketing,
-                observe_only=observe_only or None, max_parallel=max_parallel,
-                payload_args=list(payload_args) or None)
-    )  # fmt: skip
+        certify(
+            cluster=inputs.cluster,
+            store=inputs.store,
+            nodes=list(nodes) or None,
+            include_busy=include_busy,
+            run_id=run_id,
+            image=image,
+            policy=inputs.policy,
+            ticketing=inputs.ticketing,
+            observe_only=observe_only or None,
+            max_parallel=max_parallel,
+            payload_args=list(payload_args) or None,
+        )
+    )
     _print(outcome, as_json)
     return _incident_exit(outcome) or 0
 
@@ -379,18 +419,35 @@ def operate_command(
     run completed but could not judge) with one line on stderr when the night read no telemetry at all: no
     DCGM exporter found, or no GPU node's telemetry readable. Some nodes unread is 0: those read were judged,
     and the unread are named in the report."""
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, namespace=namespace,
-                         blocks=blocks, needs_store=True)  # fmt: skip
+    inputs = flow_inputs(
+        kubeconfig=kubeconfig,
+        context=context,
+        label_prefix=label_prefix,
+        selector=selector,
+        store=store,
+        policy_file=policy_file,
+        ticketing=ticketing,
+        namespace=namespace,
+        blocks=blocks,
+        needs_store=True,
+    )
     prometheus = _prometheus(prometheus_url)
     _prepare_prefect()
     from gpucert.flows.operate import operate
 
     outcome = asyncio.run(
-        operate(cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
-                prometheus=prometheus, observe_only=observe_only or None, rotation_days=rotation_days,
-                max_nodes=max_nodes, scrape_interval_s=scrape_interval_s)
-    )  # fmt: skip
+        operate(
+            cluster=inputs.cluster,
+            store=inputs.store,
+            policy=inputs.policy,
+            ticketing=inputs.ticketing,
+            prometheus=prometheus,
+            observe_only=observe_only or None,
+            rotation_days=rotation_days,
+            max_nodes=max_nodes,
+            scrape_interval_s=scrape_interval_s,
+        )
+    )
     _print(outcome, as_json)
     if outcome.telemetry_missing:
         # Not a clean night: nothing asked for re-certification for want of numbers, not of faults.
@@ -448,16 +505,31 @@ def onboard_command(
 ) -> int:
     """Onboard ``node`` once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
     check_nodes([node])  # it may not have joined yet: the flow waits for it
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, blocks=blocks,
-                         needs_store=True)  # fmt: skip
+    inputs = flow_inputs(
+        kubeconfig=kubeconfig,
+        context=context,
+        label_prefix=label_prefix,
+        selector=selector,
+        store=store,
+        policy_file=policy_file,
+        ticketing=ticketing,
+        blocks=blocks,
+        needs_store=True,
+    )
     _prepare_prefect()
     from gpucert.flows.onboard import onboard
 
     outcome = asyncio.run(
-        onboard(node=node, uid=uid, cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
-                ticketing=inputs.ticketing, ready_timeout_s=ready_timeout_s)
-    )  # fmt: skip
+        onboard(
+            node=node,
+            uid=uid,
+            cluster=inputs.cluster,
+            store=inputs.store,
+            policy=inputs.policy,
+            ticketing=inputs.ticketing,
+            ready_timeout_s=ready_timeout_s,
+        )
+    )
     _print(outcome, as_json)
     return _incident_exit(outcome.certify) or (0 if outcome.admitted else 3)
 
@@ -479,16 +551,32 @@ def release_command(
 ) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector,
-                         store=store, policy_file=policy_file, ticketing=ticketing, nodes=nodes, blocks=blocks,
-                         needs_store=True)  # fmt: skip
+    inputs = flow_inputs(
+        kubeconfig=kubeconfig,
+        context=context,
+        label_prefix=label_prefix,
+        selector=selector,
+        store=store,
+        policy_file=policy_file,
+        ticketing=ticketing,
+        nodes=nodes,
+        blocks=blocks,
+        needs_store=True,
+    )
     _prepare_prefect()
     from gpucert.flows.release import release
 
     outcome = asyncio.run(
-        release(nodes=list(nodes), cluster=inputs.cluster, store=inputs.store, policy=inputs.policy,
-                ticketing=inputs.ticketing, action=action, note=note)
-    )  # fmt: skip
+        release(
+            nodes=list(nodes),
+            cluster=inputs.cluster,
+            store=inputs.store,
+            policy=inputs.policy,
+            ticketing=inputs.ticketing,
+            action=action,
+            note=note,
+        )
+    )
     _print(outcome, as_json)
     return _incident_exit(outcome.certify) or (0 if set(outcome.released) == set(nodes) else 3)
 
@@ -498,8 +586,10 @@ def setup_command(args: Any) -> int:
     :class:`InputError` for no Prefect server, a bad team file or option, an unreachable store or cluster."""
     from pathlib import Path
 
-    token, secret_key = _from_env("--jira-token-env", args.jira_token_env), _from_env("--s3-secret-key-env",
-                                                                                   args.s3_secret_key_env)
+    token, secret_key = (
+        _from_env("--jira-token-env", args.jira_token_env),
+        _from_env("--s3-secret-key-env", args.s3_secret_key_env),
+    )
     _prepare_prefect()
     from prefect.settings import PREFECT_API_URL
 
@@ -507,19 +597,35 @@ def setup_command(args: Any) -> int:
         raise InputError("setup: set PREFECT_API_URL to the team's Prefect server (a temporary one keeps nothing)")
     from gpucert.flows.teamsetup import read_team_file, setup_team
 
-    jira = {"backend": "jira" if args.jira_url else None, "server": args.jira_url, "user": args.jira_user,
-            "project": args.jira_project, "token": token}  # fmt: skip
+    jira = {
+        "backend": "jira" if args.jira_url else None,
+        "server": args.jira_url,
+        "user": args.jira_user,
+        "project": args.jira_project,
+        "token": token,
+    }
     overrides = {
         "name": {"name": args.name},
-        "cluster": {"kubeconfig": args.kubeconfig, "context": args.context, "label_prefix": args.label_prefix,
-                    "gpu_node_selector": args.selector, "stack_namespace": args.namespace,
-                    "storage_claim": args.storage_claim, "storage_host_path": args.storage_host_path},
-        "store": {"uri": args.store, "endpoint_url": args.s3_endpoint, "public_url": args.public_url,
-                  "aws_access_key_id": args.s3_access_key_id, "aws_secret_access_key": secret_key,
-                  "region_name": args.s3_region},
+        "cluster": {
+            "kubeconfig": args.kubeconfig,
+            "context": args.context,
+            "label_prefix": args.label_prefix,
+            "gpu_node_selector": args.selector,
+            "stack_namespace": args.namespace,
+            "storage_claim": args.storage_claim,
+            "storage_host_path": args.storage_host_path,
+        },
+        "store": {
+            "uri": args.store,
+            "endpoint_url": args.s3_endpoint,
+            "public_url": args.public_url,
+            "aws_access_key_id": args.s3_access_key_id,
+            "aws_secret_access_key": secret_key,
+            "region_name": args.s3_region,
+        },
         "ticketing": jira,
         "policy": {"file": args.policy},
-    }  # fmt: skip
+    }
     team = read_team_file(args.team_file, overrides)
 
     def say(line: str) -> None:
@@ -563,9 +669,12 @@ def watch_nodes_command(
     def emit(node: str, uid: str) -> None:
         emit_event(
             event="gpucert.node.joined",
-            resource={"prefect.resource.id": f"gpucert.node.{uid}", "prefect.resource.name": node,
-                      "gpucert.node.uid": uid},
-        )  # fmt: skip
+            resource={
+                "prefect.resource.id": f"gpucert.node.{uid}",
+                "prefect.resource.name": node,
+                "gpucert.node.uid": uid,
+            },
+        )
         sys.stdout.write(f"gpucert.node.joined {node} {uid}\n")
         sys.stdout.flush()
 
@@ -574,8 +683,9 @@ def watch_nodes_command(
         sys.stderr.flush()
 
     try:
-        announce_joined_nodes(inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit,
-                              follow=not once, log=log)  # fmt: skip
+        announce_joined_nodes(
+            inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit, follow=not once, log=log
+        )
     except KubeForbidden as exc:
         # Not a passing state any more but the identity's permissions: something for a person to fix.
         raise InputError(

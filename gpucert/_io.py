@@ -65,8 +65,11 @@ def write_table(frame: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
         else:
             # Statistics (each column chunk's min and max) for numbers and times only: a reader filters on
             # those, and the min and max of 100,000 texts (the reasons) cost more than the rest of the write.
-            stats = [f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                     or pa.types.is_temporal(f.type)]  # fmt: skip
+            stats = [
+                f.name
+                for f in table.schema
+                if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_temporal(f.type)
+            ]
             pq.write_table(table, tmp, write_statistics=stats)
         os.replace(tmp, target)
     except OSError as exc:

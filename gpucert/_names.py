@@ -31,8 +31,7 @@ _LABEL_VALUE: Final = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?
 
 #: The rule in words, for messages.
 RUN_ID_RULE: Final = (
-    "a run id is a DNS label: at most 63 characters of a-z, 0-9 and '-', starting and ending with a "
-    "letter or digit"
+    "a run id is a DNS label: at most 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit"
 )
 
 
@@ -82,6 +81,8 @@ def check_label_selector(selector: str) -> str:
     parts.append(selector[start:])
     for part in parts:
         if not _REQUIREMENT.fullmatch(part):
-            raise InputError(f"label selector {selector!r}: {part.strip()!r} is not a requirement "
-                             "(key, !key, key=value, key!=value, key in (a,b), key notin (a,b))")  # fmt: skip
+            raise InputError(
+                f"label selector {selector!r}: {part.strip()!r} is not a requirement "
+                "(key, !key, key=value, key!=value, key in (a,b), key notin (a,b))"
+            )
     return selector

@@ -59,35 +59,55 @@ class PrometheusOptions:
 
     @property
     def has_auth(self) -> bool:
-        return bool(self.token_file or self.user or self.password_file or self.headers or self.ca_file
-                    or self.insecure)
+        return bool(self.token_file or self.user or self.password_file or self.headers or self.ca_file or self.insecure)
 
 
 def add_prometheus_arguments(parser: argparse.ArgumentParser, *, required: bool, what: str) -> None:
     """The ``--prometheus`` options (see the module docstring) on ``parser``; ``what`` ends its help."""
-    parser.add_argument("--prometheus", required=required, metavar="URL|BLOCK",
-                        help=f"the Prometheus URL, or the name of a saved gpucert-prometheus block: {what}")
-    parser.add_argument("--prometheus-token-file", metavar="PATH",
-                        help=f"a bearer token for --prometheus, read from this file (or ${TOKEN_ENV})")
+    parser.add_argument(
+        "--prometheus",
+        required=required,
+        metavar="URL|BLOCK",
+        help=f"the Prometheus URL, or the name of a saved gpucert-prometheus block: {what}",
+    )
+    parser.add_argument(
+        "--prometheus-token-file",
+        metavar="PATH",
+        help=f"a bearer token for --prometheus, read from this file (or ${TOKEN_ENV})",
+    )
     parser.add_argument("--prometheus-user", metavar="USER", help="basic auth for --prometheus: the user")
-    parser.add_argument("--prometheus-password-file", metavar="PATH",
-                        help=f"basic auth for --prometheus: the password, read from this file (or ${PASSWORD_ENV})")
-    parser.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
-                        help="an extra header for --prometheus, e.g. 'X-Scope-OrgID: team-a' (repeatable)")
-    parser.add_argument("--prometheus-ca-file", metavar="PATH",
-                        help="check --prometheus's TLS certificate against this CA file (PEM)")
-    parser.add_argument("--prometheus-insecure", action="store_true",
-                        help="do not check --prometheus's TLS certificate at all")
+    parser.add_argument(
+        "--prometheus-password-file",
+        metavar="PATH",
+        help=f"basic auth for --prometheus: the password, read from this file (or ${PASSWORD_ENV})",
+    )
+    parser.add_argument(
+        "--prometheus-header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="an extra header for --prometheus, e.g. 'X-Scope-OrgID: team-a' (repeatable)",
+    )
+    parser.add_argument(
+        "--prometheus-ca-file", metavar="PATH", help="check --prometheus's TLS certificate against this CA file (PEM)"
+    )
+    parser.add_argument(
+        "--prometheus-insecure", action="store_true", help="do not check --prometheus's TLS certificate at all"
+    )
 
 
 def prometheus_options(args: argparse.Namespace) -> PrometheusOptions | None:
     """The options parsed by :func:`add_prometheus_arguments`; None without ``--prometheus``. Raises
     :class:`InputError` for companions without ``--prometheus``."""
     options = PrometheusOptions(
-        target=args.prometheus or "", token_file=args.prometheus_token_file, user=args.prometheus_user,
-        password_file=args.prometheus_password_file, headers=tuple(args.prometheus_header or ()),
-        ca_file=args.prometheus_ca_file, insecure=bool(args.prometheus_insecure),
-    )  # fmt: skip
+        target=args.prometheus or "",
+        token_file=args.prometheus_token_file,
+        user=args.prometheus_user,
+        password_file=args.prometheus_password_file,
+        headers=tuple(args.prometheus_header or ()),
+        ca_file=args.prometheus_ca_file,
+        insecure=bool(args.prometheus_insecure),
+    )
     if not args.prometheus:
         if options.has_auth:
             raise InputError("the --prometheus-* options need --prometheus")
@@ -125,8 +145,11 @@ def block_fields(options: PrometheusOptions, env: Mapping[str, str] | None = Non
     """The fields of a ``Prometheus`` block for a URL and its companions (secrets read from their files or
     the environment). Raises :class:`InputError` naming the option that is wrong."""
     token = _secret_from(options.token_file, TOKEN_ENV, "token")
-    password = _secret_from(options.password_file, PASSWORD_ENV, "password") if (
-        options.user or options.password_file) else None
+    password = (
+        _secret_from(options.password_file, PASSWORD_ENV, "password")
+        if (options.user or options.password_file)
+        else None
+    )
     if options.user and password is None:
         raise InputError(f"--prometheus-user needs a password: --prometheus-password-file or ${PASSWORD_ENV}")
     if password is not None and not options.user:
@@ -137,8 +160,11 @@ def block_fields(options: PrometheusOptions, env: Mapping[str, str] | None = Non
         raise InputError("give --prometheus-ca-file or --prometheus-insecure, not both")
     if options.ca_file and not Path(options.ca_file).expanduser().exists():
         raise InputError(f"--prometheus-ca-file {options.ca_file}: no such file")
-    fields: dict[str, Any] = {"url": options.target, "headers": _headers(options.headers),
-                              "verify_tls": not options.insecure}
+    fields: dict[str, Any] = {
+        "url": options.target,
+        "headers": _headers(options.headers),
+        "verify_tls": not options.insecure,
+    }
     if token is not None:
         fields["token"] = token
     if options.user:
@@ -156,13 +182,17 @@ def prometheus_block(options: PrometheusOptions) -> Any:
 
     if not options.is_url:
         if options.has_auth:
-            raise InputError(f"--prometheus {options.target} names a saved block: its credentials and CA are the "
-                             "block's; give the --prometheus-* options with a URL")
+            raise InputError(
+                f"--prometheus {options.target} names a saved block: its credentials and CA are the "
+                "block's; give the --prometheus-* options with a URL"
+            )
         try:
             return Prometheus.load(options.target)
         except (ValueError, RuntimeError) as exc:
-            raise InputError(f"--prometheus {options.target}: no saved gpucert-prometheus block of that name "
-                             f"could be loaded ({str(exc).splitlines()[0][:200]})") from None
+            raise InputError(
+                f"--prometheus {options.target}: no saved gpucert-prometheus block of that name "
+                f"could be loaded ({str(exc).splitlines()[0][:200]})"
+            ) from None
     try:
         return Prometheus(**block_fields(options))
     except ValueError as exc:

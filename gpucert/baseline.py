@@ -406,10 +406,7 @@ def _high_outliers(accepted: pd.DataFrame, medians: pd.DataFrame, policy: Policy
         rise = x / center - 1
         z = rise / sigma
         high: npt.NDArray[np.bool_] = (
-            (size >= policy.peers.min_nodes)
-            & (center > 0)
-            & (rise >= warn / (1 - warn))
-            & (z >= policy.peers.seed_z)
+            (size >= policy.peers.min_nodes) & (center > 0) & (rise >= warn / (1 - warn)) & (z >= policy.peers.seed_z)
         )
     return high
 
@@ -555,9 +552,7 @@ def _rebuild_models(
     previous = table[table["level"] == "model"]
     rested_on = {
         (str(k), str(m)): (set(_parse_runs(str(r))), pd.Timestamp(t))
-        for k, m, r, t in zip(
-            previous["key"], previous["metric"], previous["runs"], previous["last_ts"], strict=True
-        )
+        for k, m, r, t in zip(previous["key"], previous["metric"], previous["runs"], previous["last_ts"], strict=True)
     }
     position = {str(r): i for i, r in enumerate(order.index)}
     starts = pd.Series(pd.DatetimeIndex(order.to_numpy()), index=[str(r) for r in order.index])
@@ -574,9 +569,7 @@ def _rebuild_models(
         rows.append((str(model), str(metric), center, spread, kept, when.min(), when.max(), json.dumps(runs)))
     if not rows:
         return table, 0
-    models = pd.DataFrame(
-        rows, columns=["key", "metric", "center", "spread", "n", "first_ts", "last_ts", "runs"]
-    )
+    models = pd.DataFrame(rows, columns=["key", "metric", "center", "spread", "n", "first_ts", "last_ts", "runs"])
     models.insert(0, "level", "model")
     models["stack"] = stack_json
     models["node"] = None

@@ -77,8 +77,13 @@ def _count(text: str) -> int:
 
 
 # argparse names the type in its message ("invalid positive integer value: 'x'").
-for _type, _name in ((_positive_int, "positive integer"), (_positive_float, "positive number"),
-                     (_non_negative_float, "number"), (_port, "port"), (_count, "count")):  # fmt: skip
+for _type, _name in (
+    (_positive_int, "positive integer"),
+    (_positive_float, "positive number"),
+    (_non_negative_float, "number"),
+    (_port, "port"),
+    (_count, "count"),
+):
     _type.__name__ = _name
 
 
@@ -89,10 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpucert {__version__}")
     parser.add_argument(
-        "--timeout", dest="call_timeout", type=_positive_float, metavar="SECONDS",
+        "--timeout",
+        dest="call_timeout",
+        type=_positive_float,
+        metavar="SECONDS",
         help="the most time any one call to the cluster, the store, Jira, a webhook or Prometheus may take, "
         "its retries included (default: $GPUCERT_TIMEOUT, else 20); give it before the command",
-    )  # fmt: skip
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     compare = commands.add_parser(
@@ -103,19 +111,24 @@ def _parser() -> argparse.ArgumentParser:
         "it; 2 on bad input.",
     )
     compare.add_argument("results", nargs="+", metavar="RESULTS")
-    compare.add_argument(
-        "--baselines", required=True, metavar="URI", help="store root: file:///path or s3://…"
-    )
+    compare.add_argument("--baselines", required=True, metavar="URI", help="store root: file:///path or s3://…")
     compare.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     compare.add_argument("--out", required=True, metavar="VERDICTS", help="a .csv or .parquet file to write")
-    compare.add_argument("--rerun", dest="reruns", action="append", default=[], metavar="RESULTS",
-                         help="a confirming re-run of the same run (repeatable, in order): judged among the first "
-                              "run's cohort and settled as certify does")
-    compare.add_argument("--decisions", metavar="DECISIONS",
-                         help="write the settled decision per node (.csv or .parquet; settled=false: run again)")
     compare.add_argument(
-        "--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse"
+        "--rerun",
+        dest="reruns",
+        action="append",
+        default=[],
+        metavar="RESULTS",
+        help="a confirming re-run of the same run (repeatable, in order): judged among the first "
+        "run's cohort and settled as certify does",
     )
+    compare.add_argument(
+        "--decisions",
+        metavar="DECISIONS",
+        help="write the settled decision per node (.csv or .parquet; settled=false: run again)",
+    )
+    compare.add_argument("--fail-on", choices=("warn", "fail"), help="exit 3 when any verdict is this or worse")
     compare.add_argument(
         "--baseline-version",
         metavar="VERSION",
@@ -162,14 +175,24 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
     up.add_argument("--preconfigured", action="store_true", help="start as if configure had run")
     up.add_argument("--port", type=_port, default=0, metavar="P", help="port to serve on (default: a free one)")
-    up.add_argument("--faults", metavar="FILE",
-                    help="YAML of faults to inject at start: 'api', 'gpu' and 'nodes' sections")
+    up.add_argument(
+        "--faults", metavar="FILE", help="YAML of faults to inject at start: 'api', 'gpu' and 'nodes' sections"
+    )
     up.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
-    up.add_argument("--nodes-per-leaf", type=_positive_int, default=8, metavar="K",
-                    help="nodes under each leaf switch (the gpucert.io/leaf label; four leaves to a zone)")
+    up.add_argument(
+        "--nodes-per-leaf",
+        type=_positive_int,
+        default=8,
+        metavar="K",
+        help="nodes under each leaf switch (the gpucert.io/leaf label; four leaves to a zone)",
+    )
     up.add_argument("--kubeconfig", required=True, metavar="PATH", help="where to write the kubeconfig")
-    up.add_argument("--dcgm-host-label", choices=("hostname", "Hostname"), default="hostname",
-                    help="host label of the DCGM exporters: 'hostname' (exporter since #655) or 'Hostname'")
+    up.add_argument(
+        "--dcgm-host-label",
+        choices=("hostname", "Hostname"),
+        default="hostname",
+        help="host label of the DCGM exporters: 'hostname' (exporter since #655) or 'Hostname'",
+    )
     kubelets = sim_actions.add_parser(
         "kubelets",
         help="attach N simulated GPU nodes to a real Kubernetes API server until stopped",
@@ -177,13 +200,15 @@ def _parser() -> argparse.ArgumentParser:
         "kubelets (pods, status, logs over TLS), device plugin and DCGM exporters, while the real control "
         "plane schedules and controls. Stops cleanly on SIGINT or SIGTERM.",
     )
-    kubelets.add_argument("--kubeconfig", metavar="PATH",
-                          help="the real API server's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
+    kubelets.add_argument(
+        "--kubeconfig", metavar="PATH", help="the real API server's kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
     kubelets.add_argument("--nodes", type=_positive_int, default=4, metavar="N")
     kubelets.add_argument("--gpus", type=_positive_int, default=8, metavar="G", help="GPUs per node")
     kubelets.add_argument("--model", default="NVIDIA H200", help='GPU model, e.g. "NVIDIA H200"')
-    kubelets.add_argument("--preconfigured", action="store_true",
-                          help="apply the stack configure would, and advertise the GPUs at once")
+    kubelets.add_argument(
+        "--preconfigured", action="store_true", help="apply the stack configure would, and advertise the GPUs at once"
+    )
     kubelets.add_argument("--seed", type=int, default=0, help="seed of the fleet model")
     inject = sim_actions.add_parser(
         "inject",
@@ -192,10 +217,17 @@ def _parser() -> argparse.ArgumentParser:
         "and/or options. Everything is checked before anything is applied; exit 2 names a bad entry.",
     )
     inject.add_argument("files", nargs="*", metavar="FILE", help="YAML with 'api', 'gpu' and 'nodes' sections")
-    inject.add_argument("--kubeconfig", metavar="PATH",
-                        help="the simulator's kubeconfig (default: $KUBECONFIG, ~/.kube/config)")
-    inject.add_argument("--gpu", nargs="+", action="append", default=[], metavar="ARG",
-                        help="a fault of the fleet catalog: KIND NODE [GPU] [NAME=VALUE …]")
+    inject.add_argument(
+        "--kubeconfig", metavar="PATH", help="the simulator's kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    inject.add_argument(
+        "--gpu",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a fault of the fleet catalog: KIND NODE [GPU] [NAME=VALUE …]",
+    )
     inject.add_argument("--not-ready", action="append", default=[], metavar="NODE", help="the node goes NotReady")
     inject.add_argument("--ready", action="append", default=[], metavar="NODE", help="the node is Ready again")
     inject.add_argument("--delete-node", action="append", default=[], metavar="NODE", help="delete the node")
@@ -213,25 +245,57 @@ def _parser() -> argparse.ArgumentParser:
         "every node; verify the GPUs are advertised and report drift. Running it again changes nothing.",
     )
     _cluster_arguments(configure)
-    configure.add_argument("--release", metavar="R",
-                           help="a release of the compatibility matrix (default: the newest that fits)")
-    configure.add_argument("--set", dest="versions", action="append", default=[], metavar="COMPONENT=VERSION",
-                           help="pin a component, e.g. --set driver=570.195.03 (repeatable)")
+    configure.add_argument(
+        "--release", metavar="R", help="a release of the compatibility matrix (default: the newest that fits)"
+    )
+    configure.add_argument(
+        "--set",
+        dest="versions",
+        action="append",
+        default=[],
+        metavar="COMPONENT=VERSION",
+        help="pin a component, e.g. --set driver=570.195.03 (repeatable)",
+    )
     configure.add_argument("--registry", metavar="HOST/PATH", help="pull every image from this registry (a mirror)")
-    configure.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
-                           help="configure only this GPU node (repeatable; default: all)")
-    configure.add_argument("--dry-run", metavar="DIR",
-                           help="render every manifest into DIR; write nothing to the cluster")
+    configure.add_argument(
+        "--node",
+        dest="nodes",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="configure only this GPU node (repeatable; default: all)",
+    )
+    configure.add_argument(
+        "--dry-run", metavar="DIR", help="render every manifest into DIR; write nothing to the cluster"
+    )
     configure.add_argument("--namespace", default="gpucert-system", help="namespace of the stack")
-    configure.add_argument("--gpus-per-node", type=_positive_int, default=8, metavar="G",
-                           help="GPUs expected on a node without an nvidia.com/gpu.count label")
-    configure.add_argument("--timeout", type=_positive_float, default=900.0, metavar="S",
-                           help="seconds each component has to get Ready on every node")
-    configure.add_argument("--installer", choices=("auto", "gpucert", "gpu-operator"), default="auto",
-                           help="who installs the stack: auto adopts the NVIDIA GPU Operator where it runs it and "
-                           "installs gpucert's own manifests where nothing does (default); two installers: exit 2")
-    configure.add_argument("--no-certify", dest="certify_changed", action="store_false",
-                           help="do not certify the nodes whose driver the GPU Operator changed")
+    configure.add_argument(
+        "--gpus-per-node",
+        type=_positive_int,
+        default=8,
+        metavar="G",
+        help="GPUs expected on a node without an nvidia.com/gpu.count label",
+    )
+    configure.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=900.0,
+        metavar="S",
+        help="seconds each component has to get Ready on every node",
+    )
+    configure.add_argument(
+        "--installer",
+        choices=("auto", "gpucert", "gpu-operator"),
+        default="auto",
+        help="who installs the stack: auto adopts the NVIDIA GPU Operator where it runs it and "
+        "installs gpucert's own manifests where nothing does (default); two installers: exit 2",
+    )
+    configure.add_argument(
+        "--no-certify",
+        dest="certify_changed",
+        action="store_false",
+        help="do not certify the nodes whose driver the GPU Operator changed",
+    )
     configure.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     cert = commands.add_parser(
@@ -245,15 +309,27 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_arguments(cert)
     _measure_arguments(cert, namespace=True)
     _run_arguments(cert)
-    cert.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE",
-                      help="certify only this node (repeatable; default: every idle GPU node)")
+    cert.add_argument(
+        "--node",
+        dest="nodes",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="certify only this node (repeatable; default: every idle GPU node)",
+    )
     cert.add_argument("--include-busy", action="store_true", help="also benchmark nodes where a workload holds GPUs")
     cert.add_argument("--run-id", metavar="ID", help="the run id (a DNS label; default: cert-<time>-<random>)")
     cert.add_argument("--image", metavar="IMAGE", help="the benchmark image (any image with python and torch)")
     cert.add_argument("--observe-only", action="store_true", help="label and report, never taint")
     cert.add_argument("--max-parallel", type=_positive_int, default=16, metavar="N", help="benchmark Jobs at once")
-    cert.add_argument("--payload-arg", dest="payload_args", action="append", default=[], metavar="ARG",
-                      help="an extra option of the benchmark payload, e.g. --payload-arg=--dcgm-diag=2 (repeatable)")
+    cert.add_argument(
+        "--payload-arg",
+        dest="payload_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra option of the benchmark payload, e.g. --payload-arg=--dcgm-diag=2 (repeatable)",
+    )
     cert.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     operate = commands.add_parser(
@@ -270,14 +346,25 @@ def _parser() -> argparse.ArgumentParser:
     _run_arguments(operate)
     operate.add_argument("--observe-only", action="store_true", help="label and report, never taint")
     add_prometheus_arguments(operate, required=False, what="read telemetry from it (default: scrape the exporters)")
-    operate.add_argument("--rotation-days", type=_non_negative_float, metavar="D",
-                         help="re-certify each node this often (default: the policy's)")
-    operate.add_argument("--max-nodes", type=_positive_int, metavar="N",
-                         help="nodes to certify tonight at most (default: the policy's)")
-    operate.add_argument("--scrape-interval", type=_positive_float, default=60.0, metavar="S",
-                         help="seconds between the two exporter scrapes without Prometheus")
-    operate.add_argument("--namespace", default=None,
-                         help="namespace of the stack (DCGM exporters; default: gpucert-system)")
+    operate.add_argument(
+        "--rotation-days",
+        type=_non_negative_float,
+        metavar="D",
+        help="re-certify each node this often (default: the policy's)",
+    )
+    operate.add_argument(
+        "--max-nodes", type=_positive_int, metavar="N", help="nodes to certify tonight at most (default: the policy's)"
+    )
+    operate.add_argument(
+        "--scrape-interval",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds between the two exporter scrapes without Prometheus",
+    )
+    operate.add_argument(
+        "--namespace", default=None, help="namespace of the stack (DCGM exporters; default: gpucert-system)"
+    )
     operate.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     onboard = commands.add_parser(
@@ -292,8 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_arguments(onboard)
     _measure_arguments(onboard, namespace=True)
     _run_arguments(onboard)
-    onboard.add_argument("--ready-timeout", type=_positive_float, default=900.0, metavar="S",
-                         help="seconds the node has to become Ready")
+    onboard.add_argument(
+        "--ready-timeout", type=_positive_float, default=900.0, metavar="S", help="seconds the node has to become Ready"
+    )
     onboard.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
     explain = commands.add_parser(
@@ -309,51 +397,85 @@ def _parser() -> argparse.ArgumentParser:
         "hang gets nothing. Exit 0 when explained, 2 on bad input (an unknown job, no pods, an unreachable "
         "Prometheus, a bad time).",
     )
-    explain.add_argument("job", nargs="?", metavar="NAMESPACE/NAME",
-                         help="the job (with --selector: only its namespace, or none for every namespace)")
-    explain.add_argument("--selector", dest="pod_selector", metavar="S",
-                         help="explain the pods of this label selector instead of a named job")
-    explain.add_argument("--since", metavar="TIME",
-                         help="window start: ISO 8601 (UTC default) or a duration ago (6h)")
+    explain.add_argument(
+        "job",
+        nargs="?",
+        metavar="NAMESPACE/NAME",
+        help="the job (with --selector: only its namespace, or none for every namespace)",
+    )
+    explain.add_argument(
+        "--selector",
+        dest="pod_selector",
+        metavar="S",
+        help="explain the pods of this label selector instead of a named job",
+    )
+    explain.add_argument("--since", metavar="TIME", help="window start: ISO 8601 (UTC default) or a duration ago (6h)")
     explain.add_argument("--until", metavar="TIME", help="window end (default: the job's end, or now)")
     add_prometheus_arguments(explain, required=True, what="it scrapes the DCGM exporters")
-    explain.add_argument("--step-metric", default="train_step_seconds", metavar="NAME",
-                         help="the job's step-time gauge in Prometheus, labelled namespace and pod ('' for none: "
-                              "read the pods' logs)")  # fmt: skip
-    explain.add_argument("--labels", metavar="MAP",
-                         help="which labels name the pod, namespace and node where explain cannot tell on its own: "
-                              "'operator' (the GPU Operator's ServiceMonitor: exported_pod, exported_namespace), "
-                              "'plain' (pod, namespace), or 'pod=LABEL,namespace=LABEL' and/or 'node=LABEL' "
-                              "(a custom relabeling); default: detected")  # fmt: skip
+    explain.add_argument(
+        "--step-metric",
+        default="train_step_seconds",
+        metavar="NAME",
+        help="the job's step-time gauge in Prometheus, labelled namespace and pod ('' for none: read the pods' logs)",
+    )
+    explain.add_argument(
+        "--labels",
+        metavar="MAP",
+        help="which labels name the pod, namespace and node where explain cannot tell on its own: "
+        "'operator' (the GPU Operator's ServiceMonitor: exported_pod, exported_namespace), "
+        "'plain' (pod, namespace), or 'pod=LABEL,namespace=LABEL' and/or 'node=LABEL' "
+        "(a custom relabeling); default: detected",
+    )
     explain.add_argument("--out", metavar="HTML", help="write the timeline here (default: explain-<job>.html)")
-    explain.add_argument("--act", action="store_true",
-                         help="cordon the suspect node, open a ticket with the evidence and re-certify it (a "
-                              "silent straggler: re-certify only)")
-    explain.add_argument("--store", metavar="URI",
-                         help="gpucert's store (default: $GPUCERT_STORE, else ./gpucert-store)")
+    explain.add_argument(
+        "--act",
+        action="store_true",
+        help="cordon the suspect node, open a ticket with the evidence and re-certify it (a "
+        "silent straggler: re-certify only)",
+    )
+    explain.add_argument(
+        "--store", metavar="URI", help="gpucert's store (default: $GPUCERT_STORE, else ./gpucert-store)"
+    )
     explain.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults (the blast radius)")
-    explain.add_argument("--ticketing", metavar="BLOCK",
-                         help="a saved Ticketing block (default: local tickets in a file:// store)")
+    explain.add_argument(
+        "--ticketing", metavar="BLOCK", help="a saved Ticketing block (default: local tickets in a file:// store)"
+    )
     explain.add_argument("--kubeconfig", metavar="PATH", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
     explain.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
     explain.add_argument("--label-prefix", default="gpucert.io", help="prefix of gpucert's labels and taints")
-    explain.add_argument("--gpu-node-selector", default="nvidia.com/gpu.present=true", metavar="S",
-                         help="label selector of the GPU nodes (the blast radius counts them)")
+    explain.add_argument(
+        "--gpu-node-selector",
+        default="nvidia.com/gpu.present=true",
+        metavar="S",
+        help="label selector of the GPU nodes (the blast radius counts them)",
+    )
     explain.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
     tickets = commands.add_parser("tickets", help="the remediation and replacement tickets")
     ticket_actions = tickets.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = ticket_actions.add_parser(
-        "list", help="list the tickets: a local ticket file, a saved Ticketing block (Jira), or those an s3:// "
-        "store recorded for want of ticketing")
-    listing.add_argument("--tickets", default=None, metavar="PATH",
-                         help="a tickets .sqlite file or a store root holding tickets.sqlite "
-                              "(default: the --store's, else gpucert-store/)")  # fmt: skip
-    listing.add_argument("--store", metavar="URI",
-                         help="a store: file:// lists its tickets.sqlite; any store lists the tickets runs "
-                              "without ticketing recorded in it (s3://)")
-    listing.add_argument("--ticketing", metavar="BLOCK",
-                         help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL")
+        "list",
+        help="list the tickets: a local ticket file, a saved Ticketing block (Jira), or those an s3:// "
+        "store recorded for want of ticketing",
+    )
+    listing.add_argument(
+        "--tickets",
+        default=None,
+        metavar="PATH",
+        help="a tickets .sqlite file or a store root holding tickets.sqlite "
+        "(default: the --store's, else gpucert-store/)",
+    )
+    listing.add_argument(
+        "--store",
+        metavar="URI",
+        help="a store: file:// lists its tickets.sqlite; any store lists the tickets runs "
+        "without ticketing recorded in it (s3://)",
+    )
+    listing.add_argument(
+        "--ticketing",
+        metavar="BLOCK",
+        help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL",
+    )
     listing.add_argument("--state", choices=("open", "resolved"), help="only open or only resolved tickets")
     listing.add_argument("--node", dest="nodes", action="append", default=[], metavar="NODE")
 
@@ -367,9 +489,12 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_arguments(release)
     _measure_arguments(release, namespace=True)
     _run_arguments(release)
-    release.add_argument("--action", metavar="ACTION",
-                         help="what was done (default: what each ticket asked for); it must fit each ticket's "
-                              "cause, else exit 2 naming the actions that do")  # fmt: skip
+    release.add_argument(
+        "--action",
+        metavar="ACTION",
+        help="what was done (default: what each ticket asked for); it must fit each ticket's "
+        "cause, else exit 2 naming the actions that do",
+    )
     release.add_argument("--note", default="", help="a note for the tickets")
     release.add_argument("--json", action="store_true", help="print the flow's result as JSON")
 
@@ -383,14 +508,24 @@ def _parser() -> argparse.ArgumentParser:
         "pool kept, deployments updated, each automation replaced by name. Needs PREFECT_API_URL. Exit 2 "
         "names a bad field, an unreachable store or cluster, before anything is saved.",
     )
-    setup.add_argument("--file", dest="team_file", metavar="TEAM.yaml",
-                       help="the team file: name, cluster, store, ticketing and policy sections")
+    setup.add_argument(
+        "--file",
+        dest="team_file",
+        metavar="TEAM.yaml",
+        help="the team file: name, cluster, store, ticketing and policy sections",
+    )
     setup.add_argument("--name", metavar="NAME", help="the blocks' name (default: gpucert, what prefect.yaml names)")
     setup.add_argument("--project", default=".", metavar="DIR", help="the folder holding prefect.yaml (default: .)")
-    setup.add_argument("--no-deploy", action="store_true",
-                       help="only register and save the blocks: no pool, deployments or automations")
-    setup.add_argument("--kubeconfig", metavar="PATH",
-                       help="the cluster's kubeconfig, saved in the block (default: none: the worker's own chain)")
+    setup.add_argument(
+        "--no-deploy",
+        action="store_true",
+        help="only register and save the blocks: no pool, deployments or automations",
+    )
+    setup.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="the cluster's kubeconfig, saved in the block (default: none: the worker's own chain)",
+    )
     setup.add_argument("--context", metavar="NAME", help="its context (default: the current one)")
     setup.add_argument("--label-prefix", metavar="PREFIX", help="prefix of gpucert's labels and taints")
     setup.add_argument("--selector", metavar="S", help="label selector of GPU nodes")
@@ -401,15 +536,21 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument("--s3-endpoint", metavar="URL", help="an S3-compatible endpoint (MinIO, Ceph, SeaweedFS)")
     setup.add_argument("--public-url", metavar="URL", help="where the store root is served (report links)")
     setup.add_argument("--s3-access-key-id", metavar="ID", help="the S3 access key id (an AwsCredentials block)")
-    setup.add_argument("--s3-secret-key-env", metavar="VAR",
-                       help="the environment variable holding the S3 secret key (never the key on the command line)")
+    setup.add_argument(
+        "--s3-secret-key-env",
+        metavar="VAR",
+        help="the environment variable holding the S3 secret key (never the key on the command line)",
+    )
     setup.add_argument("--s3-region", metavar="REGION", help="the S3 region")
     setup.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
     setup.add_argument("--jira-url", metavar="URL", help="Jira server: tickets go to Jira")
     setup.add_argument("--jira-user", metavar="USER", help="Jira user (a Cloud e-mail)")
     setup.add_argument("--jira-project", metavar="KEY", help="Jira project key")
-    setup.add_argument("--jira-token-env", metavar="VAR",
-                       help="the environment variable holding the Jira token (never the token on the command line)")
+    setup.add_argument(
+        "--jira-token-env",
+        metavar="VAR",
+        help="the environment variable holding the Jira token (never the token on the command line)",
+    )
 
     watch = commands.add_parser(
         "watch-nodes",
@@ -446,11 +587,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     cert.add_argument("--store", dest="cert_store", metavar="URI", help="store root: file:///path or s3://…")
     cert.add_argument("--run", dest="cert_run", metavar="RUN_ID", help="the certify run to certify")
-    cert.add_argument("--since", dest="cert_since", metavar="DATE",
-                      help="instead of --run: every settled run on or after DATE (YYYY-MM-DD), in one certificate")
+    cert.add_argument(
+        "--since",
+        dest="cert_since",
+        metavar="DATE",
+        help="instead of --run: every settled run on or after DATE (YYYY-MM-DD), in one certificate",
+    )
     cert.add_argument("--out", dest="cert_out", default=".", metavar="DIR", help="where the files go (default: .)")
-    cert.add_argument("--key", dest="cert_key", metavar="PRIVATE.pem",
-                      help="sign with this Ed25519 private key: PKCS#8 PEM, unencrypted (-----BEGIN PRIVATE KEY-----)")
+    cert.add_argument(
+        "--key",
+        dest="cert_key",
+        metavar="PRIVATE.pem",
+        help="sign with this Ed25519 private key: PKCS#8 PEM, unencrypted (-----BEGIN PRIVATE KEY-----)",
+    )
     cert.add_argument("--cluster", dest="cert_cluster", metavar="NAME", help="the cluster's name, for the title")
     cert_actions = cert.add_subparsers(dest="action", required=False, metavar="[verify | keygen]")
     cert_verify = cert_actions.add_parser(
@@ -463,13 +612,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     cert_verify.add_argument("certificate", metavar="CERT", help="a certificate-<run>.json")
     cert_verify.add_argument("--store", dest="verify_store", metavar="URI", help="the store it was made from")
-    cert_verify.add_argument("--public-key", dest="public_key", metavar="PUB.pem",
-                             help="the signer's Ed25519 public key: PEM (-----BEGIN PUBLIC KEY-----)")
+    cert_verify.add_argument(
+        "--public-key",
+        dest="public_key",
+        metavar="PUB.pem",
+        help="the signer's Ed25519 public key: PEM (-----BEGIN PUBLIC KEY-----)",
+    )
     cert_keygen = cert_actions.add_parser(
-        "keygen", help="write a new Ed25519 key pair (PEM) for signing certificates",
+        "keygen",
+        help="write a new Ed25519 key pair (PEM) for signing certificates",
         description="Write gpucert-signing.pem (private, PKCS#8, mode 600) and gpucert-signing.pub.pem (public) "
         "into DIR; existing files are never overwritten.",
-    )  # fmt: skip
+    )
     cert_keygen.add_argument("--out", dest="keygen_out", required=True, metavar="DIR")
 
     demo = commands.add_parser(
@@ -484,39 +638,60 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-ui", action="store_true", help="exit when the lifecycle is done")
     demo.add_argument("--verdicts-only", action="store_true", help="the offline verdict demo on a generated fleet")
     demo.add_argument("--nodes", type=_positive_int, default=16)
-    demo.add_argument("--seed", type=int, default=None,
-                      help="seed of the generated fleet (default: one whose 16 nodes have no slow-silicon straggler)")
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the generated fleet (default: one whose 16 nodes have no slow-silicon straggler)",
+    )
     return parser
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every certifying command shares: the store, the policy, the ticketing."""
     parser.add_argument("--store", metavar="URI", help="store root: file:///path or s3://… (or --store-block)")
-    parser.add_argument("--store-block", metavar="NAME",
-                        help="a saved BaselineStore block (its S3 endpoint and credentials too), as a deployment "
-                             "names it; on the Prefect server of PREFECT_API_URL")
+    parser.add_argument(
+        "--store-block",
+        metavar="NAME",
+        help="a saved BaselineStore block (its S3 endpoint and credentials too), as a deployment "
+        "names it; on the Prefect server of PREFECT_API_URL",
+    )
     parser.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
-    parser.add_argument("--policy-block", metavar="NAME",
-                        help="a saved CertificationPolicy block (and the Ticketing it names), instead of --policy")
-    parser.add_argument("--ticketing", metavar="BLOCK",
-                        help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL "
-                             "(default: local tickets in a file:// store; recorded in the store for s3://)")
+    parser.add_argument(
+        "--policy-block",
+        metavar="NAME",
+        help="a saved CertificationPolicy block (and the Ticketing it names), instead of --policy",
+    )
+    parser.add_argument(
+        "--ticketing",
+        metavar="BLOCK",
+        help="a saved Ticketing block (Jira, webhook) on the Prefect server of PREFECT_API_URL "
+        "(default: local tickets in a file:// store; recorded in the store for s3://)",
+    )
 
 
 def _measure_arguments(parser: argparse.ArgumentParser, *, namespace: bool) -> None:
     """The rest of the GpuCluster block, for the commands that certify: name the block, or give its fields,
     so that a command measures what the deployment does (the storage location above all)."""
-    parser.add_argument("--cluster-block", metavar="NAME",
-                        help="a saved GpuCluster block, as a deployment names it: how to reach the cluster, its "
-                             "label prefix, selector, stack namespace and storage location (instead of the "
-                             "cluster options)")
-    parser.add_argument("--storage-claim", metavar="PVC",
-                        help="measure each node's read throughput from this PersistentVolumeClaim (the dataset)")
-    parser.add_argument("--storage-host-path", metavar="PATH",
-                        help="or from this host path (a node's local dataset disk)")
+    parser.add_argument(
+        "--cluster-block",
+        metavar="NAME",
+        help="a saved GpuCluster block, as a deployment names it: how to reach the cluster, its "
+        "label prefix, selector, stack namespace and storage location (instead of the "
+        "cluster options)",
+    )
+    parser.add_argument(
+        "--storage-claim",
+        metavar="PVC",
+        help="measure each node's read throughput from this PersistentVolumeClaim (the dataset)",
+    )
+    parser.add_argument(
+        "--storage-host-path", metavar="PATH", help="or from this host path (a node's local dataset disk)"
+    )
     if namespace:
-        parser.add_argument("--namespace", default=None, metavar="NS",
-                            help="namespace of the GPU stack (default: gpucert-system)")
+        parser.add_argument(
+            "--namespace", default=None, metavar="NS", help="namespace of the GPU stack (default: gpucert-system)"
+        )
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -616,21 +791,25 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
 
     if args.command == "certificate":
         if args.action == "verify":
-            return commands.certificate_verify(args.certificate, store=args.verify_store,
-                                               public_key_file=args.public_key)  # fmt: skip
+            return commands.certificate_verify(
+                args.certificate, store=args.verify_store, public_key_file=args.public_key
+            )
         if args.action == "keygen":
             return commands.certificate_keygen(out=args.keygen_out)
         if args.cert_store is None:
             raise InputError("certificate: give --store URI and --run RUN_ID (or --since DATE)")
         return commands.certificate_build(
-            store=args.cert_store, run_id=args.cert_run, since=args.cert_since, out=args.cert_out,
-            key_file=args.cert_key, cluster=args.cert_cluster,
-        )  # fmt: skip
+            store=args.cert_store,
+            run_id=args.cert_run,
+            since=args.cert_since,
+            out=args.cert_out,
+            key_file=args.cert_key,
+            cluster=args.cert_cluster,
+        )
     if args.command == "audit":
         if args.action == "verify":
             return commands.audit_verify(store=args.store)
-        return commands.audit_show(store=args.store, node=args.node, since=args.since,
-                                   as_json=args.format == "json")  # fmt: skip
+        return commands.audit_show(store=args.store, node=args.node, since=args.since, as_json=args.format == "json")
     if args.command == "baseline":
         if args.action == "build":
             return commands.baseline_build(
@@ -648,51 +827,99 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
         from gpucert_sim._inject import inject_command
 
         return inject_command(
-            kubeconfig=args.kubeconfig, files=args.files, gpu=args.gpu, not_ready=args.not_ready,
-            ready=args.ready, delete=args.delete_node, join=args.join, join_untainted=args.join_untainted,
-            clear=args.clear, clear_node=args.clear_node,
+            kubeconfig=args.kubeconfig,
+            files=args.files,
+            gpu=args.gpu,
+            not_ready=args.not_ready,
+            ready=args.ready,
+            delete=args.delete_node,
+            join=args.join,
+            join_untainted=args.join_untainted,
+            clear=args.clear,
+            clear_node=args.clear_node,
         )
     if args.command == "sim" and args.action == "kubelets":
         _require_simulator()
         from gpucert_sim._attach import run_kubelets
 
-        return run_kubelets(kubeconfig=args.kubeconfig, nodes=args.nodes, gpus=args.gpus, model=args.model,
-                            seed=args.seed, preconfigured=args.preconfigured)
+        return run_kubelets(
+            kubeconfig=args.kubeconfig,
+            nodes=args.nodes,
+            gpus=args.gpus,
+            model=args.model,
+            seed=args.seed,
+            preconfigured=args.preconfigured,
+        )
     if args.command == "sim":
         _require_simulator()
         from gpucert_sim import serve
 
         return serve(
-            nodes=args.nodes, gpus=args.gpus, model=args.model, kubeconfig=args.kubeconfig,
-            preconfigured=args.preconfigured, port=args.port, faults_file=args.faults, seed=args.seed,
-            dcgm_host_label=args.dcgm_host_label, nodes_per_leaf=args.nodes_per_leaf,
+            nodes=args.nodes,
+            gpus=args.gpus,
+            model=args.model,
+            kubeconfig=args.kubeconfig,
+            preconfigured=args.preconfigured,
+            port=args.port,
+            faults_file=args.faults,
+            seed=args.seed,
+            dcgm_host_label=args.dcgm_host_label,
+            nodes_per_leaf=args.nodes_per_leaf,
         )
     if args.command == "configure":
         from ._flowcli import configure_command
 
         return configure_command(
-            kubeconfig=args.kubeconfig, context=args.context, release=args.release, versions=args.versions,
-            registry=args.registry, nodes=args.nodes, dry_run=args.dry_run, namespace=args.namespace,
-            label_prefix=args.label_prefix, selector=args.selector, gpus_per_node=args.gpus_per_node,
-            timeout_s=args.timeout, as_json=args.json, installer=args.installer,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            release=args.release,
+            versions=args.versions,
+            registry=args.registry,
+            nodes=args.nodes,
+            dry_run=args.dry_run,
+            namespace=args.namespace,
+            label_prefix=args.label_prefix,
+            selector=args.selector,
+            gpus_per_node=args.gpus_per_node,
+            timeout_s=args.timeout,
+            as_json=args.json,
+            installer=args.installer,
             certify_changed=args.certify_changed,
         )
     if args.command in ("certify", "operate", "onboard", "release"):
         return _run_flow_command(args)
     if args.command == "explain":
         return commands.explain(
-            args.job, selector=args.pod_selector, since=args.since, until=args.until,
+            args.job,
+            selector=args.pod_selector,
+            since=args.since,
+            until=args.until,
             prometheus=prometheus_options(args) or args.prometheus,
-            step_metric=args.step_metric, labels=args.labels, out=args.out, act=args.act, store=args.store,
+            step_metric=args.step_metric,
+            labels=args.labels,
+            out=args.out,
+            act=args.act,
+            store=args.store,
             policy_file=args.policy,
-            ticketing=args.ticketing, kubeconfig=args.kubeconfig, context=args.context,
-            label_prefix=args.label_prefix, gpu_node_selector=args.gpu_node_selector, as_json=args.json,
-        )  # fmt: skip
+            ticketing=args.ticketing,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            label_prefix=args.label_prefix,
+            gpu_node_selector=args.gpu_node_selector,
+            as_json=args.json,
+        )
     if args.command == "tickets":
         from ._flowcli import tickets_command
 
-        print(tickets_command(tickets=args.tickets, store=args.store, ticketing=args.ticketing, state=args.state,
-                              nodes=args.nodes or None))  # fmt: skip
+        print(
+            tickets_command(
+                tickets=args.tickets,
+                store=args.store,
+                ticketing=args.ticketing,
+                state=args.state,
+                nodes=args.nodes or None,
+            )
+        )
         return EXIT_OK
     if args.command == "setup":
         from ._flowcli import setup_command
@@ -702,8 +929,11 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
         from ._flowcli import watch_nodes_command
 
         return watch_nodes_command(
-            kubeconfig=args.kubeconfig, context=args.context, label_prefix=args.label_prefix,
-            selector=args.selector, once=args.once,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            label_prefix=args.label_prefix,
+            selector=args.selector,
+            once=args.once,
         )
     if args.command == "demo" and args.verdicts_only:
         _require_simulator()
@@ -738,21 +968,38 @@ def _run_flow_command(args: argparse.Namespace) -> int:
     """certify, operate, onboard and release: the flow commands that certify, with the same conventions."""
     from . import _flowcli
 
-    common = {"kubeconfig": args.kubeconfig, "context": args.context, "store": args.store,
-              "policy_file": args.policy, "ticketing": args.ticketing, "label_prefix": args.label_prefix,
-              "selector": args.selector, "as_json": args.json,
-              "blocks": _flowcli.NamedBlocks.of(args)}  # fmt: skip
+    common = {
+        "kubeconfig": args.kubeconfig,
+        "context": args.context,
+        "store": args.store,
+        "policy_file": args.policy,
+        "ticketing": args.ticketing,
+        "label_prefix": args.label_prefix,
+        "selector": args.selector,
+        "as_json": args.json,
+        "blocks": _flowcli.NamedBlocks.of(args),
+    }
     if args.command == "certify":
         return _flowcli.certify_command(
-            **common, nodes=args.nodes, include_busy=args.include_busy, run_id=args.run_id, image=args.image,
-            observe_only=args.observe_only, max_parallel=args.max_parallel, payload_args=args.payload_args,
-        )  # fmt: skip
+            **common,
+            nodes=args.nodes,
+            include_busy=args.include_busy,
+            run_id=args.run_id,
+            image=args.image,
+            observe_only=args.observe_only,
+            max_parallel=args.max_parallel,
+            payload_args=args.payload_args,
+        )
     if args.command == "operate":
         return _flowcli.operate_command(
-            **common, observe_only=args.observe_only, prometheus_url=prometheus_options(args),
-            rotation_days=args.rotation_days, max_nodes=args.max_nodes, scrape_interval_s=args.scrape_interval,
+            **common,
+            observe_only=args.observe_only,
+            prometheus_url=prometheus_options(args),
+            rotation_days=args.rotation_days,
+            max_nodes=args.max_nodes,
+            scrape_interval_s=args.scrape_interval,
             namespace=args.namespace,
-        )  # fmt: skip
+        )
     if args.command == "onboard":
         return _flowcli.onboard_command(**common, node=args.node, uid=args.uid, ready_timeout_s=args.ready_timeout)
     return _flowcli.release_command(**common, nodes=args.nodes, action=args.action, note=args.note)

@@ -151,17 +151,17 @@ def compare(
         else:
             verdicts = _judged(frame, table, policy)
     if table.empty:
-        print(
-            "gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only"
-        )
+        print("gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only")
     write_table(verdicts, out)
     if settled:
         if decisions is not None:
             write_table(settlement.frame(datetime.now(UTC)), decisions)
         pending = settlement.pending
         states = ", ".join(f"{n} {s}" for s, n in sorted(settlement.tally().items()))
-        print(f"wrote {out}: {summarize(verdicts)}; settled: {states}"
-              + (f"; {len(pending)} node(s) need one more run: {', '.join(pending)}" if pending else ""))  # fmt: skip
+        print(
+            f"wrote {out}: {summarize(verdicts)}; settled: {states}"
+            + (f"; {len(pending)} node(s) need one more run: {', '.join(pending)}" if pending else "")
+        )
     else:
         print(f"wrote {out}: {summarize(verdicts)}")
     if fail_on is not None:
@@ -210,9 +210,7 @@ def _audited(target: BaselineStore, command: str) -> Iterator[None]:
         recorder.flush(events=False)
 
 
-def baseline_build(
-    results: Sequence[str], *, store: str, policy_file: str | None, stack_file: str | None
-) -> int:
+def baseline_build(results: Sequence[str], *, store: str, policy_file: str | None, stack_file: str | None) -> int:
     from .baseline import update_store
 
     policy = load_policy(policy_file)
@@ -249,9 +247,7 @@ def baseline_rollback(version: str, *, store: str) -> int:
     return 0
 
 
-def baseline_rebuild(
-    nodes: Sequence[str], *, store: str, results: Sequence[str], policy_file: str | None
-) -> int:
+def baseline_rebuild(nodes: Sequence[str], *, store: str, results: Sequence[str], policy_file: str | None) -> int:
     from .baseline import update_store
 
     policy = load_policy(policy_file)
@@ -259,12 +255,16 @@ def baseline_rebuild(
     frame = read_results(results) if results else None
     message = f"baseline rebuild {' '.join(nodes)}"
     with _audited(target, f"gpucert {message}"):
-        done = update_store(target, frame[frame["node"].isin(nodes)] if frame is not None else None,
-                            message=message, policy=policy, forget_nodes=nodes)  # fmt: skip
+        done = update_store(
+            target,
+            frame[frame["node"].isin(nodes)] if frame is not None else None,
+            message=message,
+            policy=policy,
+            forget_nodes=nodes,
+        )
     how = "re-seeded from the given runs" if frame is not None else "to be seeded by their next passing runs"
     print(
-        f"baseline {done.version} is current: {done.forgotten:,} own baselines of {len(nodes)} node(s) "
-        f"forgotten, {how}"
+        f"baseline {done.version} is current: {done.forgotten:,} own baselines of {len(nodes)} node(s) forgotten, {how}"
     )
     return 0
 
@@ -277,9 +277,7 @@ def baseline_list(*, store: str) -> int:
         return 0
     for info in versions:
         mark = "*" if info.is_current else " "
-        print(
-            f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}"
-        )
+        print(f"{mark} {info.version}  {info.created_at:%Y-%m-%d %H:%M}Z  {info.rows:>8,} rows  {info.message}")
     return 0
 
 
@@ -333,8 +331,10 @@ def audit_show(*, store: str, node: str | None, since: str | None, as_json: bool
         arrow = f" {was} -> {change}" if was else (f" {change}" if change else "")
         run = f" run {e['run_id']}" if e.get("run_id") else ""
         step = f", step: {e['step']}" if e.get("step") else ""  # the run's step that made it (newer entries)
-        print(f"#{e.get('seq')} {e.get('ts')} {e.get('action')} {where}{arrow} — {e.get('why') or ''}"
-              f" [{e.get('trigger')}{run}, {e.get('actor')}{step}]")  # fmt: skip
+        print(
+            f"#{e.get('seq')} {e.get('ts')} {e.get('action')} {where}{arrow} — {e.get('why') or ''}"
+            f" [{e.get('trigger')}{run}, {e.get('actor')}{step}]"
+        )
     return 0
 
 
@@ -394,9 +394,11 @@ def certificate_build(
     tally = cert.body["tally"]
     states = ", ".join(f"{tally.get(s, 0)} {s}" for s in ("certified", "degraded", "failed", "inconclusive"))
     how = f"signed by key {cert.signature.key_sha256[:16]}" if cert.signature else "unsigned"
-    print(f"wrote {json_path} and {html_path.name}: {counted(len(cert.runs), 'run')}, "
-          f"{counted(len(cert.body['nodes']), 'node')} "
-          f"({states}); {how}; sha256 {cert.sha256[:16]}")  # fmt: skip
+    print(
+        f"wrote {json_path} and {html_path.name}: {counted(len(cert.runs), 'run')}, "
+        f"{counted(len(cert.body['nodes']), 'node')} "
+        f"({states}); {how}; sha256 {cert.sha256[:16]}"
+    )
     for skipped in cert.body.get("skipped") or []:
         print(f"  not certified: {skipped['run_id']}: {skipped['why']}")
     return 0
@@ -527,16 +529,40 @@ def explain(
     except KubeError as exc:
         raise InputError(f"the cluster {kube.host} did not answer: {exc}") from None
     if act:
-        return _explain_act(job, selector=selector, since=since, until=until, prometheus=prometheus,
-                            step_metric=step_metric, out=target_out, store=uri, policy_file=policy_file,
-                            ticketing=ticketing, kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
-                            gpu_node_selector=gpu_node_selector, as_json=as_json, labels=labels)  # fmt: skip
+        return _explain_act(
+            job,
+            selector=selector,
+            since=since,
+            until=until,
+            prometheus=prometheus,
+            step_metric=step_metric,
+            out=target_out,
+            store=uri,
+            policy_file=policy_file,
+            ticketing=ticketing,
+            kubeconfig=kubeconfig,
+            context=context,
+            label_prefix=label_prefix,
+            gpu_node_selector=gpu_node_selector,
+            as_json=as_json,
+            labels=labels,
+        )
     tickets = None
     if opened is not None and opened.uri.startswith("file://") and local_path(opened.uri).is_file():
         tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
-    explained = explain_job(kube, source, job, selector=selector, since=since, until=until,
-                            store=opened, tickets=tickets, policy=policy, step_metric=step_metric or None,
-                            labels=mapping)  # fmt: skip
+    explained = explain_job(
+        kube,
+        source,
+        job,
+        selector=selector,
+        since=since,
+        until=until,
+        store=opened,
+        tickets=tickets,
+        policy=policy,
+        step_metric=step_metric or None,
+        labels=mapping,
+    )
     if explained.explanation.verdict == "no-data":
         raise InputError(_nothing_to_judge(explained.explanation))
     _write_text_atomically(target_out, explained.html)
@@ -576,18 +602,35 @@ def _explain_act(
 
     from . import _flowcli
 
-    inputs = _flowcli.flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix,
-                                  selector=gpu_node_selector, store=store, policy_file=policy_file,
-                                  ticketing=ticketing)  # fmt: skip
+    inputs = _flowcli.flow_inputs(
+        kubeconfig=kubeconfig,
+        context=context,
+        label_prefix=label_prefix,
+        selector=gpu_node_selector,
+        store=store,
+        policy_file=policy_file,
+        ticketing=ticketing,
+    )
     prometheus_block = _flowcli._prometheus(prometheus)  # asked once already: the flow gets the same block
     _flowcli._prepare_prefect()
     from gpucert.flows.explain import explain_job as explain_flow
 
     outcome = asyncio.run(
-        explain_flow(job=job, selector=selector, since=since, until=until, prometheus=prometheus_block,
-                     cluster=inputs.cluster, store=inputs.store, policy=inputs.policy, ticketing=inputs.ticketing,
-                     step_metric=step_metric or None, act=True, labels=labels)
-    )  # fmt: skip
+        explain_flow(
+            job=job,
+            selector=selector,
+            since=since,
+            until=until,
+            prometheus=prometheus_block,
+            cluster=inputs.cluster,
+            store=inputs.store,
+            policy=inputs.policy,
+            ticketing=inputs.ticketing,
+            step_metric=step_metric or None,
+            act=True,
+            labels=labels,
+        )
+    )
     opened = _open_existing(store)
     key = outcome.timeline.removeprefix(opened.uri.rstrip("/") + "/")
     blob = opened.objects.get(key)

@@ -228,17 +228,13 @@ class ShardFailed(GpucertError):
 class StackNotReady(GpucertError):
     """A configure step did not get ready on every target node in time; ``nodes`` maps each to why."""
 
-    def __init__(
-        self, what: str, timeout_s: float, nodes: Mapping[str, str], total: int, *, shown: int = 10
-    ) -> None:
+    def __init__(self, what: str, timeout_s: float, nodes: Mapping[str, str], total: int, *, shown: int = 10) -> None:
         self.nodes = dict(nodes)
         named = sorted(self.nodes)
         listed = "; ".join(f"{n} ({self.nodes[n]})" for n in named[:shown])
         more = f"; and {len(named) - shown} more" if len(named) > shown else ""
         noun = "node" if total == 1 else "nodes"
-        super().__init__(
-            f"{what} not ready after {timeout_s:g} s on {len(named)} of {total} {noun}: {listed}{more}"
-        )
+        super().__init__(f"{what} not ready after {timeout_s:g} s on {len(named)} of {total} {noun}: {listed}{more}")
 
 
 class StackRenderError(GpucertError):

@@ -47,6 +47,7 @@ __all__ = [
     "physical_bounds",
 ]
 
+
 def metric(name: str) -> Metric:
     """Return the registry entry for ``name``; raises ``KeyError`` for an unknown metric."""
     return METRICS[name]

@@ -48,10 +48,12 @@ class MetricPolicy(_Strict):
     fail_drop_pct: float = Field(gt=0, lt=100)
     node_drop_pct: float | None = Field(default=None, gt=0, lt=100)
     repeats: int | None = Field(
-        default=None, ge=1, le=25,
+        default=None,
+        ge=1,
+        le=25,
         description="measure this metric this many times per run (never fewer than the run's repeats); "
         "cheap host copies get more, so a run's median is precise enough for drift",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _fail_beyond_warn(self) -> MetricPolicy:
@@ -94,10 +96,11 @@ class GatesPolicy(_Strict):
     nvlink_crc_errors: float = Field(ge=0)
     xid_repeat_warn: int = Field(ge=1)
     ib_rate_gbps: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="the rate every active RDMA port should run at (Gb/s); None: compare a node's ports with "
         "one another only",
-    )  # fmt: skip
+    )
     ib_symbol_errors: float = Field(ge=0)
     ib_link_downed: float = Field(ge=0)
     ib_rcv_errors: float = Field(ge=0)

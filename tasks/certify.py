@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 
-
 @kube_task("select nodes")
 def select_nodes(
     kube: Kube, selector: str, asked: Sequence[str] | None, *, include_busy: bool, prefix: str
@@ -82,9 +81,7 @@ def select_nodes(
     chosen, skipped = choose_nodes(sorted(nodes), asked, busy, include_busy=include_busy)
     gpus: dict[str, int] = {}
     for name in chosen:
-        advertised = str(
-            ((nodes[name].get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")
-        )
+        advertised = str(((nodes[name].get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0"))
         if advertised.isdigit() and int(advertised) > 0:
             gpus[name] = int(advertised)
         else:
@@ -108,8 +105,13 @@ def prepare(kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequenc
         before = kube.find("v1", "ConfigMap", configmap["metadata"]["name"], settings.namespace)
         stored = kube.apply(configmap, before=before)
     except KubeNotFound:
-        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": settings.namespace,
-                    "labels": {"app.kubernetes.io/part-of": "gpucert"}}})  # fmt: skip
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": settings.namespace, "labels": {"app.kubernetes.io/part-of": "gpucert"}},
+            }
+        )
         stored = kube.apply(configmap)
     orphans = orphaned_jobs(kube, settings, run_id, nodes)
     if orphans:
@@ -145,9 +147,12 @@ async def benchmark(
     elif frame is not None:
         run.write_table(RESULTS, frame)
     get_run_logger().info(
-        "%s: %s measured, %d without results%s", run.run_id, counted(len(nodes) - len(failed), "node"), len(failed),
+        "%s: %s measured, %d without results%s",
+        run.run_id,
+        counted(len(nodes) - len(failed), "node"),
+        len(failed),
         f" ({', '.join(sorted({str(r) for r, _ in failed.values()}))})" if failed else "",
-    )  # fmt: skip
+    )
     return failed, wave.stacks
 
 
@@ -205,8 +210,14 @@ def settle_run(
     """Settle the run (:func:`gpucert.certify.settle`) and store what it concluded: ``decisions.parquet``
     and the verdicts made to agree with it; returns the settlement (its ``pending`` nodes need a re-run)."""
     measured = run.results_or_none()  # what the run measured, per node and GPU: the clearing rule's input
-    settlement = settle(first, reruns, fleet=fleet, policy=rules.policy, observe_only=rules.observe_only,
-                        measured=measured if measured is not None else empty_results())  # fmt: skip
+    settlement = settle(
+        first,
+        reruns,
+        fleet=fleet,
+        policy=rules.policy,
+        observe_only=rules.observe_only,
+        measured=measured if measured is not None else empty_results(),
+    )
     run.write_table(VERDICTS, settled_verdicts(first.verdicts, settlement))
     run.write_table(DECISIONS, settlement.frame(datetime.now(UTC)))
     log = get_run_logger()

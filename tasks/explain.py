@@ -37,8 +37,7 @@ from ._retry import may_pass
 __all__ = ["act_on_suspect", "explain_window", "find_job", "publish_explanation"]
 
 
-@task(name="find the job", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10],
-      retry_condition_fn=may_pass)  # fmt: skip
+@task(name="find the job", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass)
 def find_job(
     kube: Kube,
     job: str | None,
@@ -51,13 +50,21 @@ def find_job(
     """The job's pods, nodes and window (``gpucert.explain.resolve_target``); raises ``InputError`` for a
     job that is not there (not retried)."""
     target = resolve_target(kube, job, selector=selector, since=since, until=until, now=now)
-    get_run_logger().info("%s (%s): %d pods on %d nodes, %s .. %s", target.job, target.kind, len(target.pods),
-                          len(target.nodes), target.window[0], target.window[1])  # fmt: skip
+    get_run_logger().info(
+        "%s (%s): %d pods on %d nodes, %s .. %s",
+        target.job,
+        target.kind,
+        len(target.pods),
+        len(target.nodes),
+        target.window[0],
+        target.window[1],
+    )
     return target
 
 
-@task(name="gather and judge", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30],
-      retry_condition_fn=may_pass)  # fmt: skip
+@task(
+    name="gather and judge", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=may_pass
+)
 def explain_window(
     kube: Kube,
     source: PrometheusSource,
@@ -88,8 +95,7 @@ def publish_explanation(outcome: ExplainOutcome) -> None:
     """The answer in three lines (a markdown artifact) and a link to the timeline."""
     create_markdown_artifact(key="explain-answer", markdown=outcome.markdown(), description=f"explain {outcome.job}")
     if outcome.timeline_link:
-        create_link_artifact(key="explain-timeline", link=outcome.timeline_link,
-                             link_text=f"timeline of {outcome.job}")  # fmt: skip
+        create_link_artifact(key="explain-timeline", link=outcome.timeline_link, link_text=f"timeline of {outcome.job}")
 
 
 @task(name="act on the suspect", cache_policy=NO_CACHE)
@@ -109,8 +115,18 @@ def act_on_suspect(
 ) -> ActOutcome:
     """Cordon (gpucert's taint, inside the blast radius) and ticket the first hardware suspect
     (``gpucert.explain.act_on``); not retried: a taint or a ticket is never written twice by a retry."""
-    done = act_on(explanation, kube, policy=policy, tickets=tickets, audit=audit, run_id=run_id, now=now,
-                  prefix=prefix, gpu_node_selector=gpu_node_selector, evidence_link=evidence_link,
-                  escalation=escalation)  # fmt: skip
+    done = act_on(
+        explanation,
+        kube,
+        policy=policy,
+        tickets=tickets,
+        audit=audit,
+        run_id=run_id,
+        now=now,
+        prefix=prefix,
+        gpu_node_selector=gpu_node_selector,
+        evidence_link=evidence_link,
+        escalation=escalation,
+    )
     get_run_logger().info("act: %s", "; ".join(done.lines()))
     return done

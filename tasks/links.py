@@ -44,8 +44,9 @@ class LinkOutcome:
         """The step in a few lines (the run's outcome carries them); empty when no pair was planned."""
         if not self.pairs:
             return []
-        head = (f"{self.pairs} pairs in {self.rounds} rounds and {self.repair_rounds} re-pairing rounds"
-                + (f", {len(self.failed)} pair Jobs failed" if self.failed else ""))  # fmt: skip
+        head = f"{self.pairs} pairs in {self.rounds} rounds and {self.repair_rounds} re-pairing rounds" + (
+            f", {len(self.failed)} pair Jobs failed" if self.failed else ""
+        )
         return [head, *self.summary]
 
     rounds: int = 0
@@ -73,11 +74,13 @@ async def pair_round(
     """One round of pair Jobs; returns its rows as Parquet (None when no pair produced any: data crosses
     tasks as bytes, not frames) and ``a – b`` → why, for each pair that failed."""
     # A pair Job holds a slot of the benchmarks' global concurrency limit, as a node's Job does.
-    done = await run_pair_round(kube, pairs, run.run_id, payload, settings, gpus=gpus, max_parallel=max_parallel,
-                                slot=await benchmark_slot())  # fmt: skip
+    done = await run_pair_round(
+        kube, pairs, run.run_id, payload, settings, gpus=gpus, max_parallel=max_parallel, slot=await benchmark_slot()
+    )
     failed = {f"{a} – {b}": f"{r.reason}: {r.message}" for (a, b), r in done.failed().items()}
-    get_run_logger().info("%s round %d: %s measured, %d failed", stage, index,
-                          counted(len(pairs) - len(failed), "pair"), len(failed))  # fmt: skip
+    get_run_logger().info(
+        "%s round %d: %s measured, %d failed", stage, index, counted(len(pairs) - len(failed), "pair"), len(failed)
+    )
     if done.results is None or done.results.empty:
         return None, failed
     buffer = io.BytesIO()
@@ -114,8 +117,9 @@ async def measure_links(
         for index in range(first, rounds.rounds):
             table = rounds.round(index)
             pairs = list(zip(table["node"].astype(str), table["peer"].astype(str), strict=True))
-            data, lost = await pair_round(kube, run, pairs, payload, settings, gpus=gpus,
-                                          max_parallel=max_parallel, index=index, stage=stage)  # fmt: skip
+            data, lost = await pair_round(
+                kube, run, pairs, payload, settings, gpus=gpus, max_parallel=max_parallel, index=index, stage=stage
+            )
             failed.update(lost)
             if data is not None:
                 parts.append(data)
@@ -140,11 +144,14 @@ async def measure_links(
     for line in summary:
         log.info("links: %s", line)
     return LinkOutcome(
-        rounds=planned, repair_rounds=repaired, pairs=len(plan.pairs), failed=failed,
+        rounds=planned,
+        repair_rounds=repaired,
+        pairs=len(plan.pairs),
+        failed=failed,
         culprits=judgement.culprits if judgement is not None else (),
         uplinks=tuple(f"{a} ↔ {b}" for a, b in judgement.uplinks) if judgement is not None else (),
         summary=summary,
-    )  # fmt: skip
+    )
 
 
 def _append_results(run: CertificationRun, parts: Sequence[bytes]) -> None:

@@ -21,9 +21,7 @@ def wait_for_node(kube: Kube, node: str, uid: str | None, timeout_s: float) -> s
         if obj is None:
             return {node: "not registered"}
         if uid and obj["metadata"].get("uid") != uid:
-            raise InputError(
-                f"node {node} has UID {obj['metadata'].get('uid')}, not {uid}: it rejoined since"
-            )
+            raise InputError(f"node {node} has UID {obj['metadata'].get('uid')}, not {uid}: it rejoined since")
         return {} if node_ready(obj) else {node: "not Ready"}
 
     wait_until(pending, what=f"node {node}", total=1, timeout_s=timeout_s)

@@ -37,8 +37,13 @@ def _prefect_unreachable(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-@task(name="publish the report", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[5, 10, 20],
-      retry_condition_fn=_prefect_unreachable)  # fmt: skip
+@task(
+    name="publish the report",
+    cache_policy=NO_CACHE,
+    retries=3,
+    retry_delay_seconds=[5, 10, 20],
+    retry_condition_fn=_prefect_unreachable,
+)
 def publish_report(
     run: CertificationRun,
     settlement: Settlement,
@@ -55,28 +60,38 @@ def publish_report(
     verdicts = run.verdicts()
     results = run.results_or_none()
     baseline = run.store.read() if run.store.current_version() is not None else None
-    done = done_view(settlement.frame(), actions=actions, tickets=tickets.events if tickets is not None else (),
-                     tickets_recorded=tickets.recorded if tickets is not None else 0,
-                     incident=settlement.incident or "")  # fmt: skip
-    html = render_html(results if results is not None else empty_results(), verdicts, run_id=run.run_id,
-                       baseline=baseline, links=links, done=done)  # fmt: skip
+    done = done_view(
+        settlement.frame(),
+        actions=actions,
+        tickets=tickets.events if tickets is not None else (),
+        tickets_recorded=tickets.recorded if tickets is not None else 0,
+        incident=settlement.incident or "",
+    )
+    html = render_html(
+        results if results is not None else empty_results(),
+        verdicts,
+        run_id=run.run_id,
+        baseline=baseline,
+        links=links,
+        done=done,
+    )
     uri = run.write_report(html)
     link = run.store.link(run.key("report.html"))
     markdown = summary_markdown(verdicts, run_id=run.run_id, report_link=link, actions_taken=actions)
     if settlement.incident:
         markdown = f"> **Incident**: {settlement.incident}\n\n{markdown}"
-    create_markdown_artifact(
-        key=_artifact_key("summary"), markdown=markdown, description=f"certify {run.run_id}"
-    )
+    create_markdown_artifact(key=_artifact_key("summary"), markdown=markdown, description=f"certify {run.run_id}")
     create_table_artifact(
         key=_artifact_key("verdicts"), table=verdict_rows(verdicts), description=f"verdicts of {run.run_id}"
     )
     decisions, left_out = decision_table(settlement.frame())
-    quiet = (f"; {counted(left_out, 'node')} certified untainted not listed (decisions.parquet has all)"
-             if left_out else "")  # fmt: skip
+    quiet = (
+        f"; {counted(left_out, 'node')} certified untainted not listed (decisions.parquet has all)" if left_out else ""
+    )
     create_table_artifact(
-        key=_artifact_key("decisions"), table=decisions,
+        key=_artifact_key("decisions"),
+        table=decisions,
         description=f"the settled decision per node of {run.run_id}{quiet}",
-    )  # fmt: skip
+    )
     create_link_artifact(key=_artifact_key("report"), link=link, link_text=f"report of {run.run_id}")
     return uri, link

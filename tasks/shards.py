@@ -45,8 +45,6 @@ _POLL_S = 2.0
 LocalShard = Callable[[int, dict[str, int]], Awaitable[Any]]
 
 
-
-
 async def _deployment_id() -> UUID | None:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -61,13 +59,14 @@ async def _deployment_id() -> UUID | None:
 def _by_reference(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """``parameters`` with each saved block as a ``$ref`` the shard's flow loads: a block sent whole would
     have its secrets masked on the way (``SecretStr`` dumps as asterisks)."""
-    return {name: {"$ref": {"block_document_id": str(value._block_document_id)}} if isinstance(value, Block) else value
-            for name, value in parameters.items()}  # fmt: skip
+    return {
+        name: {"$ref": {"block_document_id": str(value._block_document_id)}} if isinstance(value, Block) else value
+        for name, value in parameters.items()
+    }
 
 
 def _unsaved(blocks: Mapping[str, Any]) -> list[str]:
-    return [name for name, block in blocks.items()
-            if isinstance(block, Block) and block._block_document_id is None]  # fmt: skip
+    return [name for name, block in blocks.items() if isinstance(block, Block) and block._block_document_id is None]
 
 
 async def run_shards(
@@ -89,8 +88,9 @@ async def run_shards(
     deployment = await _deployment_id() if not unsaved else None
     if deployment is None:
         why = f"{', '.join(unsaved)} not saved blocks" if unsaved else f"no {SHARD_DEPLOYMENT} deployment"
-        log.info("%s: %d shards run in this process, %d at a time (%s)", run.run_id, len(shards),
-                 LOCAL_SHARDS_AT_ONCE, why)  # fmt: skip
+        log.info(
+            "%s: %d shards run in this process, %d at a time (%s)", run.run_id, len(shards), LOCAL_SHARDS_AT_ONCE, why
+        )
         slots = asyncio.Semaphore(LOCAL_SHARDS_AT_ONCE)
 
         async def in_turn(index: int, nodes: dict[str, int]) -> None:
@@ -102,8 +102,9 @@ async def run_shards(
     else:
         await _on_workers(run, shards, parameters, wait_s=wait_s)
     parts = read_shards(run, shards)
-    log.info("%s: %d shards joined, %d result rows, %d Jobs failed", run.run_id, len(shards), parts.rows,
-             len(parts.failed))  # fmt: skip
+    log.info(
+        "%s: %d shards joined, %d result rows, %d Jobs failed", run.run_id, len(shards), parts.rows, len(parts.failed)
+    )
     return parts
 
 
@@ -115,16 +116,18 @@ async def _on_workers(
     started, sent = [], _by_reference(parameters)
     for index, nodes in enumerate(shards):
         flow_run: FlowRun = await run_deployment(  # type: ignore[misc]  # sync-or-async: awaited in a flow
-            SHARD_DEPLOYMENT, parameters={**sent, "index": index, "nodes": nodes}, timeout=0,
-            as_subflow=True, idempotency_key=f"{run.run_id}-shard-{index}",
-        )  # fmt: skip
+            SHARD_DEPLOYMENT,
+            parameters={**sent, "index": index, "nodes": nodes},
+            timeout=0,
+            as_subflow=True,
+            idempotency_key=f"{run.run_id}-shard-{index}",
+        )
         started.append(flow_run.id)
     get_run_logger().info("%s: %d shards started on the pool (%s)", run.run_id, len(shards), SHARD_DEPLOYMENT)
     await _wait(run, shards, started, wait_s=wait_s)
 
 
-async def _wait(run: CertificationRun, shards: Sequence[dict[str, int]], ids: Sequence[UUID], *,
-                wait_s: float) -> None:
+async def _wait(run: CertificationRun, shards: Sequence[dict[str, int]], ids: Sequence[UUID], *, wait_s: float) -> None:
     """Poll the shards' flow runs until every one COMPLETED; raises :class:`ShardFailed` otherwise."""
     from prefect.client.orchestration import get_client
 
@@ -135,8 +138,10 @@ async def _wait(run: CertificationRun, shards: Sequence[dict[str, int]], ids: Se
             for index, flow_run_id in list(pending.items()):
                 flow_run = await client.read_flow_run(flow_run_id)
                 state = flow_run.state.type.value if flow_run.state else "SCHEDULED"
-                where = (f"{run.run_id}: shard {index} ({len(shards[index])} nodes from {min(shards[index])}, "
-                         f"flow run {flow_run.name})")  # fmt: skip
+                where = (
+                    f"{run.run_id}: shard {index} ({len(shards[index])} nodes from {min(shards[index])}, "
+                    f"flow run {flow_run.name})"
+                )
                 if state == "COMPLETED":
                     del pending[index]
                 elif state in ("FAILED", "CANCELLED"):
@@ -144,13 +149,17 @@ async def _wait(run: CertificationRun, shards: Sequence[dict[str, int]], ids: Se
                 elif state == "CRASHED":
                     since = crashed_since.setdefault(index, time.monotonic())
                     if time.monotonic() - since > CRASH_GRACE_S:
-                        raise ShardFailed(f"{where} crashed and was not brought back in {CRASH_GRACE_S:.0f} s "
-                                          "(are automations.yaml's automations created?)")  # fmt: skip
+                        raise ShardFailed(
+                            f"{where} crashed and was not brought back in {CRASH_GRACE_S:.0f} s "
+                            "(are automations.yaml's automations created?)"
+                        )
                 else:
                     crashed_since.pop(index, None)
             if pending and time.monotonic() > deadline:
                 late = ", ".join(str(i) for i in sorted(pending))
-                raise ShardFailed(f"{run.run_id}: shards {late} not done in {wait_s:.0f} s (is a worker serving "
-                                  f"the pool of {SHARD_DEPLOYMENT}?)")  # fmt: skip
+                raise ShardFailed(
+                    f"{run.run_id}: shards {late} not done in {wait_s:.0f} s (is a worker serving "
+                    f"the pool of {SHARD_DEPLOYMENT}?)"
+                )
             if pending:
                 await asyncio.sleep(_POLL_S)

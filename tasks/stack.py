@@ -84,9 +84,7 @@ def recorded_stack(kube: Kube, namespace: str) -> StackRecord | None:
 
 
 @task(name="choose the stack", cache_policy=NO_CACHE)
-def choose_stack(
-    nodes: Sequence[NodeInfo], request: StackRequest, *, namespace: str, label_prefix: str
-) -> StackPlan:
+def choose_stack(nodes: Sequence[NodeInfo], request: StackRequest, *, namespace: str, label_prefix: str) -> StackPlan:
     """The versions for each GPU model; raises ``StackConflict`` (naming each conflict) before any write."""
     return plan_stack(nodes, request, load_matrix(), namespace=namespace, label_prefix=label_prefix)
 
@@ -200,8 +198,12 @@ def follow_driver_rollout(kube: Kube, nodes: Sequence[str], driver: str, timeout
                 done = sum(1 for n in nodes if n not in waiting)
                 log.info("driver %s rollout: %s %s (%d of %d nodes done)", driver, node, state, done, len(nodes))
                 if state.startswith(f"stuck in {UPGRADE_FAILED}"):
-                    log.error("node %s is in %s: the operator could not upgrade its driver to %s",
-                              node, UPGRADE_FAILED, driver)  # fmt: skip
+                    log.error(
+                        "node %s is in %s: the operator could not upgrade its driver to %s",
+                        node,
+                        UPGRADE_FAILED,
+                        driver,
+                    )
                 seen[node] = state
         return waiting
 
@@ -215,8 +217,12 @@ def wait_for_operands(kube: Kube, wanted: Mapping[str, Mapping[str, str]], timeo
     """Wait until every node runs the operand versions ``wanted`` (node → component → version) in Ready
     pods; returns the seconds it took. Raises ``StackNotReady`` naming each node and operand behind."""
     began = time.monotonic()
-    wait_until(lambda: pending_operands(operator_pods(kube), wanted), what="the operator's operands",
-               total=len(wanted), timeout_s=timeout_s)  # fmt: skip
+    wait_until(
+        lambda: pending_operands(operator_pods(kube), wanted),
+        what="the operator's operands",
+        total=len(wanted),
+        timeout_s=timeout_s,
+    )
     return time.monotonic() - began
 
 

@@ -67,9 +67,13 @@ def telemetry_check(
             asked[str(node)] = f"telemetry: {str(first['reasons']).split(';')[0]}"
     coverage = telemetry_coverage(telemetry, gpu_nodes)
     log = get_run_logger()
-    log.info("telemetry (%s): %s asked for re-certification; read on %s, unread on %s",
-             telemetry.source, counted(len(asked), "node"), counted(len(coverage.read), "node"),
-             counted(len(coverage.unread), "node"))  # fmt: skip
+    log.info(
+        "telemetry (%s): %s asked for re-certification; read on %s, unread on %s",
+        telemetry.source,
+        counted(len(asked), "node"),
+        counted(len(coverage.read), "node"),
+        counted(len(coverage.unread), "node"),
+    )
     for node, why in coverage.unread.items():
         log.warning("telemetry of %s unread: %s", node, why)
     if coverage.missing:

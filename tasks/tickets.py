@@ -50,8 +50,13 @@ def ticket_run(
     return step
 
 
-@task(name="maintenance tickets", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10],
-      retry_condition_fn=may_pass)  # fmt: skip
+@task(
+    name="maintenance tickets",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=may_pass,
+)
 def maintenance_tickets(
     backend: TicketBackend | None, overdue: Mapping[str, str], *, nights: int, run_id: str
 ) -> list[TicketEvent]:
@@ -64,16 +69,17 @@ def maintenance_tickets(
         log.warning("ticketing not configured: no ticket asks for a maintenance window on %s", ", ".join(overdue))
         return []
     now = datetime.now(UTC)
-    asked = (ask_maintenance_window(backend, node, nights=nights, why=why, run_id=run_id, now=now)
-             for node, why in sorted(overdue.items()))  # fmt: skip
+    asked = (
+        ask_maintenance_window(backend, node, nights=nights, why=why, run_id=run_id, now=now)
+        for node, why in sorted(overdue.items())
+    )
     events = [e for e in asked if e is not None]
     for event in events:
         log.warning("ticket %s: %s", event.ticket.id, event.ticket.title)
     return events
 
 
-@task(name="record repairs", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10],
-      retry_condition_fn=may_pass)  # fmt: skip
+@task(name="record repairs", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass)
 def record_repairs_task(
     backend: TicketBackend | None, nodes: Sequence[str], now: datetime, *, action: str | None, note: str
 ) -> list[TicketEvent]:

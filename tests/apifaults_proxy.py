@@ -53,12 +53,31 @@ __all__ = ["ApiFaultProxy"]
 
 _HOST = "127.0.0.1"
 #: Headers of one hop, never forwarded (RFC 9110 §7.6.1), plus what the client library sets itself.
-_HOP = frozenset(h.lower() for h in ("Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-                                     "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
+_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
 
 
-def _status(code: int, reason: str, message: str, *, details: dict[str, Any] | None = None,
-            headers: dict[str, str] | None = None) -> web.Response:
+def _status(
+    code: int,
+    reason: str,
+    message: str,
+    *,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     body = json.dumps(status_body(code, reason, message, details)).encode()
     return web.Response(body=body, status=code, content_type="application/json", headers=headers)
 
@@ -75,8 +94,17 @@ class ApiFaultProxy:
     request log and a 403's message). A context manager; :meth:`start` returns once it listens.
     """
 
-    def __init__(self, upstream: str, *, ca: Path, serving: tuple[Path, Path], client: tuple[Path, Path],
-                 folder: Path, user: str = "", faults: ApiFaults | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        ca: Path,
+        serving: tuple[Path, Path],
+        client: tuple[Path, Path],
+        folder: Path,
+        user: str = "",
+        faults: ApiFaults | None = None,
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.ca, self.serving, self.client, self.user = ca, serving, client, user
         self.folder = folder
@@ -100,9 +128,15 @@ class ApiFaultProxy:
         assert plane.pki is not None, "the control plane is not started"
         assert folder is not None
         serving = plane.pki.issue("apifaults-proxy", "gpucert-apifaults-proxy", server=True)
-        return cls(plane.url, ca=plane.pki.ca, serving=(serving.cert, serving.key),
-                   client=(folder / "admin.crt", folder / "admin.key"), folder=folder,
-                   user="gpucert-test-admin", faults=faults)
+        return cls(
+            plane.url,
+            ca=plane.pki.ca,
+            serving=(serving.cert, serving.key),
+            client=(folder / "admin.crt", folder / "admin.key"),
+            folder=folder,
+            user="gpucert-test-admin",
+            faults=faults,
+        )
 
     # --- life ---------------------------------------------------------------------------------------
 
@@ -113,8 +147,7 @@ class ApiFaultProxy:
     def start(self) -> ApiFaultProxy:
         ready = threading.Event()
         failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, args=(ready, failure), name="apifaults-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(ready, failure), name="apifaults-proxy", daemon=True)
         self._thread.start()
         if not ready.wait(30) or failure:
             self.stop()
@@ -167,8 +200,10 @@ class ApiFaultProxy:
         # bodies pass as they are, compressed or not.
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=upstream_tls, limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"))
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+        )
         serving_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         serving_tls.load_cert_chain(str(self.serving[0]), str(self.serving[1]))
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -199,8 +234,12 @@ class ApiFaultProxy:
             response = web.StreamResponse(headers={"Content-Type": "application/json"})
             response.enable_chunked_encoding()
             await response.prepare(request)
-            await response.write(_line("ERROR", status_body(
-                410, "Expired", f"too old resource version: {since} (injected by the API fault proxy)")))
+            await response.write(
+                _line(
+                    "ERROR",
+                    status_body(410, "Expired", f"too old resource version: {since} (injected by the API fault proxy)"),
+                )
+            )
             await response.write_eof()
             return response
         return await self._forward(request, drop_after_s=self.faults.policy.drop_watch_after_s if watch else None)
@@ -213,17 +252,24 @@ class ApiFaultProxy:
         if decision.latency_s:
             await asyncio.sleep(decision.latency_s)
         if decision.status == 429:
-            return _status(429, "TooManyRequests", "Too many requests, please try again later.",
-                           details={"retryAfterSeconds": decision.retry_after_s},
-                           headers={"Retry-After": str(decision.retry_after_s)})
+            return _status(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+                details={"retryAfterSeconds": decision.retry_after_s},
+                headers={"Retry-After": str(decision.retry_after_s)},
+            )
         if decision.status == 500:
             return _status(500, "InternalError", "Internal error occurred: injected by the API fault proxy")
         if decision.status == 403:
             scope = f'in the namespace "{info.namespace}"' if info.namespace else "at the cluster scope"
-            return _status(403, "Forbidden",
-                           f'{info.combined_resource} is forbidden: User "{info.user or "system:anonymous"}" '
-                           f'cannot {info.verb} resource "{info.combined_resource}" in API group '
-                           f'"{info.group}" {scope}: injected by the API fault proxy')
+            return _status(
+                403,
+                "Forbidden",
+                f'{info.combined_resource} is forbidden: User "{info.user or "system:anonymous"}" '
+                f'cannot {info.verb} resource "{info.combined_resource}" in API group '
+                f'"{info.group}" {scope}: injected by the API fault proxy',
+            )
         return None
 
     async def _forward(self, request: web.Request, *, drop_after_s: float | None) -> web.StreamResponse:
@@ -233,8 +279,13 @@ class ApiFaultProxy:
         loop = asyncio.get_running_loop()
         drop_at = loop.time() + drop_after_s if drop_after_s is not None else None
         try:
-            upstream = await self._session.request(request.method, URL(self.upstream + request.raw_path, encoded=True),
-                                                   headers=headers, data=body or None, allow_redirects=False)
+            upstream = await self._session.request(
+                request.method,
+                URL(self.upstream + request.raw_path, encoded=True),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            )
         except (aiohttp.ClientError, OSError) as exc:
             # The API server is away (restarting): what a client sees from a proxy then.
             return _status(503, "ServiceUnavailable", f"the API fault proxy cannot reach kube-apiserver: {exc}")

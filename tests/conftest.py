@@ -46,9 +46,7 @@ class Seeded:
 
 
 def seed_waves(fleet: Fleet, count: int = 5, *, seed: int = 100) -> pd.DataFrame:
-    waves = [
-        fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed + i).results for i in range(count)
-    ]
+    waves = [fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=seed + i).results for i in range(count)]
     return pd.concat(waves, ignore_index=True)
 
 
@@ -180,9 +178,11 @@ def prefect_harness() -> Iterator[None]:
 
     # The server is SQLite: on a loaded 2-core machine a write can wait on another past the default 10 s
     # and fail with "database is locked" (a 500 to a flow). The server takes its settings from here.
-    with temporary_settings(updates={PREFECT_SERVER_DATABASE_TIMEOUT: 60.0}), prefect_test_harness(
-        server_startup_timeout=60
-    ), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    with (
+        temporary_settings(updates={PREFECT_SERVER_DATABASE_TIMEOUT: 60.0}),
+        prefect_test_harness(server_startup_timeout=60),
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield
 
 

@@ -111,14 +111,28 @@ class _Pki:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpucert-test-ca")])
         now = dt.datetime.now(dt.UTC)
         self._ca = (
-            x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .sign(self._key, hashes.SHA256())
         )
         self.ca = folder / "ca.crt"
@@ -130,49 +144,80 @@ class _Pki:
         subject += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
         now = dt.datetime.now(dt.UTC)
         builder = (
-            x509.CertificateBuilder().subject_name(x509.Name(subject)).issuer_name(self._ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.ExtendedKeyUsage(
-                [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False)
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(subject))
+            .issuer_name(self._ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
         )
         if server:
             import ipaddress
 
-            names: list[x509.GeneralName] = [x509.DNSName(n) for n in (
-                "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local")]
+            names: list[x509.GeneralName] = [
+                x509.DNSName(n)
+                for n in (
+                    "localhost",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                )
+            ]
             names += [x509.IPAddress(ipaddress.ip_address(a)) for a in (_HOST, "10.0.0.1")]
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         pair = _Pair(self.folder / f"{name}.crt", self.folder / f"{name}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        pair.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+        pair.key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         return pair
 
 
 def _service_account_keys(folder: Path) -> _Pair:
     key = ec.generate_private_key(ec.SECP256R1())
     pair = _Pair(folder / "sa.pub", folder / "sa.key")
-    pair.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    pair.cert.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                        serialization.PublicFormat.SubjectPublicKeyInfo))
+    pair.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    pair.cert.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return pair
 
 
-def kubeconfig_text(server: str, ca: Path, *, cert: Path | None = None, key: Path | None = None,
-                    token: str | None = None, namespace: str = "default") -> str:
+def kubeconfig_text(
+    server: str,
+    ca: Path,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+    namespace: str = "default",
+) -> str:
     """A kubeconfig for ``server``: a client certificate, or a bearer token."""
     user: dict[str, Any] = {"token": token} if token else {"client-certificate": str(cert), "client-key": str(key)}
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "real",
-        "clusters": [{"name": "real", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": "real", "user": user}],
-        "contexts": [{"name": "real", "context": {"cluster": "real", "user": "real", "namespace": namespace}}],
-    }, indent=2)
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "real",
+            "clusters": [{"name": "real", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+            "users": [{"name": "real", "user": user}],
+            "contexts": [{"name": "real", "context": {"cluster": "real", "user": "real", "namespace": namespace}}],
+        },
+        indent=2,
+    )
 
 
 # --- the plane ----------------------------------------------------------------------------------------
@@ -218,57 +263,130 @@ class ControlPlane:
         admin = pki.issue("admin", "gpucert-test-admin", groups=["system:masters"])
         kcm = pki.issue("controller-manager", "system:kube-controller-manager")
         scheduler = pki.issue("scheduler", "system:kube-scheduler")
-        kubelet_client = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
-                                   groups=["kubeadm:cluster-admins"])
+        kubelet_client = pki.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", groups=["kubeadm:cluster-admins"]
+        )
         sa = _service_account_keys(f)
         (f / "audit-policy.yaml").write_text(_AUDIT_POLICY)
 
         # Held open together until all three are chosen: three different ports.
         etcd_port, peer_port, self.port = free_ports(3)
         self.url = f"https://{_HOST}:{self.port}"
-        self._spawn("etcd", [
-            str(bins / "etcd"), "--data-dir", str(f / "etcd"), "--name", "gpucert-test",
-            "--listen-client-urls", f"http://{_HOST}:{etcd_port}",
-            "--listen-peer-urls", f"http://{_HOST}:{peer_port}",
-            "--unsafe-no-fsync", "--log-level", "error",
-        ])
-        self._spawn("kube-apiserver", [
-            str(bins / "kube-apiserver"), "--etcd-servers", f"http://{_HOST}:{etcd_port}",
-            "--bind-address", _HOST, "--advertise-address", _HOST, "--secure-port", str(self.port),
-            "--tls-cert-file", str(serving.cert), "--tls-private-key-file", str(serving.key),
-            "--client-ca-file", str(pki.ca),
-            "--service-account-key-file", str(sa.cert), "--service-account-signing-key-file", str(sa.key),
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode", "Node,RBAC", "--service-cluster-ip-range", "10.0.0.0/24",
-            "--kubelet-client-certificate", str(kubelet_client.cert),
-            "--kubelet-client-key", str(kubelet_client.key),
-            "--kubelet-preferred-address-types", "InternalIP",
-            "--audit-policy-file", str(f / "audit-policy.yaml"), "--audit-log-path", str(self.audit_log),
-            "--audit-log-mode", "blocking", "--audit-log-format", "json",
-            # The one API server of the plane answers on loopback: no Endpoints of it to reconcile.
-            "--endpoint-reconciler-type", "none", "--allow-privileged", "--profiling=false",
-            "--v", "1",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--data-dir",
+                str(f / "etcd"),
+                "--name",
+                "gpucert-test",
+                "--listen-client-urls",
+                f"http://{_HOST}:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://{_HOST}:{peer_port}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "error",
+            ],
+        )
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                "--etcd-servers",
+                f"http://{_HOST}:{etcd_port}",
+                "--bind-address",
+                _HOST,
+                "--advertise-address",
+                _HOST,
+                "--secure-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(serving.cert),
+                "--tls-private-key-file",
+                str(serving.key),
+                "--client-ca-file",
+                str(pki.ca),
+                "--service-account-key-file",
+                str(sa.cert),
+                "--service-account-signing-key-file",
+                str(sa.key),
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode",
+                "Node,RBAC",
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                "--kubelet-client-certificate",
+                str(kubelet_client.cert),
+                "--kubelet-client-key",
+                str(kubelet_client.key),
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--audit-policy-file",
+                str(f / "audit-policy.yaml"),
+                "--audit-log-path",
+                str(self.audit_log),
+                "--audit-log-mode",
+                "blocking",
+                "--audit-log-format",
+                "json",
+                # The one API server of the plane answers on loopback: no Endpoints of it to reconcile.
+                "--endpoint-reconciler-type",
+                "none",
+                "--allow-privileged",
+                "--profiling=false",
+                "--v",
+                "1",
+            ],
+        )
         self._write_kubeconfig(self.admin_kubeconfig, cert=admin.cert, key=admin.key)
         self._wait_ready()
         kcm_config = f / "controller-manager.kubeconfig"
         self._write_kubeconfig(kcm_config, cert=kcm.cert, key=kcm.key)
-        self._spawn("kube-controller-manager", [
-            str(bins / "kube-controller-manager"), "--kubeconfig", str(kcm_config),
-            "--authentication-kubeconfig", str(kcm_config), "--authorization-kubeconfig", str(kcm_config),
-            "--use-service-account-credentials", "--service-account-private-key-file", str(sa.key),
-            "--root-ca-file", str(pki.ca), "--leader-elect=false", "--secure-port", "0",
-            "--controllers", "*,-nodeipam,-route,-service,-cloud-node-lifecycle",
-            "--v", "1",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                "--kubeconfig",
+                str(kcm_config),
+                "--authentication-kubeconfig",
+                str(kcm_config),
+                "--authorization-kubeconfig",
+                str(kcm_config),
+                "--use-service-account-credentials",
+                "--service-account-private-key-file",
+                str(sa.key),
+                "--root-ca-file",
+                str(pki.ca),
+                "--leader-elect=false",
+                "--secure-port",
+                "0",
+                "--controllers",
+                "*,-nodeipam,-route,-service,-cloud-node-lifecycle",
+                "--v",
+                "1",
+            ],
+        )
         scheduler_config = f / "scheduler.kubeconfig"
         self._write_kubeconfig(scheduler_config, cert=scheduler.cert, key=scheduler.key)
-        self._spawn("kube-scheduler", [
-            str(bins / "kube-scheduler"), "--kubeconfig", str(scheduler_config),
-            "--authentication-kubeconfig", str(scheduler_config),
-            "--authorization-kubeconfig", str(scheduler_config),
-            "--leader-elect=false", "--secure-port", "0", "--v", "1",
-        ])
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                "--kubeconfig",
+                str(scheduler_config),
+                "--authentication-kubeconfig",
+                str(scheduler_config),
+                "--authorization-kubeconfig",
+                str(scheduler_config),
+                "--leader-elect=false",
+                "--secure-port",
+                "0",
+                "--v",
+                "1",
+            ],
+        )
         self._wait_for_default_service_account()
 
     def stop(self) -> None:
@@ -298,20 +416,21 @@ class ControlPlane:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig or self.admin_kubeconfig),  # type: ignore[no-untyped-call]
-                                client_configuration=configuration)
+        config.load_kube_config(
+            config_file=str(kubeconfig or self.admin_kubeconfig),  # type: ignore[no-untyped-call]
+            client_configuration=configuration,
+        )
         return client.ApiClient(configuration)
 
-    def kubeconfig_for(self, namespace: str, service_account: str, path: Path, *,
-                       expiration_s: int = 3600) -> Path:
+    def kubeconfig_for(self, namespace: str, service_account: str, path: Path, *, expiration_s: int = 3600) -> Path:
         """A kubeconfig authenticating as ServiceAccount ``namespace/service_account`` with a token from the
         TokenRequest API (the ServiceAccount must exist)."""
         from kubernetes import client
 
         with self.api_client() as api:
             answer = client.CoreV1Api(api).create_namespaced_service_account_token(
-                service_account, namespace,
-                {"spec": {"audiences": [], "expirationSeconds": expiration_s}})
+                service_account, namespace, {"spec": {"audiences": [], "expirationSeconds": expiration_s}}
+            )
         assert self.pki is not None
         path.write_text(kubeconfig_text(self.url, self.pki.ca, token=answer.status.token, namespace=namespace))
         return path
@@ -345,8 +464,9 @@ class ControlPlane:
     def _spawn(self, name: str, argv: list[str]) -> None:
         self._argv[name] = argv
         log = (self.folder / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, cwd=self.folder)
+        self.processes[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.folder
+        )
 
     def _write_kubeconfig(self, path: Path, *, cert: Path, key: Path) -> None:
         assert self.pki is not None
@@ -387,5 +507,7 @@ class ControlPlane:
     def _wait_for_default_service_account(self) -> None:
         # The ServiceAccount admission plugin refuses pods in a namespace before the controller-manager has
         # made its "default" ServiceAccount: wait for it, so the first test's Job is not refused.
-        self._wait("the default ServiceAccount",
-                   lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200)
+        self._wait(
+            "the default ServiceAccount",
+            lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+        )

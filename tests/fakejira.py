@@ -94,60 +94,77 @@ class FakeJira:
     # --- the API ------------------------------------------------------------------------------------------
 
     async def _server_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"baseUrl": self.base, "version": "9.12.0", "versionNumbers": [9, 12, 0],
-                                  "deploymentType": "Server", "serverTitle": "fake Jira"})  # fmt: skip
+        return web.json_response(
+            {
+                "baseUrl": self.base,
+                "version": "9.12.0",
+                "versionNumbers": [9, 12, 0],
+                "deploymentType": "Server",
+                "serverTitle": "fake Jira",
+            }
+        )
 
     async def _fields(self, request: web.Request) -> web.Response:
-        names = ["summary", "description", "labels", "status", "priority", "issuetype", "project", "created",
-                 "updated", "resolutiondate"]  # fmt: skip
-        return web.json_response(
-            [{"id": n, "name": n.title(), "custom": False, "clauseNames": [n]} for n in names]
-        )
+        names = [
+            "summary",
+            "description",
+            "labels",
+            "status",
+            "priority",
+            "issuetype",
+            "project",
+            "created",
+            "updated",
+            "resolutiondate",
+        ]
+        return web.json_response([{"id": n, "name": n.title(), "custom": False, "clauseNames": [n]} for n in names])
 
     async def _project(self, request: web.Request) -> web.Response:
         if request.match_info["key"] not in (self.project, "10000"):
             return _error(404, f"No project could be found with key '{request.match_info['key']}'.")
-        return web.json_response({"id": "10000", "key": self.project, "name": "Operations",
-                                  "self": f"{self.base}{_API}/project/10000", "issueTypes": _ISSUE_TYPES})  # fmt: skip
+        return web.json_response(
+            {
+                "id": "10000",
+                "key": self.project,
+                "name": "Operations",
+                "self": f"{self.base}{_API}/project/10000",
+                "issueTypes": _ISSUE_TYPES,
+            }
+        )
 
     async def _create(self, request: web.Request) -> web.Response:
         fields = dict((await request.json())["fields"])
         if fields.get("project") not in ({"id": "10000"}, {"key": self.project}):
-            return web.json_response(
-                {"errorMessages": [], "errors": {"project": "project is required"}}, status=400
-            )
-        kind = next(
-            (t for t in _ISSUE_TYPES if t["name"] == (fields.get("issuetype") or {}).get("name")), None
-        )
+            return web.json_response({"errorMessages": [], "errors": {"project": "project is required"}}, status=400)
+        kind = next((t for t in _ISSUE_TYPES if t["name"] == (fields.get("issuetype") or {}).get("name")), None)
         if kind is None:
-            return web.json_response(
-                {"errorMessages": [], "errors": {"issuetype": "invalid issue type"}}, status=400
-            )
+            return web.json_response({"errorMessages": [], "errors": {"issuetype": "invalid issue type"}}, status=400)
         problem = self._check(fields)
         if problem:
             return problem
         number = next(self._ids)
         key = f"{self.project}-{len(self.issues) + 1}"
-        fields |= {"project": {"id": "10000", "key": self.project}, "issuetype": kind, "status": dict(_OPEN),
-                   "created": _now(), "updated": _now(), "resolutiondate": None}  # fmt: skip
+        fields |= {
+            "project": {"id": "10000", "key": self.project},
+            "issuetype": kind,
+            "status": dict(_OPEN),
+            "created": _now(),
+            "updated": _now(),
+            "resolutiondate": None,
+        }
         self.issues[key] = {"id": str(number), "key": key, "fields": fields}
         self.comments[key] = []
-        return web.json_response({"id": str(number), "key": key, "self": f"{self.base}{_API}/issue/{number}"},
-                                 status=201)  # fmt: skip
+        return web.json_response(
+            {"id": str(number), "key": key, "self": f"{self.base}{_API}/issue/{number}"}, status=201
+        )
 
     def _check(self, fields: dict[str, Any]) -> web.Response | None:
         if not str(fields.get("summary") or "").strip() or "\n" in str(fields.get("summary")):
-            return web.json_response(
-                {"errorMessages": [], "errors": {"summary": "invalid summary"}}, status=400
-            )
+            return web.json_response({"errorMessages": [], "errors": {"summary": "invalid summary"}}, status=400)
         if "priority" in fields and (fields["priority"] or {}).get("name") not in _PRIORITIES:
-            return web.json_response(
-                {"errorMessages": [], "errors": {"priority": "invalid priority"}}, status=400
-            )
+            return web.json_response({"errorMessages": [], "errors": {"priority": "invalid priority"}}, status=400)
         labels = fields.get("labels", [])
-        if not isinstance(labels, list) or any(
-            " " in str(label) or len(str(label)) > 255 for label in labels
-        ):
+        if not isinstance(labels, list) or any(" " in str(label) or len(str(label)) > 255 for label in labels):
             return web.json_response({"errorMessages": [], "errors": {"labels": "invalid label"}}, status=400)
         if len(str(fields.get("description") or "")) > 32767:
             return web.json_response({"errorMessages": [], "errors": {"description": "too long"}}, status=400)
@@ -175,9 +192,7 @@ class FakeJira:
         if issue is None:
             return _error(404, "Issue Does Not Exist")
         found = self.comments[issue["key"]]
-        return web.json_response(
-            {"startAt": 0, "maxResults": len(found), "total": len(found), "comments": found}
-        )
+        return web.json_response({"startAt": 0, "maxResults": len(found), "total": len(found), "comments": found})
 
     async def _comment(self, request: web.Request) -> web.Response:
         issue = self._issue(request)
@@ -185,8 +200,12 @@ class FakeJira:
             return _error(404, "Issue Does Not Exist")
         body = (await request.json())["body"]
         number = str(next(self._ids))
-        comment = {"id": number, "body": body, "created": _now(),
-                   "self": f"{self.base}{_API}/issue/{issue['id']}/comment/{number}"}  # fmt: skip
+        comment = {
+            "id": number,
+            "body": body,
+            "created": _now(),
+            "self": f"{self.base}{_API}/issue/{issue['id']}/comment/{number}",
+        }
         self.comments[issue["key"]].append(comment)
         return web.json_response(comment, status=201)
 
@@ -229,8 +248,9 @@ class FakeJira:
         start = int(request.query.get("startAt", 0))
         size = min(int(request.query.get("maxResults", 50)), self.max_page)
         page = hits[start : start + size]
-        return web.json_response({"startAt": start, "maxResults": size, "total": len(hits),
-                                  "issues": [self._view(i) for i in page]})  # fmt: skip
+        return web.json_response(
+            {"startAt": start, "maxResults": size, "total": len(hits), "issues": [self._view(i) for i in page]}
+        )
 
     def _matches(self, issue: dict[str, Any], field: str, value: str) -> bool:
         fields = issue["fields"]

@@ -45,5 +45,8 @@ def certify_in_child(
     if crash_at:
         os.environ[CRASH_ENV] = crash_at
     with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        asyncio.run(certify(cluster=GpuCluster(kubeconfig=kubeconfig), store=BaselineStore(uri=store_uri),
-                            run_id=run_id, **kwargs))  # fmt: skip
+        asyncio.run(
+            certify(
+                cluster=GpuCluster(kubeconfig=kubeconfig), store=BaselineStore(uri=store_uri), run_id=run_id, **kwargs
+            )
+        )

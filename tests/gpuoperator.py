@@ -83,9 +83,7 @@ def _unpack() -> tuple[Path, Path]:
         part = CACHE / f".gpu-operator.{os.getpid()}"
         with lzma.open(SHARED_OPERATOR / "gpu-operator.xz") as src, part.open("wb") as dst:
             shutil.copyfileobj(src, dst, length=1 << 20)
-        sums = dict(
-            line.split()[::-1] for line in (SHARED_OPERATOR / "SHA256SUMS").read_text().splitlines() if line
-        )
+        sums = dict(line.split()[::-1] for line in (SHARED_OPERATOR / "SHA256SUMS").read_text().splitlines() if line)
         digest = hashlib.sha256(part.read_bytes()).hexdigest()
         if digest != sums.get("gpu-operator"):
             part.unlink()
@@ -140,9 +138,14 @@ class GpuOperator:
         client = self.dynamic()
         resource = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         meta = obj["metadata"]
-        answer = client.server_side_apply(resource, body=dict(obj), name=meta["name"],
-                                          namespace=meta.get("namespace"), field_manager=manager,
-                                          force_conflicts=True)  # fmt: skip
+        answer = client.server_side_apply(
+            resource,
+            body=dict(obj),
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=manager,
+            force_conflicts=True,
+        )
         return dict(answer.to_dict())
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -187,17 +190,23 @@ class GpuOperator:
     def start(self) -> GpuOperator:
         """Run the operator; returns once its ``/readyz`` answers. Raises :class:`OperatorUnavailable`."""
         if not shutil.which("unshare") or os.geteuid() != 0:
-            raise OperatorUnavailable(
-                "running the operator needs unshare(1) and root (a private mount namespace)"
-            )
+            raise OperatorUnavailable("running the operator needs unshare(1) and root (a private mount namespace)")
         binary, assets = _unpack()
         kubeconfig = self.plane.kubeconfig_for(NAMESPACE, "gpu-operator", self.folder / "operator.kubeconfig")
         metrics_port, self.health_port = free_ports(2)
-        argv = [str(binary), "--leader-elect", f"--leader-elect-namespace={NAMESPACE}", "--zap-time-encoding=epoch",
-                "--zap-log-level=info", f"--metrics-bind-address=127.0.0.1:{metrics_port}",
-                f"--health-probe-bind-address=127.0.0.1:{self.health_port}"]  # fmt: skip
-        script = ('mount -t tmpfs -o size=1m tmpfs /opt && mkdir /opt/gpu-operator '
-                  '&& mount --bind "$ASSETS" /opt/gpu-operator && exec "$@"')  # fmt: skip
+        argv = [
+            str(binary),
+            "--leader-elect",
+            f"--leader-elect-namespace={NAMESPACE}",
+            "--zap-time-encoding=epoch",
+            "--zap-log-level=info",
+            f"--metrics-bind-address=127.0.0.1:{metrics_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+        ]
+        script = (
+            "mount -t tmpfs -o size=1m tmpfs /opt && mkdir /opt/gpu-operator "
+            '&& mount --bind "$ASSETS" /opt/gpu-operator && exec "$@"'
+        )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "ASSETS": str(assets),
@@ -210,21 +219,20 @@ class GpuOperator:
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv],
-                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         try:
             wait_for(self._ready, 30, "the operator's /readyz")
         except OperatorUnavailable:
             self.stop()
-            raise OperatorUnavailable(
-                f"the GPU operator did not get ready; its log ends: {self.log_tail()}"
-            ) from None
+            raise OperatorUnavailable(f"the GPU operator did not get ready; its log ends: {self.log_tail()}") from None
         return self
 
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise OperatorUnavailable(
-                f"the GPU operator exited ({self.process.returncode}): {self.log_tail()}"
-            )
+            raise OperatorUnavailable(f"the GPU operator exited ({self.process.returncode}): {self.log_tail()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as answer:
                 return bool(answer.status == 200)
@@ -262,9 +270,11 @@ class GpuOperator:
         from kubernetes import client
 
         with self.plane.api_client() as api:
-            items = client.CoreV1Api(api).list_namespaced_pod(
-                NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver"
-            ).items
+            items = (
+                client.CoreV1Api(api)
+                .list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver")
+                .items
+            )
             pods = [api.sanitize_for_serialization(p) for p in items]
         return {
             str(p["spec"]["nodeName"]): str(p["spec"]["containers"][0]["image"])
@@ -289,15 +299,11 @@ def _established(operator: GpuOperator, name: str) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
-def wait_for(
-    check: Callable[[], bool], timeout_s: float, what: str, *, tail: Callable[[], str] | None = None
-) -> None:
+def wait_for(check: Callable[[], bool], timeout_s: float, what: str, *, tail: Callable[[], str] | None = None) -> None:
     """Poll ``check`` every 0.2 s; raises :class:`OperatorUnavailable` naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.2)
-    raise OperatorUnavailable(
-        f"{what}: not within {timeout_s:.0f} s" + (f"; operator log: {tail()}" if tail else "")
-    )
+    raise OperatorUnavailable(f"{what}: not within {timeout_s:.0f} s" + (f"; operator log: {tail()}" if tail else ""))

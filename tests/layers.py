@@ -39,8 +39,7 @@ class PrivateModulesContract(Contract):
                 if importer == owner or importer.startswith(owner + "."):
                     continue
                 lines = sorted(
-                    detail["line_number"]
-                    for detail in graph.get_import_details(importer=importer, imported=imported)
+                    detail["line_number"] for detail in graph.get_import_details(importer=importer, imported=imported)
                 )
                 broken.append({"importer": importer, "imported": imported, "lines": lines})
         return ContractCheck(kept=not broken, metadata={"broken": broken})

@@ -150,8 +150,10 @@ def open_cluster(server: str, *, api_faults: bool = False, **kwargs: Any) -> Ite
     if server == "sim":
         # A kubeconfig of the test's, not the simulator's own temporary one: it stays where it is when the
         # simulated API server is stopped and started again (a restart).
-        with tempfile.TemporaryDirectory(prefix="gpucert-sim-") as folder, \
-                SimCluster(kubeconfig=Path(folder) / "kubeconfig", **kwargs) as sim:
+        with (
+            tempfile.TemporaryDirectory(prefix="gpucert-sim-") as folder,
+            SimCluster(kubeconfig=Path(folder) / "kubeconfig", **kwargs) as sim,
+        ):
             sim.server = "sim"  # type: ignore[attr-defined]
             yield sim
         return

@@ -151,9 +151,7 @@ class SeaweedFS:
             if self._proc.poll() is not None:
                 log_tail = self.log[-2000:]
                 self.stop()
-                raise ServerDidNotStart(
-                    f"`weed mini` exited with status {self._proc.returncode}:\n{log_tail}"
-                )
+                raise ServerDidNotStart(f"`weed mini` exited with status {self._proc.returncode}:\n{log_tail}")
             try:
                 for bucket in self.buckets:
                     client.head_bucket(Bucket=bucket)
@@ -162,9 +160,7 @@ class SeaweedFS:
                 if time.monotonic() > deadline:
                     log_tail = self.log[-2000:]
                     self.stop()
-                    raise TimeoutError(
-                        f"`weed mini` did not answer S3 within {timeout} s:\n{log_tail}"
-                    ) from None
+                    raise TimeoutError(f"`weed mini` did not answer S3 within {timeout} s:\n{log_tail}") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:
@@ -342,9 +338,7 @@ class FaultProxy:
         if method != "HEAD":
             req.wfile.write(answer)
 
-    def _forward(
-        self, req: BaseHTTPRequestHandler, body: bytes
-    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    def _forward(self, req: BaseHTTPRequestHandler, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection(*self._target, timeout=30)
         try:
             headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP_BY_HOP}

@@ -93,8 +93,7 @@ def test_the_payload_rule_and_the_vectorised_rule_agree(or_noisier: bool) -> Non
         values, counts, np.ones(size), cv, unstable_factor=5.0, transient_pct=5.0, or_noisier=or_noisier
     )
     one_by_one = [
-        judge_repeats(list(v[:n]), c, or_noisier=or_noisier)
-        for v, n, c in zip(values, counts, cv, strict=True)
+        judge_repeats(list(v[:n]), c, or_noisier=or_noisier) for v, n, c in zip(values, counts, cv, strict=True)
     ]
     assert judged.unstable.tolist() == [s.unstable for s in one_by_one]
     assert judged.settle.tolist() == [s.settle for s in one_by_one]
@@ -105,9 +104,7 @@ def test_the_payload_rule_and_the_vectorised_rule_agree(or_noisier: bool) -> Non
 # --- the verdict engine reads 3 to 7 repeats ---------------------------------------------------------
 
 
-def _with_repeats(
-    results: pd.DataFrame, node: str, gpu: int, metric: str, factors: list[float]
-) -> pd.DataFrame:
+def _with_repeats(results: pd.DataFrame, node: str, gpu: int, metric: str, factors: list[float]) -> pd.DataFrame:
     """``results`` with that GPU's ``metric`` replaced by ``len(factors)`` repeats: its median × factors."""
     mask = (results["node"] == node) & (results["gpu"] == gpu) & (results["metric"] == metric)
     mine = results[mask]
@@ -164,9 +161,7 @@ def _unstable_share(seed: int, max_repeats: int) -> tuple[float, int]:
         "night", ts=T0 + dt.timedelta(days=30), seed=seed * 1000 + 99, pairs=True, max_repeats=max_repeats
     ).results
     verdicts = judge(night, baseline)
-    gpus = verdicts[verdicts["gpu"].notna()].merge(
-        fleet.gpu_table()[["gpu_uuid", "slow_silicon"]], on="gpu_uuid"
-    )
+    gpus = verdicts[verdicts["gpu"].notna()].merge(fleet.gpu_table()[["gpu_uuid", "slow_silicon"]], on="gpu_uuid")
     healthy = gpus[gpus["slow_silicon"] >= 1.0]
     unstable = healthy["reasons"].astype(str).str.contains("repeats unstable")
     base = night["metric"].map(lambda m: RepeatRule().base(str(m))).astype(int)
@@ -178,8 +173,10 @@ def _unstable_share(seed: int, max_repeats: int) -> tuple[float, int]:
 def test_a_fleet_with_transient_repeats_stays_quiet() -> None:
     before, none = _unstable_share(2, max_repeats=3)
     after, extra = _unstable_share(2, max_repeats=7)
-    print(f"\nhealthy GPUs warned unstable: {before * 100:.3f} % with 3 repeats, {after * 100:.3f} % measuring "
-          f"up to 7 ({extra} extra GPU repeat rows)")  # fmt: skip
+    print(
+        f"\nhealthy GPUs warned unstable: {before * 100:.3f} % with 3 repeats, {after * 100:.3f} % measuring "
+        f"up to 7 ({extra} extra GPU repeat rows)"
+    )
     assert none == 0
     assert before > 0.001  # two transients of three on 0.2-0.4 % of GPUs
     # Four transients in seven repeats (~1e-5 of results at a 2 % transient rate) can remain: certify
@@ -204,15 +201,20 @@ def test_a_custom_policys_repeat_rule_is_what_the_payload_measures_by() -> None:
 
     # The shipped policy is the payload's defaults: the Job says nothing more.
     assert policy_payload_args(default_policy()) == ()
-    custom = load_policy(overrides={
-        "metrics": {"h2d_gbps": {"repeats": 5, "cv_rep": 0.02}, GEMM: {"repeats": 4}},
-        "repeats": {"unstable_factor": 4.0, "transient_pct": 6.0},
-    })  # fmt: skip
+    custom = load_policy(
+        overrides={
+            "metrics": {"h2d_gbps": {"repeats": 5, "cv_rep": 0.02}, GEMM: {"repeats": 4}},
+            "repeats": {"unstable_factor": 4.0, "transient_pct": 6.0},
+        }
+    )
     args = policy_payload_args(custom)
     job = benchmark_job(
-        "night-1", "gpu-node-00002", 8, payload=payload_configmap(),
+        "night-1",
+        "gpu-node-00002",
+        8,
+        payload=payload_configmap(),
         settings=BenchmarkSettings(policy_args=args),
-    )  # fmt: skip
+    )
     container = job["spec"]["template"]["spec"]["containers"][0]
     rule = check_args(container["args"]).rule
     assert (rule.base(GEMM), rule.base("h2d_gbps"), rule.base("d2h_gbps")) == (4, 5, 12)

@@ -125,16 +125,12 @@ def test_no_head_with_segments_is_a_broken_trail() -> None:
 
 def _python_json(value: object) -> bytes:
     """How entries were hashed before RFC 8785: Python's JSON, keys sorted, floats as their repr."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def test_an_entry_hash_is_sha256_of_its_rfc_8785_json_without_gpucert(tmp_path: Path) -> None:
     log = AuditLog(FileObjectStore(tmp_path))
-    moved = AuditAction(
-        "baseline.move", "Baseline", "v2", before={"deviation_pct": 5.0}, after={"floor": 1e-5}
-    )
+    moved = AuditAction("baseline.move", "Baseline", "v2", before={"deviation_pct": 5.0}, after={"floor": 1e-5})
     log.append([moved, *_actions(2)], run_id="r1", trigger="cli", actor="test")
     [segment] = _segment_files(tmp_path)
     entries = [json.loads(line) for line in segment.read_text(encoding="utf-8").splitlines()]
@@ -212,8 +208,11 @@ def seaweedfs() -> Iterator[str]:
 def test_concurrent_writers_never_fork_the_trail_on_s3(seaweedfs: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucert.store import S3ObjectStore
 
-    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION)):  # fmt: skip
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+    ):
         monkeypatch.setenv(name, value)
 
     def log() -> AuditLog:
@@ -248,9 +247,13 @@ def test_every_write_is_recorded_with_what_it_changed_and_sent_as_an_event(
     node = kube.get("v1", "Node", "gpu-node-00001")
     taint = {"key": "gpucert.io/unhealthy", "value": "row_remap", "effect": "NoSchedule"}
     recorder.because(per_object={"gpu-node-00001": "failed: row remap pending on GPU 3"})
-    kube.merge_patch("v1", "Node", "gpu-node-00001",
-                     {"metadata": {"labels": {"gpucert.io/state": "failed"}}, "spec": {"taints": [taint]}},
-                     before=node)  # fmt: skip
+    kube.merge_patch(
+        "v1",
+        "Node",
+        "gpu-node-00001",
+        {"metadata": {"labels": {"gpucert.io/state": "failed"}}, "spec": {"taints": [taint]}},
+        before=node,
+    )
     store.update(lambda table: empty_baseline(), message="baseline from cert-1")
     entries = recorder.flush()
     recorder.unwatch()
@@ -267,8 +270,11 @@ def test_every_write_is_recorded_with_what_it_changed_and_sent_as_an_event(
 
     # The Events: on the node, with the reason; none for the baseline (no Kubernetes object).
     events = client.EventsV1Api(sim.api_client()).list_namespaced_event("default").items
-    mine = [e for e in events if e.reporting_controller == "gpucert" and e.regarding is not None
-            and e.regarding.name == "gpu-node-00001"]
+    mine = [
+        e
+        for e in events
+        if e.reporting_controller == "gpucert" and e.regarding is not None and e.regarding.name == "gpu-node-00001"
+    ]
     assert {e.reason for e in mine} >= {"TaintAdded", "Labelled"}
     added = next(e for e in mine if e.reason == "TaintAdded")
     assert added.type == "Warning"
@@ -298,8 +304,11 @@ def test_each_change_is_stamped_when_it_happened_with_its_own_why_and_its_step(
     from gpucert.kube import lift_testing_taint, taint_testing
     from gpucert.store import S3ObjectStore
 
-    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION)):  # fmt: skip
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+    ):
         monkeypatch.setenv(name, value)
     log = AuditLog(S3ObjectStore("gpucert-audit", "stamps", endpoint_url=seaweedfs, region=REGION))
     recorder = AuditRecorder(log, run_id="cert-9", trigger="schedule").watch(kube)
@@ -332,9 +341,22 @@ def test_kubectl_sees_the_events(sim: SimCluster, kube: Kube, tmp_path: Path) ->
     kube.label_node("gpu-node-00000", {"gpucert.io/state": "certified"}, before=node)
     recorder.flush()
     out = subprocess.run(
-        ["kubectl", "--kubeconfig", str(sim.kubeconfig_path), "get", "events.events.k8s.io", "-n", "default",
-         "-o", "json"], capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(sim.kubeconfig_path),
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     notes = [item.get("note", "") for item in json.loads(out)["items"] if item.get("reportingController") == "gpucert"]
     assert any("cert-2" in note for note in notes)
 
@@ -342,8 +364,10 @@ def test_kubectl_sees_the_events(sim: SimCluster, kube: Kube, tmp_path: Path) ->
 def _describer_query(node: dict[str, Any]) -> str:
     """The field selector ``kubectl describe node`` lists a node's Events with (all namespaces, core v1)."""
     meta = node["metadata"]
-    return (f"involvedObject.name={meta['name']},involvedObject.namespace=,involvedObject.kind=Node,"
-            f"involvedObject.uid={meta['uid']}")
+    return (
+        f"involvedObject.name={meta['name']},involvedObject.namespace=,involvedObject.kind=Node,"
+        f"involvedObject.uid={meta['uid']}"
+    )
 
 
 def test_a_node_event_names_the_node_uid_and_the_describer_query_finds_it(
@@ -354,8 +378,16 @@ def test_a_node_event_names_the_node_uid_and_the_describer_query_finds_it(
     node = kube.get("v1", "Node", "gpu-node-00001")
     kube.label_node("gpu-node-00001", {"gpucert.io/state": "failed"}, before=node)
     # A ticket is no Kubernetes object: its Event goes to a node this run did not write, read for its uid.
-    recorder.note(AuditAction("ticket.open", "Ticket", "T-29", api_version="gpucert.io/v1",
-                              after={"node": "gpu-node-00000", "cause": "xid"}, why="XID 79 on GPU 2"))
+    recorder.note(
+        AuditAction(
+            "ticket.open",
+            "Ticket",
+            "T-29",
+            api_version="gpucert.io/v1",
+            after={"node": "gpu-node-00000", "cause": "xid"},
+            why="XID 79 on GPU 2",
+        )
+    )
     recorder.flush()
     recorder.unwatch()
 
@@ -371,18 +403,27 @@ def test_a_node_event_names_the_node_uid_and_the_describer_query_finds_it(
     assert labelled.event_time is not None
     # Another object's uid finds none of them: the uid is what the describer matches on.
     stale = {**node, "metadata": {**node["metadata"], "uid": "00000000-0000-0000-0000-000000000000"}}
-    assert not [e for e in core.list_event_for_all_namespaces(field_selector=_describer_query(stale)).items
-                if "cert-29" in str(e.message)]
+    assert not [
+        e
+        for e in core.list_event_for_all_namespaces(field_selector=_describer_query(stale)).items
+        if "cert-29" in str(e.message)
+    ]
 
     other = kube.get("v1", "Node", "gpu-node-00000")
-    [ticket] = [e for e in core.list_event_for_all_namespaces(field_selector=_describer_query(other)).items
-                if e.reason == "TicketOpened"]
+    [ticket] = [
+        e
+        for e in core.list_event_for_all_namespaces(field_selector=_describer_query(other)).items
+        if e.reason == "TicketOpened"
+    ]
     assert ticket.type == "Warning"
     assert "XID 79" in str(ticket.message)
     # And through the API gpucert wrote it with, the same object.
-    mine = kube.list_objects("events.k8s.io/v1", "Event", "default",
-                             field_selector=f"regarding.kind=Node,regarding.uid={node['metadata']['uid']},"
-                                            "reportingController=gpucert")  # fmt: skip
+    mine = kube.list_objects(
+        "events.k8s.io/v1",
+        "Event",
+        "default",
+        field_selector=f"regarding.kind=Node,regarding.uid={node['metadata']['uid']},reportingController=gpucert",
+    )
     assert labelled.metadata.uid in {e["metadata"]["uid"] for e in mine}
 
 
@@ -397,8 +438,11 @@ def test_kubectl_describe_node_shows_gpucerts_events(sim: SimCluster, kube: Kube
     recorder.unwatch()
     out = subprocess.run(
         ["kubectl", "--kubeconfig", str(sim.kubeconfig_path), "describe", "node", "gpu-node-00000"],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     events = out.split("\nEvents:", 1)[1]
     [line] = [line for line in events.splitlines() if "TaintAdded" in line]
     assert line.split()[:2] == ["Warning", "TaintAdded"]

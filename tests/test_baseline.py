@@ -69,10 +69,7 @@ def test_a_failing_gpu_never_teaches_its_baseline() -> None:
     node = fleet.node_names[2]
     faulty = [Fault("slow_silicon", node=node, gpu=1, params={"gemm": 0.8, "hbm": 1.0})]
     waves = pd.concat(
-        [
-            fleet.run(f"w-{i}", ts=T0 + dt.timedelta(days=i), seed=60 + i, faults=faulty).results
-            for i in range(3)
-        ],
+        [fleet.run(f"w-{i}", ts=T0 + dt.timedelta(days=i), seed=60 + i, faults=faulty).results for i in range(3)],
         ignore_index=True,
     )
     table, report = build_baseline(empty_baseline(), waves)

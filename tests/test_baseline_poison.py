@@ -60,9 +60,7 @@ POISONS = {
     "nan": Poison("gemm_bf16_tflops", lambda v: np.full_like(v, np.nan), "implausible"),
     "negative": Poison("h2d_gbps", lambda v: -v, "implausible"),
     "10x, possible for no H200": Poison("gemm_bf16_tflops", lambda v: v * 10, "implausible"),
-    "node NCCL 1000x": Poison(
-        "nccl_allreduce_busbw_gbps", lambda v: v * 1000, "implausible", node_level=True
-    ),
+    "node NCCL 1000x": Poison("nccl_allreduce_busbw_gbps", lambda v: v * 1000, "implausible", node_level=True),
     "20 % over its peers": Poison("h2d_gbps", lambda v: v * 1.2, "outliers"),
     "node NCCL 60 % over its peers": Poison("nccl_allreduce_busbw_gbps", lambda v: v * 1.6, "outliers", True),
 }
@@ -87,9 +85,7 @@ def own_rows(table: pd.DataFrame, poison: Poison) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def seeding() -> pd.DataFrame:
     """Two healthy waves: every own baseline still being seeded (n = 2 of 5), so one more run moves it."""
-    table, _ = build_baseline(
-        empty_baseline(), pd.concat([wave(0), wave(1)], ignore_index=True), policy=POLICY
-    )
+    table, _ = build_baseline(empty_baseline(), pd.concat([wave(0), wave(1)], ignore_index=True), policy=POLICY)
     return table
 
 

@@ -45,9 +45,7 @@ def _nvml_works() -> bool:
     return True
 
 
-def _payload(
-    args: list[str], tmp: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> Any:
+def _payload(args: list[str], tmp: Path, *, env: dict[str, str] | None = None, cwd: Path | None = None) -> Any:
     full_env = {**os.environ, "NODE_NAME": "node-a", **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "gpucert.bench", *args],
@@ -88,9 +86,7 @@ def _stack(stderr: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
-    pytest.importorskip(
-        "torch", reason="the CPU run measures with torch (the Makefile installs the CPU wheel)"
-    )
+    pytest.importorskip("torch", reason="the CPU run measures with torch (the Makefile installs the CPU wheel)")
     tmp = tmp_path_factory.mktemp("cpu-run")
     stack = tmp / "stack.json"
     # No RDMA NIC whatever this machine has: the NIC rows are real telemetry (tests/test_bench_nic.py).
@@ -303,21 +299,49 @@ def test_nccl_tests_step_reports_busbw_or_an_error(tmp_path: Path) -> None:
 def test_nccl_tests_args_reach_all_reduce_perf_after_the_payloads_own(tmp_path: Path) -> None:
     called = tmp_path / "args"
     tool = Path(_fake_tool(tmp_path, FIXTURE.read_text(encoding="utf-8")))
-    tool.write_text(
-        tool.read_text(encoding="utf-8").replace("#!/bin/sh\n", f"#!/bin/sh\necho \"$@\" > '{called}'\n")
-    )
+    tool.write_text(tool.read_text(encoding="utf-8").replace("#!/bin/sh\n", f"#!/bin/sh\necho \"$@\" > '{called}'\n"))
     opts = parse_args(
-        ["--run-id", "t5", "--node", "node-d", "--repeats", "1", "--nccl-tests", str(tool),
-         "--nccl-tests-args=-d bfloat16 -G 1", "--allreduce-bytes", "1G", "--allreduce-iters", "7",
-         *(f"--skip={step}" for step in ("gemm", "copy", "h2d", "d2h"))]
-    )  # fmt: skip
+        [
+            "--run-id",
+            "t5",
+            "--node",
+            "node-d",
+            "--repeats",
+            "1",
+            "--nccl-tests",
+            str(tool),
+            "--nccl-tests-args=-d bfloat16 -G 1",
+            "--allreduce-bytes",
+            "1G",
+            "--allreduce-iters",
+            "7",
+            *(f"--skip={step}" for step in ("gemm", "copy", "h2d", "d2h")),
+        ]
+    )
     assert opts.nccl_tests_args == ("-d", "bfloat16", "-G", "1")
     rows, _ = _run_in_process(opts)
     assert [r["value"] for r in rows if r["metric"] == "nccl_allreduce_busbw_gbps"] == [338.82]
     gib = str(1 << 30)
     assert called.read_text(encoding="utf-8").split() == [
-        "-b", gib, "-e", gib, "-f", "2", "-g", "0", "-n", "7", "-w", "5", "-c", "1", "-d", "bfloat16", "-G", "1",
-    ]  # fmt: skip
+        "-b",
+        gib,
+        "-e",
+        gib,
+        "-f",
+        "2",
+        "-g",
+        "0",
+        "-n",
+        "7",
+        "-w",
+        "5",
+        "-c",
+        "1",
+        "-d",
+        "bfloat16",
+        "-G",
+        "1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -332,8 +356,18 @@ def test_nccl_tests_args_may_not_set_what_the_payload_measures(args: list[str]) 
 
 def test_nccl_tests_args_others_pass() -> None:
     assert check_extra_args(["-d", "bfloat16", "-o", "sum", "--op=max", "-G", "1", "-w", "10", "-a", "3"]) == (
-        "-d", "bfloat16", "-o", "sum", "--op=max", "-G", "1", "-w", "10", "-a", "3",
-    )  # fmt: skip
+        "-d",
+        "bfloat16",
+        "-o",
+        "sum",
+        "--op=max",
+        "-G",
+        "1",
+        "-w",
+        "10",
+        "-a",
+        "3",
+    )
     with pytest.raises(SystemExit):
         parse_args(["--run-id", "ok", "--nccl-tests-args", "-d 'bfloat16"])  # an unclosed quote
 
@@ -404,9 +438,7 @@ DCGM_4 = {
                 "tests": [
                     {
                         "name": "software",
-                        "results": [
-                            {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"}
-                        ],
+                        "results": [{"entity_group": "GPU", "entity_group_id": 1, "entity_id": 0, "status": "Pass"}],
                     }
                 ],
             }
@@ -615,9 +647,7 @@ def test_sampler_thread_runs_and_stops() -> None:
 
 def test_row_writer_refuses_a_non_number() -> None:
     out, err = io.StringIO(), io.StringIO()
-    rows = RowWriter(
-        "r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err
-    )
+    rows = RowWriter("r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err)
     assert rows.gpu("gemm_bf16_tflops", 0, 700.5, 0)
     assert not rows.gpu("hbm_copy_gbps", 0, float("nan"), 0)
     lines = [json.loads(x) for x in out.getvalue().splitlines()]
@@ -696,9 +726,7 @@ def test_gpus_torch_cannot_use_get_error_rows_and_real_telemetry(tmp_path: Path)
     assert "torch cannot" in err.getvalue() or "CUDA is not available" in err.getvalue()
 
 
-def test_dcgm_step_turns_failed_tests_into_error_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_dcgm_step_turns_failed_tests_into_error_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report = tmp_path / "report.json"
     report.write_text(json.dumps(DCGM_3), encoding="utf-8")
     tool = tmp_path / "dcgmi"
@@ -852,9 +880,22 @@ def test_repeat_options_parse_and_default_to_the_policy() -> None:
         policy.repeats.transient_pct,
     )
     opts = check_args(
-        [*base, "--repeats", "5", "--max-repeats", "3", "--cv-rep", "h2d_gbps=0.02", "--unstable-factor", "4",
-         "--transient-pct", "6", "--deadline-seconds", "3000"]
-    )  # fmt: skip
+        [
+            *base,
+            "--repeats",
+            "5",
+            "--max-repeats",
+            "3",
+            "--cv-rep",
+            "h2d_gbps=0.02",
+            "--unstable-factor",
+            "4",
+            "--transient-pct",
+            "6",
+            "--deadline-seconds",
+            "3000",
+        ]
+    )
     assert opts.max_repeats == 5  # never fewer than --repeats
     assert dict(opts.cv_rep)["h2d_gbps"] == 0.02
     assert dict(opts.cv_rep)["gemm_bf16_tflops"] == 0.007

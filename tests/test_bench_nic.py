@@ -226,8 +226,6 @@ def test_skip_nic_reads_nothing(tmp_path: Path) -> None:
 
 
 def test_the_nic_arguments_parse() -> None:
-    opts = parse_args(
-        ["--run-id", "r", "--ib-sysfs", "/x", "--ib-devices", "mlx5_[0-7]", "--ib-devices", "ib*"]
-    )
+    opts = parse_args(["--run-id", "r", "--ib-sysfs", "/x", "--ib-devices", "mlx5_[0-7]", "--ib-devices", "ib*"])
     assert (opts.ib_sysfs, opts.ib_devices) == ("/x", ("mlx5_[0-7]", "ib*"))
     assert parse_args(["--run-id", "r"]).ib_sysfs == "/sys/class/infiniband"

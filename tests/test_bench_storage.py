@@ -26,9 +26,14 @@ SKIP_ALL = frozenset({"gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "d
 #: What ``fio --output-format=json`` prints (fio 3.x, trimmed to what is read), with a warning line first.
 FIO_JSON = {
     "fio version": "fio-3.36",
-    "jobs": [{"jobname": "gpucert-read", "error": 0, "read": {"io_bytes": 33554432, "bw_bytes": 2_500_000_000,
-                                                               "bw": 2441406}}],
-}  # fmt: skip
+    "jobs": [
+        {
+            "jobname": "gpucert-read",
+            "error": 0,
+            "read": {"io_bytes": 33554432, "bw_bytes": 2_500_000_000, "bw": 2441406},
+        }
+    ],
+}
 
 
 class _NoNvml:
@@ -179,9 +184,7 @@ cat '{answer}'
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for fio")
 def test_fio_that_fails_is_an_error_with_its_words(tmp_path: Path) -> None:
-    fio = _fake_fio(
-        tmp_path, "echo 'fio: pid=1, err=28/file:io_u.c:1889, error=No space left on device' >&2\nexit 1\n"
-    )
+    fio = _fake_fio(tmp_path, "echo 'fio: pid=1, err=28/file:io_u.c:1889, error=No space left on device' >&2\nexit 1\n")
     bench = StorageBench(str(tmp_path), MiB, fio=fio)
     bench.prepare()
     with pytest.raises(StorageError, match=r"fio failed on .* error=No space left on device"):
@@ -191,12 +194,11 @@ def test_fio_that_fails_is_an_error_with_its_words(tmp_path: Path) -> None:
 # --- the payload -----------------------------------------------------------------------------------------
 
 
-def test_the_payload_writes_storage_read_gbps_per_repeat(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_payload_writes_storage_read_gbps_per_repeat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "no-fio"))  # the payload's own reads
-    opts = Options("t-st", "node-a", device="cpu", repeats=3, skip=SKIP_ALL, storage_path=str(tmp_path),
-                   storage_bytes=2 * MiB)  # fmt: skip
+    opts = Options(
+        "t-st", "node-a", device="cpu", repeats=3, skip=SKIP_ALL, storage_path=str(tmp_path), storage_bytes=2 * MiB
+    )
     rows, err = _run(opts)
     storage = [r for r in rows if r["metric"] == "storage_read_gbps"]
     assert len(storage) >= 3
@@ -210,9 +212,7 @@ def test_the_payload_writes_an_error_row_for_a_missing_path(tmp_path: Path) -> N
     opts = Options("t-st", "node-a", device="cpu", skip=SKIP_ALL, storage_path=str(tmp_path / "unmounted"))
     rows, err = _run(opts)
     assert [(r["metric"], r["gpu"], r["value"]) for r in rows] == [("error", None, 1.0)]
-    assert (
-        f"error: storage_read_gbps on node: the storage path {tmp_path / 'unmounted'} does not exist" in err
-    )
+    assert f"error: storage_read_gbps on node: the storage path {tmp_path / 'unmounted'} does not exist" in err
 
 
 def test_the_storage_arguments_parse() -> None:

@@ -129,17 +129,13 @@ def test_prometheus_refuses_what_cannot_work_and_echoes_no_secret() -> None:
 
 def test_prometheus_reaches_a_server_with_its_token_and_headers() -> None:
     with bearer_server("s3cret-token") as (url, seen):
-        block = Prometheus(
-            url=url, token=SecretStr("s3cret-token"), headers={"X-Scope-OrgID": SecretStr("team-a")}
-        )
+        block = Prometheus(url=url, token=SecretStr("s3cret-token"), headers={"X-Scope-OrgID": SecretStr("team-a")})
         assert [s.labels for s in block.source().query("up", time.time())] == [{"__name__": "up"}]
         assert (seen[-1]["authorization"], seen[-1]["x-scope-orgid"]) == ("Bearer s3cret-token", "team-a")
-        with pytest.raises(
-            PrometheusAuthError, match=r"\(an Authorization header \(Bearer\), the header X-Scope"
-        ):
-            Prometheus(
-                url=url, token=SecretStr("wrong"), headers={"X-Scope-OrgID": SecretStr("a")}
-            ).source().query("up", time.time())
+        with pytest.raises(PrometheusAuthError, match=r"\(an Authorization header \(Bearer\), the header X-Scope"):
+            Prometheus(url=url, token=SecretStr("wrong"), headers={"X-Scope-OrgID": SecretStr("a")}).source().query(
+                "up", time.time()
+            )
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -225,9 +221,7 @@ def test_a_policy_file_becomes_the_block_and_its_fields_win(tmp_path: Path) -> N
     path.write_text(
         "blast_radius:\n  min_nodes: 5\n  fraction: 0.2\nmetrics:\n  gemm_bf16_tflops:\n    warn_drop_pct: 4.0\n"
     )
-    policy = CertificationPolicy.from_file(
-        path, blast_radius_fraction=0.05, repeats=5, escalation={"resets": 3}
-    )
+    policy = CertificationPolicy.from_file(path, blast_radius_fraction=0.05, repeats=5, escalation={"resets": 3})
     rules = policy.rules()
     assert rules.policy.metrics["gemm_bf16_tflops"].warn_drop_pct == 4.0  # from the file
     assert rules.policy.blast_radius.min_nodes == 5  # the file's, where no field is set
@@ -247,9 +241,11 @@ def test_a_bad_policy_names_the_file_and_key(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_policy_with_its_ticketing_saves_and_loads() -> None:
-    policy = CertificationPolicy(policy={"observe_only": True}, max_reruns=1,
-                                 ticketing=Ticketing(backend="jira", server="https://jira.example.com",
-                                                     project="OPS", token="secret-token"))  # fmt: skip
+    policy = CertificationPolicy(
+        policy={"observe_only": True},
+        max_reruns=1,
+        ticketing=Ticketing(backend="jira", server="https://jira.example.com", project="OPS", token="secret-token"),
+    )
     policy.save("fleet-policy", overwrite=True)
     loaded = CertificationPolicy.load("fleet-policy")
     assert loaded.rules().observe_only
@@ -274,15 +270,24 @@ def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() ->
 
     api = str(PREFECT_API_URL.value()).rstrip("/")
     env = {**os.environ, "PREFECT_API_URL": api}
-    done = subprocess.run([str(Path(sys.executable).with_name("prefect")), "block", "register", "-m", "blocks"],
-                          env=env, capture_output=True, text=True, timeout=180, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("prefect")), "block", "register", "-m", "blocks"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Successfully registered 5 blocks" in " ".join(done.stdout.split()), done.stdout
     for block in (GpuCluster, BaselineStore, Ticketing, CertificationPolicy, Prometheus):
         answer = httpx.get(f"{api}/block_types/slug/{block.get_block_type_slug()}", timeout=10)
         assert answer.status_code == 200, block.__name__
-        schemas = httpx.post(f"{api}/block_schemas/filter", timeout=10,
-                             json={"block_schema_filter": {"block_type_id": {"any_": [answer.json()["id"]]}}})
+        schemas = httpx.post(
+            f"{api}/block_schemas/filter",
+            timeout=10,
+            json={"block_schema_filter": {"block_type_id": {"any_": [answer.json()["id"]]}}},
+        )
         assert schemas.json(), f"{block.__name__}: no schema registered"
 
 
@@ -290,8 +295,12 @@ def test_the_ticketing_block_takes_the_incident_kind() -> None:
     """An incident ticket has its own Jira issue type and priority: the block must accept the kind, and its
     defaults name every kind gpucert opens."""
     block = Ticketing(
-        backend="jira", server="https://jira.example.test", project="OPS", token="t",
-        issue_types={"incident": "Incident"}, priorities={"incident": "Highest"},
+        backend="jira",
+        server="https://jira.example.test",
+        project="OPS",
+        token="t",
+        issue_types={"incident": "Incident"},
+        priorities={"incident": "Highest"},
     )
     assert block.issue_types == {"incident": "Incident"}
     assert set(Ticketing(backend="local").priorities) == {"remediation", "replacement", "incident"}

@@ -128,8 +128,16 @@ def test_the_certificate_of_a_certify_run_verifies_and_says_what_was_decided(
     # Every file it rests on, with the hash of its bytes as stored.
     hashes = {f["key"]: f["sha256"] for f in run["files"]}
     names = {key.rsplit("/", 1)[-1] for key in hashes}
-    assert {"results.parquet", "results-c1.parquet", "decisions.parquet", "policy.json", "stack.json",
-            "verdicts-c1.parquet", "baseline.parquet", "meta.json"} <= names  # fmt: skip
+    assert {
+        "results.parquet",
+        "results-c1.parquet",
+        "decisions.parquet",
+        "policy.json",
+        "stack.json",
+        "verdicts-c1.parquet",
+        "baseline.parquet",
+        "meta.json",
+    } <= names
     for key, digest in hashes.items():
         assert hashlib.sha256((certified.store / key).read_bytes()).hexdigest() == digest
 
@@ -229,14 +237,26 @@ def test_keygen_and_the_certificate_make_their_out_folders(
     assert (keys / "gpucert-signing.pem").is_file()
     assert keys.stat().st_mode & 0o077 == 0
     out = tmp_path / "shared" / "certificates"
-    assert main(["certificate", "--store", certified.store.as_uri(), "--run", NIGHT, "--out", str(out),
-                 "--key", str(keys / "gpucert-signing.pem")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "certificate",
+                "--store",
+                certified.store.as_uri(),
+                "--run",
+                NIGHT,
+                "--out",
+                str(out),
+                "--key",
+                str(keys / "gpucert-signing.pem"),
+            ]
+        )
+        == 0
+    )
     assert verify_certificate(read_certificate(out / f"certificate-{NIGHT}.json")).ok
 
 
-def test_the_signature_holds_over_the_canonical_body_whatever_the_layout(
-    certified: Certified, tmp_path: Path
-) -> None:
+def test_the_signature_holds_over_the_canonical_body_whatever_the_layout(certified: Certified, tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
     assert main(["certificate", "keygen", "--out", str(keys)]) == 0
@@ -251,9 +271,7 @@ def test_the_signature_holds_over_the_canonical_body_whatever_the_layout(
 
 def _python_canonical(value: object) -> bytes:
     """What gpucert signed before RFC 8785 (schema /1): Python's JSON, keys sorted, floats as their repr."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def _thresholds(run: dict[str, Any]) -> dict[str, Any]:
@@ -261,9 +279,7 @@ def _thresholds(run: dict[str, Any]) -> dict[str, Any]:
     return {"policy": record["policy"], "spec_floors": record["spec_floors"]}
 
 
-def test_the_signed_bytes_are_rfc_8785_and_verify_without_gpucert(
-    certified: Certified, tmp_path: Path
-) -> None:
+def test_the_signed_bytes_are_rfc_8785_and_verify_without_gpucert(certified: Certified, tmp_path: Path) -> None:
     # A verifier in another language has the file, a JCS (RFC 8785) library and Ed25519: nothing of gpucert's.
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -299,9 +315,12 @@ def test_a_certificate_of_the_legacy_schema_still_verifies_as_it_was_signed(
         run["policy"]["sha256"] = hashlib.sha256(_python_canonical(_thresholds(run))).hexdigest()
     key = Ed25519PrivateKey.generate()
     raw_key = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    body["signature"] = {"algorithm": "Ed25519", "public_key": base64.b64encode(raw_key).decode(),
-                         "key_sha256": hashlib.sha256(raw_key).hexdigest(),
-                         "value": base64.b64encode(key.sign(_python_canonical(body))).decode()}  # fmt: skip
+    body["signature"] = {
+        "algorithm": "Ed25519",
+        "public_key": base64.b64encode(raw_key).decode(),
+        "key_sha256": hashlib.sha256(raw_key).hexdigest(),
+        "value": base64.b64encode(key.sign(_python_canonical(body))).decode(),
+    }
     path = tmp_path / "legacy.json"
     path.write_text(json.dumps(body, indent=1))
     code, lines = _verify(path, capsys, "--store", certified.store.as_uri())
@@ -381,12 +400,18 @@ def test_bad_input_is_one_line_and_exit_2(
         "missing certificate": (["verify", str(tmp_path / "none.json")], "cannot read the certificate"),
         "not JSON": (["verify", str(not_json)], "not JSON"),
         "not a certificate": (["verify", str(foreign)], "not a gpucert certificate"),
-        "a private key as public key": (["verify", str(unsigned), "--public-key", str(keys / "gpucert-signing.pem")],
-                                        "not a PEM public key"),
-        "a broken private key": (["--store", uri, "--run", NIGHT, "--out", str(tmp_path), "--key", str(bad_key)],
-                                 "not a PEM private key"),
-        "a public key as private key": (["--store", uri, "--run", NIGHT, "--key", str(public)],
-                                        "not a PEM private key"),
+        "a private key as public key": (
+            ["verify", str(unsigned), "--public-key", str(keys / "gpucert-signing.pem")],
+            "not a PEM public key",
+        ),
+        "a broken private key": (
+            ["--store", uri, "--run", NIGHT, "--out", str(tmp_path), "--key", str(bad_key)],
+            "not a PEM private key",
+        ),
+        "a public key as private key": (
+            ["--store", uri, "--run", NIGHT, "--key", str(public)],
+            "not a PEM private key",
+        ),
         "unknown run": (["--store", uri, "--run", "no-such-run", "--out", str(tmp_path)], "no run no-such-run"),
         "not a date": (["--store", uri, "--since", "yesterday"], "--since yesterday: not a date"),
         "neither run nor since": (["--store", uri], "give --run RUN_ID or --since DATE"),
@@ -395,7 +420,7 @@ def test_bad_input_is_one_line_and_exit_2(
         "out is no folder": (["--store", uri, "--run", NIGHT, "--out", str(not_json)], "not a folder"),
         "nothing to verify": (["verify", str(unsigned)], "nothing to verify"),
         "keys exist": (["keygen", "--out", str(keys)], "exists; keys are never overwritten"),
-    }  # fmt: skip
+    }
     for case, (args, words) in cases.items():
         assert main(["certificate", *args]) == 2, case
         captured = capsys.readouterr()
@@ -412,17 +437,20 @@ def test_the_s3_store_serves_the_same_certificate(
     nowhere = str(tmp_path / "no-aws-config")
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in (("AWS_CONFIG_FILE", nowhere), ("AWS_SHARED_CREDENTIALS_FILE", nowhere),
-                        ("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION), ("AWS_EC2_METADATA_DISABLED", "true")):  # fmt: skip
+    for name, value in (
+        ("AWS_CONFIG_FILE", nowhere),
+        ("AWS_SHARED_CREDENTIALS_FILE", nowhere),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ):
         monkeypatch.setenv(name, value)
     with moto_server() as endpoint:
         s3_client(endpoint).create_bucket(Bucket="gpucert-cert")
         monkeypatch.setenv("GPUCERT_S3_ENDPOINT", endpoint)
         target = BaselineStore(S3ObjectStore("gpucert-cert", "prod", endpoint_url=endpoint, region=REGION))
-        for path in sorted(
-            p for p in certified.store.rglob("*") if p.is_file() and not p.name.startswith(".")
-        ):
+        for path in sorted(p for p in certified.store.rglob("*") if p.is_file() and not p.name.startswith(".")):
             target.objects.put(path.relative_to(certified.store).as_posix(), path.read_bytes())
         cert = _build_s3(tmp_path / "out")
         code, lines = _verify(cert, capsys, "--store", "s3://gpucert-cert/prod")

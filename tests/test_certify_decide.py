@@ -40,8 +40,17 @@ def _v(
     action: str = "none",
     reasons: str = "",
 ) -> dict[str, Any]:
-    return {"run_id": "r", "node": node, "gpu": gpu, "verdict": verdict, "metric": metric, "value": value,
-            "cause": cause, "action": action, "reasons": reasons}  # fmt: skip
+    return {
+        "run_id": "r",
+        "node": node,
+        "gpu": gpu,
+        "verdict": verdict,
+        "metric": metric,
+        "value": value,
+        "cause": cause,
+        "action": action,
+        "reasons": reasons,
+    }
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -71,8 +80,12 @@ def _decide_one_by_one(verdicts: pd.DataFrame, node: str) -> tuple[Any, ...]:
             summary += f"; action: {first['action']}"
     named = rows[(rows["verdict"] == "fail") & (rows["cause"] != "")]["cause"]
     cause = (named.iloc[0] if len(named) else "unknown") if worst == "fail" else None
-    hard = bool(((rows["verdict"] == "fail") & rows["metric"].isin(["remapped_rows_failure", "ecc_dbe_volatile"])
-                 | ((rows["verdict"] == "fail") & (rows["metric"] == "xid") & rows["value"].isin([64, 79, 95]))).any())
+    hard = bool(
+        (
+            (rows["verdict"] == "fail") & rows["metric"].isin(["remapped_rows_failure", "ecc_dbe_volatile"])
+            | ((rows["verdict"] == "fail") & (rows["metric"] == "xid") & rows["value"].isin([64, 79, 95]))
+        ).any()
+    )
     gate = bool(((rows["verdict"] == worst) & (rows["reference_kind"] == "gate")).any())
     return ({"pass": "certified", "warn": "degraded", "fail": "failed"}.get(worst), cause, hard, summary, gate)
 
@@ -82,15 +95,24 @@ def test_decisions_made_for_the_whole_table_at_once_match_the_rules_node_by_node
     rng = np.random.default_rng(seed)
     n = int(rng.integers(20, 400))
     nodes = [f"n{i:02d}" for i in rng.integers(0, 40, n)]
-    verdicts = _frame([
-        {**_v(node, str(rng.choice(["pass", "pass", "pass", "warn", "fail", "inconclusive"])),
-              gpu=None if rng.random() < 0.2 else int(rng.integers(0, 8)),
-              metric=str(rng.choice(["gemm_bf16_tflops", "xid", "remapped_rows_failure", "h2d_gbps"])),
-              value=float(rng.choice([13, 64, 79, 1.0])), cause=str(rng.choice(["", "pcie", "thermal"])),
-              action=str(rng.choice(["none", "reseat"])), reasons=f"reason {i}; more"),
-         "reference_kind": str(rng.choice(["peer", "gate", "own"]))}
-        for i, node in enumerate(nodes)
-    ])  # fmt: skip
+    verdicts = _frame(
+        [
+            {
+                **_v(
+                    node,
+                    str(rng.choice(["pass", "pass", "pass", "warn", "fail", "inconclusive"])),
+                    gpu=None if rng.random() < 0.2 else int(rng.integers(0, 8)),
+                    metric=str(rng.choice(["gemm_bf16_tflops", "xid", "remapped_rows_failure", "h2d_gbps"])),
+                    value=float(rng.choice([13, 64, 79, 1.0])),
+                    cause=str(rng.choice(["", "pcie", "thermal"])),
+                    action=str(rng.choice(["none", "reseat"])),
+                    reasons=f"reason {i}; more",
+                ),
+                "reference_kind": str(rng.choice(["peer", "gate", "own"])),
+            }
+            for i, node in enumerate(nodes)
+        ]
+    )
     asked = [*sorted(set(nodes)), "absent"]
     decided = decide_nodes(verdicts, asked)
     for node in asked:
@@ -99,17 +121,29 @@ def test_decisions_made_for_the_whole_table_at_once_match_the_rules_node_by_node
 
 
 def test_states_causes_and_hard_gates() -> None:
-    verdicts = _frame([
-        _v("ok", "pass"), _v("ok", "pass", gpu=1),
-        _v("slow", "pass"), _v("slow", "fail", gpu=3, metric="gemm_bf16_tflops", cause="pcie", action="reseat",
-                                 reasons="GEMM 8 % below its own baseline; PCIe Gen4"),
-        _v("remap", "fail", metric="remapped_rows_failure", value=1, cause="row_remap"),
-        _v("xid79", "fail", metric="xid", value=79, cause="xid"),
-        _v("xid13", "fail", metric="xid", value=13, cause=""),
-        _v("meh", "warn", cause="thermal"),
-        _v("unknown", "pass"), _v("unknown", "inconclusive", gpu=None),
-        {**_v("", "warn", gpu=None), "node": None},  # a fleet row flags nobody
-    ])  # fmt: skip
+    verdicts = _frame(
+        [
+            _v("ok", "pass"),
+            _v("ok", "pass", gpu=1),
+            _v("slow", "pass"),
+            _v(
+                "slow",
+                "fail",
+                gpu=3,
+                metric="gemm_bf16_tflops",
+                cause="pcie",
+                action="reseat",
+                reasons="GEMM 8 % below its own baseline; PCIe Gen4",
+            ),
+            _v("remap", "fail", metric="remapped_rows_failure", value=1, cause="row_remap"),
+            _v("xid79", "fail", metric="xid", value=79, cause="xid"),
+            _v("xid13", "fail", metric="xid", value=13, cause=""),
+            _v("meh", "warn", cause="thermal"),
+            _v("unknown", "pass"),
+            _v("unknown", "inconclusive", gpu=None),
+            {**_v("", "warn", gpu=None), "node": None},  # a fleet row flags nobody
+        ]
+    )
     d = decide_nodes(verdicts, ["ok", "slow", "remap", "xid79", "xid13", "meh", "unknown", "absent"])
     assert (d["ok"].state, d["ok"].summary) == ("certified", "all checks passed")
     assert (d["slow"].state, d["slow"].cause, d["slow"].needs_confirmation) == ("failed", "pcie", True)
@@ -149,14 +183,27 @@ def test_blast_radius_limit() -> None:
 
 # --- settling a run --------------------------------------------------------------------------------------
 
-FAIL_ROW = {"metric": "gemm_bf16_tflops", "cause": "slow_silicon", "reasons": "GEMM 9 % below its peers",
-            "ticket": "remediation"}  # fmt: skip
+FAIL_ROW = {
+    "metric": "gemm_bf16_tflops",
+    "cause": "slow_silicon",
+    "reasons": "GEMM 9 % below its peers",
+    "ticket": "remediation",
+}
 
 
 def _run(run_id: str, rows: dict[str, str]) -> RunVerdicts:
     """A judged run: node → its one GPU row's verdict (fail rows carry a statistical fail, no hard gate)."""
-    frame = _frame([{**_v(n, v), **(FAIL_ROW if v == "fail" else {}), "run_id": run_id, "ticket": FAIL_ROW["ticket"]
-                     if v == "fail" else "none"} for n, v in rows.items()])  # fmt: skip
+    frame = _frame(
+        [
+            {
+                **_v(n, v),
+                **(FAIL_ROW if v == "fail" else {}),
+                "run_id": run_id,
+                "ticket": FAIL_ROW["ticket"] if v == "fail" else "none",
+            }
+            for n, v in rows.items()
+        ]
+    )
     return RunVerdicts(run_id, frame, tuple(rows))
 
 
@@ -192,16 +239,22 @@ def test_a_statistical_warn_is_degraded_only_when_a_rerun_reproduces_it() -> Non
     n0, n2 = after.decisions["n0"], after.decisions["n2"]
     assert (n0.state, n0.confirmed, n0.settled) == ("degraded", True, True)  # a reproduced deficit
     assert after.pending == ["n1", "n2"]
-    done = settle(first, [rerun, _run("r-c2", {"n1": "pass", "n2": "warn"})], fleet=_fleet(40),
-                  policy=default_policy())  # fmt: skip
+    done = settle(first, [rerun, _run("r-c2", {"n1": "pass", "n2": "warn"})], fleet=_fleet(40), policy=default_policy())
     assert done.decisions["n1"].state == "certified"  # warned once, passed twice
     n2 = done.decisions["n2"]
     assert (n2.state, n2.confirmed, n2.taint) == ("degraded", True, "none")  # failed once, warned twice
 
 
 def test_a_warn_backed_by_a_telemetry_gate_needs_no_rerun() -> None:
-    frame = _frame([{**_v("n0", "warn", metric="ecc_sbe_volatile", value=500, cause="ecc"),
-                     "reference_kind": "gate", "ticket": "remediation"}])  # fmt: skip
+    frame = _frame(
+        [
+            {
+                **_v("n0", "warn", metric="ecc_sbe_volatile", value=500, cause="ecc"),
+                "reference_kind": "gate",
+                "ticket": "remediation",
+            }
+        ]
+    )
     out = settle(RunVerdicts("r", frame, ("n0",)), [], fleet=_fleet(20), policy=default_policy())
     assert out.pending == []
     assert (out.decisions["n0"].state, out.decisions["n0"].confirmed) == ("degraded", True)
@@ -219,7 +272,13 @@ def test_a_hard_gate_taints_without_a_rerun() -> None:
     out = settle(RunVerdicts("r", frame, ("n0",)), [], fleet=_fleet(20), policy=default_policy())
     d = out.decisions["n0"]
     assert (d.state, d.hard_gate, d.confirmed, d.taint, d.cause, out.pending) == (
-        "failed", True, True, "added", "row_remap", [])  # fmt: skip
+        "failed",
+        True,
+        True,
+        "added",
+        "row_remap",
+        [],
+    )
 
 
 def test_the_blast_radius_counts_every_taint_in_force_not_one_runs() -> None:
@@ -247,8 +306,13 @@ def test_the_blast_radius_counts_every_taint_in_force_not_one_runs() -> None:
 
 def test_observe_only_settles_states_and_touches_no_taint() -> None:
     frame = _frame([_v("n0", "fail", metric="xid", value=79, cause="xid"), _v("n1", "pass")])
-    out = settle(RunVerdicts("r", frame, ("n0", "n1")), [], fleet=_fleet(20, tainted=("n1",)),
-                 policy=default_policy(), observe_only=True)  # fmt: skip
+    out = settle(
+        RunVerdicts("r", frame, ("n0", "n1")),
+        [],
+        fleet=_fleet(20, tainted=("n1",)),
+        policy=default_policy(),
+        observe_only=True,
+    )
     assert out.decisions["n0"].state == "failed"
     assert (out.decisions["n0"].taint, out.decisions["n1"].taint) == ("none", "kept")
 
@@ -261,13 +325,14 @@ def test_settled_verdicts_agree_with_the_decisions() -> None:
     by_node = dict(zip(verdicts["node"], verdicts["verdict"], strict=True))
     assert by_node == {"n0": "fail", "n1": "pass", "n2": "pass"}
     assert verdicts.loc[verdicts["node"] == "n1", "ticket"].item() == "none"
-    assert (
-        "not reproduced by the re-runs: r-c1, r-c2"
-        in verdicts.loc[verdicts["node"] == "n1", "reasons"].item()
-    )
+    assert "not reproduced by the re-runs: r-c1, r-c2" in verdicts.loc[verdicts["node"] == "n1", "reasons"].item()
     # A fail reproduced only as a warn reads warn; an undecided one inconclusive.
-    mixed = settle(_run("r", {"n0": "fail", "n1": "fail"}), [_run("r-c1", {"n0": "warn"})], fleet=_fleet(30),
-                   policy=default_policy())  # fmt: skip
+    mixed = settle(
+        _run("r", {"n0": "fail", "n1": "fail"}),
+        [_run("r-c1", {"n0": "warn"})],
+        fleet=_fleet(30),
+        policy=default_policy(),
+    )
     capped = settled_verdicts(_run("r", {"n0": "fail", "n1": "fail"}).verdicts, mixed)
     assert dict(zip(capped["node"], capped["verdict"], strict=True)) == {
         "n0": "inconclusive",
@@ -288,16 +353,19 @@ def _decision(state: str | None, taint: str = "none", cause: str | None = None) 
 
 
 def _node(taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": "n", "resourceVersion": "7", "labels": labels or {}, "annotations": {}},
-            "spec": {"taints": taints or []}}  # fmt: skip
+    return {
+        "metadata": {"name": "n", "resourceVersion": "7", "labels": labels or {}, "annotations": {}},
+        "spec": {"taints": taints or []},
+    }
 
 
 OTHER = {"key": "team.example/maintenance", "effect": "NoSchedule"}
 
 
 def test_a_confirmed_fail_is_tainted_and_other_taints_kept() -> None:
-    patch, change = node_patch(_node([OTHER]), _decision("failed", "added", "pcie"), prefix="gpucert.io",
-                               run_id="r1", now=NOW)  # fmt: skip
+    patch, change = node_patch(
+        _node([OTHER]), _decision("failed", "added", "pcie"), prefix="gpucert.io", run_id="r1", now=NOW
+    )
     assert patch is not None
     assert patch["metadata"]["resourceVersion"] == "7"  # a concurrent change makes the server answer 409
     assert patch["metadata"]["labels"] == {"gpucert.io/state": "failed"}
@@ -306,23 +374,25 @@ def test_a_confirmed_fail_is_tainted_and_other_taints_kept() -> None:
         {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
     ]
     assert change.taint == "added"
-    refused, _ = node_patch(_node(), _decision("failed", "refused", "pcie"), prefix="gpucert.io", run_id="r1",
-                            now=NOW)  # fmt: skip
+    refused, _ = node_patch(_node(), _decision("failed", "refused", "pcie"), prefix="gpucert.io", run_id="r1", now=NOW)
     assert refused is not None
     assert "spec" not in refused  # over the blast radius: labels only
 
 
 def test_a_pass_lifts_gpucert_taints_and_kept_touches_none() -> None:
-    mine = [{"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
-            {"key": "gpucert.io/uncertified", "effect": "NoSchedule"}, OTHER]  # fmt: skip
-    patch, change = node_patch(_node(mine), _decision("certified", "lifted"), prefix="gpucert.io", run_id="r2",
-                               now=NOW)  # fmt: skip
+    mine = [
+        {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
+        {"key": "gpucert.io/uncertified", "effect": "NoSchedule"},
+        OTHER,
+    ]
+    patch, change = node_patch(_node(mine), _decision("certified", "lifted"), prefix="gpucert.io", run_id="r2", now=NOW)
     assert patch is not None
     assert patch["spec"]["taints"] == [OTHER]
     assert patch["metadata"]["annotations"]["gpucert.io/certified-at"] == "2026-12-02T03:00:00Z"
     assert change.taint == "lifted"
-    observed, change = node_patch(_node(mine), _decision("certified", "kept"), prefix="gpucert.io", run_id="r2",
-                                  now=NOW)  # fmt: skip
+    observed, change = node_patch(
+        _node(mine), _decision("certified", "kept"), prefix="gpucert.io", run_id="r2", now=NOW
+    )
     assert observed is not None
     assert "spec" not in observed
     assert change.taint is None
@@ -330,8 +400,11 @@ def test_a_pass_lifts_gpucert_taints_and_kept_touches_none() -> None:
 
 def test_nothing_to_write_is_no_patch() -> None:
     node = _node(labels={"gpucert.io/state": "certified"})
-    node["metadata"]["annotations"] = {"gpucert.io/last-run": "r", "gpucert.io/summary": "all checks passed",
-                                       "gpucert.io/certified-at": "2026-12-02T03:00:00Z"}  # fmt: skip
+    node["metadata"]["annotations"] = {
+        "gpucert.io/last-run": "r",
+        "gpucert.io/summary": "all checks passed",
+        "gpucert.io/certified-at": "2026-12-02T03:00:00Z",
+    }
     patch, change = node_patch(node, _decision("certified"), prefix="gpucert.io", run_id="r", now=NOW)
     assert patch is None
     assert change.labels == {}
@@ -348,9 +421,7 @@ def test_the_condition_follows_the_decision_and_keeps_its_transition_time() -> N
     later = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
     degraded = condition_patch(node, _decision("degraded"), now=later)
     assert degraded is not None
-    assert (
-        degraded["status"]["conditions"][0]["lastTransitionTime"] == entry["lastTransitionTime"]
-    )  # still False
+    assert degraded["status"]["conditions"][0]["lastTransitionTime"] == entry["lastTransitionTime"]  # still False
     certified = condition_patch(node, _decision("certified"), now=later)
     assert certified is not None
     assert certified["status"]["conditions"][0]["status"] == "True"
@@ -359,7 +430,9 @@ def test_the_condition_follows_the_decision_and_keeps_its_transition_time() -> N
     never = condition_patch(_node(), _decision(None), now=later)  # …and a node never certified is Unknown
     assert never is not None
     assert (never["status"]["conditions"][0]["status"], never["status"]["conditions"][0]["reason"]) == (
-        "Unknown", "NotCertified")  # fmt: skip
+        "Unknown",
+        "NotCertified",
+    )
 
 
 def test_failed_jobs_become_inconclusive_node_rows() -> None:

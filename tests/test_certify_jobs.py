@@ -139,8 +139,13 @@ def test_the_payload_runs_from_the_configmap_layout_with_only_the_standard_libra
     args = [a.replace("$(NODE_NAME)", env["NODE_NAME"]) for a in container(job)["args"]]
     done = subprocess.run(
         [sys.executable, "-S", "-m", "gpucert.bench", *args, "--device", "cpu"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     log = done.stderr + done.stdout  # what `kubectl logs` shows holds both streams
     collected = parse_pod_log(log, run_id="night-9", node="gpu-node-7", source="payload log")
@@ -182,12 +187,8 @@ def test_the_benchmark_job_is_valid_and_follows_the_conventions(cm: dict[str, An
     assert "priorityClassName" not in pod
     assert pod["automountServiceAccountToken"] is False
     assert "nodeName" not in pod  # the scheduler must see the pod, to say Unschedulable
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert terms == [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-00002"]}]}
-    ]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-00002"]}]}]
     assert pod["tolerations"] == [
         {"key": f"{PREFIX}/uncertified", "operator": "Exists", "effect": "NoSchedule"},
         {"key": f"{PREFIX}/unhealthy", "operator": "Exists", "effect": "NoSchedule"},
@@ -268,11 +269,16 @@ def test_settings_refuse_what_kubernetes_or_the_payload_would(field: str, value:
         BenchmarkSettings(**{field: value})
 
 
-@pytest.mark.parametrize(("where", "volume"), [
-    ({"storage_claim": "datasets"}, {"persistentVolumeClaim": {"claimName": "datasets"}}),
-    ({"storage_host_path": "/mnt/nvme0/gpucert"},
-     {"hostPath": {"path": "/mnt/nvme0/gpucert", "type": "DirectoryOrCreate"}}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("where", "volume"),
+    [
+        ({"storage_claim": "datasets"}, {"persistentVolumeClaim": {"claimName": "datasets"}}),
+        (
+            {"storage_host_path": "/mnt/nvme0/gpucert"},
+            {"hostPath": {"path": "/mnt/nvme0/gpucert", "type": "DirectoryOrCreate"}},
+        ),
+    ],
+)
 def test_a_storage_location_is_mounted_a_folder_per_node_and_measured(
     cm: dict[str, Any], where: dict[str, str], volume: dict[str, Any]
 ) -> None:
@@ -305,11 +311,12 @@ def test_payload_args_follow_the_jobs_own_and_reach_the_payload_as_written(cm: d
     evil = 'x"\n  evil: {{ x }} &a *a $(PYTHONPATH)'
     given = [
         "--gemm-seconds=5",
-        "--copy-bytes", "512M",
+        "--copy-bytes",
+        "512M",
         "--dcgm-level=2",
         "--nccl-tests-args=-d bfloat16 -G 1",
         f"--stack-json=/tmp/$(NODE_NAME)-{evil}.json",
-    ]  # fmt: skip
+    ]
     settings = BenchmarkSettings(payload_args=given)  # type: ignore[arg-type]  # a list, as JSON gives one
     assert settings.payload_args == tuple(given)
     job = benchmark_job("night-1", "gpu-node-00002", 8, payload=cm, settings=settings)
@@ -384,13 +391,14 @@ def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_
         target.write_text(cm["data"][item["key"]], encoding="utf-8")
     tools.mkdir()
     called = tmp_path / "dcgmi-args"
-    report = {"DCGM GPU Diagnostic": {"test_categories": [{"tests": [{"name": "Memory", "results": [
-        {"gpu_id": "0", "status": "Pass"}]}]}]}}  # fmt: skip
+    report = {
+        "DCGM GPU Diagnostic": {
+            "test_categories": [{"tests": [{"name": "Memory", "results": [{"gpu_id": "0", "status": "Pass"}]}]}]
+        }
+    }
     (tools / "report.json").write_text(json.dumps(report), encoding="utf-8")
     dcgmi = tools / "dcgmi"
-    dcgmi.write_text(
-        f"#!/bin/sh\necho \"$@\" > '{called}'\ncat '{tools / 'report.json'}'\n", encoding="utf-8"
-    )
+    dcgmi.write_text(f"#!/bin/sh\necho \"$@\" > '{called}'\ncat '{tools / 'report.json'}'\n", encoding="utf-8")
     dcgmi.chmod(0o755)
     settings = BenchmarkSettings(payload_args=("--dcgm-level=3", "--skip=allreduce"))
     env = {
@@ -404,8 +412,13 @@ def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_
     ]
     done = subprocess.run(
         [sys.executable, "-S", "-m", "gpucert.bench", *args, "--device", "cpu"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert called.read_text(encoding="utf-8").split() == ["diag", "-r", "3", "-j"]
     collected = parse_pod_log(done.stderr + done.stdout, run_id="night-8", node="n7", source="payload log")
@@ -422,9 +435,7 @@ def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_
         ("night-1", "n1", True, "at least 1 GPU"),
     ],
 )
-def test_bad_job_arguments_are_refused(
-    cm: dict[str, Any], run_id: str, node: str, gpus: Any, words: str
-) -> None:
+def test_bad_job_arguments_are_refused(cm: dict[str, Any], run_id: str, node: str, gpus: Any, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         benchmark_job(run_id, node, gpus, payload=cm)
 
@@ -489,9 +500,7 @@ def job_obj(*conditions: tuple[str, str | None], status: Mapping[str, Any] | Non
         "spec": {"backoffLimit": 0},
         "status": {
             **(status or {}),
-            "conditions": [
-                {"type": t, "status": "True", "reason": r, "message": "said"} for t, r in conditions
-            ],
+            "conditions": [{"type": t, "status": "True", "reason": r, "message": "said"} for t, r in conditions],
         },
     }
 
@@ -507,9 +516,7 @@ def pod_obj(
 
 
 def waiting(reason: str) -> dict[str, Any]:
-    return {
-        "containerStatuses": [{"name": "bench", "image": "img", "state": {"waiting": {"reason": reason}}}]
-    }
+    return {"containerStatuses": [{"name": "bench", "image": "img", "state": {"waiting": {"reason": reason}}}]}
 
 
 def terminated(code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
@@ -547,16 +554,28 @@ DEADLINE = ("Failed", "DeadlineExceeded")
         (job_obj(), [pod_obj("Pending", **waiting("ContainerCreating"))], "pending", None),
         (
             job_obj(),
-            [pod_obj("Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                              "message": "0/3 nodes are available"}])],
-            "pending", "unschedulable",
+            [
+                pod_obj(
+                    "Pending",
+                    conditions=[
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/3 nodes are available",
+                        }
+                    ],
+                )
+            ],
+            "pending",
+            "unschedulable",
         ),
         (job_obj(), [pod_obj("Running")], "running", None),
         (job_obj(), [pod_obj("Succeeded")], "running", None),
         (job_obj(), [pod_obj("Failed", **terminated(137, "OOMKilled"))], "failed", "oom"),
         (job_obj(), [pod_obj("Failed", **terminated(2))], "failed", "error"),
     ],
-)  # fmt: skip
+)
 def test_classify(job: dict[str, Any], pods: list[dict[str, Any]], state: str, reason: str | None) -> None:
     outcome = classify(job, pods)
     assert (outcome.state, outcome.reason) == (state, reason), outcome.message
@@ -573,9 +592,7 @@ def test_classify(job: dict[str, Any], pods: list[dict[str, Any]], state: str, r
 
 def test_classify_reads_the_newest_pod_and_quotes_the_termination_message() -> None:
     old = pod_obj("Failed", name="j1-old", created="2026-12-01T00:00:00Z", **terminated(137, "OOMKilled"))
-    new = pod_obj(
-        "Failed", name="j1-new", created="2026-12-01T00:05:00Z", **terminated(3, message="CUDA error")
-    )
+    new = pod_obj("Failed", name="j1-new", created="2026-12-01T00:05:00Z", **terminated(3, message="CUDA error"))
     outcome = classify(job_obj(BACKOFF), [new, old])
     assert (outcome.reason, outcome.pod) == ("error", "j1-new")
     assert "exited 3" in outcome.message
@@ -653,9 +670,7 @@ def test_a_row_for_another_node_is_refused(sim: SimCluster) -> None:
     lines = log.splitlines()
     lines.insert(4, stray)
     with pytest.raises(ResultsError) as caught:
-        parse_pod_log(
-            "\n".join(lines), run_id="night-3", node=node(0), source="log of Pod x (node gpu-node-00000)"
-        )
+        parse_pod_log("\n".join(lines), run_id="night-3", node=node(0), source="log of Pod x (node gpu-node-00000)")
     err = caught.value
     assert err.source == "log of Pod x (node gpu-node-00000)"
     [problem] = err.problems
@@ -663,9 +678,7 @@ def test_a_row_for_another_node_is_refused(sim: SimCluster) -> None:
     assert node(1) in problem.message
 
 
-def test_a_wave_s_logs_validated_together_read_as_each_alone(
-    sim: SimCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_wave_s_logs_validated_together_read_as_each_alone(sim: SimCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """validate_pod_logs checks a batch at once; a bad log in it costs that log alone, with the very error
     parse_pod_log gives, and a clean log reads the same rows either way."""
     logs = {n: sim_log(sim, "night-5", node(n)) for n in range(3)}
@@ -726,9 +739,7 @@ def test_bad_rows_and_an_empty_log_are_refused(sim: SimCluster) -> None:
     bad_value = json.loads(lines[3])
     bad_value["metric"] = "no_such_metric"
     with pytest.raises(ResultsError, match="no_such_metric"):
-        parse_pod_log(
-            "\n".join([*lines, json.dumps(bad_value)]), run_id="night-5", node=node(0), source="src"
-        )
+        parse_pod_log("\n".join([*lines, json.dumps(bad_value)]), run_id="night-5", node=node(0), source="src")
     with pytest.raises(ResultsError, match="no results rows"):
         parse_pod_log("gpucert-bench: no GPU found\n", run_id="night-5", node=node(0), source="src")
     without_stack = parse_pod_log("\n".join(lines[1:]), run_id="night-5", node=node(0), source="src")
@@ -739,18 +750,14 @@ def test_bad_rows_and_an_empty_log_are_refused(sim: SimCluster) -> None:
 # --- on the simulated cluster ---------------------------------------------------------------------------
 
 
-def start(
-    kube: Kube, run_id: str, target: str, gpus: int = 8, **settings: Any
-) -> tuple[JobOutcome, BenchmarkSettings]:
+def start(kube: Kube, run_id: str, target: str, gpus: int = 8, **settings: Any) -> tuple[JobOutcome, BenchmarkSettings]:
     s = BenchmarkSettings(**settings)
     payload = ensure_payload(kube, payload_configmap(s))
     job = kube.create(benchmark_job(run_id, target, gpus, payload=payload, settings=s))
     return observe(kube, s.namespace, job["metadata"]["name"], node=target), s
 
 
-def until(
-    kube: Kube, first: JobOutcome, done: Any = lambda o: o.finished, timeout_s: float = 10.0
-) -> JobOutcome:
+def until(kube: Kube, first: JobOutcome, done: Any = lambda o: o.finished, timeout_s: float = 10.0) -> JobOutcome:
     def probe() -> JobOutcome | None:
         outcome = observe(kube, first.namespace, first.job, node=first.node)
         return outcome if done(outcome) else None
@@ -795,12 +802,8 @@ def test_a_benchmark_job_runs_end_to_end_on_a_tainted_node(sim: SimCluster, kube
     assert set(rows["node"].astype(str)) == {target}
     assert set(rows["gpu"].dropna().astype(int)) == set(range(8))
     index = sim.fleet.node_index[target]
-    assert set(rows["gpu_uuid"].dropna().astype(str)) == {
-        str(u) for u in sim.fleet.uuids[index * 8 : (index + 1) * 8]
-    }
-    assert {"gemm_bf16_tflops", "hbm_copy_gbps", "nccl_allreduce_busbw_gbps"} <= set(
-        rows["metric"].astype(str)
-    )
+    assert set(rows["gpu_uuid"].dropna().astype(str)) == {str(u) for u in sim.fleet.uuids[index * 8 : (index + 1) * 8]}
+    assert {"gemm_bf16_tflops", "hbm_copy_gbps", "nccl_allreduce_busbw_gbps"} <= set(rows["metric"].astype(str))
     assert collected.stack is not None
     assert collected.stack["node"] == target
     assert collected.warnings == []
@@ -844,9 +847,7 @@ def test_a_job_asking_for_more_gpus_than_the_node_has_is_unschedulable(kube: Kub
 
 def test_an_untolerated_taint_is_unschedulable(kube: Kube) -> None:
     target = node(2)
-    kube.merge_patch(
-        "v1", "Node", target, {"spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}}
-    )
+    kube.merge_patch("v1", "Node", target, {"spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
     try:
         first, _ = start(kube, "night-13", target)
         stuck = until(kube, first, lambda o: o.stuck)

@@ -30,12 +30,14 @@ def _both_ways(results: pd.DataFrame) -> pd.DataFrame:
     """Each pair's rows as both of its pods log them: the same values, each naming its own node."""
     pairs = results[results["metric"] == PAIR_METRIC]
     mirrored = pairs.assign(node=pairs["peer"].astype(str), peer=pairs["node"].astype(str))
-    return parse_results(pd.concat([results.astype({"node": str, "peer": object}), mirrored], ignore_index=True),
-                         "the run's results")  # fmt: skip
+    return parse_results(
+        pd.concat([results.astype({"node": str, "peer": object}), mirrored], ignore_index=True), "the run's results"
+    )
 
 
-def _night(fleet: Fleet, run_id: str, ts: datetime, faults: list[Fault], baseline: pd.DataFrame
-           ) -> tuple[pd.DataFrame, PairingPlan]:  # fmt: skip
+def _night(
+    fleet: Fleet, run_id: str, ts: datetime, faults: list[Fault], baseline: pd.DataFrame
+) -> tuple[pd.DataFrame, PairingPlan]:
     """certify's link step on the model: the plan's rounds, then the re-pairings the judgement asks for."""
     policy = default_policy()
     plan = plan_rounds(fleet.topology(), leaf_label=LEAF_LABEL, seed=link_seed(run_id))
@@ -53,8 +55,9 @@ def _night(fleet: Fleet, run_id: str, ts: datetime, faults: list[Fault], baselin
         more = repairs(judgement, plan, seed=attempt + 1)
         plan = plan.extended(more)
         extra = measure(more, 10 + attempt)
-        results = parse_results(pd.concat([results, extra[extra["metric"] == PAIR_METRIC]], ignore_index=True),
-                                "the run's results")  # fmt: skip
+        results = parse_results(
+            pd.concat([results, extra[extra["metric"] == PAIR_METRIC]], ignore_index=True), "the run's results"
+        )
     return results, plan
 
 
@@ -92,13 +95,15 @@ def test_the_pairs_are_held_to_the_nodes_own_link_baselines_once_seeded(fleet: F
     baseline, _ = build_baseline(empty_baseline(), seed_results, policy=policy)
     own = baseline[(baseline["level"] == "node") & (baseline["metric"] == PAIR_METRIC)]
     assert set(own["key"]) == set(fleet.node_names)  # every node's own link baseline, from both orientations
-    results, plan = _night(fleet, "night-2", T0 + timedelta(days=1), [Fault("nic_half_rate", fleet.node_names[20])],
-                           baseline)  # fmt: skip
+    results, plan = _night(
+        fleet, "night-2", T0 + timedelta(days=1), [Fault("nic_half_rate", fleet.node_names[20])], baseline
+    )
     verdicts = judge_with_links(results, baseline, policy, plan=plan)
     pairs = verdicts[(verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].notna()]
     assert set(pairs["reference_kind"]) == {"own"}
-    [row] = verdicts[(verdicts["node"] == fleet.node_names[20]) & (verdicts["metric"] == PAIR_METRIC)
-                     & verdicts["peer"].isna()].itertuples()  # fmt: skip
+    [row] = verdicts[
+        (verdicts["node"] == fleet.node_names[20]) & (verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].isna()
+    ].itertuples()
     assert (row.verdict, row.cause, row.reference_kind) == ("fail", "network", "own")
 
 
@@ -122,8 +127,9 @@ def test_a_node_slow_in_its_pairs_for_its_own_pcie_fault_is_that_fault_one_ticke
     node = fleet.node_names[14]
     results, plan = _night(fleet, "night-4", T0, [Fault("pcie_gen4", node, 3)], empty_baseline())
     verdicts = judge_with_links(results, empty_baseline(), default_policy(), plan=plan)
-    [link] = verdicts[(verdicts["node"] == node) & (verdicts["metric"] == PAIR_METRIC)
-                      & verdicts["peer"].isna()].itertuples()  # fmt: skip
+    [link] = verdicts[
+        (verdicts["node"] == node) & (verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].isna()
+    ].itertuples()
     assert (link.cause, link.ticket, link.action) == ("pcie", "none", "none")
     assert link.reasons.startswith("gpu: explained by this node's own pcie fault")
     # Its advice is the PCIe fault's, not the NIC's: nobody is sent to check a cable that is fine.
@@ -132,8 +138,11 @@ def test_a_node_slow_in_its_pairs_for_its_own_pcie_fault_is_that_fault_one_ticke
     own = verdicts[(verdicts["node"] == node) & (verdicts["cause"] == "pcie") & verdicts["gpu"].notna()]
     assert f"do what its own rows ask ({own['action'].iloc[0]})" in link.reasons
     # Its partners' pairs, low but passing, name its PCIe fault, not "the node's own network path".
-    pairs = verdicts[(verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].notna()
-                     & ((verdicts["node"] == node) | (verdicts["peer"] == node))]  # fmt: skip
+    pairs = verdicts[
+        (verdicts["metric"] == PAIR_METRIC)
+        & verdicts["peer"].notna()
+        & ((verdicts["node"] == node) | (verdicts["peer"] == node))
+    ]
     assert not pairs["reasons"].str.contains("network path").any(), list(pairs["reasons"])
     assert pairs["reasons"].str.contains(f"explained by {node}'s own pcie fault").any()
     assert decide_nodes(verdicts, [node])[node].cause == "pcie"

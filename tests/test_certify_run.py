@@ -46,17 +46,27 @@ def test_latest_decisions_follow_time_across_runs(tmp_path: Path) -> None:
     policy = default_policy()
 
     def record(run_id: str, verdicts: dict[str, str], at: datetime) -> None:
-        frame = pd.DataFrame({"run_id": run_id, "node": list(verdicts), "gpu": pd.array([0] * len(verdicts), "Int64"),
-                              "verdict": list(verdicts.values()), "metric": "xid", "value": 79.0, "cause": "xid",
-                              "action": "none", "reasons": "", "reference_kind": "gate"})  # fmt: skip
-        settlement = settle(RunVerdicts(run_id, frame, tuple(verdicts)), [], fleet={n: NodeTaints() for n in "abc"},
-                            policy=policy)  # fmt: skip
+        frame = pd.DataFrame(
+            {
+                "run_id": run_id,
+                "node": list(verdicts),
+                "gpu": pd.array([0] * len(verdicts), "Int64"),
+                "verdict": list(verdicts.values()),
+                "metric": "xid",
+                "value": 79.0,
+                "cause": "xid",
+                "action": "none",
+                "reasons": "",
+                "reference_kind": "gate",
+            }
+        )
+        settlement = settle(
+            RunVerdicts(run_id, frame, tuple(verdicts)), [], fleet={n: NodeTaints() for n in "abc"}, policy=policy
+        )
         CertificationRun(store, run_id, at.date()).write_table("decisions.parquet", settlement.frame(at))
 
     record("zz-early", {"a": "fail", "b": "pass"}, datetime(2026, 12, 1, 2, tzinfo=UTC))
-    record(
-        "aa-late", {"a": "pass"}, datetime(2026, 12, 2, 2, tzinfo=UTC)
-    )  # sorts first by name, later in time
+    record("aa-late", {"a": "pass"}, datetime(2026, 12, 2, 2, tzinfo=UTC))  # sorts first by name, later in time
     latest = latest_decisions(store)
     assert dict(zip(latest["node"], latest["state"], strict=True)) == {"a": "certified", "b": "certified"}
     assert dict(zip(latest["node"], latest["run_id"], strict=True)) == {"a": "aa-late", "b": "zz-early"}

@@ -44,8 +44,13 @@ def test_the_shards_files_join_into_the_runs_results(tmp_path: Path) -> None:
     for index, nodes in enumerate(shards):
         part = frame[frame["node"].isin(list(nodes))]
         failed = {min(nodes): ("image_pull", "ErrImagePull")} if index else {}
-        write_shard(run, index, part if not failed else part[part["node"] != min(nodes)], failed,
-                    {n: {"driver": "550.90.07"} for n in nodes})  # fmt: skip
+        write_shard(
+            run,
+            index,
+            part if not failed else part[part["node"] != min(nodes)],
+            failed,
+            {n: {"driver": "550.90.07"} for n in nodes},
+        )
     parts = read_shards(_run(tmp_path), shards)
     assert parts.failed == {min(shards[1]): ("image_pull", "ErrImagePull")}
     assert sorted(parts.stacks) == sorted(fleet.node_names)

@@ -38,9 +38,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_results(night.results, root / "night.jsonl")
     healthy = fleet.run("healthy", ts=T0 + dt.timedelta(days=9), seed=398)
     write_results(healthy.results, root / "healthy.parquet")
-    out.update(
-        night_csv=root / "night.csv", night_jsonl=root / "night.jsonl", healthy=root / "healthy.parquet"
-    )
+    out.update(night_csv=root / "night.csv", night_jsonl=root / "night.jsonl", healthy=root / "healthy.parquet")
     out["root"] = root
     return out
 
@@ -86,9 +84,7 @@ def test_compare_with_an_empty_store_judges_by_peers(
     files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "v.csv"
-    assert (
-        main(["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 0
-    )
+    assert main(["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out)]) == 0
     assert "no baseline yet" in capsys.readouterr().out
     assert (pd.read_csv(out)["verdict"] == "fail").sum() == 1
 
@@ -117,16 +113,22 @@ def test_bad_flags_exit_2_with_a_message_and_write_nothing(
 def test_compare_makes_the_out_folders(files: dict[str, Path], tmp_path: Path) -> None:
     """A missing --out (and --decisions) folder is made, as every --out is, not refused."""
     out, decisions = tmp_path / "new" / "v.csv", tmp_path / "other" / "deep" / "d.parquet"
-    argv = ["compare", str(files["night_csv"]), "--baselines", store_uri(tmp_path), "--out", str(out),
-            "--decisions", str(decisions)]  # fmt: skip
+    argv = [
+        "compare",
+        str(files["night_csv"]),
+        "--baselines",
+        store_uri(tmp_path),
+        "--out",
+        str(out),
+        "--decisions",
+        str(decisions),
+    ]
     assert main(argv) == 0
     assert len(pd.read_csv(out)) > 0
     assert decisions.is_file()
 
 
-def test_bad_results_exit_2_naming_file_row_and_column(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_results_exit_2_naming_file_row_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(
         "run_id,node,gpu,gpu_uuid,gpu_model,metric,value,repeat,peer,ts\n"
@@ -194,9 +196,7 @@ def test_the_installed_command_runs_without_prefect(files: dict[str, Path], tmp_
     assert done.returncode == 0, done.stderr
 
 
-def test_the_demo_runs_and_finds_what_was_injected(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_demo_runs_and_finds_what_was_injected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--verdicts-only", "--workdir", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "Injected faults against the verdicts" in out
@@ -243,9 +243,7 @@ def test_the_product_imports_without_the_simulator() -> None:
         "for name in names: importlib.import_module(name)\n"
         "print(len(names))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 100  # the walk reached the whole package, not an empty path
 
@@ -276,7 +274,7 @@ def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_pa
 
 
 def test_one_of_a_thing_is_said_in_the_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """"1 nodes benchmarked" and the like: every count that meets a noun in what gpucert prints agrees."""
+    """ "1 nodes benchmarked" and the like: every count that meets a noun in what gpucert prints agrees."""
     from datetime import date
 
     from gpucert.audit import AuditAction, AuditLog
@@ -284,16 +282,18 @@ def test_one_of_a_thing_is_said_in_the_singular(tmp_path: Path, capsys: pytest.C
     from gpucert.errors import StackNotReady
     from gpucert.store import open_store
 
-    one = CertifyOutcome(run_id="night-1", day=date(2026, 12, 1), store="file:///s", nodes=["gpu-node-00000"],
-                         tickets_recorded=1)  # fmt: skip
+    one = CertifyOutcome(
+        run_id="night-1", day=date(2026, 12, 1), store="file:///s", nodes=["gpu-node-00000"], tickets_recorded=1
+    )
     text = one.text()
     assert "certify night-1: 1 node benchmarked" in text
     assert "1 ticket recorded, none opened" in text
     assert "2 nodes benchmarked" in one.model_copy(update={"nodes": ["a", "b"]}).text()
 
     store = open_store((tmp_path / "store").as_uri())
-    AuditLog(store.objects).append([AuditAction("label", "Node", "gpu-node-00000")], run_id="r", trigger="cli",
-                                   actor="test")  # fmt: skip
+    AuditLog(store.objects).append(
+        [AuditAction("label", "Node", "gpu-node-00000")], run_id="r", trigger="cli", actor="test"
+    )
     assert main(["audit", "verify", "--store", store.uri]) == 0
     assert "intact, 1 entry, last #1" in capsys.readouterr().out
 

@@ -31,30 +31,49 @@ from gpucert_sim import SimCluster
 
 
 def _row(**overrides: object) -> dict[str, object]:
-    row: dict[str, object] = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1",
-                              "gpu_model": "NVIDIA H200", "metric": "gemm_bf16_tflops", "value": 700.0,
-                              "repeat": 0, "peer": None, "ts": "2026-11-01T02:00:00Z"}  # fmt: skip
+    row: dict[str, object] = {
+        "run_id": "r1",
+        "node": "n1",
+        "gpu": 0,
+        "gpu_uuid": "GPU-1",
+        "gpu_model": "NVIDIA H200",
+        "metric": "gemm_bf16_tflops",
+        "value": 700.0,
+        "repeat": 0,
+        "peer": None,
+        "ts": "2026-11-01T02:00:00Z",
+    }
     row.update(overrides)
     return row
 
 
 def _parquet(path: Path, **columns: pa.Array) -> None:
     base = {
-        "run_id": pa.array(["r1"]), "node": pa.array(["n1"]), "gpu": pa.array([0], pa.int64()),
-        "gpu_uuid": pa.array(["GPU-1"]), "gpu_model": pa.array(["NVIDIA H200"]),
-        "metric": pa.array(["gemm_bf16_tflops"]), "value": pa.array([700.0]),
-        "repeat": pa.array([0], pa.int64()), "peer": pa.array([None], pa.string()),
+        "run_id": pa.array(["r1"]),
+        "node": pa.array(["n1"]),
+        "gpu": pa.array([0], pa.int64()),
+        "gpu_uuid": pa.array(["GPU-1"]),
+        "gpu_model": pa.array(["NVIDIA H200"]),
+        "metric": pa.array(["gemm_bf16_tflops"]),
+        "value": pa.array([700.0]),
+        "repeat": pa.array([0], pa.int64()),
+        "peer": pa.array([None], pa.string()),
         "ts": pa.array([pd.Timestamp("2026-11-01T02:00:00Z")]),
-    }  # fmt: skip
+    }
     pq.write_table(pa.table({**base, **columns}), path)
 
 
 def _kubeconfig(server: str) -> str:
     return json.dumps(
-        {"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": {"server": server}}],
-         "users": [{"name": "u", "user": {"token": "t"}}],
-         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c"}
-    )  # fmt: skip
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": server}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +180,11 @@ STORE_COMMANDS = [  # every command that takes a store root: (name, argv with {u
     ("release", ["release", "{n0}", "--kubeconfig", "{kc}", "--store", "{u}"]),
 ]
 #: The kubeconfigs that cannot be used, and what the line says of each.
-KUBECONFIGS = {"kube-list.yaml": "mapping", "kube-nul.yaml": "NUL",
-               "kube-port.yaml": "clusters[].cluster.server): Port out of range"}  # fmt: skip
+KUBECONFIGS = {
+    "kube-list.yaml": "mapping",
+    "kube-nul.yaml": "NUL",
+    "kube-port.yaml": "clusters[].cluster.server): Port out of range",
+}
 RESULTS_FILES = [  # (file, what the line names, why it fails today or None)
     ("deep.jsonl", "deep.jsonl: row 2", None),
     ("deep-object.jsonl", "deep-object.jsonl: row 1", None),
@@ -195,20 +217,23 @@ def _cases() -> Iterator[object]:
         ("kube-nul.yaml", None),
         ("kube-port.yaml", None),
     ):
-        yield case(
-            f"{file}-sim-inject", ["sim", "inject", "--kubeconfig", "{d}/" + file, "--clear"], file, why
-        )
+        yield case(f"{file}-sim-inject", ["sim", "inject", "--kubeconfig", "{d}/" + file, "--clear"], file, why)
     for name, argv in STORE_COMMANDS:
-        yield case(
-            f"store-scheme-{name}", [a.replace("{u}", "gs://bucket/x") for a in argv], "'gs://bucket/x'"
-        )
+        yield case(f"store-scheme-{name}", [a.replace("{u}", "gs://bucket/x") for a in argv], "'gs://bucket/x'")
         s3 = [a.replace("{u}", "s3://gpucert-b/p") for a in argv]
         for variable in ("GPUCERT_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            yield case(f"s3-endpoint-port-{variable}-{name}", s3, f"({variable}): Port out of range",
-                       **{variable: "http://127.0.0.1:99999"})  # fmt: skip
+            yield case(
+                f"s3-endpoint-port-{variable}-{name}",
+                s3,
+                f"({variable}): Port out of range",
+                **{variable: "http://127.0.0.1:99999"},
+            )
     yield case("store-scheme-tickets", ["tickets", "list", "--store", "gs://bucket/x"], "'gs://bucket/x'")
-    yield case("prometheus-port", ["operate", "--kubeconfig", "{kc}", "--store", S, "--prometheus",
-                                   "http://127.0.0.1:99999"], "--prometheus")  # fmt: skip
+    yield case(
+        "prometheus-port",
+        ["operate", "--kubeconfig", "{kc}", "--store", S, "--prometheus", "http://127.0.0.1:99999"],
+        "--prometheus",
+    )
     yield case("timeout-zero", ["--timeout", "0", "baseline", "list", "--store", S], "--timeout")
     yield case("timeout-text", ["--timeout", "soon", "baseline", "list", "--store", S], "--timeout")
 
@@ -243,8 +268,11 @@ def test_a_repeat_too_large_for_int64_is_called_too_large(
 ) -> None:
     path = tmp_path / "uint64-repeat.parquet"
     _parquet(path, repeat=pa.array([2**63], pa.uint64()))
-    line = _one_line_exit_2(["compare", str(path), "--baselines", f"file://{files}/store", "--out",
-                             str(tmp_path / "v.csv")], "column 'repeat'", capsys)  # fmt: skip
+    line = _one_line_exit_2(
+        ["compare", str(path), "--baselines", f"file://{files}/store", "--out", str(tmp_path / "v.csv")],
+        "column 'repeat'",
+        capsys,
+    )
     assert "negative" not in line
 
 
@@ -277,8 +305,7 @@ def test_a_port_out_of_range_in_a_ticket_backend_url_is_a_config_error(tmp_path:
         JiraTickets("https://jira.example.com:99999", "u", "t", "OPS")
     with pytest.raises(TicketConfigError, match="Port out of range"):
         WebhookTickets(SecretStr("https://hooks.example.com:99999/x"), tmp_path / "t.sqlite")
-    block = Ticketing(backend="jira", server="https://jira.example.com:99999", project="OPS",
-                      token=SecretStr("t"))  # fmt: skip
+    block = Ticketing(backend="jira", server="https://jira.example.com:99999", project="OPS", token=SecretStr("t"))
     with pytest.raises(TicketConfigError, match="Port out of range") as caught:
         block.open()
     assert isinstance(caught.value, InputError), "exit 2"
@@ -290,25 +317,35 @@ def test_a_port_out_of_range_in_a_ticket_backend_url_is_a_config_error(tmp_path:
 def _out_cases() -> Iterator[object]:
     compare = ["compare", "{d}/good.jsonl", "{d}/good.csv", "--baselines", S]
     yield pytest.param([*compare, "--out", "{d}/good.csv"], "is the input RESULTS", id="out-is-results")
-    yield pytest.param([*compare, "--out", "{d}/./store/../good.csv"], "is the input RESULTS",
-                       id="out-is-results-spelled-otherwise")  # fmt: skip
     yield pytest.param(
-        [*compare, "--out", "{d}/link.csv"], "is the input RESULTS", id="out-is-a-link-to-results"
+        [*compare, "--out", "{d}/./store/../good.csv"], "is the input RESULTS", id="out-is-results-spelled-otherwise"
     )
+    yield pytest.param([*compare, "--out", "{d}/link.csv"], "is the input RESULTS", id="out-is-a-link-to-results")
     yield pytest.param([*compare, "--out", "{d}/hard.csv"], "is the input RESULTS", id="out-is-a-hard-link")
-    yield pytest.param([*compare, "--policy", "{d}/policy.yaml", "--out", "{d}/policy.yaml"],
-                       "write .csv or .parquet", id="out-is-the-policy-by-suffix")  # fmt: skip
-    yield pytest.param([*compare, "--policy", "{d}/policy.csv", "--out", "{d}/policy.csv"],
-                       "is the input --policy", id="out-is-the-policy")  # fmt: skip
+    yield pytest.param(
+        [*compare, "--policy", "{d}/policy.yaml", "--out", "{d}/policy.yaml"],
+        "write .csv or .parquet",
+        id="out-is-the-policy-by-suffix",
+    )
+    yield pytest.param(
+        [*compare, "--policy", "{d}/policy.csv", "--out", "{d}/policy.csv"],
+        "is the input --policy",
+        id="out-is-the-policy",
+    )
     yield pytest.param([*compare, "--out", "{d}/folder.csv"], "is a folder", id="out-is-a-folder")
     yield pytest.param([*compare, "--out", "{d}/a-file/v.csv"], "is not a folder", id="out-under-a-file")
     yield pytest.param([*compare, "--out", "{w}/v.csv"], "cannot write in the folder", id="out-unwritable")
-    yield pytest.param(["configure", "--kubeconfig", "{kc}", "--dry-run", "{d}/a-file"], "is a file",
-                       id="dry-run-is-a-file")  # fmt: skip
-    yield pytest.param(["configure", "--kubeconfig", "{kc}", "--dry-run", "{d}/a-file/sub"], "is not a folder",
-                       id="dry-run-under-a-file")  # fmt: skip
-    yield pytest.param(["configure", "--kubeconfig", "{kc}", "--dry-run", "{w}/manifests"], "cannot write in",
-                       id="dry-run-unwritable")  # fmt: skip
+    yield pytest.param(
+        ["configure", "--kubeconfig", "{kc}", "--dry-run", "{d}/a-file"], "is a file", id="dry-run-is-a-file"
+    )
+    yield pytest.param(
+        ["configure", "--kubeconfig", "{kc}", "--dry-run", "{d}/a-file/sub"],
+        "is not a folder",
+        id="dry-run-under-a-file",
+    )
+    yield pytest.param(
+        ["configure", "--kubeconfig", "{kc}", "--dry-run", "{w}/manifests"], "cannot write in", id="dry-run-unwritable"
+    )
 
 
 @pytest.mark.parametrize(("argv", "names"), list(_out_cases()))

@@ -139,8 +139,12 @@ def test_conflicts_in_a_large_file_are_named_as_in_a_small_one(
     finally:
         _relations._stretches = original
     assert str(fast.value) == str(slow.value)
-    assert {"uuid": "several gpu_uuid values", "model": "several gpu_model values",
-            "duplicate": "duplicated sample", "uuid_on_two_gpus": "gpu_uuid"}[kind] in str(fast.value)  # fmt: skip
+    assert {
+        "uuid": "several gpu_uuid values",
+        "model": "several gpu_model values",
+        "duplicate": "duplicated sample",
+        "uuid_on_two_gpus": "gpu_uuid",
+    }[kind] in str(fast.value)
 
 
 def test_read_ahead_is_the_file_as_read(tmp_path: Path, night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
@@ -194,9 +198,7 @@ def test_leave_one_out_by_rows_matches_the_sort() -> None:
         values = np.round(rng.normal(1, 0.05, len(group)), int(rng.integers(1, 4)))  # ties included
         shuffle = rng.permutation(len(group))
         group, slot, values = group[shuffle], slot[shuffle], values[shuffle]
-        np.testing.assert_array_equal(
-            _leave_one_out_median(group, values, slot), _leave_one_out_median(group, values)
-        )
+        np.testing.assert_array_equal(_leave_one_out_median(group, values, slot), _leave_one_out_median(group, values))
 
 
 def test_group_ids_name_the_same_groups_as_the_tuples() -> None:
@@ -284,6 +286,7 @@ def test_checks_across_rows_alongside_report_as_the_reader_does(
     pq.write_table(pa.Table.from_pandas(pd.concat([frame, frame.iloc[[7]]], ignore_index=True)), path)
     with pytest.raises(ResultsError) as reader:
         read_results([path])
+
     def judge_them(path: Path) -> None:
         with results_checked_alongside([path]) as got:
             assert len(got) == len(frame) + 1

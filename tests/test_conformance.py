@@ -67,8 +67,12 @@ def _namespace(remote: _Remote) -> str:
 
 
 def _pod(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec},
+    }
 
 
 # --- the cases -----------------------------------------------------------------------------------------
@@ -76,8 +80,14 @@ def _pod(name: str, **spec: Any) -> dict[str, Any]:
 
 def job_without_spec(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
-    return _status(*_answer(remote, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                            body={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}}))
+    return _status(
+        *_answer(
+            remote,
+            "POST",
+            f"/apis/batch/v1/namespaces/{ns}/jobs",
+            body={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"}},
+        )
+    )
 
 
 def two_values_in_match_fields(remote: _Remote, node: str) -> Answer:
@@ -103,24 +113,42 @@ def unschedulable_false_selects_nodes(remote: _Remote, node: str) -> Answer:
 def events_are_one_store(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
     name = f"e{next(_names)}"
-    event = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name},
-             "eventTime": "2026-12-06T10:00:00.000000Z", "reportingController": "gpucert.io/certify",
-             "reportingInstance": "gpucert", "action": "Certify", "reason": "Certified", "type": "Normal",
-             "note": "all GPUs pass", "regarding": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    event = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name},
+        "eventTime": "2026-12-06T10:00:00.000000Z",
+        "reportingController": "gpucert.io/certify",
+        "reportingInstance": "gpucert",
+        "action": "Certify",
+        "reason": "Certified",
+        "type": "Normal",
+        "note": "all GPUs pass",
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
     # About a Node, an Event lives in "default": elsewhere it is refused.
     elsewhere = _status(*_answer(remote, "POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body=event))
     created, _ = _answer(remote, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", body=event)
     code, core = _answer(remote, "GET", f"/api/v1/namespaces/default/events/{name}")
-    return {"elsewhere": elsewhere, "created": created, "code": code, "message": core.get("message"),
-            "involved": (core.get("involvedObject") or {}).get("name"), "reason": core.get("reason"),
-            "component": core.get("reportingComponent")}
+    return {
+        "elsewhere": elsewhere,
+        "created": created,
+        "code": code,
+        "message": core.get("message"),
+        "involved": (core.get("involvedObject") or {}).get("name"),
+        "reason": core.get("reason"),
+        "component": core.get("reportingComponent"),
+    }
 
 
 def log_of_a_waiting_container(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
     # Bound to a node, its image never pulled: the API server refuses the log itself (400).
-    remote.json("POST", f"/api/v1/namespaces/{ns}/pods",
-                body=_pod("p", nodeName=node, containers=[{"name": "c", "image": "example.invalid/does-not-exist"}]))
+    remote.json(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        body=_pod("p", nodeName=node, containers=[{"name": "c", "image": "example.invalid/does-not-exist"}]),
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         pod = remote.json("GET", f"/api/v1/namespaces/{ns}/pods/p")
@@ -132,11 +160,18 @@ def log_of_a_waiting_container(remote: _Remote, node: str) -> Answer:
 
 def status_patch_keeps_labels(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
-    remote.json("POST", f"/api/v1/namespaces/{ns}/services",
-                body={"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"ports": [{"port": 80}]}})
-    code, body = _answer(remote, "PATCH", f"/api/v1/namespaces/{ns}/services/s/status",
-                         body={"metadata": {"labels": {"a": "2"}}, "status": {}},
-                         content_type="application/merge-patch+json")
+    remote.json(
+        "POST",
+        f"/api/v1/namespaces/{ns}/services",
+        body={"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"ports": [{"port": 80}]}},
+    )
+    code, body = _answer(
+        remote,
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/services/s/status",
+        body={"metadata": {"labels": {"a": "2"}}, "status": {}},
+        content_type="application/merge-patch+json",
+    )
     return {"code": code, "label": (body.get("metadata") or {}).get("labels", {}).get("a")}
 
 
@@ -149,9 +184,12 @@ def log_before_start(remote: _Remote, node: str) -> Answer:
 
 def job_conditions_when_done(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
-           "spec": {"template": {"spec": {"restartPolicy": "Never",
-                                          "containers": [{"name": "c", "image": "busybox"}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}},
+    }
     remote.json("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body=job)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -164,26 +202,37 @@ def job_conditions_when_done(remote: _Remote, node: str) -> Answer:
 
 
 def table_output(remote: _Remote, node: str) -> Answer:
-    params = remote.api.param_serialize("GET", "/api/v1/nodes", header_params={
-        "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}, auth_settings=["BearerToken"])
+    params = remote.api.param_serialize(
+        "GET",
+        "/api/v1/nodes",
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
     got = remote.api.call_api(*params, _request_timeout=30)
     body = json.loads(got.read())
     # The columns differ by kind (a real server prints nodes' Status, Roles, Age …); the first is the name.
-    return {"code": got.status, "kind": body.get("kind"),
-            "first_column": [c["name"] for c in body.get("columnDefinitions") or ()][:1],
-            "rows": len(body.get("rows") or ())}
+    return {
+        "code": got.status,
+        "kind": body.get("kind"),
+        "first_column": [c["name"] for c in body.get("columnDefinitions") or ()][:1],
+        "rows": len(body.get("rows") or ()),
+    }
 
 
 def put_of_a_missing_object(remote: _Remote, node: str) -> Answer:
     """PUT of an object that is not there: created for the kinds whose strategy allows create-on-update."""
     ns = _namespace(remote)
     objects = {
-        "leases": ("/apis/coordination.k8s.io/v1", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                                    "spec": {"holderIdentity": "x"}}),
+        "leases": (
+            "/apis/coordination.k8s.io/v1",
+            {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {"holderIdentity": "x"}},
+        ),
         "configmaps": ("/api/v1", {"apiVersion": "v1", "kind": "ConfigMap", "data": {"a": "1"}}),
         "endpoints": ("/api/v1", {"apiVersion": "v1", "kind": "Endpoints"}),
-        "roles": ("/apis/rbac.authorization.k8s.io/v1", {"apiVersion": "rbac.authorization.k8s.io/v1",
-                                                         "kind": "Role", "rules": []}),
+        "roles": (
+            "/apis/rbac.authorization.k8s.io/v1",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": []},
+        ),
         "serviceaccounts": ("/api/v1", {"apiVersion": "v1", "kind": "ServiceAccount"}),
     }
     codes = {}
@@ -199,6 +248,7 @@ def openapi_documents(remote: _Remote, node: str) -> Answer:
 
 def kubelet_version_within_the_skew_policy(remote: _Remote, node: str) -> Answer:
     """A kubelet is never newer than its API server, and at most three minors older (the skew policy)."""
+
     def minor(version: str) -> int:
         return int(version.lstrip("v").split(".")[1])
 
@@ -239,25 +289,47 @@ def initial_events_end_with_a_bookmark(remote: _Remote, node: str) -> Answer:
     ns = _namespace(remote)
     # Services: a new namespace has none of its own (ConfigMaps: the controller-manager's kube-root-ca.crt).
     for name in ("a", "b"):
-        remote.json("POST", f"/api/v1/namespaces/{ns}/services",
-                    body={"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}})
-    code, events = _watch_lines(remote, f"/api/v1/namespaces/{ns}/services",
-                                {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
-                                 "allowWatchBookmarks": "true"}, 3)
+        remote.json(
+            "POST",
+            f"/api/v1/namespaces/{ns}/services",
+            body={"metadata": {"name": name}, "spec": {"ports": [{"port": 80}]}},
+        )
+    code, events = _watch_lines(
+        remote,
+        f"/api/v1/namespaces/{ns}/services",
+        {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true"},
+        3,
+    )
     bookmark = events[-1] if events else {}
     notes = ((bookmark.get("object") or {}).get("metadata") or {}).get("annotations") or {}
-    return {"code": code, "types": [e.get("type") for e in events],
-            "names": sorted((e.get("object") or {}).get("metadata", {}).get("name") for e in events[:2]),
-            "initial_events_end": notes.get("k8s.io/initial-events-end")}
+    return {
+        "code": code,
+        "types": [e.get("type") for e in events],
+        "names": sorted((e.get("object") or {}).get("metadata", {}).get("name") for e in events[:2]),
+        "initial_events_end": notes.get("k8s.io/initial-events-end"),
+    }
 
 
-CASES: dict[str, Case] = {f.__name__: f for f in (
-    job_without_spec, two_values_in_match_fields, one_term_per_node, unschedulable_false_selects_nodes,
-    events_are_one_store, status_patch_keeps_labels, log_before_start, log_of_a_waiting_container,
-    job_conditions_when_done, table_output, kubelet_version_within_the_skew_policy,
-    watch_from_a_compacted_version, put_of_a_missing_object, openapi_documents,
-    initial_events_end_with_a_bookmark,
-)}
+CASES: dict[str, Case] = {
+    f.__name__: f
+    for f in (
+        job_without_spec,
+        two_values_in_match_fields,
+        one_term_per_node,
+        unschedulable_false_selects_nodes,
+        events_are_one_store,
+        status_patch_keeps_labels,
+        log_before_start,
+        log_of_a_waiting_container,
+        job_conditions_when_done,
+        table_output,
+        kubelet_version_within_the_skew_policy,
+        watch_from_a_compacted_version,
+        put_of_a_missing_object,
+        openapi_documents,
+        initial_events_end_with_a_bookmark,
+    )
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

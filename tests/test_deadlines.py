@@ -211,9 +211,18 @@ def env(monkeypatch: pytest.MonkeyPatch, hung: Hung) -> None:
 def files(tmp_path_factory: pytest.TempPathFactory, hung: Hung) -> Path:
     root = tmp_path_factory.mktemp("hung")
     kubeconfig(root / "hung.yaml", hung.url)
-    row = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1", "gpu_model": "NVIDIA H200",
-           "metric": "gemm_bf16_tflops", "value": 700.0, "repeat": 0, "peer": None,
-           "ts": "2026-11-01T02:00:00Z"}  # fmt: skip
+    row = {
+        "run_id": "r1",
+        "node": "n1",
+        "gpu": 0,
+        "gpu_uuid": "GPU-1",
+        "gpu_model": "NVIDIA H200",
+        "metric": "gemm_bf16_tflops",
+        "value": 700.0,
+        "repeat": 0,
+        "peer": None,
+        "ts": "2026-11-01T02:00:00Z",
+    }
     (root / "results.jsonl").write_text(json.dumps(row) + "\n")
     return root
 
@@ -231,14 +240,16 @@ COMMANDS = [
     ("watch-nodes", ["watch-nodes", "--kubeconfig", "{kc}", "--once"]),
     ("certify-s3", ["certify", "--kubeconfig", "{sim}", "--store", f"s3://{BUCKET}/p"]),
     ("release-s3", ["release", "{n0}", "--kubeconfig", "{sim}", "--store", f"s3://{BUCKET}/p"]),
-    ("operate-prometheus", ["operate", "--kubeconfig", "{sim}", "--store", "file://{d}/store", "--prometheus",
-                            "{prom}"]),
+    (
+        "operate-prometheus",
+        ["operate", "--kubeconfig", "{sim}", "--store", "file://{d}/store", "--prometheus", "{prom}"],
+    ),
     ("compare-s3", ["compare", "{d}/results.jsonl", "--baselines", f"s3://{BUCKET}/p", "--out", "{d}/v.csv"]),
     ("baseline-list-s3", ["baseline", "list", "--store", f"s3://{BUCKET}/p"]),
     ("baseline-build-s3", ["baseline", "build", "{d}/results.jsonl", "--store", f"s3://{BUCKET}/p"]),
     ("baseline-rollback-s3", ["baseline", "rollback", "v1", "--store", f"s3://{BUCKET}/p"]),
     ("baseline-rebuild-s3", ["baseline", "rebuild", "n1", "--store", f"s3://{BUCKET}/p"]),
-]  # fmt: skip
+]
 
 
 def _argv(argv: list[str], files: Path, sim: SimCluster, hung: Hung) -> list[str]:
@@ -275,9 +286,7 @@ def _timed(fn: Callable[[], object]) -> Ended:
 
 
 @pytest.mark.usefixtures("env")
-def test_every_command_fails_within_30_s_by_default(
-    files: Path, sim: SimCluster, hung: Hung, tmp_path: Path
-) -> None:
+def test_every_command_fails_within_30_s_by_default(files: Path, sim: SimCluster, hung: Hung, tmp_path: Path) -> None:
     def command(argv: list[str]) -> Callable[[], object]:
         return lambda: _dispatch(_parser().parse_args(_argv(argv, files, sim, hung)))
 
@@ -396,9 +405,7 @@ def test_retries_stop_at_the_deadline_not_at_the_attempts() -> None:
 
     policy = RetryPolicy(attempts=1000, base_delay_s=0.05, max_delay_s=0.05, deadline_s=0.5)
     start = time.monotonic()
-    with pytest.raises(
-        KubeUnreachable, match=r"gave up after \d+ attempts in 0\.\d s; the call's deadline: 0\.5 s"
-    ):
+    with pytest.raises(KubeUnreachable, match=r"gave up after \d+ attempts in 0\.\d s; the call's deadline: 0\.5 s"):
         policy.call(refused)
     assert time.monotonic() - start < 0.5 + 0.1
     assert 2 < len(calls) < 1000

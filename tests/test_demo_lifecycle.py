@@ -17,8 +17,12 @@ def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     done = subprocess.run(
         [gpucert, "demo", "--no-ui", "--workdir", str(tmp_path / "demo")],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     out = " ".join(done.stdout.split())  # rich wraps long lines
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1. configure: release" in out
@@ -32,11 +36,23 @@ def test_the_lifecycle_demo_runs_and_catches_every_injected_fault(tmp_path: Path
     assert "Audit trail intact:" in out
     assert "each of the 0 taints" not in out
     store_uri = (tmp_path / "demo" / "store").as_uri()
-    check = subprocess.run([gpucert, "audit", "verify", "--store", store_uri], env=env, capture_output=True,
-                           text=True, timeout=120, check=False)  # fmt: skip
+    check = subprocess.run(
+        [gpucert, "audit", "verify", "--store", store_uri],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    shown = subprocess.run([gpucert, "audit", "show", "--store", store_uri, "--format", "json"], env=env,
-                           capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    shown = subprocess.run(
+        [gpucert, "audit", "show", "--store", store_uri, "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     entries = [json.loads(line) for line in shown.splitlines()]
     triggers = {e["trigger"] for e in entries}
     assert {"python", "api"} <= triggers  # the demo's direct calls, and the onboarding through the REST API

@@ -23,8 +23,11 @@ from gpucert_sim import SimCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each parameter that names a saved block, and the block it stands for (a parameter of the flow too).
-NAMED = {"cluster_block": ("cluster", GpuCluster), "store_block": ("store", BaselineStore),
-         "policy_block": ("policy", CertificationPolicy)}  # fmt: skip
+NAMED = {
+    "cluster_block": ("cluster", GpuCluster),
+    "store_block": ("store", BaselineStore),
+    "policy_block": ("policy", CertificationPolicy),
+}
 
 
 def _deployments() -> list[dict[str, Any]]:
@@ -61,8 +64,22 @@ def test_each_named_block_is_a_parameter_of_the_flow_beside_the_block_it_names()
 @pytest.mark.parametrize("command", ["certify", "operate", "onboard", "release"])
 def test_every_certifying_command_takes_the_blocks_or_the_cluster_blocks_fields(command: str) -> None:
     target = ["n1"] if command in ("onboard", "release") else []
-    args = _parser().parse_args([command, *target, "--cluster-block", "c", "--store-block", "s", "--policy-block",
-                                 "p", "--storage-claim", "datasets", "--storage-host-path", "/data"])  # fmt: skip
+    args = _parser().parse_args(
+        [
+            command,
+            *target,
+            "--cluster-block",
+            "c",
+            "--store-block",
+            "s",
+            "--policy-block",
+            "p",
+            "--storage-claim",
+            "datasets",
+            "--storage-host-path",
+            "/data",
+        ]
+    )
     named = NamedBlocks.of(args)
     assert (named.cluster_block, named.store_block, named.policy_block) == ("c", "s", "p")
     assert (named.storage_claim, named.storage_host_path) == ("datasets", "/data")
@@ -73,11 +90,15 @@ def test_every_certifying_command_takes_the_blocks_or_the_cluster_blocks_fields(
     [
         ([], "give --store or --store-block NAME"),
         (["--store", "file:///tmp/x", "--store-block", "team"], "--store-block team: give it or --store, not both"),
-        (["--store", "file:///tmp/x", "--policy", "p.yaml", "--policy-block", "team"],
-         "--policy-block team: give it or --policy, not both"),
-        (["--store", "file:///tmp/x", "--cluster-block", "team", "--kubeconfig", "k", "--storage-claim", "d"],
-         "--cluster-block team: the block says how to reach the cluster and what to measure; drop --kubeconfig, "
-         "--storage-claim"),
+        (
+            ["--store", "file:///tmp/x", "--policy", "p.yaml", "--policy-block", "team"],
+            "--policy-block team: give it or --policy, not both",
+        ),
+        (
+            ["--store", "file:///tmp/x", "--cluster-block", "team", "--kubeconfig", "k", "--storage-claim", "d"],
+            "--cluster-block team: the block says how to reach the cluster and what to measure; drop --kubeconfig, "
+            "--storage-claim",
+        ),
     ],
 )
 def test_a_command_given_a_block_and_what_it_stands_for_is_refused(
@@ -90,9 +111,15 @@ def test_a_command_given_a_block_and_what_it_stands_for_is_refused(
 def test_the_storage_location_given_as_options_is_the_clusters(tmp_path: Path) -> None:
     """Without the block, its fields as options: a command certifies storage as the deployment does."""
     with SimCluster(nodes=1, controllers=False) as sim:
-        inputs = flow_inputs(kubeconfig=str(sim.kubeconfig_path), context=None, label_prefix="gpucert.io",
-                             selector="nvidia.com/gpu.present=true", store=tmp_path.as_uri(), needs_store=True,
-                             blocks=NamedBlocks(storage_claim="datasets", namespace="gpu-ops"))  # fmt: skip
+        inputs = flow_inputs(
+            kubeconfig=str(sim.kubeconfig_path),
+            context=None,
+            label_prefix="gpucert.io",
+            selector="nvidia.com/gpu.present=true",
+            store=tmp_path.as_uri(),
+            needs_store=True,
+            blocks=NamedBlocks(storage_claim="datasets", namespace="gpu-ops"),
+        )
     assert inputs.cluster.storage_claim == "datasets"
     assert inputs.cluster.stack_namespace == "gpu-ops"
 

@@ -176,9 +176,7 @@ def test_a_decline_is_flagged_within_six_nights_and_a_step_the_first_night(metho
     first = nightly(history, baseline, method=method)
     found_decline = [first.get(uuid(g), 99) for g in declining]
     found_step = [first.get(uuid(g), 99) for g in stepping]
-    print(
-        f"{method}: decline flagged after {np.median(found_decline):.0f} nights, steps {sorted(found_step)}"
-    )
+    print(f"{method}: decline flagged after {np.median(found_decline):.0f} nights, steps {sorted(found_step)}")
     assert np.median(found_decline) <= 6
     assert max(found_decline) <= 8
     assert sum(n == 1 for n in found_step) >= 36  # 9 in 10 the first night
@@ -371,9 +369,7 @@ def _drifted(results: pd.DataFrame, uuids: str | Sequence[str], factor: float) -
 
 
 @pytest.fixture(scope="module")
-def nightly_store(
-    seeded: Seeded, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[BaselineStore, str, Fleet]:
+def nightly_store(seeded: Seeded, tmp_path_factory: pytest.TempPathFactory) -> tuple[BaselineStore, str, Fleet]:
     """The seeded fleet's five baseline waves and twenty nights after, one GPU losing 0.5 % a night."""
     store = BaselineStore(FileObjectStore(tmp_path_factory.mktemp("store")))
     fleet = seeded.fleet
@@ -384,9 +380,7 @@ def nightly_store(
     for night in range(1, 21):
         when = T0 + dt.timedelta(days=4 + night)
         wave = fleet.run(f"night-{night:02d}", ts=when, seed=500 + night)
-        _store_wave(
-            store, _drifted(wave.results, victim, 1 - 0.005 * night), f"night-{night:02d}", when.date()
-        )
+        _store_wave(store, _drifted(wave.results, victim, 1 - 0.005 * night), f"night-{night:02d}", when.date())
     store.objects.put("runs/date=2026-12-01/run=crashed/stack.json", b"{}")  # a run that left no results
     store.update(lambda _: seeded.baseline, message="the seeded baseline")
     return store, victim, fleet
@@ -435,9 +429,7 @@ def test_history_is_capped_per_gpu_and_filtered_by_time(
 
 
 @pytest.fixture(scope="module")
-def rotation_store(
-    seeded: Seeded, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[BaselineStore, str, list[str]]:
+def rotation_store(seeded: Seeded, tmp_path_factory: pytest.TempPathFactory) -> tuple[BaselineStore, str, list[str]]:
     """72 nights of a 6-night rotation (4 of the 24 nodes a night: every GPU certified 12 times), one GPU
     1.5 % slow from its 4th certification on."""
     store = BaselineStore(FileObjectStore(tmp_path_factory.mktemp("rotation")))
@@ -493,9 +485,7 @@ def test_run_medians_take_the_median_and_spread_of_repeats(seeded: Seeded) -> No
     medians = run_medians(wave.results)
     sample = wave.results[(wave.results["metric"] == GEMM)]
     first = sample[(sample["node"] == sample["node"].iloc[0]) & (sample["gpu"] == 0)]
-    got = medians[
-        (medians["node"] == first["node"].iloc[0]) & (medians["gpu"] == 0) & (medians["metric"] == GEMM)
-    ]
+    got = medians[(medians["node"] == first["node"].iloc[0]) & (medians["gpu"] == 0) & (medians["metric"] == GEMM)]
     assert got["value"].iloc[0] == pytest.approx(float(np.median(first["value"])))
     assert got["rep_sd"].iloc[0] == pytest.approx(float(np.std(first["value"], ddof=1)))
     assert got["n"].iloc[0] == len(first)

@@ -82,9 +82,7 @@ def test_every_error_class_is_drawn_once_under_its_parent() -> None:
             assert cls.__bases__[0] is parent, f"{name} is drawn under {parents[-1]}, its first base is not"
             # A second base (InputError: exit 2; ValueError) changes how a caller catches it: the line says so.
             for other in cls.__bases__[1:]:
-                assert re.search(rf"\balso\b.*\b{other.__name__}\b", line), (
-                    f"{name}'s line omits {other.__name__}"
-                )
+                assert re.search(rf"\balso\b.*\b{other.__name__}\b", line), f"{name}'s line omits {other.__name__}"
         parents.append(name)
 
 

@@ -39,26 +39,54 @@ def kube(sim: SimCluster) -> Kube:
 
 def _explanation(verdict: str, suspect: Suspect) -> Explanation:
     now = pd.Timestamp(datetime.now(UTC))
-    return Explanation(job="team/train", window=(now - pd.Timedelta(hours=1), now), verdict=verdict,
-                       suspects=(suspect,), step_change=None, events_of_note=(), answer=("", "", ""),
-                       recommendations=(), notes=())  # fmt: skip
+    return Explanation(
+        job="team/train",
+        window=(now - pd.Timedelta(hours=1), now),
+        verdict=verdict,
+        suspects=(suspect,),
+        step_change=None,
+        events_of_note=(),
+        answer=("", "", ""),
+        recommendations=(),
+        notes=(),
+    )
 
 
 def _silent(node: str) -> Explanation:
     """What the judgement says of issue 31's scene: rank 21's peers wait for it; its DCGM signals are in line."""
-    return _explanation("gpu", Suspect(
-        node=node, gpu=5, gpu_uuid="GPU-5", layer="gpu", score=0.3, onset=pd.Timestamp(datetime.now(UTC)),
-        evidence=("NCCL: rank 21 (pod train-2) spends −32 % the time of its peers in each collective from 10:30:00: "
-                  "it arrives last, every other rank waits for it; 100 % of the instants since",
-                  "its telemetry shows no cause: every DCGM signal of it is in line with its peers'"),
-        silent=True))  # fmt: skip
+    return _explanation(
+        "gpu",
+        Suspect(
+            node=node,
+            gpu=5,
+            gpu_uuid="GPU-5",
+            layer="gpu",
+            score=0.3,
+            onset=pd.Timestamp(datetime.now(UTC)),
+            evidence=(
+                "NCCL: rank 21 (pod train-2) spends −32 % the time of its peers in each collective from 10:30:00: "
+                "it arrives last, every other rank waits for it; 100 % of the instants since",
+                "its telemetry shows no cause: every DCGM signal of it is in line with its peers'",
+            ),
+            silent=True,
+        ),
+    )
 
 
 def _act(explanation: Explanation, kube: Kube, tmp_path: Path) -> tuple[ActOutcome, AuditRecorder, str]:
     store = (tmp_path / "store").as_uri()
     audit = AuditRecorder(AuditLog(open_store(store).objects), run_id="explain-31", trigger="test").watch(kube)
-    done = act_on(explanation, kube, policy=default_policy(), tickets=open_backend(store), audit=audit,
-                  run_id="explain-31", now=datetime.now(UTC), prefix=PREFIX, gpu_node_selector=None)  # fmt: skip
+    done = act_on(
+        explanation,
+        kube,
+        policy=default_policy(),
+        tickets=open_backend(store),
+        audit=audit,
+        run_id="explain-31",
+        now=datetime.now(UTC),
+        prefix=PREFIX,
+        gpu_node_selector=None,
+    )
     return done, audit, store
 
 
@@ -82,11 +110,23 @@ def test_a_silent_straggler_still_running_the_job_is_left_for_the_next_certify(
     sim: SimCluster, kube: Kube, tmp_path: Path
 ) -> None:
     node = sim.fleet.node_names[1]
-    kube.create({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-1", "namespace": "default"},
-        "spec": {"nodeName": node, "containers": [{"name": "train", "image": "ghcr.io/example/train:1",
-                                                   "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
-    })  # fmt: skip
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "train-1", "namespace": "default"},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "train",
+                        "image": "ghcr.io/example/train:1",
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                    }
+                ],
+            },
+        }
+    )
     done, _, store = _act(_silent(node), kube, tmp_path)
     assert done.recertify.startswith("busy: default/train-1 holds its GPUs")
     assert done.cordon == "none"
@@ -94,18 +134,29 @@ def test_a_silent_straggler_still_running_the_job_is_left_for_the_next_certify(
     assert open_backend(store).tickets() == []
 
 
-@pytest.mark.parametrize(("verdict", "layer", "why"), [
-    ("transient", "transient", "the departure recovered (transient)"),
-    ("hang", "hang", "the job is hung"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("verdict", "layer", "why"),
+    [
+        ("transient", "transient", "the departure recovered (transient)"),
+        ("hang", "hang", "the job is hung"),
+    ],
+)
 def test_a_transient_or_a_hang_earns_no_action(
     sim: SimCluster, kube: Kube, tmp_path: Path, verdict: str, layer: str, why: str
 ) -> None:
     node = sim.fleet.node_names[2]
-    suspect = Suspect(node=node, gpu=3 if layer == "transient" else None, gpu_uuid=None, layer=layer, score=0.5,
-                      onset=pd.Timestamp(datetime.now(UTC)),
-                      evidence=("transient: departed 10:30:00–10:32:00 (2.0 min), then ran in line with its peers",
-                                "SM clock 1,200 MHz vs peers' 1,980 (−39 %) with HW thermal slowdown (0x40)"))
+    suspect = Suspect(
+        node=node,
+        gpu=3 if layer == "transient" else None,
+        gpu_uuid=None,
+        layer=layer,
+        score=0.5,
+        onset=pd.Timestamp(datetime.now(UTC)),
+        evidence=(
+            "transient: departed 10:30:00–10:32:00 (2.0 min), then ran in line with its peers",
+            "SM clock 1,200 MHz vs peers' 1,980 (−39 %) with HW thermal slowdown (0x40)",
+        ),
+    )
     done, audit, store = _act(_explanation(verdict, suspect), kube, tmp_path)
     assert done.node is None
     assert done.why.startswith(why)

@@ -62,16 +62,34 @@ class World:
 
 
 def training_job(name: str, pods: int, start: datetime) -> dict[str, Any]:
-    annotations = {"sim.gpucert.io/training": "true", "sim.gpucert.io/training-start": start.isoformat(),
-                   "sim.gpucert.io/step-seconds": "1.0"}  # fmt: skip
+    annotations = {
+        "sim.gpucert.io/training": "true",
+        "sim.gpucert.io/training-start": start.isoformat(),
+        "sim.gpucert.io/step-seconds": "1.0",
+    }
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "annotations": annotations},
-        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 4, "template": {
-            "metadata": {"annotations": annotations, "labels": {"app": name}},
-            "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "train", "image": "ghcr.io/example/train:1",
-                "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}},
-    }  # fmt: skip
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "backoffLimit": 4,
+            "template": {
+                "metadata": {"annotations": annotations, "labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "ghcr.io/example/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
 
 
 def job_nodes(core: client.CoreV1Api, ns: str, name: str, count: int) -> list[str]:
@@ -99,12 +117,28 @@ def world(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> Iter
         hot = job_nodes(core, "thermal", "pretrain", 16)[5]
         evicted = job_nodes(core, "evict", "sft", 4)[1]
         job_nodes(core, "input", "finetune", 4)
-        sim.inject({"training": [
-            {"kind": "gpu_throttle", "job": "thermal/pretrain", "node": hot, "gpu": 5, "from_minute": ONSET_MINUTE,
-             "params": {"clock_frac": 0.5}},
-            {"kind": "slow_input", "job": "input/finetune", "from_minute": ONSET_MINUTE, "params": {"factor": 1.6}},
-            {"kind": "evict", "job": "evict/sft", "node": evicted, "at_minute": ONSET_MINUTE},
-        ]})  # fmt: skip
+        sim.inject(
+            {
+                "training": [
+                    {
+                        "kind": "gpu_throttle",
+                        "job": "thermal/pretrain",
+                        "node": hot,
+                        "gpu": 5,
+                        "from_minute": ONSET_MINUTE,
+                        "params": {"clock_frac": 0.5},
+                    },
+                    {
+                        "kind": "slow_input",
+                        "job": "input/finetune",
+                        "from_minute": ONSET_MINUTE,
+                        "params": {"factor": 1.6},
+                    },
+                    {"kind": "evict", "job": "evict/sft", "node": evicted, "at_minute": ONSET_MINUTE},
+                ]
+            }
+        )
+
         # The evicted pod's replacement is the Job controller's, in real time: wait for it before the history.
         def replaced() -> bool:
             pods = core.list_namespaced_pod("evict", label_selector="job-name=sft").items
@@ -116,17 +150,28 @@ def world(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> Iter
             (work / f"job{i}.om").write_text(sim.training_history(job, start, end, step_s=STEP_S), encoding="utf-8")
             made = subprocess.run(
                 [str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", f"job{i}.om", "data"],
-                cwd=work, capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                cwd=work,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert made.returncode == 0, made.stderr
         with running_prometheus(prom_bins, work, IDLE_CONFIG) as url:
-            yield World(sim=sim, kube=Kube(api), prometheus=url, start=start, end=end,
-                        faults={"thermal/pretrain": (hot, 5), "evict/sft": (evicted, None)})  # fmt: skip
+            yield World(
+                sim=sim,
+                kube=Kube(api),
+                prometheus=url,
+                start=start,
+                end=end,
+                faults={"thermal/pretrain": (hot, 5), "evict/sft": (evicted, None)},
+            )
 
 
 def explained(world: World, job: str, **kwargs: Any) -> JobExplanation:
-    return explain_job(world.kube, PrometheusSource(world.prometheus), job, since=world.start, until=world.end,
-                       **kwargs)  # fmt: skip
+    return explain_job(
+        world.kube, PrometheusSource(world.prometheus), job, since=world.start, until=world.end, **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +239,23 @@ def test_the_cli_prints_the_answer_and_writes_the_timeline(
     world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "t.html"
-    code = main(["explain", "thermal/pretrain", "--prometheus", world.prometheus, "--kubeconfig",
-                 str(world.sim.kubeconfig_path), "--since", world.start.isoformat(), "--until",
-                 world.end.isoformat(), "--out", str(out), "--json"])
+    code = main(
+        [
+            "explain",
+            "thermal/pretrain",
+            "--prometheus",
+            world.prometheus,
+            "--kubeconfig",
+            str(world.sim.kubeconfig_path),
+            "--since",
+            world.start.isoformat(),
+            "--until",
+            world.end.isoformat(),
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     printed = capsys.readouterr()
     assert code == 0, printed.err
     outcome = ExplainOutcome.model_validate_json(printed.out)
@@ -210,9 +269,25 @@ def test_the_cli_prints_the_answer_and_writes_the_timeline(
 def test_the_cli_takes_the_label_mapping(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The simulated exporters label as a plain scrape keeps dcgm-exporter's labels: ``--labels plain`` (and the
     node's label, told) reads the same answer as detection."""
-    code = main(["explain", "thermal/pretrain", "--prometheus", world.prometheus, "--kubeconfig",
-                 str(world.sim.kubeconfig_path), "--since", world.start.isoformat(), "--until", world.end.isoformat(),
-                 "--out", str(tmp_path / "t.html"), "--labels", "plain,node=hostname", "--json"])  # fmt: skip
+    code = main(
+        [
+            "explain",
+            "thermal/pretrain",
+            "--prometheus",
+            world.prometheus,
+            "--kubeconfig",
+            str(world.sim.kubeconfig_path),
+            "--since",
+            world.start.isoformat(),
+            "--until",
+            world.end.isoformat(),
+            "--out",
+            str(tmp_path / "t.html"),
+            "--labels",
+            "plain,node=hostname",
+            "--json",
+        ]
+    )
     printed = capsys.readouterr()
     assert code == 0, printed.err
     outcome = ExplainOutcome.model_validate_json(printed.out)
@@ -254,8 +329,9 @@ def test_a_job_without_pods_exits_2(world: World, tmp_path: Path, capsys: pytest
     job = training_job("paused", 1, world.start)
     job["spec"]["suspend"] = True
     batch.create_namespaced_job("thermal", job)
-    code = main(["explain", "thermal/paused", "--prometheus", world.prometheus, "--kubeconfig",
-                 str(world.sim.kubeconfig_path)])
+    code = main(
+        ["explain", "thermal/paused", "--prometheus", world.prometheus, "--kubeconfig", str(world.sim.kubeconfig_path)]
+    )
     assert code == 2
     assert "has no pods" in capsys.readouterr().err
 
@@ -270,11 +346,24 @@ def test_the_deployed_flow_fails_a_window_with_no_data_with_the_clis_line(world:
     from gpucert.errors import InputError
     from gpucert.flows.explain import explain_job as explain_flow
 
-    inputs = _flowcli.flow_inputs(kubeconfig=str(world.sim.kubeconfig_path), context=None, label_prefix="gpucert.io",
-                                  selector="nvidia.com/gpu.present=true", store=(tmp_path / "store").as_uri())
-    state = asyncio.run(explain_flow(
-        job="thermal/pretrain", since="20h", until="19h", prometheus=_flowcli._prometheus(world.prometheus),
-        cluster=inputs.cluster, store=inputs.store, return_state=True))  # fmt: skip
+    inputs = _flowcli.flow_inputs(
+        kubeconfig=str(world.sim.kubeconfig_path),
+        context=None,
+        label_prefix="gpucert.io",
+        selector="nvidia.com/gpu.present=true",
+        store=(tmp_path / "store").as_uri(),
+    )
+    state = asyncio.run(
+        explain_flow(
+            job="thermal/pretrain",
+            since="20h",
+            until="19h",
+            prometheus=_flowcli._prometheus(world.prometheus),
+            cluster=inputs.cluster,
+            store=inputs.store,
+            return_state=True,
+        )
+    )
     assert state.is_failed(), state
     with pytest.raises(InputError, match=r"^explain thermal/pretrain: nothing to judge from .* UTC: "):
         state.result()
@@ -289,9 +378,25 @@ def test_act_cordons_the_suspect_and_tickets_it_locally_and_in_jira(
 ) -> None:
     node, gpu = world.faults["thermal/pretrain"]
     store = tmp_path / "store"
-    code = main(["explain", "thermal/pretrain", "--act", "--prometheus", world.prometheus, "--kubeconfig",
-                 str(world.sim.kubeconfig_path), "--since", world.start.isoformat(), "--until",
-                 world.end.isoformat(), "--store", store.as_uri(), "--out", str(tmp_path / "t.html")])
+    code = main(
+        [
+            "explain",
+            "thermal/pretrain",
+            "--act",
+            "--prometheus",
+            world.prometheus,
+            "--kubeconfig",
+            str(world.sim.kubeconfig_path),
+            "--since",
+            world.start.isoformat(),
+            "--until",
+            world.end.isoformat(),
+            "--store",
+            store.as_uri(),
+            "--out",
+            str(tmp_path / "t.html"),
+        ]
+    )
     printed = capsys.readouterr()
     assert code == 0, printed.err
     taints = world.kube.get("v1", "Node", node)["spec"]["taints"]
@@ -311,8 +416,16 @@ def test_act_cordons_the_suspect_and_tickets_it_locally_and_in_jira(
         jira = JiraTickets(http.url, JIRA_USER, SecretStr(JIRA_TOKEN), "OPS")
         audit_store = open_store((tmp_path / "store2").as_uri())
         audit = AuditRecorder(AuditLog(audit_store.objects), run_id="explain-jira", trigger="test").watch(world.kube)
-        done = act_on(thermal.explanation, world.kube, policy=default_policy(), tickets=jira, audit=audit,
-                      run_id="explain-jira", now=datetime.now(UTC), evidence_link="file:///timeline.html")
+        done = act_on(
+            thermal.explanation,
+            world.kube,
+            policy=default_policy(),
+            tickets=jira,
+            audit=audit,
+            run_id="explain-jira",
+            now=datetime.now(UTC),
+            evidence_link="file:///timeline.html",
+        )
     assert (done.node, done.gpu, done.cordon) == (node, gpu, "kept")
     [key] = done.tickets
     issue = fake.issues[key]["fields"]

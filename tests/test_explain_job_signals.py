@@ -17,8 +17,9 @@ from gpucert.explain import empty_collectives
 from .test_explain_judge import START, STEP_S, events, gauge_steps, job, nic, node_name, telemetry
 
 
-def collectives(nodes: int, minutes: int, *, seed: int, slow: tuple[int, int, float, float] | None = None,
-                extra_small: bool = False) -> pd.DataFrame:
+def collectives(
+    nodes: int, minutes: int, *, seed: int, slow: tuple[int, int, float, float] | None = None, extra_small: bool = False
+) -> pd.DataFrame:
     """NCCL Inspector's per-rank AllReduce times (one rank per GPU, rank = node × 8 + gpu) at each 15 s instant.
 
     ``slow`` = (node, gpu, from_minute, to_minute): that GPU computes 20 % slower, so it arrives last at every
@@ -41,11 +42,19 @@ def collectives(nodes: int, minutes: int, *, seed: int, slow: tuple[int, int, fl
     ts = START + pd.to_timedelta(np.arange(n_t) * STEP_S, unit="s")
     t_idx = np.repeat(np.arange(n_t), n_g)
     g_idx = np.tile(np.arange(n_g), n_t)
-    frame = pd.DataFrame({
-        "ts": ts[t_idx], "node": [node_name(i) for i in g_idx // 8], "gpu": pd.array(g_idx % 8, dtype="Int64"),
-        "comm": "0x7f3a", "collective": "AllReduce", "busbw_gbps": busbw.ravel(), "exec_time_us": exec_us.ravel(),
-        "rank": pd.array(g_idx, dtype="Int64"), "pod": [f"train-{i}" for i in g_idx // 8],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "ts": ts[t_idx],
+            "node": [node_name(i) for i in g_idx // 8],
+            "gpu": pd.array(g_idx % 8, dtype="Int64"),
+            "comm": "0x7f3a",
+            "collective": "AllReduce",
+            "busbw_gbps": busbw.ravel(),
+            "exec_time_us": exec_us.ravel(),
+            "rank": pd.array(g_idx, dtype="Int64"),
+            "pod": [f"train-{i}" for i in g_idx // 8],
+        }
+    )
     if extra_small:
         small = frame.copy()
         small["comm"], small["collective"] = "0x11aa", "Broadcast"
@@ -117,8 +126,14 @@ def test_a_standing_throttle_is_no_transient() -> None:
     assert ex.suspects[0].until is None
 
 
-def _with_pcie(j_tel: pd.DataFrame, *, seed: int, downtrain: tuple[int, int, int] | None = None,
-               replay_noise: float = 30.0, replay_fault: float = 0.0) -> pd.DataFrame:
+def _with_pcie(
+    j_tel: pd.DataFrame,
+    *,
+    seed: int,
+    downtrain: tuple[int, int, int] | None = None,
+    replay_noise: float = 30.0,
+    replay_fault: float = 0.0,
+) -> pd.DataFrame:
     """Add link generation and width (current and max) and noisy PCIe replays to a telemetry frame: peers replay
     0..``replay_noise`` per minute at random; a downtrained GPU (node, gpu, from_minute) runs Gen4 x4 of Gen5 x16
     and replays ``replay_fault`` per minute."""
@@ -126,7 +141,7 @@ def _with_pcie(j_tel: pd.DataFrame, *, seed: int, downtrain: tuple[int, int, int
     base = j_tel[j_tel["signal"] == "temp_c"]
     n = len(base)
     minute = ((base["ts"] - START).dt.total_seconds() / 60).to_numpy()
-    col = (base["node"].cat.codes.to_numpy() * 8 + base["gpu"].to_numpy(dtype=np.int64))
+    col = base["node"].cat.codes.to_numpy() * 8 + base["gpu"].to_numpy(dtype=np.int64)
     gen, width = np.full(n, 5.0), np.full(n, 16.0)
     replays = rng.random(n) * replay_noise * (rng.random(n) < 0.3)
     if downtrain is not None:
@@ -134,9 +149,13 @@ def _with_pcie(j_tel: pd.DataFrame, *, seed: int, downtrain: tuple[int, int, int
         hit = (col == node * 8 + gpu) & (minute >= since)
         gen[hit], width[hit], replays[hit] = 4.0, 4.0, replay_fault
     parts = [j_tel[j_tel["signal"] != "pcie_replays_per_min"]]
-    for signal, values in (("pcie_link_gen", gen), ("pcie_link_gen_max", np.full(n, 5.0)),
-                           ("pcie_link_width", width), ("pcie_link_width_max", np.full(n, 16.0)),
-                           ("pcie_replays_per_min", replays)):
+    for signal, values in (
+        ("pcie_link_gen", gen),
+        ("pcie_link_gen_max", np.full(n, 5.0)),
+        ("pcie_link_width", width),
+        ("pcie_link_width_max", np.full(n, 16.0)),
+        ("pcie_replays_per_min", replays),
+    ):
         part = base.copy()
         part["signal"] = signal
         part["value"] = values
@@ -204,8 +223,7 @@ def test_a_hang_is_its_own_finding_with_its_start_and_the_collective_in_flight()
     gauge.loc[frozen, "step_time_s"] = last
     j.steps = gauge
     coll = collectives(16, 60, seed=21)
-    coll = coll[(coll["ts"] < START + pd.Timedelta(minutes=40)).to_numpy()
-                | (coll["node"] == "none").to_numpy()]
+    coll = coll[(coll["ts"] < START + pd.Timedelta(minutes=40)).to_numpy() | (coll["node"] == "none").to_numpy()]
     # Rank 13 (node 1 GPU 5) stopped completing collectives a minute before the others: it never entered the last.
     late = (coll["rank"] == 13).to_numpy() & (coll["ts"] >= START + pd.Timedelta(minutes=39)).to_numpy()
     ex = j.explain(collectives=coll[~late])
@@ -256,8 +274,20 @@ def test_two_faults_are_both_in_the_headline_largest_first() -> None:
 def test_events_and_empty_collectives_keep_the_old_answers() -> None:
     j = job(16, 60, seed=18, stall=(4, 30, 35), step_stall=(30, 35))
     at = START + pd.Timedelta(minutes=30, seconds=5)
-    j.events = events([{"ts": at, "object_kind": "Pod", "object_name": "train-4", "namespace": "ml", "node": None,
-                        "reason": "Evicted", "type": "Warning", "note": "The node was low on resource: memory."}])
+    j.events = events(
+        [
+            {
+                "ts": at,
+                "object_kind": "Pod",
+                "object_name": "train-4",
+                "namespace": "ml",
+                "node": None,
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": "The node was low on resource: memory.",
+            }
+        ]
+    )
     ex = j.explain(collectives=empty_collectives())
     assert ex.verdict == "event"
 

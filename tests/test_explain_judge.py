@@ -35,11 +35,19 @@ from gpucert.explain._judge import persistent_onset, step_change
 START = pd.Timestamp("2026-12-01T08:00:00Z")
 STEP_S = 15.0
 HEALTHY = {
-    "sm_clock_mhz": (1980.0, 8.0), "clock_event_reasons": (0.0, 0.0), "power_w": (650.0, 12.0),
-    "temp_c": (66.0, 1.5), "util_pct": (95.0, 1.5),
-    "engine_active": (0.9, 0.015), "nvlink_gbps": (310.0, 6.0), "pcie_gbps": (22.0, 1.0),
-    "thermal_violation_frac": (0.0, 0.0), "power_violation_frac": (0.0, 0.0), "pcie_replays_per_min": (0.0, 0.0),
-    "xid": (0.0, 0.0), "ecc_dbe": (0.0, 0.0),
+    "sm_clock_mhz": (1980.0, 8.0),
+    "clock_event_reasons": (0.0, 0.0),
+    "power_w": (650.0, 12.0),
+    "temp_c": (66.0, 1.5),
+    "util_pct": (95.0, 1.5),
+    "engine_active": (0.9, 0.015),
+    "nvlink_gbps": (310.0, 6.0),
+    "pcie_gbps": (22.0, 1.0),
+    "thermal_violation_frac": (0.0, 0.0),
+    "power_violation_frac": (0.0, 0.0),
+    "pcie_replays_per_min": (0.0, 0.0),
+    "xid": (0.0, 0.0),
+    "ecc_dbe": (0.0, 0.0),
 }
 
 
@@ -59,15 +67,31 @@ class Job:
     window: tuple[pd.Timestamp, pd.Timestamp] = (START, START)
 
     def explain(self, **kwargs: object) -> Explanation:
-        frames = {"telemetry": self.telemetry, "steps": self.steps, "collectives": empty_collectives(),
-                  "events": self.events, "record": self.record, "nic": self.nic, **kwargs}
+        frames = {
+            "telemetry": self.telemetry,
+            "steps": self.steps,
+            "collectives": empty_collectives(),
+            "events": self.events,
+            "record": self.record,
+            "nic": self.nic,
+            **kwargs,
+        }
         return explain("ml/train", self.window, step_s=STEP_S, **frames)  # type: ignore[arg-type]
 
 
-def telemetry(nodes: int, minutes: int, *, seed: int, signals: tuple[str, ...] = tuple(HEALTHY),
-              throttle: tuple[int, int, float] | None = None, clock_frac: float = 0.5,
-              idle: float = 1.0, idle_from: float | None = None,
-              stall: tuple[int, float, float] | None = None, names: list[str] | None = None) -> pd.DataFrame:
+def telemetry(
+    nodes: int,
+    minutes: int,
+    *,
+    seed: int,
+    signals: tuple[str, ...] = tuple(HEALTHY),
+    throttle: tuple[int, int, float] | None = None,
+    clock_frac: float = 0.5,
+    idle: float = 1.0,
+    idle_from: float | None = None,
+    stall: tuple[int, float, float] | None = None,
+    names: list[str] | None = None,
+) -> pd.DataFrame:
     """Telemetry of ``nodes`` × 8 GPUs over ``minutes``, one row per GPU × signal × 15 s instant.
 
     ``throttle`` = (node, gpu, from_minute): that GPU's SM clock drops to ``clock_frac`` with the HW thermal and HW
@@ -106,8 +130,15 @@ def telemetry(nodes: int, minutes: int, *, seed: int, signals: tuple[str, ...] =
         if stall is not None:
             node, since, until = stall
             rows = (minute >= since) & (minute < until)
-            idle_values = {"sm_clock_mhz": 345.0, "clock_event_reasons": 0x01, "util_pct": 0.0,
-                           "engine_active": 0.0, "power_w": 75.0, "nvlink_gbps": 0.0, "pcie_gbps": 0.0}
+            idle_values = {
+                "sm_clock_mhz": 345.0,
+                "clock_event_reasons": 0x01,
+                "util_pct": 0.0,
+                "engine_active": 0.0,
+                "power_w": 75.0,
+                "nvlink_gbps": 0.0,
+                "pcie_gbps": 0.0,
+            }
             if signal in idle_values:
                 m[rows] = idle_values[signal]  # every GPU of the job idles while it waits
         frames.append(m)
@@ -120,20 +151,32 @@ def telemetry(nodes: int, minutes: int, *, seed: int, signals: tuple[str, ...] =
     if stall is not None:  # the evicted pod's GPUs are nobody's until its replacement resumes
         gone = (node_idx == stall[0]) & (minute[t_idx] >= stall[1]) & (minute[t_idx] < stall[2])
         pod_codes[gone] = -1
-    return pd.DataFrame({
-        "ts": ts[t_idx],
-        "node": pd.Categorical.from_codes(node_idx, categories=pd.Index(names)),
-        "gpu": pd.array(g_idx % 8, dtype="Int64"),
-        "gpu_uuid": pd.Categorical.from_codes(g_idx, categories=pd.Index([f"GPU-{i:04x}-uuid" for i in range(n_g)])),
-        "pod": pd.Categorical.from_codes(pod_codes, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
-        "signal": pd.Categorical.from_codes(signal_codes, categories=pd.Index(list(signals))),
-        "value": values,
-    })
+    return pd.DataFrame(
+        {
+            "ts": ts[t_idx],
+            "node": pd.Categorical.from_codes(node_idx, categories=pd.Index(names)),
+            "gpu": pd.array(g_idx % 8, dtype="Int64"),
+            "gpu_uuid": pd.Categorical.from_codes(
+                g_idx, categories=pd.Index([f"GPU-{i:04x}-uuid" for i in range(n_g)])
+            ),
+            "pod": pd.Categorical.from_codes(pod_codes, categories=pd.Index([f"train-{i}" for i in range(nodes)])),
+            "signal": pd.Categorical.from_codes(signal_codes, categories=pd.Index(list(signals))),
+            "value": values,
+        }
+    )
 
 
-def steps(nodes: int, minutes: int, *, seed: int, slow_from: float | None = None, factor: float = 2.0,
-          stall: tuple[float, float] | None = None, step_s: float = 1.0,
-          names: list[str] | None = None) -> pd.DataFrame:
+def steps(
+    nodes: int,
+    minutes: int,
+    *,
+    seed: int,
+    slow_from: float | None = None,
+    factor: float = 2.0,
+    stall: tuple[float, float] | None = None,
+    step_s: float = 1.0,
+    names: list[str] | None = None,
+) -> pd.DataFrame:
     """Per-pod step lines: each step takes ``step_s`` (× ``factor`` from ``slow_from`` minutes on), plus noise.
 
     ``stall`` = (from_minute, to_minute): nothing is logged meanwhile (the job waits for the evicted pod's
@@ -155,18 +198,21 @@ def steps(nodes: int, minutes: int, *, seed: int, slow_from: float | None = None
         rows_s.append(dt)
     ts_s = np.repeat(np.asarray(rows_t), nodes) + 0.01 * rng.random(len(rows_t) * nodes)
     pods = np.tile(np.arange(nodes), len(rows_t))
-    return pd.DataFrame({
-        "ts": START + pd.to_timedelta(ts_s, unit="s"),
-        "pod": [f"train-{p}" for p in pods],
-        "node": [names[p] for p in pods],
-        "step": pd.array(np.repeat(np.arange(1, len(rows_t) + 1), nodes), dtype="Int64"),
-        "step_time_s": np.repeat(np.asarray(rows_s), nodes),
-    })
+    return pd.DataFrame(
+        {
+            "ts": START + pd.to_timedelta(ts_s, unit="s"),
+            "pod": [f"train-{p}" for p in pods],
+            "node": [names[p] for p in pods],
+            "step": pd.array(np.repeat(np.arange(1, len(rows_t) + 1), nodes), dtype="Int64"),
+            "step_time_s": np.repeat(np.asarray(rows_s), nodes),
+        }
+    )
 
 
 def job(nodes: int = 16, minutes: int = 90, *, seed: int = 0, **kw: object) -> Job:
-    tel_kw = {k: v for k, v in kw.items() if k in ("signals", "throttle", "clock_frac", "idle", "idle_from", "stall",
-                                                   "names")}
+    tel_kw = {
+        k: v for k, v in kw.items() if k in ("signals", "throttle", "clock_frac", "idle", "idle_from", "stall", "names")
+    }
     step_kw = {k: v for k, v in kw.items() if k in ("slow_from", "factor", "names")}
     if "step_stall" in kw:
         step_kw["stall"] = kw["step_stall"]
@@ -181,8 +227,9 @@ def events(rows: list[dict[str, object]]) -> pd.DataFrame:
     return frame
 
 
-def nic(nodes: int, minutes: int, *, half: tuple[int, str, int] | None = None,
-        errors: tuple[int, str, int] | None = None) -> pd.DataFrame:
+def nic(
+    nodes: int, minutes: int, *, half: tuple[int, str, int] | None = None, errors: tuple[int, str, int] | None = None
+) -> pd.DataFrame:
     """Every node's eight RDMA ports at 400 Gb/s; ``half`` = (node, device, from_minute) drops one to 200."""
     n_t = minutes * 4 + 1
     minute = np.arange(n_t) * STEP_S / 60
@@ -197,9 +244,18 @@ def nic(nodes: int, minutes: int, *, half: tuple[int, str, int] | None = None,
             if errors is not None and (n, device) == errors[:2]:
                 errs[minute >= errors[2]] = 17.0
             for signal, values in (("rate_gbps", rate), ("symbol_errors", errs), ("link_downed", np.zeros(n_t))):
-                rows.append(pd.DataFrame({"ts": START + pd.to_timedelta(np.arange(n_t) * STEP_S, unit="s"),
-                                          "node": node_name(n), "device": device, "port": 1, "signal": signal,
-                                          "value": values}))
+                rows.append(
+                    pd.DataFrame(
+                        {
+                            "ts": START + pd.to_timedelta(np.arange(n_t) * STEP_S, unit="s"),
+                            "node": node_name(n),
+                            "device": device,
+                            "port": 1,
+                            "signal": signal,
+                            "value": values,
+                        }
+                    )
+                )
     frame = pd.concat(rows, ignore_index=True)
     frame["port"] = frame["port"].astype("Int64")
     return frame
@@ -232,8 +288,9 @@ def test_a_thermally_throttling_gpu_is_named_first_with_its_onset_and_the_step_c
     assert "HW slowdown (0x08)" in text
     assert "SW power cap" not in text  # its peers have it as often: no evidence
     assert "temperature 88 °C vs peers' 66 °C (+22 °C)" in text
-    assert ("the job's step time rose 1.00 s → 2.00 s (+100 %) at 08:40:00, within a scrape interval of its onset"
-            in text)
+    assert (
+        "the job's step time rose 1.00 s → 2.00 s (+100 %) at 08:40:00, within a scrape interval of its onset" in text
+    )
     # The answer: what (suspect first), since when (onset, step change with numbers), what to do.
     what, when, todo = ex.answer
     assert what.startswith(f"gpu: {node_name(7)} GPU 3 (GPU-003b-uuid) is the straggler — SM clock 990 MHz")
@@ -241,8 +298,10 @@ def test_a_thermally_throttling_gpu_is_named_first_with_its_onset_and_the_step_c
     assert "(+100 %)" in when
     assert todo == f"cordon {node_name(7)} and re-certify it (GPU 3); open a ticket with the evidence"
     assert ex.recommendations[0] == f"cordon {node_name(7)} and re-certify it (GPU 3)"
-    assert ex.recommendations[1].startswith(f"open a ticket for {node_name(7)} GPU 3 (GPU-003b-uuid) with the "
-                                            "evidence: SM clock 990 MHz vs peers' 1,980 (−50 %) from 08:40:00")
+    assert ex.recommendations[1].startswith(
+        f"open a ticket for {node_name(7)} GPU 3 (GPU-003b-uuid) with the "
+        "evidence: SM clock 990 MHz vs peers' 1,980 (−50 %) from 08:40:00"
+    )
 
 
 def test_nccl_inspector_shows_the_straggler_waiting_least() -> None:
@@ -254,8 +313,17 @@ def test_nccl_inspector_shows_the_straggler_waiting_least() -> None:
             for g in range(8):
                 slow = minute >= 20
                 exec_us = 9000.0 if not slow else (4000.0 if (n, g) == (1, 6) else 18000.0)
-                rows.append({"ts": START + pd.Timedelta(minutes=minute), "node": node_name(n), "gpu": g,
-                             "comm": "c0", "collective": "AllReduce", "busbw_gbps": 180.0, "exec_time_us": exec_us})
+                rows.append(
+                    {
+                        "ts": START + pd.Timedelta(minutes=minute),
+                        "node": node_name(n),
+                        "gpu": g,
+                        "comm": "c0",
+                        "collective": "AllReduce",
+                        "busbw_gbps": 180.0,
+                        "exec_time_us": exec_us,
+                    }
+                )
     collectives = pd.DataFrame(rows).astype({"gpu": "Int64"})
     collectives["ts"] = pd.to_datetime(collectives["ts"], utc=True)
     ex = j.explain(collectives=collectives)
@@ -266,13 +334,17 @@ def test_nccl_inspector_shows_the_straggler_waiting_least() -> None:
 
 def test_the_record_adds_the_suspect_node_s_history_to_its_evidence() -> None:
     j = job(16, 60, seed=4, throttle=(2, 5, 20), slow_from=20)
-    record = pd.DataFrame({
-        "node": [node_name(2), node_name(3)], "last_run_id": ["night-1130", "night-1130"],
-        "last_decision": ["degraded", "certified"],
-        "last_certified_at": pd.to_datetime(["2026-11-30T03:00:00Z", "2026-11-30T03:00:00Z"], utc=True),
-        "open_tickets": ["OPS-12", ""], "drift_alarms": pd.array([2, 0], dtype="Int64"),
-        "deviations": ["hbm_copy_gbps −7 %", ""],
-    })
+    record = pd.DataFrame(
+        {
+            "node": [node_name(2), node_name(3)],
+            "last_run_id": ["night-1130", "night-1130"],
+            "last_decision": ["degraded", "certified"],
+            "last_certified_at": pd.to_datetime(["2026-11-30T03:00:00Z", "2026-11-30T03:00:00Z"], utc=True),
+            "open_tickets": ["OPS-12", ""],
+            "drift_alarms": pd.array([2, 0], dtype="Int64"),
+            "deviations": ["hbm_copy_gbps −7 %", ""],
+        }
+    )
     ex = j.explain(record=record)
     top = ex.suspects[0]
     assert top.node == node_name(2)
@@ -298,14 +370,40 @@ def test_a_slow_input_pipeline_with_healthy_gpus_blames_no_gpu() -> None:
 def test_an_evicted_pod_with_a_step_stall_is_the_event() -> None:
     j = job(16, 90, seed=6, stall=(5, 50, 54), step_stall=(50, 54))
     at = START + pd.Timedelta(minutes=50)
-    j.events = events([
-        {"ts": at, "object_kind": "Pod", "object_name": "train-5", "namespace": "ml", "node": node_name(5),
-         "reason": "Evicted", "type": "Warning", "note": "The node was low on resource: memory."},
-        {"ts": at + pd.Timedelta(minutes=3), "object_kind": "Pod", "object_name": "train-5-r1", "namespace": "ml",
-         "node": node_name(9), "reason": "Scheduled", "type": "Normal", "note": "assigned"},
-        {"ts": at - pd.Timedelta(minutes=30), "object_kind": "Pod", "object_name": "train-1", "namespace": "ml",
-         "node": node_name(1), "reason": "Pulled", "type": "Normal", "note": "image pulled"},
-    ])
+    j.events = events(
+        [
+            {
+                "ts": at,
+                "object_kind": "Pod",
+                "object_name": "train-5",
+                "namespace": "ml",
+                "node": node_name(5),
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": "The node was low on resource: memory.",
+            },
+            {
+                "ts": at + pd.Timedelta(minutes=3),
+                "object_kind": "Pod",
+                "object_name": "train-5-r1",
+                "namespace": "ml",
+                "node": node_name(9),
+                "reason": "Scheduled",
+                "type": "Normal",
+                "note": "assigned",
+            },
+            {
+                "ts": at - pd.Timedelta(minutes=30),
+                "object_kind": "Pod",
+                "object_name": "train-1",
+                "namespace": "ml",
+                "node": node_name(1),
+                "reason": "Pulled",
+                "type": "Normal",
+                "note": "image pulled",
+            },
+        ]
+    )
     ex = j.explain()
     assert ex.verdict == "event"
     top = ex.suspects[0]
@@ -325,12 +423,15 @@ def gauge_steps(nodes: int, minutes: int, *, seed: int) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     n_t = minutes * 4 + 1
     ts = START + pd.to_timedelta(np.arange(n_t) * STEP_S, unit="s")
-    return pd.DataFrame({
-        "ts": np.repeat(ts, nodes), "pod": [f"train-{p}" for _ in range(n_t) for p in range(nodes)],
-        "node": [node_name(p) for _ in range(n_t) for p in range(nodes)],
-        "step": pd.array([pd.NA] * (n_t * nodes), dtype="Int64"),
-        "step_time_s": np.repeat(1.0 + 0.02 * rng.standard_normal(n_t), nodes),
-    })
+    return pd.DataFrame(
+        {
+            "ts": np.repeat(ts, nodes),
+            "pod": [f"train-{p}" for _ in range(n_t) for p in range(nodes)],
+            "node": [node_name(p) for _ in range(n_t) for p in range(nodes)],
+            "step": pd.array([pd.NA] * (n_t * nodes), dtype="Int64"),
+            "step_time_s": np.repeat(1.0 + 0.02 * rng.standard_normal(n_t), nodes),
+        }
+    )
 
 
 def test_an_eviction_behind_a_stale_step_gauge_is_seen_in_the_idle_gpus() -> None:
@@ -338,8 +439,20 @@ def test_an_eviction_behind_a_stale_step_gauge_is_seen_in_the_idle_gpus() -> Non
     j = job(16, 60, seed=18, stall=(4, 30, 35))
     j.steps = gauge_steps(16, 60, seed=18)
     at = START + pd.Timedelta(minutes=30, seconds=5)
-    j.events = events([{"ts": at, "object_kind": "Pod", "object_name": "train-4", "namespace": "ml", "node": None,
-                        "reason": "Evicted", "type": "Warning", "note": "Pod ephemeral local storage usage exceeds"}])
+    j.events = events(
+        [
+            {
+                "ts": at,
+                "object_kind": "Pod",
+                "object_name": "train-4",
+                "namespace": "ml",
+                "node": None,
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": "Pod ephemeral local storage usage exceeds",
+            }
+        ]
+    )
     ex = j.explain()
     assert ex.verdict == "event"
     assert ex.suspects[0].node == node_name(4)  # the pod's node, from the telemetry's pod labels
@@ -355,13 +468,32 @@ def test_gpus_departing_when_their_pod_was_evicted_are_the_event_even_without_a_
     tel = j.telemetry
     at = START + pd.Timedelta(minutes=30)
     rows = ((tel["node"] == node_name(7)) & (tel["ts"] >= at) & (tel["ts"] < at + pd.Timedelta(minutes=5))).to_numpy()
-    for signal, value in (("sm_clock_mhz", 345.0), ("clock_event_reasons", 1.0), ("util_pct", 0.0),
-                          ("engine_active", 0.0), ("nvlink_gbps", 0.0), ("pcie_gbps", 0.0), ("power_w", 75.0)):
+    for signal, value in (
+        ("sm_clock_mhz", 345.0),
+        ("clock_event_reasons", 1.0),
+        ("util_pct", 0.0),
+        ("engine_active", 0.0),
+        ("nvlink_gbps", 0.0),
+        ("pcie_gbps", 0.0),
+        ("power_w", 75.0),
+    ):
         tel.loc[rows & (tel["signal"] == signal).to_numpy(), "value"] = value
     # Without the event, the idle node would be the suspect: a transient one (it recovered after 5 minutes).
     assert j.explain().verdict == "transient"
-    j.events = events([{"ts": at, "object_kind": "Pod", "object_name": "train-7", "namespace": "ml",
-                        "node": node_name(7), "reason": "Evicted", "type": "Warning", "note": "low on memory"}])
+    j.events = events(
+        [
+            {
+                "ts": at,
+                "object_kind": "Pod",
+                "object_name": "train-7",
+                "namespace": "ml",
+                "node": node_name(7),
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": "low on memory",
+            }
+        ]
+    )
     ex = j.explain()
     assert ex.verdict == "event", ex.answer
     assert [(s.layer, s.node) for s in ex.suspects] == [("event", node_name(7))]
@@ -373,8 +505,14 @@ def test_gpus_no_pod_of_the_job_holds_are_no_peers() -> None:
     j = job(8, 40, seed=20)
     tel = j.telemetry
     rows = ((tel["node"] == node_name(2)) & (tel["ts"] >= START + pd.Timedelta(minutes=20))).to_numpy()
-    for signal, value in (("sm_clock_mhz", 345.0), ("clock_event_reasons", 1.0), ("util_pct", 0.0),
-                          ("nvlink_gbps", 0.0), ("pcie_gbps", 0.0), ("power_w", 75.0)):
+    for signal, value in (
+        ("sm_clock_mhz", 345.0),
+        ("clock_event_reasons", 1.0),
+        ("util_pct", 0.0),
+        ("nvlink_gbps", 0.0),
+        ("pcie_gbps", 0.0),
+        ("power_w", 75.0),
+    ):
         tel.loc[rows & (tel["signal"] == signal).to_numpy(), "value"] = value
     tel.loc[rows, "pod"] = None
     assert j.explain().suspects == ()
@@ -462,9 +600,16 @@ def test_a_slow_clock_without_a_slowdown_reason_is_not_blamed() -> None:
 
 
 def test_nothing_at_all_is_no_data() -> None:
-    ex = explain("ml/train", (START, START + pd.Timedelta(hours=1)), telemetry=empty_telemetry(),
-                 steps=empty_steps(), collectives=empty_collectives(), events=empty_events(),
-                 record=empty_record(), nic=empty_nic())
+    ex = explain(
+        "ml/train",
+        (START, START + pd.Timedelta(hours=1)),
+        telemetry=empty_telemetry(),
+        steps=empty_steps(),
+        collectives=empty_collectives(),
+        events=empty_events(),
+        record=empty_record(),
+        nic=empty_nic(),
+    )
     assert ex.verdict == "no-data"
     assert ex.suspects == ()
     assert ex.step_change is None
@@ -498,11 +643,24 @@ def test_frames_that_break_the_contract_are_named() -> None:
     with pytest.raises(InputError, match=r"^steps frame: missing column 'step_time_s'"):
         j.explain(steps=j.steps.drop(columns="step_time_s"))
     with pytest.raises(InputError, match=r"^events frame: column 'reason' must be text"):
-        check_frame("events", empty_events().assign(reason=pd.Series([], dtype="float64")).iloc[:0]
-                    .pipe(lambda f: pd.concat([f, pd.DataFrame({"reason": [1.5]})])))
+        check_frame(
+            "events",
+            empty_events()
+            .assign(reason=pd.Series([], dtype="float64"))
+            .iloc[:0]
+            .pipe(lambda f: pd.concat([f, pd.DataFrame({"reason": [1.5]})])),
+        )
     with pytest.raises(InputError, match=r"step_s must be a positive"):
-        explain("ml/train", j.window, telemetry=j.telemetry, steps=j.steps, collectives=empty_collectives(),
-                events=empty_events(), record=empty_record(), step_s=0)
+        explain(
+            "ml/train",
+            j.window,
+            telemetry=j.telemetry,
+            steps=j.steps,
+            collectives=empty_collectives(),
+            events=empty_events(),
+            record=empty_record(),
+            step_s=0,
+        )
 
 
 def test_the_empty_frames_keep_the_contract() -> None:

@@ -87,23 +87,45 @@ def _series(lines: list[str], name: str, labels: Mapping[str, object], times: np
 
 def _dcgm_labels(job: str, node: int, gpu: int, holder: tuple[str, str] | None) -> dict[str, object]:
     host = node_of(job, node)
-    base: dict[str, object] = {"gpu": gpu, "UUID": f"GPU-{job}-{node}-{gpu}", "device": f"nvidia{gpu}",
-                               "modelName": "NVIDIA H100 80GB HBM3", "DCGM_FI_DRIVER_VERSION": "570.124.06"}
+    base: dict[str, object] = {
+        "gpu": gpu,
+        "UUID": f"GPU-{job}-{node}-{gpu}",
+        "device": f"nvidia{gpu}",
+        "modelName": "NVIDIA H100 80GB HBM3",
+        "DCGM_FI_DRIVER_VERSION": "570.124.06",
+    }
     if job == "operator":
-        base |= {"Hostname": host, "container": "nvidia-dcgm-exporter", "endpoint": "gpu-metrics",
-                 "instance": f"10.1.0.{node}:9400", "job": "nvidia-dcgm-exporter", "namespace": "gpu-operator",
-                 "pod": f"nvidia-dcgm-exporter-{node:05x}", "service": "nvidia-dcgm-exporter"}
+        base |= {
+            "Hostname": host,
+            "container": "nvidia-dcgm-exporter",
+            "endpoint": "gpu-metrics",
+            "instance": f"10.1.0.{node}:9400",
+            "job": "nvidia-dcgm-exporter",
+            "namespace": "gpu-operator",
+            "pod": f"nvidia-dcgm-exporter-{node:05x}",
+            "service": "nvidia-dcgm-exporter",
+        }
         if holder is not None:
             base |= {"exported_namespace": holder[0], "exported_pod": holder[1], "exported_container": "train"}
     elif job == "custom":
-        base |= {"Hostname": f"nvidia-dcgm-exporter-{node:05x}", "kube_node": host, "container": "nvidia-dcgm-exporter",
-                 "instance": f"10.4.0.{node}:9400", "job": "nvidia-dcgm-exporter", "namespace": "gpu-operator",
-                 "pod": f"nvidia-dcgm-exporter-{node:05x}"}
+        base |= {
+            "Hostname": f"nvidia-dcgm-exporter-{node:05x}",
+            "kube_node": host,
+            "container": "nvidia-dcgm-exporter",
+            "instance": f"10.4.0.{node}:9400",
+            "job": "nvidia-dcgm-exporter",
+            "namespace": "gpu-operator",
+            "pod": f"nvidia-dcgm-exporter-{node:05x}",
+        }
         if holder is not None:
             base |= {"workload_namespace": holder[0], "workload_pod": holder[1]}
     elif job == "podhost":
-        base |= {"Hostname": f"nvidia-dcgm-exporter-{node:05x}", "node": host, "instance": f"10.2.0.{node}:9400",
-                 "job": "dcgm-exporter"}
+        base |= {
+            "Hostname": f"nvidia-dcgm-exporter-{node:05x}",
+            "node": host,
+            "instance": f"10.2.0.{node}:9400",
+            "job": "dcgm-exporter",
+        }
         if holder is not None:
             base |= {"namespace": holder[0], "pod": holder[1], "container": "train"}
     else:
@@ -174,8 +196,17 @@ def _history(start: int, end: int) -> str:
                 own = 1.0 + 0.02 * rng.standard_normal(len(times))
                 if n == 1:
                     own[after] *= 1.2
-            add("train_step_seconds", {"namespace": job, "pod": pod_of(job, n), "container": "train",
-                                       "instance": f"10.3.{n}.1:8000", "job": f"{job}/train"}, own)  # fmt: skip
+            add(
+                "train_step_seconds",
+                {
+                    "namespace": job,
+                    "pod": pod_of(job, n),
+                    "container": "train",
+                    "instance": f"10.3.{n}.1:8000",
+                    "job": f"{job}/train",
+                },
+                own,
+            )
         # NCCL Inspector, one dump per rank and interval: coll_sn and timestamp make each a series of its own.
         if job in ("podhost", "custom", "podsteps"):
             continue
@@ -192,16 +223,37 @@ def _history(start: int, end: int) -> str:
                     if not np.isfinite(us):
                         continue
                     stamp = pd.Timestamp(int(t), unit="s", tz="UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
-                    labels = {"comm_id": f"0x{job}c0ffee", "hostname": host, "rank": rank, "slurm_job": "unknown",
-                              "slurm_job_id": "unknown", "nranks": NODES * GPUS, "n_nodes": NODES,
-                              "gpu_device_id": f"GPU{g}", "collective": "AllReduce", "coll_sn": 1000 + 97 * k,
-                              "timestamp": stamp, "message_size": "256.00MB",
-                              "instance": f"{node_of(job, n)}:9100", "job": "node-exporter"}  # fmt: skip
+                    labels = {
+                        "comm_id": f"0x{job}c0ffee",
+                        "hostname": host,
+                        "rank": rank,
+                        "slurm_job": "unknown",
+                        "slurm_job_id": "unknown",
+                        "nranks": NODES * GPUS,
+                        "n_nodes": NODES,
+                        "gpu_device_id": f"GPU{g}",
+                        "collective": "AllReduce",
+                        "coll_sn": 1000 + 97 * k,
+                        "timestamp": stamp,
+                        "message_size": "256.00MB",
+                        "instance": f"{node_of(job, n)}:9100",
+                        "job": "node-exporter",
+                    }
                     one = np.array([t])
-                    _series(fam.setdefault("nccl_collective_exec_time_microseconds", []),
-                            "nccl_collective_exec_time_microseconds", labels, one, np.array([us]))
-                    _series(fam.setdefault("nccl_bus_bandwidth_gbs", []), "nccl_bus_bandwidth_gbs", labels, one,
-                            np.array([360 * 300 / us]))
+                    _series(
+                        fam.setdefault("nccl_collective_exec_time_microseconds", []),
+                        "nccl_collective_exec_time_microseconds",
+                        labels,
+                        one,
+                        np.array([us]),
+                    )
+                    _series(
+                        fam.setdefault("nccl_bus_bandwidth_gbs", []),
+                        "nccl_bus_bandwidth_gbs",
+                        labels,
+                        one,
+                        np.array([360 * 300 / us]),
+                    )
     out = []
     for name, lines in fam.items():
         out.append(f"# TYPE {name} gauge")
@@ -216,21 +268,46 @@ def world(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> Iter
     start = end - MINUTES * 60
     work = tmp_path_factory.mktemp("explain-labels")
     (work / "history.om").write_text(_history(start, end), encoding="utf-8")
-    made = subprocess.run([str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
-                          cwd=work, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    made = subprocess.run(
+        [str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     with running_prometheus(prom_bins, work, IDLE_CONFIG) as url:
         yield World(url, pd.Timestamp(start, unit="s", tz="UTC"), pd.Timestamp(end, unit="s", tz="UTC"))
 
 
-def target(world: World, job: str, *, gpus: int = GPUS, window: tuple[pd.Timestamp, pd.Timestamp] | None = None
-           ) -> JobTarget:
-    pods = tuple(TargetPod(namespace=job, name=pod_of(job, n), uid=f"uid-{job}-{n}", node=node_of(job, n),
-                           phase="Running", reason="", gpus=gpus if n == 0 else GPUS, node_gpus=GPUS,
-                           started=world.start - pd.Timedelta(minutes=5), ended=None, containers=("train",))
-                 for n in range(NODES))  # fmt: skip
-    return JobTarget(job=f"{job}/train", kind="Job", namespace=job, selector=f"job-name={job}", pods=pods,
-                     window=window or (world.start, world.end))
+def target(
+    world: World, job: str, *, gpus: int = GPUS, window: tuple[pd.Timestamp, pd.Timestamp] | None = None
+) -> JobTarget:
+    pods = tuple(
+        TargetPod(
+            namespace=job,
+            name=pod_of(job, n),
+            uid=f"uid-{job}-{n}",
+            node=node_of(job, n),
+            phase="Running",
+            reason="",
+            gpus=gpus if n == 0 else GPUS,
+            node_gpus=GPUS,
+            started=world.start - pd.Timedelta(minutes=5),
+            ended=None,
+            containers=("train",),
+        )
+        for n in range(NODES)
+    )
+    return JobTarget(
+        job=f"{job}/train",
+        kind="Job",
+        namespace=job,
+        selector=f"job-name={job}",
+        pods=pods,
+        window=window or (world.start, world.end),
+    )
 
 
 def explained(world: World, tgt: JobTarget, labels: str | None = None) -> Any:
@@ -274,9 +351,13 @@ def test_an_exporter_named_after_its_own_pod_and_a_shared_node_are_read_and_said
     got, ex = explained(world, target(world, "podhost", gpus=4))
     assert got.telemetry.groupby(["node", "gpu"], observed=True).ngroups == NODES * GPUS - 4
     assert ex.verdict == "healthy", ex.answer
-    assert any(n.startswith(f"4 GPU(s) on the job's nodes name pods outside the job and were left out "
-                            f"({node_of('podhost', 0)} GPU 4") and "other-team/notebook-7" in n
-               for n in ex.notes), ex.notes
+    assert any(
+        n.startswith(
+            f"4 GPU(s) on the job's nodes name pods outside the job and were left out ({node_of('podhost', 0)} GPU 4"
+        )
+        and "other-team/notebook-7" in n
+        for n in ex.notes
+    ), ex.notes
 
 
 def test_a_hang_is_found_with_its_start(world: World) -> None:
@@ -294,8 +375,6 @@ def test_a_window_with_no_data_is_no_data(world: World) -> None:
     before = (world.start - pd.Timedelta(hours=5), world.start - pd.Timedelta(hours=4))
     _, ex = explained(world, target(world, "operator", window=before))
     assert ex.verdict == "no-data"
-
-
 
 
 # --- telling explain the labels (--labels) --------------------------------------------------------------------
@@ -325,15 +404,25 @@ def test_a_custom_relabeling_is_read_once_told_and_said_when_not(world: World) -
     top = ex.suspects[0]
     assert (top.node, top.gpu, top.silent) == (node_of("custom", 1), 2, False)
     assert "HW thermal slowdown (0x40)" in top.evidence[0]
-    assert any(n.startswith(f"4 GPU(s) on the job's nodes name pods outside the job and were left out "
-                            f"({node_of('custom', 0)} GPU 4") and "other-team/notebook-7" in n
-               for n in ex.notes), ex.notes
+    assert any(
+        n.startswith(
+            f"4 GPU(s) on the job's nodes name pods outside the job and were left out ({node_of('custom', 0)} GPU 4"
+        )
+        and "other-team/notebook-7" in n
+        for n in ex.notes
+    ), ex.notes
 
 
-@pytest.mark.parametrize(("labels", "bad"), [
-    ("operators", "'operators'"), ("pod=workload_pod", "together"), ("node=kube-node", "'node=kube-node'"),
-    ("operator,pod=a,namespace=b", "together"), ("node=a,node=b", "'node=b'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("labels", "bad"),
+    [
+        ("operators", "'operators'"),
+        ("pod=workload_pod", "together"),
+        ("node=kube-node", "'node=kube-node'"),
+        ("operator,pod=a,namespace=b", "together"),
+        ("node=a,node=b", "'node=b'"),
+    ],
+)
 def test_a_bad_label_mapping_is_one_line(labels: str, bad: str) -> None:
     with pytest.raises(InputError, match=f"^--labels '{labels}': .*") as exc:
         LabelMap.parse(labels)
@@ -352,8 +441,9 @@ def test_a_pod_whose_own_step_time_lags_names_its_node(world: World) -> None:
     top = ex.suspects[0]
     assert (top.node, top.gpu, top.layer, top.silent) == (node_of("podsteps", 1), None, "node", True)
     # +20 % against the others; against the median of all three pods (its own among them) a little less.
-    assert re.match(rf"pod {pod_of('podsteps', 1)}'s step time runs \+(1[5-9]|20) % against its peers' from ",
-                    top.evidence[0]), top.evidence[0]
+    assert re.match(
+        rf"pod {pod_of('podsteps', 1)}'s step time runs \+(1[5-9]|20) % against its peers' from ", top.evidence[0]
+    ), top.evidence[0]
     assert top.evidence[1].startswith("its node's telemetry shows no cause")
     start = world.start + pd.Timedelta(minutes=ONSET_MINUTE)
     assert top.onset is not None

@@ -50,11 +50,20 @@ def kube(sim: Any) -> Kube:
 
 def gpu_pod(name: str, labels: dict[str, str], gpus: int = 8) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-        "spec": {"restartPolicy": "Always", "containers": [
-            {"name": "train", "image": "ghcr.io/example/train:1",
-             "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "restartPolicy": "Always",
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "ghcr.io/example/train:1",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
 
 
 def running(core: client.CoreV1Api, ns: str, selector: str, count: int) -> list[Any]:
@@ -72,11 +81,20 @@ def test_a_job_is_found_by_its_controller_uid_with_its_nodes_and_window(
     batch = client.BatchV1Api(api)
     template = gpu_pod("x", {"app": "pretrain"})
     template["spec"]["restartPolicy"] = "Never"
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "pretrain"},
-           "spec": {"parallelism": 3, "completions": 3, "backoffLimit": 0,
-                    "template": {"metadata": {"labels": {"app": "pretrain"},
-                                              "annotations": {"sim.gpucert.io/run-seconds": "600"}},
-                                 "spec": template["spec"]}}}  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "pretrain"},
+        "spec": {
+            "parallelism": 3,
+            "completions": 3,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app": "pretrain"}, "annotations": {"sim.gpucert.io/run-seconds": "600"}},
+                "spec": template["spec"],
+            },
+        },
+    }
     batch.create_namespaced_job(ns, job)
     pods = running(core, ns, "app=pretrain", 3)
     target = resolve_target(kube, f"{ns}/pretrain")
@@ -97,11 +115,17 @@ def test_a_jobset_and_a_pytorchjob_are_found_by_their_controllers_pod_labels(
     kube: Kube, core: client.CoreV1Api, ns: str
 ) -> None:
     for i in range(2):
-        core.create_namespaced_pod(ns, gpu_pod(f"js-w-0-{i}", {"jobset.sigs.k8s.io/jobset-name": "llama",
-                                                                  "jobset.sigs.k8s.io/replicatedjob-name": "w"}))
-    kubeflow = {"training.kubeflow.org/job-name": "bert",
-                "training.kubeflow.org/operator-name": "pytorchjob-controller",
-                "training.kubeflow.org/replica-type": "worker"}  # fmt: skip
+        core.create_namespaced_pod(
+            ns,
+            gpu_pod(
+                f"js-w-0-{i}", {"jobset.sigs.k8s.io/jobset-name": "llama", "jobset.sigs.k8s.io/replicatedjob-name": "w"}
+            ),
+        )
+    kubeflow = {
+        "training.kubeflow.org/job-name": "bert",
+        "training.kubeflow.org/operator-name": "pytorchjob-controller",
+        "training.kubeflow.org/replica-type": "worker",
+    }
     core.create_namespaced_pod(ns, gpu_pod("bert-worker-0", kubeflow))
     running(core, ns, "jobset.sigs.k8s.io/jobset-name=llama", 2)
     running(core, ns, "training.kubeflow.org/job-name=bert", 1)
@@ -165,10 +189,18 @@ def test_a_finished_jobs_window_ends_with_its_last_container(
     batch = client.BatchV1Api(api)
     spec = gpu_pod("x", {})["spec"]
     spec["restartPolicy"] = "Never"
-    batch.create_namespaced_job(ns, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "short"},
-                                     "spec": {"backoffLimit": 0, "template": {
-                                         "metadata": {"annotations": {"sim.gpucert.io/run-seconds": "1.5"}},
-                                         "spec": spec}}})  # fmt: skip
+    batch.create_namespaced_job(
+        ns,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "short"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {"metadata": {"annotations": {"sim.gpucert.io/run-seconds": "1.5"}}, "spec": spec},
+            },
+        },
+    )
 
     def done() -> Any:
         pods = core.list_namespaced_pod(ns, label_selector="job-name=short").items
@@ -185,21 +217,36 @@ def test_a_finished_jobs_window_ends_with_its_last_container(
 
 
 def _pod(name: str, node: str, gpus: int, started: str) -> TargetPod:
-    return TargetPod(namespace="ml", name=name, uid=name, node=node, phase="Running", reason="", gpus=gpus,
-                     node_gpus=8, started=pd.Timestamp(started), ended=None)  # fmt: skip
+    return TargetPod(
+        namespace="ml",
+        name=name,
+        uid=name,
+        node=node,
+        phase="Running",
+        reason="",
+        gpus=gpus,
+        node_gpus=8,
+        started=pd.Timestamp(started),
+        ended=None,
+    )
 
 
 def test_gpus_come_from_dcgm_pod_labels_else_the_device_plugins_allocation() -> None:
-    pods = (_pod("w-0", "n0", 8, "2026-01-01T00:00Z"), _pod("w-1", "n1", 8, "2026-01-01T00:00Z"),
-            _pod("w-1b", "n1", 8, "2026-01-01T02:00Z"), _pod("half", "n2", 4, "2026-01-01T00:00Z"))  # fmt: skip
+    pods = (
+        _pod("w-0", "n0", 8, "2026-01-01T00:00Z"),
+        _pod("w-1", "n1", 8, "2026-01-01T00:00Z"),
+        _pod("w-1b", "n1", 8, "2026-01-01T02:00Z"),
+        _pod("half", "n2", 4, "2026-01-01T00:00Z"),
+    )
     window = (pd.Timestamp("2026-01-01T00:00Z"), pd.Timestamp("2026-01-01T06:00Z"))
     target = JobTarget(job="ml/j", kind="Job", namespace="ml", selector="", pods=pods, window=window)
     labels = [
-        ("n0", 0, {"pod": "w-0", "namespace": "ml", "container": "train"}),   # Kubernetes mode on n0
-        ("n0", 1, {}),                                                         # a GPU the job does not hold
-        ("n1", 0, {}), ("n1", 1, {}),                                          # no pod labels on n1
+        ("n0", 0, {"pod": "w-0", "namespace": "ml", "container": "train"}),  # Kubernetes mode on n0
+        ("n0", 1, {}),  # a GPU the job does not hold
+        ("n1", 0, {}),
+        ("n1", 1, {}),  # no pod labels on n1
         ("n2", 0, {}),
-    ]  # fmt: skip
+    ]
     whole, notes = assign_gpus(target, labels)
     assert set(whole) == {"n1"}  # n0 is told by its labels; n2's pod asked for half of it
     assert [p.name for p in whole["n1"]] == ["w-1", "w-1b"]

@@ -27,11 +27,20 @@ HOSTILE = "<script>alert(1)</script>"
 @pytest.fixture(scope="module")
 def throttled() -> tuple[Job, str]:
     j = job(12, 60, seed=21, throttle=(9, 2, 25), slow_from=25)
-    j.events = events([
-        {"ts": START + pd.Timedelta(minutes=40), "object_kind": "Node", "object_name": node_name(4),
-         "namespace": None, "node": node_name(4), "reason": "NodeHasDiskPressure", "type": "Warning",
-         "note": "disk 91 % full"},
-    ])
+    j.events = events(
+        [
+            {
+                "ts": START + pd.Timedelta(minutes=40),
+                "object_kind": "Node",
+                "object_name": node_name(4),
+                "namespace": None,
+                "node": node_name(4),
+                "reason": "NodeHasDiskPressure",
+                "type": "Warning",
+                "note": "disk 91 % full",
+            },
+        ]
+    )
     ex = j.explain()
     return j, render_timeline(ex, telemetry=j.telemetry, steps=j.steps, events=j.events)
 
@@ -80,12 +89,22 @@ def test_the_page_is_self_contained(throttled: tuple[Job, str]) -> None:
 def test_hostile_names_are_escaped() -> None:
     names = [node_name(i) for i in range(6)]
     names[3] = HOSTILE
-    names[1] = 'n"1\'&<b>'
+    names[1] = "n\"1'&<b>"
     j = job(6, 30, seed=22, throttle=(3, 0, 10), slow_from=10, names=names)
-    j.events = events([
-        {"ts": START + pd.Timedelta(minutes=20), "object_kind": "Pod", "object_name": "<img src=x onerror=alert(2)>",
-         "namespace": "ml", "node": HOSTILE, "reason": "BackOff", "type": "Warning", "note": "</title><script>x()"},
-    ])
+    j.events = events(
+        [
+            {
+                "ts": START + pd.Timedelta(minutes=20),
+                "object_kind": "Pod",
+                "object_name": "<img src=x onerror=alert(2)>",
+                "namespace": "ml",
+                "node": HOSTILE,
+                "reason": "BackOff",
+                "type": "Warning",
+                "note": "</title><script>x()",
+            },
+        ]
+    )
     ex = j.explain()
     assert ex.suspects[0].node == HOSTILE
     page = render_timeline(ex, telemetry=j.telemetry, steps=j.steps, events=j.events, title="<i>job</i>")
@@ -121,8 +140,15 @@ def test_a_big_job_is_downsampled_and_lanes_are_capped(monkeypatch: pytest.Monke
 
 def test_nothing_to_draw_still_makes_a_page() -> None:
     window = (START, START + pd.Timedelta(hours=1))
-    ex = explain("ml/idle", window, telemetry=empty_telemetry(), steps=empty_steps(),
-                 collectives=empty_collectives(), events=empty_events(), record=empty_record())
+    ex = explain(
+        "ml/idle",
+        window,
+        telemetry=empty_telemetry(),
+        steps=empty_steps(),
+        collectives=empty_collectives(),
+        events=empty_events(),
+        record=empty_record(),
+    )
     page = render_timeline(ex, telemetry=empty_telemetry(), steps=empty_steps(), events=empty_events())
     assert "No GPU telemetry for the job in the window." in page
     assert "no step timings in the window" in page
@@ -132,10 +158,20 @@ def test_nothing_to_draw_still_makes_a_page() -> None:
 
 def test_an_eviction_is_a_marked_event_on_the_step_chart() -> None:
     j = job(6, 40, seed=24, stall=(2, 20, 23), step_stall=(20, 23))
-    j.events = events([
-        {"ts": START + pd.Timedelta(minutes=20), "object_kind": "Pod", "object_name": "train-2", "namespace": "ml",
-         "node": node_name(2), "reason": "Evicted", "type": "Warning", "note": "low on memory"},
-    ])
+    j.events = events(
+        [
+            {
+                "ts": START + pd.Timedelta(minutes=20),
+                "object_kind": "Pod",
+                "object_name": "train-2",
+                "namespace": "ml",
+                "node": node_name(2),
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": "low on memory",
+            },
+        ]
+    )
     ex = j.explain()
     assert ex.verdict == "event"
     page = render_timeline(ex, telemetry=j.telemetry, steps=j.steps, events=j.events, step_s=STEP_S)

@@ -34,32 +34,56 @@ def _operator_exporter(kube: Any) -> None:
     ``app=nvidia-dcgm-exporter`` (managed by ``gpu-operator``) and the Service ``nvidia-dcgm-exporter``."""
     labels = {**OPERATOR_EXPORTER_LABELS, "app.kubernetes.io/managed-by": "gpu-operator"}
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}})
-    kube.apply({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "nvidia-dcgm-exporter", "namespace": OPERATOR_NAMESPACE, "labels": labels},
-        "spec": {"selector": {"matchLabels": OPERATOR_EXPORTER_LABELS},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"tolerations": [{"operator": "Exists"}], "containers": [
-                                  {"name": "nvidia-dcgm-exporter",
-                                   "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-distroless"}]}}},
-    })  # fmt: skip
-    kube.apply({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "nvidia-dcgm-exporter", "namespace": OPERATOR_NAMESPACE,
-                     "labels": OPERATOR_EXPORTER_LABELS},
-        "spec": {"selector": OPERATOR_EXPORTER_LABELS,
-                 "ports": [{"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}]},
-    })  # fmt: skip
+    kube.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": OPERATOR_NAMESPACE, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": OPERATOR_EXPORTER_LABELS},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [
+                            {
+                                "name": "nvidia-dcgm-exporter",
+                                "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.4.1-4.6.0-distroless",
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+    )
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "nvidia-dcgm-exporter",
+                "namespace": OPERATOR_NAMESPACE,
+                "labels": OPERATOR_EXPORTER_LABELS,
+            },
+            "spec": {
+                "selector": OPERATOR_EXPORTER_LABELS,
+                "ports": [{"name": "gpu-metrics", "port": 9400, "targetPort": 9400, "protocol": "TCP"}],
+            },
+        }
+    )
 
 
 def _own_exporter(kube: Any) -> None:
     """gpucert's own exporter Service, selector-less as ``--preconfigured`` makes it (every node listed)."""
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": STACK_NAMESPACE}})
-    kube.apply({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "nvidia-dcgm-exporter", "namespace": STACK_NAMESPACE, "labels": EXPORTER_LABELS},
-        "spec": {"ports": [{"name": "metrics", "port": 9400, "protocol": "TCP"}]},
-    })  # fmt: skip
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "nvidia-dcgm-exporter", "namespace": STACK_NAMESPACE, "labels": EXPORTER_LABELS},
+            "spec": {"ports": [{"name": "metrics", "port": 9400, "protocol": "TCP"}]},
+        }
+    )
 
 
 def test_the_operators_exporter_is_found_and_read_alone_and_beside_gpucerts() -> None:
@@ -86,8 +110,9 @@ def test_the_operators_exporter_is_found_and_read_alone_and_beside_gpucerts() ->
 
         # A mixed cluster: both installers' exporters are listed; each node is scraped once per URL.
         _own_exporter(kube)
-        eventually(lambda: len(kube.list_objects("v1", "Endpoints", STACK_NAMESPACE,
-                                                 label_selector=EXPORTER_SELECTOR)) == 1)  # fmt: skip
+        eventually(
+            lambda: len(kube.list_objects("v1", "Endpoints", STACK_NAMESPACE, label_selector=EXPORTER_SELECTOR)) == 1
+        )
         assert exporter_sources(kube, STACK_NAMESPACE) == [own, operator]
         assert [t.node for t in scrape.targets()] == NODES
         both = scrape.read(run_id="operate-mixed", interval_s=0, nodes=NODES)

@@ -129,86 +129,192 @@ class Row:
 
 MATRIX: tuple[Row, ...] = (
     # --- the Kubernetes API ----------------------------------------------------------------------------
-    Row("api-500", "test_certify_rides_out_a_flaky_api", "certify",
+    Row(
+        "api-500",
+        "test_certify_rides_out_a_flaky_api",
+        "certify",
         "10 % of API requests answered 500",
-        "certify completes; every node decided once, labels, conditions and taints match decisions.parquet", BOTH),
-    Row("api-429", "test_certify_rides_out_a_flaky_api", "certify",
+        "certify completes; every node decided once, labels, conditions and taints match decisions.parquet",
+        BOTH,
+    ),
+    Row(
+        "api-429",
+        "test_certify_rides_out_a_flaky_api",
+        "certify",
         "10 % of API requests answered 429 with Retry-After: 1",
-        "certify waits as told and completes: every node decided and certified, as on a clean run", BOTH),
-    Row("api-429-operate", "test_operate_night_under_429s", "operate",
+        "certify waits as told and completes: every node decided and certified, as on a clean run",
+        BOTH,
+    ),
+    Row(
+        "api-429-operate",
+        "test_operate_night_under_429s",
+        "operate",
         "4 % of API requests answered 429 with Retry-After: 1, a whole night",
-        "the night's telemetry, choice and certify complete; every due node decided, labels as decided"),
-    Row("api-500-configure", "test_configure_rides_out_500s_and_a_second_run_writes_nothing", "configure",
+        "the night's telemetry, choice and certify complete; every due node decided, labels as decided",
+    ),
+    Row(
+        "api-500-configure",
+        "test_configure_rides_out_500s_and_a_second_run_writes_nothing",
+        "configure",
         "10 % of API requests answered 500 and 2 % 429, two runs",
-        "configure installs and verifies the whole stack on every node; a second run writes nothing"),
-    Row("api-latency", "test_certify_rides_out_a_flaky_api", "certify",
+        "configure installs and verifies the whole stack on every node; a second run writes nothing",
+    ),
+    Row(
+        "api-latency",
+        "test_certify_rides_out_a_flaky_api",
+        "certify",
         "2 s added to every API request while the Jobs run",
-        "no call times out; certify completes and every node is decided", BOTH),
-    Row("watch-dropped", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
+        "no call times out; certify completes and every node is decided",
+        BOTH,
+    ),
+    Row(
+        "watch-dropped",
+        "test_watch_nodes_announces_a_join_once_and_onboard_admits_it",
+        "onboard",
         "every node watch cut 0.3 s after it starts",
         "watch-nodes re-lists a cut watch and announces a node that joins meanwhile exactly once; onboard admits it",
-        BOTH),
-    Row("watch-expired", "test_watch_nodes_announces_a_join_once_and_onboard_admits_it", "onboard",
+        BOTH,
+    ),
+    Row(
+        "watch-expired",
+        "test_watch_nodes_announces_a_join_once_and_onboard_admits_it",
+        "onboard",
         "every resumed node watch answered 410 Expired in the stream",
-        "watch-nodes re-lists and announces each joined node exactly once, however often it re-lists", BOTH),
-    Row("node-deleted", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "watch-nodes re-lists and announces each joined node exactly once, however often it re-lists",
+        BOTH,
+    ),
+    Row(
+        "node-deleted",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node deleted while its Job runs",
-        "certify completes; the gone node is inconclusive and written nowhere, the others are decided", BOTH),
-    Row("node-not-ready", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "certify completes; the gone node is inconclusive and written nowhere, the others are decided",
+        BOTH,
+    ),
+    Row(
+        "node-not-ready",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node going NotReady while its Job runs",
-        "its Job ends at the deadline: inconclusive, its state label untouched, no taint; the others decided", BOTH),
-    Row("job-image-pull", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "its Job ends at the deadline: inconclusive, its state label untouched, no taint; the others decided",
+        BOTH,
+    ),
+    Row(
+        "job-image-pull",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node whose pods cannot pull their image",
-        "inconclusive (image_pull), never a GPU verdict; no taint, no ticket, the state label untouched", BOTH),
-    Row("job-unschedulable", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "inconclusive (image_pull), never a GPU verdict; no taint, no ticket, the state label untouched",
+        BOTH,
+    ),
+    Row(
+        "job-unschedulable",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node a foreign NoSchedule taint keeps the pod off",
-        "inconclusive (unschedulable); the foreign taint stays, no gpucert taint is added", BOTH),
-    Row("job-oom", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "inconclusive (unschedulable); the foreign taint stays, no gpucert taint is added",
+        BOTH,
+    ),
+    Row(
+        "job-oom",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node whose benchmark container is OOM-killed (exit 137)",
-        "inconclusive (oom), never a GPU verdict; no taint, no ticket", BOTH),
-    Row("job-deadline", "test_a_node_whose_benchmark_cannot_run_is_inconclusive", "certify",
+        "inconclusive (oom), never a GPU verdict; no taint, no ticket",
+        BOTH,
+    ),
+    Row(
+        "job-deadline",
+        "test_a_node_whose_benchmark_cannot_run_is_inconclusive",
+        "certify",
         "a node whose benchmark outlives the Job's deadline",
-        "inconclusive (deadline); no pod of the run is left holding the node's GPUs", BOTH),
+        "inconclusive (deadline); no pod of the run is left holding the node's GPUs",
+        BOTH,
+    ),
     # --- the store -------------------------------------------------------------------------------------
-    Row("store-5xx", "test_every_write_of_the_run_meets_the_fault_once", "certify",
+    Row(
+        "store-5xx",
+        "test_every_write_of_the_run_meets_the_fault_once",
+        "certify",
         "the first PUT of every object the run writes answered 500 or 503",
-        "every write is retried; the run's files are all there and exactly one baseline version is added"),
-    Row("store-412", "test_store_412_a_rival_wins_the_race_and_both_updates_are_kept", "certify",
+        "every write is retried; the run's files are all there and exactly one baseline version is added",
+    ),
+    Row(
+        "store-412",
+        "test_store_412_a_rival_wins_the_race_and_both_updates_are_kept",
+        "certify",
         "a rival writer moves baselines/current just before the run's conditional PUT",
-        "the run's merge is redone on the rival's table: both updates kept, one linear history"),
-    Row("store-dropped", "test_every_write_of_the_run_meets_the_fault_once", "certify",
+        "the run's merge is redone on the rival's table: both updates kept, one linear history",
+    ),
+    Row(
+        "store-dropped",
+        "test_every_write_of_the_run_meets_the_fault_once",
+        "certify",
         "the connection dropped after S3 acted, on every write the run makes",
-        "retries land once: no duplicate baseline version, every run file complete"),
-    Row("store-unreachable", "test_store_unreachable_the_run_fails_before_it_acts", "certify",
+        "retries land once: no duplicate baseline version, every run file complete",
+    ),
+    Row(
+        "store-unreachable",
+        "test_store_unreachable_the_run_fails_before_it_acts",
+        "certify",
         "the store's endpoint refuses every connection for the whole run",
-        "certify fails at its first write, before it acts: no gpucert label, annotation, condition or taint changes"),
+        "certify fails at its first write, before it acts: no gpucert label, annotation, condition or taint changes",
+    ),
     # --- the flow process killed at each step, then started again with the same run id ----------------
-    Row("killed-jobs-started", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+    Row(
+        "killed-jobs-started",
+        "test_a_killed_run_started_again_completes_and_duplicates_nothing",
+        "certify",
         "the flow process SIGKILLed while its Jobs run",
-        "the same run id adopts its Jobs (one per node), lifts the testing taints and completes"),
-    Row("killed-judged", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "the same run id adopts its Jobs (one per node), lifts the testing taints and completes",
+    ),
+    Row(
+        "killed-judged",
+        "test_a_killed_run_started_again_completes_and_duplicates_nothing",
+        "certify",
         "SIGKILL once the first verdicts are stored",
-        "started again: no duplicate Job, ticket, taint or baseline version; the run completes"),
-    Row("killed-between-taints", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "started again: no duplicate Job, ticket, taint or baseline version; the run completes",
+    ),
+    Row(
+        "killed-between-taints",
+        "test_a_killed_run_started_again_completes_and_duplicates_nothing",
+        "certify",
         "SIGKILL after the first of two taints is written",
-        "started again: both failed nodes tainted once, the healthy one not; two tickets, one version"),
-    Row("killed-baseline-write", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "started again: both failed nodes tainted once, the healthy one not; two tickets, one version",
+    ),
+    Row(
+        "killed-baseline-write",
+        "test_a_killed_run_started_again_completes_and_duplicates_nothing",
+        "certify",
         "SIGKILL after a baseline version is written, before current moves",
-        "the orphan version never counts; started again, exactly one version is added and made current"),
-    Row("killed-between-tickets", "test_a_killed_run_started_again_completes_and_duplicates_nothing", "certify",
+        "the orphan version never counts; started again, exactly one version is added and made current",
+    ),
+    Row(
+        "killed-between-tickets",
+        "test_a_killed_run_started_again_completes_and_duplicates_nothing",
+        "certify",
         "SIGKILL after the first of two tickets is opened",
-        "started again: one ticket per fault, each naming the run once; no duplicate baseline version"),
+        "started again: one ticket per fault, each naming the run once; no duplicate baseline version",
+    ),
     # --- Prefect ---------------------------------------------------------------------------------------
-    Row("prefect-restarted", "test_prefect_server_restarted_mid_run", "certify",
+    Row(
+        "prefect-restarted",
+        "test_prefect_server_restarted_mid_run",
+        "certify",
         "the Prefect server restarted while a certify run is in flight",
-        "the run rides out the restart and completes; Prefect records it COMPLETED; the end state is whole"),
-    Row("worker-killed", "test_a_killed_workers_run_is_brought_back_by_prefect", "certify",
+        "the run rides out the restart and completes; Prefect records it COMPLETED; the end state is whole",
+    ),
+    Row(
+        "worker-killed",
+        "test_a_killed_workers_run_is_brought_back_by_prefect",
+        "certify",
         "a certify in two shards on two process workers; one worker and its shard's process SIGKILLed "
         "together (its node lost)",
         "heartbeats stop; automations.yaml marks the shard crashed and schedules it again; the other worker "
         "completes it under the same run id, keeping its Jobs (one Job and one benchmark per node); the parent "
-        "waits and judges every node once"),
-)  # fmt: skip
+        "waits and judges every node once",
+    ),
+)
 ROWS = {row.id: row for row in MATRIX}
 
 
@@ -241,8 +347,11 @@ def nodes_of(kube: Kube) -> dict[str, dict[str, Any]]:
 
 def gpucert_taints(node: Mapping[str, Any]) -> dict[str, str]:
     """gpucert's taints on ``node``: key → value (only keys under the label prefix)."""
-    return {t["key"]: t.get("value", "") for t in (node.get("spec") or {}).get("taints") or ()
-            if str(t.get("key", "")).startswith(f"{PREFIX}/")}  # fmt: skip
+    return {
+        t["key"]: t.get("value", "")
+        for t in (node.get("spec") or {}).get("taints") or ()
+        if str(t.get("key", "")).startswith(f"{PREFIX}/")
+    }
 
 
 def run_of(store: Store, outcome: CertifyOutcome) -> CertificationRun:
@@ -282,12 +391,14 @@ def check_end_state(
         if row is None:  # not in this run: nothing of it changed
             assert taints == had, name
             assert labels.get(f"{PREFIX}/state") == (before[name]["metadata"].get("labels") or {}).get(
-                f"{PREFIX}/state"), name  # fmt: skip
+                f"{PREFIX}/state"
+            ), name
             continue
         state: Any = row.state
         if pd.isna(state):  # inconclusive: the state as it was, no taint added
             assert labels.get(f"{PREFIX}/state") == (before[name]["metadata"].get("labels") or {}).get(
-                f"{PREFIX}/state"), name  # fmt: skip
+                f"{PREFIX}/state"
+            ), name
             assert (UNHEALTHY in taints) == (UNHEALTHY in had), name
             assert row.taint in ("none", "kept", "refused"), (name, row.taint)
             continue
@@ -404,8 +515,10 @@ def test_certify_rides_out_a_flaky_api(row: Row, api_cluster: Any, tmp_path: Pat
     api_sim = api_cluster
     kube = connect(api_sim.kubeconfig_path)
     before, served = nodes_of(kube), api_sim.faults.served
-    faults = {"api-500": ApiFaults(error_rate=0.1, seed=5),
-              "api-429": ApiFaults(throttle_rate=0.1, retry_after_s=1, seed=6)}.get(row.id)  # fmt: skip
+    faults = {
+        "api-500": ApiFaults(error_rate=0.1, seed=5),
+        "api-429": ApiFaults(throttle_rate=0.1, retry_after_s=1, seed=6),
+    }.get(row.id)
     block = _file_store(tmp_path)
     started = time.monotonic()
     try:
@@ -415,8 +528,7 @@ def test_certify_rides_out_a_flaky_api(row: Row, api_cluster: Any, tmp_path: Pat
         else:  # 2 s per call while the Jobs run: polls, Lease renewals, log reads all slow
             watcher = threading.Thread(target=_slow_while_jobs_run, args=(api_sim, kube, f"fm-{row.id}"), daemon=True)
             watcher.start()
-            outcome = run_certify(api_sim, block, run_id=f"fm-{row.id}",
-                                  pod_annotations={RUN_SECONDS_ANNOTATION: "3"})  # fmt: skip
+            outcome = run_certify(api_sim, block, run_id=f"fm-{row.id}", pod_annotations={RUN_SECONDS_ANNOTATION: "3"})
             watcher.join(10)
     finally:
         api_sim.set_faults(None)
@@ -432,11 +544,23 @@ def test_certify_rides_out_a_flaky_api(row: Row, api_cluster: Any, tmp_path: Pat
 # --- pods that never run, a node deleted or gone NotReady mid-run: one certify run, a node each ---------
 
 #: The chaos run's nodes by index: what happens to each (the last one is healthy).
-CHAOS = {0: "job-image-pull", 1: "job-unschedulable", 2: "job-oom", 3: "job-deadline", 4: "node-deleted",
-         5: "node-not-ready"}  # fmt: skip
+CHAOS = {
+    0: "job-image-pull",
+    1: "job-unschedulable",
+    2: "job-oom",
+    3: "job-deadline",
+    4: "node-deleted",
+    5: "node-not-ready",
+}
 #: The reason each chaos node's Job is recorded with.
-CHAOS_REASON = {"job-image-pull": "image_pull", "job-unschedulable": "unschedulable", "job-oom": "oom",
-                "job-deadline": "deadline", "node-deleted": None, "node-not-ready": "deadline"}  # fmt: skip
+CHAOS_REASON = {
+    "job-image-pull": "image_pull",
+    "job-unschedulable": "unschedulable",
+    "job-oom": "oom",
+    "job-deadline": "deadline",
+    "node-deleted": None,
+    "node-not-ready": "deadline",
+}
 FOREIGN_TAINT = {"key": "maintenance", "value": "firmware", "effect": "NoSchedule"}
 
 
@@ -465,12 +589,16 @@ def chaos(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     its Job too ends at its deadline), the NotReady one's kubelet stops (Ready False, no Lease renewed; the
     node lifecycle controller taints it)."""
     root = tmp_path_factory.mktemp(f"chaos-store-{request.param}")
-    with open_cluster(request.param, nodes=7, preconfigured=True, seed=22) as sim, \
-            pytest.MonkeyPatch.context() as patch:  # fmt: skip
+    with (
+        open_cluster(request.param, nodes=7, preconfigured=True, seed=22) as sim,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         names, kube = sim.fleet.node_names, connect(sim.kubeconfig_path)
-        shaped = {0: {IMAGE_PULL_ERROR_ANNOTATION: "ErrImagePull"},
-                  2: {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"},
-                  3: {RUN_SECONDS_ANNOTATION: "600"}}  # fmt: skip
+        shaped = {
+            0: {IMAGE_PULL_ERROR_ANNOTATION: "ErrImagePull"},
+            2: {EXIT_CODE_ANNOTATION: "137", TERMINATED_REASON_ANNOTATION: "OOMKilled"},
+            3: {RUN_SECONDS_ANNOTATION: "600"},
+        }
         for index, notes in shaped.items():
             kube.merge_patch("v1", "Node", names[index], {"metadata": {"annotations": notes}})
         kube.merge_patch("v1", "Node", names[1], {"spec": {"taints": [FOREIGN_TAINT]}})
@@ -482,8 +610,9 @@ def chaos(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             kube, [deleted, down], lambda n: sim.delete_node(n) if n == deleted else sim.set_node_ready(n, False)
         )
         block = _file_store(root)
-        outcome = run_certify(sim, block, run_id="fm-chaos", deadline_s=4,
-                              pod_annotations={RUN_SECONDS_ANNOTATION: "1.5"})  # fmt: skip
+        outcome = run_certify(
+            sim, block, run_id="fm-chaos", deadline_s=4, pod_annotations={RUN_SECONDS_ANNOTATION: "1.5"}
+        )
         watcher.join(5)
         store = open_store(block.uri)
         decisions = check_end_state(kube, store, outcome, before, versions_before=0, gone=[deleted])
@@ -520,8 +649,12 @@ def test_a_node_whose_benchmark_cannot_run_is_inconclusive(row: Row, chaos: Chao
     now = chaos.kube.get("v1", "Node", node)
     assert UNHEALTHY not in gpucert_taints(now)
     pods = chaos.kube.list_objects("v1", "Pod", NAMESPACE, label_selector=f"{PREFIX}/run-id={outcome.run_id}")
-    holding = [p["metadata"]["name"] for p in pods if (p.get("spec") or {}).get("nodeName") == node
-               and (p.get("status") or {}).get("phase") in ("Pending", "Running")]  # fmt: skip
+    holding = [
+        p["metadata"]["name"]
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName") == node
+        and (p.get("status") or {}).get("phase") in ("Pending", "Running")
+    ]
     assert holding == [], f"{node}: pods still holding its GPUs: {holding}"
     if row.id == "job-unschedulable":
         assert FOREIGN_TAINT in now["spec"]["taints"]
@@ -598,8 +731,9 @@ def _s3_block(endpoint: str, prefix: str) -> BaselineStore:
     from prefect_aws import AwsCredentials
     from pydantic import SecretStr
 
-    credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY),
-                                 region_name=REGION)  # fmt: skip
+    credentials = AwsCredentials(
+        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY), region_name=REGION
+    )
     return BaselineStore(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
 
 
@@ -612,9 +746,7 @@ def _writes(proxy: FaultProxy, prefix: str) -> list[str]:
 
 @pytest.mark.usefixtures("s3_env")
 @pytest.mark.parametrize("row", rows("store-5xx", "store-dropped"))
-def test_every_write_of_the_run_meets_the_fault_once(
-    row: Row, moto_endpoint: str, store_sim: SimCluster
-) -> None:
+def test_every_write_of_the_run_meets_the_fault_once(row: Row, moto_endpoint: str, store_sim: SimCluster) -> None:
     kube, prefix = connect(store_sim.kubeconfig_path), f"m/{row.id}"
     before = nodes_of(kube)
     if row.id == "store-5xx":
@@ -630,9 +762,18 @@ def test_every_write_of_the_run_meets_the_fault_once(
     check_end_state(kube, store, outcome, before, versions_before=0)
     # Every object the run wrote had its first PUT faulted: the results, verdicts, decisions, stack and
     # report, the baseline version (table, meta), the pointer and its marker, the recorded tickets.
-    assert {w.rsplit("/", 1)[-1] for w in writes} >= {"results.parquet", "verdicts.parquet", "decisions.parquet",
-            "stack.json", "report.html", "baseline.parquet", "meta.json", "current", "made-current",
-            f"run={outcome.run_id}.json"}, writes  # fmt: skip
+    assert {w.rsplit("/", 1)[-1] for w in writes} >= {
+        "results.parquet",
+        "verdicts.parquet",
+        "decisions.parquet",
+        "stack.json",
+        "report.html",
+        "baseline.parquet",
+        "meta.json",
+        "current",
+        "made-current",
+        f"run={outcome.run_id}.json",
+    }, writes
     faulted_puts = {f.removeprefix(f"PUT /{BUCKET}/{prefix}/") for f in faulted if f.startswith("PUT")}
     assert faulted_puts == set(writes), sorted(set(writes) - faulted_puts)
     run = run_of(store, outcome)
@@ -643,9 +784,7 @@ def test_every_write_of_the_run_meets_the_fault_once(
 
 
 @pytest.mark.usefixtures("s3_env")
-def test_store_412_a_rival_wins_the_race_and_both_updates_are_kept(
-    moto_endpoint: str, store_sim: SimCluster
-) -> None:
+def test_store_412_a_rival_wins_the_race_and_both_updates_are_kept(moto_endpoint: str, store_sim: SimCluster) -> None:
     from .test_store import add_key, keys_of
 
     kube, prefix = connect(store_sim.kubeconfig_path), "m/store-412"
@@ -654,8 +793,12 @@ def test_store_412_a_rival_wins_the_race_and_both_updates_are_kept(
     proxy = FaultProxy(moto_endpoint)
     won: list[str] = []
     # The rival moves current after the run read it and just before the run's conditional PUT lands.
-    proxy.inject("PUT", "/baselines/current", PASS,
-                 before=lambda: won.append(rival.update(add_key("GPU-rival"), message="rival")))  # fmt: skip
+    proxy.inject(
+        "PUT",
+        "/baselines/current",
+        PASS,
+        before=lambda: won.append(rival.update(add_key("GPU-rival"), message="rival")),
+    )
     try:
         outcome = run_certify(store_sim, _s3_block(proxy.endpoint, prefix), run_id="fm-store-412")
         pointer = [s.outcome for s in proxy.seen if s.method == "PUT" and s.path.endswith("/baselines/current")]
@@ -676,8 +819,11 @@ def _marks(node: Mapping[str, Any]) -> tuple[Any, ...]:
     """What gpucert writes on a node: its labels and annotations under the prefix, its taints, its
     ``GpuCertified`` condition."""
     meta = node.get("metadata") or {}
-    mine = {k: v for k, v in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items()
-            if k.startswith(f"{PREFIX}/")}  # fmt: skip
+    mine = {
+        k: v
+        for k, v in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items()
+        if k.startswith(f"{PREFIX}/")
+    }
     return mine, (node.get("spec") or {}).get("taints") or [], condition(node, "GpuCertified")
 
 
@@ -696,8 +842,13 @@ def test_store_unreachable_the_run_fails_before_it_acts(store_sim: SimCluster) -
 # --- the flow process killed at a step, then started again with the same run id ------------------------
 
 #: The row → the crash point the process dies at (None: the test kills it once its Jobs run).
-KILLED = {"killed-jobs-started": None, "killed-judged": "judged", "killed-between-taints": "between-taints",
-          "killed-baseline-write": "baseline-written", "killed-between-tickets": "between-tickets"}  # fmt: skip
+KILLED = {
+    "killed-jobs-started": None,
+    "killed-judged": "judged",
+    "killed-between-taints": "between-taints",
+    "killed-baseline-write": "baseline-written",
+    "killed-between-tickets": "between-tickets",
+}
 
 
 @pytest.fixture(scope="module")
@@ -753,15 +904,14 @@ def test_a_killed_run_started_again_completes_and_duplicates_nothing(
         # Each failed node tainted once: by the killed run (kept now) or by this one (added).
         assert sorted(outcome.with_taint("added") + outcome.with_taint("kept")) == sorted(failing)
         assert {d.node: d.state for d in outcome.decisions} == {
-            n: "failed" if n in failing else "certified" for n in names}  # fmt: skip
+            n: "failed" if n in failing else "certified" for n in names
+        }
         tickets = check_tickets(root, run_id, expected=len(failing))
         assert sorted(t.node for t in tickets) == sorted(failing)
         assert [(t.runs, t.occurrences) for t in tickets] == [([run_id], 1)] * len(failing)
 
 
-def _what_the_kill_left(
-    row: str, kube: Kube, store: Store, root: Path, run_id: str, failing: Sequence[str]
-) -> None:
+def _what_the_kill_left(row: str, kube: Kube, store: Store, root: Path, run_id: str, failing: Sequence[str]) -> None:
     """Check the state a kill at ``row``'s step left: the step's half-done work, and nothing after it."""
     taints = {name: gpucert_taints(node) for name, node in nodes_of(kube).items()}
     tainted = sorted(n for n, t in taints.items() if UNHEALTHY in t)
@@ -813,8 +963,14 @@ def _announce_while(sim: Any, faults: ApiFaults, settle_s: float) -> tuple[str, 
 
     def watch() -> None:
         try:
-            announce_joined_nodes(kube, prefix=PREFIX, selector=None, emit=lambda n, u: announced.append((n, u)),
-                                  timeout_s=2, stop=done.is_set)  # fmt: skip
+            announce_joined_nodes(
+                kube,
+                prefix=PREFIX,
+                selector=None,
+                emit=lambda n, u: announced.append((n, u)),
+                timeout_s=2,
+                stop=done.is_set,
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -858,8 +1014,9 @@ def test_watch_nodes_announces_a_join_once_and_onboard_admits_it(
         assert onboard_sim.faults.served.get("expired", 0) > served.get("expired", 0)
     # The announcement starts onboard-node (its deployment trigger); run it as the trigger would.
     before = nodes_of(kube)
-    result = asyncio.run(onboard(node=new, uid=uid, cluster=_cluster(onboard_sim), store=_file_store(tmp_path),
-                                 ready_timeout_s=30))  # fmt: skip
+    result = asyncio.run(
+        onboard(node=new, uid=uid, cluster=_cluster(onboard_sim), store=_file_store(tmp_path), ready_timeout_s=30)
+    )
     assert (result.state, result.admitted) == ("certified", True)
     assert result.certify is not None
     check_end_state(kube, open_store(f"file://{tmp_path}"), result.certify, before, versions_before=0)
@@ -889,8 +1046,9 @@ def test_operate_night_under_429s(api_sim: SimCluster, tmp_path: Path) -> None:
     before, served = nodes_of(kube), api_sim.faults.served.get("429", 0)
     api_sim.set_faults(ApiFaults(throttle_rate=0.04, retry_after_s=1, seed=7))
     try:
-        night = asyncio.run(operate(cluster=_cluster(api_sim), store=_file_store(tmp_path), rotation_days=0.0,
-                                    scrape_interval_s=0.2))  # fmt: skip
+        night = asyncio.run(
+            operate(cluster=_cluster(api_sim), store=_file_store(tmp_path), rotation_days=0.0, scrape_interval_s=0.2)
+        )
     finally:
         api_sim.set_faults(None)
     assert api_sim.faults.served.get("429", 0) > served, f"the fault of {row.id} never fired"
@@ -1012,8 +1170,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _prefect(env: Mapping[str, str], *args: str) -> str:
-    done = subprocess.run([PREFECT, "--no-prompt", *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [PREFECT, "--no-prompt", *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False, timeout=120
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)}: {done.stdout}{done.stderr}"
     return done.stdout
 
@@ -1023,9 +1182,25 @@ def process_worker(env: Mapping[str, str], queue: str, log: Path) -> Iterator[su
     """A real ``prefect worker start`` on the ``gpucert`` process pool's ``queue``, one run at a time; what it
     and its flow runs print goes to ``log`` (kept with the test's temporary files, for a failure)."""
     with log.open("wb") as out:
-        worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gpucert", "--type", "process",
-                                   "--limit", "1", "--work-queue", queue],
-                                  env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        worker = subprocess.Popen(
+            [
+                PREFECT,
+                "worker",
+                "start",
+                "--pool",
+                "gpucert",
+                "--type",
+                "process",
+                "--limit",
+                "1",
+                "--work-queue",
+                queue,
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield worker
         finally:
@@ -1036,8 +1211,11 @@ def _run_job_uids(kube: Kube, run_id: str) -> dict[str, str]:
     """The run's benchmark Jobs, one per node (its links' pair Jobs aside): name → uid (a Job deleted and
     made again has a new uid)."""
     jobs = kube.list_objects("batch/v1", "Job", NAMESPACE, label_selector=f"{PREFIX}/run-id={run_id}")
-    return {j["metadata"]["name"]: j["metadata"]["uid"] for j in jobs
-            if f"{PREFIX}/node" in (j["metadata"].get("annotations") or {})}  # fmt: skip
+    return {
+        j["metadata"]["name"]: j["metadata"]["uid"]
+        for j in jobs
+        if f"{PREFIX}/node" in (j["metadata"].get("annotations") or {})
+    }
 
 
 def _automations_for_the_test() -> list[dict[str, Any]]:
@@ -1069,8 +1247,17 @@ def _running_on(worker: subprocess.Popen[bytes], run_id: str) -> Any:
     """The shard of ``run_id`` whose flow run process is a child of ``worker`` (the process worker records it
     as the flow run's ``infrastructure_pid``, ``<host>:<pid>``), or None."""
     below = set(_descendants(worker.pid))
-    return next((r for r in _shard_runs(run_id) if r.state and r.state.is_running() and r.infrastructure_pid
-                 and int(str(r.infrastructure_pid).rpartition(":")[2]) in below), None)  # fmt: skip
+    return next(
+        (
+            r
+            for r in _shard_runs(run_id)
+            if r.state
+            and r.state.is_running()
+            and r.infrastructure_pid
+            and int(str(r.infrastructure_pid).rpartition(":")[2]) in below
+        ),
+        None,
+    )
 
 
 def _node_pods(kube: Kube, run_id: str, node: str) -> list[dict[str, Any]]:
@@ -1083,8 +1270,9 @@ def _error_logs(flow_run_id: Any, last: int = 5) -> list[str]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
 
     with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]),
-                                          level=LogFilterLevel(ge_=30)))  # fmt: skip
+        logs = client.read_logs(
+            LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]), level=LogFilterLevel(ge_=30))
+        )
     return [f"{log.name}: {log.message[:600]}" for log in sorted(logs, key=lambda g: g.timestamp)[-last:]]
 
 
@@ -1111,8 +1299,13 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
     with SimCluster(nodes=4, preconfigured=True, seed=27) as sim:
         kube, store_uri = connect(sim.kubeconfig_path), f"file://{tmp_path / 'store'}"
         before = nodes_of(kube)
-        env = {**os.environ, "PREFECT_API_URL": api_url, "KUBECONFIG": str(sim.kubeconfig_path),
-               "GPUCERT_STORE": store_uri, "PREFECT_WORKER_QUERY_SECONDS": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": api_url,
+            "KUBECONFIG": str(sim.kubeconfig_path),
+            "GPUCERT_STORE": store_uri,
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+        }
         _prefect(env, "work-pool", "create", "gpucert", "--type", "process", "--overwrite")
         _prefect(env, "deploy", "--name", "certify", "--name", "certify-shard")
         _prefect(env, "automation", "create", "--from-json", json.dumps(_automations_for_the_test()))
@@ -1121,21 +1314,33 @@ def test_a_killed_workers_run_is_brought_back_by_prefect(api_url: str, tmp_path:
         try:
             # No saved team blocks here: the names prefect.yaml gives are cleared, so the workers' $KUBECONFIG
             # and $GPUCERT_STORE say where (flows/_setup.py).
-            flow_run = run_deployment("certify/certify", timeout=0, parameters={
-                "policy": policy_ref, "pod_annotations": {RUN_SECONDS_ANNOTATION: "5"},
-                "cluster_block": None, "store_block": None, "policy_block": None})  # fmt: skip
+            flow_run = run_deployment(
+                "certify/certify",
+                timeout=0,
+                parameters={
+                    "policy": policy_ref,
+                    "pod_annotations": {RUN_SECONDS_ANNOTATION: "5"},
+                    "cluster_block": None,
+                    "store_block": None,
+                    "policy_block": None,
+                },
+            )
             assert isinstance(flow_run, FlowRun)
-            with process_worker(env, "default", tmp_path / "parent.log"), \
-                    process_worker(env, "shards", tmp_path / "doomed.log") as doomed, \
-                    process_worker(env, "shards", tmp_path / "other.log"):  # fmt: skip
+            with (
+                process_worker(env, "default", tmp_path / "parent.log"),
+                process_worker(env, "shards", tmp_path / "doomed.log") as doomed,
+                process_worker(env, "shards", tmp_path / "other.log"),
+            ):
                 deadline = time.monotonic() + 300  # generous: on a loaded machine a flow run takes a while to start
                 while not (doomed_shard := _running_on(doomed, run_id := _flow_run(flow_run.id).name)) or any(
-                        not _node_pods(kube, run_id, n) for n in doomed_shard.parameters["nodes"]):  # fmt: skip
+                    not _node_pods(kube, run_id, n) for n in doomed_shard.parameters["nodes"]
+                ):
                     assert doomed.poll() is None, "a worker died on its own"
                     parent = _flow_run(flow_run.id)
                     assert not (parent.state and parent.state.is_final()), (
                         f"the parent ended before any shard ran: {_state_history(flow_run.id)}; "
-                        f"{parent.state.message}; its last errors: {_error_logs(flow_run.id)}")  # fmt: skip
+                        f"{parent.state.message}; its last errors: {_error_logs(flow_run.id)}"
+                    )
                     assert time.monotonic() < deadline, f"no shard's Jobs ran: {_state_history(flow_run.id)}"
                     time.sleep(0.2)
                 jobs = _run_job_uids(kube, run_id)
@@ -1208,6 +1413,6 @@ def test_every_row_has_its_test_and_the_docs_show_the_matrix() -> None:
         assert bool(fixtures) == (row.servers == BOTH), f"{row.id}: servers {row.servers}, fixtures {fixtures}"
     assert len(ROWS) == len(MATRIX), "two rows share an id"
     testing_doc = (ROOT / "docs" / "design" / "testing.md").read_text(encoding="utf-8")
-    section = testing_doc[testing_doc.index("## Fault matrix"):]
+    section = testing_doc[testing_doc.index("## Fault matrix") :]
     table = [line for line in section.splitlines() if line.startswith("|")]
     assert table[: len(MATRIX) + 2] == docs_table(), "docs/design/testing.md's fault matrix is not this file's"

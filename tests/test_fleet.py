@@ -203,8 +203,7 @@ def test_healthy_medians_and_spreads_follow_the_noise_model() -> None:
     cv_rep = np.sqrt((nccl.std() / nccl.mean()).pow(2).mean())
     assert cv_rep == pytest.approx(noise.cv_rep[NCCL], rel=0.15)
     # rep_scale shrinks run-to-run noise and nothing else.
-    half = Fleet.generate(nodes=40, seed=5, noise=NoiseModel(transient_rate=0.0, slow_silicon_rate=0.0,
-                                                             rep_scale=0.5))
+    half = Fleet.generate(nodes=40, seed=5, noise=NoiseModel(transient_rate=0.0, slow_silicon_rate=0.0, rep_scale=0.5))
     g = rows(half.run("h", ts=MIDNIGHT, seed=6, repeats=10).results, metric=GEMM)
     per_gpu = g.groupby(["node", "gpu"], observed=True)["value"]
     assert np.sqrt((per_gpu.std() / per_gpu.mean()).pow(2).mean()) == pytest.approx(0.0035, rel=0.1)
@@ -227,8 +226,14 @@ def test_healthy_telemetry_and_events() -> None:
     assert (tele["temp_slowdown_c"] == 89).all()
     assert (tele["power_limit_w"] == tele["power_limit_default_w"]).all()
     assert (tele["pcie_replays_per_min"] < 1).all()
-    for m in ("hw_slowdown_frac", "ecc_dbe_volatile", "remapped_rows_pending", "remapped_rows_failure",
-              "nvlink_down", "nvlink_crc_errors"):
+    for m in (
+        "hw_slowdown_frac",
+        "ecc_dbe_volatile",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "nvlink_down",
+        "nvlink_crc_errors",
+    ):
         assert (tele[m] == 0).all(), m
     assert (rows(df, metric="gpu_count")["value"] == 8).all()
     assert (rows(df, metric="gpu_count_expected")["value"] == 8).all()
@@ -319,14 +324,20 @@ def between(lo: float, hi: float) -> Callable[[float], bool]:
 
 # kind → (telemetry that names it, metrics it lowers, XIDs it logs on its GPU, params that keep it alive)
 EXPECT: dict[str, tuple[dict[str, Callable[[float], bool]], set[str], Counter[int], dict[str, float]]] = {
-    "hw_thermal": ({"clocks_event_reasons": has_bits(0x48), "hw_slowdown_frac": between(0.05, 0.6),
-                    "temp_max_c": between(89, 93)}, {GEMM, HBM, NCCL}, Counter(), {}),
-    "sw_thermal": ({"clocks_event_reasons": has_bits(0x20), "temp_max_c": between(84, 88)}, {GEMM, HBM},
-                   Counter(), {}),
-    "power_brake": ({"clocks_event_reasons": has_bits(0x88), "hw_slowdown_frac": between(0.05, 0.6)},
-                    {GEMM, HBM, NCCL}, Counter(), {}),
-    "power_cap": ({"clocks_event_reasons": has_bits(0x04), "power_limit_w": between(400, 600)}, {GEMM},
-                  Counter(), {}),
+    "hw_thermal": (
+        {"clocks_event_reasons": has_bits(0x48), "hw_slowdown_frac": between(0.05, 0.6), "temp_max_c": between(89, 93)},
+        {GEMM, HBM, NCCL},
+        Counter(),
+        {},
+    ),
+    "sw_thermal": ({"clocks_event_reasons": has_bits(0x20), "temp_max_c": between(84, 88)}, {GEMM, HBM}, Counter(), {}),
+    "power_brake": (
+        {"clocks_event_reasons": has_bits(0x88), "hw_slowdown_frac": between(0.05, 0.6)},
+        {GEMM, HBM, NCCL},
+        Counter(),
+        {},
+    ),
+    "power_cap": ({"clocks_event_reasons": has_bits(0x04), "power_limit_w": between(400, 600)}, {GEMM}, Counter(), {}),
     "pcie_gen4": ({"pcie_gen": equals(4), "pcie_gen_max": equals(5)}, {H2D, D2H, PAIR}, Counter(), {}),
     "pcie_width": ({"pcie_width": lambda v: v in (4, 8)}, {H2D, D2H, PAIR}, Counter(), {}),
     "pcie_replay": ({"pcie_replays_per_min": between(10, 1000)}, {H2D, D2H, PAIR}, Counter(), {}),
@@ -335,8 +346,12 @@ EXPECT: dict[str, tuple[dict[str, Callable[[float], bool]], set[str], Counter[in
     "nvswitch_degraded": ({"nvlink_down": between(1, 18)}, {NCCL}, Counter(), {}),
     "nvlink_crc": ({"nvlink_crc_errors": between(60, 60_000)}, {NCCL}, Counter(), {}),
     "sbe_storm": ({"ecc_sbe_volatile": between(100, 5000)}, {HBM}, Counter({92: 3}), {"xid92_rows": 3}),
-    "remap_pending": ({"ecc_dbe_volatile": equals(1), "remapped_rows_pending": equals(1)}, set(),
-                      Counter({48: 1, 63: 1}), {"crash": 0}),
+    "remap_pending": (
+        {"ecc_dbe_volatile": equals(1), "remapped_rows_pending": equals(1)},
+        set(),
+        Counter({48: 1, 63: 1}),
+        {"crash": 0},
+    ),
     "remap_failure": ({"remapped_rows_failure": equals(1)}, set(), Counter({64: 1}), {"crash": 0}),
     "uncontained_ecc": ({"ecc_dbe_volatile": between(1, 4)}, set(), Counter({95: 1}), {}),
     "fallen_off_bus": ({}, set(), Counter({79: 1}), {}),
@@ -345,16 +360,36 @@ EXPECT: dict[str, tuple[dict[str, Callable[[float], bool]], set[str], Counter[in
     "host_contention": ({}, {H2D, D2H, PAIR}, Counter(), {}),
     "ib_port_down": ({"ib_ports_active": equals(7), "ib_ports": equals(8)}, {PAIR}, Counter(), {}),
     "ib_downshift": ({"ib_rate_min_gbps": equals(200), "ib_rate_max_gbps": equals(400)}, {PAIR}, Counter(), {}),
-    "nic_half_rate": ({"ib_rate_min_gbps": equals(200), "ib_rate_max_gbps": equals(400),
-                       "ib_ports_active": equals(8)}, {PAIR}, Counter(), {}),
-    "ib_flapping_port": ({"ib_link_downed": between(1, 12), "ib_symbol_errors": between(10, 10_000),
-                          "ib_rcv_errors": between(1, 200), "ib_rate_min_gbps": equals(400)}, {PAIR}, Counter(), {}),
+    "nic_half_rate": (
+        {"ib_rate_min_gbps": equals(200), "ib_rate_max_gbps": equals(400), "ib_ports_active": equals(8)},
+        {PAIR},
+        Counter(),
+        {},
+    ),
+    "ib_flapping_port": (
+        {
+            "ib_link_downed": between(1, 12),
+            "ib_symbol_errors": between(10, 10_000),
+            "ib_rcv_errors": between(1, 200),
+            "ib_rate_min_gbps": equals(400),
+        },
+        {PAIR},
+        Counter(),
+        {},
+    ),
     "slow_storage": ({}, {STORAGE}, Counter(), {}),
     # A fabric fault: on no node; test_a_slow_uplink_slows_only_the_pairs_between_its_two_leaves.
     "slow_uplink": ({}, {PAIR}, Counter(), {"leaf_a": 0, "leaf_b": 1}),
 }
-NIC_HEALTHY = {"ib_ports": 8, "ib_ports_active": 8, "ib_rate_min_gbps": 400, "ib_rate_max_gbps": 400,
-               "ib_symbol_errors": 0, "ib_link_downed": 0, "ib_rcv_errors": 0}
+NIC_HEALTHY = {
+    "ib_ports": 8,
+    "ib_ports_active": 8,
+    "ib_rate_min_gbps": 400,
+    "ib_rate_max_gbps": 400,
+    "ib_symbol_errors": 0,
+    "ib_link_downed": 0,
+    "ib_rcv_errors": 0,
+}
 
 
 def test_every_catalog_kind_has_an_expectation() -> None:
@@ -497,8 +532,17 @@ def test_truth_table(fleet: Fleet) -> None:
         Fault("remap_failure", fleet.node_names[3], 1, {"crash": 0}),
     ]
     t = fleet.run("t", ts=MIDNIGHT, seed=1, faults=faults).truth
-    assert list(t.columns) == ["kind", "node", "gpu", "gpu_uuid", "scope", "expected_cause", "signature",
-                               "cost", "params"]
+    assert list(t.columns) == [
+        "kind",
+        "node",
+        "gpu",
+        "gpu_uuid",
+        "scope",
+        "expected_cause",
+        "signature",
+        "cost",
+        "params",
+    ]
     assert t["gpu"].dtype == "Int64"
     assert t["signature"].dtype == bool
     assert t["kind"].tolist() == [f.kind for f in faults]
@@ -512,8 +556,9 @@ def test_truth_table(fleet: Fleet) -> None:
     assert t.loc[0, "params"]["duty"] == 0.3
     assert 0 <= t.loc[0, "params"]["over_c"] <= 4
     for kind in FAULTS:
-        assert FAULTS[kind].signature == (kind not in {"slow_silicon", "host_contention", "slow_uplink",
-                                                       "slow_storage"})
+        assert FAULTS[kind].signature == (
+            kind not in {"slow_silicon", "host_contention", "slow_uplink", "slow_storage"}
+        )
     # Faults on nodes outside the wave were not observed.
     part = fleet.run("t", ts=MIDNIGHT, seed=1, faults=faults, nodes=[fleet.node_names[2]]).truth
     assert part["kind"].tolist() == ["ib_port_down"]
@@ -585,8 +630,9 @@ def test_a_hundred_thousand_gpus_take_seconds() -> None:
     generated = time.perf_counter()
     wave = f.run("big", ts=MIDNIGHT, seed=2, faults=random_faults(f, 500, seed=3), pairs=True)
     done = time.perf_counter()
-    print(f"\n100,000 GPUs: generate {generated - start:.2f} s, run {done - generated:.2f} s, "
-          f"{len(wave.results):,} rows")
+    print(
+        f"\n100,000 GPUs: generate {generated - start:.2f} s, run {done - generated:.2f} s, {len(wave.results):,} rows"
+    )
     assert f.n_gpus == 100_000
     assert len(wave.truth) == 500
     assert done - start < 30  # a Python loop over GPUs or rows would take minutes, not seconds
@@ -689,8 +735,11 @@ def test_listed_pairs_measure_the_same_whichever_way_round_and_wherever_they_sta
 def test_listed_pairs_that_are_no_pairs_are_refused(fleet: Fleet) -> None:
     a, b, c = fleet.node_names[:3]
     for bad, kind in (
-        ([(a, a)], ValueError), ([(a, "nowhere")], ValueError), ([(a, b), (b, a)], ValueError),
-        ([(a, b, c)], TypeError), ((a, b), TypeError),
+        ([(a, a)], ValueError),
+        ([(a, "nowhere")], ValueError),
+        ([(a, b), (b, a)], ValueError),
+        ([(a, b, c)], TypeError),
+        ((a, b), TypeError),
     ):
         with pytest.raises(kind):
             fleet.run("x", ts=MIDNIGHT, seed=1, pairs=bad)  # type: ignore[arg-type]
@@ -722,13 +771,21 @@ def test_a_slow_uplink_slows_only_the_pairs_between_its_two_leaves() -> None:
     assert (t["params"]["leaf_a"], t["params"]["leaf_b"]) == (2, 0)
     assert t["cost"] == pytest.approx(1 - factor)
     # Named leaves work as numbers do; observed only by a wave with nodes under both leaves.
-    named = f.run("u", ts=MIDNIGHT, seed=2, pairs=every, faults=[Fault("slow_uplink", params={
-        "leaf_a": f.leaf_number("leaf-02"), "leaf_b": 0, "factor": 0.5})])
+    named = f.run(
+        "u",
+        ts=MIDNIGHT,
+        seed=2,
+        pairs=every,
+        faults=[Fault("slow_uplink", params={"leaf_a": f.leaf_number("leaf-02"), "leaf_b": 0, "factor": 0.5})],
+    )
     assert named.truth.loc[0, "params"]["factor"] == 0.5
     assert f.run("u", ts=MIDNIGHT, seed=2, nodes=n[:16], faults=[uplink]).truth.empty
-    for bad in (Fault("slow_uplink", params={"leaf_a": 1}), Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 1}),
-                Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 7}),
-                Fault("slow_uplink", n[0], params=uplink.params)):
+    for bad in (
+        Fault("slow_uplink", params={"leaf_a": 1}),
+        Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 1}),
+        Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 7}),
+        Fault("slow_uplink", n[0], params=uplink.params),
+    ):
         with pytest.raises(ValueError, match=r"."):
             f.run("u", ts=MIDNIGHT, seed=2, faults=[bad])
 

@@ -41,16 +41,20 @@ def _run(sim: SimCluster, store: Path, **kwargs: Any) -> CertifyOutcome:
 
 def _node_jobs(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     """The benchmark Jobs of single nodes (the links step's pair Jobs aside)."""
-    return [j for j in kube.list_objects("batch/v1", "Job", namespace)
-            if "gpucert.io/node" in (j["metadata"].get("annotations") or {})]  # fmt: skip
+    return [
+        j
+        for j in kube.list_objects("batch/v1", "Job", namespace)
+        if "gpucert.io/node" in (j["metadata"].get("annotations") or {})
+    ]
 
 
 def _taints(kube: Kube) -> dict[str, list[tuple[str, str]]]:
     return {
-        n["metadata"]["name"]: [(t["key"], t.get("value", "")) for t in n["spec"].get("taints") or []
-                                 if t["key"].startswith("gpucert.io/")]
+        n["metadata"]["name"]: [
+            (t["key"], t.get("value", "")) for t in n["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")
+        ]
         for n in kube.nodes()
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +63,7 @@ def sim64() -> Iterator[SimCluster]:
         yield cluster
 
 
-def test_five_faults_on_64_nodes_get_the_right_state_taint_and_cause(
-    sim64: SimCluster, tmp_path: Path
-) -> None:
+def test_five_faults_on_64_nodes_get_the_right_state_taint_and_cause(sim64: SimCluster, tmp_path: Path) -> None:
     # A clean first run seeds the baselines, as after configure; the nodes it flags are the fleet's own
     # stragglers (the slow tail of silicon binning), which a faulty night must not be blamed for either.
     # Fixed run ids make the simulated measurements, and so this test, repeatable.
@@ -109,8 +111,12 @@ def test_a_killed_run_leaves_no_duplicate_jobs_no_half_baseline_no_stale_taint(t
         for node in names[:2]:
             kube.create(benchmark_job("cert-killed", node, 8, payload=payload, settings=settings))
         # An earlier run's taint on a node that was since repaired.
-        kube.merge_patch("v1", "Node", names[3], {"spec": {"taints": [
-            {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"}]}})  # fmt: skip
+        kube.merge_patch(
+            "v1",
+            "Node",
+            names[3],
+            {"spec": {"taints": [{"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"}]}},
+        )
 
         result = _run(sim, tmp_path, run_id="cert-again")
         jobs = _node_jobs(kube, settings.namespace)
@@ -164,9 +170,7 @@ def _flow_run_names(run_id: str) -> list[str]:
 
     async def names() -> list[str]:
         async with get_client() as client:
-            runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id]))
-            )
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
         return [r.name for r in runs]
 
     return asyncio.run(names())
@@ -187,13 +191,22 @@ def test_the_flow_and_compare_with_its_reruns_settle_alike(tmp_path: Path) -> No
     assert outcome.reruns
     folder = tmp_path / f"runs/date={outcome.day}/run=cert-pair"
     reruns = [
-        arg
-        for i in range(1, len(outcome.reruns) + 1)
-        for arg in ("--rerun", str(folder / f"results-c{i}.parquet"))
+        arg for i in range(1, len(outcome.reruns) + 1) for arg in ("--rerun", str(folder / f"results-c{i}.parquet"))
     ]
     out, decisions = tmp_path / "v.parquet", tmp_path / "d.parquet"
-    argv = ["compare", str(folder / "results.parquet"), *reruns, "--baselines", f"file://{tmp_path}",
-            "--baseline-version", str(before), "--out", str(out), "--decisions", str(decisions)]  # fmt: skip
+    argv = [
+        "compare",
+        str(folder / "results.parquet"),
+        *reruns,
+        "--baselines",
+        f"file://{tmp_path}",
+        "--baseline-version",
+        str(before),
+        "--out",
+        str(out),
+        "--decisions",
+        str(decisions),
+    ]
     assert main(argv) == 0
     columns = [
         "node",

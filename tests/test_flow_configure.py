@@ -50,9 +50,7 @@ def _versions(kube: Kube) -> dict[tuple[str, str, str], str]:
 
 def _store_version(kube: Kube) -> str:
     """The API server's current resourceVersion: it moves on any write anywhere."""
-    return str(
-        kube.request("GET", "/api/v1/namespaces", doing="list namespaces")["metadata"]["resourceVersion"]
-    )
+    return str(kube.request("GET", "/api/v1/namespaces", doing="list namespaces")["metadata"]["resourceVersion"])
 
 
 def _cluster(sim: SimCluster) -> GpuCluster:
@@ -128,9 +126,7 @@ def test_a_node_that_never_gets_ready_fails_the_flow_by_name() -> None:
 
 
 def test_api_500s_and_429s_are_ridden_out() -> None:
-    with SimCluster(
-        nodes=16, faults=ApiFaults(error_rate=0.1, throttle_rate=0.03, retry_after_s=1, seed=3)
-    ) as sim:
+    with SimCluster(nodes=16, faults=ApiFaults(error_rate=0.1, throttle_rate=0.03, retry_after_s=1, seed=3)) as sim:
         result = configure(cluster=_cluster(sim), rollout_timeout_s=60)
         assert result.gpus_verified == 16 * 8
         sim.set_faults(None)
@@ -150,9 +146,7 @@ def test_a_host_driver_node_gets_no_driver_pod_and_is_reported(tmp_path: Path) -
             },
         )
         result = configure(cluster=_cluster(sim), rollout_timeout_s=30)
-        drivers = kube.list_objects(
-            "v1", "Pod", "gpucert-system", label_selector="app.kubernetes.io/component=driver"
-        )
+        drivers = kube.list_objects("v1", "Pod", "gpucert-system", label_selector="app.kubernetes.io/component=driver")
         assert host not in {p["spec"]["nodeName"] for p in drivers}
         assert len(drivers) == 2
         labels = kube.get("v1", "Node", host)["metadata"]["labels"]
@@ -269,9 +263,7 @@ def test_a_joined_node_gets_the_fleets_release_registry_and_pins() -> None:
     assert load_matrix().newest_release().name != OLDER
     with SimCluster(nodes=3) as sim:
         kube = connect(sim.kubeconfig_path)
-        first = configure(
-            cluster=_cluster(sim), release=OLDER, versions=PINS, registry=MIRROR, rollout_timeout_s=30
-        )
+        first = configure(cluster=_cluster(sim), release=OLDER, versions=PINS, registry=MIRROR, rollout_timeout_s=30)
         assert "ConfigMap gpucert-system/gpucert-stack" in first.objects
         record = kube.get("v1", "ConfigMap", "gpucert-stack", "gpucert-system")
         assert record["data"]["release"] == OLDER
@@ -312,9 +304,7 @@ def test_explicit_arguments_win_over_the_record(tmp_path: Path) -> None:
         configure(cluster=_cluster(sim), release=OLDER, versions=PINS, registry=MIRROR, rollout_timeout_s=30)
         node = sim.fleet.node_names[1]
         before = _store_version(kube)
-        other = configure(
-            cluster=_cluster(sim), nodes=[node], registry="mirror.example.com", dry_run_dir=str(tmp_path)
-        )
+        other = configure(cluster=_cluster(sim), nodes=[node], registry="mirror.example.com", dry_run_dir=str(tmp_path))
         assert _store_version(kube) == before
         assert other.reused == ("release", "versions")
         assert (other.release, other.registry, other.pinned) == (OLDER, "mirror.example.com", PINS)

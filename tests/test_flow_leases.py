@@ -61,16 +61,19 @@ class JobRecord:
         if event.type == "ADDED":
             node = meta["annotations"][f"{PREFIX}/node"]
             node_obj = self.sim.store.get(NODES, None, node) or {}
-            testing = next((t.get("value") for t in (node_obj.get("spec") or {}).get("taints") or ()
-                            if t["key"] == TESTING), None)  # fmt: skip
+            testing = next(
+                (t.get("value") for t in (node_obj.get("spec") or {}).get("taints") or () if t["key"] == TESTING), None
+            )
             run = meta["labels"][f"{PREFIX}/run-id"]
             self.spans[meta["name"]] = Span(node, run, event.rv, testing)
             if run == self.first_job_of:
                 self.started.set()
             return
         span = self.spans.get(meta["name"])
-        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                       for c in (event.obj.get("status") or {}).get("conditions") or ())  # fmt: skip
+        finished = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in (event.obj.get("status") or {}).get("conditions") or ()
+        )
         if span is not None and span.end is None and (event.type == "DELETED" or finished):
             span.end = event.rv
 
@@ -81,9 +84,7 @@ def sim16() -> Iterator[SimCluster]:
         yield cluster
 
 
-def test_two_overlapping_certify_runs_benchmark_each_node_once_at_a_time(
-    sim16: SimCluster, tmp_path: Path
-) -> None:
+def test_two_overlapping_certify_runs_benchmark_each_node_once_at_a_time(sim16: SimCluster, tmp_path: Path) -> None:
     cluster = GpuCluster(kubeconfig=str(sim16.kubeconfig_path))
     store = BaselineStore(uri=f"file://{tmp_path}")
     names = sim16.fleet.node_names
@@ -93,11 +94,16 @@ def test_two_overlapping_certify_runs_benchmark_each_node_once_at_a_time(
 
     def run(run_id: str) -> None:
         try:  # each its own thread and event loop, as two flow runs on two workers would be
-            outcomes[run_id] = asyncio.run(certify(
-                cluster=cluster, store=store, run_id=run_id, max_parallel=8,
-                # Long enough that the second run starts while the first still benchmarks.
-                pod_annotations={"sim.gpucert.io/run-seconds": "1.5"},
-            ))  # fmt: skip
+            outcomes[run_id] = asyncio.run(
+                certify(
+                    cluster=cluster,
+                    store=store,
+                    run_id=run_id,
+                    max_parallel=8,
+                    # Long enough that the second run starts while the first still benchmarks.
+                    pod_annotations={"sim.gpucert.io/run-seconds": "1.5"},
+                )
+            )
         except BaseException as exc:  # re-raised below, in the test's thread
             errors.append(exc)
 
@@ -134,8 +140,10 @@ def test_two_overlapping_certify_runs_benchmark_each_node_once_at_a_time(
     # Each Job was started under its own run's testing taint (its Lease held), which the pods tolerated.
     assert all(s.testing == s.run for s in spans), [s for s in spans if s.testing != s.run]
     # And the runs did overlap: each benchmarked while the other had nodes under test.
-    window = {r: (min(s.start for s in spans if s.run == r), max(s.end or 0 for s in spans if s.run == r))
-              for r in ("night-a", "manual-b")}  # fmt: skip
+    window = {
+        r: (min(s.start for s in spans if s.run == r), max(s.end or 0 for s in spans if s.run == r))
+        for r in ("night-a", "manual-b")
+    }
     assert window["manual-b"][0] < window["night-a"][1]
     assert window["night-a"][0] < window["manual-b"][1]
 

@@ -42,8 +42,9 @@ def sim() -> Iterator[SimCluster]:
 
 def _run(sim: SimCluster, store: Path, run_id: str, **kwargs: Any) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path), storage_host_path="/mnt/datasets")
-    return asyncio.run(certify(cluster=cluster, store=BaselineStore(uri=f"file://{store}"), policy=PAIRS,
-                               run_id=run_id, **kwargs))  # fmt: skip
+    return asyncio.run(
+        certify(cluster=cluster, store=BaselineStore(uri=f"file://{store}"), policy=PAIRS, run_id=run_id, **kwargs)
+    )
 
 
 def _verdicts(store: Path, outcome: CertifyOutcome) -> pd.DataFrame:
@@ -88,8 +89,11 @@ def test_each_fault_is_named_to_its_layer_and_no_healthy_node_is_blamed(sim: Sim
     assert uplink["node"].isna().all()
     # Nobody under the slow uplink is blamed for it: their pair rows pass, saying what explains them.
     under = {n for n, leaf in zip(names, sim.fleet.leaf_index, strict=True) if leaf in UPLINK}
-    network_blamed = set(verdicts.loc[(verdicts["cause"] == "network") & verdicts["node"].notna()
-                                      & (verdicts["verdict"] != "pass"), "node"])  # fmt: skip
+    network_blamed = set(
+        verdicts.loc[
+            (verdicts["cause"] == "network") & verdicts["node"].notna() & (verdicts["verdict"] != "pass"), "node"
+        ]
+    )
     assert network_blamed == {nic_node}
     assert not (under - {nic_node}) & network_blamed
     head = night.links[0]

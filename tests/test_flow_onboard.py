@@ -30,8 +30,9 @@ def test_watch_nodes_reports_nodes_waiting_to_be_onboarded(sim: SimCluster) -> N
     kube = connect(sim.kubeconfig_path)
     [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
     found: list[tuple[str, str]] = []
-    announce_joined_nodes(kube, prefix="gpucert.io", selector=None, emit=lambda n, u: found.append((n, u)),
-                          follow=False)  # fmt: skip
+    announce_joined_nodes(
+        kube, prefix="gpucert.io", selector=None, emit=lambda n, u: found.append((n, u)), follow=False
+    )
     assert [name for name, _ in found] == [new]
     assert found[0][1] == kube.get("v1", "Node", new)["metadata"]["uid"]
 

@@ -37,9 +37,7 @@ def _certified_now(sim: SimCluster) -> None:
     kube = connect(sim.kubeconfig_path)
     stamp = datetime.now(UTC).isoformat()
     for name in sim.fleet.node_names:
-        kube.merge_patch(
-            "v1", "Node", name, {"metadata": {"annotations": {"gpucert.io/certified-at": stamp}}}
-        )
+        kube.merge_patch("v1", "Node", name, {"metadata": {"annotations": {"gpucert.io/certified-at": stamp}}})
 
 
 def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> OperateOutcome:
@@ -171,8 +169,16 @@ def test_a_node_whose_exporter_cannot_be_read_is_named_and_the_others_are_read(
         sim.set_node_ready(names[0], False)
         scrape = ExporterScrape(connect(sim.kubeconfig_path), STACK_NAMESPACE)
         eventually(lambda: not next(t for t in scrape.targets() if t.node == names[0]).ready)
-        common = ["--kubeconfig", str(sim.kubeconfig_path), "--store", tmp_path.as_uri(), "--rotation-days", "30",
-                  "--scrape-interval", "1"]  # fmt: skip
+        common = [
+            "--kubeconfig",
+            str(sim.kubeconfig_path),
+            "--store",
+            tmp_path.as_uri(),
+            "--rotation-days",
+            "30",
+            "--scrape-interval",
+            "1",
+        ]
         capsys.readouterr()
         assert main(["operate", *common, "--json"]) == 0
         night = OperateOutcome.model_validate_json(capsys.readouterr().out)
@@ -193,16 +199,20 @@ def test_the_report_counts_in_the_right_number() -> None:
     one = OperateOutcome(night=date(2026, 11, 2), due=["gpu-node-00001"], telemetry_read=["gpu-node-00001"])
     assert one.markdown().startswith("# operate: tonight\n\n1 node re-certified\ntelemetry read on 1 node\n")
     two = OperateOutcome(night=date(2026, 11, 2), due=["a", "b"], unreadable={"c": "no exporter: …"})
-    assert (
-        "2 nodes re-certified\ntelemetry read on 0 nodes; unread on 1 node: c (no exporter: …)"
-        in two.markdown()
-    )
+    assert "2 nodes re-certified\ntelemetry read on 0 nodes; unread on 1 node: c (no exporter: …)" in two.markdown()
 
 
 def test_exporters_found_but_no_node_read_is_not_clean_and_a_gap_is_only_partial() -> None:
     def reading(problems: dict[str, str], read: tuple[str, ...] = ()) -> Telemetry:
-        return Telemetry(results=empty_results(), problems=problems, notes=(), start=None,
-                         end=datetime.now(UTC), source="DCGM exporters in gpucert-system", nodes=read)  # fmt: skip
+        return Telemetry(
+            results=empty_results(),
+            problems=problems,
+            notes=(),
+            start=None,
+            end=datetime.now(UTC),
+            source="DCGM exporters in gpucert-system",
+            nodes=read,
+        )
 
     refused = "exporter http://10.0.0.1:9400/metrics: unreachable: connection refused"
     blind = telemetry_coverage(reading({"a": refused}), ["a", "b"])

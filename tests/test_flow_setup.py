@@ -42,9 +42,7 @@ def test_a_run_may_start_as_often_as_the_limit_says_and_then_fails(monkeypatch: 
 
 
 @pytest.mark.parametrize("limit", ["0", "-1", "three", "2.5"])
-def test_a_limit_that_is_not_a_positive_whole_number_is_refused(
-    monkeypatch: pytest.MonkeyPatch, limit: str
-) -> None:
+def test_a_limit_that_is_not_a_positive_whole_number_is_refused(monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
     monkeypatch.setenv(MAX_RUN_ATTEMPTS_ENV, limit)
     with pytest.raises(InputError, match=rf"\$GPUCERT_MAX_RUN_ATTEMPTS: '{limit}' is not a positive whole number"):
         check_attempts()

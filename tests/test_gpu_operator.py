@@ -55,8 +55,10 @@ class Operated:
 
     def daemonsets(self) -> dict[str, str]:
         """``namespace/name`` → uid of every DaemonSet."""
-        return {f"{d['metadata']['namespace']}/{d['metadata']['name']}": d["metadata"]["uid"]
-                for d in self.operator.daemonsets()}  # fmt: skip
+        return {
+            f"{d['metadata']['namespace']}/{d['metadata']['name']}": d["metadata"]["uid"]
+            for d in self.operator.daemonsets()
+        }
 
     def policy(self) -> dict[str, Any]:
         return self.operator.get("nvidia.com/v1", "ClusterPolicy", CLUSTER_POLICY)
@@ -124,15 +126,14 @@ def test_dry_run_shows_the_operator_path_and_the_change(
 ) -> None:
     before = operated.policy()["metadata"]["resourceVersion"]
 
-    code, result, err = _configure(capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}",
-                                   "--dry-run", str(tmp_path / "out"))  # fmt: skip
+    code, result, err = _configure(
+        capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}", "--dry-run", str(tmp_path / "out")
+    )
 
     assert code == 0, err
     assert result is not None
     assert result["installer"] == "gpu-operator"
-    assert result["operator_changes"] == [
-        f"ClusterPolicy {CLUSTER_POLICY}: driver {OLD_DRIVER} → {NEW_DRIVER}"
-    ]
+    assert result["operator_changes"] == [f"ClusterPolicy {CLUSTER_POLICY}: driver {OLD_DRIVER} → {NEW_DRIVER}"]
     [written] = result["dry_run_files"]
     objects = [d for d in yaml.safe_load_all(Path(written).read_text()) if d]
     assert objects == [
@@ -152,22 +153,25 @@ def test_both_installers_are_refused_with_exit_2(
 ) -> None:
     # gpucert's own device plugin left from before the operator came: two installers of the stack.
     own = {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "nvidia-device-plugin", "namespace": "default",
-                     "labels": {"app.kubernetes.io/part-of": "gpucert",
-                                "app.kubernetes.io/component": "device-plugin"}},
-        "spec": {"selector": {"matchLabels": {"app": "gpucert-device-plugin"}},
-                 "template": {"metadata": {"labels": {"app": "gpucert-device-plugin",
-                                                      "app.kubernetes.io/part-of": "gpucert"}},
-                              "spec": {"containers": [{"name": "plugin",
-                                                       "image": "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"}]}}},
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": "nvidia-device-plugin",
+            "namespace": "default",
+            "labels": {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/component": "device-plugin"},
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app": "gpucert-device-plugin"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpucert-device-plugin", "app.kubernetes.io/part-of": "gpucert"}},
+                "spec": {"containers": [{"name": "plugin", "image": "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"}]},
+            },
+        },
+    }
     operated.operator.apply(own, manager="test")
     before = operated.policy()["metadata"]["resourceVersion"]
     try:
-        code, _, err = _configure(
-            capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}"
-        )
+        code, _, err = _configure(capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}")
         assert code == 2
         assert "GPU Operator v26.7.0" in err, err
         assert "gpucert's own stack (default/nvidia-device-plugin)" in err, err
@@ -195,8 +199,9 @@ def test_driver_change_through_the_operator_rolls_out_and_certifies(
     operated.cluster.inject_fault(Fault("remap_failure", broken, 0))
 
     began = time.monotonic()
-    code, result, err = _configure(capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}",
-                                   "--timeout", "300")  # fmt: skip
+    code, result, err = _configure(
+        capsys, "--kubeconfig", operated.kubeconfig, "--set", f"driver={NEW_DRIVER}", "--timeout", "300"
+    )
     took = time.monotonic() - began
 
     assert code == 0, err
@@ -215,12 +220,8 @@ def test_driver_change_through_the_operator_rolls_out_and_certifies(
     }
     assert owners == {"gpucert"}, owners
     assert operated.daemonsets() == daemonsets
-    [driver_ds] = [
-        d for d in operated.operator.daemonsets() if d["metadata"]["name"] == "nvidia-driver-daemonset"
-    ]
-    assert driver_ds["spec"]["template"]["spec"]["containers"][0]["image"].endswith(
-        f":{NEW_DRIVER}-ubuntu22.04"
-    )
+    [driver_ds] = [d for d in operated.operator.daemonsets() if d["metadata"]["name"] == "nvidia-driver-daemonset"]
+    assert driver_ds["spec"]["template"]["spec"]["containers"][0]["image"].endswith(f":{NEW_DRIVER}-ubuntu22.04")
     assert "gpucert" not in {m["manager"] for m in driver_ds["metadata"]["managedFields"]}
     # Followed to upgrade-done on each node, then certified, in the one run.
     assert result["rollout"] == dict.fromkeys(result["nodes"], "upgrade-done")
@@ -230,9 +231,7 @@ def test_driver_change_through_the_operator_rolls_out_and_certifies(
     # Their own baselines were taken on the old driver: re-seeded after the change.
     assert set(result["reseeded"]) >= set(names) - {broken}, result["reseeded"]
     [suspect] = result["suspects"]
-    assert suspect.startswith(
-        f"{broken} failed certification after its driver changed {OLD_DRIVER} → {NEW_DRIVER}"
-    )
+    assert suspect.startswith(f"{broken} failed certification after its driver changed {OLD_DRIVER} → {NEW_DRIVER}")
     assert "the version change is the likeliest cause" in suspect
     assert result["drift"] == []
     nodes = {n["metadata"]["name"]: n["metadata"]["labels"] for n in operated.operator.nodes()}
@@ -262,16 +261,19 @@ def test_operate_reports_a_driver_moved_outside_gpucert(
             core.patch_node(name, {"spec": {"taints": kept or None}})
     with operated.cluster.plane.api_client() as api:  # a hand edit (kubectl edit), not gpucert
         client.CustomObjectsApi(api).patch_cluster_custom_object(
-            "nvidia.com", "v1", "clusterpolicies", CLUSTER_POLICY, {"spec": {"driver": {"version": OLD_DRIVER}}},
-            field_manager="kubectl-edit")  # fmt: skip
+            "nvidia.com",
+            "v1",
+            "clusterpolicies",
+            CLUSTER_POLICY,
+            {"spec": {"driver": {"version": OLD_DRIVER}}},
+            field_manager="kubectl-edit",
+        )
     # Up to one 2-minute poll of the upgrade controller: a driver pod that gets Ready after its last
     # reconcile is seen only at the next poll (runs took 3 s or 122 s).
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         images = operated.operator.driver_images()
-        moved = sorted(images) == names and all(
-            i.endswith(f":{OLD_DRIVER}-ubuntu22.04") for i in images.values()
-        )
+        moved = sorted(images) == names and all(i.endswith(f":{OLD_DRIVER}-ubuntu22.04") for i in images.values())
         if moved and set(operated.operator.upgrade_states().values()) == {"upgrade-done"}:
             break
         time.sleep(0.5)
@@ -280,14 +282,24 @@ def test_operate_reports_a_driver_moved_outside_gpucert(
         pytest.fail(
             f"the operator did not roll the driver back: {op.driver_images()}, {op.upgrade_states()}, "
             f"exited {op.process.poll() if op.process else None}; log: {op.log_tail(6000)}\n"
-            + "\n".join(
-                [line for line in op.log.read_text().splitlines() if "controllers.Upgrade" in line][-60:]
-            )
+            + "\n".join([line for line in op.log.read_text().splitlines() if "controllers.Upgrade" in line][-60:])
         )
 
     capsys.readouterr()
-    code = main(["operate", "--kubeconfig", operated.kubeconfig, "--store", str(store), "--scrape-interval", "1",
-                 "--max-nodes", "1", "--json"])  # fmt: skip
+    code = main(
+        [
+            "operate",
+            "--kubeconfig",
+            operated.kubeconfig,
+            "--store",
+            str(store),
+            "--scrape-interval",
+            "1",
+            "--max-nodes",
+            "1",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     # 4, not a clean night, and only because this is a real API server: it refuses loopback addresses in
     # Endpoints ("may not be in the loopback range"), and the simulated exporter pods' are loopback, so the
@@ -301,18 +313,14 @@ def test_operate_reports_a_driver_moved_outside_gpucert(
     assert f"{OPERATOR_EXPORTER_SELECTOR} in namespace {OPERATOR_NAMESPACE}" in night["telemetry_missing"]
     assert sorted(night["stack_drift"]) == names, night["stack_drift"]
     for node in names:
-        assert night["stack_drift"][node].startswith(f"driver {NEW_DRIVER} → {OLD_DRIVER}"), night[
-            "stack_drift"
-        ]
+        assert night["stack_drift"][node].startswith(f"driver {NEW_DRIVER} → {OLD_DRIVER}"), night["stack_drift"]
 
 
 OPERATOR_NAMESPACE = "gpu-operator"
 STACK_NAMESPACE = "gpucert-system"
 
 
-def test_operate_finds_the_operators_exporter_with_the_runtime_roles_only(
-    operated: Operated, tmp_path: Path
-) -> None:
+def test_operate_finds_the_operators_exporter_with_the_runtime_roles_only(operated: Operated, tmp_path: Path) -> None:
     """The real operator's exporter is where operate looks (its pods' namespace, its Service's label and
     port), and gpucert-runtime may list its Endpoints there with the Role configure renders for it — and
     not without it (the real authorizer judges)."""
@@ -331,8 +339,9 @@ def test_operate_finds_the_operators_exporter_with_the_runtime_roles_only(
     assert len(exporter_role) == 2  # the Role and its binding, in the operator's namespace
     for obj in runtime_objects:
         admin.apply(obj)
-    runtime = connect(operated.cluster.plane.kubeconfig_for(STACK_NAMESPACE, "gpucert-runtime",
-                                                            tmp_path / "runtime.kubeconfig"))  # fmt: skip
+    runtime = connect(
+        operated.cluster.plane.kubeconfig_for(STACK_NAMESPACE, "gpucert-runtime", tmp_path / "runtime.kubeconfig")
+    )
     own = ExporterSource(STACK_NAMESPACE)
 
     def runtime_roles_held() -> bool:

@@ -92,9 +92,18 @@ MODELS = {
 
 
 def _row(**overrides: object) -> dict[str, object]:
-    row: dict[str, object] = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1",
-                              "gpu_model": "NVIDIA H200", "metric": "gemm_bf16_tflops", "value": 700.0,
-                              "repeat": 0, "peer": None, "ts": "2026-11-01T02:00:00Z"}  # fmt: skip
+    row: dict[str, object] = {
+        "run_id": "r1",
+        "node": "n1",
+        "gpu": 0,
+        "gpu_uuid": "GPU-1",
+        "gpu_model": "NVIDIA H200",
+        "metric": "gemm_bf16_tflops",
+        "value": 700.0,
+        "repeat": 0,
+        "peer": None,
+        "ts": "2026-11-01T02:00:00Z",
+    }
     row.update(overrides)
     return row
 
@@ -105,21 +114,29 @@ def _jsonl(path: Path, *rows: dict[str, object], raw: str | None = None) -> None
 
 def _parquet(path: Path, **columns: pa.Array) -> None:
     base = {
-        "run_id": pa.array(["r1"]), "node": pa.array(["n1"]), "gpu": pa.array([0], pa.int64()),
-        "gpu_uuid": pa.array(["GPU-1"]), "gpu_model": pa.array(["NVIDIA H200"]),
-        "metric": pa.array(["gemm_bf16_tflops"]), "value": pa.array([700.0]),
-        "repeat": pa.array([0], pa.int64()), "peer": pa.array([None], pa.string()),
+        "run_id": pa.array(["r1"]),
+        "node": pa.array(["n1"]),
+        "gpu": pa.array([0], pa.int64()),
+        "gpu_uuid": pa.array(["GPU-1"]),
+        "gpu_model": pa.array(["NVIDIA H200"]),
+        "metric": pa.array(["gemm_bf16_tflops"]),
+        "value": pa.array([700.0]),
+        "repeat": pa.array([0], pa.int64()),
+        "peer": pa.array([None], pa.string()),
         "ts": pa.array([pd.Timestamp("2026-11-01T02:00:00Z")]),
-    }  # fmt: skip
+    }
     pq.write_table(pa.table({**base, **columns}), path)
 
 
 def _kubeconfig(server: object = "http://127.0.0.1:1", user: dict[str, Any] | None = None, **top: Any) -> str:
     config: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
         "users": [{"name": "u", "user": user if user is not None else {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c",
-    }  # fmt: skip
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
     config.update(top)
     return json.dumps(config)
 
@@ -179,8 +196,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Results: names.
     for name, value in [*HOSTILE.items(), ("upper", "Node-1"), ("nul", "n\x001")]:
         _jsonl(d / f"node-{name}.jsonl", _row(node=value))
-    for name, value in (("newline", "GPU-1\nGPU-2"), ("space", "GPU-$(rm -rf ~)"), ("long", "G" * 300),
-                        ("escape", "GPU-\x1b]0;owned\x07")):  # fmt: skip
+    for name, value in (
+        ("newline", "GPU-1\nGPU-2"),
+        ("space", "GPU-$(rm -rf ~)"),
+        ("long", "G" * 300),
+        ("escape", "GPU-\x1b]0;owned\x07"),
+    ):
         _jsonl(d / f"uuid-{name}.jsonl", _row(gpu_uuid=value))
     for name, value in (
         ("newline", "NVIDIA H200\nNVIDIA H100"),
@@ -222,8 +243,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "kube-server-shell.yaml").write_text(_kubeconfig(server="$(touch /tmp/gpucert-pwned)"))
     (d / "kube-no-context.yaml").write_text(_kubeconfig(user=None, **{"current-context": "<script>"}))
     (d / "kube-token-break.yaml").write_text(_kubeconfig(user={"token": TOKEN_WITH_BREAK}))
-    (d / "kube-cert-missing.yaml").write_text(_kubeconfig(server="https://127.0.0.1:1", user={
-        "client-certificate": str(d / "no-cert.pem"), "client-key": str(d / "no-key.pem")}))  # fmt: skip
+    (d / "kube-cert-missing.yaml").write_text(
+        _kubeconfig(
+            server="https://127.0.0.1:1",
+            user={"client-certificate": str(d / "no-cert.pem"), "client-key": str(d / "no-key.pem")},
+        )
+    )
     broken_ca = json.loads(_kubeconfig(server="https://127.0.0.1:1"))
     broken_ca["clusters"][0]["cluster"]["certificate-authority-data"] = "!!!not base64!!!"
     (d / "kube-ca-broken.yaml").write_text(json.dumps(broken_ca))
@@ -251,8 +276,7 @@ def _one_line_exit_2(args: list[str], names: str, capsys: pytest.CaptureFixture[
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``root``: its size and modification time."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
-            if p.is_file()}  # fmt: skip
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
 
 # --- results, policies and kubeconfigs through the command line: exit 2 and one line ---------------------
@@ -287,10 +311,7 @@ RESULTS_CASES = [  # (file, what the line names)
     ("duplicate.jsonl", "row 2, column 'repeat': duplicated sample"),
     ("unknown-metric.jsonl", "row 1, column 'metric': unknown metric 'gemm_tflops'"),
     ("run-dotdot.jsonl", "row 1, column 'run_id': run_id '../../etc' is not a DNS label"),
-    *[
-        (f"node-{name}.jsonl", f"row 1, column 'node': node {value[:80]!r}")
-        for name, value in HOSTILE.items()
-    ],
+    *[(f"node-{name}.jsonl", f"row 1, column 'node': node {value[:80]!r}") for name, value in HOSTILE.items()],
     ("node-upper.jsonl", "row 1, column 'node': node 'Node-1' is not valid: a node name is a DNS subdomain"),
     ("node-nul.jsonl", "row 1, column 'node': node 'n\\x001' is not valid"),
     ("uuid-newline.jsonl", "row 1, column 'gpu_uuid': gpu_uuid 'GPU-1\\nGPU-2' is not valid"),
@@ -317,7 +338,7 @@ POLICY_CASES = [  # (file, what the line names, why it fails today or None)
     ("policy-template-key.yaml", "{{ 7*7 }}: Extra inputs are not permitted", None),
     ("policy-inf.yaml", "peers.seed_z: Input should be a finite number", None),
     ("policy-huge.yaml", "peers.seed_z: Input should be a finite number", None),
-]  # fmt: skip
+]
 WATCH = ["watch-nodes", "--kubeconfig", "{f}", "--once"]
 KUBE_CASES = [  # (file, what the line names)
     ("kube-bomb.yaml", "kube-bomb.yaml: refused: its aliases expand it beyond 1,000,000 nodes"),
@@ -325,13 +346,15 @@ KUBE_CASES = [  # (file, what the line names)
     ("kube-empty.yaml", "kube-empty.yaml: Invalid kube-config"),
     ("kube-clusters-int.yaml", "kube-clusters-int.yaml: a field has the wrong type or is missing"),
     ("kube-server-int.yaml", "kube-server-int.yaml: a field has the wrong type or is missing"),
-    ("kube-server-shell.yaml", "the cluster's server '$(touch /tmp/gpucert-pwned)' (clusters[].cluster.server) is "
-     "not an http(s) URL"),
+    (
+        "kube-server-shell.yaml",
+        "the cluster's server '$(touch /tmp/gpucert-pwned)' (clusters[].cluster.server) is not an http(s) URL",
+    ),
     ("kube-no-context.yaml", "kube-no-context.yaml: Invalid kube-config file. Expected object with name <script>"),
     ("kube-token-break.yaml", "the user's token (users[].user.token) holds a line break"),
     ("kube-cert-missing.yaml", "no-cert.pem"),
     ("kube-ca-broken.yaml", "kube-ca-broken.yaml: Invalid base64-encoded string"),
-]  # fmt: skip
+]
 
 
 def _cli_cases() -> Iterator[object]:
@@ -343,9 +366,11 @@ def _cli_cases() -> Iterator[object]:
         yield pytest.param(argv, names, id=f"policy-{file}", marks=marks)
     for file, names in KUBE_CASES:
         yield pytest.param([a.replace("{f}", "{d}/" + file) for a in WATCH], names, id=f"kubeconfig-{file}")
-    yield pytest.param([a.replace("{f}", "{d}/duplicate.jsonl") for a in COMPARE[:2]] + ["{d}/good.jsonl"]
-                       + COMPARE[2:], "duplicate.jsonl: row 2, column 'repeat': duplicated sample",
-                       id="results-duplicate-in-one-of-two-files")  # fmt: skip
+    yield pytest.param(
+        [a.replace("{f}", "{d}/duplicate.jsonl") for a in COMPARE[:2]] + ["{d}/good.jsonl"] + COMPARE[2:],
+        "duplicate.jsonl: row 2, column 'repeat': duplicated sample",
+        id="results-duplicate-in-one-of-two-files",
+    )
 
 
 @pytest.mark.parametrize(("argv", "names"), list(_cli_cases()))
@@ -363,8 +388,15 @@ def test_a_hostile_file_is_one_line_and_exit_2(
 
 
 def test_the_same_sample_in_two_files_names_both(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["compare", str(files / "good.jsonl"), str(files / "good.csv"), "--baselines",
-            f"file://{files}/store", "--out", str(files / "v.csv")]  # fmt: skip
+    args = [
+        "compare",
+        str(files / "good.jsonl"),
+        str(files / "good.csv"),
+        "--baselines",
+        f"file://{files}/store",
+        "--out",
+        str(files / "v.csv"),
+    ]
     code = _exit_code(args)
     err = capsys.readouterr().err
     assert code == 2, err
@@ -394,8 +426,10 @@ def test_an_alias_bomb_is_refused_in_milliseconds_wherever_yaml_is_read(files: P
         assert "\n" not in str(caught.value)
     # Aliases within reason read as before: a bounded expansion is no bomb.
     assert read_yaml_mapping(files / "policy-merge.yaml", "policy") == {
-        "blast_radius": {"min_nodes": 3}, "fleet": {"min_nodes": 3}, "gates": {"pcie_replays_per_min": 1.0}
-    }  # fmt: skip
+        "blast_radius": {"min_nodes": 3},
+        "fleet": {"min_nodes": 3},
+        "gates": {"pcie_replays_per_min": 1.0},
+    }
 
 
 @pytest.mark.parametrize(
@@ -427,9 +461,7 @@ def test_a_hostile_matrix_file_is_a_matrix_error_naming_it(text: str, words: str
         "value-string.parquet",  # a number written as text is a number
     ],
 )
-def test_an_odd_but_valid_input_is_handled(
-    case: str, files: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_an_odd_but_valid_input_is_handled(case: str, files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = files / ("good.jsonl" if case.startswith("policy") else case)
     args = ["compare", str(results), "--baselines", f"file://{files}/store", "--out", str(files / "ok.csv")]
     if case.startswith("policy"):
@@ -445,8 +477,12 @@ def test_an_odd_but_valid_input_is_handled(
 def _million(path: Path, *, nan_last: bool = False, duplicated: bool = False) -> int:
     """A results Parquet of 10⁶ rows: 2,500 nodes × 8 GPUs × 5 metrics × 10 repeats (or, ``duplicated``,
     every sample twice); built from Arrow dictionaries, so it takes a fraction of a second."""
-    nodes, gpus, metrics, repeats = 2500, 8, ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps",
-                                              "temp_max_c"), 10  # fmt: skip
+    nodes, gpus, metrics, repeats = (
+        2500,
+        8,
+        ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "temp_max_c"),
+        10,
+    )
     if duplicated:
         repeats = 5
     per_node = gpus * len(metrics) * repeats
@@ -461,18 +497,22 @@ def _million(path: Path, *, nan_last: bool = False, duplicated: bool = False) ->
     def dictionary(indices: np.ndarray, words: list[str]) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(words))
 
-    table = pa.table({
-        "run_id": dictionary(np.zeros(n, np.int32), ["night-1"]),
-        "node": dictionary(entity // gpus, [f"gpu-node-{i:05d}" for i in range(nodes)]),
-        "gpu": pa.array(entity % gpus, pa.int64()),
-        "gpu_uuid": dictionary(entity, [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(nodes * gpus)]),
-        "gpu_model": dictionary(np.zeros(n, np.int32), ["NVIDIA H200"]),
-        "metric": dictionary(metric, list(metrics)),
-        "value": pa.array(value),
-        "repeat": pa.array(np.arange(n) % repeats, pa.int64()),
-        "peer": pa.nulls(n, pa.string()),
-        "ts": pa.array(np.full(n, pd.Timestamp("2026-11-01T02:00:00Z").value // 1000), pa.timestamp("us", tz="UTC")),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "run_id": dictionary(np.zeros(n, np.int32), ["night-1"]),
+            "node": dictionary(entity // gpus, [f"gpu-node-{i:05d}" for i in range(nodes)]),
+            "gpu": pa.array(entity % gpus, pa.int64()),
+            "gpu_uuid": dictionary(entity, [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(nodes * gpus)]),
+            "gpu_model": dictionary(np.zeros(n, np.int32), ["NVIDIA H200"]),
+            "metric": dictionary(metric, list(metrics)),
+            "value": pa.array(value),
+            "repeat": pa.array(np.arange(n) % repeats, pa.int64()),
+            "peer": pa.nulls(n, pa.string()),
+            "ts": pa.array(
+                np.full(n, pd.Timestamp("2026-11-01T02:00:00Z").value // 1000), pa.timestamp("us", tz="UTC")
+            ),
+        }
+    )
     if duplicated:
         table = pa.concat_tables([table, table])
     pq.write_table(table, path)
@@ -484,8 +524,9 @@ def test_a_million_row_file_is_judged_in_seconds(tmp_path: Path, capsys: pytest.
     assert _million(path) == 1_000_000
     (tmp_path / "store").mkdir()
     start = time.monotonic()
-    code = _exit_code(["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out",
-                       str(tmp_path / "v.parquet")])  # fmt: skip
+    code = _exit_code(
+        ["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out", str(tmp_path / "v.parquet")]
+    )
     seconds = time.monotonic() - start
     assert code == 0, capsys.readouterr().err
     assert "20,000 verdicts" in capsys.readouterr().out
@@ -493,14 +534,15 @@ def test_a_million_row_file_is_judged_in_seconds(tmp_path: Path, capsys: pytest.
     assert seconds < 30.0, seconds  # about 2 s on the 2-core machine, 15× that for a loaded one
 
 
-def test_a_million_row_file_with_one_bad_row_names_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_million_row_file_with_one_bad_row_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "million.parquet"
     _million(path, nan_last=True)
     (tmp_path / "store").mkdir()
-    line = _one_line_exit_2(["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out",
-                             str(tmp_path / "v.csv")], "row 1000000, column 'value'", capsys)  # fmt: skip
+    line = _one_line_exit_2(
+        ["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out", str(tmp_path / "v.csv")],
+        "row 1000000, column 'value'",
+        capsys,
+    )
     assert "'nan' is not a finite number" in line
     assert not (tmp_path / "v.csv").exists()
 
@@ -512,8 +554,9 @@ def test_half_a_million_duplicates_are_refused_in_a_bounded_message(
     assert _million(path, duplicated=True) == 1_000_000
     (tmp_path / "store").mkdir()
     start = time.monotonic()
-    code = _exit_code(["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out",
-                       str(tmp_path / "v.csv")])  # fmt: skip
+    code = _exit_code(
+        ["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out", str(tmp_path / "v.csv")]
+    )
     err = capsys.readouterr().err
     lines = err.splitlines()
     assert code == 2, err
@@ -565,9 +608,7 @@ def test_an_unreachable_cluster_fails_within_10_s_in_one_line(
         ("2026-11-21T01:00:00Z", False),  # yesterday: not due yet
     ],
 )
-def test_a_hostile_certified_at_annotation_neither_crashes_nor_hides_a_node(
-    annotation: str, due: bool
-) -> None:
+def test_a_hostile_certified_at_annotation_neither_crashes_nor_hides_a_node(annotation: str, due: bool) -> None:
     from gpucert.operate import due_nodes
 
     node = {"metadata": {"name": "n1", "annotations": {"gpucert.io/certified-at": annotation}}}
@@ -605,9 +646,20 @@ T0 = datetime(2026, 11, 1, 2, tzinfo=UTC)
 
 def _hostile_verdicts(run_id: str, uuid: str, model: str) -> pd.DataFrame:
     """One run's verdicts where GPU 2 of n1 fails with a hostile UUID and model, named in its reasons."""
-    table = verdicts(run_id, [{"node": "n1", "gpu": 2, "cause": "thermal", "action": "check_cooling",
-                               "metric": "hw_slowdown_frac", "value": 0.31,
-                               "reasons": f"HW thermal slowdown on {model} {uuid}"}])  # fmt: skip
+    table = verdicts(
+        run_id,
+        [
+            {
+                "node": "n1",
+                "gpu": 2,
+                "cause": "thermal",
+                "action": "check_cooling",
+                "metric": "hw_slowdown_frac",
+                "value": 0.31,
+                "reasons": f"HW thermal slowdown on {model} {uuid}",
+            }
+        ],
+    )
     for column, value in (("gpu_uuid", uuid), ("gpu_model", model)):
         column_values = table[column].astype(object)
         column_values[(table["node"] == "n1") & (table["gpu"] == 2)] = value
@@ -615,10 +667,7 @@ def _hostile_verdicts(run_id: str, uuid: str, model: str) -> pd.DataFrame:
     return table
 
 
-CASES = [
-    pytest.param(u, m, id=f"{iu}+{im}")
-    for (iu, u), (im, m) in zip(UUIDS.items(), MODELS.items(), strict=False)
-]
+CASES = [pytest.param(u, m, id=f"{iu}+{im}") for (iu, u), (im, m) in zip(UUIDS.items(), MODELS.items(), strict=False)]
 CASES.append(pytest.param(UUIDS["slack-mention"], MODELS["slack-link"], id="slack-mention+slack-link"))
 
 
@@ -648,9 +697,7 @@ def test_a_hostile_gpu_name_reaches_jira_inert_and_round_trips(uuid: str, model:
     # The record reads back exactly, and is the one gpucert wrote: a second night updates the same issue.
     again = tickets.get(key)
     assert (again.gpu_uuid, again.gpu_model) == (uuid, model)
-    [updated] = reconcile(
-        tickets, _hostile_verdicts("night-2", uuid, model), run_id="night-2", now=T0 + timedelta(1)
-    )
+    [updated] = reconcile(tickets, _hostile_verdicts("night-2", uuid, model), run_id="night-2", now=T0 + timedelta(1))
     assert (updated.kind, updated.ticket.id, len(jira.issues)) == ("updated", key, 1)
     [comment] = [c["body"] for c in jira.comments[key]]
     if re.search(r"[\[\]{}|!\\]", comment.replace("{noformat}", "")):
@@ -713,9 +760,7 @@ def _mrkdwn(block: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize(("uuid", "model"), CASES)
-def test_a_hostile_gpu_name_keeps_the_ticket_list_one_line_a_ticket(
-    uuid: str, model: str, tmp_path: Path
-) -> None:
+def test_a_hostile_gpu_name_keeps_the_ticket_list_one_line_a_ticket(uuid: str, model: str, tmp_path: Path) -> None:
     tickets = LocalTickets(tmp_path / "t.sqlite")
     reconcile(tickets, _hostile_verdicts("night-1", uuid, model), run_id="night-1", now=T0)
     listing = format_tickets(tickets.tickets())
@@ -733,8 +778,10 @@ def night() -> tuple[pd.DataFrame, str, str]:
     results = wave.results.copy()
     uuid, model = UUIDS["html"], MODELS["html"] + " " + MODELS["template"]
     # A node's GPUs share one model (the contract): the whole node reports the hostile one.
-    for column, value, target in (("gpu_uuid", uuid, (results["node"] == bad) & (results["gpu"] == 2)),
-                                  ("gpu_model", model, results["node"] == bad)):  # fmt: skip
+    for column, value, target in (
+        ("gpu_uuid", uuid, (results["node"] == bad) & (results["gpu"] == 2)),
+        ("gpu_model", model, results["node"] == bad),
+    ):
         column_values = results[column].astype(object)
         column_values.loc[target.fillna(False).to_numpy(dtype=bool)] = value
         results[column] = column_values
@@ -775,10 +822,7 @@ def test_hostile_names_through_compare_and_baseline_build_stay_in_the_output_and
     path.write_text(results.assign(ts=results["ts"].astype(str)).to_json(orient="records", lines=True))
     before = _tree(tmp_path)
     assert main(["baseline", "build", str(path), "--store", f"file://{tmp_path}/store"]) == 0
-    assert (
-        main(["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out", str(work / "v.csv")])
-        == 0
-    )
+    assert main(["compare", str(path), "--baselines", f"file://{tmp_path}/store", "--out", str(work / "v.csv")]) == 0
     capsys.readouterr()
     written = set(_tree(tmp_path)) - set(before)
     assert written, "the store and the verdicts"
@@ -802,9 +846,7 @@ def test_a_hostile_gpu_product_label_read_from_the_cluster_is_named_not_rendered
         connect(sim.kubeconfig_path).merge_patch(
             "v1", "Node", sim.fleet.node_names[0], {"metadata": {"labels": {"nvidia.com/gpu.product": value}}}
         )
-        code = _exit_code(
-            ["configure", "--kubeconfig", str(sim.kubeconfig_path), "--dry-run", str(tmp_path / "m")]
-        )
+        code = _exit_code(["configure", "--kubeconfig", str(sim.kubeconfig_path), "--dry-run", str(tmp_path / "m")])
     err = capsys.readouterr().err
     lines = err.splitlines()
     # The command's own message (Prefect's log lines, on the same stream here, repeat the exception).
@@ -831,15 +873,22 @@ def _gpucert() -> list[str]:
 @pytest.mark.parametrize(
     ("argv", "names"),
     [
-        pytest.param([*COMPARE[:1], "{d}/good.jsonl", *COMPARE[2:], "--policy", "{d}/policy-bomb.yaml"],
-                     "alias", id="policy-alias-bomb"),
-        pytest.param([a.replace("{f}", "{d}/truncated.parquet") for a in COMPARE], "cannot parse the Parquet",
-                     id="truncated-parquet"),
+        pytest.param(
+            [*COMPARE[:1], "{d}/good.jsonl", *COMPARE[2:], "--policy", "{d}/policy-bomb.yaml"],
+            "alias",
+            id="policy-alias-bomb",
+        ),
+        pytest.param(
+            [a.replace("{f}", "{d}/truncated.parquet") for a in COMPARE],
+            "cannot parse the Parquet",
+            id="truncated-parquet",
+        ),
         pytest.param([a.replace("{f}", "{d}/node-html.jsonl") for a in COMPARE], "column 'node'", id="node-html"),
-        pytest.param(["sim", "inject", "--kubeconfig", "{d}/kube-bomb.yaml", "--clear"], "alias bomb",
-                     id="kubeconfig-alias-bomb"),
+        pytest.param(
+            ["sim", "inject", "--kubeconfig", "{d}/kube-bomb.yaml", "--clear"], "alias bomb", id="kubeconfig-alias-bomb"
+        ),
     ],
-)  # fmt: skip
+)
 def test_end_to_end_a_hostile_input_is_one_line_and_exit_2(
     argv: list[str], names: str, files: Path, tmp_path: Path
 ) -> None:

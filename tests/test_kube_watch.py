@@ -97,9 +97,7 @@ def announce_once(kube: Kube, prefix: str, selector: str | None = GPU) -> list[t
 class Follower:
     """``announce_joined_nodes`` following in a thread, stopped (and its result checked) on exit."""
 
-    def __init__(
-        self, kube: Kube, prefix: str, selector: str | None = GPU, *, reconnect: Reconnect = RIDE_OUT
-    ) -> None:
+    def __init__(self, kube: Kube, prefix: str, selector: str | None = GPU, *, reconnect: Reconnect = RIDE_OUT) -> None:
         self.emitted: list[tuple[str, str]] = []
         #: What it said about outages (``log``).
         self.said: list[str] = []
@@ -117,9 +115,15 @@ class Follower:
 
         try:
             self._result = announce_joined_nodes(
-                kube, prefix=prefix, selector=selector, emit=emit, timeout_s=1, stop=self._stop.is_set,
-                reconnect=reconnect, log=self.said.append,
-            )  # fmt: skip
+                kube,
+                prefix=prefix,
+                selector=selector,
+                emit=emit,
+                timeout_s=1,
+                stop=self._stop.is_set,
+                reconnect=reconnect,
+                log=self.said.append,
+            )
         except BaseException as exc:  # handed to the test thread in close()
             self._result = exc
 
@@ -145,9 +149,7 @@ class Follower:
         self._thread.start()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
         assert not self._thread.is_alive(), "the watcher did not stop"
@@ -170,8 +172,9 @@ def test_the_sim_answers_a_resumed_watch_with_an_in_stream_410_on_demand(sim: Si
     assert '"code":410' in line
     assert "too old resource version" in line
     # A watch from no version cannot be too old: it starts with the current objects.
-    fresh = kube.request("GET", "/api/v1/nodes", doing="watch nodes", accept="*/*",
-                         query={"watch": "1", "timeoutSeconds": 0})  # fmt: skip
+    fresh = kube.request(
+        "GET", "/api/v1/nodes", doing="watch nodes", accept="*/*", query={"watch": "1", "timeoutSeconds": 0}
+    )
     assert '"type":"ADDED"' in fresh
     assert "ERROR" not in fresh
 
@@ -230,9 +233,7 @@ def test_a_restarted_watcher_does_not_announce_a_node_again(sim: SimCluster, kub
     assert restarted.names() == [fresh]
 
 
-def test_a_node_that_rejoined_under_a_new_uid_is_announced_again(
-    sim: SimCluster, kube: Kube, prefix: str
-) -> None:
+def test_a_node_that_rejoined_under_a_new_uid_is_announced_again(sim: SimCluster, kube: Kube, prefix: str) -> None:
     name = join(sim, prefix)
     [(_, old_uid)] = announce_once(kube, prefix)
     node = kube.get("v1", "Node", name)
@@ -247,9 +248,7 @@ def test_a_node_that_rejoined_under_a_new_uid_is_announced_again(
     assert mark_of(kube, name, prefix) == new_uid
 
 
-def test_a_failed_emit_marks_nothing_and_the_next_run_announces(
-    sim: SimCluster, kube: Kube, prefix: str
-) -> None:
+def test_a_failed_emit_marks_nothing_and_the_next_run_announces(sim: SimCluster, kube: Kube, prefix: str) -> None:
     name = join(sim, prefix)
 
     def failing(node: str, uid: str) -> None:
@@ -352,8 +351,11 @@ def test_watch_nodes_refused_at_start_exits_2_with_one_line(
     sim: SimCluster, kube: Kube, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Set by the command for Prefect, restored after the test.
-    for name in ("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "GPUCERT_TRIGGER",
-                 "PREFECT_SERVER_ANALYTICS_ENABLED"):  # fmt: skip
+    for name in (
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+        "GPUCERT_TRIGGER",
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(_watch, "DEFAULT_RECONNECT", Reconnect(base_delay_s=0.02, start_forbidden_s=0.5))
     sim.set_faults(ApiFaults(forbidden_rate=1.0))  # /version answers: the identity may not list nodes

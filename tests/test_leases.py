@@ -168,8 +168,12 @@ def test_two_runs_racing_for_a_lapsed_lease_one_wins_the_other_sees_it(sim: Any,
     later = T0 + timedelta(minutes=5)
     winner = leases(kube, "run-fast", at=later)
     won: list[bool] = []
-    slow = NodeLeases(_Racing(kube, lambda: won.append(winner.acquire(n).held)), "run-slow",
-                      namespace=BenchmarkSettings().namespace, clock=lambda: later)  # fmt: skip
+    slow = NodeLeases(
+        _Racing(kube, lambda: won.append(winner.acquire(n).held)),
+        "run-slow",
+        namespace=BenchmarkSettings().namespace,
+        clock=lambda: later,
+    )
     lost = slow.acquire(n)
     assert won == [True]
     assert not lost.held
@@ -179,9 +183,19 @@ def test_two_runs_racing_for_a_lapsed_lease_one_wins_the_other_sees_it(sim: Any,
 
 def test_testing_taint_replaces_a_stale_one_and_keeps_other_taints(sim: Any, kube: Kube) -> None:
     n = node(sim, 3)
-    kube.merge_patch("v1", "Node", n, {"spec": {"taints": [
-        {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
-        {"key": TESTING, "value": "run-crashed", "effect": "NoSchedule"}]}})  # fmt: skip
+    kube.merge_patch(
+        "v1",
+        "Node",
+        n,
+        {
+            "spec": {
+                "taints": [
+                    {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
+                    {"key": TESTING, "value": "run-crashed", "effect": "NoSchedule"},
+                ]
+            }
+        },
+    )
     assert taint_testing(kube, n, prefix=PREFIX, run_id="run-t")
     assert taints(kube, n) == [("example.com/other", "x"), (TESTING, "run-t")]
     assert taint_testing(kube, n, prefix=PREFIX, run_id="run-t") is False  # already so: nothing written
@@ -194,15 +208,22 @@ def test_testing_taint_replaces_a_stale_one_and_keeps_other_taints(sim: Any, kub
 # --- the wave under leases ----------------------------------------------------------------------------------
 
 
-def _wave(kube: Kube, nodes: Mapping[str, int], run_id: str, payload: Mapping[str, Any],
-          annotations: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+def _wave(
+    kube: Kube,
+    nodes: Mapping[str, int],
+    run_id: str,
+    payload: Mapping[str, Any],
+    annotations: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> Any:
     settings = BenchmarkSettings(pod_annotations=dict(annotations or {}))
     return run_wave(kube, nodes, run_id, payload, settings, poll_s=0.05, **kwargs)
 
 
 def _jobs(kube: Kube, run_id: str) -> list[dict[str, Any]]:
-    return kube.list_objects("batch/v1", "Job", BenchmarkSettings().namespace,
-                             label_selector=f"{PREFIX}/run-id={run_id}")  # fmt: skip
+    return kube.list_objects(
+        "batch/v1", "Job", BenchmarkSettings().namespace, label_selector=f"{PREFIX}/run-id={run_id}"
+    )
 
 
 def test_the_testing_taint_is_on_while_the_pod_is_bound_and_lifted_after(
@@ -260,9 +281,7 @@ def test_the_taint_is_lifted_and_the_lease_released_whatever_the_outcome(
     assert no_lease(kube, n)
 
 
-def test_a_node_another_run_holds_is_waited_for_then_benchmarked(
-    sim: Any, kube: Kube, payload: dict[str, Any]
-) -> None:
+def test_a_node_another_run_holds_is_waited_for_then_benchmarked(sim: Any, kube: Kube, payload: dict[str, Any]) -> None:
     n = node(sim, 5)
     other = leases(kube, "run-other")
     assert other.acquire(n).held
@@ -311,8 +330,19 @@ def test_a_pair_waiting_for_a_nodes_lease_says_who_holds_it(sim: Any, kube: Kube
     assert other.acquire(b).held
     said: list[str] = []
     try:
-        done = asyncio.run(run_pair_round(kube, [(a, b)], "pair-wait", payload, BenchmarkSettings(),
-                                          gpus={a: 8, b: 8}, poll_s=0.05, lease_wait_s=0.3, say=said.append))
+        done = asyncio.run(
+            run_pair_round(
+                kube,
+                [(a, b)],
+                "pair-wait",
+                payload,
+                BenchmarkSettings(),
+                gpus={a: 8, b: 8},
+                poll_s=0.05,
+                lease_wait_s=0.3,
+                say=said.append,
+            )
+        )
     finally:
         assert other.release(b)
     assert done.runs[(a, b)].reason == "leased"

@@ -138,8 +138,16 @@ class Run:
 
 
 #: An RBAC verb → the HTTP method of its request (a non-resource request's verb is its method, lower-cased).
-_METHODS = {"get": "GET", "list": "GET", "watch": "GET", "create": "POST", "update": "PUT", "patch": "PATCH",
-            "delete": "DELETE", "deletecollection": "DELETE"}  # fmt: skip
+_METHODS = {
+    "get": "GET",
+    "list": "GET",
+    "watch": "GET",
+    "create": "POST",
+    "update": "PUT",
+    "patch": "PATCH",
+    "delete": "DELETE",
+    "deletecollection": "DELETE",
+}
 _USERS = (CONFIGURE, RUNTIME)
 
 
@@ -158,8 +166,14 @@ def _audited(event: Mapping[str, Any]) -> tuple[ApiRequest, str]:
     else:
         # The audit fills in a created object's name from its body, after authorization: not an attribute.
         name = "" if verb == "create" else ref.get("name", "")
-        server = (verb, ref.get("apiGroup", ""), ref.get("resource", ""), ref.get("subresource", ""),
-                  ref.get("namespace", ""), name)  # fmt: skip
+        server = (
+            verb,
+            ref.get("apiGroup", ""),
+            ref.get("resource", ""),
+            ref.get("subresource", ""),
+            ref.get("namespace", ""),
+            name,
+        )
     ours = (parsed.verb, parsed.group, parsed.resource, parsed.subresource, parsed.namespace, parsed.name)
     differs = ours != server or parsed.resource_request != (ref is not None)
     return parsed, f"{event['requestURI']}: the server's {server}, the simulator's {ours}" if differs else ""
@@ -208,8 +222,12 @@ class _Recorder:
         """Whether a watch of ``resource`` by ``user`` has started."""
         if not self.real:
             return any(r.verb == "watch" and r.resource == resource and r.user == user for r in self.cluster.requests)
-        return any(e["verb"] == "watch" and (e.get("user") or {}).get("username") == user
-                   and (e.get("objectRef") or {}).get("resource") == resource for e in self.cluster.plane.audit())
+        return any(
+            e["verb"] == "watch"
+            and (e.get("user") or {}).get("username") == user
+            and (e.get("objectRef") or {}).get("resource") == resource
+            for e in self.cluster.plane.audit()
+        )
 
     def finish(self) -> list[Run]:
         """The runs recorded; on the real server read from its audit log now."""
@@ -228,8 +246,9 @@ class _Recorder:
         per_run: dict[tuple[str, str], list[tuple[ApiRequest, int]]] = {(f, u): [] for f, u, _, _ in self._windows}
         for event in sorted(events.values(), key=_received):
             user, at = event["user"]["username"], _received(event)
-            flow = next((f for f, u, began, ended in self._windows if u == user and began <= at <= ended),
-                        "between the flows")  # fmt: skip
+            flow = next(
+                (f for f, u, began, ended in self._windows if u == user and began <= at <= ended), "between the flows"
+            )
             request, misparsed = _audited(event)
             if misparsed:
                 self.misparsed.append(misparsed)
@@ -240,9 +259,16 @@ class _Recorder:
                 # A server-side apply that created its object was also authorised for create (the patch
                 # handler's check); a refusal there would have answered 403 to the patch.
                 entries.append((request._replace(verb="create"), code))
-        return [Run(flow, user, tuple(r for r, _ in entries), tuple(c != 403 for _, c in entries),
-                    tuple(c for _, c in entries))
-                for (flow, user), entries in per_run.items()]  # fmt: skip
+        return [
+            Run(
+                flow,
+                user,
+                tuple(r for r, _ in entries),
+                tuple(c != 403 for _, c in entries),
+                tuple(c for _, c in entries),
+            )
+            for (flow, user), entries in per_run.items()
+        ]
 
 
 def _bootstrap(cluster: Any, rendered: list[dict[str, Any]]) -> None:
@@ -269,17 +295,24 @@ def _await_authorised(cluster: Any, user: str, rbac: list[dict[str, Any]]) -> No
         if obj["kind"] in ("Role", "ClusterRole") and user in bound.get((obj["kind"], obj["metadata"]["name"]), ()):
             rule = obj["rules"][0]
             resource, _, sub = rule["resources"][0].partition("/")
-            checks.append(client.V1ResourceAttributes(
-                verb=rule["verbs"][0], group=rule["apiGroups"][0], resource=resource, subresource=sub,
-                namespace=obj["metadata"].get("namespace", "")))  # fmt: skip
+            checks.append(
+                client.V1ResourceAttributes(
+                    verb=rule["verbs"][0],
+                    group=rule["apiGroups"][0],
+                    resource=resource,
+                    subresource=sub,
+                    namespace=obj["metadata"].get("namespace", ""),
+                )
+            )
     assert checks, f"no role binds {user}"
     with cluster.api_client() as api:
         auth = client.AuthorizationV1Api(api)
 
         def allowed() -> bool:
             for check in checks:
-                spec = client.V1SubjectAccessReviewSpec(user=user, groups=list(subject_groups(user)),
-                                                        resource_attributes=check)  # fmt: skip
+                spec = client.V1SubjectAccessReviewSpec(
+                    user=user, groups=list(subject_groups(user)), resource_attributes=check
+                )
                 answer = auth.create_subject_access_review(client.V1SubjectAccessReview(spec=spec))
                 if answer.status is None or not answer.status.allowed:
                     return False
@@ -293,24 +326,34 @@ def _rbac_in(cluster: Any) -> list[dict[str, Any]]:
     kube = connect(cluster.kubeconfig_path)
     kinds = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     # A real server's list leaves each item's kind and apiVersion out (they are the list's).
-    return [{**o, "apiVersion": _RBAC, "kind": kind}
-            for kind in kinds for o in kube.list_objects(_RBAC, kind, label_selector=_PART_OF)]  # fmt: skip
+    return [
+        {**o, "apiVersion": _RBAC, "kind": kind}
+        for kind in kinds
+        for o in kube.list_objects(_RBAC, kind, label_selector=_PART_OF)
+    ]
 
 
-def _configure_runs(server: str, folder: Path, rendered: list[dict[str, Any]], applied: list[dict[str, Any]]
-                    ) -> tuple[list[Run], list[str]]:  # fmt: skip
+def _configure_runs(
+    server: str, folder: Path, rendered: list[dict[str, Any]], applied: list[dict[str, Any]]
+) -> tuple[list[Run], list[str]]:
     with open_cluster(server, nodes=2, seed=3) as cluster:
         _bootstrap(cluster, rendered)
         rec = _Recorder(cluster, folder)
         gpus = GpuCluster(kubeconfig=str(rec.kubeconfig(CONFIGURE)))
-        rec.record("configure", CONFIGURE, lambda: configure(
-            cluster=gpus, release=OLDER, versions=OLDER_PINS, rollout_timeout_s=60))  # fmt: skip
+        rec.record(
+            "configure",
+            CONFIGURE,
+            lambda: configure(cluster=gpus, release=OLDER, versions=OLDER_PINS, rollout_timeout_s=60),
+        )
         applied.extend(_rbac_in(cluster))
         rec.record("configure (driver upgrade)", CONFIGURE, lambda: configure(cluster=gpus, rollout_timeout_s=60))
         [new] = cluster.add_nodes(1, uncertified_taint=f"{PREFIX}/uncertified")
         store = BaselineStore(uri=(folder / "onboard-store").as_uri())
-        rec.record("onboard-node", CONFIGURE, lambda: asyncio.run(
-            onboard(node=new, cluster=gpus, store=store, ready_timeout_s=30)))  # fmt: skip
+        rec.record(
+            "onboard-node",
+            CONFIGURE,
+            lambda: asyncio.run(onboard(node=new, cluster=gpus, store=store, ready_timeout_s=30)),
+        )
         return rec.finish(), rec.misparsed
 
 
@@ -332,15 +375,19 @@ def _runtime_runs(server: str, folder: Path, rendered: list[dict[str, Any]]) -> 
         admin.create(leftover)
         # The clean run measures the links too: pair Jobs and their Services.
         pairs = CertificationPolicy(policy={"network": {"pairs": True}})
-        rec.record("certify", RUNTIME, lambda: asyncio.run(
-            certify(cluster=gpus, store=store, run_id="lp-clean", policy=pairs)))  # fmt: skip
+        rec.record(
+            "certify", RUNTIME, lambda: asyncio.run(certify(cluster=gpus, store=store, run_id="lp-clean", policy=pairs))
+        )
         # Started again under its id, it adopts its Jobs and Services; one Service has lost its owner (its Job
         # deleted with --cascade=orphan and made again, say) and is made the current Job's. (An owner of a
         # made-up uid would do on the simulator; a real garbage collector deletes such a Service at once.)
         [orphan, *_] = admin.list_objects("v1", "Service", NS, label_selector=f"{PREFIX}/pair-job")
         admin.merge_patch("v1", "Service", orphan["metadata"]["name"], {"metadata": {"ownerReferences": None}}, NS)
-        rec.record("certify (started again)", RUNTIME, lambda: asyncio.run(
-            certify(cluster=gpus, store=store, run_id="lp-clean", policy=pairs)))  # fmt: skip
+        rec.record(
+            "certify (started again)",
+            RUNTIME,
+            lambda: asyncio.run(certify(cluster=gpus, store=store, run_id="lp-clean", policy=pairs)),
+        )
         cluster.inject_fault(Fault("pcie_gen4", names[1], 2))  # a fail a re-run confirms, then a taint
 
         def faulty() -> None:
@@ -357,15 +404,24 @@ def _runtime_runs(server: str, folder: Path, rendered: list[dict[str, Any]]) -> 
         rec.record("release", RUNTIME, released)
         # On the real server the exporters' pods have loopback addresses, which no Endpoints list: operate
         # names every node unread (its permissions are what is checked here, not its readings).
-        rec.record("operate", RUNTIME, lambda: asyncio.run(
-            operate(cluster=gpus, store=store, rotation_days=0.0, scrape_interval_s=0.5)))  # fmt: skip
+        rec.record(
+            "operate",
+            RUNTIME,
+            lambda: asyncio.run(operate(cluster=gpus, store=store, rotation_days=0.0, scrape_interval_s=0.5)),
+        )
         announced: list[str] = []
         failed: list[BaseException] = []
 
         def follow() -> None:
             try:
-                announce_joined_nodes(connect(path), prefix=PREFIX, selector=None, timeout_s=1,
-                                      emit=lambda name, uid: announced.append(name), stop=lambda: bool(announced))
+                announce_joined_nodes(
+                    connect(path),
+                    prefix=PREFIX,
+                    selector=None,
+                    timeout_s=1,
+                    emit=lambda name, uid: announced.append(name),
+                    stop=lambda: bool(announced),
+                )
             except BaseException as exc:  # re-raised in the test's thread
                 failed.append(exc)
 
@@ -396,8 +452,13 @@ def _probe(kube: Kube, node: str) -> None:
     """Send :data:`PROBES`; each must be refused (403) before its body is even read."""
     for method, path, query in PROBES:
         try:
-            kube.request(method, path.format(node=node), doing="probe", query=query,
-                         body={} if method in ("POST", "PUT") else None)  # fmt: skip
+            kube.request(
+                method,
+                path.format(node=node),
+                doing="probe",
+                query=query,
+                body={} if method in ("POST", "PUT") else None,
+            )
         except KubeForbidden:
             continue
         raise AssertionError(f"{method} {path} was not refused")
@@ -409,18 +470,20 @@ def _rendered() -> list[dict[str, Any]]:
     with SimCluster(nodes=1, controllers=False) as sim:
         nodes = connect(sim.kubeconfig_path).nodes()
     matrix = load_matrix()
-    plan = plan_stack([node_info(n, matrix.gpu_models) for n in nodes], StackRequest(), matrix,
-                      namespace=NS, label_prefix=PREFIX)  # fmt: skip
+    plan = plan_stack(
+        [node_info(n, matrix.gpu_models) for n in nodes], StackRequest(), matrix, namespace=NS, label_prefix=PREFIX
+    )
     return [dict(m.obj) for m in render_stack(plan) if m.step in ("namespace", "rbac")]
 
 
 def _content(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
     """(kind, namespace, name) → rules, or roleRef and subjects: what RBAC objects grant to whom."""
     return {
-        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]):
-            o.get("rules", (o.get("roleRef"), o.get("subjects")))
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o.get(
+            "rules", (o.get("roleRef"), o.get("subjects"))
+        )
         for o in objects
-    }  # fmt: skip
+    }
 
 
 Pending = tuple[str, str, str, str, str]
@@ -459,8 +522,10 @@ def _disagreements(runs: list[Run], rbac: list[dict[str, Any]]) -> list[str]:
         for r, real, code in zip(run.requests, run.allowed, run.codes, strict=True):
             if grants.allows(r) != real:
                 said = "allowed" if real else "refused"
-                out.add(f"{run.flow}: {r.describe()} {r.name or r.path} as {r.user}: the API server {said} it "
-                        f"({code}), the evaluator did not")
+                out.add(
+                    f"{run.flow}: {r.describe()} {r.name or r.path} as {r.user}: the API server {said} it "
+                    f"({code}), the evaluator did not"
+                )
     return sorted(out)
 
 
@@ -480,8 +545,12 @@ def _items(role: Mapping[str, Any]) -> Iterator[tuple[str, str, str, Mapping[str
     """(group, resource, verb, the one-item rule) for every permission a role's rules spell out."""
     for rule in role.get("rules") or ():
         for group, resource, verb in itertools.product(rule["apiGroups"], rule["resources"], rule["verbs"]):
-            single = {"apiGroups": [group], "resources": [resource], "verbs": [verb],
-                      "resourceNames": rule.get("resourceNames") or []}  # fmt: skip
+            single = {
+                "apiGroups": [group],
+                "resources": [resource],
+                "verbs": [verb],
+                "resourceNames": rule.get("resourceNames") or [],
+            }
             yield group, resource, verb, single
 
 
@@ -507,9 +576,7 @@ def _unused(runs: list[Run], rbac: list[dict[str, Any]]) -> list[str]:
         assert users, f"{kind} {name} is bound to nobody"
         for group, resource, verb, single in _items(role):
             used = any(
-                r.user in users and _in_scope(role, r) and rule_allows(single, r)
-                for run in runs
-                for r in run.requests
+                r.user in users and _in_scope(role, r) and rule_allows(single, r) for run in runs for r in run.requests
             )
             # Escalation guard: configure writes and binds runtime's roles, so it holds their permissions
             # in the same kind of role, used or not by configure itself (runtime's own use is checked).
@@ -543,12 +610,21 @@ def test_each_flow_asks_only_what_its_role_grants_and_uses_all_it_grants(server:
     problems = [
         *(["requests refused:", *refused] if refused else []),
         *(["granted but used by no flow:", *unused] if unused else []),
-        *([f"no flow makes these requests any more, remove them from PENDING_VIOLATIONS: {sorted(fixed)}"]
-          if fixed else []),
+        *(
+            [f"no flow makes these requests any more, remove them from PENDING_VIOLATIONS: {sorted(fixed)}"]
+            if fixed
+            else []
+        ),
         *(["the real authorizer and sim/gpucert_sim/_rbac.py disagree:", *disagree] if disagree else []),
-        *(["the simulator's request parser reads these otherwise than the API server:",
-           *sorted(set(misparsed + also_misparsed))] if misparsed or also_misparsed else []),
-    ]  # fmt: skip
+        *(
+            [
+                "the simulator's request parser reads these otherwise than the API server:",
+                *sorted(set(misparsed + also_misparsed)),
+            ]
+            if misparsed or also_misparsed
+            else []
+        ),
+    ]
     assert not problems, "\n  ".join(["", *problems])
     if server == "real":
         judged = sum(len(run.requests) for run in (*runs, *probes))

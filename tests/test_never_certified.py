@@ -50,9 +50,25 @@ def test_a_joining_node_is_announced_with_an_unknown_condition(sim: SimCluster, 
 
 def test_configure_gives_its_nodes_an_unknown_condition_and_keeps_a_decision(sim: SimCluster, kube: Kube) -> None:
     decided, fresh = sim.fleet.node_names[0], sim.fleet.node_names[1]
-    kube.patch_status("v1", "Node", decided, {"status": {"conditions": [
-        {"type": "GpuCertified", "status": "True", "reason": "Certified", "message": "all passed",
-         "lastHeartbeatTime": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}})  # fmt: skip
+    kube.patch_status(
+        "v1",
+        "Node",
+        decided,
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "GpuCertified",
+                        "status": "True",
+                        "reason": "Certified",
+                        "message": "all passed",
+                        "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+                        "lastTransitionTime": "2026-12-01T00:00:00Z",
+                    }
+                ]
+            }
+        },
+    )
     assert _certified(kube, fresh) is None
     label_nodes(kube, {decided: {f"{PREFIX}/stack": "managed"}, fresh: {f"{PREFIX}/stack": "managed"}})
     assert _certified(kube, fresh) == {"status": "Unknown", "reason": "NotCertified"}
@@ -61,24 +77,55 @@ def test_configure_gives_its_nodes_an_unknown_condition_and_keeps_a_decision(sim
 
 def _explanation(node: str) -> Explanation:
     now = pd.Timestamp(datetime.now(UTC))
-    suspect = Suspect(node=node, gpu=3, gpu_uuid=None, layer="gpu", score=9.0, onset=now,
-                      evidence=("GPU 3 ran 18 % slower than its peers, thermal violation 41 %",))  # fmt: skip
-    return Explanation(job="team/train", window=(now, now), verdict="gpu", suspects=(suspect,), step_change=None,
-                       events_of_note=(), answer=("", "", ""), recommendations=(), notes=())  # fmt: skip
+    suspect = Suspect(
+        node=node,
+        gpu=3,
+        gpu_uuid=None,
+        layer="gpu",
+        score=9.0,
+        onset=now,
+        evidence=("GPU 3 ran 18 % slower than its peers, thermal violation 41 %",),
+    )
+    return Explanation(
+        job="team/train",
+        window=(now, now),
+        verdict="gpu",
+        suspects=(suspect,),
+        step_change=None,
+        events_of_note=(),
+        answer=("", "", ""),
+        recommendations=(),
+        notes=(),
+    )
 
 
 def test_explain_act_labels_the_node_it_cordons_uncertified(sim: SimCluster, kube: Kube, tmp_path: Path) -> None:
     node = sim.fleet.node_names[2]
     kube.label_node(node, {f"{PREFIX}/state": "certified"})
-    audit = AuditRecorder(AuditLog(open_store(tmp_path.as_uri()).objects), run_id="explain-1",
-                          trigger="test").watch(kube)  # fmt: skip
-    done = act_on(_explanation(node), kube, policy=default_policy(), tickets=None, audit=audit, run_id="explain-1",
-                  now=datetime.now(UTC))  # fmt: skip
+    audit = AuditRecorder(AuditLog(open_store(tmp_path.as_uri()).objects), run_id="explain-1", trigger="test").watch(
+        kube
+    )
+    done = act_on(
+        _explanation(node),
+        kube,
+        policy=default_policy(),
+        tickets=None,
+        audit=audit,
+        run_id="explain-1",
+        now=datetime.now(UTC),
+    )
     assert done.cordon == "added"
     labels = kube.get("v1", "Node", node)["metadata"]["labels"]
     assert labels[f"{PREFIX}/state"] == "uncertified"  # a tainted node no longer reads "certified"
     assert _certified(kube, node) == {"status": "Unknown", "reason": "Suspected"}
-    again = act_on(_explanation(node), kube, policy=default_policy(), tickets=None, audit=audit, run_id="explain-2",
-                   now=datetime.now(UTC))  # fmt: skip
+    again = act_on(
+        _explanation(node),
+        kube,
+        policy=default_policy(),
+        tickets=None,
+        audit=audit,
+        run_id="explain-2",
+        now=datetime.now(UTC),
+    )
     assert again.cordon == "kept"
     assert kube.get("v1", "Node", node)["metadata"]["labels"][f"{PREFIX}/state"] == "uncertified"

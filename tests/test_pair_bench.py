@@ -53,8 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 #: nccl-tests' own output, 2 nodes × 8 H100 over MPI (tests/data/fixtures/README.md names its origin).
 FIXTURE = REPO / "tests" / "data" / "fixtures" / "nccl-tests" / "all_reduce_perf_2x8_h100.txt"
 METRIC = "nccl_pair_busbw_gbps"
-TABLE = re.compile(r"^gpucert-bench: pair:\s+([\d,]+) B\s+([\d.]+) us\s+algbw\s+(\S+) GB/s\s+busbw\s+(\S+) GB/s$",
-                   re.MULTILINE)  # fmt: skip
+TABLE = re.compile(
+    r"^gpucert-bench: pair:\s+([\d,]+) B\s+([\d.]+) us\s+algbw\s+(\S+) GB/s\s+busbw\s+(\S+) GB/s$", re.MULTILINE
+)
 
 
 def free_port() -> int:
@@ -73,8 +74,9 @@ RANK_ENV = ("JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 def start(*args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in (*RANK_ENV, "GPUCERT_DEADLINE_S", "NODE_NAME")}
     env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.Popen(pair_cmd(*args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(
+        pair_cmd(*args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> tuple[int, str, str]:
@@ -102,17 +104,36 @@ def table(err: str) -> list[tuple[int, float, float, float]]:
 def test_two_processes_measure_one_pair_over_gloo_and_their_logs_read_as_pair_rows() -> None:
     """Node A (2 pretend GPUs, node rank 0) and node B (1, node rank 1) form one all-reduce of 3 ranks."""
     port = free_port()
-    common = ("--run-id", "pair-1", "--nodes", "node-a", "node-b", "--master", f"127.0.0.1:{port}",
-              "--device", "cpu", "--repeats", "3", "-b", "64K", "-e", "512K", "-n", "3", "-w", "1",
-              "--rendezvous-timeout", "60")  # fmt: skip
+    common = (
+        "--run-id",
+        "pair-1",
+        "--nodes",
+        "node-a",
+        "node-b",
+        "--master",
+        f"127.0.0.1:{port}",
+        "--device",
+        "cpu",
+        "--repeats",
+        "3",
+        "-b",
+        "64K",
+        "-e",
+        "512K",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--rendezvous-timeout",
+        "60",
+    )
     t0 = time.monotonic()
     a = start(*common, "--node", "node-a", "--rank", "0", "--cpu-devices", "2")
     b = start(*common, "--node", "node-b", "--rank", "1", "--cpu-devices", "1")
     (rc_a, out_a, err_a), (rc_b, out_b, err_b) = finish(a), finish(b)
     took = time.monotonic() - t0
     assert (rc_a, rc_b) == (0, 0), err_a[-2000:] + err_b[-2000:]
-    sides = {"node-a": read_log(out_a, err_a, "pair-1", "node-a"),
-             "node-b": read_log(out_b, err_b, "pair-1", "node-b")}  # fmt: skip
+    sides = {"node-a": read_log(out_a, err_a, "pair-1", "node-a"), "node-b": read_log(out_b, err_b, "pair-1", "node-b")}
     values = {}
     for node, peer in (("node-a", "node-b"), ("node-b", "node-a")):
         got = sides[node]
@@ -151,10 +172,34 @@ def test_two_processes_measure_one_pair_over_gloo_and_their_logs_read_as_pair_ro
 def test_a_rendezvous_that_never_completes_ends_in_an_error_row_within_its_timeout() -> None:
     """Node rank 0 whose peer never comes, and node rank 1 whose master never listens: both bounded."""
     timeout = 3
-    alone = start("--run-id", "pair-2", "--node", "node-a", "--rank", "0", "--master", f"127.0.0.1:{free_port()}",
-                  "--device", "cpu", "--rendezvous-timeout", str(timeout))  # fmt: skip
-    lost = start("--run-id", "pair-2", "--node", "node-b", "--rank", "1", "--master", f"127.0.0.1:{free_port()}",
-                 "--device", "cpu", "--rendezvous-timeout", str(timeout))  # fmt: skip
+    alone = start(
+        "--run-id",
+        "pair-2",
+        "--node",
+        "node-a",
+        "--rank",
+        "0",
+        "--master",
+        f"127.0.0.1:{free_port()}",
+        "--device",
+        "cpu",
+        "--rendezvous-timeout",
+        str(timeout),
+    )
+    lost = start(
+        "--run-id",
+        "pair-2",
+        "--node",
+        "node-b",
+        "--rank",
+        "1",
+        "--master",
+        f"127.0.0.1:{free_port()}",
+        "--device",
+        "cpu",
+        "--rendezvous-timeout",
+        str(timeout),
+    )
     expected = ((alone, "node-a", "did not join the rendezvous"), (lost, "node-b", "could not be reached"))
     for proc, node, words in expected:
         rc, out, err = finish(proc, timeout_s=60)
@@ -266,8 +311,9 @@ def fake_mpirun(tmp_path: Path, output: str) -> Path:
     bin_dir.mkdir(exist_ok=True)
     (tmp_path / "output.txt").write_text(output, encoding="utf-8")
     mpirun = bin_dir / "mpirun"
-    mpirun.write_text(f"#!/bin/sh\necho \"$@\" >> '{tmp_path / 'calls'}'\ncat '{tmp_path / 'output.txt'}'\n",
-                      encoding="utf-8")  # fmt: skip
+    mpirun.write_text(
+        f"#!/bin/sh\necho \"$@\" >> '{tmp_path / 'calls'}'\ncat '{tmp_path / 'output.txt'}'\n", encoding="utf-8"
+    )
     mpirun.chmod(0o755)
     return mpirun
 
@@ -280,11 +326,38 @@ def test_the_nccl_tests_path_runs_all_reduce_perf_under_mpirun_and_reports_its_b
     perf.chmod(0o755)
     env = {"PATH": f"{mpirun.parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-S", "-m", "gpucert.bench", "pair", "--run-id", "pair-5", "--node", "ztan-mig-235z",
-         "--peer", "ztan-mig-gq73", "--nccl-tests", str(perf), "--mpi-hosts", "ztan-mig-235z:8,ztan-mig-gq73:8",
-         "--mpirun-args", "--allow-run-as-root -x NCCL_DEBUG", "--repeats", "2", "-b", "8", "-e", "8G"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "gpucert.bench",
+            "pair",
+            "--run-id",
+            "pair-5",
+            "--node",
+            "ztan-mig-235z",
+            "--peer",
+            "ztan-mig-gq73",
+            "--nccl-tests",
+            str(perf),
+            "--mpi-hosts",
+            "ztan-mig-235z:8,ztan-mig-gq73:8",
+            "--mpirun-args",
+            "--allow-run-as-root -x NCCL_DEBUG",
+            "--repeats",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "8G",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     got = read_log(done.stdout, done.stderr, "pair-5", "ztan-mig-235z")
     rows = got.results
@@ -294,9 +367,30 @@ def test_the_nccl_tests_path_runs_all_reduce_perf_under_mpirun_and_reports_its_b
     assert list(rows["value"]) == [338.82, 338.82]
     calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines()
     assert len(calls) == 2
-    assert calls[0].split() == ["--allow-run-as-root", "-x", "NCCL_DEBUG", "-np", "16", "-H",
-                                "ztan-mig-235z:8,ztan-mig-gq73:8", str(perf), "-b", "8", "-e", str(8 << 30), "-f",
-                                "2", "-g", "1", "-n", "20", "-w", "5", "-c", "1"]  # fmt: skip
+    assert calls[0].split() == [
+        "--allow-run-as-root",
+        "-x",
+        "NCCL_DEBUG",
+        "-np",
+        "16",
+        "-H",
+        "ztan-mig-235z:8,ztan-mig-gq73:8",
+        str(perf),
+        "-b",
+        "8",
+        "-e",
+        str(8 << 30),
+        "-f",
+        "2",
+        "-g",
+        "1",
+        "-n",
+        "20",
+        "-w",
+        "5",
+        "-c",
+        "1",
+    ]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a shell script stands in for mpirun")
@@ -313,9 +407,11 @@ def test_the_nccl_tests_path_measures_disagreeing_repeats_again_as_a_node_does_w
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     mpirun = bin_dir / "mpirun"
-    mpirun.write_text(f"#!/bin/sh\ncd '{tmp_path}'\necho \"$@\" >> calls\n"
-                      "if [ \"$(wc -l < calls)\" -eq 1 ]; then cat out-1.txt; else cat out-n.txt; fi\n",
-                      encoding="utf-8")  # fmt: skip
+    mpirun.write_text(
+        f"#!/bin/sh\ncd '{tmp_path}'\necho \"$@\" >> calls\n"
+        'if [ "$(wc -l < calls)" -eq 1 ]; then cat out-1.txt; else cat out-n.txt; fi\n',
+        encoding="utf-8",
+    )
     mpirun.chmod(0o755)
     perf = tmp_path / "all_reduce_perf"
     perf.write_text("#!/bin/sh\nexit 1\n", encoding="utf-8")
@@ -325,10 +421,33 @@ def test_the_nccl_tests_path_measures_disagreeing_repeats_again_as_a_node_does_w
     def pair(*extra: str) -> tuple[list[float], str, int]:
         (tmp_path / "calls").unlink(missing_ok=True)
         done = subprocess.run(
-            [sys.executable, "-S", "-m", "gpucert.bench", "pair", "--run-id", "pair-6", "--node", "a", "--peer",
-             "b", "--nccl-tests", str(perf), "--mpi-hosts", "a:8,b:8", "--repeats", "3", *extra],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-S",
+                "-m",
+                "gpucert.bench",
+                "pair",
+                "--run-id",
+                "pair-6",
+                "--node",
+                "a",
+                "--peer",
+                "b",
+                "--nccl-tests",
+                str(perf),
+                "--mpi-hosts",
+                "a:8,b:8",
+                "--repeats",
+                "3",
+                *extra,
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         values = list(read_log(done.stdout, done.stderr, "pair-6", "a").results["value"])
         calls = (tmp_path / "calls").read_text(encoding="utf-8").splitlines()
@@ -351,13 +470,15 @@ def test_all_reduce_perf_built_without_mpi_is_no_pair_measurement(tmp_path: Path
     alone = re.sub(r"(#\s*Rank\s+)\d+", r"\g<1>0", FIXTURE.read_text(encoding="utf-8"))
     mpirun = fake_mpirun(tmp_path, alone)
     with pytest.raises(NcclTestsError, match="built with MPI=1"):
-        run_pair_nccl_tests("/bin/true", mpirun=str(mpirun), hosts="a:8,b:8", sizes=(8, 1 << 20, 2), iters=1,
-                            warmup=1, timeout_s=30)  # fmt: skip
+        run_pair_nccl_tests(
+            "/bin/true", mpirun=str(mpirun), hosts="a:8,b:8", sizes=(8, 1 << 20, 2), iters=1, warmup=1, timeout_s=30
+        )
     one_host = re.sub(r" on ztan-mig-gq73 ", " on ztan-mig-235z ", FIXTURE.read_text(encoding="utf-8"))
     mpirun = fake_mpirun(tmp_path, one_host)
     with pytest.raises(NcclTestsError, match="not across the two nodes"):
-        run_pair_nccl_tests("/bin/true", mpirun=str(mpirun), hosts="a:8,b:8", sizes=(8, 1 << 20, 2), iters=1,
-                            warmup=1, timeout_s=30)  # fmt: skip
+        run_pair_nccl_tests(
+            "/bin/true", mpirun=str(mpirun), hosts="a:8,b:8", sizes=(8, 1 << 20, 2), iters=1, warmup=1, timeout_s=30
+        )
     assert mpi_slots("a:8,b:4") == 12
     for bad in ("a:8", "a:8,a:8", "a,b", "a:0,b:8", "a:8,b:8,c:8"):
         with pytest.raises(ValueError, match="two hosts"):
@@ -366,9 +487,7 @@ def test_all_reduce_perf_built_without_mpi_is_no_pair_measurement(tmp_path: Path
 
 def test_pair_rows_name_the_peer_and_only_pair_metrics_take_one() -> None:
     out, err = io.StringIO(), io.StringIO()
-    rows = RowWriter(
-        "r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err
-    )
+    rows = RowWriter("r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err)
     assert rows.pair_row(METRIC, "n2", 42.5, 1)
     assert not rows.pair_row(METRIC, "n2", float("inf"), 2)  # no measurement: the node's error row instead
     with pytest.raises(ValueError, match="peer is for pair metrics only"):
@@ -441,12 +560,12 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
     assert pod["enableServiceLinks"] is False
     assert "nodeName" not in pod
     # Either pod may land on either node, never both on one: affinity to exactly the two, anti-affinity.
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     # One term per node, ORed: the API server allows a metadata.name matchFields requirement one value.
-    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
-                     for n in ("gpu-node-00001", "gpu-node-00002")]  # fmt: skip
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+        for n in ("gpu-node-00001", "gpu-node-00002")
+    ]
     assert pair.nodes == ("gpu-node-00001", "gpu-node-00002")
     [apart] = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert apart["topologyKey"] == "kubernetes.io/hostname"
@@ -459,9 +578,7 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
     assert selector.items() <= labels.items()
     other = pair_job("night-1", "gpu-node-00001", "gpu-node-00003", 8, payload=cm).job
     assert not selector.items() <= other["spec"]["template"]["metadata"]["labels"].items()
-    assert svc["spec"]["ports"] == [
-        {"name": "rendezvous", "protocol": "TCP", "port": 29500, "targetPort": 29500}
-    ]
+    assert svc["spec"]["ports"] == [{"name": "rendezvous", "protocol": "TCP", "port": 29500, "targetPort": 29500}]
     # The benchmark Job's conventions: labels, tolerations, GPUs, the payload, no node annotation (two nodes).
     bench = benchmark_job("night-1", "gpu-node-00001", 8, payload=cm)
     assert pod["tolerations"] == bench["spec"]["template"]["spec"]["tolerations"]
@@ -492,9 +609,15 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
 
 def test_a_pair_is_one_job_whichever_way_round_and_names_never_collide(cm: dict[str, Any]) -> None:
     assert pair_name("night-1", "n1", "n2") == pair_name("night-1", "n2", "n1")
-    names = {pair_name("night-1", "n1", "n2"), pair_name("night-1", "n1", "n3"), pair_name("night-2", "n1", "n2"),
-             pair_name("night-1", "n1-n2", "n3"), pair_name("night-1", "n1", "n2-n3"),
-             pair_name("2026-12-01", "n1", "n2"), pair_name("night-1", LONG_NODE, LONG_NODE[:-1] + "x")}  # fmt: skip
+    names = {
+        pair_name("night-1", "n1", "n2"),
+        pair_name("night-1", "n1", "n3"),
+        pair_name("night-2", "n1", "n2"),
+        pair_name("night-1", "n1-n2", "n3"),
+        pair_name("night-1", "n1", "n2-n3"),
+        pair_name("2026-12-01", "n1", "n2"),
+        pair_name("night-1", LONG_NODE, LONG_NODE[:-1] + "x"),
+    }
     assert len(names) == 7
     for name in names:
         assert len(name) <= 61
@@ -515,9 +638,7 @@ def test_a_pair_is_one_job_whichever_way_round_and_names_never_collide(cm: dict[
         (("n1", "n1"), "two nodes"),
     ],
 )
-def test_node_names_that_are_no_node_s_are_refused(
-    cm: dict[str, Any], nodes: tuple[str, str], words: str
-) -> None:
+def test_node_names_that_are_no_node_s_are_refused(cm: dict[str, Any], nodes: tuple[str, str], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         pair_job("night-1", *nodes, 8, payload=cm)
 
@@ -525,17 +646,20 @@ def test_node_names_that_are_no_node_s_are_refused(
 def test_values_cannot_bend_the_pair_manifests_and_reach_the_payload_as_written(cm: dict[str, Any]) -> None:
     evil = 'x"\n  evil: {{ x }} &a *a $(PYTHONPATH)'
     settings = BenchmarkSettings(pod_annotations={"example.com/note": evil}, label_prefix="example.com")
-    pair = pair_job("night-1", "n1", "n2", 4, payload=cm, settings=settings,
-                    pair_args=("-b", "1M", f"--stack-json=/tmp/{evil}.json"))  # fmt: skip
+    pair = pair_job(
+        "night-1",
+        "n1",
+        "n2",
+        4,
+        payload=cm,
+        settings=settings,
+        pair_args=("-b", "1M", f"--stack-json=/tmp/{evil}.json"),
+    )
     validate(pair.job)
     validate(pair.service)
     template = pair.job["spec"]["template"]
     assert template["metadata"]["annotations"] == {"example.com/pair": "n1,n2", "example.com/note": evil}
-    assert (
-        set(pair.job["metadata"])
-        == set(pair.service["metadata"])
-        == {"name", "namespace", "labels", "annotations"}
-    )
+    assert set(pair.job["metadata"]) == set(pair.service["metadata"]) == {"name", "namespace", "labels", "annotations"}
     args = template["spec"]["containers"][0]["args"]
     assert args[-1] == f"--stack-json=/tmp/{evil.replace('$', '$$')}.json"
     assert args[-3:-1] == ["-b", "1M"]
@@ -557,9 +681,7 @@ def test_values_cannot_bend_the_pair_manifests_and_reach_the_payload_as_written(
         ("-b", "a sequence of strings"),
     ],
 )
-def test_pair_args_the_payload_would_refuse_are_refused(
-    cm: dict[str, Any], pair_args: Any, words: str
-) -> None:
+def test_pair_args_the_payload_would_refuse_are_refused(cm: dict[str, Any], pair_args: Any, words: str) -> None:
     with pytest.raises(PayloadArgsError, match=re.escape(words)):
         pair_job("night-1", "n1", "n2", 8, payload=cm, pair_args=pair_args)
 
@@ -616,17 +738,16 @@ def test_the_pair_job_and_service_run_on_the_simulated_cluster(kube: Kube, cm: d
     eventually(lambda: kube.find("v1", "Service", pair.name, ns) is None, 10.0)
 
 
-def test_the_simulated_indexed_job_gives_each_pod_its_index_and_hostname(
-    kube: Kube, cm: dict[str, Any]
-) -> None:
+def test_the_simulated_indexed_job_gives_each_pod_its_index_and_hostname(kube: Kube, cm: dict[str, Any]) -> None:
     pair = pair_job("night-21", node(0), node(1), 8, payload=cm)
     ns = pair.job["metadata"]["namespace"]
     ensure_payload(kube, cm)
     job = kube.create(pair.job)
     kube.create(owned_by(pair.service, job))
     try:
-        pods = eventually(lambda: (found if len(found := pods_of(kube, ns, {f"{PREFIX}/pair-job": pair.name})) == 2
-                                   else None), 10.0)  # fmt: skip
+        pods = eventually(
+            lambda: found if len(found := pods_of(kube, ns, {f"{PREFIX}/pair-job": pair.name})) == 2 else None, 10.0
+        )
         index = "batch.kubernetes.io/job-completion-index"
         assert sorted(str(p["metadata"].get("annotations", {}).get(index)) for p in pods) == ["0", "1"]
         assert sorted(str(p["spec"].get("hostname")) for p in pods) == [f"{pair.name}-0", f"{pair.name}-1"]
@@ -635,14 +756,26 @@ def test_the_simulated_indexed_job_gives_each_pod_its_index_and_hostname(
             assert pod["metadata"]["labels"][index] == i
             assert re.fullmatch(rf"{pair.name}-{i}-[a-z0-9]{{5}}", pod["metadata"]["name"])
             assert pod["spec"]["subdomain"] == pair.name  # the headless Service: <job>-0.<svc>.<ns>.svc resolves
-        finished = eventually(lambda: j if (j := kube.get("batch/v1", "Job", pair.name, ns)).get("status", {})
-                              .get("completedIndexes") == "0-1" else None, 15.0)  # fmt: skip
+        finished = eventually(
+            lambda: (
+                j
+                if (j := kube.get("batch/v1", "Job", pair.name, ns)).get("status", {}).get("completedIndexes") == "0-1"
+                else None
+            ),
+            15.0,
+        )
         assert finished["status"]["succeeded"] == 2
         # Each pod's log reads as its own node's pair rows, peer the other node, both sides the same values.
         pods = pods_of(kube, ns, {f"{PREFIX}/pair-job": pair.name})
-        sides = {p["spec"]["nodeName"]: parse_pod_log(kube.pod_log(p["metadata"]["name"], ns), run_id="night-21",
-                                                      node=p["spec"]["nodeName"], source=p["metadata"]["name"])
-                 for p in pods}  # fmt: skip
+        sides = {
+            p["spec"]["nodeName"]: parse_pod_log(
+                kube.pod_log(p["metadata"]["name"], ns),
+                run_id="night-21",
+                node=p["spec"]["nodeName"],
+                source=p["metadata"]["name"],
+            )
+            for p in pods
+        }
         assert set(sides) == {node(0), node(1)}
         values = {}
         for here, there in ((node(0), node(1)), (node(1), node(0))):

@@ -67,11 +67,25 @@ def settings_with(**annotations: str) -> BenchmarkSettings:
     return BenchmarkSettings(pod_annotations=dict(annotations))
 
 
-def run_round(kube: Kube, pairs: Sequence[tuple[str, str]], run_id: str, payload: Mapping[str, Any],
-              settings: BenchmarkSettings | None = None, **kwargs: Any) -> Any:
+def run_round(
+    kube: Kube,
+    pairs: Sequence[tuple[str, str]],
+    run_id: str,
+    payload: Mapping[str, Any],
+    settings: BenchmarkSettings | None = None,
+    **kwargs: Any,
+) -> Any:
     nodes = {n for pair in pairs for n in pair}
-    return run_pair_round(kube, pairs, run_id, payload, settings or BenchmarkSettings(),
-                          gpus=dict.fromkeys(nodes, GPUS), poll_s=0.05, **kwargs)  # fmt: skip
+    return run_pair_round(
+        kube,
+        pairs,
+        run_id,
+        payload,
+        settings or BenchmarkSettings(),
+        gpus=dict.fromkeys(nodes, GPUS),
+        poll_s=0.05,
+        **kwargs,
+    )
 
 
 def leases(kube: Kube, holder: str, at: datetime | None = None) -> NodeLeases:
@@ -90,13 +104,13 @@ def free(kube: Kube, *names: str) -> bool:
 
 
 def jobs(kube: Kube, run_id: str) -> list[dict[str, Any]]:
-    return kube.list_objects("batch/v1", "Job", BenchmarkSettings().namespace,
-                             label_selector=f"{PREFIX}/run-id={run_id}")  # fmt: skip
+    return kube.list_objects(
+        "batch/v1", "Job", BenchmarkSettings().namespace, label_selector=f"{PREFIX}/run-id={run_id}"
+    )
 
 
 def services(kube: Kube, run_id: str) -> list[dict[str, Any]]:
-    return kube.list_objects("v1", "Service", BenchmarkSettings().namespace,
-                             label_selector=f"{PREFIX}/run-id={run_id}")  # fmt: skip
+    return kube.list_objects("v1", "Service", BenchmarkSettings().namespace, label_selector=f"{PREFIX}/run-id={run_id}")
 
 
 def pair_rows(rnd: PairRound) -> pd.DataFrame:
@@ -151,7 +165,8 @@ def test_a_pair_whose_node_another_run_holds_ends_leased_and_the_others_still_ru
     assert rnd.runs[(n[0], n[1])].state == "succeeded"
     assert [j["metadata"]["name"] for j in jobs(kube, "pw-leased")] == [pair_name("pw-leased", n[0], n[1])]
     assert set(zip(pair_rows(rnd)["node"].astype(str), pair_rows(rnd)["peer"].astype(str), strict=True)) == {
-        (n[0], n[1]), (n[1], n[0])
+        (n[0], n[1]),
+        (n[1], n[0]),
     }
     assert free(kube, *n)  # n[2]'s Lease, taken first, was given back
 
@@ -159,8 +174,9 @@ def test_a_pair_whose_node_another_run_holds_ends_leased_and_the_others_still_ru
 def test_a_round_started_again_adopts_its_jobs(sim: SimCluster, kube: Kube, payload: dict[str, Any]) -> None:
     n = [node(sim, i) for i in range(2)]
     # A killed round left its Job and Service behind, still running.
-    left = pair_job("pw-again", n[0], n[1], GPUS, payload=payload, settings=settings_with(**{
-        "sim.gpucert.io/run-seconds": "1"}))  # fmt: skip
+    left = pair_job(
+        "pw-again", n[0], n[1], GPUS, payload=payload, settings=settings_with(**{"sim.gpucert.io/run-seconds": "1"})
+    )
     created = kube.create(left.job)
     kube.create(owned_by(left.service, created))
     first = asyncio.run(run_round(kube, [(n[1], n[0])], "pw-again", payload))
@@ -217,8 +233,9 @@ def test_a_round_cancelled_mid_benchmark_leaves_no_job_taint_or_lease(
 
     async def cut_short() -> None:
         task = asyncio.ensure_future(run_round(kube, [(n[0], n[1]), (n[2], n[3])], "pw-cut", payload, slow))
-        await asyncio.to_thread(eventually, lambda: len(jobs(kube, "pw-cut")) == 2
-                                and all(TESTING in taints(kube, x) for x in n), 10.0)  # fmt: skip
+        await asyncio.to_thread(
+            eventually, lambda: len(jobs(kube, "pw-cut")) == 2 and all(TESTING in taints(kube, x) for x in n), 10.0
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -244,9 +261,21 @@ def test_a_failed_pair_job_is_failed_with_its_reason_and_lets_its_nodes_go(
 
 
 def side(node: str, peer: str | None, values: Sequence[float], *, metric: str = METRIC) -> _Side:
-    rows = [{"run_id": "pw-rows", "node": node, "gpu": None, "gpu_uuid": None, "gpu_model": "NVIDIA H200",
-             "metric": metric, "value": v, "repeat": i, "peer": peer, "ts": "2026-03-01T02:00:00Z"}
-            for i, v in enumerate(values)]  # fmt: skip
+    rows = [
+        {
+            "run_id": "pw-rows",
+            "node": node,
+            "gpu": None,
+            "gpu_uuid": None,
+            "gpu_model": "NVIDIA H200",
+            "metric": metric,
+            "value": v,
+            "repeat": i,
+            "peer": peer,
+            "ts": "2026-03-01T02:00:00Z",
+        }
+        for i, v in enumerate(values)
+    ]
     text = "\n".join(json.dumps(r) for r in rows)
     source = f"log of Pod ns/pod-{node} (Job j, node {node})"
     return _Side(node, split_pod_log(text, run_id="pw-rows", node=node, source=source))
@@ -275,15 +304,24 @@ def test_both_pods_rows_are_kept_as_logged_error_rows_too() -> None:
     pair = ("node-a", "node-b")
     sides = [side("node-a", "node-b", [10.0, 11.0]), side("node-b", "node-a", [10.0, 11.0])]
     errors = side("node-a", None, [1.0], metric="error")
-    sides[0] = _Side("node-a", split_pod_log("\n".join(
-        [json.dumps(r) for r in sides[0].log.records] + [json.dumps(errors.log.records[0])]),
-        run_id="pw-rows", node="node-a", source=sides[0].log.source))  # fmt: skip
+    sides[0] = _Side(
+        "node-a",
+        split_pod_log(
+            "\n".join([json.dumps(r) for r in sides[0].log.records] + [json.dumps(errors.log.records[0])]),
+            run_id="pw-rows",
+            node="node-a",
+            source=sides[0].log.source,
+        ),
+    )
     runs = {pair: PairRun(pair, "j", "succeeded")}
     kept = _round_results(runs, {pair: sides})
     assert kept is not None
     measured = kept[kept["metric"].astype(str) == METRIC]
     assert sorted(zip(measured["node"].astype(str), measured["peer"].astype(str), measured["value"], strict=True)) == [
-        ("node-a", "node-b", 10.0), ("node-a", "node-b", 11.0), ("node-b", "node-a", 10.0), ("node-b", "node-a", 11.0)
+        ("node-a", "node-b", 10.0),
+        ("node-a", "node-b", 11.0),
+        ("node-b", "node-a", 10.0),
+        ("node-b", "node-a", 11.0),
     ]
     assert kept[kept["metric"].astype(str) == "error"]["node"].astype(str).tolist() == ["node-a"]
     assert runs[pair].rows == 5
@@ -291,8 +329,10 @@ def test_both_pods_rows_are_kept_as_logged_error_rows_too() -> None:
 
 def test_a_pod_whose_rows_name_another_peer_fails_its_pair_with_bad_results() -> None:
     good, wrong = ("node-a", "node-b"), ("node-c", "node-d")
-    logs = {good: [side("node-a", "node-b", [5.0]), side("node-b", "node-a", [5.0])],
-            wrong: [side("node-c", "node-d", [5.0]), side("node-d", "node-x", [5.0])]}  # fmt: skip
+    logs = {
+        good: [side("node-a", "node-b", [5.0]), side("node-b", "node-a", [5.0])],
+        wrong: [side("node-c", "node-d", [5.0]), side("node-d", "node-x", [5.0])],
+    }
     runs = {p: PairRun(p, "j", "succeeded") for p in logs}
     kept = _round_results(runs, logs)
     assert (runs[wrong].state, runs[wrong].reason) == ("failed", "bad_results")

@@ -275,9 +275,7 @@ class Fabric:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
-        self.factor = dict(
-            zip(self.nodes["node"], 1 + self.rng.standard_normal(len(self.nodes)) * 0.01, strict=True)
-        )
+        self.factor = dict(zip(self.nodes["node"], 1 + self.rng.standard_normal(len(self.nodes)) * 0.01, strict=True))
         self.leaf = dict(zip(self.nodes["node"], self.nodes[LEAF], strict=True))
 
     def measure(self, pairs: pd.DataFrame, repeats: int = 3) -> pd.DataFrame:
@@ -359,8 +357,13 @@ def test_a_nic_at_half_rate_is_named_and_nobody_else(seed: int) -> None:
     assert not j.pending
     row = j.findings[j.findings["node"] == bad].iloc[0]
     assert (row["scope"], row["status"], row["verdict"], row["layer"], row["component"], row["cause"]) == (
-        "node", "culprit", "fail", "network", "nic", "network",
-    )  # fmt: skip
+        "node",
+        "culprit",
+        "fail",
+        "network",
+        "nic",
+        "network",
+    )
     assert row["action"] == "check_cable"
     assert row["ticket"] == "remediation"
     assert -55 < row["deviation_pct"] < -45
@@ -389,8 +392,12 @@ def test_a_slow_uplink_is_one_fleet_finding_and_no_node_is_blamed(seed: int, lea
     assert len(fleet) == 1
     row = fleet.iloc[0]
     assert (row["status"], row["component"], row["layer"], row["node"], row["verdict"]) == (
-        "uplink", "uplink", "network", "", "fail",
-    )  # fmt: skip
+        "uplink",
+        "uplink",
+        "network",
+        "",
+        "fail",
+    )
     assert row["location"] == f"{_leaf(leaves[0])} ↔ {_leaf(leaves[1])}"
     assert "no node is blamed" in row["reasons"]
     assert " GB/s = " in row["reasons"]
@@ -461,9 +468,7 @@ def test_a_single_slow_pair_is_re_paired_with_good_partners_then_cleared() -> No
     assert len(more.pairs) == 2
     leaf = plan.nodes["group"]
     for _, pair in more.pairs.iterrows():
-        suspect, partner = (
-            (pair["node"], pair["peer"]) if pair["node"] in (x, y) else (pair["peer"], pair["node"])
-        )
+        suspect, partner = (pair["node"], pair["peer"]) if pair["node"] in (x, y) else (pair["peer"], pair["node"])
         assert partner in j.good
         assert partner not in (x, y)
         other = y if suspect == x else x
@@ -542,9 +547,7 @@ def test_the_reference_is_given_or_the_fleets_median() -> None:
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
     fleet = judge_pairs(results, plan)
-    assert re.fullmatch(
-        r"the fleet median of \d\d healthy pairs in this run \(3\d\d\.\d GB/s\)", fleet.reference_note
-    )
+    assert re.fullmatch(r"the fleet median of \d\d healthy pairs in this run \(3\d\d\.\d GB/s\)", fleet.reference_note)
     assert set(fleet.pairs["reference_kind"]) == {"peer"}
     # The model says 400: every pair is 7.5 % below it, beyond the warn drop but within 3 spreads.
     model = judge_pairs(results, plan, reference=400.0)
@@ -556,9 +559,7 @@ def test_the_reference_is_given_or_the_fleets_median() -> None:
     mixed = judge_pairs(rows, plan, reference=300.0)
     kinds = mixed.pairs.set_index(["node", "peer"])["reference_kind"]
     assert (kinds.xs("node-00000", level="node") == "own").all()
-    assert (mixed.pairs["reference"] == 300.0).sum() == len(plan.pairs) - (
-        (plan.pairs["node"] == "node-00000").sum()
-    )
+    assert (mixed.pairs["reference"] == 300.0).sum() == len(plan.pairs) - ((plan.pairs["node"] == "node-00000").sum())
     with pytest.raises(InputError, match="reference -1"):
         judge_pairs(results, plan, reference=-1)
 
@@ -662,9 +663,7 @@ def test_a_pair_the_plan_does_not_have() -> None:
         for p in plan.nodes.index
         if p != results.loc[0, "node"] and frozenset((results.loc[0, "node"], p)) not in planned
     )
-    with pytest.raises(
-        ResultsError, match=r"row 1, column 'peer': the pair \(.*\) is not in the pairing plan"
-    ):
+    with pytest.raises(ResultsError, match=r"row 1, column 'peer': the pair \(.*\) is not in the pairing plan"):
         judge_pairs(_set(results, 0, "peer", stranger), plan)
 
 
@@ -687,9 +686,7 @@ def test_the_judgement_reads_as_lines() -> None:
     assert lines[0].startswith("pairs: ")
     assert "2 node" in lines[0]
     assert lines[1].startswith("reference: the fleet median")
-    assert any(
-        line.startswith("culprit node-00033: node-00033 is low with 2 of its 2 partners") for line in lines
-    )
+    assert any(line.startswith("culprit node-00033: node-00033 is low with 2 of its 2 partners") for line in lines)
 
 
 def test_the_partner_of_a_bad_nic_with_one_other_slow_pair_is_re_paired_not_blamed() -> None:
@@ -763,8 +760,14 @@ def test_the_judgement_as_verdicts_fails_the_nic_flags_the_uplink_at_fleet_level
 
 def test_a_pairs_reference_is_its_nodes_own_link_baseline() -> None:
     pair, nccl = "nccl_pair_busbw_gbps", "nccl_allreduce_busbw_gbps"
-    baseline = pd.DataFrame({"level": ["node", "node", "gpu", "node"], "key": ["a", "b", "a", "c"],
-                             "metric": [pair, pair, pair, nccl], "center": [360.0, 372.0, 1.0, 480.0]})  # fmt: skip
+    baseline = pd.DataFrame(
+        {
+            "level": ["node", "node", "gpu", "node"],
+            "key": ["a", "b", "a", "c"],
+            "metric": [pair, pair, pair, nccl],
+            "center": [360.0, 372.0, 1.0, 480.0],
+        }
+    )
     rows = pd.DataFrame({"node": ["a", "b", "c"], "peer": ["b", "a", "a"]})
     refs = pair_references(rows, baseline)
     assert refs.iloc[:2].tolist() == [360.0, 372.0]

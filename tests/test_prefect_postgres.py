@@ -54,18 +54,32 @@ def postgres() -> Iterator[str]:
     root.chmod(0o700)
     port = _free_port()
     data = root / "data"
-    subprocess.run(_as_postgres([str(pg / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                                 "-E", "UTF8", "--no-sync"]), check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        _as_postgres(
+            [str(pg / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"]
+        ),
+        check=True,
+        capture_output=True,
+    )
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-    subprocess.run(_as_postgres([str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o", options,
-                                 "start"]), check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        _as_postgres([str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w", "-o", options, "start"]),
+        check=True,
+        capture_output=True,
+    )
     try:
-        subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-c", "create database prefect"],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-c", "create database prefect"],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect"
     finally:
-        subprocess.run(_as_postgres([str(pg / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
-                       capture_output=True, check=False)  # fmt: skip
+        subprocess.run(
+            _as_postgres([str(pg / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+            capture_output=True,
+            check=False,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -73,14 +87,23 @@ def postgres() -> Iterator[str]:
 def prefect_on_postgres(postgres: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     home = tmp_path_factory.mktemp("prefect-home")
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("wb")
     server = subprocess.Popen(
         [str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + 120
@@ -129,9 +152,7 @@ def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_pos
 
     with (
         SimCluster(nodes=2) as sim,
-        temporary_settings(
-            updates={PREFECT_API_URL: prefect_on_postgres, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-        ),
+        temporary_settings(updates={PREFECT_API_URL: prefect_on_postgres, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
         _event_and_log_workers_of_their_own(),
     ):
         result = configure(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)), rollout_timeout_s=60)
@@ -145,5 +166,9 @@ def test_a_flow_run_is_recorded_by_a_prefect_server_on_postgresql(prefect_on_pos
     harness, name = str(PREFECT_API_URL.value()).rstrip("/"), "gpucert.test.after-postgresql"
     assert harness != prefect_on_postgres.rstrip("/")
     emit_event(name, resource={"prefect.resource.id": "gpucert.test"})
-    eventually(lambda: httpx.post(f"{harness}/events/filter", json={"filter": {"event": {"name": [name]}}},
-                                  timeout=10).json()["events"], timeout_s=30)  # fmt: skip
+    eventually(
+        lambda: httpx.post(f"{harness}/events/filter", json={"filter": {"event": {"name": [name]}}}, timeout=10).json()[
+            "events"
+        ],
+        timeout_s=30,
+    )

@@ -84,9 +84,7 @@ def jira() -> Iterator[FakeJira]:
 
 
 def _store(endpoint: str) -> BaselineStore:
-    credentials = AwsCredentials(
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
-    )
+    credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION)
     return BaselineStore(uri=f"s3://{BUCKET}/fleet", credentials=credentials, endpoint_url=endpoint)
 
 
@@ -95,8 +93,15 @@ def _ticketing(fake: FakeJira) -> Ticketing:
 
 
 def _night(sim: SimCluster, store: BaselineStore, policy: CertificationPolicy) -> CertifyOutcome:
-    night = asyncio.run(operate(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)), store=store,
-                                policy=policy, rotation_days=0.0, scrape_interval_s=1.0))  # fmt: skip
+    night = asyncio.run(
+        operate(
+            cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
+            store=store,
+            policy=policy,
+            rotation_days=0.0,
+            scrape_interval_s=1.0,
+        )
+    )
     assert night.certify is not None
     return night.certify
 
@@ -123,11 +128,27 @@ def _issues(fake: FakeJira, node: str) -> list[dict[str, Any]]:
 
 def _release(sim: SimCluster, node: str, action: str, monkeypatch: pytest.MonkeyPatch, endpoint: str) -> int:
     # The command line reaches SeaweedFS the way a user reaches any S3 endpoint: boto3's own environment.
-    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION), ("AWS_ENDPOINT_URL_S3", endpoint)):  # fmt: skip
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+        ("AWS_ENDPOINT_URL_S3", endpoint),
+    ):
         monkeypatch.setenv(name, value)
-    return main(["release", node, "--kubeconfig", str(sim.kubeconfig_path), "--store", f"s3://{BUCKET}/fleet",
-                 "--ticketing", "ops-jira", "--action", action])  # fmt: skip
+    return main(
+        [
+            "release",
+            node,
+            "--kubeconfig",
+            str(sim.kubeconfig_path),
+            "--store",
+            f"s3://{BUCKET}/fleet",
+            "--ticketing",
+            "ops-jira",
+            "--action",
+            action,
+        ]
+    )
 
 
 def test_nightly_operate_on_s3_and_jira_opens_escalates_and_resolves_tickets(
@@ -180,8 +201,15 @@ def test_nightly_operate_on_s3_and_jira_opens_escalates_and_resolves_tickets(
         # An onboarding whose node fails: a ticket for it, and the node kept out.
         [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
         sim.inject_fault(Fault("remap_failure", new, 3))
-        result = asyncio.run(onboard(node=new, cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
-                                     store=store, policy=policy, ready_timeout_s=60))  # fmt: skip
+        result = asyncio.run(
+            onboard(
+                node=new,
+                cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
+                store=store,
+                policy=policy,
+                ready_timeout_s=60,
+            )
+        )
         assert (result.state, result.admitted) == ("failed", False)
         [issue] = _issues(jira, new)
         assert "gpucert-replacement" in issue["fields"]["labels"]
@@ -206,9 +234,7 @@ def test_a_sharded_night_on_s3_and_jira_measures_every_node_and_tickets_the_faul
     """operate over shards of 2 nodes (issue 17's path: each shard's files in S3, joined by the parent,
     judged once over the whole fleet) reaches the same end as a night in one piece: the faulty node
     tainted and ticketed in Jira, every other node certified, decisions.parquet agreeing with the nodes."""
-    credentials = AwsCredentials(
-        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
-    )
+    credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION)
     store = BaselineStore(uri=f"s3://{BUCKET}/sharded", credentials=credentials, endpoint_url=s3)
     policy = CertificationPolicy(shard_size=2, ticketing=_ticketing(jira))
     with SimCluster(nodes=8, preconfigured=True, seed=5) as sim:
@@ -259,8 +285,12 @@ class Team:
 
 def _clone(source: Path, target: Path) -> None:
     """The repository's files as a fresh checkout has them (tracked and new, not ignored: no venv, no store)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
-                            capture_output=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=source,
+        capture_output=True,
+        check=True,
+    ).stdout
     for name in filter(None, listed.decode().split("\0")):
         path = source / name
         if path.is_file():
@@ -269,19 +299,35 @@ def _clone(source: Path, target: Path) -> None:
 
 
 def _team_file(path: Path, sim: SimCluster, endpoint: str, jira: FakeJira) -> Path:
-    path.write_text(yaml.safe_dump({
-        "cluster": {"kubeconfig": str(sim.kubeconfig_path), "storage_claim": "datasets"},
-        "store": {"uri": f"s3://{BUCKET}/team", "endpoint_url": endpoint, "aws_access_key_id": ACCESS_KEY,
-                  "aws_secret_access_key": SECRET_KEY, "region_name": REGION},
-        "ticketing": {"backend": "jira", "server": jira.base, "user": USER, "token": TOKEN, "project": "OPS"},
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"kubeconfig": str(sim.kubeconfig_path), "storage_claim": "datasets"},
+                "store": {
+                    "uri": f"s3://{BUCKET}/team",
+                    "endpoint_url": endpoint,
+                    "aws_access_key_id": ACCESS_KEY,
+                    "aws_secret_access_key": SECRET_KEY,
+                    "region_name": REGION,
+                },
+                "ticketing": {"backend": "jira", "server": jira.base, "user": USER, "token": TOKEN, "project": "OPS"},
+            }
+        )
+    )
     return path
 
 
 def _setup(team_file: Path, clone: Path, env: dict[str, str], *options: str) -> tuple[str, float]:
     started = time.monotonic()
-    done = subprocess.run([GPUCERT, "setup", "--file", str(team_file), "--project", str(clone), *options],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [GPUCERT, "setup", "--file", str(team_file), "--project", str(clone), *options],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, time.monotonic() - started
 
@@ -295,16 +341,26 @@ def team(prefect_harness: None, s3: str, tmp_path_factory: pytest.TempPathFactor
     clone = tmp_path_factory.mktemp("team") / "gpucert"
     _clone(ROOT, clone)
     # The worker knows only the Prefect server: no store, kubeconfig or S3 keys of its own to fall back on.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GPUCERT_STORE", "KUBECONFIG") and not k.startswith("AWS_")}  # fmt: skip
-    env.update({"PREFECT_API_URL": api, "PREFECT_WORKER_QUERY_SECONDS": "1", "DO_NOT_TRACK": "1",
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HOME": str(clone.parent)})  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUCERT_STORE", "KUBECONFIG") and not k.startswith("AWS_")}
+    env.update(
+        {
+            "PREFECT_API_URL": api,
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "HOME": str(clone.parent),
+        }
+    )
     with AppThread(fake.app()) as http, SimCluster(nodes=4, preconfigured=True, seed=21) as sim:
         fake.base = http.url
         out, seconds = _setup(_team_file(clone.parent / "team.yaml", sim, s3, fake), clone, env)
-        worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gpucert", "--type", "process", "--limit",
-                                   "2"], env=env, cwd=clone, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)  # fmt: skip
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", "gpucert", "--type", "process", "--limit", "2"],
+            env=env,
+            cwd=clone,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             yield Team(sim=sim, env=env, clone=clone, api=api, jira=fake, setup_out=out, setup_s=seconds)
         finally:
@@ -393,16 +449,24 @@ def test_setup_saves_the_named_blocks_deploys_and_runs_again_unchanged(team: Tea
     again = SetupReport()
     asyncio.run(ensure_pools(pool_names(team.clone), again))
     asyncio.run(replace_automations(team.clone, again))
-    assert again.lines == ["work pool 'gpucert': there already (process)",
-                           "automations: 2 from automations.yaml (2 of the same names replaced)"]  # fmt: skip
+    assert again.lines == [
+        "work pool 'gpucert': there already (process)",
+        "automations: 2 from automations.yaml (2 of the same names replaced)",
+    ]
     assert automations() == before
     print(f"gpucert setup: {team.setup_s:.1f} s the first time; again without deploying {seconds:.1f} s")
 
 
 def test_every_deployment_is_registered_as_prefect_yaml_says(team: Team) -> None:
-    for flow, name in [("configure", "configure"), ("certify", "certify"), ("certify-shard", "certify-shard"),
-                       ("operate", "operate"), ("onboard-node", "onboard-node"), ("release", "release"),
-                       ("explain-job", "explain-job")]:  # fmt: skip
+    for flow, name in [
+        ("configure", "configure"),
+        ("certify", "certify"),
+        ("certify-shard", "certify-shard"),
+        ("operate", "operate"),
+        ("onboard-node", "onboard-node"),
+        ("release", "release"),
+        ("explain-job", "explain-job"),
+    ]:
         assert _deployment(team.api, flow, name)["parameters"]["store_block"] == TEAM
     shard = _deployment(team.api, "certify-shard")
     assert shard["work_queue_name"] == "shards"
@@ -457,9 +521,27 @@ def test_certify_over_rest_takes_the_blocks_and_the_cli_beside_it_measures_the_s
     [issue] = _issues(team.jira, slow)
     assert issue["fields"]["status"]["name"] != "Done"
 
-    cli = subprocess.run([GPUCERT, "certify", "--cluster-block", TEAM, "--store-block", TEAM, "--policy-block", TEAM,
-                          "--node", slow, "--json"], env=team.env, cwd=team.clone, capture_output=True, text=True,
-                         timeout=600, check=False)  # fmt: skip
+    cli = subprocess.run(
+        [
+            GPUCERT,
+            "certify",
+            "--cluster-block",
+            TEAM,
+            "--store-block",
+            TEAM,
+            "--policy-block",
+            TEAM,
+            "--node",
+            slow,
+            "--json",
+        ],
+        env=team.env,
+        cwd=team.clone,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert cli.returncode == 0, cli.stderr
     outcome = CertifyOutcome.model_validate_json(cli.stdout)
     assert outcome.store == f"s3://{BUCKET}/team"
@@ -473,16 +555,26 @@ def test_certify_over_rest_takes_the_blocks_and_the_cli_beside_it_measures_the_s
 
 def test_a_node_joined_event_starts_an_onboarding_that_completes_with_the_blocks(team: Team) -> None:
     [new] = team.sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
-    watcher = subprocess.run([GPUCERT, "watch-nodes", "--once", "--kubeconfig", str(team.sim.kubeconfig_path)],
-                             env=team.env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    watcher = subprocess.run(
+        [GPUCERT, "watch-nodes", "--once", "--kubeconfig", str(team.sim.kubeconfig_path)],
+        env=team.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert watcher.returncode == 0, watcher.stderr
     deployment = _deployment(team.api, "onboard-node")["id"]
     deadline = time.monotonic() + 300
     runs: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        runs = [r for r in httpx.post(f"{team.api}/flow_runs/filter", timeout=10,
-                                      json={"deployments": {"id": {"any_": [deployment]}}}).json()
-                if r["parameters"].get("node") == new]  # fmt: skip
+        runs = [
+            r
+            for r in httpx.post(
+                f"{team.api}/flow_runs/filter", timeout=10, json={"deployments": {"id": {"any_": [deployment]}}}
+            ).json()
+            if r["parameters"].get("node") == new
+        ]
         if runs and runs[0]["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             break
         time.sleep(2)
@@ -498,8 +590,10 @@ def test_a_node_joined_event_starts_an_onboarding_that_completes_with_the_blocks
 def test_a_deployed_run_without_its_store_fails_at_once_naming_it(team: Team) -> None:
     unnamed = _start(team.api, "certify", {"store_block": None})
     unsaved = _start(team.api, "operate", {"store_block": "no-such-store"})
-    for run_id, says in ((unnamed, "no store: a deployed run takes it from the store parameter or store_block"),
-                         (unsaved, "store_block 'no-such-store': no gpucert Baseline Store block")):  # fmt: skip
+    for run_id, says in (
+        (unnamed, "no store: a deployed run takes it from the store parameter or store_block"),
+        (unsaved, "store_block 'no-such-store': no gpucert Baseline Store block"),
+    ):
         run = _finished(team.api, run_id, timeout_s=120)
         assert run["state"]["type"] == "FAILED", run["state"]
         assert says in run["state"]["message"], run["state"]["message"]

@@ -52,17 +52,27 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 def _certify(cluster: Any, store: Path, run_id: str, **kwargs: Any) -> CertifyOutcome:
-    return asyncio.run(certify(cluster=GpuCluster(kubeconfig=str(cluster.kubeconfig_path)),
-                               store=BaselineStore(uri=f"file://{store}"), policy=PAIRS, run_id=run_id,
-                               **kwargs))  # fmt: skip
+    return asyncio.run(
+        certify(
+            cluster=GpuCluster(kubeconfig=str(cluster.kubeconfig_path)),
+            store=BaselineStore(uri=f"file://{store}"),
+            policy=PAIRS,
+            run_id=run_id,
+            **kwargs,
+        )
+    )
 
 
 def _versions(kube: Kube) -> dict[tuple[str, str, str], str]:
     """Every object configure manages → its resourceVersion (Nodes: their labels, which configure writes;
     their status moves with every kubelet heartbeat on a real cluster)."""
     out: dict[tuple[str, str, str], str] = {}
-    for api_version, kind in (("v1", "ServiceAccount"), ("v1", "ConfigMap"), ("v1", "Service"),
-                              ("apps/v1", "DaemonSet")):
+    for api_version, kind in (
+        ("v1", "ServiceAccount"),
+        ("v1", "ConfigMap"),
+        ("v1", "Service"),
+        ("apps/v1", "DaemonSet"),
+    ):
         for obj in kube.list_objects(api_version, kind, namespace="gpucert-system"):
             out[(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj["metadata"]["resourceVersion"]
     for node in kube.nodes():
@@ -73,8 +83,10 @@ def _versions(kube: Kube) -> dict[tuple[str, str, str], str]:
 def _node_events(kube: Kube, node: dict[str, Any]) -> list[dict[str, Any]]:
     """The Events ``kubectl describe node`` shows: its exact field selector (name, namespace, kind, uid)."""
     meta = node["metadata"]
-    selector = (f"involvedObject.name={meta['name']},involvedObject.namespace=,"
-                f"involvedObject.kind=Node,involvedObject.uid={meta['uid']}")
+    selector = (
+        f"involvedObject.name={meta['name']},involvedObject.namespace=,"
+        f"involvedObject.kind=Node,involvedObject.uid={meta['uid']}"
+    )
     return kube.list_objects("v1", "Event", field_selector=selector)
 
 
@@ -82,10 +94,12 @@ def _refused(cluster: Any) -> list[str]:
     """gpucert's requests the real API server refused as invalid or forbidden (its audit log)."""
     if cluster.server != "real":
         return []
-    return [f"{e['verb']} {e['requestURI']} → {e['responseStatus'].get('code')}"
-            for e in cluster.plane.audit()
-            if e.get("responseStatus", {}).get("code") in (400, 403, 422)
-            and (e.get("user") or {}).get("username") == "gpucert-test-admin"]
+    return [
+        f"{e['verb']} {e['requestURI']} → {e['responseStatus'].get('code')}"
+        for e in cluster.plane.audit()
+        if e.get("responseStatus", {}).get("code") in (400, 403, 422)
+        and (e.get("user") or {}).get("username") == "gpucert-test-admin"
+    ]
 
 
 def test_configure_certify_with_pairs_and_taint_on_both_servers(cluster: Any, tmp_path: Path) -> None:
@@ -100,14 +114,32 @@ def test_configure_certify_with_pairs_and_taint_on_both_servers(cluster: Any, tm
     assert _versions(kube) == before
 
     # An outside change to a field gpucert owns is put back by the next run.
-    plugin = next(d for d in kube.list_objects("apps/v1", "DaemonSet", namespace="gpucert-system")
-                  if "device-plugin" in d["metadata"]["name"])
+    plugin = next(
+        d
+        for d in kube.list_objects("apps/v1", "DaemonSet", namespace="gpucert-system")
+        if "device-plugin" in d["metadata"]["name"]
+    )
     image = plugin["spec"]["template"]["spec"]["containers"][0]["image"]
-    kube.merge_patch("apps/v1", "DaemonSet", plugin["metadata"]["name"],
-                     {"spec": {"template": {"spec": {"containers": [{"name": plugin["spec"]["template"]["spec"]
-                                                                     ["containers"][0]["name"],
-                                                                     "image": "example.invalid/hand-edited:1"}]}}}},
-                     namespace="gpucert-system")
+    kube.merge_patch(
+        "apps/v1",
+        "DaemonSet",
+        plugin["metadata"]["name"],
+        {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": plugin["spec"]["template"]["spec"]["containers"][0]["name"],
+                                "image": "example.invalid/hand-edited:1",
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+        namespace="gpucert-system",
+    )
     configure(cluster=GpuCluster(kubeconfig=str(cluster.kubeconfig_path)), rollout_timeout_s=240)
     restored = kube.get("apps/v1", "DaemonSet", plugin["metadata"]["name"], namespace="gpucert-system")
     assert restored["spec"]["template"]["spec"]["containers"][0]["image"] == image
@@ -135,8 +167,9 @@ def test_configure_certify_with_pairs_and_taint_on_both_servers(cluster: Any, tm
         # Not even while under test: the audit trail records every taint gpucert added, when it was added.
         trail = AuditLog(open_store(f"file://{tmp_path}").objects).history(node=sick)
         assert not [e for e in trail if e["run_id"] == "real-observe" and e["action"] == "taint.add"]
-        assert [e for e in trail if e["run_id"] == "real-clean" and e["action"] == "taint.add"], \
+        assert [e for e in trail if e["run_id"] == "real-clean" and e["action"] == "taint.add"], (
             "the acting run's testing taint is in the trail (the check above can see one)"
+        )
         assert not any(t["key"].startswith(_PREFIX) for t in kube.get("v1", "Node", sick)["spec"].get("taints") or ())
         events = _node_events(kube, kube.get("v1", "Node", sick))
         assert events, "gpucert's Events are listed by kubectl describe node's query"
@@ -156,8 +189,13 @@ def test_configure_certify_with_pairs_and_taint_on_both_servers(cluster: Any, tm
         assert not _refused(cluster), _refused(cluster)
         kubectl = shutil.which("kubectl")
         if kubectl:
-            shown = subprocess.run([kubectl, "--kubeconfig", str(cluster.kubeconfig_path), "describe", "node",
-                                    sick], capture_output=True, text=True, timeout=60, check=True).stdout
+            shown = subprocess.run(
+                [kubectl, "--kubeconfig", str(cluster.kubeconfig_path), "describe", "node", sick],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
             events_section = shown.split("Events:", 1)[1]
             assert "gpucert" in events_section, shown[-2000:]
 
@@ -193,9 +231,15 @@ def test_a_join_through_a_restart_is_onboarded_and_a_repair_released_on_both_ser
 
     def follow() -> None:
         try:
-            announce_joined_nodes(connect(cluster.kubeconfig_path), prefix=_PREFIX, selector=None, timeout_s=1,
-                                  emit=lambda name, uid: announced.append(name), stop=done.is_set,
-                                  reconnect=Reconnect(base_delay_s=0.2, max_delay_s=1.0))  # fmt: skip
+            announce_joined_nodes(
+                connect(cluster.kubeconfig_path),
+                prefix=_PREFIX,
+                selector=None,
+                timeout_s=1,
+                emit=lambda name, uid: announced.append(name),
+                stop=done.is_set,
+                reconnect=Reconnect(base_delay_s=0.2, max_delay_s=1.0),
+            )
         except BaseException as exc:  # re-raised in the test's thread
             failed.append(exc)
 
@@ -232,8 +276,9 @@ def test_a_join_through_a_restart_is_onboarded_and_a_repair_released_on_both_ser
     assert night.tainted == [sick], night.decisions
     released = asyncio.run(release(nodes=[sick], cluster=gpu_cluster, store=store))
     assert released.released == [sick]
-    assert not [t for t in kube.get("v1", "Node", sick)["spec"].get("taints") or ()
-                if t["key"] == f"{_PREFIX}/unhealthy"]
+    assert not [
+        t for t in kube.get("v1", "Node", sick)["spec"].get("taints") or () if t["key"] == f"{_PREFIX}/unhealthy"
+    ]
 
     # operate: a night's telemetry, every GPU node either read or named unread with its reason.
     night_out = asyncio.run(operate(cluster=gpu_cluster, store=store, rotation_days=0.0, scrape_interval_s=0.5))

@@ -116,15 +116,21 @@ def test_rows_limit_says_how_many_were_left_out(night: Night) -> None:
 
 def _decisions(n: int, *, failed: int) -> pd.DataFrame:
     states = ["failed"] * failed + ["certified"] * (n - failed)
-    return pd.DataFrame({
-        "run_id": "night", "node": [f"gpu-node-{i:05d}" for i in range(n)], "state": states,
-        "verdict": ["fail" if s == "failed" else "pass" for s in states],
-        "cause": [("pcie" if s == "failed" else None) for s in states],
-        "taint": ["added" if s == "failed" else "none" for s in states],
-        "confirmed": [s == "failed" for s in states], "runs": "night",
-        "summary": ["fail: GPU 2: PCIe Gen4" if s == "failed" else "all checks passed" for s in states],
-        "settled": True, "decided_at": pd.Timestamp(T0),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "run_id": "night",
+            "node": [f"gpu-node-{i:05d}" for i in range(n)],
+            "state": states,
+            "verdict": ["fail" if s == "failed" else "pass" for s in states],
+            "cause": [("pcie" if s == "failed" else None) for s in states],
+            "taint": ["added" if s == "failed" else "none" for s in states],
+            "confirmed": [s == "failed" for s in states],
+            "runs": "night",
+            "summary": ["fail: GPU 2: PCIe Gen4" if s == "failed" else "all checks passed" for s in states],
+            "settled": True,
+            "decided_at": pd.Timestamp(T0),
+        }
+    )
 
 
 def test_the_decisions_artifact_lists_every_node_column_wise_while_it_fits() -> None:
@@ -320,9 +326,7 @@ def test_html_from_tables_read_back_from_parquet(night: Night, tmp_path: Path) -
     verdicts = pd.read_parquet(tmp_path / "verdicts.parquet")
     page = render_html(night.results, verdicts, run_id="night-1000", baseline=night.baseline)
     assert re.search(rf"{PCIE[0]}/{PCIE[1]} -(49|50)\.\d %", html_label(page, "h2d_gbps"))
-    assert summary_markdown(verdicts, run_id="night-1000") == summary_markdown(
-        night.verdicts, run_id="night-1000"
-    )
+    assert summary_markdown(verdicts, run_id="night-1000") == summary_markdown(night.verdicts, run_id="night-1000")
     assert verdict_rows(verdicts) == verdict_rows(night.verdicts)
 
 
@@ -366,9 +370,7 @@ def test_heat_map_caps_a_large_fleet() -> None:
 @pytest.mark.slow
 def test_render_a_thousand_nodes_fast() -> None:
     fleet = Fleet.generate(nodes=1000, seed=42)
-    wave = fleet.run(
-        "night-1", ts=T0, seed=2, repeats=10, faults=[Fault("pcie_gen4", "gpu-node-00500", gpu=1)]
-    )
+    wave = fleet.run("night-1", ts=T0, seed=2, repeats=10, faults=[Fault("pcie_gen4", "gpu-node-00500", gpu=1)])
     verdicts = judge(wave.results, empty_baseline())
     assert len(wave.results) > 450_000
     render_html(wave.results, verdicts, run_id="night-1")  # compiles the template once
@@ -430,9 +432,12 @@ def test_drift_view_in_the_certify_report_and_with_nothing_to_draw(night: Night)
     history, baseline = _drifting_fleet()
     alarms = drift_alarms(history, baseline)
     page = render_html(
-        night.results, night.verdicts, run_id="night-1000", baseline=night.baseline,
+        night.results,
+        night.verdicts,
+        run_id="night-1000",
+        baseline=night.baseline,
         drift=drift_view(alarms, history, baseline, max_series=1),
-    )  # fmt: skip
+    )
     assert "Drift on each GPU's own history" in page
     assert f"{len(alarms)} series in alarm on 1 node; the worst 1 are drawn." in page
     assert len([s for s in svgs(page) if s.get("class") == "drift"]) == 1

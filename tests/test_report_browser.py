@@ -104,9 +104,7 @@ def page(seeded: Seeded, tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = wave.results.assign(node=wave.results["node"].astype(object).replace({node: HOSTILE}))
     verdicts = verdicts.assign(node=verdicts["node"].astype(object).replace({node: HOSTILE}))
     path = tmp_path_factory.mktemp("report") / "report.html"
-    path.write_text(
-        render_html(results, verdicts, run_id="night-1000", baseline=seeded.baseline), encoding="utf-8"
-    )
+    path.write_text(render_html(results, verdicts, run_id="night-1000", baseline=seeded.baseline), encoding="utf-8")
     return path
 
 

@@ -35,8 +35,16 @@ def _decisions() -> pd.DataFrame:
 
 
 def _event(kind: str, node: str, ticket_id: str) -> TicketEvent:
-    ticket = Ticket(id=ticket_id, node=node, gpu_uuid="GPU-a0", gpu=0, cause="row_remap", title="row remap",
-                    created=NOW, updated=NOW)  # fmt: skip
+    ticket = Ticket(
+        id=ticket_id,
+        node=node,
+        gpu_uuid="GPU-a0",
+        gpu=0,
+        cause="row_remap",
+        title="row remap",
+        created=NOW,
+        updated=NOW,
+    )
     return TicketEvent(kind=kind, ticket=ticket, previous=None, detail=f"{kind} for {node}", at=NOW)  # type: ignore[arg-type]
 
 
@@ -47,8 +55,10 @@ def _section(page: str) -> str:
 
 
 def test_the_section_lists_decisions_taints_and_tickets() -> None:
-    actions = {"node-a": "gpucert.io/state=failed; tainted gpucert.io/unhealthy=row_remap:NoSchedule",
-               "node-c": "gpucert taints lifted"}  # fmt: skip
+    actions = {
+        "node-a": "gpucert.io/state=failed; tainted gpucert.io/unhealthy=row_remap:NoSchedule",
+        "node-c": "gpucert taints lifted",
+    }
     done = done_view(_decisions(), actions=actions, tickets=[_event("opened", "node-a", "GPUCERT-7")])
     empty = pd.DataFrame(columns=["node", "gpu", "metric", "value"])
     verdicts = pd.DataFrame(columns=["verdict", "node", "gpu", "reference_kind"])
@@ -66,9 +76,14 @@ def test_the_section_lists_decisions_taints_and_tickets() -> None:
 
 def test_the_section_says_when_tickets_were_only_recorded_and_names_an_incident() -> None:
     done = done_view(_decisions(), tickets_recorded=2, incident="blast radius: 5 of 6 nodes failed")
-    section = _section(render_html(pd.DataFrame(columns=["node", "gpu", "metric", "value"]),
-                                   pd.DataFrame(columns=["verdict", "node", "gpu", "reference_kind"]),
-                                   run_id="night-1", done=done))  # fmt: skip
+    section = _section(
+        render_html(
+            pd.DataFrame(columns=["node", "gpu", "metric", "value"]),
+            pd.DataFrame(columns=["verdict", "node", "gpu", "reference_kind"]),
+            run_id="night-1",
+            done=done,
+        )
+    )
     assert "Incident: blast radius: 5 of 6 nodes failed" in re.sub(r"<[^>]+>", "", section)
     assert "no node changed; no ticket changed" in section
     assert "2 tickets recorded in the store, none opened" in section
@@ -83,13 +98,18 @@ def test_a_certify_run_s_report_shows_its_taint_and_its_ticket(tmp_path: Path) -
     with SimCluster(nodes=6, preconfigured=True, seed=6) as sim:
         bad = sim.fleet.node_names[0]
         sim.inject_fault(Fault("remap_failure", bad, 0))  # a hard gate: tainted without a re-run
-        outcome = asyncio.run(certify(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
-                                      store=BaselineStore(uri=store.as_uri()), run_id="done-1"))  # fmt: skip
+        outcome = asyncio.run(
+            certify(
+                cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
+                store=BaselineStore(uri=store.as_uri()),
+                run_id="done-1",
+            )
+        )
     assert outcome.tainted == [bad]
     opened = [t for t in outcome.tickets if t.kind == "opened"]
     assert opened, outcome.tickets
     stored = open_store(store.as_uri(), create=False)
-    (day, _), = stored.list_runs()
+    ((day, _),) = stored.list_runs()
     section = _section(stored.read_run_file("done-1", day, "report.html").decode("utf-8"))
     assert "tainted gpucert.io/unhealthy=" in section
     assert bad in section

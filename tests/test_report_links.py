@@ -37,22 +37,33 @@ def _measure(pairs: pd.DataFrame, leaf: dict[str, str], rng: np.random.Generator
     """Pair results as certify stores them: 3 repeats, the orientation alternating between repeats."""
     a, b = pairs["node"].to_numpy(dtype=object), pairs["peer"].to_numpy(dtype=object)
     nic = np.where((a == SLOW_NODE) | (b == SLOW_NODE), 0.5, 1.0)
-    link = np.array(
-        [0.6 if frozenset((leaf[x], leaf[y])) == SLOW_LINK else 1.0 for x, y in zip(a, b, strict=True)]
-    )
+    link = np.array([0.6 if frozenset((leaf[x], leaf[y])) == SLOW_LINK else 1.0 for x, y in zip(a, b, strict=True)])
     values = 370.0 * (nic * link)[:, None] * (1 + rng.standard_normal((len(a), 3)) * 0.03)
     repeat = np.tile(np.arange(3), len(a))
     flip = repeat % 2 == 1
     na, nb = np.repeat(a, 3), np.repeat(b, 3)
-    return pd.DataFrame({
-        "run_id": RUN, "node": np.where(flip, nb, na), "gpu": pd.array([pd.NA] * len(na), dtype="Int64"),
-        "metric": PAIR_METRIC, "value": values.ravel(), "repeat": repeat, "peer": np.where(flip, na, nb),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "run_id": RUN,
+            "node": np.where(flip, nb, na),
+            "gpu": pd.array([pd.NA] * len(na), dtype="Int64"),
+            "metric": PAIR_METRIC,
+            "value": values.ravel(),
+            "repeat": repeat,
+            "peer": np.where(flip, na, nb),
+        }
+    )
 
 
 class Linked:
-    def __init__(self, results: pd.DataFrame, verdicts: pd.DataFrame, plan: PairingPlan, measured: int,
-                 transient: tuple[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        results: pd.DataFrame,
+        verdicts: pd.DataFrame,
+        plan: PairingPlan,
+        measured: int,
+        transient: tuple[str, str],
+    ) -> None:
         self.results, self.verdicts, self.plan = results, verdicts, plan
         self.measured, self.transient = measured, transient
 
@@ -87,9 +98,7 @@ def linked(seeded: Seeded) -> Linked:
 
 @pytest.fixture(scope="module")
 def page(linked: Linked, seeded: Seeded) -> str:
-    return render_html(
-        linked.results, linked.verdicts, run_id=RUN, baseline=seeded.baseline, links=linked.plan
-    )
+    return render_html(linked.results, linked.verdicts, run_id=RUN, baseline=seeded.baseline, links=linked.plan)
 
 
 def _links_svg(page: str) -> ET.Element:
@@ -120,9 +129,7 @@ def test_the_links_section_has_the_plan_s_facts(page: str, linked: Linked) -> No
     assert "24 nodes in 3 leaf groups" in section
     assert "3 rounds: 2 planned, 0 makeup, 1 re-pairing" in section
     planned = len(linked.plan.pairs)
-    assert (
-        f"{planned} pairs planned: {linked.measured} measured, {planned - linked.measured} missing" in section
-    )
+    assert f"{planned} pairs planned: {linked.measured} measured, {planned - linked.measured} missing" in section
     # The slow link is a fleet-level finding, told apart from a cohort's shift.
     fleet = page.split('<section id="fleet">')[1].split("</section>", maxsplit=1)[0]
     assert "A finding on <code>nccl_pair_busbw_gbps</code> flags no node" in fleet
@@ -130,9 +137,7 @@ def test_the_links_section_has_the_plan_s_facts(page: str, linked: Linked) -> No
     assert "a whole cohort moved" not in fleet
     assert "The fleet-level finding above moves every GPU" not in page
     # The rest of the page is still there, the links section after the GPU map.
-    assert (
-        page.index('<section id="heatmap">') < page.index('<section id="links">') < page.index('id="metrics"')
-    )
+    assert page.index('<section id="heatmap">') < page.index('<section id="links">') < page.index('id="metrics"')
 
 
 def test_the_matrix_has_one_cell_per_measured_pair_with_its_title(page: str, linked: Linked) -> None:
@@ -140,8 +145,9 @@ def test_the_matrix_has_one_cell_per_measured_pair_with_its_title(page: str, lin
     cells = [r for r in svg.iter(f"{SVG_NS}rect") if "pair" in (r.get("class") or "").split()]
     assert len(cells) == linked.measured
     titles = [r.findtext(f"{SVG_NS}title") or "" for r in cells]
-    assert all(re.fullmatch(r".+ – .+: \d+ GB/s, [+−]\d+(\.\d)? % of reference \(round \d, [a-z-]+\).*", t)
-               for t in titles), titles  # fmt: skip
+    assert all(
+        re.fullmatch(r".+ – .+: \d+ GB/s, [+−]\d+(\.\d)? % of reference \(round \d, [a-z-]+\).*", t) for t in titles
+    ), titles
     assert len(set(titles)) == len(titles)
     # Each cell once, below the diagonal: a pair of nodes is one cell whichever way its results were stored.
     corners = {(r.get("x"), r.get("y")) for r in cells}
@@ -174,9 +180,7 @@ def test_the_slow_node_s_cells_are_flagged_and_the_slow_link_is_framed(page: str
     flagged = [r for r in cells if "flagged" in (r.get("class") or "").split()]
     assert flagged == mine
     transient = next(
-        r
-        for r in cells
-        if (r.findtext(f"{SVG_NS}title") or "").startswith(" – ".join(sorted(linked.transient)))
+        r for r in cells if (r.findtext(f"{SVG_NS}title") or "").startswith(" – ".join(sorted(linked.transient)))
     )
     assert "a transient" in (transient.findtext(f"{SVG_NS}title") or "")
     # The slow link's pairs are coloured as slow (25 %+ below), and its block framed in the finding's colour.
@@ -189,8 +193,11 @@ def test_the_slow_node_s_cells_are_flagged_and_the_slow_link_is_framed(page: str
     finding = f"fail: the link between leaves {HOSTILE_LEAF} and leaf-c"
     assert (block.findtext(f"{SVG_NS}title") or "").startswith(finding)
     # The diagonal cell of the slow node is outlined too.
-    own = [r for r in svg.iter(f"{SVG_NS}rect") if (r.get("class") or "").startswith("self")
-           and (r.findtext(f"{SVG_NS}title") or "").startswith(SLOW_NODE)]  # fmt: skip
+    own = [
+        r
+        for r in svg.iter(f"{SVG_NS}rect")
+        if (r.get("class") or "").startswith("self") and (r.findtext(f"{SVG_NS}title") or "").startswith(SLOW_NODE)
+    ]
     assert [r.get("stroke") for r in own] == [VERDICT_COLOURS["fail"]]
 
 
@@ -218,9 +225,7 @@ def test_the_hostile_leaf_label_is_escaped_and_the_svg_still_parses(page: str) -
     svg = _links_svg(page)  # parses as XML
     marks = [t for t in svg.iter(f"{SVG_NS}text") if t.get("class") == "leaf"]
     assert HOSTILE_LEAF in [_label(t) for t in marks]
-    titles = [
-        r.findtext(f"{SVG_NS}title") or "" for r in svg.iter(f"{SVG_NS}text") if r.get("class") == "row"
-    ]
+    titles = [r.findtext(f"{SVG_NS}title") or "" for r in svg.iter(f"{SVG_NS}text") if r.get("class") == "row"]
     assert any(f"({HOSTILE_LEAF})" in t for t in titles)
     assert not re.search(r"<script|<link|<img|<iframe|@import|url\(|src=", page, flags=re.I)
 
@@ -249,9 +254,7 @@ def test_a_pair_without_results_is_counted_missing_and_drawn_dashed(linked: Link
         [first["node"], first["peer"]]
     )
     verdicts = linked.verdicts.copy()
-    ends = verdicts["node"].isin([first["node"], first["peer"]]) & verdicts["peer"].isin(
-        [first["node"], first["peer"]]
-    )
+    ends = verdicts["node"].isin([first["node"], first["peer"]]) & verdicts["peer"].isin([first["node"], first["peer"]])
     view = link_view(linked.results[~gone.to_numpy()], verdicts[~ends.to_numpy()], linked.plan)
     assert view is not None
     planned = len(linked.plan.pairs)
@@ -266,13 +269,15 @@ def test_a_pair_without_results_is_counted_missing_and_drawn_dashed(linked: Link
 
 def test_above_max_nodes_the_matrix_draws_the_flagged_nodes_and_their_partners(linked: Linked) -> None:
     pairs = linked.plan.pairs
-    partners = set(pairs.loc[pairs["node"] == SLOW_NODE, "peer"]) | set(
-        pairs.loc[pairs["peer"] == SLOW_NODE, "node"]
-    )
+    partners = set(pairs.loc[pairs["node"] == SLOW_NODE, "peer"]) | set(pairs.loc[pairs["peer"] == SLOW_NODE, "node"])
     # Flagged: the GPU-faulted node and the slow node (verdicts other than pass), the ends of the low pairs
     # a finding explains (the slow node's partners, the slow link's) and the transient's two nodes.
-    low = {n for row in linked.verdicts.itertuples() if row.peer is not None and isinstance(row.peer, str)
-           and row.reasons for n in (row.node, row.peer)}  # fmt: skip
+    low = {
+        n
+        for row in linked.verdicts.itertuples()
+        if row.peer is not None and isinstance(row.peer, str) and row.reasons
+        for n in (row.node, row.peer)
+    }
     flagged = {"gpu-node-00003", SLOW_NODE} | low
     assert partners | set(linked.transient) <= flagged
     view = link_view(linked.results, linked.verdicts, linked.plan, max_nodes=10)
@@ -300,8 +305,9 @@ def test_above_max_nodes_the_matrix_draws_the_flagged_nodes_and_their_partners(l
 
 def test_a_thousand_node_plan_draws_fast_and_bounded() -> None:
     names = [f"n-{i:05d}" for i in range(1000)]
-    plan = plan_rounds(pd.DataFrame({"node": names, LEAF: [f"leaf-{i // 32:02d}" for i in range(1000)]}),
-                       leaf_label=LEAF, seed=3)  # fmt: skip
+    plan = plan_rounds(
+        pd.DataFrame({"node": names, LEAF: [f"leaf-{i // 32:02d}" for i in range(1000)]}), leaf_label=LEAF, seed=3
+    )
     leaf = dict(zip(names, [f"leaf-{i // 32:02d}" for i in range(1000)], strict=True))
     pairs = _measure(plan.pairs, leaf, np.random.default_rng(3))
     verdicts = link_verdicts(judge_pairs(pairs, plan), run_id=RUN, models={})

@@ -491,9 +491,7 @@ def _with_value(row: int, metric: str, value: float) -> pd.DataFrame:
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize(("row", "metric", "value", "words"), _IMPOSSIBLE)
-def test_a_value_no_gpu_can_measure_is_refused_at_its_row(
-    row: int, metric: str, value: float, words: str
-) -> None:
+def test_a_value_no_gpu_can_measure_is_refused_at_its_row(row: int, metric: str, value: float, words: str) -> None:
     with pytest.raises(ResultsError) as info:
         parse_results(_with_value(row, metric, value), "frame")
     assert [(p.row, p.column) for p in info.value.problems] == [(row + 1, "value")]
@@ -556,9 +554,18 @@ def test_every_metric_has_a_physical_bound_with_its_source() -> None:
 
 
 def _contract_row(**overrides: object) -> dict[str, object]:
-    row: dict[str, object] = {"run_id": "r1", "node": "n1", "gpu": 0, "gpu_uuid": "GPU-1",
-                              "gpu_model": "NVIDIA H200", "metric": "gemm_bf16_tflops", "value": 700.0,
-                              "repeat": 0, "peer": None, "ts": "2026-11-01T02:00:00Z"}  # fmt: skip
+    row: dict[str, object] = {
+        "run_id": "r1",
+        "node": "n1",
+        "gpu": 0,
+        "gpu_uuid": "GPU-1",
+        "gpu_model": "NVIDIA H200",
+        "metric": "gemm_bf16_tflops",
+        "value": 700.0,
+        "repeat": 0,
+        "peer": None,
+        "ts": "2026-11-01T02:00:00Z",
+    }
     row.update(overrides)
     return row
 
@@ -671,8 +678,12 @@ def test_parts_joined_into_one_parquet_file_read_as_their_concatenation() -> Non
     # dictionaries in another, a column that is all empty (Arrow's null type) in a third.
     plain = good.iloc[:5].astype(dict.fromkeys(("node", "gpu_uuid", "metric", "peer"), "object"))
     nulls = good.iloc[5:8].assign(peer=None)
-    parts = [_parquet_bytes(plain), _parquet_bytes(good.iloc[8:0:-1].iloc[:0]), _parquet_bytes(nulls),
-             _parquet_bytes(good.iloc[8:])]  # fmt: skip
+    parts = [
+        _parquet_bytes(plain),
+        _parquet_bytes(good.iloc[8:0:-1].iloc[:0]),
+        _parquet_bytes(nulls),
+        _parquet_bytes(good.iloc[8:]),
+    ]
     joined = join_parquet(iter(parts))
     assert joined is not None
     pd.testing.assert_frame_equal(parse_parquet(joined, "joined"), parse_results(good, "good"))

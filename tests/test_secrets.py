@@ -93,14 +93,9 @@ def leaks(where: str, text: str | bytes, *, access_key_id: bool = True) -> list[
     access key id too, outside a presigned URL's ``X-Amz-Credential``."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
-    found = [
-        f"{where}: {name}"
-        for name in dict.fromkeys(name for needle, name in NEEDLES.items() if needle in text)
-    ]
+    found = [f"{where}: {name}" for name in dict.fromkeys(name for needle, name in NEEDLES.items() if needle in text)]
     if access_key_id:
-        rest = text.replace(f"X-Amz-Credential={S3_ACCESS}%2F", "").replace(
-            f"X-Amz-Credential={S3_ACCESS}/", ""
-        )
+        rest = text.replace(f"X-Amz-Credential={S3_ACCESS}%2F", "").replace(f"X-Amz-Credential={S3_ACCESS}/", "")
         if S3_ACCESS in rest:
             found.append(f"{where}: the S3 access key id (outside a presigned link)")
     return found
@@ -162,10 +157,15 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, s3: str) -> str:
     """boto3's environment for the S3 server, nothing from the host's ~/.aws."""
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "GPUCERT_S3_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in (("AWS_CONFIG_FILE", str(tmp_path / "no-aws")), ("AWS_SHARED_CREDENTIALS_FILE",
-                        str(tmp_path / "no-aws")), ("AWS_ACCESS_KEY_ID", S3_ACCESS),
-                        ("AWS_SECRET_ACCESS_KEY", S3_SECRET), ("AWS_DEFAULT_REGION", s3servers.REGION),
-                        ("AWS_ENDPOINT_URL_S3", s3), ("AWS_EC2_METADATA_DISABLED", "true")):  # fmt: skip
+    for name, value in (
+        ("AWS_CONFIG_FILE", str(tmp_path / "no-aws")),
+        ("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws")),
+        ("AWS_ACCESS_KEY_ID", S3_ACCESS),
+        ("AWS_SECRET_ACCESS_KEY", S3_SECRET),
+        ("AWS_DEFAULT_REGION", s3servers.REGION),
+        ("AWS_ENDPOINT_URL_S3", s3),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ):
         monkeypatch.setenv(name, value)
     return s3
 
@@ -179,15 +179,11 @@ def _prefect_records(run_ids: list[str]) -> list[tuple[str, str]]:
     async def read() -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         async with get_client() as client:
-            runs = await client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=run_ids))
-            )
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=run_ids)))
             assert {r.name for r in runs} == set(run_ids)
             for run in runs:
                 out.append((f"flow run {run.name} parameters", json.dumps(run.parameters, default=str)))
-                logs = await client.read_logs(
-                    log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
-                )
+                logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
                 out += [(f"flow run {run.name} log", log.message) for log in logs]
             for artifact in await client.read_artifacts():
                 out.append((f"artifact {artifact.key}", json.dumps(artifact.data, default=str)))
@@ -208,11 +204,16 @@ def test_a_full_run_leaks_no_secret_anywhere(
     receiver, hook_url = hook
     folder = tmp_path / "run"
     folder.mkdir()
-    Ticketing(backend="jira", server=jira.base, user=JIRA_USER, token=SecretStr(JIRA_TOKEN),
-              project="OPS").save("secrets-jira", overwrite=True)  # fmt: skip
-    Ticketing(backend="webhook", url=SecretStr(hook_url), headers={"Authorization": SecretStr(HOOK_HEADER)},
-              signing_secret=SecretStr(HOOK_SIGNING), path=str(folder / "hook.sqlite")).save(
-        "secrets-hook", overwrite=True)  # fmt: skip
+    Ticketing(backend="jira", server=jira.base, user=JIRA_USER, token=SecretStr(JIRA_TOKEN), project="OPS").save(
+        "secrets-jira", overwrite=True
+    )
+    Ticketing(
+        backend="webhook",
+        url=SecretStr(hook_url),
+        headers={"Authorization": SecretStr(HOOK_HEADER)},
+        signing_secret=SecretStr(HOOK_SIGNING),
+        path=str(folder / "hook.sqlite"),
+    ).save("secrets-hook", overwrite=True)
     # Prefect configures logging when it is imported (replacing the root logger's handlers) and again when its
     # main module is (resetting the root level): done first, so that the capture stays on for the whole run.
     import prefect.main  # noqa: F401
@@ -265,18 +266,14 @@ def test_a_full_run_leaks_no_secret_anywhere(
         k.rsplit("/", 1)[-1] for k in keys
     }, keys
     outputs += [(f"store object {k}", blob.data) for k in keys if (blob := objects.get(k)) is not None]
-    outputs += [
-        (f"file {p.relative_to(tmp_path)}", p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()
-    ]
+    outputs += [(f"file {p.relative_to(tmp_path)}", p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file()]
     for issue in jira.issues.values():
         outputs.append((f"Jira issue {issue['key']}", json.dumps(issue)))
         outputs += [(f"Jira comment on {issue['key']}", c["body"]) for c in jira.comments[issue["key"]]]
     outputs += [(f"webhook body {i}", body) for i, body in enumerate(receiver.bodies)]
     outputs += _prefect_records(["secrets-jira", "secrets-hook"])
 
-    found = [
-        hit for where, text in outputs for hit in leaks(where, text, access_key_id=where not in aws_trace)
-    ]
+    found = [hit for where, text in outputs for hit in leaks(where, text, access_key_id=where not in aws_trace)]
     assert found == [], "\n".join(found)
     assert len(outputs) > 50, "every output was searched"
 
@@ -314,8 +311,12 @@ def error_leaks(exc: BaseException, *secrets: str) -> list[str]:
     texts = ["".join(traceback.format_exception(exc))]
     texts += [f"{type(e).__name__}: {e} {e!r} {getattr(e, 'args', '')}" for e in _chain(exc)]
     extra = {s: "a secret given to this call" for secret in secrets for s in spellings(secret)}
-    return [f"{type(exc).__name__}: {name}" for text in texts for needle, name in (NEEDLES | extra).items()
-            if needle in text]  # fmt: skip
+    return [
+        f"{type(exc).__name__}: {name}"
+        for text in texts
+        for needle, name in (NEEDLES | extra).items()
+        if needle in text
+    ]
 
 
 WRONG_JIRA = "wrong-Jira/T0ken+Q="
@@ -347,9 +348,14 @@ def test_a_webhook_answering_500_or_not_there_says_so_without_its_secrets(
     closed = f"http://127.0.0.1:{s3servers.free_ports(1)[0]}/hooks/{HOOK_PATH}"
     try:
         for where in (url, closed):
-            tickets = WebhookTickets(SecretStr(where), tmp_path / f"{len(receiver.bodies)}.sqlite",
-                                     headers={"Authorization": SecretStr(HOOK_HEADER)},
-                                     signing_secret=SecretStr(HOOK_SIGNING), retries=1, backoff_s=0.01)  # fmt: skip
+            tickets = WebhookTickets(
+                SecretStr(where),
+                tmp_path / f"{len(receiver.bodies)}.sqlite",
+                headers={"Authorization": SecretStr(HOOK_HEADER)},
+                signing_secret=SecretStr(HOOK_SIGNING),
+                retries=1,
+                backoff_s=0.01,
+            )
             from gpucert.tickets import reconcile
 
             with pytest.raises(TicketError, match="not stored") as caught:
@@ -360,9 +366,7 @@ def test_a_webhook_answering_500_or_not_there_says_so_without_its_secrets(
         receiver.status = 200
 
 
-def test_an_api_server_refusing_or_not_there_says_so_without_the_token(
-    jira: FakeJira, tmp_path: Path
-) -> None:
+def test_an_api_server_refusing_or_not_there_says_so_without_the_token(jira: FakeJira, tmp_path: Path) -> None:
     # The fake Jira answers 401 to a bearer token it does not know: an API server refusing the kubeconfig's.
     for server in (jira.base, f"http://127.0.0.1:{s3servers.free_ports(1)[0]}"):
         config = tmp_path / "kubeconfig.yaml"
@@ -393,9 +397,7 @@ def test_the_search_finds_every_spelling_of_a_secret(name: str) -> None:
     secret = SECRETS[name]
     for spelled in (secret, base64.b64encode(secret.encode()).decode(), urllib.parse.quote(secret, safe="")):
         assert leaks("x", f"... {spelled} ...", access_key_id=False) == [f"x: {name}"]
-    assert leaks(
-        "x", f"Authorization: Basic {base64.b64encode(f'{JIRA_USER}:{JIRA_TOKEN}'.encode()).decode()}"
-    )
+    assert leaks("x", f"Authorization: Basic {base64.b64encode(f'{JIRA_USER}:{JIRA_TOKEN}'.encode()).decode()}")
     assert leaks("x", f"?X-Amz-Credential={S3_ACCESS}%2F20261101") == []
     assert leaks("x", f"Credential={S3_ACCESS}/20261101") != []
 
@@ -405,17 +407,19 @@ def test_the_search_finds_every_spelling_of_a_secret(name: str) -> None:
     [
         # What http.client says of a header value with a line break, quoting the header.
         (f"Invalid header value b'Bearer {KUBE_TOKEN}\\r\\nX-Injected: 1'", KUBE_TOKEN),
-        (f"HTTPSConnectionPool: https://bot:{urllib.parse.quote(JIRA_TOKEN, safe='')}@jira.example.com/rest",
-         urllib.parse.quote(JIRA_TOKEN, safe="")),
+        (
+            f"HTTPSConnectionPool: https://bot:{urllib.parse.quote(JIRA_TOKEN, safe='')}@jira.example.com/rest",
+            urllib.parse.quote(JIRA_TOKEN, safe=""),
+        ),
         (f"GET /r.html?X-Amz-Signature={HOOK_SIGNING}&X-Amz-Expires=3600", HOOK_SIGNING),
-        (f"sent {{'Authorization': 'Basic {base64.b64encode(JIRA_TOKEN.encode()).decode()}'}}",
-         base64.b64encode(JIRA_TOKEN.encode()).decode()),
+        (
+            f"sent {{'Authorization': 'Basic {base64.b64encode(JIRA_TOKEN.encode()).decode()}'}}",
+            base64.b64encode(JIRA_TOKEN.encode()).decode(),
+        ),
         (f"config: token={HOOK_HEADER} password: {S3_SECRET}", HOOK_HEADER),
     ],
-)  # fmt: skip
-def test_an_unexpected_error_is_shown_without_what_looks_like_a_credential(
-    message: str, secret: str, aws: str
-) -> None:
+)
+def test_an_unexpected_error_is_shown_without_what_looks_like_a_credential(message: str, secret: str, aws: str) -> None:
     from gpucert._secrets import redact_credentials
 
     shown = redact_credentials(message)

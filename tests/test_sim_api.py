@@ -37,9 +37,9 @@ def sim() -> Iterator[SimCluster]:
         yield cluster
 
 
-
-def raw(sim: SimCluster, method: str, path: str, body: bytes | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, Any, Any]:
+def raw(
+    sim: SimCluster, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, Any]:
     """One HTTP request without the official client (nor urllib's default Content-Type)."""
     conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
     try:
@@ -65,9 +65,25 @@ def pod(name: str, node: str | None = None, labels: dict[str, str] | None = None
 def started(core: client.CoreV1Api, ns: str, name: str) -> None:
     """Its container running, as its kubelet would report (the bare API runs no kubelet): a kubelet serves
     no log of a container that has not started."""
-    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Running", "containerStatuses": [
-        {"name": "main", "image": "busybox", "imageID": "", "ready": True, "restartCount": 0,
-         "state": {"running": {"startedAt": "2026-12-06T00:00:00Z"}}}]}})
+    core.patch_namespaced_pod_status(
+        name,
+        ns,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": "2026-12-06T00:00:00Z"}},
+                    }
+                ],
+            }
+        },
+    )
 
 
 # --- discovery ------------------------------------------------------------------------------------
@@ -86,8 +102,13 @@ def test_discovery_documents_are_at_the_real_paths_with_the_real_fields(sim: Sim
     assert by_name["pods/log"]["verbs"] == ["get"]
     assert "nodes/status" in by_name
     _, _, groups = raw(sim, "GET", "/apis")
-    assert {g["name"] for g in groups["groups"]} == {"apps", "batch", "coordination.k8s.io", "events.k8s.io",
-                                                     "rbac.authorization.k8s.io"}
+    assert {g["name"] for g in groups["groups"]} == {
+        "apps",
+        "batch",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "rbac.authorization.k8s.io",
+    }
     _, _, apps = raw(sim, "GET", "/apis/apps/v1")
     assert apps["groupVersion"] == "apps/v1"
     assert {r["name"]: r.get("shortNames") for r in apps["resources"]}["daemonsets"] == ["ds"]
@@ -144,8 +165,15 @@ def test_core_crud_and_list_kinds(sim: SimCluster, core: client.CoreV1Api, ns: s
     core.create_namespaced_service(ns, {"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}})
     core.create_namespaced_service_account(ns, {"metadata": {"name": "sa"}})
     core.create_namespaced_endpoints(ns, {"metadata": {"name": "svc"}, "subsets": []})
-    core.create_namespaced_event(ns, {"metadata": {"name": "e1"}, "involvedObject": {"kind": "ConfigMap",
-                                      "name": "a", "namespace": ns}, "reason": "Certified", "type": "Normal"})
+    core.create_namespaced_event(
+        ns,
+        {
+            "metadata": {"name": "e1"},
+            "involvedObject": {"kind": "ConfigMap", "name": "a", "namespace": ns},
+            "reason": "Certified",
+            "type": "Normal",
+        },
+    )
     assert core.read_namespaced_config_map("a", ns).data == {"x": "1"}
     assert [s.metadata.name for s in core.list_namespaced_service(ns).items] == ["svc"]
     assert core.list_namespaced_event(ns, field_selector="reason=Certified").items[0].type == "Normal"
@@ -162,13 +190,25 @@ def test_core_crud_and_list_kinds(sim: SimCluster, core: client.CoreV1Api, ns: s
 def test_apps_batch_and_rbac_crud(api: client.ApiClient, ns: str) -> None:
     apps, batch, rbac = client.AppsV1Api(api), client.BatchV1Api(api), client.RbacAuthorizationV1Api(api)
     template = {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
-    ds = apps.create_namespaced_daemon_set(ns, {"metadata": {"name": "dp", "labels": {
-        "app.kubernetes.io/component": "device-plugin"}}, "spec": {"selector": {"matchLabels": {"app": "x"}},
-                                                                  "template": template}})
+    ds = apps.create_namespaced_daemon_set(
+        ns,
+        {
+            "metadata": {"name": "dp", "labels": {"app.kubernetes.io/component": "device-plugin"}},
+            "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": template},
+        },
+    )
     assert ds.metadata.generation == 1
     assert ds.status.desired_number_scheduled == 0
-    job = batch.create_namespaced_job(ns, {"metadata": {"name": "bench"}, "spec": {
-        "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}}, "backoffLimit": 0}})
+    job = batch.create_namespaced_job(
+        ns,
+        {
+            "metadata": {"name": "bench"},
+            "spec": {
+                "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}},
+                "backoffLimit": 0,
+            },
+        },
+    )
     patched = batch.patch_namespaced_job_status("bench", ns, {"status": {"active": 1}})
     assert patched.status.active == 1
     assert job.metadata.resource_version != patched.metadata.resource_version
@@ -178,13 +218,24 @@ def test_apps_batch_and_rbac_crud(api: client.ApiClient, ns: str) -> None:
     assert replaced.spec.backoff_limit == 1
     assert replaced.status.active == 1
     assert replaced.metadata.generation == 2
-    rbac.create_namespaced_role(ns, {"metadata": {"name": "r"}, "rules": [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
-    rbac.create_namespaced_role_binding(ns, {"metadata": {"name": "rb"}, "roleRef": {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"}, "subjects": []})
+    rbac.create_namespaced_role(
+        ns, {"metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "rb"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+            "subjects": [],
+        },
+    )
     rbac.create_cluster_role({"metadata": {"name": f"gpucert:{ns}"}, "rules": []})
-    rbac.create_cluster_role_binding({"metadata": {"name": f"gpucert:{ns}"}, "roleRef": {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"gpucert:{ns}"}})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": f"gpucert:{ns}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"gpucert:{ns}"},
+        }
+    )
     assert rbac.read_namespaced_role("r", ns).rules[0].verbs == ["get"]
     assert f"gpucert:{ns}" in [r.metadata.name for r in rbac.list_cluster_role().items]
     rbac.delete_cluster_role_binding(f"gpucert:{ns}")
@@ -265,8 +316,15 @@ def test_watch_replays_from_a_resource_version_and_ends_at_the_timeout(core: cli
     core.create_namespaced_config_map(ns, cm("other"))
     core.delete_namespaced_config_map("w", ns)
     started = time.monotonic()
-    events = list(watch.Watch().stream(core.list_namespaced_config_map, ns, resource_version=rv,
-                                       timeout_seconds=1, field_selector="metadata.name=w"))
+    events = list(
+        watch.Watch().stream(
+            core.list_namespaced_config_map,
+            ns,
+            resource_version=rv,
+            timeout_seconds=1,
+            field_selector="metadata.name=w",
+        )
+    )
     assert [(e["type"], e["object"].data) for e in events] == [("MODIFIED", {"v": "2"}), ("DELETED", {"v": "2"})]
     assert 0.9 < time.monotonic() - started < 3
 
@@ -276,13 +334,15 @@ def test_watch_sees_objects_enter_and_leave_a_label_selector(core: client.CoreV1
     core.create_namespaced_config_map(ns, {"metadata": {"name": "m", "labels": {"state": "a"}}})
     core.patch_namespaced_config_map("m", ns, {"metadata": {"labels": {"state": "b"}}})
     core.patch_namespaced_config_map("m", ns, {"metadata": {"labels": {"state": "a"}}})
-    events = list(watch.Watch().stream(core.list_namespaced_config_map, ns, resource_version=rv,
-                                       timeout_seconds=1, label_selector="state=a"))
+    events = list(
+        watch.Watch().stream(
+            core.list_namespaced_config_map, ns, resource_version=rv, timeout_seconds=1, label_selector="state=a"
+        )
+    )
     assert [e["type"] for e in events] == ["ADDED", "DELETED", "ADDED"]
 
 
-def test_watch_from_a_forgotten_resource_version_is_410_gone(sim: SimCluster, core: client.CoreV1Api,
-                                                             ns: str) -> None:
+def test_watch_from_a_forgotten_resource_version_is_410_gone(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
     old = core.create_namespaced_config_map(ns, cm("g")).metadata.resource_version
     core.patch_namespaced_config_map("g", ns, {"data": {"v": "2"}})
     sim.store.compact()
@@ -313,25 +373,46 @@ def test_watch_live_events_arrive(core: client.CoreV1Api, ns: str) -> None:
 
 def test_merge_and_strategic_patches_of_labels_and_taints(core: client.CoreV1Api) -> None:
     name = "gpu-node-00003"
-    core.patch_node(name, {"metadata": {"labels": {"gpucert.io/state": "failed", "x": "1"}},
-                           "spec": {"taints": [{"key": "gpucert.io/unhealthy", "value": "xid",
-                                                "effect": "NoSchedule"}, {"key": "b", "effect": "NoSchedule"}]}})
-    node = core.patch_node(name, {"metadata": {"labels": {"x": None}},
-                                  "spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}})
+    core.patch_node(
+        name,
+        {
+            "metadata": {"labels": {"gpucert.io/state": "failed", "x": "1"}},
+            "spec": {
+                "taints": [
+                    {"key": "gpucert.io/unhealthy", "value": "xid", "effect": "NoSchedule"},
+                    {"key": "b", "effect": "NoSchedule"},
+                ]
+            },
+        },
+    )
+    node = core.patch_node(
+        name, {"metadata": {"labels": {"x": None}}, "spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}}
+    )
     assert "x" not in node.metadata.labels
     assert node.metadata.labels["gpucert.io/state"] == "failed"
     assert [t.key for t in node.spec.taints] == ["b"]  # taints are an atomic list: replaced
-    node = core.patch_node(name, {"metadata": {"labels": {"gpucert.io/state": None}}, "spec": {"taints": None}},
-                           _content_type="application/merge-patch+json")
+    node = core.patch_node(
+        name,
+        {"metadata": {"labels": {"gpucert.io/state": None}}, "spec": {"taints": None}},
+        _content_type="application/merge-patch+json",
+    )
     assert "gpucert.io/state" not in node.metadata.labels
     assert not node.spec.taints
 
 
 def test_strategic_patch_merges_conditions_by_type(core: client.CoreV1Api) -> None:
     name = "gpu-node-00004"
-    node = core.patch_node_status(name, {"status": {"conditions": [
-        {"type": "Ready", "status": "False", "reason": "KubeletNotReady"},
-        {"type": "GpuHealthy", "status": "True"}]}})
+    node = core.patch_node_status(
+        name,
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "False", "reason": "KubeletNotReady"},
+                    {"type": "GpuHealthy", "status": "True"},
+                ]
+            }
+        },
+    )
     conditions = {c.type: (c.status, c.reason) for c in node.status.conditions}
     assert conditions["Ready"] == ("False", "KubeletNotReady")
     assert conditions["MemoryPressure"][0] == "False"
@@ -351,10 +432,13 @@ def test_json_patch_and_status_split(core: client.CoreV1Api) -> None:
     core.patch_node(name, [{"op": "remove", "path": "/spec/unschedulable"}])
 
 
-def test_server_side_apply_creates_and_an_identical_apply_changes_nothing(core: client.CoreV1Api,
-                                                                          ns: str) -> None:
-    manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stack", "namespace": ns,
-                "labels": {"app.kubernetes.io/part-of": "gpucert"}}, "data": {"driver": "570.86"}}
+def test_server_side_apply_creates_and_an_identical_apply_changes_nothing(core: client.CoreV1Api, ns: str) -> None:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "stack", "namespace": ns, "labels": {"app.kubernetes.io/part-of": "gpucert"}},
+        "data": {"driver": "570.86"},
+    }
     kw = {"field_manager": "gpucert", "_content_type": "application/apply-patch+yaml"}
     created = core.patch_namespaced_config_map("stack", ns, manifest, **kw)
     again = core.patch_namespaced_config_map("stack", ns, manifest, **kw)
@@ -376,31 +460,49 @@ def owned(obj: client.V1ConfigMap | client.V1DaemonSet) -> dict[tuple[str, str],
     return {(m.manager, m.operation): m.fields_v1 for m in obj.metadata.managed_fields or ()}
 
 
-def test_apply_removes_what_its_manager_stopped_applying_unless_another_owns_it(core: client.CoreV1Api,
-                                                                                ns: str) -> None:
+def test_apply_removes_what_its_manager_stopped_applying_unless_another_owns_it(
+    core: client.CoreV1Api, ns: str
+) -> None:
     # configure's stack record: a pin left out of the next apply is gone, not read back stale.
     stack = {"pinned.driver": "570.86", "version.driver": "570.86", "version.toolkit": "1.17"}
-    core.patch_namespaced_config_map("stack", ns, {**cm("stack", **stack), "metadata": {
-        "name": "stack", "labels": {"app": "gpucert", "tier": "stack"}}}, field_manager="gpucert", _content_type=APPLY)
+    core.patch_namespaced_config_map(
+        "stack",
+        ns,
+        {**cm("stack", **stack), "metadata": {"name": "stack", "labels": {"app": "gpucert", "tier": "stack"}}},
+        field_manager="gpucert",
+        _content_type=APPLY,
+    )
     # Another writer's key (a merge patch), and a key another applier applies with the same value.
-    core.patch_namespaced_config_map("stack", ns, {"data": {"note": "kept"}}, field_manager="editor",
-                                     _content_type="application/merge-patch+json")
-    core.patch_namespaced_config_map("stack", ns, cm("stack", **{"version.toolkit": "1.17"}),
-                                     field_manager="auditor", _content_type=APPLY)
-    again = core.patch_namespaced_config_map("stack", ns, {**cm("stack", **{"version.driver": "570.86"}),
-                                                           "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
-                                             field_manager="gpucert", _content_type=APPLY)
+    core.patch_namespaced_config_map(
+        "stack", ns, {"data": {"note": "kept"}}, field_manager="editor", _content_type="application/merge-patch+json"
+    )
+    core.patch_namespaced_config_map(
+        "stack", ns, cm("stack", **{"version.toolkit": "1.17"}), field_manager="auditor", _content_type=APPLY
+    )
+    again = core.patch_namespaced_config_map(
+        "stack",
+        ns,
+        {**cm("stack", **{"version.driver": "570.86"}), "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
+        field_manager="gpucert",
+        _content_type=APPLY,
+    )
     assert again.data == {"version.driver": "570.86", "version.toolkit": "1.17", "note": "kept"}
     assert again.metadata.labels == {"app": "gpucert"}
     fields = owned(again)
-    assert fields[("gpucert", "Apply")] == {"f:data": {"f:version.driver": {}}, "f:metadata": {"f:labels": {
-        "f:app": {}}}}
+    assert fields[("gpucert", "Apply")] == {
+        "f:data": {"f:version.driver": {}},
+        "f:metadata": {"f:labels": {"f:app": {}}},
+    }
     assert fields[("editor", "Update")] == {"f:data": {"f:note": {}}}
     assert fields[("auditor", "Apply")] == {"f:data": {"f:version.toolkit": {}}}
     # Applying it all again changes nothing; an applier that stops applying everything leaves no entry.
-    same = core.patch_namespaced_config_map("stack", ns, {**cm("stack", **{"version.driver": "570.86"}),
-                                                          "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
-                                            field_manager="gpucert", _content_type=APPLY)
+    same = core.patch_namespaced_config_map(
+        "stack",
+        ns,
+        {**cm("stack", **{"version.driver": "570.86"}), "metadata": {"name": "stack", "labels": {"app": "gpucert"}}},
+        field_manager="gpucert",
+        _content_type=APPLY,
+    )
     assert same.metadata.resource_version == again.metadata.resource_version
     bare = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stack"}}
     gone = core.patch_namespaced_config_map("stack", ns, bare, field_manager="auditor", _content_type=APPLY)
@@ -408,35 +510,49 @@ def test_apply_removes_what_its_manager_stopped_applying_unless_another_owns_it(
     assert {m for m, _ in owned(gone)} == {"gpucert", "editor"}
 
 
-def test_apply_of_a_field_another_manager_owns_is_a_conflict_unless_forced(sim: SimCluster, core: client.CoreV1Api,
-                                                                           ns: str) -> None:
+def test_apply_of_a_field_another_manager_owns_is_a_conflict_unless_forced(
+    sim: SimCluster, core: client.CoreV1Api, ns: str
+) -> None:
     core.patch_namespaced_config_map("c", ns, cm("c", key="a", other="a"), field_manager="a", _content_type=APPLY)
     with pytest.raises(ApiException) as err:
         core.patch_namespaced_config_map("c", ns, cm("c", key="b"), field_manager="b", _content_type=APPLY)
     assert err.value.status == 409
     status = json.loads(err.value.body)
-    assert (status["reason"], status["message"]) == ("Conflict", 'Apply failed with 1 conflict: conflict with "a": '
-                                                                 ".data.key")
-    assert status["details"]["causes"] == [{"reason": "FieldManagerConflict", "message": 'conflict with "a"',
-                                            "field": ".data.key"}]
+    assert (status["reason"], status["message"]) == (
+        "Conflict",
+        'Apply failed with 1 conflict: conflict with "a": .data.key',
+    )
+    assert status["details"]["causes"] == [
+        {"reason": "FieldManagerConflict", "message": 'conflict with "a"', "field": ".data.key"}
+    ]
     # A writer that is not an applier is named with its API version; two conflicts are listed by manager.
     core.patch_namespaced_config_map("c", ns, {"data": {"other": "edited"}}, field_manager="editor")
-    code, _, body = raw(sim, "PATCH", f"/api/v1/namespaces/{ns}/configmaps/c?fieldManager=b",
-                        json.dumps(cm("c", key="b", other="b")).encode(), {"Content-Type": APPLY})
+    code, _, body = raw(
+        sim,
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/configmaps/c?fieldManager=b",
+        json.dumps(cm("c", key="b", other="b")).encode(),
+        {"Content-Type": APPLY},
+    )
     assert (code, body["reason"]) == (409, "Conflict")
-    assert body["message"] == ('Apply failed with 2 conflicts: conflicts with "a":\n- .data.key\n'
-                               'conflicts with "editor" using v1:\n- .data.other')
+    assert body["message"] == (
+        'Apply failed with 2 conflicts: conflicts with "a":\n- .data.key\n'
+        'conflicts with "editor" using v1:\n- .data.other'
+    )
     assert core.read_namespaced_config_map("c", ns).data == {"key": "a", "other": "edited"}
     # The same value is no conflict: both own the field.
     shared = core.patch_namespaced_config_map("c", ns, cm("c", key="a"), field_manager="b", _content_type=APPLY)
     assert owned(shared)[("b", "Apply")] == {"f:data": {"f:key": {}}}
     assert owned(shared)[("a", "Apply")] == {"f:data": {"f:key": {}}}  # the editor's patch took "other"
-    forced = core.patch_namespaced_config_map("c", ns, cm("c", key="b"), field_manager="b", force=True,
-                                              _content_type=APPLY)
+    forced = core.patch_namespaced_config_map(
+        "c", ns, cm("c", key="b"), field_manager="b", force=True, _content_type=APPLY
+    )
     assert forced.data == {"key": "b", "other": "edited"}
     # "a" lost the field it was forced off, its last: its entry goes.
-    assert owned(forced) == {("editor", "Update"): {"f:data": {"f:other": {}}}, ("b", "Apply"): {"f:data": {
-        "f:key": {}}}}
+    assert owned(forced) == {
+        ("editor", "Update"): {"f:data": {"f:other": {}}},
+        ("b", "Apply"): {"f:data": {"f:key": {}}},
+    }
     # "a" applying its old value again is now the conflict, with "b".
     with pytest.raises(ApiException) as err:
         core.patch_namespaced_config_map("c", ns, cm("c", key="a"), field_manager="a", _content_type=APPLY)
@@ -447,49 +563,78 @@ def test_managed_fields_after_a_forced_reapply(api: client.ApiClient, ns: str) -
     apps = client.AppsV1Api(api)
 
     def daemonset(*containers: str) -> dict[str, Any]:
-        return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "labels": {"app": "x"}},
-                "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": {
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "ds", "labels": {"app": "x"}},
+            "spec": {
+                "selector": {"matchLabels": {"app": "x"}},
+                "template": {
                     "metadata": {"labels": {"app": "x"}},
-                    "spec": {"containers": [{"name": c, "image": "i:1"} for c in containers]}}}}
+                    "spec": {"containers": [{"name": c, "image": "i:1"} for c in containers]},
+                },
+            },
+        }
 
-    apps.patch_namespaced_daemon_set("ds", ns, daemonset("main", "sidecar"), field_manager="gpucert",
-                                     _content_type=APPLY)
+    apps.patch_namespaced_daemon_set(
+        "ds", ns, daemonset("main", "sidecar"), field_manager="gpucert", _content_type=APPLY
+    )
     # Someone else changes the image (the official client with no fieldManager: its User-Agent's product).
-    apps.patch_namespaced_daemon_set("ds", ns, {"spec": {"template": {"spec": {"containers": [
-        {"name": "main", "image": "i:2"}]}}}})
+    apps.patch_namespaced_daemon_set(
+        "ds", ns, {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "i:2"}]}}}}
+    )
     edited = apps.read_namespaced_daemon_set("ds", ns)
-    assert owned(edited)[("OpenAPI-Generator", "Update")] == {"f:spec": {"f:template": {"f:spec": {
-        "f:containers": {'k:{"name":"main"}': {"f:image": {}}}}}}}
+    assert owned(edited)[("OpenAPI-Generator", "Update")] == {
+        "f:spec": {"f:template": {"f:spec": {"f:containers": {'k:{"name":"main"}': {"f:image": {}}}}}}
+    }
     with pytest.raises(ApiException) as err:
         apps.patch_namespaced_daemon_set("ds", ns, daemonset("main"), field_manager="gpucert", _content_type=APPLY)
-    assert json.loads(err.value.body)["details"]["causes"][0]["field"] == \
-        '.spec.template.spec.containers[name="main"].image'
-    forced = apps.patch_namespaced_daemon_set("ds", ns, daemonset("main"), field_manager="gpucert", force=True,
-                                              _content_type=APPLY)
+    assert (
+        json.loads(err.value.body)["details"]["causes"][0]["field"]
+        == '.spec.template.spec.containers[name="main"].image'
+    )
+    forced = apps.patch_namespaced_daemon_set(
+        "ds", ns, daemonset("main"), field_manager="gpucert", force=True, _content_type=APPLY
+    )
     assert [(c.name, c.image) for c in forced.spec.template.spec.containers] == [("main", "i:1")]
     [entry] = forced.metadata.managed_fields  # the other writer lost its only field: no entry left
-    assert (entry.manager, entry.operation, entry.api_version, entry.fields_type) == ("gpucert", "Apply", "apps/v1",
-                                                                                      "FieldsV1")
+    assert (entry.manager, entry.operation, entry.api_version, entry.fields_type) == (
+        "gpucert",
+        "Apply",
+        "apps/v1",
+        "FieldsV1",
+    )
     assert entry.time is not None
     assert entry.fields_v1 == {
         "f:metadata": {"f:labels": {"f:app": {}}},
-        "f:spec": {"f:selector": {}, "f:template": {  # a LabelSelector is owned whole
-            "f:metadata": {"f:labels": {"f:app": {}}},
-            "f:spec": {"f:containers": {'k:{"name":"main"}': {".": {}, "f:image": {}, "f:name": {}}}}}},
+        "f:spec": {
+            "f:selector": {},
+            "f:template": {  # a LabelSelector is owned whole
+                "f:metadata": {"f:labels": {"f:app": {}}},
+                "f:spec": {"f:containers": {'k:{"name":"main"}': {".": {}, "f:image": {}, "f:name": {}}}},
+            },
+        },
     }
 
 
 # --- deletion -------------------------------------------------------------------------------------
 
 
-def test_owner_deletion_collects_dependents_and_finalizers_hold_deletion(api: client.ApiClient,
-                                                                        core: client.CoreV1Api, ns: str) -> None:
+def test_owner_deletion_collects_dependents_and_finalizers_hold_deletion(
+    api: client.ApiClient, core: client.CoreV1Api, ns: str
+) -> None:
     batch = client.BatchV1Api(api)
-    job = batch.create_namespaced_job(ns, {"metadata": {"name": "j"}, "spec": {"template": {"spec": {
-        "containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}}}})
+    job = batch.create_namespaced_job(
+        ns,
+        {
+            "metadata": {"name": "j"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}}},
+        },
+    )
     owned = pod("j-1")
-    owned["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j",
-                                             "uid": job.metadata.uid}]
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": job.metadata.uid}
+    ]
     core.create_namespaced_pod(ns, owned)
     batch.delete_namespaced_job("j", ns)
     assert not core.list_namespaced_pod(ns).items
@@ -497,8 +642,9 @@ def test_owner_deletion_collects_dependents_and_finalizers_hold_deletion(api: cl
     core.delete_namespaced_config_map("f", ns)
     held = core.read_namespaced_config_map("f", ns)
     assert held.metadata.deletion_timestamp is not None
-    core.patch_namespaced_config_map("f", ns, {"metadata": {"finalizers": None}},
-                                     _content_type="application/merge-patch+json")
+    core.patch_namespaced_config_map(
+        "f", ns, {"metadata": {"finalizers": None}}, _content_type="application/merge-patch+json"
+    )
     with pytest.raises(ApiException) as err:
         core.read_namespaced_config_map("f", ns)
     assert err.value.status == 404
@@ -536,8 +682,13 @@ def test_specs_a_real_server_refuses_are_422_invalid(sim: SimCluster, api: clien
     batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
     json_ct = {"Content-Type": "application/json"}
     # A Job without its spec (nor so its pod template).
-    code, _, body = raw(sim, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
-                        json.dumps({"metadata": {"name": "bare"}}).encode(), json_ct)
+    code, _, body = raw(
+        sim,
+        "POST",
+        f"/apis/batch/v1/namespaces/{ns}/jobs",
+        json.dumps({"metadata": {"name": "bare"}}).encode(),
+        json_ct,
+    )
     assert (code, body["reason"]) == (422, "Invalid")
     assert body["details"]["causes"][0]["field"].startswith("spec.template")
 
@@ -550,41 +701,52 @@ def test_specs_a_real_server_refuses_are_422_invalid(sim: SimCluster, api: clien
     a, b = "gpu-node-00001", "gpu-node-00002"
     spec = {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Never"}
     with pytest.raises(ApiException) as err:
-        batch.create_namespaced_job(ns, {"metadata": {"name": "both"}, "spec": {"template": {
-            "spec": {**spec, "affinity": affinity([a, b])}}}})
+        batch.create_namespaced_job(
+            ns, {"metadata": {"name": "both"}, "spec": {"template": {"spec": {**spec, "affinity": affinity([a, b])}}}}
+        )
     assert err.value.status == 422
     status = json.loads(err.value.body)
     assert status["reason"] == "Invalid"
     [cause] = status["details"]["causes"]
-    assert cause["field"] == ("spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-                              ".nodeSelectorTerms[0].matchFields[0].values")
+    assert cause["field"] == (
+        "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchFields[0].values"
+    )
     assert "must be only one value" in cause["message"]
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod(ns, {**pod("both"), "spec": {**spec, "affinity": affinity([a], [])}})
     assert err.value.status == 422
     assert json.loads(err.value.body)["details"]["causes"][0]["field"] == (
         "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[1].matchFields[0].values")
+        ".nodeSelectorTerms[1].matchFields[0].values"
+    )
     assert batch.list_namespaced_job(ns).items == []
     # One single-value term per node is the valid form; a later write that breaks it is refused too.
-    job = batch.create_namespaced_job(ns, {"metadata": {"name": "either"}, "spec": {"template": {
-        "spec": {**spec, "affinity": affinity([a], [b])}}}})
+    job = batch.create_namespaced_job(
+        ns, {"metadata": {"name": "either"}, "spec": {"template": {"spec": {**spec, "affinity": affinity([a], [b])}}}}
+    )
     assert job.metadata.name == "either"
     with pytest.raises(ApiException) as err:
-        batch.patch_namespaced_job("either", ns, {"spec": {"template": {"spec": {"affinity": affinity([a, b])}}}},
-                                   _content_type="application/merge-patch+json")
+        batch.patch_namespaced_job(
+            "either",
+            ns,
+            {"spec": {"template": {"spec": {"affinity": affinity([a, b])}}}},
+            _content_type="application/merge-patch+json",
+        )
     assert err.value.status == 422
 
 
 def test_unknown_fields_warn_by_default_and_fail_when_strict(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_config_map(ns, cm("u"))
     obj, _, headers = core.patch_namespaced_config_map_with_http_info(
-        "u", ns, {"spce": {"x": 1}}, _content_type="application/merge-patch+json")
+        "u", ns, {"spce": {"x": 1}}, _content_type="application/merge-patch+json"
+    )
     assert 'unknown field \\"spce\\"' in headers["Warning"] or 'unknown field "spce"' in headers["Warning"]
     assert "spce" not in core.api_client.sanitize_for_serialization(obj)
     with pytest.raises(ApiException) as err:
-        core.patch_namespaced_config_map("u", ns, {"spce": {"x": 1}}, field_validation="Strict",
-                                         _content_type="application/merge-patch+json")
+        core.patch_namespaced_config_map(
+            "u", ns, {"spce": {"x": 1}}, field_validation="Strict", _content_type="application/merge-patch+json"
+        )
     assert err.value.status == 400
     assert "strict decoding error" in json.loads(err.value.body)["message"]
 
@@ -595,7 +757,7 @@ def test_unknown_fields_warn_by_default_and_fail_when_strict(core: client.CoreV1
 def test_pod_log(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("bench-0", "gpu-node-00000"))
     started(core, ns, "bench-0")
-    sim.store.set_log(ns, "bench-0", "line 1\nline 2\n{\"metric\": \"gemm_tflops\"}\n")
+    sim.store.set_log(ns, "bench-0", 'line 1\nline 2\n{"metric": "gemm_tflops"}\n')
     assert core.read_namespaced_pod_log("bench-0", ns).endswith('{"metric": "gemm_tflops"}\n')
     assert core.read_namespaced_pod_log("bench-0", ns, tail_lines=1) == '{"metric": "gemm_tflops"}\n'
     with pytest.raises(ApiException) as err:
@@ -641,8 +803,7 @@ def test_throttling_is_a_429_with_retry_after(sim: SimCluster, core: client.Core
     assert core.list_node().items
 
 
-def test_faults_over_http_errors_latency_and_dropped_watches(sim: SimCluster, core: client.CoreV1Api,
-                                                             ns: str) -> None:
+def test_faults_over_http_errors_latency_and_dropped_watches(sim: SimCluster, core: client.CoreV1Api, ns: str) -> None:
     ct = {"Content-Type": "application/json"}
     code, _, policy = raw(sim, "POST", "/gpucert/faults", json.dumps({"error_rate": 1.0}).encode(), ct)
     assert code == 200
@@ -651,8 +812,7 @@ def test_faults_over_http_errors_latency_and_dropped_watches(sim: SimCluster, co
         with pytest.raises(ApiException) as err:
             core.list_namespace()
         assert err.value.status == 500
-        raw(sim, "POST", "/gpucert/faults", json.dumps({"latency_s": 0.2, "drop_watch_after_s": 0.3}).encode(),
-            ct)
+        raw(sim, "POST", "/gpucert/faults", json.dumps({"latency_s": 0.2, "drop_watch_after_s": 0.3}).encode(), ct)
         started = time.monotonic()
         core.list_namespace()
         assert time.monotonic() - started >= 0.2
@@ -671,9 +831,26 @@ def test_sim_up_serves_until_sigterm(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpucert.cli", "sim", "up", "--nodes", "2", "--gpus", "8", "--model",
-         "NVIDIA H200", "--kubeconfig", str(kubeconfig)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "gpucert.cli",
+            "sim",
+            "up",
+            "--nodes",
+            "2",
+            "--gpus",
+            "8",
+            "--model",
+            "NVIDIA H200",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 30
         while not kubeconfig.exists() and time.monotonic() < deadline and proc.poll() is None:

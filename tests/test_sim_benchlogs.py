@@ -92,9 +92,10 @@ def driver_pods(kube: Kube, target: str) -> list[dict[str, Any]]:
 def running_image(kube: Kube, target: str) -> str | None:
     """The image of the one running, undeleted driver pod on ``target`` (None while there is not one)."""
     live = [
-        p for p in driver_pods(kube, target)
+        p
+        for p in driver_pods(kube, target)
         if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-    ]  # fmt: skip
+    ]
     return str(live[0]["spec"]["containers"][0]["image"]) if len(live) == 1 else None
 
 
@@ -215,15 +216,19 @@ def test_node_driver_reads_the_running_driver_pod_else_a_host_driver() -> None:
     new = pod("nvcr.io/nvidia/driver:580.159.03-ubuntu22.04", created="2026-01-02T00:00:00Z")
     assert node_driver(None, [new, old]) == "580.159.03"
     # A host driver, as GPU feature discovery publishes it on a pre-installed node.
-    host = {"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "pre-installed",
-                                    "nvidia.com/cuda.driver-version.full": "550.163.01"}}}  # fmt: skip
+    host = {
+        "metadata": {
+            "labels": {
+                "nvidia.com/gpu.deploy.driver": "pre-installed",
+                "nvidia.com/cuda.driver-version.full": "550.163.01",
+            }
+        }
+    }
     assert node_driver(host, []) == "550.163.01"
     assert node_driver({"metadata": {"labels": {}}}, []) is None
 
 
-def test_a_simulated_payload_measures_again_when_a_transient_unsettles_its_repeats(
-    sim: SimCluster, kube: Kube
-) -> None:
+def test_a_simulated_payload_measures_again_when_a_transient_unsettles_its_repeats(sim: SimCluster, kube: Kube) -> None:
     """The simulated payload does what the real one does: repeats that disagree get more, up to the max."""
     calm = sim.fleet
     # The same GPUs (same seed: same identities), with transient bad repeats far more often than usual.
@@ -232,9 +237,7 @@ def test_a_simulated_payload_measures_again_when_a_transient_unsettles_its_repea
     )
     try:
         adaptive, log = benchmark_with_log(kube, "rep-1", node(0), BenchmarkSettings())
-        capped, _ = benchmark_with_log(
-            kube, "rep-2", node(0), BenchmarkSettings(payload_args=("--max-repeats=3",))
-        )
+        capped, _ = benchmark_with_log(kube, "rep-2", node(0), BenchmarkSettings(payload_args=("--max-repeats=3",)))
     finally:
         sim.fleet = calm
     perf = adaptive.results[adaptive.results["metric"].isin(BENCHMARKS)]
@@ -264,8 +267,16 @@ def test_a_simulated_log_has_each_row_as_json_dumps_writes_it_and_the_payloads_l
     node = fleet.node_names[1]
     ts = pd.Timestamp("2026-11-01T02:03:04.5", tz="UTC").to_pydatetime()
     rule = RepeatRule()
-    wave = fleet.run("log-1", ts=ts, seed=7, nodes=[node], faults=[Fault("uncontained_ecc", node, gpu=3)],
-                     nic=True, storage=True, wave_draws=True)  # fmt: skip
+    wave = fleet.run(
+        "log-1",
+        ts=ts,
+        seed=7,
+        nodes=[node],
+        faults=[Fault("uncontained_ecc", node, gpu=3)],
+        nic=True,
+        storage=True,
+        wave_draws=True,
+    )
     rows = wave.results
     lines = rows_jsonl(rows).splitlines()
     records = [line for line in lines if line.startswith("{")]

@@ -48,9 +48,7 @@ def node(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
-    with SimCluster(
-        nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, preconfigured=True, controllers=True
-    ) as cluster:
+    with SimCluster(nodes=NODES, gpus=8, model="NVIDIA H200", seed=3, preconfigured=True, controllers=True) as cluster:
         yield cluster
         assert cluster.runtime is not None
         assert cluster.runtime.errors == []
@@ -69,7 +67,6 @@ def bare() -> Iterator[SimCluster]:
 @pytest.fixture
 def batch(api: client.ApiClient) -> client.BatchV1Api:
     return client.BatchV1Api(api)
-
 
 
 def container(gpus: int = 0) -> dict[str, Any]:
@@ -95,11 +92,7 @@ def pod(
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": hosts}
-                            ]
-                        }
+                        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": hosts}]}
                     ]
                 }
             }
@@ -145,9 +138,7 @@ def bench_job(
 def finished(batch: client.BatchV1Api, ns: str, name: str, timeout_s: float = 5.0) -> client.V1Job:
     def probe() -> client.V1Job | None:
         job = batch.read_namespaced_job_status(name, ns)
-        done = [
-            c for c in job.status.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"
-        ]
+        done = [c for c in job.status.conditions or () if c.type in ("Complete", "Failed") and c.status == "True"]
         return job if done else None
 
     return eventually(probe, timeout_s)
@@ -270,9 +261,7 @@ def test_a_pod_asking_for_gpus_held_by_another_stays_pending(core: client.CoreV1
 
 def test_a_tainted_node_is_skipped_without_a_toleration(core: client.CoreV1Api, ns: str) -> None:
     tainted, clean = node(3), node(4)
-    core.patch_node(
-        tainted, {"spec": {"taints": [{"key": _UNHEALTHY, "value": "pcie", "effect": "NoSchedule"}]}}
-    )
+    core.patch_node(tainted, {"spec": {"taints": [{"key": _UNHEALTHY, "value": "pcie", "effect": "NoSchedule"}]}})
     try:
         core.create_namespaced_pod(ns, pod("either", gpus=8, hosts=[tainted, clean]))
         eventually(lambda: pod_phase(core, ns, "either") == "Running")
@@ -286,9 +275,7 @@ def test_a_tainted_node_is_skipped_without_a_toleration(core: client.CoreV1Api, 
             pod(
                 "wrong-value",
                 hostname=tainted,
-                tolerations=[
-                    {"key": _UNHEALTHY, "operator": "Equal", "value": "xid", "effect": "NoSchedule"}
-                ],
+                tolerations=[{"key": _UNHEALTHY, "operator": "Equal", "value": "xid", "effect": "NoSchedule"}],
             ),
         )
         unschedulable(core, ns, "wrong-value")
@@ -297,9 +284,7 @@ def test_a_tainted_node_is_skipped_without_a_toleration(core: client.CoreV1Api, 
             pod(
                 "tolerant",
                 hostname=tainted,
-                tolerations=[
-                    {"key": _UNHEALTHY, "operator": "Equal", "value": "pcie", "effect": "NoSchedule"}
-                ],
+                tolerations=[{"key": _UNHEALTHY, "operator": "Equal", "value": "pcie", "effect": "NoSchedule"}],
             ),
         )
         eventually(lambda: pod_phase(core, ns, "tolerant") == "Running")
@@ -347,9 +332,7 @@ def test_a_job_past_its_deadline_fails_and_its_pod_goes(
 ) -> None:
     batch.create_namespaced_job(
         ns,
-        bench_job(
-            "slow", node(6), "night-4", gpus=0, deadline_s=1, annotations={RUN_SECONDS_ANNOTATION: "60"}
-        ),
+        bench_job("slow", node(6), "night-4", gpus=0, deadline_s=1, annotations={RUN_SECONDS_ANNOTATION: "60"}),
     )
     eventually(lambda: [p for p in job_pods(core, ns, "slow") if p.status.phase == "Running"])
     started = time.monotonic()
@@ -447,9 +430,8 @@ def test_an_image_pull_error_can_be_asked_for_by_annotation(
 ) -> None:
     batch.create_namespaced_job(
         ns,
-        bench_job("backoff", node(6), "night-8", gpus=0,
-                  annotations={IMAGE_PULL_ERROR_ANNOTATION: "ImagePullBackOff"}),
-    )  # fmt: skip
+        bench_job("backoff", node(6), "night-8", gpus=0, annotations={IMAGE_PULL_ERROR_ANNOTATION: "ImagePullBackOff"}),
+    )
     batch.create_namespaced_job(
         ns, bench_job("bad-ref", node(6), "night-8", gpus=0, annotations={IMAGE_PULL_ERROR_ANNOTATION: "yes"})
     )
@@ -531,10 +513,7 @@ def test_device_plugin_daemonset_rolls_out_and_nodes_advertise_gpus(bare: SimClu
 
     advertised: set[str] = set()
     for event in watch.Watch().stream(core.list_node, resource_version=nodes_rv, timeout_seconds=5):
-        if (
-            event["type"] == "MODIFIED"
-            and (event["object"].status.allocatable or {}).get("nvidia.com/gpu") == "8"
-        ):
+        if event["type"] == "MODIFIED" and (event["object"].status.allocatable or {}).get("nvidia.com/gpu") == "8":
             advertised.add(event["object"].metadata.name)
             if advertised == set(names):
                 break

@@ -60,11 +60,7 @@ def scrape(sim: SimCluster, name: str) -> tuple[str, list[Any]]:
 
 def samples(families: list[Any]) -> list[tuple[str, dict[str, str], float]]:
     """(name as exposed, labels, value); prometheus_client's parser appends "_total" to counter samples."""
-    return [
-        (f.name if s.name == f.name + "_total" else s.name, s.labels, s.value)
-        for f in families
-        for s in f.samples
-    ]
+    return [(f.name if s.name == f.name + "_total" else s.name, s.labels, s.value) for f in families for s in f.samples]
 
 
 def values(families: list[Any]) -> Series:
@@ -218,11 +214,7 @@ def test_the_exporter_reports_the_driver_the_node_runs() -> None:
 def test_the_older_hostname_label() -> None:
     with SimCluster(nodes=1, gpus=2, controllers=False, dcgm_host_label="Hostname") as small:
         _, families = scrape(small, node(0))
-        assert all(
-            s.labels["Hostname"] == node(0) and "hostname" not in s.labels
-            for f in families
-            for s in f.samples
-        )
+        assert all(s.labels["Hostname"] == node(0) and "hostname" not in s.labels for f in families for s in f.samples)
     with pytest.raises(InputError, match="host label"):
         SimCluster(nodes=1, dcgm_host_label="host")
 
@@ -286,9 +278,7 @@ def test_endpoints_follow_the_exporter_daemonset_when_applied() -> None:
                     "template": {
                         "metadata": {"labels": {**pod_labels, **labels}},
                         "spec": {
-                            "containers": [
-                                {"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3"}
-                            ]
+                            "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3"}]
                         },
                     },
                 },
@@ -311,9 +301,7 @@ def test_endpoints_follow_the_exporter_daemonset_when_applied() -> None:
         bare.inject({"nodes": [{"event": "join", "count": 1}]})
         # The joining node is tainted uncertified: the exporter DaemonSet (no toleration) skips it.
         time.sleep(0.2)
-        assert _targets(core.read_namespaced_endpoints("dcgm-exporter", "gpu-stack"))[0] == [
-            node(i) for i in range(3)
-        ]
+        assert _targets(core.read_namespaced_endpoints("dcgm-exporter", "gpu-stack"))[0] == [node(i) for i in range(3)]
         # A real API server answers a Service delete with the Service, as the client expects.
         deleted = core.delete_namespaced_service("dcgm-exporter", "gpu-stack")
         assert deleted.metadata.name == "dcgm-exporter"

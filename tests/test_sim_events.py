@@ -36,8 +36,9 @@ def events(api: client.ApiClient) -> client.EventsV1Api:
     return client.EventsV1Api(api)
 
 
-def raw(sim: SimCluster, method: str, path: str, body: Any = None,
-        content_type: str = "application/json") -> tuple[int, Any]:
+def raw(
+    sim: SimCluster, method: str, path: str, body: Any = None, content_type: str = "application/json"
+) -> tuple[int, Any]:
     """One request without the official client (which refuses an events.k8s.io Event with no eventTime,
     as a real server serves a legacy core Event); the first JSON line of the answer."""
     conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
@@ -56,10 +57,20 @@ def _node_ref(core: client.CoreV1Api, name: str) -> dict[str, Any]:
 
 
 def _new_event(name: str, ns: str, regarding: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
-            "eventTime": "2026-12-03T14:00:00.123456Z", "reportingController": "gpucert",
-            "reportingInstance": "gpucert@host", "action": "taint.add", "reason": "TaintAdded", "type": "Warning",
-            "note": "failed: row remap pending on GPU 3", "regarding": regarding, **fields}
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "eventTime": "2026-12-03T14:00:00.123456Z",
+        "reportingController": "gpucert",
+        "reportingInstance": "gpucert@host",
+        "action": "taint.add",
+        "reason": "TaintAdded",
+        "type": "Warning",
+        "note": "failed: row remap pending on GPU 3",
+        "regarding": regarding,
+        **fields,
+    }
 
 
 def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
@@ -67,12 +78,16 @@ def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
 ) -> None:
     ns = NODE_EVENTS
     ref = _node_ref(core, "gpu-node-00001")
-    made = events.create_namespaced_event(ns, _new_event("n1.taint", ns, ref, series={
-        "count": 3, "lastObservedTime": "2026-12-03T14:05:00.000000Z"}))
+    made = events.create_namespaced_event(
+        ns, _new_event("n1.taint", ns, ref, series={"count": 3, "lastObservedTime": "2026-12-03T14:05:00.000000Z"})
+    )
     same = core.read_namespaced_event("n1.taint", ns)
     assert (same.metadata.uid, same.metadata.resource_version) == (made.metadata.uid, made.metadata.resource_version)
     assert (same.involved_object.kind, same.involved_object.name, same.involved_object.uid) == (
-        "Node", "gpu-node-00001", ref["uid"])
+        "Node",
+        "gpu-node-00001",
+        ref["uid"],
+    )
     assert same.message == "failed: row remap pending on GPU 3"
     assert (same.reporting_component, same.reporting_instance) == ("gpucert", "gpucert@host")
     assert (same.type, same.reason, same.action) == ("Warning", "TaintAdded", "taint.add")
@@ -84,8 +99,10 @@ def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
     assert not {"regarding", "note", "reportingController"} & set(body)
 
     # kubectl describe node's query: core v1, every namespace, the node's kind, name, namespace and uid.
-    query = (f"involvedObject.kind=Node,involvedObject.name=gpu-node-00001,involvedObject.namespace=,"
-             f"involvedObject.uid={ref['uid']}")
+    query = (
+        f"involvedObject.kind=Node,involvedObject.name=gpu-node-00001,involvedObject.namespace=,"
+        f"involvedObject.uid={ref['uid']}"
+    )
     assert [e.metadata.name for e in core.list_event_for_all_namespaces(field_selector=query).items] == ["n1.taint"]
     other = query.replace(ref["uid"], "gpu-node-00001")  # kubectl's other query: the name as uid (the kubelet's)
     assert core.list_event_for_all_namespaces(field_selector=other).items == []
@@ -95,25 +112,52 @@ def test_an_events_k8s_io_event_is_a_core_event_with_its_fields_converted(
 def test_a_core_event_is_an_events_k8s_io_event_with_its_fields_converted(
     sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api, ns: str
 ) -> None:
-    code, _ = raw(sim, "POST", f"/api/v1/namespaces/{ns}/events", {
-        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "pod.evicted"},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "train-0", "namespace": ns, "uid": "u-1",
-                           "fieldPath": "spec.containers{main}"},
-        "reason": "Evicted", "message": "low on resource: memory", "type": "Warning",
-        "source": {"component": "kubelet", "host": "gpu-node-00000"}, "reportingComponent": "kubelet",
-        "reportingInstance": "gpu-node-00000", "firstTimestamp": "2026-12-03T14:00:00Z",
-        "lastTimestamp": "2026-12-03T14:02:00Z", "count": 2,
-    })
+    code, _ = raw(
+        sim,
+        "POST",
+        f"/api/v1/namespaces/{ns}/events",
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "pod.evicted"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": "train-0",
+                "namespace": ns,
+                "uid": "u-1",
+                "fieldPath": "spec.containers{main}",
+            },
+            "reason": "Evicted",
+            "message": "low on resource: memory",
+            "type": "Warning",
+            "source": {"component": "kubelet", "host": "gpu-node-00000"},
+            "reportingComponent": "kubelet",
+            "reportingInstance": "gpu-node-00000",
+            "firstTimestamp": "2026-12-03T14:00:00Z",
+            "lastTimestamp": "2026-12-03T14:02:00Z",
+            "count": 2,
+        },
+    )
     assert code == 201
     code, event = raw(sim, "GET", f"{_EVENTS_V1}/namespaces/{ns}/events/pod.evicted")
     assert code == 200
     assert event["apiVersion"] == "events.k8s.io/v1"
-    assert event["regarding"] == {"apiVersion": "v1", "kind": "Pod", "name": "train-0", "namespace": ns,
-                                  "uid": "u-1", "fieldPath": "spec.containers{main}"}
+    assert event["regarding"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "train-0",
+        "namespace": ns,
+        "uid": "u-1",
+        "fieldPath": "spec.containers{main}",
+    }
     assert event["note"] == "low on resource: memory"
     assert event["deprecatedSource"] == {"component": "kubelet", "host": "gpu-node-00000"}
     assert (event["deprecatedFirstTimestamp"], event["deprecatedLastTimestamp"], event["deprecatedCount"]) == (
-        "2026-12-03T14:00:00Z", "2026-12-03T14:02:00Z", 2)
+        "2026-12-03T14:00:00Z",
+        "2026-12-03T14:02:00Z",
+        2,
+    )
     assert (event["reportingController"], event["reportingInstance"]) == ("kubelet", "gpu-node-00000")
     assert event["eventTime"] is None  # a legacy recorder sets none, and the server fills none in
     assert not {"involvedObject", "message", "source", "count", "reportingComponent"} & set(event)
@@ -123,8 +167,13 @@ def test_a_core_event_is_an_events_k8s_io_event_with_its_fields_converted(
     # A core write the events.k8s.io API reads back changed, and the other way round.
     core.patch_namespaced_event("pod.evicted", ns, {"message": "evicted: memory"})
     assert raw(sim, "GET", f"{_EVENTS_V1}/namespaces/{ns}/events/pod.evicted")[1]["note"] == "evicted: memory"
-    code, _ = raw(sim, "PATCH", f"{_EVENTS_V1}/namespaces/{ns}/events/pod.evicted", {"note": "evicted"},
-                  "application/merge-patch+json")
+    code, _ = raw(
+        sim,
+        "PATCH",
+        f"{_EVENTS_V1}/namespaces/{ns}/events/pod.evicted",
+        {"note": "evicted"},
+        "application/merge-patch+json",
+    )
     assert code == 200
     assert core.read_namespaced_event("pod.evicted", ns).message == "evicted"
 
@@ -135,10 +184,16 @@ def test_field_selectors_are_the_servers_in_either_api(
     ns = NODE_EVENTS
     ref = _node_ref(core, "gpu-node-00000")
     events.create_namespaced_event(ns, _new_event("mine", ns, ref))
-    core.create_namespaced_event(ns, {"metadata": {"name": "kubelets"}, "reason": "NodeReady", "type": "Normal",
-                                      "involvedObject": {"kind": "Node", "name": "gpu-node-00000",
-                                                         "uid": "gpu-node-00000"},
-                                      "source": {"component": "kubelet", "host": "gpu-node-00000"}})
+    core.create_namespaced_event(
+        ns,
+        {
+            "metadata": {"name": "kubelets"},
+            "reason": "NodeReady",
+            "type": "Normal",
+            "involvedObject": {"kind": "Node", "name": "gpu-node-00000", "uid": "gpu-node-00000"},
+            "source": {"component": "kubelet", "host": "gpu-node-00000"},
+        },
+    )
 
     def core_names(selector: str) -> list[str]:
         return [e.metadata.name for e in core.list_namespaced_event(ns, field_selector=selector).items]
@@ -161,9 +216,11 @@ def test_field_selectors_are_the_servers_in_either_api(
     assert v1_names("source=kubelet") == ["kubelets"]
     assert v1_names("type!=Warning") == ["kubelets"]
     # Each API's own names only: a real server refuses the other's with 400.
-    for path, selector in ((f"/api/v1/namespaces/{ns}/events", "regarding.kind=Node"),
-                           (f"{_EVENTS_V1}/namespaces/{ns}/events", "involvedObject.kind=Node"),
-                           (f"{_EVENTS_V1}/namespaces/{ns}/events", "note=x")):
+    for path, selector in (
+        (f"/api/v1/namespaces/{ns}/events", "regarding.kind=Node"),
+        (f"{_EVENTS_V1}/namespaces/{ns}/events", "involvedObject.kind=Node"),
+        (f"{_EVENTS_V1}/namespaces/{ns}/events", "note=x"),
+    ):
         code, status = raw(sim, "GET", f"{path}?fieldSelector={selector}")
         assert (code, status["reason"]) == (400, "BadRequest"), selector
     for name in ("mine", "kubelets"):
@@ -174,13 +231,24 @@ def test_one_object_watched_and_deleted_through_either_api(
     sim: SimCluster, core: client.CoreV1Api, events: client.EventsV1Api, ns: str
 ) -> None:
     since = core.list_namespaced_event(ns).metadata.resource_version
-    core.create_namespaced_event(ns, {"metadata": {"name": "seen"}, "reason": "Started", "message": "started",
-                                      "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns}})
-    code, line = raw(sim, "GET", f"{_EVENTS_V1}/namespaces/{ns}/events?watch=true&resourceVersion={since}"
-                                 "&timeoutSeconds=1")
+    core.create_namespaced_event(
+        ns,
+        {
+            "metadata": {"name": "seen"},
+            "reason": "Started",
+            "message": "started",
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns},
+        },
+    )
+    code, line = raw(
+        sim, "GET", f"{_EVENTS_V1}/namespaces/{ns}/events?watch=true&resourceVersion={since}&timeoutSeconds=1"
+    )
     assert code == 200
     assert (line["type"], line["object"]["apiVersion"], line["object"]["note"]) == (
-        "ADDED", "events.k8s.io/v1", "started")
+        "ADDED",
+        "events.k8s.io/v1",
+        "started",
+    )
     # The same name through the other API is the same object: it exists already.
     with pytest.raises(ApiException) as taken:
         events.create_namespaced_event(ns, _new_event("seen", ns, {"kind": "Pod", "name": "p", "namespace": ns}))

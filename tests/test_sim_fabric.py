@@ -36,8 +36,15 @@ from .conftest import eventually
 
 PAIR = "nccl_pair_busbw_gbps"
 INDEX = "batch.kubernetes.io/job-completion-index"
-NIC_HEALTHY = {"ib_ports": 8, "ib_ports_active": 8, "ib_rate_min_gbps": 400, "ib_rate_max_gbps": 400,
-               "ib_symbol_errors": 0, "ib_link_downed": 0, "ib_rcv_errors": 0}  # fmt: skip
+NIC_HEALTHY = {
+    "ib_ports": 8,
+    "ib_ports_active": 8,
+    "ib_rate_min_gbps": 400,
+    "ib_rate_max_gbps": 400,
+    "ib_symbol_errors": 0,
+    "ib_link_downed": 0,
+    "ib_rcv_errors": 0,
+}
 
 
 #: Relative difference allowed between two measurements of one run made a few seconds apart (the diurnal
@@ -90,6 +97,7 @@ def run_pair_logs(kube: Kube, cm: dict[str, Any], run_id: str, a: str, b: str) -
     job = kube.create(pair.job)
     kube.create(owned_by(pair.service, job))
     try:
+
         def completed() -> dict[str, Any] | None:
             got = kube.get("batch/v1", "Job", pair.name, ns)
             conditions = (got.get("status") or {}).get("conditions") or ()
@@ -124,6 +132,7 @@ def run_benchmark(kube: Kube, cm: dict[str, Any], run_id: str, target: str, *arg
     kube.create(benchmark_job(run_id, target, 8, payload=cm, settings=settings))
     name = job_name(run_id, target)
     try:
+
         def ended() -> dict[str, Any] | None:
             pods = kube.list_objects("v1", "Pod", ns, label_selector=f"job-name={name}")
             return pods[0] if pods and pods[0].get("status", {}).get("phase") == "Succeeded" else None
@@ -174,6 +183,7 @@ def test_an_indexed_pair_job_runs_one_pod_on_each_node_and_both_log_the_same_pai
     job = kube.create(pair.job)
     kube.create(owned_by(pair.service, job))
     try:
+
         def ended() -> list[dict[str, Any]] | None:
             pods = kube.list_objects("v1", "Pod", ns, label_selector=f"job-name={pair.name}")
             return pods if len(pods) == 2 and all(p["status"].get("phase") == "Succeeded" for p in pods) else None
@@ -259,10 +269,12 @@ def test_a_slow_uplink_slows_only_the_pairs_between_its_two_leaves(
         sim.inject({"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-00", "leaf_b": "leaf-07"}}]})
     with pytest.raises(InputError, match="names no node"):
         sim.inject({"gpu": [{"kind": "slow_uplink", "node": node(0), "params": {"leaf_a": 0, "leaf_b": 1}}]})
-    applied = sim.inject({"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-01", "leaf_b": "leaf-00",
-                                                                      "factor": 0.5}}]})
-    assert applied["gpu"] == [{"kind": "slow_uplink", "node": None, "gpu": None,
-                               "params": {"leaf_a": 1.0, "leaf_b": 0.0, "factor": 0.5}}]
+    applied = sim.inject(
+        {"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-01", "leaf_b": "leaf-00", "factor": 0.5}}]}
+    )
+    assert applied["gpu"] == [
+        {"kind": "slow_uplink", "node": None, "gpu": None, "params": {"leaf_a": 1.0, "leaf_b": 0.0, "factor": 0.5}}
+    ]
     faulty = {k: values(run_pair(kube, cm, "fab-6", a, b)[a]) for k, (a, b) in pairs.items()}
     assert faulty["across"] == pytest.approx([0.5 * v for v in healthy["across"]], rel=SAME)
     assert faulty["within"] == pytest.approx(healthy["within"], rel=SAME)
@@ -314,8 +326,9 @@ def test_a_benchmark_with_a_storage_path_reads_it_and_a_slow_mount_shows(
     sim.inject_fault(Fault("slow_storage", node(3), params={"storage": 0.3}))
     slow = by_metric(run_benchmark(kube, cm, "fab-8", node(3), "--storage-path", "/data"))["storage_read_gbps"]
     assert slow == pytest.approx([0.3 * v for v in healthy], rel=1e-12)  # a host benchmark: no diurnal term
-    skipped = by_metric(run_benchmark(kube, cm, "fab-8", node(3), "--storage-path", "/data", "--skip", "storage",
-                                       "--skip", "nic"))
+    skipped = by_metric(
+        run_benchmark(kube, cm, "fab-8", node(3), "--storage-path", "/data", "--skip", "storage", "--skip", "nic")
+    )
     assert "storage_read_gbps" not in skipped
     assert "ib_ports" not in skipped
 
@@ -328,8 +341,15 @@ def test_a_fabric_fault_reads_from_a_document_and_from_the_command_line() -> Non
     from gpucert_sim import parse_fault_plan
     from gpucert_sim._inject import fault_mapping, gpu_option
 
-    plan = parse_fault_plan({"gpu": [{"kind": "slow_uplink", "params": {"leaf_a": "leaf-02", "leaf_b": 0}},
-                                     {"kind": "slow_storage", "node": node(1)}]}, "doc")  # fmt: skip
+    plan = parse_fault_plan(
+        {
+            "gpu": [
+                {"kind": "slow_uplink", "params": {"leaf_a": "leaf-02", "leaf_b": 0}},
+                {"kind": "slow_storage", "node": node(1)},
+            ]
+        },
+        "doc",
+    )
     assert plan.gpu == (Fault("slow_uplink", params={"leaf_a": 2, "leaf_b": 0}), Fault("slow_storage", node(1)))
     # What the state and the summary show reads back as the same fault.
     assert parse_fault_plan({"gpu": [fault_mapping(plan.gpu[0])]}, "again").gpu == plan.gpu[:1]

@@ -46,9 +46,13 @@ def test_label_selected_lists_follow_every_label_change_and_delete(core: client.
     rng = random.Random(7)
     colours, sizes = ["red", "blue", "green"], ["s", "m"]
     for i in range(40):
-        core.create_namespaced_pod(ns, {"metadata": {"name": f"p{i:02d}", "labels": {
-            "colour": rng.choice(colours), "size": rng.choice(sizes)}},
-            "spec": {"containers": [{"name": "c", "image": "pause"}]}})
+        core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": f"p{i:02d}", "labels": {"colour": rng.choice(colours), "size": rng.choice(sizes)}},
+                "spec": {"containers": [{"name": "c", "image": "pause"}]},
+            },
+        )
     for i in rng.sample(range(40), 15):  # change, drop and add labels; delete some pods
         labels: dict[str, str | None] = {"colour": rng.choice(colours)}
         if i % 3 == 0:
@@ -67,19 +71,22 @@ def test_label_selected_lists_follow_every_label_change_and_delete(core: client.
         ("colour=purple", {"colour": {"purple"}}),
     ]
     for selector, want in cases:
-        assert sorted(_names(core.list_namespaced_pod(ns, label_selector=selector).items)) == \
-            _oracle(every, want), selector
+        assert sorted(_names(core.list_namespaced_pod(ns, label_selector=selector).items)) == _oracle(every, want), (
+            selector
+        )
     # Across namespaces, the same answer: no other namespace has these labels.
-    assert sorted(_names(core.list_pod_for_all_namespaces(label_selector="colour=red").items)) == \
-        _oracle(every, {"colour": {"red"}})
+    assert sorted(_names(core.list_pod_for_all_namespaces(label_selector="colour=red").items)) == _oracle(
+        every, {"colour": {"red"}}
+    )
 
 
 def test_pages_of_a_selected_list_are_the_whole_list_and_count_what_remains_only_unselected(
     core: client.CoreV1Api, ns: str
 ) -> None:
     for i in range(9):
-        core.create_namespaced_config_map(ns, {"metadata": {"name": f"cm{i}", "labels": {
-            "parity": "even" if i % 2 == 0 else "odd"}}})
+        core.create_namespaced_config_map(
+            ns, {"metadata": {"name": f"cm{i}", "labels": {"parity": "even" if i % 2 == 0 else "odd"}}}
+        )
     pages, token = [], None
     while True:
         page = core.list_namespaced_config_map(ns, label_selector="parity=even", limit=2, _continue=token)
@@ -105,9 +112,7 @@ def test_a_node_list_by_name_or_label_reads_the_one_node(sim: SimCluster, core: 
     assert core.list_node(field_selector="metadata.name=no-such-node").items == []
 
 
-def test_garbage_collection_finds_dependents_by_owner_and_orphans_keep_them(
-    core: client.CoreV1Api, ns: str
-) -> None:
+def test_garbage_collection_finds_dependents_by_owner_and_orphans_keep_them(core: client.CoreV1Api, ns: str) -> None:
     owner = core.create_namespaced_config_map(ns, {"metadata": {"name": "owner"}})
     ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
     for i in range(3):
@@ -138,31 +143,55 @@ def test_a_pod_waiting_for_a_label_binds_once_a_node_gets_it(live: SimCluster) -
     core.create_namespace({"metadata": {"name": "waits"}})
     node = live.fleet.node_names[3]
     try:
-        core.create_namespaced_pod("waits", {"metadata": {"name": "picky"}, "spec": {
-            "nodeSelector": {"example.com/pool": "fast"},
-            "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+        core.create_namespaced_pod(
+            "waits",
+            {
+                "metadata": {"name": "picky"},
+                "spec": {
+                    "nodeSelector": {"example.com/pool": "fast"},
+                    "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                },
+            },
+        )
 
         def pending_message() -> str | None:
             conditions = core.read_namespaced_pod("picky", "waits").status.conditions or []
             return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), None)
 
-        assert eventually(pending_message) == \
-            "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+        assert (
+            eventually(pending_message)
+            == "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+        )
         core.patch_node(node, {"metadata": {"labels": {"example.com/pool": "fast"}}})
         assert eventually(lambda: core.read_namespaced_pod("picky", "waits").spec.node_name) == node
         # A second 8-GPU pod for the same pool finds the node's GPUs taken: the full scan says why.
-        core.create_namespaced_pod("waits", {"metadata": {"name": "second"}, "spec": {
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-            "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})
+        core.create_namespaced_pod(
+            "waits",
+            {
+                "metadata": {"name": "second"},
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                                ]
+                            }
+                        }
+                    },
+                    "containers": [{"name": "c", "image": "pause", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                },
+            },
+        )
 
         def second_message() -> str | None:
             conditions = core.read_namespaced_pod("second", "waits").status.conditions or []
             return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), None)
 
-        assert eventually(second_message) == ("0/4 nodes are available: 1 Insufficient nvidia.com/gpu, "
-                                              "3 node(s) didn't match Pod's node affinity/selector.")
+        assert eventually(second_message) == (
+            "0/4 nodes are available: 1 Insufficient nvidia.com/gpu, "
+            "3 node(s) didn't match Pod's node affinity/selector."
+        )
     finally:
         core.patch_node(node, {"metadata": {"labels": {"example.com/pool": None}}})
         core.delete_namespace("waits")
@@ -193,8 +222,14 @@ def test_a_daemonset_pod_leaves_a_node_relabelled_out_and_stays_under_a_noschedu
         # Opting back in under the NoSchedule taint brings no pod (a new pod must tolerate it) ...
         core.patch_node(node, {"metadata": {"labels": {opt_out: None}}})
         apps = client.AppsV1Api(api)
-        eventually(lambda: apps.read_namespaced_daemon_set_status(
-            "nvidia-dcgm-exporter", "gpucert-system").status.desired_number_scheduled == len(every) - 1)
+        eventually(
+            lambda: (
+                apps.read_namespaced_daemon_set_status(
+                    "nvidia-dcgm-exporter", "gpucert-system"
+                ).status.desired_number_scheduled
+                == len(every) - 1
+            )
+        )
         assert exporter_nodes() == [n for n in every if n != node]
         # ... and lifting the taint does.
         core.patch_node(node, {"spec": {"taints": None}})

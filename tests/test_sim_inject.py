@@ -151,9 +151,7 @@ nodes:
     assert proc.returncode == 0
 
 
-def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(
-    sim: SimCluster, core: client.CoreV1Api
-) -> None:
+def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(sim: SimCluster, core: client.CoreV1Api) -> None:
     target = node(2)
     before = bench_rows(core, target, "http-0")
     assert value(before, "pcie_width", 3) == 16
@@ -258,7 +256,10 @@ def test_gpucert_sim_inject_against_a_running_cluster(sim: SimCluster, core: cli
 
 
 def test_gpucert_sim_inject_reads_the_kubeconfig_env_var(
-    sim: SimCluster, core: client.CoreV1Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    sim: SimCluster,
+    core: client.CoreV1Api,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """No --kubeconfig: the simulator is the one $KUBECONFIG names (its first file, as kubectl reads it)."""
@@ -340,9 +341,7 @@ def test_node_events_seen_through_a_watch(tmp_path: Path) -> None:
         }
         joined = next(o for t, n, o in seen if n == node(3))
         assert [(t.key, t.effect) for t in joined.spec.taints] == [("gpucert.io/uncertified", "NoSchedule")]
-        eventually(
-            lambda: not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == "sleeper"]
-        )
+        eventually(lambda: not [p for p in core.list_namespaced_pod("default").items if p.metadata.name == "sleeper"])
         time.sleep(0.1)
         assert core.read_namespaced_pod_status("waiting", "default").status.phase == "Pending"
         small.set_node_ready(node(0), True)
@@ -388,10 +387,7 @@ def test_gpucert_sim_inject_rejects_bad_input_with_exit_2(
     assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), str(bad)]) == 2
     assert f"{bad}: gpu[0]: 'gpu' must be a GPU index" in capsys.readouterr().err
     # Checked by the server: a node the fleet does not have.
-    assert (
-        main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), "--gpu", "pcie_gen4", "nope", "1"])
-        == 2
-    )
+    assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), "--gpu", "pcie_gen4", "nope", "1"]) == 2
     assert "gpu[0]" in capsys.readouterr().err
     assert main(["sim", "inject", "--kubeconfig", str(sim.kubeconfig_path)]) == 2
     assert "nothing to inject" in capsys.readouterr().err

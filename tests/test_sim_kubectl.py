@@ -31,8 +31,13 @@ def sim() -> Iterator[SimCluster]:
 @pytest.fixture(scope="module")
 def kubectl(sim: SimCluster) -> Kubectl:
     def run(*args: str) -> str:
-        done = subprocess.run(["kubectl", "--kubeconfig", str(sim.kubeconfig_path), *args],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(sim.kubeconfig_path), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
@@ -65,10 +70,18 @@ def test_label_taint_and_cordon(kubectl: Kubectl) -> None:
 def test_pods_on_a_node_their_logs_and_delete(sim: SimCluster, kubectl: Kubectl) -> None:
     for name, node in (("bench-a", "gpu-node-00000"), ("bench-b", "gpu-node-00002")):
         # Running: a kubelet serves no log of a container that has not started (400, as a real one).
-        sim.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-                    "spec": {"nodeName": node, "containers": [{"name": "bench", "image": "gpucert"}]},
-                    "status": {"phase": "Running", "containerStatuses": [
-                        {"name": "bench", "ready": True, "state": {"running": {}}}]}})
+        sim.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"nodeName": node, "containers": [{"name": "bench", "image": "gpucert"}]},
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [{"name": "bench", "ready": True, "state": {"running": {}}}],
+                },
+            }
+        )
     sim.store.set_log("default", "bench-a", '{"metric": "gemm_tflops", "value": 731.2}\n')
     out = kubectl("get", "pods", "--field-selector", "spec.nodeName=gpu-node-00000", "-o", "name")
     assert out.split() == ["pod/bench-a"]

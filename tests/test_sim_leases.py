@@ -31,8 +31,9 @@ T0 = datetime(2026, 3, 1, 2, 3, 4, 567891, tzinfo=UTC)
 
 
 def lease(name: str, holder: str, *, at: datetime = T0, duration: int = 30) -> client.V1Lease:
-    spec = client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration, acquire_time=at,
-                              renew_time=at, lease_transitions=0)  # fmt: skip
+    spec = client.V1LeaseSpec(
+        holder_identity=holder, lease_duration_seconds=duration, acquire_time=at, renew_time=at, lease_transitions=0
+    )
     return client.V1Lease(metadata=client.V1ObjectMeta(name=name), spec=spec)
 
 
@@ -77,8 +78,10 @@ def test_two_writers_from_one_read_one_wins_one_gets_a_conflict(leases: client.C
     with pytest.raises(ApiException) as err:
         leases.replace_namespaced_lease("gpucert-node-b", ns, seen_b)
     assert _status(err) == (409, "Conflict")
-    stale_patch = {"metadata": {"resourceVersion": seen_b.metadata.resource_version},
-                   "spec": {"holderIdentity": "run-b"}}  # fmt: skip
+    stale_patch = {
+        "metadata": {"resourceVersion": seen_b.metadata.resource_version},
+        "spec": {"holderIdentity": "run-b"},
+    }
     with pytest.raises(ApiException) as err:
         leases.patch_namespaced_lease("gpucert-node-b", ns, stale_patch)
     assert _status(err) == (409, "Conflict")
@@ -96,14 +99,16 @@ def test_delete_with_a_stale_resource_version_precondition_is_a_conflict(
     first = leases.create_namespaced_lease(ns, lease("gpucert-node-c", "run-1"))
     first.spec.renew_time = T0 + timedelta(seconds=5)
     renewed = leases.replace_namespaced_lease("gpucert-node-c", ns, first)
-    stale = client.V1DeleteOptions(preconditions=client.V1Preconditions(
-        resource_version=first.metadata.resource_version))  # fmt: skip
+    stale = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(resource_version=first.metadata.resource_version)
+    )
     with pytest.raises(ApiException) as err:
         leases.delete_namespaced_lease("gpucert-node-c", ns, body=stale)
     assert _status(err) == (409, "Conflict")
     assert leases.read_namespaced_lease("gpucert-node-c", ns).spec.holder_identity == "run-1"
-    current = client.V1DeleteOptions(preconditions=client.V1Preconditions(
-        resource_version=renewed.metadata.resource_version))  # fmt: skip
+    current = client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(resource_version=renewed.metadata.resource_version)
+    )
     leases.delete_namespaced_lease("gpucert-node-c", ns, body=current)
     with pytest.raises(ApiException) as err:
         leases.read_namespaced_lease("gpucert-node-c", ns)

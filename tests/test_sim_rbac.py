@@ -153,7 +153,8 @@ def _http(sim: SimCluster, method: str, path: str) -> tuple[int, Any]:
         response = conn.getresponse()
         text = response.read()
         return response.status, json.loads(text) if response.getheader("Content-Type", "").startswith(
-            "application/json") else text  # fmt: skip
+            "application/json"
+        ) else text
     finally:
         conn.close()
 
@@ -183,8 +184,9 @@ def test_a_rule_matches_verb_group_resource_and_name_with_wildcards() -> None:
     assert rule_allows(named, _req("GET", "/api/v1/namespaces/a/configmaps", fieldSelector="metadata.name=x"))
 
 
-def _sa_binding(kind: str, role_kind: str, name: str, namespace: str | None = None,
-                subject: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+def _sa_binding(
+    kind: str, role_kind: str, name: str, namespace: str | None = None, subject: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, str] = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -206,18 +208,23 @@ NODES = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}
 
 def test_a_role_binding_grants_in_its_namespace_and_a_cluster_binding_everywhere() -> None:
     objects = [
-        _role("Role", "jobs", [JOBS], "a"), _sa_binding("RoleBinding", "Role", "jobs", "a"),
+        _role("Role", "jobs", [JOBS], "a"),
+        _sa_binding("RoleBinding", "Role", "jobs", "a"),
         # A ClusterRole bound by a RoleBinding: its rules in that namespace only.
-        _role("ClusterRole", "ns-nodes", [NODES, JOBS]), _sa_binding("RoleBinding", "ClusterRole", "ns-nodes", "b"),
-    ]  # fmt: skip
+        _role("ClusterRole", "ns-nodes", [NODES, JOBS]),
+        _sa_binding("RoleBinding", "ClusterRole", "ns-nodes", "b"),
+    ]
     grants = grants_of(objects, USER)
     assert grants.allows(_req("GET", "/apis/batch/v1/namespaces/a/jobs"))
     assert grants.allows(_req("GET", "/apis/batch/v1/namespaces/b/jobs"))
     assert not grants.allows(_req("GET", "/apis/batch/v1/namespaces/c/jobs"))
     assert not grants.allows(_req("GET", "/apis/batch/v1/jobs"))  # across namespaces: cluster scope
     assert not grants.allows(_req("GET", "/api/v1/nodes/n1"))  # cluster-scoped: no RoleBinding reaches it
-    cluster = [*objects, _role("ClusterRole", "nodes", [NODES]),
-               _sa_binding("ClusterRoleBinding", "ClusterRole", "nodes")]  # fmt: skip
+    cluster = [
+        *objects,
+        _role("ClusterRole", "nodes", [NODES]),
+        _sa_binding("ClusterRoleBinding", "ClusterRole", "nodes"),
+    ]
     assert grants_of(cluster, USER).allows(_req("GET", "/api/v1/nodes/n1"))
     assert grants_of(cluster, USER).allowing(_req("GET", "/api/v1/nodes/n1")) == [NODES]
     # The binding names the subject: another ServiceAccount, or the same name elsewhere, holds nothing.
@@ -225,12 +232,15 @@ def test_a_role_binding_grants_in_its_namespace_and_a_cluster_binding_everywhere
     assert not grants_of(cluster, "reader").allows(_req("GET", "/api/v1/nodes/n1"))
     # A ServiceAccount is in its namespace's group.
     group = {"kind": "Group", "name": "system:serviceaccounts:tools"}
-    by_group = [_role("ClusterRole", "nodes", [NODES]), _sa_binding("ClusterRoleBinding", "ClusterRole", "nodes",
-                                                                    subject=group)]  # fmt: skip
+    by_group = [
+        _role("ClusterRole", "nodes", [NODES]),
+        _sa_binding("ClusterRoleBinding", "ClusterRole", "nodes", subject=group),
+    ]
     assert grants_of(by_group, USER).allows(_req("GET", "/api/v1/nodes/n1"))
     # A binding whose role does not exist grants nothing.
     assert not grants_of([_sa_binding("ClusterRoleBinding", "ClusterRole", "gone")], USER).allows(
-        _req("GET", "/api/v1/nodes/n1"))  # fmt: skip
+        _req("GET", "/api/v1/nodes/n1")
+    )
 
 
 def test_a_role_in_a_namespace_reaches_that_namespace_object_only() -> None:

@@ -40,18 +40,41 @@ from .test_telemetry_prometheus import IDLE_CONFIG, PromBins, prom_bins, running
 STEP = 15
 HOT = ("gpu-node-00005", 3)
 #: The labels NCCL Inspector's Prometheus dump writes (NVIDIA/nccl ext-profiler/inspector/inspector_prom.cc).
-INSPECTOR_LABELS = ("comm_id", "hostname", "rank", "slurm_job", "slurm_job_id", "nranks", "n_nodes", "gpu_device_id",
-                    "collective", "coll_sn", "timestamp", "message_size")
+INSPECTOR_LABELS = (
+    "comm_id",
+    "hostname",
+    "rank",
+    "slurm_job",
+    "slurm_job_id",
+    "nranks",
+    "n_nodes",
+    "gpu_device_id",
+    "collective",
+    "coll_sn",
+    "timestamp",
+    "message_size",
+)
 THERMAL, INPUT, EVICT, NET = "thermal/pretrain", "input/finetune", "evict/sft", "net/ddp"
 DONE, BAD = "done/short", "bad/typo"
-NODES = {THERMAL: [f"gpu-node-{i:05d}" for i in range(16)], INPUT: ["gpu-node-00016", "gpu-node-00017"],
-         EVICT: ["gpu-node-00018", "gpu-node-00019"], NET: ["gpu-node-00020", "gpu-node-00021"],
-         DONE: ["gpu-node-00022"], BAD: ["gpu-node-00023"]}
+NODES = {
+    THERMAL: [f"gpu-node-{i:05d}" for i in range(16)],
+    INPUT: ["gpu-node-00016", "gpu-node-00017"],
+    EVICT: ["gpu-node-00018", "gpu-node-00019"],
+    NET: ["gpu-node-00020", "gpu-node-00021"],
+    DONE: ["gpu-node-00022"],
+    BAD: ["gpu-node-00023"],
+}
 #: What each job's pods come to: training, done, refused.
 PHASE = {THERMAL: "Running", INPUT: "Running", EVICT: "Running", NET: "Running", DONE: "Succeeded", BAD: "Failed"}
 NOTES = {DONE: {"sim.gpucert.io/training-seconds": "600"}, BAD: {"sim.gpucert.io/step-seconds": "fast"}}
-GAUGES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_POWER_USAGE",
-          "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+GAUGES = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+)
 
 
 @dataclass(frozen=True)
@@ -63,41 +86,97 @@ class World:
 
 
 def training_job(name: str, nodes: list[str], start: float, extra: dict[str, str]) -> dict[str, Any]:
-    notes = {"sim.gpucert.io/training": "true",
-             "sim.gpucert.io/training-start": datetime.fromtimestamp(start, UTC).isoformat(), **extra}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"parallelism": len(nodes), "completions": len(nodes), "backoffLimit": 1 if extra else 3,
-                     "template": {
+    notes = {
+        "sim.gpucert.io/training": "true",
+        "sim.gpucert.io/training-start": datetime.fromtimestamp(start, UTC).isoformat(),
+        **extra,
+    }
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
+                ]
+            }
+        }
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "parallelism": len(nodes),
+            "completions": len(nodes),
+            "backoffLimit": 1 if extra else 3,
+            "template": {
                 "metadata": {"annotations": notes},
-                "spec": {"restartPolicy": "Never", "affinity": affinity, "containers": [{
-                    "name": "trainer", "image": "ghcr.io/example/train:1",
-                    "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}}}
+                "spec": {
+                    "restartPolicy": "Never",
+                    "affinity": affinity,
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "ghcr.io/example/train:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
 
 
 def job_pods(world: World, job: str) -> list[client.V1Pod]:
     ns, name = job.split("/")
-    return sorted(world.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items,
-                  key=lambda p: (p.spec.node_name or "", p.status.start_time))
+    return sorted(
+        world.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items,
+        key=lambda p: (p.spec.node_name or "", p.status.start_time),
+    )
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
     now = time.time()
-    start = {THERMAL: (now - 90 * 60) // 60 * 60, INPUT: (now - 40 * 60) // 60 * 60,
-             EVICT: (now - 40 * 60) // 60 * 60, NET: (now - 20 * 60) // 60 * 60, DONE: (now - 30 * 60) // 60 * 60,
-             BAD: now // 60 * 60}
+    start = {
+        THERMAL: (now - 90 * 60) // 60 * 60,
+        INPUT: (now - 40 * 60) // 60 * 60,
+        EVICT: (now - 40 * 60) // 60 * 60,
+        NET: (now - 20 * 60) // 60 * 60,
+        DONE: (now - 30 * 60) // 60 * 60,
+        BAD: now // 60 * 60,
+    }
     with SimCluster(nodes=24, gpus=8, preconfigured=True, seed=21) as sim:
         core = client.CoreV1Api(sim.api_client())
-        sim.inject({"training": [
-            {"kind": "gpu_throttle", "job": THERMAL, "node": HOT[0], "gpu": HOT[1], "from_minute": 30,
-             "params": {"clock_frac": 0.5}},
-            {"kind": "slow_input", "job": INPUT, "from_minute": 20, "params": {"factor": 1.6}},
-            {"kind": "evict", "job": EVICT, "node": NODES[EVICT][1], "at_minute": 20, "params": {"gap_minutes": 5}},
-            {"kind": "nic_half_rate", "job": NET, "node": NODES[NET][0], "device": "mlx5_2", "from_minute": 10,
-             "params": {"flapping": True}},
-        ]})
+        sim.inject(
+            {
+                "training": [
+                    {
+                        "kind": "gpu_throttle",
+                        "job": THERMAL,
+                        "node": HOT[0],
+                        "gpu": HOT[1],
+                        "from_minute": 30,
+                        "params": {"clock_frac": 0.5},
+                    },
+                    {"kind": "slow_input", "job": INPUT, "from_minute": 20, "params": {"factor": 1.6}},
+                    {
+                        "kind": "evict",
+                        "job": EVICT,
+                        "node": NODES[EVICT][1],
+                        "at_minute": 20,
+                        "params": {"gap_minutes": 5},
+                    },
+                    {
+                        "kind": "nic_half_rate",
+                        "job": NET,
+                        "node": NODES[NET][0],
+                        "device": "mlx5_2",
+                        "from_minute": 10,
+                        "params": {"flapping": True},
+                    },
+                ]
+            }
+        )
         batch = client.BatchV1Api(sim.api_client())
         for job, nodes in NODES.items():
             ns, name = job.split("/")
@@ -105,8 +184,15 @@ def world() -> Iterator[World]:
             batch.create_namespaced_job(ns, training_job(name, nodes, start[job], NOTES.get(job, {})))
         w = World(sim, core, start)
         for job, nodes in NODES.items():
-            eventually(lambda job=job, nodes=nodes: set(nodes) <= {  # type: ignore[misc]
-                p.spec.node_name for p in job_pods(w, job) if p.status.phase == PHASE[job]}, 20)
+            eventually(
+                lambda job=job, nodes=nodes: (
+                    set(nodes)
+                    <= {  # type: ignore[misc]
+                        p.spec.node_name for p in job_pods(w, job) if p.status.phase == PHASE[job]
+                    }
+                ),
+                20,
+            )
         yield w
         assert sim.runtime is not None
         assert sim.runtime.errors == []
@@ -143,25 +229,50 @@ def scrape(url: str) -> dict[tuple[str, str], tuple[dict[str, str], float]]:
     """(metric, gpu) → (labels, value) of an exporter's text."""
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
-    return {(s.name.removesuffix("_total"), s.labels["gpu"]): (s.labels, s.value)
-            for f in text_string_to_metric_families(text) for s in f.samples if "gpu" in s.labels}
+    return {
+        (s.name.removesuffix("_total"), s.labels["gpu"]): (s.labels, s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "gpu" in s.labels
+    }
 
 
 # --- the fault document -------------------------------------------------------------------------------------
 
 
 def test_the_training_section_of_a_fault_document_is_checked_entry_by_entry(world: World) -> None:
-    plan = parse_fault_plan({"training": [
-        {"kind": "gpu_throttle", "job": "a/b", "node": "gpu-node-00001", "gpu": 2, "from_minute": 30,
-         "until_minute": 90, "params": {"clock_frac": 0.4}},
-        {"kind": "nic_half_rate", "job": "a/b", "node": "gpu-node-00002", "device": "mlx5_3", "from_minute": 5,
-         "params": {"flapping": True}},
-        {"kind": "evict", "job": "a/b", "node": "gpu-node-00003", "at_minute": 60},
-        {"kind": "slow_input", "job": "a/b", "from_minute": 0},
-    ]}, "doc.yaml")
+    plan = parse_fault_plan(
+        {
+            "training": [
+                {
+                    "kind": "gpu_throttle",
+                    "job": "a/b",
+                    "node": "gpu-node-00001",
+                    "gpu": 2,
+                    "from_minute": 30,
+                    "until_minute": 90,
+                    "params": {"clock_frac": 0.4},
+                },
+                {
+                    "kind": "nic_half_rate",
+                    "job": "a/b",
+                    "node": "gpu-node-00002",
+                    "device": "mlx5_3",
+                    "from_minute": 5,
+                    "params": {"flapping": True},
+                },
+                {"kind": "evict", "job": "a/b", "node": "gpu-node-00003", "at_minute": 60},
+                {"kind": "slow_input", "job": "a/b", "from_minute": 0},
+            ]
+        },
+        "doc.yaml",
+    )
     assert [(f.kind, f.node, f.gpu, f.minute) for f in plan.training] == [
-        ("gpu_throttle", "gpu-node-00001", 2, 30.0), ("nic_half_rate", "gpu-node-00002", None, 5.0),
-        ("evict", "gpu-node-00003", None, 60.0), ("slow_input", None, None, 0.0)]
+        ("gpu_throttle", "gpu-node-00001", 2, 30.0),
+        ("nic_half_rate", "gpu-node-00002", None, 5.0),
+        ("evict", "gpu-node-00003", None, 60.0),
+        ("slow_input", None, None, 0.0),
+    ]
     assert plan.training[0].param("clock_frac", 0.5) == 0.4
     assert plan.training[1].param("flapping", 0) == 1.0
     assert plan.training[2].param("gap_minutes", 5.0) == 5.0
@@ -174,8 +285,10 @@ def test_the_training_section_of_a_fault_document_is_checked_entry_by_entry(worl
         ({"kind": "evict", "job": "b", "node": "n", "at_minute": 3}, "'job' must be NAMESPACE/NAME"),
         ({"kind": "slow_input", "job": "a/b", "from_minute": -1}, "'from_minute' must be a number of minutes"),
         ({"kind": "slow_input", "job": "a/b", "from_minute": 9, "until_minute": 3}, "must come after"),
-        ({"kind": "slow_input", "job": "a/b", "from_minute": 1, "params": {"factor": 0.5}},
-         "training[1].params.factor: must be within [1, 100]"),
+        (
+            {"kind": "slow_input", "job": "a/b", "from_minute": 1, "params": {"factor": 0.5}},
+            "training[1].params.factor: must be within [1, 100]",
+        ),
         ({"kind": "evict", "job": "a/b", "node": "n", "at_minute": 1, "gpu": 2}, "unknown keys ['gpu'] for evict"),
     ]
     for entry, message in bad:
@@ -186,10 +299,15 @@ def test_the_training_section_of_a_fault_document_is_checked_entry_by_entry(worl
 
     # Over HTTP: checked against the cluster too (the node), all or nothing, the entry named.
     before = world.sim.training.faults()
-    doc = {"training": [good | {"job": "x/y"}, {"kind": "evict", "job": "x/y", "node": "gpu-node-09999",
-                                                "at_minute": 1}]}
-    request = urllib.request.Request(f"{world.sim.url}/gpucert/inject", data=json.dumps(doc).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+    doc = {
+        "training": [good | {"job": "x/y"}, {"kind": "evict", "job": "x/y", "node": "gpu-node-09999", "at_minute": 1}]
+    }
+    request = urllib.request.Request(
+        f"{world.sim.url}/gpucert/inject",
+        data=json.dumps(doc).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 400
@@ -207,8 +325,13 @@ def test_a_throttled_gpu_changes_at_its_minute_in_the_history_and_shows_in_the_l
     text = world.sim.training_history(THERMAL, onset - 5 * 60, onset + 5 * 60, step_s=STEP)
     assert text.endswith("# EOF\n")
     hot = next(p for p in job_pods(world, THERMAL) if p.spec.node_name == HOT[0])
-    me = (f'gpu="{HOT[1]}",', f'hostname="{HOT[0]}"', f'pod="{hot.metadata.name}"', 'namespace="thermal"',
-          'container="trainer"')
+    me = (
+        f'gpu="{HOT[1]}",',
+        f'hostname="{HOT[0]}"',
+        f'pod="{hot.metadata.name}"',
+        'namespace="thermal"',
+        'container="trainer"',
+    )
     clock = series(text, "DCGM_FI_DEV_SM_CLOCK", *me)
     bits = series(text, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", *me)
     temp = series(text, "DCGM_FI_DEV_GPU_TEMP", *me)
@@ -269,8 +392,11 @@ def test_the_step_time_rises_after_the_throttle_in_the_logs_and_the_job_metrics(
     assert abs(len(other) - len(steps)) < 5
 
     # NCCL Inspector's view in the logs: after the onset the straggler waits least, its peers longest.
-    collectives = [r for r in log_records(world, next(p for p in pods if p.spec.node_name == HOT[0]))
-                   if r.get("collective") == "AllReduce" and datetime.fromisoformat(r["ts"]).timestamp() > onset]
+    collectives = [
+        r
+        for r in log_records(world, next(p for p in pods if p.spec.node_name == HOT[0]))
+        if r.get("collective") == "AllReduce" and datetime.fromisoformat(r["ts"]).timestamp() > onset
+    ]
     busbw = {g: mean([r["busbw_gbps"] for r in collectives if r["gpu"] == g]) for g in range(8)}
     assert max(busbw, key=busbw.__getitem__) == HOT[1]
     assert busbw[HOT[1]] > 2 * busbw[0]
@@ -363,14 +489,22 @@ def test_an_evicted_pod_fails_with_its_event_in_the_past_and_its_replacement_res
 
 
 def test_the_history_backfilled_by_promtool_answers_a_range_query(
-    world: World, prom_bins: PromBins, tmp_path: Path  # noqa: F811
+    world: World,
+    prom_bins: PromBins,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     onset = world.start[THERMAL] + 30 * 60
     lo, hi = onset - 10 * 60, onset + 10 * 60
     written = world.sim.write_training_history(THERMAL, tmp_path / "history.om", lo, hi, step_s=STEP)
     assert written == (tmp_path / "history.om").stat().st_size
-    made = subprocess.run([str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om",
-                           "data"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    made = subprocess.run(
+        [str(prom_bins.promtool), "tsdb", "create-blocks-from", "openmetrics", "history.om", "data"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert made.returncode == 0, made.stderr
 
     def query(url: str, expr: str) -> list[dict[str, Any]]:
@@ -385,7 +519,8 @@ def test_the_history_backfilled_by_promtool_answers_a_range_query(
         [hot] = [p for p in job_pods(world, THERMAL) if p.spec.node_name == HOT[0]]
         assert clock["metric"]["pod"] == hot.metadata.name
         assert [(float(t) - onset, float(v)) for t, v in clock["values"]] == [
-            (dt, 1980.0 if dt < 0 else 990.0) for dt in range(-60, 61, STEP)]
+            (dt, 1980.0 if dt < 0 else 990.0) for dt in range(-60, 61, STEP)
+        ]
         [violation] = query(url, f'irate(DCGM_FI_DEV_THERMAL_VIOLATION{{hostname="{HOT[0]}",gpu="{HOT[1]}"}}[45s])')
         assert [float(v) / 1e9 for t, v in violation["values"]] == [0.0] * 5 + [1.0] * 4
         steps = query(url, "train_step_seconds")
@@ -394,10 +529,10 @@ def test_the_history_backfilled_by_promtool_answers_a_range_query(
         assert all(math.isclose(v, 1.7, rel_tol=0.05) for v in late)
         assert len(query(url, 'node_infiniband_rate_bytes_per_second{device="mlx5_0"}')) == 16
         # NCCL Inspector as node-exporter's textfile collector serves it, coll_sn and timestamp dropped.
-        [nccl] = query(url, f'nccl_collective_exec_time_microseconds{{hostname="{hot.metadata.name}",'
-                            f'gpu_device_id="GPU{HOT[1]}"}}')
-        assert set(nccl["metric"]) == {"__name__", *INSPECTOR_LABELS} - {"coll_sn", "timestamp"} | {"instance",
-                                                                                                     "job"}
+        [nccl] = query(
+            url, f'nccl_collective_exec_time_microseconds{{hostname="{hot.metadata.name}",gpu_device_id="GPU{HOT[1]}"}}'
+        )
+        assert set(nccl["metric"]) == {"__name__", *INSPECTOR_LABELS} - {"coll_sn", "timestamp"} | {"instance", "job"}
         assert nccl["metric"]["instance"] == f"{HOT[0]}:9100"
 
 
@@ -408,8 +543,11 @@ def test_a_flapping_nic_at_half_rate_slows_the_collectives_and_shows_in_its_node
     onset = world.start[NET] + 10 * 60
     flaky, fine = NODES[NET]
     with urllib.request.urlopen(f"{world.sim.url}/node-exporter/{flaky}/metrics", timeout=10) as response:
-        ib = {(s.name, s.labels["device"]): s.value
-              for f in text_string_to_metric_families(response.read().decode()) for s in f.samples}
+        ib = {
+            (s.name, s.labels["device"]): s.value
+            for f in text_string_to_metric_families(response.read().decode())
+            for s in f.samples
+        }
     rate = {d: v for (name, d), v in ib.items() if name == "node_infiniband_rate_bytes_per_second"}
     assert rate.pop("mlx5_2") == 25e9
     assert set(rate.values()) == {50e9}
@@ -452,5 +590,6 @@ def test_a_job_past_its_duration_succeeded_and_a_bad_annotation_fails_its_pod(wo
     bad = job_pods(world, BAD)[0]  # and its retry, refused alike
     assert bad.status.container_statuses[0].state.terminated.exit_code == 2
     log = world.core.read_namespaced_pod_log(bad.metadata.name, "bad")
-    assert log == ("gpucert-sim: training pod refused: annotation sim.gpucert.io/step-seconds: 'fast' is not a "
-                   "number of seconds\n")
+    assert log == (
+        "gpucert-sim: training pod refused: annotation sim.gpucert.io/step-seconds: 'fast' is not a number of seconds\n"
+    )

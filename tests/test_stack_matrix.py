@@ -197,9 +197,7 @@ def _mutate_exporter_without_dcgm(raw: dict[str, Any]) -> None:
         (_mutate_exporter_without_dcgm, "releases[0].components", "does not embed DCGM 9.9.9"),
     ],
 )
-def test_a_bad_matrix_names_the_file_and_the_field(
-    tmp_path: Path, mutate: Any, field: str, words: str
-) -> None:
+def test_a_bad_matrix_names_the_file_and_the_field(tmp_path: Path, mutate: Any, field: str, words: str) -> None:
     raw = _raw()
     # Indexes of the entries the mutations append, so the test follows the packaged file's growth.
     field = field.format(

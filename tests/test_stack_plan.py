@@ -73,10 +73,7 @@ def newest_covering(matrix: Matrix, minor: str) -> str:
 
 
 def test_the_sim_nodes_get_the_newest_release_that_accepts_their_kubelet(matrix: Matrix) -> None:
-    nodes = [
-        sim_node(f"gpu-node-{i:05d}", i, "NVIDIA H200" if i % 2 else "NVIDIA H100 80GB HBM3")
-        for i in range(6)
-    ]
+    nodes = [sim_node(f"gpu-node-{i:05d}", i, "NVIDIA H200" if i % 2 else "NVIDIA H100 80GB HBM3") for i in range(6)]
     plan = plan_stack(list(reversed(nodes)), StackRequest(), matrix, namespace=NS)
     release = matrix.release(plan.release)
     minor = ".".join(nodes[0].kubelet_version.lstrip("v").split(".")[:2])
@@ -85,14 +82,9 @@ def test_the_sim_nodes_get_the_newest_release_that_accepts_their_kubelet(matrix:
     assert plan.kubernetes_versions == (minor,)
     assert tuple(plan.versions) == RELEASE_COMPONENTS == tuple(plan.images)
     assert plan.versions == {c: release.version(c) for c in RELEASE_COMPONENTS}
-    assert (
-        plan.images["device-plugin"]
-        == f"nvcr.io/nvidia/k8s-device-plugin:{release.components['device-plugin'].tag}"
-    )
+    assert plan.images["device-plugin"] == f"nvcr.io/nvidia/k8s-device-plugin:{release.components['device-plugin'].tag}"
     assert plan.images["gpu-feature-discovery"].startswith("nvcr.io/nvidia/k8s-device-plugin:")
-    assert plan.images["dcgm-exporter"].startswith(
-        "nvcr.io/nvidia/k8s/dcgm-exporter:" + plan.versions["dcgm-exporter"]
-    )
+    assert plan.images["dcgm-exporter"].startswith("nvcr.io/nvidia/k8s/dcgm-exporter:" + plan.versions["dcgm-exporter"])
     default = release.driver.default
     variant_id = f"{default}-ubuntu22.04".replace(".", "-")
     assert [(v.id, v.version, v.os_tag, v.image) for v in plan.drivers] == [
@@ -199,9 +191,7 @@ def test_an_unsupported_host_driver_branch_is_a_conflict(matrix: Matrix) -> None
 
 def test_a_host_driver_that_cannot_drive_the_gpus_is_a_conflict(matrix: Matrix) -> None:
     host = matrix.drivers["535"].releases[0]
-    error = conflicts_of(
-        [node("b2", "NVIDIA B200", host_driver=host)], StackRequest(release="25.10.1"), matrix
-    )
+    error = conflicts_of([node("b2", "NVIDIA B200", host_driver=host)], StackRequest(release="25.10.1"), matrix)
     assert error.conflicts == [f"host driver {host} does not support blackwell (NVIDIA B200 on b2)"]
 
 
@@ -228,17 +218,13 @@ def test_a_driver_older_than_a_model_needs_is_a_conflict(matrix: Matrix) -> None
     error = conflicts_of(
         [node("b", "NVIDIA B200")], StackRequest(release="25.10.1", versions={"driver": older}), matrix
     )
-    assert error.conflicts == [
-        f"driver {older} is older than {first}, the first for NVIDIA B200 (NVIDIA B200 on b)"
-    ]
+    assert error.conflicts == [f"driver {older} is older than {first}, the first for NVIDIA B200 (NVIDIA B200 on b)"]
 
 
 def test_an_unknown_model_is_named_with_its_nodes(matrix: Matrix) -> None:
     nodes = [node("x2", "NVIDIA Z9000"), node("x1", "NVIDIA Z9000"), node("ok")]
     error = conflicts_of(nodes, StackRequest(), matrix)
-    assert error.conflicts == [
-        "unknown GPU model 'NVIDIA Z9000': not in the compatibility matrix (on x1, x2)"
-    ]
+    assert error.conflicts == ["unknown GPU model 'NVIDIA Z9000': not in the compatibility matrix (on x1, x2)"]
 
 
 def test_a_node_without_a_model_label_is_a_conflict(matrix: Matrix) -> None:

@@ -152,7 +152,7 @@ def test_departures_name_each_change_the_fleet_would_see() -> None:
         ({"format": "1", "release": 25.1}, "values that are not text: release"),
         ([], "not a map"),
     ],
-)  # fmt: skip
+)
 def test_a_record_that_is_not_one_is_refused_by_name(data: object, problem: str) -> None:
     with pytest.raises(InputError, match="ConfigMap ns/gpucert-stack") as caught:
         StackRecord.from_data(data, "ConfigMap ns/gpucert-stack")  # type: ignore[arg-type]

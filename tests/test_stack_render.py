@@ -42,9 +42,7 @@ def _supported() -> list[tuple[str, str]]:
     """(release, Kubernetes minor) for every minor each release of the packaged matrix supports."""
     pairs = []
     for release in load_matrix().releases:
-        low, high = (
-            tuple(int(p) for p in v.split(".")) for v in (release.kubernetes.min, release.kubernetes.max)
-        )
+        low, high = (tuple(int(p) for p in v.split(".")) for v in (release.kubernetes.min, release.kubernetes.max))
         pairs += [(release.name, f"1.{minor}") for minor in range(low[1], high[1] + 1)]
     return pairs
 
@@ -55,12 +53,8 @@ KUBERNETES_VERSIONS = tuple(sorted({minor for _, minor in SUPPORTED}, key=lambda
 
 PREFIX = "gpucert.io"
 NS = "gpucert-system"
-V22 = DriverVariant(
-    "580-95-05-ubuntu22-04", "580.95.05", "ubuntu22.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"
-)
-V24 = DriverVariant(
-    "580-95-05-ubuntu24-04", "580.95.05", "ubuntu24.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu24.04"
-)
+V22 = DriverVariant("580-95-05-ubuntu22-04", "580.95.05", "ubuntu22.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04")
+V24 = DriverVariant("580-95-05-ubuntu24-04", "580.95.05", "ubuntu24.04", "nvcr.io/nvidia/driver:580.95.05-ubuntu24.04")
 VERSIONS = {
     "container-toolkit": "1.17.8",
     "device-plugin": "0.17.4",
@@ -146,9 +140,7 @@ def test_objects_and_install_order(manifests: list[Manifest]) -> None:
 
 
 def test_no_driver_daemonset_when_every_node_keeps_its_host_driver() -> None:
-    plan = make_plan(
-        drivers=(), node_driver={}, host_driver=dict.fromkeys(("gpu-a", "gpu-b", "gpu-c"), "570.133.20")
-    )
+    plan = make_plan(drivers=(), node_driver={}, host_driver=dict.fromkeys(("gpu-a", "gpu-b", "gpu-c"), "570.133.20"))
     steps = [m.step for m in render_stack(plan)]
     assert "driver" not in steps
     assert steps[-6:] == [
@@ -181,8 +173,7 @@ def test_daemonsets_run_where_configure_targets_them(manifests: list[Manifest]) 
     )
     extra = {"gpu-d": {"nvidia.com/gpu.deploy.dcgm-exporter": "false"}, "cpu-1": {}}
     labels = {
-        node: {k: v for k, v in want.items() if v is not None}
-        for node, want in desired_target_labels(plan).items()
+        node: {k: v for k, v in want.items() if v is not None} for node, want in desired_target_labels(plan).items()
     }
     for node, more in extra.items():
         labels[node] = {**labels.get(node, {}), **more}
@@ -199,9 +190,7 @@ def test_daemonsets_run_where_configure_targets_them(manifests: list[Manifest]) 
         }
         assert got == want, component
     per_node = {
-        node: sorted(
-            n for n, ds in sets.items() if selects(pod_spec(ds), {"metadata": {"name": node, "labels": lab}})
-        )
+        node: sorted(n for n, ds in sets.items() if selects(pod_spec(ds), {"metadata": {"name": node, "labels": lab}}))
         for node, lab in labels.items()
     }
     others = [f"nvidia-{c}" for c in COMPONENTS[1:]]
@@ -278,10 +267,7 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
             "rollingUpdate": {"maxUnavailable": budget},
         }
         main = spec["containers"][0]["name"]
-        assert (
-            ds["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"]
-            == main
-        )
+        assert ds["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == main
     # Two DaemonSets never claim each other's pods.
     assert len(set(selectors)) == len(selectors)
 
@@ -315,9 +301,7 @@ def test_privileged_where_the_gpu_operator_is(manifests: list[Manifest]) -> None
         assert spec["containers"][0]["securityContext"]["privileged"] is True, name
         for init in spec.get("initContainers", []):
             # Waiting for a marker file needs no privilege; validating the host driver runs nvidia-smi.
-            assert init.get("securityContext", {}).get("privileged", False) == (
-                init["name"] == "driver-validation"
-            )
+            assert init.get("securityContext", {}).get("privileged", False) == (init["name"] == "driver-validation")
 
 
 # --- per-node readiness gates (docs/design/configure.md, "Why this order") -----------------------------
@@ -372,9 +356,7 @@ def test_exporter_service_configmap_and_daemonset(manifests: list[Manifest]) -> 
     for obj in (ds, service, counters):
         assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "dcgm-exporter"
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
-    ]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}]
 
     spec = pod_spec(ds)
     container = spec["containers"][0]
@@ -479,10 +461,7 @@ def test_counters_turn_on_everything_gpucert_reads() -> None:
         "DCGM_FI_DEV_PCIE_LINK_WIDTH",
         "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        *(
-            f"DCGM_FI_DEV_NVLINK_{e}_ERROR_COUNT_TOTAL"
-            for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")
-        ),
+        *(f"DCGM_FI_DEV_NVLINK_{e}_ERROR_COUNT_TOTAL" for e in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")),
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
@@ -496,13 +475,7 @@ def test_counters_turn_on_everything_gpucert_reads() -> None:
 
 
 def _grants(rules: list[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    return {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
 def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(
@@ -529,9 +502,7 @@ def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(
     assert {("", "nodes", v) for v in ("get", "list", "watch", "patch")} <= runtime
     assert ("", "nodes/status", "patch") in runtime  # the GpuCertified condition
     # Exactly what the flows use: tests/test_least_privilege.py checks every verb against their requests.
-    assert {("batch", "jobs", v) for v in ("create", "get", "list", "delete")} <= grants[
-        ("Role", "gpucert-runtime")
-    ]
+    assert {("batch", "jobs", v) for v in ("create", "get", "list", "delete")} <= grants[("Role", "gpucert-runtime")]
     configure = grants[("ClusterRole", "gpucert-configure")]
     assert ("", "nodes", "patch") in configure  # configure labels its target nodes
     assert ("apps", "daemonsets", "create") in grants[("Role", "gpucert-configure")]
@@ -548,8 +519,9 @@ def test_rbac_for_the_operators_exporters_is_a_role_in_its_namespace_only(manife
     assert [m.obj for m in with_operator[: len(own)]] == own
     added = {(m.kind, m.name): m.obj for m in with_operator[len(own) :]}
     assert {m.namespace for m in with_operator[len(own) :]} == {"gpu-operator"}
-    assert set(added) == {(k, f"gpucert-{r}-exporters") for k in ("Role", "RoleBinding")
-                          for r in ("runtime", "configure")}  # fmt: skip
+    assert set(added) == {
+        (k, f"gpucert-{r}-exporters") for k in ("Role", "RoleBinding") for r in ("runtime", "configure")
+    }
     runtime = _grants(added[("Role", "gpucert-runtime-exporters")]["rules"])
     assert runtime == {("", "endpoints", "list")}
     assert runtime <= _grants(added[("Role", "gpucert-configure-exporters")]["rules"])  # escalation guard
@@ -571,9 +543,7 @@ def test_every_manifest_validates_strictly(manifests: list[Manifest], version: s
 
 
 @pytest.mark.parametrize(("release", "version"), SUPPORTED)
-def test_each_release_of_the_matrix_renders_valid_manifests_for_its_kubernetes(
-    release: str, version: str
-) -> None:
+def test_each_release_of_the_matrix_renders_valid_manifests_for_its_kubernetes(release: str, version: str) -> None:
     """The stack each release really renders (its images, versions, drivers), on the minors it supports."""
     nodes = [
         NodeInfo(
@@ -729,9 +699,7 @@ def _walk(benign: Any, hostile: Any, values: Mapping[str, str], path: str) -> It
         for i, (b, h) in enumerate(zip(benign, hostile, strict=True)):
             yield from _walk(b, h, values, f"{path}[{i}]")
     elif isinstance(benign, str) and path.endswith(".gpucert.io/gpu-models"):
-        models = sorted(
-            values[SENTINELS_BY_VALUE[m]] if m in SENTINELS_BY_VALUE else m for m in json.loads(benign)
-        )
+        models = sorted(values[SENTINELS_BY_VALUE[m]] if m in SENTINELS_BY_VALUE else m for m in json.loads(benign))
         if not isinstance(hostile, str) or sorted(json.loads(hostile)) != models:
             yield f"{path}: {hostile!r}"
     elif isinstance(benign, str):
@@ -770,9 +738,7 @@ def test_hostile_values_round_trip_and_bend_nothing(benign: list[Manifest], evil
     driver = next(m.obj for m in hostile if m.step == "driver")
     assert driver["metadata"]["annotations"]["gpucert.io/driver-os"] == values["os"]
     assert driver["metadata"]["labels"]["app.kubernetes.io/version"] == values["driver"]
-    assert sorted(json.loads(driver["metadata"]["annotations"]["gpucert.io/gpu-models"])) == sorted(
-        [evil, f"{evil}x"]
-    )
+    assert sorted(json.loads(driver["metadata"]["annotations"]["gpucert.io/gpu-models"])) == sorted([evil, f"{evil}x"])
 
 
 def test_everything_in_one_hostile_value(benign: list[Manifest]) -> None:
@@ -780,16 +746,12 @@ def test_everything_in_one_hostile_value(benign: list[Manifest]) -> None:
     values = {key: f"{evil}{key}" for key in SENTINELS}
     hostile = render_stack(_valued_plan(values))
     assert len(hostile) == len(benign)
-    assert [
-        p for b, h in zip(benign, hostile, strict=True) for p in _walk(b.obj, h.obj, values, b.name)
-    ] == []
+    assert [p for b, h in zip(benign, hostile, strict=True) for p in _walk(b.obj, h.obj, values, b.name)] == []
 
 
 # --- yaml_value (gpucert/_templates.py) ------------------------------------------------------------------
 
-_scalars = (
-    st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False)
-)
+_scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False)
 _json = st.recursive(
     _scalars,
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
@@ -837,20 +799,12 @@ def test_write_manifests(tmp_path: Path, manifests: list[Manifest]) -> None:
         "06-dcgm-exporter.yaml",
         "07-gpu-feature-discovery.yaml",
     ]
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        p.name for p in paths
-    )  # nothing else, no temp files
-    read = [
-        Manifest(p.name[3:].removesuffix(".yaml"), o)
-        for p in paths
-        for o in load_manifests(p.read_text(), p.name)
-    ]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in paths)  # nothing else, no temp files
+    read = [Manifest(p.name[3:].removesuffix(".yaml"), o) for p in paths for o in load_manifests(p.read_text(), p.name)]
     assert read == manifests
 
 
-def test_write_manifests_removes_a_step_that_has_no_objects_now(
-    tmp_path: Path, manifests: list[Manifest]
-) -> None:
+def test_write_manifests_removes_a_step_that_has_no_objects_now(tmp_path: Path, manifests: list[Manifest]) -> None:
     write_manifests(manifests, tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     without_drivers = [m for m in manifests if m.step != "driver"]
@@ -905,9 +859,7 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
             "nvidia-driver-580-95-05-ubuntu24-04": 1,
             **{f"nvidia-{c}": 3 for c in COMPONENTS[1:]},
         }
-        eventually(
-            lambda: all(n.status.allocatable.get("nvidia.com/gpu") == "8" for n in core.list_node().items)
-        )
+        eventually(lambda: all(n.status.allocatable.get("nvidia.com/gpu") == "8" for n in core.list_node().items))
 
         def exporter_addresses() -> list[str] | None:
             subsets = core.read_namespaced_endpoints("nvidia-dcgm-exporter", NS).subsets or []
@@ -919,9 +871,7 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
         assert sim.runtime.errors == []
 
 
-@pytest.mark.parametrize(
-    "evil", ["".join(HOSTILE), "trailing space \n", " \n\tindented\n", "a\n\n\nb\r\nc \u2028"]
-)
+@pytest.mark.parametrize("evil", ["".join(HOSTILE), "trailing space \n", " \n\tindented\n", "a\n\n\nb\r\nc \u2028"])
 def test_written_files_read_back_exactly_with_hostile_values(tmp_path: Path, evil: str) -> None:
     # Multi-line strings are written as literal blocks where one can hold them; where not, quoted.
     rendered = render_stack(_valued_plan({key: f"{evil}{key}" for key in SENTINELS}))

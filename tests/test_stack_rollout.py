@@ -53,9 +53,7 @@ def _node(labels: dict[str, str]) -> dict[str, object]:
 
 def test_node_info_reads_the_product_label_against_known_models() -> None:
     models = load_matrix().gpu_models
-    info = node_info(
-        _node({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "8"}), models
-    )
+    info = node_info(_node({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "8"}), models)
     assert info.gpu_model == "NVIDIA A100-SXM4-80GB"  # the dash that was a dash stays one
     assert info.gpu_count == 8
     assert info.ready is False
@@ -182,9 +180,7 @@ def test_a_driver_upgrade_moves_nodes_to_the_new_variant_and_prunes_the_old(kube
         prune_driver_variants(kube, plan)
         names = {d["metadata"]["name"] for d in kube.list_objects("apps/v1", "DaemonSet", NS)}
         assert names == {f"nvidia-driver-{v.id}" for v in plan.drivers}
-        assert {n: v["driver"] for n, v in observed_versions(kube, plan).items()} == dict.fromkeys(
-            plan.nodes, driver
-        )
+        assert {n: v["driver"] for n, v in observed_versions(kube, plan).items()} == dict.fromkeys(plan.nodes, driver)
 
 
 def test_find_drift_reports_opt_outs_host_drivers_and_bystanders() -> None:
@@ -219,10 +215,14 @@ def test_find_drift_reports_opt_outs_host_drivers_and_bystanders() -> None:
 
 
 def _ds_pod(node: str, generation: int, revision: str, uid: str = "ds-1") -> dict[str, Any]:
-    return {"metadata": {"name": f"p-{node}", "labels": {"pod-template-generation": str(generation),
-                                                       "controller-revision-hash": revision},
-                         "ownerReferences": [{"kind": "DaemonSet", "uid": uid, "controller": True}]},
-            "spec": {"nodeName": node}}
+    return {
+        "metadata": {
+            "name": f"p-{node}",
+            "labels": {"pod-template-generation": str(generation), "controller-revision-hash": revision},
+            "ownerReferences": [{"kind": "DaemonSet", "uid": uid, "controller": True}],
+        },
+        "spec": {"nodeName": node},
+    }
 
 
 def test_a_template_changed_and_changed_back_counts_the_pods_never_replaced_as_current() -> None:

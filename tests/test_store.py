@@ -289,9 +289,7 @@ def test_validation_refuses_what_is_not_a_table() -> None:
 # --- keys, roots, URIs -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "key", ["../x", "a/../b", "/etc/passwd", "a//b", "a/", "", ".hidden", "a/.lock", "a\\b"]
-)
+@pytest.mark.parametrize("key", ["../x", "a/../b", "/etc/passwd", "a//b", "a/", "", ".hidden", "a/.lock", "a\\b"])
 def test_unsafe_keys_are_refused(tmp_path: Path, key: str) -> None:
     objects = FileObjectStore(tmp_path / "root")
     with pytest.raises(ValueError, match="store key"):
@@ -623,9 +621,7 @@ def test_a_public_url_makes_links_under_it(tmp_path: Path) -> None:
     assert store.link("runs/a b/x#y.html").endswith("/store/runs/a%20b/x%23y.html")
 
 
-@pytest.mark.parametrize(
-    "url", ["ftp://host/x", "gpucert.example.com", "https://", "https://h/x?sig=1", "http://[x"]
-)
+@pytest.mark.parametrize("url", ["ftp://host/x", "gpucert.example.com", "https://", "https://h/x?sig=1", "http://[x"])
 def test_a_public_url_that_is_not_one_is_refused(tmp_path: Path, url: str) -> None:
     with pytest.raises(StoreURIError, match="public URL") as caught:
         open_store(str(tmp_path), public_url=url)

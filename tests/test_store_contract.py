@@ -88,10 +88,15 @@ def _s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, endpoint: str) -> N
     nowhere = str(tmp_path / "no-aws-config")
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in (("AWS_CONFIG_FILE", nowhere), ("AWS_SHARED_CREDENTIALS_FILE", nowhere),
-                        ("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION), ("AWS_EC2_METADATA_DISABLED", "true"),
-                        ("GPUCERT_S3_ENDPOINT", endpoint)):  # fmt: skip
+    for name, value in (
+        ("AWS_CONFIG_FILE", nowhere),
+        ("AWS_SHARED_CREDENTIALS_FILE", nowhere),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+        ("GPUCERT_S3_ENDPOINT", endpoint),
+    ):
         monkeypatch.setenv(name, value)
 
 
@@ -293,9 +298,7 @@ def test_concurrent_processes_never_lose_an_update(backend: Backend) -> None:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     count = 5
-    workers = [
-        ctx.Process(target=_process_writer, args=(backend.uri, f"p{w}", count, barrier)) for w in range(2)
-    ]
+    workers = [ctx.Process(target=_process_writer, args=(backend.uri, f"p{w}", count, barrier)) for w in range(2)]
     for p in workers:
         p.start()
     for p in workers:

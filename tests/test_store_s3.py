@@ -236,9 +236,7 @@ def test_normalise_etag(raw: str, normal: str) -> None:
 
 
 @pytest.mark.parametrize("if_match", [True, False], ids=["if-match", "if-none-match"])
-def test_exactly_one_of_many_simultaneous_conditional_writes_wins(
-    server: Server, prefix: str, if_match: bool
-) -> None:
+def test_exactly_one_of_many_simultaneous_conditional_writes_wins(server: Server, prefix: str, if_match: bool) -> None:
     # The server itself must compare and write in one step; nothing in the client serialises these.
     objects = server.objects(prefix)
     etag = objects.put("cas", b"start") if if_match else None
@@ -322,18 +320,14 @@ def test_list_pages_past_a_thousand_keys(seaweedfs: Server, prefix: str) -> None
         list(pool.map(lambda k: objects.put(k, b"x"), keys))
     objects.put("other/1", b"y")
     calls: list[dict[str, Any]] = []
-    objects.client.meta.events.register(
-        "before-call.s3.ListObjectsV2", lambda params, **_: calls.append(params)
-    )
+    objects.client.meta.events.register("before-call.s3.ListObjectsV2", lambda params, **_: calls.append(params))
     assert objects.list("many/") == keys
     assert len(calls) >= 2, "one page holds at most 1,000 keys"
     assert objects.list("many/0104") == [f"many/{i:05d}" for i in range(1040, 1050)]
     assert len(objects.list("")) == 1051
 
 
-@pytest.mark.parametrize(
-    "key", ["../x", "a/../b", "/etc/passwd", "a//b", "a/", "", ".hidden", "a/.lock", "a\\b"]
-)
+@pytest.mark.parametrize("key", ["../x", "a/../b", "/etc/passwd", "a//b", "a/", "", ".hidden", "a/.lock", "a\\b"])
 def test_unsafe_keys_are_refused_before_s3_is_asked(key: str) -> None:
     objects = S3ObjectStore("gpucert-test", "p", client=object())  # any call to it would fail
     with pytest.raises(ValueError, match="store key"):
@@ -418,9 +412,7 @@ def test_a_5xx_on_put_is_retried(faulty: Server, proxy: FaultProxy, prefix: str)
     assert keys_of(store.read(v1)) == {"GPU-1"}
 
 
-def test_a_failed_pointer_write_leaves_the_old_current(
-    faulty: Server, proxy: FaultProxy, prefix: str
-) -> None:
+def test_a_failed_pointer_write_leaves_the_old_current(faulty: Server, proxy: FaultProxy, prefix: str) -> None:
     store = faulty.store(prefix)
     v1 = store.update(add_key("GPU-1"), message="one")
     proxy.clear()
@@ -439,9 +431,7 @@ def test_a_failed_pointer_write_leaves_the_old_current(
     assert [(i.version, i.is_current) for i in store.versions()] == [(v1, True)]
 
 
-def test_a_failed_table_write_leaves_no_visible_version(
-    faulty: Server, proxy: FaultProxy, prefix: str
-) -> None:
+def test_a_failed_table_write_leaves_no_visible_version(faulty: Server, proxy: FaultProxy, prefix: str) -> None:
     store = faulty.store(prefix)
     v1 = store.update(add_key("GPU-1"), message="one")
     before = store.objects.list("baselines/")
@@ -462,9 +452,7 @@ def test_a_412_from_a_concurrent_writer_is_retried_on_the_winners_table(
     rival = moto.store(prefix)  # straight to moto, past the proxy
     proxy.clear()
     # The rival moves current after our read of it and just before our conditional PUT reaches S3.
-    proxy.inject(
-        "PUT", "/baselines/current", PASS, before=lambda: rival.update(add_key("GPU-rival"), message="r")
-    )
+    proxy.inject("PUT", "/baselines/current", PASS, before=lambda: rival.update(add_key("GPU-rival"), message="r"))
     calls = 0
 
     def mine(t: pd.DataFrame) -> pd.DataFrame:
@@ -481,9 +469,7 @@ def test_a_412_from_a_concurrent_writer_is_retried_on_the_winners_table(
     _assert_linear_history(moto.store(prefix), {"GPU-1", "GPU-rival", "GPU-mine"})
 
 
-@pytest.mark.parametrize(
-    ("status", "code"), [(412, "PreconditionFailed"), (409, "ConditionalRequestConflict")]
-)
+@pytest.mark.parametrize(("status", "code"), [(412, "PreconditionFailed"), (409, "ConditionalRequestConflict")])
 def test_conditional_failures_are_conflicts_and_not_retried(
     faulty: Server, proxy: FaultProxy, prefix: str, status: int, code: str
 ) -> None:
@@ -506,9 +492,7 @@ def test_a_dropped_connection_is_retried(faulty: Server, proxy: FaultProxy, pref
     assert [s.outcome for s in proxy.seen if s.method == "GET"] == [DROP, "200"]
 
 
-def test_connections_that_keep_dropping_are_unavailable(
-    faulty: Server, proxy: FaultProxy, prefix: str
-) -> None:
+def test_connections_that_keep_dropping_are_unavailable(faulty: Server, proxy: FaultProxy, prefix: str) -> None:
     objects = faulty.objects(prefix, max_attempts=3)
     proxy.inject("GET", "/k", DROP, times=100)
     with pytest.raises(StoreUnavailable) as caught:
@@ -607,8 +591,9 @@ def test_a_missing_bucket_stops_certify_before_any_job(
     monkeypatch.setenv("GPUCERT_S3_ENDPOINT", seaweedfs.endpoint)
     with SimCluster(nodes=1, preconfigured=True, seed=3) as sim:
         sim.clear_requests()
-        code = main(["certify", "--kubeconfig", str(sim.kubeconfig_path), "--store",
-                     "s3://gpucert-no-such-bucket/fleet"])  # fmt: skip
+        code = main(
+            ["certify", "--kubeconfig", str(sim.kubeconfig_path), "--store", "s3://gpucert-no-such-bucket/fleet"]
+        )
         writes = [r for r in sim.requests if r.verb not in ("get", "list", "watch")]
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2, err
@@ -620,9 +605,7 @@ def test_a_missing_bucket_stops_certify_before_any_job(
         objects.root_exists()
 
 
-def test_open_store_for_reading_checks_the_root(
-    moto: Server, prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_open_store_for_reading_checks_the_root(moto: Server, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCERT_S3_ENDPOINT", moto.endpoint)
     uri = f"s3://{BUCKET}/{prefix}"
     with pytest.raises(StoreNotFound, match=uri):

@@ -223,9 +223,7 @@ def running_prometheus(
         text = (workdir / "prometheus.log").read_text(errors="replace")
         if "address already in use" not in text:
             break
-    pytest.fail(
-        f"Prometheus did not get ready:\n{(workdir / 'prometheus.log').read_text(errors='replace')[-2000:]}"
-    )
+    pytest.fail(f"Prometheus did not get ready:\n{(workdir / 'prometheus.log').read_text(errors='replace')[-2000:]}")
 
 
 # --- the backfilled history -----------------------------------------------------------------------------
@@ -350,9 +348,7 @@ def gpu_series(me: tuple[str, int], end: int, times: list[int]) -> list[tuple[st
         # from the last-XID gauge. After its window the count reads 0 (a live Prometheus would mark the
         # series stale; a backfill has no staleness markers).
         window = {"xid": "79", "window_size_in_ms": "300000"}
-        series.append(
-            ("DCGM_EXP_XID_ERRORS_COUNT", window, alive(lambda t: 1.0 if t79 <= t < t79 + 300 else 0.0))
-        )
+        series.append(("DCGM_EXP_XID_ERRORS_COUNT", window, alive(lambda t: 1.0 if t79 <= t < t79 + 300 else 0.0)))
     return series
 
 
@@ -424,34 +420,26 @@ def make_tls(workdir: Path) -> Path:
             .not_valid_before(now - timedelta(minutes=5))
             .not_valid_after(now + timedelta(days=1))
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False)
         )
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca = (
         cert("gpucert test CA", ca_key, None, ca_key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-        )
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     server = (
         cert("127.0.0.1", key, ca.subject, ca_key)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        )
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     (workdir / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (workdir / "server.pem").write_bytes(server.public_bytes(serialization.Encoding.PEM))
     (workdir / "server.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return workdir / "ca.pem"
 
@@ -492,9 +480,10 @@ def secured(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> It
 # --- a tiny server that checks the Authorization header -------------------------------------------------
 
 #: What the tiny server answers a query it accepts: one series, Prometheus' JSON.
-TINY_ANSWER: dict[str, object] = {"status": "success", "data": {"resultType": "vector", "result": [
-    {"metric": {"__name__": "up"}, "value": [0, "1"]}
-]}}  # fmt: skip
+TINY_ANSWER: dict[str, object] = {
+    "status": "success",
+    "data": {"resultType": "vector", "result": [{"metric": {"__name__": "up"}, "value": [0, "1"]}]},
+}
 
 
 @contextlib.contextmanager
@@ -619,9 +608,7 @@ def read_the_window(source: PrometheusSource, sc: Scenario) -> None:
     verdicts = judge(r, empty_baseline())
     failed = verdicts[verdicts["verdict"] == "fail"]
     by_gpu = {
-        (n, int(g)): m
-        for n, g, m in zip(failed["node"], failed["gpu"], failed["metric"], strict=True)
-        if pd.notna(g)
+        (n, int(g)): m for n, g, m in zip(failed["node"], failed["gpu"], failed["metric"], strict=True) if pd.notna(g)
     }
     assert by_gpu == {
         ("node-a", 1): "pcie_gen",
@@ -641,9 +628,7 @@ def test_a_named_host_label_reads_only_series_that_carry_it(backfilled: Backfill
     sc = backfilled.scenario
     other = "Hostname" if backfilled.host_label == "hostname" else "hostname"
     start = sc.end - timedelta(hours=1)
-    named = PrometheusSource(backfilled.url, backfilled.host_label, step_s=STEP).read(
-        start, sc.end, run_id="op-2"
-    )
+    named = PrometheusSource(backfilled.url, backfilled.host_label, step_s=STEP).read(start, sc.end, run_id="op-2")
     either = PrometheusSource(backfilled.url, step_s=STEP).read(start, sc.end, run_id="op-2")
     pd.testing.assert_frame_equal(named.results, either.results)
     wrong = PrometheusSource(backfilled.url, other, step_s=STEP).read(
@@ -709,18 +694,12 @@ def test_the_right_credentials_read_the_secured_window_as_an_open_server_does(se
     read_the_window(source, secured.scenario)
 
 
-def test_tls_is_checked_against_the_system_cas_a_ca_file_or_not_at_all(
-    secured: Secured, tmp_path: Path
-) -> None:
+def test_tls_is_checked_against_the_system_cas_a_ca_file_or_not_at_all(secured: Secured, tmp_path: Path) -> None:
     basic = (USER, PASSWORD)
-    with pytest.raises(
-        TelemetryError, match=r"did not answer the query 'vector\(1\)': TLS certificate not trusted"
-    ):
+    with pytest.raises(TelemetryError, match=r"did not answer the query 'vector\(1\)': TLS certificate not trusted"):
         PrometheusSource(secured.url, basic_auth=basic).query("vector(1)", time.time())
     for verify in (secured.ca_file, False):
-        answer = PrometheusSource(secured.url, basic_auth=basic, verify=verify).query(
-            "vector(1)", time.time()
-        )
+        answer = PrometheusSource(secured.url, basic_auth=basic, verify=verify).query("vector(1)", time.time())
         assert [s.values[0][1] for s in answer] == [1.0]
     with pytest.raises(InputError, match="does not exist"):
         PrometheusSource(secured.url, verify=str(tmp_path / "missing.pem"))
@@ -792,9 +771,7 @@ def test_what_cannot_be_read_is_an_input_error_that_shows_no_secret(tmp_path: Pa
         PrometheusSource("http://p:9090", timeout_s=0)
 
     # A frozen value: plain and SecretStr secrets are equal, never shown; Prefect's copies keep them.
-    source = PrometheusSource(
-        "http://p:9090", basic_auth=(USER, PASSWORD), headers={"X-Scope-OrgID": "team-a"}
-    )
+    source = PrometheusSource("http://p:9090", basic_auth=(USER, PASSWORD), headers={"X-Scope-OrgID": "team-a"})
     same = PrometheusSource(
         "http://p:9090/",
         basic_auth=(USER, SecretStr(PASSWORD)),
@@ -865,9 +842,7 @@ def test_prometheus_scraping_the_simulated_exporters_live(prom_bins: PromBins, t
     assert set(r[r["metric"] == "pcie_replays_per_min"]["node"]) == set(nodes)
     verdicts = judge(r, empty_baseline())
     failed = verdicts[verdicts["verdict"] == "fail"]
-    assert [(n, int(g)) for n, g in zip(failed["node"], failed["gpu"], strict=True)] == [
-        ("gpu-node-00001", 6)
-    ]
+    assert [(n, int(g)) for n, g in zip(failed["node"], failed["gpu"], strict=True)] == [("gpu-node-00001", 6)]
 
 
 def test_the_backfill_file_is_openmetrics() -> None:
@@ -899,13 +874,24 @@ def test_the_command_line_reads_a_secured_prometheus_with_basic_auth_and_its_ca(
 
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n", encoding="utf-8")
-    options = _cli_options(["--prometheus", secured.url, "--prometheus-user", USER,
-                            "--prometheus-password-file", str(password), "--prometheus-ca-file", secured.ca_file])
+    options = _cli_options(
+        [
+            "--prometheus",
+            secured.url,
+            "--prometheus-user",
+            USER,
+            "--prometheus-password-file",
+            str(password),
+            "--prometheus-ca-file",
+            secured.ca_file,
+        ]
+    )
     block = _prometheus(options)
     assert block.source().query("vector(1)", time.time())[0].values[0][1] == 1.0
     monkeypatch.setenv("GPUCERT_PROMETHEUS_PASSWORD", PASSWORD)
-    from_env = _cli_options(["--prometheus", secured.url, "--prometheus-user", USER,
-                             "--prometheus-ca-file", secured.ca_file])
+    from_env = _cli_options(
+        ["--prometheus", secured.url, "--prometheus-user", USER, "--prometheus-ca-file", secured.ca_file]
+    )
     assert _prometheus(from_env).source().query("vector(1)", time.time())
     password.write_text("wrong", encoding="utf-8")
     with pytest.raises(PrometheusAuthError, match=r"basic auth as user 'gpucert'\): HTTP 401"):
@@ -922,14 +908,34 @@ def test_the_command_line_sends_a_bearer_token_from_a_file_and_extra_headers(tmp
     token = tmp_path / "token"
     token.write_text("tok-123\n", encoding="utf-8")
     with bearer_server("tok-123") as (url, seen):
-        block = _prometheus(_cli_options(["--prometheus", url, "--prometheus-token-file", str(token),
-                                          "--prometheus-header", "X-Scope-OrgID: team-a"]))
+        block = _prometheus(
+            _cli_options(
+                [
+                    "--prometheus",
+                    url,
+                    "--prometheus-token-file",
+                    str(token),
+                    "--prometheus-header",
+                    "X-Scope-OrgID: team-a",
+                ]
+            )
+        )
         assert seen[-1]["authorization"] == "Bearer tok-123"
         assert seen[-1]["x-scope-orgid"] == "team-a"
         assert "tok-123" not in repr(block.source())
         with pytest.raises(PrometheusAuthError, match="HTTP 403"):
-            _prometheus(_cli_options(["--prometheus", url, "--prometheus-token-file", str(token),
-                                      "--prometheus-header", "X-Scope-OrgID: other"]))
+            _prometheus(
+                _cli_options(
+                    [
+                        "--prometheus",
+                        url,
+                        "--prometheus-token-file",
+                        str(token),
+                        "--prometheus-header",
+                        "X-Scope-OrgID: other",
+                    ]
+                )
+            )
 
 
 def test_bad_prometheus_options_are_one_clear_input_error(tmp_path: Path) -> None:
@@ -960,8 +966,10 @@ def test_range_answers_cut_from_the_bytes_read_as_the_json_parser_does() -> None
     from gpucert.telemetry._prometheus import _matrix_arrays
 
     series: list[dict[str, Any]] = [
-        {"metric": {"__name__": "m", "pod": 'odd},"values":[["x', "gpu": "0"},
-         "values": [[1700000000, "1.5"], [1700000015.5, "NaN"], [1700000030, "+Inf"]]},
+        {
+            "metric": {"__name__": "m", "pod": 'odd},"values":[["x', "gpu": "0"},
+            "values": [[1700000000, "1.5"], [1700000015.5, "NaN"], [1700000030, "+Inf"]],
+        },
         {"metric": {}, "values": [[1700000000, "-Inf"]]},
     ]
     answer = {"status": "success", "data": {"resultType": "matrix", "result": series}}
@@ -979,6 +987,11 @@ def test_range_answers_cut_from_the_bytes_read_as_the_json_parser_does() -> None
     assert _matrix_arrays(empty.encode()) == []
     warned = {**answer, "warnings": ["PromQL info: metric might not be a counter"]}
     assert _matrix_arrays(json.dumps(warned, separators=(",", ":")).encode()) is None
-    histogram = {"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"a": "1"}, "histograms": [[1, {"count": "1"}]]}, series[1]]}}  # fmt: skip
+    histogram = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [{"metric": {"a": "1"}, "histograms": [[1, {"count": "1"}]]}, series[1]],
+        },
+    }
     assert _matrix_arrays(json.dumps(histogram, separators=(",", ":")).encode()) is None

@@ -98,9 +98,7 @@ def test_every_gpu_is_read_and_the_faults_show(sim: SimCluster, kube: Any) -> No
 
     verdicts = judge(r, empty_baseline())
     failed = verdicts[(verdicts["verdict"] == "fail") & verdicts["gpu"].notna()]
-    assert {
-        (n, int(g), c) for n, g, c in zip(failed["node"], failed["gpu"], failed["cause"], strict=True)
-    } == {
+    assert {(n, int(g), c) for n, g, c in zip(failed["node"], failed["gpu"], failed["cause"], strict=True)} == {
         (node(1), 2, "pcie"),
         (node(2), 0, "thermal"),
         (node(3), 4, "row_remap"),
@@ -166,9 +164,7 @@ def endpoints(
             "namespace": "gpu-monitoring",
             "annotations": dict(annotations or {}),
         },
-        "subsets": [
-            {"addresses": addresses, "ports": [{"name": "gpu-metrics", "port": port, "protocol": "TCP"}]}
-        ],
+        "subsets": [{"addresses": addresses, "ports": [{"name": "gpu-metrics", "port": port, "protocol": "TCP"}]}],
     }
 
 
@@ -287,9 +283,7 @@ def test_no_exporters_and_a_failed_listing() -> None:
     seen = none.read(run_id="operate-5", interval_s=0, nodes=["a", "b"])
     why = "no exporter: no DCGM exporter Endpoints in namespace gpu-monitoring"
     assert seen.problems == {"a": why, "b": why}
-    with pytest.raises(
-        TelemetryError, match=r"cannot list the DCGM exporters' Endpoints in namespace 'x'.*forbidden"
-    ):
+    with pytest.raises(TelemetryError, match=r"cannot list the DCGM exporters' Endpoints in namespace 'x'.*forbidden"):
         ExporterScrape(_Lister(PermissionError("forbidden")), "x").read(run_id="operate-5")
     with pytest.raises(ValueError, match="interval_s"):
         ExporterScrape(_Lister([]), "x").read(run_id="operate-5", interval_s=-1)

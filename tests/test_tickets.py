@@ -66,9 +66,20 @@ def verdicts(
         rows.append({"node": node, "gpu": None, "gpu_uuid": None, "metric": "nccl_allreduce_busbw_gbps"})
     table = pd.DataFrame(rows)
     table = table.assign(
-        run_id=run_id, verdict="pass", value=np.nan, reference=np.nan, deviation_pct=np.nan, z=np.nan,
-        reference_kind="", cause="", action="none", ticket="none", reasons="", gpu_model="NVIDIA H200", peer=None,
-    )  # fmt: skip
+        run_id=run_id,
+        verdict="pass",
+        value=np.nan,
+        reference=np.nan,
+        deviation_pct=np.nan,
+        z=np.nan,
+        reference_kind="",
+        cause="",
+        action="none",
+        ticket="none",
+        reasons="",
+        gpu_model="NVIDIA H200",
+        peer=None,
+    )
     table["metric"] = table["metric"].fillna("")
     table["gpu"] = table["gpu"].astype("Int64")
     for change in flagged:
@@ -91,8 +102,15 @@ def verdicts(
     return table[list(VERDICT_COLUMNS)]
 
 
-THERMAL = {"node": "n1", "gpu": 2, "cause": "thermal", "action": "check_cooling", "metric": "hw_slowdown_frac",
-           "value": 0.31, "reasons": "HW thermal slowdown 31 % of the benchmark"}  # fmt: skip
+THERMAL = {
+    "node": "n1",
+    "gpu": 2,
+    "cause": "thermal",
+    "action": "check_cooling",
+    "metric": "hw_slowdown_frac",
+    "value": 0.31,
+    "reasons": "HW thermal slowdown 31 % of the benchmark",
+}
 
 
 @pytest.fixture
@@ -100,13 +118,9 @@ def tickets(tmp_path: Path) -> LocalTickets:
     return LocalTickets(tmp_path / "tickets.sqlite")
 
 
-def run(
-    backend: LocalTickets, day: int, flagged: Sequence[Mapping[str, Any]] = (), **kwargs: Any
-) -> list[TicketEvent]:
+def run(backend: LocalTickets, day: int, flagged: Sequence[Mapping[str, Any]] = (), **kwargs: Any) -> list[TicketEvent]:
     """Reconcile night ``day`` (its run id is ``night-<day>``)."""
-    return reconcile(
-        backend, verdicts(f"night-{day}", flagged), run_id=f"night-{day}", now=T0 + day * DAY, **kwargs
-    )
+    return reconcile(backend, verdicts(f"night-{day}", flagged), run_id=f"night-{day}", now=T0 + day * DAY, **kwargs)
 
 
 def only(backend: LocalTickets) -> Ticket:
@@ -157,8 +171,10 @@ def test_a_failing_gpu_opens_one_ticket_that_carries_its_evidence(tickets: Local
     assert seen.verdicts[0]["metric"] == "hw_slowdown_frac"
     assert seen.verdicts[0]["value"] == pytest.approx(0.31)
     # The worst value of each telemetry metric, no performance numbers; only this GPU's and its node's.
-    assert seen.telemetry == {uuid("n1", 2): {"hw_slowdown_frac": 0.31, "temp_max_c": 91.0, "pcie_gen": 5.0},
-                              "node": {"gpu_count": 4.0}}  # fmt: skip
+    assert seen.telemetry == {
+        uuid("n1", 2): {"hw_slowdown_frac": 0.31, "temp_max_c": 91.0, "pcie_gen": 5.0},
+        "node": {"gpu_count": 4.0},
+    }
     assert seen.stack == {"driver": "570.86.15", "cuda": "12.8"}
     assert seen.report.endswith("report.html")
     assert "report: file:///srv/gpucert" in ticket.body()
@@ -204,22 +220,35 @@ def test_different_causes_on_one_gpu_and_missing_gpus_get_tickets_of_their_own(t
 
 
 def test_rows_that_ask_for_no_ticket_open_none(tickets: LocalTickets) -> None:
-    table = verdicts("night-1", [
-        {"node": "n1", "gpu": 0, "verdict": "inconclusive", "ticket": "remediation"},  # not the GPU's fault
-        {"node": "n1", "gpu": 1, "verdict": "warn", "ticket": "none", "action": "retest"},  # re-run, no ticket
-    ])  # fmt: skip
-    fleet = pd.DataFrame([{"run_id": "night-1", "node": None, "gpu": None, "verdict": "warn", "cause": "config",
-                           "action": "fix_config", "ticket": "remediation", "reference_kind": "fleet",
-                           "reasons": "every GPU 2 % slower on the new driver"}])  # fmt: skip
+    table = verdicts(
+        "night-1",
+        [
+            {"node": "n1", "gpu": 0, "verdict": "inconclusive", "ticket": "remediation"},  # not the GPU's fault
+            {"node": "n1", "gpu": 1, "verdict": "warn", "ticket": "none", "action": "retest"},  # re-run, no ticket
+        ],
+    )
+    fleet = pd.DataFrame(
+        [
+            {
+                "run_id": "night-1",
+                "node": None,
+                "gpu": None,
+                "verdict": "warn",
+                "cause": "config",
+                "action": "fix_config",
+                "ticket": "remediation",
+                "reference_kind": "fleet",
+                "reasons": "every GPU 2 % slower on the new driver",
+            }
+        ]
+    )
     table = pd.concat([table.astype({"node": str}), fleet], ignore_index=True)
     assert reconcile(tickets, table, run_id="night-1", now=T0) == []
     assert tickets.tickets() == []
 
 
 def test_a_warn_with_a_ticket_opens_a_remediation(tickets: LocalTickets) -> None:
-    [event] = run(
-        tickets, 1, [{"node": "n1", "gpu": 0, "verdict": "warn", "cause": "ecc", "action": "run_field_diag"}]
-    )
+    [event] = run(tickets, 1, [{"node": "n1", "gpu": 0, "verdict": "warn", "cause": "ecc", "action": "run_field_diag"}])
     assert (event.kind, event.ticket.kind, event.ticket.cause) == ("opened", "remediation", "ecc")
 
 
@@ -240,8 +269,16 @@ def test_a_node_wide_cause_is_one_node_ticket_not_one_per_gpu(tickets: LocalTick
 
 
 def test_a_row_that_asks_for_replacement_opens_a_replacement_at_once(tickets: LocalTickets) -> None:
-    remap = {"node": "n2", "gpu": 1, "cause": "row_remap", "action": "run_field_diag", "ticket": "replacement",
-             "metric": "remapped_rows_failure", "value": 1.0, "reasons": "row-remap failure"}  # fmt: skip
+    remap = {
+        "node": "n2",
+        "gpu": 1,
+        "cause": "row_remap",
+        "action": "run_field_diag",
+        "ticket": "replacement",
+        "metric": "remapped_rows_failure",
+        "value": 1.0,
+        "reasons": "row-remap failure",
+    }
     [event] = run(tickets, 1, [remap])
     assert (event.kind, event.ticket.kind) == ("opened", "replacement")
     assert "the verdict asks for a replacement" in event.ticket.escalation
@@ -252,8 +289,10 @@ def test_a_remediation_escalates_when_a_later_row_asks_for_replacement(tickets: 
     run(tickets, 1, [replay])
     [event] = run(tickets, 2, [replay | {"ticket": "replacement", "reasons": "replays > 100/min"}])
     assert (event.kind, event.ticket.kind, event.previous and event.previous.kind) == (
-        "escalated", "replacement", "remediation"
-    )  # fmt: skip
+        "escalated",
+        "replacement",
+        "remediation",
+    )
     assert "escalated to replacement" in event.detail
 
 
@@ -277,8 +316,15 @@ def test_an_rdma_port_down_again_after_two_reseats_escalates_to_replacement(tick
     """docs/reference/causes-and-actions.md, "Remediation playbook": an RDMA port down, slow or flapping is
     brought up, its cable or transceiver reseated; when it persists, replaced. The node row carries it (a NIC
     is the node's), one ticket for the node."""
-    port = {"node": "n2", "gpu": None, "cause": "network", "action": "reseat_nic", "metric": "ib_ports_active",
-            "value": 7.0, "reasons": "network: 1 of 8 RDMA ports down"}  # fmt: skip
+    port = {
+        "node": "n2",
+        "gpu": None,
+        "cause": "network",
+        "action": "reseat_nic",
+        "metric": "ib_ports_active",
+        "value": 7.0,
+        "reasons": "network: 1 of 8 RDMA ports down",
+    }
     ticket = run(tickets, 1, [port])[0].ticket
     assert (ticket.kind, ticket.gpu_uuid, ticket.cause, ticket.action) == ("remediation", "", "network", "reseat_nic")
     record_remediation(tickets, ticket.id, "reseat_nic", T0 + 1.5 * DAY)
@@ -411,10 +457,7 @@ def test_a_node_ticket_resolves_only_when_every_check_of_the_node_passes(tickets
         "metric": "nccl_allreduce_busbw_gbps",
     }
     run(tickets, 1, [nccl])
-    assert (
-        run(tickets, 2, [{"node": "n1", "gpu": 0, "verdict": "warn", "ticket": "none", "action": "retest"}])
-        == []
-    )
+    assert run(tickets, 2, [{"node": "n1", "gpu": 0, "verdict": "warn", "ticket": "none", "action": "retest"}]) == []
     [event] = run(tickets, 3)
     assert event.kind == "resolved"
     assert "every check of n1 passes" in event.detail
@@ -423,9 +466,7 @@ def test_a_node_ticket_resolves_only_when_every_check_of_the_node_passes(tickets
 def test_release_records_the_repairs_so_a_recurrence_counts_after_them(tickets: LocalTickets) -> None:
     xid = {"node": "n1", "gpu": 3, "cause": "xid", "action": "reboot_node", "metric": "xid", "value": 79.0}
     run(tickets, 1, [xid, {"node": "n2", "gpu": 0, "cause": "pcie", "action": "reseat"}])
-    events = record_repairs(
-        tickets, ["n1"], T0 + 1.5 * DAY, note="released after repair", by="gpucert release"
-    )
+    events = record_repairs(tickets, ["n1"], T0 + 1.5 * DAY, note="released after repair", by="gpucert release")
     assert [(e.kind, e.ticket.node, e.ticket.remediations[-1].action) for e in events] == [
         ("remediated", "n1", "reboot_node")
     ]
@@ -462,8 +503,13 @@ def test_a_judged_night_opens_the_tickets_it_asks_for_and_a_clean_night_resolves
     table = seeded.judge(wave)
     backend = open_backend(tmp_path)
     run_id = str(table["run_id"].iloc[0])
-    events = reconcile(backend, table, run_id=run_id, now=T0 + 20 * DAY,
-                       evidence=RunEvidence(results=wave.results, report="file:///r/report.html"))  # fmt: skip
+    events = reconcile(
+        backend,
+        table,
+        run_id=run_id,
+        now=T0 + 20 * DAY,
+        evidence=RunEvidence(results=wave.results, report="file:///r/report.html"),
+    )
     by_key = {e.ticket.fingerprint.key: e.ticket for e in events}
     assert f"{brake}/-/power" in by_key  # the power brake on all GPUs: one node ticket
     remapped = [t for t in by_key.values() if t.node == remap and t.cause == "row_remap"]
@@ -515,9 +561,7 @@ print(len(reconcile(backend, table, run_id=f"p{i}", now=now)))
 def test_processes_reconciling_at_once_never_duplicate_a_fingerprint(tmp_path: Path) -> None:
     path, go = tmp_path / "t.sqlite", tmp_path / "go"
     children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(path), str(go), str(i)], stdout=subprocess.PIPE, text=True
-        )
+        subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(go), str(i)], stdout=subprocess.PIPE, text=True)
         for i in range(3)
     ]
     deadline = time.monotonic() + 120
@@ -568,8 +612,12 @@ def test_ticket_locations_name_a_file_or_a_store_root(tmp_path: Path) -> None:
     assert local_path("file:///srv/gpucert") == Path("/srv/gpucert") / TICKETS_FILE
     assert local_path(tmp_path) == tmp_path / TICKETS_FILE
     assert local_path("rel/tickets.db") == Path("rel/tickets.db")
-    for bad, message in (("s3://bucket/prefix", "needs a local path"), ("https://jira", "unknown scheme"),
-                         ("", "empty"), ("file://host/x", "three slashes")):  # fmt: skip
+    for bad, message in (
+        ("s3://bucket/prefix", "needs a local path"),
+        ("https://jira", "unknown scheme"),
+        ("", "empty"),
+        ("file://host/x", "three slashes"),
+    ):
         with pytest.raises(TicketConfigError, match=message):
             local_path(bad)
 
@@ -582,8 +630,19 @@ def test_tickets_list_shows_the_table_by_state(tmp_path: Path) -> None:
 
     text = tickets_list(str(tmp_path))
     header, *lines = text.splitlines()
-    assert header.split() == ["ID", "STATE", "KIND", "NODE", "GPU", "CAUSE", "ACTION", "SEEN", "FIXES", "UPDATED",
-                              "ESCALATION"]  # fmt: skip
+    assert header.split() == [
+        "ID",
+        "STATE",
+        "KIND",
+        "NODE",
+        "GPU",
+        "CAUSE",
+        "ACTION",
+        "SEEN",
+        "FIXES",
+        "UPDATED",
+        "ESCALATION",
+    ]
     assert lines[0].split()[:8] == [
         "1",
         "resolved",

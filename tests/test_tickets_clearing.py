@@ -39,17 +39,33 @@ from gpucert.tickets import (
 from .test_tickets import DAY, T0, uuid, verdicts
 
 STORAGE: Mapping[str, Any] = {
-    "node": "n1", "gpu": None, "cause": "storage", "action": "check_storage_mount", "metric": "storage_read_gbps",
-    "value": 1.1, "reasons": "storage: storage_read_gbps 1.1 GB/s, 70 % below the fleet",
-}  # fmt: skip
+    "node": "n1",
+    "gpu": None,
+    "cause": "storage",
+    "action": "check_storage_mount",
+    "metric": "storage_read_gbps",
+    "value": 1.1,
+    "reasons": "storage: storage_read_gbps 1.1 GB/s, 70 % below the fleet",
+}
 NETWORK: Mapping[str, Any] = {
-    "node": "n2", "gpu": None, "cause": "network", "action": "check_cable", "metric": "nccl_pair_busbw_gbps",
-    "value": 20.0, "reasons": "network: low with every partner",
-}  # fmt: skip
+    "node": "n2",
+    "gpu": None,
+    "cause": "network",
+    "action": "check_cable",
+    "metric": "nccl_pair_busbw_gbps",
+    "value": 20.0,
+    "reasons": "network: low with every partner",
+}
 REMAP: Mapping[str, Any] = {
-    "node": "n2", "gpu": 1, "cause": "row_remap", "action": "run_field_diag", "ticket": "replacement",
-    "metric": "remapped_rows_failure", "value": 1.0, "reasons": "row_remap: remap failure",
-}  # fmt: skip
+    "node": "n2",
+    "gpu": 1,
+    "cause": "row_remap",
+    "action": "run_field_diag",
+    "ticket": "replacement",
+    "metric": "remapped_rows_failure",
+    "value": 1.0,
+    "reasons": "row_remap: remap failure",
+}
 
 
 def results(
@@ -59,12 +75,17 @@ def results(
     read of each node and one pair between the first two nodes."""
     gpu_metrics = [m for m, spec in METRICS.items() if spec.level == "gpu" and spec.kind != "event"]
     node_metrics = [m for m, spec in METRICS.items() if spec.level == "node" and (storage or m != "storage_read_gbps")]
-    rows = [{"node": n, "gpu": g, "gpu_uuid": uuid(n, g), "metric": m}
-            for n in nodes for g in range(gpus) for m in gpu_metrics]  # fmt: skip
+    rows = [
+        {"node": n, "gpu": g, "gpu_uuid": uuid(n, g), "metric": m}
+        for n in nodes
+        for g in range(gpus)
+        for m in gpu_metrics
+    ]
     rows += [{"node": n, "gpu": None, "gpu_uuid": None, "metric": m} for n in nodes for m in node_metrics]
     if pairs:
-        rows.append({"node": nodes[0], "gpu": None, "gpu_uuid": None, "metric": "nccl_pair_busbw_gbps",
-                     "peer": nodes[1]})  # fmt: skip
+        rows.append(
+            {"node": nodes[0], "gpu": None, "gpu_uuid": None, "metric": "nccl_pair_busbw_gbps", "peer": nodes[1]}
+        )
     frame = pd.DataFrame(rows).assign(run_id=run_id, gpu_model="NVIDIA H200", value=1.0, repeat=0)
     frame["ts"] = pd.NaT
     frame["peer"] = frame.get("peer", pd.Series(None, index=frame.index))
@@ -78,14 +99,23 @@ def tickets(tmp_path: Path) -> LocalTickets:
 
 
 def night(
-    backend: LocalTickets, day: int, flagged: Sequence[Mapping[str, Any]] = (), *, storage: bool = True,
+    backend: LocalTickets,
+    day: int,
+    flagged: Sequence[Mapping[str, Any]] = (),
+    *,
+    storage: bool = True,
     pairs: bool = True,
 ) -> list[str]:
     """Reconcile night ``day`` with the results it measured; the events, as ``kind cause``."""
     run_id = f"night-{day}"
     measured_rows = results(run_id, storage=storage, pairs=pairs)
-    events = reconcile(backend, verdicts(run_id, flagged), run_id=run_id, now=T0 + day * DAY,
-                       evidence=RunEvidence(results=measured_rows))  # fmt: skip
+    events = reconcile(
+        backend,
+        verdicts(run_id, flagged),
+        run_id=run_id,
+        now=T0 + day * DAY,
+        evidence=RunEvidence(results=measured_rows),
+    )
     return [f"{e.kind} {e.ticket.cause}" for e in events]
 
 
@@ -104,8 +134,13 @@ def test_a_storage_ticket_stays_open_through_a_pass_that_did_not_measure_storage
 def test_the_kept_event_says_what_was_not_measured_and_changes_nothing_stored(tickets: LocalTickets) -> None:
     night(tickets, 1, [STORAGE])
     [before] = tickets.tickets()
-    events = reconcile(tickets, verdicts("night-2"), run_id="night-2", now=T0 + 2 * DAY,
-                       evidence=RunEvidence(results=results("night-2", storage=False)))  # fmt: skip
+    events = reconcile(
+        tickets,
+        verdicts("night-2"),
+        run_id="night-2",
+        now=T0 + 2 * DAY,
+        evidence=RunEvidence(results=results("night-2", storage=False)),
+    )
     [kept] = events
     assert kept.kind == "kept"
     assert "did not measure storage (storage_read_gbps) on n1" in kept.detail
@@ -124,13 +159,21 @@ def test_measured_is_one_check_over_gpu_uuid_gpu_index_node_and_pair_peer() -> N
     measured_rows = results("r", storage=False)
     replaced = measured_rows["gpu_uuid"].astype("string").eq(uuid("n1", 3))
     measured_rows.loc[replaced, "gpu_uuid"] = "GPU-new"  # GPU 3 of n1 replaced: a new UUID, same index
-    faults = pd.DataFrame({
-        "node": ["n1", "n1", "n1", "n2", "n1", "n3"],
-        "gpu_uuid": [uuid("n1", 0), uuid("n1", 3), "", "", "", ""],
-        "gpu": pd.array([0, 3, None, None, None, None], dtype="Int64"),
-        "metrics": [("pcie_gen",), ("pcie_gen",), ("storage_read_gbps",), ("nccl_pair_busbw_gbps",),
-                    ("nvlink_down",), ("gemm_bf16_tflops",)],
-    })  # fmt: skip
+    faults = pd.DataFrame(
+        {
+            "node": ["n1", "n1", "n1", "n2", "n1", "n3"],
+            "gpu_uuid": [uuid("n1", 0), uuid("n1", 3), "", "", "", ""],
+            "gpu": pd.array([0, 3, None, None, None, None], dtype="Int64"),
+            "metrics": [
+                ("pcie_gen",),
+                ("pcie_gen",),
+                ("storage_read_gbps",),
+                ("nccl_pair_busbw_gbps",),
+                ("nvlink_down",),
+                ("gemm_bf16_tflops",),
+            ],
+        }
+    )
     assert measured(faults, measured_rows).tolist() == [True, True, False, True, True, False]
     assert measured(faults, None).tolist() == [False] * 6
 
@@ -185,8 +228,14 @@ def _held_back() -> pd.DataFrame:
 
 
 def test_an_incident_is_one_ticket_naming_every_node_held_back_hard_gates_first(tickets: LocalTickets) -> None:
-    event = open_incident(tickets, run_id="night-1", now=T0, incident="3 GPU nodes would carry …",
-                          findings=_held_back(), report="s3://b/report.html")  # fmt: skip
+    event = open_incident(
+        tickets,
+        run_id="night-1",
+        now=T0,
+        incident="3 GPU nodes would carry …",
+        findings=_held_back(),
+        report="s3://b/report.html",
+    )
     assert event is not None
     assert event.kind == "opened"
     [ticket] = tickets.tickets()
@@ -241,8 +290,9 @@ def test_tickets_list_shows_what_a_store_without_ticketing_recorded(
         for column in ("node", "gpu_uuid", "gpu_model", "peer"):
             frame[column] = frame[column].astype("string")
         store.objects.put(folder + "verdicts.parquet", frame.to_parquet())
-        store.objects.put(f"tickets/pending/run={run_id}.json",
-                          json.dumps({"run_id": run_id, "day": day, "tickets": 2}).encode())  # fmt: skip
+        store.objects.put(
+            f"tickets/pending/run={run_id}.json", json.dumps({"run_id": run_id, "day": day, "tickets": 2}).encode()
+        )
     assert main(["tickets", "list", "--store", tmp_path.as_uri(), "--state", "open"]) == 0
     out = capsys.readouterr().out
     assert "recorded in" in out

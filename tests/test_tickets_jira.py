@@ -61,9 +61,7 @@ def comments(fake: FakeJira, key: str) -> list[str]:
 
 def test_a_ticket_lives_as_one_issue_from_open_to_done(fake: FakeJira) -> None:
     tickets = backend(fake)
-    evidence = RunEvidence(
-        report="https://reports.example.com/night-1.html", stacks={"n1": {"driver": "570.86"}}
-    )
+    evidence = RunEvidence(report="https://reports.example.com/night-1.html", stacks={"n1": {"driver": "570.86"}})
     [opened] = night(tickets, 1, [THERMAL], evidence=evidence)
     key = opened.ticket.id
     assert (key, opened.ticket.external_key) == ("OPS-1", "OPS-1")
@@ -74,8 +72,14 @@ def test_a_ticket_lives_as_one_issue_from_open_to_done(fake: FakeJira) -> None:
         "High",
         "OPS",
     )
-    assert set(issue["labels"]) == {"gpucert", "gpucert-open", f"gpucert-fp-{opened.ticket.fingerprint.digest}",
-                                    "gpucert-node-n1", "gpucert-remediation", "gpucert-cause-thermal"}  # fmt: skip
+    assert set(issue["labels"]) == {
+        "gpucert",
+        "gpucert-open",
+        f"gpucert-fp-{opened.ticket.fingerprint.digest}",
+        "gpucert-node-n1",
+        "gpucert-remediation",
+        "gpucert-cause-thermal",
+    }
     assert "report: https://reports.example.com/night-1.html" in issue["description"]
     assert "stack: driver=570.86" in issue["description"]
 
@@ -105,8 +109,10 @@ def test_a_ticket_lives_as_one_issue_from_open_to_done(fake: FakeJira) -> None:
 
     ticket = tickets.get(key)
     assert (ticket.state, ticket.occurrences, [r.action for r in ticket.remediations]) == (
-        "resolved", 3, ["reset_gpu", "reboot_node"]
-    )  # fmt: skip
+        "resolved",
+        3,
+        ["reset_gpu", "reboot_node"],
+    )
     assert tickets.tickets(state="open") == []
     assert [t.id for t in tickets.tickets(state="resolved", nodes=["n1"])] == [key]
     assert "OPS-1  resolved  replacement" in tickets_list(tickets)
@@ -171,9 +177,7 @@ def test_a_personal_access_token_is_sent_as_a_bearer_token(fake: FakeJira) -> No
     assert fake.requests[-1][2]["Authorization"] == f"Bearer {TOKEN}"
 
 
-def test_errors_name_the_call_and_never_carry_the_token(
-    fake: FakeJira, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_errors_name_the_call_and_never_carry_the_token(fake: FakeJira, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     encoded = base64.b64encode(f"{USER}:{TOKEN}".encode()).decode()
 
@@ -189,9 +193,7 @@ def test_errors_name_the_call_and_never_carry_the_token(
     tickets = backend(fake)
     tickets.tickets()  # connected
     fake.fail_next = [500]
-    with pytest.raises(
-        TicketError, match=r"find the ticket of n1/GPU-n1-2/thermal failed: HTTP 500"
-    ) as failed:
+    with pytest.raises(TicketError, match=r"find the ticket of n1/GPU-n1-2/thermal failed: HTTP 500") as failed:
         night(tickets, 1, [THERMAL])
     assert not leaks(failed.value)
     assert TOKEN not in repr(tickets)
@@ -226,9 +228,7 @@ def test_an_unknown_project_or_done_transition_is_a_ticket_error(fake: FakeJira)
 def test_many_tickets_page_through_search(fake: FakeJira) -> None:
     fake.max_page = 2  # the server caps a page, as Jira does; the client pages on
     tickets = backend(fake)
-    flagged = [
-        {"node": n, "gpu": g, "cause": "xid", "action": "reset_gpu"} for n in ("n1", "n2") for g in range(3)
-    ]
+    flagged = [{"node": n, "gpu": g, "cause": "xid", "action": "reset_gpu"} for n in ("n1", "n2") for g in range(3)]
     assert len(night(tickets, 1, flagged)) == 6
     fake.requests.clear()
     assert len(tickets.tickets(state="open")) == 6

@@ -84,15 +84,20 @@ def jira() -> Iterator[FakeJira]:
 @pytest.fixture
 def cli_env(s3: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The command line reaches SeaweedFS as a user reaches any S3 endpoint: boto3's own environment."""
-    for name, value in (("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-                        ("AWS_DEFAULT_REGION", REGION), ("AWS_ENDPOINT_URL_S3", s3)):  # fmt: skip
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+        ("AWS_DEFAULT_REGION", REGION),
+        ("AWS_ENDPOINT_URL_S3", s3),
+    ):
         monkeypatch.setenv(name, value)
     return s3
 
 
 def _store(endpoint: str, prefix: str) -> BaselineStore:
-    credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY),
-                                 region_name=REGION)  # fmt: skip
+    credentials = AwsCredentials(
+        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY), region_name=REGION
+    )
     return BaselineStore(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
 
 
@@ -106,8 +111,9 @@ def _issues(fake: FakeJira, label: str) -> list[dict[str, Any]]:
     return [i for i in fake.issues.values() if label in i["fields"]["labels"]]
 
 
-def _certify(sim: SimCluster, store: BaselineStore, policy: CertificationPolicy, *, storage: bool,
-             nodes: list[str] | None = None) -> CertifyOutcome:  # fmt: skip
+def _certify(
+    sim: SimCluster, store: BaselineStore, policy: CertificationPolicy, *, storage: bool, nodes: list[str] | None = None
+) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path), storage_host_path="/mnt/datasets" if storage else None)
     return asyncio.run(certify(cluster=cluster, store=store, policy=policy, nodes=nodes))
 
@@ -134,8 +140,16 @@ def test_a_storage_fault_stays_ticketed_and_tainted_until_a_run_measures_storage
         assert "gpucert-cause-storage" in issue["fields"]["labels"]
 
         # A GPU reset is no repair of a storage mount: refused before anything is recorded, exit 2.
-        release = ["release", slow, "--kubeconfig", str(sim.kubeconfig_path), "--store", f"s3://{BUCKET}/clearing",
-                   "--ticketing", "ops-jira-30"]  # fmt: skip
+        release = [
+            "release",
+            slow,
+            "--kubeconfig",
+            str(sim.kubeconfig_path),
+            "--store",
+            f"s3://{BUCKET}/clearing",
+            "--ticketing",
+            "ops-jira-30",
+        ]
         assert main([*release, "--action", "reset_gpu"]) == 2
         err = capsys.readouterr().err
         assert "--action reset_gpu does not fit ticket" in err
@@ -191,8 +205,20 @@ def test_a_blast_radius_incident_opens_one_ticket_pages_audits_and_exits_5(
         names = sim.fleet.node_names
         sim.inject_fault(Fault("pcie_gen4", names[0], 2))
         sim.inject_fault(Fault("remap_failure", names[3], 1))
-        code = main(["certify", "--kubeconfig", str(sim.kubeconfig_path), "--store", f"s3://{BUCKET}/incident",
-                     "--ticketing", "ops-jira-30", "--policy", str(policy), "--json"])  # fmt: skip
+        code = main(
+            [
+                "certify",
+                "--kubeconfig",
+                str(sim.kubeconfig_path),
+                "--store",
+                f"s3://{BUCKET}/incident",
+                "--ticketing",
+                "ops-jira-30",
+                "--policy",
+                str(policy),
+                "--json",
+            ]
+        )
         captured = capsys.readouterr()
         assert code == 5, captured.err
         outcome = CertifyOutcome.model_validate_json(captured.out)
@@ -227,9 +253,7 @@ def test_a_blast_radius_incident_opens_one_ticket_pages_audits_and_exits_5(
         assert event["payload"]["findings"][0]["hard_gate"] is True
 
 
-def test_a_busy_node_telemetry_asks_about_gets_a_maintenance_ticket_after_busy_nights(
-    s3: str, jira: FakeJira
-) -> None:
+def test_a_busy_node_telemetry_asks_about_gets_a_maintenance_ticket_after_busy_nights(s3: str, jira: FakeJira) -> None:
     store = _store(s3, "busy")
     policy = CertificationPolicy(ticketing=_ticketing(jira, "ops-jira-30"), escalation={"busy_nights": 3})
     with SimCluster(nodes=4, preconfigured=True, seed=21) as sim:
@@ -239,20 +263,37 @@ def test_a_busy_node_telemetry_asks_about_gets_a_maintenance_ticket_after_busy_n
         for name in names:  # every node certified a moment ago: only what telemetry asks about is due
             kube.merge_patch("v1", "Node", name, {"metadata": {"annotations": {"gpucert.io/certified-at": stamp}}})
         busy = names[2]
-        kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "training", "namespace": "default"},
-                     "spec": {"nodeName": busy, "containers": [{"name": "c", "image": "trainer",
-                              "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}})  # fmt: skip
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "training", "namespace": "default"},
+                "spec": {
+                    "nodeName": busy,
+                    "containers": [{"name": "c", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                },
+            }
+        )
         sim.inject_fault(Fault("pcie_gen4", busy, 3))
         # The two nights before, as operate recorded them: the node was asked about, and busy.
         objects = store.open().objects
         today = datetime.now(UTC).date()
         for back in (2, 1):
             night = (today - timedelta(days=back)).isoformat()
-            objects.put(f"{BUSY_PREFIX}night={night}.json",
-                        json.dumps({"night": night, "nodes": {busy: "telemetry: pcie"}}).encode())  # fmt: skip
+            objects.put(
+                f"{BUSY_PREFIX}night={night}.json",
+                json.dumps({"night": night, "nodes": {busy: "telemetry: pcie"}}).encode(),
+            )
 
-        tonight = asyncio.run(operate(cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)), store=store,
-                                      policy=policy, rotation_days=30.0, scrape_interval_s=1.0))  # fmt: skip
+        tonight = asyncio.run(
+            operate(
+                cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
+                store=store,
+                policy=policy,
+                rotation_days=30.0,
+                scrape_interval_s=1.0,
+            )
+        )
         assert busy in tonight.asked
         assert busy in tonight.postponed
         assert busy not in tonight.due
@@ -281,5 +322,7 @@ def test_tickets_list_shows_what_an_s3_store_recorded_for_want_of_ticketing(
     out = capsys.readouterr().out
     assert f"recorded in s3://{BUCKET}/recorded by runs without ticketing" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("recorded:")]
-    assert sorted((r[2], r[3], r[5]) for r in rows) == [("remediation", "n1", "storage"),
-                                                       ("replacement", "n2", "row_remap")]  # fmt: skip
+    assert sorted((r[2], r[3], r[5]) for r in rows) == [
+        ("remediation", "n1", "storage"),
+        ("replacement", "n2", "row_remap"),
+    ]

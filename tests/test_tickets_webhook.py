@@ -90,8 +90,13 @@ def test_each_change_is_posted_as_a_slack_compatible_message(receiver: Receiver,
 
     bodies = receiver.bodies()
     assert [b["gpucert"]["event"] for b in bodies] == [
-        "opened", "remediated", "updated", "remediated", "escalated", "resolved"
-    ]  # fmt: skip
+        "opened",
+        "remediated",
+        "updated",
+        "remediated",
+        "escalated",
+        "resolved",
+    ]
     opened = bodies[0]
     assert opened["text"] == ":rotating_light: gpucert opened: [remediation] n1 GPU 2 thermal: check_cooling"
     assert [b["type"] for b in opened["blocks"]] == ["header", "section", "section", "context"]
@@ -153,34 +158,27 @@ def test_a_webhook_that_keeps_failing_leaks_no_secret_anywhere(
     caplog.set_level(logging.DEBUG)
     secrets = (HOOK, "XxSecretPathXx", HEADER_SECRET, SIGNING)
     block = Ticketing(
-        backend="webhook", url=SecretStr(receiver.url), path=str(tmp_path),
-        headers={"Authorization": SecretStr(HEADER_SECRET)}, signing_secret=SecretStr(SIGNING),
-    )  # fmt: skip
+        backend="webhook",
+        url=SecretStr(receiver.url),
+        path=str(tmp_path),
+        headers={"Authorization": SecretStr(HEADER_SECRET)},
+        signing_secret=SecretStr(SIGNING),
+    )
     tickets = block.open()
     assert isinstance(tickets, WebhookTickets)
     tickets.backoff_s = 0.01
     receiver.statuses = [500] * 10
-    with pytest.raises(
-        TicketError, match=r"webhook http://127\.0\.0\.1:\d+/…: HTTP 500 after 5 attempts"
-    ) as failed:
+    with pytest.raises(TicketError, match=r"webhook http://127\.0\.0\.1:\d+/…: HTTP 500 after 5 attempts") as failed:
         night(tickets, 1, [THERMAL])
     assert len(receiver.received) == 5
     assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 4
-    shown = (
-        "".join(traceback.format_exception(failed.value))
-        + caplog.text
-        + repr(block)
-        + str(block)
-        + repr(tickets)
-    )
+    shown = "".join(traceback.format_exception(failed.value)) + caplog.text + repr(block) + str(block) + repr(tickets)
     shown += str(block.model_dump()) + block.model_dump_json()
     assert not [s for s in secrets if s in shown]
     assert tickets.tickets() == []  # rolled back: nothing stored unannounced
 
     # The receiver gone altogether: a connection error, retried, and still no secret.
-    dead = WebhookTickets(
-        SecretStr("http://127.0.0.1:9" + HOOK), tmp_path / "s.sqlite", retries=1, backoff_s=0.01
-    )
+    dead = WebhookTickets(SecretStr("http://127.0.0.1:9" + HOOK), tmp_path / "s.sqlite", retries=1, backoff_s=0.01)
     with pytest.raises(TicketError, match="ConnectError") as refused:
         night(dead, 1, [THERMAL])
     shown = "".join(traceback.format_exception(refused.value)) + caplog.text

@@ -135,9 +135,7 @@ def test_repeats_that_disagree_are_unstable_and_warn(seeded: Seeded) -> None:
 
 def test_a_slow_gpu_is_judged_against_its_own_baseline(seeded: Seeded) -> None:
     node = seeded.fleet.node_names[9]
-    wave = seeded.night(
-        [Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.955, "hbm": 1.0})], seed=5003
-    )
+    wave = seeded.night([Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.955, "hbm": 1.0})], seed=5003)
     got = row(seeded.judge(wave), node, 6)
     assert got["verdict"] in ("warn", "fail")
     assert got["metric"] == "gemm_bf16_tflops"
@@ -154,11 +152,7 @@ def test_a_new_gpu_is_judged_by_its_peers(seeded: Seeded) -> None:
     table = swapped.gpu_table()
     target = table[table["gpu_uuid"].isin(new)].iloc[0]
     slow = seeded.night(
-        [
-            Fault(
-                "slow_silicon", node=target["node"], gpu=int(target["gpu"]), params={"gemm": 0.88, "hbm": 1.0}
-            )
-        ],
+        [Fault("slow_silicon", node=target["node"], gpu=int(target["gpu"]), params={"gemm": 0.88, "hbm": 1.0})],
         seed=5005,
         fleet=swapped,
     )
@@ -301,9 +295,7 @@ def test_a_missing_gpu_gets_a_failing_row_even_without_any_row_of_its_own(seeded
 
 def test_observe_only_and_policy_thresholds_come_from_the_policy(seeded: Seeded, tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = seeded.fleet.node_names[9]
-    wave = seeded.night(
-        [Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.95, "hbm": 1.0})], seed=5015
-    )
+    wave = seeded.night([Fault("slow_silicon", node=node, gpu=6, params={"gemm": 0.95, "hbm": 1.0})], seed=5015)
     strict = tmp_path / "policy.yaml"
     strict.write_text(
         "metrics:\n  gemm_bf16_tflops:\n    warn_drop_pct: 20\n    fail_drop_pct: 30\n    node_drop_pct: 30\n"

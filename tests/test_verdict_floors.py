@@ -141,9 +141,7 @@ def _scale(
 
 
 @pytest.mark.parametrize("metric", FLOORED)
-def test_a_floor_miss_its_own_history_and_node_agree_with_only_warns(
-    floors_fleet: Floors, metric: str
-) -> None:
+def test_a_floor_miss_its_own_history_and_node_agree_with_only_warns(floors_fleet: Floors, metric: str) -> None:
     night = floors_fleet.night()
     target = _lowest_with_history(night, floors_fleet.baseline, metric)
     verdicts = judge(night, floors_fleet.baseline, floors=_floors_with(metric, target["value"] * 1.0005))
@@ -162,9 +160,7 @@ def test_a_floor_miss_with_a_drop_against_its_own_history_fails(floors_fleet: Fl
     target = _lowest_with_history(night, floors_fleet.baseline, metric)
     drop = 1 - 1.5 * default_policy().metrics[metric].warn_drop_pct / 100
     dropped = _scale(night, metric, drop, str(target["node"]), _gpu_of(target))
-    got = _target(
-        judge(dropped, floors_fleet.baseline, floors=_floors_with(metric, target["value"] * 1.0005)), target
-    )
+    got = _target(judge(dropped, floors_fleet.baseline, floors=_floors_with(metric, target["value"] * 1.0005)), target)
     assert got["verdict"] == "fail", got["reasons"]
     assert got["reference_kind"] == "spec"
     assert "below its own baseline" in got["reasons"]
@@ -178,9 +174,7 @@ def test_a_floor_miss_with_a_drop_against_its_own_history_fails(floors_fleet: Fl
 def test_a_floor_miss_without_history_fails(floors_fleet: Floors, metric: str) -> None:
     night = floors_fleet.night(seed=902)
     target = _lowest_with_history(night, floors_fleet.baseline, metric)
-    got = _target(
-        judge(night, empty_baseline(), floors=_floors_with(metric, target["value"] * 1.0005)), target
-    )
+    got = _target(judge(night, empty_baseline(), floors=_floors_with(metric, target["value"] * 1.0005)), target)
     assert got["verdict"] == "fail", got["reasons"]
     assert got["reference_kind"] == "spec"
     assert "no history" in got["reasons"]
@@ -196,9 +190,7 @@ def test_a_floor_miss_its_node_peers_disagree_with_fails(floors_fleet: Floors, m
     for gpu in range(floors_fleet.fleet.gpus_per_node):
         if gpu != _gpu_of(target):
             night = _scale(night, metric, up, node, gpu)
-    got = _target(
-        judge(night, floors_fleet.baseline, floors=_floors_with(metric, target["value"] * 1.0005)), target
-    )
+    got = _target(judge(night, floors_fleet.baseline, floors=_floors_with(metric, target["value"] * 1.0005)), target)
     assert got["verdict"] == "fail", got["reasons"]
     assert "behind the other GPUs of its node" in got["reasons"]
 
@@ -217,12 +209,8 @@ def test_a_fleet_shift_under_the_warn_drop_backs_no_floor_miss(floors_fleet: Flo
 # --- host-side metrics -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("signal", "value"), [("pcie_gen", 4.0), ("pcie_width", 8.0), ("pcie_replays_per_min", 50.0)]
-)
-def test_an_h2d_floor_miss_with_a_pcie_signature_fails_pcie(
-    floors_fleet: Floors, signal: str, value: float
-) -> None:
+@pytest.mark.parametrize(("signal", "value"), [("pcie_gen", 4.0), ("pcie_width", 8.0), ("pcie_replays_per_min", 50.0)])
+def test_an_h2d_floor_miss_with_a_pcie_signature_fails_pcie(floors_fleet: Floors, signal: str, value: float) -> None:
     night = floors_fleet.night(seed=904)
     target = _lowest_with_history(night, floors_fleet.baseline, "h2d_gbps")
     tele = (night["metric"] == signal) & (night["node"] == target["node"]) & (night["gpu"] == target["gpu"])

@@ -54,9 +54,7 @@ def with_nics(results: pd.DataFrame, changed: dict[str, dict[str, float]]) -> pd
         for metric, value in {**HEALTHY, **changed.get(str(ident["node"]), {})}.items()
     ]
     extra = pd.DataFrame(rows)[list(results.columns)]
-    plain = results.astype(
-        {c: object for c in results.columns if isinstance(results[c].dtype, pd.CategoricalDtype)}
-    )
+    plain = results.astype({c: object for c in results.columns if isinstance(results[c].dtype, pd.CategoricalDtype)})
     return parse_results(pd.concat([plain, extra], ignore_index=True), "test night")
 
 
@@ -114,9 +112,7 @@ def test_each_nic_fault_fails_its_node_with_cause_network(
 
 def test_a_few_received_errors_pass_and_the_gates_come_from_the_policy(night: pd.DataFrame) -> None:
     node = node_of(night, 2)
-    results = with_nics(
-        night, {node: {"ib_rcv_errors": 10, "ib_rate_min_gbps": 200, "ib_rate_max_gbps": 200}}
-    )
+    results = with_nics(night, {node: {"ib_rcv_errors": 10, "ib_rate_min_gbps": 200, "ib_rate_max_gbps": 200}})
     assert row(judge(results, empty_baseline()), node)["verdict"] == "pass"
     strict = load_policy(overrides={"gates": {"ib_rcv_errors": 0, "ib_rate_gbps": 400}})
     got = row(judge(results, empty_baseline(), policy=strict), node)
@@ -162,8 +158,7 @@ def test_a_slow_storage_read_is_cause_storage(night: pd.DataFrame) -> None:
     slow = frame["node"] == nodes[6]
     frame.loc[slow, "value"] = 2.0
     plain = [
-        f.astype({c: object for c in f.columns if isinstance(f[c].dtype, pd.CategoricalDtype)})
-        for f in (night, frame)
+        f.astype({c: object for c in f.columns if isinstance(f[c].dtype, pd.CategoricalDtype)}) for f in (night, frame)
     ]
     results = parse_results(pd.concat(plain, ignore_index=True), "test night")
     got = row(judge(results, empty_baseline()), nodes[6])
@@ -174,9 +169,7 @@ def test_a_slow_storage_read_is_cause_storage(night: pd.DataFrame) -> None:
 
 def test_every_cause_has_a_layer_and_an_action() -> None:
     assert set(LAYER_OF_CAUSE.values()) == set(LAYERS)
-    assert {layer_of(c) for c in ("thermal", "power", "ecc", "row_remap", "xid", "slow_silicon", "pcie")} == {
-        "gpu"
-    }
+    assert {layer_of(c) for c in ("thermal", "power", "ecc", "row_remap", "xid", "slow_silicon", "pcie")} == {"gpu"}
     assert (layer_of("nvlink"), layer_of("network"), layer_of("storage")) == ("nvlink", "network", "storage")
     assert (layer_of("config"), layer_of("unknown"), layer_of(""), layer_of("gremlins")) == (
         "stack",

@@ -152,9 +152,7 @@ async def _render(values: Mapping[str, Any], deployment: str = "certify") -> tup
 async def _create_as_the_worker(kubeconfig: Path, manifest: Mapping[str, Any]) -> str:
     """Create the Job as prefect-kubernetes' worker does (``kubernetes_asyncio``); returns its name."""
     configuration = kubernetes_asyncio.client.Configuration()
-    await kubernetes_asyncio.config.load_kube_config(
-        config_file=str(kubeconfig), client_configuration=configuration
-    )
+    await kubernetes_asyncio.config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     async with kubernetes_asyncio.client.ApiClient(configuration) as api:
         # The worker passes the manifest as a dict, as here (the stubs say V1Job).
         job = await kubernetes_asyncio.client.BatchV1Api(api).create_namespaced_job(
@@ -177,8 +175,13 @@ def rbac() -> list[dict[str, Any]]:
     with SimCluster(nodes=1, controllers=False) as sim:
         nodes = connect(sim.kubeconfig_path).nodes()
     matrix = load_matrix()
-    plan = plan_stack([node_info(n, matrix.gpu_models) for n in nodes], StackRequest(), matrix,
-                      namespace=STACK_NAMESPACE, label_prefix="gpucert.io")  # fmt: skip
+    plan = plan_stack(
+        [node_info(n, matrix.gpu_models) for n in nodes],
+        StackRequest(),
+        matrix,
+        namespace=STACK_NAMESPACE,
+        label_prefix="gpucert.io",
+    )
     return [dict(m.obj) for m in render_stack(plan) if m.step == "rbac"]
 
 
@@ -218,8 +221,13 @@ def _server_check(job_variables: Mapping[str, Any]) -> None:
     prefect's ValidationError."""
     variables = _template()["variables"]
     defaults = {name: spec["default"] for name, spec in variables["properties"].items() if "default" in spec}
-    validate_variables({**defaults, **job_variables}, variables, raise_on_error=True, ignore_required=True,
-                       allow_none_with_default=True)  # fmt: skip
+    validate_variables(
+        {**defaults, **job_variables},
+        variables,
+        raise_on_error=True,
+        ignore_required=True,
+        allow_none_with_default=True,
+    )
 
 
 def test_prefect_yamls_pools_pass_and_an_account_outside_gpucerts_roles_is_refused() -> None:
@@ -234,8 +242,13 @@ def test_prefect_yamls_pools_pass_and_an_account_outside_gpucerts_roles_is_refus
 def test_the_pools_service_accounts_are_gpucerts_two_roles(rbac: list[dict[str, Any]]) -> None:
     """Least privilege: a flow run may only be one of the accounts bound to gpucert's roles, in its namespace."""
     accounts = {o["metadata"]["name"]: o for o in rbac if o["kind"] == "ServiceAccount"}
-    bound = {(s["name"], s["namespace"]) for o in rbac if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
-             for s in o["subjects"] if s["kind"] == "ServiceAccount"}  # fmt: skip
+    bound = {
+        (s["name"], s["namespace"])
+        for o in rbac
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for s in o["subjects"]
+        if s["kind"] == "ServiceAccount"
+    }
     variables = _template()["variables"]["properties"]
     allowed = variables["service_account_name"]["enum"]
     assert {(name, variables["namespace"]["default"]) for name in allowed} == bound
@@ -251,9 +264,7 @@ def test_the_pools_service_accounts_are_gpucerts_two_roles(rbac: list[dict[str, 
 
 
 @pytest.mark.parametrize("version", _kubernetes_versions())
-def test_the_flow_runs_job_is_valid_kubernetes(
-    rendered: tuple[dict[str, Any], FlowRun], version: str
-) -> None:
+def test_the_flow_runs_job_is_valid_kubernetes(rendered: tuple[dict[str, Any], FlowRun], version: str) -> None:
     _validate(rendered[0], version)
 
 
@@ -362,9 +373,12 @@ WORKER = f"system:serviceaccount:{STACK_NAMESPACE}:prefect-worker"
 #: prefect-helm's charts/prefect-worker/templates/role.yaml: what the chart's worker account may do.
 HELM_CHART_ROLE = [
     {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status"], "verbs": ["get", "watch", "list"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"],
-     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-]  # fmt: skip
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+]
 
 
 def test_the_workers_own_account_is_valid_and_no_wider_than_the_prefect_worker_chart_plus_kopfs_events() -> None:
@@ -376,8 +390,9 @@ def test_the_workers_own_account_is_valid_and_no_wider_than_the_prefect_worker_c
     [role] = [o for o in objects if o["kind"] == "Role"]
     for rule in role["rules"]:
         for group, resource, verb in itertools.product(rule["apiGroups"], rule["resources"], rule["verbs"]):
-            chart = any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
-                        for r in HELM_CHART_ROLE)  # fmt: skip
+            chart = any(
+                group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in HELM_CHART_ROLE
+            )
             assert chart or (resource, verb) in {("events", "create"), ("events", "patch")}, (group, resource, verb)
 
 
@@ -396,13 +411,21 @@ def test_the_worker_creates_and_follows_its_job_as_its_own_account_with_nothing_
         name = asyncio.run(_create_as_the_worker(as_worker, job))
         worker = connect(as_worker)
         # What the worker and its observer do next: watch the Job, find its pod, read its status and log.
-        pod = eventually(lambda: next(iter(worker.list_objects("v1", "Pod", namespace=STACK_NAMESPACE,
-                                                               label_selector=f"job-name={name}")), None))  # fmt: skip
+        pod = eventually(
+            lambda: next(
+                iter(worker.list_objects("v1", "Pod", namespace=STACK_NAMESPACE, label_selector=f"job-name={name}")),
+                None,
+            )
+        )
         worker.get("batch/v1", "Job", name, namespace=STACK_NAMESPACE)
         worker.pod_log(pod["metadata"]["name"], namespace=STACK_NAMESPACE)
         asked = [r for r in sim.requests if r.user == WORKER]
         assert {(r.verb, r.resource, r.subresource) for r in asked} >= {
-            ("create", "jobs", ""), ("list", "pods", ""), ("get", "jobs", ""), ("get", "pods", "log")}
+            ("create", "jobs", ""),
+            ("list", "pods", ""),
+            ("get", "jobs", ""),
+            ("get", "pods", "log"),
+        }
         grants = grants_of(objects, WORKER, extra_cluster_rules=DISCOVERY_RULES)
         refused = [r for r in asked if not grants.allows(r)]
         assert refused == []
@@ -433,8 +456,9 @@ def _switched(folder: Path) -> Path:
 
 
 def _prefect(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PREFECT, "--no-prompt", *args], env=dict(env), cwd=ROOT,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    return subprocess.run(
+        [PREFECT, "--no-prompt", *args], env=dict(env), cwd=ROOT, capture_output=True, text=True, check=False
+    )
 
 
 @pytest.fixture
@@ -444,21 +468,16 @@ def api_env() -> dict[str, str]:
 
     url = PREFECT_API_URL.value()
     assert url, "the Prefect test harness sets PREFECT_API_URL"
-    return {**os.environ, "PREFECT_API_URL": str(url), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "DO_NOT_TRACK": "1"}  # fmt: skip
+    return {**os.environ, "PREFECT_API_URL": str(url), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
 
 
 async def _on_the_pool(client: PrefectClient) -> dict[str, DeploymentResponse]:
     """The deployments of the kubernetes pool, by the name prefect.yaml gives them (``-k8s`` dropped)."""
-    found = await client.read_deployments(
-        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL]))
-    )
+    found = await client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])))
     return {d.name.removesuffix("-k8s"): d for d in found}
 
 
-async def _resolve_every_run() -> dict[
-    str, tuple[DeploymentResponse, KubernetesWorkerJobConfiguration, FlowRun]
-]:
+async def _resolve_every_run() -> dict[str, tuple[DeploymentResponse, KubernetesWorkerJobConfiguration, FlowRun]]:
     """For each deployment on the pool: the deployment as the server holds it, and a new run of it with the
     job configuration the worker makes for that run."""
     answers = {}
@@ -467,9 +486,7 @@ async def _resolve_every_run() -> dict[
         assert pool.type == "kubernetes"
         assert pool.base_job_template == _template()
         for name, deployment in (await _on_the_pool(client)).items():
-            run = await client.create_flow_run_from_deployment(
-                deployment.id, parameters=PARAMETERS.get(name, {})
-            )
+            run = await client.create_flow_run_from_deployment(deployment.id, parameters=PARAMETERS.get(name, {}))
             # What the worker does with each run it picks up (BaseWorker._submit_run_and_capture_errors).
             configuration = await KubernetesWorkerJobConfiguration.resolve_for_flow_run(
                 run, client=client, work_pool=pool, worker_name="in-cluster-worker"
@@ -483,9 +500,7 @@ async def _refused_status(job_variables: dict[str, Any]) -> int:
     async with get_client() as client:
         flow_id = next(iter((await _on_the_pool(client)).values())).flow_id
         with pytest.raises(PrefectHTTPStatusError) as refused:
-            await client.create_deployment(
-                flow_id, "wrong-k8s", work_pool_name=POOL, job_variables=job_variables
-            )
+            await client.create_deployment(flow_id, "wrong-k8s", work_pool_name=POOL, job_variables=job_variables)
         return refused.value.response.status_code
 
 
@@ -493,8 +508,9 @@ async def _clean_up() -> None:
     """Delete the pool's deployments, their runs and the pool: the session's server is shared."""
     async with get_client() as client:
         for deployment in (await _on_the_pool(client)).values():
-            runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(
-                any_=[deployment.id])))  # fmt: skip
+            runs = await client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+            )
             for run in runs:
                 await client.delete_flow_run(run.id)
             await client.delete_deployment(deployment.id)
@@ -505,16 +521,32 @@ async def _clean_up() -> None:
 def test_every_deployment_moved_to_the_pool_runs_as_its_role_in_the_image(
     api_env: dict[str, str], tmp_path: Path
 ) -> None:
-    created = _prefect("work-pool", "create", POOL, "--type", "kubernetes", "--base-job-template", str(TEMPLATE),
-                       "--overwrite", env=api_env)  # fmt: skip
+    created = _prefect(
+        "work-pool",
+        "create",
+        POOL,
+        "--type",
+        "kubernetes",
+        "--base-job-template",
+        str(TEMPLATE),
+        "--overwrite",
+        env=api_env,
+    )
     assert created.returncode == 0, created.stdout + created.stderr
     path = _switched(tmp_path)
     try:
         deployed = _prefect("deploy", "--all", "--prefect-file", str(path), env=api_env)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         answers = asyncio.run(_resolve_every_run())
-        assert set(answers) == {"configure", "certify", "certify-shard", "operate", "onboard-node", "release",
-                                "explain-job"}  # fmt: skip
+        assert set(answers) == {
+            "configure",
+            "certify",
+            "certify-shard",
+            "operate",
+            "onboard-node",
+            "release",
+            "explain-job",
+        }
         for name, (deployment, configuration, run) in answers.items():
             job = configuration.job_manifest
             account = "gpucert-configure" if name in CONFIGURE_DEPLOYMENTS else "gpucert-runtime"
@@ -539,11 +571,10 @@ def test_every_deployment_moved_to_the_pool_runs_as_its_role_in_the_image(
 
 def _instructions(text: str) -> list[tuple[str, str]]:
     """A Containerfile's instructions, (KEYWORD, arguments), continuation lines joined, comments dropped."""
-    joined = re.sub(
-        r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    )
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
-            for line in joined.splitlines() if line.strip()]  # fmt: skip
+    joined = re.sub(r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip()) for line in joined.splitlines() if line.strip()
+    ]
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
@@ -555,18 +586,18 @@ def _ignored(path: str, patterns: list[str]) -> bool:
     for pattern in patterns:
         negated = pattern.startswith("!")
         glob = pattern.lstrip("!").strip("/")
-        if any(
-            fnmatch.fnmatchcase(c, glob) or fnmatch.fnmatchcase(c, glob.removeprefix("**/"))
-            for c in candidates
-        ):
+        if any(fnmatch.fnmatchcase(c, glob) or fnmatch.fnmatchcase(c, glob.removeprefix("**/")) for c in candidates):
             ignored = not negated
     return ignored
 
 
 def test_the_containerfile_builds_what_the_pool_runs(rendered: tuple[dict[str, Any], FlowRun]) -> None:
     steps = _instructions(CONTAINERFILE.read_text())
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]  # fmt: skip
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     # The base image: the tests' Python at a fixed patch release (a digest may follow), in every stage.
     [(_, arg)] = [s for s in steps if s[0] == "ARG" and s[1].startswith("PYTHON_IMAGE=")]
     image = arg.split("=", 1)[1]
@@ -609,8 +640,11 @@ def test_the_containerfile_builds_what_the_pool_runs(rendered: tuple[dict[str, A
 
 
 def test_the_lock_pins_every_dependency_of_gpucert() -> None:
-    lines = [line for line in (ROOT / "requirements.lock").read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+    lines = [
+        line
+        for line in (ROOT / "requirements.lock").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     pins = {}
     for line in lines:
         name, sep, version = line.partition("==")
@@ -638,15 +672,20 @@ def test_the_image_and_the_wheel_leave_the_simulator_out() -> None:
     # Only gpucert's own packages, none of them the simulator's (its old homes were gpucert's sim and fleet).
     assert all(p == "gpucert" or p.startswith("gpucert.") for p in packages), packages
     assert not [p for p in packages if p.split(".")[-1] in ("sim", "fleet")]
-    product = {canonicalize_name(Requirement(text).name)
-               for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}  # fmt: skip
+    product = {
+        canonicalize_name(Requirement(text).name)
+        for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
     simulator = tomllib.loads((ROOT / "sim" / "pyproject.toml").read_text())["project"]
     assert simulator["name"] == "gpucert-sim"
     own = {canonicalize_name(Requirement(text).name) for text in simulator["dependencies"]} - {"gpucert"}
     assert own == {"aiohttp", "jsonpatch"}
     assert not own & product
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]  # fmt: skip
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert _ignored("sim/gpucert_sim/__init__.py", patterns)
     assert not (ROOT / "gpucert" / "sim").exists()
     assert not (ROOT / "gpucert" / "fleet").exists()

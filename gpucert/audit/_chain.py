@@ -141,8 +141,9 @@ def check_chain(segments: Sequence[Segment], head: Mapping[str, Any] | None) -> 
                 return ChainCheck((), f"{_where(segment.key, line)} is not an audit entry: it was changed")
             if _hash_or_none(entry) != entry["hash"]:
                 seq = entry.get("seq", "?")
-                return ChainCheck((), f"entry #{seq} ({_where(segment.key, line)}) was changed: its content "
-                                      "no longer has its hash")  # fmt: skip
+                return ChainCheck(
+                    (), f"entry #{seq} ({_where(segment.key, line)}) was changed: its content no longer has its hash"
+                )
             by_hash.setdefault(entry["hash"], (entry, segment.key, line))
             rows.append(entry)
         parsed.append((segment, rows))
@@ -157,8 +158,11 @@ def check_chain(segments: Sequence[Segment], head: Mapping[str, Any] | None) -> 
             return ChainCheck((), f"entry #{want_seq}{after} is missing: it was removed")
         entry = found[0]
         if entry.get("seq") != want_seq:
-            return ChainCheck((), f"entry #{entry.get('seq')} ({_where(found[1], found[2])}) stands where "
-                                  f"#{want_seq} belongs: entries were reordered")  # fmt: skip
+            return ChainCheck(
+                (),
+                f"entry #{entry.get('seq')} ({_where(found[1], found[2])}) stands where "
+                f"#{want_seq} belongs: entries were reordered",
+            )
         chain.append(entry)
         want = str(entry.get("prev"))
         want_seq = int(entry["seq"]) - 1
@@ -177,15 +181,20 @@ def check_chain(segments: Sequence[Segment], head: Mapping[str, Any] | None) -> 
             continue
         if len(mine) != len(rows):
             stray = next(r for r in rows if r["hash"] not in on_chain)
-            return ChainCheck((), f"entry #{stray.get('seq')} in {segment.key} is not part of the trail: "
-                                  "it was inserted")  # fmt: skip
+            return ChainCheck(
+                (), f"entry #{stray.get('seq')} in {segment.key} is not part of the trail: it was inserted"
+            )
         stored += [(r, segment.key, i) for i, r in enumerate(rows, start=1)]
     for position, (expected, (got, key, line)) in enumerate(zip(chain, stored, strict=False)):
         if got["hash"] != expected["hash"]:
-            return ChainCheck((), f"entry #{got.get('seq')} ({_where(key, line)}) is out of order: entry "
-                                  f"#{position + 1} belongs there; entries were swapped or moved")  # fmt: skip
+            return ChainCheck(
+                (),
+                f"entry #{got.get('seq')} ({_where(key, line)}) is out of order: entry "
+                f"#{position + 1} belongs there; entries were swapped or moved",
+            )
     if len(stored) != len(chain):
         extra = abs(len(stored) - len(chain))
-        return ChainCheck((), f"{counted(extra, 'entry', 'entries')} {'is' if extra == 1 else 'are'} stored twice or "
-                              "out of place")
+        return ChainCheck(
+            (), f"{counted(extra, 'entry', 'entries')} {'is' if extra == 1 else 'are'} stored twice or out of place"
+        )
     return ChainCheck(tuple(chain), None, tuple(orphans))

@@ -66,7 +66,10 @@ class AuditAction:
             "ts": when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "action": self.action,
             "object": {
-                "apiVersion": self.api_version, "kind": self.kind, "name": self.name, "namespace": self.namespace,
+                "apiVersion": self.api_version,
+                "kind": self.kind,
+                "name": self.name,
+                "namespace": self.namespace,
             },
             "before": self.before,
             "after": self.after,
@@ -119,8 +122,9 @@ class AuditLog:
             self.objects.put_if(key, data, if_match=None)
             new_head = {"seq": entries[-1]["seq"], "hash": entries[-1]["hash"], "segment": key}
             try:
-                self.objects.put_if(HEAD_KEY, canonical_json(new_head),
-                                    if_match=head_blob.etag if head_blob is not None else None)  # fmt: skip
+                self.objects.put_if(
+                    HEAD_KEY, canonical_json(new_head), if_match=head_blob.etag if head_blob is not None else None
+                )
             except StoreConflict:
                 self._discard(key)
                 continue
@@ -157,9 +161,7 @@ class AuditLog:
             return ChainCheck((), f"{HEAD_KEY} was changed: {exc}")
         return check_chain(self.segments(), head)
 
-    def history(
-        self, *, node: str | None = None, since: datetime | None = None
-    ) -> list[dict[str, Any]]:
+    def history(self, *, node: str | None = None, since: datetime | None = None) -> list[dict[str, Any]]:
         """The chain's entries, oldest first, about ``node`` (any object of that name, and tickets and
         Jobs recorded for it) and at or after ``since``. Raises :class:`~gpucert.errors.StoreError` when
         the trail does not check out (a broken trail is not shown as if it were whole)."""

@@ -46,13 +46,24 @@ _UNRECORDED_KINDS = frozenset({"Event", "Lease"})
 _OFF_CLUSTER = frozenset({"Ticket", "Baseline"})
 _WARNING_ACTIONS = frozenset({"taint.add", "cordon", "ticket.open", "ticket.escalate", "baseline.rollback"})
 _REASONS = {
-    "taint.add": "TaintAdded", "taint.lift": "TaintLifted", "taint.set": "TaintsSet", "label": "Labelled",
+    "taint.add": "TaintAdded",
+    "taint.lift": "TaintLifted",
+    "taint.set": "TaintsSet",
+    "label": "Labelled",
     "annotate": "Annotated",
-    "condition": "ConditionSet", "cordon": "Cordoned", "uncordon": "Uncordoned", "job.create": "JobCreated",
-    "job.delete": "JobDeleted", "apply": "Applied", "create": "Created", "delete": "Deleted",
-    "ticket.open": "TicketOpened", "ticket.update": "TicketUpdated", "ticket.escalate": "TicketEscalated",
+    "condition": "ConditionSet",
+    "cordon": "Cordoned",
+    "uncordon": "Uncordoned",
+    "job.create": "JobCreated",
+    "job.delete": "JobDeleted",
+    "apply": "Applied",
+    "create": "Created",
+    "delete": "Deleted",
+    "ticket.open": "TicketOpened",
+    "ticket.update": "TicketUpdated",
+    "ticket.escalate": "TicketEscalated",
     "ticket.resolve": "TicketResolved",
-}  # fmt: skip
+}
 
 
 class AuditRecorder:
@@ -124,8 +135,7 @@ class AuditRecorder:
         when they happened."""
         at = datetime.now(UTC)
         with self._lock:
-            self._pending += [_stamped(a, a.why or self._why_of(a.name), self.default_why, a.at or at)
-                              for a in actions]  # fmt: skip
+            self._pending += [_stamped(a, a.why or self._why_of(a.name), self.default_why, a.at or at) for a in actions]
 
     def _why_of(self, name: str) -> str:
         return self._why.get(name, self.default_why)
@@ -147,8 +157,16 @@ class AuditRecorder:
     def _on_baseline(self, change: BaselineChange) -> None:
         action = "baseline.rollback" if change.action == "rollback" else "baseline.write"
         why = f"{self.default_why} ({change.message})" if self.default_why else change.message
-        self.note(AuditAction(action, "Baseline", change.version, before={"version": change.previous},
-                              after={"version": change.version}, why=why))  # fmt: skip
+        self.note(
+            AuditAction(
+                action,
+                "Baseline",
+                change.version,
+                before={"version": change.previous},
+                after={"version": change.version},
+                why=why,
+            )
+        )
 
     @property
     def pending(self) -> int:
@@ -167,8 +185,7 @@ class AuditRecorder:
             return []
         started = time.perf_counter()
         try:
-            entries = self.log.append(actions, run_id=self.run_id, trigger=self.trigger, actor=self.actor,
-                                      now=now)  # fmt: skip
+            entries = self.log.append(actions, run_id=self.run_id, trigger=self.trigger, actor=self.actor, now=now)
         except Exception:
             with self._lock:
                 self._pending = actions + self._pending
@@ -196,8 +213,9 @@ class AuditRecorder:
 
         with ThreadPoolExecutor(max_workers=min(8, len(about)), thread_name_prefix="gpucert-events") as pool:
             with self._lock:
-                unseen = sorted({str(ref["name"]) for _, ref in about
-                                 if ref["kind"] == "Node" and _ref_key(ref) not in self._uids})  # fmt: skip
+                unseen = sorted(
+                    {str(ref["name"]) for _, ref in about if ref["kind"] == "Node" and _ref_key(ref) not in self._uids}
+                )
             # A node no write of this run answered with (a ticket's): read once, for its uid.
             read = dict(zip(unseen, pool.map(lambda name: _node_uid(kube, name), unseen), strict=True))
             with self._lock:
@@ -223,24 +241,38 @@ def _stamped(action: AuditAction, why: str, step: str, at: datetime) -> AuditAct
 
 # --- tickets ---------------------------------------------------------------------------------------------
 
-_TICKET_ACTIONS = {"opened": "ticket.open", "reopened": "ticket.open", "escalated": "ticket.escalate",
-                   "resolved": "ticket.resolve"}  # fmt: skip
+_TICKET_ACTIONS = {
+    "opened": "ticket.open",
+    "reopened": "ticket.open",
+    "escalated": "ticket.escalate",
+    "resolved": "ticket.resolve",
+}
 
 
 def _ticket_side(ticket: Ticket | None) -> dict[str, Any] | None:
     if ticket is None:
         return None
-    return {"node": ticket.node, "gpu_uuid": ticket.gpu_uuid or None, "cause": ticket.cause, "kind": ticket.kind,
-            "state": ticket.state, "external_key": ticket.external_key or None}  # fmt: skip
+    return {
+        "node": ticket.node,
+        "gpu_uuid": ticket.gpu_uuid or None,
+        "cause": ticket.cause,
+        "kind": ticket.kind,
+        "state": ticket.state,
+        "external_key": ticket.external_key or None,
+    }
 
 
 def ticket_action(event: TicketEvent) -> AuditAction:
     """The audit action of one ticket event (opened, reopened, updated, escalated, resolved, remediated)."""
     return AuditAction(
-        _TICKET_ACTIONS.get(event.kind, "ticket.update"), "Ticket", event.ticket.id or event.ticket.title,
-        api_version="gpucert.io/v1", before=_ticket_side(event.previous), after=_ticket_side(event.ticket),
+        _TICKET_ACTIONS.get(event.kind, "ticket.update"),
+        "Ticket",
+        event.ticket.id or event.ticket.title,
+        api_version="gpucert.io/v1",
+        before=_ticket_side(event.previous),
+        after=_ticket_side(event.ticket),
         why=event.detail,
-    )  # fmt: skip
+    )
 
 
 # --- a Kubernetes write as audit actions ----------------------------------------------------------------
@@ -286,8 +318,9 @@ def _node_actions(change: KubeChange, act: Callable[..., AuditAction]) -> list[A
             out.append(act(action, before=was, after=dict(changed)))
     if "unschedulable" in spec:
         action = "cordon" if spec["unschedulable"] else "uncordon"
-        out.append(act(action, before=old_spec.get("unschedulable") if change.before else None,
-                       after=spec["unschedulable"]))  # fmt: skip
+        out.append(
+            act(action, before=old_spec.get("unschedulable") if change.before else None, after=spec["unschedulable"])
+        )
     return out or [act("apply", after=dict(patch))]
 
 
@@ -352,7 +385,8 @@ def _event(entry: Mapping[str, Any], regarding: dict[str, Any], instance: str, u
         "kind": "Event",
         # Node events live in "default", as the kubelet's do.
         "metadata": {
-            "name": name, "namespace": regarding.get("namespace") or "default",
+            "name": name,
+            "namespace": regarding.get("namespace") or "default",
             "labels": {"app.kubernetes.io/managed-by": CONTROLLER},
         },
         "eventTime": _micro_time(str(entry.get("ts", ""))),

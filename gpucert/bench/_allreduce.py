@@ -100,9 +100,7 @@ def run_allreduce(torch: Any, cfg: AllReduceConfig) -> list[float]:
     ctx = tmp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = _free_port()
-    procs = tmp.start_processes(
-        _worker, args=(cfg, port, results), nprocs=cfg.ranks, join=False, start_method="spawn"
-    )
+    procs = tmp.start_processes(_worker, args=(cfg, port, results), nprocs=cfg.ranks, join=False, start_method="spawn")
     deadline = time.monotonic() + cfg.timeout_s + 60.0  # start-up (imports, NCCL init) comes on top
     try:
         while not procs.join(timeout=0.1):

@@ -49,8 +49,16 @@ from ._stability import (
     DEFAULT_UNSTABLE_FACTOR,
 )
 
-__all__ = ["ArgumentsError", "build_pair_parser", "build_parser", "check_args", "check_pair_args", "main",
-           "parse_args", "parse_pair_args"]  # fmt: skip
+__all__ = [
+    "ArgumentsError",
+    "build_pair_parser",
+    "build_parser",
+    "check_args",
+    "check_pair_args",
+    "main",
+    "parse_args",
+    "parse_pair_args",
+]
 
 _RUN_ID = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _GiB, _MiB, _KiB = 1 << 30, 1 << 20, 1 << 10
@@ -87,9 +95,7 @@ MAX_METRIC_REPEATS = 25
 _N = TypeVar("_N", int, float)
 
 
-def _number(
-    convert: Callable[[str], _N], accept: Callable[[_N], bool], noun: str, rule: str
-) -> Callable[[str], _N]:
+def _number(convert: Callable[[str], _N], accept: Callable[[_N], bool], noun: str, rule: str) -> Callable[[str], _N]:
     """An argument type: ``convert`` the text (else "is not ``noun``"), then ``accept`` it (else ``rule``)."""
 
     def parse(text: str) -> _N:
@@ -105,17 +111,11 @@ def _number(
 
 
 _positive_int = _number(int, lambda v: v >= 1, "an integer", "must be at least 1")
-_seconds = _number(
-    float, lambda v: 0 <= v < math.inf, "a number of seconds", "seconds must be a finite number ≥ 0"
-)
-_gigabytes = _number(
-    float, lambda v: 0 < v < math.inf, "a size in GB", "a size in GB must be a finite number above 0"
-)
+_seconds = _number(float, lambda v: 0 <= v < math.inf, "a number of seconds", "seconds must be a finite number ≥ 0")
+_gigabytes = _number(float, lambda v: 0 < v < math.inf, "a size in GB", "a size in GB must be a finite number above 0")
 _factor = _number(float, lambda v: 1 < v < math.inf, "a number", "the factor must be a finite number above 1")
 _percent = _number(float, lambda v: 0 < v < 100, "a number", "a percentage between 0 and 100")
-_step_factor = _number(
-    int, lambda v: v >= 2, "a whole number", "the step factor is a whole number of at least 2"
-)
+_step_factor = _number(int, lambda v: v >= 2, "a whole number", "the step factor is a whole number of at least 2")
 
 
 def _size(text: str) -> int:
@@ -125,9 +125,7 @@ def _size(text: str) -> int:
     try:
         value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size (bytes, or a number with K, M or G)"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M or G)") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return value
@@ -204,16 +202,8 @@ def _master(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 address) → (host, port)."""
     host, colon, port = text.strip().rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if (
-        not colon
-        or not host
-        or not port.isdigit()
-        or not 0 < int(port) < 65536
-        or any(c.isspace() for c in host)
-    ):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not HOST:PORT (e.g. pair-0.pair.gpucert-system.svc:29500)"
-        )
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. pair-0.pair.gpucert-system.svc:29500)")
     return host, int(port)
 
 
@@ -250,36 +240,76 @@ def _shared_arguments(p: argparse.ArgumentParser, *, cpu_devices: int) -> None:
     p.add_argument("--run-id", required=True, type=_run_id, help="the certification run (a DNS label)")
     p.add_argument("--node", type=_node, help="this node (default: $NODE_NAME, else the hostname)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--cpu-devices", type=_positive_int, default=cpu_devices,
-                   help=f"pretend GPUs (one process each) on --device cpu ({cpu_devices})")  # fmt: skip
+    p.add_argument(
+        "--cpu-devices",
+        type=_positive_int,
+        default=cpu_devices,
+        help=f"pretend GPUs (one process each) on --device cpu ({cpu_devices})",
+    )
     p.add_argument("--repeats", type=_positive_int, default=3, help="measurements per benchmark (default 3)")
-    p.add_argument("--max-repeats", type=_positive_int, default=DEFAULT_MAX_REPEATS,
-                   help="when a benchmark's repeats disagree (robust CV or transients beyond the noise model), "
-                   f"measure more, up to this many in all (default {DEFAULT_MAX_REPEATS}; never fewer than "
-                   "--repeats: equal to it turns extra repeats off)")  # fmt: skip
-    p.add_argument("--cv-rep", type=_cv_rep, action="append", default=[], metavar="METRIC=CV",
-                   help="expected run-to-run CV of a metric, the policy's metrics.<name>.cv_rep (repeatable; "
-                   "defaults as in gpucert/data/policy.yaml)")  # fmt: skip
-    p.add_argument("--repeats-of", type=_repeats_of, action="append", default=[], metavar="METRIC=N",
-                   help="measure METRIC N times (never fewer than --repeats): the policy's "
-                   "metrics.<name>.repeats (repeatable; defaults as in gpucert/data/policy.yaml: "
-                   + ", ".join(f"{m}={n}" for m, n in DEFAULT_REPEATS_OF.items()) + ")")  # fmt: skip
-    p.add_argument("--unstable-factor", type=_factor, default=DEFAULT_UNSTABLE_FACTOR,
-                   help="repeats disagree above this many times the expected CV: the policy's "
-                   f"repeats.unstable_factor (default {DEFAULT_UNSTABLE_FACTOR:g})")  # fmt: skip
-    p.add_argument("--transient-pct", type=_percent, default=DEFAULT_TRANSIENT_PCT,
-                   help="a repeat this far below its median (at least) is a transient: the policy's "
-                   f"repeats.transient_pct (default {DEFAULT_TRANSIENT_PCT:g})")  # fmt: skip
-    p.add_argument("--deadline-seconds", type=_seconds,
-                   help="seconds from the payload's start by which it must be done (the Job's deadline less "
-                   "image pull and scheduling): extra repeats, and a pair's rendezvous, start only while "
-                   "they and the work ahead fit (default: $GPUCERT_DEADLINE_S; none: no deadline)")  # fmt: skip
-    p.add_argument("--nccl-tests", metavar="PATH",
-                   help="all_reduce_perf: when executable it measures the all-reduce instead of torch (a "
-                   "pair's: built with MPI=1, run under mpirun when --mpi-hosts is given)")  # fmt: skip
-    p.add_argument("--nccl-tests-args", type=_nccl_tests_args, default=(), metavar="ARGS",
-                   help="more all_reduce_perf options, one shell-quoted string (e.g. '-d bfloat16 -G 1'); "
-                   "not those the payload sets: -t -g -b -e -i -f -n -c")  # fmt: skip
+    p.add_argument(
+        "--max-repeats",
+        type=_positive_int,
+        default=DEFAULT_MAX_REPEATS,
+        help="when a benchmark's repeats disagree (robust CV or transients beyond the noise model), "
+        f"measure more, up to this many in all (default {DEFAULT_MAX_REPEATS}; never fewer than "
+        "--repeats: equal to it turns extra repeats off)",
+    )
+    p.add_argument(
+        "--cv-rep",
+        type=_cv_rep,
+        action="append",
+        default=[],
+        metavar="METRIC=CV",
+        help="expected run-to-run CV of a metric, the policy's metrics.<name>.cv_rep (repeatable; "
+        "defaults as in gpucert/data/policy.yaml)",
+    )
+    p.add_argument(
+        "--repeats-of",
+        type=_repeats_of,
+        action="append",
+        default=[],
+        metavar="METRIC=N",
+        help="measure METRIC N times (never fewer than --repeats): the policy's "
+        "metrics.<name>.repeats (repeatable; defaults as in gpucert/data/policy.yaml: "
+        + ", ".join(f"{m}={n}" for m, n in DEFAULT_REPEATS_OF.items())
+        + ")",
+    )
+    p.add_argument(
+        "--unstable-factor",
+        type=_factor,
+        default=DEFAULT_UNSTABLE_FACTOR,
+        help="repeats disagree above this many times the expected CV: the policy's "
+        f"repeats.unstable_factor (default {DEFAULT_UNSTABLE_FACTOR:g})",
+    )
+    p.add_argument(
+        "--transient-pct",
+        type=_percent,
+        default=DEFAULT_TRANSIENT_PCT,
+        help="a repeat this far below its median (at least) is a transient: the policy's "
+        f"repeats.transient_pct (default {DEFAULT_TRANSIENT_PCT:g})",
+    )
+    p.add_argument(
+        "--deadline-seconds",
+        type=_seconds,
+        help="seconds from the payload's start by which it must be done (the Job's deadline less "
+        "image pull and scheduling): extra repeats, and a pair's rendezvous, start only while "
+        "they and the work ahead fit (default: $GPUCERT_DEADLINE_S; none: no deadline)",
+    )
+    p.add_argument(
+        "--nccl-tests",
+        metavar="PATH",
+        help="all_reduce_perf: when executable it measures the all-reduce instead of torch (a "
+        "pair's: built with MPI=1, run under mpirun when --mpi-hosts is given)",
+    )
+    p.add_argument(
+        "--nccl-tests-args",
+        type=_nccl_tests_args,
+        default=(),
+        metavar="ARGS",
+        help="more all_reduce_perf options, one shell-quoted string (e.g. '-d bfloat16 -G 1'); "
+        "not those the payload sets: -t -g -b -e -i -f -n -c",
+    )
     p.add_argument("--stack-json", metavar="PATH", help="also write the stack record to this file")
 
 
@@ -287,78 +317,129 @@ def _node_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-n", type=_positive_int, help="square BF16 GEMM size (cuda 8192, cpu 256)")
     p.add_argument("--gemm-shape", type=_shape, help="GEMM shape MxNxK instead of --gemm-n")
     p.add_argument("--gemm-seconds", type=_seconds, help="sustained time per GEMM repeat (cuda 30, cpu 0.05)")
-    p.add_argument("--gemm-warmup-seconds", type=_seconds,
-                   help="untimed GEMM first, so the GPU is hot when measured (cuda 10, cpu 0)")  # fmt: skip
+    p.add_argument(
+        "--gemm-warmup-seconds",
+        type=_seconds,
+        help="untimed GEMM first, so the GPU is hot when measured (cuda 10, cpu 0)",
+    )
     p.add_argument("--copy-bytes", type=_size, help="HBM copy buffer (cuda 2G, cpu 8M)")
     p.add_argument("--h2d-bytes", type=_size, help="pinned host↔device buffer (cuda 1G, cpu 8M)")
     p.add_argument("--bw-seconds", type=_seconds, help="time per copy/H2D/D2H repeat (cuda 1, cpu 0.02)")
     p.add_argument("--allreduce-bytes", type=_size, help="all-reduce message (cuda 8G, cpu 1M)")
-    p.add_argument(
-        "--allreduce-iters", type=_positive_int, help="all-reduces timed per repeat (cuda 20, cpu 5)"
-    )
+    p.add_argument("--allreduce-iters", type=_positive_int, help="all-reduces timed per repeat (cuda 20, cpu 5)")
     p.add_argument("--skip", action="append", choices=STEPS, default=[], help="leave a step out (repeatable)")
+    p.add_argument("--dcgm", action="store_true", help="also run 'dcgmi diag -r LEVEL -j' when dcgmi is present")
     p.add_argument(
-        "--dcgm", action="store_true", help="also run 'dcgmi diag -r LEVEL -j' when dcgmi is present"
+        "--dcgm-level",
+        type=int,
+        choices=DIAG_LEVELS,
+        help="the dcgmi diag level (1 quick, the default; 2 medium; 3 and 4 long: allow for them in "
+        "the Job's deadline); implies --dcgm",
     )
-    p.add_argument("--dcgm-level", type=int, choices=DIAG_LEVELS,
-                   help="the dcgmi diag level (1 quick, the default; 2 medium; 3 and 4 long: allow for them in "
-                   "the Job's deadline); implies --dcgm")  # fmt: skip
-    p.add_argument("--expected-gpus", type=_positive_int,
-                   help="GPUs the node advertises (default: $GPUCERT_EXPECTED_GPUS; none: no row)")  # fmt: skip
+    p.add_argument(
+        "--expected-gpus",
+        type=_positive_int,
+        help="GPUs the node advertises (default: $GPUCERT_EXPECTED_GPUS; none: no row)",
+    )
     p.add_argument("--sample-interval", type=_seconds, default=0.2, help="NVML sampling period (0.2 s)")
-    p.add_argument("--step-timeout", type=_seconds, default=0.0,
-                   help="seconds before a step counts as hung (default: from the step's length)")  # fmt: skip
-    p.add_argument("--ib-sysfs", metavar="PATH", default=SYSFS_ROOT,
-                   help=f"where the RDMA devices' ports are read (default {SYSFS_ROOT}; none there: no NIC "
-                   "rows)")  # fmt: skip
-    p.add_argument("--ib-devices", action="append", default=[], metavar="PATTERN",
-                   help="read only the RDMA devices matching this shell pattern, e.g. 'mlx5_[0-7]' to leave "
-                   "storage and management NICs out of the rate comparison (repeatable; default: all)")  # fmt: skip
-    p.add_argument("--storage-path", metavar="PATH",
-                   help="a mounted volume (PVC or host path) whose sequential read throughput to measure: "
-                   "storage_read_gbps, with fio when on the PATH (default: no storage step)")  # fmt: skip
-    p.add_argument("--storage-size-gb", type=_gigabytes,
-                   help="the size of the file written once and read per repeat, in GB (cuda 4, cpu 0.064)")  # fmt: skip
+    p.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        default=0.0,
+        help="seconds before a step counts as hung (default: from the step's length)",
+    )
+    p.add_argument(
+        "--ib-sysfs",
+        metavar="PATH",
+        default=SYSFS_ROOT,
+        help=f"where the RDMA devices' ports are read (default {SYSFS_ROOT}; none there: no NIC rows)",
+    )
+    p.add_argument(
+        "--ib-devices",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="read only the RDMA devices matching this shell pattern, e.g. 'mlx5_[0-7]' to leave "
+        "storage and management NICs out of the rate comparison (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--storage-path",
+        metavar="PATH",
+        help="a mounted volume (PVC or host path) whose sequential read throughput to measure: "
+        "storage_read_gbps, with fio when on the PATH (default: no storage step)",
+    )
+    p.add_argument(
+        "--storage-size-gb",
+        type=_gigabytes,
+        help="the size of the file written once and read per repeat, in GB (cuda 4, cpu 0.064)",
+    )
 
 
 def _pair_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", nargs=2, type=_node, metavar="NODE",
-                   help="the pair's two nodes: this node must be one, the peer the other")  # fmt: skip
-    p.add_argument("--peer", type=_node, help="the other node, when known in advance (checked)")
-    p.add_argument("--rank", type=_rank, help="this node's rank in the pair (default: $JOB_COMPLETION_INDEX, "
-                   "else an MPI launcher's $OMPI_COMM_WORLD_RANK or $PMI_RANK)")  # fmt: skip
-    p.add_argument("--master", type=_master, metavar="HOST:PORT",
-                   help="the rendezvous: node rank 0 serves it, node rank 1 connects to it")  # fmt: skip
-    p.add_argument("-b", "--min-bytes", type=_size, help="smallest message (cuda 1M, cpu 64K)")
     p.add_argument(
-        "-e", "--max-bytes", type=_size, help="largest message, the one reported (cuda 8G, cpu 1M)"
+        "--nodes",
+        nargs=2,
+        type=_node,
+        metavar="NODE",
+        help="the pair's two nodes: this node must be one, the peer the other",
     )
+    p.add_argument("--peer", type=_node, help="the other node, when known in advance (checked)")
+    p.add_argument(
+        "--rank",
+        type=_rank,
+        help="this node's rank in the pair (default: $JOB_COMPLETION_INDEX, "
+        "else an MPI launcher's $OMPI_COMM_WORLD_RANK or $PMI_RANK)",
+    )
+    p.add_argument(
+        "--master",
+        type=_master,
+        metavar="HOST:PORT",
+        help="the rendezvous: node rank 0 serves it, node rank 1 connects to it",
+    )
+    p.add_argument("-b", "--min-bytes", type=_size, help="smallest message (cuda 1M, cpu 64K)")
+    p.add_argument("-e", "--max-bytes", type=_size, help="largest message, the one reported (cuda 8G, cpu 1M)")
     p.add_argument("-f", "--step-factor", type=_step_factor, default=2, help="size multiplier (2)")
     p.add_argument("-n", "--iters", type=_positive_int, help="all-reduces timed per size (cuda 20, cpu 5)")
+    p.add_argument("-w", "--warmup-iters", type=_positive_int, help="untimed all-reduces first (cuda 5, cpu 1)")
+    p.add_argument("--rendezvous-timeout", type=_seconds, help="seconds to wait for the other node (cuda 900, cpu 60)")
     p.add_argument(
-        "-w", "--warmup-iters", type=_positive_int, help="untimed all-reduces first (cuda 5, cpu 1)"
+        "--step-timeout",
+        type=_seconds,
+        help="each collective's timeout, and the process group's start (cuda 300, cpu 60)",
     )
-    p.add_argument("--rendezvous-timeout", type=_seconds,
-                   help="seconds to wait for the other node (cuda 900, cpu 60)")  # fmt: skip
-    p.add_argument("--step-timeout", type=_seconds,
-                   help="each collective's timeout, and the process group's start (cuda 300, cpu 60)")  # fmt: skip
-    p.add_argument("--mpi-hosts", type=_hosts, metavar="HOST:GPUS,HOST:GPUS",
-                   help="the two hosts for mpirun -H (the nccl-tests path)")  # fmt: skip
-    p.add_argument("--mpirun-args", type=_words, default=(), metavar="ARGS",
-                   help="more mpirun options, one shell-quoted string (e.g. '--allow-run-as-root -x "
-                   "NCCL_DEBUG')")  # fmt: skip
+    p.add_argument(
+        "--mpi-hosts",
+        type=_hosts,
+        metavar="HOST:GPUS,HOST:GPUS",
+        help="the two hosts for mpirun -H (the nccl-tests path)",
+    )
+    p.add_argument(
+        "--mpirun-args",
+        type=_words,
+        default=(),
+        metavar="ARGS",
+        help="more mpirun options, one shell-quoted string (e.g. '--allow-run-as-root -x NCCL_DEBUG')",
+    )
 
 
 #: unit → (prog, description, default --cpu-devices, its own arguments)
 _UNITS: dict[str, tuple[str, str, int, Callable[[argparse.ArgumentParser], None]]] = {
-    "node": ("python -m gpucert.bench",
-             "Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, and the stack "
-             "record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations default to full size "
-             "on cuda and to tiny values on cpu.", 2, _node_arguments),
-    "pair": ("python -m gpucert.bench pair",
-             "One side of a two-node all-reduce (every GPU of both nodes): results rows (nccl_pair_busbw_gbps, "
-             "peer = the other node) on stdout, the sweep and messages on stderr.", 1, _pair_arguments),
-}  # fmt: skip
+    "node": (
+        "python -m gpucert.bench",
+        "Benchmark this node's GPUs and print results rows (JSON lines) on stdout. Messages, and the stack "
+        "record (one line 'gpucert-stack: {...}'), go to stderr. Sizes and durations default to full size "
+        "on cuda and to tiny values on cpu.",
+        2,
+        _node_arguments,
+    ),
+    "pair": (
+        "python -m gpucert.bench pair",
+        "One side of a two-node all-reduce (every GPU of both nodes): results rows (nccl_pair_busbw_gbps, "
+        "peer = the other node) on stdout, the sweep and messages on stderr.",
+        1,
+        _pair_arguments,
+    ),
+}
 
 
 def _build(unit: str, strict: bool) -> argparse.ArgumentParser:
@@ -419,9 +500,7 @@ class _Parsed:
     def shared(self) -> dict[str, Any]:
         """The options every unit takes (see :class:`gpucert.bench._run.UnitOptions`)."""
         a = self.a
-        deadline = (
-            a.deadline_seconds if a.deadline_seconds is not None else self.env("GPUCERT_DEADLINE_S", _seconds)
-        )
+        deadline = a.deadline_seconds if a.deadline_seconds is not None else self.env("GPUCERT_DEADLINE_S", _seconds)
         return {
             "run_id": a.run_id,
             "node": a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname(),

@@ -104,9 +104,7 @@ def _tests(node: Any) -> Iterator[DcgmTest]:
         results = node.get("results")
         if isinstance(name, str) and isinstance(results, list):
             found = tuple(
-                (_gpu_of(r), _status(r.get("status")))
-                for r in results
-                if isinstance(r, dict) and "status" in r
+                (_gpu_of(r), _status(r.get("status"))) for r in results if isinstance(r, dict) and "status" in r
             )
             if found:
                 yield DcgmTest(name, found)

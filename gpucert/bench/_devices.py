@@ -61,8 +61,9 @@ class Discovery:
     notes: list[str] = field(default_factory=list)
 
 
-def discover(kind: str, *, cpu_devices: int = 2, hostname: str | None = None, nvml_module: Any = None,
-             use_nvml: bool = True) -> Discovery:  # fmt: skip
+def discover(
+    kind: str, *, cpu_devices: int = 2, hostname: str | None = None, nvml_module: Any = None, use_nvml: bool = True
+) -> Discovery:
     """Find the devices: NVML first (identity, telemetry), then torch (what can be benchmarked)."""
     host = hostname or socket.gethostname()
     found = Discovery(kind)
@@ -85,9 +86,7 @@ def discover(kind: str, *, cpu_devices: int = 2, hostname: str | None = None, nv
         }
         found.model = "cpu"
         if found.nvml is not None:
-            found.notes.append(
-                "--device cpu: NVML telemetry of this machine's GPUs is not attributed to CPU devices"
-            )
+            found.notes.append("--device cpu: NVML telemetry of this machine's GPUs is not attributed to CPU devices")
         return found
     nvml_devices = dict(found.devices)
     torch_devices = _torch_devices(found)

@@ -31,9 +31,15 @@ __all__ = [
 
 #: ``all_reduce_perf`` options (short → long) the payload sets itself; see the module docstring.
 OWN_OPTIONS = {
-    "t": "nthreads", "g": "ngpus", "b": "minbytes", "e": "maxbytes", "i": "stepbytes", "f": "stepfactor",
-    "n": "iters", "c": "check",
-}  # fmt: skip
+    "t": "nthreads",
+    "g": "ngpus",
+    "b": "minbytes",
+    "e": "maxbytes",
+    "i": "stepbytes",
+    "f": "stepfactor",
+    "n": "iters",
+    "c": "check",
+}
 
 
 class NcclTestsError(ValueError):
@@ -106,9 +112,7 @@ def parse_all_reduce_perf(text: str) -> AllReducePerf:
         if not words[0].isdigit():
             continue  # other tools' chatter (NCCL INFO lines, warnings): not part of the table
         if len(words) < 10:
-            raise NcclTestsError(
-                f"line {line_no}: a table row with {len(words)} fields (truncated?): {line!r}"
-            )
+            raise NcclTestsError(f"line {line_no}: a table row with {len(words)} fields (truncated?): {line!r}")
         size, count = int(words[0]), _number(words[1], line_no, "count")
         dtype = words[2]
         for in_place, part in ((False, words[-8:-4]), (True, words[-4:])):
@@ -118,9 +122,7 @@ def parse_all_reduce_perf(text: str) -> AllReducePerf:
             wrong = None if part[3].upper() == "N/A" else int(_number(part[3], line_no, "#wrong"))
             points.append(NcclTestsPoint(size, int(count), dtype, in_place, time_us, algbw, busbw, wrong))
     if not points:
-        raise NcclTestsError(
-            "no all_reduce_perf table rows found (the run failed or the output is truncated)"
-        )
+        raise NcclTestsError("no all_reduce_perf table rows found (the run failed or the output is truncated)")
     return AllReducePerf(tuple(points), avg, oob)
 
 
@@ -153,8 +155,24 @@ def run_all_reduce_perf(
     """Run ``all_reduce_perf`` at one size over ``gpus`` GPUs of one process, ``extra_args`` after the
     payload's options; return the parse and stdout. Raises ``ValueError`` for an ``extra_args`` entry that
     sets an option the payload sets (:func:`check_extra_args`) and :class:`NcclTestsError` for a failed run."""
-    cmd = [path, "-b", str(nbytes), "-e", str(nbytes), "-f", "2", "-g", str(gpus), "-n", str(iters),
-           "-w", str(warmup), "-c", "1", *check_extra_args(extra_args)]  # fmt: skip
+    cmd = [
+        path,
+        "-b",
+        str(nbytes),
+        "-e",
+        str(nbytes),
+        "-f",
+        "2",
+        "-g",
+        str(gpus),
+        "-n",
+        str(iters),
+        "-w",
+        str(warmup),
+        "-c",
+        "1",
+        *check_extra_args(extra_args),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         tail = " ".join((done.stderr or done.stdout).split()[-40:])

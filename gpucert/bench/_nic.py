@@ -220,9 +220,7 @@ def nic_rows(before: NicReading, after: NicReading) -> tuple[dict[str, float], l
         if min(rates) < max(rates):
             readings = [p for k in keys for p in (before.ports.get(k), after.ports.get(k)) if p is not None]
             slow = sorted({p.name for p in readings if p.rate_gbps == min(rates)})
-            notes.append(
-                f"RDMA port(s) {', '.join(slow)} at {min(rates):g} Gb/s, the fastest at {max(rates):g}"
-            )
+            notes.append(f"RDMA port(s) {', '.join(slow)} at {min(rates):g} Gb/s, the fastest at {max(rates):g}")
     for counter, metric in COUNTER_METRICS.items():
         total, known = _increase(counter, keys, before, after, problems)
         if known:

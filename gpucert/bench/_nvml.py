@@ -419,9 +419,7 @@ class Sampler:
             # A lost GPU answers nothing more; what was read before it fell off stays.
             return
         power = self._call(st, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
-        limits = [
-            v for v in (st.power_start, None if power is None else float(power) / 1000.0) if v is not None
-        ]
+        limits = [v for v in (st.power_start, None if power is None else float(power) / 1000.0) if v is not None]
         if limits:
             values["power_limit_w"] = min(limits)
         replays = self._call(st, "pcie_replays_per_min", "nvmlDeviceGetPcieReplayCounter", h)

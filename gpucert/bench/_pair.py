@@ -108,9 +108,7 @@ def sweep_sizes(min_bytes: int, max_bytes: int, factor: int) -> tuple[int, ...]:
     Raises ``ValueError`` when MIN exceeds MAX or FACTOR is below 2.
     """
     if min_bytes > max_bytes:
-        raise ValueError(
-            f"the smallest message ({min_bytes:,} B) is larger than the largest ({max_bytes:,} B)"
-        )
+        raise ValueError(f"the smallest message ({min_bytes:,} B) is larger than the largest ({max_bytes:,} B)")
     if factor < 2:
         raise ValueError(f"the step factor must be at least 2, not {factor}")
     sizes: list[int] = []
@@ -160,9 +158,7 @@ def _side(raw: bytes | str, where: str) -> Side:
         data = json.loads(raw)
         side = Side(str(data["run_id"]), str(data["node"]), str(data["device"]), int(data["ranks"]))
     except (ValueError, KeyError, TypeError) as exc:
-        raise PairError(
-            f"the rendezvous at {where} holds no pair record of gpucert's ({describe(exc)})"
-        ) from None
+        raise PairError(f"the rendezvous at {where} holds no pair record of gpucert's ({describe(exc)})") from None
     if side.ranks < 1:
         raise PairError(f"the other node at {where} says it has {side.ranks} ranks")
     return side
@@ -196,8 +192,9 @@ class Rendezvous:
     ``timeout_s`` bounds :meth:`meet` as a whole; :meth:`finish` waits at most ``linger_s`` more.
     """
 
-    def __init__(self, torch: Any, host: str, port: int, node_rank: int, *, timeout_s: float,
-                 linger_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self, torch: Any, host: str, port: int, node_rank: int, *, timeout_s: float, linger_s: float = 60.0
+    ) -> None:
         if node_rank not in (0, 1):
             raise ValueError(f"a pair has node ranks 0 and 1, not {node_rank}")
         self._dist = torch.distributed
@@ -219,15 +216,18 @@ class Rendezvous:
         try:
             if self.node_rank == 0:
                 # Listens on every address of the pod: the other pod connects through the Service's name.
-                self._store = dist.TCPStore(self.host, self.port, world_size=None, is_master=True,
-                                            timeout=timedelta(seconds=self.timeout_s),
-                                            wait_for_workers=False)  # fmt: skip
+                self._store = dist.TCPStore(
+                    self.host,
+                    self.port,
+                    world_size=None,
+                    is_master=True,
+                    timeout=timedelta(seconds=self.timeout_s),
+                    wait_for_workers=False,
+                )
             else:
                 _reach(self.host, self.port, deadline, self.timeout_s)
                 left = max(1.0, deadline - time.monotonic())
-                self._store = dist.TCPStore(
-                    self.host, self.port, is_master=False, timeout=timedelta(seconds=left)
-                )
+                self._store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=left))
         except PairError:
             raise
         except Exception as exc:  # torch's DistNetworkError (a RuntimeError): port taken, connection refused
@@ -410,8 +410,9 @@ def _worker(local: int, cfg: PairConfig, results: Any) -> None:
     timeout = dt.timedelta(seconds=cfg.timeout_s)
     store = dist.TCPStore(cfg.host, cfg.port, is_master=False, timeout=timeout)
     rank = cfg.offset + local
-    dist.init_process_group(cfg.backend, store=dist.PrefixStore(_KEY + "pg/", store), rank=rank,
-                            world_size=cfg.world, timeout=timeout)  # fmt: skip
+    dist.init_process_group(
+        cfg.backend, store=dist.PrefixStore(_KEY + "pg/", store), rank=rank, world_size=cfg.world, timeout=timeout
+    )
     try:
         seconds = _measure(torch, dist, device, cfg, rank)
         if local == 0:
@@ -437,9 +438,7 @@ def run_pair(
     """
     tmp = torch.multiprocessing
     results = tmp.get_context("spawn").SimpleQueue()
-    procs = tmp.start_processes(
-        _worker, args=(cfg, results), nprocs=cfg.ranks, join=False, start_method="spawn"
-    )
+    procs = tmp.start_processes(_worker, args=(cfg, results), nprocs=cfg.ranks, join=False, start_method="spawn")
     deadline = time.monotonic() + limit_s
     next_check = 0.0
     try:
@@ -506,9 +505,30 @@ def run_pair_nccl_tests(
     """
     ranks = mpi_slots(hosts)
     low, high, factor = sizes
-    cmd = [mpirun, *mpirun_args, "-np", str(ranks), "-H", hosts, path, "-b", str(low), "-e", str(high),
-           "-f", str(factor), "-g", "1", "-n", str(iters), "-w", str(warmup), "-c", "1",
-           *check_extra_args(extra_args)]  # fmt: skip
+    cmd = [
+        mpirun,
+        *mpirun_args,
+        "-np",
+        str(ranks),
+        "-H",
+        hosts,
+        path,
+        "-b",
+        str(low),
+        "-e",
+        str(high),
+        "-f",
+        str(factor),
+        "-g",
+        "1",
+        "-n",
+        str(iters),
+        "-w",
+        str(warmup),
+        "-c",
+        "1",
+        *check_extra_args(extra_args),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         tail = " ".join((done.stderr or done.stdout).split()[-40:])
@@ -601,10 +621,18 @@ class _PairRun(Session[PairOptions]):
         if o.master is None or o.rank is None:  # the parser refuses this; options made by hand may not
             raise PairError("the torch path needs --master HOST:PORT and --rank")
         host, port = o.master
-        rendezvous = Rendezvous(self.torch, host, port, o.rank, timeout_s=self.left(o.rendezvous_timeout),
-                                linger_s=min(120.0, o.step_timeout))  # fmt: skip
-        self.rows.say(f"pair: node rank {o.rank}, {ranks} local rank(s) ({backend}); rendezvous at {host}:{port} "
-                      f"within {rendezvous.timeout_s:.0f} s")  # fmt: skip
+        rendezvous = Rendezvous(
+            self.torch,
+            host,
+            port,
+            o.rank,
+            timeout_s=self.left(o.rendezvous_timeout),
+            linger_s=min(120.0, o.step_timeout),
+        )
+        self.rows.say(
+            f"pair: node rank {o.rank}, {ranks} local rank(s) ({backend}); rendezvous at {host}:{port} "
+            f"within {rendezvous.timeout_s:.0f} s"
+        )
         failure: str | None = None
         try:
             meeting = rendezvous.meet(Side(o.run_id, o.node, o.device, ranks))
@@ -618,9 +646,22 @@ class _PairRun(Session[PairOptions]):
             # Node rank 0's ranks reach the store in their own pod: no DNS name needed (NCCL and gloo pick
             # their own addresses for the collective; the store only introduces the ranks).
             store_host = "127.0.0.1" if o.rank == 0 else host
-            cfg = PairConfig(store_host, port, backend, o.device, ranks, devices, meeting.offset, meeting.world, sizes,
-                             o.iters, o.warmup_iters, self.rule, o.step_timeout,
-                             deadline_s=max(0.0, limit - 60.0) if self.deadline is not None else 0.0)  # fmt: skip
+            cfg = PairConfig(
+                store_host,
+                port,
+                backend,
+                o.device,
+                ranks,
+                devices,
+                meeting.offset,
+                meeting.world,
+                sizes,
+                o.iters,
+                o.warmup_iters,
+                self.rule,
+                o.step_timeout,
+                deadline_s=max(0.0, limit - 60.0) if self.deadline is not None else 0.0,
+            )
             measured = run_pair(self.torch, cfg, limit_s=limit, peer_failed=rendezvous.peer_failed)
         except PairError as exc:
             failure = str(exc)
@@ -628,9 +669,7 @@ class _PairRun(Session[PairOptions]):
         finally:
             rendezvous.finish(failure)
         for size, time_us, algbw, busbw in measured.table():
-            self.rows.say(
-                f"pair: {size:>14,} B {time_us:12.1f} us  algbw {algbw:10.4g} GB/s  busbw {busbw:10.4g} GB/s"
-            )
+            self.rows.say(f"pair: {size:>14,} B {time_us:12.1f} us  algbw {algbw:10.4g} GB/s  busbw {busbw:10.4g} GB/s")
         for repeat, value in enumerate(measured.busbw()):
             self.rows.pair_row(METRIC, peer, value, repeat)
 
@@ -645,10 +684,16 @@ class _PairRun(Session[PairOptions]):
 
         def measure() -> float:
             parsed, _out = run_pair_nccl_tests(
-                path, mpirun=mpirun, hosts=hosts, sizes=(o.min_bytes, o.max_bytes, o.step_factor),
-                iters=o.iters, warmup=o.warmup_iters, timeout_s=self.left(o.step_timeout + 600.0),
-                extra_args=o.nccl_tests_args, mpirun_args=o.mpirun_args,
-            )  # fmt: skip
+                path,
+                mpirun=mpirun,
+                hosts=hosts,
+                sizes=(o.min_bytes, o.max_bytes, o.step_factor),
+                iters=o.iters,
+                warmup=o.warmup_iters,
+                timeout_s=self.left(o.step_timeout + 600.0),
+                extra_args=o.nccl_tests_args,
+                mpirun_args=o.mpirun_args,
+            )
             busbw, size = parsed.peak_busbw_gbps, parsed.largest_size
             self.rows.say(f"pair: all_reduce_perf: busbw {busbw:.1f} GB/s at {size:,} B")
             return busbw
@@ -666,7 +711,9 @@ class _PairRun(Session[PairOptions]):
         found = shutil.which("mpirun")
         if found is None or self.opts.mpi_hosts is None:
             why = "mpirun is not on the PATH" if found is None else "no --mpi-hosts were given"
-            self.rows.say(f"all_reduce_perf measures across nodes only as an MPI job, and {why}: the pair runs "
-                          "on torch.distributed")  # fmt: skip
+            self.rows.say(
+                f"all_reduce_perf measures across nodes only as an MPI job, and {why}: the pair runs "
+                "on torch.distributed"
+            )
             return None
         return found

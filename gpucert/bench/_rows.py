@@ -106,9 +106,7 @@ class RowWriter:
 
     # ---------------------------------------------------------------------------------------------------
 
-    def _measured(
-        self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None
-    ) -> bool:
+    def _measured(self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None) -> bool:
         spec = METRICS[metric]  # an unknown metric is a bug of the payload: let it raise
         if spec.level == "gpu" and gpu is None:
             raise ValueError(f"{metric} is a gpu-level metric: a GPU index is needed")

@@ -105,8 +105,9 @@ class UnitOptions:
 
     @property
     def rule(self) -> RepeatRule:
-        return RepeatRule(self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct,
-                          self.repeats_of)  # fmt: skip
+        return RepeatRule(
+            self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct, self.repeats_of
+        )
 
     @property
     def use_nvml(self) -> bool:
@@ -191,9 +192,13 @@ class Session(Generic[_O]):
     # Repeats ----------------------------------------------------------------------------------------
 
     def repeat(
-        self, metric: str, where: str, measure: Callable[[], float], emit: Callable[[float, int], bool],
+        self,
+        metric: str,
+        where: str,
+        measure: Callable[[], float],
+        emit: Callable[[float, int], bool],
         ahead: float,
-    ) -> float | None:  # fmt: skip
+    ) -> float | None:
         """Measure ``metric`` its base repeats, then more while they disagree (see :meth:`more`), each row
         written by ``emit(value, repeat)`` (False: it was no measurement, and the loop stops); returns the
         ``time.monotonic()`` at which the base repeats were done (None if they were not)."""
@@ -250,8 +255,10 @@ class Session(Generic[_O]):
             raise StepError(found.torch_reason)
         usable = tuple(d.torch_index for _, d in sorted(found.devices.items()) if d.torch_index is not None)
         if len(usable) < max(fewest, len(found.devices)):
-            raise StepError(f"torch can use {len(usable)} of the node's {len(found.devices)} GPUs: {what} over "
-                            "fewer would not be the node's")  # fmt: skip
+            raise StepError(
+                f"torch can use {len(usable)} of the node's {len(found.devices)} GPUs: {what} over "
+                "fewer would not be the node's"
+            )
         return "nccl", len(usable), usable
 
     def nccl_tests_usable(self, instead: str) -> bool:
@@ -342,15 +349,35 @@ class _Run(Session[Options]):
     def per_gpu_steps(self) -> None:
         o = self.opts
         steps: list[tuple[str, str, str, float, Callable[[Any], float]]] = [
-            ("gemm", "gemm_bf16_tflops", "compute", o.gemm_seconds,
-             lambda d: gemm_tflops(self.torch, d, o.gemm_shape, o.gemm_seconds)),
-            ("copy", "hbm_copy_gbps", "compute", o.bw_seconds,
-             lambda d: copy_gbps(self.torch, d, o.copy_bytes, o.bw_seconds)),
-            ("h2d", "h2d_gbps", "pcie", o.bw_seconds,
-             lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=True)),
-            ("d2h", "d2h_gbps", "pcie", o.bw_seconds,
-             lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=False)),
-        ]  # fmt: skip
+            (
+                "gemm",
+                "gemm_bf16_tflops",
+                "compute",
+                o.gemm_seconds,
+                lambda d: gemm_tflops(self.torch, d, o.gemm_shape, o.gemm_seconds),
+            ),
+            (
+                "copy",
+                "hbm_copy_gbps",
+                "compute",
+                o.bw_seconds,
+                lambda d: copy_gbps(self.torch, d, o.copy_bytes, o.bw_seconds),
+            ),
+            (
+                "h2d",
+                "h2d_gbps",
+                "pcie",
+                o.bw_seconds,
+                lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=True),
+            ),
+            (
+                "d2h",
+                "d2h_gbps",
+                "pcie",
+                o.bw_seconds,
+                lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=False),
+            ),
+        ]
         chosen = [s for s in steps if s[0] not in o.skip]
         if not chosen:
             return
@@ -370,8 +397,7 @@ class _Run(Session[Options]):
                     self.rows.error(metric, self.found.torch_reason or "torch is not available", index)
                     continue
                 if dev.torch_index is None:
-                    self.rows.error(metric, f"torch cannot use this GPU (UUID {dev.uuid}): CUDA does not see it",
-                                    index)  # fmt: skip
+                    self.rows.error(metric, f"torch cannot use this GPU (UUID {dev.uuid}): CUDA does not see it", index)
                     continue
                 device = self._torch_device(dev.torch_index)
                 self.rows.say(f"GPU {index}: {step} × {self.rule.base(metric)}")
@@ -392,9 +418,7 @@ class _Run(Session[Options]):
                     self._free_memory()
             self._gpu_seconds = max(self._gpu_seconds, gpu_seconds)
 
-    def _guarded(
-        self, metric: str, index: int, seconds: float, fn: Callable[[Any], float], device: Any
-    ) -> float:
+    def _guarded(self, metric: str, index: int, seconds: float, fn: Callable[[Any], float], device: Any) -> float:
         """One repeat of a per-GPU step, under the watchdog."""
         with self.watchdog.guard(metric, index, self._timeout(seconds)):
             return fn(device)
@@ -417,8 +441,16 @@ class _Run(Session[Options]):
             return
         base = self.rule.base(metric)
         timeout = self._timeout(max(30.0, base * o.allreduce_iters * 0.5))
-        cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, base,
-                              iters=o.allreduce_iters, timeout_s=timeout, devices=devices)  # fmt: skip
+        cfg = AllReduceConfig(
+            ranks,
+            backend,
+            o.device,
+            o.allreduce_bytes,
+            base,
+            iters=o.allreduce_iters,
+            timeout_s=timeout,
+            devices=devices,
+        )
         self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {base}")
         values: list[float] = []
         batch = base
@@ -446,12 +478,14 @@ class _Run(Session[Options]):
         def measure() -> float:
             with self._loaded(sorted(self.found.devices), "compute"):
                 parsed, _out = run_all_reduce_perf(
-                    o.nccl_tests or "", gpus=len(self.found.devices), nbytes=o.allreduce_bytes,
-                    iters=o.allreduce_iters, timeout_s=self._timeout(120.0), extra_args=o.nccl_tests_args,
-                )  # fmt: skip
-            self.rows.say(
-                f"all_reduce_perf: busbw {parsed.peak_busbw_gbps:.1f} GB/s at {parsed.largest_size:,} B"
-            )
+                    o.nccl_tests or "",
+                    gpus=len(self.found.devices),
+                    nbytes=o.allreduce_bytes,
+                    iters=o.allreduce_iters,
+                    timeout_s=self._timeout(120.0),
+                    extra_args=o.nccl_tests_args,
+                )
+            self.rows.say(f"all_reduce_perf: busbw {parsed.peak_busbw_gbps:.1f} GB/s at {parsed.largest_size:,} B")
             return parsed.peak_busbw_gbps
 
         emit = functools.partial(self.rows.node_row, metric)
@@ -466,8 +500,9 @@ class _Run(Session[Options]):
         if o.storage_path is None or "storage" in o.skip:
             return
         bench = StorageBench(o.storage_path, o.storage_bytes)
-        self.rows.say(f"storage: {bench.size_bytes:,} bytes under {o.storage_path}"
-                      + (f" with {bench.fio}" if bench.fio else ""))  # fmt: skip
+        self.rows.say(
+            f"storage: {bench.size_bytes:,} bytes under {o.storage_path}" + (f" with {bench.fio}" if bench.fio else "")
+        )
         timeout = self._timeout(bench.size_bytes / _STORAGE_PLAN_BPS)
         named = [""]  # the method the log last named
 
@@ -482,9 +517,7 @@ class _Run(Session[Options]):
         try:
             with self.watchdog.guard(metric, None, timeout):
                 bench.prepare()
-            self.repeat(
-                metric, "node", measure, functools.partial(self.rows.node_row, metric), self._dcgm_work()
-            )
+            self.repeat(metric, "node", measure, functools.partial(self.rows.node_row, metric), self._dcgm_work())
         except StorageError as exc:
             self.rows.error(metric, str(exc))
         except Exception as exc:
@@ -642,9 +675,7 @@ class _Run(Session[Options]):
         return max(120.0, 4.0 * seconds + 60.0)
 
     def _hung(self, step: str, gpu: int | None, seconds: float) -> None:
-        self.rows.error(
-            step, f"timed out after {seconds:.0f} s: the device stopped answering; run aborted", gpu
-        )
+        self.rows.error(step, f"timed out after {seconds:.0f} s: the device stopped answering; run aborted", gpu)
         with contextlib.suppress(Exception):
             self.finish_telemetry()
         with contextlib.suppress(Exception):
@@ -663,8 +694,13 @@ def run(opts: UnitOptions, *, out: TextIO, err: TextIO | None = None, nvml_modul
     """Run the unit ``opts`` describes, printing rows on ``out`` and messages on ``err``; returns the exit
     status (0: rows were printed, ``error`` rows among them for whatever could not be measured)."""
     t0 = time.monotonic()
-    found = discover(opts.device, cpu_devices=opts.cpu_devices, hostname=opts.hostname, nvml_module=nvml_module,
-                     use_nvml=opts.use_nvml)  # fmt: skip
+    found = discover(
+        opts.device,
+        cpu_devices=opts.cpu_devices,
+        hostname=opts.hostname,
+        nvml_module=nvml_module,
+        use_nvml=opts.use_nvml,
+    )
     rows = RowWriter(opts.run_id, opts.node, found.model, found.devices, out=out, err=err)
     for note in found.notes:
         rows.say(note)
@@ -672,17 +708,11 @@ def run(opts: UnitOptions, *, out: TextIO, err: TextIO | None = None, nvml_modul
     _line(STACK_PREFIX + json.dumps(stack, sort_keys=True), err)
     if opts.stack_json:
         try:
-            Path(opts.stack_json).write_text(
-                json.dumps(stack, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-            )
+            Path(opts.stack_json).write_text(json.dumps(stack, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         except OSError as exc:
             rows.say(f"cannot write --stack-json {opts.stack_json}: {exc}")
     devices = ", ".join(f"{i}={d.uuid}" for i, d in sorted(found.devices.items())) or "none"
-    rows.say(
-        f"{opts.label}run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}"
-    )
+    rows.say(f"{opts.label}run {opts.run_id} on {opts.node}: {opts.device}, model {found.model!r}, devices {devices}")
     opts.session(found, rows, t0).measure()
-    rows.say(
-        f"{opts.label}done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)"
-    )
+    rows.say(f"{opts.label}done in {time.monotonic() - t0:.1f} s: {rows.count} rows, {rows.errors} error row(s)")
     return 0

@@ -124,13 +124,9 @@ def judge_repeats(
     limit = max(transient_pct / 100, TRANSIENT_SIGMAS * cv_rep)
     far = sorted(-direction * (v - median) / median for v in values)
     for distance in (d for d in far if d > limit):
-        again = _judge(
-            values, distance / TRANSIENT_SIGMAS * (1 + 1e-9), direction, unstable_factor, transient_pct
-        )
+        again = _judge(values, distance / TRANSIENT_SIGMAS * (1 + 1e-9), direction, unstable_factor, transient_pct)
         if again.unstable:
-            return Stability(
-                judged.n, judged.n_far, judged.n_above, judged.cv, True, f"{again.why}, were it noisier"
-            )
+            return Stability(judged.n, judged.n_far, judged.n_above, judged.cv, True, f"{again.why}, were it noisier")
     return judged
 
 
@@ -221,6 +217,7 @@ class RepeatRule:
             return 0, f"{head} still disagree after {n} ({verdict.why}): at the maximum of {ceiling}"
         detail = late(more)
         if detail is not None:
-            return 0, (f"{head} disagree after {n} ({verdict.why}), but {more} more would not fit before the "
-                       f"deadline{detail}")  # fmt: skip
+            return 0, (
+                f"{head} disagree after {n} ({verdict.why}), but {more} more would not fit before the deadline{detail}"
+            )
         return more, f"{head} disagree ({verdict.why}): {more} more, {n + more} of at most {ceiling}"

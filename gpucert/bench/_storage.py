@@ -132,9 +132,16 @@ class StorageBench:
         assert self._file is not None
         assert self.fio is not None
         args = [
-            self.fio, "--name=gpucert-read", f"--filename={self._file}", "--rw=read", f"--bs={self.block_bytes}",
-            f"--size={self.size_bytes}", "--ioengine=psync", "--numjobs=1", "--output-format=json",
-        ]  # fmt: skip
+            self.fio,
+            "--name=gpucert-read",
+            f"--filename={self._file}",
+            "--rw=read",
+            f"--bs={self.block_bytes}",
+            f"--size={self.size_bytes}",
+            "--ioengine=psync",
+            "--numjobs=1",
+            "--output-format=json",
+        ]
         if self._direct:
             done = self._run_fio([*args, "--direct=1"])
             if done.returncode == 0:

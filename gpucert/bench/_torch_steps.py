@@ -29,9 +29,7 @@ def load_torch() -> Any:
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken install raising anything on import
-        raise StepUnavailable(
-            f"torch is not installed or does not import ({type(exc).__name__}: {exc})"
-        ) from None
+        raise StepUnavailable(f"torch is not installed or does not import ({type(exc).__name__}: {exc})") from None
     return torch
 
 

@@ -28,10 +28,22 @@ __all__ = ["build_certificate", "choose_runs", "policy_sha256", "run_section", "
 
 #: The metrics a node's figures show: performance, per GPU or per node (pairs are in the findings).
 _FIGURE_METRICS = tuple(m.name for m in METRICS.values() if m.kind == "perf" and m.level in ("gpu", "node"))
-_FINDING_COLUMNS = ("run_id", "gpu", "peer", "verdict", "metric", "value", "reference", "reference_kind",
-                    "deviation_pct", "cause", "action", "ticket", "reasons")  # fmt: skip
-_DECISION_FIELDS = ("state", "verdict", "cause", "hard_gate", "confirmed", "taint", "summary", "settled",
-                    "decided_at")  # fmt: skip
+_FINDING_COLUMNS = (
+    "run_id",
+    "gpu",
+    "peer",
+    "verdict",
+    "metric",
+    "value",
+    "reference",
+    "reference_kind",
+    "deviation_pct",
+    "cause",
+    "action",
+    "ticket",
+    "reasons",
+)
+_DECISION_FIELDS = ("state", "verdict", "cause", "hard_gate", "confirmed", "taint", "summary", "settled", "decided_at")
 #: How a decision's state reads in the summary; None (the run said nothing) is inconclusive.
 _STATE_WORD = {"certified": "certified", "degraded": "degraded", "failed": "failed", None: "inconclusive"}
 
@@ -66,8 +78,9 @@ def _references(
     """(level, key, metric) → center of own baselines, (model, metric) → center of model references."""
     own: dict[tuple[str, str, str], float] = {}
     model: dict[tuple[str, str], float] = {}
-    for level, key, name, center in zip(baseline["level"], baseline["key"], baseline["metric"], baseline["center"],
-                                        strict=True):  # fmt: skip
+    for level, key, name, center in zip(
+        baseline["level"], baseline["key"], baseline["metric"], baseline["center"], strict=True
+    ):
         if pd.isna(center):
             continue
         if level == "model":
@@ -95,8 +108,10 @@ def _figures(
     own, model = _references(baseline)
     # No baseline yet (a fleet's first run): the run's own cohort, as the verdict engine's peer reference.
     cohorts = medians.groupby(["gpu_model", "metric"], dropna=False)["value"].median().reset_index()
-    peers = {(str(m), str(n)): float(v) for m, n, v in
-             zip(cohorts["gpu_model"], cohorts["metric"], cohorts["value"], strict=True)}  # fmt: skip
+    peers = {
+        (str(m), str(n)): float(v)
+        for m, n, v in zip(cohorts["gpu_model"], cohorts["metric"], cohorts["value"], strict=True)
+    }
     out: dict[str, list[dict[str, Any]]] = {}
     for (node, name), part in medians.groupby(["node", "metric"], sort=True):
         worst = part.iloc[int(np.argmin(part["value"].to_numpy()))]
@@ -110,22 +125,26 @@ def _figures(
             reference, kind = peers.get((gpu_model, str(name))), "peer"
         value = float(worst["value"])
         floor = floors.get((gpu_model, str(name)))
-        out.setdefault(str(node), []).append({
-            "metric": str(name), "unit": METRICS[str(name)].unit, "level": level,
-            "gpu": None if level != "gpu" or pd.isna(worst["gpu"]) else int(worst["gpu"]),
-            "gpu_uuid": _text(worst["gpu_uuid"]) if level == "gpu" else None,
-            "measured": len(part), "value": value,
-            "reference": reference, "reference_kind": kind if reference is not None else None,
-            "deviation_pct": round((value / reference - 1) * 100, 2) if reference else None,
-            "spec_floor": floor,
-            "above_floor_pct": round((value / floor - 1) * 100, 2) if floor else None,
-        })  # fmt: skip
+        out.setdefault(str(node), []).append(
+            {
+                "metric": str(name),
+                "unit": METRICS[str(name)].unit,
+                "level": level,
+                "gpu": None if level != "gpu" or pd.isna(worst["gpu"]) else int(worst["gpu"]),
+                "gpu_uuid": _text(worst["gpu_uuid"]) if level == "gpu" else None,
+                "measured": len(part),
+                "value": value,
+                "reference": reference,
+                "reference_kind": kind if reference is not None else None,
+                "deviation_pct": round((value / reference - 1) * 100, 2) if reference else None,
+                "spec_floor": floor,
+                "above_floor_pct": round((value / floor - 1) * 100, 2) if floor else None,
+            }
+        )
     return out
 
 
-def _inventory(
-    results: pd.DataFrame | None, stacks: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
+def _inventory(results: pd.DataFrame | None, stacks: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Node → its GPU model and GPUs (index, UUID, model, serial and VBIOS where the stack record has them)."""
     out: dict[str, dict[str, Any]] = {}
     if results is None or results.empty:
@@ -138,9 +157,15 @@ def _inventory(
         listed = part[part["gpu"].notna()].drop_duplicates("gpu").sort_values("gpu")
         for row in listed.to_dict(orient="records"):
             index = int(row["gpu"])
-            gpus.append({"gpu": index, "uuid": _text(row["gpu_uuid"]), "model": _text(row["gpu_model"]),
-                         "serial": _text(stack.get(f"serial.{index}")),
-                         "vbios": _text(stack.get(f"vbios.{index}"))})  # fmt: skip
+            gpus.append(
+                {
+                    "gpu": index,
+                    "uuid": _text(row["gpu_uuid"]),
+                    "model": _text(row["gpu_model"]),
+                    "serial": _text(stack.get(f"serial.{index}")),
+                    "vbios": _text(stack.get(f"vbios.{index}")),
+                }
+            )
         out[str(node)] = {"gpu_model": models.mode().iloc[0] if len(models) else None, "gpus": gpus}
     return out
 
@@ -180,16 +205,22 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
         for _, frame in rerun_verdicts:
             findings += _findings(frame, node)
         held = inventory.get(node, {})
-        nodes.append({"node": node, "gpu_model": held.get("gpu_model"), "gpus": held.get("gpus", []),
-                      "decision": decision, "figures": figures.get(node, []), "findings": findings})  # fmt: skip
+        nodes.append(
+            {
+                "node": node,
+                "gpu_model": held.get("gpu_model"),
+                "gpus": held.get("gpus", []),
+                "decision": decision,
+                "figures": figures.get(node, []),
+                "findings": findings,
+            }
+        )
 
     measured: dict[str, Any] = {"from": None, "to": None}
     if results is not None and len(results):
         stamps = pd.to_datetime(results["ts"], utc=True)
         measured = {"from": plain(stamps.min()), "to": plain(stamps.max())}
-    decided = (
-        pd.to_datetime(decisions["decided_at"], utc=True) if "decided_at" in decisions else pd.Series([])
-    )
+    decided = pd.to_datetime(decisions["decided_at"], utc=True) if "decided_at" in decisions else pd.Series([])
     tally: dict[str, int] = {}
     for entry in nodes:
         word = _STATE_WORD.get(entry["decision"]["state"], "inconclusive")
@@ -202,17 +233,24 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
         "reruns": [files.rerun_id(a) for a in reruns],
         "measured": measured,
         "decided_at": plain(decided.max()) if len(decided) else None,
-        "baseline": {"version": version, "files": list(baseline_keys(version)) if version else [],
-                     "versions": files.baseline_versions()},
-        "policy": {"sha256": policy_sha256(record.raw, schema), "observe_only": record.policy.observe_only,
-                   "record": plain(record.raw)},
+        "baseline": {
+            "version": version,
+            "files": list(baseline_keys(version)) if version else [],
+            "versions": files.baseline_versions(),
+        },
+        "policy": {
+            "sha256": policy_sha256(record.raw, schema),
+            "observe_only": record.policy.observe_only,
+            "record": plain(record.raw),
+        },
         "stack": {"common": common_stack(stacks), "nodes": plain(stacks)},
         "tally": tally,
         "nodes": nodes,
         "fleet_findings": _findings(verdicts, None),
-        "files": [{"key": key, "sha256": sha256_hex(data), "bytes": len(data)}
-                  for key, data in sorted(files.objects.items())],
-    }  # fmt: skip
+        "files": [
+            {"key": key, "sha256": sha256_hex(data), "bytes": len(data)} for key, data in sorted(files.objects.items())
+        ],
+    }
 
 
 def summarise(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -224,9 +262,14 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], 
             decision = entry["decision"]
             if decision["state"] is None and entry["node"] in latest:
                 continue  # an inconclusive run leaves the node where it was
-            latest[entry["node"]] = {"node": entry["node"], "run_id": run["run_id"], "state": decision["state"],
-                                     "verdict": decision["verdict"], "cause": decision["cause"],
-                                     "gpus": len(entry["gpus"])}  # fmt: skip
+            latest[entry["node"]] = {
+                "node": entry["node"],
+                "run_id": run["run_id"],
+                "state": decision["state"],
+                "verdict": decision["verdict"],
+                "cause": decision["cause"],
+                "gpus": len(entry["gpus"]),
+            }
     nodes = [latest[n] for n in sorted(latest)]
     tally: dict[str, int] = {}
     for entry in nodes:

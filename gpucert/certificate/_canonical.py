@@ -52,9 +52,7 @@ def canonical_bytes(value: Any) -> bytes:
 def legacy_canonical_bytes(value: Any) -> bytes:
     """``value`` as the canonical bytes of schema ``gpucert.certificate/1`` (Python's float ``repr``);
     only to check what was signed before RFC 8785. Raises as :func:`canonical_bytes` does."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def canonical_for(schema: object) -> Callable[[Any], bytes]:

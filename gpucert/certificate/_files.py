@@ -52,9 +52,7 @@ class PolicyRecord:
 
 def _policy_record(raw: Any, key: str) -> PolicyRecord:
     if not isinstance(raw, dict) or not isinstance(raw.get("policy"), dict):
-        raise FileProblem(
-            key, "not a policy record (an object with 'policy', 'spec_floors', 'baseline_version')"
-        )
+        raise FileProblem(key, "not a policy record (an object with 'policy', 'spec_floors', 'baseline_version')")
     version = raw.get("baseline_version")
     if version is not None and not isinstance(version, str):
         raise FileProblem(key, "baseline_version must be a version id or null")
@@ -63,9 +61,7 @@ def _policy_record(raw: Any, key: str) -> PolicyRecord:
         try:
             floors[(str(entry["gpu_model"]), str(entry["metric"]))] = float(entry["floor"])
         except (KeyError, TypeError, ValueError):
-            raise FileProblem(
-                key, f"spec_floors: {entry!r} is not a gpu_model, metric, floor entry"
-            ) from None
+            raise FileProblem(key, f"spec_floors: {entry!r} is not a gpu_model, metric, floor entry") from None
     try:
         policy = Policy.model_validate(raw["policy"])
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -215,9 +211,10 @@ class RunFiles:
             return self.policy()
         if key not in self.objects:
             raise FileProblem(
-                key, "not in the store: the run records no policy and baseline version (it was certified "
+                key,
+                "not in the store: the run records no policy and baseline version (it was certified "
                 "before gpucert recorded them), so its decisions cannot be re-judged; certify again",
-            )  # fmt: skip
+            )
         record: PolicyRecord = self._memo(key, lambda data: _policy_record(json.loads(data), key))
         return record
 
@@ -233,7 +230,5 @@ class RunFiles:
         if version is None:
             return empty_baseline()
         key = baseline_keys(version)[0]
-        frame: pd.DataFrame = self._memo(
-            key, lambda data: validate_baseline(pd.read_parquet(io.BytesIO(data)), key)
-        )
+        frame: pd.DataFrame = self._memo(key, lambda data: validate_baseline(pd.read_parquet(io.BytesIO(data)), key))
         return frame

@@ -9,8 +9,12 @@ from ._model import Certificate
 __all__ = ["TEMPLATE", "render_certificate_html"]
 
 TEMPLATE = "certificate.html.j2"
-_CARDS = (("certified", "#2e7d32"), ("degraded", VERDICT_COLOURS["warn"]), ("failed", VERDICT_COLOURS["fail"]),
-          ("inconclusive", VERDICT_COLOURS["inconclusive"]))  # fmt: skip
+_CARDS = (
+    ("certified", "#2e7d32"),
+    ("degraded", VERDICT_COLOURS["warn"]),
+    ("failed", VERDICT_COLOURS["fail"]),
+    ("inconclusive", VERDICT_COLOURS["inconclusive"]),
+)
 
 
 def render_certificate_html(cert: Certificate, *, json_name: str = "certificate.json") -> str:
@@ -21,7 +25,17 @@ def render_certificate_html(cert: Certificate, *, json_name: str = "certificate.
     cluster = body.get("cluster")
     title = f"gpucert acceptance certificate — {cluster}" if cluster else "gpucert acceptance certificate"
     gpus = sum(int(n.get("gpus") or 0) for n in body.get("nodes") or [])
-    return html_environment().get_template(TEMPLATE).render(
-        title=title, body=body, signature=cert.signature, cert_sha256=cert.sha256, json_name=json_name,
-        cards=_CARDS, colours=VERDICT_COLOURS, gpus=gpus,
-    )  # fmt: skip
+    return (
+        html_environment()
+        .get_template(TEMPLATE)
+        .render(
+            title=title,
+            body=body,
+            signature=cert.signature,
+            cert_sha256=cert.sha256,
+            json_name=json_name,
+            cards=_CARDS,
+            colours=VERDICT_COLOURS,
+            gpus=gpus,
+        )
+    )

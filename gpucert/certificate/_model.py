@@ -42,8 +42,12 @@ class Signature:
     value: str
 
     def to_dict(self) -> dict[str, str]:
-        return {"algorithm": self.algorithm, "public_key": self.public_key, "key_sha256": self.key_sha256,
-                "value": self.value}  # fmt: skip
+        return {
+            "algorithm": self.algorithm,
+            "public_key": self.public_key,
+            "key_sha256": self.key_sha256,
+            "value": self.value,
+        }
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,7 @@ class Certificate:
 
     def to_json(self) -> str:
         """The certificate file's text (indented for people; the signature is over canonical bytes)."""
-        return (
-            json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
-        )
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> Certificate:
@@ -98,13 +100,15 @@ class Certificate:
         body = {k: v for k, v in data.items() if k != "signature"}
         if body.get("schema") not in SCHEMAS:
             raise InputError(
-                f"{source}: not a gpucert certificate of schema {' or '.join(SCHEMAS)} "
-                f"(schema {body.get('schema')!r})"
+                f"{source}: not a gpucert certificate of schema {' or '.join(SCHEMAS)} (schema {body.get('schema')!r})"
             )
         if not isinstance(body.get("runs"), list) or not all(
-            isinstance(r, dict) and isinstance(r.get("run_id"), str) and isinstance(r.get("date"), str)
-            and isinstance(r.get("files"), list) for r in body["runs"]
-        ):  # fmt: skip
+            isinstance(r, dict)
+            and isinstance(r.get("run_id"), str)
+            and isinstance(r.get("date"), str)
+            and isinstance(r.get("files"), list)
+            for r in body["runs"]
+        ):
             raise InputError(f"{source}: 'runs' must be a list of runs, each with run_id, date and files")
         raw = data.get("signature")
         if raw is None:

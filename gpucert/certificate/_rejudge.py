@@ -80,8 +80,9 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
     with _with_floors(record.policy, record.floors) as policy:
         # Nodes without results had a failed Job: one inconclusive row each, as the flow writes.
         failed = {n: (None, "") for n in nodes if n not in measured}
-        first_verdicts = run_verdicts(files.run_id, first_results, failed, files.baseline(), policy,
-                                      plan=files.links_plan(policy))  # fmt: skip
+        first_verdicts = run_verdicts(
+            files.run_id, first_results, failed, files.baseline(), policy, plan=files.links_plan(policy)
+        )
         first = RunVerdicts(files.run_id, first_verdicts, nodes)
         fleet = {n: NodeTaints() for n in nodes}
         settlement = settle(first, [], fleet=fleet, policy=policy, observe_only=policy.observe_only)
@@ -89,10 +90,12 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
         for attempt in files.reruns():
             pending = settlement.pending
             if not pending:
-                problems.append(Difference(
-                    f"{files.key('verdicts.parquet', attempt)}: re-run {attempt} is stored, but the re-judgement "
-                    "leaves no node pending before it"
-                ))  # fmt: skip
+                problems.append(
+                    Difference(
+                        f"{files.key('verdicts.parquet', attempt)}: re-run {attempt} is stored, but the re-judgement "
+                        "leaves no node pending before it"
+                    )
+                )
                 break
             rerun_id = files.rerun_id(attempt)
             with _with_floors(files.policy(attempt).policy, files.policy(attempt).floors) as rerun_policy:
@@ -100,9 +103,7 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
                 if results is None or results.empty:
                     verdicts = job_failure_verdicts(rerun_id, {})
                 else:
-                    verdicts = judge_rerun(
-                        results, first_results, pending, files.baseline(attempt), rerun_policy
-                    )
+                    verdicts = judge_rerun(results, first_results, pending, files.baseline(attempt), rerun_policy)
             reruns.append(RunVerdicts(rerun_id, verdicts, tuple(pending)))
             settlement = settle(first, reruns, fleet=fleet, policy=policy, observe_only=policy.observe_only)
     return settlement, settled_verdicts(first_verdicts, settlement), problems
@@ -130,21 +131,26 @@ def rejudge(files: RunFiles) -> list[Difference]:
         mine = settlement.decisions.get(node)
         theirs = recorded.get(node)
         if mine is None or theirs is None:
-            where = (
-                "decisions.parquet has no row for it"
-                if theirs is None
-                else "the re-judgement has no decision"
-            )
+            where = "decisions.parquet has no row for it" if theirs is None else "the re-judgement has no decision"
             problems.append(Difference(f"node {node}: {where}"))
             continue
-        again = {"state": mine.state, "verdict": mine.verdict, "cause": mine.cause, "hard_gate": mine.hard_gate,
-                 "confirmed": mine.confirmed, "settled": mine.settled, "runs": ",".join(mine.runs)}  # fmt: skip
+        again = {
+            "state": mine.state,
+            "verdict": mine.verdict,
+            "cause": mine.cause,
+            "hard_gate": mine.hard_gate,
+            "confirmed": mine.confirmed,
+            "settled": mine.settled,
+            "runs": ",".join(mine.runs),
+        }
         for name in (*_COMPARED, "runs"):
             if _word(theirs.get(name)) != _word(again[name]):
-                problems.append(Difference(
-                    f"node {node}: decisions.parquet says {name} {_word(theirs.get(name))}, "
-                    f"the re-judgement {_word(again[name])}"
-                ))  # fmt: skip
+                problems.append(
+                    Difference(
+                        f"node {node}: decisions.parquet says {name} {_word(theirs.get(name))}, "
+                        f"the re-judgement {_word(again[name])}"
+                    )
+                )
     stored_verdicts = files.verdicts()
     if stored_verdicts is None:
         problems.append(Difference(f"{files.key('verdicts.parquet')}: not in the store"))
@@ -153,8 +159,10 @@ def rejudge(files: RunFiles) -> list[Difference]:
     if theirs_rows != mine_rows:
         extra = sorted(set(theirs_rows) - set(mine_rows)) or sorted(set(mine_rows) - set(theirs_rows))
         node = extra[0][0] if extra else "?"
-        problems.append(Difference(
-            f"node {node}: verdicts.parquet does not follow from the results "
-            f"(first differing row: {', '.join(extra[0]) if extra else 'row counts differ'})"
-        ))  # fmt: skip
+        problems.append(
+            Difference(
+                f"node {node}: verdicts.parquet does not follow from the results "
+                f"(first differing row: {', '.join(extra[0]) if extra else 'row counts differ'})"
+            )
+        )
     return problems

@@ -64,13 +64,9 @@ def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
-        raise InputError(
-            f"{path}: the private key is encrypted; give an unencrypted PKCS#8 PEM key"
-        ) from None
+        raise InputError(f"{path}: the private key is encrypted; give an unencrypted PKCS#8 PEM key") from None
     except (ValueError, UnsupportedAlgorithm):
-        raise InputError(
-            f"{path}: not a PEM private key (expected -----BEGIN PRIVATE KEY-----, Ed25519)"
-        ) from None
+        raise InputError(f"{path}: not a PEM private key (expected -----BEGIN PRIVATE KEY-----, Ed25519)") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise InputError(f"{path}: a {type(key).__name__.removeprefix('_')} key, not an Ed25519 private key")
     return key
@@ -125,9 +121,7 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
     key = public_key or embedded
     fingerprint = key_fingerprint(key)
     if public_key is not None and key_fingerprint(embedded) != fingerprint:
-        return False, (
-            f"signed by key {key_fingerprint(embedded)[:16]}, not by the given key {fingerprint[:16]}"
-        )
+        return False, (f"signed by key {key_fingerprint(embedded)[:16]}, not by the given key {fingerprint[:16]}")
     try:
         key.verify(value, cert.canonical())
     except InvalidSignature:
@@ -155,15 +149,12 @@ def generate_keys(folder: str | Path) -> tuple[Path, Path]:
     private_path, public_path = where / PRIVATE_KEY_NAME, where / PUBLIC_KEY_NAME
     for path in (private_path, public_path):
         if path.exists():
-            raise InputError(
-                f"{path}: exists; keys are never overwritten (move it away or choose another --out)"
-            )
+            raise InputError(f"{path}: exists; keys are never overwritten (move it away or choose another --out)")
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())  # fmt: skip
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     make_out_folder(where, f"--out {folder}", mode=0o700)
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

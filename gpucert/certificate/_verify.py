@@ -63,8 +63,11 @@ class VerifyReport:
         """One line per check, then the verdict."""
         out = [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
         failed = self.first_failure
-        out.append("the certificate verifies" if failed is None
-                   else f"the certificate does NOT verify: {failed.name}: {failed.detail}")  # fmt: skip
+        out.append(
+            "the certificate verifies"
+            if failed is None
+            else f"the certificate does NOT verify: {failed.name}: {failed.detail}"
+        )
         return out
 
 
@@ -98,9 +101,7 @@ def _files_check(store: BaselineStore, run: Mapping[str, Any], day: date) -> tup
         if key in files.missing:
             return Check(name, False, f"{key}: not in the store any more"), files
         if sha256_hex(files.objects[key]) != listed[key].get("sha256"):
-            return Check(
-                name, False, f"{key}: its content changed (sha256 differs from the certificate's)"
-            ), files
+            return Check(name, False, f"{key}: its content changed (sha256 differs from the certificate's)"), files
     extra = sorted(set(store.objects.list(run_prefix(day, str(run["run_id"])))) - set(listed))
     if extra:
         return Check(name, False, f"{extra[0]}: in the run's folder but not in the certificate"), files
@@ -133,11 +134,20 @@ def _run_checks(store: BaselineStore, run: Mapping[str, Any], schema: str) -> li
         checks.append(Check(f"contents of {run_id}", False, f"cannot rebuild from the store: {exc}"))
     else:
         # The files were compared above; here, what the certificate says they hold.
-        where = _first_difference({k: v for k, v in rebuilt.items() if k != "files"},
-                                  {k: v for k, v in run.items() if k != "files"}, f"runs[{run_id}]")  # fmt: skip
-        checks.append(Check(f"contents of {run_id}", where is None,
-                            "as the stored files give them" if where is None
-                            else f"{where}: the certificate says otherwise than the stored files"))  # fmt: skip
+        where = _first_difference(
+            {k: v for k, v in rebuilt.items() if k != "files"},
+            {k: v for k, v in run.items() if k != "files"},
+            f"runs[{run_id}]",
+        )
+        checks.append(
+            Check(
+                f"contents of {run_id}",
+                where is None,
+                "as the stored files give them"
+                if where is None
+                else f"{where}: the certificate says otherwise than the stored files",
+            )
+        )
     return checks
 
 
@@ -163,6 +173,13 @@ def verify_certificate(
         where = _first_difference({"nodes": nodes, "tally": tally}, stated, "summary")
     except (KeyError, TypeError) as exc:
         where = f"summary (unreadable: {exc})"
-    checks.append(Check("summary", where is None, "each node's standing follows from its runs" if where is None
-                        else f"{where}: does not follow from the runs"))  # fmt: skip
+    checks.append(
+        Check(
+            "summary",
+            where is None,
+            "each node's standing follows from its runs"
+            if where is None
+            else f"{where}: does not follow from the runs",
+        )
+    )
     return VerifyReport(tuple(checks))

@@ -120,9 +120,14 @@ def condition_patch(node: Mapping[str, Any], decision: SettledDecision, *, now: 
         return None
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     moved = have is None or have.get("status") != status
-    entry = {"type": CONDITION, "status": status, "reason": reason, "message": message,
-             "lastHeartbeatTime": stamp,
-             "lastTransitionTime": stamp if moved else (have or {}).get("lastTransitionTime", stamp)}  # fmt: skip
+    entry = {
+        "type": CONDITION,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp if moved else (have or {}).get("lastTransitionTime", stamp),
+    }
     return {"status": {"conditions": [entry]}}
 
 
@@ -169,7 +174,12 @@ def apply_decision(
         status = condition_patch(node, decision, now=now)
         if status is not None:
             kube.patch_status("v1", "Node", node_name(node) or decision.node, status)
-            change = NodeChange(change.node, change.labels, change.annotations, change.taint,
-                                status["status"]["conditions"][0]["status"])  # fmt: skip
+            change = NodeChange(
+                change.node,
+                change.labels,
+                change.annotations,
+                change.taint,
+                status["status"]["conditions"][0]["status"],
+            )
         return change
     raise AssertionError("unreachable")

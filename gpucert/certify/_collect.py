@@ -197,8 +197,18 @@ def split_pod_log(text: str, *, run_id: str, node: str, source: str) -> PodLog:
             f"(first, line {first_line}: {shown!r})"
         )
     given = frozenset(RESULT_COLUMNS) if full else frozenset(columns)
-    return PodLog(source=source, run_id=run_id, node=node, records=records, numbers=numbers, columns=given,
-                  stack=stack, dcgm=dcgm, errors=errors, warnings=warnings)
+    return PodLog(
+        source=source,
+        run_id=run_id,
+        node=node,
+        records=records,
+        numbers=numbers,
+        columns=given,
+        stack=stack,
+        dcgm=dcgm,
+        errors=errors,
+        warnings=warnings,
+    )
 
 
 def _frame_of(logs: Sequence[PodLog]) -> pd.DataFrame:
@@ -220,8 +230,7 @@ def _validated(log: PodLog) -> CollectedResults:
 
 
 def _collected(log: PodLog, results: pd.DataFrame) -> CollectedResults:
-    return CollectedResults(results=results, stack=log.stack, dcgm=log.dcgm, errors=log.errors,
-                            warnings=log.warnings)
+    return CollectedResults(results=results, stack=log.stack, dcgm=log.dcgm, errors=log.errors, warnings=log.warnings)
 
 
 def validate_pod_logs(logs: Sequence[PodLog]) -> list[CollectedResults | ResultsError]:
@@ -236,8 +245,10 @@ def validate_pod_logs(logs: Sequence[PodLog]) -> list[CollectedResults | Results
     with contextlib.suppress(ResultsError):  # some log is bad: each is validated on its own, to say which and why
         canonical = parse_results(_frame_of(whole), "the wave's logs")
     if canonical is not None and not _identity_mismatch(canonical, whole, sizes):
-        done = {id(log): _collected(log, canonical.iloc[end - size : end].reset_index(drop=True))
-                for log, size, end in zip(whole, sizes, ends, strict=True)}  # fmt: skip
+        done = {
+            id(log): _collected(log, canonical.iloc[end - size : end].reset_index(drop=True))
+            for log, size, end in zip(whole, sizes, ends, strict=True)
+        }
         return [done[id(log)] if id(log) in done else _or_error(log) for log in logs]
     return [_or_error(log) for log in logs]
 
@@ -269,8 +280,7 @@ def _check_identity(results: pd.DataFrame, lines: Any, *, run_id: str, node: str
         for i in wrong[: max(0, _SHOWN - len(problems))]:
             problems.append(
                 Problem(
-                    f"{what} {values[i]!r}, but this Job is {what} {expected!r}: a row of another {what} is "
-                    "never kept",
+                    f"{what} {values[i]!r}, but this Job is {what} {expected!r}: a row of another {what} is never kept",
                     row=int(lines[i]),
                     column=column,
                 )
@@ -345,8 +355,9 @@ def read_pod_log(
         raise ValueError(f"Job {source.job} has not succeeded ({source.state}): no results to collect")
     expected_run = run_id or source.run_id
     if not expected_run or not source.node:
-        raise ValueError(f"Pod {source.namespace}/{source.pod}: the run id and the node must be known to check "
-                         "its rows")
+        raise ValueError(
+            f"Pod {source.namespace}/{source.pod}: the run id and the node must be known to check its rows"
+        )
     return _read(kube, source.namespace, source.pod, source.job, expected_run, source.node)
 
 

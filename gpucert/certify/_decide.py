@@ -30,8 +30,17 @@ HARD_GATE_XIDS = frozenset({64, 79, 95})
 #: A fail on these is measured, not a statistic, so it needs no confirming re-run either: a row-remap failure,
 #: a double-bit ECC error, an RDMA port down, below its rate or with rising error counters
 #: (docs/reference/causes-and-actions.md, "Gates").
-_HARD_GATE_METRICS = frozenset({"remapped_rows_failure", "ecc_dbe_volatile", "ib_ports_active", "ib_rate_min_gbps",
-                                "ib_symbol_errors", "ib_link_downed", "ib_rcv_errors"})  # fmt: skip
+_HARD_GATE_METRICS = frozenset(
+    {
+        "remapped_rows_failure",
+        "ecc_dbe_volatile",
+        "ib_ports_active",
+        "ib_rate_min_gbps",
+        "ib_symbol_errors",
+        "ib_link_downed",
+        "ib_rcv_errors",
+    }
+)
 #: A node's own network path named by its pairs (gpucert.network): low with two partners that are fine
 #: elsewhere, after the re-pairings: a confirming re-run of the node alone measures no pair.
 _PAIR_METRIC = "nccl_pair_busbw_gbps"
@@ -98,9 +107,7 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
     are built one by one.
     """
     rows = verdicts[verdicts["node"].notna()]
-    rows = rows.assign(
-        _rank=rows["verdict"].astype("string").map(VERDICT_RANK).astype("int64"), _hard=_hard_gate(rows)
-    )
+    rows = rows.assign(_rank=rows["verdict"].astype("string").map(VERDICT_RANK).astype("int64"), _hard=_hard_gate(rows))
     # Worst rows first (stable: in the table's order among equals), so each node's first row decides.
     rows = rows.sort_values(["node", "_rank"], ascending=[True, False], kind="stable").reset_index(drop=True)
     node = rows["node"].astype("string").to_numpy(dtype=object)
@@ -113,13 +120,20 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
     cause = rows["cause"].astype("string").fillna("")
     named = ((rows["verdict"] == "fail") & (cause != "")).to_numpy()
     causes = cause[named].groupby(node[named], sort=False).first()
-    gate = (rows["reference_kind"].astype("string").eq("gate").fillna(False).to_numpy(dtype=bool)
-            if "reference_kind" in rows else np.zeros(len(rows), dtype=bool))  # fmt: skip
+    gate = (
+        rows["reference_kind"].astype("string").eq("gate").fillna(False).to_numpy(dtype=bool)
+        if "reference_kind" in rows
+        else np.zeros(len(rows), dtype=bool)
+    )
     corroborated = set(node[is_worst & gate])
     decide = {
         str(name): (VERDICT_OF[rank], gpu, reasons, action)
         for name, rank, gpu, reasons, action in zip(
-            node[deciding.index], deciding["_rank"], deciding["gpu"], deciding["reasons"], deciding["action"],
+            node[deciding.index],
+            deciding["_rank"],
+            deciding["gpu"],
+            deciding["reasons"],
+            deciding["action"],
             strict=True,
         )
     }

@@ -128,15 +128,34 @@ _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?
 _CONFIGMAP_LIMIT = 1 << 20
 #: The payload flags this module sets itself; ``payload_args`` may not set them again.
 _OWN_FLAGS = (
-    "--run-id", "--node", "--repeats", "--expected-gpus", "--deadline-seconds",
+    "--run-id",
+    "--node",
+    "--repeats",
+    "--expected-gpus",
+    "--deadline-seconds",
     # The policy's, one home: metrics.<name>.cv_rep and .repeats, repeats.unstable_factor and .transient_pct.
-    "--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct",
-)  # fmt: skip
+    "--cv-rep",
+    "--repeats-of",
+    "--unstable-factor",
+    "--transient-pct",
+)
 #: The pair flags a pair Job sets itself; ``pair_args`` may not set them again.
 _PAIR_OWN_FLAGS = (
-    "--run-id", "--node", "--nodes", "--peer", "--rank", "--master", "--repeats", "--deadline-seconds",
-    "--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct", "--nccl-tests", "--mpi-hosts",
-)  # fmt: skip
+    "--run-id",
+    "--node",
+    "--nodes",
+    "--peer",
+    "--rank",
+    "--master",
+    "--repeats",
+    "--deadline-seconds",
+    "--cv-rep",
+    "--repeats-of",
+    "--unstable-factor",
+    "--transient-pct",
+    "--nccl-tests",
+    "--mpi-hosts",
+)
 #: Of a Job's deadline, what image pull and scheduling may take before the payload starts.
 _START_ALLOWANCE_S = 300
 #: What the Job's own flags are checked with when ``payload_args`` (``pair_args``) are checked alone.
@@ -176,24 +195,42 @@ def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PR
     no ``--help``) and none of ``args`` sets a flag the Job sets; raises :class:`PayloadArgsError`."""
     from ..bench import check_args
 
-    return checked_args(args, field="payload_args", job="the Job", payload="the payload", own_flags=_OWN_FLAGS,
-                        check=check_args, prefix=prefix)  # fmt: skip
+    return checked_args(
+        args,
+        field="payload_args",
+        job="the Job",
+        payload="the payload",
+        own_flags=_OWN_FLAGS,
+        check=check_args,
+        prefix=prefix,
+    )
 
 
-def check_pair_payload_args(
-    args: Sequence[str], *, prefix: Sequence[str] = _PAIR_CHECK_PREFIX
-) -> tuple[str, ...]:
+def check_pair_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _PAIR_CHECK_PREFIX) -> tuple[str, ...]:
     """``args`` as a tuple when the pair payload's parser takes ``prefix`` + ``args`` strictly and none of
     ``args`` sets a flag the pair Job sets; raises :class:`PayloadArgsError`."""
     from ..bench import check_pair_args
 
-    return checked_args(args, field="pair_args", job="the pair Job", payload="the pair payload",
-                        own_flags=_PAIR_OWN_FLAGS, check=check_pair_args, prefix=prefix)  # fmt: skip
+    return checked_args(
+        args,
+        field="pair_args",
+        job="the pair Job",
+        payload="the pair payload",
+        own_flags=_PAIR_OWN_FLAGS,
+        check=check_pair_args,
+        prefix=prefix,
+    )
 
 
 def checked_args(
-    args: Sequence[str], *, field: str, job: str, payload: str, own_flags: Sequence[str],
-    check: Callable[[list[str]], object], prefix: Sequence[str],
+    args: Sequence[str],
+    *,
+    field: str,
+    job: str,
+    payload: str,
+    own_flags: Sequence[str],
+    check: Callable[[list[str]], object],
+    prefix: Sequence[str],
 ) -> tuple[str, ...]:
     """``args`` (the policy's ``field``) as a tuple when ``check`` takes ``prefix`` + ``args`` and none of
     ``args`` sets one of ``own_flags`` (``job`` sets those); raises :class:`PayloadArgsError` naming them."""
@@ -279,9 +316,7 @@ class BenchmarkSettings:
             raise ValueError(f"deadline_s must be at least 1 second, not {self.deadline_s}")
         if self.ttl_s < 0:
             raise ValueError(f"ttl_s must be 0 or more, not {self.ttl_s}")
-        if self.priority_class is not None and (
-            not dns_subdomain_ok(self.priority_class)
-        ):
+        if self.priority_class is not None and (not dns_subdomain_ok(self.priority_class)):
             raise ValueError(f"priority class {self.priority_class!r} is not a DNS subdomain")
         if self.storage_claim is not None and self.storage_host_path is not None:
             raise ValueError("storage: a claim or a host path, not both")
@@ -289,8 +324,9 @@ class BenchmarkSettings:
             raise ValueError(f"storage claim {self.storage_claim!r} is not a DNS subdomain")
         host = self.storage_host_path
         if host is not None and (not _HOST_PATH.fullmatch(host) or ".." in host.split("/")):
-            raise ValueError(f"storage host path {self.storage_host_path!r}: an absolute path without '..' "
-                             "and of plain characters")  # fmt: skip
+            raise ValueError(
+                f"storage host path {self.storage_host_path!r}: an absolute path without '..' and of plain characters"
+            )
         # A list (a flow parameter read from JSON) is kept as a tuple: the settings stay hashable.
         object.__setattr__(self, "payload_args", check_payload_args(self.payload_args))
         for name in ("cpu_request", "memory_request", "shm_size"):
@@ -365,8 +401,7 @@ def payload_key(path: str) -> str:
     words = [*parts[:-1], stem, suffix]
     if not dot or not all(_KEY_WORD.fullmatch(w) for w in words) or len(path) > 253:
         raise ValueError(
-            f"payload file {path!r} cannot be a ConfigMap key (directories and a file name of "
-            "-_a-zA-Z0-9, one suffix)"
+            f"payload file {path!r} cannot be a ConfigMap key (directories and a file name of -_a-zA-Z0-9, one suffix)"
         )
     return path.replace("/", ".")
 
@@ -510,17 +545,22 @@ def benchmark_job(
     labels = job_labels(run_id, node, s.label_prefix)
     node_annotation = {f"{s.label_prefix}/node": node}
     own = [
-        "--run-id", run_id,
+        "--run-id",
+        run_id,
         # $(NODE_NAME) is expanded by the kubelet from the downward API: the node the pod ran on.
-        "--node", "$(NODE_NAME)",
-        "--repeats", str(s.repeats),
-        "--expected-gpus", str(gpus),
+        "--node",
+        "$(NODE_NAME)",
+        "--repeats",
+        str(s.repeats),
+        "--expected-gpus",
+        str(gpus),
         # Extra repeats (to settle disagreeing ones) start only if they fit before the Job's own deadline,
         # less what pulling the image and scheduling may have taken.
-        "--deadline-seconds", _payload_deadline(s),
+        "--deadline-seconds",
+        _payload_deadline(s),
         *s.policy_args,
         *(("--storage-path", STORAGE_MOUNT) if _storage_volume(s) else ()),
-    ]  # fmt: skip
+    ]
     # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
     payload_args = check_payload_args(s.payload_args, prefix=own)
     args = [*own, *(_kubelet_literal(arg) for arg in payload_args)]
@@ -609,16 +649,22 @@ def pair_job(
     master = f"{name}-0.{name}.{s.namespace}.svc:{port}"
     own = [
         "pair",
-        "--run-id", run_id,
+        "--run-id",
+        run_id,
         # $(NODE_NAME): the node this pod was bound to, from the downward API (either of the two).
-        "--node", "$(NODE_NAME)",
-        "--nodes", *nodes,
+        "--node",
+        "$(NODE_NAME)",
+        "--nodes",
+        *nodes,
         # No --rank: the payload takes $JOB_COMPLETION_INDEX, which the Job controller gives each pod.
-        "--master", master,
-        "--repeats", str(s.repeats),
-        "--deadline-seconds", _payload_deadline(s),
+        "--master",
+        master,
+        "--repeats",
+        str(s.repeats),
+        "--deadline-seconds",
+        _payload_deadline(s),
         *s.policy_args,
-    ]  # fmt: skip
+    ]
     # Checked as the payload will parse it, with the rank each pod takes from $JOB_COMPLETION_INDEX.
     extra = check_pair_payload_args(pair_args, prefix=[*own[1:], "--rank", "0"])
     # The Job's own arguments hold no `$` but $(NODE_NAME) (run ids and node names are DNS names); the
@@ -626,10 +672,18 @@ def pair_job(
     args = [*own, *(_kubelet_literal(arg) for arg in extra)]
     service = _render_one(
         PAIR_SERVICE_TEMPLATE,
-        {"svc": {"name": name, "namespace": s.namespace, "labels": labels, "annotations": annotations,
-                 "selector": selector, "port": port}},
+        {
+            "svc": {
+                "name": name,
+                "namespace": s.namespace,
+                "labels": labels,
+                "annotations": annotations,
+                "selector": selector,
+                "port": port,
+            }
+        },
         "Service",
-    )  # fmt: skip
+    )
     context = {
         **_pod_context(s, name, labels, annotations, gpus, payload_name, items, args),
         "subdomain": name,
@@ -647,8 +701,14 @@ def owned_by(service: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, An
     uid = meta.get("uid")
     if not uid:
         raise ValueError(f"Job {meta.get('name')!r} has no uid: pass the Job as the API server returned it")
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": uid,
-             "controller": False, "blockOwnerDeletion": False}  # fmt: skip
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": meta["name"],
+        "uid": uid,
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
     return {**service, "metadata": {**service["metadata"], "ownerReferences": [owner]}}
 
 
@@ -666,8 +726,14 @@ def _payload_deadline(s: BenchmarkSettings) -> str:
 
 
 def _pod_context(
-    s: BenchmarkSettings, name: str, labels: Mapping[str, str], annotations: Mapping[str, str], gpus: int,
-    payload_name: str, items: list[dict[str, str]], args: list[str],
+    s: BenchmarkSettings,
+    name: str,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    gpus: int,
+    payload_name: str,
+    items: list[dict[str, str]],
+    args: list[str],
 ) -> dict[str, Any]:
     """What a node's and a pair's Job template get alike: names, the pod's deadline, TTL and priority, its
     tolerations, image, arguments, resources (``gpus`` a pod) and the payload volume."""

@@ -81,9 +81,7 @@ def judge_rerun(
 def _one_run(results: pd.DataFrame, what: str) -> str:
     run_ids = sorted(results["run_id"].astype("string").unique())
     if len(run_ids) != 1:
-        raise InputError(
-            f"{what}: holds {len(run_ids)} runs ({', '.join(run_ids[:5])}); give one run per file"
-        )
+        raise InputError(f"{what}: holds {len(run_ids)} runs ({', '.join(run_ids[:5])}); give one run per file")
     return str(run_ids[0])
 
 
@@ -113,9 +111,7 @@ def settle_offline(
         rerun_nodes = tuple(sorted(rerun["node"].astype("string").unique()))
         stray = sorted(set(rerun_nodes) - set(nodes))
         if stray:
-            raise InputError(
-                f"re-run {index} ({rerun_id}) measured nodes the first run did not: {', '.join(stray)}"
-            )
+            raise InputError(f"re-run {index} ({rerun_id}) measured nodes the first run did not: {', '.join(stray)}")
         verdicts = run_verdicts(rerun_id, rerun, {}, baseline, policy, cohort=first, nodes=rerun_nodes)
         judged_reruns.append(RunVerdicts(rerun_id, verdicts, rerun_nodes))
     taints = fleet if fleet is not None else {n: NodeTaints() for n in nodes}

@@ -62,41 +62,54 @@ def link_seed(run_id: str) -> int:
     return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
 
 
-def link_plan(node_objects: Sequence[Mapping[str, Any]], nodes: Sequence[str], *, policy: Policy,
-              run_id: str) -> PairingPlan:  # fmt: skip
+def link_plan(
+    node_objects: Sequence[Mapping[str, Any]], nodes: Sequence[str], *, policy: Policy, run_id: str
+) -> PairingPlan:
     """The pairing plan of ``nodes`` (those of ``node_objects``, Kubernetes Node objects, that are named),
     by the leaf and zone labels the policy names (``network``)."""
     wanted = set(nodes)
     labels = (policy.network.leaf_label, policy.network.zone_label)
     rows = [
-        {"node": obj["metadata"]["name"],
-         **{key: ((obj["metadata"].get("labels") or {}).get(key) or "") for key in labels}}
-        for obj in node_objects if obj["metadata"]["name"] in wanted
-    ]  # fmt: skip
+        {
+            "node": obj["metadata"]["name"],
+            **{key: ((obj["metadata"].get("labels") or {}).get(key) or "") for key in labels},
+        }
+        for obj in node_objects
+        if obj["metadata"]["name"] in wanted
+    ]
     table = pd.DataFrame(rows, columns=["node", *labels])
-    return plan_rounds(table, leaf_label=labels[0], zone_label=labels[1], partners=policy.network.partners,
-                       seed=link_seed(run_id))  # fmt: skip
+    return plan_rounds(
+        table, leaf_label=labels[0], zone_label=labels[1], partners=policy.network.partners, seed=link_seed(run_id)
+    )
 
 
 def plan_of(nodes: pd.DataFrame, pairs: pd.DataFrame, policy: Policy) -> PairingPlan:
     """The plan stored with a run (its ``links-*.parquet`` tables)."""
-    return stored_plan(nodes, pairs, leaf_label=policy.network.leaf_label, zone_label=policy.network.zone_label,
-                       partners=policy.network.partners)  # fmt: skip
+    return stored_plan(
+        nodes,
+        pairs,
+        leaf_label=policy.network.leaf_label,
+        zone_label=policy.network.zone_label,
+        partners=policy.network.partners,
+    )
 
 
 def judge_links(pair_rows: pd.DataFrame, plan: PairingPlan, baseline: pd.DataFrame, policy: Policy) -> PairJudgement:
     """``pair_rows`` (results rows of ``nccl_pair_busbw_gbps``) judged by ``plan``, each against its node's
     own link baseline where it has one, else against the run's healthy pairs."""
-    rows = pd.DataFrame({
-        "node": pair_rows["node"].astype(str).to_numpy(),
-        "peer": pair_rows["peer"].astype(str).to_numpy(),
-        "value": pair_rows["value"].to_numpy(dtype=float),
-        "repeat": pair_rows["repeat"].to_numpy(),
-        "run_id": pair_rows["run_id"].astype(str).to_numpy(),
-    })  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "node": pair_rows["node"].astype(str).to_numpy(),
+            "peer": pair_rows["peer"].astype(str).to_numpy(),
+            "value": pair_rows["value"].to_numpy(dtype=float),
+            "repeat": pair_rows["repeat"].to_numpy(),
+            "run_id": pair_rows["run_id"].astype(str).to_numpy(),
+        }
+    )
     rows["reference"] = pair_references(rows, baseline).to_numpy()
-    return judge_pairs(rows, plan, reference_kind="own", thresholds=PairThresholds.from_policy(policy),
-                       source="the run's pair results")  # fmt: skip
+    return judge_pairs(
+        rows, plan, reference_kind="own", thresholds=PairThresholds.from_policy(policy), source="the run's pair results"
+    )
 
 
 def judge_with_links(
@@ -112,8 +125,9 @@ def judge_with_links(
     pairs = results[is_pair]
     judgement = judge_links(pairs, plan if plan is not None else measured_plan(pairs), baseline, policy)
     models = results.groupby("node", observed=True)["gpu_model"].first()
-    links = link_verdicts(judgement, run_id=str(pairs["run_id"].iloc[0]),
-                          models={str(k): str(v) for k, v in models.items()})  # fmt: skip
+    links = link_verdicts(
+        judgement, run_id=str(pairs["run_id"].iloc[0]), models={str(k): str(v) for k, v in models.items()}
+    )
     return pd.concat([verdicts, _explained_by_the_node(links, verdicts)], ignore_index=True)
 
 
@@ -157,11 +171,24 @@ def _explained_by_the_node(links: pd.DataFrame, verdicts: pd.DataFrame) -> pd.Da
     out.loc[explained, "cause"] = causes
     out.loc[explained, "action"] = "none"
     out.loc[explained, "ticket"] = "none"
-    pairs_said = (out.loc[explained, "reasons"].astype(str).str.removeprefix("network: ")
-                  .str.replace(f". {NIC_ADVICE}", "", regex=False).to_numpy(dtype=object))  # fmt: skip
-    said = ("explained by this node's own " + causes + " fault (its own rows): " + pairs_said
-            + ". Not its NIC: its " + causes + " fault slows every pair it is in; do what its own rows ask ("
-            + actions + "), then its links are measured again with it")  # fmt: skip
+    pairs_said = (
+        out.loc[explained, "reasons"]
+        .astype(str)
+        .str.removeprefix("network: ")
+        .str.replace(f". {NIC_ADVICE}", "", regex=False)
+        .to_numpy(dtype=object)
+    )
+    said = (
+        "explained by this node's own "
+        + causes
+        + " fault (its own rows): "
+        + pairs_said
+        + ". Not its NIC: its "
+        + causes
+        + " fault slows every pair it is in; do what its own rows ask ("
+        + actions
+        + "), then its links are measured again with it"
+    )
     out.loc[explained, "reasons"] = with_layer(causes.astype(object), said)
     return _partners_explained(out, dict(zip(out.loc[explained, "node"].astype(str), causes, strict=True)))
 
@@ -177,8 +204,9 @@ def _partners_explained(links: pd.DataFrame, cause_of: Mapping[str, str]) -> pd.
     rows = ((links["reasons"].astype("string") == blamed) & cause.notna()).fillna(False).to_numpy()
     if not rows.any():
         return links
-    links.loc[rows, "reasons"] = ("low, explained by " + who[rows] + "'s own " + cause[rows]
-                                  + " fault (its own rows)").astype(object)  # fmt: skip
+    links.loc[rows, "reasons"] = (
+        "low, explained by " + who[rows] + "'s own " + cause[rows] + " fault (its own rows)"
+    ).astype(object)
     return links
 
 

@@ -52,9 +52,14 @@ _IMAGE_PULL: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
 )
 _CANNOT_START: Final = frozenset(
-    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "PreCreateHookError",
-     "PreStartHookError"}
-)  # fmt: skip
+    {
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "PreCreateHookError",
+        "PreStartHookError",
+    }
+)
 _ADMISSION: Final = frozenset({"NodeAffinity", "UnexpectedAdmissionError", "NodeLost"})
 _MESSAGE_LIMIT = 400
 
@@ -155,11 +160,7 @@ def _pod_problem(pod: Mapping[str, Any]) -> tuple[Reason, str] | None:
     name = _name(pod)
     status = pod.get("status") or {}
     scheduled = next((c for c in _conditions(pod) if c.get("type") == "PodScheduled"), None)
-    if (
-        scheduled is not None
-        and scheduled.get("status") == "False"
-        and scheduled.get("reason") == "Unschedulable"
-    ):
+    if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         return "unschedulable", f"pod {name} cannot be scheduled: {_short(scheduled.get('message'))}"
     pod_reason = str(status.get("reason") or "")
     pod_message = _short(status.get("message"))
@@ -212,9 +213,7 @@ def classify(
     run_id = (meta.get("labels") or {}).get(f"{label_prefix}/run-id")
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")] or list(pods)
 
-    def outcome(
-        state: State, reason: Reason | None, message: str, pod: Mapping[str, Any] | None
-    ) -> JobOutcome:
+    def outcome(state: State, reason: Reason | None, message: str, pod: Mapping[str, Any] | None) -> JobOutcome:
         return JobOutcome(
             node=_node_of(job, pods, label_prefix),
             job=name,
@@ -230,10 +229,12 @@ def classify(
         done = _latest([p for p in pods if _phase(p) == "Succeeded"])
         if done is None:
             return outcome(
-                "failed", "vanished",
+                "failed",
+                "vanished",
                 f"Job {name} completed but its pod is gone (deleted, or collected with the Job): "
-                "its results cannot be read", None,
-            )  # fmt: skip
+                "its results cannot be read",
+                None,
+            )
         return outcome("succeeded", None, f"Job {name} completed", done)
 
     failed = _true(job, "Failed") or _true(job, "FailureTarget")
@@ -262,8 +263,7 @@ def classify(
         # With backoffLimit 0 a failed pod is the end, even before the Job controller says so.
         spec = job.get("spec") or {}
         limit = spec.get("backoffLimit")
-        failures = max(int((job.get("status") or {}).get("failed") or 0),
-                       sum(1 for p in pods if _phase(p) == "Failed"))  # fmt: skip
+        failures = max(int((job.get("status") or {}).get("failed") or 0), sum(1 for p in pods if _phase(p) == "Failed"))
         if failures > int(6 if limit is None else limit):
             reason, message = problem or ("error", f"pod {_name(pod)} failed")
             return outcome("failed", reason, message, pod)
@@ -319,6 +319,4 @@ def abandon(kube: Kube, outcome: JobOutcome) -> JobOutcome:
     if outcome.state == "failed":
         return outcome
     reason: Reason = outcome.reason or "error"
-    return replace(
-        outcome, state="failed", reason=reason, message=f"{outcome.message} (gave up; Job deleted)"
-    )
+    return replace(outcome, state="failed", reason=reason, message=f"{outcome.message} (gave up; Job deleted)")

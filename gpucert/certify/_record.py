@@ -50,12 +50,25 @@ def job_failure_verdicts(run_id: str, failed: Mapping[str, tuple[str | None, str
         why = _WHY.get(reason or "", "the benchmark Job failed")
         rows.append(
             {
-                "run_id": run_id, "node": node, "gpu": pd.NA, "gpu_uuid": None, "verdict": "inconclusive",
-                "metric": "", "value": float("nan"), "reference": float("nan"), "deviation_pct": float("nan"),
-                "z": float("nan"), "reference_kind": "", "cause": "", "action": "retest", "ticket": "none",
-                "reasons": f"{why}{': ' + message if message else ''}", "gpu_model": None, "peer": None,
+                "run_id": run_id,
+                "node": node,
+                "gpu": pd.NA,
+                "gpu_uuid": None,
+                "verdict": "inconclusive",
+                "metric": "",
+                "value": float("nan"),
+                "reference": float("nan"),
+                "deviation_pct": float("nan"),
+                "z": float("nan"),
+                "reference_kind": "",
+                "cause": "",
+                "action": "retest",
+                "ticket": "none",
+                "reasons": f"{why}{': ' + message if message else ''}",
+                "gpu_model": None,
+                "peer": None,
             }
-        )  # fmt: skip
+        )
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     frame["gpu"] = frame["gpu"].astype("Int64")
     return frame
@@ -109,6 +122,7 @@ def update_baselines(
         reset[:] = stack_changed_nodes(table, stacks) if len(table) else []
         return reset
 
-    done = update_store(store, results, message=f"certify {run_id}", policy=policy, stack=common_stack(stacks),
-                        forget_nodes=changed)  # fmt: skip
+    done = update_store(
+        store, results, message=f"certify {run_id}", policy=policy, stack=common_stack(stacks), forget_nodes=changed
+    )
     return done.version, list(reset)

@@ -51,9 +51,7 @@ class TicketChange(_Model):
     def of(cls, event: TicketEvent) -> TicketChange:
         """The change a :class:`~gpucert.tickets.TicketEvent` made."""
         t = event.ticket
-        return cls(
-            kind=event.kind, ticket=t.id, ticket_kind=t.kind, node=t.node, cause=t.cause, detail=event.detail
-        )
+        return cls(kind=event.kind, ticket=t.id, ticket_kind=t.kind, node=t.node, cause=t.cause, detail=event.detail)
 
 
 class CertifyOutcome(_Model):
@@ -66,9 +64,7 @@ class CertifyOutcome(_Model):
     skipped: dict[str, str] = Field(default_factory=dict, description="node → why it was not benchmarked")
     decisions: list[NodeOutcome] = Field(default_factory=list)
     reruns: list[str] = Field(default_factory=list, description="the confirming re-runs' ids")
-    inconclusive: dict[str, str] = Field(
-        default_factory=dict, description="node → why its Job gave no result"
-    )
+    inconclusive: dict[str, str] = Field(default_factory=dict, description="node → why its Job gave no result")
     incident: str | None = None
     incident_ticket: str | None = Field(
         default=None, description="the blast-radius incident's ticket (None: no incident, or only recorded)"
@@ -80,12 +76,8 @@ class CertifyOutcome(_Model):
     report_link: str | None = Field(default=None, description="a link a browser opens")
     ticketing: str = Field(default="not configured", description="the ticket backend, or 'not configured'")
     tickets: list[TicketChange] = Field(default_factory=list)
-    tickets_recorded: int = Field(
-        default=0, description="tickets recorded in the store for want of ticketing"
-    )
-    actions: dict[str, str] = Field(
-        default_factory=dict, description="node → what was written to it, in words"
-    )
+    tickets_recorded: int = Field(default=0, description="tickets recorded in the store for want of ticketing")
+    actions: dict[str, str] = Field(default_factory=dict, description="node → what was written to it, in words")
     links: list[str] = Field(
         default_factory=list,
         description="the link step: rounds and re-pairings, pairs measured, what the pairs named (empty: no pairs)",
@@ -97,10 +89,20 @@ class CertifyOutcome(_Model):
     def of(cls, settlement: Settlement, **fields: Any) -> CertifyOutcome:
         """The outcome of a settled run; ``fields`` fill the rest."""
         decisions = [
-            NodeOutcome(node=d.node, state=d.state, verdict=d.verdict, cause=d.cause, hard_gate=d.hard_gate,
-                        confirmed=d.confirmed, taint=d.taint, runs=list(d.runs), summary=d.summary, settled=d.settled)
+            NodeOutcome(
+                node=d.node,
+                state=d.state,
+                verdict=d.verdict,
+                cause=d.cause,
+                hard_gate=d.hard_gate,
+                confirmed=d.confirmed,
+                taint=d.taint,
+                runs=list(d.runs),
+                summary=d.summary,
+                settled=d.settled,
+            )
             for _, d in sorted(settlement.decisions.items())
-        ]  # fmt: skip
+        ]
         return cls(run_id=settlement.run_id, decisions=decisions, incident=settlement.incident, **fields)
 
     # --- views ----------------------------------------------------------------------------------------
@@ -133,8 +135,10 @@ class CertifyOutcome(_Model):
         if self.incident and self.ticketing == "not configured":
             return "ticketing not configured: the incident ticket recorded, not opened; no ticket per fault"
         if self.incident:
-            return (f"tickets ({self.ticketing}): incident ticket {self.incident_ticket or 'unchanged'} "
-                    "(no ticket per fault: the blast radius held them back)")  # fmt: skip
+            return (
+                f"tickets ({self.ticketing}): incident ticket {self.incident_ticket or 'unchanged'} "
+                "(no ticket per fault: the blast radius held them back)"
+            )
         if self.ticketing == "not configured":
             return f"ticketing not configured: {counted(self.tickets_recorded, 'ticket')} recorded, none opened"
         if not self.tickets:

@@ -20,9 +20,7 @@ class CertificationRules(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    policy: Policy = Field(
-        default_factory=default_policy, description="every threshold of the verdict engine"
-    )
+    policy: Policy = Field(default_factory=default_policy, description="every threshold of the verdict engine")
     repeats: int = Field(default=3, ge=1, le=15, description="repeats of each benchmark in a run")
     max_reruns: int = Field(
         default=2,

@@ -70,8 +70,9 @@ class CertificationRun:
 
     def rerun(self, attempt: int) -> CertificationRun:
         """The ``attempt``-th (1-based) confirming re-run of this run."""
-        return CertificationRun(self.store, rerun_id(self.run_id, attempt), self.day, parent=self.run_id,
-                                attempt=attempt)  # fmt: skip
+        return CertificationRun(
+            self.store, rerun_id(self.run_id, attempt), self.day, parent=self.run_id, attempt=attempt
+        )
 
     @property
     def folder(self) -> str:
@@ -162,10 +163,11 @@ class CertificationRun:
         """Store ``policy.json``: the policy this run (or re-run) is judged by, the spec floors it resolves to
         and the baseline version it is judged against (None: no baseline yet), so the decision can be
         re-judged later (``gpucert certificate verify``); returns its key."""
-        floors = [{"gpu_model": model, "metric": name, "floor": floor}
-                  for (model, name), floor in sorted(spec_floors(policy).items())]  # fmt: skip
-        record = {"baseline_version": baseline_version, "policy": policy.model_dump(mode="json"),
-                  "spec_floors": floors}  # fmt: skip
+        floors = [
+            {"gpu_model": model, "metric": name, "floor": floor}
+            for (model, name), floor in sorted(spec_floors(policy).items())
+        ]
+        record = {"baseline_version": baseline_version, "policy": policy.model_dump(mode="json"), "spec_floors": floors}
         data = json.dumps(record, indent=2, sort_keys=True).encode()
         return self.store.write_run_file(self.folder, self.day, self.file(POLICY), data)
 

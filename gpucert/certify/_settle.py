@@ -58,9 +58,19 @@ TaintAction = Literal["added", "kept", "lifted", "refused", "none"]
 _VERDICT_OF: Final = {"certified": "pass", "degraded": "warn", "failed": "fail", None: "inconclusive"}
 #: ``decisions.parquet``, one row per node (docs/design/data-contracts.md, "Decisions").
 DECISION_COLUMNS: Final = (
-    "run_id", "node", "state", "verdict", "cause", "hard_gate", "confirmed", "taint", "runs", "summary",
-    "settled", "decided_at",
-)  # fmt: skip
+    "run_id",
+    "node",
+    "state",
+    "verdict",
+    "cause",
+    "hard_gate",
+    "confirmed",
+    "taint",
+    "runs",
+    "summary",
+    "settled",
+    "decided_at",
+)
 
 
 @dataclass(frozen=True)
@@ -142,11 +152,22 @@ class Settlement:
         stamps them, so decisions of many runs sort in time."""
         stamp = pd.Timestamp(decided_at) if decided_at is not None else pd.NaT
         rows = [
-            {"run_id": self.run_id, "node": d.node, "state": d.state, "verdict": d.verdict, "cause": d.cause,
-             "hard_gate": d.hard_gate, "confirmed": d.confirmed, "taint": d.taint, "runs": ",".join(d.runs),
-             "summary": d.summary, "settled": d.settled, "decided_at": stamp}
+            {
+                "run_id": self.run_id,
+                "node": d.node,
+                "state": d.state,
+                "verdict": d.verdict,
+                "cause": d.cause,
+                "hard_gate": d.hard_gate,
+                "confirmed": d.confirmed,
+                "taint": d.taint,
+                "runs": ",".join(d.runs),
+                "summary": d.summary,
+                "settled": d.settled,
+                "decided_at": stamp,
+            }
             for _, d in sorted(self.decisions.items())
-        ]  # fmt: skip
+        ]
         frame = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
         for column in ("run_id", "node", "state", "verdict", "cause", "taint", "runs", "summary"):
             frame[column] = frame[column].astype("string")
@@ -181,8 +202,9 @@ def _conclude(history: Sequence[tuple[str, NodeDecision]]) -> tuple[NodeDecision
             return first, True, True, runs
         if stands is None:
             return _undecided(first, reruns), False, False, runs
-    as_warn = [NodeDecision(d.node, "degraded" if d.state == "failed" else d.state, None, False, d.summary)
-               for d in decisions]  # fmt: skip
+    as_warn = [
+        NodeDecision(d.node, "degraded" if d.state == "failed" else d.state, None, False, d.summary) for d in decisions
+    ]
     stands = deficit_stands(as_warn)
     if stands is None:
         return _undecided(first, reruns), False, False, runs
@@ -240,13 +262,19 @@ def settle(
     decisions: dict[str, SettledDecision] = {}
     for node, history in histories.items():
         decision, confirmed, settled, runs = _conclude(history)
-        action = _taint_action(decision.state, confirmed=confirmed, settled=settled,
-                               taints=fleet.get(node, NodeTaints()), observe=observe_only)  # fmt: skip
+        action = _taint_action(
+            decision.state,
+            confirmed=confirmed,
+            settled=settled,
+            taints=fleet.get(node, NodeTaints()),
+            observe=observe_only,
+        )
         summary = decision.summary
         if confirmed and len(runs) > 1:
             summary = f"{summary} (confirmed by {', '.join(runs[1:])})"
-        decisions[node] = SettledDecision(node, decision.state, decision.cause, decision.hard_gate, confirmed,
-                                          action, runs, summary, settled)  # fmt: skip
+        decisions[node] = SettledDecision(
+            node, decision.state, decision.cause, decision.hard_gate, confirmed, action, runs, summary, settled
+        )
 
     unmeasured = _keep_unmeasured(decisions, fleet, measured) if measured is not None else {}
     lifted = {n for n, d in decisions.items() if d.taint == "lifted"}
@@ -263,9 +291,16 @@ def settle(
         for node in added:
             d = decisions[node]
             decisions[node] = SettledDecision(
-                d.node, d.state, d.cause, d.hard_gate, d.confirmed, "refused", d.runs,
-                f"{d.summary} (not tainted: blast radius reached)", d.settled,
-            )  # fmt: skip
+                d.node,
+                d.state,
+                d.cause,
+                d.hard_gate,
+                d.confirmed,
+                "refused",
+                d.runs,
+                f"{d.summary} (not tainted: blast radius reached)",
+                d.settled,
+            )
         in_force -= added
     return Settlement(first.run_id, decisions, incident, len(in_force), limit, unmeasured)
 
@@ -283,9 +318,12 @@ def settled_verdicts(verdicts: pd.DataFrame, settlement: Settlement) -> pd.DataF
         return verdicts
     # Categorical columns may lack the new values: plain strings from here on.
     out = verdicts.astype({"verdict": "string", "ticket": "string", "reasons": "string"})
-    why = {n: ("not reproduced by the re-runs: " + (", ".join(d.runs[1:]) or "none")) if d.settled
-           else f"not settled yet: re-runs so far {', '.join(d.runs[1:]) or 'none'}"
-           for n, d in settlement.decisions.items()}  # fmt: skip
+    why = {
+        n: ("not reproduced by the re-runs: " + (", ".join(d.runs[1:]) or "none"))
+        if d.settled
+        else f"not settled yet: re-runs so far {', '.join(d.runs[1:]) or 'none'}"
+        for n, d in settlement.decisions.items()
+    }
     note = " (" + node[rows].map(why).astype(str) + ")"
     out.loc[rows, "reasons"] = out.loc[rows, "reasons"].fillna("") + note
     out.loc[rows, "verdict"] = node[rows].map({n: d.verdict for n, d in settlement.decisions.items()})
@@ -297,19 +335,22 @@ def fleet_taints(nodes: Iterable[Mapping[str, Any]], *, prefix: str) -> dict[str
     """GPU node name → gpucert's taints on it, from the Node objects."""
     unhealthy, uncertified = taint_keys(prefix)
     return {
-        node_name(n): NodeTaints(unhealthy=has_taint(n, unhealthy), uncertified=has_taint(n, uncertified),
-                                 cause=_taint_value(n, unhealthy))
+        node_name(n): NodeTaints(
+            unhealthy=has_taint(n, unhealthy), uncertified=has_taint(n, uncertified), cause=_taint_value(n, unhealthy)
+        )
         for n in nodes
-    }  # fmt: skip
+    }
 
 
 def _taint_value(node: Mapping[str, Any], key: str) -> str:
-    return next((str(t.get("value") or "") for t in (node.get("spec") or {}).get("taints") or ()
-                 if t.get("key") == key), "")  # fmt: skip
+    return next(
+        (str(t.get("value") or "") for t in (node.get("spec") or {}).get("taints") or () if t.get("key") == key), ""
+    )
 
 
-def _keep_unmeasured(decisions: dict[str, SettledDecision], fleet: Mapping[str, NodeTaints],
-                     measured_rows: pd.DataFrame) -> dict[str, str]:
+def _keep_unmeasured(
+    decisions: dict[str, SettledDecision], fleet: Mapping[str, NodeTaints], measured_rows: pd.DataFrame
+) -> dict[str, str]:
     """The clearing rule for taints: a taint a decision would lift stays, and the node's state with it, when
     the run did not measure the taint's cause on the node (a storage fault, and no storage location
     configured this time); its summary says so. One vectorised check over every such node. Returns node →
@@ -319,8 +360,9 @@ def _keep_unmeasured(decisions: dict[str, SettledDecision], fleet: Mapping[str, 
         return {}
     causes = [fleet[n].cause or "unknown" for n in lifting]
     metrics = [CAUSE_METRICS.get(c, CAUSE_METRICS["unknown"]) for c in causes]
-    faults = pd.DataFrame({"node": lifting, "gpu_uuid": "", "gpu": pd.array([None] * len(lifting), dtype="Int64"),
-                           "metrics": metrics})  # fmt: skip
+    faults = pd.DataFrame(
+        {"node": lifting, "gpu_uuid": "", "gpu": pd.array([None] * len(lifting), dtype="Int64"), "metrics": metrics}
+    )
     seen = measured_on(faults, measured_rows)
     kept: dict[str, str] = {}
     for node, cause, wanted, ok in zip(lifting, causes, metrics, seen, strict=True):

@@ -63,11 +63,13 @@ def write_shard(
         buffer = io.BytesIO()
         frame.to_parquet(buffer, index=False)
         run.store.write_run_file(run.folder, run.day, run.file(_key(index, RESULTS)), buffer.getvalue())
-    run.store.write_run_file(run.folder, run.day, run.file(_key(index, "stack.json")),
-                             json.dumps(stacks, sort_keys=True).encode())  # fmt: skip
+    run.store.write_run_file(
+        run.folder, run.day, run.file(_key(index, "stack.json")), json.dumps(stacks, sort_keys=True).encode()
+    )
     record = {node: [reason, message] for node, (reason, message) in failed.items()}
-    run.store.write_run_file(run.folder, run.day, run.file(_key(index, "failed.json")),
-                             json.dumps(record, sort_keys=True).encode())  # fmt: skip
+    run.store.write_run_file(
+        run.folder, run.day, run.file(_key(index, "failed.json")), json.dumps(record, sort_keys=True).encode()
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,9 @@ def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> S
         try:
             record = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "failed.json"))))
         except StoreError as exc:
-            raise StoreError(f"{run.run_id}: shard {index} ({len(nodes)} nodes from {min(nodes)}) did not "
-                             f"finish: {exc}") from exc  # fmt: skip
+            raise StoreError(
+                f"{run.run_id}: shard {index} ({len(nodes)} nodes from {min(nodes)}) did not finish: {exc}"
+            ) from exc
         stack = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "stack.json"))))
         stray = sorted((set(record) | set(stack)) - set(nodes))
         if stray:

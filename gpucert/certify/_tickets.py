@@ -86,8 +86,9 @@ def held_back(run: CertificationRun) -> pd.DataFrame:
     decisions = run.decisions()
     refused = set(decisions.loc[decisions["taint"].astype("string").eq("refused"), "node"].astype(str))
     verdicts = run.verdicts()
-    rows = verdicts[verdicts["node"].astype("string").isin(refused)
-                    & verdicts["verdict"].astype("string").isin(["fail", "warn"])].copy()  # fmt: skip
+    rows = verdicts[
+        verdicts["node"].astype("string").isin(refused) & verdicts["verdict"].astype("string").isin(["fail", "warn"])
+    ].copy()
     rows["hard_gate"] = hard_gate_rows(rows).to_numpy(dtype=bool)
     return rows.sort_values(["hard_gate", "node"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
@@ -127,18 +128,33 @@ def recorded_tickets(store: BaselineStore) -> list[Ticket]:
             findings = held_back(run)
             nodes = ", ".join(dict.fromkeys(findings["node"].astype(str)))
             merged[f"incident:{run.run_id}"] = Ticket(
-                id=f"recorded:{run.run_id}", node=INCIDENT_NODE, cause=INCIDENT_CAUSE, kind="incident",
-                title=f"[incident] {incident}", reasons=f"held back: {nodes}", occurrences=1, runs=[run.run_id],
-                created=at, updated=at,
-            )  # fmt: skip
+                id=f"recorded:{run.run_id}",
+                node=INCIDENT_NODE,
+                cause=INCIDENT_CAUSE,
+                kind="incident",
+                title=f"[incident] {incident}",
+                reasons=f"held back: {nodes}",
+                occurrences=1,
+                runs=[run.run_id],
+                created=at,
+                updated=at,
+            )
             continue
         for found in recorded_from_verdicts(run.verdicts(), run_id=run.run_id, at=at):
             key = found.fingerprint.key
             before = merged.get(key)
             # Recorded by an earlier run too: one ticket, one more occurrence.
-            merged[key] = found if before is None else found.model_copy(
-                update={"occurrences": before.occurrences + 1, "created": before.created,
-                        "runs": [*before.runs, run.run_id]})  # fmt: skip
+            merged[key] = (
+                found
+                if before is None
+                else found.model_copy(
+                    update={
+                        "occurrences": before.occurrences + 1,
+                        "created": before.created,
+                        "runs": [*before.runs, run.run_id],
+                    }
+                )
+            )
     return list(merged.values())
 
 
@@ -176,17 +192,21 @@ def ticket_step(
 
 
 def _tickets_of(
-    backend: TicketBackend, run: CertificationRun, incident: str | None, *, now: datetime,
+    backend: TicketBackend,
+    run: CertificationRun,
+    incident: str | None,
+    *,
+    now: datetime,
     escalation: EscalationPolicy,
 ) -> list[TicketEvent]:
     """One run's ticket events: its incident ticket when it hit the blast radius, else one per fault (and
     an incident it measured its way out of resolved)."""
     if incident:
-        event = open_incident(backend, run_id=run.run_id, now=now, incident=incident, findings=held_back(run),
-                              report=run.uri(REPORT))  # fmt: skip
+        event = open_incident(
+            backend, run_id=run.run_id, now=now, incident=incident, findings=held_back(run), report=run.uri(REPORT)
+        )
         return [event] if event is not None else []
-    events = reconcile(backend, run.verdicts(), run_id=run.run_id, now=now, evidence=_evidence(run),
-                       policy=escalation)  # fmt: skip
+    events = reconcile(backend, run.verdicts(), run_id=run.run_id, now=now, evidence=_evidence(run), policy=escalation)
     benchmarked = set(run.decisions()["node"].astype(str)) if run.has(DECISIONS) else set()
     resolved = resolve_incident(backend, run_id=run.run_id, now=now, nodes=benchmarked)
     return events + ([resolved] if resolved is not None else [])
@@ -215,8 +235,16 @@ def _listed(findings: pd.DataFrame) -> list[dict[str, Any]]:
     gpu = pd.to_numeric(findings["gpu"], errors="coerce").astype("Int64")
     cause = findings["cause"].astype("string").fillna("")
     rows = zip(findings["node"], gpu, findings["verdict"], cause, findings["hard_gate"], strict=True)
-    return [{"node": str(n), "gpu": None if pd.isna(g) else int(g), "verdict": str(v), "cause": str(c),
-             "hard_gate": bool(h)} for n, g, v, c, h in rows]  # fmt: skip
+    return [
+        {
+            "node": str(n),
+            "gpu": None if pd.isna(g) else int(g),
+            "verdict": str(v),
+            "cause": str(c),
+            "hard_gate": bool(h),
+        }
+        for n, g, v, c, h in rows
+    ]
 
 
 def ticket_audit(step: TicketStep, incident: Mapping[str, Any] | None) -> list[AuditAction]:
@@ -224,10 +252,26 @@ def ticket_audit(step: TicketStep, incident: Mapping[str, Any] | None) -> list[A
     measurement (``ticket.keep``, on its node), and the incident (``incident.open``: it names no single
     node, so it sends no Event — the ``gpucert.incident.opened`` Prefect event is its page)."""
     actions = [ticket_action(e) for e in step.changes if e.ticket.kind != "incident"]
-    actions += [AuditAction("ticket.keep", "Ticket", e.ticket.id or e.ticket.title, api_version="gpucert.io/v1",
-                            after={"node": e.ticket.node, "cause": e.ticket.cause, "state": "open"}, why=e.detail)
-                for e in step.kept]  # fmt: skip
+    actions += [
+        AuditAction(
+            "ticket.keep",
+            "Ticket",
+            e.ticket.id or e.ticket.title,
+            api_version="gpucert.io/v1",
+            after={"node": e.ticket.node, "cause": e.ticket.cause, "state": "open"},
+            why=e.detail,
+        )
+        for e in step.kept
+    ]
     if incident is not None:
-        actions.append(AuditAction("incident.open", "Incident", str(incident["run_id"]), api_version="gpucert.io/v1",
-                                   after=dict(incident), why=str(incident["incident"])))  # fmt: skip
+        actions.append(
+            AuditAction(
+                "incident.open",
+                "Incident",
+                str(incident["run_id"]),
+                api_version="gpucert.io/v1",
+                after=dict(incident),
+                why=str(incident["incident"]),
+            )
+        )
     return actions

@@ -314,14 +314,23 @@ class _PairUnit:
         pods = job_pods(kube, job) if job is not None else []
         sides = []
         for node in self.nodes:
-            done = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"
-                    and (p.get("spec") or {}).get("nodeName") == node]  # fmt: skip
+            done = [
+                p
+                for p in pods
+                if (p.get("status") or {}).get("phase") == "Succeeded" and (p.get("spec") or {}).get("nodeName") == node
+            ]
             pod = _latest(done)
             if pod is None:
                 why = f"Job {namespace}/{name} completed but its pod on {node} is gone: its rows cannot be read"
                 return self.ended("failed", "vanished", why), []
-            side = JobOutcome(node=node, job=name, state="succeeded", namespace=namespace,
-                              pod=str(pod["metadata"]["name"]), run_id=self.run_id)  # fmt: skip
+            side = JobOutcome(
+                node=node,
+                job=name,
+                state="succeeded",
+                namespace=namespace,
+                pod=str(pod["metadata"]["name"]),
+                run_id=self.run_id,
+            )
             sides.append(_Side(node, read_pod_log(kube, side, run_id=self.run_id)))
         return self.ended("succeeded", rows=sum(len(s.log.records) for s in sides)), sides
 
@@ -459,8 +468,15 @@ async def _run_unit(
     await _call(unit.start, kube, payload, settings)
     look = functools.partial(unit.look, kube, settings)
     try:
-        outcome = await _watch(kube, look, deadline_s=settings.deadline_s, poll_s=poll_s, clock=clock,
-                               renew=renew, renew_every_s=renew_every_s)  # fmt: skip
+        outcome = await _watch(
+            kube,
+            look,
+            deadline_s=settings.deadline_s,
+            poll_s=poll_s,
+            clock=clock,
+            renew=renew,
+            renew_every_s=renew_every_s,
+        )
     except LeaseLost as exc:
         return unit.ended("failed", "lease_lost", str(exc)), []
     if outcome.state != "succeeded":
@@ -569,8 +585,9 @@ async def _leased(
             await _call(taint_testing, kube, node, prefix=settings.label_prefix, run_id=unit.run_id)
         if lapsed:  # a crashed run's Job may still hold a node's GPUs: it goes before ours
             await _call(sweep_orphans, kube, settings, unit.run_id, lapsed, leases)
-        result = await _run_unit(kube, unit, payload, settings, poll_s=poll_s, clock=clock,
-                                 renew=renew, renew_every_s=leases.duration_s / 4)  # fmt: skip
+        result = await _run_unit(
+            kube, unit, payload, settings, poll_s=poll_s, clock=clock, renew=renew, renew_every_s=leases.duration_s / 4
+        )
         ended = True  # its Job finished or was given up on: nothing of it is left running
         return result
     finally:
@@ -685,8 +702,18 @@ async def _run_units(
                         waiting.refused(other)
                         return None
                     waiting.taken()
-                    return await _leased(kube, leases, unit, claims, payload, settings, lapsed=sorted(lapsed),
-                                         poll_s=limits.poll_s, clock=clock, leftovers=leftovers)  # fmt: skip
+                    return await _leased(
+                        kube,
+                        leases,
+                        unit,
+                        claims,
+                        payload,
+                        settings,
+                        lapsed=sorted(lapsed),
+                        poll_s=limits.poll_s,
+                        clock=clock,
+                        leftovers=leftovers,
+                    )
                 except (GpucertError, ValueError) as exc:  # one unit's trouble costs that unit its verdict only
                     return unit.ended("failed", _trouble(exc), str(exc)), []
 

@@ -52,9 +52,14 @@ __all__ = ["ACTABLE_LAYERS", "ActOutcome", "act_on", "cause_of", "suspect_to_act
 ACTABLE_LAYERS = frozenset({"gpu", "nvlink", "network", "node"})
 #: Words of the evidence → the verdict engine's cause, first match wins.
 _CAUSE_WORDS = (
-    ("thermal", "thermal"), ("temperature", "thermal"), ("power", "power"), ("pcie", "pcie"),
-    ("ecc", "ecc"), ("xid", "xid"), ("nvlink", "nvlink"),
-)  # fmt: skip
+    ("thermal", "thermal"),
+    ("temperature", "thermal"),
+    ("power", "power"),
+    ("pcie", "pcie"),
+    ("ecc", "ecc"),
+    ("xid", "xid"),
+    ("nvlink", "nvlink"),
+)
 _SUMMARY_MAX = 400
 #: The state label of a node explain cordoned: no longer certified, awaiting its re-certification.
 UNCERTIFIED = "uncertified"
@@ -151,13 +156,24 @@ def act_on(
     elif policy.observe_only:
         cordon, why = "refused", "the policy is observe-only: gpucert taints nothing"
     elif len(in_force) + 1 > limit:
-        cordon, why = "refused", (
-            f"blast radius: {len(in_force)} of {len(fleet)} GPU nodes carry gpucert's taint already, the policy "
-            f"allows {limit}; the likelier culprit is elsewhere"
+        cordon, why = (
+            "refused",
+            (
+                f"blast radius: {len(in_force)} of {len(fleet)} GPU nodes carry gpucert's taint already, the policy "
+                f"allows {limit}; the likelier culprit is elsewhere"
+            ),
         )
     else:
-        decision = SettledDecision(node=suspect.node, state=None, cause=cause, hard_gate=False, confirmed=True,
-                                   taint="added", runs=(run_id,), summary=summary)  # fmt: skip
+        decision = SettledDecision(
+            node=suspect.node,
+            state=None,
+            cause=cause,
+            hard_gate=False,
+            confirmed=True,
+            taint="added",
+            runs=(run_id,),
+            summary=summary,
+        )
         apply_decision(kube, decision, prefix=prefix, run_id=run_id, now=now)
         _suspected(kube, suspect.node, prefix=prefix, summary=summary, now=now)
         cordon, why = "added", f"{unhealthy}={cause}:NoSchedule"
@@ -167,17 +183,21 @@ def act_on(
     events: list[TicketEvent] = []
     if tickets is not None:
         verdicts = _verdict_row(explanation, suspect, cause, run_id)
-        events = reconcile(tickets, verdicts, run_id=run_id, now=now, policy=escalation,
-                           evidence=RunEvidence(report=evidence_link))  # fmt: skip
+        events = reconcile(
+            tickets, verdicts, run_id=run_id, now=now, policy=escalation, evidence=RunEvidence(report=evidence_link)
+        )
         audit.note(*(ticket_action(e) for e in events))
         audit.flush(now=now)
     busy = busy_nodes(kube, prefix=prefix).get(suspect.node)
     return ActOutcome(
-        node=suspect.node, gpu=suspect.gpu, cordon=cordon, why=why,
+        node=suspect.node,
+        gpu=suspect.gpu,
+        cordon=cordon,
+        why=why,
         tickets=tuple(dict.fromkeys(e.ticket.external_key or e.ticket.id for e in events)),
         ticket_events=tuple(events),
         recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
-    )  # fmt: skip
+    )
 
 
 #: Why nothing is done about an explanation without a hardware suspect, by its verdict.
@@ -196,10 +216,13 @@ def _recertify_only(suspect: Suspect, kube: Kube, *, prefix: str) -> ActOutcome:
     the re-certification (idle nodes only) is the action, and its verdict settles the cause."""
     busy = busy_nodes(kube, prefix=prefix).get(suspect.node)
     return ActOutcome(
-        node=suspect.node, gpu=suspect.gpu, cordon="none", silent=True,
+        node=suspect.node,
+        gpu=suspect.gpu,
+        cordon="none",
+        silent=True,
         why="its telemetry shows no cause: re-certifying it settles one; a cordon or a ticket now would be a guess",
         recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
-    )  # fmt: skip
+    )
 
 
 def _suspected(kube: Kube, node: str, *, prefix: str, summary: str, now: datetime) -> None:
@@ -208,8 +231,14 @@ def _suspected(kube: Kube, node: str, *, prefix: str, summary: str, now: datetim
     state must not go on saying ``certified`` until a certification says so again."""
     kube.label_node(node, {f"{prefix}/state": UNCERTIFIED})
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    entry = {"type": CONDITION, "status": "Unknown", "reason": "Suspected", "message": summary,
-             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}  # fmt: skip
+    entry = {
+        "type": CONDITION,
+        "status": "Unknown",
+        "reason": "Suspected",
+        "message": summary,
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
     kube.patch_status("v1", "Node", node, {"status": {"conditions": [entry]}})
 
 
@@ -219,15 +248,30 @@ def _verdict_row(explanation: Explanation, suspect: Suspect, cause: str, run_id:
     reasons = f"job {explanation.job} slowed{onset}: " + "; ".join(suspect.evidence)
     if explanation.step_change is not None:
         change = explanation.step_change
-        reasons += (f"; step time {change.before_s:.3g} s → {change.after_s:.3g} s "
-                    f"({change.change_pct:+.0f} %) at {change.at:%H:%M:%S}")  # fmt: skip
+        reasons += (
+            f"; step time {change.before_s:.3g} s → {change.after_s:.3g} s "
+            f"({change.change_pct:+.0f} %) at {change.at:%H:%M:%S}"
+        )
     row = dict.fromkeys(VERDICT_COLUMNS)
-    row.update({
-        "run_id": run_id, "node": suspect.node, "gpu": suspect.gpu, "gpu_uuid": suspect.gpu_uuid,
-        "verdict": "fail", "metric": "", "value": float("nan"), "reference": float("nan"),
-        "deviation_pct": float("nan"), "z": float("nan"), "reference_kind": "peer", "cause": cause,
-        "action": ACTION_FOR_CAUSE.get(cause, "retest"), "ticket": "remediation", "reasons": reasons,
-    })  # fmt: skip
+    row.update(
+        {
+            "run_id": run_id,
+            "node": suspect.node,
+            "gpu": suspect.gpu,
+            "gpu_uuid": suspect.gpu_uuid,
+            "verdict": "fail",
+            "metric": "",
+            "value": float("nan"),
+            "reference": float("nan"),
+            "deviation_pct": float("nan"),
+            "z": float("nan"),
+            "reference_kind": "peer",
+            "cause": cause,
+            "action": ACTION_FOR_CAUSE.get(cause, "retest"),
+            "ticket": "remediation",
+            "reasons": reasons,
+        }
+    )
     frame = pd.DataFrame([row], columns=list(VERDICT_COLUMNS))
     frame["gpu"] = frame["gpu"].astype("Int64")
     return frame

@@ -58,45 +58,69 @@ STEPS_COLUMNS: Final = ("ts", "pod", "node", "step", "step_time_s")
 COLLECTIVES_COLUMNS: Final = ("ts", "node", "gpu", "comm", "collective", "busbw_gbps", "exec_time_us")
 EVENTS_COLUMNS: Final = ("ts", "object_kind", "object_name", "namespace", "node", "reason", "type", "note")
 RECORD_COLUMNS: Final = (
-    "node", "last_run_id", "last_decision", "last_certified_at", "open_tickets", "drift_alarms", "deviations",
+    "node",
+    "last_run_id",
+    "last_decision",
+    "last_certified_at",
+    "open_tickets",
+    "drift_alarms",
+    "deviations",
 )
 
 #: The telemetry signals, each from one DCGM series (see the contract for the series and units).
 SIGNALS: Final = (
-    "sm_clock_mhz",            # DCGM_FI_DEV_SM_CLOCK
-    "clock_event_reasons",     # DCGM_FI_DEV_CLOCKS_EVENT_REASONS, the bitmask as a float
-    "power_w",                 # DCGM_FI_DEV_POWER_USAGE
-    "temp_c",                  # DCGM_FI_DEV_GPU_TEMP
-    "util_pct",                # DCGM_FI_DEV_GPU_UTIL
-    "engine_active",           # DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0..1
-    "nvlink_gbps",             # rate of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
-    "pcie_gbps",               # rate of DCGM_FI_PROF_PCIE_TX_BYTES + _RX_BYTES
-    "xid",                     # DCGM_FI_DEV_XID_ERRORS, the last XID
-    "ecc_dbe",                 # increase of DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
-    "pcie_replays_per_min",    # rate of DCGM_FI_DEV_PCIE_REPLAY_COUNTER × 60
+    "sm_clock_mhz",  # DCGM_FI_DEV_SM_CLOCK
+    "clock_event_reasons",  # DCGM_FI_DEV_CLOCKS_EVENT_REASONS, the bitmask as a float
+    "power_w",  # DCGM_FI_DEV_POWER_USAGE
+    "temp_c",  # DCGM_FI_DEV_GPU_TEMP
+    "util_pct",  # DCGM_FI_DEV_GPU_UTIL
+    "engine_active",  # DCGM_FI_PROF_GR_ENGINE_ACTIVE, 0..1
+    "nvlink_gbps",  # rate of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
+    "pcie_gbps",  # rate of DCGM_FI_PROF_PCIE_TX_BYTES + _RX_BYTES
+    "xid",  # DCGM_FI_DEV_XID_ERRORS, the last XID
+    "ecc_dbe",  # increase of DCGM_FI_DEV_ECC_DBE_VOL_TOTAL
+    "pcie_replays_per_min",  # rate of DCGM_FI_DEV_PCIE_REPLAY_COUNTER × 60
     "thermal_violation_frac",  # rate of DCGM_FI_DEV_THERMAL_VIOLATION / 1e9
-    "power_violation_frac",    # rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9
-    "pcie_link_gen",           # DCGM_FI_DEV_PCIE_LINK_GEN, the link's current generation
-    "pcie_link_gen_max",       # DCGM_FI_DEV_PCIE_MAX_LINK_GEN
-    "pcie_link_width",         # DCGM_FI_DEV_PCIE_LINK_WIDTH, lanes
-    "pcie_link_width_max",     # DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH
-    "ecc_sbe",                 # increase of DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
-    "row_remap_failure",       # DCGM_FI_DEV_ROW_REMAP_FAILURE
-    "row_remap_pending",       # DCGM_FI_DEV_ROW_REMAP_PENDING
+    "power_violation_frac",  # rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9
+    "pcie_link_gen",  # DCGM_FI_DEV_PCIE_LINK_GEN, the link's current generation
+    "pcie_link_gen_max",  # DCGM_FI_DEV_PCIE_MAX_LINK_GEN
+    "pcie_link_width",  # DCGM_FI_DEV_PCIE_LINK_WIDTH, lanes
+    "pcie_link_width_max",  # DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH
+    "ecc_sbe",  # increase of DCGM_FI_DEV_ECC_SBE_VOL_TOTAL
+    "row_remap_failure",  # DCGM_FI_DEV_ROW_REMAP_FAILURE
+    "row_remap_pending",  # DCGM_FI_DEV_ROW_REMAP_PENDING
     "remapped_rows_uncorrectable",  # DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS
-    "remapped_rows_correctable",    # DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
+    "remapped_rows_correctable",  # DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
 )
 #: Signals gathering reads only where they are non-zero (errors, flags) or differ (a link's maxima where it runs
 #: below them): their absence reads as zero (as "at its maximum"), never as unscraped.
-SPARSE_SIGNALS: Final = frozenset({
-    "xid", "ecc_dbe", "ecc_sbe", "row_remap_failure", "row_remap_pending", "remapped_rows_uncorrectable",
-    "remapped_rows_correctable", "pcie_link_gen_max", "pcie_link_width_max",
-})
+SPARSE_SIGNALS: Final = frozenset(
+    {
+        "xid",
+        "ecc_dbe",
+        "ecc_sbe",
+        "row_remap_failure",
+        "row_remap_pending",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_correctable",
+        "pcie_link_gen_max",
+        "pcie_link_width_max",
+    }
+)
 #: Signals many exporters' default counters leave out: their absence is no note.
-OPTIONAL_SIGNALS: Final = frozenset({
-    "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max", "ecc_sbe", "row_remap_failure",
-    "row_remap_pending", "remapped_rows_uncorrectable", "remapped_rows_correctable",
-})
+OPTIONAL_SIGNALS: Final = frozenset(
+    {
+        "pcie_link_gen",
+        "pcie_link_gen_max",
+        "pcie_link_width",
+        "pcie_link_width_max",
+        "ecc_sbe",
+        "row_remap_failure",
+        "row_remap_pending",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_correctable",
+    }
+)
 
 #: The NIC signals (node-exporter's infiniband collector); the counters are increases per step.
 NIC_SIGNALS: Final = ("rate_gbps", "symbol_errors", "link_downed", "rcv_errors")
@@ -110,27 +134,55 @@ VERDICTS: Final = ("gpu", "network", "event", "hang", "transient", "elsewhere", 
 # (nullable integers are pandas' Int64), "float" any real number, NaN for missing.
 _TS, _STR, _INT, _FLOAT = "ts", "str", "int", "float"
 _KINDS: Final[Mapping[str, Mapping[str, str]]] = {
-    "telemetry": {"ts": _TS, "node": _STR, "gpu": _INT, "gpu_uuid": _STR, "pod": _STR, "signal": _STR,
-                  "value": _FLOAT},
+    "telemetry": {"ts": _TS, "node": _STR, "gpu": _INT, "gpu_uuid": _STR, "pod": _STR, "signal": _STR, "value": _FLOAT},
     "nic": {"ts": _TS, "node": _STR, "device": _STR, "port": _INT, "signal": _STR, "value": _FLOAT},
     "steps": {"ts": _TS, "pod": _STR, "node": _STR, "step": _INT, "step_time_s": _FLOAT},
-    "collectives": {"ts": _TS, "node": _STR, "gpu": _INT, "comm": _STR, "collective": _STR, "busbw_gbps": _FLOAT,
-                    "exec_time_us": _FLOAT},
-    "events": {"ts": _TS, "object_kind": _STR, "object_name": _STR, "namespace": _STR, "node": _STR,
-               "reason": _STR, "type": _STR, "note": _STR},
-    "record": {"node": _STR, "last_run_id": _STR, "last_decision": _STR, "last_certified_at": _TS,
-               "open_tickets": _STR, "drift_alarms": _INT, "deviations": _STR},
+    "collectives": {
+        "ts": _TS,
+        "node": _STR,
+        "gpu": _INT,
+        "comm": _STR,
+        "collective": _STR,
+        "busbw_gbps": _FLOAT,
+        "exec_time_us": _FLOAT,
+    },
+    "events": {
+        "ts": _TS,
+        "object_kind": _STR,
+        "object_name": _STR,
+        "namespace": _STR,
+        "node": _STR,
+        "reason": _STR,
+        "type": _STR,
+        "note": _STR,
+    },
+    "record": {
+        "node": _STR,
+        "last_run_id": _STR,
+        "last_decision": _STR,
+        "last_certified_at": _TS,
+        "open_tickets": _STR,
+        "drift_alarms": _INT,
+        "deviations": _STR,
+    },
 }
 
 #: The columns of each frame, by the frame's name.
 FRAME_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
-    "telemetry": TELEMETRY_COLUMNS, "nic": NIC_COLUMNS, "steps": STEPS_COLUMNS,
-    "collectives": COLLECTIVES_COLUMNS, "events": EVENTS_COLUMNS, "record": RECORD_COLUMNS,
+    "telemetry": TELEMETRY_COLUMNS,
+    "nic": NIC_COLUMNS,
+    "steps": STEPS_COLUMNS,
+    "collectives": COLLECTIVES_COLUMNS,
+    "events": EVENTS_COLUMNS,
+    "record": RECORD_COLUMNS,
 }
 assert all(tuple(_KINDS[n]) == cols for n, cols in FRAME_COLUMNS.items())
 
 _EMPTY_DTYPES: Final[Mapping[str, object]] = {
-    _TS: pd.DatetimeTZDtype(unit="ns", tz="UTC"), _STR: "object", _INT: "Int64", _FLOAT: "float64",
+    _TS: pd.DatetimeTZDtype(unit="ns", tz="UTC"),
+    _STR: "object",
+    _INT: "Int64",
+    _FLOAT: "float64",
 }
 
 
@@ -218,8 +270,10 @@ def check_frame(name: str, frame: pd.DataFrame) -> pd.DataFrame:
         raise InputError(f"{name} frame: expected a pandas DataFrame, not {type(frame).__name__}")
     missing = [c for c in kinds if c not in frame.columns]
     if missing:
-        raise InputError(f"{name} frame: missing column {missing[0]!r}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise InputError(
+            f"{name} frame: missing column {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     for column, kind in kinds.items():
         problem = _kind_ok(frame[column], kind)
         if problem is not None:

@@ -86,20 +86,14 @@ SIGNAL_QUERIES: Mapping[str, Callable[[Callable[[str], str], str, str], str]] = 
     "util_pct": lambda s, w, step: s("DCGM_FI_DEV_GPU_UTIL"),
     "engine_active": lambda s, w, step: s("DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
     "nvlink_gbps": lambda s, w, step: f"irate({s('DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL')}[{w}]) / 1e9",
-    "pcie_gbps": lambda s, w, step: (
-        f"({s('DCGM_FI_PROF_PCIE_TX_BYTES')} + {s('DCGM_FI_PROF_PCIE_RX_BYTES')}) / 1e9"
-    ),
+    "pcie_gbps": lambda s, w, step: f"({s('DCGM_FI_PROF_PCIE_TX_BYTES')} + {s('DCGM_FI_PROF_PCIE_RX_BYTES')}) / 1e9",
     # Errors and flags are read only where they are non-zero (see SPARSE_SIGNALS): a healthy fleet's zeros are
     # most of the points of a large job, and an absence reads as zero.
     "xid": lambda s, w, step: f"{s('DCGM_FI_DEV_XID_ERRORS')} > 0",
     "ecc_dbe": lambda s, w, step: f"irate({s('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[{w}]) * {step} > 0",
     "pcie_replays_per_min": lambda s, w, step: f"irate({s('DCGM_FI_DEV_PCIE_REPLAY_COUNTER')}[{w}]) * 60",
-    "thermal_violation_frac": lambda s, w, step: (
-        f"clamp(irate({s('DCGM_FI_DEV_THERMAL_VIOLATION')}[{w}]) / 1e9, 0, 1)"
-    ),
-    "power_violation_frac": lambda s, w, step: (
-        f"clamp(irate({s('DCGM_FI_DEV_POWER_VIOLATION')}[{w}]) / 1e9, 0, 1)"
-    ),
+    "thermal_violation_frac": lambda s, w, step: f"clamp(irate({s('DCGM_FI_DEV_THERMAL_VIOLATION')}[{w}]) / 1e9, 0, 1)",
+    "power_violation_frac": lambda s, w, step: f"clamp(irate({s('DCGM_FI_DEV_POWER_VIOLATION')}[{w}]) / 1e9, 0, 1)",
     "pcie_link_gen": lambda s, w, step: s("DCGM_FI_DEV_PCIE_LINK_GEN"),
     # The maxima only where the link runs below them (a link at its maximum needs no second figure).
     "pcie_link_gen_max": lambda s, w, step: f"{s('DCGM_FI_DEV_PCIE_MAX_LINK_GEN')} > {s('DCGM_FI_DEV_PCIE_LINK_GEN')}",
@@ -194,9 +188,18 @@ def gather(
     step = step_s or scrape_step(source, target, notes, labels=labels)
     clock.add("prometheus", time.perf_counter() - started, queries=1)
     telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock, labels=labels)
-    steps, collectives = gather_steps(kube, source, target, step_s=step, step_metric=step_metric,
-                                      read_logs=read_logs, notes=notes, clock=clock,
-                                      gpus_of_pod=_gpus_of_pod(telemetry), labels=labels)  # fmt: skip
+    steps, collectives = gather_steps(
+        kube,
+        source,
+        target,
+        step_s=step,
+        step_metric=step_metric,
+        read_logs=read_logs,
+        notes=notes,
+        clock=clock,
+        gpus_of_pod=_gpus_of_pod(telemetry),
+        labels=labels,
+    )
     began = time.perf_counter()
     events = gather_events(kube, target, notes=notes)
     clock.add("events", time.perf_counter() - began)
@@ -205,9 +208,17 @@ def gather(
     # The answers' bytes and arrays (from several threads' arenas) are garbage now: give them back before the
     # judgement builds its matrices, so the two do not add up.
     release_freed_memory()
-    return Gathered(telemetry=telemetry, nic=nic, steps=steps, collectives=collectives, events=events,
-                    step_s=step, notes=tuple(dict.fromkeys(notes)), seconds=dict(clock.seconds),
-                    queries=clock.queries)  # fmt: skip
+    return Gathered(
+        telemetry=telemetry,
+        nic=nic,
+        steps=steps,
+        collectives=collectives,
+        events=events,
+        step_s=step,
+        notes=tuple(dict.fromkeys(notes)),
+        seconds=dict(clock.seconds),
+        queries=clock.queries,
+    )
 
 
 def _gpus_of_pod(telemetry: pd.DataFrame) -> dict[str, list[int]]:
@@ -243,8 +254,12 @@ def _node_labels(source: PrometheusSource, labels: LabelMap | None) -> tuple[str
     return (labels.node,) if labels is not None and labels.node else (*_host_labels(source), "node")
 
 
-def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[[Callable[[str], str]], str],
-                labels: Sequence[str] | None = None) -> str:
+def _over_hosts(
+    source: PrometheusSource,
+    nodes: Sequence[str],
+    build: Callable[[Callable[[str], str]], str],
+    labels: Sequence[str] | None = None,
+) -> str:
     """``build(s)`` for each host label the source reads, joined by ``or`` (a fleet mid-upgrade carries
     either): ``s(metric)`` is the metric restricted to ``nodes``. ``labels``: the host labels the job's series
     were seen to carry (:func:`_seen_host_labels`), so that a fleet with one pays for one selector, not an
@@ -258,8 +273,9 @@ def _over_hosts(source: PrometheusSource, nodes: Sequence[str], build: Callable[
     return " or ".join(f"({e})" for e in exprs) if len(exprs) > 1 else exprs[0]
 
 
-def _seen_host_labels(candidates: Sequence[str], series_labels: Iterable[Mapping[str, str]],
-                      nodes: Sequence[str]) -> tuple[str, ...] | None:
+def _seen_host_labels(
+    candidates: Sequence[str], series_labels: Iterable[Mapping[str, str]], nodes: Sequence[str]
+) -> tuple[str, ...] | None:
     """The host labels (of ``candidates``, those :func:`_over_hosts` reads) whose value names a node of the job
     on some series; None when none does (then every label is asked, as before)."""
     wanted = set(nodes)
@@ -286,8 +302,9 @@ def _grid(window: tuple[pd.Timestamp, pd.Timestamp], step: float) -> list[tuple[
     return spans
 
 
-def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | None = None, *,
-                labels: LabelMap | None = None) -> float:
+def scrape_step(
+    source: PrometheusSource, target: JobTarget, notes: list[str] | None = None, *, labels: LabelMap | None = None
+) -> float:
     """The DCGM exporters' scrape interval on the job's nodes, in whole seconds: the window over the most
     samples any GPU temperature series holds in it (``count_over_time``); 15 s when there are none."""
     start, end = target.window
@@ -295,8 +312,12 @@ def scrape_step(source: PrometheusSource, target: JobTarget, notes: list[str] | 
     nodes = target.nodes[:NODES_PER_QUERY]
     if not nodes:
         return _DEFAULT_STEP_S
-    expr = _over_hosts(source, nodes, lambda s: f"count_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])",
-                       _node_labels(source, labels))
+    expr = _over_hosts(
+        source,
+        nodes,
+        lambda s: f"count_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])",
+        _node_labels(source, labels),
+    )
     series = source.query(expr, end.timestamp(), notes)
     counts = [v for s in series for _, v in s.values if math.isfinite(v) and v > 1]
     if not counts:
@@ -335,8 +356,9 @@ def gather_telemetry(
     window = max(1, math.floor((target.window[1] - target.window[0]).total_seconds()))
     seen: list[tuple[str, int, dict[str, str]]] = []
     for chunk in _chunks(nodes, NODES_PER_QUERY * 4):
-        expr = _over_hosts(source, chunk, lambda s: f"last_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])",
-                           candidates)
+        expr = _over_hosts(
+            source, chunk, lambda s: f"last_over_time({s('DCGM_FI_DEV_GPU_TEMP')}[{window}s])", candidates
+        )
         for s in source.query(expr, end, notes):
             ident = _identity(s.labels, source.host_label, mapping.node)
             if ident is not None:
@@ -358,13 +380,31 @@ def gather_telemetry(
         for chunk in _chunks(nodes, NODES_PER_QUERY):  # 8 ports a node: as many series as a DCGM query
             expr = _nic_expr(metric, counter, chunk, w, step, mapping.node)
             for lo, hi in spans:
-                jobs.append(functools.partial(_read_nic, source, nic_frames, signal, expr, lo, hi, step_s,
-                                              set(nodes), notes, clock, counter, mapping.node))  # fmt: skip
+                jobs.append(
+                    functools.partial(
+                        _read_nic,
+                        source,
+                        nic_frames,
+                        signal,
+                        expr,
+                        lo,
+                        hi,
+                        step_s,
+                        set(nodes),
+                        notes,
+                        clock,
+                        counter,
+                        mapping.node,
+                    )
+                )
     _run_all(jobs, workers=source.workers)
     telemetry = frames.frame()
     notes.extend(frames.untied_notes(telemetry))
-    nic = _categorical(pd.concat(nic_frames, ignore_index=True), ("node", "device", "signal")) if nic_frames \
+    nic = (
+        _categorical(pd.concat(nic_frames, ignore_index=True), ("node", "device", "signal"))
+        if nic_frames
         else empty_nic()
+    )
     return telemetry, nic
 
 
@@ -392,8 +432,9 @@ def _run_all(jobs: Sequence[Callable[[], None]], *, workers: int) -> None:
             future.result()
 
 
-def _identity(labels: Mapping[str, str], host_label: str | None, node_label: str | None = None
-              ) -> tuple[str, int, str] | None:
+def _identity(
+    labels: Mapping[str, str], host_label: str | None, node_label: str | None = None
+) -> tuple[str, int, str] | None:
     # A ``node`` a scrape's relabeling set is the Kubernetes node itself; dcgm-exporter's host label is its pod's
     # own hostname when it runs without hostNetwork and NODE_NAME. A label told (--labels node=…) is the only one.
     if node_label:
@@ -410,8 +451,9 @@ def _identity(labels: Mapping[str, str], host_label: str | None, node_label: str
 class _Frames:
     """The telemetry answers as they come (from many threads), turned into columns at once per answer."""
 
-    def __init__(self, target: JobTarget, holders: Mapping[str, Sequence[TargetPod]], host_label: str | None,
-                 labels: LabelMap):
+    def __init__(
+        self, target: JobTarget, holders: Mapping[str, Sequence[TargetPod]], host_label: str | None, labels: LabelMap
+    ):
         self.host_label = host_label
         self.labels = labels
         self.job_pods = {(p.namespace, p.name) for p in target.pods}
@@ -511,9 +553,11 @@ class _Frames:
         if others:
             pods = sorted(set(others.values()))
             listed = ", ".join(f"{n} GPU {g}" for n, g in sorted(others)[:5])
-            out.append(f"{len(others)} GPU(s) on the job's nodes name pods outside the job and were left out "
-                       f"({listed}{', …' if len(others) > 5 else ''}; held by {', '.join(pods[:3])}"
-                       f"{', …' if len(pods) > 3 else ''})")
+            out.append(
+                f"{len(others)} GPU(s) on the job's nodes name pods outside the job and were left out "
+                f"({listed}{', …' if len(others) > 5 else ''}; held by {', '.join(pods[:3])}"
+                f"{', …' if len(pods) > 3 else ''})"
+            )
         if self.skipped:
             out.append(f"{self.skipped} DCGM series on the job's nodes carry no host or gpu label: not tied to a GPU")
         return out
@@ -566,8 +610,7 @@ def _points(values: Any) -> tuple[np.ndarray, np.ndarray]:
     hands them, or Prometheus' ``[[t, "v"], …]``."""
     if isinstance(values, tuple):
         return values[0], values[1]
-    return (np.asarray([p[0] for p in values], dtype=np.float64),
-            np.asarray([p[1] for p in values], dtype=np.float64))  # fmt: skip
+    return (np.asarray([p[0] for p in values], dtype=np.float64), np.asarray([p[1] for p in values], dtype=np.float64))
 
 
 def _unix(seconds: np.ndarray) -> pd.DatetimeIndex:
@@ -593,8 +636,9 @@ def _repeat_category(labels: Sequence[str | None], counts: np.ndarray) -> pd.Cat
 # --- nic ---------------------------------------------------------------------------------------------------
 
 
-def _nic_expr(metric: str, counter: bool, nodes: Sequence[str], w: str, step: str, node_label: str | None = None
-              ) -> str:
+def _nic_expr(
+    metric: str, counter: bool, nodes: Sequence[str], w: str, step: str, node_label: str | None = None
+) -> str:
     """node-exporter's ``metric`` on ``nodes`` (by its ``node`` label, the one told, or its ``instance`` without
     the port): a counter as its increase per step, the link rate in Gb/s."""
     regex = _regex(nodes)
@@ -633,11 +677,18 @@ def _read_nic(
         if not _n_points(values):
             continue
         times, figures = _points(values)
-        rows.append(pd.DataFrame({
-            "ts": _unix(times),
-            "node": node, "device": labels.get("device") or "", "port": int(port) if port.isdigit() else 1,
-            "signal": signal, "value": figures,
-        }))  # fmt: skip
+        rows.append(
+            pd.DataFrame(
+                {
+                    "ts": _unix(times),
+                    "node": node,
+                    "device": labels.get("device") or "",
+                    "port": int(port) if port.isdigit() else 1,
+                    "signal": signal,
+                    "value": figures,
+                }
+            )
+        )
     if rows:
         out.append(pd.concat(rows, ignore_index=True))
 
@@ -666,8 +717,9 @@ def gather_steps(
     node_of = {p.name: p.node for p in target.pods}
     steps = empty_steps()
     if step_metric:
-        steps = _steps_from_prometheus(source, target, step_metric, spans, step_s, node_of, notes, clock,
-                                       mapping.job_workload)  # fmt: skip
+        steps = _steps_from_prometheus(
+            source, target, step_metric, spans, step_s, node_of, notes, clock, mapping.job_workload
+        )
     collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock, gpus_of_pod, mapping)
     if (steps.empty or collectives.empty) and read_logs:
         started = time.perf_counter()
@@ -709,11 +761,17 @@ def _steps_from_prometheus(
                 if pod not in node_of or not _n_points(values):
                     continue
                 times, figures = _points(values)
-                frames.append(pd.DataFrame({
-                    "ts": _unix(times), "pod": pod,
-                    "node": node_of[pod], "step": pd.array([pd.NA] * _n_points(values), dtype="Int64"),
-                    "step_time_s": figures,
-                }))  # fmt: skip
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "ts": _unix(times),
+                            "pod": pod,
+                            "node": node_of[pod],
+                            "step": pd.array([pd.NA] * _n_points(values), dtype="Int64"),
+                            "step_time_s": figures,
+                        }
+                    )
+                )
     if not frames:
         return empty_steps()
     steps = pd.concat(frames, ignore_index=True)
@@ -727,8 +785,18 @@ def _steps_from_prometheus(
 #: within the pod, ``collective``; see ``ext-profiler/inspector/inspector_prom.cc``), and the scrape's: a
 #: relabeled ``node``, the pod labels of a scrape of the training pods. Every other label (``coll_sn``,
 #: ``timestamp``, ``message_size``: new with each dump) is aggregated away.
-_COLLECTIVE_KEYS = ("hostname", "rank", "comm_id", "gpu_device_id", "collective", "node", "pod", "namespace",
-                    "exported_pod", "exported_namespace")
+_COLLECTIVE_KEYS = (
+    "hostname",
+    "rank",
+    "comm_id",
+    "gpu_device_id",
+    "collective",
+    "node",
+    "pod",
+    "namespace",
+    "exported_pod",
+    "exported_namespace",
+)
 
 
 def _collectives_from_prometheus(
@@ -779,15 +847,25 @@ def _collectives_from_prometheus(
                         continue
                     node, pod, gpu, rank = tied
                     times, figures = _points(values)
-                    parts[column].append(pd.DataFrame({
-                        "ts": _unix(times), "node": node, "gpu": float(gpu) if gpu is not None else np.nan,
-                        "comm": found.get("comm_id") or "",
-                        "collective": found.get("collective") or "", column: figures,
-                        "rank": float(rank) if rank is not None else np.nan, "pod": pod or "",
-                    }))  # fmt: skip
+                    parts[column].append(
+                        pd.DataFrame(
+                            {
+                                "ts": _unix(times),
+                                "node": node,
+                                "gpu": float(gpu) if gpu is not None else np.nan,
+                                "comm": found.get("comm_id") or "",
+                                "collective": found.get("collective") or "",
+                                column: figures,
+                                "rank": float(rank) if rank is not None else np.nan,
+                                "pod": pod or "",
+                            }
+                        )
+                    )
     if untied:
-        notes.append(f"NCCL series of {len(untied)} host(s) could not be tied to a node of the job: "
-                     f"{', '.join(sorted(untied)[:5])}")
+        notes.append(
+            f"NCCL series of {len(untied)} host(s) could not be tied to a node of the job: "
+            f"{', '.join(sorted(untied)[:5])}"
+        )
     keys = ["ts", "node", "gpu", "comm", "collective", "rank", "pod"]
     frames = [pd.concat(p, ignore_index=True) for p in parts.values() if p]
     if not frames:
@@ -805,7 +883,10 @@ def _collectives_from_prometheus(
 
 
 def _tie_collective(
-    labels: Mapping[str, str], nodes: set[str], pods: Mapping[str, TargetPod], gpus_of_pod: Mapping[str, Sequence[int]],
+    labels: Mapping[str, str],
+    nodes: set[str],
+    pods: Mapping[str, TargetPod],
+    gpus_of_pod: Mapping[str, Sequence[int]],
     mapping: LabelMap | None = None,
 ) -> tuple[str, str | None, int | None, int | None] | None:
     """(node, pod, physical GPU index, rank) of one collective series, or None when it names nothing of the job."""
@@ -853,28 +934,41 @@ def parse_step_log(text: str, *, pod: str, node: str | None) -> tuple[pd.DataFra
         if "step_time_s" in record:
             step_rows.append((record["ts"], record.get("step"), record["step_time_s"]))
         elif "collective" in record:
-            coll_rows.append((record["ts"], record.get("gpu"), record.get("comm"), record.get("collective"),
-                              (record.get("busbw_gbps"), record.get("exec_time_us"))))  # fmt: skip
+            coll_rows.append(
+                (
+                    record["ts"],
+                    record.get("gpu"),
+                    record.get("comm"),
+                    record.get("collective"),
+                    (record.get("busbw_gbps"), record.get("exec_time_us")),
+                )
+            )
     steps = empty_steps()
     if step_rows:
         ts, step, seconds = zip(*step_rows, strict=True)
-        steps = pd.DataFrame({
-            "ts": _iso(ts),
-            "pod": pod, "node": node,
-            "step": pd.to_numeric(pd.Series(step, dtype=object), errors="coerce").astype("Int64"),
-            "step_time_s": pd.to_numeric(pd.Series(seconds, dtype=object), errors="coerce"),
-        }).dropna(subset=["ts", "step_time_s"])  # fmt: skip
+        steps = pd.DataFrame(
+            {
+                "ts": _iso(ts),
+                "pod": pod,
+                "node": node,
+                "step": pd.to_numeric(pd.Series(step, dtype=object), errors="coerce").astype("Int64"),
+                "step_time_s": pd.to_numeric(pd.Series(seconds, dtype=object), errors="coerce"),
+            }
+        ).dropna(subset=["ts", "step_time_s"])
     collectives = empty_collectives()
     if coll_rows:
         ts, gpu, comm, coll, figures = zip(*coll_rows, strict=True)
-        collectives = pd.DataFrame({
-            "ts": _iso(ts), "node": node,
-            "gpu": pd.to_numeric(pd.Series(gpu, dtype=object), errors="coerce").astype("Int64"),
-            "comm": pd.Series(comm, dtype=object).fillna("").astype(str),
-            "collective": pd.Series(coll, dtype=object).fillna("").astype(str),
-            "busbw_gbps": pd.to_numeric(pd.Series([f[0] for f in figures], dtype=object), errors="coerce"),
-            "exec_time_us": pd.to_numeric(pd.Series([f[1] for f in figures], dtype=object), errors="coerce"),
-        }).dropna(subset=["ts"])  # fmt: skip
+        collectives = pd.DataFrame(
+            {
+                "ts": _iso(ts),
+                "node": node,
+                "gpu": pd.to_numeric(pd.Series(gpu, dtype=object), errors="coerce").astype("Int64"),
+                "comm": pd.Series(comm, dtype=object).fillna("").astype(str),
+                "collective": pd.Series(coll, dtype=object).fillna("").astype(str),
+                "busbw_gbps": pd.to_numeric(pd.Series([f[0] for f in figures], dtype=object), errors="coerce"),
+                "exec_time_us": pd.to_numeric(pd.Series([f[1] for f in figures], dtype=object), errors="coerce"),
+            }
+        ).dropna(subset=["ts"])
     return steps, collectives
 
 
@@ -902,8 +996,10 @@ def _from_logs(kube: Kube, target: JobTarget, notes: list[str]) -> tuple[pd.Data
     collectives = pd.concat(coll_parts, ignore_index=True) if coll_parts else empty_collectives()
     steps = steps[(steps["ts"] >= start) & (steps["ts"] <= end)]
     collectives = collectives[(collectives["ts"] >= start) & (collectives["ts"] <= end)]
-    return (steps.sort_values("ts", kind="stable").reset_index(drop=True),
-            collectives.sort_values("ts", kind="stable").reset_index(drop=True))  # fmt: skip
+    return (
+        steps.sort_values("ts", kind="stable").reset_index(drop=True),
+        collectives.sort_values("ts", kind="stable").reset_index(drop=True),
+    )
 
 
 # --- events ------------------------------------------------------------------------------------------------
@@ -938,9 +1034,18 @@ def gather_events(kube: Kube, target: JobTarget, *, notes: list[str]) -> pd.Data
             return
         seen_uids.add(uid)
         note = item.get("note") if new_api else item.get("message")
-        rows.append({"ts": ts, "object_kind": kind, "object_name": name, "namespace": namespace, "node": node,
-                     "reason": str(item.get("reason") or ""), "type": str(item.get("type") or "Normal"),
-                     "note": str(note or "")})  # fmt: skip
+        rows.append(
+            {
+                "ts": ts,
+                "object_kind": kind,
+                "object_name": name,
+                "namespace": namespace,
+                "node": node,
+                "reason": str(item.get("reason") or ""),
+                "type": str(item.get("type") or "Normal"),
+                "note": str(note or ""),
+            }
+        )
 
     namespaces = sorted({p.namespace for p in target.pods})
     for api_version, kind_field in (("events.k8s.io/v1", "regarding.kind"), ("v1", "involvedObject.kind")):
@@ -978,8 +1083,12 @@ def _event_time(item: Mapping[str, Any], new_api: bool) -> pd.Timestamp | None:
     if new_api:
         candidates = (series.get("lastObservedTime"), item.get("eventTime"), item.get("deprecatedLastTimestamp"))
     else:
-        candidates = (item.get("lastTimestamp"), series.get("lastObservedTime"), item.get("eventTime"),
-                      item.get("firstTimestamp"))  # fmt: skip
+        candidates = (
+            item.get("lastTimestamp"),
+            series.get("lastObservedTime"),
+            item.get("eventTime"),
+            item.get("firstTimestamp"),
+        )
     created = (item.get("metadata") or {}).get("creationTimestamp")
     for value in (*candidates, created):
         if value:
@@ -1024,10 +1133,19 @@ def _condition_changes(
             bad_reason, good_reason, bad = _CONDITIONS[kind]
             status = str(cond.get("status") or "Unknown")
             is_bad = status != "True" if bad == "notTrue" else status == "True"
-            rows.append({"ts": ts, "object_kind": "Node", "object_name": name, "namespace": None, "node": name,
-                         "reason": bad_reason if is_bad else good_reason, "type": "Warning" if is_bad else "Normal",
-                         "note": f"condition {kind}={status}"
-                                 + (f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("reason") else "")})
+            rows.append(
+                {
+                    "ts": ts,
+                    "object_kind": "Node",
+                    "object_name": name,
+                    "namespace": None,
+                    "node": name,
+                    "reason": bad_reason if is_bad else good_reason,
+                    "type": "Warning" if is_bad else "Normal",
+                    "note": f"condition {kind}={status}"
+                    + (f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("reason") else ""),
+                }
+            )
     return rows
 
 
@@ -1041,12 +1159,24 @@ def _pod_status_events(
     rows = []
     for pod in pods:
         happened = [(pod.reason, pod.ended, f"pod {pod.phase}: {pod.reason} (from its status)")]
-        happened += [(reason, when, f"container {container} terminated: {reason} (from the pod's status)")
-                     for reason, when, container in pod.terminations]  # fmt: skip
+        happened += [
+            (reason, when, f"container {container} terminated: {reason} (from the pod's status)")
+            for reason, when, container in pod.terminations
+        ]
         for reason, when, note in happened:
             wanted = reason in _POD_REASONS and (pod.name, reason) not in have
             if wanted and when is not None and start <= when <= end:
                 have.add((pod.name, reason))
-                rows.append({"ts": when, "object_kind": "Pod", "object_name": pod.name, "namespace": pod.namespace,
-                             "node": pod.node, "reason": reason, "type": "Warning", "note": note})  # fmt: skip
+                rows.append(
+                    {
+                        "ts": when,
+                        "object_kind": "Pod",
+                        "object_name": pod.name,
+                        "namespace": pod.namespace,
+                        "node": pod.node,
+                        "reason": reason,
+                        "type": "Warning",
+                        "note": note,
+                    }
+                )
     return pd.DataFrame(rows, columns=list(EVENTS_COLUMNS)) if rows else empty_events()

@@ -82,8 +82,12 @@ class Grid:
         return pd.Timestamp(self.t0_ns + self.step_ns * int(i), unit="ns", tz="UTC")
 
 
-def _last_code(columns: npt.NDArray[np.signedinteger], codes: npt.NDArray[np.signedinteger], n_columns: int,
-               hint: IntArray | None = None) -> IntArray:
+def _last_code(
+    columns: npt.NDArray[np.signedinteger],
+    codes: npt.NDArray[np.signedinteger],
+    n_columns: int,
+    hint: IntArray | None = None,
+) -> IntArray:
     """Per column, the code of the last row (in frame order) where it is not missing; -1 when none.
 
     ``hint`` (row numbers, e.g. one signal's rows) is searched first: every GPU has rows in every signal, so the
@@ -116,9 +120,16 @@ def _window_rows(ts: IntArray, window: tuple[pd.Timestamp, pd.Timestamp] | None,
 
 
 def _grid(
-    frame: pd.DataFrame, index_column: str, id_column: str, pod_column: str | None, step_s: float,
-    window: tuple[pd.Timestamp, pd.Timestamp] | None, t0_ns: int | None, signals: tuple[str, ...] | None,
-    *, id_in_key: bool,
+    frame: pd.DataFrame,
+    index_column: str,
+    id_column: str,
+    pod_column: str | None,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp] | None,
+    t0_ns: int | None,
+    signals: tuple[str, ...] | None,
+    *,
+    id_in_key: bool,
 ) -> Grid:
     if not step_s > 0:
         raise InputError(f"step_s must be a positive number of seconds, not {step_s!r}")
@@ -244,14 +255,23 @@ def _grid(
     present = np.bincount(d_sel, minlength=len(wanted)) > 0
     matrices: dict[str, FloatArray] = {name: block[d] for d, name in enumerate(wanted) if present[d]}
     return Grid(
-        t0_ns=start, step_ns=step_ns, n_times=n_times,
-        nodes=tuple(str(n) for n in names[order]), index=tuple(int(i) for i in u_index[order]),
-        ids=ids, pods=pods, values=matrices, held=held,
+        t0_ns=start,
+        step_ns=step_ns,
+        n_times=n_times,
+        nodes=tuple(str(n) for n in names[order]),
+        index=tuple(int(i) for i in u_index[order]),
+        ids=ids,
+        pods=pods,
+        values=matrices,
+        held=held,
     )
 
 
 def telemetry_grid(
-    telemetry: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
+    telemetry: pd.DataFrame,
+    *,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
     signals: tuple[str, ...] | None = None,
 ) -> Grid:
     """The ``telemetry`` frame as a :class:`Grid` of GPUs (rows outside ``window`` dropped).
@@ -263,7 +283,10 @@ def telemetry_grid(
 
 
 def nic_grid(
-    nic: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
+    nic: pd.DataFrame,
+    *,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
     t0_ns: int | None = None,
 ) -> Grid:
     """The ``nic`` frame as a :class:`Grid` of RDMA ports: ``index`` is the port, ``ids`` the device (``mlx5_0``).

@@ -24,8 +24,15 @@ from ._record import read_record
 from ._target import JobTarget, LabelMap, resolve_target
 from ._timeline import render_timeline
 
-__all__ = ["TIMELINES", "JobExplanation", "explain_id", "explain_job", "judge_gathered", "nothing_to_judge",
-           "timeline_key"]
+__all__ = [
+    "TIMELINES",
+    "JobExplanation",
+    "explain_id",
+    "explain_job",
+    "judge_gathered",
+    "nothing_to_judge",
+    "timeline_key",
+]
 
 #: Where timelines are kept in the store: ``explain/date=YYYY-MM-DD/<explain id>.html``.
 TIMELINES = "explain/"
@@ -66,8 +73,10 @@ def nothing_to_judge(explanation: Explanation) -> str:
     GPUs nobody saw is no answer."""
     start, end = explanation.window
     why = explanation.notes[0] if explanation.notes else "no telemetry, step times or events"
-    return (f"explain {explanation.job}: nothing to judge from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} "
-            f"UTC: {why}")
+    return (
+        f"explain {explanation.job}: nothing to judge from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} "
+        f"UTC: {why}"
+    )
 
 
 def judge_gathered(
@@ -76,10 +85,16 @@ def judge_gathered(
     """The explanation of gathered frames, its timeline HTML, and the seconds each took."""
     began = time.perf_counter()
     explanation = explain(
-        target.job, target.window, telemetry=gathered.telemetry, steps=gathered.steps,
-        collectives=gathered.collectives, events=gathered.events, record=record, nic=gathered.nic,
+        target.job,
+        target.window,
+        telemetry=gathered.telemetry,
+        steps=gathered.steps,
+        collectives=gathered.collectives,
+        events=gathered.events,
+        record=record,
+        nic=gathered.nic,
         step_s=gathered.step_s,
-    )  # fmt: skip
+    )
     if notes:
         # What gathering could not read belongs with what the judgement could not tell.
         explanation = _with_notes(explanation, notes)
@@ -131,5 +146,11 @@ def explain_job(
     explanation, html, judged = judge_gathered(target, gathered, record, [*gathered.notes, *record_notes])
     seconds = {"resolve": resolved - began, **gathered.seconds, "record": recorded - gathered_at, **judged}
     seconds["gather"] = gathered_at - resolved
-    return JobExplanation(target=target, gathered=gathered, record=record, explanation=explanation, html=html,
-                          seconds={k: round(v, 3) for k, v in seconds.items()})  # fmt: skip
+    return JobExplanation(
+        target=target,
+        gathered=gathered,
+        record=record,
+        explanation=explanation,
+        html=html,
+        seconds={k: round(v, 3) for k, v in seconds.items()},
+    )

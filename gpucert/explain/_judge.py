@@ -60,7 +60,10 @@ BoolArray = npt.NDArray[np.bool_]
 
 #: The clock-event reasons that slow a GPU down, with the words the evidence uses.
 SLOWDOWN_BITS: Mapping[int, str] = {
-    0x08: "HW slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake", 0x20: "SW thermal slowdown",
+    0x08: "HW slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+    0x20: "SW thermal slowdown",
     0x04: "SW power cap",
 }
 _SLOWDOWN_MASK = sum(SLOWDOWN_BITS)
@@ -91,11 +94,25 @@ COLLECTIVE_GATE = 0.10
 NIC_RATE_GATE = 0.10
 
 #: Kubernetes event reasons that disrupt a job: one lining up with a step stall or change is the verdict "event".
-DISRUPTIVE_REASONS = frozenset({
-    "Evicted", "OOMKilling", "OOMKilled", "BackOff", "Killing", "Preempted", "Preempting", "NodeNotReady",
-    "NodeHasDiskPressure", "NodeHasMemoryPressure", "NodeHasPIDPressure", "Rebooted", "FailedScheduling",
-    "TaintManagerEviction", "Tainted",
-})
+DISRUPTIVE_REASONS = frozenset(
+    {
+        "Evicted",
+        "OOMKilling",
+        "OOMKilled",
+        "BackOff",
+        "Killing",
+        "Preempted",
+        "Preempting",
+        "NodeNotReady",
+        "NodeHasDiskPressure",
+        "NodeHasMemoryPressure",
+        "NodeHasPIDPressure",
+        "Rebooted",
+        "FailedScheduling",
+        "TaintManagerEviction",
+        "Tainted",
+    }
+)
 _NOTABLE_NORMAL = frozenset({"Certified", "Tainted", "Uncordoned", "Cordoned", "NodeReady", "Started", "Scheduled"})
 _MAX_EVENTS_OF_NOTE = 20
 
@@ -336,16 +353,21 @@ def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
                     sentence += " (no clock-event reasons were scraped)"
                 sentence += f"; {frac_text}"
             elif crit.name in BUSY_GATE:
-                label, unit, scale = (("engine activity", "", 1.0) if crit.name == "engine_active"
-                                      else ("utilisation", " %", 1.0))
-                sentence = (f"{label} {own:.2f}{unit} vs peers' {peer:.2f}{unit} from {when}: busy while its peers "
-                            f"wait; {frac_text}")
+                label, unit, scale = (
+                    ("engine activity", "", 1.0) if crit.name == "engine_active" else ("utilisation", " %", 1.0)
+                )
+                sentence = (
+                    f"{label} {own:.2f}{unit} vs peers' {peer:.2f}{unit} from {when}: busy while its peers "
+                    f"wait; {frac_text}"
+                )
                 severity = (own - peer) / (1.0 if crit.name == "engine_active" else 100.0) * scale
             else:
                 rel = own / peer - 1 if peer else math.nan
                 label = "NVLink" if crit.name == "nvlink_gbps" else "PCIe"
-                sentence = (f"{label} throughput {_num(own)} GB/s vs peers' {_num(peer)} ({_pct(100 * rel)}) "
-                            f"from {when}; {frac_text}")
+                sentence = (
+                    f"{label} throughput {_num(own)} GB/s vs peers' {_num(peer)} ({_pct(100 * rel)}) "
+                    f"from {when}; {frac_text}"
+                )
                 severity = -rel
             scored.append((max(0.0, severity) * persistence, crit, sentence))
         scored.sort(key=lambda s: -s[0])
@@ -354,9 +376,20 @@ def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
         evidence = [s for _, _, s in scored]
         evidence += _corroboration(grid, g, since)
         last = max(int(np.flatnonzero(c.departed[:, g])[-1]) for c, _ in hits)
-        findings.append(_Finding(grid.nodes[g], grid.index[g] if grid.index[g] >= 0 else None, grid.ids[g],
-                                 best.layer, score, onset, evidence, hard_bits, grid.pods[g],
-                                 until=last if _recovered(grid, g, last) else None))
+        findings.append(
+            _Finding(
+                grid.nodes[g],
+                grid.index[g] if grid.index[g] >= 0 else None,
+                grid.ids[g],
+                best.layer,
+                score,
+                onset,
+                evidence,
+                hard_bits,
+                grid.pods[g],
+                until=last if _recovered(grid, g, last) else None,
+            )
+        )
     return findings
 
 
@@ -376,7 +409,8 @@ def _corroboration(grid: Grid, g: int, since: slice) -> list[str]:
     peers = np.ones(grid.n_columns, dtype=bool)
     peers[g] = False
     for signal, label, unit, threshold, relative in (
-        ("temp_c", "temperature", " °C", 5.0, False), ("power_w", "power", " W", 0.10, True),
+        ("temp_c", "temperature", " °C", 5.0, False),
+        ("power_w", "power", " W", 0.10, True),
     ):
         m = grid.values.get(signal)
         if m is None or not peers.any():
@@ -411,8 +445,10 @@ def _hard_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str]]
         for g in np.flatnonzero(hit.any(axis=0)):
             at = np.flatnonzero(hit[:, g])
             codes = sorted({int(v) for v in xid[at, g]})
-            line = (f"XID {', '.join(map(str, codes))} from {_fmt_time(grid.at(at[0]), with_date)} "
-                    f"({len(at)} instant{'s' if len(at) != 1 else ''})")
+            line = (
+                f"XID {', '.join(map(str, codes))} from {_fmt_time(grid.at(at[0]), with_date)} "
+                f"({len(at)} instant{'s' if len(at) != 1 else ''})"
+            )
             out[int(g)] = (int(at[0]), [line])
     dbe = grid.values.get("ecc_dbe")
     if dbe is not None:
@@ -476,8 +512,10 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
     if gen is not None or width is not None:
         down = np.zeros((grid.n_times, grid.n_columns), dtype=bool)
         refs: dict[str, FloatArray] = {}
-        for cur, top, name in ((gen, vals.get("pcie_link_gen_max"), "gen"), (width, vals.get("pcie_link_width_max"),
-                                                                             "width")):
+        for cur, top, name in (
+            (gen, vals.get("pcie_link_gen_max"), "gen"),
+            (width, vals.get("pcie_link_width_max"), "width"),
+        ):
             if cur is None:
                 continue
             peer = _nanmedian(cur, axis=1)[:, None]
@@ -497,15 +535,19 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
             peer_gen = float(np.nanmedian(gen[np.ix_(at, peers)])) if gen is not None and peers.any() else math.nan
             peer_w = float(np.nanmedian(width[np.ix_(at, peers)])) if width is not None and peers.any() else math.nan
             speed = (_PCIE_GTS.get(round(own_gen), 1.0) if math.isfinite(own_gen) else 1.0) * (
-                own_w if math.isfinite(own_w) else 1.0)
+                own_w if math.isfinite(own_w) else 1.0
+            )
             full = (_PCIE_GTS.get(round(max_gen), 1.0) if math.isfinite(max_gen) else 1.0) * (
-                max_w if math.isfinite(max_w) else 1.0)
+                max_w if math.isfinite(max_w) else 1.0
+            )
             lost = max(0.0, 1.0 - speed / full) if full > 0 else 0.0
             persistence = float(down[t:, g].mean())
-            line = (f"PCIe link trained down to {_link_text(own_gen, own_w)} vs its maximum "
-                    f"{_link_text(max_gen, max_w)} (peers run {_link_text(peer_gen, peer_w)}) from "
-                    f"{_fmt_time(grid.at(t), with_date)}: {_share(lost)} of its host bandwidth lost; "
-                    f"{_share(persistence)} of the instants since")
+            line = (
+                f"PCIe link trained down to {_link_text(own_gen, own_w)} vs its maximum "
+                f"{_link_text(max_gen, max_w)} (peers run {_link_text(peer_gen, peer_w)}) from "
+                f"{_fmt_time(grid.at(t), with_date)}: {_share(lost)} of its host bandwidth lost; "
+                f"{_share(persistence)} of the instants since"
+            )
             add(int(g), t, line, max(_HARD_SCORE, lost * persistence))
 
     replays = vals.get("pcie_replays_per_min")
@@ -524,11 +566,14 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
             at = np.flatnonzero(high[t:, g]) + t
             own = float(np.median(replays[at, g]))
             before = replays[:t, g]
-            history = (f", {_num(float(np.nanmedian(before)))} before" if np.isfinite(before).sum() >= PERSIST_WINDOW
-                       else "")
+            history = (
+                f", {_num(float(np.nanmedian(before)))} before" if np.isfinite(before).sum() >= PERSIST_WINDOW else ""
+            )
             since_share = _share(float(high[t:, g].mean()))
-            line = (f"PCIe replays {_num(own)} per minute vs peers' {_num(float(np.nanmedian(peer[at])))}{history} "
-                    f"from {_fmt_time(grid.at(t), with_date)}; {since_share} of the instants since")
+            line = (
+                f"PCIe replays {_num(own)} per minute vs peers' {_num(float(np.nanmedian(peer[at])))}{history} "
+                f"from {_fmt_time(grid.at(t), with_date)}; {since_share} of the instants since"
+            )
             add(int(g), t, line, _HARD_SCORE)
 
     sbe = vals.get("ecc_sbe")
@@ -541,12 +586,16 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
                 continue
             cum = np.cumsum(np.clip(np.nan_to_num(sbe[:, g], nan=0.0), 0, None))
             first = int(np.searchsorted(cum, 0.1 * totals[g]))
-            line = (f"{totals[g]:,.0f} single-bit ECC errors in the window vs at most {usual:,.0f} on its peers, "
-                    f"from {_fmt_time(grid.at(first), with_date)}: its memory is wearing (ECC)")
+            line = (
+                f"{totals[g]:,.0f} single-bit ECC errors in the window vs at most {usual:,.0f} on its peers, "
+                f"from {_fmt_time(grid.at(first), with_date)}: its memory is wearing (ECC)"
+            )
             add(int(g), first, line, _HARD_SCORE)
 
-    for signal, words in (("row_remap_failure", "row remapping failed (ECC): the GPU needs replacing"),
-                          ("row_remap_pending", "a row remap is pending (ECC): the GPU needs a reset")):
+    for signal, words in (
+        ("row_remap_failure", "row remapping failed (ECC): the GPU needs replacing"),
+        ("row_remap_pending", "a row remap is pending (ECC): the GPU needs a reset"),
+    ):
         m = vals.get(signal)
         if m is None:
             continue
@@ -554,8 +603,10 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
         for g in np.flatnonzero(hit.any(axis=0)):
             first = int(np.flatnonzero(hit[:, g])[0])
             add(int(g), first, f"{words}, from {_fmt_time(grid.at(first), with_date)}", _HARD_SCORE)
-    for signal, kind, weight in (("remapped_rows_uncorrectable", "uncorrectable", _HARD_SCORE),
-                                 ("remapped_rows_correctable", "correctable", 0.5 * _HARD_SCORE)):
+    for signal, kind, weight in (
+        ("remapped_rows_uncorrectable", "uncorrectable", _HARD_SCORE),
+        ("remapped_rows_correctable", "correctable", 0.5 * _HARD_SCORE),
+    ):
         rows = vals.get(signal)
         if rows is None:
             continue
@@ -564,8 +615,12 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
         for g in np.flatnonzero(rose.any(axis=0)):
             first = int(np.flatnonzero(rose[:, g])[0]) + 1
             grown = float(rows[:, g].max() - rows[:, g].min())
-            add(int(g), first, f"{grown:,.0f} more {kind} remapped rows (ECC) from "
-                               f"{_fmt_time(grid.at(first), with_date)}", weight)
+            add(
+                int(g),
+                first,
+                f"{grown:,.0f} more {kind} remapped rows (ECC) from {_fmt_time(grid.at(first), with_date)}",
+                weight,
+            )
     return out
 
 
@@ -584,10 +639,24 @@ def _merge_nodes(findings: list[_Finding], grid: Grid, with_date: bool) -> list[
             continue
         onset = min(f.onset for f in group if f.onset is not None)
         best = max(group, key=lambda f: f.score)
-        lead = [f"{len(group)} of its {total} GPUs depart from their peers together from "
-                f"{_fmt_time(grid.at(onset), with_date)}", f"GPU {best.gpu}: {best.evidence[0]}"]
-        merged.append(_Finding(node, None, None, "node", best.score + 0.1, onset, lead + best.evidence[1:],
-                               any(f.hard_bits for f in group), best.pod))
+        lead = [
+            f"{len(group)} of its {total} GPUs depart from their peers together from "
+            f"{_fmt_time(grid.at(onset), with_date)}",
+            f"GPU {best.gpu}: {best.evidence[0]}",
+        ]
+        merged.append(
+            _Finding(
+                node,
+                None,
+                None,
+                "node",
+                best.score + 0.1,
+                onset,
+                lead + best.evidence[1:],
+                any(f.hard_bits for f in group),
+                best.pod,
+            )
+        )
         absorbed.update(id(f) for f in group)
     return merged + [f for f in findings if id(f) not in absorbed]
 
@@ -595,8 +664,13 @@ def _merge_nodes(findings: list[_Finding], grid: Grid, with_date: bool) -> list[
 # --- the network ------------------------------------------------------------------------------------------------
 
 
-def _nic_findings(nic: pd.DataFrame | None, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
-                  t0_ns: int | None, with_date: bool) -> tuple[list[_Finding], Grid | None]:
+def _nic_findings(
+    nic: pd.DataFrame | None,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp],
+    t0_ns: int | None,
+    with_date: bool,
+) -> tuple[list[_Finding], Grid | None]:
     """The nodes whose RDMA ports run below their rated rate or count errors, one finding per node."""
     if nic is None or not len(nic):
         return [], None
@@ -623,12 +697,15 @@ def _nic_findings(nic: pd.DataFrame | None, step_s: float, window: tuple[pd.Time
             at = np.flatnonzero(departed[t:, p]) + t
             own = float(np.median(rate[at, p]))
             persistence = float(departed[t:, p].mean())
-            line = (f"{grid.ids[p]} port {grid.index[p]} at {_num(own)} Gb/s vs rated {_num(float(rated[p]))} "
-                    f"({_pct(100 * (own / rated[p] - 1))}) from {_fmt_time(grid.at(t), with_date)}; "
-                    f"{_share(persistence)} of the instants since")
+            line = (
+                f"{grid.ids[p]} port {grid.index[p]} at {_num(own)} Gb/s vs rated {_num(float(rated[p]))} "
+                f"({_pct(100 * (own / rated[p] - 1))}) from {_fmt_time(grid.at(t), with_date)}; "
+                f"{_share(persistence)} of the instants since"
+            )
             per_port[int(p)] = (float(short[at, p].mean()) * persistence, t, [line])
     for signal, label, needed, weight in (
-        ("link_downed", "link down", 1, 0.5), ("symbol_errors", "symbol errors", 3, 0.3),
+        ("link_downed", "link down", 1, 0.5),
+        ("symbol_errors", "symbol errors", 3, 0.3),
         ("rcv_errors", "receive errors", 3, 0.3),
     ):
         counts = grid.values.get(signal)
@@ -638,8 +715,10 @@ def _nic_findings(nic: pd.DataFrame | None, step_s: float, window: tuple[pd.Time
         for p in np.flatnonzero(rising.sum(axis=0) >= needed):
             at = np.flatnonzero(rising[:, p])
             total = float(np.nansum(counts[at, p]))
-            line = (f"{grid.ids[p]} port {grid.index[p]}: {total:,.0f} {label} from "
-                    f"{_fmt_time(grid.at(at[0]), with_date)}, rising in {len(at)} instants")
+            line = (
+                f"{grid.ids[p]} port {grid.index[p]}: {total:,.0f} {label} from "
+                f"{_fmt_time(grid.at(at[0]), with_date)}, rising in {len(at)} instants"
+            )
             score, first, lines = per_port.get(int(p), (0.0, int(at[0]), []))
             per_port[int(p)] = (score + weight, min(first, int(at[0])), [*lines, line])
     per_node: dict[str, _Finding] = {}
@@ -669,8 +748,9 @@ class _Steps:
     median_s: float
 
 
-def _job_steps(steps: pd.DataFrame, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
-               t0_ns: int | None) -> _Steps | None:
+def _job_steps(
+    steps: pd.DataFrame, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp], t0_ns: int | None
+) -> _Steps | None:
     """The job's step times bucketed on the grid: a step finishing in [t, t + step) counts at instant t, so the
     first slow interval is labelled with the scrape instant that opens it, as a GPU's onset is."""
     if not len(steps):
@@ -705,14 +785,16 @@ def _job_steps(steps: pd.DataFrame, step_s: float, window: tuple[pd.Timestamp, p
         gaps = np.diff(uniq)
         limit = max(_STALL_FACTOR * median_s * 1e9, _STALL_GAPS * float(np.median(gaps)), 2.0 * step_ns)
         for i in np.flatnonzero(gaps > limit):
-            stalls.append((pd.Timestamp(int(uniq[i]), unit="ns", tz="UTC"),
-                           pd.Timestamp(int(uniq[i + 1]), unit="ns", tz="UTC")))
+            stalls.append(
+                (pd.Timestamp(int(uniq[i]), unit="ns", tz="UTC"), pd.Timestamp(int(uniq[i + 1]), unit="ns", tz="UTC"))
+            )
     long_steps = np.flatnonzero(sec_k > max(_STALL_FACTOR * median_s, 2.0 * step_s))
     for i in long_steps[:50]:
         end = pd.Timestamp(int(ts_k[i]), unit="ns", tz="UTC")
         begin = end - pd.Timedelta(seconds=float(sec_k[i]))
-        if not any(b - pd.Timedelta(seconds=step_s) <= begin and end <= e + pd.Timedelta(seconds=step_s)
-                   for b, e in stalls):
+        if not any(
+            b - pd.Timedelta(seconds=step_s) <= begin and end <= e + pd.Timedelta(seconds=step_s) for b, e in stalls
+        ):
             stalls.append((begin, end))
     stalls.sort()
     return _Steps(start, step_ns, values, tuple(stalls), median_s)
@@ -727,8 +809,10 @@ def _idle_stalls(grid: Grid) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
     """
     if grid.empty or grid.n_columns < 2:
         return []
-    choice = next(((grid.values[sig], lim) for sig, lim in (("util_pct", 5.0), ("engine_active", 0.05))
-                   if sig in grid.values), None)
+    choice = next(
+        ((grid.values[sig], lim) for sig, lim in (("util_pct", 5.0), ("engine_active", 0.05)) if sig in grid.values),
+        None,
+    )
     if choice is None:
         return []
     m, limit = choice
@@ -747,14 +831,15 @@ def _idle_stalls(grid: Grid) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
         end = t
         while end + 1 < n and stalled[end + 1]:
             end += 1
-        if end - t + 1 >= 2 and busy[:t].any() and busy[end + 1:].any():
+        if end - t + 1 >= 2 and busy[:t].any() and busy[end + 1 :].any():
             out.append((grid.at(t), grid.at(end + 1)))
         t = end + 1
     return out
 
 
-def _merge_spans(spans: Iterable[tuple[pd.Timestamp, pd.Timestamp]], slack: pd.Timedelta
-                 ) -> tuple[tuple[pd.Timestamp, pd.Timestamp], ...]:
+def _merge_spans(
+    spans: Iterable[tuple[pd.Timestamp, pd.Timestamp]], slack: pd.Timedelta
+) -> tuple[tuple[pd.Timestamp, pd.Timestamp], ...]:
     """Overlapping (or nearly touching) spans as one."""
     merged: list[tuple[pd.Timestamp, pd.Timestamp]] = []
     for begin, end in sorted(spans):
@@ -856,8 +941,17 @@ def _events(events: pd.DataFrame, window: tuple[pd.Timestamp, pd.Timestamp]) -> 
         if key in out:
             out[key] = replace(out[key], count=out[key].count + 1)
             continue
-        out[key] = _Event(pd.Timestamp(r["at_"]), key[0], key[1], _text(r["namespace"]), _text(r["node"]), key[2],
-                          _text(r["type"]) or "", _text(r["note"]) or "", 1)
+        out[key] = _Event(
+            pd.Timestamp(r["at_"]),
+            key[0],
+            key[1],
+            _text(r["namespace"]),
+            _text(r["node"]),
+            key[2],
+            _text(r["type"]) or "",
+            _text(r["note"]) or "",
+            1,
+        )
     return sorted(out.values(), key=lambda e: e.ts)
 
 
@@ -933,8 +1027,10 @@ def _collective_line(collectives: pd.DataFrame, node: str, gpu: int | None, sinc
         found = ratio("exec_time_us", (nodes == node) & (gpus == gpu))
         if found is not None and math.isfinite(found[0]) and found[0] - 1 <= -0.10:
             share, o, p = found
-            return (f"NCCL collectives {_num(o)} µs vs peers' {_num(p)} ({_pct(100 * (share - 1))}): it arrives "
-                    "last and waits least")
+            return (
+                f"NCCL collectives {_num(o)} µs vs peers' {_num(p)} ({_pct(100 * (share - 1))}): it arrives "
+                "last and waits least"
+            )
         return None
     found = ratio("busbw_gbps", nodes == node)
     if found is not None and math.isfinite(found[0]) and abs(found[0] - 1) >= 0.10:
@@ -953,9 +1049,15 @@ _HANG_STEPS = 20.0
 _BUSY_PCT = 50.0
 
 
-def _job_signal_findings(grid: Grid, collectives: pd.DataFrame, steps: pd.DataFrame, step_s: float,
-                         window: tuple[pd.Timestamp, pd.Timestamp], t0: int | None,
-                         with_date: bool) -> tuple[list[_Finding], Grid | None]:
+def _job_signal_findings(
+    grid: Grid,
+    collectives: pd.DataFrame,
+    steps: pd.DataFrame,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp],
+    t0: int | None,
+    with_date: bool,
+) -> tuple[list[_Finding], Grid | None]:
     """Findings from the job's own timings (see :mod:`._straggler`): the rank its peers wait for in every
     collective, and a pod whose own step time lags its peers'. Onsets are on the returned grid (aligned on the
     telemetry's first instant when there is one)."""
@@ -979,18 +1081,28 @@ def _job_signal_findings(grid: Grid, collectives: pd.DataFrame, steps: pd.DataFr
     return out, used
 
 
-def _silent_finding(jf: JobFinding, on: Grid, with_date: bool, uuid_of: Mapping[tuple[str, int], str | None],
-                    seen_cols: set[tuple[str, int]], how: str) -> _Finding:
+def _silent_finding(
+    jf: JobFinding,
+    on: Grid,
+    with_date: bool,
+    uuid_of: Mapping[tuple[str, int], str | None],
+    seen_cols: set[tuple[str, int]],
+    how: str,
+) -> _Finding:
     when = _fmt_time(on.at(jf.onset), with_date)
     since = f"{_share(jf.persistence)} of the instants since"
     who = f"rank {jf.rank}" if jf.rank else (f"pod {jf.pod}" if jf.pod else f"{jf.node}")
     where = f" (pod {jf.pod})" if jf.pod and jf.rank else ""
     if how == "collective":
-        line = (f"NCCL: {who}{where} spends {_pct(100 * (jf.own / jf.peer - 1))} the time of its peers in each "
-                f"collective from {when}: it arrives last, every other rank waits for it; {since}")
+        line = (
+            f"NCCL: {who}{where} spends {_pct(100 * (jf.own / jf.peer - 1))} the time of its peers in each "
+            f"collective from {when}: it arrives last, every other rank waits for it; {since}"
+        )
     else:
-        line = (f"pod {jf.pod}'s step time runs {_pct(100 * (jf.own / jf.peer - 1))} against its peers' from {when}; "
-                f"{since}")
+        line = (
+            f"pod {jf.pod}'s step time runs {_pct(100 * (jf.own / jf.peer - 1))} against its peers' from {when}; "
+            f"{since}"
+        )
     if jf.gpu is not None and (jf.node, jf.gpu) in seen_cols:
         # No word of a cause here ("power", "PCIe" …): --act's ticket takes its cause from the evidence's words.
         cause = "its telemetry shows no cause: every DCGM signal of it is in line with its peers'"
@@ -1000,9 +1112,19 @@ def _silent_finding(jf: JobFinding, on: Grid, with_date: bool, uuid_of: Mapping[
         cause = "no DCGM telemetry of it was read: the job's own timings name it"
     layer = "gpu" if jf.gpu is not None else "node"
     score = max(0.05, jf.gap) * jf.persistence
-    return _Finding(jf.node, jf.gpu, uuid_of.get((jf.node, jf.gpu)) if jf.gpu is not None else None, layer, score,
-                    jf.onset, [line, cause], False, jf.pod,
-                    until=jf.last if _recovered(on, jf.column, jf.last) else None, silent=True)
+    return _Finding(
+        jf.node,
+        jf.gpu,
+        uuid_of.get((jf.node, jf.gpu)) if jf.gpu is not None else None,
+        layer,
+        score,
+        jf.onset,
+        [line, cause],
+        False,
+        jf.pod,
+        until=jf.last if _recovered(on, jf.column, jf.last) else None,
+        silent=True,
+    )
 
 
 def _make_transient(f: _Finding, on: Grid, with_date: bool) -> None:
@@ -1010,9 +1132,12 @@ def _make_transient(f: _Finding, on: Grid, with_date: bool) -> None:
     assert f.onset is not None
     assert f.until is not None
     begin, end = on.at(f.onset), on.at(f.until + 1)
-    f.evidence.insert(0, f"transient: departed {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
-                         f"({_fmt_duration((end - begin).total_seconds())}), then ran in line with its peers to the "
-                         "window's end")
+    f.evidence.insert(
+        0,
+        f"transient: departed {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
+        f"({_fmt_duration((end - begin).total_seconds())}), then ran in line with its peers to the "
+        "window's end",
+    )
     f.layer = "transient"
     f.until = f.until + 1
     f.score *= 0.2
@@ -1031,8 +1156,13 @@ def _frozen_spans(steps: pd.DataFrame, min_s: float) -> list[tuple[pd.Timestamp,
     (start, end, pods). A gauge that never varies says nothing: it is left out."""
     if not len(steps) or steps["pod"].isna().all():
         return []
-    frame = pd.DataFrame({"pod": steps["pod"].astype(str).to_numpy(), "ns": to_ns(steps["ts"]),
-                          "v": steps["step_time_s"].to_numpy(dtype=np.float64, na_value=np.nan)})
+    frame = pd.DataFrame(
+        {
+            "pod": steps["pod"].astype(str).to_numpy(),
+            "ns": to_ns(steps["ts"]),
+            "v": steps["step_time_s"].to_numpy(dtype=np.float64, na_value=np.nan),
+        }
+    )
     frame = frame[np.isfinite(frame["v"].to_numpy())].sort_values(["pod", "ns"], kind="stable")
     if frame.empty:
         return []
@@ -1056,16 +1186,22 @@ def _frozen_spans(steps: pd.DataFrame, min_s: float) -> list[tuple[pd.Timestamp,
     frozen = runs[(runs["lo"] <= hi) & (runs["hi"] >= lo)]
     if frozen["pod"].nunique() * 2 < n_pods or hi <= lo:
         return []
-    return [(pd.Timestamp(int(frozen["lo"].min()), unit="ns", tz="UTC"),
-             pd.Timestamp(int(frozen["hi"].max()), unit="ns", tz="UTC"), int(frozen["pod"].nunique()))]
+    return [
+        (
+            pd.Timestamp(int(frozen["lo"].min()), unit="ns", tz="UTC"),
+            pd.Timestamp(int(frozen["hi"].max()), unit="ns", tz="UTC"),
+            int(frozen["pod"].nunique()),
+        )
+    ]
 
 
 def _busy_share(grid: Grid, begin: pd.Timestamp, end: pd.Timestamp) -> float | None:
     """The share of the job's GPUs busy over [begin, end] (median utilisation ≥ :data:`_BUSY_PCT`); None unseen."""
     if grid.empty:
         return None
-    m, scale = (grid.values.get("util_pct"), 1.0) if "util_pct" in grid.values else (
-        grid.values.get("engine_active"), 100.0)
+    m, scale = (
+        (grid.values.get("util_pct"), 1.0) if "util_pct" in grid.values else (grid.values.get("engine_active"), 100.0)
+    )
     if m is None:
         return None
     i0 = max(0, int((begin.value - grid.t0_ns) // grid.step_ns))
@@ -1077,9 +1213,15 @@ def _busy_share(grid: Grid, begin: pd.Timestamp, end: pd.Timestamp) -> float | N
     return float((level[seen] >= _BUSY_PCT).mean()) if seen.any() else None
 
 
-def _hangs(steps: pd.DataFrame, grid: Grid, collectives: pd.DataFrame, step_s: float,
-           window: tuple[pd.Timestamp, pd.Timestamp], with_date: bool,
-           gaps: Sequence[tuple[pd.Timestamp, pd.Timestamp]] = ()) -> list[_Hang]:
+def _hangs(
+    steps: pd.DataFrame,
+    grid: Grid,
+    collectives: pd.DataFrame,
+    step_s: float,
+    window: tuple[pd.Timestamp, pd.Timestamp],
+    with_date: bool,
+    gaps: Sequence[tuple[pd.Timestamp, pd.Timestamp]] = (),
+) -> list[_Hang]:
     """The job stopped stepping (its step gauge frozen on most pods, or no step logged: ``gaps``) for
     :data:`HANG_MIN_S` while its GPUs stayed busy — spinning in a collective that never completes."""
     if not len(steps):
@@ -1100,9 +1242,11 @@ def _hangs(steps: pd.DataFrame, grid: Grid, collectives: pd.DataFrame, step_s: f
             continue  # idle GPUs are a stall (a checkpoint, an eviction), not a hang
         lasting = end >= window[1] - pd.Timedelta(seconds=2 * step_s)
         until = "to the end of the window" if lasting else "until " + _fmt_time(end, with_date)
-        head = (f"the job stopped stepping at {_fmt_time(begin, with_date)} UTC and its GPUs stayed busy "
-                f"({_share(busy)} of them) {until} ({_fmt_duration((end - begin).total_seconds())}): "
-                f"no step finished on {pods} pod(s)")
+        head = (
+            f"the job stopped stepping at {_fmt_time(begin, with_date)} UTC and its GPUs stayed busy "
+            f"({_share(busy)} of them) {until} ({_fmt_duration((end - begin).total_seconds())}): "
+            f"no step finished on {pods} pod(s)"
+        )
         lines = [head, *_in_flight(collectives, begin, step_s)]
         nodes = [ln.split("never entered it: ", 1)[1] for ln in lines if "never entered it: " in ln]
         node = nodes[0].split(" ", 1)[0].rstrip(",") if nodes else "(the job)"
@@ -1120,8 +1264,10 @@ def _in_flight(collectives: pd.DataFrame, begin: pd.Timestamp, step_s: float) ->
     if not len(before):
         return ["no NCCL timings before the hang: the collective in flight is unknown"]
     last = before.assign(at_=pd.DatetimeIndex(before["ts"])).sort_values("at_").iloc[-1]
-    lines = [f"collective in flight: {last['collective'] or 'a collective'} on communicator {last['comm'] or '?'} "
-             f"(the last completed before {_fmt_time(begin, False)})"]
+    lines = [
+        f"collective in flight: {last['collective'] or 'a collective'} on communicator {last['comm'] or '?'} "
+        f"(the last completed before {_fmt_time(begin, False)})"
+    ]
     key = before["node"].astype(str) + " GPU " + before["gpu"].astype("string").fillna("?")
     if "rank" in before:
         key = key + " (rank " + before["rank"].astype("string").fillna("?") + ")"
@@ -1140,12 +1286,15 @@ class _Periodic:
     lasting_s: float
 
     def line(self) -> str:
-        return (f"{self.count} periodic stalls of ~{_fmt_duration(self.lasting_s)} every "
-                f"{_fmt_duration(self.every_s)} (checkpoints, most likely): routine, not a fault")
+        return (
+            f"{self.count} periodic stalls of ~{_fmt_duration(self.lasting_s)} every "
+            f"{_fmt_duration(self.every_s)} (checkpoints, most likely): routine, not a fault"
+        )
 
 
-def _split_periodic(stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]]
-                    ) -> tuple[_Periodic | None, tuple[tuple[pd.Timestamp, pd.Timestamp], ...]]:
+def _split_periodic(
+    stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]],
+) -> tuple[_Periodic | None, tuple[tuple[pd.Timestamp, pd.Timestamp], ...]]:
     """Stalls that recur at a steady period with a steady length (three or more; their spacing and length
     within 20 % and 50 % of their medians) are routine — checkpoints —: split off from the others."""
     if len(stalls) < 3:
@@ -1174,8 +1323,15 @@ def _who(s: Suspect) -> str:
 
 
 def explain(
-    job: str, window: tuple[pd.Timestamp, pd.Timestamp], *, telemetry: pd.DataFrame, steps: pd.DataFrame,
-    collectives: pd.DataFrame, events: pd.DataFrame, record: pd.DataFrame, nic: pd.DataFrame | None = None,
+    job: str,
+    window: tuple[pd.Timestamp, pd.Timestamp],
+    *,
+    telemetry: pd.DataFrame,
+    steps: pd.DataFrame,
+    collectives: pd.DataFrame,
+    events: pd.DataFrame,
+    record: pd.DataFrame,
+    nic: pd.DataFrame | None = None,
     step_s: float = 15.0,
 ) -> Explanation:
     """Why ``job`` was slow over ``window``, judged from the contract's frames (see the module docstring).
@@ -1185,8 +1341,13 @@ def explain(
     could not be read. Raises :class:`~gpucert.errors.InputError` when a frame breaks the contract or ``step_s`` is
     not a positive number.
     """
-    for name, frame in (("telemetry", telemetry), ("steps", steps), ("collectives", collectives),
-                        ("events", events), ("record", record)):
+    for name, frame in (
+        ("telemetry", telemetry),
+        ("steps", steps),
+        ("collectives", collectives),
+        ("events", events),
+        ("record", record),
+    ):
         check_frame(name, frame)
     if nic is not None:
         check_frame("nic", nic)
@@ -1210,8 +1371,10 @@ def explain(
         if missing:
             notes.append(f"signals not scraped: {', '.join(missing)} (judged with the rest)")
         if grid.n_columns < 3:
-            notes.append(f"only {grid.n_columns} GPU{'s' if grid.n_columns != 1 else ''} in the job: too few "
-                         "peers to outvote an outlier")
+            notes.append(
+                f"only {grid.n_columns} GPU{'s' if grid.n_columns != 1 else ''} in the job: too few "
+                "peers to outvote an outlier"
+            )
         unknown = sorted(set(column_codes(telemetry["signal"])[1]) - set(SIGNALS))
         if unknown:
             notes.append(f"unknown signals ignored: {', '.join(unknown[:5])}")
@@ -1228,8 +1391,19 @@ def explain(
             target.score += hard_score
             target.until = None  # an error counted is no transient
         else:
-            findings.append(_Finding(grid.nodes[col], grid.index[col], grid.ids[col], "gpu", hard_score, first,
-                                     hard_lines, True, grid.pods[col]))
+            findings.append(
+                _Finding(
+                    grid.nodes[col],
+                    grid.index[col],
+                    grid.ids[col],
+                    "gpu",
+                    hard_score,
+                    first,
+                    hard_lines,
+                    True,
+                    grid.pods[col],
+                )
+            )
 
     nic_findings, nic_g = _nic_findings(nic, step_s, window, t0, with_date)
     if nic is None or not len(nic):
@@ -1242,21 +1416,30 @@ def explain(
     else:
         times = job_steps.t0_ns + job_steps.step_ns * np.arange(len(job_steps.values), dtype=np.int64)
         change = step_change(times, job_steps.values)
-    stalls = _merge_spans([*(job_steps.stalls if job_steps is not None else ()), *_idle_stalls(grid)],
-                          pd.Timedelta(seconds=2 * step_s))
-    hangs = _hangs(steps, grid, collectives, step_s, window, with_date,
-                   gaps=job_steps.stalls if job_steps is not None else ())
+    stalls = _merge_spans(
+        [*(job_steps.stalls if job_steps is not None else ()), *_idle_stalls(grid)], pd.Timedelta(seconds=2 * step_s)
+    )
+    hangs = _hangs(
+        steps, grid, collectives, step_s, window, with_date, gaps=job_steps.stalls if job_steps is not None else ()
+    )
     # A stall inside a hang is the hang: said once, as the hang.
-    stalls = tuple(st for st in stalls if not any(h.start - pd.Timedelta(seconds=2 * step_s) <= st[0] <= h.end
-                                                 for h in hangs))
+    stalls = tuple(
+        st for st in stalls if not any(h.start - pd.Timedelta(seconds=2 * step_s) <= st[0] <= h.end for h in hangs)
+    )
     periodic, stalls = _split_periodic(stalls)
 
     # The job's own signals: the rank its peers wait for, the pod slower than the others.
     job_findings, job_grid = _job_signal_findings(grid, collectives, steps, step_s, window, t0, with_date)
     job_only: list[_Finding] = []
     for jf in job_findings:
-        same = next((f for f in findings if f.node == jf.node and (jf.gpu is None or f.gpu in (None, jf.gpu))
-                     and f.layer != "network"), None)
+        same = next(
+            (
+                f
+                for f in findings
+                if f.node == jf.node and (jf.gpu is None or f.gpu in (None, jf.gpu)) and f.layer != "network"
+            ),
+            None,
+        )
         if same is not None:
             same.evidence.append(jf.evidence[0])  # the GPU's own telemetry names a cause: the job confirms it
             same.score += 0.25 * jf.score
@@ -1288,8 +1471,10 @@ def explain(
         score = 0.0
         for begin, end in stalls:
             if begin - tie <= e.ts <= end + slack:
-                lines.append(f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
-                             f"({_fmt_duration((end - begin).total_seconds())})")
+                lines.append(
+                    f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} "
+                    f"({_fmt_duration((end - begin).total_seconds())})"
+                )
                 score = max(score, 1.0)
         if change is not None and change.at - tie <= e.ts <= change.at + slack:
             lines.append(f"the step time rose {_pct(change.change_pct)} at {_fmt_time(change.at, with_date)}")
@@ -1308,8 +1493,14 @@ def explain(
     kept: list[_Finding] = []
     for f in findings:
         onset_ts = grid.at(f.onset) if f.onset is not None else None
-        blamed = next((e for n, e in disrupted if n == f.node and onset_ts is not None
-                       and e.ts - slack <= onset_ts <= e.ts + tie), None)
+        blamed = next(
+            (
+                e
+                for n, e in disrupted
+                if n == f.node and onset_ts is not None and e.ts - slack <= onset_ts <= e.ts + tie
+            ),
+            None,
+        )
         if blamed is not None and onset_ts is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
             _, since, fs = explained.setdefault(id(blamed), (blamed, onset_ts, []))
             fs.append(f)
@@ -1320,10 +1511,18 @@ def explain(
     for key, (e, since, fs) in explained.items():
         if key not in named:  # no stall or change to line it up with: the GPUs it idled are its evidence
             gpus = sorted(f.gpu for f in fs if f.gpu is not None)
-            who = ("its GPUs" if any(f.gpu is None for f in fs)
-                   else f"its GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}")
-            event_findings.append((e, 0.5, [f"{who} departed from the job's other GPUs from "
-                                            f"{_fmt_time(since, with_date)}, when it happened"]))
+            who = (
+                "its GPUs"
+                if any(f.gpu is None for f in fs)
+                else f"its GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+            )
+            event_findings.append(
+                (
+                    e,
+                    0.5,
+                    [f"{who} departed from the job's other GPUs from {_fmt_time(since, with_date)}, when it happened"],
+                )
+            )
     findings = kept
 
     # Tie suspects to the step-time change that follows their onset.
@@ -1340,11 +1539,18 @@ def explain(
         lead = (change.at - onset_ts).total_seconds()
         if -2 * step_s <= lead <= TIE_S:
             f.score += _TIE_BONUS
-            f.evidence.insert(1, f"the job's step time rose {_secs(change.before_s)} s → {_secs(change.after_s)} s "
-                                 f"({_pct(change.change_pct)}) at {_fmt_time(change.at, with_date)}, "
-                                 + (f"{_fmt_duration(lead)} after its onset" if lead >= step_s
-                                    else "within a scrape interval of its onset" if lead > -step_s
-                                    else f"{_fmt_duration(-lead)} before its onset"))
+            f.evidence.insert(
+                1,
+                f"the job's step time rose {_secs(change.before_s)} s → {_secs(change.after_s)} s "
+                f"({_pct(change.change_pct)}) at {_fmt_time(change.at, with_date)}, "
+                + (
+                    f"{_fmt_duration(lead)} after its onset"
+                    if lead >= step_s
+                    else "within a scrape interval of its onset"
+                    if lead > -step_s
+                    else f"{_fmt_duration(-lead)} before its onset"
+                ),
+            )
 
     record_lines = _record_lines(record)
     suspects: list[Suspect] = []
@@ -1353,17 +1559,45 @@ def explain(
         nccl = None if f.silent else _collective_line(collectives, f.node, f.gpu, onset)
         extra = ([nccl] if nccl else []) + record_lines.get(f.node, [])
         until = on.at(f.until) if (on is not None and f.until is not None and f.layer == "transient") else None
-        suspects.append(Suspect(node=f.node, gpu=f.gpu, gpu_uuid=f.gpu_uuid, layer=f.layer,
-                                score=round(float(f.score), 4), onset=onset, evidence=(*f.evidence, *extra),
-                                until=until, silent=f.silent))
+        suspects.append(
+            Suspect(
+                node=f.node,
+                gpu=f.gpu,
+                gpu_uuid=f.gpu_uuid,
+                layer=f.layer,
+                score=round(float(f.score), 4),
+                onset=onset,
+                evidence=(*f.evidence, *extra),
+                until=until,
+                silent=f.silent,
+            )
+        )
     for e, score, lines in event_findings:
         node = node_of(e) or "(unknown node)"
         head = e.line(with_date)
-        suspects.append(Suspect(node=node, gpu=None, gpu_uuid=None, layer="event", score=round(score, 4),
-                                onset=e.ts, evidence=(head, *lines, *record_lines.get(node, []))))
+        suspects.append(
+            Suspect(
+                node=node,
+                gpu=None,
+                gpu_uuid=None,
+                layer="event",
+                score=round(score, 4),
+                onset=e.ts,
+                evidence=(head, *lines, *record_lines.get(node, [])),
+            )
+        )
     for h in hangs:
-        suspects.append(Suspect(node=h.node, gpu=None, gpu_uuid=None, layer="hang", score=_HANG_SCORE, onset=h.start,
-                                evidence=h.evidence))
+        suspects.append(
+            Suspect(
+                node=h.node,
+                gpu=None,
+                gpu_uuid=None,
+                layer="hang",
+                score=_HANG_SCORE,
+                onset=h.start,
+                evidence=h.evidence,
+            )
+        )
     suspects.sort(key=lambda s: (-s.score, s.node, -1 if s.gpu is None else s.gpu))
 
     nothing = grid.empty and job_steps is None and not evs and not nic_findings and not len(collectives)
@@ -1372,15 +1606,31 @@ def explain(
     if len(evs) > _MAX_EVENTS_OF_NOTE:
         events_of_note.append(f"… and {len(evs) - _MAX_EVENTS_OF_NOTE} more")
     recommendations = _recommendations(verdict, suspects, change, stalls, with_date)
-    answer = _answer(verdict, suspects, change, stalls, job_steps is not None, recommendations, with_date, notes,
-                     periodic)
-    return Explanation(job=job, window=window, verdict=verdict, suspects=tuple(suspects), step_change=change,
-                       events_of_note=tuple(events_of_note), answer=answer, recommendations=tuple(recommendations),
-                       notes=tuple(notes))
+    answer = _answer(
+        verdict, suspects, change, stalls, job_steps is not None, recommendations, with_date, notes, periodic
+    )
+    return Explanation(
+        job=job,
+        window=window,
+        verdict=verdict,
+        suspects=tuple(suspects),
+        step_change=change,
+        events_of_note=tuple(events_of_note),
+        answer=answer,
+        recommendations=tuple(recommendations),
+        notes=tuple(notes),
+    )
 
 
-_VERDICT_OF_LAYER = {"gpu": "gpu", "nvlink": "gpu", "node": "gpu", "network": "network", "event": "event",
-                     "transient": "transient", "hang": "hang"}
+_VERDICT_OF_LAYER = {
+    "gpu": "gpu",
+    "nvlink": "gpu",
+    "node": "gpu",
+    "network": "network",
+    "event": "event",
+    "transient": "transient",
+    "hang": "hang",
+}
 
 
 def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool, steady: bool) -> str:
@@ -1391,28 +1641,43 @@ def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool, ste
     return "healthy" if steady else "elsewhere"
 
 
-def _recommendations(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
-                     stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]], with_date: bool) -> list[str]:
+def _recommendations(
+    verdict: str,
+    suspects: Sequence[Suspect],
+    change: StepChange | None,
+    stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]],
+    with_date: bool,
+) -> list[str]:
     out: list[str] = []
     for s in suspects[:3]:
         if s.layer == "event":
-            out.append(f"look into the {s.evidence[0].split(' ', 1)[1]}; if it recurs on {s.node}, cordon it "
-                       "and re-certify it")
+            out.append(
+                f"look into the {s.evidence[0].split(' ', 1)[1]}; if it recurs on {s.node}, cordon it and re-certify it"
+            )
             continue
         if s.layer == "hang":
-            out.append("the job is hung: dump its ranks' stacks (py-spy dump, NCCL's flight recorder) and restart it"
-                       + (f"; look first at {s.node}" if not s.node.startswith("(") else ""))
+            out.append(
+                "the job is hung: dump its ranks' stacks (py-spy dump, NCCL's flight recorder) and restart it"
+                + (f"; look first at {s.node}" if not s.node.startswith("(") else "")
+            )
             continue
         if s.layer == "transient":
-            window = (f"{_fmt_time(s.onset, with_date)}–{_fmt_time(s.until, with_date)}"
-                      if s.onset is not None and s.until is not None else "once")
-            out.append(f"nothing to do now: {_who(s)} departed {window} and recovered (transient, no cordon); "
-                       f"if it recurs, re-certify {s.node}")
+            window = (
+                f"{_fmt_time(s.onset, with_date)}–{_fmt_time(s.until, with_date)}"
+                if s.onset is not None and s.until is not None
+                else "once"
+            )
+            out.append(
+                f"nothing to do now: {_who(s)} departed {window} and recovered (transient, no cordon); "
+                f"if it recurs, re-certify {s.node}"
+            )
             continue
         what = {"network": "its network", "nvlink": "its NVLink", "node": "all its GPUs"}.get(s.layer, f"GPU {s.gpu}")
         if s.silent:
-            out.append(f"re-certify {s.node} ({what}): certify runs when it is idle, and its verdict settles the "
-                       "cause its telemetry does not show")
+            out.append(
+                f"re-certify {s.node} ({what}): certify runs when it is idle, and its verdict settles the "
+                "cause its telemetry does not show"
+            )
             continue
         out.append(f"cordon {s.node} and re-certify it ({what})")
         out.append(f"open a ticket for {_who(s)} with the evidence: {'; '.join(s.evidence[:2])}")
@@ -1455,14 +1720,25 @@ _HEADLINE_SHARE = 0.25
 _HEADLINE_MAX = 3
 
 
-def _answer(verdict: str, suspects: Sequence[Suspect], change: StepChange | None,
-            stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]], have_steps: bool, recommendations: Sequence[str],
-            with_date: bool, notes: Sequence[str], periodic: _Periodic | None = None) -> tuple[str, str, str]:
+def _answer(
+    verdict: str,
+    suspects: Sequence[Suspect],
+    change: StepChange | None,
+    stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]],
+    have_steps: bool,
+    recommendations: Sequence[str],
+    with_date: bool,
+    notes: Sequence[str],
+    periodic: _Periodic | None = None,
+) -> tuple[str, str, str]:
     if suspects:
         top = suspects[0]
         # Every standing fault that carries a real share of the slowdown is named, the largest first.
-        faults = [s for s in suspects if s.layer not in ("transient",) and s.score >= _HEADLINE_SHARE * top.score
-                  and s.score > 0] or [top]
+        faults = [
+            s
+            for s in suspects
+            if s.layer not in ("transient",) and s.score >= _HEADLINE_SHARE * top.score and s.score > 0
+        ] or [top]
         if top.layer == "transient":
             faults = [top]
         faults = faults[:_HEADLINE_MAX]
@@ -1480,16 +1756,23 @@ def _answer(verdict: str, suspects: Sequence[Suspect], change: StepChange | None
     parts: list[str] = []
     if suspects and suspects[0].onset is not None and suspects[0].layer not in ("event", "transient"):
         parts.append(f"since {_fmt_time(suspects[0].onset, with_date)} UTC")
-    if suspects and suspects[0].layer == "transient" and suspects[0].onset is not None and suspects[0].until:
-        s0 = suspects[0]
-        parts.append(f"from {_fmt_time(s0.onset, with_date)} to {_fmt_time(s0.until, with_date)} UTC "  # type: ignore[arg-type]
-                     f"({_fmt_duration((s0.until - s0.onset).total_seconds())}), then recovered")  # type: ignore[operator]
+    first = suspects[0] if suspects else None
+    if first is not None and first.layer == "transient" and first.onset is not None and first.until is not None:
+        onset, until = first.onset, first.until
+        parts.append(
+            f"from {_fmt_time(onset, with_date)} to {_fmt_time(until, with_date)} UTC "
+            f"({_fmt_duration((until - onset).total_seconds())}), then recovered"
+        )
     if change is not None:
-        parts.append(f"step time {_secs(change.before_s)} s → {_secs(change.after_s)} s ({_pct(change.change_pct)}) "
-                     f"from {_fmt_time(change.at, with_date)} UTC")
+        parts.append(
+            f"step time {_secs(change.before_s)} s → {_secs(change.after_s)} s ({_pct(change.change_pct)}) "
+            f"from {_fmt_time(change.at, with_date)} UTC"
+        )
     for begin, end in stalls[:2]:
-        parts.append(f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} UTC "
-                     f"({_fmt_duration((end - begin).total_seconds())})")
+        parts.append(
+            f"steps stalled {_fmt_time(begin, with_date)}–{_fmt_time(end, with_date)} UTC "
+            f"({_fmt_duration((end - begin).total_seconds())})"
+        )
     if periodic is not None:
         parts.append(periodic.line())
     if not have_steps:

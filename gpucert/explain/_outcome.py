@@ -71,21 +71,42 @@ class ExplainOutcome(_Model):
         if certify is not None:
             acted.append(certify.text().strip().splitlines()[0] if certify.text().strip() else "certified")
         return cls(
-            job=explanation.job, start=explanation.window[0].to_pydatetime(),
-            end=explanation.window[1].to_pydatetime(), verdict=explanation.verdict,
+            job=explanation.job,
+            start=explanation.window[0].to_pydatetime(),
+            end=explanation.window[1].to_pydatetime(),
+            verdict=explanation.verdict,
             answer=list(explanation.answer),
-            suspects=[SuspectLine(node=s.node, gpu=s.gpu, gpu_uuid=s.gpu_uuid, layer=s.layer, score=float(s.score),
-                                  onset=s.onset.to_pydatetime() if s.onset is not None else None,
-                                  evidence=list(s.evidence)) for s in explanation.suspects],
-            step_change=None if change is None else {
-                "before_s": change.before_s, "after_s": change.after_s, "at": change.at.isoformat(),
-                "change_pct": change.change_pct},
-            events_of_note=list(explanation.events_of_note), recommendations=list(explanation.recommendations),
-            notes=list(explanation.notes), timeline=timeline, timeline_link=timeline_link,
-            seconds=dict(seconds or {}), acted=acted,
+            suspects=[
+                SuspectLine(
+                    node=s.node,
+                    gpu=s.gpu,
+                    gpu_uuid=s.gpu_uuid,
+                    layer=s.layer,
+                    score=float(s.score),
+                    onset=s.onset.to_pydatetime() if s.onset is not None else None,
+                    evidence=list(s.evidence),
+                )
+                for s in explanation.suspects
+            ],
+            step_change=None
+            if change is None
+            else {
+                "before_s": change.before_s,
+                "after_s": change.after_s,
+                "at": change.at.isoformat(),
+                "change_pct": change.change_pct,
+            },
+            events_of_note=list(explanation.events_of_note),
+            recommendations=list(explanation.recommendations),
+            notes=list(explanation.notes),
+            timeline=timeline,
+            timeline_link=timeline_link,
+            seconds=dict(seconds or {}),
+            acted=acted,
             cordoned=act.node if act is not None and act.cordon == "added" else None,
-            tickets=list(act.tickets) if act is not None else [], certify=certify,
-        )  # fmt: skip
+            tickets=list(act.tickets) if act is not None else [],
+            certify=certify,
+        )
 
     def markdown(self) -> str:
         """The answer in three lines and a link to the timeline: the flow's markdown artifact."""
@@ -93,8 +114,11 @@ class ExplainOutcome(_Model):
         if self.timeline_link or self.timeline:
             lines += ["", f"[the timeline]({self.timeline_link or self.timeline})"]
         if self.recommendations and not self.acted:
-            lines += ["", "Recommended (never done automatically; `--act` does it):",
-                      *(f"- {r}" for r in self.recommendations)]  # fmt: skip
+            lines += [
+                "",
+                "Recommended (never done automatically; `--act` does it):",
+                *(f"- {r}" for r in self.recommendations),
+            ]
         if self.acted:
             lines += ["", "Done:", *(f"- {a}" for a in self.acted)]
         return "\n".join(lines) + "\n"

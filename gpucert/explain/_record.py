@@ -81,8 +81,9 @@ def read_record(
         record["last_run_id"] = record["node"].map(last["run_id"]).astype(object)
         record["last_decision"] = record["node"].map(last["state"]).astype(object)
         record["last_certified_at"] = pd.to_datetime(record["node"].map(certified), utc=True)
-        record["deviations"] = [_deviations(store, n, last.loc[n, "run_id"] if n in last.index else None,
-                                            decisions) for n in record["node"]]  # fmt: skip
+        record["deviations"] = [
+            _deviations(store, n, last.loc[n, "run_id"] if n in last.index else None, decisions) for n in record["node"]
+        ]
     record = record.astype({"last_run_id": object, "last_decision": object})
     record[["last_run_id", "last_decision"]] = record[["last_run_id", "last_decision"]].where(
         record[["last_run_id", "last_decision"]].notna(), None

@@ -51,16 +51,22 @@ class JobFinding:
 
 
 def _long(frame: pd.DataFrame, value: np.ndarray, column_id: pd.Series) -> pd.DataFrame:
-    return pd.DataFrame({
-        "ts": frame["ts"].to_numpy(), "node": frame["node"].astype(object).to_numpy(),
-        "gpu": frame["gpu"].to_numpy(dtype=np.float64, na_value=np.nan) if "gpu" in frame else np.nan,
-        "gpu_uuid": column_id.to_numpy(), "pod": frame["pod"].astype(object).to_numpy() if "pod" in frame else None,
-        "signal": "rel", "value": value,
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "ts": frame["ts"].to_numpy(),
+            "node": frame["node"].astype(object).to_numpy(),
+            "gpu": frame["gpu"].to_numpy(dtype=np.float64, na_value=np.nan) if "gpu" in frame else np.nan,
+            "gpu_uuid": column_id.to_numpy(),
+            "pod": frame["pod"].astype(object).to_numpy() if "pod" in frame else None,
+            "signal": "rel",
+            "value": value,
+        }
+    )
 
 
-def collective_grid(collectives: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
-                    t0_ns: int | None) -> Grid | None:
+def collective_grid(
+    collectives: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp], t0_ns: int | None
+) -> Grid | None:
     """Each rank's collective time relative to all ranks' median of the same (communicator, collective) and
     instant, as a (instant × rank) grid (``ids`` holds the rank); None without per-rank times."""
     if not len(collectives):
@@ -78,8 +84,14 @@ def collective_grid(collectives: pd.DataFrame, *, step_s: float, window: tuple[p
     exec_ok = exec_us[ok]
     step_ns = max(1, round(step_s * 1e9))
     instant = pd.DatetimeIndex(part["ts"]).as_unit("ns").asi8 // step_ns
-    group = pd.DataFrame({"i": instant, "comm": part["comm"].astype(str).to_numpy(),
-                          "coll": part["collective"].astype(str).to_numpy(), "v": exec_ok})  # fmt: skip
+    group = pd.DataFrame(
+        {
+            "i": instant,
+            "comm": part["comm"].astype(str).to_numpy(),
+            "coll": part["collective"].astype(str).to_numpy(),
+            "v": exec_ok,
+        }
+    )
     median = group.groupby(["i", "comm", "coll"], sort=False)["v"].transform("median").to_numpy()
     rel = exec_ok / median
     rank = part["rank"] if "rank" in part else pd.Series(pd.NA, index=part.index)
@@ -98,8 +110,9 @@ def collective_grid(collectives: pd.DataFrame, *, step_s: float, window: tuple[p
     return _shift(grid, t0_ns)
 
 
-def pod_step_grid(steps: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp],
-                  t0_ns: int | None) -> Grid | None:
+def pod_step_grid(
+    steps: pd.DataFrame, *, step_s: float, window: tuple[pd.Timestamp, pd.Timestamp], t0_ns: int | None
+) -> Grid | None:
     """Each pod's step time relative to all pods' median at that instant, as an (instant × pod) grid; None when
     the pods report one step time (synchronous training where every pod reports the job's)."""
     if not len(steps) or steps["pod"].isna().all():
@@ -113,9 +126,17 @@ def pod_step_grid(steps: pd.DataFrame, *, step_s: float, window: tuple[pd.Timest
     instant = pd.DatetimeIndex(part["ts"]).as_unit("ns").asi8 // step_ns
     median = pd.Series(seconds[ok]).groupby(instant).transform("median").to_numpy()
     rel = seconds[ok] / median
-    long = pd.DataFrame({"ts": part["ts"].to_numpy(), "node": part["node"].astype(object).to_numpy(),
-                         "gpu": -1, "gpu_uuid": "", "pod": part["pod"].astype(object).to_numpy(), "signal": "rel",
-                         "value": rel})  # fmt: skip
+    long = pd.DataFrame(
+        {
+            "ts": part["ts"].to_numpy(),
+            "node": part["node"].astype(object).to_numpy(),
+            "gpu": -1,
+            "gpu_uuid": "",
+            "pod": part["pod"].astype(object).to_numpy(),
+            "signal": "rel",
+            "value": rel,
+        }
+    )
     # One column per pod: the pod's name is its id.
     long["gpu_uuid"] = long["pod"]
     long["gpu"] = pd.factorize(long["pod"])[0]
@@ -165,8 +186,8 @@ def rank_departures(grid: Grid, *, below: bool, gate: float, onset_of: object, g
         last = int(at[-1])
         own = float(np.median(rel[at, c]))
         peer = float(np.nanmedian(median[at, 0]))
-        seen = np.flatnonzero(finite[t:last + 1, c])
-        persistence = float(departed[t:last + 1, c].sum() / max(1, len(seen)))
+        seen = np.flatnonzero(finite[t : last + 1, c])
+        persistence = float(departed[t : last + 1, c].sum() / max(1, len(seen)))
         gpu = grid.index[c] if gpus and 0 <= grid.index[c] < NO_GPU else None
         rank = (grid.ids[c] or None) if gpus else None
         gap_rel = abs(own / peer - 1) if peer else 0.0

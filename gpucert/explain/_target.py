@@ -202,8 +202,9 @@ def resolve_target(
         label = f"{namespace}/{name}"
         kind, used, raw = _find_job(kube, namespace, name)
 
-    nodes = _node_gpus(kube, {str((p.get("spec") or {}).get("nodeName")) for p in raw
-                               if (p.get("spec") or {}).get("nodeName")})  # fmt: skip
+    nodes = _node_gpus(
+        kube, {str((p.get("spec") or {}).get("nodeName")) for p in raw if (p.get("spec") or {}).get("nodeName")}
+    )
     pods = tuple(sorted((_pod(p, nodes) for p in raw), key=lambda p: (p.namespace, p.name)))
     unscheduled = [p.name for p in pods if p.node is None]
     if unscheduled:
@@ -211,8 +212,9 @@ def resolve_target(
     if not any(p.node for p in pods):
         raise InputError(f"{label}: none of its {len(pods)} pod(s) was ever scheduled on a node")
     window = _window(pods, since=since, until=until, now=now)
-    return JobTarget(job=label, kind=kind, namespace=namespace, selector=used, pods=pods, window=window,
-                     notes=tuple(notes))  # fmt: skip
+    return JobTarget(
+        job=label, kind=kind, namespace=namespace, selector=used, pods=pods, window=window, notes=tuple(notes)
+    )
 
 
 def _find_job(kube: Kube, namespace: str, name: str) -> tuple[str, str, list[dict[str, Any]]]:
@@ -267,9 +269,7 @@ def _node_gpus(kube: Kube, names: Iterable[str]) -> dict[str, int]:
             out[name] = 0
             continue
         status = node.get("status") or {}
-        amount = (status.get("allocatable") or {}).get(GPU_RESOURCE) or (status.get("capacity") or {}).get(
-            GPU_RESOURCE
-        )
+        amount = (status.get("allocatable") or {}).get(GPU_RESOURCE) or (status.get("capacity") or {}).get(GPU_RESOURCE)
         out[name] = _count(amount)
     return out
 
@@ -309,7 +309,7 @@ def _pod(raw: Mapping[str, Any], node_gpus: Mapping[str, int]) -> TargetPod:
     phase = str(status.get("phase") or "Unknown")
     ends = []
     terminations = []
-    for cs in (status.get("containerStatuses") or []):
+    for cs in status.get("containerStatuses") or []:
         finished = _time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
         if finished is not None:
             ends.append(finished)
@@ -389,8 +389,9 @@ def _few(names: Sequence[str], limit: int = 5) -> str:
 _WORKLOAD_LABELS = (("exported_namespace", "exported_pod"), ("namespace", "pod"))
 
 
-def workload_of(labels: Mapping[str, str], pairs: Sequence[tuple[str, str]] = _WORKLOAD_LABELS
-                ) -> tuple[str, str | None]:
+def workload_of(
+    labels: Mapping[str, str], pairs: Sequence[tuple[str, str]] = _WORKLOAD_LABELS
+) -> tuple[str, str | None]:
     """(namespace, pod) of the workload a series names: by the first (namespace label, pod label) of ``pairs``
     whose pod label is set — by default ``exported_pod`` where the scrape renamed dcgm-exporter's labels, else
     ``pod``; (``""``, None) when it names none."""
@@ -445,16 +446,19 @@ class LabelMap:
                 workload = LABEL_PRESETS[part]
                 continue
             if not eq or key not in ("pod", "namespace", "node") or key in told or not _LABEL_NAME.match(value):
-                raise InputError(f"--labels {text!r}: {part!r} is not one of operator, plain, pod=LABEL, "
-                                 "namespace=LABEL, node=LABEL (each once, Prometheus label names)")
+                raise InputError(
+                    f"--labels {text!r}: {part!r} is not one of operator, plain, pod=LABEL, "
+                    "namespace=LABEL, node=LABEL (each once, Prometheus label names)"
+                )
             told[key] = value
         if ("pod" in told) != ("namespace" in told) or (workload is not None and "pod" in told):
-            raise InputError(f"--labels {text!r}: give pod=LABEL and namespace=LABEL together, or a preset "
-                             f"({', '.join(LABEL_PRESETS)})")
+            raise InputError(
+                f"--labels {text!r}: give pod=LABEL and namespace=LABEL together, or a preset "
+                f"({', '.join(LABEL_PRESETS)})"
+            )
         if "pod" in told:
             workload = ((told["namespace"], told["pod"]),)
         return cls(workload=workload or _WORKLOAD_LABELS, node=told.get("node"))
-
 
 
 def assign_gpus(
@@ -496,8 +500,11 @@ def assign_gpus(
         unknown += [p.name for p in pods if not p.holds_node]
     notes = []
     if silent:
-        how = "" if labels is not None and labels.node else (
-            " (if its series name the node by another label, tell explain which: --labels node=LABEL)")
+        how = (
+            ""
+            if labels is not None and labels.node
+            else (" (if its series name the node by another label, tell explain which: --labels node=LABEL)")
+        )
         notes.append(f"no DCGM series in Prometheus for {len(silent)} node(s) of the job: {_few(silent)}{how}")
     if unknown:
         notes.append(

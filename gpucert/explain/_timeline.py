@@ -179,8 +179,9 @@ def _label(value: float) -> str:
 
 def _ticks(lo: pd.Timestamp, hi: pd.Timestamp, with_date: bool) -> list[Tick]:
     span_min = max(1e-9, (hi - lo).total_seconds() / 60)
-    step = next((m for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080)
-                 if span_min / m <= 10), 10080)
+    step = next(
+        (m for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080) if span_min / m <= 10), 10080
+    )
     first = lo.ceil(f"{step}min") if step < 1440 else lo.ceil("1D")
     out = []
     t = first
@@ -209,8 +210,9 @@ def _infer_step_s(telemetry: pd.DataFrame) -> float:
     return float(values[counts.argmax()]) / 1e9
 
 
-def _bucketed(matrix: FloatArray, starts: npt.NDArray[np.int64]
-              ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+def _bucketed(
+    matrix: FloatArray, starts: npt.NDArray[np.int64]
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     """Per time bucket and column: min, max, sum and count of the finite values."""
     finite = np.isfinite(matrix)
     lo = np.fmin.reduceat(matrix, starts, axis=0)
@@ -256,9 +258,12 @@ def _step_chart(steps: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp,
     y_lo, y_hi = 0.0, max(ceiling, float(np.nanmax(series["median"]))) * 1.08
     xs = (np.arange(MAX_BUCKETS) + 0.5) * PLOT_W / MAX_BUCKETS
     clipped_hi = np.minimum(series["max"], y_hi)
-    paths = [Path(_band(xs, _y(series["min"], y_lo, y_hi, top, plot_h), _y(clipped_hi, y_lo, y_hi, top, plot_h)),
-                  "envelope"),
-             Path(_points(xs, _y(series["median"], y_lo, y_hi, top, plot_h)), "median")]
+    paths = [
+        Path(
+            _band(xs, _y(series["min"], y_lo, y_hi, top, plot_h), _y(clipped_hi, y_lo, y_hi, top, plot_h)), "envelope"
+        ),
+        Path(_points(xs, _y(series["median"], y_lo, y_hi, top, plot_h)), "median"),
+    ]
     rects: list[Rect] = []
     labels: list[tuple[float, float, str]] = []
     change = explanation.step_change
@@ -266,11 +271,15 @@ def _step_chart(steps: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp,
         x_at = _x_of(change.at, lo, hi)
         y_b = float(_y(np.array([change.before_s]), y_lo, y_hi, top, plot_h)[0])
         y_a = float(_y(np.array([min(change.after_s, y_hi)]), y_lo, y_hi, top, plot_h)[0])
-        paths.append(Path(f"M0,{y_b:.1f} L{x_at:.1f},{y_b:.1f} M{x_at:.1f},{y_a:.1f} L{PLOT_W:.1f},{y_a:.1f}",
-                          "level"))
+        paths.append(Path(f"M0,{y_b:.1f} L{x_at:.1f},{y_b:.1f} M{x_at:.1f},{y_a:.1f} L{PLOT_W:.1f},{y_a:.1f}", "level"))
         paths.append(Path(f"M{x_at:.1f},{top:.1f} L{x_at:.1f},{top + plot_h:.1f}", "change"))
-        labels.append((min(x_at + 4, PLOT_W - 160), top + plot_h - 14,
-                       f"{_secs(change.before_s)} s → {_secs(change.after_s)} s ({change.change_pct:+.0f} %)"))
+        labels.append(
+            (
+                min(x_at + 4, PLOT_W - 160),
+                top + plot_h - 14,
+                f"{_secs(change.before_s)} s → {_secs(change.after_s)} s ({change.change_pct:+.0f} %)",
+            )
+        )
     return StepChart(height, _label(y_lo), _label(y_hi), tuple(paths), tuple(rects), tuple(labels), False)
 
 
@@ -294,8 +303,9 @@ def _stalls(steps: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> list[tup
     return out
 
 
-def _reason_rects(frac: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float, css: str, colour: str,
-                  title: str) -> list[Rect]:
+def _reason_rects(
+    frac: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float, css: str, colour: str, title: str
+) -> list[Rect]:
     """Runs of equal shading level (quarters of the share of samples with a hard slowdown reason) as rectangles."""
     level = np.where(np.isfinite(frac), np.ceil(np.clip(frac, 0, 1) * 4) / 4, 0.0)
     out = []
@@ -305,8 +315,18 @@ def _reason_rects(frac: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float, 
         while j + 1 < n and level[j + 1] == level[i]:
             j += 1
         if level[i] > 0:
-            out.append(Rect(round(float(xs0[i]), 1), y, round(float(xs1[j] - xs0[i]), 1), _REASONS_H - 1, css, colour,
-                            float(level[i]), f"{title}: up to {level[i]:.0%} of samples".replace("%", " %")))
+            out.append(
+                Rect(
+                    round(float(xs0[i]), 1),
+                    y,
+                    round(float(xs1[j] - xs0[i]), 1),
+                    _REASONS_H - 1,
+                    css,
+                    colour,
+                    float(level[i]),
+                    f"{title}: up to {level[i]:.0%} of samples".replace("%", " %"),
+                )
+            )
         i = j + 1
     return out
 
@@ -315,9 +335,13 @@ def _suspect_reason_rects(bits: FloatArray, xs0: FloatArray, xs1: FloatArray, y:
     """One GPU's reasons per bucket, coloured by the dominant kind: thermal, power brake, other HW slowdown, cap."""
     known = np.isfinite(bits)
     b = np.where(known, bits, 0).astype(np.int64)
-    kind = np.where((b & _THERMAL) != 0, "thermal",
-                    np.where((b & _POWER) != 0, "power",
-                             np.where((b & 0x08) != 0, "slowdown", np.where((b & 0x04) != 0, "cap", ""))))
+    kind = np.where(
+        (b & _THERMAL) != 0,
+        "thermal",
+        np.where(
+            (b & _POWER) != 0, "power", np.where((b & 0x08) != 0, "slowdown", np.where((b & 0x04) != 0, "cap", ""))
+        ),
+    )
     out = []
     i, n = 0, len(kind)
     while i < n:
@@ -325,9 +349,19 @@ def _suspect_reason_rects(bits: FloatArray, xs0: FloatArray, xs1: FloatArray, y:
         while j + 1 < n and kind[j + 1] == kind[i]:
             j += 1
         if kind[i]:
-            names = [name for bit, name in SLOWDOWN_BITS.items() if any((b[i:j + 1] & bit) != 0)]
-            out.append(Rect(round(float(xs0[i]), 1), y, round(max(0.6, float(xs1[j] - xs0[i])), 1), _REASONS_H - 1,
-                            "reason", _REASON_COLOURS[str(kind[i])], 1.0, ", ".join(names)))
+            names = [name for bit, name in SLOWDOWN_BITS.items() if any((b[i : j + 1] & bit) != 0)]
+            out.append(
+                Rect(
+                    round(float(xs0[i]), 1),
+                    y,
+                    round(max(0.6, float(xs1[j] - xs0[i])), 1),
+                    _REASONS_H - 1,
+                    "reason",
+                    _REASON_COLOURS[str(kind[i])],
+                    1.0,
+                    ", ".join(names),
+                )
+            )
         i = j + 1
     return out
 
@@ -398,8 +432,9 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
                 continue
             n_lo, n_hi, n_mean, y_lo, y_hi, peer = per_signal[signal]
             paths = [
-                Path(_band(xs, _y(n_lo[:, k], y_lo, y_hi, y, height), _y(n_hi[:, k], y_lo, y_hi, y, height)),
-                     "envelope"),
+                Path(
+                    _band(xs, _y(n_lo[:, k], y_lo, y_hi, y, height), _y(n_hi[:, k], y_lo, y_hi, y, height)), "envelope"
+                ),
                 Path(_points(xs, _y(n_mean[:, k], y_lo, y_hi, y, height)), "mean"),
             ]
             if full_cols:
@@ -408,13 +443,26 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
                 for rank, s, c in full_cols:
                     colour = _SUSPECT_COLOURS[(rank - 1) % len(_SUSPECT_COLOURS)]
                     values, px = _full(m[:, c], full_xs)
-                    paths.append(Path(_points(px, _y(values, y_lo, y_hi, y, height)), "suspect-line", colour,
-                                      f"suspect {rank}: GPU {s.gpu}"))
+                    paths.append(
+                        Path(
+                            _points(px, _y(values, y_lo, y_hi, y, height)),
+                            "suspect-line",
+                            colour,
+                            f"suspect {rank}: GPU {s.gpu}",
+                        )
+                    )
             tracks.append(Track(label, unit, y, height, _label(y_lo), _label(y_hi), tuple(paths)))
             y += height + _GAP
             if signal == "sm_clock_mhz" and hard_frac is not None:
-                rects = _reason_rects(hard_frac[:, k], xs0, xs1, y, "reason-share", "#c62828",
-                                      "GPUs of this node with a HW/SW slowdown reason")
+                rects = _reason_rects(
+                    hard_frac[:, k],
+                    xs0,
+                    xs1,
+                    y,
+                    "reason-share",
+                    "#c62828",
+                    "GPUs of this node with a HW/SW slowdown reason",
+                )
                 strips.append(("reasons", y, tuple(rects)))
                 y += _REASONS_H + 1
                 for _, s, c in full_cols:
@@ -426,19 +474,29 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
         n_gpus = int(node_bounds[k + 1] - node_bounds[k])
         if suspects_here:
             rank, top = suspects_here[0]
-            what = f"GPU {top.gpu}" if top.gpu is not None else {"network": "network", "event": "event"}.get(
-                top.layer, "node")
+            what = (
+                f"GPU {top.gpu}"
+                if top.gpu is not None
+                else {"network": "network", "event": "event"}.get(top.layer, "node")
+            )
             badge = f"suspect {rank}: {what}"
             css = "lane suspect" if rank == 1 else "lane suspect other"
             note = top.evidence[0] if top.evidence else ""
         else:
             badge, css, note = "", "lane", ""
-        pods = (sorted({p for p, n in zip(grid.pods, grid.nodes, strict=True) if n == node and p})
-                if suspects_here else [])
+        pods = (
+            sorted({p for p, n in zip(grid.pods, grid.nodes, strict=True) if n == node and p}) if suspects_here else []
+        )
         title = f"{node} — {n_gpus} GPU{'s' if n_gpus != 1 else ''}" + (f", pod {', '.join(pods)}" if pods else "")
         lanes.append(Lane(node, title, css, badge, y + 2, tuple(tracks), tuple(strips), note))
-    note = (f"{len(left_out):,} more node{'s' if len(left_out) != 1 else ''} without a suspect are not drawn "
-            f"(at most {MAX_LANES} lanes)") if left_out else ""
+    note = (
+        (
+            f"{len(left_out):,} more node{'s' if len(left_out) != 1 else ''} without a suspect are not drawn "
+            f"(at most {MAX_LANES} lanes)"
+        )
+        if left_out
+        else ""
+    )
     return lanes, note
 
 
@@ -475,8 +533,9 @@ def _full(values: FloatArray, xs: FloatArray) -> tuple[FloatArray, FloatArray]:
     return _bucket_mean(values, starts), _bucket_mean(xs, starts)
 
 
-def _markers(events: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timestamp,
-             with_date: bool) -> list[Marker]:
+def _markers(
+    events: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timestamp, with_date: bool
+) -> list[Marker]:
     if not len(events):
         return []
     ts = pd.DatetimeIndex(events["ts"])
@@ -489,15 +548,29 @@ def _markers(events: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp, h
         reason = str(r["reason"])
         warning = str(r["type"]) == "Warning" or reason in DISRUPTIVE_REASONS
         css = "event suspect" if at in blamed and warning else ("event warning" if warning else "event normal")
-        title = _Event(at, str(r["object_kind"]), str(r["object_name"]), _text(r["namespace"]), _text(r["node"]),
-                       reason, str(r["type"]), _text(r["note"]) or "", 1).line(with_date)
+        title = _Event(
+            at,
+            str(r["object_kind"]),
+            str(r["object_name"]),
+            _text(r["namespace"]),
+            _text(r["node"]),
+            reason,
+            str(r["type"]),
+            _text(r["note"]) or "",
+            1,
+        ).line(with_date)
         out.append(Marker(round(_x_of(at, lo, hi), 1), css, title, "▼" if warning else "▽"))
     return out
 
 
 def render_timeline(
-    explanation: Explanation, *, telemetry: pd.DataFrame, steps: pd.DataFrame, events: pd.DataFrame,
-    step_s: float | None = None, title: str | None = None,
+    explanation: Explanation,
+    *,
+    telemetry: pd.DataFrame,
+    steps: pd.DataFrame,
+    events: pd.DataFrame,
+    step_s: float | None = None,
+    title: str | None = None,
 ) -> str:
     """The job's timeline as one self-contained HTML page (``templates/explain.html.j2``), returned as a string.
 
@@ -517,24 +590,31 @@ def render_timeline(
     grid = telemetry_grid(telemetry, step_s=step_s, window=explanation.window, signals=signals)
     lanes, lanes_note = _lanes(grid, explanation, lo, hi)
     chart = _step_chart(steps, explanation, lo, hi)
-    stalls = [Rect(round(a, 1), 8.0, round(max(1.0, b - a), 1), chart.height - 22.0, "stall", title="steps stalled")
-              for a, b in _stalls(steps, lo, hi)]
+    stalls = [
+        Rect(round(a, 1), 8.0, round(max(1.0, b - a), 1), chart.height - 22.0, "stall", title="steps stalled")
+        for a, b in _stalls(steps, lo, hi)
+    ]
     fmt = "%Y-%m-%d %H:%M:%S UTC"
     template = html_environment().get_template(TEMPLATE)
     return template.render(
         title=title or f"Why is {explanation.job} slow — gpucert explain",
         ex=explanation,
         window=(lo.strftime(fmt), hi.strftime(fmt)),
-        onsets=[(rank, s, s.onset.strftime(fmt) if s.onset is not None else "")
-                for rank, s in enumerate(explanation.suspects, start=1)],
+        onsets=[
+            (rank, s, s.onset.strftime(fmt) if s.onset is not None else "")
+            for rank, s in enumerate(explanation.suspects, start=1)
+        ],
         change_at=explanation.step_change.at.strftime(fmt) if explanation.step_change is not None else "",
         chart=chart,
         stalls=stalls,
         lanes=lanes,
         lanes_note=lanes_note,
         markers=_markers(events, explanation, lo, hi, with_date),
-        onset_marks=[(round(_x_of(s.onset, lo, hi), 1), rank) for rank, s in enumerate(explanation.suspects[:5], 1)
-                     if s.onset is not None],
+        onset_marks=[
+            (round(_x_of(s.onset, lo, hi), 1), rank)
+            for rank, s in enumerate(explanation.suspects[:5], 1)
+            if s.onset is not None
+        ],
         ticks=_ticks(lo, hi, with_date),
         plot_w=PLOT_W,
         label_w=LABEL_W,

@@ -229,9 +229,7 @@ class Kube:
             except ApiException as exc:
                 raise from_api_exception(exc, doing) from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                raise KubeUnreachable(
-                    f"{doing}: no answer from the API server {self.host}: {_reason(exc)}"
-                ) from exc
+                raise KubeUnreachable(f"{doing}: no answer from the API server {self.host}: {_reason(exc)}") from exc
             if not 200 <= response.status <= 299:
                 raise from_response(response.status, _text(data), response.headers, doing)
             if accept != "application/json":
@@ -266,9 +264,7 @@ class Kube:
         doing = f"get {kind} {namespace + '/' if namespace else ''}{name}"
         return dict(self.request("GET", res.path(namespace, name), doing=doing))
 
-    def find(
-        self, api_version: str, kind: str, name: str, namespace: str | None = None
-    ) -> dict[str, Any] | None:
+    def find(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
             return self.get(api_version, kind, name, namespace)
@@ -285,8 +281,11 @@ class Kube:
         field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         """Every matching object (all namespaces when ``namespace`` is None), paged by ``limit``/``continue``."""
-        return list(self.iter_objects(api_version, kind, namespace, label_selector=label_selector,
-                                      field_selector=field_selector))  # fmt: skip
+        return list(
+            self.iter_objects(
+                api_version, kind, namespace, label_selector=label_selector, field_selector=field_selector
+            )
+        )
 
     def iter_objects(
         self,
@@ -302,8 +301,12 @@ class Kube:
         res = resource_of(api_version, kind)
         token: str | None = None
         while True:
-            query = {"labelSelector": label_selector, "fieldSelector": field_selector, "limit": _PAGE,
-                     "continue": token}  # fmt: skip
+            query = {
+                "labelSelector": label_selector,
+                "fieldSelector": field_selector,
+                "limit": _PAGE,
+                "continue": token,
+            }
             page = self.request("GET", res.path(namespace), doing=f"list {res.plural}", query=query)
             yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue") or None
@@ -344,8 +347,13 @@ class Kube:
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
         namespace = (obj.get("metadata") or {}).get("namespace")
         stored = dict(
-            self.request("POST", res.path(namespace), doing=f"create {describe(obj)}", body=dict(obj),
-                         query={"fieldManager": FIELD_MANAGER})
+            self.request(
+                "POST",
+                res.path(namespace),
+                doing=f"create {describe(obj)}",
+                body=dict(obj),
+                query={"fieldManager": FIELD_MANAGER},
+            )
         )
         name = str((stored.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("name"))
         self._changed(KubeChange("create", res.api_version, res.kind, name, namespace, obj, result=stored))

@@ -81,13 +81,9 @@ def _check_server(host: str, source: str) -> None:
         parts = urlsplit(host)
         parts.port  # noqa: B018 - parsing the port is what raises
     except ValueError as exc:
-        raise InputError(
-            f"{source}: the cluster's server {host!r} (clusters[].cluster.server): {exc}"
-        ) from None
+        raise InputError(f"{source}: the cluster's server {host!r} (clusters[].cluster.server): {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in host):
-        raise InputError(
-            f"{source}: the cluster's server {host!r} (clusters[].cluster.server) is not an http(s) URL"
-        )
+        raise InputError(f"{source}: the cluster's server {host!r} (clusters[].cluster.server) is not an http(s) URL")
 
 
 def _check_credentials(api_key: Mapping[str, Any], source: str) -> None:

@@ -137,13 +137,16 @@ class NodeLease:
         duration = spec.get("leaseDurationSeconds")
         transitions = spec.get("leaseTransitions")
         return cls(
-            node=node, name=str(meta.get("name") or lease_name(node)), namespace=str(meta.get("namespace") or ""),
+            node=node,
+            name=str(meta.get("name") or lease_name(node)),
+            namespace=str(meta.get("namespace") or ""),
             holder=str(spec["holderIdentity"]) if spec.get("holderIdentity") else None,
             duration_s=duration if isinstance(duration, int) and duration > 0 else 0,
-            renewed=_parse_time(spec.get("renewTime")), acquired=_parse_time(spec.get("acquireTime")),
+            renewed=_parse_time(spec.get("renewTime")),
+            acquired=_parse_time(spec.get("acquireTime")),
             transitions=transitions if isinstance(transitions, int) and transitions >= 0 else 0,
             resource_version=str(meta.get("resourceVersion") or ""),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -233,11 +236,18 @@ class NodeLeases:
             if current.holder != self.holder and current.live(now):
                 return Claim(node, False, current)
             mine = current.holder == self.holder  # a run started again with its own id: still ours
-            spec = self._spec((current.acquired or now) if mine else now, now,
-                              current.transitions if mine else current.transitions + 1)  # fmt: skip
+            spec = self._spec(
+                (current.acquired or now) if mine else now,
+                now,
+                current.transitions if mine else current.transitions + 1,
+            )
             try:
-                stored = self._request("PUT", f"update Lease {self.namespace}/{name}", name,
-                                       self._body(node, spec, current.resource_version))  # fmt: skip
+                stored = self._request(
+                    "PUT",
+                    f"update Lease {self.namespace}/{name}",
+                    name,
+                    self._body(node, spec, current.resource_version),
+                )
             except (KubeConflict, KubeNotFound):
                 continue  # another run wrote it first: read again (it won the race, or let go)
             return Claim(node, True, NodeLease.of(node, stored), previous=None if mine else current.holder)
@@ -258,8 +268,12 @@ class NodeLeases:
                 # A merge patch, not a PUT: the API server creates a Lease that a PUT names and that is gone
                 # (Leases allow create-on-update), which would bring back a Lease someone deleted to take
                 # the node from us. A patch of a missing object is a 404, and its resourceVersion a 409.
-                stored = self._request("PATCH", f"renew Lease {self.namespace}/{lease.name}", lease.name,
-                                       self._body(claim.node, spec, lease.resource_version))  # fmt: skip
+                stored = self._request(
+                    "PATCH",
+                    f"renew Lease {self.namespace}/{lease.name}",
+                    lease.name,
+                    self._body(claim.node, spec, lease.resource_version),
+                )
                 return replace(claim, lease=NodeLease.of(claim.node, stored))
             except (KubeConflict, KubeNotFound):
                 pass
@@ -268,8 +282,11 @@ class NodeLeases:
             if current is None:
                 raise LeaseLost(f"renew Lease {self.namespace}/{lease.name}: it was deleted", status=404)
             if current.holder != self.holder:
-                raise LeaseLost(f"renew Lease {self.namespace}/{lease.name}: node {claim.node} is now held by "
-                                f"run {current.holder} (ours lapsed)", status=409)  # fmt: skip
+                raise LeaseLost(
+                    f"renew Lease {self.namespace}/{lease.name}: node {claim.node} is now held by "
+                    f"run {current.holder} (ours lapsed)",
+                    status=409,
+                )
             lease = current
         raise KubeConflict(f"renew Lease {self.namespace}/{lease.name}: it kept changing under us", status=409)
 
@@ -281,8 +298,11 @@ class NodeLeases:
             current = self.read(node)
             if current is None or current.holder != self.holder:
                 return False
-            options = {"kind": "DeleteOptions", "apiVersion": "v1",
-                       "preconditions": {"resourceVersion": current.resource_version}}  # fmt: skip
+            options = {
+                "kind": "DeleteOptions",
+                "apiVersion": "v1",
+                "preconditions": {"resourceVersion": current.resource_version},
+            }
             try:
                 self._request("DELETE", f"delete Lease {self.namespace}/{name}", name, options)
             except KubeNotFound:
@@ -295,9 +315,13 @@ class NodeLeases:
     # --- the objects ------------------------------------------------------------------------------------
 
     def _spec(self, acquired: datetime, renewed: datetime, transitions: int) -> dict[str, Any]:
-        return {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_s,
-                "acquireTime": _micro(acquired), "renewTime": _micro(renewed),
-                "leaseTransitions": transitions}  # fmt: skip
+        return {
+            "holderIdentity": self.holder,
+            "leaseDurationSeconds": self.duration_s,
+            "acquireTime": _micro(acquired),
+            "renewTime": _micro(renewed),
+            "leaseTransitions": transitions,
+        }
 
     def _body(self, node: str, spec: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": lease_name(node), "namespace": self.namespace, "labels": dict(_LABELS)}
@@ -309,8 +333,9 @@ class NodeLeases:
         path = LEASE.path(self.namespace, name)
         query = {"fieldManager": FIELD_MANAGER} if method in ("POST", "PUT", "PATCH") else None
         content_type = "application/merge-patch+json" if method == "PATCH" else None
-        return dict(self.kube.request(method, path, doing=doing, body=body, query=query,
-                                      content_type=content_type) or {})
+        return dict(
+            self.kube.request(method, path, doing=doing, body=body, query=query, content_type=content_type) or {}
+        )
 
 
 # --- the testing taint ---------------------------------------------------------------------------------
@@ -350,8 +375,12 @@ def taint_testing(kube: Kube, node: str, *, prefix: str, run_id: str) -> bool:
     key = testing_taint(prefix)
     mine = {"key": key, "value": run_id, "effect": "NoSchedule"}
     why = f"run {run_id} benchmarks the node: no new workload lands on it until its benchmark ends"
-    return _edit_taints(kube, node, lambda taints: [*(t for t in taints if t.get("key") != key), mine]
-                        if mine not in taints else taints, why=why)  # fmt: skip
+    return _edit_taints(
+        kube,
+        node,
+        lambda taints: [*(t for t in taints if t.get("key") != key), mine] if mine not in taints else taints,
+        why=why,
+    )
 
 
 def lift_testing_taint(kube: Kube, node: str, *, prefix: str) -> bool:

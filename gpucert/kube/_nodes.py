@@ -82,9 +82,14 @@ def never_certified_patch(node: Mapping[str, Any], *, now: datetime) -> dict[str
     if condition(node, CERTIFIED_CONDITION) is not None:
         return None
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    entry = {"type": CERTIFIED_CONDITION, "status": "Unknown", "reason": "NotCertified",
-             "message": "never certified: gpucert has not benchmarked this node yet",
-             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}  # fmt: skip
+    entry = {
+        "type": CERTIFIED_CONDITION,
+        "status": "Unknown",
+        "reason": "NotCertified",
+        "message": "never certified: gpucert has not benchmarked this node yet",
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
     return {"status": {"conditions": [entry]}}
 
 

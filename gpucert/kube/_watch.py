@@ -82,8 +82,13 @@ class Reconnect:
 
     def policy(self) -> RetryPolicy:
         """The retry policy of the lists: no bound on attempts or time (``forbidden_s`` bounds a denial)."""
-        return RetryPolicy(attempts=sys.maxsize, base_delay_s=self.base_delay_s, max_delay_s=self.max_delay_s,
-                           max_retry_after_s=self.max_delay_s, deadline_s=math.inf)  # fmt: skip
+        return RetryPolicy(
+            attempts=sys.maxsize,
+            base_delay_s=self.base_delay_s,
+            max_delay_s=self.max_delay_s,
+            max_retry_after_s=self.max_delay_s,
+            deadline_s=math.inf,
+        )
 
 
 #: What :func:`announce_joined_nodes` rides out with when not told (read at each call).
@@ -151,9 +156,16 @@ def announce_joined_nodes(
             seen(node)
 
     _follow(
-        kube, selector=selector, follow=follow, timeout_s=timeout_s, stopped=stop or (lambda: False),
-        reconnect=reconnect or DEFAULT_RECONNECT, log=log or _LOG.warning, listed=listed, seen=seen,
-    )  # fmt: skip
+        kube,
+        selector=selector,
+        follow=follow,
+        timeout_s=timeout_s,
+        stopped=stop or (lambda: False),
+        reconnect=reconnect or DEFAULT_RECONNECT,
+        log=log or _LOG.warning,
+        listed=listed,
+        seen=seen,
+    )
     return count
 
 
@@ -268,8 +280,10 @@ class _Outage:
         if self.since is None:
             self.since = now
             if self.log is not None:
-                self.log(f"the API server is away or refusing: {exc}; listing the nodes again with back-off until "
-                         f"it answers (as long as it takes; a 401/403 for up to {self.forbidden_s:g} s)")  # fmt: skip
+                self.log(
+                    f"the API server is away or refusing: {exc}; listing the nodes again with back-off until "
+                    f"it answers (as long as it takes; a 401/403 for up to {self.forbidden_s:g} s)"
+                )
         self.failures += 1
         return True
 
@@ -277,15 +291,15 @@ class _Outage:
         """The try after failures succeeded: said once, and the next failure starts a new outage."""
         if self.since is not None and self.log is not None:
             tries = f"{self.failures} failed tr{'y' if self.failures == 1 else 'ies'}"
-            self.log(f"the API server answers again after {time.monotonic() - self.since:.1f} s ({tries}); "
-                     f"the nodes were listed again, so what joined meanwhile is announced")  # fmt: skip
+            self.log(
+                f"the API server answers again after {time.monotonic() - self.since:.1f} s ({tries}); "
+                f"the nodes were listed again, so what joined meanwhile is announced"
+            )
         self.since = self.forbidden_since = None
         self.failures = 0
 
 
-def _retrying(
-    policy: RetryPolicy, fn: Callable[[], T], outage: _Outage, stopped: Callable[[], bool]
-) -> T | None:
+def _retrying(policy: RetryPolicy, fn: Callable[[], T], outage: _Outage, stopped: Callable[[], bool]) -> T | None:
     """``fn()``, tried again with ``policy``'s back-off while ``outage`` takes its failures for transient;
     None when ``stopped()`` before it succeeded."""
 
@@ -307,9 +321,11 @@ def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
         try:
             while True:
                 page = kube.request(
-                    "GET", _NODES.path(), doing="list nodes",
+                    "GET",
+                    _NODES.path(),
+                    doing="list nodes",
                     query={"labelSelector": selector, "limit": _PAGE, "continue": token},
-                )  # fmt: skip
+                )
                 meta = page.get("metadata") or {}
                 # The first page's version: pages of a real list share it, and an older one only replays more.
                 version = str(meta.get("resourceVersion") or "") if version is None else version
@@ -323,9 +339,7 @@ def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
             # The continue token outlived its snapshot: list again from the start.
 
 
-def _watch(
-    kube: Kube, selector: str | None, version: str, timeout_s: int, seen: Callable[[Node], None]
-) -> _Ended:
+def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int, seen: Callable[[Node], None]) -> _Ended:
     """``seen(node)`` with the node of each ADDED and MODIFIED event of one watch from ``version``; returns
     how it ended.
 
@@ -334,10 +348,19 @@ def _watch(
     """
     try:
         text = kube.request(
-            "GET", _NODES.path(), doing="watch nodes", accept="*/*", timeout_s=timeout_s + 10,
-            query={"watch": "1", "resourceVersion": version, "timeoutSeconds": timeout_s,
-                   "labelSelector": selector, "allowWatchBookmarks": "true"},
-        )  # fmt: skip
+            "GET",
+            _NODES.path(),
+            doing="watch nodes",
+            accept="*/*",
+            timeout_s=timeout_s + 10,
+            query={
+                "watch": "1",
+                "resourceVersion": version,
+                "timeoutSeconds": timeout_s,
+                "labelSelector": selector,
+                "allowWatchBookmarks": "true",
+            },
+        )
     except KubeError as exc:
         if exc.status == 410:
             return _Ended(version, {"code": 410, "message": str(exc)}, progressed=False)

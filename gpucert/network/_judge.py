@@ -209,9 +209,7 @@ class PairJudgement:
         where = np.where(self.findings["node"] != "", self.findings["node"], self.findings["location"])
         lines += [
             f"{status} {place}: {reasons}"
-            for status, place, reasons in zip(
-                self.findings["status"], where, self.findings["reasons"], strict=True
-            )
+            for status, place, reasons in zip(self.findings["status"], where, self.findings["reasons"], strict=True)
         ]
         return lines
 
@@ -304,9 +302,7 @@ def judge_pairs(
     culprit = loc.culprit
     blamed = np.where(
         status == "node",
-        np.where(
-            culprit[a] & culprit[b], names[a] + ", " + names[b], np.where(culprit[a], names[a], names[b])
-        ),
+        np.where(culprit[a] & culprit[b], names[a] + ", " + names[b], np.where(culprit[a], names[a], names[b])),
         "",
     )
 
@@ -335,9 +331,7 @@ def judge_pairs(
     cleared_nodes[a[cleared]] = True
     cleared_nodes[b[cleared]] = True
 
-    findings = _findings(
-        table, a, b, group, names, np.asarray(group_names, dtype=object), loc, ends_meas, note, limits
-    )
+    findings = _findings(table, a, b, group, names, np.asarray(group_names, dtype=object), loc, ends_meas, note, limits)
     return PairJudgement(
         pairs=table,
         findings=findings,
@@ -345,8 +339,7 @@ def judge_pairs(
         suspects=tuple(names[suspect_nodes].astype(str)),
         good=tuple(names[good].astype(str)),
         uplinks=tuple(
-            (str(group_names[g // len(group_names)]), str(group_names[g % len(group_names)]))
-            for g in loc.uplinks
+            (str(group_names[g // len(group_names)]), str(group_names[g % len(group_names)])) for g in loc.uplinks
         ),
         leaves=tuple(str(group_names[g]) for g in loc.leaves),
         cleared=tuple(names[cleared_nodes & ~culprit & ~suspect_nodes].astype(str)),
@@ -408,11 +401,7 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
                 across = False
                 why = f"its own leaf, having met {group_names[group[other]]} again already"
             else:
-                why = (
-                    f"the leaf of its slow partner {names[other]}"
-                    if across
-                    else f"its own leaf, like {names[other]}"
-                )
+                why = f"the leaf of its slow partner {names[other]}" if across else f"its own leaf, like {names[other]}"
             requests.append((u, int(group[other]) if across else int(group[u]), -1, why))
     for i in np.flatnonzero(table["probe"].to_numpy(dtype=bool)).tolist():
         x, y = (int(pa[i]), int(pb[i])) if culprit[pa[i]] else (int(pb[i]), int(pa[i]))
@@ -454,16 +443,12 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
             if u in done:
                 continue
             done.add(u)
-            v = pick(
-                target, int(group[u]) if target != group[u] else -1, exclude=np.r_[met(u), u], fallback=True
-            )
+            v = pick(target, int(group[u]) if target != group[u] else -1, exclude=np.r_[met(u), u], fallback=True)
             if v < 0:
                 missing.append(str(names[u]))
                 continue
             if group[v] != target:
-                why = "no good node left there: " + (
-                    "another leaf" if group[v] != group[u] else "its own leaf"
-                )
+                why = "no good node left there: " + ("another leaf" if group[v] != group[u] else "its own leaf")
         else:
             u = pick(target, -1, exclude=np.zeros(0, dtype=np.int64), fallback=False)
             if u < 0:
@@ -496,9 +481,7 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
     )
     notes: list[str] = []
     if lines:
-        shown = "; ".join(lines[:_SHOWN]) + (
-            f"; and {len(lines) - _SHOWN} more" if len(lines) > _SHOWN else ""
-        )
+        shown = "; ".join(lines[:_SHOWN]) + (f"; and {len(lines) - _SHOWN} more" if len(lines) > _SHOWN else "")
         notes.append(
             f"round {plan.rounds} (re-pair): {len(lines)} pair{'s' if len(lines) != 1 else ''} with "
             f"known-good partners — {shown}"
@@ -605,8 +588,11 @@ def _validated(
     )
     if "repeat" in frame.columns:
         rep = pd.to_numeric(frame["repeat"], errors="coerce").to_numpy(dtype=float)
-        report(~np.isfinite(rep) | (rep < 0) | (rep != np.round(rep)), "repeat",
-               lambda i: "repeat must be a whole number from 0")  # fmt: skip
+        report(
+            ~np.isfinite(rep) | (rep < 0) | (rep != np.round(rep)),
+            "repeat",
+            lambda i: "repeat must be a whole number from 0",
+        )
     subset = [c for c in ("run_id", "node", "peer", "repeat") if c in frame.columns]
     dup = frame.duplicated(subset=subset, keep="first").to_numpy(dtype=bool)
     report(
@@ -619,9 +605,7 @@ def _validated(
     return a, b, value, ref
 
 
-def _numbers(
-    column: pd.Series, name: str, report: Any, *, positive: bool, allow_empty: bool = False
-) -> FloatArray:
+def _numbers(column: pd.Series, name: str, report: Any, *, positive: bool, allow_empty: bool = False) -> FloatArray:
     numeric = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
     absent = column.isna().to_numpy()
     if not allow_empty:
@@ -808,9 +792,7 @@ def _links(
     n_clean = np.bincount(gp[clean], minlength=g * g)
     n_pass = np.bincount(gp[inter & ~low], minlength=g * g)
     # The most clean low pairs of one leaf pair that share one node: all of them means a star.
-    node_keys, per_node = np.unique(
-        np.r_[gp[clean] * n + a[clean], gp[clean] * n + b[clean]], return_counts=True
-    )
+    node_keys, per_node = np.unique(np.r_[gp[clean] * n + a[clean], gp[clean] * n + b[clean]], return_counts=True)
     star = np.zeros(g * g, dtype=np.int64)
     np.maximum.at(star, node_keys // n, per_node)
     share = n_clean / np.maximum(n_clean + n_pass, 1)
@@ -918,9 +900,7 @@ def _findings(
     def partner(i: int, me: int) -> str:
         other = b[i] if a[i] == me else a[i]
         mark = " low" if level[i] in ("warn", "fail") else ""
-        return (
-            f"{names[other]} ({group_names[group[other]]}, {kind[i]}, round {rounds[i]}){mark}: {result(i)}"
-        )
+        return f"{names[other]} ({group_names[group[other]]}, {kind[i]}, round {rounds[i]}){mark}: {result(i)}"
 
     def base(**fields: Any) -> dict[str, Any]:
         row = dict.fromkeys(FINDING_COLUMNS, "")
@@ -951,9 +931,7 @@ def _findings(
 
     for u in np.flatnonzero(loc.culprit).tolist():
         idx = pairs_of(int(u))
-        mine = idx[
-            status[idx] == "node"
-        ]  # u is a culprit, so each of its pairs explained by a node is its own
+        mine = idx[status[idx] == "node"]  # u is a culprit, so each of its pairs explained by a node is its own
         fails = int((level[mine] == "fail").sum())
         evidence = "; ".join(partner(int(i), int(u)) for i in idx)
         rows.append(
@@ -981,9 +959,7 @@ def _findings(
         lo, hi = int(key) // g, int(key) % g
         between = np.flatnonzero(measured & (gp == key) & (group[a] != group[b]))
         low_here = between[status[between] == "uplink"]
-        evidence = "; ".join(
-            f"{names[a[i]]} – {names[b[i]]} (round {rounds[i]}): {result(int(i))}" for i in low_here
-        )
+        evidence = "; ".join(f"{names[a[i]]} – {names[b[i]]} (round {rounds[i]}): {result(int(i))}" for i in low_here)
         failing = float(np.median(dev[low_here])) <= -limits.fail_drop_pct
         rows.append(
             base(
@@ -1029,8 +1005,7 @@ def _findings(
     for i in np.flatnonzero((status == "suspect") | (status == "cleared")).tolist():
         u, w = int(a[i]), int(b[i])
         others = [
-            f"{names[x]} with "
-            + (", ".join(partner(int(j), x) for j in pairs_of(x) if j != i) or "no other partner")
+            f"{names[x]} with " + (", ".join(partner(int(j), x) for j in pairs_of(x) if j != i) or "no other partner")
             for x in (u, w)
         ]
         if status[i] == "suspect":

@@ -159,12 +159,21 @@ class PairingPlan:
         )
 
 
-def stored_plan(nodes: pd.DataFrame, pairs: pd.DataFrame, *, leaf_label: str, zone_label: str = ZONE_LABEL,
-                partners: int = 2, seed: int = 0) -> PairingPlan:  # fmt: skip
+def stored_plan(
+    nodes: pd.DataFrame,
+    pairs: pd.DataFrame,
+    *,
+    leaf_label: str,
+    zone_label: str = ZONE_LABEL,
+    partners: int = 2,
+    seed: int = 0,
+) -> PairingPlan:
     """The plan whose ``nodes`` (a ``node`` column and the plan's node columns) and ``pairs`` were stored with a
     run (:meth:`PairingPlan.frames`). Raises ``InputError`` naming a missing column."""
-    for what, frame, columns in (("nodes", nodes, ("node", "zone", "leaf", "group", "unlabelled")),
-                                 ("pairs", pairs, PAIR_COLUMNS)):  # fmt: skip
+    for what, frame, columns in (
+        ("nodes", nodes, ("node", "zone", "leaf", "group", "unlabelled")),
+        ("pairs", pairs, PAIR_COLUMNS),
+    ):
         missing = [c for c in columns if c not in frame.columns]
         if missing:
             raise InputError(f"the stored pairing plan's {what} lack column(s) {', '.join(missing)}")
@@ -422,9 +431,7 @@ class _Builder:
                 new_b.append(max(int(u), v))
             if not new_a:
                 break
-            self._append(
-                np.asarray(new_a, dtype=np.int64), np.asarray(new_b, dtype=np.int64), next_round, "makeup"
-            )
+            self._append(np.asarray(new_a, dtype=np.int64), np.asarray(new_b, dtype=np.int64), next_round, "makeup")
             self.round_kind.append("makeup")
             next_round += 1
         need_intra, need_inter, need_more = self._needs(want)

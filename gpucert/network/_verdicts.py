@@ -28,8 +28,7 @@ from ._judge import PAIR_METRIC, PairJudgement
 
 __all__ = ["link_verdicts", "pair_references"]
 
-_EXPLAINED = {"node": "the node's own network path", "uplink": "the link between their leaves",
-              "leaf": "their leaf"}  # fmt: skip
+_EXPLAINED = {"node": "the node's own network path", "uplink": "the link between their leaves", "leaf": "their leaf"}
 
 
 def link_verdicts(judgement: PairJudgement, *, run_id: str, models: Mapping[str, str]) -> pd.DataFrame:
@@ -37,21 +36,23 @@ def link_verdicts(judgement: PairJudgement, *, run_id: str, models: Mapping[str,
     (the report's cohort), empty where unknown."""
     findings = judgement.findings
     fleet = findings["scope"] == "fleet"
-    from_findings = pd.DataFrame({
-        "node": findings["node"].where(~fleet & (findings["node"] != ""), None),
-        "verdict": findings["verdict"],
-        "metric": PAIR_METRIC,
-        "value": findings["value"],
-        "reference": findings["reference"],
-        "deviation_pct": findings["deviation_pct"],
-        "z": findings["z"],
-        "reference_kind": np.where(fleet, "fleet", findings["reference_kind"]),
-        "cause": findings["cause"],
-        "action": findings["action"],
-        "ticket": findings["ticket"],
-        "reasons": findings["reasons"],
-        "peer": findings["peer"].where(findings["scope"] == "pair", None),
-    })  # fmt: skip
+    from_findings = pd.DataFrame(
+        {
+            "node": findings["node"].where(~fleet & (findings["node"] != ""), None),
+            "verdict": findings["verdict"],
+            "metric": PAIR_METRIC,
+            "value": findings["value"],
+            "reference": findings["reference"],
+            "deviation_pct": findings["deviation_pct"],
+            "z": findings["z"],
+            "reference_kind": np.where(fleet, "fleet", findings["reference_kind"]),
+            "cause": findings["cause"],
+            "action": findings["action"],
+            "ticket": findings["ticket"],
+            "reasons": findings["reasons"],
+            "peer": findings["peer"].where(findings["scope"] == "pair", None),
+        }
+    )
     pairs = judgement.pairs
     ends = (findings["node"].astype(str), findings["peer"].astype(str))
     listed = pd.MultiIndex.from_arrays(ends).append(pd.MultiIndex.from_arrays(ends[::-1]))
@@ -59,21 +60,23 @@ def link_verdicts(judgement: PairJudgement, *, run_id: str, models: Mapping[str,
     measured = pairs["status"].isin(["pass", *_EXPLAINED]).to_numpy()
     passing = pairs[measured & ~named]
     explained = passing["status"].map(_EXPLAINED)
-    from_pairs = pd.DataFrame({
-        "node": passing["node"].astype(str),
-        "verdict": "pass",
-        "metric": PAIR_METRIC,
-        "value": passing["value"],
-        "reference": passing["reference"],
-        "deviation_pct": passing["deviation_pct"],
-        "z": passing["z"],
-        "reference_kind": passing["reference_kind"],
-        "cause": "",
-        "action": "none",
-        "ticket": "none",
-        "reasons": np.where(explained.notna(), "low, explained by " + explained.fillna("") + " (its own row)", ""),
-        "peer": passing["peer"].astype(str),
-    })  # fmt: skip
+    from_pairs = pd.DataFrame(
+        {
+            "node": passing["node"].astype(str),
+            "verdict": "pass",
+            "metric": PAIR_METRIC,
+            "value": passing["value"],
+            "reference": passing["reference"],
+            "deviation_pct": passing["deviation_pct"],
+            "z": passing["z"],
+            "reference_kind": passing["reference_kind"],
+            "cause": "",
+            "action": "none",
+            "ticket": "none",
+            "reasons": np.where(explained.notna(), "low, explained by " + explained.fillna("") + " (its own row)", ""),
+            "peer": passing["peer"].astype(str),
+        }
+    )
     rows = pd.concat([from_findings, from_pairs], ignore_index=True)
     rows["reasons"] = with_layer(rows["cause"].to_numpy(dtype=object), rows["reasons"].to_numpy(dtype=object))
     rows["run_id"] = run_id
@@ -90,5 +93,6 @@ def pair_references(pair_rows: pd.DataFrame, baseline: pd.DataFrame) -> pd.Serie
     own = baseline[(baseline["level"] == "node") & (baseline["metric"] == PAIR_METRIC)]
     centers = pd.Series(own["center"].to_numpy(dtype=float), index=own["key"].astype(str).to_numpy())
     centers = centers[~centers.index.duplicated()]
-    return pd.Series(pair_rows["node"].astype(str).map(centers).to_numpy(dtype=float), index=pair_rows.index,
-                     name="reference")  # fmt: skip
+    return pd.Series(
+        pair_rows["node"].astype(str).map(centers).to_numpy(dtype=float), index=pair_rows.index, name="reference"
+    )

@@ -91,9 +91,7 @@ def _busy_key(night: date) -> str:
     return f"{BUSY_PREFIX}night={night.isoformat()}.json"
 
 
-def busy_overdue(
-    objects: ObjectStore, *, night: date, busy_asked: Mapping[str, str], nights: int
-) -> dict[str, str]:
+def busy_overdue(objects: ObjectStore, *, night: date, busy_asked: Mapping[str, str], nights: int) -> dict[str, str]:
     """Record tonight's busy asked nodes in the store and return those busy for ``nights`` nights in a row,
     tonight included (node → why it was asked, and for how long it waited). Only nights operate ran count;
     a night a node was free (or not asked about) starts its count again. Reads at most ``nights`` records.
@@ -104,7 +102,7 @@ def busy_overdue(
     if not busy_asked:
         return {}
     earlier = sorted(k for k in objects.list(BUSY_PREFIX) if k < _busy_key(night))
-    newest_first = [_busy_nodes(objects, key) for key in reversed(earlier[len(earlier) - (nights - 1):])]
+    newest_first = [_busy_nodes(objects, key) for key in reversed(earlier[len(earlier) - (nights - 1) :])]
     overdue = {}
     for node, why in sorted(busy_asked.items()):
         # Tonight, then each earlier night back to the first one it was not busy on.

@@ -30,9 +30,7 @@ class OperateOutcome(_Model):
         description="node → why its telemetry was unread: every GPU node in scope without telemetry (no "
         "exporter, a failed scrape, no series in Prometheus' window)",
     )
-    telemetry_read: list[str] = Field(
-        default_factory=list, description="the GPU nodes whose telemetry was read"
-    )
+    telemetry_read: list[str] = Field(default_factory=list, description="the GPU nodes whose telemetry was read")
     telemetry_partial: dict[str, str] = Field(
         default_factory=dict, description="node → what of its telemetry, read otherwise, is missing"
     )
@@ -114,7 +112,5 @@ class ReleaseOutcome(_Model):
             lines.append("no open ticket of these nodes to record the repair on")
         lines.append(self.certify.text() if self.certify is not None else "")
         kept = sorted(set(self.nodes) - set(self.released))
-        lines.append(
-            f"released: {', '.join(self.released) or 'none'}; still out: {', '.join(kept) or 'none'}"
-        )
+        lines.append(f"released: {', '.join(self.released) or 'none'}; still out: {', '.join(kept) or 'none'}")
         return "\n".join(line for line in lines if line) + "\n"

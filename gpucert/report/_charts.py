@@ -90,9 +90,7 @@ def _as_text(series: pd.Series) -> pd.Series:
     return series.astype(object).where(series.notna(), None)
 
 
-def relative_frame(
-    results: pd.DataFrame, verdicts: pd.DataFrame, baseline: pd.DataFrame | None
-) -> pd.DataFrame:
+def relative_frame(results: pd.DataFrame, verdicts: pd.DataFrame, baseline: pd.DataFrame | None) -> pd.DataFrame:
     """One row per GPU (or node) and charted metric: its median, reference, and relative performance.
 
     Columns: ``node``, ``gpu`` (-1 for node metrics), ``gpu_uuid``, ``gpu_model``, ``metric``, ``x``
@@ -123,9 +121,7 @@ def relative_frame(
     med["verdict"] = med["verdict"].fillna("pass")
     med["deciding"] = (med["v_metric"] == med["metric"]).to_numpy(dtype=bool)
     v_ref = pd.to_numeric(med["v_reference"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    usable = (
-        med["deciding"].to_numpy() & med["v_kind"].isin(_VERDICT_REFERENCE_KINDS).to_numpy() & (v_ref > 0)
-    )
+    usable = med["deciding"].to_numpy() & med["v_kind"].isin(_VERDICT_REFERENCE_KINDS).to_numpy() & (v_ref > 0)
     ref = np.where(usable, v_ref, np.nan)
     kind = np.where(usable, "verdict", "")
 
@@ -319,8 +315,7 @@ def strip_charts(rel: pd.DataFrame, verdicts: pd.DataFrame) -> list[StripChart]:
     gpus = gpu_keys(verdicts["gpu"])
     # The entities judged at each level: those without a value for a metric are counted on its chart.
     judged = {
-        level: pd.MultiIndex.from_arrays([names[kinds == level], gpus[kinds == level]])
-        for level in ("gpu", "node")
+        level: pd.MultiIndex.from_arrays([names[kinds == level], gpus[kinds == level]]) for level in ("gpu", "node")
     }
     by_metric = dict(tuple(rel.groupby("metric", sort=False)))
     charts = []

@@ -87,9 +87,7 @@ def ordered_non_pass(verdicts: pd.DataFrame) -> pd.DataFrame:
         _sev=rows["verdict"].astype(object).map(VERDICT_ORDER).fillna(len(VERDICT_ORDER)).to_numpy(),
         _fleet=(kinds != "fleet").astype(np.int8),
         _node=rows["node"].astype(object).fillna("").astype(str).to_numpy(),
-        _peer=(
-            rows["peer"].astype(object).fillna("").astype(str).to_numpy() if "peer" in rows.columns else ""
-        ),
+        _peer=(rows["peer"].astype(object).fillna("").astype(str).to_numpy() if "peer" in rows.columns else ""),
     )
     rows = rows.sort_values(["_sev", "_fleet", "_node", "_gpu", "_peer"], kind="stable")
     return rows.drop(columns=["_sev", "_fleet"])

@@ -58,8 +58,7 @@ def done_view(
     frame["done"] = frame["node"].astype(object).map(actions).astype("string").fillna("")
     quiet = (state == "certified") & (frame["done"] == "")
     shown = frame[~quiet.to_numpy()]
-    order = pd.Categorical(shown["state"].astype("string").fillna("unchanged"), [*_STATES, "unchanged"],
-                           ordered=True)  # fmt: skip
+    order = pd.Categorical(shown["state"].astype("string").fillna("unchanged"), [*_STATES, "unchanged"], ordered=True)
     shown = shown.assign(_order=order).sort_values(["_order", "node"], kind="stable").drop(columns="_order")
     rows = [{str(k): json_value(v) for k, v in r.items()} for r in shown.head(max_rows).to_dict("records")]
     notes = []
@@ -69,12 +68,17 @@ def done_view(
         notes.append(f"{counted(int(quiet.sum()), 'node')} certified and left as they were: not listed.")
     events = [_ticket_row(e) for e in tickets or ()]
     if tickets_recorded:
-        notes.append(f"Ticketing is not configured: {counted(tickets_recorded, 'ticket')} recorded in the store, "
-                     "none opened; the next run with a ticket backend opens them.")  # fmt: skip
+        notes.append(
+            f"Ticketing is not configured: {counted(tickets_recorded, 'ticket')} recorded in the store, "
+            "none opened; the next run with a ticket backend opens them."
+        )
     return DoneView(
-        headline=_headline(state, frame, actions, events), decisions=rows, tickets=events, notes=notes,
+        headline=_headline(state, frame, actions, events),
+        decisions=rows,
+        tickets=events,
+        notes=notes,
         incident=incident,
-    )  # fmt: skip
+    )
 
 
 def _headline(state: pd.Series, frame: pd.DataFrame, actions: Mapping[str, str], events: list[dict[str, Any]]) -> str:
@@ -94,6 +98,12 @@ def _headline(state: pd.Series, frame: pd.DataFrame, actions: Mapping[str, str],
 
 def _ticket_row(event: TicketEvent) -> dict[str, Any]:
     ticket = event.ticket
-    return {"event": event.kind, "ticket": ticket.external_key or ticket.id, "where": ticket.where,
-            "kind": ticket.kind, "state": ticket.state, "cause": ticket.cause,
-            "detail": event.detail or ticket.title}  # fmt: skip
+    return {
+        "event": event.kind,
+        "ticket": ticket.external_key or ticket.id,
+        "where": ticket.where,
+        "kind": ticket.kind,
+        "state": ticket.state,
+        "cause": ticket.cause,
+        "detail": event.detail or ticket.title,
+    }

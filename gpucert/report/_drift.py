@@ -164,9 +164,7 @@ def _chart(part: pd.DataFrame, alarm: dict[str, Any]) -> DriftChart:
                     text_y=round(y - 9 if y - 9 > _TOP else y + 15, 1),
                 )
             )
-    y_ticks = [
-        Tick(round(float(y_of(v)), 1), f"{v:+g} %" if v else "0") for v in np.arange(lo, hi + step / 2, step)
-    ]
+    y_ticks = [Tick(round(float(y_of(v)), 1), f"{v:+g} %" if v else "0") for v in np.arange(lo, hi + step / 2, step)]
     picks = sorted({0, len(part) // 2, len(part) - 1}) if len(part) > 2 else list(range(len(part)))
     x_ticks = [Tick(round(float(xs[i]), 1), str(days[i])) for i in picks]
     gpu = json_value(alarm.get("gpu"))
@@ -187,9 +185,7 @@ def _chart(part: pd.DataFrame, alarm: dict[str, Any]) -> DriftChart:
         bottom=_BOTTOM,
         zero_y=round(float(y_of(0.0)), 1),
         expected=_points(xs, y_of(expected)),
-        band=_points(
-            np.concatenate([xs, xs[::-1]]), y_of(np.concatenate([expected + band, (expected - band)[::-1]]))
-        ),
+        band=_points(np.concatenate([xs, xs[::-1]]), y_of(np.concatenate([expected + band, (expected - band)[::-1]]))),
         line=_points(xs, ys),
         points=points,
         markers=markers,
@@ -212,13 +208,16 @@ def drift_view(
     flagged = alarms[alarms["alarm"].to_numpy(dtype=bool)] if len(alarms) else alarms
     n_nodes = int(flagged["node"].nunique()) if len(flagged) else 0
     if flagged.empty:
-        return DriftView(
-            charts=[], n_alarms=0, n_nodes=0, note="No GPU or node is drifting from its own baseline."
-        )
+        return DriftView(charts=[], n_alarms=0, n_nodes=0, note="No GPU or node is drifting from its own baseline.")
     drawn = flagged.head(max_series)
     method = str(drawn["method"].iloc[0]) if "method" in drawn.columns else None
-    trace = drift_trace(history, baseline, drawn, method=method if method in ("cusum", "ewma") else None,  # type: ignore[arg-type]
-                        policy=policy)  # fmt: skip
+    trace = drift_trace(
+        history,
+        baseline,
+        drawn,
+        method=method if method in ("cusum", "ewma") else None,  # type: ignore[arg-type]
+        policy=policy,
+    )
     entity = np.where(
         trace["gpu_uuid"].notna().to_numpy(), trace["gpu_uuid"].astype(object), trace["node"].astype(object)
     )
@@ -228,9 +227,7 @@ def drift_view(
         key = (alarm["gpu_uuid"] if isinstance(alarm["gpu_uuid"], str) else alarm["node"], alarm["metric"])
         part = by_series.get(key)
         if part is not None and len(part):
-            charts.append(
-                _chart(part.sort_values("ts", kind="stable"), {str(k): v for k, v in alarm.items()})
-            )
+            charts.append(_chart(part.sort_values("ts", kind="stable"), {str(k): v for k, v in alarm.items()}))
     note = f"{len(flagged):,} series in alarm on {n_nodes:,} node{'' if n_nodes == 1 else 's'}"
     note += "." if len(drawn) == len(flagged) else f"; the worst {len(drawn):,} are drawn."
     return DriftView(charts=charts, n_alarms=len(flagged), n_nodes=n_nodes, note=note)

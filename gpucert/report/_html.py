@@ -47,9 +47,7 @@ def _counts(verdicts: pd.DataFrame, kinds: Any) -> tuple[list[_Count], list[tupl
     for kind, word in (("gpu", "GPUs"), ("node", "nodes"), ("pair", "node pairs")):
         part = verdicts["verdict"].astype(object)[kinds == kind]
         if len(part):
-            per_kind.append(
-                (word, len(part), [_Count(v, int((part == v).sum()), VERDICT_COLOURS[v]) for v in order])
-            )
+            per_kind.append((word, len(part), [_Count(v, int((part == v).sum()), VERDICT_COLOURS[v]) for v in order]))
     return totals, per_kind
 
 

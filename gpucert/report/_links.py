@@ -185,9 +185,7 @@ def _text(frame: pd.DataFrame, column: str) -> ObjectArray:
 def _numbers(frame: pd.DataFrame, column: str) -> FloatArray:
     if column not in frame.columns:
         return np.full(len(frame), np.nan)
-    return np.asarray(
-        pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    )
+    return np.asarray(pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan))
 
 
 def _severity(verdict: ObjectArray) -> IntArray:
@@ -430,11 +428,7 @@ def _fleet_findings(verdicts: pd.DataFrame, kinds: ObjectArray, group_names: Obj
         dtype=object,
     ).astype(str)
     for g in by_length:
-        hit = (
-            (first_of >= 0)
-            & tail.str.startswith(f"{group_names[g]}: ").to_numpy(dtype=bool)
-            & (second_of < 0)
-        )
+        hit = (first_of >= 0) & tail.str.startswith(f"{group_names[g]}: ").to_numpy(dtype=bool) & (second_of < 0)
         second_of[hit] = g
     leaves: list[tuple[int, ...]] = [
         (int(lf),) if lf >= 0 else ((int(a), int(b)) if a >= 0 and b >= 0 else ())
@@ -480,9 +474,7 @@ def _shown(
     if room >= 2:
         rest = np.flatnonzero(measured & ~chosen[lo] & ~chosen[hi])
         if len(rest):
-            take = rest[
-                np.unique(np.linspace(0, len(rest) - 1, min(room // 2, len(rest))).round().astype(np.int64))
-            ]
+            take = rest[np.unique(np.linspace(0, len(rest) - 1, min(room // 2, len(rest))).round().astype(np.int64))]
             ends = pd.unique(np.column_stack([lo[take], hi[take]]).ravel())[:room]
             chosen[ends] = True
             n_sample = len(ends)
@@ -498,9 +490,7 @@ def _shown(
     if n_sample:
         parts.append(f"{n_sample:,} nodes of other pairs, evenly spaced through the plan")
     note = (
-        f"{len(shown):,} of {n:,} nodes are drawn: "
-        + ", ".join(parts)
-        + f"; {n - len(shown):,} nodes are left "
+        f"{len(shown):,} of {n:,} nodes are drawn: " + ", ".join(parts) + f"; {n - len(shown):,} nodes are left "
         "out. The per-leaf table counts every pair."
     )
     return shown, note
@@ -645,14 +635,10 @@ def _matrix(
         colour = VERDICT_COLOURS.get(verdict, VERDICT_COLOURS["inconclusive"])
         if len(leaves) == 1 and leaves[0] in span:
             s, e = span[leaves[0]]
-            blocks.append(
-                Block(left + at(s), top + at(s), at(e - s), at(e - s), colour, f"{verdict}: {text}")
-            )
+            blocks.append(Block(left + at(s), top + at(s), at(e - s), at(e - s), colour, f"{verdict}: {text}"))
         elif len(leaves) == 2 and leaves[0] in span and leaves[1] in span:
             (s1, e1), (s2, e2) = sorted((span[leaves[0]], span[leaves[1]]))
-            blocks.append(
-                Block(left + at(s1), top + at(s2), at(e1 - s1), at(e2 - s2), colour, f"{verdict}: {text}")
-            )
+            blocks.append(Block(left + at(s1), top + at(s2), at(e1 - s1), at(e2 - s2), colour, f"{verdict}: {text}"))
     return LinkMatrix(
         width=width,
         height=height,
@@ -713,9 +699,7 @@ def _leaf_rows(
             per_leaf.setdefault(leaf, []).append(
                 LeafFinding(verdict, VERDICT_COLOURS.get(verdict, VERDICT_COLOURS["inconclusive"]), text)
             )
-            worst[leaf] = min(
-                worst.get(leaf, _NONE), VERDICT_ORDER.get(verdict, VERDICT_ORDER["inconclusive"])
-            )
+            worst[leaf] = min(worst.get(leaf, _NONE), VERDICT_ORDER.get(verdict, VERDICT_ORDER["inconclusive"]))
     worst_named = np.full(g, _NONE, dtype=np.int64)
     np.minimum.at(worst_named, group, np.where(named, np.minimum(net_sev, VERDICT_ORDER["warn"]), _NONE))
     rows = []

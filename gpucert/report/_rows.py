@@ -85,9 +85,7 @@ def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, 
         order = [v for v in NON_PASS if v in counts] + [v for v in counts.index if v not in NON_PASS]
         per = ", ".join(f"{v} {int(counts[v]):,}" for v in order)
         rows.append(
-            _note(
-                None, f"{len(left_out):,} more rows that did not pass are not listed ({per}): see the report"
-            )
+            _note(None, f"{len(left_out):,} more rows that did not pass are not listed ({per}): see the report")
         )
 
     passing = verdicts[(verdicts["verdict"].astype(object) == "pass").to_numpy(dtype=bool)]

@@ -166,8 +166,10 @@ def summary_markdown(
     if not len(verdicts):
         out.append("No verdicts were written for this run.")
     elif entity.empty:
-        out.append(f"**{'The' if judged == 1 else 'All'} {counted(judged, 'check')} passed.** "
-                   f"{_counts(verdicts[kinds != 'fleet'])}")
+        out.append(
+            f"**{'The' if judged == 1 else 'All'} {counted(judged, 'check')} passed.** "
+            f"{_counts(verdicts[kinds != 'fleet'])}"
+        )
     else:
         out.append(
             f"**{len(entity):,} of {counted(judged, 'check')} did not pass:** {_counts(verdicts[kinds != 'fleet'])}"
@@ -245,9 +247,7 @@ def summary_markdown(
             named = ", ".join(t for t in asked if t in tickets) or "none"
             out.append(f"| {md_escape(action)} | {md_escape(named)} | {_where(group)} |")
         asked_text = [
-            f"{kind} on {len(nodes):,} node{'s' if len(nodes) != 1 else ''}"
-            for kind, nodes in asked.items()
-            if nodes
+            f"{kind} on {len(nodes):,} node{'s' if len(nodes) != 1 else ''}" for kind, nodes in asked.items() if nodes
         ]
         if asked_text:
             out += ["", f"Tickets asked for: {', '.join(asked_text)}."]

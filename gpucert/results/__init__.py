@@ -180,9 +180,7 @@ def parse_results(frame: pd.DataFrame, source: str, *, rows: npt.ArrayLike | Non
     ``source`` names the frame in the error; ``rows`` gives each row's number for messages (default: the
     1-based position). A frame that already is canonical comes back unchanged.
     """
-    numbers = (
-        np.arange(1, len(frame) + 1, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-    )
+    numbers = np.arange(1, len(frame) + 1, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
     if numbers.shape != (len(frame),):
         raise ValueError(f"rows has {numbers.size} numbers for a frame of {len(frame)} rows")
     return _parse(frame, source, numbers, across_rows=True)

@@ -348,9 +348,7 @@ def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
     return cast, np.asarray(cast.is_null().to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _integer_column(
-    raw: pd.Series, name: str, found: _Findings, *, nullable: bool
-) -> tuple[pd.Series, Bools]:
+def _integer_column(raw: pd.Series, name: str, found: _Findings, *, nullable: bool) -> tuple[pd.Series, Bools]:
     """An integer ≥ 0 column: ``Int64`` when ``nullable``, else ``int64`` and required.
 
     Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
@@ -399,9 +397,7 @@ def _integer_column(
     return pd.Series(column, index=raw.index, name=name, copy=False), given
 
 
-def _value_column(
-    raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8], found: _Findings
-) -> pd.Series:
+def _value_column(raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8], found: _Findings) -> pd.Series:
     if raw.dtype == np.float64:
         values = raw.to_numpy()
         lowest, highest = (values.min(), values.max()) if values.size else (0.0, 0.0)
@@ -438,9 +434,7 @@ def _value_column(
     return pd.Series(values, index=raw.index, name="value", copy=False)
 
 
-def _check_physical(
-    values: Floats, judged: Bools | None, raw: pd.Series, metric: pd.Series, found: _Findings
-) -> None:
+def _check_physical(values: Floats, judged: Bools | None, raw: pd.Series, metric: pd.Series, found: _Findings) -> None:
     """Flag the values no GPU can measure: outside their metric's bounds for any GPU (``ANY_MODEL`` in
     ``gpucert/data/physical_bounds.csv``). Only ``judged`` rows (a finite value ≥ 0; ``None``: all) are
     looked at: the others have a problem of their own already."""

@@ -118,9 +118,7 @@ def _read_csv(path: PathArg) -> _Raw:
     return _Raw(frame, rows, problems, total, duplicated)
 
 
-def _csv_table(
-    path: PathArg, wanted: list[str], *, threads: bool
-) -> tuple[pa.Table, list[tuple[int, int, int]]]:
+def _csv_table(path: PathArg, wanted: list[str], *, threads: bool) -> tuple[pa.Table, list[tuple[int, int, int]]]:
     """The wanted columns as text, and the lines Arrow skipped as ``(line, expected, actual)`` fields
     (``actual`` 0 for a line of blanks)."""
     skipped: list[tuple[int, int, int]] = []
@@ -181,11 +179,7 @@ def _read_parquet(path: PathArg | pa.NativeFile) -> _Raw:
     ahead = take(path) if not in_memory and not text and len(set(names)) == len(names) else None
     # The table read ahead (gpucert._prefetch) holds every column the file has; the reader's own read
     # takes the contract's.
-    table = (
-        ahead.select(wanted)
-        if ahead is not None
-        else pq.read_table(path, columns=wanted, read_dictionary=text)
-    )
+    table = ahead.select(wanted) if ahead is not None else pq.read_table(path, columns=wanted, read_dictionary=text)
     frame, tidy = _arrow_to_frame_tidy(table)
     return _Raw(
         frame,
@@ -241,9 +235,7 @@ def _arrow_to_frame_tidy(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]
     index = pd.RangeIndex(table.num_rows)
     # copy=False throughout: pandas would otherwise copy every array it is given (copy on write).
     series = {
-        name: converted[name]
-        if name not in columns
-        else pd.Series(columns[name], index=index, name=name, copy=False)
+        name: converted[name] if name not in columns else pd.Series(columns[name], index=index, name=name, copy=False)
         for name in names
     }
     tidy = {name: series[name].dtype for name in CATEGORY_COLUMNS if name in columns}
@@ -330,9 +322,7 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
         else:
             np.take(mapping, codes, out=out[start:stop])
         start = stop
-    return pd.Categorical.from_codes(
-        out, dtype=pd.CategoricalDtype(categories, ordered=False), validate=False
-    )
+    return pd.Categorical.from_codes(out, dtype=pd.CategoricalDtype(categories, ordered=False), validate=False)
 
 
 def _code_dtype(categories: int) -> type[np.signedinteger[Any]]:
@@ -358,9 +348,7 @@ def _read_jsonl(path: PathArg) -> _Raw:
     if objects.size == 0:
         raw = _Raw(pd.DataFrame(), np.empty(0, dtype=np.int64))
         if data.lstrip().startswith(b"["):
-            raw.problems.append(
-                Problem("no result rows: a JSON array; results are JSON lines, one object a line")
-            )
+            raw.problems.append(Problem("no result rows: a JSON array; results are JSON lines, one object a line"))
             raw.total = 1
         return raw
     # A Pod log loses its other lines first (blank lines Arrow skips by itself).

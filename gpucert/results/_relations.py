@@ -184,13 +184,23 @@ def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
         return f"node {codes.text('node', i)!r}{codes.in_run(i)} has several gpu_model values: {listed}"
 
     _report(
-        found, rows, uuid_conflicts, keys=gpu_key[0], column="gpu_uuid", describe=several_uuids,
+        found,
+        rows,
+        uuid_conflicts,
+        keys=gpu_key[0],
+        column="gpu_uuid",
+        describe=several_uuids,
         values=rows.uuid,
-    )  # fmt: skip
+    )
     _report(
-        found, rows, gpu_conflicts, keys=uuid_key[0], column="gpu_uuid", describe=several_gpus,
+        found,
+        rows,
+        gpu_conflicts,
+        keys=uuid_key[0],
+        column="gpu_uuid",
+        describe=several_gpus,
         values=gpu_key[0],
-    )  # fmt: skip
+    )
     _report(
         found,
         rows,

@@ -37,13 +37,9 @@ def _target_drift(plan: StackPlan, info: NodeInfo, running: Mapping[str, str]) -
     for component in COMPONENTS:
         want, have = expected[component], running.get(component, "")
         if info.labels.get(f"{DEPLOY_PREFIX}{component}") == "false":
-            out.append(
-                Drift(info.name, component, want, have, f"opted out ({DEPLOY_PREFIX}{component}=false)")
-            )
+            out.append(Drift(info.name, component, want, have, f"opted out ({DEPLOY_PREFIX}{component}=false)"))
         elif have != want:
-            out.append(
-                Drift(info.name, component, want, have, "runs another version" if have else "not running")
-            )
+            out.append(Drift(info.name, component, want, have, "runs another version" if have else "not running"))
     model = info.gpu_model
     if info.name in plan.host_driver and model is not None and model in plan.model_driver:
         chosen = plan.model_driver[model]
@@ -68,9 +64,7 @@ def _bystander_drift(plan: StackPlan, info: NodeInfo) -> list[Drift]:
     for component, want in plan.versions.items():
         have = info.labels.get(version_label(plan.label_prefix, component), "")
         if have != want:
-            out.append(
-                Drift(info.name, component, want, have, "not in this run; configured with other versions")
-            )
+            out.append(Drift(info.name, component, want, have, "not in this run; configured with other versions"))
     return out
 
 

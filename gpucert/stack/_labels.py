@@ -44,6 +44,7 @@ DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", 
 PRE_INSTALLED = "pre-installed"
 MANAGED = "managed"
 
+
 def check_label_prefix(prefix: str) -> str:
     """``prefix`` when it is a valid label prefix (a DNS subdomain of ≤ 253 characters), else ``ValueError``."""
     if not dns_subdomain_ok(prefix):

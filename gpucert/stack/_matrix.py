@@ -159,9 +159,7 @@ class DriverChoice(_Strict):
         branches = info.data.get("branches")
         branch = value.partition(".")[0]
         if branches is not None and branch not in branches:
-            raise ValueError(
-                f"{value} is of branch {branch}, not one of the release's ({', '.join(branches)})"
-            )
+            raise ValueError(f"{value} is of branch {branch}, not one of the release's ({', '.join(branches)})")
         return value
 
 
@@ -196,18 +194,14 @@ class Release(_Strict):
         unknown = sorted(set(value) - set(RELEASE_COMPONENTS))
         missing = [c for c in RELEASE_COMPONENTS if c not in value]
         if unknown:
-            raise ValueError(
-                f"unknown components {', '.join(unknown)} (known: {', '.join(RELEASE_COMPONENTS)})"
-            )
+            raise ValueError(f"unknown components {', '.join(unknown)} (known: {', '.join(RELEASE_COMPONENTS)})")
         if missing:
             raise ValueError(f"missing components {', '.join(missing)}")
         dcgm = info.data.get("dcgm")
         exporter = value["dcgm-exporter"].version
         # The exporter's version is ``<dcgm>-<exporter>``: the DCGM it embeds comes first.
         if dcgm is not None and not exporter.startswith(f"{dcgm}-"):
-            raise ValueError(
-                f"dcgm-exporter {exporter} does not embed DCGM {dcgm} (expected {dcgm}-<exporter>)"
-            )
+            raise ValueError(f"dcgm-exporter {exporter} does not embed DCGM {dcgm} (expected {dcgm}-<exporter>)")
         return value
 
     @property
@@ -300,14 +294,10 @@ class Matrix(_Strict):
                 problems.append(f"{_path('drivers', name)}: not a driver branch (3-4 digits)")
             for i, arch in enumerate(branch.architectures):
                 if arch not in known:
-                    problems.append(
-                        f"{_path('drivers', name, 'architectures', i)}: unknown architecture {arch!r}"
-                    )
+                    problems.append(f"{_path('drivers', name, 'architectures', i)}: unknown architecture {arch!r}")
             for i, version in enumerate(branch.releases):
                 if version.partition(".")[0] != name:
-                    problems.append(
-                        f"{_path('drivers', name, 'releases', i)}: {version} is not of branch {name}"
-                    )
+                    problems.append(f"{_path('drivers', name, 'releases', i)}: {version} is not of branch {name}")
         seen: dict[str, str] = {}
         for model, arch in self.gpu_models.items():
             if arch not in known:
@@ -448,9 +438,7 @@ def _parse(text: str, source: str) -> Matrix:
     except TypeError:  # the duplicate-key check meets a list or mapping as a key
         raise MatrixError(f"{source}: not valid YAML (a mapping key is a list or a mapping)") from None
     if not isinstance(loaded, dict):
-        raise MatrixError(
-            f"{source}: a compatibility matrix is a mapping of sections, got {type(loaded).__name__}"
-        )
+        raise MatrixError(f"{source}: a compatibility matrix is a mapping of sections, got {type(loaded).__name__}")
     return _build(loaded, source)
 
 

@@ -174,18 +174,12 @@ class OperatorStack:
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
     def describe(self) -> str:
-        policy = (
-            f"ClusterPolicy {self.policy} ({self.state or 'no state yet'})"
-            if self.policy
-            else "no ClusterPolicy"
+        policy = f"ClusterPolicy {self.policy} ({self.state or 'no state yet'})" if self.policy else "no ClusterPolicy"
+        mode = f"; driver from NVIDIADriver {', '.join(sorted(self.drivers))}" if self.uses_nvidia_drivers else ""
+        return (
+            f"the NVIDIA GPU Operator {self.version or '(release unknown)'} ({policy}{mode}; "
+            f"{len(self.daemonsets)} operand DaemonSets)"
         )
-        mode = (
-            f"; driver from NVIDIADriver {', '.join(sorted(self.drivers))}"
-            if self.uses_nvidia_drivers
-            else ""
-        )
-        return (f"the NVIDIA GPU Operator {self.version or '(release unknown)'} ({policy}{mode}; "
-                f"{len(self.daemonsets)} operand DaemonSets)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -220,20 +214,22 @@ class StackSurvey:
         out = []
         if self.operator is not None:
             where = [n for n, i in self.node_installers.items() if GPU_OPERATOR in i]
-            out.append(f"{self.operator.describe()}; its operands run on {len(where)} nodes"
-                       + (f" ({_names(where)})" if where else ""))  # fmt: skip
+            out.append(
+                f"{self.operator.describe()}; its operands run on {len(where)} nodes"
+                + (f" ({_names(where)})" if where else "")
+            )
         else:
             out.append("no NVIDIA GPU Operator (no ClusterPolicy, no operand DaemonSet)")
         if self.own_daemonsets:
             where = [n for n, i in self.node_installers.items() if OWN in i]
-            out.append(
-                f"gpucert's own stack: {len(self.own_daemonsets)} DaemonSets, pods on {len(where)} nodes"
-            )
+            out.append(f"gpucert's own stack: {len(self.own_daemonsets)} DaemonSets, pods on {len(where)} nodes")
         if self.other_daemonsets:
             out.append(f"NVIDIA operands from another installer: {', '.join(self.other_daemonsets)}")
         if self.host_driver_nodes:
-            out.append(f"host drivers (pre-installed) on {len(self.host_driver_nodes)} nodes "
-                       f"({_names(self.host_driver_nodes)})")  # fmt: skip
+            out.append(
+                f"host drivers (pre-installed) on {len(self.host_driver_nodes)} nodes "
+                f"({_names(self.host_driver_nodes)})"
+            )
         both = [n for n, i in self.node_installers.items() if len(i) > 1]
         if both:
             out.append(f"{len(both)} nodes run stack pods of two installers: {_names(both)}")
@@ -253,17 +249,13 @@ def _list(kube: Kube, api_version: str, kind: str, **kwargs: Any) -> list[dict[s
 def _version_of_operator(kube: Kube, policy: Mapping[str, Any] | None) -> tuple[str | None, str]:
     """The operator's release: its Deployment's ``app.kubernetes.io/version`` label or image tag, else the
     ClusterPolicy's (the chart labels it), else the validator image the ClusterPolicy names (same tag)."""
-    for deployment in _list(
-        kube, "apps/v1", "Deployment", label_selector="app.kubernetes.io/component=gpu-operator"
-    ):
+    for deployment in _list(kube, "apps/v1", "Deployment", label_selector="app.kubernetes.io/component=gpu-operator"):
         meta = deployment.get("metadata") or {}
         where = f"Deployment {meta.get('namespace')}/{meta.get('name')}"
         label = (meta.get("labels") or {}).get("app.kubernetes.io/version")
         if label:
             return str(label), where
-        containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get(
-            "containers"
-        ) or ()
+        containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or ()
         for container in containers:
             if _repository_name(str(container.get("image") or "")) == "gpu-operator":
                 return _tag(str(container["image"])) or None, where
@@ -278,15 +270,11 @@ def _version_of_operator(kube: Kube, policy: Mapping[str, Any] | None) -> tuple[
     return None, "nothing names it"
 
 
-def _operator(
-    kube: Kube, policies: list[dict[str, Any]], operands: list[dict[str, Any]]
-) -> OperatorStack | None:
+def _operator(kube: Kube, policies: list[dict[str, Any]], operands: list[dict[str, Any]]) -> OperatorStack | None:
     if not policies and not operands:
         return None
     # The operator acts on the oldest ClusterPolicy only (a second one gets no status at all).
-    policies.sort(
-        key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"]["name"]))
-    )
+    policies.sort(key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""), str(p["metadata"]["name"])))
     policy = policies[0] if policies else None
     spec = (policy or {}).get("spec") or {}
     driver = spec.get("driver") or {}
@@ -298,8 +286,9 @@ def _operator(
         elif section.get("version"):
             tags[component] = str(section["version"])
             versions[component] = normalise_version(component, str(section["version"]))
-    drivers = {str(d["metadata"]["name"]): str((d.get("spec") or {}).get("version") or "")
-               for d in _list(kube, *NVIDIA_DRIVER)}  # fmt: skip
+    drivers = {
+        str(d["metadata"]["name"]): str((d.get("spec") or {}).get("version") or "") for d in _list(kube, *NVIDIA_DRIVER)
+    }
     version, where = _version_of_operator(kube, policy)
     return OperatorStack(
         version=version,
@@ -322,10 +311,7 @@ def _foreign_operands(daemonsets: Iterable[Mapping[str, Any]]) -> list[dict[str,
     out = []
     for ds in daemonsets:
         labels = ds["metadata"].get("labels") or {}
-        if (
-            labels.get("app.kubernetes.io/managed-by") == GPU_OPERATOR
-            or labels.get("app.kubernetes.io/part-of") == OWN
-        ):
+        if labels.get("app.kubernetes.io/managed-by") == GPU_OPERATOR or labels.get("app.kubernetes.io/part-of") == OWN:
             continue
         containers = ds["spec"]["template"]["spec"].get("containers") or ()
         if any(_repository_name(str(c.get("image") or "")) in _OPERAND_IMAGES.values() for c in containers):
@@ -356,13 +342,9 @@ def survey_stack(kube: Kube, inventory: Sequence[NodeInfo]) -> StackSurvey:
     return StackSurvey(
         operator=_operator(kube, policies, operands),
         own_daemonsets=tuple(sorted(f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in own)),
-        other_daemonsets=tuple(
-            sorted(f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in others)
-        ),
+        other_daemonsets=tuple(sorted(f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in others)),
         node_installers=node_installers,
-        host_driver_nodes=tuple(
-            i.name for i in inventory if i.labels.get(f"{DEPLOY_PREFIX}driver") == PRE_INSTALLED
-        ),
+        host_driver_nodes=tuple(i.name for i in inventory if i.labels.get(f"{DEPLOY_PREFIX}driver") == PRE_INSTALLED),
         upgrade_states={i.name: i.labels[UPGRADE_STATE] for i in inventory if UPGRADE_STATE in i.labels},
     )
 
@@ -381,33 +363,49 @@ def choose_installer(survey: StackSurvey, asked: str = "auto") -> str:
         assert operator is not None
         both = [n for n, i in survey.node_installers.items() if GPU_OPERATOR in i and OWN in i]
         raise InstallerConflict(
-            [f"{operator.describe()} and gpucert's own stack ({', '.join(survey.own_daemonsets)}) both install "
-             f"the GPU stack" + (f"; both run pods on {len(both)} nodes ({_names(both)})" if both else ""),
-             "remove one: gpucert's DaemonSets (kubectl delete -n <namespace> daemonset -l "
-             "app.kubernetes.io/part-of=gpucert) to let configure adopt the operator, or the operator"],
-            header="two installers run the GPU stack on this cluster: the GPU Operator and gpucert")  # fmt: skip
+            [
+                f"{operator.describe()} and gpucert's own stack ({', '.join(survey.own_daemonsets)}) both install "
+                f"the GPU stack" + (f"; both run pods on {len(both)} nodes ({_names(both)})" if both else ""),
+                "remove one: gpucert's DaemonSets (kubectl delete -n <namespace> daemonset -l "
+                "app.kubernetes.io/part-of=gpucert) to let configure adopt the operator, or the operator",
+            ],
+            header="two installers run the GPU stack on this cluster: the GPU Operator and gpucert",
+        )
     if "other" in found:
         raise InstallerConflict(
-            [f"NVIDIA operands from another installer run here: {', '.join(survey.other_daemonsets)}; "
-             "gpucert installs no operand another installer already runs"],
-            header="another installer runs the GPU stack on this cluster")  # fmt: skip
+            [
+                f"NVIDIA operands from another installer run here: {', '.join(survey.other_daemonsets)}; "
+                "gpucert installs no operand another installer already runs"
+            ],
+            header="another installer runs the GPU stack on this cluster",
+        )
     if asked == OWN and GPU_OPERATOR in found:
         assert operator is not None
         raise InstallerConflict(
-            [f"{operator.describe()} runs the GPU stack; gpucert will not install a second one beside it "
-             "(run configure without --installer gpucert to adopt the operator)"],
-            header="--installer gpucert refused: the GPU Operator runs the GPU stack")  # fmt: skip
+            [
+                f"{operator.describe()} runs the GPU stack; gpucert will not install a second one beside it "
+                "(run configure without --installer gpucert to adopt the operator)"
+            ],
+            header="--installer gpucert refused: the GPU Operator runs the GPU stack",
+        )
     if asked == GPU_OPERATOR and (operator is None or operator.policy is None):
         raise InstallerConflict(
-            ["no ClusterPolicy: the GPU Operator does not run the stack here (run configure without "
-             "--installer gpu-operator for gpucert's own manifests)"],
-            header="--installer gpu-operator refused: no GPU Operator runs the GPU stack")  # fmt: skip
+            [
+                "no ClusterPolicy: the GPU Operator does not run the stack here (run configure without "
+                "--installer gpu-operator for gpucert's own manifests)"
+            ],
+            header="--installer gpu-operator refused: no GPU Operator runs the GPU stack",
+        )
     if GPU_OPERATOR in found:
         if operator is None or operator.policy is None:
             raise InstallerConflict(
-                [f"operand DaemonSets of the GPU Operator run ({', '.join(operator.daemonsets if operator else ())}) "
-                 "but there is no ClusterPolicy to change them through"],
-                header="the GPU Operator's operands run without a ClusterPolicy")  # fmt: skip
+                [
+                    "operand DaemonSets of the GPU Operator run "
+                    f"({', '.join(operator.daemonsets if operator else ())}) "
+                    "but there is no ClusterPolicy to change them through"
+                ],
+                header="the GPU Operator's operands run without a ClusterPolicy",
+            )
         return GPU_OPERATOR
     return OWN
 
@@ -432,8 +430,10 @@ def operator_release(matrix: Matrix, version: str | None) -> Release:
     if same_minor:
         return same_minor[0]
     known = ", ".join(r.name for r in matrix.releases_newest_first())
-    raise StackConflict([f"the GPU Operator {version} is not in the compatibility matrix (it knows {known})"],
-                        header=f"the GPU Operator {version} cannot be planned against")  # fmt: skip
+    raise StackConflict(
+        [f"the GPU Operator {version} is not in the compatibility matrix (it knows {known})"],
+        header=f"the GPU Operator {version} cannot be planned against",
+    )
 
 
 def configured_versions(
@@ -497,24 +497,20 @@ def operator_changes(
     for component in COMPONENTS:
         if component not in pinned or component in operator.disabled:
             continue
-        want = (
-            plan.versions.get(component)
-            if component != "driver"
-            else normalise_version("driver", pinned[component])
-        )
+        want = plan.versions.get(component) if component != "driver" else normalise_version("driver", pinned[component])
         have = operator.spec_versions.get(component, "")
         if want is None:
             continue
         if component == "driver" and operator.uses_nvidia_drivers:
-            for name, nodes in _pools(
-                inventory, [n for n in plan.nodes if n not in plan.host_driver]
-            ).items():
+            for name, nodes in _pools(inventory, [n for n in plan.nodes if n not in plan.host_driver]).items():
                 if normalise_version("driver", operator.drivers.get(name, "")) != want:
-                    body = {"apiVersion": NVIDIA_DRIVER[0], "kind": NVIDIA_DRIVER[1], "metadata": {"name": name},
-                            "spec": {"version": want}}  # fmt: skip
-                    out.append(
-                        OperatorChange(body, {"driver": (operator.drivers.get(name, ""), want)}, tuple(nodes))
-                    )
+                    body = {
+                        "apiVersion": NVIDIA_DRIVER[0],
+                        "kind": NVIDIA_DRIVER[1],
+                        "metadata": {"name": name},
+                        "spec": {"version": want},
+                    }
+                    out.append(OperatorChange(body, {"driver": (operator.drivers.get(name, ""), want)}, tuple(nodes)))
             continue
         if have == want:
             continue
@@ -522,8 +518,12 @@ def operator_changes(
         policy_spec[SPEC_KEYS[component]] = {"version": tag}
         policy_changes[component] = (have, want)
     if policy_spec:
-        body = {"apiVersion": CLUSTER_POLICY[0], "kind": CLUSTER_POLICY[1], "metadata": {"name": operator.policy},
-                "spec": policy_spec}  # fmt: skip
+        body = {
+            "apiVersion": CLUSTER_POLICY[0],
+            "kind": CLUSTER_POLICY[1],
+            "metadata": {"name": operator.policy},
+            "spec": policy_spec,
+        }
         out.insert(0, OperatorChange(body, policy_changes, tuple(plan.nodes)))
     return out
 
@@ -580,9 +580,15 @@ def rollout_pending(
     """
     labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {}) for n in nodes}
     cordoned = {str(n["metadata"]["name"]) for n in nodes if (n.get("spec") or {}).get("unschedulable")}
-    running = operand_versions([p for p in pods if _OPERAND_PODS["driver"][1] ==
-                                ((p.get("metadata") or {}).get("labels") or {}).get(_OPERAND_PODS["driver"][0])],
-                               targets)  # fmt: skip
+    running = operand_versions(
+        [
+            p
+            for p in pods
+            if _OPERAND_PODS["driver"][1]
+            == ((p.get("metadata") or {}).get("labels") or {}).get(_OPERAND_PODS["driver"][0])
+        ],
+        targets,
+    )
     pending = {}
     for node in targets:
         state = labels.get(node, {}).get(UPGRADE_STATE, "")
@@ -628,15 +634,16 @@ def rollout_check(kube: Kube, targets: Sequence[str], driver: str) -> dict[str, 
     return rollout_pending(kube.nodes(), operator_pods(kube), targets, driver)
 
 
-def pending_operands(
-    pods: Iterable[Mapping[str, Any]], wanted: Mapping[str, Mapping[str, str]]
-) -> dict[str, str]:
+def pending_operands(pods: Iterable[Mapping[str, Any]], wanted: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     """Node → which operands do not yet run the version ``wanted`` (node → component → version) there."""
     running = operand_versions(pods, list(wanted))
     pending = {}
     for node, components in wanted.items():
-        off = [f"{c} {running[node].get(c) or 'not running'}, not {v}" for c, v in components.items()
-               if running[node].get(c) != v]  # fmt: skip
+        off = [
+            f"{c} {running[node].get(c) or 'not running'}, not {v}"
+            for c, v in components.items()
+            if running[node].get(c) != v
+        ]
         if off:
             pending[node] = "; ".join(off)
     return pending
@@ -684,9 +691,7 @@ def _own_table(pods: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         node, component = (pod.get("spec") or {}).get("nodeName"), labels.get("app.kubernetes.io/component")
         if node and component in COMPONENTS and labels.get("app.kubernetes.io/version"):
             created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-            rows.append(
-                (str(node), component, str(labels["app.kubernetes.io/version"]), _ready(pod), created)
-            )
+            rows.append((str(node), component, str(labels["app.kubernetes.io/version"]), _ready(pod), created))
     return pd.DataFrame(rows, columns=["node", "component", "version", "ready", "created"])
 
 
@@ -704,10 +709,7 @@ def drift_since_configure(
         .sort_values("created")
         .drop_duplicates(["node", "component"], keep="last")
     )
-    running = {
-        (str(n), str(c)): str(v)
-        for n, c, v in ready[["node", "component", "version"]].itertuples(index=False)
-    }
+    running = {(str(n), str(c)): str(v) for n, c, v in ready[["node", "component", "version"]].itertuples(index=False)}
     out = []
     for node in nodes:
         info = node_info(node)
@@ -738,9 +740,7 @@ def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return toleration.get("operator") == "Exists" or toleration.get("value", "") == taint.get("value", "")
 
 
-def untolerated_taints(
-    nodes: Iterable[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]
-) -> dict[str, str]:
+def untolerated_taints(nodes: Iterable[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Node → its NoSchedule/NoExecute taints the operator's DaemonSets do not tolerate (``key=value:effect``).
 
     On such a node the driver DaemonSet schedules one pod fewer than it runs, and the operator's upgrade
@@ -750,14 +750,11 @@ def untolerated_taints(
     out = {}
     for node in nodes:
         taints = [
-            t
-            for t in (node.get("spec") or {}).get("taints") or ()
-            if t.get("effect") in ("NoSchedule", "NoExecute")
+            t for t in (node.get("spec") or {}).get("taints") or () if t.get("effect") in ("NoSchedule", "NoExecute")
         ]
         blocking = [t for t in taints if not any(_tolerates(tol, t) for tol in tolerations)]
         if blocking:
             out[str(node["metadata"]["name"])] = ", ".join(
-                f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
-                for t in blocking
+                f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}" for t in blocking
             )
     return out

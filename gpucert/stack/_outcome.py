@@ -61,9 +61,7 @@ class ConfigureOutcome(BaseModel):
     @staticmethod
     def stack_of(plan: StackPlan) -> dict[str, dict[str, str]]:
         """GPU model → component → version, from a plan."""
-        return {
-            model: {"driver": driver, **plan.versions} for model, driver in sorted(plan.model_driver.items())
-        }
+        return {model: {"driver": driver, **plan.versions} for model, driver in sorted(plan.model_driver.items())}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (lists for tuples; drift rows as dicts)."""
@@ -96,12 +94,18 @@ class ConfigureOutcome(BaseModel):
             changes = "; ".join(self.operator_changes) or "nothing (adopted as it runs)"
             lines += [f"{'Would change' if dry else 'Changed'} through the operator: {changes}.", ""]
         if self.rollout:
-            lines += [f"Driver rollout followed on {len(self.rollout)} nodes to "
-                      f"{', '.join(sorted(set(self.rollout.values())))} in {self.rollout_s:.1f} s.", ""]  # fmt: skip
+            lines += [
+                f"Driver rollout followed on {len(self.rollout)} nodes to "
+                f"{', '.join(sorted(set(self.rollout.values())))} in {self.rollout_s:.1f} s.",
+                "",
+            ]
         if self.certified:
             states = ", ".join(f"{n} {s}" for n, s in sorted(self.certified.items()))
-            lines += [f"Certified after the change: {states}."
-                      + (f" Own baselines re-seeded: {', '.join(self.reseeded)}." if self.reseeded else ""), ""]
+            lines += [
+                f"Certified after the change: {states}."
+                + (f" Own baselines re-seeded: {', '.join(self.reseeded)}." if self.reseeded else ""),
+                "",
+            ]
         lines += [f"- {s}" for s in self.suspects] + ([""] if self.suspects else [])
         if self.reused:
             lines += [
@@ -119,9 +123,7 @@ class ConfigureOutcome(BaseModel):
             "|---|" + "---|" * len(_components(self.stack)),
         ]
         for model, versions in self.stack.items():
-            lines.append(
-                f"| {model} | " + " | ".join(versions.get(c, "") for c in _components(self.stack)) + " |"
-            )
+            lines.append(f"| {model} | " + " | ".join(versions.get(c, "") for c in _components(self.stack)) + " |")
         lines.append("")
         if self.drift:
             lines.append(

@@ -203,9 +203,7 @@ def _request_conflicts(request: StackRequest, matrix: Matrix) -> list[str]:
     out: list[str] = []
     for component in request.versions:
         if component not in COMPONENTS:
-            out.append(
-                f"unknown component {component!r} in the requested versions (known: {', '.join(COMPONENTS)})"
-            )
+            out.append(f"unknown component {component!r} in the requested versions (known: {', '.join(COMPONENTS)})")
     if request.registry is not None and not _REGISTRY.match(request.registry.strip().rstrip("/")):
         out.append(
             f"registry {request.registry!r} is not a registry host with an optional path "
@@ -269,11 +267,7 @@ class _Planner:
             pin = self.release.components[component]
             wanted = self.request.versions.get(component)
             if wanted is not None and not _same_version(wanted, pin.version):
-                donors = [
-                    r
-                    for r in self.matrix.releases_newest_first()
-                    if _same_version(wanted, r.version(component))
-                ]
+                donors = [r for r in self.matrix.releases_newest_first() if _same_version(wanted, r.version(component))]
                 fitting = [r for r in donors if all(r.kubernetes.covers(m) for m in minors)]
                 if fitting:
                     pin = fitting[0].components[component]
@@ -410,8 +404,7 @@ class _Planner:
                 continue  # already a node conflict
             if facts.os_tag not in release.os:
                 self.conflicts.add(
-                    f"{release.label} has no driver image for {facts.os_tag} "
-                    f"(it has {', '.join(release.os)})",
+                    f"{release.label} has no driver image for {facts.os_tag} (it has {', '.join(release.os)})",
                     facts.name,
                 )
                 continue
@@ -482,9 +475,7 @@ def plan_stack(
         release = matrix.find_release(request.release)
         if release is None:
             known = ", ".join(r.name for r in matrix.releases_newest_first())
-            raise _refusal(
-                [*base.request_conflicts, f"unknown release {request.release!r} (the matrix knows {known})"]
-            )
+            raise _refusal([*base.request_conflicts, f"unknown release {request.release!r} (the matrix knows {known})"])
         plan, conflicts = _attempt(release, base, request, matrix, namespace, label_prefix)
         if plan is None or base.request_conflicts:
             raise _refusal([*base.request_conflicts, *conflicts])

@@ -85,7 +85,6 @@ _MAIN_CONTAINER: Mapping[str, str] = {
 }
 
 
-
 # --- what the flow writes on nodes, and what the pods select and tolerate -------------------------------
 
 

@@ -83,9 +83,7 @@ def prune_driver_variants(kube: Kube, plan: StackPlan) -> list[str]:
     pruned = []
     for ds in kube.list_objects("apps/v1", "DaemonSet", plan.namespace, label_selector=selector):
         variant = (ds["spec"]["template"]["spec"].get("nodeSelector") or {}).get(label)
-        if variant not in in_use and kube.delete(
-            "apps/v1", "DaemonSet", ds["metadata"]["name"], plan.namespace
-        ):
+        if variant not in in_use and kube.delete("apps/v1", "DaemonSet", ds["metadata"]["name"], plan.namespace):
             pruned.append(str(ds["metadata"]["name"]))
     return pruned
 
@@ -164,9 +162,7 @@ class _Template:
     all_updated: bool
 
 
-def _component_pods(
-    kube: Kube, namespace: str, component: str
-) -> tuple[dict[str, _Template], list[dict[str, Any]]]:
+def _component_pods(kube: Kube, namespace: str, component: str) -> tuple[dict[str, _Template], list[dict[str, Any]]]:
     """The component's DaemonSets (uid → current template) and their pods."""
     selector = f"{_PART_OF},app.kubernetes.io/component={component}"
     daemonsets = kube.list_objects("apps/v1", "DaemonSet", namespace, label_selector=selector)
@@ -174,9 +170,9 @@ def _component_pods(
     for ds in daemonsets:
         generation = int(ds["metadata"].get("generation") or 1)
         status = ds.get("status") or {}
-        updated = (int(status.get("observedGeneration") or 0) >= generation
-                   and int(status.get("updatedNumberScheduled") or 0)
-                   == int(status.get("desiredNumberScheduled") or 0))  # fmt: skip
+        updated = int(status.get("observedGeneration") or 0) >= generation and int(
+            status.get("updatedNumberScheduled") or 0
+        ) == int(status.get("desiredNumberScheduled") or 0)
         templates[str(ds["metadata"]["uid"])] = _Template(generation, updated)
     return templates, kube.list_objects("v1", "Pod", namespace, label_selector=selector)
 
@@ -200,9 +196,12 @@ def _current_pods_by_node(
     for uid, pod in owned:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         generation = labels.get("pod-template-generation")
-        current = (generation is None or generation == str(templates[uid].generation)
-                   or labels.get(_REVISION_HASH) in current_hashes.get(uid, set())
-                   or templates[uid].all_updated)  # fmt: skip
+        current = (
+            generation is None
+            or generation == str(templates[uid].generation)
+            or labels.get(_REVISION_HASH) in current_hashes.get(uid, set())
+            or templates[uid].all_updated
+        )
         if not current:
             continue  # a pod of an older template: the rollout has not reached this node yet
         node = (pod.get("spec") or {}).get("nodeName")

@@ -362,9 +362,7 @@ class BaselineStore:
         current, etag = self._read_current()
         if current != expected:
             found, wanted = current or "no version", expected or "no version"
-            raise StoreConflict(
-                f"{self._where(CURRENT_KEY)} names {found}, not {wanted}: another writer moved it"
-            )
+            raise StoreConflict(f"{self._where(CURRENT_KEY)} names {found}, not {wanted}: another writer moved it")
         if current is not None and current != version:
             # The pointer is about to leave this version, whose own writer may have crashed before
             # marking it: mark it now, or it would drop out of the listing. Before the move, so that if
@@ -412,9 +410,7 @@ class BaselineStore:
             raise ValueError(f"attempts must be ≥ 1, not {attempts}")
         for attempt in range(attempts):
             current = self.current_version()
-            table = (
-                self._read_table(current, named_by=CURRENT_KEY) if current is not None else empty_baseline()
-            )
+            table = self._read_table(current, named_by=CURRENT_KEY) if current is not None else empty_baseline()
             version = self.write_version(fn(table.copy()), parent=current, message=message)
             crashpoint("baseline-written")
             try:
@@ -460,9 +456,7 @@ class BaselineStore:
         """
         check_key(key)
         if not isinstance(expires_s, int) or not 1 <= expires_s <= MAX_LINK_EXPIRES_S:
-            raise ValueError(
-                f"expires_s must be between 1 and {MAX_LINK_EXPIRES_S} seconds, not {expires_s!r}"
-            )
+            raise ValueError(f"expires_s must be between 1 and {MAX_LINK_EXPIRES_S} seconds, not {expires_s!r}")
         if self._public_url is not None:
             return f"{self._public_url}/{quote(key, safe='/=')}"
         return self._objects.link(key, expires_s=expires_s)

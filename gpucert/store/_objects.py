@@ -376,6 +376,4 @@ def _open(uri: str) -> ObjectStore:
     if not scheme or "://" not in uri:
         # A plain path (relative or absolute); "C:" style drive letters are not a concern on Linux.
         return FileObjectStore(Path(uri).expanduser())
-    raise StoreURIError(
-        f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)"
-    )
+    raise StoreURIError(f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)")

@@ -148,9 +148,7 @@ def _check_endpoint(url: str, source: str, root: str) -> None:
     except ValueError as exc:
         raise StoreURIError(f"cannot open {root}: the S3 endpoint {url!r} ({source}): {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise StoreURIError(
-            f"cannot open {root}: the S3 endpoint {url!r} ({source}) is not an http:// or https:// URL"
-        )
+        raise StoreURIError(f"cannot open {root}: the S3 endpoint {url!r} ({source}) is not an http:// or https:// URL")
 
 
 def normalise_etag(etag: str) -> str:
@@ -361,9 +359,7 @@ class S3ObjectStore:
 
     def put_if(self, key: str, data: bytes, *, if_match: str | None) -> str:
         s3_key = self._key(key)
-        condition: dict[str, str] = (
-            {"IfNoneMatch": "*"} if if_match is None else {"IfMatch": normalise_etag(if_match)}
-        )
+        condition: dict[str, str] = {"IfNoneMatch": "*"} if if_match is None else {"IfMatch": normalise_etag(if_match)}
         try:
             response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data, **condition)
         except botocore.exceptions.ClientError as exc:
@@ -427,9 +423,7 @@ class S3ObjectStore:
         root = f"{self.prefix}/" if self.prefix else ""
         keys: list[str] = []
         try:
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=root + prefix
-            )
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root + prefix)
             for page in pages:
                 for item in page.get("Contents", ()):
                     key = str(item["Key"])[len(root) :]
@@ -472,6 +466,4 @@ class S3ObjectStore:
         if if_match is None:
             return StoreConflict(f"{where} already exists ({code})")
         found = "it is gone" if gone else "it has changed"
-        return StoreConflict(
-            f"{where} changed: expected etag {normalise_etag(if_match)}, but {found} ({code})"
-        )
+        return StoreConflict(f"{where} changed: expected etag {normalise_etag(if_match)}, but {found} ({code})")

@@ -82,9 +82,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("ecc_sbe_volatile", ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), "max"),
     Signal("nvlink_crc_errors", ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",), "increase"),
     Signal("clocks_event_reasons", ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",), "bits_or"),
-    Signal(
-        "hw_slowdown_frac", ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), "hw_share"
-    ),
+    Signal("hw_slowdown_frac", ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"), "hw_share"),
     Signal("temp_max_c", ("DCGM_FI_DEV_GPU_TEMP",), "max"),
     Signal("temp_slowdown_c", ("DCGM_FI_DEV_SLOWDOWN_TEMP",), "min"),
     Signal("power_limit_w", ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT"), "last"),
@@ -273,9 +271,7 @@ def to_results(
     frame["peer"] = None
     frame["gpu"] = frame["gpu"].astype("Int64")
     frame["ts"] = pd.to_datetime(frame["ts"], utc=True)
-    frame = frame[list(RESULT_COLUMNS)].sort_values(
-        ["node", "gpu", "metric"], kind="stable", ignore_index=True
-    )
+    frame = frame[list(RESULT_COLUMNS)].sort_values(["node", "gpu", "metric"], kind="stable", ignore_index=True)
     return parse_results(_within_bounds(frame, problems), f"telemetry from {source}")
 
 
@@ -319,15 +315,11 @@ def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Probl
     ids = ids.drop_duplicates(ignore_index=True)
     if ids.empty:
         return ids
-    now = present.assign(_now=True)[["node", "gpu", "gpu_uuid", "_now"]].drop_duplicates(
-        ["node", "gpu", "gpu_uuid"]
-    )
+    now = present.assign(_now=True)[["node", "gpu", "gpu_uuid", "_now"]].drop_duplicates(["node", "gpu", "gpu_uuid"])
     ids = ids.merge(now, on=["node", "gpu", "gpu_uuid"], how="left")
     ids["_now"] = ids["_now"].fillna(False).astype(bool)
     # Rank candidates: reporting now first, then by name (stable, so a rerun keeps the same choice).
-    ids = ids.sort_values(
-        ["_now", "node", "gpu", "gpu_uuid"], ascending=[False, True, True, True], kind="stable"
-    )
+    ids = ids.sort_values(["_now", "node", "gpu", "gpu_uuid"], ascending=[False, True, True, True], kind="stable")
     for keys, what in ((["node", "gpu"], "slot"), (["gpu_uuid"], "uuid")):
         first = ~ids.duplicated(keys, keep="first")
         for row in ids[~first].itertuples(index=False):
@@ -350,10 +342,7 @@ def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Probl
     model_counts = ids.groupby(["node", "gpu_model"], sort=True).size().rename("n").reset_index()
     model_counts = model_counts.sort_values(["node", "n"], ascending=[True, False], kind="stable")
     main = model_counts.drop_duplicates("node")[["node", "gpu_model"]]
-    odd = (
-        ids.merge(main, on=["node", "gpu_model"], how="left", indicator=True)["_merge"].to_numpy()
-        == "left_only"
-    )
+    odd = ids.merge(main, on=["node", "gpu_model"], how="left", indicator=True)["_merge"].to_numpy() == "left_only"
     for row in ids[odd].itertuples(index=False):
         problems.add(
             str(row.node),
@@ -377,9 +366,7 @@ def _node_counts(
     every GPU of it.
     """
     nodes = sorted(set(ids["node"].astype(str)))
-    reporting = (
-        present.drop_duplicates(["node", "gpu"]).groupby("node").size() if len(present) else pd.Series()
-    )
+    reporting = present.drop_duplicates(["node", "gpu"]).groupby("node").size() if len(present) else pd.Series()
     model = ids.drop_duplicates("node").set_index("node")["gpu_model"]
     rows: list[tuple[str, str, str, float]] = []
     for node in nodes:

@@ -273,9 +273,7 @@ def history_from_store(
                 c
                 for c in _CATEGORIES
                 if c in schema.names
-                and (
-                    pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type)
-                )
+                and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))
             ]
             table = pq.read_table(io.BytesIO(data), columns=_RESULT_READ, read_dictionary=text)
             run_ts = pc.min(table.column("ts")).as_py()
@@ -294,21 +292,13 @@ def history_from_store(
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="gpucert-history") as pool:
         while candidates:
             batch, candidates = candidates[:step], candidates[step:]
-            loaded += [
-                (e[0], p)
-                for e, p in zip(batch, pool.map(load, batch), strict=True)
-                if p is not None and len(p)
-            ]
+            loaded += [(e[0], p) for e, p in zip(batch, pool.map(load, batch), strict=True) if p is not None and len(p)]
             if max_days is not None and loaded:  # the bound counts from the newest run that has results
                 oldest_day = loaded[0][0] - timedelta(days=max_days)
                 candidates = [(day, run) for day, run in candidates if day >= oldest_day]
                 loaded = [(day, p) for day, p in loaded if day >= oldest_day]
             # No series can have last_runs points before that many runs are read (a check costs a sort).
-            if (
-                candidates
-                and len(loaded) >= last_runs
-                and _have_enough([p for _, p in loaded], last_runs, first_ts)
-            ):
+            if candidates and len(loaded) >= last_runs and _have_enough([p for _, p in loaded], last_runs, first_ts):
                 break
     parts = [p for _, p in loaded]
     if not parts:
@@ -338,8 +328,7 @@ def _have_enough(parts: Sequence[pd.DataFrame], wanted: int, first_ts: pd.Series
     """Whether every series in service has ``wanted`` points, or its whole history since its baseline.
     ``parts`` are run files newest first, one row per series each."""
     series, entity, node = (
-        np.concatenate([p[c].to_numpy(dtype=np.uint64) for p in parts])
-        for c in ("_series", "_entity", "_node")
+        np.concatenate([p[c].to_numpy(dtype=np.uint64) for p in parts]) for c in ("_series", "_entity", "_node")
     )
     # One time per run file (its earliest sample); files come newest first, so a key's first row is its newest.
     ts = np.repeat(np.concatenate([_micros(p["ts"].iloc[:1]) for p in parts]), [len(p) for p in parts])
@@ -500,12 +489,8 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     names = np.asarray(metric.cat.categories, dtype=object)
     mcode = metric.cat.codes.to_numpy().astype(np.int64)
     known = [n in METRICS for n in names]
-    gpu_level = np.array(
-        [k and METRICS[n].level == "gpu" for n, k in zip(names, known, strict=True)] + [False]
-    )
-    node_level = np.array(
-        [k and METRICS[n].level == "node" for n, k in zip(names, known, strict=True)] + [False]
-    )
+    gpu_level = np.array([k and METRICS[n].level == "gpu" for n, k in zip(names, known, strict=True)] + [False])
+    node_level = np.array([k and METRICS[n].level == "node" for n, k in zip(names, known, strict=True)] + [False])
     direction = np.array([METRICS[n].direction or 1 if k else 1 for n, k in zip(names, known, strict=True)])
     uuid = history["gpu_uuid"].astype("category")
     node = history["node"].astype("category")
@@ -706,10 +691,24 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
         }
     )
     return _Evaluated(
-        meta=meta, run_names=run_names, run_ts=run_ts, lengths=lengths, runs=runs, x=grid_x, fleet=grid_f,
-        sigma=grid_s, u=u, rel=rel, stat=stat, alarm=alarm, raised=raised, cleared=cleared, by_step=by_step,
-        onset=onset, raised_at=raised_at,
-    )  # fmt: skip
+        meta=meta,
+        run_names=run_names,
+        run_ts=run_ts,
+        lengths=lengths,
+        runs=runs,
+        x=grid_x,
+        fleet=grid_f,
+        sigma=grid_s,
+        u=u,
+        rel=rel,
+        stat=stat,
+        alarm=alarm,
+        raised=raised,
+        cleared=cleared,
+        by_step=by_step,
+        onset=onset,
+        raised_at=raised_at,
+    )
 
 
 def _dense(keys: IntArray) -> tuple[IntArray, IntArray]:
@@ -827,9 +826,19 @@ def drift_alarms(
     """
     policy = policy or default_policy()
     p = _params(
-        policy, {"method": method, "k": k, "h": h, "lam": lam, "L": L, "shewhart": shewhart, "clip": clip,
-                 "clear": clear, "window": window},
-    )  # fmt: skip
+        policy,
+        {
+            "method": method,
+            "k": k,
+            "h": h,
+            "lam": lam,
+            "L": L,
+            "shewhart": shewhart,
+            "clip": clip,
+            "clear": clear,
+            "window": window,
+        },
+    )
     ev = _evaluate(history, baseline, p, policy)
     if ev is None:
         return _empty_alarms()
@@ -1009,9 +1018,7 @@ def _reason(row: dict[str, Any], p: _Params, by_step: bool, step_u: float) -> st
     if by_step:
         how = f"one run {abs(step_u):.1f} σ below it (limit {p.shewhart:g} σ) in run {row['first_run_over']}"
     elif p.method == "cusum":
-        how = (
-            f"lower CUSUM {statistic:.1f} > h = {threshold:g} (k = {p.k:g}) since run {row['first_run_over']}"
-        )
+        how = f"lower CUSUM {statistic:.1f} > h = {threshold:g} (k = {p.k:g}) since run {row['first_run_over']}"
     else:
         how = f"lower EWMA {statistic:.2f} σ < {threshold:.2f} σ (λ = {p.lam:g}) since run {row['first_run_over']}"
     fleet = float(row["fleet_pct"])

@@ -275,9 +275,7 @@ class PrometheusSource:
         )
         unmatched = sorted(set(nics["node"]) - set(results["node"].astype(str)))
         if unmatched:
-            shown = ", ".join(unmatched[:5]) + (
-                f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else ""
-            )
+            shown = ", ".join(unmatched[:5]) + (f" and {len(unmatched) - 5} more" if len(unmatched) > 5 else "")
             notes.append(
                 f"node-exporter's infiniband series of {len(unmatched)} node(s) with no DCGM series ({shown}): "
                 "their NIC telemetry is not read (is their node or instance label the node's name?)"
@@ -379,12 +377,8 @@ class PrometheusSource:
         """
         data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr, notes)
         if data.get("resultType") != "vector":
-            raise TelemetryError(
-                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
-            )
-        return [
-            PromSeries(dict(r.get("metric") or {}), [_point(r["value"])]) for r in data.get("result") or ()
-        ]
+            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
+        return [PromSeries(dict(r.get("metric") or {}), [_point(r["value"])]) for r in data.get("result") or ()]
 
     def query_range(
         self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
@@ -393,9 +387,7 @@ class PrometheusSource:
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
         data = self._call("/api/v1/query_range", params, expr, notes)
         if data.get("resultType") != "matrix":
-            raise TelemetryError(
-                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
-            )
+            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
         return [
             PromSeries(dict(r.get("metric") or {}), [_point(v) for v in r.get("values") or ()])
             for r in data.get("result") or ()
@@ -410,9 +402,7 @@ class PrometheusSource:
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
         data = self._call("/api/v1/query_range", params, expr, notes)
         if data.get("resultType") != "matrix":
-            raise TelemetryError(
-                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
-            )
+            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
         return list(data.get("result") or ())
 
     def _plain_headers(self) -> dict[str, str]:
@@ -449,9 +439,7 @@ class PrometheusSource:
             return fast
         data = self._parse(raw, expr, notes)  # warnings, an error, another shape: the careful way
         if data.get("resultType") != "matrix":
-            raise TelemetryError(
-                f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}"
-            )
+            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
         out = []
         for r in data.get("result") or ():
             values = r.get("values") or ()
@@ -459,9 +447,7 @@ class PrometheusSource:
             out.append({"metric": dict(r.get("metric") or {}), "values": (pairs[:, 0].copy(), pairs[:, 1].copy())})
         return out
 
-    def _call(
-        self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None
-    ) -> dict[str, Any]:
+    def _call(self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None) -> dict[str, Any]:
         return self._parse(self._post(path, params, expr), expr, notes)
 
     def _post(self, path: str, params: Mapping[str, str], expr: str) -> bytes:
@@ -504,9 +490,7 @@ class PrometheusSource:
         try:
             answer = orjson.loads(raw)  # millions of points in a fleet's answer: the fast parser
         except ValueError:
-            raise TelemetryError(
-                f"{where} answered the query {expr!r} with something other than JSON"
-            ) from None
+            raise TelemetryError(f"{where} answered the query {expr!r} with something other than JSON") from None
         if not isinstance(answer, dict) or answer.get("status") != "success":
             detail = self._scrub(_error_detail(raw))
             raise TelemetryError(f"{where} failed the query {expr!r}: {detail or 'no success status'}")
@@ -544,8 +528,10 @@ def _transport_reason(exc: BaseException) -> str:
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
-            return (f"TLS certificate not trusted ({seen.verify_message}): give the CA that signed it, "
-                    "or turn verification off")
+            return (
+                f"TLS certificate not trusted ({seen.verify_message}): give the CA that signed it, "
+                "or turn verification off"
+            )
         if isinstance(seen, OSError) and seen.strerror:
             return seen.strerror.lower()
         seen = seen.__cause__ or seen.__context__
@@ -604,9 +590,7 @@ def _check_header(name: str, value: str) -> None:
     try:
         value.encode("latin-1")
     except UnicodeEncodeError:
-        raise InputError(
-            f"the value of the header {name} is not Latin-1 text (HTTP cannot carry it)"
-        ) from None
+        raise InputError(f"the value of the header {name} is not Latin-1 text (HTTP cannot carry it)") from None
 
 
 def _tls_context(verify: bool | str) -> ssl.SSLContext:
@@ -775,10 +759,7 @@ def _nic_readings(answers: Mapping[str, Sequence[PromSeries]]) -> pd.DataFrame:
         zeros = pd.DataFrame({"node": none_active, "metric": "ib_ports_active", "value": 0.0})
         frame = pd.concat([frame, zeros], ignore_index=True)
     parts = [
-        part.groupby("node", sort=True)["value"]
-        .agg(_NIC_WORST[str(metric)])
-        .reset_index()
-        .assign(metric=metric)
+        part.groupby("node", sort=True)["value"].agg(_NIC_WORST[str(metric)]).reset_index().assign(metric=metric)
         for metric, part in frame.groupby("metric", sort=True)
     ]
     return pd.concat(parts, ignore_index=True)[["node", "metric", "value"]]
@@ -810,9 +791,7 @@ def _readings(
     return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid", "gpu_model", "metric", "value"])
 
 
-def _identities(
-    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
-) -> pd.DataFrame:
+def _identities(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
     rows = []
     for s in series:
         ident = _gpu_identity(s.labels, host_label)
@@ -823,9 +802,7 @@ def _identities(
     return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid"]).astype({"gpu": np.int64})
 
 
-def _count_events(
-    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
-) -> pd.DataFrame:
+def _count_events(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
     """XID events from the exporter's windowed counts: per (GPU, XID) the sum over disjoint windows."""
     rows = []
     for s in series:
@@ -846,9 +823,7 @@ def _count_events(
     return frame.drop_duplicates(["node", "gpu", "gpu_uuid", "xid"]).reset_index(drop=True)
 
 
-def _change_events(
-    series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]
-) -> pd.DataFrame:
+def _change_events(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
     """XID events from the last-XID gauge: each change to a non-zero value (a first sample is no change)."""
     rows = []
     seen: set[tuple[str, int, str, str]] = set()

@@ -69,9 +69,7 @@ METRICS_PATH_ANNOTATION = "sim.gpucert.io/metrics-path"
 _POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"
 _THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"
 _CLOCKS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
-_WANTED = frozenset(
-    {name for s in SIGNALS for name in s.sources} | {XID_COUNT, XID_LAST, PRESENCE, _POWER_VIOLATION}
-)
+_WANTED = frozenset({name for s in SIGNALS for name in s.sources} | {XID_COUNT, XID_LAST, PRESENCE, _POWER_VIOLATION})
 #: An exporter of 8 GPUs prints about 100 KB; anything beyond this is not an exporter.
 _MAX_BYTES = 32 << 20
 _PREFERRED_PORTS = ("gpu-metrics", "metrics", "http-metrics")
@@ -255,9 +253,7 @@ class ExporterScrape:
             time.sleep(interval_s)
             rounds.append(self._scrape_all(targets, 1, parse))
         else:
-            notes.append(
-                "a single scrape: PCIe replay rates, NVLink CRC increases and slowdown shares need two"
-            )
+            notes.append("a single scrape: PCIe replay rates, NVLink CRC increases and slowdown shares need two")
 
         problems = Problems()
         raw_rows: list[tuple[str, int, str, str, str, str, int, float, float]] = []
@@ -280,14 +276,8 @@ class ExporterScrape:
                 )
         raw = pd.DataFrame(raw_rows, columns=_RAW_COLUMNS)
         end_t = max((s.t for r in rounds for s in r if s.rows is not None), default=time.time())
-        start_t = (
-            min((s.t for s in rounds[0] if s.rows is not None), default=None) if len(rounds) > 1 else None
-        )
-        last = (
-            raw.groupby(["node", "gpu", "gpu_uuid"])["snap"].transform("max") == raw["snap"]
-            if len(raw)
-            else None
-        )
+        start_t = min((s.t for s in rounds[0] if s.rows is not None), default=None) if len(rounds) > 1 else None
+        last = raw.groupby(["node", "gpu", "gpu_uuid"])["snap"].transform("max") == raw["snap"] if len(raw) else None
         present = (
             raw[last][["node", "gpu", "gpu_uuid"]].drop_duplicates().astype({"gpu": np.int64})
             if last is not None
@@ -314,9 +304,7 @@ class ExporterScrape:
                 if node not in problems:  # answered, yet nothing of it was kept
                     problems.add(node, "its exporter answered, but no GPU series of it could be kept")
             elif not targets:
-                problems.add(
-                    node, f"no exporter: no DCGM exporter Endpoints in namespace {self.namespace}{unlisted}"
-                )
+                problems.add(node, f"no exporter: no DCGM exporter Endpoints in namespace {self.namespace}{unlisted}")
             else:
                 # An address without a nodeName is matched by its series' host label, so say it was tried.
                 others = f" (nor a series of the {unnamed} addresses naming no node)" if unnamed else ""
@@ -374,9 +362,7 @@ class ExporterScrape:
         # the stamps say (the fraction of it under a clock event, read too low).
         return _Scraped(target, snap, time.time(), rows, None)
 
-    def _parse(
-        self, text: str, target: ExporterTarget, parse: Any
-    ) -> list[tuple[str, int, str, str, str, str, float]]:
+    def _parse(self, text: str, target: ExporterTarget, parse: Any) -> list[tuple[str, int, str, str, str, str, float]]:
         rows = []
         named = target.node if target.node_known else None
         for family in parse(text):
@@ -394,9 +380,16 @@ class ExporterScrape:
                 value = float(sample.value)
                 if np.isfinite(value):
                     rows.append(
-                        (node, int(gpu), uuid, labels.get("modelName") or "unknown", family.name,
-                         labels.get("xid", ""), value)
-                    )  # fmt: skip
+                        (
+                            node,
+                            int(gpu),
+                            uuid,
+                            labels.get("modelName") or "unknown",
+                            family.name,
+                            labels.get("xid", ""),
+                            value,
+                        )
+                    )
         return rows
 
 
@@ -485,22 +478,14 @@ def _reduce(raw: pd.DataFrame) -> pd.DataFrame:
         elif signal.reduce == "bits_or":
             ints = sub["value"].to_numpy(dtype=np.int64)
             values = sum(
-                (
-                    sub.assign(value=(ints & bit) > 0)
-                    .groupby(_GPU, sort=False)["value"]
-                    .max()
-                    .astype(np.int64)
-                    * bit
-                )
+                (sub.assign(value=(ints & bit) > 0).groupby(_GPU, sort=False)["value"].max().astype(np.int64) * bit)
                 for bit in CLOCK_EVENT_BITS
             )
         else:
             delta = _deltas(sub)
             if delta.empty:
                 continue
-            values = (
-                delta["increase"] if signal.reduce == "increase" else delta["increase"] / delta["dt"] * 60
-            )
+            values = delta["increase"] if signal.reduce == "increase" else delta["increase"] / delta["dt"] * 60
         parts.append(values.rename("value").reset_index().assign(metric=signal.metric))
     parts = [p for p in parts if len(p)]
     if not parts:

@@ -62,8 +62,17 @@ CAUSE_METRICS: Final[Mapping[str, tuple[str, ...]]] = {
 
 _RESETS = ("reset_gpu", "reboot_node", "power_cycle")
 _GPU_WORK = (*_RESETS, "reseat", "run_field_diag", "replace_gpu", "retest")
-_NIC_WORK = ("check_cable", "reseat_nic", "reseat_cable", "check_switch_port", "reboot_node", "replace_cable",
-             "replace_transceiver", "replace_nic", "retest")  # fmt: skip
+_NIC_WORK = (
+    "check_cable",
+    "reseat_nic",
+    "reseat_cable",
+    "check_switch_port",
+    "reboot_node",
+    "replace_cable",
+    "replace_transceiver",
+    "replace_nic",
+    "retest",
+)
 #: What may be recorded as done about a fault of each layer (docs/reference/causes-and-actions.md,
 #: "Remediation playbook"). The cause's own first action (:data:`gpucert.verdict.ACTION_FOR_CAUSE`) and the
 #: ticket's own always fit too.

@@ -79,19 +79,27 @@ def open_incident(
     reasons = f"{incident}. Held back: {', '.join(nodes)}. Findings, hard gates first: " + "; ".join(shown)
     records = json.loads(ordered.head(_MAX_LISTED).to_json(orient="records", date_format="iso"))
     evidence = Evidence(run_id=run_id, at=now, verdicts=records, report=report)
-    title = (f"[incident] blast radius: {len(nodes)} node{'s' * (len(nodes) != 1)} held back"
-             f" ({hard} hard gate{'s' * (hard != 1)})")  # fmt: skip
+    title = (
+        f"[incident] blast radius: {len(nodes)} node{'s' * (len(nodes) != 1)} held back"
+        f" ({hard} hard gate{'s' * (hard != 1)})"
+    )
     return backend.change(
         _INCIDENT,
-        partial(_occur_special, fingerprint=_INCIDENT, kind="incident", run_id=run_id, now=now, title=title,
-                action="investigate the baseline, benchmark or stack; then gpucert release the real faults",
-                reasons=reasons, evidence=evidence),
-    )  # fmt: skip
+        partial(
+            _occur_special,
+            fingerprint=_INCIDENT,
+            kind="incident",
+            run_id=run_id,
+            now=now,
+            title=title,
+            action="investigate the baseline, benchmark or stack; then gpucert release the real faults",
+            reasons=reasons,
+            evidence=evidence,
+        ),
+    )
 
 
-def resolve_incident(
-    backend: TicketBackend, *, run_id: str, now: datetime, nodes: Iterable[str]
-) -> TicketEvent | None:
+def resolve_incident(backend: TicketBackend, *, run_id: str, now: datetime, nodes: Iterable[str]) -> TicketEvent | None:
     """Resolve the open incident ticket, if any, when ``run_id`` — settled within the blast radius —
     benchmarked every node the incident held back (``nodes``: the run's); a smaller run says nothing of
     the fleet-wide cause. None when nothing was resolved."""
@@ -116,10 +124,19 @@ def ask_maintenance_window(
     evidence = Evidence(run_id=run_id, at=now)
     return backend.change(
         fingerprint,
-        partial(_occur_special, fingerprint=fingerprint, kind="remediation", run_id=run_id, now=now,
-                title=f"[remediation] {node} {MAINTENANCE_CAUSE}: drain it for a maintenance window to re-certify",
-                action="maintenance_window", reasons=reasons, evidence=evidence, only_new=True),
-    )  # fmt: skip
+        partial(
+            _occur_special,
+            fingerprint=fingerprint,
+            kind="remediation",
+            run_id=run_id,
+            now=now,
+            title=f"[remediation] {node} {MAINTENANCE_CAUSE}: drain it for a maintenance window to re-certify",
+            action="maintenance_window",
+            reasons=reasons,
+            evidence=evidence,
+            only_new=True,
+        ),
+    )
 
 
 def _occur_special(
@@ -154,5 +171,6 @@ def _occur_special(
     ticket.runs = [*ticket.runs, run_id][-MAX_HISTORY:]
     ticket.evidence = [*ticket.evidence, evidence][-MAX_EVIDENCE:]
     ticket.updated, ticket.title, ticket.action, ticket.reasons = now, title, action, reasons
-    return TicketEvent(kind=event, ticket=ticket, previous=current, detail=f"{event} by run {run_id}: {reasons}",
-                       at=now)  # fmt: skip
+    return TicketEvent(
+        kind=event, ticket=ticket, previous=current, detail=f"{event} by run {run_id}: {reasons}", at=now
+    )

@@ -71,9 +71,7 @@ _DONE_NAMES = frozenset({"done", "closed", "resolved"})
 
 
 #: The deadline of the Jira call under way in this thread (set by ``JiraTickets._calling``).
-_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
-    "gpucert_jira_deadline", default=None
-)
+_DEADLINE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("gpucert_jira_deadline", default=None)
 
 
 #: What a Jira request answered that is worth another try: throttled, or unavailable for a while.
@@ -117,9 +115,7 @@ def _mount_deadline(session: Any, retry: RetryPolicy) -> None:
 
             def attempt() -> Any:
                 if deadline.remaining() <= 0:
-                    raise OutOfTime(
-                        f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request
-                    )
+                    raise OutOfTime(f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request)
                 timeout = kwargs.get("timeout")
                 connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
                 kwargs["timeout"] = (
@@ -206,9 +202,7 @@ class JiraTickets:
             raise TicketConfigError("Jira tickets need a project key")
         unknown = (set(issue_types or {}) | set(priorities or {})) - {"remediation", "replacement", "incident"}
         if unknown:
-            raise TicketConfigError(
-                f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement, incident"
-            )
+            raise TicketConfigError(f"unknown ticket kind(s) {sorted(unknown)}: use remediation, replacement, incident")
         self.server = server.rstrip("/")
         self.user = user
         self.project = project.strip()
@@ -291,15 +285,9 @@ class JiraTickets:
         checked against the issue's status."""
         label = OPEN_LABEL if state == "open" else BASE_LABEL
         wanted = set(nodes) if nodes is not None else None
-        found = [
-            t for raw in self._search(f'labels = "{_quote(label)}"', "list tickets") if (t := _parse(raw))
-        ]
+        found = [t for raw in self._search(f'labels = "{_quote(label)}"', "list tickets") if (t := _parse(raw))]
         return sorted(
-            (
-                t
-                for t in found
-                if (state is None or t.state == state) and (wanted is None or t.node in wanted)
-            ),
+            (t for t in found if (state is None or t.state == state) and (wanted is None or t.node in wanted)),
             key=lambda t: (t.created, t.id),
         )
 
@@ -318,14 +306,20 @@ class JiraTickets:
             with self._calling("connect"):
                 if self.user:
                     jira = JIRA(
-                        self.server, options={"check_update": False}, basic_auth=(self.user, token),
-                        timeout=first, max_retries=0,
-                    )  # fmt: skip
+                        self.server,
+                        options={"check_update": False},
+                        basic_auth=(self.user, token),
+                        timeout=first,
+                        max_retries=0,
+                    )
                 else:
                     jira = JIRA(
-                        self.server, options={"check_update": False}, token_auth=token,
-                        timeout=first, max_retries=0,
-                    )  # fmt: skip
+                        self.server,
+                        options={"check_update": False},
+                        token_auth=token,
+                        timeout=first,
+                        max_retries=0,
+                    )
             # The client keeps its session private; it is the one place to set its transport and retries.
             session = jira._session
             session.timeout = (CONNECT_TIMEOUT_S, self.timeout_s)
@@ -376,8 +370,14 @@ class JiraTickets:
         return [cast(dict[str, Any], issue.raw) for issue in cast(Iterable[Any], found)]
 
     def _fields(self, ticket: Ticket) -> dict[str, Any]:
-        labels = [BASE_LABEL, *self.labels, fingerprint_label(ticket.fingerprint), node_label(ticket.node),
-                  f"gpucert-{ticket.kind}", f"gpucert-cause-{ticket.cause}"]  # fmt: skip
+        labels = [
+            BASE_LABEL,
+            *self.labels,
+            fingerprint_label(ticket.fingerprint),
+            node_label(ticket.node),
+            f"gpucert-{ticket.kind}",
+            f"gpucert-cause-{ticket.cause}",
+        ]
         if ticket.state == "open":
             labels.append(OPEN_LABEL)
         fields: dict[str, Any] = {
@@ -476,9 +476,7 @@ def _parse(raw: Mapping[str, Any]) -> Ticket | None:
     update: dict[str, Any] = {"id": key, "external_key": key}
     done = _is_done(raw)
     if done and ticket.state == "open":  # closed by a person
-        closed = (
-            _jira_time(fields.get("resolutiondate")) or _jira_time(fields.get("updated")) or ticket.updated
-        )
+        closed = _jira_time(fields.get("resolutiondate")) or _jira_time(fields.get("updated")) or ticket.updated
         update |= {"state": "resolved", "resolved": closed}
     elif not done and ticket.state == "resolved":  # reopened by a person
         update |= {"state": "open", "resolved": None}

@@ -120,9 +120,9 @@ def reconcile(
     flagged = _flagged(verdicts)
     events: list[TicketEvent] = []
     if len(flagged):
-        records = json.loads(flagged[[c for c in verdicts.columns if not c.startswith("_")]].to_json(
-            orient="records", date_format="iso"
-        ))  # fmt: skip
+        records = json.loads(
+            flagged[[c for c in verdicts.columns if not c.startswith("_")]].to_json(orient="records", date_format="iso")
+        )
         telemetry = _telemetry(evidence.results, set(flagged["_node"]))
         for _, rows in flagged.groupby("_key", sort=True):
             first = rows.iloc[0]
@@ -141,8 +141,9 @@ def reconcile(
             if event is not None:
                 events.append(event)
             crashpoint("between-tickets")
-    events += _resolve_passing(backend, verdicts, set(flagged["_key"]), run_id=run_id, now=now,
-                               results=evidence.results)  # fmt: skip
+    events += _resolve_passing(
+        backend, verdicts, set(flagged["_key"]), run_id=run_id, now=now, results=evidence.results
+    )
     return events
 
 
@@ -175,11 +176,19 @@ def recorded_tickets(verdicts: pd.DataFrame, *, run_id: str, at: datetime) -> li
         worst["_key"], worst["_node"], worst["_uuid"], worst["_cause"], _text(worst["action"]), gpu, strict=True
     ):
         ticket = Ticket(
-            id=f"recorded:{run_id}", node=node, gpu_uuid=uuid, cause=cause, action=action,
+            id=f"recorded:{run_id}",
+            node=node,
+            gpu_uuid=uuid,
+            cause=cause,
+            action=action,
             gpu=int(index) if uuid and pd.notna(index) else None,
             kind="replacement" if key in replacement else "remediation",
-            occurrences=1, seen=[at], runs=[run_id], created=at, updated=at,
-        )  # fmt: skip
+            occurrences=1,
+            seen=[at],
+            runs=[run_id],
+            created=at,
+            updated=at,
+        )
         out.append(ticket.model_copy(update={"title": title_of(ticket)}))
     return out
 
@@ -504,11 +513,7 @@ def _passes(
     if ticket.gpu_uuid in passing_uuids:
         return f"{ticket.where} passes"
     # A replaced GPU comes back under a new UUID at the same index; a GPU that reported nothing has no UUID.
-    if (
-        ticket.gpu_uuid not in seen_uuids
-        and ticket.gpu is not None
-        and (ticket.node, ticket.gpu) in passing_slots
-    ):
+    if ticket.gpu_uuid not in seen_uuids and ticket.gpu is not None and (ticket.node, ticket.gpu) in passing_slots:
         return f"GPU {ticket.gpu} of {ticket.node} passes under a new UUID (replaced)"
     return ""
 

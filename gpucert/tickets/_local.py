@@ -80,9 +80,7 @@ class LocalTickets:
     def change(self, fingerprint: Fingerprint, change: Change) -> TicketEvent | None:
         """See :meth:`TicketBackend.change`; the read, the change and the write are one transaction."""
         with self._write() as db:
-            row = db.execute(
-                "SELECT id, record FROM tickets WHERE fingerprint = ?", (fingerprint.key,)
-            ).fetchone()
+            row = db.execute("SELECT id, record FROM tickets WHERE fingerprint = ?", (fingerprint.key,)).fetchone()
             current = _ticket(row[0], row[1]) if row is not None else None
             others = [
                 _ticket(i, r)
@@ -101,9 +99,17 @@ class LocalTickets:
                 cursor = db.execute(
                     "INSERT INTO tickets (fingerprint, node, gpu_uuid, cause, kind, state, created, updated,"
                     " record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, '{}')",
-                    (fingerprint.key, ticket.node, ticket.gpu_uuid, ticket.cause, ticket.kind, ticket.state,
-                     ticket.created.isoformat(), ticket.updated.isoformat()),
-                )  # fmt: skip
+                    (
+                        fingerprint.key,
+                        ticket.node,
+                        ticket.gpu_uuid,
+                        ticket.cause,
+                        ticket.kind,
+                        ticket.state,
+                        ticket.created.isoformat(),
+                        ticket.updated.isoformat(),
+                    ),
+                )
                 row_id = int(cursor.lastrowid or 0)
             else:
                 row_id = int(row[0])

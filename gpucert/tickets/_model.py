@@ -225,9 +225,7 @@ class EscalationPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    resets: int = Field(
-        default=2, ge=1, description="Resets or reboots after which a recurrence is hardware."
-    )
+    resets: int = Field(default=2, ge=1, description="Resets or reboots after which a recurrence is hardware.")
     reset_actions: tuple[str, ...] = Field(
         # An RDMA port's remediations count too: a port down, slow or flapping is brought up, its cable or
         # transceiver reseated; when it persists, replaced (docs/reference/causes-and-actions.md, "Remediation
@@ -235,23 +233,18 @@ class EscalationPolicy(BaseModel):
         default=("reset_gpu", "reboot_node", "power_cycle", "reseat_nic", "check_cable"),
         description="Remediations that count as a reset (or, for a NIC, a reseat).",
     )
-    reset_exempt_xids: tuple[int, ...] = Field(
-        default=(94,), description="XIDs whose recurrence never escalates."
-    )
+    reset_exempt_xids: tuple[int, ...] = Field(default=(94,), description="XIDs whose recurrence never escalates.")
     node_remediations: int = Field(default=5, ge=1, description="Remediations on one node that escalate.")
     node_window: timedelta = Field(default=timedelta(days=7), description="The window they are counted in.")
     burst_causes: tuple[str, ...] = Field(default=("xid",), description="Causes the burst rule applies to.")
-    burst_count: int = Field(
-        default=5, ge=1, description="Occurrences within the burst window that escalate."
-    )
+    burst_count: int = Field(default=5, ge=1, description="Occurrences within the burst window that escalate.")
     burst_window: timedelta = Field(default=timedelta(hours=24), description="The burst window.")
-    burst_merge: timedelta = Field(
-        default=timedelta(minutes=3), description="Occurrences this close count once."
-    )
+    burst_merge: timedelta = Field(default=timedelta(minutes=3), description="Occurrences this close count once.")
     flaps: int = Field(default=3, ge=1, description="Reopenings within the flap window that escalate.")
     flap_window: timedelta = Field(default=timedelta(days=14), description="The flap window.")
     busy_nights: int = Field(
-        default=3, ge=1,
+        default=3,
+        ge=1,
         description="Nights in a row a node telemetry or drift asked about may stay busy (and so "
         "unre-certified) before operate opens a ticket asking for a maintenance window.",
-    )  # fmt: skip
+    )

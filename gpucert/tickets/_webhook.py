@@ -123,9 +123,7 @@ def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, A
         if last.report:
             link = last.report
             context.append(
-                f"<{_link(link)}|report>"
-                if link.startswith(("http://", "https://"))
-                else f"report {mrkdwn(link)}"
+                f"<{_link(link)}|report>" if link.startswith(("http://", "https://")) else f"report {mrkdwn(link)}"
             )
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(context)}]})
     payload: dict[str, Any] = {"text": text, "blocks": blocks}
@@ -186,13 +184,12 @@ class WebhookTickets:
             raise TicketConfigError(f"the webhook URL {redact_url(plain)} cannot be used: {exc}") from None
         if parts.scheme not in ("http", "https"):
             raise TicketConfigError(f"the webhook URL must be http(s), not {redact_url(plain)}")
-        self._headers = {
-            k: v if isinstance(v, SecretStr) else SecretStr(v) for k, v in (headers or {}).items()
-        }
+        self._headers = {k: v if isinstance(v, SecretStr) else SecretStr(v) for k, v in (headers or {}).items()}
         self._signing = (
-            signing_secret if isinstance(signing_secret, SecretStr) or signing_secret is None
+            signing_secret
+            if isinstance(signing_secret, SecretStr) or signing_secret is None
             else SecretStr(signing_secret)
-        )  # fmt: skip
+        )
         self.structured = structured
         self.timeout_s = timeout_s
         self.retries = retries
@@ -231,14 +228,15 @@ class WebhookTickets:
             headers["X-Gpucert-Signature"] = f"sha256={digest}"
         deadline = Deadline.start()
         policy = RetryPolicy(
-            attempts=self.retries + 1, base_delay_s=self.backoff_s, max_delay_s=self.max_backoff_s,
-            max_retry_after_s=self.max_backoff_s, jitter=False,
-        )  # fmt: skip
+            attempts=self.retries + 1,
+            base_delay_s=self.backoff_s,
+            max_delay_s=self.max_backoff_s,
+            max_retry_after_s=self.max_backoff_s,
+            jitter=False,
+        )
 
         def log_retry(error: BaseException, attempt: int, wait_s: float) -> None:
-            log.warning(
-                "webhook %s: %s; retry %d of %d in %.2f s", self.where, error, attempt, self.retries, wait_s
-            )
+            log.warning("webhook %s: %s; retry %d of %d in %.2f s", self.where, error, attempt, self.retries, wait_s)
 
         def gave_up(error: BaseException, attempt: int, limit: Deadline, out_of_time: bool) -> NoReturn:
             if out_of_time:
@@ -262,9 +260,7 @@ class WebhookTickets:
                     deadline=deadline,
                 )
             except _NotAccepted as refused:
-                raise TicketError(
-                    f"webhook {self.where}: {refused}; the ticket change was not stored"
-                ) from None
+                raise TicketError(f"webhook {self.where}: {refused}; the ticket change was not stored") from None
 
     def _post(self, client: httpx.Client, body: bytes, headers: dict[str, str], deadline: Deadline) -> None:
         """One POST, each of its waits cut to ``timeout_s`` and what is left of ``deadline``; raises

@@ -71,8 +71,7 @@ def judge(
         runs = [judge_run(results, baseline, policy, floors)]
     else:
         runs = [
-            judge_run(part, baseline, policy, floors)
-            for _, part in results.groupby("run_id", observed=True, sort=True)
+            judge_run(part, baseline, policy, floors) for _, part in results.groupby("run_id", observed=True, sort=True)
         ]
     if not runs:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in VERDICT_COLUMNS})
@@ -108,16 +107,12 @@ def evaluate_run(
     missing = in_background(lambda: missing_findings(run, measured), name="gpucert-judge")  # medians alone
     judged = compare_references(run, measured, references, policy, floors)
     gate_causes = (
-        node_gates.drop_duplicates("node").set_index("node")["cause"]
-        if len(node_gates)
-        else pd.Series(dtype=object)
+        node_gates.drop_duplicates("node").set_index("node")["cause"] if len(node_gates) else pd.Series(dtype=object)
     )
     node_stats = node_wide_findings(run, judged.table, policy, gate_causes)
     node_causes = pd.concat([gate_causes, node_stats.drop_duplicates("node").set_index("node")["cause"]])
     node_causes = node_causes[~node_causes.index.duplicated()]
-    findings = concat_findings(
-        [gates, node_gates, node_stats, repeat_findings, judged.findings, missing()]
-    )
+    findings = concat_findings([gates, node_gates, node_stats, repeat_findings, judged.findings, missing()])
     findings = attribute_causes(run, findings, node_causes, policy)
     findings = concat_findings(
         [

@@ -58,20 +58,14 @@ def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
     that died with a GPU that fails a hard gate is explained by that GPU, so the node row fails with its cause
     instead.
     """
-    node_blocked = findings[
-        (findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])
-    ]
+    node_blocked = findings[(findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])]
     gpu_fails = findings[
         (findings["scope"] == "gpu") & (findings["severity"] == SEVERITY["fail"]) & (findings["rank"] >= 3)
     ]
     if node_blocked.empty or gpu_fails.empty:
         return findings.iloc[:0]
     gpu_fails = gpu_fails.assign(spec=gpu_fails["cause"].map(CAUSE_SPECIFICITY))
-    worst = (
-        gpu_fails.sort_values(["node", "spec"], ascending=[True, False])
-        .drop_duplicates("node")
-        .set_index("node")
-    )
+    worst = gpu_fails.sort_values(["node", "spec"], ascending=[True, False]).drop_duplicates("node").set_index("node")
     nodes = pd.Index(node_blocked["node"].unique()).intersection(worst.index)
     if nodes.empty:
         return findings.iloc[:0]
@@ -99,9 +93,7 @@ def _entity_ids(run: RunIndex, findings: pd.DataFrame) -> tuple[np.ndarray, pd.D
     node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
     gpu = findings["gpu"].to_numpy(dtype=np.int64)
     new = eid < 0
-    extra = pd.DataFrame(
-        {"key": keys[new], "scope": scope[new], "node_code": node_code[new], "gpu": gpu[new]}
-    )
+    extra = pd.DataFrame({"key": keys[new], "scope": scope[new], "node_code": node_code[new], "gpu": gpu[new]})
     extra = extra.drop_duplicates("key").reset_index(drop=True)
     if len(extra):
         eid[new] = run.n_entities + pd.Index(extra["key"]).get_indexer(keys[new])
@@ -117,9 +109,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     severity = entity["severity"].to_numpy(dtype=np.int64)
     rank = entity["rank"].to_numpy(dtype=np.int64)
     # Ties (two metrics failing a gate of one rank) break on the text, not on the order rows arrived in.
-    text_order = pd.factorize(
-        entity["metric"].astype(str) + "\x00" + entity["reason"].astype(str), sort=True
-    )[0]
+    text_order = pd.factorize(entity["metric"].astype(str) + "\x00" + entity["reason"].astype(str), sort=True)[0]
     specificity = entity["cause"].map(CAUSE_SPECIFICITY).fillna(0).to_numpy(dtype=np.int64)
     ticket_rank = entity["ticket"].map(TICKET_RANK).fillna(0).to_numpy(dtype=np.int64)
 
@@ -155,9 +145,7 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     out["ticket"] = _TICKET_NAMES[np.where(judged, ticket, TICKET_RANK["none"])]
 
     worst_first = np.lexsort((text_order, -rank, -severity, eid))
-    reason_eids, reasons = _join_per_entity(
-        eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first]
-    )
+    reason_eids, reasons = _join_per_entity(eid[worst_first], entity["reason"].to_numpy(dtype=object)[worst_first])
     out["reasons"] = with_layer(cause, _scatter(total, reason_eids, reasons, ""))
 
     out = out.iloc[order].reset_index(drop=True)
@@ -259,9 +247,7 @@ def _fleet_frame(fleet: pd.DataFrame) -> pd.DataFrame:
             "cause": fleet["cause"].to_numpy(),
             "action": fleet["action"].to_numpy(),
             "ticket": "none",
-            "reasons": with_layer(
-                fleet["cause"].to_numpy(dtype=object), fleet["reason"].to_numpy(dtype=object)
-            ),
+            "reasons": with_layer(fleet["cause"].to_numpy(dtype=object), fleet["reason"].to_numpy(dtype=object)),
             "gpu_model": None,
             "peer": None,
         }

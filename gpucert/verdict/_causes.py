@@ -72,9 +72,7 @@ def layer_of(cause: str) -> str:
     return LAYER_OF_CAUSE.get(cause, "unknown")
 
 
-def attribute_causes(
-    run: RunIndex, findings: pd.DataFrame, node_causes: pd.Series, policy: Policy
-) -> pd.DataFrame:
+def attribute_causes(run: RunIndex, findings: pd.DataFrame, node_causes: pd.Series, policy: Policy) -> pd.DataFrame:
     """Fill cause, action and ticket of the findings that have no cause yet.
 
     ``node_causes`` maps a node name to a node-wide cause already established (a shared gate, or a
@@ -140,9 +138,7 @@ def attribute_causes(
         default="unknown",
     )
     severity = part["severity"].to_numpy()
-    action = np.where(
-        severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(), "retest"
-    )
+    action = np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(), "retest")
     ticket = np.where(severity >= 3, "remediation", "none")
     findings = findings.copy()
     findings.loc[todo, "cause"] = cause

@@ -140,9 +140,7 @@ def _stretches(values: pa.Array) -> np.ndarray | None:
     return np.concatenate(([0], starts))
 
 
-def _baseline_keys(
-    baseline: _Baseline, level: str, names: pd.Index
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _baseline_keys(baseline: _Baseline, level: str, names: pd.Index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows of one baseline level keyed as run code × metric code (rows the run lacks dropped), with
     their ``center`` and ``spread``."""
     if not len(names):
@@ -219,9 +217,7 @@ def compare_references(
             continue
         mine = (scope == scope_id) & (codes >= 0)
         keys = codes[mine] * N_METRICS + mcode[mine]
-        own_center[mine], own_spread[mine] = _center_spread(
-            bkeys, centers, spreads, len(names) * N_METRICS, keys
-        )
+        own_center[mine], own_spread[mine] = _center_spread(bkeys, centers, spreads, len(names) * N_METRICS, keys)
     has_own = np.isfinite(own_center) & (own_center > 0)
 
     # -- stored per-model reference ----------------------------------------------------------------
@@ -242,9 +238,7 @@ def compare_references(
         peer_nodes[members] = np.count_nonzero(np.bincount(node[members]))
     has_peers = peer_nodes >= policy.peers.min_nodes
     with np.errstate(divide="ignore", invalid="ignore"):
-        peer_sigma = np.maximum(
-            _MAD_TO_SIGMA * peer_mad / peer_median, policy.peers.cv_floor_factor * cv_unit
-        )
+        peer_sigma = np.maximum(_MAD_TO_SIGMA * peer_mad / peer_median, policy.peers.cv_floor_factor * cv_unit)
         d_peer = x / peer_median - 1
         z_peer = d_peer / peer_sigma
 
@@ -284,9 +278,7 @@ def compare_references(
     gpu_own = (scope == SCOPE_GPU) & has_own
     if gpu_own.any():
         idx = np.where(gpu_own, ratio / fleet_factor, np.nan)
-        loo = _leave_one_out_median(
-            node[gpu_own] * N_METRICS + mcode[gpu_own], idx[gpu_own], run.gpu[eid[gpu_own]]
-        )
+        loo = _leave_one_out_median(node[gpu_own] * N_METRICS + mcode[gpu_own], idx[gpu_own], run.gpu[eid[gpu_own]])
         with np.errstate(divide="ignore", invalid="ignore"):
             d_node[gpu_own] = idx[gpu_own] / loo - 1
 
@@ -336,17 +328,13 @@ def compare_references(
     )
     node_low = _host_low_nodes(run, eid, mcode, x, floor, below_floor, backing, policy)
 
-    shift = np.where(
-        np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan
-    )  # shown when it rounds to 0.1 %
+    shift = np.where(np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan)  # shown when it rounds to 0.1 %
     findings = concat_findings(
         [
             _stat(run, table, primary_fail, "fail", ref, d, z, kind, shift),
             _stat(run, table, primary_warn, "warn", ref, d, z, kind, shift),
             _stat(run, table, peer_warn & ~primary_fail, "warn", peer_median, d_peer, z_peer, "peer", None),
-            _stat(
-                run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None
-            ),
+            _stat(run, table, node_fail, "fail", x / (1 + d_node), d_node, np.full(len(x), np.nan), "node", None),
             _spec(run, table, below_floor, floor, backing, node_low),
             _host_node_spec(run, node_low),
         ]
@@ -369,9 +357,7 @@ def _fleet_stats(cohort: np.ndarray, ratio: np.ndarray, node: np.ndarray) -> pd.
     )
 
 
-def _leave_one_out_median(
-    group: np.ndarray, values: np.ndarray, slot: np.ndarray | None = None
-) -> np.ndarray:
+def _leave_one_out_median(group: np.ndarray, values: np.ndarray, slot: np.ndarray | None = None) -> np.ndarray:
     """For each value, the median of the *other* values of its group (NaN for groups under 3).
 
     ``slot``, when given, is each value's place in its group (a GPU's index in its node × metric): then
@@ -437,9 +423,7 @@ def _leave_one_out_by_rows(group: np.ndarray, values: np.ndarray, slot: np.ndarr
     return out
 
 
-def _floors(
-    run: RunIndex, model: np.ndarray, mcode: np.ndarray, floors: dict[tuple[str, str], float]
-) -> np.ndarray:
+def _floors(run: RunIndex, model: np.ndarray, mcode: np.ndarray, floors: dict[tuple[str, str], float]) -> np.ndarray:
     if not floors:
         return np.full(len(model), np.nan)
     table = np.full((len(run.models) + 1, N_METRICS), np.nan)
@@ -476,9 +460,7 @@ def _stat(
     eids = table["eid"].to_numpy()[rows]
     names = np.array(METRIC_NAMES, dtype=object)[table["mcode"].to_numpy()[rows]]
     # Only the flagged rows' kinds as objects, not the whole table's.
-    kinds = np.asarray(
-        kind[rows] if isinstance(kind, pd.Categorical) else np.full(len(rows), kind), dtype=object
-    )
+    kinds = np.asarray(kind[rows] if isinstance(kind, pd.Categorical) else np.full(len(rows), kind), dtype=object)
     x = table["x"].to_numpy()[rows]
     shifts = shift[rows] if shift is not None else np.full(len(rows), np.nan)
     reason = [
@@ -621,9 +603,7 @@ def _host_low_nodes(
     missed[key[host & below_floor]] = True
     host &= missed[key]
     if not host.any():
-        empty = pd.DataFrame(
-            columns=["node", "mcode", "x", "d_own", "fleet", "floor", "gpus", "below", "backed"]
-        )
+        empty = pd.DataFrame(columns=["node", "mcode", "x", "d_own", "fleet", "floor", "gpus", "below", "backed"])
         return _HostLow(rows=np.zeros(len(x), dtype=bool), nodes=empty)
     frame = pd.DataFrame(
         {
@@ -720,16 +700,10 @@ def _spec(
     )
 
 
-def _floor_words(
-    backer: str, d_own: float, own_center: float, fleet_factor: float, d_node: float, is_gpu: bool
-) -> str:
+def _floor_words(backer: str, d_own: float, own_center: float, fleet_factor: float, d_node: float, is_gpu: bool) -> str:
     """What backs a floor miss, or why it does not fail (``backer`` empty)."""
     # The own baseline shown is the one judged: shifted as the whole cohort moved tonight.
-    shifted = (
-        f", after the fleet-wide {(fleet_factor - 1) * 100:+.1f} % shift"
-        if abs(fleet_factor - 1) >= 5e-4
-        else ""
-    )
+    shifted = f", after the fleet-wide {(fleet_factor - 1) * 100:+.1f} % shift" if abs(fleet_factor - 1) >= 5e-4 else ""
     if backer == "host":
         return ", as are most GPUs of its node, PCIe links at spec: the host's, not the GPU's (see the node's row)"
     if backer == "link":
@@ -746,8 +720,7 @@ def _floor_words(
         return ", with no other GPUs of its node to weigh it against"
     agree = " and the other GPUs of its node agree" if is_gpu else " agrees"
     return (
-        f", but its own baseline ({own_center:.4g}{shifted}){agree} with it: noise at the floor, not a fault; "
-        "re-test"
+        f", but its own baseline ({own_center:.4g}{shifted}){agree} with it: noise at the floor, not a fault; re-test"
     )
 
 
@@ -769,9 +742,7 @@ def _host_node_spec(run: RunIndex, host_low: _HostLow) -> pd.DataFrame:
         f"{xv:.4g}) with their PCIe links at spec: the host, not the GPUs — fix NUMA/CPU affinity, stop noisy "
         "processes, check the BIOS and IOMMU settings"
         + ("" if bk else "; they have always measured this low (their own baselines agree)")
-        for m, b, n, fv, mo, xv, bk in zip(
-            names, low["below"], low["gpus"], f, models, x, backed, strict=True
-        )
+        for m, b, n, fv, mo, xv, bk in zip(names, low["below"], low["gpus"], f, models, x, backed, strict=True)
     ]
     return make_findings(
         "node",

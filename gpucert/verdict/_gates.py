@@ -337,11 +337,8 @@ def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         "unknown": "an XID gpucert does not classify: re-test and read the kernel log",
     }
     reason = [
-        f"XID {x} ({m.split(' / ')[0]}) ×{c}: {advice.get(k, k)}"
-        + (" (XID not in NVIDIA's catalog)" if u else "")
-        for x, m, c, k, u in zip(
-            counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True
-        )
+        f"XID {x} ({m.split(' / ')[0]}) ×{c}: {advice.get(k, k)}" + (" (XID not in NVIDIA's catalog)" if u else "")
+        for x, m, c, k, u in zip(counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True)
     ]
     is_note = severity == "note"
     return make_findings(
@@ -423,11 +420,7 @@ def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     slowest, fastest = t("ib_rate_min_gbps"), t("ib_rate_max_gbps")
     retrain = "trained down: reseat or replace its cable or transceiver, then check the switch port's speed"
     expected = gates.ib_rate_gbps
-    below = (
-        slowest < expected * (1 - _RATE_TOLERANCE)
-        if expected is not None
-        else np.zeros(len(nodes), dtype=bool)
-    )
+    below = slowest < expected * (1 - _RATE_TOLERANCE) if expected is not None else np.zeros(len(nodes), dtype=bool)
     emit(
         below,
         metric="ib_rate_min_gbps",
@@ -435,8 +428,7 @@ def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         reference=float(expected or 0),
         action="check_cable",
         reason=lambda v, r: [
-            f"an RDMA port at {s:g} Gb/s, below the expected {e:g}: {retrain}"
-            for s, e in zip(v, r, strict=True)
+            f"an RDMA port at {s:g} Gb/s, below the expected {e:g}: {retrain}" for s, e in zip(v, r, strict=True)
         ],
     )
     emit(
@@ -446,8 +438,7 @@ def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         reference=fastest,
         action="check_cable",
         reason=lambda v, r: [
-            f"an RDMA port at {s:g} Gb/s, the others at up to {f:g}: {retrain}"
-            for s, f in zip(v, r, strict=True)
+            f"an RDMA port at {s:g} Gb/s, the others at up to {f:g}: {retrain}" for s, f in zip(v, r, strict=True)
         ],
     )
     seen: dict[str, Callable[[float], str]] = {
@@ -557,8 +548,7 @@ def _gpu_count_findings(run: RunIndex) -> pd.DataFrame:
         action="reboot_node",
         ticket="remediation",
         reason=[
-            f"GPU {g} should be on this node but reports nothing"
-            + (" (XID 79: fallen off the bus)" if w else "")
+            f"GPU {g} should be on this node but reports nothing" + (" (XID 79: fallen off the bus)" if w else "")
             for g, w in zip(grid_gpu[missing], with79, strict=True)
         ],
     )
@@ -631,8 +621,7 @@ def node_wide_gate_findings(run: RunIndex, findings: pd.DataFrame, policy: Polic
         "power": "power delivery: check the PSU, PDU and BMC power capping",
         "thermal": "cooling: check the rack's airflow and CRAH",
         "config": "configuration: fix the node's power or host policy",
-        "nvlink": "the NVLink fabric: Fabric Manager degraded mode or an NVSwitch; reset, restart FM, "
-        "then baseboard",
+        "nvlink": "the NVLink fabric: Fabric Manager degraded mode or an NVSwitch; reset, restart FM, then baseboard",
         "pcie": "the PCIe complex: check the host's BIOS and risers",
     }
     return make_findings(

@@ -45,9 +45,7 @@ _SCOPE_CODE = {name: i for i, name in enumerate(SCOPE_NAMES)}
 def entity_key(scope: np.ndarray, node_code: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """An entity's identity packed in one int64: its scope, its node, and its GPU index or peer."""
     key: np.ndarray = (
-        (scope.astype(np.int64) << 42)
-        | (node_code.astype(np.int64) << 21)
-        | np.maximum(sub, 0).astype(np.int64)
+        (scope.astype(np.int64) << 42) | (node_code.astype(np.int64) << 21) | np.maximum(sub, 0).astype(np.int64)
     )
     return key
 
@@ -272,9 +270,7 @@ def index_run(results: pd.DataFrame) -> RunIndex:
     gpu, top = _small_ints(results["gpu"], -1)
     width = top + 2
     base = (int(node_code.max(initial=-1)) + 1) * width
-    dense: npt.NDArray[np.integer[Any]] = node_code.astype(
-        np.int32 if base + len(results) < 2**31 else np.int64
-    )
+    dense: npt.NDArray[np.integer[Any]] = node_code.astype(np.int32 if base + len(results) < 2**31 else np.int64)
     dense *= width
     dense += np.where(gpu < 0, np.asarray(top + 1, dtype=gpu.dtype), gpu)
     pair_rows = np.flatnonzero((gpu < 0) & (peer_code >= 0))

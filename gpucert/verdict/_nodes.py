@@ -20,9 +20,7 @@ _MEDIAN_EFFICIENCY = 1.2533  # sd of a sample median / (sigma / sqrt(n)) for nor
 _PAIR_Z = 2.5
 
 
-def node_wide_findings(
-    run: RunIndex, table: pd.DataFrame, policy: Policy, gate_causes: pd.Series
-) -> pd.DataFrame:
+def node_wide_findings(run: RunIndex, table: pd.DataFrame, policy: Policy, gate_causes: pd.Series) -> pd.DataFrame:
     """Node findings where the GPUs of a node all lose about the same share on one metric.
 
     The median drop of a node's GPUs is far more precise than any one GPU's, so a node-wide cause (a host
@@ -103,9 +101,7 @@ def node_wide_findings(
     )
 
 
-def pair_node_findings(
-    run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame
-) -> pd.DataFrame:
+def pair_node_findings(run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame) -> pd.DataFrame:
     """A node whose every pair is low is the likelier culprit (docs/design/verdict-engine.md, "Node and pair findings").
 
     The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in,

@@ -46,9 +46,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 # Median of 1.4826·MAD / σ over normal samples of n repeats (simulated, 400,000 draws each): the factor
 # that turns the cohort's median robust CV into an estimate of its run-to-run CV.
-_MAD_MEDIAN_FACTOR = np.array(
-    [np.nan, np.nan, 0.707, 0.5344, 0.6724, 0.7474, 0.7909, 0.8273, 0.849, 0.8692, 0.8813]
-)
+_MAD_MEDIAN_FACTOR = np.array([np.nan, np.nan, 0.707, 0.5344, 0.6724, 0.7474, 0.7909, 0.8273, 0.849, 0.8692, 0.8813])
 _MIN_COHORT = 30  # results needed before tonight's noise is estimated from the cohort
 
 
@@ -148,14 +146,26 @@ def judge_repeat_matrix(
             break
         rows = hit[some]
         again = _judge(
-            matrix[rows], counts[rows], direction[rows], edges[some, k], x[rows], None, unstable_factor,
+            matrix[rows],
+            counts[rows],
+            direction[rows],
+            edges[some, k],
+            x[rows],
+            None,
+            unstable_factor,
             transient_pct,
-        )  # fmt: skip
+        )
         unstable[rows] |= again.unstable
     return RepeatStability(
-        judged.x, judged.rel, judged.transient, judged.cv_mad, judged.n_far, judged.n_above, judged.n_good,
+        judged.x,
+        judged.rel,
+        judged.transient,
+        judged.cv_mad,
+        judged.n_far,
+        judged.n_above,
+        judged.n_good,
         unstable,
-    )  # fmt: skip
+    )
 
 
 def _judge(
@@ -219,8 +229,9 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
 
     # The run-to-run noise to expect is the larger of the policy's and tonight's, measured on the whole
     # cohort: a benchmark that is noisier for everyone tonight makes no single GPU unstable.
-    blocks = [(results, members, matrix, block) for results, members, matrix in classes
-              for block in _blocks(len(results))]  # fmt: skip
+    blocks = [
+        (results, members, matrix, block) for results, members, matrix in classes for block in _blocks(len(results))
+    ]
     x_all = np.empty(len(keys))
     mad_all = np.empty(len(keys))
 
@@ -242,9 +253,15 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
         results, members, matrix, block = part
         at = results[block]
         judged = _judge(
-            matrix[block], n[at], direction[at], expected[at], x_all[at], mad_all[at],
-            policy.repeats.unstable_factor, policy.repeats.transient_pct,
-        )  # fmt: skip
+            matrix[block],
+            n[at],
+            direction[at],
+            expected[at],
+            x_all[at],
+            mad_all[at],
+            policy.repeats.unstable_factor,
+            policy.repeats.transient_pct,
+        )
         cv_mad[at], unstable[at] = judged.cv_mad, judged.unstable
         transient[members[block]] = judged.transient
 
@@ -296,9 +313,7 @@ def _cohort_noise(
     usable = (n >= MIN_JUDGED) & (n < len(_MAD_MEDIAN_FACTOR))
     with np.errstate(divide="ignore", invalid="ignore"):
         cv = MAD_TO_SIGMA * mad / x
-        estimate = np.where(
-            usable, cv / _MAD_MEDIAN_FACTOR[np.minimum(n, len(_MAD_MEDIAN_FACTOR) - 1)], np.nan
-        )
+        estimate = np.where(usable, cv / _MAD_MEDIAN_FACTOR[np.minimum(n, len(_MAD_MEDIAN_FACTOR) - 1)], np.nan)
     cohort = (run.scope[eids] * (len(run.models) + 1) + run.model_code[eids]) * N_METRICS + mcodes
     result = np.full(len(cohort), np.nan)
     for members in group_positions(cohort):

@@ -79,23 +79,30 @@ def _fault_middleware(faults: FaultInjector) -> Any:
         # The simulator's own endpoints are never faulted; with no faults, nothing to parse.
         if request.path.startswith(_NOT_KUBERNETES) or not faults.policy.active:
             return await handler(request)
-        info = request_info(request.method, request.path, request.query,
-                            bearer_user(request.headers.get("Authorization")))
+        info = request_info(
+            request.method, request.path, request.query, bearer_user(request.headers.get("Authorization"))
+        )
         decision = faults.decide(resource_request=info.resource_request)
         if decision.latency_s:
             await asyncio.sleep(decision.latency_s)
         if decision.status == 429:
-            raise ApiError(429, "Too many requests, please try again later.",
-                           details={"retryAfterSeconds": decision.retry_after_s},
-                           headers={"Retry-After": str(decision.retry_after_s)})
+            raise ApiError(
+                429,
+                "Too many requests, please try again later.",
+                details={"retryAfterSeconds": decision.retry_after_s},
+                headers={"Retry-After": str(decision.retry_after_s)},
+            )
         if decision.status == 500:
             raise ApiError(500, "Internal error occurred: injected by gpucert sim")
         if decision.status == 403:
             # The API server's wording (an RBAC denial), so a client's message reads as on a real cluster.
             scope = f'in the namespace "{info.namespace}"' if info.namespace else "at the cluster scope"
-            raise ApiError(403, f'{info.combined_resource} is forbidden: User "{info.user or "system:anonymous"}" '
-                                f'cannot {info.verb} resource "{info.combined_resource}" in API group '
-                                f'"{info.group}" {scope}: injected by gpucert sim')
+            raise ApiError(
+                403,
+                f'{info.combined_resource} is forbidden: User "{info.user or "system:anonymous"}" '
+                f'cannot {info.verb} resource "{info.combined_resource}" in API group '
+                f'"{info.group}" {scope}: injected by gpucert sim',
+            )
         return await handler(request)
 
     return inject
@@ -107,8 +114,9 @@ def _recording_middleware(log: RequestLog) -> Any:
         if request.path.startswith(_NOT_KUBERNETES):  # not the Kubernetes API: nothing to authorize
             return await handler(request)
         # Recorded on arrival, so a watch that stays open is in the log while it runs.
-        info = request_info(request.method, request.path, request.query,
-                            bearer_user(request.headers.get("Authorization")))
+        info = request_info(
+            request.method, request.path, request.query, bearer_user(request.headers.get("Authorization"))
+        )
         log.add(info)
         response = await handler(request)
         if info.verb == "patch" and response.status == 201:
@@ -171,8 +179,9 @@ class _Routes:
                     return web.Response(status=204)
                 return web.Response(text=self.verbs.log(target, query), content_type="text/plain")
             if query.get("watch") in ("true", "1"):
-                return await serve_watch(request, target, self.store, self.faults,
-                                         bookmark_interval_s=self.bookmark_interval_s)
+                return await serve_watch(
+                    request, target, self.store, self.faults, bookmark_interval_s=self.bookmark_interval_s
+                )
             reply = self.verbs.get(target) if target.name else self.verbs.list(target, query)
             if "as=Table" in request.headers.get("Accept", ""):
                 return _json(as_table(reply.body))
@@ -226,16 +235,42 @@ def as_table(body: dict[str, Any]) -> dict[str, Any]:
     """A ``meta.k8s.io/v1`` Table of an object or a list, with the columns the API server gives a kind it
     has no printer for (Name, Created At): what ``kubectl get`` asks for, and prints."""
     items = body.get("items") if "items" in body else [body]
-    rows = [{"cells": [(o.get("metadata") or {}).get("name"), (o.get("metadata") or {}).get("creationTimestamp")],
-             "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                        "metadata": o.get("metadata") or {}}} for o in items or ()]
-    columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within "
-                "a namespace.", "priority": 0},
-               {"name": "Created At", "type": "date", "format": "", "description": "CreationTimestamp is a "
-                "timestamp representing the server time when this object was created.", "priority": 0}]
+    rows = [
+        {
+            "cells": [(o.get("metadata") or {}).get("name"), (o.get("metadata") or {}).get("creationTimestamp")],
+            "object": {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": o.get("metadata") or {},
+            },
+        }
+        for o in items or ()
+    ]
+    columns = [
+        {
+            "name": "Name",
+            "type": "string",
+            "format": "name",
+            "description": "Name must be unique within a namespace.",
+            "priority": 0,
+        },
+        {
+            "name": "Created At",
+            "type": "date",
+            "format": "",
+            "description": "CreationTimestamp is a "
+            "timestamp representing the server time when this object was created.",
+            "priority": 0,
+        },
+    ]
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k in ("resourceVersion", "continue")}
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta if "items" in body else {},
-            "columnDefinitions": columns, "rows": rows}
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta if "items" in body else {},
+        "columnDefinitions": columns,
+        "rows": rows,
+    }
 
 
 def _reply(reply: Reply) -> web.Response:
@@ -286,8 +321,11 @@ async def _object_body(request: web.Request) -> Any:
         return _decode_json(raw)
     if content_type in ("application/yaml", "application/x-yaml"):
         return _decode_yaml(raw)
-    raise ApiError(415, "the body of the request was in an unknown format - accepted media types include: "
-                        "application/json, application/yaml")
+    raise ApiError(
+        415,
+        "the body of the request was in an unknown format - accepted media types include: "
+        "application/json, application/yaml",
+    )
 
 
 async def _optional_body(request: web.Request) -> Any:
@@ -299,8 +337,11 @@ async def _patch_body(request: web.Request) -> tuple[str, Any]:
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     kind = PATCH_TYPES.get(content_type)
     if kind is None:
-        raise ApiError(415, "the body of the request was in an unknown format - accepted media types include: "
-                            + ", ".join(PATCH_TYPES))
+        raise ApiError(
+            415,
+            "the body of the request was in an unknown format - accepted media types include: "
+            + ", ".join(PATCH_TYPES),
+        )
     raw = await request.read()
     return kind, (_decode_yaml(raw) if kind == "apply" else _decode_json(raw))
 
@@ -313,16 +354,22 @@ def _decode_yaml(raw: bytes) -> Any:
         raise bad_request(f"error decoding YAML: {exc}") from exc
 
 
-def build_app(store: Store, faults: FaultInjector, *, bookmark_interval_s: float = 5.0,
-              extra_routes: Sequence[tuple[str, str, Handler]] = (),
-              request_log: RequestLog | None = None) -> web.Application:
+def build_app(
+    store: Store,
+    faults: FaultInjector,
+    *,
+    bookmark_interval_s: float = 5.0,
+    extra_routes: Sequence[tuple[str, str, Handler]] = (),
+    request_log: RequestLog | None = None,
+) -> web.Application:
     """The aiohttp application of one simulated API server; ``extra_routes``: (method, path, handler);
     ``request_log``, when given, records every API request (and is served at :data:`REQUESTS_PATH`)."""
     routes = _Routes(store, faults, bookmark_interval_s)
     # Recording outermost: a request an injected fault refuses was still asked for.
     recording = [] if request_log is None else [_recording_middleware(request_log)]
-    app = web.Application(middlewares=[*recording, _status_errors, _fault_middleware(faults)],
-                          client_max_size=_MAX_BODY)
+    app = web.Application(
+        middlewares=[*recording, _status_errors, _fault_middleware(faults)], client_max_size=_MAX_BODY
+    )
     add = app.router.add_route
     for path in ("/version", "/version/"):
         add("GET", path, routes.version)

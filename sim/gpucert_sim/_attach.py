@@ -106,21 +106,37 @@ class _Remote:
 
         configuration = client.Configuration()
         try:
-            config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
-                                    client_configuration=configuration)
+            config.load_kube_config(
+                config_file=kubeconfig,  # type: ignore[no-untyped-call]
+                client_configuration=configuration,
+            )
         except Exception as exc:  # the client raises ConfigException, OSError, yaml errors …
             raise InputError(f"sim kubelets: cannot load --kubeconfig {kubeconfig}: {exc}") from exc
         self.api = client.ApiClient(configuration)
         self.host = configuration.host
 
-    def call(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
-             content_type: str | None = None, timeout: float | tuple[float, float] = 30.0) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] = 30.0,
+    ) -> Any:
         """The raw answer (``.status``, ``.read()``, ``.response`` to stream); :class:`_Refused` for a non-2xx."""
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        params = self.api.param_serialize(method, path, query_params=list((query or {}).items()),
-                                          header_params=headers, body=body, auth_settings=["BearerToken"])
+        params = self.api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         answer = self.api.call_api(*params, _request_timeout=timeout)
         if not 200 <= answer.status <= 299:
             raise _Refused(answer.status, answer.read())  # type: ignore[no-untyped-call]
@@ -153,8 +169,9 @@ class AttachedKubelets:
         dcgm_host_label: str = "hostname",
     ) -> None:
         try:
-            self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed,
-                                        nodes_per_leaf=nodes_per_leaf)
+            self.fleet = Fleet.generate(
+                nodes=nodes, gpus_per_node=gpus, model=model, seed=seed, nodes_per_leaf=nodes_per_leaf
+            )
         except ValueError as exc:
             raise InputError(f"sim kubelets: {exc}") from exc
         self.kubeconfig = str(kubeconfig)
@@ -165,8 +182,14 @@ class AttachedKubelets:
         self.gpu_faults = GpuFaults(lambda: self.fleet)
         #: The local mirror the simulated controllers run on.
         self.store = Store()
-        self.dcgm = DcgmExporters(self.store, lambda: self.fleet, self.gpu_faults, seed=seed,
-                                  started_at=time.monotonic(), host_label=dcgm_host_label)
+        self.dcgm = DcgmExporters(
+            self.store,
+            lambda: self.fleet,
+            self.gpu_faults,
+            seed=seed,
+            started_at=time.monotonic(),
+            host_label=dcgm_host_label,
+        )
         self.training = TrainingModel(self.store, lambda: self.fleet, self.dcgm.readings, seed=seed)
         self.dcgm.training = self.training.gpus_now
         self.runtime: Runtime | None = None
@@ -194,8 +217,7 @@ class AttachedKubelets:
         self._remote = _Remote(self.kubeconfig)
         ready = threading.Event()
         failure: list[BaseException] = []
-        thread = threading.Thread(target=self._serve, args=(ready, failure), name="sim-kubelets-loop",
-                                  daemon=True)
+        thread = threading.Thread(target=self._serve, args=(ready, failure), name="sim-kubelets-loop", daemon=True)
         thread.start()
         self._threads.append(thread)
         if not ready.wait(30) or failure:
@@ -208,9 +230,13 @@ class AttachedKubelets:
         except Exception:
             self.stop()
             raise
-        for target, name in ((self._mirror_loop, "nodes"), (self._mirror_loop, "pods"),
-                             (self._mirror_loop, "daemonsets"), (self._push_loop, "push"),
-                             (self._lease_loop, "leases")):
+        for target, name in (
+            (self._mirror_loop, "nodes"),
+            (self._mirror_loop, "pods"),
+            (self._mirror_loop, "daemonsets"),
+            (self._push_loop, "push"),
+            (self._lease_loop, "leases"),
+        ):
             t = threading.Thread(target=target, args=(name,), name=f"sim-kubelets-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -234,14 +260,19 @@ class AttachedKubelets:
             for ds in listed.get("items") or ():
                 status, meta = ds.get("status") or {}, ds["metadata"]
                 desired = int(status.get("desiredNumberScheduled") or 0)
-                if (int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 1) or desired == 0
-                        or int(status.get("numberReady") or 0) < desired):
+                if (
+                    int(status.get("observedGeneration") or 0) < int(meta.get("generation") or 1)
+                    or desired == 0
+                    or int(status.get("numberReady") or 0) < desired
+                ):
                     pending.append(meta["name"])
             if listed.get("items") and not pending:
                 return
             self._stop.wait(0.2)
-        raise InputError(f"sim kubelets: the preconfigured stack is not ready within {timeout_s:.0f} s "
-                         f"({', '.join(pending) or 'no DaemonSet'})")
+        raise InputError(
+            f"sim kubelets: the preconfigured stack is not ready within {timeout_s:.0f} s "
+            f"({', '.join(pending) or 'no DaemonSet'})"
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -253,6 +284,7 @@ class AttachedKubelets:
             response.shutdown()
         loop = self._loop
         if loop is not None:
+
             async def _close() -> None:
                 if self.runtime is not None:
                     await self.runtime.stop()
@@ -312,31 +344,39 @@ class AttachedKubelets:
         with self.store.lock:
             before = self.fleet.n_nodes
             self.fleet = self.fleet.add_nodes(count, seed=self.seed * 1_000_003 + before)
-        return self._register(self.fleet.node_names[before:], uncertified_taint=uncertified_taint,
-                              preconfigured=False)
+        return self._register(self.fleet.node_names[before:], uncertified_taint=uncertified_taint, preconfigured=False)
 
     # --- registration -------------------------------------------------------------------------------
 
-    def _register(self, names: list[str], *, uncertified_taint: str | None = None,
-                  preconfigured: bool | None = None) -> list[str]:
+    def _register(
+        self, names: list[str], *, uncertified_taint: str | None = None, preconfigured: bool | None = None
+    ) -> list[str]:
         """Create the Nodes ``names`` locally and on the real server, their status posted, their Leases held."""
         assert self._remote is not None
         with self.store.lock, self._as_mirror():
-            register_nodes(self.store, self.fleet, names=names, uncertified_taint=uncertified_taint,
-                           preconfigured=self.preconfigured if preconfigured is None else preconfigured,
-                           label_prefix=self.label_prefix)
+            register_nodes(
+                self.store,
+                self.fleet,
+                names=names,
+                uncertified_taint=uncertified_taint,
+                preconfigured=self.preconfigured if preconfigured is None else preconfigured,
+                label_prefix=self.label_prefix,
+            )
             local = [self._as_attached(name) for name in names]
         for node in local:
-            body = {"apiVersion": "v1", "kind": "Node",
-                    "metadata": {k: v for k, v in node["metadata"].items()
-                                 if k in ("name", "labels", "annotations")},
-                    "spec": node.get("spec") or {}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {k: v for k, v in node["metadata"].items() if k in ("name", "labels", "annotations")},
+                "spec": node.get("spec") or {},
+            }
             try:
                 self._remote.json("POST", "/api/v1/nodes", body=body, query={"fieldManager": "kubelet"})
             except Exception as exc:
                 if getattr(exc, "status", None) != 409:
-                    raise InputError(f"sim kubelets: cannot register node {node['metadata']['name']}: "
-                                     f"{_reason(exc)}") from exc
+                    raise InputError(
+                        f"sim kubelets: cannot register node {node['metadata']['name']}: {_reason(exc)}"
+                    ) from exc
             self._push_status(NODES, node)
             self._renew_lease(node["metadata"]["name"])
         return names
@@ -355,34 +395,52 @@ class AttachedKubelets:
         status = dict(node["status"])
         status["addresses"] = [{"type": "InternalIP", "address": _HOST}, {"type": "Hostname", "address": name}]
         status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": self.kubelet_port}}
-        status["nodeInfo"] = {**status["nodeInfo"], "kubeletVersion": KUBELET_VERSION,
-                              "kubeProxyVersion": KUBELET_VERSION}
+        status["nodeInfo"] = {
+            **status["nodeInfo"],
+            "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": KUBELET_VERSION,
+        }
         return self.store.update(NODES, {**node, "spec": spec, "status": status})
 
     def _apply_stack(self, names: list[str]) -> None:
         """What configure would have applied, applied for real with gpucert's field manager (``_stack.py``)."""
         assert self._remote is not None
         nodes = [self.store.get(NODES, None, n) for n in names]
-        objects, labels = preconfigured_stack([n for n in nodes if n is not None], namespace=_STACK_NAMESPACE,
-                                              label_prefix=self.label_prefix)
+        objects, labels = preconfigured_stack(
+            [n for n in nodes if n is not None], namespace=_STACK_NAMESPACE, label_prefix=self.label_prefix
+        )
         for obj in objects:
             resource = by_kind(str(obj["apiVersion"]), str(obj["kind"]))
             assert resource is not None, obj["kind"]
             meta = obj["metadata"]
             path = resource.path(meta.get("namespace") if resource.namespaced else None, meta["name"])
-            self._remote.json("PATCH", path, body=obj, content_type="application/apply-patch+yaml",
-                              query={"fieldManager": FIELD_MANAGER, "force": "true"})
+            self._remote.json(
+                "PATCH",
+                path,
+                body=obj,
+                content_type="application/apply-patch+yaml",
+                query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            )
         now = dt.datetime.now(dt.UTC)
         for name, extra in labels.items():
-            self._remote.json("PATCH", f"/api/v1/nodes/{name}", body={"metadata": {"labels": extra}},
-                              content_type="application/merge-patch+json", query={"fieldManager": FIELD_MANAGER})
+            self._remote.json(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                body={"metadata": {"labels": extra}},
+                content_type="application/merge-patch+json",
+                query={"fieldManager": FIELD_MANAGER},
+            )
             # configure gives each node it takes on the GpuCertified condition Unknown (never certified).
             node = self.store.get(NODES, None, name)
             unknown = never_certified_patch(node or {}, now=now)
             if unknown is not None:
-                self._remote.json("PATCH", f"/api/v1/nodes/{name}/status", body=unknown,
-                                  content_type="application/strategic-merge-patch+json",
-                                  query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+                self._remote.json(
+                    "PATCH",
+                    f"/api/v1/nodes/{name}/status",
+                    body=unknown,
+                    content_type="application/strategic-merge-patch+json",
+                    query={"fieldManager": FIELD_MANAGER},
+                )
 
     # --- the loop: controllers, the kubelet endpoint, the exporters -----------------------------------
 
@@ -402,9 +460,18 @@ class AttachedKubelets:
             metrics.router.add_route(method, path, handler)
         self.metrics_port = await self._site(metrics, None)
         runtime = Runtime(self.store, loop)
-        runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
-                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training,
-                                  rendezvous=True))
+        runtime.add(
+            node_kubelets(
+                runtime,
+                lambda: self.fleet,
+                self.gpu_faults,
+                seed=self.seed,
+                label_prefix=self.label_prefix,
+                timing=self.timing,
+                training=self.training,
+                rendezvous=True,
+            )
+        )
         self.dcgm.driver = loaded_driver(runtime)  # the exporters report the driver each node runs
         runtime.add(DevicePlugin(runtime, self.fleet.gpus_per_node))
         self.store.subscribe(self._on_local_event)
@@ -430,13 +497,23 @@ class AttachedKubelets:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpucert-sim-kubelet")])
         now = dt.datetime.now(dt.UTC)
-        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-                .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
-                .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .sign(key, hashes.SHA256())
+        )
         folder = Path(self._tmp.name)
         (folder / "kubelet.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (folder / "kubelet.key").write_bytes(key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        (folder / "kubelet.key").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(folder / "kubelet.crt", folder / "kubelet.key")
         return context
@@ -456,7 +533,7 @@ class AttachedKubelets:
         tail = request.query.get("tailLines")
         if tail is not None and tail.isdigit():
             lines = text.splitlines(keepends=True)
-            text = "".join(lines[-int(tail):]) if int(tail) else ""
+            text = "".join(lines[-int(tail) :]) if int(tail) else ""
         limit = request.query.get("limitBytes")
         if limit is not None and limit.isdigit():
             text = text.encode()[: int(limit)].decode(errors="ignore")
@@ -522,8 +599,13 @@ class AttachedKubelets:
         meta = obj["metadata"]
         path = resource.path(meta.get("namespace") if resource.namespaced else None, meta["name"]) + "/status"
         try:
-            self._remote.json("PATCH", path, body={"status": obj.get("status") or {}},
-                              content_type="application/merge-patch+json", query={"fieldManager": "kubelet"})
+            self._remote.json(
+                "PATCH",
+                path,
+                body={"status": obj.get("status") or {}},
+                content_type="application/merge-patch+json",
+                query={"fieldManager": "kubelet"},
+            )
         except Exception as exc:
             if _transient(exc):
                 return False
@@ -534,8 +616,10 @@ class AttachedKubelets:
     def _push_event(self, resource: ResourceType, obj: Obj) -> None:
         assert self._remote is not None
         meta = obj["metadata"]
-        body = {**obj, "metadata": {k: v for k, v in meta.items()
-                                    if k in ("name", "namespace", "labels", "annotations")}}
+        body = {
+            **obj,
+            "metadata": {k: v for k, v in meta.items() if k in ("name", "namespace", "labels", "annotations")},
+        }
         try:
             self._remote.json("POST", resource.path(meta.get("namespace")), body=body)
         except Exception as exc:
@@ -546,8 +630,12 @@ class AttachedKubelets:
         """Confirm a pod's deletion as its kubelet does: grace period 0, this pod's uid as precondition."""
         assert self._remote is not None
         meta = pod["metadata"]
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
-                "preconditions": {"uid": meta["uid"]}}
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": meta["uid"]},
+        }
         try:
             self._remote.json("DELETE", PODS.path(meta["namespace"], meta["name"]), body=body)
         except Exception as exc:
@@ -595,16 +683,24 @@ class AttachedKubelets:
             seen.add((meta.get("namespace") or "", meta["name"]))
             self._mirror(resource, "MODIFIED", obj)
         with self.store.lock:
-            stale = [o for o in self.store.list(resource)[0]
-                     if (o["metadata"].get("namespace") or "", o["metadata"]["name"]) not in seen]
+            stale = [
+                o
+                for o in self.store.list(resource)[0]
+                if (o["metadata"].get("namespace") or "", o["metadata"]["name"]) not in seen
+            ]
         for obj in stale:
             self._mirror(resource, "DELETED", obj)
         return str(listing["metadata"]["resourceVersion"])
 
     def _watch(self, resource: ResourceType, version: str) -> str:
         assert self._remote is not None
-        query = {**self._query(resource), "watch": "1", "resourceVersion": version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": _WATCH_TIMEOUT_S}
+        query = {
+            **self._query(resource),
+            "watch": "1",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": _WATCH_TIMEOUT_S,
+        }
         answer = self._remote.call("GET", resource.path(), query=query, timeout=(10, _WATCH_TIMEOUT_S + 30))
         self._watches[resource.key] = answer.response
         try:
@@ -670,15 +766,20 @@ class AttachedKubelets:
     def _renew_lease(self, name: str) -> None:
         assert self._remote is not None
         path = LEASES.path("kube-node-lease", name)
-        patch = {"spec": {"holderIdentity": name, "leaseDurationSeconds": _LEASE_DURATION_S,
-                          "renewTime": _micro_time()}}
+        patch = {
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": _LEASE_DURATION_S, "renewTime": _micro_time()}
+        }
         try:
             self._remote.json("PATCH", path, body=patch, content_type="application/merge-patch+json")
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 raise
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": "kube-node-lease"}, **patch}
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": "kube-node-lease"},
+                **patch,
+            }
             self._remote.json("POST", LEASES.path("kube-node-lease"), body=body)
 
 
@@ -724,8 +825,16 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_kubelets(*, kubeconfig: str | None, nodes: int, gpus: int, model: str, seed: int = 0,
-                 preconfigured: bool = False, stop: Callable[[], bool] | None = None) -> int:
+def run_kubelets(
+    *,
+    kubeconfig: str | None,
+    nodes: int,
+    gpus: int,
+    model: str,
+    seed: int = 0,
+    preconfigured: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> int:
     """``gpucert sim kubelets``: attach until SIGINT or SIGTERM; returns the exit status. Without
     ``kubeconfig``, the API server is the one ``$KUBECONFIG`` (else ``~/.kube/config``) names."""
     import signal
@@ -737,11 +846,14 @@ def run_kubelets(*, kubeconfig: str | None, nodes: int, gpus: int, model: str, s
     stopping = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with AttachedKubelets(kubeconfig, nodes=nodes, gpus=gpus, model=model, seed=seed,
-                              preconfigured=preconfigured) as attached:
-            print(f"gpucert sim kubelets: {counted(nodes, 'node')} × {gpus} {model} attached to {attached.server}; "
-                  f"kubelet endpoint {_HOST}:{attached.kubelet_port}, exporters at {attached.metrics_url}",
-                  flush=True)
+        with AttachedKubelets(
+            kubeconfig, nodes=nodes, gpus=gpus, model=model, seed=seed, preconfigured=preconfigured
+        ) as attached:
+            print(
+                f"gpucert sim kubelets: {counted(nodes, 'node')} × {gpus} {model} attached to {attached.server}; "
+                f"kubelet endpoint {_HOST}:{attached.kubelet_port}, exporters at {attached.metrics_url}",
+                flush=True,
+            )
             while not stopping.wait(0.5) and not (stop and stop()):
                 pass
         return 0

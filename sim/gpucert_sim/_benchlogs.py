@@ -108,8 +108,10 @@ _OPERATOR_DRIVER_POD = {"app.kubernetes.io/managed-by": "gpu-operator", "app.kub
 _DRIVER_TAG = re.compile(r"^(\d{3,4}\.\d{1,3}(?:\.\d{1,3})?)(?:-|$)")
 # What the payload says on a node without a loaded driver (NVML and torch both fail to start).
 _NO_NVML = "NVML cannot start: NVMLError_DriverNotLoaded: Driver Not Loaded"
-_NO_CUDA = (f"CUDA is not available to torch {_IMAGE_STACK['torch']} (built for CUDA {_IMAGE_STACK['cuda']}); "
-            "no GPU can be benchmarked")
+_NO_CUDA = (
+    f"CUDA is not available to torch {_IMAGE_STACK['torch']} (built for CUDA {_IMAGE_STACK['cuda']}); "
+    "no GPU can be benchmarked"
+)
 _BENCHMARKS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "nccl_allreduce_busbw_gbps")
 _PAIR_METRIC = "nccl_pair_busbw_gbps"
 #: Pair measurements kept for the second pod of their pair (a few thousand pairs at once at most).
@@ -142,12 +144,14 @@ def node_driver(node: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]
     there, else the host driver a pre-installed node declares, else None (no driver: NVML would not start).
     """
     running = [
-        p for p in pods
+        p
+        for p in pods
         if _is_driver_pod(p)
         # Running, not Ready: the simulated driver pod's readiness is only a delay, and a benchmark pod
         # scheduled right after a preconfigured cluster starts must find the driver it was seeded with.
-        and phase(p) == "Running" and not deleting(p)
-    ]  # fmt: skip
+        and phase(p) == "Running"
+        and not deleting(p)
+    ]
     running.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
     for pod in reversed(running):
         containers = (pod.get("spec") or {}).get("containers") or ()
@@ -325,8 +329,9 @@ def _extra_repeat_lines(rows: pd.DataFrame, rule: RepeatRule) -> str:
         where = "node" if gpu == math.inf else f"GPU {int(gpu)}"
         n, base = top + 1, rule.base(metric)
         if n > base:
-            lines.append(f"{_SAY}{where}: {metric}: repeats disagree: {n - base} more, {n} of at most "
-                         f"{rule.ceiling(metric)}")  # fmt: skip
+            lines.append(
+                f"{_SAY}{where}: {metric}: repeats disagree: {n - base} more, {n} of at most {rule.ceiling(metric)}"
+            )
     return "".join(line + "\n" for line in lines)
 
 
@@ -336,9 +341,16 @@ class PodLogs:
     ``driver`` gives the driver version loaded on a node (None: none), as :func:`node_driver` finds it.
     """
 
-    def __init__(self, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int,
-                 driver: Callable[[str], str | None], label_prefix: str = "gpucert.io",
-                 node_up: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Callable[[], Fleet],
+        faults: GpuFaults,
+        *,
+        seed: int,
+        driver: Callable[[str], str | None],
+        label_prefix: str = "gpucert.io",
+        node_up: Callable[[str], bool] | None = None,
+    ) -> None:
         self._fleet = fleet
         self._faults = faults
         self._seed = seed
@@ -371,14 +383,19 @@ class PodLogs:
         if pair is not None:
             return self._pair_head(fleet, pair, run_id, stack, driver)
         if driver is None:
-            return (f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
-                    f"{_SAY}run {run_id} on {node}: cuda, model 'unknown', devices none\n")
+            return (
+                f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
+                f"{_SAY}run {run_id} on {node}: cuda, model 'unknown', devices none\n"
+            )
         devices = ", ".join(f"{i}={u}" for i, u in enumerate(self._uuids(fleet, node)))
-        return (f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
-                f"{_SAY}run {run_id} on {node}: cuda, model {fleet.model.name!r}, devices {devices}\n")
+        return (
+            f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}\n"
+            f"{_SAY}run {run_id} on {node}: cuda, model {fleet.model.name!r}, devices {devices}\n"
+        )
 
-    def finished(self, pod: Mapping[str, Any], node: str, started_at: datetime, exit_code: int,
-                 head: str | None = None) -> str:
+    def finished(
+        self, pod: Mapping[str, Any], node: str, started_at: datetime, exit_code: int, head: str | None = None
+    ) -> str:
         """The whole log once the container exited with ``exit_code``; ``head`` is what :meth:`started`
         printed (recomputed when not given, for a pod seeded already running)."""
         head = head or self.started(pod, node)
@@ -393,8 +410,9 @@ class PodLogs:
         took = (datetime.now(UTC) - started_at).total_seconds()
         pair = pair_pod(pod, node)
         if pair is not None:
-            body, count, errors = self._pair_body(fleet, pair, run_id, started_at.astimezone(UTC),
-                                                  bool(_stack_of(head).get("driver")))
+            body, count, errors = self._pair_body(
+                fleet, pair, run_id, started_at.astimezone(UTC), bool(_stack_of(head).get("driver"))
+            )
             return head + body + f"{_SAY}pair done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
         if not _stack_of(head).get("driver"):
             # No driver was loaded when the container started: the payload found no GPU.
@@ -402,14 +420,26 @@ class PodLogs:
             return head + body + f"{_SAY}done in {took:.1f} s: {count} rows, {errors} error row(s)\n"
         rule = payload_repeats(pod)
         nic, storage = _payload_steps(pod)
-        wave = fleet.run(run_id, ts=started_at.astimezone(UTC), seed=self.seed_for(run_id, node),
-                         nodes=[node], faults=self._faults.on_node(node), repeats=rule.repeats,
-                         max_repeats=rule.max_repeats, repeats_of=dict(rule.repeats_of), nic=nic, storage=storage,
-                         wave_draws=True)  # a seed per (run, node): drawing the whole fleet would be O(N) a pod
+        wave = fleet.run(
+            run_id,
+            ts=started_at.astimezone(UTC),
+            seed=self.seed_for(run_id, node),
+            nodes=[node],
+            faults=self._faults.on_node(node),
+            repeats=rule.repeats,
+            max_repeats=rule.max_repeats,
+            repeats_of=dict(rule.repeats_of),
+            nic=nic,
+            storage=storage,
+            wave_draws=True,
+        )  # a seed per (run, node): drawing the whole fleet would be O(N) a pod
         rows = wave.results
         errors = int((rows["metric"] == "error").sum())
-        return (head + benchmark_lines(rows, rule)
-                + f"{_SAY}done in {took:.1f} s: {len(rows)} rows, {errors} error row(s)\n")
+        return (
+            head
+            + benchmark_lines(rows, rule)
+            + f"{_SAY}done in {took:.1f} s: {len(rows)} rows, {errors} error row(s)\n"
+        )
 
     def seed_for(self, run_id: str, node: str) -> int:
         """The wave seed of one run on one node: stable across reruns, different between runs and nodes."""
@@ -424,18 +454,22 @@ class PodLogs:
 
     # --- pair pods ------------------------------------------------------------------------------------
 
-    def _pair_head(self, fleet: Fleet, pair: PairPod, run_id: str, stack: Mapping[str, Any],
-                   driver: str | None) -> str:
+    def _pair_head(self, fleet: Fleet, pair: PairPod, run_id: str, stack: Mapping[str, Any], driver: str | None) -> str:
         model = fleet.model.name if driver else "unknown"
-        lines = [f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}",
-                 f"{_SAY}pair run {run_id} on {pair.node}: cuda, model {model!r}"]
+        lines = [
+            f"{_STACK_PREFIX}{json.dumps(stack, sort_keys=True)}",
+            f"{_SAY}pair run {run_id} on {pair.node}: cuda, model {model!r}",
+        ]
         if driver and pair.refused is None:
-            lines.append(f"{_SAY}pair: node rank {pair.rank}, {fleet.gpus_per_node} local rank(s) (nccl); "
-                         f"rendezvous at {pair.master}")
+            lines.append(
+                f"{_SAY}pair: node rank {pair.rank}, {fleet.gpus_per_node} local rank(s) (nccl); "
+                f"rendezvous at {pair.master}"
+            )
         return "".join(line + "\n" for line in lines)
 
-    def _pair_body(self, fleet: Fleet, pair: PairPod, run_id: str, ts: datetime,
-                   has_driver: bool) -> tuple[str, int, int]:
+    def _pair_body(
+        self, fleet: Fleet, pair: PairPod, run_id: str, ts: datetime, has_driver: bool
+    ) -> tuple[str, int, int]:
         """The lines after the head of a pair pod that ran: its rows (or its error row), their count and
         the error rows among them."""
         model = fleet.model.name if has_driver else "unknown"
@@ -457,26 +491,30 @@ class PodLogs:
         row = {**_row(run_id, pair.node, "error", 1.0, ts), "gpu_model": model}
         return f"{_SAY}error: {_PAIR_METRIC} on node: {failure}\n{json.dumps(row)}\n", 1, 1
 
-    def _pair_rows(self, fleet: Fleet, pair: PairPod, peer: str, run_id: str, ts: datetime,
-                   values: list[float]) -> str:
+    def _pair_rows(self, fleet: Fleet, pair: PairPod, peer: str, run_id: str, ts: datetime, values: list[float]) -> str:
         ranks = fleet.gpus_per_node
         lines = [f"{_SAY}pair: met {peer} ({ranks} ranks): {2 * ranks} ranks in all"]
         base = pair.rule.base(_PAIR_METRIC)
         if len(values) > base:
-            lines.append(f"{_SAY}pair: {_PAIR_METRIC}: repeats disagree: {len(values) - base} more, "
-                         f"{len(values)} of at most {pair.rule.ceiling(_PAIR_METRIC)}")
+            lines.append(
+                f"{_SAY}pair: {_PAIR_METRIC}: repeats disagree: {len(values) - base} more, "
+                f"{len(values)} of at most {pair.rule.ceiling(_PAIR_METRIC)}"
+            )
         size = 8 << 30
         busbw = sorted(values)[len(values) // 2]
         algbw = busbw * (2 * ranks) / (2 * (2 * ranks - 1))
-        lines.append(f"{_SAY}pair: {size:>14,} B {size / (algbw * 1e9) * 1e6:12.1f} us  algbw {algbw:10.4g} GB/s  "
-                     f"busbw {busbw:10.4g} GB/s")
+        lines.append(
+            f"{_SAY}pair: {size:>14,} B {size / (algbw * 1e9) * 1e6:12.1f} us  algbw {algbw:10.4g} GB/s  "
+            f"busbw {busbw:10.4g} GB/s"
+        )
         for repeat, value in enumerate(values):
             cells = (run_id, pair.node, None, None, fleet.model.name, _PAIR_METRIC, value, repeat, peer, _ts(ts))
             lines.append(json.dumps(dict(zip(RESULT_COLUMNS, cells, strict=True))))
         return "".join(line + "\n" for line in lines)
 
-    def _pair_measurement(self, fleet: Fleet, run_id: str, node: str, peer: str, rule: RepeatRule,
-                          ts: datetime) -> list[float] | str:
+    def _pair_measurement(
+        self, fleet: Fleet, run_id: str, node: str, peer: str, rule: RepeatRule, ts: datetime
+    ) -> list[float] | str:
         """The pair's busbw per repeat (or why it has none), measured once for both of its pods."""
         lo, hi = sorted((node, peer))
         faults: tuple[Fault, ...] = (*self._faults.on_node(lo), *self._faults.on_node(hi), *self._faults.fabric())
@@ -484,9 +522,18 @@ class PodLogs:
         kept = self._pairs.get(key)
         if kept is not None:
             return kept
-        wave = fleet.run(run_id, ts=ts, seed=self.pair_seed(run_id), nodes=[lo, hi], pairs=[(lo, hi)],
-                         faults=list(faults), repeats=rule.repeats, max_repeats=rule.max_repeats,
-                         repeats_of=dict(rule.repeats_of), wave_draws=True)
+        wave = fleet.run(
+            run_id,
+            ts=ts,
+            seed=self.pair_seed(run_id),
+            nodes=[lo, hi],
+            pairs=[(lo, hi)],
+            faults=list(faults),
+            repeats=rule.repeats,
+            max_repeats=rule.max_repeats,
+            repeats_of=dict(rule.repeats_of),
+            wave_draws=True,
+        )
         rows = wave.results
         metric = rows["metric"].astype(str)
         found = rows[metric == _PAIR_METRIC].sort_values("repeat")
@@ -501,12 +548,18 @@ class PodLogs:
 
     def _uuids(self, fleet: Fleet, node: str) -> list[str]:
         first = fleet.node_index[node] * fleet.gpus_per_node
-        return [str(u) for u in fleet.uuids[first:first + fleet.gpus_per_node]]
+        return [str(u) for u in fleet.uuids[first : first + fleet.gpus_per_node]]
 
     def _stack(self, fleet: Fleet, node: str, driver: str | None) -> dict[str, str]:
-        record = {"node": node, "hostname": node, "kernel": "5.15.0-119-generic",
-                  "python": platform.python_version(), "gpucert": __version__,
-                  "gpu_model": fleet.model.name if driver else "unknown", **_IMAGE_STACK}
+        record = {
+            "node": node,
+            "hostname": node,
+            "kernel": "5.15.0-119-generic",
+            "python": platform.python_version(),
+            "gpucert": __version__,
+            "gpu_model": fleet.model.name if driver else "unknown",
+            **_IMAGE_STACK,
+        }
         if driver is None:
             return record  # NVML did not start: no driver, CUDA driver or VBIOS to read
         record["driver"] = driver

@@ -219,8 +219,7 @@ class Runtime:
             while True:
                 with self.store.lock:
                     self._wake_pending = False
-                    batch = [(c, key) for c, dirty in zip(self._controllers, self._dirty, strict=True)
-                             for key in dirty]
+                    batch = [(c, key) for c, dirty in zip(self._controllers, self._dirty, strict=True) for key in dirty]
                     for dirty in self._dirty:
                         dirty.clear()
                 if not batch:

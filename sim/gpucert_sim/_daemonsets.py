@@ -92,9 +92,7 @@ def _eligible(pod_spec: Mapping[str, Any], node: Obj, *, running: bool = False) 
 
 
 def _max_unavailable(ds: Mapping[str, Any], desired: int) -> int:
-    raw = (((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}).get(
-        "maxUnavailable", 1
-    )
+    raw = (((ds.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate") or {}).get("maxUnavailable", 1)
     if isinstance(raw, str) and raw.endswith("%"):
         try:
             value = math.ceil(float(raw[:-1]) / 100 * desired)
@@ -122,11 +120,7 @@ class DaemonSetController:
         if event.resource == DAEMONSETS.key:
             return (key_of(event.obj),) if event.type != "DELETED" else ()
         if event.resource == NODES.key:
-            if (
-                event.type == "MODIFIED"
-                and event.old is not None
-                and not _scheduling_changed(event.old, event.obj)
-            ):
+            if event.type == "MODIFIED" and event.old is not None and not _scheduling_changed(event.old, event.obj):
                 return ()  # a status heartbeat or a GPU count changes nothing for DaemonSets
             daemonsets = self.store.list(DAEMONSETS)[0]
             if event.type == "MODIFIED" and event.old is not None:
@@ -166,9 +160,7 @@ class DaemonSetController:
                     self._delete(ds, pod)  # a DaemonSet pod that ended is replaced, as the real one is
                 continue
             by_node.setdefault(str((pod.get("spec") or {}).get("nodeName") or ""), []).append(pod)
-        desired = [
-            name for name, node in nodes.items() if _eligible(pod_spec, node, running=name in by_node)
-        ]
+        desired = [name for name, node in nodes.items() if _eligible(pod_spec, node, running=name in by_node)]
         wanted = set(desired)
         misscheduled = sum(len(pods) for node, pods in by_node.items() if node not in wanted)
         for node, pods in list(by_node.items()):
@@ -206,9 +198,7 @@ class DaemonSetController:
     def _roll(self, ds: Obj, desired: list[str], by_node: dict[str, list[Obj]], revision: str) -> None:
         """Delete old pods while the unavailable budget allows; their nodes get new pods after this."""
         old = [
-            (node, by_node[node][0])
-            for node in desired
-            if node in by_node and _revision(by_node[node][0]) != revision
+            (node, by_node[node][0]) for node in desired if node in by_node and _revision(by_node[node][0]) != revision
         ]
         if not old:
             return
@@ -283,6 +273,6 @@ def _revision(pod: Obj) -> str | None:
 
 def _scheduling_changed(old: Obj, new: Obj) -> bool:
     """Whether a node change can change which DaemonSets it runs: labels, taints, or Ready."""
-    return old["metadata"].get("labels") != new["metadata"].get("labels") or (old.get("spec") or {}).get(
-        "taints"
-    ) != (new.get("spec") or {}).get("taints")
+    return old["metadata"].get("labels") != new["metadata"].get("labels") or (old.get("spec") or {}).get("taints") != (
+        new.get("spec") or {}
+    ).get("taints")

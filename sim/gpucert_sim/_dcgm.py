@@ -69,14 +69,22 @@ __all__ = ["DCGM_PATH", "HOST_LABELS", "DcgmExporters"]
 DCGM_PATH = "/dcgm/{node}/metrics"
 HOST_LABELS = ("hostname", "Hostname")
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_WINDOW_S = 300.0   # dcgm-exporter's default --xid-count-window-size / clock-events window
+_WINDOW_S = 300.0  # dcgm-exporter's default --xid-count-window-size / clock-events window
 _DUTY_PERIOD_S = 60.0
 _NS = 1_000_000_000
 
 # Clock-event reason bits (docs/reference/telemetry.md, "Clock-event reasons") and the names dcgm-exporter gives them.
-_CLOCK_EVENTS = {0x001: "gpu_idle", 0x002: "clocks_setting", 0x004: "sw_power_cap", 0x008: "hw_slowdown",
-                 0x010: "sync_boost", 0x020: "sw_thermal", 0x040: "hw_thermal", 0x080: "hw_power_brake",
-                 0x100: "display_clocks"}
+_CLOCK_EVENTS = {
+    0x001: "gpu_idle",
+    0x002: "clocks_setting",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
 _DUTY_BITS = 0x008 | 0x040 | 0x080
 # HGX baseboard bus ids of GPUs 0-7 (what nvidia-smi shows on an H100/H200 HGX box).
 _BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
@@ -94,12 +102,18 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
     ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all lanes."),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge",
-     "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - "
-     "in bytes per second."),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge",
-     "The rate of data received over the PCIe bus - including both protocol headers and data payloads - "
-     "in bytes per second."),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.",
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - "
+        "in bytes per second.",
+    ),
     ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W)."),
     ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Effective power limit that the driver enforces (in W)."),
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask)."),
@@ -113,16 +127,21 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in us)."),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
-    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
-     "Total number of NVLink flow-control CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC errors."),
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors"),
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending"),
-    ("DCGM_EXP_XID_ERRORS_COUNT", "gauge",
-     "Count of XID Errors within user-specified time window (see xid-count-window-size param)."),
-    ("DCGM_EXP_CLOCK_EVENTS_COUNT", "gauge",
-     "Count of clock events within the user-specified time window (see clock-events-count-window-size param)."),
+    (
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "gauge",
+        "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    ),
+    (
+        "DCGM_EXP_CLOCK_EVENTS_COUNT",
+        "gauge",
+        "Count of clock events within the user-specified time window (see clock-events-count-window-size param).",
+    ),
 )
 _TYPES = {name: kind for name, kind, _ in METRICS}
 
@@ -160,9 +179,17 @@ def _onsets(elapsed: float) -> int:
 class DcgmExporters:
     """The exporters of every node of a simulated cluster; see the module docstring."""
 
-    def __init__(self, store: Store, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int,
-                 started_at: float, host_label: str = "hostname",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fleet: Callable[[], Fleet],
+        faults: GpuFaults,
+        *,
+        seed: int,
+        started_at: float,
+        host_label: str = "hostname",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if host_label not in HOST_LABELS:
             raise ValueError(f"the DCGM host label is one of {HOST_LABELS}, not {host_label!r}")
         self.store = store
@@ -172,8 +199,9 @@ class DcgmExporters:
         self._started_at = started_at
         self.host_label = host_label
         self._clock = clock
-        self._cache: dict[tuple[int, str, tuple[Fault, ...]], tuple[dict[int, dict[str, float]],
-                                                                    dict[int, tuple[int, ...]]]] = {}
+        self._cache: dict[
+            tuple[int, str, tuple[Fault, ...]], tuple[dict[int, dict[str, float]], dict[int, tuple[int, ...]]]
+        ] = {}
         self._ts = datetime.now(UTC)
         #: GPUs a training pod holds (``_training.py``): node → GPU index → pod labels and busy values.
         self.training: Callable[[str], Mapping[int, GpuNow]] | None = None
@@ -205,8 +233,10 @@ class DcgmExporters:
         driver = self.driver(node) if self.driver is not None else None
         loaded = f',DCGM_FI_DRIVER_VERSION="{driver}"' if driver else ""
         for gpu in gpus:
-            labels = (f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{_bus_id(gpu.index)}",'
-                      f'device="nvidia{gpu.index}",modelName="{model}",{self.host_label}="{node}"{loaded}')
+            labels = (
+                f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{_bus_id(gpu.index)}",'
+                f'device="nvidia{gpu.index}",modelName="{model}",{self.host_label}="{node}"{loaded}'
+            )
             training = held.get(gpu.index)
             if training is not None:  # dcgm-exporter's Kubernetes mode: the pod holding the GPU
                 labels += training.labels
@@ -320,26 +350,43 @@ class DcgmExporters:
             for x in healthy_xids.get(index, ()):
                 if x in extra:
                     extra.remove(x)
-            gpus.append(_Gpu(index=index, uuid=str(fleet.uuids[first + index]),
-                             healthy=healthy.get(index, faulted[index]), faulted=faulted[index],
-                             healthy_xids=healthy_xids.get(index, ()),
-                             fault_xids=tuple(extra), since=min(starts) if starts else None))
+            gpus.append(
+                _Gpu(
+                    index=index,
+                    uuid=str(fleet.uuids[first + index]),
+                    healthy=healthy.get(index, faulted[index]),
+                    faulted=faulted[index],
+                    healthy_xids=healthy_xids.get(index, ()),
+                    fault_xids=tuple(extra),
+                    since=min(starts) if starts else None,
+                )
+            )
         return gpus
 
-    def _wave(self, fleet: Fleet, node: str, faults: tuple[Fault, ...]
-              ) -> tuple[dict[int, dict[str, float]], dict[int, tuple[int, ...]]]:
+    def _wave(
+        self, fleet: Fleet, node: str, faults: tuple[Fault, ...]
+    ) -> tuple[dict[int, dict[str, float]], dict[int, tuple[int, ...]]]:
         key = (id(fleet), node, faults)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         digest = hashlib.sha256(f"{self._seed}/dcgm/{node}".encode()).digest()
-        wave = fleet.run("dcgm", ts=self._ts, seed=int.from_bytes(digest[:8], "big"), repeats=1,
-                         repeats_of={}, nodes=[node], faults=list(faults), pairs=False)
+        wave = fleet.run(
+            "dcgm",
+            ts=self._ts,
+            seed=int.from_bytes(digest[:8], "big"),
+            repeats=1,
+            repeats_of={},
+            nodes=[node],
+            faults=list(faults),
+            pairs=False,
+        )
         rows = wave.results
         tele: dict[int, dict[str, float]] = {}
         xids: dict[int, list[int]] = {}
-        for gpu, metric, value in zip(rows["gpu"].tolist(), rows["metric"].astype(str).tolist(),
-                                      rows["value"].tolist(), strict=True):
+        for gpu, metric, value in zip(
+            rows["gpu"].tolist(), rows["metric"].astype(str).tolist(), rows["value"].tolist(), strict=True
+        ):
             if gpu is None or gpu is pd.NA:
                 continue
             if metric in _TELEMETRY:

@@ -35,8 +35,10 @@ OPERATOR_DEVICE_PLUGIN_LABELS = {
 
 def _is_device_plugin(ds: Mapping[str, Any] | None) -> bool:
     labels = ((ds or {}).get("metadata") or {}).get("labels") or {}
-    return any(all(labels.get(k) == v for k, v in known.items())
-               for known in (DEVICE_PLUGIN_LABELS, OPERATOR_DEVICE_PLUGIN_LABELS))  # fmt: skip
+    return any(
+        all(labels.get(k) == v for k, v in known.items())
+        for known in (DEVICE_PLUGIN_LABELS, OPERATOR_DEVICE_PLUGIN_LABELS)
+    )
 
 
 class DevicePlugin:

@@ -106,7 +106,8 @@ class DcgmEndpoints:
             return False
         return any(
             all((((pod.get("metadata") or {}).get("labels")) or {}).get(k) == v for k, v in selector.items())
-            for pod in (event.obj, event.old) if pod is not None
+            for pod in (event.obj, event.old)
+            if pod is not None
         )
 
     def reconcile(self, key: Key) -> None:
@@ -119,11 +120,20 @@ class DcgmEndpoints:
         want = self._endpoints(service)
         if current is None:
             self.store.create(ENDPOINTS, want)
-        elif not _managed(current) or current.get("subsets") != want["subsets"] or \
-                current["metadata"].get("annotations") != want["metadata"]["annotations"] or \
-                current["metadata"].get("labels") != want["metadata"]["labels"]:
-            self.store.update(ENDPOINTS, {**current, "metadata": {**current["metadata"], **{
-                k: want["metadata"][k] for k in ("labels", "annotations")}}, "subsets": want["subsets"]})
+        elif (
+            not _managed(current)
+            or current.get("subsets") != want["subsets"]
+            or current["metadata"].get("annotations") != want["metadata"]["annotations"]
+            or current["metadata"].get("labels") != want["metadata"]["labels"]
+        ):
+            self.store.update(
+                ENDPOINTS,
+                {
+                    **current,
+                    "metadata": {**current["metadata"], **{k: want["metadata"][k] for k in ("labels", "annotations")}},
+                    "subsets": want["subsets"],
+                },
+            )
 
     def _endpoints(self, service: Obj) -> dict[str, Any]:
         meta = service["metadata"]
@@ -136,12 +146,24 @@ class DcgmEndpoints:
             for pod in self.store.list(PODS, namespace)[0]:
                 labels = pod["metadata"].get("labels") or {}
                 node = (pod.get("spec") or {}).get("nodeName")
-                if not node or node not in nodes or deleting(pod) or terminal(pod) or \
-                        any(labels.get(k) != v for k, v in selector.items()):
+                if (
+                    not node
+                    or node not in nodes
+                    or deleting(pod)
+                    or terminal(pod)
+                    or any(labels.get(k) != v for k, v in selector.items())
+                ):
                     continue
-                address = {"ip": _HOST, "nodeName": node,
-                           "targetRef": {"kind": "Pod", "namespace": namespace, "name": pod["metadata"]["name"],
-                                         "uid": pod["metadata"]["uid"]}}
+                address = {
+                    "ip": _HOST,
+                    "nodeName": node,
+                    "targetRef": {
+                        "kind": "Pod",
+                        "namespace": namespace,
+                        "name": pod["metadata"]["name"],
+                        "uid": pod["metadata"]["uid"],
+                    },
+                }
                 (ready if pod_ready(pod) and node_ready(nodes[node]) else not_ready).append(address)
         else:
             for name, node in nodes.items():
@@ -155,11 +177,17 @@ class DcgmEndpoints:
             subset["addresses"] = sorted(ready, key=lambda a: a["nodeName"])
         if not_ready:
             subset["notReadyAddresses"] = sorted(not_ready, key=lambda a: a["nodeName"])
-        return {"apiVersion": "v1", "kind": "Endpoints",
-                "metadata": {"name": meta["name"], "namespace": namespace,
-                             "labels": dict(meta.get("labels") or {}),
-                             "annotations": {METRICS_PATH_ANNOTATION: DCGM_PATH}},
-                "subsets": [subset] if ready or not_ready else []}
+        return {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": namespace,
+                "labels": dict(meta.get("labels") or {}),
+                "annotations": {METRICS_PATH_ANNOTATION: DCGM_PATH},
+            },
+            "subsets": [subset] if ready or not_ready else [],
+        }
 
 
 def _selector(service: Obj) -> dict[str, Any]:

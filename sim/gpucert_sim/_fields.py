@@ -41,17 +41,41 @@ __all__ = ["managed_fields_entry", "track_apply", "track_update"]
 
 Path = tuple[str, ...]
 _SERVER_SET = frozenset({"apiVersion", "kind"})
-_SERVER_SET_META = frozenset({
-    "name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp",
-    "deletionGracePeriodSeconds", "selfLink", "managedFields",
-})
+_SERVER_SET_META = frozenset(
+    {
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+        "managedFields",
+    }
+)
 #: The value of an item's or a map's own path (``.``): present on both sides, it is unchanged as such.
 _PRESENT = ("present",)
 #: Fields that are maps (``map[string]string`` and the like) rather than structs: a write that creates
 #: one owns the map itself too (``.``), as the real server's comparison of old and new finds it added (so
 #: does a write that creates a keyed list).
-_MAPS = frozenset({"labels", "annotations", "data", "binaryData", "stringData", "matchLabels", "nodeSelector",
-                   "selector", "capacity", "allocatable", "limits", "requests"})
+_MAPS = frozenset(
+    {
+        "labels",
+        "annotations",
+        "data",
+        "binaryData",
+        "stringData",
+        "matchLabels",
+        "nodeSelector",
+        "selector",
+        "capacity",
+        "allocatable",
+        "limits",
+        "requests",
+    }
+)
 #: LabelSelector is an atomic struct: owned whole, wherever it is (a Service's ``selector`` is a map).
 _SELECTORS = frozenset({"selector", "labelSelector", "namespaceSelector"})
 _SELECTOR_FIELDS = frozenset({"matchLabels", "matchExpressions"})
@@ -80,14 +104,16 @@ class _Owner:
         return text
 
 
-def managed_fields_entry(manager: str, resource: ResourceType, obj: Mapping[str, Any], *,
-                         operation: str = "Apply", sub: str | None = None) -> dict[str, Any]:
+def managed_fields_entry(
+    manager: str, resource: ResourceType, obj: Mapping[str, Any], *, operation: str = "Apply", sub: str | None = None
+) -> dict[str, Any]:
     """The entry of a manager that wrote all of ``obj`` (what a preconfigured cluster is seeded with)."""
     return _entry(manager, operation, resource, sub, set(_values(resource, sub, obj, applied=operation == "Apply")))
 
 
-def track_update(resource: ResourceType, sub: str | None, current: Obj | None, new: dict[str, Any],
-                 manager: str) -> dict[str, Any]:
+def track_update(
+    resource: ResourceType, sub: str | None, current: Obj | None, new: dict[str, Any], manager: str
+) -> dict[str, Any]:
     """``new`` (a create, update or patch of ``current``) with the fields it changed filed under
     ``manager``'s Update entry and taken from every other manager; its managedFields as they were when
     it changes nothing."""
@@ -106,8 +132,16 @@ def track_update(resource: ResourceType, sub: str | None, current: Obj | None, n
     return _with_entries(new, current, _replace(owners, mine, _Owner(entry, fields)))
 
 
-def track_apply(resource: ResourceType, sub: str | None, current: Obj | None, config: Mapping[str, Any],
-                merged: dict[str, Any], manager: str, *, force: bool) -> dict[str, Any]:
+def track_apply(
+    resource: ResourceType,
+    sub: str | None,
+    current: Obj | None,
+    config: Mapping[str, Any],
+    merged: dict[str, Any],
+    manager: str,
+    *,
+    force: bool,
+) -> dict[str, Any]:
     """``merged`` (``config`` merged into ``current``) as server-side apply leaves it: what ``manager``
     applied last time and no longer applies removed unless another manager owns it, ``manager``'s Apply
     entry the fields of ``config``. A change to a field another manager owns is a 409 conflict unless
@@ -120,8 +154,9 @@ def track_apply(resource: ResourceType, sub: str | None, current: Obj | None, co
     dropped = (mine.fields if mine else set()) - kept
     result = _remove(merged, dropped, kept) if dropped else merged
     changed, removed = _diff(_values(resource, sub, current or {}), _values(resource, sub, result))
-    conflicts = sorted(((o, p) for o in owners if o is not mine for p in o.fields & changed),
-                       key=lambda c: (c[0].key, c[1]))
+    conflicts = sorted(
+        ((o, p) for o in owners if o is not mine for p in o.fields & changed), key=lambda c: (c[0].key, c[1])
+    )
     if conflicts and not force:
         raise _conflict(conflicts)
     for owner in owners:
@@ -137,8 +172,9 @@ def track_apply(resource: ResourceType, sub: str | None, current: Obj | None, co
 # --- field sets -------------------------------------------------------------------------------------
 
 
-def _values(resource: ResourceType, sub: str | None, obj: Mapping[str, Any], *,
-            applied: bool = False) -> dict[Path, Any]:
+def _values(
+    resource: ResourceType, sub: str | None, obj: Mapping[str, Any], *, applied: bool = False
+) -> dict[Path, Any]:
     """Every field of ``obj`` a write through ``sub`` can own, with its value. ``applied``: the fields of an
     apply's configuration, which name a map's keys but not the map (what the real server records)."""
     out: dict[Path, Any] = {}
@@ -243,10 +279,15 @@ def _locate(obj: Any, path: Path) -> list[tuple[Any, Any]] | None:
             at: Any = text
         elif kind in ("k", "v") and isinstance(node, list):
             want = orjson.loads(text)
-            at = next((i for i, item in enumerate(node)
-                       if (kind == "v" and item == want) or (kind == "k" and isinstance(item, Mapping)
-                                                             and all(item.get(k) == v for k, v in want.items()))),
-                      None)
+            at = next(
+                (
+                    i
+                    for i, item in enumerate(node)
+                    if (kind == "v" and item == want)
+                    or (kind == "k" and isinstance(item, Mapping) and all(item.get(k) == v for k, v in want.items()))
+                ),
+                None,
+            )
             if at is None:
                 return None
         else:
@@ -264,10 +305,15 @@ def _owners(obj: Obj | None) -> list[_Owner]:
     return [_Owner(dict(e), _decode(e.get("fieldsV1") or {})) for e in entries if isinstance(e, Mapping)]
 
 
-def _entry(manager: str, operation: str, resource: ResourceType, sub: str | None,
-           fields: set[Path]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": resource.api_version,
-                             "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": _encode(fields)}
+def _entry(manager: str, operation: str, resource: ResourceType, sub: str | None, fields: set[Path]) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": resource.api_version,
+        "time": now_rfc3339(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": _encode(fields),
+    }
     if not manager:
         del entry["manager"]  # omitempty: a write with neither fieldManager nor User-Agent
     if sub:
@@ -336,8 +382,10 @@ def _decode(tree: Mapping[str, Any], path: Path = ()) -> set[Path]:
 
 def _conflict(conflicts: list[tuple[_Owner, Path]]) -> ApiError:
     """409 Conflict as the API server words an apply's conflicts (apimachinery's NewConflictError)."""
-    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {owner.describe()}",
-               "field": _path_text(path)} for owner, path in conflicts]
+    causes = [
+        {"reason": "FieldManagerConflict", "message": f"conflict with {owner.describe()}", "field": _path_text(path)}
+        for owner, path in conflicts
+    ]
     if len(conflicts) == 1:
         owner, path = conflicts[0]
         message = f"Apply failed with 1 conflict: conflict with {owner.describe()}: {_path_text(path)}"
@@ -345,8 +393,11 @@ def _conflict(conflicts: list[tuple[_Owner, Path]]) -> ApiError:
         by_manager: dict[str, list[str]] = {}
         for owner, path in conflicts:
             by_manager.setdefault(owner.describe(), []).append(_path_text(path))
-        lines = [line for manager in sorted(by_manager)
-                 for line in (f"conflicts with {manager}:", *(f"- {p}" for p in by_manager[manager]))]
+        lines = [
+            line
+            for manager in sorted(by_manager)
+            for line in (f"conflicts with {manager}:", *(f"- {p}" for p in by_manager[manager]))
+        ]
         message = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
     return ApiError(409, message, reason="Conflict", details={"causes": causes})
 

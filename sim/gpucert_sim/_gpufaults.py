@@ -43,8 +43,7 @@ class GpuFaults:
             # The fleet model's own checks (kind, node, GPU index, scope, leaves), on a one-repeat wave of the
             # fault's node, or of a node under each of a fabric fault's leaves.
             nodes = self._check_nodes(fleet, fault)
-            fleet.run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, repeats_of={}, nodes=nodes,
-                      faults=[fault])
+            fleet.run("sim-check", ts=datetime.now(UTC), seed=0, repeats=1, repeats_of={}, nodes=nodes, faults=[fault])
         except ValueError as exc:
             raise InputError(f"sim: cannot inject {fault.kind!r} on {where}: {exc}") from exc
 
@@ -53,8 +52,9 @@ class GpuFaults:
         spec = FAULTS.get(fault.kind)
         if spec is None or spec.scope != "fabric" or fault.node:
             return [fault.node]
-        first = [fleet.leaf_number(fault.params[k]) * fleet.nodes_per_leaf
-                 for k in ("leaf_a", "leaf_b") if k in fault.params]
+        first = [
+            fleet.leaf_number(fault.params[k]) * fleet.nodes_per_leaf for k in ("leaf_a", "leaf_b") if k in fault.params
+        ]
         return [fleet.node_names[i] for i in first]
 
     def inject(self, fault: Fault) -> None:

@@ -193,8 +193,9 @@ def parse_fault_plan(data: Any, source: str) -> FaultPlan:
             raise InputError(f"{source}: api: {exc}") from exc
     gpu = tuple(_gpu_fault(e, f"{source}: gpu[{i}]") for i, e in enumerate(_entries(doc, "gpu", source)))
     nodes = tuple(_node_event(e, f"{source}: nodes[{i}]") for i, e in enumerate(_entries(doc, "nodes", source)))
-    training = tuple(parse_training_fault(e, f"{source}: training[{i}]")
-                     for i, e in enumerate(_entries(doc, "training", source)))
+    training = tuple(
+        parse_training_fault(e, f"{source}: training[{i}]") for i, e in enumerate(_entries(doc, "training", source))
+    )
     return FaultPlan(api, gpu, nodes, training)
 
 
@@ -303,8 +304,10 @@ def set_node_ready(sim: SimCluster, name: str, ready: bool) -> None:
         spec = dict(node.get("spec") or {})
         taints = [t for t in spec.get("taints") or () if t.get("key") != _NOT_READY_KEY]
         if not ready:
-            taints += [{"key": _NOT_READY_KEY, "effect": e, **({"timeAdded": now} if e == "NoExecute" else {})}
-                       for e in _NOT_READY_TAINTS]
+            taints += [
+                {"key": _NOT_READY_KEY, "effect": e, **({"timeAdded": now} if e == "NoExecute" else {})}
+                for e in _NOT_READY_TAINTS
+            ]
         if taints:
             spec["taints"] = taints
         else:
@@ -326,8 +329,11 @@ def delete_node(sim: SimCluster, name: str) -> None:
 
 
 def not_ready_nodes(sim: SimCluster) -> list[str]:
-    return [n["metadata"]["name"] for n in sim.store.list(NODES)[0]
-            if any(t.get("key") == _NOT_READY_KEY for t in (n.get("spec") or {}).get("taints") or ())]
+    return [
+        n["metadata"]["name"]
+        for n in sim.store.list(NODES)[0]
+        if any(t.get("key") == _NOT_READY_KEY for t in (n.get("spec") or {}).get("taints") or ())
+    ]
 
 
 def clear(sim: SimCluster, node: str | None) -> dict[str, Any]:
@@ -339,13 +345,21 @@ def clear(sim: SimCluster, node: str | None) -> dict[str, Any]:
         set_node_ready(sim, name, True)
     if node is None:
         sim.set_faults(None)
-    return {"cleared_gpu_faults": lifted, "cleared_training_faults": lifted_training, "ready_again": back,
-            "api_faults_off": node is None}
+    return {
+        "cleared_gpu_faults": lifted,
+        "cleared_training_faults": lifted_training,
+        "ready_again": back,
+        "api_faults_off": node is None,
+    }
 
 
 def state(sim: SimCluster) -> dict[str, Any]:
-    return {"api": sim.faults.policy.to_mapping(), "gpu": [fault_mapping(f) for f in sim.gpu_faults.all()],
-            "not_ready": not_ready_nodes(sim), "training": [f.to_mapping() for f in sim.training.faults()]}
+    return {
+        "api": sim.faults.policy.to_mapping(),
+        "gpu": [fault_mapping(f) for f in sim.gpu_faults.all()],
+        "not_ready": not_ready_nodes(sim),
+        "training": [f.to_mapping() for f in sim.training.faults()],
+    }
 
 
 # --- HTTP -------------------------------------------------------------------------------------------
@@ -383,8 +397,7 @@ class InjectRoutes:
         return _json(clear(self.sim, node))
 
     def routes(self) -> list[tuple[str, str, Any]]:
-        return [("GET", INJECT_PATH, self.get), ("POST", INJECT_PATH, self.post),
-                ("DELETE", INJECT_PATH, self.delete)]
+        return [("GET", INJECT_PATH, self.get), ("POST", INJECT_PATH, self.post), ("DELETE", INJECT_PATH, self.delete)]
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -405,9 +418,7 @@ def server_url(kubeconfig: str | Path) -> str:
         # The request would fail on such a URL as if the simulator were down: say what is wrong instead.
         urlsplit(url).port  # noqa: B018 - parsing the port is what raises
     except ValueError as exc:
-        raise InputError(
-            f"{where}: the cluster's server {url!r} (clusters[].cluster.server): {exc}"
-        ) from None
+        raise InputError(f"{where}: the cluster's server {url!r} (clusters[].cluster.server): {exc}") from None
     return url
 
 
@@ -420,7 +431,7 @@ def gpu_option(tokens: Sequence[str]) -> dict[str, Any]:
         raise InputError(f"{where}: give KIND NODE [GPU] [NAME=VALUE …]")
     entry: dict[str, Any] = {"kind": tokens[0]} if fabric else {"kind": tokens[0], "node": tokens[1]}
     params: dict[str, float | str] = {}
-    for token in tokens[1 if fabric else 2:]:
+    for token in tokens[1 if fabric else 2 :]:
         name, eq, value = token.partition("=")
         try:
             if eq and fabric and name in FAULTS[tokens[0]].needs and value.startswith("leaf-"):
@@ -443,8 +454,9 @@ def post(url: str, method: str, body: bytes | None = None, timeout_s: float = 30
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=body, method=method,
-                                     headers={"Content-Type": "application/json"} if body is not None else {})
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": "application/json"} if body is not None else {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, orjson.loads(response.read() or b"null")
@@ -511,8 +523,10 @@ def inject_command(
     if not doc["gpu"] and not doc["nodes"] and not doc["training"] and "api" not in doc:
         if clear or clear_node:
             return 0
-        raise InputError("gpucert sim inject: nothing to inject; give a FILE, --gpu, --not-ready, --ready, "
-                         "--delete-node, --join or --clear")
+        raise InputError(
+            "gpucert sim inject: nothing to inject; give a FILE, --gpu, --not-ready, --ready, "
+            "--delete-node, --join or --clear"
+        )
     code, body = _send(url, "POST", orjson.dumps(doc))
     if code == 400:
         raise InputError(_message(body))

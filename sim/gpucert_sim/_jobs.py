@@ -166,8 +166,15 @@ class JobController:
         self._write(job, status, active=len(active), ready=ready, succeeded=succeeded, failed=failed)
         self._wake_at_deadline(job, elapsed)
 
-    def _indexed(self, job: Obj, status: dict[str, Any], ended: Mapping[str, tuple[str, int]],
-                 active: list[Obj], failed: int, elapsed: float) -> None:
+    def _indexed(
+        self,
+        job: Obj,
+        status: dict[str, Any],
+        ended: Mapping[str, tuple[str, int]],
+        active: list[Obj],
+        failed: int,
+        elapsed: float,
+    ) -> None:
         """One reconcile of an Indexed Job: a pod per index not yet succeeded, up to ``parallelism``."""
         spec = job.get("spec") or {}
         completions = int(spec.get("completions") or 1)
@@ -181,8 +188,9 @@ class JobController:
             return
         if len(done) == completions and not active:
             status["completionTime"] = now_rfc3339()
-            self._write(job, status, active=0, ready=0, succeeded=len(done), failed=failed,
-                        condition=("Complete", None, None))
+            self._write(
+                job, status, active=0, ready=0, succeeded=len(done), failed=failed, condition=("Complete", None, None)
+            )
             record_event(self.store, job, "Normal", "Completed", "Job completed", _COMPONENT)
             return
         running = {pod_index(p) for p in active}
@@ -193,8 +201,9 @@ class JobController:
         self._write(job, status, active=len(active), ready=ready, succeeded=len(done), failed=failed)
         self._wake_at_deadline(job, elapsed)
 
-    def _failed(self, job: Obj, status: dict[str, Any], active: list[Obj], succeeded: int, failed: int,
-                elapsed: float) -> bool:
+    def _failed(
+        self, job: Obj, status: dict[str, Any], active: list[Obj], succeeded: int, failed: int, elapsed: float
+    ) -> bool:
         """Fail the Job past its deadline or back-off limit (its active pods deleted); whether it did."""
         spec = job.get("spec") or {}
         backoff_limit = int(spec.get("backoffLimit", 6) if spec.get("backoffLimit") is not None else 6)
@@ -208,8 +217,15 @@ class JobController:
             return False
         for pod in active:
             self._delete_pod(job, pod)
-        self._write(job, status, active=0, ready=0, succeeded=succeeded, failed=failed + len(active),
-                    condition=("Failed", *failure))
+        self._write(
+            job,
+            status,
+            active=0,
+            ready=0,
+            succeeded=succeeded,
+            failed=failed + len(active),
+            condition=("Failed", *failure),
+        )
         record_event(self.store, job, "Warning", failure[0], failure[1], _COMPONENT)
         return True
 
@@ -324,9 +340,7 @@ class JobController:
         since = _seconds_since(str(done.get("lastTransitionTime") or "")) or 0.0
         due = self._finished.setdefault(uid, now - since) + float(ttl)
         if now >= due:
-            self.store.delete(
-                JOBS, job["metadata"].get("namespace"), job["metadata"]["name"], propagation="Background"
-            )
+            self.store.delete(JOBS, job["metadata"].get("namespace"), job["metadata"]["name"], propagation="Background")
         else:
             self.rt.after(due - now, self, key_of(job))
 

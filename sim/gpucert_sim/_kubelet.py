@@ -149,8 +149,17 @@ def loaded_driver(runtime: Runtime) -> Callable[[str], str | None]:
     return driver
 
 
-def node_kubelets(runtime: Runtime, fleet: Callable[[], Fleet], faults: GpuFaults, *, seed: int, label_prefix: str,
-                  timing: SimTiming, training: TrainingModel, rendezvous: bool = False) -> Kubelets:
+def node_kubelets(
+    runtime: Runtime,
+    fleet: Callable[[], Fleet],
+    faults: GpuFaults,
+    *,
+    seed: int,
+    label_prefix: str,
+    timing: SimTiming,
+    training: TrainingModel,
+    rendezvous: bool = False,
+) -> Kubelets:
     """The kubelets of every node, to add to ``runtime``: their benchmark pods' logs from the fleet model and
     the GPU faults in force (with the driver each node runs), their training pods from ``training``, looked
     at again whenever its faults change."""
@@ -199,8 +208,15 @@ def log_refusal(pod: Mapping[str, Any], container: str | None) -> str | None:
 class Kubelets:
     """The kubelet of every node; see the module docstring."""
 
-    def __init__(self, runtime: Runtime, timing: SimTiming, logs: PodLogs,
-                 training: TrainingModel | None = None, *, rendezvous: bool = False) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        timing: SimTiming,
+        logs: PodLogs,
+        training: TrainingModel | None = None,
+        *,
+        rendezvous: bool = False,
+    ) -> None:
         self.rt = runtime
         self.store = runtime.store
         self.timing = timing
@@ -211,7 +227,7 @@ class Kubelets:
         #: ended, no longer counts it against the second (anti-affinity ignores finished pods); the
         #: simulator's scheduler binds both in one batch.
         self.rendezvous = rendezvous
-        self._bound: dict[str, float] = {}    # pod uid → when first seen bound (monotonic)
+        self._bound: dict[str, float] = {}  # pod uid → when first seen bound (monotonic)
         self._started: dict[str, tuple[float, datetime]] = {}  # pod uid → container start (mono, wall)
         self._next_ip: dict[str, int] = {}
 
@@ -308,27 +324,46 @@ class Kubelets:
     def _start(self, pod: Obj, node_name: str) -> Obj:
         node = self.store.get(NODES, None, node_name) or {}
         now = now_rfc3339()
-        host_ip = next((a["address"] for a in (node.get("status") or {}).get("addresses") or ()
-                        if a.get("type") == "InternalIP"), "10.0.0.1")
+        host_ip = next(
+            (a["address"] for a in (node.get("status") or {}).get("addresses") or () if a.get("type") == "InternalIP"),
+            "10.0.0.1",
+        )
         pod_ip = self._pod_ip(node, node_name)
         ready = self.timing.pod_ready_s <= 0
         status = dict(pod.get("status") or {})
         conditions = status.get("conditions")
         for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"):
             up = ready or kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled")
-            cond: dict[str, Any] = {"type": kind, "status": "True" if up else "False", "lastProbeTime": None,
-                                    "lastTransitionTime": now}
+            cond: dict[str, Any] = {
+                "type": kind,
+                "status": "True" if up else "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+            }
             if not up:
-                cond.update(reason="ContainersNotReady", message="containers with unready status: "
-                            f"[{' '.join(c['name'] for c in pod['spec'].get('containers') or ())}]")
+                cond.update(
+                    reason="ContainersNotReady",
+                    message="containers with unready status: "
+                    f"[{' '.join(c['name'] for c in pod['spec'].get('containers') or ())}]",
+                )
             conditions = set_condition(conditions, cond)
         status.update(
-            phase="Running", conditions=conditions, hostIP=host_ip, hostIPs=[{"ip": host_ip}], podIP=pod_ip,
-            podIPs=[{"ip": pod_ip}], startTime=now, qosClass=status.get("qosClass") or "BestEffort",
-            containerStatuses=[self._container(pod, c, {"running": {"startedAt": now}}, ready=ready)
-                               for c in pod["spec"].get("containers") or ()])
-        self.store.set_log(pod["metadata"].get("namespace", ""), pod["metadata"]["name"],
-                           self.logs.started(pod, node_name))
+            phase="Running",
+            conditions=conditions,
+            hostIP=host_ip,
+            hostIPs=[{"ip": host_ip}],
+            podIP=pod_ip,
+            podIPs=[{"ip": pod_ip}],
+            startTime=now,
+            qosClass=status.get("qosClass") or "BestEffort",
+            containerStatuses=[
+                self._container(pod, c, {"running": {"startedAt": now}}, ready=ready)
+                for c in pod["spec"].get("containers") or ()
+            ],
+        )
+        self.store.set_log(
+            pod["metadata"].get("namespace", ""), pod["metadata"]["name"], self.logs.started(pod, node_name)
+        )
         self._started[pod["metadata"]["uid"]] = (self.rt.now(), datetime.now(UTC))
         return self.store.update(PODS, {**pod, "status": status})
 
@@ -336,8 +371,9 @@ class Kubelets:
         """The container never starts: Pending, waiting on ``reason``. Written once (a write would
         bring the pod back here)."""
         status = dict(pod.get("status") or {})
-        waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
-                   for c in status.get("containerStatuses") or ()]
+        waiting = [
+            ((c.get("state") or {}).get("waiting") or {}).get("reason") for c in status.get("containerStatuses") or ()
+        ]
         if waiting and all(w == reason for w in waiting):
             return
         now = now_rfc3339()
@@ -345,22 +381,31 @@ class Kubelets:
         conditions = status.get("conditions")
         for kind in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"):
             up = kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled")
-            cond: dict[str, Any] = {"type": kind, "status": "True" if up else "False", "lastProbeTime": None,
-                                    "lastTransitionTime": now}
+            cond: dict[str, Any] = {
+                "type": kind,
+                "status": "True" if up else "False",
+                "lastProbeTime": None,
+                "lastTransitionTime": now,
+            }
             if not up:
                 cond.update(reason="ContainersNotReady", message=f"containers with unready status: [{names}]")
             conditions = set_condition(conditions, cond)
-        message = (f'Back-off pulling image "{image}"' if reason == "ImagePullBackOff" else
-                   f'failed to pull and unpack image "{image}": not found' if reason == "ErrImagePull" else
-                   f'Failed to apply default image tag "{image}": invalid reference format')
+        message = (
+            f'Back-off pulling image "{image}"'
+            if reason == "ImagePullBackOff"
+            else f'failed to pull and unpack image "{image}": not found'
+            if reason == "ErrImagePull"
+            else f'Failed to apply default image tag "{image}": invalid reference format'
+        )
         statuses = []
         for c in pod["spec"].get("containers") or ():
             entry = self._container(pod, c, {"waiting": {"reason": reason, "message": message}}, ready=False)
             entry["imageID"] = ""  # nothing pulled, no container: as a kubelet reports it
             entry.pop("containerID")
             statuses.append(entry)
-        status.update(phase="Pending", conditions=conditions, startTime=status.get("startTime") or now,
-                      containerStatuses=statuses)
+        status.update(
+            phase="Pending", conditions=conditions, startTime=status.get("startTime") or now, containerStatuses=statuses
+        )
         self.store.update(PODS, {**pod, "status": status})
 
     def _set_ready(self, pod: Obj) -> None:
@@ -368,8 +413,9 @@ class Kubelets:
         status = dict(pod.get("status") or {})
         conditions = status.get("conditions")
         for kind in ("ContainersReady", "Ready"):
-            conditions = set_condition(conditions, {"type": kind, "status": "True", "lastProbeTime": None,
-                                                    "lastTransitionTime": now})
+            conditions = set_condition(
+                conditions, {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+            )
         status["conditions"] = conditions
         status["containerStatuses"] = [{**c, "ready": True} for c in status.get("containerStatuses") or ()]
         self.store.update(PODS, {**pod, "status": status})
@@ -381,27 +427,41 @@ class Kubelets:
         # What the container printed at start stays its head (the stack it read then, not now).
         head = self.store.get_log(namespace, meta["name"], None)
         # The log first: whoever sees the terminal phase must find the whole log.
-        self.store.set_log(namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head),
-                           compress=True)
+        self.store.set_log(
+            namespace, meta["name"], self.logs.finished(pod, node, started_wall, code, head), compress=True
+        )
         now = now_rfc3339()
         started_at = started_wall.strftime("%Y-%m-%dT%H:%M:%SZ")
         reason = "Completed" if code == 0 else (_annotation(notes, TERMINATED_REASON_ANNOTATION) or "Error")
         status = dict(pod.get("status") or {})
         conditions = status.get("conditions")
         for kind in ("ContainersReady", "Ready"):
-            conditions = set_condition(conditions, {
-                "type": kind, "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed",
-                "lastProbeTime": None, "lastTransitionTime": now})
-        terminated = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started_at,
-                                     "finishedAt": now, "containerID": ""}}
+            conditions = set_condition(
+                conditions,
+                {
+                    "type": kind,
+                    "status": "False",
+                    "reason": "PodCompleted" if code == 0 else "PodFailed",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now,
+                },
+            )
+        terminated = {
+            "terminated": {
+                "exitCode": code,
+                "reason": reason,
+                "startedAt": started_at,
+                "finishedAt": now,
+                "containerID": "",
+            }
+        }
         statuses = []
         for c in pod["spec"].get("containers") or ():
             entry = self._container(pod, c, terminated, ready=False)
             entry["state"]["terminated"]["containerID"] = entry["containerID"]
             entry["started"] = False
             statuses.append(entry)
-        status.update(phase="Succeeded" if code == 0 else "Failed", conditions=conditions,
-                      containerStatuses=statuses)
+        status.update(phase="Succeeded" if code == 0 else "Failed", conditions=conditions, containerStatuses=statuses)
         self.store.update(PODS, {**pod, "status": status})
 
     # --- details ------------------------------------------------------------------------------------
@@ -415,13 +475,21 @@ class Kubelets:
         """Both pods of the pair have started: the two sides met at the rendezvous."""
         return sum(1 for p in self._pair_of(pod) if phase(p) != "Pending" and not deleting(p)) >= 2
 
-    def _container(self, pod: Obj, container: Mapping[str, Any], state: dict[str, Any], *,
-                   ready: bool) -> dict[str, Any]:
+    def _container(
+        self, pod: Obj, container: Mapping[str, Any], state: dict[str, Any], *, ready: bool
+    ) -> dict[str, Any]:
         image = str(container.get("image") or "")
-        return {"name": container.get("name"), "image": image, "imageID": _image_id(image),
-                "containerID": _container_id(pod, str(container.get("name"))), "ready": ready,
-                "started": "running" in state, "restartCount": 0,
-                "state": {k: dict(v) for k, v in state.items()}, "lastState": {}}
+        return {
+            "name": container.get("name"),
+            "image": image,
+            "imageID": _image_id(image),
+            "containerID": _container_id(pod, str(container.get("name"))),
+            "ready": ready,
+            "started": "running" in state,
+            "restartCount": 0,
+            "state": {k: dict(v) for k, v in state.items()},
+            "lastState": {},
+        }
 
     def _pod_ip(self, node: Mapping[str, Any], name: str) -> str:
         cidr = str((node.get("spec") or {}).get("podCIDR") or "10.244.0.0/24")

@@ -45,15 +45,24 @@ def _prefect_server(home: Path) -> Iterator[str]:
     import httpx
 
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "DO_NOT_TRACK": "1", "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("wb")
     prefect = str(Path(sys.executable).with_name("prefect"))
     process = subprocess.Popen(
         [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + _SERVER_START_S
@@ -144,9 +153,16 @@ def run_lifecycle_demo(*, workdir: str, nodes: int = 16, seed: int = 7, ui: bool
     console.print(f"[bold]gpucert demo[/]: work folder {root}")
     (root / "store").mkdir()
     with _prefect_server(root / "prefect") as api, _serving_files(root / "store") as files:
-        os.environ.update({"PREFECT_API_URL": api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-                           "PREFECT_LOGGING_LEVEL": "WARNING", "GPUCERT_STORE": store_uri,
-                           "GPUCERT_STORE_PUBLIC_URL": files})  # fmt: skip
+        os.environ.update(
+            {
+                "PREFECT_API_URL": api,
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "DO_NOT_TRACK": "1",
+                "PREFECT_LOGGING_LEVEL": "WARNING",
+                "GPUCERT_STORE": store_uri,
+                "GPUCERT_STORE_PUBLIC_URL": files,
+            }
+        )
         console.print(f"Prefect server up at {api.removesuffix('/api')} ({time.monotonic() - started:.0f} s)")
         summary = _lifecycle(console, root, nodes=nodes, seed=seed, api=api)
         console.print(f"\nDone in {time.monotonic() - started:.0f} s.")
@@ -182,8 +198,10 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
         kube = connect(sim.kubeconfig_path)
 
         configured = configure(cluster=cluster, rollout_timeout_s=120)
-        console.print(f"1. configure: release {configured.release}, {configured.gpus_verified} GPUs advertised "
-                      f"on {len(configured.nodes)} nodes, drift {len(configured.drift)}")  # fmt: skip
+        console.print(
+            f"1. configure: release {configured.release}, {configured.gpus_verified} GPUs advertised "
+            f"on {len(configured.nodes)} nodes, drift {len(configured.drift)}"
+        )
 
         # Three faults in all: the blast radius lets gpucert's taints cover max(3, 10 %) of 16 nodes, no more.
         first = [Fault("pcie_gen4", names[1], 3), Fault("remap_failure", names[5], 6)]
@@ -216,8 +234,10 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
             state = _wait_for_run(api, created.json()["id"])
         node = kube.get("v1", "Node", new)
         admitted = not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("gpucert.io/")]
-        console.print(f"4. onboard {new} through the REST API: run {state}, "
-                      f"state {node['metadata']['labels'].get('gpucert.io/state')}, admitted {admitted}")  # fmt: skip
+        console.print(
+            f"4. onboard {new} through the REST API: run {state}, "
+            f"state {node['metadata']['labels'].get('gpucert.io/state')}, admitted {admitted}"
+        )
 
         agreement = decisions_agree(kube, store.open())
         audited = audit_agrees(kube, store.open())
@@ -265,14 +285,19 @@ def audit_agrees(kube: Any, store: Any) -> str:
         return f"AUDIT BROKEN: {checked.problem}"
     added = [e for e in checked.entries if e["action"] == "taint.add" and e["object"]["kind"] == "Node"]
     events = kube.list_objects("events.k8s.io/v1", "Event", namespace="default")
-    sent = {(e["regarding"]["name"], e["metadata"]["name"].rsplit(".", 1)[-1]) for e in events
-            if e.get("reportingController") == CONTROLLER and e.get("reason") == "TaintAdded"}  # fmt: skip
+    sent = {
+        (e["regarding"]["name"], e["metadata"]["name"].rsplit(".", 1)[-1])
+        for e in events
+        if e.get("reportingController") == CONTROLLER and e.get("reason") == "TaintAdded"
+    }
     unsent = [e for e in added if (e["object"]["name"], e["hash"][:16]) not in sent]
     if unsent:
         return f"AUDIT: {len(unsent)} of {counted(len(added), 'taint')} recorded have no Event on their node"
-    return (f"Audit trail intact: {counted(len(checked.entries), 'change')} recorded; each of the "
-            f"{counted(len(added), 'taint')} "
-            "set has its entry and its Event on the node (gpucert audit show --store …)")
+    return (
+        f"Audit trail intact: {counted(len(checked.entries), 'change')} recorded; each of the "
+        f"{counted(len(added), 'taint')} "
+        "set has its entry and its Event on the node (gpucert audit show --store …)"
+    )
 
 
 def tainted_nodes(kube: Any) -> set[str]:

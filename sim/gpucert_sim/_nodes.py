@@ -58,8 +58,14 @@ def _labels(name: str, model: str, gpus: int, topology: dict[str, str]) -> dict[
 
 
 def _resources(gpus: int, preconfigured: bool) -> tuple[dict[str, str], dict[str, str]]:
-    capacity = {"cpu": "192", "memory": "2113714724Ki", "pods": "110", "ephemeral-storage": "3750000000Ki",
-                "hugepages-1Gi": "0", "hugepages-2Mi": "0"}
+    capacity = {
+        "cpu": "192",
+        "memory": "2113714724Ki",
+        "pods": "110",
+        "ephemeral-storage": "3750000000Ki",
+        "hugepages-1Gi": "0",
+        "hugepages-2Mi": "0",
+    }
     allocatable = {**capacity, "cpu": "191500m", "memory": "2092743204Ki", "ephemeral-storage": "3456000000Ki"}
     if preconfigured:
         capacity["nvidia.com/gpu"] = allocatable["nvidia.com/gpu"] = str(gpus)
@@ -67,12 +73,15 @@ def _resources(gpus: int, preconfigured: bool) -> tuple[dict[str, str], dict[str
 
 
 def _conditions(now: str) -> list[dict[str, str]]:
-    healthy = [("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-               ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-               ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available")]
+    healthy = [
+        ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ]
     rows = [{"type": t, "status": "False", "reason": r, "message": m} for t, r, m in healthy]
-    rows.append({"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "kubelet is posting ready status"})
+    rows.append(
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+    )
     return [{**row, "lastHeartbeatTime": now, "lastTransitionTime": now} for row in rows]
 
 
@@ -91,28 +100,40 @@ def gpu_node(
     now = now_rfc3339()
     digest = hashlib.sha256(name.encode()).hexdigest()
     capacity, allocatable = _resources(gpus, preconfigured)
-    spec: dict[str, Any] = {"podCIDR": f"10.{128 + index // 256 % 64}.{index % 256}.0/24",
-                            "providerID": f"gpucert-sim:///{name}"}
+    spec: dict[str, Any] = {
+        "podCIDR": f"10.{128 + index // 256 % 64}.{index % 256}.0/24",
+        "providerID": f"gpucert-sim:///{name}",
+    }
     if uncertified_taint:
         spec["taints"] = [{"key": uncertified_taint, "effect": "NoSchedule"}]
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": _labels(name, model, gpus, dict(topology or {})),
-                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "metadata": {
+            "name": name,
+            "labels": _labels(name, model, gpus, dict(topology or {})),
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
         "spec": spec,
         "status": {
             "capacity": capacity,
             "allocatable": allocatable,
             "conditions": _conditions(now),
-            "addresses": [{"type": "InternalIP", "address": f"10.0.{index // 250}.{index % 250 + 1}"},
-                          {"type": "Hostname", "address": name}],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.{index // 250}.{index % 250 + 1}"},
+                {"type": "Hostname", "address": name},
+            ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "machineID": digest[:32], "systemUUID": str(uuid.UUID(digest[32:64])),
-                "bootID": str(uuid.UUID(digest[:32])), "kernelVersion": "5.15.0-119-generic",
-                "osImage": "Ubuntu 22.04.4 LTS", "containerRuntimeVersion": "containerd://1.7.20",
-                "kubeletVersion": _KUBELET, "kubeProxyVersion": _KUBELET, "operatingSystem": "linux",
+                "machineID": digest[:32],
+                "systemUUID": str(uuid.UUID(digest[32:64])),
+                "bootID": str(uuid.UUID(digest[:32])),
+                "kernelVersion": "5.15.0-119-generic",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "containerRuntimeVersion": "containerd://1.7.20",
+                "kubeletVersion": _KUBELET,
+                "kubeProxyVersion": _KUBELET,
+                "operatingSystem": "linux",
                 "architecture": "amd64",
             },
         },
@@ -136,9 +157,18 @@ def register_nodes(
     leaf_label = leaf_label_of(label_prefix)
     for name in chosen:
         topology = {ZONE_LABEL: fleet.zone_of(name), leaf_label: fleet.leaf_of(name)}
-        store.create(nodes, gpu_node(name, index[name], model=fleet.model.name, gpus=fleet.gpus_per_node,
-                                     preconfigured=preconfigured, uncertified_taint=uncertified_taint,
-                                     topology=topology))
+        store.create(
+            nodes,
+            gpu_node(
+                name,
+                index[name],
+                model=fleet.model.name,
+                gpus=fleet.gpus_per_node,
+                preconfigured=preconfigured,
+                uncertified_taint=uncertified_taint,
+                topology=topology,
+            ),
+        )
     return list(chosen)
 
 

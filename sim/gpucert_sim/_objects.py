@@ -119,9 +119,7 @@ def owner_ref(owner: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]] | None, new: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+def set_condition(conditions: Sequence[Mapping[str, Any]] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``conditions`` with ``new`` in place of the one of its type.
 
     The transition time is kept while the status stays the same, as controllers do: rewriting an
@@ -147,10 +145,16 @@ def set_condition(
 
 def ready_condition(ready: bool, now: str) -> dict[str, Any]:
     """A node's ``Ready`` condition as its kubelet posts it: up, or down with the runtime not healthy."""
-    cond = ({"type": "Ready", "status": "True", "reason": "KubeletReady",
-             "message": "kubelet is posting ready status"} if ready else
-            {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-             "message": "container runtime is down: PLEG is not healthy"})
+    cond = (
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+        if ready
+        else {
+            "type": "Ready",
+            "status": "False",
+            "reason": "KubeletNotReady",
+            "message": "container runtime is down: PLEG is not healthy",
+        }
+    )
     return {**cond, "lastHeartbeatTime": now, "lastTransitionTime": now}
 
 

@@ -74,7 +74,7 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
     result = dict(target) if isinstance(target, Mapping) else {}
     for key, value in patch.items():
         if key.startswith(_DELETE_FROM):
-            field = key[len(_DELETE_FROM):]
+            field = key[len(_DELETE_FROM) :]
             result[field] = [v for v in result.get(field) or [] if v not in value]
         elif key.startswith("$"):
             continue  # $setElementOrder, $retainKeys: ordering hints the simulator does not need
@@ -101,8 +101,7 @@ def _merge_list(field: str, current: Any, patch: list[Any]) -> list[Any]:
         key = next((k for k in keys if k in item), None)
         if key is None:
             raise ApiError(422, f"map: {dict(item)} does not contain declared merge key: {keys[0]}")
-        at = next((i for i, old in enumerate(live) if isinstance(old, Mapping) and old.get(key) == item[key]),
-                  None)
+        at = next((i for i, old in enumerate(live) if isinstance(old, Mapping) and old.get(key) == item[key]), None)
         if item.get("$patch") == "delete":
             if at is not None:
                 del live[at]
@@ -122,6 +121,5 @@ def json_patch(target: Mapping[str, Any], operations: Any) -> Any:
         return patch.apply(copy.deepcopy(dict(target)))
     except jsonpatch.InvalidJsonPatch as exc:
         raise bad_request(f"invalid json patch: {exc}") from exc
-    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError,
-            TypeError) as exc:
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError, TypeError) as exc:
         raise ApiError(422, f"the json patch does not apply: {exc}") from exc

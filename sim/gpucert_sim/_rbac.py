@@ -36,9 +36,23 @@ _SA_PREFIX = "system:serviceaccount:"
 #: The default ClusterRoles ``system:discovery`` and ``system:public-info-viewer``, bound to every
 #: authenticated user: discovery and the server's version and health.
 DISCOVERY_RULES: tuple[Rule, ...] = (
-    {"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez",
-                                           "/openapi", "/openapi/*", "/readyz", "/version", "/version/"]},
-)  # fmt: skip
+    {
+        "verbs": ["get"],
+        "nonResourceURLs": [
+            "/api",
+            "/api/*",
+            "/apis",
+            "/apis/*",
+            "/healthz",
+            "/livez",
+            "/openapi",
+            "/openapi/*",
+            "/readyz",
+            "/version",
+            "/version/",
+        ],
+    },
+)
 
 
 def _matches(allowed: Iterable[str], value: str) -> bool:
@@ -119,8 +133,7 @@ def _binds(subjects: Sequence[Mapping[str, Any]], user: str, groups: Sequence[st
     return False
 
 
-def grants_of(objects: Iterable[Mapping[str, Any]], user: str, *, extra_cluster_rules: Sequence[Rule] = ()
-              ) -> Grants:  # fmt: skip
+def grants_of(objects: Iterable[Mapping[str, Any]], user: str, *, extra_cluster_rules: Sequence[Rule] = ()) -> Grants:
     """What ``user`` holds through the Roles, ClusterRoles and their bindings among ``objects`` (other
     kinds are ignored), plus ``extra_cluster_rules`` (say, :data:`DISCOVERY_RULES`).
 

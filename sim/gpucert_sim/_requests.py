@@ -37,8 +37,14 @@ __all__ = ["DEFAULT_CAPACITY", "ApiRequest", "RequestLog", "bearer_user", "reque
 
 DEFAULT_CAPACITY = 50_000
 _API_PREFIXES = ("api", "apis")
-_VERBS_BY_METHOD = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch",
-                    "DELETE": "delete"}  # fmt: skip
+_VERBS_BY_METHOD = {
+    "POST": "create",
+    "GET": "get",
+    "HEAD": "get",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
 # Path verbs of the old API (``/api/v1/watch/pods``); ``proxy`` names no subresource.
 _SPECIAL_VERBS = ("proxy", "watch")
 # Subresources of a Namespace, which keep the path's ``namespaces/<name>`` as the resource.

@@ -85,62 +85,174 @@ class ResourceType:
         return root if name is None else f"{root}/{name}"
 
 
-_EVENT_FIELDS = frozenset({
-    "involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp", "count", "type",
-    "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance",
-})
+_EVENT_FIELDS = frozenset(
+    {
+        "involvedObject",
+        "reason",
+        "message",
+        "source",
+        "firstTimestamp",
+        "lastTimestamp",
+        "count",
+        "type",
+        "eventTime",
+        "series",
+        "action",
+        "related",
+        "reportingComponent",
+        "reportingInstance",
+    }
+)
 
-_EVENTS_V1_FIELDS = frozenset({
-    "eventTime", "series", "reportingController", "reportingInstance", "action", "reason", "regarding",
-    "related", "note", "type", "deprecatedSource", "deprecatedFirstTimestamp", "deprecatedLastTimestamp",
-    "deprecatedCount",
-})
+_EVENTS_V1_FIELDS = frozenset(
+    {
+        "eventTime",
+        "series",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+        "regarding",
+        "related",
+        "note",
+        "type",
+        "deprecatedSource",
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+    }
+)
 
 RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "nodes", "Node", False, ("no",), ("status",), field_labels=("spec.unschedulable",)),
     ResourceType(
-        "", "v1", "pods", "Pod", True, ("po",), ("status", "log"), categories=("all",),
-        field_labels=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-                      "status.phase", "status.podIP", "status.nominatedNodeName"),
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        True,
+        ("po",),
+        ("status", "log"),
+        categories=("all",),
+        field_labels=(
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ),
         returns_deleted_object=True,
     ),
-    ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",),
-                 field_labels=("status.phase",), generation_tracks=None),
-    ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",),
-                 fields=frozenset({"data", "binaryData", "immutable"}), generation_tracks=None),
-    ResourceType("", "v1", "services", "Service", True, ("svc",), ("status",), categories=("all",),
-                 returns_deleted_object=True, generation_tracks=None),
-    ResourceType("", "v1", "endpoints", "Endpoints", True, ("ep",), fields=frozenset({"subsets"}),
-                 generation_tracks=None),
+    ResourceType(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        False,
+        ("ns",),
+        ("status",),
+        field_labels=("status.phase",),
+        generation_tracks=None,
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "configmaps",
+        "ConfigMap",
+        True,
+        ("cm",),
+        fields=frozenset({"data", "binaryData", "immutable"}),
+        generation_tracks=None,
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "services",
+        "Service",
+        True,
+        ("svc",),
+        ("status",),
+        categories=("all",),
+        returns_deleted_object=True,
+        generation_tracks=None,
+    ),
+    ResourceType(
+        "", "v1", "endpoints", "Endpoints", True, ("ep",), fields=frozenset({"subsets"}), generation_tracks=None
+    ),
     # The field labels are the API server's (ToSelectableFields); ``source`` is the source's component,
     # else the reporting controller (see _selectors.py).
-    ResourceType("", "v1", "events", "Event", True, ("ev",), fields=_EVENT_FIELDS,
-                 field_labels=("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-                               "involvedObject.uid", "involvedObject.apiVersion",
-                               "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
-                               "reportingComponent", "source", "type"),
-                 generation_tracks=None),
+    ResourceType(
+        "",
+        "v1",
+        "events",
+        "Event",
+        True,
+        ("ev",),
+        fields=_EVENT_FIELDS,
+        field_labels=(
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ),
+        generation_tracks=None,
+    ),
     # The events.k8s.io shape gpucert writes its Events in (issue 16). As on a real server, the same
     # objects as core Events, in one store, converted on the way in and out (_events.py, _store.py); its
     # field labels are the core ones under their events.k8s.io names (AddFieldLabelConversionsForEvent).
-    ResourceType("events.k8s.io", "v1", "events", "Event", True, fields=_EVENTS_V1_FIELDS,
-                 field_labels=("regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid",
-                               "regarding.apiVersion", "regarding.resourceVersion", "regarding.fieldPath",
-                               "reason", "reportingController", "source", "type"),
-                 generation_tracks=None),
-    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",),
-                 fields=frozenset({"secrets", "imagePullSecrets", "automountServiceAccountToken"}),
-                 returns_deleted_object=True, generation_tracks=None),
+    ResourceType(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        True,
+        fields=_EVENTS_V1_FIELDS,
+        field_labels=(
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "regarding.resourceVersion",
+            "regarding.fieldPath",
+            "reason",
+            "reportingController",
+            "source",
+            "type",
+        ),
+        generation_tracks=None,
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        True,
+        ("sa",),
+        fields=frozenset({"secrets", "imagePullSecrets", "automountServiceAccountToken"}),
+        returns_deleted_object=True,
+        generation_tracks=None,
+    ),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)),
-    ResourceType("batch", "v1", "jobs", "Job", True, (), ("status",), categories=("all",),
-                 field_labels=("status.successful",)),
+    ResourceType(
+        "batch", "v1", "jobs", "Job", True, (), ("status",), categories=("all",), field_labels=("status.successful",)
+    ),
     # Node leases (one certify run per node at a time): no status, no generation (the real strategy sets
     # none); an update or delete carrying a stale resourceVersion is a 409 like any other kind's.
-    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, fields=frozenset({"spec"}),
-                 generation_tracks=None),
+    ResourceType(
+        "coordination.k8s.io", "v1", "leases", "Lease", True, fields=frozenset({"spec"}), generation_tracks=None
+    ),
     *(
-        ResourceType("rbac.authorization.k8s.io", "v1", plural, kind, namespaced, fields=fields,
-                     generation_tracks=None)
+        ResourceType("rbac.authorization.k8s.io", "v1", plural, kind, namespaced, fields=fields, generation_tracks=None)
         for plural, kind, namespaced, fields in (
             ("roles", "Role", True, frozenset({"rules"})),
             ("rolebindings", "RoleBinding", True, frozenset({"subjects", "roleRef"})),
@@ -175,9 +287,15 @@ def version_info() -> dict[str, str]:
     """``/version``: what ``kubectl version`` and ``VersionApi`` print."""
     major, minor, _ = KUBERNETES_VERSION.lstrip("v").split(".")
     return {
-        "major": major, "minor": minor, "gitVersion": KUBERNETES_VERSION, "gitCommit": "gpucert-sim",
-        "gitTreeState": "clean", "buildDate": "2024-08-14T00:00:00Z", "goVersion": "go1.22.5",
-        "compiler": "gc", "platform": "linux/amd64",
+        "major": major,
+        "minor": minor,
+        "gitVersion": KUBERNETES_VERSION,
+        "gitCommit": "gpucert-sim",
+        "gitTreeState": "clean",
+        "buildDate": "2024-08-14T00:00:00Z",
+        "goVersion": "go1.22.5",
+        "compiler": "gc",
+        "platform": "linux/amd64",
     }
 
 
@@ -195,8 +313,7 @@ def api_group(name: str) -> dict[str, Any] | None:
     if versions is None:
         return None
     entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": entries,
-            "preferredVersion": entries[0]}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": entries, "preferredVersion": entries[0]}
 
 
 def api_group_list() -> dict[str, Any]:
@@ -219,8 +336,13 @@ def _entries(resource: ResourceType) -> Iterable[dict[str, Any]]:
     yield main
     for sub in resource.subresources:
         verbs = ["get"] if sub == "log" else ["get", "patch", "update"]
-        yield {"name": f"{resource.plural}/{sub}", "singularName": "", "namespaced": resource.namespaced,
-               "kind": "Pod" if sub == "log" else resource.kind, "verbs": verbs}
+        yield {
+            "name": f"{resource.plural}/{sub}",
+            "singularName": "",
+            "namespaced": resource.namespaced,
+            "kind": "Pod" if sub == "log" else resource.kind,
+            "verbs": verbs,
+        }
 
 
 def api_resource_list(group: str, version: str) -> dict[str, Any] | None:

@@ -47,8 +47,16 @@ from ._objects import (
 )
 from ._store import Obj, WatchEvent, now_rfc3339
 
-__all__ = ["GPU", "Scheduler", "gpu_request", "misfit", "node_gpus", "selector_matches", "tolerates",
-           "untolerated_taint"]
+__all__ = [
+    "GPU",
+    "Scheduler",
+    "gpu_request",
+    "misfit",
+    "node_gpus",
+    "selector_matches",
+    "tolerates",
+    "untolerated_taint",
+]
 
 GPU = "nvidia.com/gpu"
 _COMPONENT = "default-scheduler"
@@ -76,8 +84,9 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return operator == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
 
 
-def untolerated_taint(tolerations: Sequence[Mapping[str, Any]], taints: Iterable[Mapping[str, Any]],
-                      effects: Sequence[str] = _BLOCKING) -> Mapping[str, Any] | None:
+def untolerated_taint(
+    tolerations: Sequence[Mapping[str, Any]], taints: Iterable[Mapping[str, Any]], effects: Sequence[str] = _BLOCKING
+) -> Mapping[str, Any] | None:
     """The first taint of ``effects`` that no toleration tolerates, or None."""
     for taint in taints:
         if taint.get("effect") in effects and not any(tolerates(t, taint) for t in tolerations):
@@ -111,8 +120,9 @@ def _term_matches(term: Mapping[str, Any], node: Obj) -> bool:
         return False  # an empty term matches no node
     if not all(_expression_matches(e, labels.get(e.get("key"))) for e in exprs):
         return False
-    return all(_expression_matches(f, node["metadata"]["name"] if f.get("key") == "metadata.name" else None)
-               for f in fields)
+    return all(
+        _expression_matches(f, node["metadata"]["name"] if f.get("key") == "metadata.name" else None) for f in fields
+    )
 
 
 def selects(spec: Mapping[str, Any], node: Obj) -> bool:
@@ -121,8 +131,9 @@ def selects(spec: Mapping[str, Any], node: Obj) -> bool:
     for k, v in (spec.get("nodeSelector") or {}).items():
         if labels.get(k) != v:
             return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms")
     return not terms or any(_term_matches(t, node) for t in terms)
 
@@ -134,8 +145,10 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, An
         return False
     if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
         return False
-    return all(_expression_matches(e, None if (v := labels.get(e.get("key"))) is None else str(v))
-               for e in selector.get("matchExpressions") or ())
+    return all(
+        _expression_matches(e, None if (v := labels.get(e.get("key"))) is None else str(v))
+        for e in selector.get("matchExpressions") or ()
+    )
 
 
 def _quantity(raw: Any) -> int:
@@ -174,8 +187,9 @@ def _taint_text(taint: Mapping[str, Any]) -> str:
 def misfit(spec: Mapping[str, Any], node: Obj, request: int, used: int) -> str | None:
     """Why a pod with this spec cannot go on ``node`` (kube-scheduler's words), or None when it fits."""
     tolerations = spec.get("tolerations") or ()
-    if (node.get("spec") or {}).get("unschedulable") and \
-            not any(tolerates(t, _UNSCHEDULABLE_TAINT) for t in tolerations):
+    if (node.get("spec") or {}).get("unschedulable") and not any(
+        tolerates(t, _UNSCHEDULABLE_TAINT) for t in tolerations
+    ):
         return "node(s) were unschedulable"
     if not node_ready(node) and not any(tolerates(t, _NOT_READY_TAINT) for t in tolerations):
         return f"node(s) had untolerated taint {_taint_text(_NOT_READY_TAINT)}"
@@ -265,9 +279,17 @@ class Scheduler:
         detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         message = f"0/{len(nodes)} nodes are available" + (f": {detail}." if detail else ".")
         status = dict(pod.get("status") or {})
-        status["conditions"] = set_condition(status.get("conditions"), {
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-            "lastProbeTime": None, "lastTransitionTime": now_rfc3339()})
+        status["conditions"] = set_condition(
+            status.get("conditions"),
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": now_rfc3339(),
+            },
+        )
         status["phase"] = "Pending"
         self.store.update(PODS, {**pod, "status": status})
         if self._said.get(key) != message:
@@ -318,8 +340,9 @@ class Scheduler:
         # The first pod of a group that wants its own kind: no pod anywhere matches yet, and it matches
         # its own term (kube-scheduler's exception, so that such a group can start at all).
         anywhere = any(self._matches(p, pod, selector, namespaces) for p in self.store.list(PODS)[0])
-        own = (pod["metadata"].get("namespace") in namespaces or namespaces == {"*"}) and \
-            selector_matches(selector, pod["metadata"].get("labels") or {})
+        own = (pod["metadata"].get("namespace") in namespaces or namespaces == {"*"}) and selector_matches(
+            selector, pod["metadata"].get("labels") or {}
+        )
         return not anywhere and own
 
     def _pods_in_domain(self, key: str, domain: str) -> list[Obj]:
@@ -350,8 +373,9 @@ class Scheduler:
         """A superset of the nodes ``spec``'s nodeSelector and required node affinity can select, from the
         store's label index; None when they name no node or label value (any node may do)."""
         pins: list[set[str]] = [self._labelled(str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items()]
-        required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                    .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
         terms = required.get("nodeSelectorTerms")
         if terms:
             union: set[str] | None = set()
@@ -376,8 +400,9 @@ class Scheduler:
         pins: list[set[str]] = []
         for expr in exprs:
             if expr.get("operator") == "In":
-                pins.append(set().union(*(self._labelled(str(expr.get("key")), str(v))
-                                          for v in expr.get("values") or ())))
+                pins.append(
+                    set().union(*(self._labelled(str(expr.get("key")), str(v)) for v in expr.get("values") or ()))
+                )
         for expr in fields:
             if expr.get("key") == "metadata.name" and expr.get("operator") == "In":
                 pins.append({str(v) for v in expr.get("values") or ()})
@@ -389,15 +414,26 @@ class Scheduler:
     def _bind(self, pod: Obj, node: Obj) -> None:
         name = node["metadata"]["name"]
         status = dict(pod.get("status") or {})
-        status["conditions"] = set_condition(status.get("conditions"), {
-            "type": "PodScheduled", "status": "True", "lastProbeTime": None,
-            "lastTransitionTime": now_rfc3339()})
+        status["conditions"] = set_condition(
+            status.get("conditions"),
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()},
+        )
         bound = self.store.update(PODS, {**pod, "spec": {**pod["spec"], "nodeName": name}, "status": status})
         meta = bound["metadata"]
-        record_event(self.store, bound, "Normal", "Scheduled",
-                     f"Successfully assigned {meta.get('namespace')}/{meta['name']} to {name}", _COMPONENT)
+        record_event(
+            self.store,
+            bound,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {meta.get('namespace')}/{meta['name']} to {name}",
+            _COMPONENT,
+        )
 
 
 def _unbound(pod: Obj) -> bool:
-    return (not (pod.get("spec") or {}).get("nodeName") and phase(pod) == "Pending" and not deleting(pod)
-            and (pod.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler")
+    return (
+        not (pod.get("spec") or {}).get("nodeName")
+        and phase(pod) == "Pending"
+        and not deleting(pod)
+        and (pod.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"
+    )

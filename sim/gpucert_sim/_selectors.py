@@ -108,7 +108,7 @@ def _field_requirement(text: str, resource: ResourceType) -> tuple[Predicate, st
         raise bad_request(f"invalid field selector: {text.strip()!r}")
     path, op, value = m.groups()
     if path not in ("metadata.name", "metadata.namespace", *resource.field_labels):
-        raise bad_request(f'field label not supported: {path}')
+        raise bad_request(f"field label not supported: {path}")
     computed = _COMPUTED.get((resource.key, path))
     if computed is not None:
         return _computed_requirement(computed, op == "!=", value), None

@@ -154,8 +154,9 @@ class SimCluster:
         nodes_per_leaf: int = 8,
     ) -> None:
         try:
-            self.fleet = Fleet.generate(nodes=nodes, gpus_per_node=gpus, model=model, seed=seed,
-                                        nodes_per_leaf=nodes_per_leaf)
+            self.fleet = Fleet.generate(
+                nodes=nodes, gpus_per_node=gpus, model=model, seed=seed, nodes_per_leaf=nodes_per_leaf
+            )
         except ValueError as exc:
             raise InputError(f"sim: {exc}") from exc
         self.preconfigured = preconfigured
@@ -256,9 +257,7 @@ class SimCluster:
         """Lift the GPU faults of ``node`` (of every node when None), as a repair; returns how many."""
         return self.gpu_faults.clear(node)
 
-    def inject(
-        self, document: FaultPlan | Mapping[str, Any], *, source: str = "SimCluster.inject"
-    ) -> dict[str, Any]:
+    def inject(self, document: FaultPlan | Mapping[str, Any], *, source: str = "SimCluster.inject") -> dict[str, Any]:
         """Apply a fault document (``_inject.py``: ``api``, ``gpu``, ``nodes``); all checked before any applies.
 
         Returns what was applied; a bad document is an :class:`InputError` naming ``source`` and the entry.
@@ -293,8 +292,7 @@ class SimCluster:
                 label_prefix=self.label_prefix,
             )
 
-    def training_history(self, job: str, start: datetime | float, end: datetime | float,
-                         step_s: float = 15.0) -> str:
+    def training_history(self, job: str, start: datetime | float, end: datetime | float, step_s: float = 15.0) -> str:
         """OpenMetrics text with timestamps (``# EOF`` terminated) of training job ``job`` (``namespace/name``)
         over [start, end], clipped to now, one sample per series every ``step_s``: its GPUs' DCGM series (with
         this cluster's DCGM host label), its step gauge and NCCL Inspector's series, its nodes' infiniband
@@ -302,14 +300,20 @@ class SimCluster:
         none of whose pods has started, or an empty window."""
         return self.training.history(job, start, end, step_s=step_s, host_label=self.dcgm.host_label)
 
-    def write_training_history(self, job: str, path: str | os.PathLike[str], start: datetime | float,
-                               end: datetime | float, step_s: float = 15.0) -> int:
+    def write_training_history(
+        self,
+        job: str,
+        path: str | os.PathLike[str],
+        start: datetime | float,
+        end: datetime | float,
+        step_s: float = 15.0,
+    ) -> int:
         """:meth:`training_history` written to ``path`` without holding it all in memory; returns its bytes."""
-        return self.training.write_history(job, Path(path), start, end, step_s=step_s,
-                                           host_label=self.dcgm.host_label)
+        return self.training.write_history(job, Path(path), start, end, step_s=step_s, host_label=self.dcgm.host_label)
 
-    def training_frames(self, job: str, start: datetime | float, end: datetime | float,
-                        step_s: float = 15.0) -> dict[str, Any]:
+    def training_frames(
+        self, job: str, start: datetime | float, end: datetime | float, step_s: float = 15.0
+    ) -> dict[str, Any]:
         """The frames ``gpucert explain`` would gather for ``job`` over the window (``telemetry``, ``nic``,
         ``steps``, ``collectives``, ``events``), straight from the training model, without Prometheus."""
         return dict(self.training.frames(job, start, end, step_s=step_s))
@@ -357,9 +361,7 @@ class SimCluster:
             raise RuntimeError("the simulated cluster is already started")
         ready = threading.Event()
         failure: list[BaseException] = []
-        self._thread = threading.Thread(
-            target=self._run, args=(ready, failure), name="gpucert-sim", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(ready, failure), name="gpucert-sim", daemon=True)
         self._thread.start()
         if not ready.wait(_START_TIMEOUT_S):
             raise RuntimeError("gpucert sim: the API server did not start in time")
@@ -430,8 +432,17 @@ class SimCluster:
         runtime = Runtime(self.store, loop)
         # Order within a batch: bind, run, then the controllers that react to what pods did.
         runtime.add(Scheduler(runtime))
-        runtime.add(node_kubelets(runtime, lambda: self.fleet, self.gpu_faults, seed=self.seed,
-                                  label_prefix=self.label_prefix, timing=self.timing, training=self.training))
+        runtime.add(
+            node_kubelets(
+                runtime,
+                lambda: self.fleet,
+                self.gpu_faults,
+                seed=self.seed,
+                label_prefix=self.label_prefix,
+                timing=self.timing,
+                training=self.training,
+            )
+        )
         self.dcgm.driver = loaded_driver(runtime)  # the exporters report the driver each node runs
         runtime.add(JobController(runtime))
         runtime.add(DaemonSetController(runtime))

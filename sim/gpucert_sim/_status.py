@@ -49,9 +49,7 @@ class ApiError(Exception):
         return status_body(self.code, self.reason, self.message, self.details)
 
 
-def status_body(
-    code: int, reason: str, message: str, details: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ``metav1.Status`` of a failure, as the API server encodes it."""
     body: dict[str, Any] = {
         "kind": "Status",

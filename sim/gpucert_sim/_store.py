@@ -170,8 +170,13 @@ def _named_as(resource: ResourceType, stored: ResourceType) -> Iterator[None]:
         if details.get("group") != stored.group or details.get("kind") != stored.plural:
             raise  # not about the object (its namespace is missing, say)
         what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
-        raise ApiError(exc.code, exc.message.replace(f'{stored.plural} "', f'{what} "', 1), reason=exc.reason,
-                       details={**details, "group": resource.group}, headers=exc.headers) from None
+        raise ApiError(
+            exc.code,
+            exc.message.replace(f'{stored.plural} "', f'{what} "', 1),
+            reason=exc.reason,
+            details={**details, "group": resource.group},
+            headers=exc.headers,
+        ) from None
 
 
 def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,8 +256,9 @@ class Store:
             items = self._objects[stored.key]
             candidates = self._candidates(stored, selector) if selector else None
             if candidates is not None:
-                keys = sorted(k for k in candidates if (namespace is None or k[0] == namespace)
-                              and (after is None or k > after))
+                keys = sorted(
+                    k for k in candidates if (namespace is None or k[0] == namespace) and (after is None or k > after)
+                )
             else:
                 keys = self._range(stored, namespace, after)
             if not selector:
@@ -298,13 +304,18 @@ class Store:
                 meta["name"] = self._generate_name(resource, namespace, meta["generateName"])
             name = meta.get("name")
             if not name:
-                raise invalid(resource.kind, resource.group, "", "metadata.name", "FieldValueRequired",
-                              "Required value: name or generateName is required")
+                raise invalid(
+                    resource.kind,
+                    resource.group,
+                    "",
+                    "metadata.name",
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required",
+                )
             if (namespace or "", name) in self._objects[resource.key]:
                 raise conflict(resource.group, resource.plural, name, "already exists", reason="AlreadyExists")
             self._rv += 1
-            meta.update(uid=uid or str(uuid.uuid4()), resourceVersion=str(self._rv),
-                        creationTimestamp=now_rfc3339())
+            meta.update(uid=uid or str(uuid.uuid4()), resourceVersion=str(self._rv), creationTimestamp=now_rfc3339())
             meta.pop("deletionTimestamp", None)
             if resource.generation_tracks:
                 meta["generation"] = 1
@@ -328,9 +339,12 @@ class Store:
                 raise not_found(resource.group, resource.plural, name)
             cur_meta = current["metadata"]
             if expect_rv and expect_rv != cur_meta["resourceVersion"]:
-                raise conflict(resource.group, resource.plural, name,
-                               "the object has been modified; please apply your changes to the latest "
-                               "version and try again")
+                raise conflict(
+                    resource.group,
+                    resource.plural,
+                    name,
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                )
             new_meta = {**meta, **{k: cur_meta[k] for k in ("uid", "creationTimestamp", "resourceVersion")}}
             for k in ("deletionTimestamp", "generation"):
                 if k in cur_meta:
@@ -349,15 +363,23 @@ class Store:
             self._emit(resource, "MODIFIED", new, current)
             return new
 
-    def delete(self, resource: ResourceType, namespace: str | None, name: str, *,
-               propagation: str = "Background", expect_uid: str | None = None,
-               expect_rv: str | None = None) -> tuple[Obj, bool]:
+    def delete(
+        self,
+        resource: ResourceType,
+        namespace: str | None,
+        name: str,
+        *,
+        propagation: str = "Background",
+        expect_uid: str | None = None,
+        expect_rv: str | None = None,
+    ) -> tuple[Obj, bool]:
         """Delete now, or mark for deletion while finalizers remain; returns (object, still pending)."""
         stored_as, view = _storage(resource)
         if view is not None:
             with _named_as(resource, stored_as):
-                gone, pending = self.delete(stored_as, namespace, name, propagation=propagation,
-                                            expect_uid=expect_uid, expect_rv=expect_rv)
+                gone, pending = self.delete(
+                    stored_as, namespace, name, propagation=propagation, expect_uid=expect_uid, expect_rv=expect_rv
+                )
             return view.out(gone), pending
         with self.lock:
             current = self.get(resource, namespace, name)
@@ -365,13 +387,19 @@ class Store:
                 raise not_found(resource.group, resource.plural, name)
             meta = current["metadata"]
             if (expect_uid and expect_uid != meta["uid"]) or (expect_rv and expect_rv != meta["resourceVersion"]):
-                raise conflict(resource.group, resource.plural, name,
-                               "Precondition failed: UID or ResourceVersion in precondition does not match")
+                raise conflict(
+                    resource.group,
+                    resource.plural,
+                    name,
+                    "Precondition failed: UID or ResourceVersion in precondition does not match",
+                )
             if meta.get("finalizers"):
                 if meta.get("deletionTimestamp"):
                     return current, True
-                marked = {**current, "metadata": {**meta, "deletionTimestamp": now_rfc3339(),
-                                                  "deletionGracePeriodSeconds": 0}}
+                marked = {
+                    **current,
+                    "metadata": {**meta, "deletionTimestamp": now_rfc3339(), "deletionGracePeriodSeconds": 0},
+                }
                 self._rv += 1
                 marked["metadata"]["resourceVersion"] = str(self._rv)
                 self._put(resource, (namespace or "", name), marked, current)
@@ -412,18 +440,25 @@ class Store:
 
     # --- watching -----------------------------------------------------------------------------------
 
-    def watch(self, resource: ResourceType, since: int | None, loop: asyncio.AbstractEventLoop, *,
-              accept: Callable[[WatchEvent], bool] | None = None) -> tuple[Sequence[WatchEvent], Watcher]:
+    def watch(
+        self,
+        resource: ResourceType,
+        since: int | None,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        accept: Callable[[WatchEvent], bool] | None = None,
+    ) -> tuple[Sequence[WatchEvent], Watcher]:
         """The events to replay and a registered watcher for the rest (only the events ``accept`` passes,
         when given; called under the lock by the writer), taken atomically. Call on ``loop``'s thread."""
         stored, view = _storage(resource)
         with self.lock:
             if since is None:
-                replay = [WatchEvent(int(o["metadata"]["resourceVersion"]), "ADDED", resource.key, o)
-                          for o in self.list(resource)[0]]
+                replay = [
+                    WatchEvent(int(o["metadata"]["resourceVersion"]), "ADDED", resource.key, o)
+                    for o in self.list(resource)[0]
+                ]
             elif since < self._compacted:
-                raise ApiError(410, f"too old resource version: {since} ({self._compacted + 1})",
-                               reason="Expired")
+                raise ApiError(410, f"too old resource version: {since} ({self._compacted + 1})", reason="Expired")
             else:
                 replay = [e for e in self._history if e.rv > since and e.resource == stored.key]
                 if view is not None:
@@ -509,8 +544,7 @@ class Store:
         for uid in after:
             self._owned.setdefault(uid, set()).add(entry)
 
-    def _index(self, resource: ResourceType, key: _Key, before: Mapping[str, Any],
-               after: Mapping[str, Any]) -> None:
+    def _index(self, resource: ResourceType, key: _Key, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         if before is after:
             return
         index = self._by_label[resource.key]

@@ -147,33 +147,35 @@ Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
 _INF = math.inf
-_COMPUTE_SHARE = 0.7          # of a healthy step; the rest is the collective
+_COMPUTE_SHARE = 0.7  # of a healthy step; the rest is the collective
 _IDLE_CLOCK_MHZ = 345.0
 _IDLE_POWER_W = 75.0
 _IDLE_TEMP_C = 34.0
-_BUSY_POWER_SHARE = 0.9       # of the power limit at full engine activity
-_ENGINE_HEALTHY = 0.905       # engine activity of a healthy step (the temperature model's reference)
-_NVLINK_BPS = 150e9           # bytes/s per GPU over NVLink in a healthy step; PCIe: data in, RDMA out
+_BUSY_POWER_SHARE = 0.9  # of the power limit at full engine activity
+_ENGINE_HEALTHY = 0.905  # engine activity of a healthy step (the temperature model's reference)
+_NVLINK_BPS = 150e9  # bytes/s per GPU over NVLink in a healthy step; PCIe: data in, RDMA out
 _PCIE_TX_BPS = 18e9
 _PCIE_RX_BPS = 22e9
-_BUSBW_GBPS = 360.0           # the job's AllReduce bus bandwidth when healthy
+_BUSBW_GBPS = 360.0  # the job's AllReduce bus bandwidth when healthy
 _IB_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
-_IB_RATE = 50e9               # 400 Gb/s in bytes per second, as node-exporter reports the link rate
+_IB_RATE = 50e9  # 400 Gb/s in bytes per second, as node-exporter reports the link rate
 _FLAP_SYMBOLS_PER_S = 40 / 60
 _FLAP_RCV_ERRORS_PER_S = 6 / 60
 _FLAP_DOWN_EVERY_S = 600.0
-_NOISE_S = 15.0               # gauge noise holds for this long (a lattice of unix time)
+_NOISE_S = 15.0  # gauge noise holds for this long (a lattice of unix time)
 _STEP_NOISE = 0.01
-_LOG_REFRESH_S = 2.0          # a running training pod's log gains its new steps this often
-_STEPS_AHEAD_S = 600.0        # steps are computed this far past what was asked, for the next asks
+_LOG_REFRESH_S = 2.0  # a running training pod's log gains its new steps this often
+_STEPS_AHEAD_S = 600.0  # steps are computed this far past what was asked, for the next asks
 _DEFAULT_CLOCK_MHZ = 1980.0
 _CLOCK_FRAC = ("clock_frac", 0.5)
 _FACTOR = ("factor", 1.6)
 _GAP = ("gap_minutes", 5.0)
 _FLAPPING = ("flapping", 0.0)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
-                     "Container {container} was using 1702Gi, request is 0, has larger consumption of memory.")
+_EVICTION_MESSAGE = (
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
+    "Container {container} was using 1702Gi, request is 0, has larger consumption of memory."
+)
 
 
 # --- faults ------------------------------------------------------------------------------------------------
@@ -280,9 +282,14 @@ def parse_training_fault(raw: Any, where: str) -> TrainingFault:
             raise InputError(f"{where}.params.{name}: must be within {span}, got {value!r}")
         params.append((str(name), float(value)))
     return TrainingFault(
-        kind=kind, job=str(job), minute=minute, node=node if isinstance(node, str) else None,
+        kind=kind,
+        job=str(job),
+        minute=minute,
+        node=node if isinstance(node, str) else None,
         gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
-        device=device if kind == "nic_half_rate" else None, until_minute=until, params=tuple(sorted(params)),
+        device=device if kind == "nic_half_rate" else None,
+        until_minute=until,
+        params=tuple(sorted(params)),
     )
 
 
@@ -311,7 +318,7 @@ class _Spec:
     name: str
     start: float
     step_s: float
-    end: float            # +inf: trains until deleted
+    end: float  # +inf: trains until deleted
     owner_uid: str | None
     comm: str
 
@@ -422,7 +429,7 @@ class _Column:
     node: str
     gpu: int
     uuid: str
-    key: int              # noise key
+    key: int  # noise key
     limit_w: float
     busy_temp_c: float
     slowdown_c: float
@@ -438,24 +445,24 @@ class _Timeline:
 
     spec: _Spec
     incs: tuple[_Inc, ...]
-    ends: Floats                    # per incarnation: when it stopped holding its GPUs
-    evicted: Mapping[int, float]    # incarnation index → when it was evicted
-    gaps: Mapping[int, float]       # incarnation index → seconds its replacement waits after the eviction
+    ends: Floats  # per incarnation: when it stopped holding its GPUs
+    evicted: Mapping[int, float]  # incarnation index → when it was evicted
+    gaps: Mapping[int, float]  # incarnation index → seconds its replacement waits after the eviction
     columns: tuple[_Column, ...]
     col_index: Mapping[tuple[str, int], int]
-    cuts: Floats                    # (S-1,)
-    progress: Bools                 # (S,)
-    step_mean: Floats               # (S,)
-    holder: Ints                    # (S, G) incarnation index, -1: not held by the job
-    act: Bools                      # (S, G) training in this segment
-    frac: Floats                    # (S, G) clock fraction
+    cuts: Floats  # (S-1,)
+    progress: Bools  # (S,)
+    step_mean: Floats  # (S,)
+    holder: Ints  # (S, G) incarnation index, -1: not held by the job
+    act: Bools  # (S, G) training in this segment
+    frac: Floats  # (S, G) clock fraction
     util: Floats
     engine: Floats
     power: Floats
     temp: Floats
-    rates: Mapping[str, Floats]     # counter → (S, G) per second
-    cums: Mapping[str, Floats]      # counter → (S, G) at each segment's start
-    exec_us: Floats                 # (S, G), NaN where not training
+    rates: Mapping[str, Floats]  # counter → (S, G) per second
+    cums: Mapping[str, Floats]  # counter → (S, G) at each segment's start
+    exec_us: Floats  # (S, G), NaN where not training
     busbw: Floats
     max_clock: float
     #: Changes exactly when the job's steps do (a fault, an eviction, a replacement): logs are printed again.
@@ -482,8 +489,14 @@ def _active(fault: TrainingFault, start: float, t: float) -> bool:
     return lo <= t < hi
 
 
-def _build_timeline(spec: _Spec, incs: Sequence[_Inc], faults: Sequence[TrainingFault],
-                    readings: Callable[[str], Sequence[GpuReading]], model: str, seed: int) -> _Timeline:
+def _build_timeline(
+    spec: _Spec,
+    incs: Sequence[_Inc],
+    faults: Sequence[TrainingFault],
+    readings: Callable[[str], Sequence[GpuReading]],
+    model: str,
+    seed: int,
+) -> _Timeline:
     start, end = spec.start, spec.end
     evicts = sorted((spec.start + 60.0 * f.minute, f) for f in faults if f.kind == "evict")
     # Evictions in registration order: each pod is evicted by the first evict of its node at or after it
@@ -523,13 +536,21 @@ def _build_timeline(spec: _Spec, incs: Sequence[_Inc], faults: Sequence[Training
         for r in readings(node):
             tele = r.faulted
             xids = r.healthy_xids + r.fault_xids
-            columns.append(_Column(
-                node=node, gpu=r.index, uuid=r.uuid, key=_hash64(seed, "train", r.uuid),
-                limit_w=float(tele["power_limit_w"]), busy_temp_c=float(tele["temp_max_c"]),
-                slowdown_c=float(tele["temp_slowdown_c"]), xid=xids[-1] if xids else 0,
-                dbe=float(tele["ecc_dbe_volatile"]), replays_per_s=float(tele["pcie_replays_per_min"]) / 60.0,
-                power_capped=float(tele["power_limit_w"]) < float(tele["power_limit_default_w"]),
-            ))
+            columns.append(
+                _Column(
+                    node=node,
+                    gpu=r.index,
+                    uuid=r.uuid,
+                    key=_hash64(seed, "train", r.uuid),
+                    limit_w=float(tele["power_limit_w"]),
+                    busy_temp_c=float(tele["temp_max_c"]),
+                    slowdown_c=float(tele["temp_slowdown_c"]),
+                    xid=xids[-1] if xids else 0,
+                    dbe=float(tele["ecc_dbe_volatile"]),
+                    replays_per_s=float(tele["pcie_replays_per_min"]) / 60.0,
+                    power_capped=float(tele["power_limit_w"]) < float(tele["power_limit_default_w"]),
+                )
+            )
     col_index = {(c.node, c.gpu): g for g, c in enumerate(columns)}
     n_col = len(columns)
     max_clock = _max_clock(model)
@@ -577,8 +598,9 @@ def _build_timeline(spec: _Spec, incs: Sequence[_Inc], faults: Sequence[Training
         util = np.where(act, 100.0 * (0.98 * compute + 0.90 * coll + 0.02 * wait[:, None]) / step_mean[:, None], 0.0)
         engine = np.where(act, (0.95 * compute + 0.80 * coll) / step_mean[:, None], 0.0)
         limit_w = np.array([c.limit_w for c in columns]) if columns else np.zeros(0)
-        power = np.where(act, _IDLE_POWER_W + (_BUSY_POWER_SHARE * limit_w - _IDLE_POWER_W) * engine * frac**0.7,
-                         _IDLE_POWER_W)
+        power = np.where(
+            act, _IDLE_POWER_W + (_BUSY_POWER_SHARE * limit_w - _IDLE_POWER_W) * engine * frac**0.7, _IDLE_POWER_W
+        )
         busy_t = np.array([c.busy_temp_c for c in columns]) if columns else np.zeros(0)
         slow_t = np.array([c.slowdown_c for c in columns]) if columns else np.zeros(0)
         temp = _IDLE_TEMP_C + (busy_t - _IDLE_TEMP_C) * np.clip(engine / _ENGINE_HEALTHY * frac**0.7, 0.0, 1.1)
@@ -597,13 +619,32 @@ def _build_timeline(spec: _Spec, incs: Sequence[_Inc], faults: Sequence[Training
     seg_len = np.zeros(n_seg)
     if n_seg > 2:
         seg_len[1:-1] = np.diff(cuts)
-    cums = {name: np.concatenate([np.zeros((1, n_col)), np.cumsum((r * seg_len[:, None])[:-1], axis=0)])
-            for name, r in rates.items()}
+    cums = {
+        name: np.concatenate([np.zeros((1, n_col)), np.cumsum((r * seg_len[:, None])[:-1], axis=0)])
+        for name, r in rates.items()
+    }
     return _Timeline(
-        spec=spec, incs=tuple(incs), ends=ends, evicted=evicted, gaps=gaps, columns=tuple(columns),
+        spec=spec,
+        incs=tuple(incs),
+        ends=ends,
+        evicted=evicted,
+        gaps=gaps,
+        columns=tuple(columns),
         col_index=col_index,
-        cuts=cuts, progress=progress, step_mean=step_mean, holder=holder, act=act, frac=frac, util=util,
-        engine=engine, power=power, temp=temp, rates=rates, cums=cums, exec_us=exec_s * 1e6, busbw=busbw,
+        cuts=cuts,
+        progress=progress,
+        step_mean=step_mean,
+        holder=holder,
+        act=act,
+        frac=frac,
+        util=util,
+        engine=engine,
+        power=power,
+        temp=temp,
+        rates=rates,
+        cums=cums,
+        exec_us=exec_s * 1e6,
+        busbw=busbw,
         max_clock=max_clock,
         # Not the columns: a pod joining on another node changes no step (and must not reprint every log).
         signature=hashlib.sha256(cuts.tobytes() + progress.tobytes() + np.nan_to_num(step_mean).tobytes()).digest(),
@@ -627,7 +668,7 @@ class _Sample:
     cols: Ints
     holder: Ints
     act: Bools
-    values: Mapping[str, Floats]   # DCGM series name → values as printed
+    values: Mapping[str, Floats]  # DCGM series name → values as printed
 
 
 def _sample(tl: _Timeline, times: Floats, cols: Ints | None = None) -> _Sample:
@@ -775,16 +816,17 @@ def _numbers(values: Floats, decimals: int) -> tuple[npt.NDArray[np.uint8], Bool
     buf = np.empty((digits.shape[0], width + 1), dtype=np.uint8)
     buf[:, :whole] = digits[:, :whole]
     buf[:, whole] = 46
-    buf[:, whole + 1:] = digits[:, whole:]
+    buf[:, whole + 1 :] = digits[:, whole:]
     keep = np.empty(buf.shape, dtype=bool)
     keep[:, :whole] = lead
     keep[:, whole] = zeros < decimals
-    keep[:, whole + 1:] = np.arange(decimals)[None, :] < (decimals - zeros)[:, None]
+    keep[:, whole + 1 :] = np.arange(decimals)[None, :] < (decimals - zeros)[:, None]
     return buf, keep
 
 
-def _render(prefixes: Sequence[str], values: Floats, stamps: npt.NDArray[np.uint8], mask: Bools,
-            decimals: int) -> list[bytes]:
+def _render(
+    prefixes: Sequence[str], values: Floats, stamps: npt.NDArray[np.uint8], mask: Bools, decimals: int
+) -> list[bytes]:
     """OpenMetrics sample lines, one bytes block per row r: ``prefixes[r] value timestamp`` at the masked
     instants (``stamps``: one `` <timestamp>\\n`` per instant, fixed width).
 
@@ -798,17 +840,19 @@ def _render(prefixes: Sequence[str], values: Floats, stamps: npt.NDArray[np.uint
     width_n = number.shape[1]
     buf = np.empty((number.shape[0], 1 + width_n + stamps.shape[1]), dtype=np.uint8)
     buf[:, 0] = 1  # the marker the prefix replaces
-    buf[:, 1:1 + width_n] = number
-    buf[:, 1 + width_n:] = stamps[rows_t]
+    buf[:, 1 : 1 + width_n] = number
+    buf[:, 1 + width_n :] = stamps[rows_t]
     keep = np.ones(buf.shape, dtype=bool)
-    keep[:, 1:1 + width_n] = keep_number
+    keep[:, 1 : 1 + width_n] = keep_number
     flat = buf[keep].tobytes()
     line_ends = np.cumsum(keep.sum(axis=1))
     row_ends = line_ends[np.cumsum(counts) - 1]
     row_starts = np.concatenate([[0], row_ends[:-1]])
-    return [flat[a:b].replace(b"\x01", prefix.encode() + b" ")
-            for prefix, a, b, n in zip(prefixes, row_starts.tolist(), row_ends.tolist(), counts.tolist(), strict=True)
-            if n]
+    return [
+        flat[a:b].replace(b"\x01", prefix.encode() + b" ")
+        for prefix, a, b, n in zip(prefixes, row_starts.tolist(), row_ends.tolist(), counts.tolist(), strict=True)
+        if n
+    ]
 
 
 def _stamps(times: Floats) -> npt.NDArray[np.uint8]:
@@ -842,14 +886,28 @@ def _inspector_labels(tl: _Timeline, g: int, h: int) -> list[tuple[str, object]]
     devices = sorted(inc.gpus)
     local = devices.index(tl.columns[g].gpu)
     base = sum(len(tl.incs[i].gpus) for i in firsts[: firsts.index(first)]) if first in firsts else 0
-    return [("comm_id", tl.spec.comm), ("hostname", inc.pod), ("rank", base + local), ("slurm_job", "unknown"),
-            ("slurm_job_id", "unknown"), ("nranks", sum(len(tl.incs[i].gpus) for i in firsts)),
-            ("n_nodes", len({tl.incs[i].node for i in firsts})), ("gpu_device_id", f"GPU{local}"),
-            ("collective", "AllReduce")]  # fmt: skip
+    return [
+        ("comm_id", tl.spec.comm),
+        ("hostname", inc.pod),
+        ("rank", base + local),
+        ("slurm_job", "unknown"),
+        ("slurm_job_id", "unknown"),
+        ("nranks", sum(len(tl.incs[i].gpus) for i in firsts)),
+        ("n_nodes", len({tl.incs[i].node for i in firsts})),
+        ("gpu_device_id", f"GPU{local}"),
+        ("collective", "AllReduce"),
+    ]
 
 
-def _family(name: str, kind: str, prefixes: Sequence[str], values: Floats, stamps: npt.NDArray[np.uint8],
-            mask: Bools, decimals: int) -> Iterator[bytes]:
+def _family(
+    name: str,
+    kind: str,
+    prefixes: Sequence[str],
+    values: Floats,
+    stamps: npt.NDArray[np.uint8],
+    mask: Bools,
+    decimals: int,
+) -> Iterator[bytes]:
     """One OpenMetrics family: its ``# TYPE`` line (a counter's without ``_total``) and its rows' samples;
     nothing when no sample is masked in."""
     body = _render(prefixes, values, stamps, mask, decimals)
@@ -871,7 +929,7 @@ def _categorical(codes: Ints, names: Sequence[str]) -> pd.Categorical[str]:
 class GpuNow:
     """What one GPU's DCGM exporter shows now while a training pod holds it: extra labels and values."""
 
-    labels: str                            # ',pod="…",namespace="…",container="…"'
+    labels: str  # ',pod="…",namespace="…",container="…"'
     values: Mapping[str, float | int]
 
 
@@ -879,34 +937,60 @@ class GpuNow:
 class TrainingTick:
     """What the kubelet does for a training pod now (``_kubelet.py``): all optional."""
 
-    status: dict[str, Any] | None = None   # the pod's new status
-    log: str | None = None                 # the pod's whole log
+    status: dict[str, Any] | None = None  # the pod's new status
+    log: str | None = None  # the pod's whole log
     events: tuple[dict[str, Any], ...] = ()  # Events to create (either API: one store serves both)
-    wake_s: float | None = None            # look at the pod again in this many seconds
+    wake_s: float | None = None  # look at the pod again in this many seconds
 
 
 #: DCGM series of the history → (decimals printed, the series the live exporter overrides with it).
 _DCGM_SERIES: tuple[tuple[str, int], ...] = (
-    ("DCGM_FI_DEV_SM_CLOCK", 0), ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0), ("DCGM_FI_DEV_POWER_USAGE", 1),
-    ("DCGM_FI_DEV_GPU_TEMP", 0), ("DCGM_FI_DEV_GPU_UTIL", 0), ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 3),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0), ("DCGM_FI_PROF_PCIE_TX_BYTES", 0), ("DCGM_FI_PROF_PCIE_RX_BYTES", 0),
-    ("DCGM_FI_DEV_XID_ERRORS", 0), ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0), ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", 0), ("DCGM_FI_DEV_POWER_VIOLATION", 0),
+    ("DCGM_FI_DEV_SM_CLOCK", 0),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 0),
+    ("DCGM_FI_DEV_POWER_USAGE", 1),
+    ("DCGM_FI_DEV_GPU_TEMP", 0),
+    ("DCGM_FI_DEV_GPU_UTIL", 0),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 3),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 0),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", 0),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", 0),
+    ("DCGM_FI_DEV_XID_ERRORS", 0),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 0),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", 0),
+    ("DCGM_FI_DEV_POWER_VIOLATION", 0),
 )
 #: The series a live exporter takes from the model for a GPU a training pod holds (the rest stay the fleet's).
-LIVE_SERIES = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_POWER_USAGE",
-               "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-               "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
-               "DCGM_FI_DEV_THERMAL_VIOLATION")
+LIVE_SERIES = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+)
 _INTEGER_SERIES = frozenset(n for n, d in _DCGM_SERIES if d == 0)
 _IB_SERIES = (
     ("node_infiniband_rate_bytes_per_second", "gauge", "Maximum signal transfer rate"),
-    ("node_infiniband_symbol_error_total", "counter",
-     "Number of minor link errors detected on one or more physical lanes."),
-    ("node_infiniband_link_downed_total", "counter",
-     "Number of times the link failed to recover from an error state and went down"),
-    ("node_infiniband_port_errors_received_total", "counter", "Number of packets containing an error that were "
-     "received on this port"),
+    (
+        "node_infiniband_symbol_error_total",
+        "counter",
+        "Number of minor link errors detected on one or more physical lanes.",
+    ),
+    (
+        "node_infiniband_link_downed_total",
+        "counter",
+        "Number of times the link failed to recover from an error state and went down",
+    ),
+    (
+        "node_infiniband_port_errors_received_total",
+        "counter",
+        "Number of packets containing an error that were received on this port",
+    ),
 )
 
 
@@ -916,8 +1000,15 @@ class TrainingModel:
     ``readings(node)`` gives the fleet model's view of a node's GPUs (the DCGM exporters' waves); ``clock``
     is wall time in unix seconds (a test may pin it)."""
 
-    def __init__(self, store: Store, fleet: Callable[[], Fleet], readings: Callable[[str], Sequence[GpuReading]],
-                 *, seed: int = 0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        fleet: Callable[[], Fleet],
+        readings: Callable[[str], Sequence[GpuReading]],
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self._fleet = fleet
         self._readings = readings
@@ -981,8 +1072,9 @@ class TrainingModel:
     def training_pods(self) -> list[tuple[str, str]]:
         """(namespace, name) of every pod registered and still training (for the kubelet to look at)."""
         with self._lock:
-            return [(i.namespace, i.pod) for j in self._jobs.values() for i in j.incs
-                    if i.gone is None and not i.closed]
+            return [
+                (i.namespace, i.pod) for j in self._jobs.values() for i in j.incs if i.gone is None and not i.closed
+            ]
 
     def _spec(self, pod: Mapping[str, Any], namespace: str, name: str, owner: str | None, now: float) -> _Spec:
         notes: dict[str, Any] = {}
@@ -995,13 +1087,22 @@ class TrainingModel:
         step_s = _annotation_seconds(notes, STEP_SECONDS_ANNOTATION, 0.05, 3600.0) or 1.0
         duration = _annotation_seconds(notes, TRAINING_SECONDS_ANNOTATION, 1.0, 366 * 86400.0)
         if (now - start) / step_s > MAX_STEPS:
-            raise InputError(f"annotation {TRAINING_START_ANNOTATION}: {raw_start} is {(now - start) / 3600:.1f} h "
-                             f"ago: more than {MAX_STEPS} steps of {step_s:g} s; start later or raise "
-                             f"{STEP_SECONDS_ANNOTATION}")
+            raise InputError(
+                f"annotation {TRAINING_START_ANNOTATION}: {raw_start} is {(now - start) / 3600:.1f} h "
+                f"ago: more than {MAX_STEPS} steps of {step_s:g} s; start later or raise "
+                f"{STEP_SECONDS_ANNOTATION}"
+            )
         key = f"{namespace}/{name}"
-        return _Spec(key=key, namespace=namespace, name=name, start=start, step_s=step_s,
-                     end=start + duration if duration is not None else _INF, owner_uid=owner,
-                     comm=f"0x{_hash64(self._seed, 'comm', key, owner):016x}")
+        return _Spec(
+            key=key,
+            namespace=namespace,
+            name=name,
+            start=start,
+            step_s=step_s,
+            end=start + duration if duration is not None else _INF,
+            owner_uid=owner,
+            comm=f"0x{_hash64(self._seed, 'comm', key, owner):016x}",
+        )
 
     def _register(self, pod: Mapping[str, Any], node: str, now: float) -> tuple[_Job, _Inc]:
         meta = pod.get("metadata") or {}
@@ -1027,8 +1128,14 @@ class TrainingModel:
         taken = {j.replaces for j in job.incs if j.replaces}
         # A replacement is a pod made after an eviction was carried out (the Job controller's answer to it);
         # a pod that already existed then is one of the job's first pods, however late it starts.
-        orphan = next((job.incs[i] for i, _ in sorted(tl.evicted.items(), key=lambda kv: kv[1])
-                       if job.incs[i].uid not in taken and uid not in (job.incs[i].evicted_among or {uid})), None)
+        orphan = next(
+            (
+                job.incs[i]
+                for i, _ in sorted(tl.evicted.items(), key=lambda kv: kv[1])
+                if job.incs[i].uid not in taken and uid not in (job.incs[i].evicted_among or {uid})
+            ),
+            None,
+        )
         if orphan is not None:
             # The replacement the Job controller made: it holds its GPUs from the eviction on and resumes
             # the job's steps after the restart gap (in compressed time both may lie in the past).
@@ -1036,9 +1143,17 @@ class TrainingModel:
             hold, active = tl.evicted[o], tl.evicted[o] + tl.gaps[o]
         else:
             hold, active = min(job.spec.start, now), job.spec.start
-        inc = _Inc(uid=uid, namespace=namespace, pod=str(meta.get("name")), node=node, gpus=gpus,
-                   container=str(containers[0].get("name") or "main"), hold=hold, active=active,
-                   replaces=orphan.uid if orphan is not None else None)
+        inc = _Inc(
+            uid=uid,
+            namespace=namespace,
+            pod=str(meta.get("name")),
+            node=node,
+            gpus=gpus,
+            container=str(containers[0].get("name") or "main"),
+            hold=hold,
+            active=active,
+            replaces=orphan.uid if orphan is not None else None,
+        )
         job.incs.append(inc)
         job.version += 1
         self._by_uid[uid] = (key, len(job.incs) - 1)
@@ -1049,7 +1164,7 @@ class TrainingModel:
         out = []
         for pod in self.store.list(PODS, job.spec.namespace)[0]:
             namespace, name, owner = _job_of(pod)
-            if (f"{namespace}/{name}" == job.spec.key and owner == job.spec.owner_uid):
+            if f"{namespace}/{name}" == job.spec.key and owner == job.spec.owner_uid:
                 out.append(str(pod["metadata"].get("uid")))
         return out
 
@@ -1072,8 +1187,14 @@ class TrainingModel:
     def _timeline(self, job: _Job) -> _Timeline:
         if job.timeline is not None and job.timeline[0] == job.version:
             return job.timeline[1]
-        tl = _build_timeline(job.spec, list(job.incs), self._job_faults(job.spec.key), self._readings,
-                             self._fleet().model.name, self._seed)
+        tl = _build_timeline(
+            job.spec,
+            list(job.incs),
+            self._job_faults(job.spec.key),
+            self._readings,
+            self._fleet().model.name,
+            self._seed,
+        )
         job.timeline = (job.version, tl)
         return tl
 
@@ -1097,8 +1218,9 @@ class TrainingModel:
                 job, inc = self._register(pod, node, now)
             except InputError as exc:
                 message = f"gpucert-sim: training pod refused: {exc}"
-                return TrainingTick(status=_terminated(status, code=2, reason="Error", started=now, finished=now),
-                                    log=message + "\n")
+                return TrainingTick(
+                    status=_terminated(status, code=2, reason="Error", started=now, finished=now), log=message + "\n"
+                )
             tl = self._timeline(job)
             i = job.incs.index(inc)
             evicted = tl.evicted.get(i)
@@ -1119,8 +1241,12 @@ class TrainingModel:
                 _, index, _ = self._steps(job, done)
                 self._log(job, inc, done, final=f"training complete: {len(index)} steps")
                 inc.closed = True
-                return TrainingTick(status=_terminated(new_status or status, code=0, reason="Completed",
-                                                       started=inc.hold, finished=done), log=inc.log)
+                return TrainingTick(
+                    status=_terminated(
+                        new_status or status, code=0, reason="Completed", started=inc.hold, finished=done
+                    ),
+                    log=inc.log,
+                )
             self._log(job, inc, now)
             wake = _LOG_REFRESH_S
             for at in (evicted, done):
@@ -1139,9 +1265,11 @@ class TrainingModel:
             inc.log, inc.logged_until = "", -_INF
         inc.log_signature = tl.signature
         if not inc.log:
-            head = (f"gpucert-sim: training job {job.spec.key}: pod {inc.pod} on {inc.node}, GPUs "
-                    f"{','.join(map(str, inc.gpus))}, healthy step {job.spec.step_s:g} s, began "
-                    f"{_rfc3339(job.spec.start)}")
+            head = (
+                f"gpucert-sim: training job {job.spec.key}: pod {inc.pod} on {inc.node}, GPUs "
+                f"{','.join(map(str, inc.gpus))}, healthy step {job.spec.step_s:g} s, began "
+                f"{_rfc3339(job.spec.start)}"
+            )
             if inc.replaces is not None:
                 head += f"; replaces an evicted pod and resumes at {_rfc3339(inc.active)}"
             inc.log = head + "\n"
@@ -1162,11 +1290,14 @@ class TrainingModel:
         if not len(ends):
             return ""
         stamps = np.datetime_as_string((ends * 1e3).astype("datetime64[ms]"), unit="ms")
-        lines = [f'{{"ts": "{s}Z", "step": {n}, "step_time_s": {d:.4f}}}\n'
-                 for s, n, d in zip(stamps.tolist(), index.tolist(), durations.tolist(), strict=True)]
+        lines = [
+            f'{{"ts": "{s}Z", "step": {n}, "step_time_s": {d:.4f}}}\n'
+            for s, n, d in zip(stamps.tolist(), index.tolist(), durations.tolist(), strict=True)
+        ]
         every = np.flatnonzero(index % COLLECTIVE_EVERY == 0)
-        cols = np.array([tl.col_index[(inc.node, g)] for g in inc.gpus if (inc.node, g) in tl.col_index],
-                        dtype=np.int64)
+        cols = np.array(
+            [tl.col_index[(inc.node, g)] for g in inc.gpus if (inc.node, g) in tl.col_index], dtype=np.int64
+        )
         if len(every) and len(cols):
             sample = _sample(tl, ends[every] - 1e-6, cols)
             busbw, exec_us = _nccl(tl, sample)
@@ -1175,7 +1306,9 @@ class TrainingModel:
                     f'{{"ts": "{stamps[k]}Z", "collective": "AllReduce", "comm": "{tl.spec.comm}", '
                     f'"gpu": {tl.columns[g].gpu}, "busbw_gbps": {busbw[row, c]:.2f}, '
                     f'"exec_time_us": {exec_us[row, c]:.0f}}}\n'
-                    for c, g in enumerate(cols.tolist()) if np.isfinite(busbw[row, c]))
+                    for c, g in enumerate(cols.tolist())
+                    if np.isfinite(busbw[row, c])
+                )
                 lines[k] += extra
         return "".join(lines)
 
@@ -1186,21 +1319,32 @@ class TrainingModel:
         now = self._clock()
         out: dict[int, GpuNow] = {}
         with self._lock:
-            found = [(job, i, inc) for job in self._jobs.values() for i, inc in enumerate(job.incs)
-                     if inc.node == node and inc.hold <= now and inc.gone is None]
+            found = [
+                (job, i, inc)
+                for job in self._jobs.values()
+                for i, inc in enumerate(job.incs)
+                if inc.node == node and inc.hold <= now and inc.gone is None
+            ]
             for job, i, inc in found:
                 tl = self._timeline(job)
                 if now >= tl.inc_end(i):
                     continue
-                cols = np.array([tl.col_index[(node, g)] for g in inc.gpus if (node, g) in tl.col_index],
-                                dtype=np.int64)
+                cols = np.array(
+                    [tl.col_index[(node, g)] for g in inc.gpus if (node, g) in tl.col_index], dtype=np.int64
+                )
                 if not len(cols):
                     continue
                 sample = _sample(tl, np.array([now]), cols)
                 labels = f',pod="{inc.pod}",namespace="{inc.namespace}",container="{inc.container}"'
                 for c, g in enumerate(cols.tolist()):
-                    values = {name: (int(sample.values[name][0, c]) if name in _INTEGER_SERIES
-                                     else float(sample.values[name][0, c])) for name in LIVE_SERIES}
+                    values = {
+                        name: (
+                            int(sample.values[name][0, c])
+                            if name in _INTEGER_SERIES
+                            else float(sample.values[name][0, c])
+                        )
+                        for name in LIVE_SERIES
+                    }
                     out[tl.columns[g].gpu] = GpuNow(labels, values)
         return out
 
@@ -1219,30 +1363,43 @@ class TrainingModel:
         step_lines, bw_lines, time_lines = [], [], []
         for i, inc in enumerate(tl.incs):
             if inc.hold <= now < tl.inc_end(i) and inc.gone is None and last >= 0 and ends[last] >= inc.active:
-                step_lines.append(f'train_step_seconds{{namespace="{inc.namespace}",pod="{inc.pod}"}} '
-                                  f"{durations[last]:.4f}")
+                step_lines.append(
+                    f'train_step_seconds{{namespace="{inc.namespace}",pod="{inc.pod}"}} {durations[last]:.4f}'
+                )
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         for g, _column in enumerate(tl.columns):
             h = int(sample.holder[0, g])
             if h < 0 or not np.isfinite(busbw[0, g]):
                 continue
             # The last dump, as the plugin writes it: its collective's sequence number and time are labels.
-            labels = _labels([*_inspector_labels(tl, g, h), ("coll_sn", max(0, last)), ("timestamp", stamp),
-                              ("message_size", _MESSAGE_SIZE)])
+            labels = _labels(
+                [
+                    *_inspector_labels(tl, g, h),
+                    ("coll_sn", max(0, last)),
+                    ("timestamp", stamp),
+                    ("message_size", _MESSAGE_SIZE),
+                ]
+            )
             bw_lines.append(f"nccl_bus_bandwidth_gbs{{{labels}}} {busbw[0, g]:.2f}")
             time_lines.append(f"nccl_collective_exec_time_microseconds{{{labels}}} {exec_us[0, g]:.0f}")
-        text = ["# HELP train_step_seconds Seconds the last training step took.", "# TYPE train_step_seconds gauge",
-                *step_lines,
-                "# HELP nccl_bus_bandwidth_gbs NCCL Inspector: bus bandwidth of the last collective (GB/s).",
-                "# TYPE nccl_bus_bandwidth_gbs gauge", *bw_lines,
-                "# HELP nccl_collective_exec_time_microseconds NCCL Inspector: execution time of the last "
-                "collective.", "# TYPE nccl_collective_exec_time_microseconds gauge", *time_lines]
+        text = [
+            "# HELP train_step_seconds Seconds the last training step took.",
+            "# TYPE train_step_seconds gauge",
+            *step_lines,
+            "# HELP nccl_bus_bandwidth_gbs NCCL Inspector: bus bandwidth of the last collective (GB/s).",
+            "# TYPE nccl_bus_bandwidth_gbs gauge",
+            *bw_lines,
+            "# HELP nccl_collective_exec_time_microseconds NCCL Inspector: execution time of the last collective.",
+            "# TYPE nccl_collective_exec_time_microseconds gauge",
+            *time_lines,
+        ]
         return "".join(line + "\n" for line in text)
 
     def _nic_faults(self) -> list[tuple[TrainingFault, float]]:
         """Every NIC fault of a job that has begun, with that job's start."""
-        return [(f, self._jobs[f.job].spec.start) for f in self._faults
-                if f.kind == "nic_half_rate" and f.job in self._jobs]
+        return [
+            (f, self._jobs[f.job].spec.start) for f in self._faults if f.kind == "nic_half_rate" and f.job in self._jobs
+        ]
 
     def _nic_values(self, node: str, times: Floats) -> dict[str, Floats]:
         """node-exporter's infiniband series of ``node`` at ``times``: name → (T, devices)."""
@@ -1265,8 +1422,12 @@ class TrainingModel:
                 symbols[:, d] += np.floor(_FLAP_SYMBOLS_PER_S * elapsed)
                 rcv[:, d] += np.floor(_FLAP_RCV_ERRORS_PER_S * elapsed)
                 downed[:, d] += np.where(began, np.floor(elapsed / _FLAP_DOWN_EVERY_S) + 1, 0)
-        return {"node_infiniband_rate_bytes_per_second": rate, "node_infiniband_symbol_error_total": symbols,
-                "node_infiniband_link_downed_total": downed, "node_infiniband_port_errors_received_total": rcv}
+        return {
+            "node_infiniband_rate_bytes_per_second": rate,
+            "node_infiniband_symbol_error_total": symbols,
+            "node_infiniband_link_downed_total": downed,
+            "node_infiniband_port_errors_received_total": rcv,
+        }
 
     def infiniband(self, node: str) -> str | None:
         """node-exporter's infiniband collector text for ``node`` now; None for a node not in the fleet."""
@@ -1287,8 +1448,9 @@ class TrainingModel:
         with self._lock:
             return sorted(self._jobs)
 
-    def _window(self, key: str, start: datetime | float, end: datetime | float,
-                step_s: float) -> tuple[_Job, _Timeline, Floats]:
+    def _window(
+        self, key: str, start: datetime | float, end: datetime | float, step_s: float
+    ) -> tuple[_Job, _Timeline, Floats]:
         if not math.isfinite(step_s) or step_s <= 0:
             raise InputError(f"sim: training history: step_s must be > 0, got {step_s!r}")
         lo, hi = (t.timestamp() if isinstance(t, datetime) else float(t) for t in (start, end))
@@ -1309,8 +1471,15 @@ class TrainingModel:
         times = first + step_s * np.arange(count, dtype=np.float64)
         return job, tl, times
 
-    def history_chunks(self, key: str, start: datetime | float, end: datetime | float, *, step_s: float = 15.0,
-                       host_label: str = "hostname") -> Iterator[bytes]:
+    def history_chunks(
+        self,
+        key: str,
+        start: datetime | float,
+        end: datetime | float,
+        *,
+        step_s: float = 15.0,
+        host_label: str = "hostname",
+    ) -> Iterator[bytes]:
         """The OpenMetrics text of :meth:`history` in pieces (a family's ``# TYPE`` line, its series), ``# EOF``
         last."""
         job, tl, times = self._window(key, start, end, step_s)
@@ -1331,24 +1500,32 @@ class TrainingModel:
                     pairs += [("namespace", inc.namespace), ("pod", inc.pod), ("container", inc.container)]
                 bases.append(_labels(pairs))
             for name, decimals in _DCGM_SERIES:
-                yield from _family(name, "gauge", [f"{name}{{{b}}}" for b in bases],
-                                   sample.values[name].T[row_g], stamps, mask, decimals)
+                yield from _family(
+                    name,
+                    "gauge",
+                    [f"{name}{{{b}}}" for b in bases],
+                    sample.values[name].T[row_g],
+                    stamps,
+                    mask,
+                    decimals,
+                )
             yield from self._job_series(job, tl, sample, stamps)
             yield from self._nic_series(tl, times, stamps)
         yield b"# EOF\n"
 
-    def _job_series(self, job: _Job, tl: _Timeline, sample: _Sample,
-                    stamps: npt.NDArray[np.uint8]) -> Iterator[bytes]:
+    def _job_series(self, job: _Job, tl: _Timeline, sample: _Sample, stamps: npt.NDArray[np.uint8]) -> Iterator[bytes]:
         times = sample.times
         with self._lock:
             ends, _, durations = self._steps(job, float(times[-1]))
         last = np.searchsorted(ends, times, side="right") - 1
         step_value = np.where(last >= 0, durations[np.maximum(last, 0)], 0.0)
         step_end = np.where(last >= 0, ends[np.maximum(last, 0)], -_INF)
-        prefixes = [f'train_step_seconds{{{_labels([("namespace", inc.namespace), ("pod", inc.pod)])}}}'
-                    for inc in tl.incs]
-        masks = np.array([(times >= inc.hold) & (times < tl.inc_end(i)) & (step_end >= inc.active)
-                          for i, inc in enumerate(tl.incs)]).reshape(len(tl.incs), len(times))
+        prefixes = [
+            f"train_step_seconds{{{_labels([('namespace', inc.namespace), ('pod', inc.pod)])}}}" for inc in tl.incs
+        ]
+        masks = np.array(
+            [(times >= inc.hold) & (times < tl.inc_end(i)) & (step_end >= inc.active) for i, inc in enumerate(tl.incs)]
+        ).reshape(len(tl.incs), len(times))
         values = np.broadcast_to(step_value, masks.shape)
         yield from _family("train_step_seconds", "gauge", prefixes, values, stamps, masks, 4)
         busbw, exec_us = _nccl(tl, sample)
@@ -1358,26 +1535,53 @@ class TrainingModel:
             return
         row_g = np.array([g for g, _ in rows], dtype=np.int64)
         mask = (holder[row_g] == np.array([h for _, h in rows])[:, None]) & sample.act.T[row_g]
-        bases = [_labels([*_inspector_labels(tl, g, h), ("message_size", _MESSAGE_SIZE),
-                          ("instance", f"{tl.columns[g].node}:9100"), ("job", "node-exporter")])
-                 for g, h in rows]
-        for name, values_g, decimals in (("nccl_bus_bandwidth_gbs", busbw, 2),
-                                         ("nccl_collective_exec_time_microseconds", exec_us, 0)):
-            yield from _family(name, "gauge", [f"{name}{{{b}}}" for b in bases],
-                               np.nan_to_num(values_g.T[row_g]), stamps, mask, decimals)
+        bases = [
+            _labels(
+                [
+                    *_inspector_labels(tl, g, h),
+                    ("message_size", _MESSAGE_SIZE),
+                    ("instance", f"{tl.columns[g].node}:9100"),
+                    ("job", "node-exporter"),
+                ]
+            )
+            for g, h in rows
+        ]
+        for name, values_g, decimals in (
+            ("nccl_bus_bandwidth_gbs", busbw, 2),
+            ("nccl_collective_exec_time_microseconds", exec_us, 0),
+        ):
+            yield from _family(
+                name,
+                "gauge",
+                [f"{name}{{{b}}}" for b in bases],
+                np.nan_to_num(values_g.T[row_g]),
+                stamps,
+                mask,
+                decimals,
+            )
 
     def _nic_series(self, tl: _Timeline, times: Floats, stamps: npt.NDArray[np.uint8]) -> Iterator[bytes]:
         nodes = sorted({c.node for c in tl.columns})
         with self._lock:
             per_node = [self._nic_values(node, times) for node in nodes]
         for name, kind, _ in _IB_SERIES:
-            prefixes = [f'{name}{{{_labels([("device", d), ("port", 1), ("node", n), ("instance", f"{n}:9100")])}}}'
-                        for n in nodes for d in _IB_DEVICES]
+            prefixes = [
+                f"{name}{{{_labels([('device', d), ('port', 1), ('node', n), ('instance', f'{n}:9100')])}}}"
+                for n in nodes
+                for d in _IB_DEVICES
+            ]
             values = np.concatenate([v[name].T for v in per_node])
             yield from _family(name, kind, prefixes, values, stamps, np.ones(values.shape, dtype=bool), 0)
 
-    def history(self, key: str, start: datetime | float, end: datetime | float, *, step_s: float = 15.0,
-                host_label: str = "hostname") -> str:
+    def history(
+        self,
+        key: str,
+        start: datetime | float,
+        end: datetime | float,
+        *,
+        step_s: float = 15.0,
+        host_label: str = "hostname",
+    ) -> str:
         """OpenMetrics text with timestamps (``# EOF`` terminated) of job ``key``'s series over [start, end]
         (clipped to now) at ``step_s``: the DCGM series of the GPUs of every node its pods ran on, its step
         gauge, NCCL Inspector's and those nodes' infiniband series. Raises :class:`InputError` for a job never
@@ -1385,8 +1589,16 @@ class TrainingModel:
         chunks = self.history_chunks(key, start, end, step_s=step_s, host_label=host_label)
         return b"".join(chunks).decode("ascii")
 
-    def write_history(self, key: str, path: str | Path, start: datetime | float, end: datetime | float, *,
-                      step_s: float = 15.0, host_label: str = "hostname") -> int:
+    def write_history(
+        self,
+        key: str,
+        path: str | Path,
+        start: datetime | float,
+        end: datetime | float,
+        *,
+        step_s: float = 15.0,
+        host_label: str = "hostname",
+    ) -> int:
         """:meth:`history` written to ``path`` family by family (no whole text in memory); returns its bytes."""
         written = 0
         with Path(path).open("wb") as out:
@@ -1395,17 +1607,22 @@ class TrainingModel:
                 written += len(chunk)
         return written
 
-    def frames(self, key: str, start: datetime | float, end: datetime | float, *,
-               step_s: float = 15.0) -> dict[str, pd.DataFrame]:
+    def frames(
+        self, key: str, start: datetime | float, end: datetime | float, *, step_s: float = 15.0
+    ) -> dict[str, pd.DataFrame]:
         """The frames ``gpucert explain`` gathers (``telemetry``, ``nic``, ``steps``, ``collectives``,
         ``events``; columns of ``gpucert/explain/_frames.py``) for job ``key`` over [start, end] at ``step_s``,
         straight from the model: what the backfill would give through Prometheus, without Prometheus. Only
         samples of GPUs the job's pods held; rates as ``irate`` would read them between scrapes."""
         job, tl, times = self._window(key, start, end, step_s)
         sample = _sample(tl, times)
-        return {"telemetry": self._telemetry_frame(tl, sample), "nic": self._nic_frame(tl, times),
-                "steps": self._steps_frame(job, tl, times),
-                "collectives": self._collectives_frame(tl, sample), "events": self._events_frame(tl)}
+        return {
+            "telemetry": self._telemetry_frame(tl, sample),
+            "nic": self._nic_frame(tl, times),
+            "steps": self._steps_frame(job, tl, times),
+            "collectives": self._collectives_frame(tl, sample),
+            "events": self._events_frame(tl),
+        }
 
     def _telemetry_frame(self, tl: _Timeline, sample: _Sample) -> pd.DataFrame:
         """Every signal of the GPUs the job held, one row per GPU × signal × instant (sparse ones where > 0)."""
@@ -1420,10 +1637,14 @@ class TrainingModel:
         rate = {name: r[np.ix_(seg, sample.cols)] for name, r in tl.rates.items()}
         shape = sample.holder.shape
         signals: dict[str, Floats] = {
-            "sm_clock_mhz": v["DCGM_FI_DEV_SM_CLOCK"], "clock_event_reasons": v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"],
-            "power_w": v["DCGM_FI_DEV_POWER_USAGE"], "temp_c": v["DCGM_FI_DEV_GPU_TEMP"],
-            "util_pct": v["DCGM_FI_DEV_GPU_UTIL"], "engine_active": v["DCGM_FI_PROF_GR_ENGINE_ACTIVE"],
-            "nvlink_gbps": rate["nvlink"] / 1e9, "pcie_gbps": (rate["pcie_tx"] + rate["pcie_rx"]) / 1e9,
+            "sm_clock_mhz": v["DCGM_FI_DEV_SM_CLOCK"],
+            "clock_event_reasons": v["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"],
+            "power_w": v["DCGM_FI_DEV_POWER_USAGE"],
+            "temp_c": v["DCGM_FI_DEV_GPU_TEMP"],
+            "util_pct": v["DCGM_FI_DEV_GPU_UTIL"],
+            "engine_active": v["DCGM_FI_PROF_GR_ENGINE_ACTIVE"],
+            "nvlink_gbps": rate["nvlink"] / 1e9,
+            "pcie_gbps": (rate["pcie_tx"] + rate["pcie_rx"]) / 1e9,
             "xid": v["DCGM_FI_DEV_XID_ERRORS"],
             "pcie_replays_per_min": np.broadcast_to(np.array([c.replays_per_s * 60 for c in cols]), shape),
             "thermal_violation_frac": np.clip(rate["thermal"] / 1e9, 0, 1),
@@ -1438,9 +1659,13 @@ class TrainingModel:
         node_code = np.array([node_names.index(c.node) for c in cols], dtype=np.int64)
         pod_names = list(dict.fromkeys(inc.pod for inc in tl.incs))  # a bare pod made again keeps its name
         pod_code = np.array([pod_names.index(inc.pod) for inc in tl.incs], dtype=np.int64)
-        keys = {"ts": (sample.times[t_idx] * 1e9).astype(np.int64), "node": node_code[g_idx],
-                "gpu": np.array([c.gpu for c in cols], dtype=np.int64)[g_idx], "gpu_uuid": g_idx,
-                "pod": pod_code[sample.holder[t_idx, g_idx]]}
+        keys = {
+            "ts": (sample.times[t_idx] * 1e9).astype(np.int64),
+            "node": node_code[g_idx],
+            "gpu": np.array([c.gpu for c in cols], dtype=np.int64)[g_idx],
+            "gpu_uuid": g_idx,
+            "pod": pod_code[sample.holder[t_idx, g_idx]],
+        }
         parts_v = [np.asarray(signals[n], dtype=np.float64)[held] for n in dense]
         picks: list[Ints | slice] = [slice(None)] * len(dense)
         for n in sparse:
@@ -1449,17 +1674,22 @@ class TrainingModel:
             parts_v.append(flat[nz])
             picks.append(nz)
         sizes = [len(v) for v in parts_v]
-        columns = {k: np.concatenate([np.tile(base, len(dense))] + [base[pick] for pick in picks[len(dense):]])
-                   for k, base in keys.items()}
-        return pd.DataFrame({
-            "ts": pd.DatetimeIndex(columns["ts"].view("datetime64[ns]")).tz_localize(UTC),
-            "node": _categorical(columns["node"], node_names),
-            "gpu": columns["gpu"],
-            "gpu_uuid": _categorical(columns["gpu_uuid"], [c.uuid for c in cols]),
-            "pod": _categorical(columns["pod"], pod_names),
-            "signal": _categorical(np.repeat(np.arange(len(parts_v)), sizes), dense + sparse),
-            "value": np.concatenate(parts_v),
-        }, copy=False)
+        columns = {
+            k: np.concatenate([np.tile(base, len(dense))] + [base[pick] for pick in picks[len(dense) :]])
+            for k, base in keys.items()
+        }
+        return pd.DataFrame(
+            {
+                "ts": pd.DatetimeIndex(columns["ts"].view("datetime64[ns]")).tz_localize(UTC),
+                "node": _categorical(columns["node"], node_names),
+                "gpu": columns["gpu"],
+                "gpu_uuid": _categorical(columns["gpu_uuid"], [c.uuid for c in cols]),
+                "pod": _categorical(columns["pod"], pod_names),
+                "signal": _categorical(np.repeat(np.arange(len(parts_v)), sizes), dense + sparse),
+                "value": np.concatenate(parts_v),
+            },
+            copy=False,
+        )
 
     def _nic_frame(self, tl: _Timeline, times: Floats) -> pd.DataFrame:
         """The job's nodes' infiniband ports, one row per node × port × signal × instant (counters as the
@@ -1469,10 +1699,12 @@ class TrainingModel:
         nodes = sorted({c.node for c in tl.columns})
         if not nodes or not len(times):
             return _frames.empty_nic()
-        names = (("node_infiniband_rate_bytes_per_second", "rate_gbps"),
-                 ("node_infiniband_symbol_error_total", "symbol_errors"),
-                 ("node_infiniband_link_downed_total", "link_downed"),
-                 ("node_infiniband_port_errors_received_total", "rcv_errors"))
+        names = (
+            ("node_infiniband_rate_bytes_per_second", "rate_gbps"),
+            ("node_infiniband_symbol_error_total", "symbol_errors"),
+            ("node_infiniband_link_downed_total", "link_downed"),
+            ("node_infiniband_port_errors_received_total", "rcv_errors"),
+        )
         with self._lock:
             per_node = [self._nic_values(node, times) for node in nodes]
         blocks = []
@@ -1484,14 +1716,17 @@ class TrainingModel:
         value = np.stack(blocks).reshape(-1)
         n_n, n_s, n_t, n_d = len(nodes), len(names), len(times), len(_IB_DEVICES)
         stamps = np.tile(np.repeat((times * 1e9).astype(np.int64), n_d), n_n * n_s)
-        return pd.DataFrame({
-            "ts": pd.DatetimeIndex(stamps.view("datetime64[ns]")).tz_localize(UTC),
-            "node": _categorical(np.repeat(np.arange(n_n), n_s * n_t * n_d), nodes),
-            "device": _categorical(np.tile(np.arange(n_d), n_n * n_s * n_t), _IB_DEVICES),
-            "port": np.ones(len(value), dtype=np.int64),
-            "signal": _categorical(np.tile(np.repeat(np.arange(n_s), n_t * n_d), n_n), [n for _, n in names]),
-            "value": value,
-        }, copy=False)
+        return pd.DataFrame(
+            {
+                "ts": pd.DatetimeIndex(stamps.view("datetime64[ns]")).tz_localize(UTC),
+                "node": _categorical(np.repeat(np.arange(n_n), n_s * n_t * n_d), nodes),
+                "device": _categorical(np.tile(np.arange(n_d), n_n * n_s * n_t), _IB_DEVICES),
+                "port": np.ones(len(value), dtype=np.int64),
+                "signal": _categorical(np.tile(np.repeat(np.arange(n_s), n_t * n_d), n_n), [n for _, n in names]),
+                "value": value,
+            },
+            copy=False,
+        )
 
     def _steps_frame(self, job: _Job, tl: _Timeline, times: Floats) -> pd.DataFrame:
         """One row per pod and instant it trained: the last step it finished by then, as the gauge reads."""
@@ -1508,9 +1743,17 @@ class TrainingModel:
             ok &= np.where(last >= 0, ends[np.maximum(last, 0)], -_INF) >= inc.active
             if ok.any():
                 k = last[ok]
-                parts.append(pd.DataFrame({"ts": pd.to_datetime(times[ok] * 1e9, utc=True), "pod": inc.pod,
-                                           "node": inc.node, "step": pd.array(index[k], dtype="Int64"),
-                                           "step_time_s": durations[k]}))
+                parts.append(
+                    pd.DataFrame(
+                        {
+                            "ts": pd.to_datetime(times[ok] * 1e9, utc=True),
+                            "pod": inc.pod,
+                            "node": inc.node,
+                            "step": pd.array(index[k], dtype="Int64"),
+                            "step_time_s": durations[k],
+                        }
+                    )
+                )
         return pd.concat(parts, ignore_index=True) if parts else _frames.empty_steps()
 
     def _collectives_frame(self, tl: _Timeline, sample: _Sample) -> pd.DataFrame:
@@ -1520,21 +1763,34 @@ class TrainingModel:
         t_idx, g_idx = np.nonzero(np.isfinite(busbw))
         if not len(t_idx):
             return _frames.empty_collectives()
-        return pd.DataFrame({
-            "ts": pd.to_datetime(sample.times[t_idx] * 1e9, utc=True),
-            "node": [tl.columns[g].node for g in g_idx.tolist()],
-            "gpu": pd.array([tl.columns[g].gpu for g in g_idx.tolist()], dtype="Int64"),
-            "comm": tl.spec.comm, "collective": "AllReduce",
-            "busbw_gbps": busbw[t_idx, g_idx], "exec_time_us": exec_us[t_idx, g_idx],
-        })
+        return pd.DataFrame(
+            {
+                "ts": pd.to_datetime(sample.times[t_idx] * 1e9, utc=True),
+                "node": [tl.columns[g].node for g in g_idx.tolist()],
+                "gpu": pd.array([tl.columns[g].gpu for g in g_idx.tolist()], dtype="Int64"),
+                "comm": tl.spec.comm,
+                "collective": "AllReduce",
+                "busbw_gbps": busbw[t_idx, g_idx],
+                "exec_time_us": exec_us[t_idx, g_idx],
+            }
+        )
 
     def _events_frame(self, tl: _Timeline) -> pd.DataFrame:
         from gpucert import explain as _frames
 
-        rows = [{"ts": pd.Timestamp(t, unit="s", tz="UTC"), "object_kind": "Pod", "object_name": tl.incs[i].pod,
-                 "namespace": tl.incs[i].namespace, "node": tl.incs[i].node, "reason": "Evicted",
-                 "type": "Warning", "note": _EVICTION_MESSAGE.format(container=tl.incs[i].container)}
-                for i, t in sorted(tl.evicted.items(), key=lambda kv: kv[1])]
+        rows = [
+            {
+                "ts": pd.Timestamp(t, unit="s", tz="UTC"),
+                "object_kind": "Pod",
+                "object_name": tl.incs[i].pod,
+                "namespace": tl.incs[i].namespace,
+                "node": tl.incs[i].node,
+                "reason": "Evicted",
+                "type": "Warning",
+                "note": _EVICTION_MESSAGE.format(container=tl.incs[i].container),
+            }
+            for i, t in sorted(tl.evicted.items(), key=lambda kv: kv[1])
+        ]
         if not rows:
             return _frames.empty_events()
         return pd.DataFrame(rows, columns=list(_frames.EVENTS_COLUMNS))
@@ -1558,31 +1814,64 @@ def _started(status: Mapping[str, Any], hold: float) -> dict[str, Any]:
     return out
 
 
-def _terminated(status: Mapping[str, Any], *, code: int, reason: str, started: float, finished: float,
-                phase: str | None = None) -> dict[str, Any]:
+def _terminated(
+    status: Mapping[str, Any], *, code: int, reason: str, started: float, finished: float, phase: str | None = None
+) -> dict[str, Any]:
     """``status`` of a pod whose containers exited with ``code`` at ``finished``."""
     done = _rfc3339(finished)
     conditions = status.get("conditions")
     for kind in ("ContainersReady", "Ready"):
-        conditions = set_condition(conditions, {
-            "type": kind, "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed",
-            "lastProbeTime": None, "lastTransitionTime": done})
+        conditions = set_condition(
+            conditions,
+            {
+                "type": kind,
+                "status": "False",
+                "reason": "PodCompleted" if code == 0 else "PodFailed",
+                "lastProbeTime": None,
+                "lastTransitionTime": done,
+            },
+        )
     statuses = []
     for c in status.get("containerStatuses") or ():
-        statuses.append({**c, "ready": False, "started": False, "state": {"terminated": {
-            "exitCode": code, "reason": reason, "startedAt": _rfc3339(started), "finishedAt": done,
-            "containerID": c.get("containerID", "")}}})
-    return {**status, "phase": phase or ("Succeeded" if code == 0 else "Failed"), "conditions": conditions,
-            "containerStatuses": statuses}
+        statuses.append(
+            {
+                **c,
+                "ready": False,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": reason,
+                        "startedAt": _rfc3339(started),
+                        "finishedAt": done,
+                        "containerID": c.get("containerID", ""),
+                    }
+                },
+            }
+        )
+    return {
+        **status,
+        "phase": phase or ("Succeeded" if code == 0 else "Failed"),
+        "conditions": conditions,
+        "containerStatuses": statuses,
+    }
 
 
 def _evicted(status: Mapping[str, Any], inc: _Inc, at: float) -> dict[str, Any]:
     """``status`` of a pod the kubelet evicted at ``at`` (node pressure): Failed, reason Evicted."""
     message = _EVICTION_MESSAGE.format(container=inc.container)
     out = _terminated(status, code=137, reason="Error", started=inc.hold, finished=at, phase="Failed")
-    out["conditions"] = set_condition(out.get("conditions"), {
-        "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": message,
-        "lastProbeTime": None, "lastTransitionTime": _rfc3339(at)})
+    out["conditions"] = set_condition(
+        out.get("conditions"),
+        {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "TerminationByKubelet",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": _rfc3339(at),
+        },
+    )
     out.update(reason="Evicted", message=message)
     return out
 
@@ -1593,12 +1882,26 @@ def _eviction_events(pod: Mapping[str, Any], node: str, inc: _Inc, at: float) ->
     meta = pod.get("metadata") or {}
     message = _EVICTION_MESSAGE.format(container=inc.container)
     name = f"{meta.get('name')}.{_hash64(meta.get('uid'), at) & 0xFFFFFFFFFFFF:012x}"
-    regarding = {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "namespace": meta.get("namespace"),
-                 "uid": meta.get("uid")}
-    v1 = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
-          "metadata": {"name": name, "namespace": meta.get("namespace")},
-          "eventTime": _rfc3339(at, micro=True), "reportingController": "kubelet", "reportingInstance": node,
-          "action": "Evict", "reason": "Evicted", "regarding": regarding, "note": message, "type": "Warning"}
+    regarding = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "uid": meta.get("uid"),
+    }
+    v1 = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": meta.get("namespace")},
+        "eventTime": _rfc3339(at, micro=True),
+        "reportingController": "kubelet",
+        "reportingInstance": node,
+        "action": "Evict",
+        "reason": "Evicted",
+        "regarding": regarding,
+        "note": message,
+        "type": "Warning",
+    }
     return (v1,)
 
 

@@ -46,8 +46,9 @@ def validate(resource: ResourceType, obj: Mapping[str, Any]) -> None:
     name = str(meta.get("name") or meta.get("generateName") or "")
     spec = obj.get("spec")
     if resource.kind == "Job" and not (isinstance(spec, Mapping) and isinstance(spec.get("template"), Mapping)):
-        raise invalid(resource.kind, resource.group, name, "spec.template.spec.containers", "FieldValueRequired",
-                      "Required value")
+        raise invalid(
+            resource.kind, resource.group, name, "spec.template.spec.containers", "FieldValueRequired", "Required value"
+        )
     if resource.kind == "Event":
         _check_event_namespace(resource, obj, name)
     path = _POD_SPECS.get(resource.kind)
@@ -69,8 +70,14 @@ def _check_event_namespace(resource: ResourceType, event: Mapping[str, Any], nam
     involved_ns = str(involved.get("namespace") or "")
     event_ns = str(_mapping(event.get("metadata")).get("namespace") or "")
     if event_ns != involved_ns and not (involved_ns == "" and event_ns == "default"):
-        raise invalid("Event", resource.group, name, "involvedObject.namespace", "FieldValueInvalid",
-                      f'Invalid value: "{involved_ns}": does not match event.namespace')
+        raise invalid(
+            "Event",
+            resource.group,
+            name,
+            "involvedObject.namespace",
+            "FieldValueInvalid",
+            f'Invalid value: "{involved_ns}": does not match event.namespace',
+        )
 
 
 def _node_affinity_errors(pod_spec: Mapping[str, Any], at: str) -> Iterator[tuple[str, str, str]]:
@@ -81,8 +88,10 @@ def _node_affinity_errors(pod_spec: Mapping[str, Any], at: str) -> Iterator[tupl
     for i, term in enumerate(_list(required.get("nodeSelectorTerms"))):
         yield from _term_errors(term, f"{at}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]")
     for i, preferred in enumerate(_list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"))):
-        yield from _term_errors(_mapping(preferred).get("preference"),
-                                f"{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference")
+        yield from _term_errors(
+            _mapping(preferred).get("preference"),
+            f"{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference",
+        )
 
 
 def _term_errors(term: Any, at: str) -> Iterator[tuple[str, str, str]]:

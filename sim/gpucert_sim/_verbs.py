@@ -43,11 +43,16 @@ __all__ = ["PATCH_TYPES", "Reply", "Target", "Verbs"]
 
 #: The kinds whose real strategy allows create-on-update (a PUT of a missing object creates it); the others
 #: answer 404. Read off a real kube-apiserver v1.36 (tests/test_conformance.py, put_of_a_missing_object).
-_CREATE_ON_UPDATE = frozenset({
-    ("coordination.k8s.io", "leases"), ("", "endpoints"),
-    ("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
-    ("rbac.authorization.k8s.io", "clusterroles"), ("rbac.authorization.k8s.io", "clusterrolebindings"),
-})
+_CREATE_ON_UPDATE = frozenset(
+    {
+        ("coordination.k8s.io", "leases"),
+        ("", "endpoints"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("rbac.authorization.k8s.io", "clusterroles"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+    }
+)
 
 PATCH_TYPES = {
     "application/json-patch+json": "json",
@@ -55,19 +60,32 @@ PATCH_TYPES = {
     "application/strategic-merge-patch+json": "strategic",
     "application/apply-patch+yaml": "apply",
 }
-_KNOWN_METADATA = frozenset({
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
-    "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
-    "ownerReferences", "finalizers", "managedFields",
-})
+_KNOWN_METADATA = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
 # What a real server resets status to on create (its strategies' PrepareForCreate); the official
 # client refuses a DaemonSetStatus without its four counters, so they are spelled out.
 _INITIAL_STATUS: dict[str, dict[str, Any]] = {
     "Pod": {"phase": "Pending"},
     "Namespace": {"phase": "Active"},
     "Service": {"loadBalancer": {}},
-    "DaemonSet": {"currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0,
-                  "numberReady": 0},
+    "DaemonSet": {"currentNumberScheduled": 0, "desiredNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0},
     "Job": {},
 }
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -102,12 +120,16 @@ def _name_error(resource: ResourceType, name: str) -> str | None:
     if resource.kind in ("Namespace", "Service"):
         if len(name) <= 63 and _LABEL.match(name):
             return None
-        return ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-                "and must start and end with an alphanumeric character")
+        return (
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+            "and must start and end with an alphanumeric character"
+        )
     if len(name) <= 253 and _SUBDOMAIN.match(name):
         return None
-    return ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-            "and must start and end with an alphanumeric character")
+    return (
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+        "and must start and end with an alphanumeric character"
+    )
 
 
 def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,16 +164,19 @@ class Verbs:
             meta["continue"] = _encode_continue(_sort_key(page.items[-1]))
             if page.remaining is not None:  # the API server counts what is left only without selectors
                 meta["remainingItemCount"] = page.remaining
-        return Reply({"kind": f"{resource.kind}List", "apiVersion": resource.api_version, "metadata": meta,
-                      "items": page.items})
+        return Reply(
+            {"kind": f"{resource.kind}List", "apiVersion": resource.api_version, "metadata": meta, "items": page.items}
+        )
 
     def log(self, target: Target, query: Mapping[str, str]) -> str:
         pod = self._existing(target)
         names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
         container = query.get("container")
         if container is None and len(names) > 1:
-            raise bad_request(f"a container name must be specified for pod {target.name}, "
-                              f"choose one of: [{' '.join(str(n) for n in names)}]")
+            raise bad_request(
+                f"a container name must be specified for pod {target.name}, "
+                f"choose one of: [{' '.join(str(n) for n in names)}]"
+            )
         if container is not None and names and container not in names:
             raise bad_request(f"container {container} is not valid for pod {target.name}")
         text = self.store.get_log(target.namespace or "", target.name or "", container)
@@ -170,8 +195,14 @@ class Verbs:
         obj, warnings = _prune(resource, obj, query)
         meta = _metadata(obj)
         if not meta.get("name") and not meta.get("generateName"):
-            raise invalid(resource.kind, resource.group, "", "metadata.name", "FieldValueRequired",
-                          "Required value: name or generateName is required")
+            raise invalid(
+                resource.kind,
+                resource.group,
+                "",
+                "metadata.name",
+                "FieldValueRequired",
+                "Required value: name or generateName is required",
+            )
         if meta.get("name"):
             self._check_name(resource, meta["name"])
         validate(resource, obj)
@@ -188,23 +219,27 @@ class Verbs:
         obj = self._identity(target, body, creating=False)
         obj, warnings = _prune(resource, obj, query)
         with self.store.lock:
-            if (target.sub is None and (resource.group, resource.plural) in _CREATE_ON_UPDATE
-                    and self.store.get(resource, target.namespace, target.name or "") is None):
+            if (
+                target.sub is None
+                and (resource.group, resource.plural) in _CREATE_ON_UPDATE
+                and self.store.get(resource, target.namespace, target.name or "") is None
+            ):
                 # What these kinds' strategies allow: a PUT of a missing object creates it (even with a
                 # resourceVersion in the body, which a renewal of a deleted Lease carries).
                 meta = {k: v for k, v in _metadata(obj).items() if k != "resourceVersion"}
-                created = self.create(dataclasses.replace(target, name=None), query, {**obj, "metadata": meta},
-                                      agent=agent)
+                created = self.create(
+                    dataclasses.replace(target, name=None), query, {**obj, "metadata": meta}, agent=agent
+                )
                 return Reply(created.body, 201, (*warnings, *created.warnings))
             current = self._existing(target)
             new = self._split(target, current, obj)
             new = track_update(resource, target.sub, current, new, _manager(query, agent))
             self._validate(target, new)
-            return Reply(self.store.update(resource, new, expect_rv=_metadata(obj).get("resourceVersion")),
-                         200, warnings)
+            return Reply(
+                self.store.update(resource, new, expect_rv=_metadata(obj).get("resourceVersion")), 200, warnings
+            )
 
-    def patch(self, target: Target, query: Mapping[str, str], kind: str, patch: Any, *,
-              agent: str = "") -> Reply:
+    def patch(self, target: Target, query: Mapping[str, str], kind: str, patch: Any, *, agent: str = "") -> Reply:
         if kind == "apply":
             return self._apply(target, query, patch)
         resource = target.resource
@@ -235,8 +270,14 @@ class Verbs:
         pre = options.get("preconditions") or {}
         if target.name is None:
             return self._delete_collection(target, query, propagation)
-        obj, pending = self.store.delete(resource, target.namespace, target.name, propagation=propagation,
-                                         expect_uid=pre.get("uid"), expect_rv=pre.get("resourceVersion"))
+        obj, pending = self.store.delete(
+            resource,
+            target.namespace,
+            target.name,
+            propagation=propagation,
+            expect_uid=pre.get("uid"),
+            expect_rv=pre.get("resourceVersion"),
+        )
         if pending or resource.returns_deleted_object:
             return Reply(obj)
         return Reply(_success(resource, obj))
@@ -257,16 +298,29 @@ class Verbs:
             if selector.matches(obj):
                 meta = obj["metadata"]
                 if self.store.get(resource, meta.get("namespace"), meta["name"]) is not None:
-                    gone.append(self.store.delete(resource, meta.get("namespace"), meta["name"],
-                                                  propagation=propagation)[0])
-        return Reply({"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-                      "metadata": {"resourceVersion": str(self.store.resource_version)}, "items": gone})
+                    gone.append(
+                        self.store.delete(resource, meta.get("namespace"), meta["name"], propagation=propagation)[0]
+                    )
+        return Reply(
+            {
+                "kind": f"{resource.kind}List",
+                "apiVersion": resource.api_version,
+                "metadata": {"resourceVersion": str(self.store.resource_version)},
+                "items": gone,
+            }
+        )
 
     def _check_name(self, resource: ResourceType, name: str) -> None:
         problem = _name_error(resource, name)
         if problem:
-            raise invalid(resource.kind, resource.group, name, "metadata.name", "FieldValueInvalid",
-                          f'Invalid value: "{name}": {problem}')
+            raise invalid(
+                resource.kind,
+                resource.group,
+                name,
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": {problem}',
+            )
 
     def _identity(self, target: Target, body: Any, *, creating: bool) -> dict[str, Any]:
         """The body as an object of the URL's kind, namespace and name; 400 where they disagree."""
@@ -275,23 +329,26 @@ class Verbs:
             raise bad_request("the body of the request must be a JSON object")
         api_version, kind = body.get("apiVersion"), body.get("kind")
         if api_version and api_version != resource.api_version:
-            raise bad_request(f"the API version in the data ({api_version}) does not match the expected "
-                              f"API version ({resource.api_version})")
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected "
+                f"API version ({resource.api_version})"
+            )
         if kind and kind != resource.kind:
-            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind "
-                              f"({resource.kind})")
+            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({resource.kind})")
         meta = dict(_metadata(body))
         if resource.namespaced:
             if meta.get("namespace") and meta["namespace"] != target.namespace:
-                raise bad_request("the namespace of the provided object does not match the namespace sent "
-                                  "on the request")
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = target.namespace
         else:
             meta.pop("namespace", None)
         if not creating:
             if meta.get("name") and meta["name"] != target.name:
-                raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the "
-                                  f"URL ({target.name})")
+                raise bad_request(
+                    f"the name of the object ({meta['name']}) does not match the name on the URL ({target.name})"
+                )
             meta["name"] = target.name
         return {**body, "apiVersion": resource.api_version, "kind": resource.kind, "metadata": meta}
 
@@ -305,8 +362,14 @@ class Verbs:
         before, after = current["metadata"], _metadata(patched)
         for key in ("name", "namespace", "uid"):
             if after.get(key) != before.get(key):
-                raise invalid(target.resource.kind, target.resource.group, target.name or "",
-                              f"metadata.{key}", "FieldValueInvalid", "field is immutable")
+                raise invalid(
+                    target.resource.kind,
+                    target.resource.group,
+                    target.name or "",
+                    f"metadata.{key}",
+                    "FieldValueInvalid",
+                    "field is immutable",
+                )
 
     def _split(self, target: Target, current: Obj, new: Obj) -> Obj:
         """Apply the spec/status split: which part of ``new`` a write through ``target`` may change."""
@@ -362,13 +425,18 @@ def _manager(query: Mapping[str, str], agent: str) -> str:
 
 def _success(resource: ResourceType, obj: Obj) -> dict[str, Any]:
     meta = obj["metadata"]
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-            "details": {"name": meta["name"], "group": resource.group, "kind": resource.plural,
-                        "uid": meta["uid"]}}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": meta["name"], "group": resource.group, "kind": resource.plural, "uid": meta["uid"]},
+    }
 
 
-def _prune(resource: ResourceType, obj: dict[str, Any],
-           query: Mapping[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _prune(
+    resource: ResourceType, obj: dict[str, Any], query: Mapping[str, str]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Field validation: drop unknown top-level and metadata fields (Warn/Ignore) or refuse (Strict)."""
     mode = query.get("fieldValidation") or "Warn"
     if mode not in _FIELD_VALIDATION:

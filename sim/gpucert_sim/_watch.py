@@ -69,8 +69,9 @@ def _line(kind: str, obj: Any) -> bytes:
     return orjson.dumps({"type": kind, "object": obj}) + b"\n"
 
 
-async def _write(response: web.StreamResponse, events: Sequence[WatchEvent], target: Target,
-                 selector: Selector) -> None:
+async def _write(
+    response: web.StreamResponse, events: Sequence[WatchEvent], target: Target, selector: Selector
+) -> None:
     """Send the events of ``events`` this watch sees, as one chunk of JSON lines."""
     lines = [_line(kind, e.obj) for e in events if (kind := _visible(e, target, selector))]
     if lines:
@@ -94,11 +95,10 @@ async def serve_watch(
     loop = asyncio.get_running_loop()
     try:
         if since is not None and faults.expire_watch():
-            raise ApiError(
-                410, f"too old resource version: {since} ({store.resource_version})", reason="Expired"
-            )
-        replay, watcher = store.watch(target.resource, since, loop,
-                                      accept=lambda event: _visible(event, target, selector) is not None)
+            raise ApiError(410, f"too old resource version: {since} ({store.resource_version})", reason="Expired")
+        replay, watcher = store.watch(
+            target.resource, since, loop, accept=lambda event: _visible(event, target, selector) is not None
+        )
     except ApiError as exc:
         await response.prepare(request)
         await response.write(_line("ERROR", exc.body()))
@@ -112,7 +112,7 @@ async def serve_watch(
     next_bookmark = start + bookmark_interval_s
     try:
         for at in range(0, len(replay), _BATCH):
-            await _write(response, replay[at:at + _BATCH], target, selector)
+            await _write(response, replay[at : at + _BATCH], target, selector)
         if bookmarks and query.get("sendInitialEvents") in ("true", "1"):
             # The state as of now is sent: a bookmark so annotated says so (a streaming list's end, KEP-3157).
             end = _bookmark(target, store)
@@ -152,5 +152,8 @@ async def serve_watch(
 
 
 def _bookmark(target: Target, store: Store) -> dict[str, Any]:
-    return {"kind": target.resource.kind, "apiVersion": target.resource.api_version,
-            "metadata": {"resourceVersion": str(store.resource_version)}}
+    return {
+        "kind": target.resource.kind,
+        "apiVersion": target.resource.api_version,
+        "metadata": {"resourceVersion": str(store.resource_version)},
+    }

@@ -68,8 +68,7 @@ def run_demo(*, workdir: str, nodes: int = 16, seed: int = 7) -> int:
     night_file = root / "runs" / "night-1.parquet"
     write_results(night.results, night_file)
     console.print(
-        "\n[bold]2. Tonight[/]: a new driver costs every GPU 2 %, one GPU was swapped, and these "
-        "faults were injected:"
+        "\n[bold]2. Tonight[/]: a new driver costs every GPU 2 %, one GPU was swapped, and these faults were injected:"
     )
     for fault in faults:
         where = fault.node + (f" GPU {fault.gpu}" if fault.gpu is not None else " (whole node)")
@@ -82,9 +81,7 @@ def run_demo(*, workdir: str, nodes: int = 16, seed: int = 7) -> int:
     _print_findings(console, verdicts)
     _print_truth(console, night.truth, verdicts)
     console.print(f"\nFiles: {root}/  (results in runs/, baselines in store/, verdicts in {out.name})")
-    console.print(
-        "Try: [cyan]gpucert compare " + f"{night_file} --baselines {store} --out v.csv --fail-on fail"
-    )
+    console.print("Try: [cyan]gpucert compare " + f"{night_file} --baselines {store} --out v.csv --fail-on fail")
     return 0
 
 

@@ -70,8 +70,20 @@ Effect = Callable[[Params, "ModelSpec"], float]
 
 #: The verdict contract's cause vocabulary (docs/reference/causes-and-actions.md, "Causes").
 CAUSES: frozenset[str] = frozenset(
-    {"thermal", "power", "pcie", "nvlink", "ecc", "row_remap", "xid", "slow_silicon", "network", "config",
-     "storage", "unknown"}
+    {
+        "thermal",
+        "power",
+        "pcie",
+        "nvlink",
+        "ecc",
+        "row_remap",
+        "xid",
+        "slow_silicon",
+        "network",
+        "config",
+        "storage",
+        "unknown",
+    }
 )
 
 GEMM = "gemm_bf16_tflops"
@@ -86,15 +98,31 @@ _PERF_KEYS = frozenset({GEMM, HBM, H2D, D2H, NCCL, PAIR, STORAGE})
 #: not drawn by :func:`random_faults` unless named, since a default wave would never see it.
 _OPTIONAL_PERF = frozenset({STORAGE})
 _TELEMETRY_KEYS = frozenset(
-    {"pcie_gen", "pcie_width", "pcie_replays_per_min", "hw_slowdown_frac", "temp_max_c", "power_limit_w",
-     "ecc_dbe_volatile", "ecc_sbe_volatile", "remapped_rows_pending", "remapped_rows_failure", "nvlink_down",
-     "nvlink_crc_errors"}
+    {
+        "pcie_gen",
+        "pcie_width",
+        "pcie_replays_per_min",
+        "hw_slowdown_frac",
+        "temp_max_c",
+        "power_limit_w",
+        "ecc_dbe_volatile",
+        "ecc_sbe_volatile",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "nvlink_down",
+        "nvlink_crc_errors",
+    }
 )
 #: The node's InfiniBand ports as the payload reads them from sysfs, once per benchmark (node level): how
 #: many ports it found, how many are ACTIVE, the slowest and fastest active port's rate, and by how much
 #: each error counter, summed over the ports, rose during the benchmark.
 NIC_TELEMETRY: tuple[str, ...] = (
-    "ib_ports", "ib_ports_active", "ib_rate_min_gbps", "ib_rate_max_gbps", "ib_symbol_errors", "ib_link_downed",
+    "ib_ports",
+    "ib_ports_active",
+    "ib_rate_min_gbps",
+    "ib_rate_max_gbps",
+    "ib_symbol_errors",
+    "ib_link_downed",
     "ib_rcv_errors",
 )
 #: NIC readings where a fault's lower value is the worse one (for the others, the higher is).
@@ -238,8 +266,9 @@ class FaultSpec:
         assert set(self.crashes) <= _PERF_KEYS
         assert self.crash_when is None or self.crash_when in self.draws
         # A fabric fault slows the pairs through its link and nothing on any node.
-        assert self.scope != "fabric" or (set(self.perf) <= {PAIR} and not (self.telemetry or self.crashes
-                                                                              or self.xids or self.bits))
+        assert self.scope != "fabric" or (
+            set(self.perf) <= {PAIR} and not (self.telemetry or self.crashes or self.xids or self.bits)
+        )
         assert self.scope != "gpu" or STORAGE not in self.perf  # storage is the node's mount
 
     @property
@@ -295,33 +324,51 @@ def _catalog(*specs: FaultSpec) -> dict[str, FaultSpec]:
 # The catalog. Read each entry as a row of docs/design/simulator.md, "Fault catalogue".
 FAULTS: dict[str, FaultSpec] = _catalog(
     FaultSpec(
-        "hw_thermal", "gpu", "thermal", signature=True,
+        "hw_thermal",
+        "gpu",
+        "thermal",
+        signature=True,
         draws={"duty": Uniform(0.05, 0.6), "over_c": Uniform(0.0, 4.0)},
-        perf={GEMM: lambda p, m: 1 - 0.5 * p["duty"],  # SM clock halves while the slowdown is active
-              HBM: lambda p, m: 1 - 0.1 * p["duty"],
-              NCCL: lambda p, m: 1 - 0.1 * p["duty"]},
+        perf={
+            GEMM: lambda p, m: 1 - 0.5 * p["duty"],  # SM clock halves while the slowdown is active
+            HBM: lambda p, m: 1 - 0.1 * p["duty"],
+            NCCL: lambda p, m: 1 - 0.1 * p["duty"],
+        },
         bits=HW_THERMAL | HW_SLOWDOWN,
-        telemetry={"hw_slowdown_frac": _param("duty"),
-                   "temp_max_c": lambda p, m: m.temp_slowdown_c + round(p["over_c"])},
+        telemetry={
+            "hw_slowdown_frac": _param("duty"),
+            "temp_max_c": lambda p, m: m.temp_slowdown_c + round(p["over_c"]),
+        },
     ),
     FaultSpec(
-        "sw_thermal", "gpu", "thermal", signature=True,  # degraded thermal interface
+        "sw_thermal",
+        "gpu",
+        "thermal",
+        signature=True,  # degraded thermal interface
         draws={"gemm": Uniform(0.85, 0.97), "hbm": Uniform(0.97, 1.0), "margin_c": Uniform(1.0, 5.0)},
         perf={GEMM: _param("gemm"), HBM: _param("hbm")},
         bits=SW_THERMAL,
         telemetry={"temp_max_c": lambda p, m: m.temp_slowdown_c - round(p["margin_c"])},
     ),
     FaultSpec(
-        "power_brake", "node", "power", signature=True,  # PSU/PDU asserts the brake on every GPU at once
+        "power_brake",
+        "node",
+        "power",
+        signature=True,  # PSU/PDU asserts the brake on every GPU at once
         draws={"duty": Uniform(0.05, 0.6)},
-        perf={GEMM: lambda p, m: 1 - 0.5 * p["duty"],
-              HBM: lambda p, m: 1 - 0.1 * p["duty"],
-              NCCL: lambda p, m: 1 - 0.2 * p["duty"]},
+        perf={
+            GEMM: lambda p, m: 1 - 0.5 * p["duty"],
+            HBM: lambda p, m: 1 - 0.1 * p["duty"],
+            NCCL: lambda p, m: 1 - 0.2 * p["duty"],
+        },
         bits=HW_POWER_BRAKE | HW_SLOWDOWN,
         telemetry={"hw_slowdown_frac": _param("duty")},
     ),
     FaultSpec(
-        "power_cap", "node", "config", signature=True,  # enforced limit below default (BMC/host policy)
+        "power_cap",
+        "node",
+        "config",
+        signature=True,  # enforced limit below default (BMC/host policy)
         # One draw: the lower the cap, the slower the GEMM, from ×0.75 at 400 W to ×0.92 at 600 W.
         draws={"limit_w": Uniform(400.0, 600.0)},
         perf={GEMM: lambda p, m: 0.75 + 0.17 * (round(p["limit_w"]) - 400) / 200},
@@ -329,106 +376,159 @@ FAULTS: dict[str, FaultSpec] = _catalog(
         telemetry={"power_limit_w": lambda p, m: round(p["limit_w"])},
     ),
     FaultSpec(
-        "pcie_gen4", "gpu", "pcie", signature=True,  # link trained at 16 GT/s instead of 32
+        "pcie_gen4",
+        "gpu",
+        "pcie",
+        signature=True,  # link trained at 16 GT/s instead of 32
         perf={**_pcie(_const(0.5)), PAIR: _const(0.5)},
         telemetry={"pcie_gen": _const(4)},
     ),
     FaultSpec(
-        "pcie_width", "gpu", "pcie", signature=True,  # x16 trained down to x8 or x4
+        "pcie_width",
+        "gpu",
+        "pcie",
+        signature=True,  # x16 trained down to x8 or x4
         draws={"width": Choice((8.0, 4.0))},
         perf={**_pcie(lambda p, m: p["width"] / 16), PAIR: lambda p, m: p["width"] / 16},
         telemetry={"pcie_width": _param("width")},
     ),
     FaultSpec(
-        "pcie_replay", "gpu", "pcie", signature=True,  # marginal signal integrity
-        draws={"h2d": Uniform(0.90, 0.98), "rail": Uniform(0.90, 1.0),
-               "replays_per_min": LogUniform(10.0, 1000.0)},
+        "pcie_replay",
+        "gpu",
+        "pcie",
+        signature=True,  # marginal signal integrity
+        draws={"h2d": Uniform(0.90, 0.98), "rail": Uniform(0.90, 1.0), "replays_per_min": LogUniform(10.0, 1000.0)},
         perf={**_pcie(_param("h2d")), PAIR: _param("rail")},
         telemetry={"pcie_replays_per_min": _param("replays_per_min")},
     ),
     FaultSpec(
-        "nvlink_access_lost", "gpu", "nvlink", signature=True,  # FM init lost the GPU: P2P falls back to PCIe
+        "nvlink_access_lost",
+        "gpu",
+        "nvlink",
+        signature=True,  # FM init lost the GPU: P2P falls back to PCIe
         draws={"nccl": Uniform(0.03, 0.10)},
         perf={NCCL: _param("nccl")},
         telemetry={"nvlink_down": lambda p, m: m.nvlinks},
     ),
     FaultSpec(
-        "nvlink_one_down", "gpu", "nvlink", signature=True,
+        "nvlink_one_down",
+        "gpu",
+        "nvlink",
+        signature=True,
         perf={NCCL: lambda p, m: (m.nvlinks - 1) / m.nvlinks},  # 17/18 = 0.944
         telemetry={"nvlink_down": _const(1)},
         xids=(74,),
     ),
     FaultSpec(
-        "nvswitch_degraded", "node", "nvlink", signature=True,  # NVSwitch pair disabled, FM mode 1
+        "nvswitch_degraded",
+        "node",
+        "nvlink",
+        signature=True,  # NVSwitch pair disabled, FM mode 1
         draws={"nccl": Uniform(0.75, 0.83)},
         perf={NCCL: _param("nccl")},
         # As many links down per GPU as the bandwidth lost (3-5 of 18), and never fewer than one.
         telemetry={"nvlink_down": lambda p, m: max(1, round(m.nvlinks * (1 - p["nccl"])))},
     ),
     FaultSpec(
-        "nvlink_crc", "gpu", "nvlink", signature=True,
+        "nvlink_crc",
+        "gpu",
+        "nvlink",
+        signature=True,
         draws={"nccl": Uniform(0.97, 1.0), "crc_per_s": Uniform(1.0, 1000.0)},
         perf={NCCL: _param("nccl")},
         telemetry={"nvlink_crc_errors": lambda p, m: round(p["crc_per_s"] * 60)},  # over a ~60 s benchmark
     ),
     FaultSpec(
-        "sbe_storm", "gpu", "ecc", signature=True,
+        "sbe_storm",
+        "gpu",
+        "ecc",
+        signature=True,
         draws={"hbm": Uniform(0.99, 1.0), "sbe": Uniform(100.0, 5000.0), "xid92_rows": IntUniform(2, 5)},
         perf={HBM: _param("hbm")},
         telemetry={"ecc_sbe_volatile": lambda p, m: round(p["sbe"])},
         xids=lambda p: (92,) * int(p["xid92_rows"]),
     ),
     FaultSpec(
-        "remap_pending", "gpu", "row_remap", signature=True,  # uncorrectable ECC, row remap awaits a reset
+        "remap_pending",
+        "gpu",
+        "row_remap",
+        signature=True,  # uncorrectable ECC, row remap awaits a reset
         draws={"crash": Bernoulli(0.3)},
-        crashes=(GEMM,), crash_when="crash",
+        crashes=(GEMM,),
+        crash_when="crash",
         telemetry={"ecc_dbe_volatile": _const(1), "remapped_rows_pending": _const(1)},
         xids=(48, 63),
     ),
     FaultSpec(
-        "remap_failure", "gpu", "row_remap", signature=True,  # no spare row left: the RMA path
+        "remap_failure",
+        "gpu",
+        "row_remap",
+        signature=True,  # no spare row left: the RMA path
         draws={"crash": Bernoulli(0.5)},
-        crashes=(GEMM,), crash_when="crash",
+        crashes=(GEMM,),
+        crash_when="crash",
         telemetry={"remapped_rows_failure": _const(1)},
         xids=(64,),
     ),
     FaultSpec(
-        "uncontained_ecc", "gpu", "ecc", signature=True,
+        "uncontained_ecc",
+        "gpu",
+        "ecc",
+        signature=True,
         draws={"dbe": IntUniform(1, 4)},
         crashes=(GEMM, NCCL),  # the GEMM dies, and so does the node's NCCL job
         telemetry={"ecc_dbe_volatile": _param("dbe")},
         xids=(95,),
     ),
     FaultSpec(
-        "fallen_off_bus", "gpu", "xid", signature=True,  # NVML_ERROR_GPU_IS_LOST: the GPU's series vanish
+        "fallen_off_bus",
+        "gpu",
+        "xid",
+        signature=True,  # NVML_ERROR_GPU_IS_LOST: the GPU's series vanish
         missing=True,
         crashes=(NCCL,),
         xids=(79,),
     ),
     FaultSpec(
-        "gsp_timeout", "gpu", "xid", signature=True,
+        "gsp_timeout",
+        "gpu",
+        "xid",
+        signature=True,
         draws={"xid": Choice((119.0, 120.0)), "hang": Bernoulli(0.5)},
         # A hung GSP stalls the GEMM and the node's NCCL job until they time out.
-        crashes=(GEMM, NCCL), crash_when="hang",
+        crashes=(GEMM, NCCL),
+        crash_when="hang",
         xids=lambda p: (int(p["xid"]),),
     ),
     FaultSpec(
-        "slow_silicon", "gpu", "slow_silicon", signature=False,  # a "lemon": statistics are the only witness
+        "slow_silicon",
+        "gpu",
+        "slow_silicon",
+        signature=False,  # a "lemon": statistics are the only witness
         draws={"gemm": Uniform(0.85, 0.95), "hbm": Uniform(0.97, 1.0)},
         perf={GEMM: _param("gemm"), HBM: _param("hbm")},
     ),
     FaultSpec(
-        "host_contention", "node", "config", signature=False,  # CPU contention or NUMA misbinding
+        "host_contention",
+        "node",
+        "config",
+        signature=False,  # CPU contention or NUMA misbinding
         draws={"h2d": Uniform(0.6, 0.9), "rail": Uniform(0.9, 1.0)},
         perf={**_pcie(_param("h2d")), PAIR: _param("rail")},
     ),
     FaultSpec(
-        "ib_port_down", "node", "network", signature=True,  # NCCL rebalances over the 7 ports left
+        "ib_port_down",
+        "node",
+        "network",
+        signature=True,  # NCCL rebalances over the 7 ports left
         perf={PAIR: _const(7 / 8)},
         telemetry={"ib_ports_active": lambda p, m: m.ib_ports - 1},  # port state Down
     ),
     FaultSpec(
-        "ib_downshift", "node", "network", signature=True,  # one port trained NDR→HDR
+        "ib_downshift",
+        "node",
+        "network",
+        signature=True,  # one port trained NDR→HDR
         draws={"pair": Uniform(0.5, 0.8)},
         perf={PAIR: _param("pair")},
         telemetry={"ib_rate_min_gbps": lambda p, m: m.ib_rate_gbps / 2},  # 200 vs 400 Gb/s
@@ -436,7 +536,10 @@ FAULTS: dict[str, FaultSpec] = _catalog(
     FaultSpec(
         # One NIC's link at half its rate: a ring over the node's rails runs at its slowest, so every pair
         # the node is in runs at about half (docs/design/simulator.md, "Fault catalogue": that GPUDirect rail ×0.5).
-        "nic_half_rate", "node", "network", signature=True,
+        "nic_half_rate",
+        "node",
+        "network",
+        signature=True,
         draws={"pair": Uniform(0.45, 0.55)},
         perf={PAIR: _param("pair")},
         telemetry={"ib_rate_min_gbps": lambda p, m: m.ib_rate_gbps / 2},
@@ -444,18 +547,30 @@ FAULTS: dict[str, FaultSpec] = _catalog(
     FaultSpec(
         # A port that goes down and up during the benchmark: intermittent loss (docs/design/simulator.md: −20…−100 %
         # while it flaps), link-down and symbol-error counters that rise, receive errors with them.
-        "ib_flapping_port", "node", "network", signature=True,
-        draws={"pair": Uniform(0.6, 0.9), "link_downed": IntUniform(1, 12),
-               "symbol_errors": LogUniform(10.0, 10_000.0), "rcv_errors": IntUniform(1, 200)},
+        "ib_flapping_port",
+        "node",
+        "network",
+        signature=True,
+        draws={
+            "pair": Uniform(0.6, 0.9),
+            "link_downed": IntUniform(1, 12),
+            "symbol_errors": LogUniform(10.0, 10_000.0),
+            "rcv_errors": IntUniform(1, 200),
+        },
         perf={PAIR: _param("pair")},
-        telemetry={"ib_link_downed": _param("link_downed"),
-                   "ib_symbol_errors": lambda p, m: round(p["symbol_errors"]),
-                   "ib_rcv_errors": _param("rcv_errors")},
+        telemetry={
+            "ib_link_downed": _param("link_downed"),
+            "ib_symbol_errors": lambda p, m: round(p["symbol_errors"]),
+            "ib_rcv_errors": _param("rcv_errors"),
+        },
     ),
     FaultSpec(
         # The uplinks between two leaf switches (a bad cable or optic, a misconfigured ECMP group): only the
         # pairs with one node under each leaf are slow, and no node has anything to show for it.
-        "slow_uplink", "fabric", "network", signature=False,
+        "slow_uplink",
+        "fabric",
+        "network",
+        signature=False,
         needs=("leaf_a", "leaf_b"),
         draws={"factor": Uniform(0.4, 0.6)},
         perf={PAIR: _param("factor")},
@@ -463,16 +578,17 @@ FAULTS: dict[str, FaultSpec] = _catalog(
     FaultSpec(
         # A node's storage mount reads slowly (a degraded RAID member, an NFS mount over the wrong
         # interface, a throttled volume): storage_read_gbps only, seen by a wave that measures storage.
-        "slow_storage", "node", "storage", signature=False,
+        "slow_storage",
+        "node",
+        "storage",
+        signature=False,
         draws={"storage": Uniform(0.25, 0.35)},
         perf={STORAGE: _param("storage")},
     ),
 )
 
 
-def random_faults(
-    fleet: Fleet, count: int, *, seed: int, kinds: Sequence[str] | None = None
-) -> list[Fault]:
+def random_faults(fleet: Fleet, count: int, *, seed: int, kinds: Sequence[str] | None = None) -> list[Fault]:
     """``count`` faults on distinct targets, kinds spread evenly, parameters left to each wave's draws.
 
     ``kinds`` defaults to every kind a default wave can observe (:attr:`FaultSpec.drawn_at_random`): not the
@@ -493,9 +609,7 @@ def random_faults(
         raise ValueError("count must be >= 0")
     rng = np.random.default_rng([seed, 0x6661756C74])
     # Every kind count // len(kinds) times; the remainder goes to kinds picked at random.
-    chosen = kinds * (count // len(kinds)) + [
-        kinds[i] for i in rng.permutation(len(kinds))[: count % len(kinds)]
-    ]
+    chosen = kinds * (count // len(kinds)) + [kinds[i] for i in rng.permutation(len(kinds))[: count % len(kinds)]]
     chosen = [chosen[i] for i in rng.permutation(len(chosen))]
 
     n_nodes, per_node = len(fleet.node_names), fleet.gpus_per_node
@@ -509,7 +623,7 @@ def random_faults(
         )
     order = rng.permutation(n_nodes)
     faults = [Fault(k, fleet.node_names[order[i]]) for i, k in enumerate(node_kinds)]
-    rest = order[len(node_kinds):]
+    rest = order[len(node_kinds) :]
     local = rng.permuted(np.tile(np.arange(per_node), (len(rest), 1)), axis=1)
     for i, k in enumerate(gpu_kinds):
         row, rnd = i % len(rest), i // len(rest)

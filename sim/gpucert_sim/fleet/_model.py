@@ -100,10 +100,23 @@ NODE_PERF_METRICS: tuple[str, ...] = (NCCL, PAIR)
 _ALL_PERF = GPU_PERF_METRICS + NODE_PERF_METRICS
 #: Telemetry written once per GPU per wave (repeat 0), in row order.
 GPU_TELEMETRY_METRICS: tuple[str, ...] = (
-    "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_replays_per_min",
-    "clocks_event_reasons", "hw_slowdown_frac", "temp_max_c", "temp_slowdown_c", "power_limit_w",
-    "power_limit_default_w", "ecc_dbe_volatile", "ecc_sbe_volatile", "remapped_rows_pending",
-    "remapped_rows_failure", "nvlink_down", "nvlink_crc_errors",
+    "pcie_gen",
+    "pcie_gen_max",
+    "pcie_width",
+    "pcie_width_max",
+    "pcie_replays_per_min",
+    "clocks_event_reasons",
+    "hw_slowdown_frac",
+    "temp_max_c",
+    "temp_slowdown_c",
+    "power_limit_w",
+    "power_limit_default_w",
+    "ecc_dbe_volatile",
+    "ecc_sbe_volatile",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "nvlink_down",
+    "nvlink_crc_errors",
 )
 _TELE = {m: i for i, m in enumerate(GPU_TELEMETRY_METRICS)}
 # A fault's telemetry reading combines with what is already there by the worse of the two, so two
@@ -154,15 +167,29 @@ MODELS: dict[str, ModelSpec] = {
     for m in (
         ModelSpec(
             "NVIDIA H100 80GB HBM3",
-            base={GEMM: 730.0, HBM: 2900.0, H2D: 51.0, D2H: 52.0, NCCL: 478.9, PAIR: 370.0,
-                  STORAGE: _STORAGE_READ_GBPS},
+            base={
+                GEMM: 730.0,
+                HBM: 2900.0,
+                H2D: 51.0,
+                D2H: 52.0,
+                NCCL: 478.9,
+                PAIR: 370.0,
+                STORAGE: _STORAGE_READ_GBPS,
+            },
         ),
         ModelSpec(
             # H200 GEMM is not published; docs/reference/reference-values.md gives MAMF as "same as H100", so
             # the H100 burn.
             "NVIDIA H200",
-            base={GEMM: 730.0, HBM: 4010.0, H2D: 52.0, D2H: 52.0, NCCL: 480.0, PAIR: 370.0,
-                  STORAGE: _STORAGE_READ_GBPS},
+            base={
+                GEMM: 730.0,
+                HBM: 4010.0,
+                H2D: 52.0,
+                D2H: 52.0,
+                NCCL: 480.0,
+                PAIR: 370.0,
+                STORAGE: _STORAGE_READ_GBPS,
+            },
         ),
     )
 }
@@ -227,8 +254,14 @@ class NoiseModel:
                 raise ValueError(f"NoiseModel.{name}: no such metric(s) {sorted(bad)}; known: {allowed}")
             if any(v < 0 for v in table.values()):
                 raise ValueError(f"NoiseModel.{name}: a coefficient of variation cannot be negative")
-        for name in ("transient_rate", "slow_silicon_rate", "app_xid_rate", "sw_power_cap_rate",
-                     "replay_blip_rate", "sbe_blip_rate"):
+        for name in (
+            "transient_rate",
+            "slow_silicon_rate",
+            "app_xid_rate",
+            "sw_power_cap_rate",
+            "replay_blip_rate",
+            "sbe_blip_rate",
+        ):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"NoiseModel.{name} is a probability: {getattr(self, name)}")
         if self.rep_scale < 0:
@@ -323,10 +356,19 @@ class Fleet:
         uuids, unit, slow, temp = _draw_gpus(draws, nodes * gpus_per_node, noise)
         storage = _draw_storage(draws, nodes, noise)  # last: the draws before it stay what they were
         return cls(
-            model=spec, noise=noise, gpus_per_node=gpus_per_node, node_prefix=node_prefix,
-            node_names=_node_names(node_prefix, 0, nodes), uuids=uuids, unit_factors=unit,
-            node_factors=node_factors, slow_silicon=slow, temp_base_c=temp, storage_factors=storage,
-            nodes_per_leaf=nodes_per_leaf, leaves_per_zone=leaves_per_zone,
+            model=spec,
+            noise=noise,
+            gpus_per_node=gpus_per_node,
+            node_prefix=node_prefix,
+            node_names=_node_names(node_prefix, 0, nodes),
+            uuids=uuids,
+            unit_factors=unit,
+            node_factors=node_factors,
+            slow_silicon=slow,
+            temp_base_c=temp,
+            storage_factors=storage,
+            nodes_per_leaf=nodes_per_leaf,
+            leaves_per_zone=leaves_per_zone,
         )
 
     def replace_gpus(self, fraction: float, *, seed: int) -> Fleet:
@@ -340,8 +382,10 @@ class Fleet:
         picked = draws().choice(self.n_gpus, size=round(fraction * self.n_gpus), replace=False)
         uuids, unit, slow, temp = _draw_gpus(draws, len(picked), self.noise)
         new = {
-            "uuids": self.uuids.copy(), "unit_factors": self.unit_factors.copy(),
-            "slow_silicon": self.slow_silicon.copy(), "temp_base_c": self.temp_base_c.copy(),
+            "uuids": self.uuids.copy(),
+            "unit_factors": self.unit_factors.copy(),
+            "slow_silicon": self.slow_silicon.copy(),
+            "temp_base_c": self.temp_base_c.copy(),
         }
         for name, values in zip(new, (uuids, unit, slow, temp), strict=True):
             new[name][picked] = values
@@ -373,9 +417,21 @@ class Fleet:
     def _with(self, **changes: Any) -> Fleet:
         fields = {
             name: getattr(self, name)
-            for name in ("model", "noise", "gpus_per_node", "node_prefix", "node_names", "uuids",
-                         "unit_factors", "node_factors", "slow_silicon", "temp_base_c", "storage_factors",
-                         "nodes_per_leaf", "leaves_per_zone")
+            for name in (
+                "model",
+                "noise",
+                "gpus_per_node",
+                "node_prefix",
+                "node_names",
+                "uuids",
+                "unit_factors",
+                "node_factors",
+                "slow_silicon",
+                "temp_base_c",
+                "storage_factors",
+                "nodes_per_leaf",
+                "leaves_per_zone",
+            )
         }
         return Fleet(**{**fields, **changes})
 
@@ -437,8 +493,10 @@ class Fleet:
         else:
             number = int(leaf) if float(leaf).is_integer() else -1
         if not 0 <= number < self.n_leaves:
-            raise ValueError(f"no leaf {leaf!r} in the fleet; it has {self.n_leaves}: leaf-00 … "
-                             f"{_leaf_name(max(self.n_leaves - 1, 0))}")
+            raise ValueError(
+                f"no leaf {leaf!r} in the fleet; it has {self.n_leaves}: leaf-00 … "
+                f"{_leaf_name(max(self.n_leaves - 1, 0))}"
+            )
         return number
 
     def topology(self, *, leaf_label: str = LEAF_LABEL, zone_label: str = ZONE_LABEL) -> pd.DataFrame:
@@ -447,8 +505,9 @@ class Fleet:
         leaf = self.leaf_index
         leaves = np.array(self.leaf_names, dtype=object)
         zones = np.array([_zone_name(z) for z in range(-(-self.n_leaves // self.leaves_per_zone))], dtype=object)
-        return pd.DataFrame({"node": self.node_names, zone_label: zones[leaf // self.leaves_per_zone],
-                             leaf_label: leaves[leaf]})
+        return pd.DataFrame(
+            {"node": self.node_names, zone_label: zones[leaf // self.leaves_per_zone], leaf_label: leaves[leaf]}
+        )
 
     def gpu_table(self) -> pd.DataFrame:
         """One row per GPU: ``node``, ``gpu``, ``gpu_uuid`` and its baked-in ``slow_silicon`` factor.
@@ -457,12 +516,14 @@ class Fleet:
         injected fault, so it is here and not in a wave's truth.
         """
         g = np.arange(self.n_gpus)
-        return pd.DataFrame({
-            "node": pd.Categorical.from_codes(g // self.gpus_per_node, categories=self.node_categories),
-            "gpu": (g % self.gpus_per_node).astype(np.int64),
-            "gpu_uuid": self.uuids,
-            "slow_silicon": self.slow_silicon,
-        })
+        return pd.DataFrame(
+            {
+                "node": pd.Categorical.from_codes(g // self.gpus_per_node, categories=self.node_categories),
+                "gpu": (g % self.gpus_per_node).astype(np.int64),
+                "gpu_uuid": self.uuids,
+                "slow_silicon": self.slow_silicon,
+            }
+        )
 
     # --- running ------------------------------------------------------------------------------------
 
@@ -508,8 +569,7 @@ class Fleet:
             raise ValueError(f"run_id must be a DNS label (≤ 63 of a-z0-9-): {run_id!r}")
         if repeats < 1:
             raise ValueError("repeats must be >= 1")
-        rule = RepeatRule(repeats=repeats, max_repeats=max(repeats, max_repeats),
-                          repeats_of=tuple(repeats_of.items()))  # fmt: skip
+        rule = RepeatRule(repeats=repeats, max_repeats=max(repeats, max_repeats), repeats_of=tuple(repeats_of.items()))
         width = max(rule.ceiling(m) for m in (*GPU_PERF_METRICS, NCCL, PAIR))
         ts = ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
         shift = 1.0 + self._shift_vector(fleet_shift)
@@ -525,13 +585,21 @@ class Fleet:
         drift = shift * day
         parts = [self._gpu_rows, self._node_rows] + ([self._pair_rows] if pairs is True else [])
         for part in parts:
-            part(rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift,
-                 wave_draws=wave_draws)
+            part(
+                rows, eff, wave_nodes=wave_nodes, rule=rule, width=width, seed=seed, drift=drift, wave_draws=wave_draws
+            )
         if explicit is not None:
             self._listed_pair_rows(rows, eff, explicit, rule=rule, width=width, seed=seed, drift=drift)
         if storage:
-            self._storage_rows(rows, eff, wave_nodes=wave_nodes, rule=rule, seed=seed,
-                               shift=1.0 + self._storage_shift(fleet_shift), wave_draws=wave_draws)
+            self._storage_rows(
+                rows,
+                eff,
+                wave_nodes=wave_nodes,
+                rule=rule,
+                seed=seed,
+                shift=1.0 + self._storage_shift(fleet_shift),
+                wave_draws=wave_draws,
+            )
         if nic:
             self._nic_rows(rows, eff, wave_nodes)
         results = rows.frame(self, run_id, ts)
@@ -628,8 +696,16 @@ class Fleet:
         return leaf_a in present and leaf_b in present
 
     def _gpu_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray, wave_draws: bool = False,
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        *,
+        wave_nodes: IntArray,
+        rule: RepeatRule,
+        width: int,
+        seed: int,
+        drift: FloatArray,
+        wave_draws: bool = False,
     ) -> None:
         """Per-GPU benchmarks (``rule``'s base repeats each, more where they disagree), telemetry and
         events of the wave's GPUs."""
@@ -672,8 +748,12 @@ class Fleet:
         gi, mi, ri = np.nonzero(np.arange(width) < counts[:, :, None])
         codes = np.array([_METRIC_CODE[m] for m in GPU_PERF_METRICS])
         rows.add(
-            node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=codes[mi],
-            value=values[gi, mi, ri], repeat=ri,
+            node=node_of[gi],
+            gpu=g[gi] % per_node,
+            uuid=g[gi],
+            metric=codes[mi],
+            value=values[gi, mi, ri],
+            repeat=ri,
         )
         gi, mi = np.nonzero(present[:, None] & eff.crash_gpu[g])
         rows.add(node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=_METRIC_CODE["error"], value=1.0)
@@ -696,21 +776,37 @@ class Fleet:
         tg = g[present]
         codes = np.array([_METRIC_CODE[m] for m in GPU_TELEMETRY_METRICS])
         rows.add(
-            node=np.repeat(tg // per_node, len(codes)), gpu=np.repeat(tg % per_node, len(codes)),
-            uuid=np.repeat(tg, len(codes)), metric=np.tile(codes, len(tg)), value=tele[present].ravel(),
+            node=np.repeat(tg // per_node, len(codes)),
+            gpu=np.repeat(tg % per_node, len(codes)),
+            uuid=np.repeat(tg, len(codes)),
+            metric=np.tile(codes, len(tg)),
+            value=tele[present].ravel(),
         )
 
         # Events: application XIDs on healthy GPUs, then the faults' XIDs (a lost GPU still logs its 79).
         struck = present & (app_xid > 0)
         xg = g[struck]
-        rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"],
-                 value=app_xid[struck].astype(np.float64))
+        rows.add(
+            node=xg // per_node,
+            gpu=xg % per_node,
+            uuid=xg,
+            metric=_METRIC_CODE["xid"],
+            value=app_xid[struck].astype(np.float64),
+        )
         xg, xc = np.array(eff.xid_gpu, dtype=np.int64), np.array(eff.xid_code, dtype=np.float64)
         rows.add(node=xg // per_node, gpu=xg % per_node, uuid=xg, metric=_METRIC_CODE["xid"], value=xc)
 
     def _node_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray, wave_draws: bool = False,
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        *,
+        wave_nodes: IntArray,
+        rule: RepeatRule,
+        width: int,
+        seed: int,
+        drift: FloatArray,
+        wave_draws: bool = False,
     ) -> None:
         """The intra-node all-reduce (``rule``'s base repeats per node, more where they disagree, or an
         error row) and the GPU counts."""
@@ -723,8 +819,7 @@ class Fleet:
         rep = _more_repeats(draws, rep, width, cv, noise)
         rep = rep if wave_draws else rep[w]
         # A node's all-reduce runs at the pace of its slowest GPU; node-wide faults come on top.
-        level = (self.model.base[NCCL] * drift[j] * self.node_factors[w, j]
-                 * eff.nccl_gpu_min[w] * eff.nccl_node[w])
+        level = self.model.base[NCCL] * drift[j] * self.node_factors[w, j] * eff.nccl_gpu_min[w] * eff.nccl_node[w]
         values = level[:, None] * rep
         ok = ~eff.crash_nccl[w]
         counts = _repeat_counts(values[:, None, :], ok[:, None], rule, (NCCL,))[:, 0]
@@ -736,8 +831,16 @@ class Fleet:
         rows.add(node=w, metric=_METRIC_CODE["gpu_count_expected"], value=float(self.gpus_per_node))
 
     def _pair_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, width: int, seed: int,
-        drift: FloatArray, wave_draws: bool = False,  # pairs are drawn per pair of the wave either way
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        *,
+        wave_nodes: IntArray,
+        rule: RepeatRule,
+        width: int,
+        seed: int,
+        drift: FloatArray,
+        wave_draws: bool = False,  # pairs are drawn per pair of the wave either way
     ) -> None:
         """A two-node all-reduce per ring neighbour, drawn by the pair's place in the ring."""
         noise, repeats = self.noise, rule.repeats
@@ -753,8 +856,15 @@ class Fleet:
         self._add_pairs(rows, eff, a, b, rep, rule=rule, width=width, drift=drift)
 
     def _listed_pair_rows(
-        self, rows: _Rows, eff: _Effects, pairs: tuple[IntArray, IntArray], *, rule: RepeatRule, width: int,
-        seed: int, drift: FloatArray,
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        pairs: tuple[IntArray, IntArray],
+        *,
+        rule: RepeatRule,
+        width: int,
+        seed: int,
+        drift: FloatArray,
     ) -> None:
         """A two-node all-reduce per listed pair, each drawn from its own stream (see :meth:`run`)."""
         a, b = pairs
@@ -771,8 +881,16 @@ class Fleet:
         self._add_pairs(rows, eff, a, b, rep, rule=rule, width=width, drift=drift)
 
     def _add_pairs(
-        self, rows: _Rows, eff: _Effects, a: IntArray, b: IntArray, rep: FloatArray, *, rule: RepeatRule,
-        width: int, drift: FloatArray,
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        a: IntArray,
+        b: IntArray,
+        rep: FloatArray,
+        *,
+        rule: RepeatRule,
+        width: int,
+        drift: FloatArray,
     ) -> None:
         """Pairs ``a[i]``–``b[i]`` with their repeat factors ``rep`` (pairs × width): a pair runs at the pace
         of its slower end, times the fabric between its leaves."""
@@ -794,7 +912,14 @@ class Fleet:
         rows.add(node=a[pi], peer=b[pi], metric=_METRIC_CODE[PAIR], value=values[pi, ri], repeat=ri)
 
     def _storage_rows(
-        self, rows: _Rows, eff: _Effects, *, wave_nodes: IntArray, rule: RepeatRule, seed: int, shift: float,
+        self,
+        rows: _Rows,
+        eff: _Effects,
+        *,
+        wave_nodes: IntArray,
+        rule: RepeatRule,
+        seed: int,
+        shift: float,
         wave_draws: bool,
     ) -> None:
         """Each node's sequential storage read (``rule``'s repeats, more where they disagree). A host
@@ -819,8 +944,12 @@ class Fleet:
         if not NIC_METRICS:
             return
         m, w = self.model, wave_nodes
-        healthy = {"ib_ports": m.ib_ports, "ib_ports_active": m.ib_ports, "ib_rate_min_gbps": m.ib_rate_gbps,
-                   "ib_rate_max_gbps": m.ib_rate_gbps}
+        healthy = {
+            "ib_ports": m.ib_ports,
+            "ib_ports_active": m.ib_ports,
+            "ib_rate_min_gbps": m.ib_rate_gbps,
+            "ib_rate_max_gbps": m.ib_rate_gbps,
+        }
         table = np.empty((len(w), len(NIC_METRICS)))
         for k, name in enumerate(NIC_METRICS):
             worse = np.minimum if name in NIC_LOWER_IS_WORSE else np.maximum
@@ -992,9 +1121,14 @@ def _repeat_counts(values: FloatArray, ran: BoolArray, rule: RepeatRule, metrics
         n = counts[active]
         shown = np.where(columns < n[:, None], flat[active], np.nan)
         judged = judge_repeat_matrix(
-            shown, n, np.ones(len(active)), expected[active],
-            unstable_factor=rule.unstable_factor, transient_pct=rule.transient_pct, or_noisier=True,
-        )  # fmt: skip
+            shown,
+            n,
+            np.ones(len(active)),
+            expected[active],
+            unstable_factor=rule.unstable_factor,
+            transient_pct=rule.transient_pct,
+            or_noisier=True,
+        )
         more = np.minimum(judged.settle, ceiling[active] - n)
         counts[active] = n + more
         active = active[more > 0]
@@ -1070,10 +1204,15 @@ class _Effects:
         gpus = slice(first, first + 1 if on_gpu else first + per_node)
         self._apply(r, node, gpus, on_gpu)
         return {
-            "kind": fault.kind, "node": fault.node, "gpu": fault.gpu,
+            "kind": fault.kind,
+            "node": fault.node,
+            "gpu": fault.gpu,
             "gpu_uuid": str(self.fleet.uuids[first]) if on_gpu else None,
-            "scope": spec.scope, "expected_cause": spec.cause, "signature": spec.signature,
-            "cost": r.cost, "params": r.params,
+            "scope": spec.scope,
+            "expected_cause": spec.cause,
+            "signature": spec.signature,
+            "cost": r.cost,
+            "params": r.params,
         }
 
     def _inject_fabric(self, fault: Fault, seed: int) -> dict[str, Any]:
@@ -1084,8 +1223,15 @@ class _Effects:
         r = spec.resolve(fault, rng, self.fleet.model)
         self.uplinks.append((x, y, r.perf.get(PAIR, 1.0)))
         return {
-            "kind": fault.kind, "node": None, "gpu": None, "gpu_uuid": None, "scope": spec.scope,
-            "expected_cause": spec.cause, "signature": spec.signature, "cost": r.cost, "params": r.params,
+            "kind": fault.kind,
+            "node": None,
+            "gpu": None,
+            "gpu_uuid": None,
+            "scope": spec.scope,
+            "expected_cause": spec.cause,
+            "signature": spec.signature,
+            "cost": r.cost,
+            "params": r.params,
         }
 
     def _apply(self, r: ResolvedFault, node: int, gpus: slice, on_gpu: bool) -> None:
@@ -1144,17 +1290,19 @@ def _no_truth() -> pd.DataFrame:
 
 
 def _truth_columns(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame({
-        "kind": pd.Series([r["kind"] for r in rows], dtype="str"),
-        "node": pd.Series([r["node"] for r in rows], dtype="str"),
-        "gpu": pd.Series([r["gpu"] for r in rows], dtype="Int64"),
-        "gpu_uuid": pd.Series([r["gpu_uuid"] for r in rows], dtype="str"),
-        "scope": pd.Series([r["scope"] for r in rows], dtype="str"),
-        "expected_cause": pd.Series([r["expected_cause"] for r in rows], dtype="str"),
-        "signature": pd.Series([r["signature"] for r in rows], dtype="bool"),
-        "cost": pd.Series([r["cost"] for r in rows], dtype="float64"),
-        "params": pd.Series([r["params"] for r in rows], dtype="object"),
-    })
+    return pd.DataFrame(
+        {
+            "kind": pd.Series([r["kind"] for r in rows], dtype="str"),
+            "node": pd.Series([r["node"] for r in rows], dtype="str"),
+            "gpu": pd.Series([r["gpu"] for r in rows], dtype="Int64"),
+            "gpu_uuid": pd.Series([r["gpu_uuid"] for r in rows], dtype="str"),
+            "scope": pd.Series([r["scope"] for r in rows], dtype="str"),
+            "expected_cause": pd.Series([r["expected_cause"] for r in rows], dtype="str"),
+            "signature": pd.Series([r["signature"] for r in rows], dtype="bool"),
+            "cost": pd.Series([r["cost"] for r in rows], dtype="float64"),
+            "params": pd.Series([r["params"] for r in rows], dtype="object"),
+        }
+    )
 
 
 # --- the frame ---------------------------------------------------------------------------------------

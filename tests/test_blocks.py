@@ -260,7 +260,7 @@ def test_a_policy_with_its_ticketing_saves_and_loads() -> None:
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() -> None:
-    """`prefect block register -m gpucert.blocks` (the README's way) registers all five types, not none."""
+    """`prefect block register -m gpucert.blocks` registers all five types, not none (docs/design/operate.md)."""
     import os
     import subprocess
     import sys
@@ -271,7 +271,7 @@ def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() ->
     api = str(PREFECT_API_URL.value()).rstrip("/")
     env = {**os.environ, "PREFECT_API_URL": api}
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("prefect")), "block", "register", "-m", "blocks"],
+        [str(Path(sys.executable).with_name("prefect")), "block", "register", "-m", "gpucert.blocks"],
         env=env,
         capture_output=True,
         text=True,

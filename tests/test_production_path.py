@@ -293,7 +293,10 @@ def _clone(source: Path, target: Path) -> None:
     ).stdout
     for name in filter(None, listed.decode().split("\0")):
         path = source / name
-        if path.is_file():
+        if path.is_symlink():  # gpucert/flows → ../flows and its siblings: links, as git checks them out
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).symlink_to(path.readlink())
+        elif path.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target / name)
 

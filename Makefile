@@ -48,7 +48,7 @@ unit: $(STAMP)
 	# worksteal: a worker that runs out of tests takes queued ones from the other. With the default (load)
 	# a worker could sit idle for two minutes while the other ran the fault matrix's 100 s test with tests
 	# still queued behind it (measured on 2 cores: 543 and 556 s with load, 489 s with worksteal).
-	$(BIN)/pytest -q -n auto --dist worksteal
+	$(BIN)/pytest -q -n auto --dist worksteal --durations=25  # the slowest, in every CI log
 
 bench: $(STAMP)         ## detection quality and compare speed: figures, not pass/fail
 	$(BIN)/python benchmarks/detection.py

@@ -16,6 +16,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from ._backend import Change
 from ._model import Fingerprint, State, Ticket, TicketError, TicketEvent, TicketNotFound
@@ -187,7 +190,7 @@ class LocalTickets:
         with self._init_lock:
             if self._ready:
                 return
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()
+            mode = self._switch_to_wal(db)
             if mode is None or str(mode[0]).lower() != "wal":
                 raise TicketError(f"the ticket file {self.path} cannot use WAL mode (is it on NFS?)")
             # Statement by statement inside one IMMEDIATE transaction (executescript would commit first), so
@@ -211,6 +214,20 @@ class LocalTickets:
                     f"{SCHEMA_VERSION}: upgrade gpucert"
                 )
             self._ready = True
+
+    def _switch_to_wal(self, db: sqlite3.Connection) -> Any:
+        """``PRAGMA journal_mode = WAL``, waited for like any lock. While another process creates the file,
+        SQLite answers "database is locked" at once (the busy timeout does not cover a journal-mode change),
+        so processes opening a new file together would fail: retried up to the file's timeout."""
+        for attempt in Retrying(
+            retry=retry_if_exception(_locked),
+            stop=stop_after_delay(self._timeout_s),
+            wait=wait_random_exponential(multiplier=0.01, max=0.2),
+            reraise=True,
+        ):
+            with attempt:
+                return db.execute("PRAGMA journal_mode = WAL").fetchone()
+        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -247,3 +264,7 @@ def _record(ticket: Ticket) -> str:
 def _ticket(row_id: object, record: object) -> Ticket:
     ticket = Ticket.model_validate_json(str(record))
     return ticket.model_copy(update={"id": str(row_id)})
+
+
+def _locked(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)

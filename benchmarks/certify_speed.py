@@ -42,13 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-KINDS = [
-    ("pcie_gen4", 2),
-    ("remap_failure", 5),
-    ("hw_thermal", 1),
-    ("nvlink_one_down", 6),
-    ("power_brake", None),
-]
+KINDS = [("pcie_gen4", 2), ("remap_failure", 5), ("hw_thermal", 1), ("nvlink_one_down", 6), ("power_brake", None)]
 
 
 def main() -> int:

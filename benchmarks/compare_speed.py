@@ -154,15 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     read_cmd = [python, "-c", _READ_ALONE, str(results), store]
     suffixes = (".parquet", ".csv")
     compare_cmds = {
-        suffix: [
-            gpucert,
-            "compare",
-            str(results),
-            "--baselines",
-            store,
-            "--out",
-            str(workdir / f"verdicts{suffix}"),
-        ]
+        suffix: [gpucert, "compare", str(results), "--baselines", store, "--out", str(workdir / f"verdicts{suffix}")]
         for suffix in suffixes
     }
     if against is not None:

@@ -64,20 +64,10 @@ def one_seed(seed: int, nodes: int, per_kind: int) -> tuple[pd.DataFrame, dict[s
     for i in rng.permutation(len(candidates))[:PEER_ONLY_FAULTS]:
         node, gpu = candidates[i]
         faults.append(
-            Fault(
-                "slow_silicon",
-                node=node,
-                gpu=gpu,
-                params={"gemm": float(rng.uniform(0.85, 0.92)), "hbm": 1.0},
-            )
+            Fault("slow_silicon", node=node, gpu=gpu, params={"gemm": float(rng.uniform(0.85, 0.92)), "hbm": 1.0})
         )
     wave = night_fleet.run(
-        "night",
-        ts=T0 + dt.timedelta(days=30),
-        seed=seed * 1000 + 99,
-        faults=faults,
-        fleet_shift=-0.02,
-        pairs=True,
+        "night", ts=T0 + dt.timedelta(days=30), seed=seed * 1000 + 99, faults=faults, fleet_shift=-0.02, pairs=True
     )
     started = time.perf_counter()
     first_verdicts = judge(wave.results, baseline)

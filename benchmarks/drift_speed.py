@@ -94,10 +94,7 @@ def detection_fleet(
     for night in range(1, nights + 1):
         when = T0 + dt.timedelta(days=5 + night, minutes=int(rng.integers(0, 180)))
         wave = fleet.run(
-            f"night-{night:03d}",
-            ts=when,
-            seed=seed * 1000 + night,
-            fleet_shift=shift if night >= shift_night else 0.0,
+            f"night-{night:03d}", ts=when, seed=seed * 1000 + night, fleet_shift=shift if night >= shift_night else 0.0
         )
         results = wave.results
         factor = np.ones(len(results))
@@ -217,8 +214,7 @@ def fleet_history(gpus: int, runs: int, repeats: int, seed: int = 1) -> tuple[pd
                 {
                     "run": np.repeat(np.arange(runs), count * repeats),
                     "node": np.tile(
-                        np.repeat(node_names[np.arange(count) // 8] if gpu_level else node_names, repeats),
-                        runs,
+                        np.repeat(node_names[np.arange(count) // 8] if gpu_level else node_names, repeats), runs
                     ),
                     "gpu": np.tile(np.repeat(np.arange(count) % 8, repeats), runs) if gpu_level else -1,
                     "gpu_uuid": np.tile(np.repeat(uuids, repeats), runs) if gpu_level else None,

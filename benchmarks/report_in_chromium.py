@@ -96,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet = Fleet.generate(nodes=args.nodes, seed=42)
     baseline, _ = build_baseline(empty_baseline(), fleet.run("seed-1", ts=T0, seed=1).results)
     night = fleet.run(
-        "night-1",
-        ts=T0 + dt.timedelta(days=1),
-        seed=2,
-        repeats=args.repeats,
-        faults=random_faults(fleet, 60, seed=3),
+        "night-1", ts=T0 + dt.timedelta(days=1), seed=2, repeats=args.repeats, faults=random_faults(fleet, 60, seed=3)
     )
     results = night.results
     verdicts = judge(results, baseline)

@@ -63,8 +63,7 @@ class GpuCluster(Block):
         "sequential read throughput from it is measured (storage_read_gbps), in a folder per node.",
     )
     storage_host_path: str | None = Field(
-        default=None,
-        description="Or a host path (a node's local dataset disk) to measure storage_read_gbps on.",
+        default=None, description="Or a host path (a node's local dataset disk) to measure storage_read_gbps on."
     )
 
     @field_validator("label_prefix")

@@ -48,10 +48,7 @@ class CertificationPolicy(Block):
     source: str = Field(default="", description="Where `policy` came from (a file name), named in error messages.")
     repeats: int = Field(default=3, ge=1, le=15, description="Repeats of each benchmark in a run.")
     max_reruns: int = Field(
-        default=2,
-        ge=0,
-        le=5,
-        description="Confirming re-runs a fail may get; the fail stands when 2 runs fail.",
+        default=2, ge=0, le=5, description="Confirming re-runs a fail may get; the fail stands when 2 runs fail."
     )
     blast_radius_min_nodes: int | None = Field(
         default=None, ge=0, description="gpucert taints at most max(this, fraction × GPU nodes) nodes."
@@ -73,8 +70,7 @@ class CertificationPolicy(Block):
         description="When a remediation ticket becomes a replacement (EscalationPolicy fields, e.g. resets: 2).",
     )
     ticketing: Ticketing | None = Field(
-        default=None,
-        description="Where tickets go; empty: local tickets for a file:// store, else recorded only.",
+        default=None, description="Where tickets go; empty: local tickets for a file:// store, else recorded only."
     )
 
     @classmethod

@@ -100,10 +100,5 @@ class Prometheus(Block):
             headers["Authorization"] = SecretStr(f"Bearer {self.token.get_secret_value()}")
         basic = (self.username, self.password) if self.username and self.password else None
         return PrometheusSource(
-            self.url,
-            self.host_label,
-            headers=headers,
-            basic_auth=basic,
-            verify=verify,
-            timeout_s=self.timeout_s,
+            self.url, self.host_label, headers=headers, basic_auth=basic, verify=verify, timeout_s=self.timeout_s
         )

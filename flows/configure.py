@@ -349,9 +349,7 @@ def _certify_changed(
 ) -> ConfigureOutcome:
     """Certify the nodes whose driver changed (the seed's configure → certify); a node that fails is
     named with the driver change as its likeliest cause."""
-    from gpucert.flows.certify import (
-        certify,  # configure is imported by certify's callers: no cycle at import
-    )
+    from gpucert.flows.certify import certify  # configure is imported by certify's callers: no cycle at import
 
     log = get_run_logger()
     certified = run_coro_as_sync(certify(cluster=cluster, store=store, nodes=nodes))

@@ -28,13 +28,7 @@ if TYPE_CHECKING:
     from .baseline import BuildReport, build_baseline
     from .certificate import build_certificate, verify_certificate
     from .certify import SettledDecision, Settlement, settle_offline
-    from .errors import (
-        GpucertError,
-        InputError,
-        PolicyError,
-        ResultsError,
-        StoreError,
-    )
+    from .errors import GpucertError, InputError, PolicyError, ResultsError, StoreError
     from .policy import Policy, default_policy, load_policy
     from .results import concat_results, read_results, write_results
     from .store import BaselineStore, VersionInfo, open_store

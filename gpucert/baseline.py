@@ -377,11 +377,7 @@ def _cohort_stats(accepted: pd.DataFrame, medians: pd.DataFrame) -> pd.DataFrame
     grouped = pool.groupby(keys, sort=False)["x"]
     pool["dev"] = np.abs(pool["x"].to_numpy() - grouped.transform("median").to_numpy())
     stats = pd.DataFrame(
-        {
-            "center": grouped.median(),
-            "mad": pool.groupby(keys, sort=False)["dev"].median(),
-            "size": grouped.size(),
-        }
+        {"center": grouped.median(), "mad": pool.groupby(keys, sort=False)["dev"].median(), "size": grouped.size()}
     ).reset_index()
     wanted = accepted[keys].assign(gpu_model=accepted["gpu_model"].fillna(""))
     # A left merge on unique keys keeps the accepted rows in their order, one each.
@@ -443,12 +439,7 @@ def _parse_runs(runs: str) -> list[str]:
 
 
 def _extend_own(
-    table: pd.DataFrame,
-    accepted: pd.DataFrame,
-    ts: pd.Timestamp,
-    seed_runs: int,
-    stack_json: str,
-    run_id: str,
+    table: pd.DataFrame, accepted: pd.DataFrame, ts: pd.Timestamp, seed_runs: int, stack_json: str, run_id: str
 ) -> tuple[pd.DataFrame, int, int, int]:
     """Add one run's accepted medians to the own baselines still being seeded (Welford merge), except
     those that already rest on the run; returns the table and how many rows were extended, held, and
@@ -538,11 +529,7 @@ def _brings_news(rested_on: tuple[set[str], pd.Timestamp] | None, runs: list[str
 
 
 def _rebuild_models(
-    table: pd.DataFrame,
-    samples: list[pd.DataFrame],
-    policy: Policy,
-    stack_json: str,
-    order: pd.Series,
+    table: pd.DataFrame, samples: list[pd.DataFrame], policy: Policy, stack_json: str, order: pd.Series
 ) -> tuple[pd.DataFrame, int]:
     """Rebuild each per-model reference the build has samples for from all of them (each run once), when
     the build brings it a new run (:func:`_brings_news`); returns the table and how many were rebuilt."""

@@ -89,8 +89,7 @@ for _type, _name in (
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="gpucert",
-        description="Prove that a Kubernetes GPU cluster runs at the speed it was paid for.",
+        prog="gpucert", description="Prove that a Kubernetes GPU cluster runs at the speed it was paid for."
     )
     parser.add_argument("--version", action="version", version=f"gpucert {__version__}")
     parser.add_argument(

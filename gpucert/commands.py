@@ -358,13 +358,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def certificate_build(
-    *,
-    store: str,
-    run_id: str | None,
-    since: str | None,
-    out: str,
-    key_file: str | None,
-    cluster: str | None = None,
+    *, store: str, run_id: str | None, since: str | None, out: str, key_file: str | None, cluster: str | None = None
 ) -> int:
     """``gpucert certificate``: write ``certificate-<run>.json`` (signed with ``key_file`` when given: the
     signature is embedded) and ``certificate-<run>.html`` into ``out``; returns 0. Raises

@@ -39,13 +39,7 @@ __all__ = ["act_on_suspect", "explain_window", "find_job", "publish_explanation"
 
 @task(name="find the job", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass)
 def find_job(
-    kube: Kube,
-    job: str | None,
-    *,
-    selector: str | None,
-    since: str | None,
-    until: str | None,
-    now: datetime,
+    kube: Kube, job: str | None, *, selector: str | None, since: str | None, until: str | None, now: datetime
 ) -> JobTarget:
     """The job's pods, nodes and window (``gpucert.explain.resolve_target``); raises ``InputError`` for a
     job that is not there (not retried)."""

@@ -115,10 +115,7 @@ def wait_for_component(
     """
     targets = component_targets(plan, component, labels)
     wait_until(
-        lambda: not_ready_nodes(kube, plan, component, targets),
-        what=component,
-        total=len(targets),
-        timeout_s=timeout_s,
+        lambda: not_ready_nodes(kube, plan, component, targets), what=component, total=len(targets), timeout_s=timeout_s
     )
     return len(targets)
 

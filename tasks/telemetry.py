@@ -24,13 +24,7 @@ from ._retry import may_pass
 __all__ = ["drift_check", "telemetry_check"]
 
 
-@task(
-    name="telemetry",
-    cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=[5, 30],
-    retry_condition_fn=may_pass,
-)
+@task(name="telemetry", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=may_pass)
 def telemetry_check(
     kube: Kube,
     store: BaselineStore,

@@ -12,13 +12,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from gpucert.certify import CertificationRun, TicketStep, ticket_step
-from gpucert.tickets import (
-    EscalationPolicy,
-    TicketBackend,
-    TicketEvent,
-    ask_maintenance_window,
-    record_repairs,
-)
+from gpucert.tickets import EscalationPolicy, TicketBackend, TicketEvent, ask_maintenance_window, record_repairs
 
 from ._retry import may_pass
 
@@ -27,10 +21,7 @@ __all__ = ["maintenance_tickets", "record_repairs_task", "ticket_run"]
 
 @task(name="tickets", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=may_pass)
 def ticket_run(
-    backend: TicketBackend | None,
-    run: CertificationRun,
-    escalation: EscalationPolicy,
-    incident: str | None = None,
+    backend: TicketBackend | None, run: CertificationRun, escalation: EscalationPolicy, incident: str | None = None
 ) -> TicketStep:
     """Reconcile the tickets with the run's settled verdicts (an unconfirmed fail asks for none; passing rows
     resolve what they cover and measured), after any runs whose tickets were only recorded — or, for a run

@@ -169,11 +169,7 @@ def prefect_harness() -> Iterator[None]:
     Heartbeats are turned off in code (the setting cannot be None from the environment): each one
     joins a thread on exit and adds about a second to every flow call.
     """
-    from prefect.settings import (
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        PREFECT_SERVER_DATABASE_TIMEOUT,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_SERVER_DATABASE_TIMEOUT, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     # The server is SQLite: on a loaded 2-core machine a write can wait on another past the default 10 s

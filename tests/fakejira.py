@@ -229,11 +229,7 @@ class FakeJira:
         if chosen is None:
             return _error(400, f"Transition id '{wanted}' is not valid for this issue.")
         done = chosen["to"]["statusCategory"]["key"] == "done"
-        issue["fields"] |= {
-            "status": dict(chosen["to"]),
-            "updated": _now(),
-            "resolutiondate": _now() if done else None,
-        }
+        issue["fields"] |= {"status": dict(chosen["to"]), "updated": _now(), "resolutiondate": _now() if done else None}
         return web.Response(status=204)
 
     async def _search(self, request: web.Request) -> web.Response:

@@ -31,12 +31,7 @@ def fork_server() -> ForkServerContext:
 
 
 def certify_in_child(
-    api_url: str,
-    kubeconfig: str,
-    store_uri: str,
-    run_id: str,
-    crash_at: str | None,
-    kwargs: Mapping[str, Any],
+    api_url: str, kubeconfig: str, store_uri: str, run_id: str, crash_at: str | None, kwargs: Mapping[str, Any]
 ) -> None:
     """Run certify (``run_id``, more flow parameters in ``kwargs``) against the Prefect server ``api_url``;
     ``crash_at`` names the crash point to die at (None: none)."""

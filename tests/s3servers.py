@@ -312,9 +312,7 @@ class FaultProxy:
                 b""
                 if method == "HEAD"
                 else _ERROR_XML.format(
-                    code=rule.code if rule else "InternalError",
-                    message="injected by the test proxy",
-                    key=path,
+                    code=rule.code if rule else "InternalError", message="injected by the test proxy", key=path
                 ).encode()
             )
             req.send_response(action)

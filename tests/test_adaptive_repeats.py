@@ -35,10 +35,7 @@ def test_the_payload_defaults_are_the_policys() -> None:
     policy = default_policy()
     assert dict(DEFAULT_CV_REP) == {m: p.cv_rep for m, p in policy.metrics.items()}
     rule = RepeatRule()
-    assert (rule.unstable_factor, rule.transient_pct) == (
-        policy.repeats.unstable_factor,
-        policy.repeats.transient_pct,
-    )
+    assert (rule.unstable_factor, rule.transient_pct) == (policy.repeats.unstable_factor, policy.repeats.transient_pct)
     assert dict(DEFAULT_REPEATS_OF) == {m: p.repeats for m, p in policy.metrics.items() if p.repeats}
     assert (rule.repeats, rule.ceiling(GEMM)) == (3, 7)
     # Host copies are measured twelve times, and never fewer than a run asks for every metric.
@@ -209,11 +206,7 @@ def test_a_custom_policys_repeat_rule_is_what_the_payload_measures_by() -> None:
     )
     args = policy_payload_args(custom)
     job = benchmark_job(
-        "night-1",
-        "gpu-node-00002",
-        8,
-        payload=payload_configmap(),
-        settings=BenchmarkSettings(policy_args=args),
+        "night-1", "gpu-node-00002", 8, payload=payload_configmap(), settings=BenchmarkSettings(policy_args=args)
     )
     container = job["spec"]["template"]["spec"]["containers"][0]
     rule = check_args(container["args"]).rule

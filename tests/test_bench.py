@@ -235,10 +235,7 @@ def test_all_reduce_perf_parser_on_a_real_output() -> None:
     [
         ("", "no all_reduce_perf table rows"),
         ("hello, world\nSegmentation fault (core dumped)\n", "no all_reduce_perf table rows"),
-        (
-            "#  size count type\n    8589934592    2147483648     float     sum      -1    47535  180.71",
-            "truncated",
-        ),
+        ("#  size count type\n    8589934592    2147483648     float     sum      -1    47535  180.71", "truncated"),
         ("  1024  256 float sum -1 12.0 abc 0.01 0 12.0 0.01 0.01 0", "not a number"),
     ],
 )
@@ -875,10 +872,7 @@ def test_repeat_options_parse_and_default_to_the_policy() -> None:
     policy = default_policy()
     assert (opts.repeats, opts.max_repeats, opts.deadline_s) == (3, 7, 0.0)
     assert dict(opts.cv_rep) == {m: p.cv_rep for m, p in policy.metrics.items()}
-    assert (opts.unstable_factor, opts.transient_pct) == (
-        policy.repeats.unstable_factor,
-        policy.repeats.transient_pct,
-    )
+    assert (opts.unstable_factor, opts.transient_pct) == (policy.repeats.unstable_factor, policy.repeats.transient_pct)
     opts = check_args(
         [
             *base,

@@ -262,12 +262,7 @@ def test_a_warn_backed_by_a_telemetry_gate_needs_no_rerun() -> None:
 
 def test_a_hard_gate_taints_without_a_rerun() -> None:
     frame = _frame(
-        [
-            {
-                **_v("n0", "fail", metric="remapped_rows_failure", value=1, cause="row_remap"),
-                "ticket": "replacement",
-            }
-        ]
+        [{**_v("n0", "fail", metric="remapped_rows_failure", value=1, cause="row_remap"), "ticket": "replacement"}]
     )
     out = settle(RunVerdicts("r", frame, ("n0",)), [], fleet=_fleet(20), policy=default_policy())
     d = out.decisions["n0"]
@@ -334,10 +329,7 @@ def test_settled_verdicts_agree_with_the_decisions() -> None:
         policy=default_policy(),
     )
     capped = settled_verdicts(_run("r", {"n0": "fail", "n1": "fail"}).verdicts, mixed)
-    assert dict(zip(capped["node"], capped["verdict"], strict=True)) == {
-        "n0": "inconclusive",
-        "n1": "inconclusive",
-    }
+    assert dict(zip(capped["node"], capped["verdict"], strict=True)) == {"n0": "inconclusive", "n1": "inconclusive"}
     frame = out.frame()
     assert list(frame.columns)[:4] == ["run_id", "node", "state", "verdict"]
     assert dict(zip(frame["node"], frame["verdict"], strict=True)) == by_node  # the same decision everywhere
@@ -369,10 +361,7 @@ def test_a_confirmed_fail_is_tainted_and_other_taints_kept() -> None:
     assert patch is not None
     assert patch["metadata"]["resourceVersion"] == "7"  # a concurrent change makes the server answer 409
     assert patch["metadata"]["labels"] == {"gpucert.io/state": "failed"}
-    assert patch["spec"]["taints"] == [
-        OTHER,
-        {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"},
-    ]
+    assert patch["spec"]["taints"] == [OTHER, {"key": "gpucert.io/unhealthy", "value": "pcie", "effect": "NoSchedule"}]
     assert change.taint == "added"
     refused, _ = node_patch(_node(), _decision("failed", "refused", "pcie"), prefix="gpucert.io", run_id="r1", now=NOW)
     assert refused is not None

@@ -175,11 +175,7 @@ def test_the_benchmark_job_is_valid_and_follows_the_conventions(cm: dict[str, An
     }
     assert meta["labels"] == labels
     assert meta["annotations"] == {f"{PREFIX}/node": "gpu-node-00002"}
-    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
-        0,
-        3600,
-        86400,
-    )
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 3600, 86400)
     template = spec["template"]
     assert template["metadata"]["labels"] == labels
     pod = template["spec"]
@@ -401,11 +397,7 @@ def test_the_payload_honours_a_payload_arg_from_the_job(cm: dict[str, Any], tmp_
     dcgmi.write_text(f"#!/bin/sh\necho \"$@\" > '{called}'\ncat '{tools / 'report.json'}'\n", encoding="utf-8")
     dcgmi.chmod(0o755)
     settings = BenchmarkSettings(payload_args=("--dcgm-level=3", "--skip=allreduce"))
-    env = {
-        "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(mount),
-        "NODE_NAME": "n7",
-    }
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(mount), "NODE_NAME": "n7"}
     args = [
         kubelet_expand(a, env)
         for a in container(benchmark_job("night-8", "n7", 2, payload=cm, settings=settings))["args"]
@@ -579,12 +571,7 @@ DEADLINE = ("Failed", "DeadlineExceeded")
 def test_classify(job: dict[str, Any], pods: list[dict[str, Any]], state: str, reason: str | None) -> None:
     outcome = classify(job, pods)
     assert (outcome.state, outcome.reason) == (state, reason), outcome.message
-    assert (outcome.node, outcome.job, outcome.namespace, outcome.run_id) == (
-        "n1",
-        "j1",
-        "gpucert-system",
-        "night-1",
-    )
+    assert (outcome.node, outcome.job, outcome.namespace, outcome.run_id) == ("n1", "j1", "gpucert-system", "night-1")
     assert outcome.message
     assert outcome.finished == (state in ("succeeded", "failed"))
     assert outcome.stuck == (not outcome.finished and reason is not None)

@@ -29,10 +29,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_results(fleet.run(f"seed-{i}", ts=T0 + dt.timedelta(days=i), seed=300 + i).results, path)
         out[f"seed-{i}"] = path
     night = fleet.run(
-        "night",
-        ts=T0 + dt.timedelta(days=9),
-        seed=399,
-        faults=[Fault("pcie_gen4", node=fleet.node_names[1], gpu=2)],
+        "night", ts=T0 + dt.timedelta(days=9), seed=399, faults=[Fault("pcie_gen4", node=fleet.node_names[1], gpu=2)]
     )
     write_results(night.results, root / "night.csv")
     write_results(night.results, root / "night.jsonl")
@@ -257,18 +254,7 @@ def test_compare_against_a_named_baseline_version(files: dict[str, Path], tmp_pa
     night = str(files["night_csv"])
     assert main(["compare", night, "--baselines", store, "--out", out, "--baseline-version", first]) == 0
     assert (
-        main(
-            [
-                "compare",
-                night,
-                "--baselines",
-                store,
-                "--out",
-                out,
-                "--baseline-version",
-                "20990101T000000Z-00000000",
-            ]
-        )
+        main(["compare", night, "--baselines", store, "--out", out, "--baseline-version", "20990101T000000Z-00000000"])
         == 2  # an unknown version is a typo: input, exit 2
     )
 

@@ -212,11 +212,7 @@ def _cases() -> Iterator[object]:
     for name, before, after in KUBE_COMMANDS:
         for file in KUBECONFIGS:
             yield case(f"{file}-{name}", [*before, "--kubeconfig", "{d}/" + file, *after], f"{file}: ")
-    for file, why in (
-        ("kube-list.yaml", None),
-        ("kube-nul.yaml", None),
-        ("kube-port.yaml", None),
-    ):
+    for file, why in (("kube-list.yaml", None), ("kube-nul.yaml", None), ("kube-port.yaml", None)):
         yield case(f"{file}-sim-inject", ["sim", "inject", "--kubeconfig", "{d}/" + file, "--clear"], file, why)
     for name, argv in STORE_COMMANDS:
         yield case(f"store-scheme-{name}", [a.replace("{u}", "gs://bucket/x") for a in argv], "'gs://bucket/x'")
@@ -350,12 +346,7 @@ def _out_cases() -> Iterator[object]:
 
 @pytest.mark.parametrize(("argv", "names"), list(_out_cases()))
 def test_an_output_that_would_destroy_an_input_or_cannot_be_one_is_refused(
-    argv: list[str],
-    names: str,
-    sim: SimCluster,
-    files: Path,
-    unwritable: Path,
-    capsys: pytest.CaptureFixture[str],
+    argv: list[str], names: str, sim: SimCluster, files: Path, unwritable: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (files / "folder.csv").mkdir(exist_ok=True)
     for link, make in (("link.csv", os.symlink), ("hard.csv", os.link)):

@@ -84,9 +84,7 @@ def test_parquet_dictionary_out_of_order_reads_canonical(
     pd.testing.assert_frame_equal(read_results([csv]), expected, check_exact=True)
 
 
-def test_shuffled_rows_and_renumbered_repeats_judge_the_same(
-    night: tuple[pd.DataFrame, pd.DataFrame],
-) -> None:
+def test_shuffled_rows_and_renumbered_repeats_judge_the_same(night: tuple[pd.DataFrame, pd.DataFrame]) -> None:
     """Rows in any order, and repeats numbered other than 0..n-1, give the same verdicts and medians as
     the payload's order (which the repeat matrix and the entity ids are fast for)."""
     frame, baseline = night

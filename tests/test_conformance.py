@@ -30,7 +30,7 @@ Case = Callable[[_Remote, str], Answer]
 KNOWN_DIFFERENCES: dict[str, str] = {
     "openapi_documents": "the simulator serves no OpenAPI documents (404): gpucert never reads them (its manifests "
     "are checked against the schemas by kubernetes-validate in the tests, and by the server's own validation), "
-    "and kubectl validates through the server's fieldValidation, which the simulator implements",
+    "and kubectl validates through the server's fieldValidation, which the simulator implements"
 }
 
 

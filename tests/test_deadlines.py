@@ -254,13 +254,7 @@ COMMANDS = [
 
 def _argv(argv: list[str], files: Path, sim: SimCluster, hung: Hung) -> list[str]:
     return [
-        a.format(
-            kc=files / "hung.yaml",
-            sim=sim.kubeconfig_path,
-            d=files,
-            prom=hung.url,
-            n0=sim.fleet.node_names[0],
-        )
+        a.format(kc=files / "hung.yaml", sim=sim.kubeconfig_path, d=files, prom=hung.url, n0=sim.fleet.node_names[0])
         for a in argv
     ]
 

@@ -410,9 +410,7 @@ def test_history_from_the_store_feeds_the_detector(
     assert check_drift(store).asked() == {hit.iloc[0]["node"]: "drift: " + hit.iloc[0]["reason"]}
 
 
-def test_history_is_capped_per_gpu_and_filtered_by_time(
-    nightly_store: tuple[BaselineStore, str, Fleet],
-) -> None:
+def test_history_is_capped_per_gpu_and_filtered_by_time(nightly_store: tuple[BaselineStore, str, Fleet]) -> None:
     store, _, _ = nightly_store
     last = history_from_store(store, last_runs=7, metrics=[GEMM])
     assert sorted(last["run_id"].unique()) == [f"night-{n:02d}" for n in range(14, 21)]

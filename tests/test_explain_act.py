@@ -136,10 +136,7 @@ def test_a_silent_straggler_still_running_the_job_is_left_for_the_next_certify(
 
 @pytest.mark.parametrize(
     ("verdict", "layer", "why"),
-    [
-        ("transient", "transient", "the departure recovered (transient)"),
-        ("hang", "hang", "the job is hung"),
-    ],
+    [("transient", "transient", "the departure recovered (transient)"), ("hang", "hang", "the job is hung")],
 )
 def test_a_transient_or_a_hang_earns_no_action(
     sim: SimCluster, kube: Kube, tmp_path: Path, verdict: str, layer: str, why: str

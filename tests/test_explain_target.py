@@ -19,15 +19,7 @@ import pytest
 from kubernetes import client
 
 from gpucert.errors import InputError
-from gpucert.explain import (
-    JobTarget,
-    TargetPod,
-    assign_gpus,
-    holder_at,
-    parse_job,
-    parse_moment,
-    resolve_target,
-)
+from gpucert.explain import JobTarget, TargetPod, assign_gpus, holder_at, parse_job, parse_moment, resolve_target
 from gpucert.kube import Kube
 
 from .conftest import eventually

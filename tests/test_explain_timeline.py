@@ -38,7 +38,7 @@ def throttled() -> tuple[Job, str]:
                 "reason": "NodeHasDiskPressure",
                 "type": "Warning",
                 "note": "disk 91 % full",
-            },
+            }
         ]
     )
     ex = j.explain()
@@ -102,7 +102,7 @@ def test_hostile_names_are_escaped() -> None:
                 "reason": "BackOff",
                 "type": "Warning",
                 "note": "</title><script>x()",
-            },
+            }
         ]
     )
     ex = j.explain()
@@ -169,7 +169,7 @@ def test_an_eviction_is_a_marked_event_on_the_step_chart() -> None:
                 "reason": "Evicted",
                 "type": "Warning",
                 "note": "low on memory",
-            },
+            }
         ]
     )
     ex = j.explain()

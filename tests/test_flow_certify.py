@@ -208,18 +208,7 @@ def test_the_flow_and_compare_with_its_reruns_settle_alike(tmp_path: Path) -> No
         str(decisions),
     ]
     assert main(argv) == 0
-    columns = [
-        "node",
-        "state",
-        "verdict",
-        "cause",
-        "hard_gate",
-        "confirmed",
-        "taint",
-        "runs",
-        "summary",
-        "settled",
-    ]
+    columns = ["node", "state", "verdict", "cause", "hard_gate", "confirmed", "taint", "runs", "summary", "settled"]
     offline = pd.read_parquet(decisions)[columns].reset_index(drop=True)
     recorded = pd.read_parquet(folder / "decisions.parquet")[columns].reset_index(drop=True)
     pd.testing.assert_frame_equal(offline, recorded, check_dtype=False)

@@ -139,11 +139,7 @@ def test_a_host_driver_node_gets_no_driver_pod_and_is_reported(tmp_path: Path) -
         kube = connect(sim.kubeconfig_path)
         host = sim.fleet.node_names[0]
         kube.label_node(
-            host,
-            {
-                "nvidia.com/gpu.deploy.driver": "pre-installed",
-                "nvidia.com/cuda.driver-version.full": "570.195.03",
-            },
+            host, {"nvidia.com/gpu.deploy.driver": "pre-installed", "nvidia.com/cuda.driver-version.full": "570.195.03"}
         )
         result = configure(cluster=_cluster(sim), rollout_timeout_s=30)
         drivers = kube.list_objects("v1", "Pod", "gpucert-system", label_selector="app.kubernetes.io/component=driver")

@@ -44,10 +44,7 @@ def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> Opera
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
     return asyncio.run(
         operate(
-            cluster=cluster,
-            store=BaselineStore(uri=store.as_uri()),
-            rotation_days=rotation_days,
-            scrape_interval_s=1.0,
+            cluster=cluster, store=BaselineStore(uri=store.as_uri()), rotation_days=rotation_days, scrape_interval_s=1.0
         )
     )
 

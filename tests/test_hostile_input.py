@@ -203,11 +203,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("escape", "GPU-\x1b]0;owned\x07"),
     ):
         _jsonl(d / f"uuid-{name}.jsonl", _row(gpu_uuid=value))
-    for name, value in (
-        ("newline", "NVIDIA H200\nNVIDIA H100"),
-        ("long", "M" * 300),
-        ("escape", "\x1b[31mH200"),
-    ):
+    for name, value in (("newline", "NVIDIA H200\nNVIDIA H100"), ("long", "M" * 300), ("escape", "\x1b[31mH200")):
         _jsonl(d / f"model-{name}.jsonl", _row(gpu_model=value))
     # Policies.
     (d / "policy-bomb.yaml").write_text(_alias_bomb() + "peers:\n  seed_z: *a9\n")

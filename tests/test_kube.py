@@ -102,11 +102,7 @@ def test_a_server_that_does_not_answer_is_unreachable() -> None:
 
 
 def test_retry_waits_retry_after_then_succeeds() -> None:
-    answers: list[Exception | str] = [
-        KubeThrottled("x", retry_after=1.5),
-        KubeServerError("y", status=503),
-        "ok",
-    ]
+    answers: list[Exception | str] = [KubeThrottled("x", retry_after=1.5), KubeServerError("y", status=503), "ok"]
     slept: list[float] = []
 
     def call() -> str:

@@ -16,15 +16,7 @@ import pytest
 
 import gpucert.kube
 from gpucert.certify import BenchmarkSettings, benchmark_job, orphaned_jobs, payload_configmap, run_wave
-from gpucert.kube import (
-    Kube,
-    LeaseLost,
-    NodeLeases,
-    connect,
-    lease_name,
-    lift_testing_taint,
-    taint_testing,
-)
+from gpucert.kube import Kube, LeaseLost, NodeLeases, connect, lease_name, lift_testing_taint, taint_testing
 from gpucert.stack import dns_subdomain_ok
 from gpucert_sim._objects import NODES
 from gpucert_sim._store import WatchEvent

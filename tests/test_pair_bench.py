@@ -242,10 +242,7 @@ def test_a_peer_of_another_run_is_refused_on_both_sides() -> None:
         (["--run-id", "r", "--rank", "0", "--master", "h"], "HOST:PORT"),
         (["--run-id", "r", "--rank", "0", "--master", "h:70000"], "HOST:PORT"),
         (["--run-id", "r", "--rank", "0", "--master", "h:1", "--nodes", "a", "a"], "twice"),
-        (
-            ["--run-id", "r", "--rank", "0", "--master", "h:1", "-b", "2M", "-e", "1M"],
-            "larger than the largest",
-        ),
+        (["--run-id", "r", "--rank", "0", "--master", "h:1", "-b", "2M", "-e", "1M"], "larger than the largest"),
         (["--run-id", "r", "--rank", "0", "--master", "h:1", "-f", "1"], "at least 2"),
         (["--run-id", "r", "--nccl-tests", "x", "--mpi-hosts", "a:8"], "two hosts"),
     ],
@@ -547,11 +544,7 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
     assert len(name) <= 61  # `<job>-<index>` is each pod's hostname, a DNS label
     spec = job["spec"]
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
-    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
-        0,
-        3600,
-        86400,
-    )
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (0, 3600, 86400)
     pod = spec["template"]["spec"]
     labels = spec["template"]["metadata"]["labels"]
     assert pod["subdomain"] == svc["metadata"]["name"]

@@ -183,13 +183,7 @@ def test_zones_are_the_tier_above_the_leaves() -> None:
     nodes.loc[0, LEAF] = None
     plan = plan_rounds(nodes, leaf_label=LEAF, seed=5)
     _check_plan(plan, nodes)
-    assert set(plan.nodes["group"]) == {
-        "z-a/leaf-0",
-        "z-a/leaf-1",
-        "z-b/leaf-2",
-        "z-b/leaf-3",
-        f"z-a/{UNLABELLED}",
-    }
+    assert set(plan.nodes["group"]) == {"z-a/leaf-0", "z-a/leaf-1", "z-b/leaf-2", "z-b/leaf-3", f"z-a/{UNLABELLED}"}
     zone = plan.nodes["zone"]
     crosses = zone[plan.pairs["node"]].to_numpy() != zone[plan.pairs["peer"]].to_numpy()
     assert ((plan.pairs["kind"] == INTER_ZONE).to_numpy() == crosses).all()
@@ -212,12 +206,7 @@ def test_more_partners_more_rounds() -> None:
     plan = plan_rounds(nodes, leaf_label=LEAF, seed=1, partners=4)
     _check_plan(plan, nodes, partners=4)
     assert plan.rounds == 4
-    assert list(plan.pairs.groupby("round")["kind"].first()) == [
-        INTRA_LEAF,
-        INTER_LEAF,
-        INTRA_LEAF,
-        INTER_LEAF,
-    ]
+    assert list(plan.pairs.groupby("round")["kind"].first()) == [INTRA_LEAF, INTER_LEAF, INTRA_LEAF, INTER_LEAF]
     assert (plan.partner_counts()["partners"] == 4).all()
 
 
@@ -637,14 +626,8 @@ def _set(frame: pd.DataFrame, row: int, column: str, value: Any) -> pd.DataFrame
         ),
         (lambda r: _set(r, 6, "node", None), "row 7, column 'node': node is empty"),
         (lambda r: _set(r, 2, "peer", r.loc[2, "node"]), "row 3, column 'peer': a node paired with itself"),
-        (
-            lambda r: pd.concat([r, r.iloc[[4]]], ignore_index=True),
-            "row 25, column 'repeat': a repeated sample",
-        ),
-        (
-            lambda r: _once(r).pipe(lambda o: pd.concat([o, o.iloc[[4]]], ignore_index=True)),
-            "row 9, column 'peer'",
-        ),
+        (lambda r: pd.concat([r, r.iloc[[4]]], ignore_index=True), "row 25, column 'repeat': a repeated sample"),
+        (lambda r: _once(r).pipe(lambda o: pd.concat([o, o.iloc[[4]]], ignore_index=True)), "row 9, column 'peer'"),
         (lambda r: r.assign(reference=370.0).pipe(_set, 1, "reference", 0.0), "row 2, column 'reference'"),
         (lambda r: _set(r, 0, "repeat", 1.5), "row 1, column 'repeat': repeat must be a whole number"),
     ],

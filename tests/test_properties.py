@@ -24,10 +24,7 @@ NIGHT = FLEET.run(
     "night",
     ts=T0 + dt.timedelta(days=10),
     seed=777,
-    faults=[
-        Fault("pcie_width", node=FLEET.node_names[2], gpu=1),
-        Fault("power_brake", node=FLEET.node_names[5]),
-    ],
+    faults=[Fault("pcie_width", node=FLEET.node_names[2], gpu=1), Fault("power_brake", node=FLEET.node_names[5])],
 ).results
 
 _KEY = ["node", "gpu", "peer", "metric"]

@@ -52,10 +52,7 @@ CORPUS: dict[str, tuple[str, ...]] = {
     "gpu_fraction.csv": ("row 3, column 'gpu'", "gpu '1.5' is not an integer"),
     "gpu_fraction.ndjson": ("row 2, column 'gpu'", "gpu '1.5' is not an integer"),
     "gpu_letter.csv": ("row 4, column 'gpu'", "gpu 'a' is not an integer"),
-    "gpu_metric_without_gpu.csv": (
-        "row 3, column 'gpu'",
-        "'hbm_copy_gbps' is a per-GPU metric: gpu must be set",
-    ),
+    "gpu_metric_without_gpu.csv": ("row 3, column 'gpu'", "'hbm_copy_gbps' is a per-GPU metric: gpu must be set"),
     "node_metric_with_gpu.csv": ("row 3, column 'gpu'", "node-level metric: gpu must be empty"),
     "pair_without_peer.csv": ("row 3, column 'peer'", "pair metric: peer must name the other node"),
     "peer_on_gpu_metric.csv": ("row 2, column 'peer'", "peer is only for pair metrics"),

@@ -111,11 +111,7 @@ def upgrade_driver(kube: Kube, target: str, version: str) -> None:
     matrix = load_matrix()
     info = node_info(kube.get("v1", "Node", target), matrix.gpu_models)
     plan = plan_stack(
-        [info],
-        StackRequest(versions={"driver": version}),
-        matrix,
-        namespace=STACK_NAMESPACE,
-        label_prefix=PREFIX,
+        [info], StackRequest(versions={"driver": version}), matrix, namespace=STACK_NAMESPACE, label_prefix=PREFIX
     )
     apply_manifests(kube, render_stack(plan))
     driver_label = f"{PREFIX}/driver"

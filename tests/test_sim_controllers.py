@@ -331,8 +331,7 @@ def test_a_job_past_its_deadline_fails_and_its_pod_goes(
     core: client.CoreV1Api, batch: client.BatchV1Api, ns: str
 ) -> None:
     batch.create_namespaced_job(
-        ns,
-        bench_job("slow", node(6), "night-4", gpus=0, deadline_s=1, annotations={RUN_SECONDS_ANNOTATION: "60"}),
+        ns, bench_job("slow", node(6), "night-4", gpus=0, deadline_s=1, annotations={RUN_SECONDS_ANNOTATION: "60"})
     )
     eventually(lambda: [p for p in job_pods(core, ns, "slow") if p.status.phase == "Running"])
     started = time.monotonic()
@@ -554,8 +553,7 @@ def test_a_daemonset_skips_nodes_its_selector_or_tolerations_exclude(bare: SimCl
     )
     try:
         apps.create_namespaced_daemon_set(
-            "picky",
-            daemonset("exporter", component="dcgm-exporter", node_selector={"gpucert.io/exporter": "yes"}),
+            "picky", daemonset("exporter", component="dcgm-exporter", node_selector={"gpucert.io/exporter": "yes"})
         )
         rolled_out(apps, "picky", "exporter", 1)
         assert [p.spec.node_name for p in core.list_namespaced_pod("picky").items] == [names[0]]
@@ -573,13 +571,7 @@ def test_a_preconfigured_cluster_runs_the_whole_stack_on_every_gpu_node() -> Non
     with SimCluster(nodes=4, gpus=8, preconfigured=True) as sim:
         apps = client.AppsV1Api(sim.api_client())
         core = client.CoreV1Api(sim.api_client())
-        components = {
-            "driver",
-            "container-toolkit",
-            "device-plugin",
-            "dcgm-exporter",
-            "gpu-feature-discovery",
-        }
+        components = {"driver", "container-toolkit", "device-plugin", "dcgm-exporter", "gpu-feature-discovery"}
 
         def rolled_out() -> list[Any] | None:
             sets = apps.list_namespaced_daemon_set(

@@ -229,8 +229,7 @@ def _targets(endpoints: client.V1Endpoints) -> tuple[list[str], list[str]]:
 def test_preconfigured_endpoints_list_every_node_and_lead_to_its_exporter(sim: SimCluster) -> None:
     core = client.CoreV1Api(sim.api_client())
     found = core.list_namespaced_endpoints(
-        STACK_NAMESPACE,
-        label_selector="app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter",
+        STACK_NAMESPACE, label_selector="app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter"
     )
     assert [e.metadata.name for e in found.items] == ["nvidia-dcgm-exporter"]
     endpoints = found.items[0]

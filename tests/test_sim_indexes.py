@@ -199,9 +199,7 @@ def test_a_pod_waiting_for_a_label_binds_once_a_node_gets_it(live: SimCluster) -
     assert live.runtime.errors == []
 
 
-def test_a_daemonset_pod_leaves_a_node_relabelled_out_and_stays_under_a_noschedule_taint(
-    live: SimCluster,
-) -> None:
+def test_a_daemonset_pod_leaves_a_node_relabelled_out_and_stays_under_a_noschedule_taint(live: SimCluster) -> None:
     api = live.api_client()
     core = client.CoreV1Api(api)
     node = live.fleet.node_names[1]

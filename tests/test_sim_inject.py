@@ -184,10 +184,7 @@ def test_http_injection_changes_the_benchmark_log_and_the_dcgm_series(sim: SimCl
 
 def test_a_bad_document_over_http_changes_nothing(sim: SimCluster) -> None:
     body = {
-        "gpu": [
-            {"kind": "pcie_gen4", "node": node(4), "gpu": 1},
-            {"kind": "pcie_gen4", "node": node(4), "gpu": 99},
-        ],
+        "gpu": [{"kind": "pcie_gen4", "node": node(4), "gpu": 1}, {"kind": "pcie_gen4", "node": node(4), "gpu": 99}],
         "nodes": [{"event": "not_ready", "node": node(4)}],
     }
     code, text = request(sim.url + INJECT_PATH, "POST", json.dumps(body).encode())
@@ -234,16 +231,7 @@ def test_gpucert_sim_inject_against_a_running_cluster(sim: SimCluster, core: cli
         )
     finally:
         cleared = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gpucert.cli",
-                "sim",
-                "inject",
-                "--kubeconfig",
-                str(sim.kubeconfig_path),
-                "--clear",
-            ],
+            [sys.executable, "-m", "gpucert.cli", "sim", "inject", "--kubeconfig", str(sim.kubeconfig_path), "--clear"],
             check=False,
             capture_output=True,
             text=True,

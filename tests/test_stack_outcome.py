@@ -31,13 +31,7 @@ def test_the_outcome_is_json_and_back() -> None:
     data = outcome.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert data["drift"] == [
-        {
-            "node": "gpu-b",
-            "component": "device-plugin",
-            "expected": "v0.18.0",
-            "found": "",
-            "reason": "not running",
-        }
+        {"node": "gpu-b", "component": "device-plugin", "expected": "v0.18.0", "found": "", "reason": "not running"}
     ]
     assert data["reused"] == ["release", "registry"]
     assert ConfigureOutcome.from_dict(data) == outcome

@@ -338,10 +338,7 @@ def test_an_operand_of_another_release_is_allowed_when_it_covers_the_kubelets(ma
     kubelet = f"v{shared[0]}.{shared[1]}.1"
     wanted = other.version("container-toolkit").removeprefix("v")
     plan = plan_stack(
-        [node("a", kubelet_version=kubelet)],
-        StackRequest(versions={"container-toolkit": wanted}),
-        matrix,
-        namespace=NS,
+        [node("a", kubelet_version=kubelet)], StackRequest(versions={"container-toolkit": wanted}), matrix, namespace=NS
     )
     assert plan.release == newest.name
     assert plan.versions["container-toolkit"] == other.version("container-toolkit")

@@ -143,21 +143,14 @@ def test_no_driver_daemonset_when_every_node_keeps_its_host_driver() -> None:
     plan = make_plan(drivers=(), node_driver={}, host_driver=dict.fromkeys(("gpu-a", "gpu-b", "gpu-c"), "570.133.20"))
     steps = [m.step for m in render_stack(plan)]
     assert "driver" not in steps
-    assert steps[-6:] == [
-        "container-toolkit",
-        "device-plugin",
-        *["dcgm-exporter"] * 3,
-        "gpu-feature-discovery",
-    ]
+    assert steps[-6:] == ["container-toolkit", "device-plugin", *["dcgm-exporter"] * 3, "gpu-feature-discovery"]
 
 
 def test_manifests_do_not_depend_on_node_names(manifests: list[Manifest]) -> None:
     # A joining node, or nodes with odd names, change no manifest: node labels say where the stack runs.
     hostile = ('evil"\n- name: x', "{{ 7*7 }}", "&a *a")
     other = make_plan(
-        nodes=hostile,
-        node_driver={hostile[0]: V22.id, hostile[1]: V24.id},
-        host_driver={hostile[2]: "535.0"},
+        nodes=hostile, node_driver={hostile[0]: V22.id, hostile[1]: V24.id}, host_driver={hostile[2]: "535.0"}
     )
     assert render_stack(other) == manifests
 
@@ -168,8 +161,7 @@ def test_daemonsets_run_where_configure_targets_them(manifests: list[Manifest]) 
     # simulator's scheduler (the real one's rules) matches them. gpu-d opts out of the exporter the GPU
     # Operator's way; a node gpucert does not target runs nothing.
     plan = make_plan(
-        nodes=("gpu-a", "gpu-b", "gpu-c", "gpu-d"),
-        node_driver={"gpu-a": V22.id, "gpu-b": V24.id, "gpu-d": V22.id},
+        nodes=("gpu-a", "gpu-b", "gpu-c", "gpu-d"), node_driver={"gpu-a": V22.id, "gpu-b": V24.id, "gpu-d": V22.id}
     )
     extra = {"gpu-d": {"nvidia.com/gpu.deploy.dcgm-exporter": "false"}, "cpu-1": {}}
     labels = {
@@ -232,10 +224,7 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
         component = ds["metadata"]["labels"]["app.kubernetes.io/component"]
         selector = ds["spec"]["selector"]["matchLabels"]
         pod_labels = ds["spec"]["template"]["metadata"]["labels"]
-        assert selector == {
-            "app.kubernetes.io/name": f"nvidia-{component}",
-            "app.kubernetes.io/instance": name,
-        }
+        assert selector == {"app.kubernetes.io/name": f"nvidia-{component}", "app.kubernetes.io/instance": name}
         assert selector.items() <= pod_labels.items()
         assert pod_labels["app.kubernetes.io/part-of"] == "gpucert"
         assert pod_labels["app.kubernetes.io/component"] == component
@@ -262,10 +251,7 @@ def test_daemonset_selectors_and_scheduling(manifests: list[Manifest]) -> None:
         assert spec["serviceAccountName"] == "nvidia-stack"
         assert spec["automountServiceAccountToken"] is False
         budget = 1 if component == "driver" else "10%"
-        assert ds["spec"]["updateStrategy"] == {
-            "type": "RollingUpdate",
-            "rollingUpdate": {"maxUnavailable": budget},
-        }
+        assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": budget}}
         main = spec["containers"][0]["name"]
         assert ds["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == main
     # Two DaemonSets never claim each other's pods.
@@ -478,9 +464,7 @@ def _grants(rules: list[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(
-    manifests: list[Manifest],
-) -> None:
+def test_rbac_roles_hold_only_what_they_use_and_configure_can_grant_runtime(manifests: list[Manifest]) -> None:
     rbac = {(m.kind, m.name): m.obj for m in manifests if m.step == "rbac"}
     for (kind, name), obj in rbac.items():
         if kind.endswith("Binding"):
@@ -676,11 +660,7 @@ def _valued_plan(values: Mapping[str, str]) -> StackPlan:
         images={c: values[f"image-{c}"] for c in COMPONENTS[1:]},
         drivers=(variant,),
         node_driver={"gpu-a": "v1", "gpu-b": "v1"},
-        model_driver={
-            values["model-0"]: values["driver"],
-            values["model-1"]: values["driver"],
-            "other": "1.0",
-        },
+        model_driver={values["model-0"]: values["driver"], values["model-1"]: values["driver"], "other": "1.0"},
     )
 
 
@@ -753,9 +733,7 @@ def test_everything_in_one_hostile_value(benign: list[Manifest]) -> None:
 
 _scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False)
 _json = st.recursive(
-    _scalars,
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
-    max_leaves=20,
+    _scalars, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4), max_leaves=20
 )
 
 
@@ -839,9 +817,7 @@ def test_the_rendered_stack_comes_up_on_the_simulated_cluster() -> None:
         apps: Any = client.AppsV1Api(api)
         names = sorted(n.metadata.name for n in core.list_node().items)
         plan = make_plan(
-            nodes=tuple(names),
-            node_driver={names[0]: V22.id, names[1]: V24.id},
-            host_driver={names[2]: "570.133.20"},
+            nodes=tuple(names), node_driver={names[0]: V22.id, names[1]: V24.id}, host_driver={names[2]: "570.133.20"}
         )
         for node, want in desired_target_labels(plan).items():
             core.patch_node(node, {"metadata": {"labels": want}})

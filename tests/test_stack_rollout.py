@@ -69,10 +69,7 @@ def test_node_info_reads_the_product_label_against_known_models() -> None:
         ({}, None),
         ({"nvidia.com/gpu.deploy.driver": "false"}, None),
         (
-            {
-                "nvidia.com/gpu.deploy.driver": "pre-installed",
-                "nvidia.com/cuda.driver-version.full": "570.195.03",
-            },
+            {"nvidia.com/gpu.deploy.driver": "pre-installed", "nvidia.com/cuda.driver-version.full": "570.195.03"},
             "570.195.03",
         ),
         (

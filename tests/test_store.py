@@ -20,14 +20,7 @@ import pandas as pd
 import pytest
 
 from gpucert.cli import main
-from gpucert.errors import (
-    BaselineFormatError,
-    InputError,
-    StoreConflict,
-    StoreError,
-    StoreUnavailable,
-    VersionNotFound,
-)
+from gpucert.errors import BaselineFormatError, InputError, StoreConflict, StoreError, StoreUnavailable, VersionNotFound
 from gpucert.results import write_results
 from gpucert.store import (
     BASELINE_COLUMNS,
@@ -110,13 +103,7 @@ def test_layout_and_meta_follow_the_design(store: BaselineStore, tmp_path: Path)
     assert (root / "baselines" / "current").read_text() == f"{v1}\n"
     assert (root / "baselines" / f"v={v1}" / "baseline.parquet").is_file()
     meta = json.loads((root / "baselines" / f"v={v1}" / "meta.json").read_text())
-    assert meta == {
-        "version": v1,
-        "parent": None,
-        "created_at": meta["created_at"],
-        "message": "m",
-        "rows": 1,
-    }
+    assert meta == {"version": v1, "parent": None, "created_at": meta["created_at"], "message": "m", "rows": 1}
     assert meta["created_at"].endswith("Z")
     assert datetime.fromisoformat(meta["created_at"]).tzinfo is not None
     assert (root / "baselines" / f"v={v1}" / "made-current").read_text() == f"{v1}\n"
@@ -411,9 +398,7 @@ def test_a_version_that_lost_the_race_is_deleted_and_never_listed(
     assert store.current_version() == mine
 
 
-def test_a_loser_that_crashed_before_cleaning_up_is_never_listed_nor_a_rollback_target(
-    store: BaselineStore,
-) -> None:
+def test_a_loser_that_crashed_before_cleaning_up_is_never_listed_nor_a_rollback_target(store: BaselineStore) -> None:
     v1 = store.update(add_key("GPU-1"), message="one")
     v2 = store.update(add_key("GPU-2"), message="two")
     # A writer that read v1, wrote its version, lost the pointer and died: its version stays on disk.

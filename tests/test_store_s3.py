@@ -24,12 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pandas as pd
 import pytest
 
-from gpucert.errors import (
-    BaselineFormatError,
-    InputError,
-    StoreConflict,
-    StoreUnavailable,
-)
+from gpucert.errors import BaselineFormatError, InputError, StoreConflict, StoreUnavailable
 from gpucert.store import (
     BaselineStore,
     Blob,
@@ -348,11 +343,7 @@ def test_open_object_store_opens_s3_uris(moto: Server, monkeypatch: pytest.Monke
     objects = open_object_store(f"s3://{BUCKET}/some/prefix/")
     assert isinstance(objects, S3ObjectStore)
     assert isinstance(objects, ObjectStore)
-    assert (objects.bucket, objects.prefix, objects.uri) == (
-        BUCKET,
-        "some/prefix",
-        f"s3://{BUCKET}/some/prefix",
-    )
+    assert (objects.bucket, objects.prefix, objects.uri) == (BUCKET, "some/prefix", f"s3://{BUCKET}/some/prefix")
     assert objects.client.meta.endpoint_url == moto.endpoint
     assert objects.client.meta.config.s3["addressing_style"] == "path"
     assert objects.client.meta.config.retries == {"mode": "standard", "total_max_attempts": 5}

@@ -405,10 +405,7 @@ def make_tls(workdir: Path) -> Path:
     now = datetime.now(UTC)
 
     def cert(
-        subject: str,
-        key: ec.EllipticCurvePrivateKey,
-        issuer: x509.Name | None,
-        signer: ec.EllipticCurvePrivateKey,
+        subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name | None, signer: ec.EllipticCurvePrivateKey
     ) -> x509.CertificateBuilder:
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
         return (
@@ -458,10 +455,7 @@ def secured(prom_bins: PromBins, tmp_path_factory: pytest.TempPathFactory) -> It
     scenario = backfill(prom_bins, workdir, "hostname")
     ca = make_tls(workdir)
     web = {
-        "tls_server_config": {
-            "cert_file": str(workdir / "server.pem"),
-            "key_file": str(workdir / "server.key"),
-        },
+        "tls_server_config": {"cert_file": str(workdir / "server.pem"), "key_file": str(workdir / "server.key")},
         "basic_auth_users": {USER: PASSWORD_HASH},
     }
     basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
@@ -511,10 +505,7 @@ def bearer_server(token: str) -> Iterator[tuple[str, list[dict[str, str]]]]:
             elif headers.get("x-scope-orgid") == "other":
                 status, body = 403, {"status": "error", "error": "Forbidden"}
             elif self.path.startswith("/echo/"):
-                status, body = (
-                    400,
-                    {"status": "error", "errorType": "bad_data", "error": headers["authorization"]},
-                )
+                status, body = (400, {"status": "error", "errorType": "bad_data", "error": headers["authorization"]})
             else:
                 status, body = 200, TINY_ANSWER
             raw = json.dumps(body).encode()
@@ -558,10 +549,7 @@ def xids(results: pd.DataFrame, node: str, gpu: int) -> list[int]:
 def read_the_window(source: PrometheusSource, sc: Scenario) -> None:
     """Read the last hour of the backfilled history through ``source`` and check every signal of it."""
     seen = source.read(
-        sc.end - timedelta(hours=1),
-        sc.end,
-        run_id="operate-1",
-        expected_gpus={"node-a": 4, "node-b": 4, "node-c": 8},
+        sc.end - timedelta(hours=1), sc.end, run_id="operate-1", expected_gpus={"node-a": 4, "node-b": 4, "node-c": 8}
     )
     r = seen.results
     assert parse_results(r, "again") is not None
@@ -653,9 +641,7 @@ def test_a_short_window_and_an_empty_one(backfilled: Backfilled) -> None:
         source.read(sc.end, sc.end, run_id="op-3")
 
 
-def test_a_refused_query_and_a_silent_server_are_telemetry_errors_naming_the_query(
-    backfilled: Backfilled,
-) -> None:
+def test_a_refused_query_and_a_silent_server_are_telemetry_errors_naming_the_query(backfilled: Backfilled) -> None:
     source = PrometheusSource(backfilled.url)
     with pytest.raises(TelemetryError, match=r"refused the query 'sum\(': HTTP 400: bad_data"):
         source.query("sum(", time.time())
@@ -667,15 +653,12 @@ def test_a_refused_query_and_a_silent_server_are_telemetry_errors_naming_the_que
         dead.read(datetime.now(UTC) - timedelta(hours=1), run_id="op-4")
 
 
-def test_a_secured_prometheus_refuses_missing_and_wrong_credentials_with_one_clear_error(
-    secured: Secured,
-) -> None:
+def test_a_secured_prometheus_refuses_missing_and_wrong_credentials_with_one_clear_error(secured: Secured) -> None:
     start = secured.scenario.end - timedelta(hours=1)
     anonymous = PrometheusSource(secured.url, verify=secured.ca_file)
     server = re.escape(secured.url)
     with pytest.raises(
-        PrometheusAuthError,
-        match=rf"^Prometheus {server} refused the credentials \(none\): HTTP 401 Unauthorized;",
+        PrometheusAuthError, match=rf"^Prometheus {server} refused the credentials \(none\): HTTP 401 Unauthorized;"
     ):
         anonymous.read(start, secured.scenario.end, run_id="op-5")
     wrong = PrometheusSource(secured.url, basic_auth=(USER, "not-the-password"), verify=secured.ca_file)
@@ -729,8 +712,7 @@ def test_a_bearer_token_and_extra_headers_go_with_every_request_and_never_into_a
             PrometheusSource(f"{url}/echo", headers=tenant).query("up", time.time())
         asked = len(seen)
         with pytest.raises(
-            TelemetryError,
-            match=r"redirected the query 'up' to http://elsewhere.invalid/api/v1/query \(HTTP 307\)",
+            TelemetryError, match=r"redirected the query 'up' to http://elsewhere.invalid/api/v1/query \(HTTP 307\)"
         ) as moved:
             PrometheusSource(f"{url}/moved", headers=tenant).query("up", time.time())
         assert len(seen) == asked + 1
@@ -773,9 +755,7 @@ def test_what_cannot_be_read_is_an_input_error_that_shows_no_secret(tmp_path: Pa
     # A frozen value: plain and SecretStr secrets are equal, never shown; Prefect's copies keep them.
     source = PrometheusSource("http://p:9090", basic_auth=(USER, PASSWORD), headers={"X-Scope-OrgID": "team-a"})
     same = PrometheusSource(
-        "http://p:9090/",
-        basic_auth=(USER, SecretStr(PASSWORD)),
-        headers={"X-Scope-OrgID": SecretStr("team-a")},
+        "http://p:9090/", basic_auth=(USER, SecretStr(PASSWORD)), headers={"X-Scope-OrgID": SecretStr("team-a")}
     )
     assert source == same
     assert hash(source) == hash(same)
@@ -803,10 +783,7 @@ def test_prometheus_scraping_the_simulated_exporters_live(prom_bins: PromBins, t
                     # One target group per node: same address, the node's path (as the exporter
                     # Endpoints' annotation gives it).
                     "static_configs": [
-                        {
-                            "targets": [f"127.0.0.1:{sim.port}"],
-                            "labels": {"__metrics_path__": f"/dcgm/{n}/metrics"},
-                        }
+                        {"targets": [f"127.0.0.1:{sim.port}"], "labels": {"__metrics_path__": f"/dcgm/{n}/metrics"}}
                         for n in nodes
                     ],
                 }

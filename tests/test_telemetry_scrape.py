@@ -159,11 +159,7 @@ def endpoints(
     port: int, addresses: list[dict[str, str]], annotations: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     return {
-        "metadata": {
-            "name": f"dcgm-{port}",
-            "namespace": "gpu-monitoring",
-            "annotations": dict(annotations or {}),
-        },
+        "metadata": {"name": f"dcgm-{port}", "namespace": "gpu-monitoring", "annotations": dict(annotations or {})},
         "subsets": [{"addresses": addresses, "ports": [{"name": "gpu-metrics", "port": port, "protocol": "TCP"}]}],
     }
 
@@ -234,14 +230,10 @@ def test_a_real_exporter_path_the_old_host_label_and_every_kind_of_failure(
             endpoints(closed, [{"ip": "127.0.0.1", "nodeName": "node-closed"}]),
             endpoints(silent_port, [{"ip": "127.0.0.1", "nodeName": "node-silent"}]),
             endpoints(
-                local_exporter,
-                [{"ip": "127.0.0.1", "nodeName": "node-html"}],
-                {METRICS_PATH_ANNOTATION: "/garbage"},
+                local_exporter, [{"ip": "127.0.0.1", "nodeName": "node-html"}], {METRICS_PATH_ANNOTATION: "/garbage"}
             ),
             endpoints(
-                local_exporter,
-                [{"ip": "127.0.0.1", "nodeName": "node-other"}],
-                {METRICS_PATH_ANNOTATION: "/other"},
+                local_exporter, [{"ip": "127.0.0.1", "nodeName": "node-other"}], {METRICS_PATH_ANNOTATION: "/other"}
             ),
         ]
     )

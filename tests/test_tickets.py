@@ -49,11 +49,7 @@ def uuid(node: str, gpu: int) -> str:
 
 
 def verdicts(
-    run_id: str,
-    flagged: Sequence[Mapping[str, Any]] = (),
-    *,
-    nodes: Sequence[str] = ("n1", "n2"),
-    gpus: int = 4,
+    run_id: str, flagged: Sequence[Mapping[str, Any]] = (), *, nodes: Sequence[str] = ("n1", "n2"), gpus: int = 4
 ) -> pd.DataFrame:
     """A run's verdict table: every GPU and node row passes except the ``flagged`` ones.
 
@@ -87,12 +83,7 @@ def verdicts(
             table["gpu"].isna() if change.get("gpu") is None else table["gpu"].eq(change["gpu"])
         )
         assert where.sum() == 1, change
-        values = {
-            "verdict": "fail",
-            "ticket": "remediation",
-            "action": "reset_gpu",
-            "reasons": "something failed",
-        }
+        values = {"verdict": "fail", "ticket": "remediation", "action": "reset_gpu", "reasons": "something failed"}
         values |= {k: v for k, v in change.items() if k not in ("node", "gpu")}
         for column, value in values.items():
             table.loc[where, column] = value
@@ -137,14 +128,7 @@ def test_a_failing_gpu_opens_one_ticket_that_carries_its_evidence(tickets: Local
         {
             "node": ["n1", "n1", "n1", "n1", "n1", "n2"],
             "gpu_uuid": [uuid("n1", 2), uuid("n1", 2), uuid("n1", 2), uuid("n1", 2), None, uuid("n2", 0)],
-            "metric": [
-                "hw_slowdown_frac",
-                "temp_max_c",
-                "pcie_gen",
-                "gemm_bf16_tflops",
-                "gpu_count",
-                "temp_max_c",
-            ],
+            "metric": ["hw_slowdown_frac", "temp_max_c", "pcie_gen", "gemm_bf16_tflops", "gpu_count", "temp_max_c"],
             "value": [0.31, 91.0, 5.0, 640.0, 4.0, 60.0],
         }
     )
@@ -159,12 +143,7 @@ def test_a_failing_gpu_opens_one_ticket_that_carries_its_evidence(tickets: Local
     ticket = events[0].ticket
     assert ticket == tickets.get(ticket.id)
     assert (ticket.node, ticket.gpu, ticket.gpu_uuid, ticket.cause) == ("n1", 2, uuid("n1", 2), "thermal")
-    assert (ticket.kind, ticket.state, ticket.occurrences, ticket.action) == (
-        "remediation",
-        "open",
-        1,
-        "check_cooling",
-    )
+    assert (ticket.kind, ticket.state, ticket.occurrences, ticket.action) == ("remediation", "open", 1, "check_cooling")
     assert ticket.title == "[remediation] n1 GPU 2 thermal: check_cooling"
     [seen] = ticket.evidence
     assert seen.run_id == "night-1"
@@ -181,9 +160,7 @@ def test_a_failing_gpu_opens_one_ticket_that_carries_its_evidence(tickets: Local
     assert "telemetry" in ticket.body()
 
 
-def test_a_recurrence_updates_the_same_ticket_and_a_rerun_of_a_night_counts_once(
-    tickets: LocalTickets,
-) -> None:
+def test_a_recurrence_updates_the_same_ticket_and_a_rerun_of_a_night_counts_once(tickets: LocalTickets) -> None:
     first = run(tickets, 1, [THERMAL])[0].ticket
     events = run(tickets, 2, [THERMAL | {"value": 0.4}])
     assert [e.kind for e in events] == ["updated"]
@@ -207,12 +184,7 @@ def test_the_evidence_kept_is_bounded_while_occurrences_keep_counting(tickets: L
 
 def test_different_causes_on_one_gpu_and_missing_gpus_get_tickets_of_their_own(tickets: LocalTickets) -> None:
     xid = {"node": "n2", "cause": "xid", "action": "reboot_node"}
-    flagged = [
-        THERMAL,
-        xid | {"gpu": 0},
-        xid | {"gpu": 1, "gpu_uuid": None},
-        xid | {"gpu": 3, "gpu_uuid": None},
-    ]
+    flagged = [THERMAL, xid | {"gpu": 0}, xid | {"gpu": 1, "gpu_uuid": None}, xid | {"gpu": 3, "gpu_uuid": None}]
     table = verdicts("night-1", flagged)
     reconcile(tickets, table, run_id="night-1", now=T0)
     keys = sorted(t.fingerprint.key for t in tickets.tickets())
@@ -375,24 +347,13 @@ def test_the_same_xid_in_five_separate_bursts_within_a_day_escalates(tickets: Lo
     assert at(240, "b240").kind == "escalated"
 
 
-def test_a_node_that_fails_again_after_passing_three_times_in_two_weeks_escalates(
-    tickets: LocalTickets,
-) -> None:
+def test_a_node_that_fails_again_after_passing_three_times_in_two_weeks_escalates(tickets: LocalTickets) -> None:
     flagged = [THERMAL]
     kinds = []
     for day in range(0, 8):
         events = run(tickets, day, flagged if day % 2 == 0 else [])
         kinds.append(events[0].kind)
-    assert kinds == [
-        "opened",
-        "resolved",
-        "reopened",
-        "resolved",
-        "reopened",
-        "resolved",
-        "escalated",
-        "resolved",
-    ]
+    assert kinds == ["opened", "resolved", "reopened", "resolved", "reopened", "resolved", "escalated", "resolved"]
     assert "flapping" in only(tickets).escalation
 
 
@@ -409,16 +370,10 @@ def test_an_escalation_policy_can_be_tuned(tickets: LocalTickets) -> None:
 # --- resolution ------------------------------------------------------------------------------------------
 
 
-def test_a_gpu_that_passes_again_resolves_its_ticket_and_a_recurrence_reopens_it(
-    tickets: LocalTickets,
-) -> None:
+def test_a_gpu_that_passes_again_resolves_its_ticket_and_a_recurrence_reopens_it(tickets: LocalTickets) -> None:
     opened = run(tickets, 1, [THERMAL])[0].ticket
     [resolved] = run(tickets, 2)
-    assert (resolved.kind, resolved.ticket.state, resolved.ticket.resolved) == (
-        "resolved",
-        "resolved",
-        T0 + 2 * DAY,
-    )
+    assert (resolved.kind, resolved.ticket.state, resolved.ticket.resolved) == ("resolved", "resolved", T0 + 2 * DAY)
     assert "n1 GPU 2 (GPU-n1-2) passes" in resolved.detail
     assert run(tickets, 3) == []  # nothing open any more
 
@@ -643,16 +598,7 @@ def test_tickets_list_shows_the_table_by_state(tmp_path: Path) -> None:
         "UPDATED",
         "ESCALATION",
     ]
-    assert lines[0].split()[:8] == [
-        "1",
-        "resolved",
-        "remediation",
-        "n1",
-        "2",
-        "thermal",
-        "check_cooling",
-        "1",
-    ]
+    assert lines[0].split()[:8] == ["1", "resolved", "remediation", "n1", "2", "thermal", "check_cooling", "1"]
     assert lines[1].split()[:8] == ["2", "open", "remediation", "n2", "-", "nvlink", "reboot_node", "2"]
     assert tickets_list(backend, "open").splitlines()[1].split()[0] == "2"
     assert tickets_list(backend, "resolved", nodes=["n2"]) == "no resolved tickets"

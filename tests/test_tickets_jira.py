@@ -67,11 +67,7 @@ def test_a_ticket_lives_as_one_issue_from_open_to_done(fake: FakeJira) -> None:
     assert (key, opened.ticket.external_key) == ("OPS-1", "OPS-1")
     issue = fields(fake, key)
     assert issue["summary"] == "[remediation] n1 GPU 2 thermal: check_cooling"
-    assert (issue["issuetype"]["name"], issue["priority"]["name"], issue["project"]["key"]) == (
-        "Task",
-        "High",
-        "OPS",
-    )
+    assert (issue["issuetype"]["name"], issue["priority"]["name"], issue["project"]["key"]) == ("Task", "High", "OPS")
     assert set(issue["labels"]) == {
         "gpucert",
         "gpucert-open",
@@ -158,13 +154,7 @@ def test_jira_status_wins_over_the_record_when_a_person_closes_the_issue(fake: F
 
 def test_a_replacement_row_opens_a_replacement_issue_with_its_own_type(fake: FakeJira) -> None:
     tickets = backend(fake, issue_types={"replacement": "Bug"})
-    remap = {
-        "node": "n2",
-        "gpu": 1,
-        "cause": "row_remap",
-        "ticket": "replacement",
-        "action": "run_field_diag",
-    }
+    remap = {"node": "n2", "gpu": 1, "cause": "row_remap", "ticket": "replacement", "action": "run_field_diag"}
     [event] = night(tickets, 1, [remap])
     issue = fields(fake, event.ticket.id)
     assert (issue["issuetype"]["name"], issue["priority"]["name"]) == ("Bug", "Highest")
@@ -246,11 +236,5 @@ def test_the_ticketing_block_opens_jira_and_checks_its_fields(fake: FakeJira) ->
         Ticketing(backend="jira")
     assert TOKEN not in str(missing.value)
     with pytest.raises(ValueError, match="unknown ticket kind") as unknown:
-        Ticketing(
-            backend="jira",
-            server=fake.base,
-            token=SecretStr(TOKEN),
-            project="OPS",
-            priorities={"rma": "High"},
-        )
+        Ticketing(backend="jira", server=fake.base, token=SecretStr(TOKEN), project="OPS", priorities={"rma": "High"})
     assert TOKEN not in str(unknown.value)

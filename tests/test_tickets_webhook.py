@@ -20,14 +20,7 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import SecretStr
 
 from gpucert.blocks.ticketing import Ticketing
-from gpucert.tickets import (
-    TicketBackend,
-    TicketConfigError,
-    TicketError,
-    WebhookTickets,
-    reconcile,
-    record_remediation,
-)
+from gpucert.tickets import TicketBackend, TicketConfigError, TicketError, WebhookTickets, reconcile, record_remediation
 
 from .fakejira import AppThread
 from .test_tickets import THERMAL, verdicts

@@ -201,9 +201,7 @@ def test_a_fleet_wide_shift_is_one_finding_not_a_fleet_of_flags(seeded: Seeded) 
     # ... and the faults of that night are still found, against the shifted cohort.
     node = seeded.fleet.node_names[2]
     wave = seeded.night(
-        [Fault("slow_silicon", node=node, gpu=0, params={"gemm": 0.93, "hbm": 1.0})],
-        seed=5009,
-        fleet_shift=-0.02,
+        [Fault("slow_silicon", node=node, gpu=0, params={"gemm": 0.93, "hbm": 1.0})], seed=5009, fleet_shift=-0.02
     )
     got = row(seeded.judge(wave), node, 0)
     assert got["verdict"] in ("warn", "fail")
@@ -331,9 +329,7 @@ def test_the_benchmarks_false_node_fail_at_439_gbps_nccl_now_passes(seeded: Seed
     assert (old["verdict"], old["reference_kind"], old["action"]) == ("warn", "spec", "retest")
 
 
-def test_an_h2d_floor_miss_without_telemetry_its_history_and_node_agree_with_is_no_fail(
-    seeded: Seeded,
-) -> None:
+def test_an_h2d_floor_miss_without_telemetry_its_history_and_node_agree_with_is_no_fail(seeded: Seeded) -> None:
     """The issue's false fail: a host-side metric under its floor, no telemetry behind it."""
     wave = seeded.night(seed=5017)
     h2d = wave.results[wave.results["metric"] == "h2d_gbps"]

@@ -40,8 +40,7 @@ def _with_synthetic(results: pd.DataFrame, seed: int) -> pd.DataFrame:
     )
     nccl = frame[frame["metric"] == "nccl_allreduce_busbw_gbps"]
     storage = nccl.assign(
-        metric="storage_read_gbps",
-        value=nccl["value"] / 480 * 25 * (1 + 0.01 * rng.standard_normal(len(nccl))),
+        metric="storage_read_gbps", value=nccl["value"] / 480 * 25 * (1 + 0.01 * rng.standard_normal(len(nccl)))
     )
     out = pd.concat([frame, fp8, storage], ignore_index=True)
     out["metric"] = out["metric"].astype("category")
@@ -54,18 +53,10 @@ class Floors:
     baseline: pd.DataFrame
 
     def night(
-        self,
-        faults: list[Fault] | None = None,
-        *,
-        seed: int = 900,
-        fleet_shift: Mapping[str, float] | float = 0.0,
+        self, faults: list[Fault] | None = None, *, seed: int = 900, fleet_shift: Mapping[str, float] | float = 0.0
     ) -> pd.DataFrame:
         wave = self.fleet.run(
-            f"night-{seed}",
-            ts=T0 + dt.timedelta(days=20),
-            seed=seed,
-            faults=faults or [],
-            fleet_shift=fleet_shift,
+            f"night-{seed}", ts=T0 + dt.timedelta(days=20), seed=seed, faults=faults or [], fleet_shift=fleet_shift
         )
         return _with_synthetic(wave.results, seed)
 
@@ -118,13 +109,7 @@ def _target(verdicts: pd.DataFrame, target: pd.Series) -> pd.Series:
 
 
 def _scale(
-    results: pd.DataFrame,
-    metric: str,
-    factor: float,
-    node: str,
-    gpu: int | None = None,
-    *,
-    all_gpus: bool = False,
+    results: pd.DataFrame, metric: str, factor: float, node: str, gpu: int | None = None, *, all_gpus: bool = False
 ) -> pd.DataFrame:
     """``metric`` × ``factor`` on one node's row (``gpu`` None), one GPU, or all its GPUs."""
     out = results.copy()

@@ -41,15 +41,7 @@ def with_nics(results: pd.DataFrame, changed: dict[str, dict[str, float]]) -> pd
     """``results`` plus HEALTHY NIC rows on every node, with ``changed`` node → metric → value over them."""
     nodes = results.drop_duplicates("node")[["run_id", "node", "gpu_model", "ts"]]
     rows = [
-        {
-            **ident,
-            "gpu": None,
-            "gpu_uuid": None,
-            "metric": metric,
-            "value": float(value),
-            "repeat": 0,
-            "peer": None,
-        }
+        {**ident, "gpu": None, "gpu_uuid": None, "metric": metric, "value": float(value), "repeat": 0, "peer": None}
         for ident in nodes.astype(object).to_dict("records")
         for metric, value in {**HEALTHY, **changed.get(str(ident["node"]), {})}.items()
     ]
@@ -77,19 +69,9 @@ def test_healthy_nics_flag_nothing(night: pd.DataFrame) -> None:
             "check_cable",
             "network: an RDMA port at 200 Gb/s, the others at up to 400: trained down",
         ),
-        (
-            {"ib_link_downed": 3},
-            "ib_link_downed",
-            "check_cable",
-            "network: link downed 3 times during the run",
-        ),
+        ({"ib_link_downed": 3}, "ib_link_downed", "check_cable", "network: link downed 3 times during the run"),
         ({"ib_link_downed": 1}, "ib_link_downed", "check_cable", "network: link downed once during the run"),
-        (
-            {"ib_symbol_errors": 12},
-            "ib_symbol_errors",
-            "check_cable",
-            "network: 12 symbol errors during the run",
-        ),
+        ({"ib_symbol_errors": 12}, "ib_symbol_errors", "check_cable", "network: 12 symbol errors during the run"),
         ({"ib_rcv_errors": 11}, "ib_rcv_errors", "check_cable", "network: 11 packets received with errors"),
     ],
 )

@@ -36,12 +36,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from prefect.client.orchestration import PrefectClient, get_client
-from prefect.client.schemas.filters import (
-    DeploymentFilter,
-    DeploymentFilterId,
-    WorkPoolFilter,
-    WorkPoolFilterName,
-)
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, WorkPoolFilter, WorkPoolFilterName
 from prefect.client.schemas.objects import Flow, FlowRun
 from prefect.client.schemas.responses import DeploymentResponse
 from prefect.exceptions import PrefectHTTPStatusError
@@ -204,12 +199,7 @@ def test_the_template_is_prefect_kubernetes_own_with_gpucert_defaults() -> None:
     assert defaults["service_account_name"] == "gpucert-runtime"
     assert defaults["env"] == {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
     resources = {key: defaults[key] for key in ("cpu_request", "cpu_limit", "memory_request", "memory_limit")}
-    assert resources == {
-        "cpu_request": "500m",
-        "cpu_limit": None,
-        "memory_request": "1Gi",
-        "memory_limit": "2Gi",
-    }
+    assert resources == {"cpu_request": "500m", "cpu_limit": None, "memory_request": "1Gi", "memory_limit": "2Gi"}
     # Fixed, not a variable: Prefect retries a run, never a second pod of its Job.
     assert "backoff_limit" not in variables["properties"]
     assert template["job_configuration"]["job_manifest"]["spec"]["backoffLimit"] == 0
@@ -286,10 +276,7 @@ def test_the_job_runs_the_flow_as_the_pool_says(rendered: tuple[dict[str, Any], 
     assert pod["restartPolicy"] == "Never"
     assert container["image"] == f"ghcr.io/gpucert/gpucert:{_version()}"
     assert container["args"] == ["prefect", "flow-run", "execute"]
-    assert container["resources"] == {
-        "requests": {"cpu": "500m", "memory": "1Gi"},
-        "limits": {"memory": "2Gi"},
-    }
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
     env = _env(job)
     assert env["PREFECT__FLOW_RUN_ID"] == str(run.id)
     assert env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"

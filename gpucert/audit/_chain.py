@@ -36,15 +36,7 @@ import rfc8785
 
 from .._text import counted
 
-__all__ = [
-    "GENESIS",
-    "ChainCheck",
-    "Segment",
-    "canonical_json",
-    "check_chain",
-    "entry_hash",
-    "seal",
-]
+__all__ = ["GENESIS", "ChainCheck", "Segment", "canonical_json", "check_chain", "entry_hash", "seal"]
 
 #: The ``prev`` of the first entry.
 GENESIS = "0" * 64

@@ -74,13 +74,7 @@ class AuditRecorder:
     """
 
     def __init__(
-        self,
-        log: AuditLog | None,
-        *,
-        run_id: str | None,
-        trigger: str,
-        actor: str | None = None,
-        default_why: str = "",
+        self, log: AuditLog | None, *, run_id: str | None, trigger: str, actor: str | None = None, default_why: str = ""
     ) -> None:
         self.log = log
         self.run_id = run_id

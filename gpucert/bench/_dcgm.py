@@ -22,15 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "DIAG_LEVELS",
-    "DIAG_TIMEOUT_S",
-    "DcgmDiag",
-    "DcgmError",
-    "DcgmTest",
-    "parse_dcgm_diag",
-    "run_dcgm_diag",
-]
+__all__ = ["DIAG_LEVELS", "DIAG_TIMEOUT_S", "DcgmDiag", "DcgmError", "DcgmTest", "parse_dcgm_diag", "run_dcgm_diag"]
 
 #: The run levels of ``dcgmi diag -r``.
 DIAG_LEVELS = (1, 2, 3, 4)

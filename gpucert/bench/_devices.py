@@ -191,10 +191,7 @@ def stack_record(found: Discovery, node: str, hostname: str | None = None) -> di
     }
     nvml = found.nvml
     if nvml is not None:
-        for key, fn in (
-            ("driver", "nvmlSystemGetDriverVersion"),
-            ("cuda_driver", "nvmlSystemGetCudaDriverVersion_v2"),
-        ):
+        for key, fn in (("driver", "nvmlSystemGetDriverVersion"), ("cuda_driver", "nvmlSystemGetCudaDriverVersion_v2")):
             try:
                 value = getattr(nvml, fn)()
             except Exception:

@@ -35,16 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = [
-    "COUNTER_METRICS",
-    "SYSFS_ROOT",
-    "NicReading",
-    "Port",
-    "nic_rows",
-    "parse_rate",
-    "parse_state",
-    "read_nics",
-]
+__all__ = ["COUNTER_METRICS", "SYSFS_ROOT", "NicReading", "Port", "nic_rows", "parse_rate", "parse_state", "read_nics"]
 
 #: Where the kernel lists RDMA devices.
 SYSFS_ROOT = "/sys/class/infiniband"

@@ -380,10 +380,7 @@ class Sampler:
 
     def _crc_total(self, st: _State) -> float | None:
         total = 0.0
-        counters = (
-            self._const("NVML_NVLINK_ERROR_DL_CRC_FLIT"),
-            self._const("NVML_NVLINK_ERROR_DL_CRC_DATA"),
-        )
+        counters = (self._const("NVML_NVLINK_ERROR_DL_CRC_FLIT"), self._const("NVML_NVLINK_ERROR_DL_CRC_DATA"))
         for link in st.links or ():
             for counter in counters:
                 v = self._call(

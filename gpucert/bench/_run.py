@@ -192,12 +192,7 @@ class Session(Generic[_O]):
     # Repeats ----------------------------------------------------------------------------------------
 
     def repeat(
-        self,
-        metric: str,
-        where: str,
-        measure: Callable[[], float],
-        emit: Callable[[float, int], bool],
-        ahead: float,
+        self, metric: str, where: str, measure: Callable[[], float], emit: Callable[[float, int], bool], ahead: float
     ) -> float | None:
         """Measure ``metric`` its base repeats, then more while they disagree (see :meth:`more`), each row
         written by ``emit(value, repeat)`` (False: it was no measurement, and the loop stops); returns the

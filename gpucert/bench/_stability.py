@@ -67,10 +67,7 @@ DEFAULT_CV_REP: Mapping[str, float] = {
 #: more often than ``--repeats``. A host copy repeat takes about a second (a GEMM's 30), and at 1.5 % per
 #: repeat three leave a run's median ±1.1 %, twelve ±0.5 %: what lets drift see a −0.5 %/night loss
 #: within 6 nights and a −3 % step the first night (benchmarks/drift_speed.py); it costs a node ~2.5 min.
-DEFAULT_REPEATS_OF: Mapping[str, int] = {
-    "h2d_gbps": 12,
-    "d2h_gbps": 12,
-}
+DEFAULT_REPEATS_OF: Mapping[str, int] = {"h2d_gbps": 12, "d2h_gbps": 12}
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,7 @@ def _rows(frame: pd.DataFrame, columns: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _references(
-    baseline: pd.DataFrame,
-) -> tuple[dict[tuple[str, str, str], float], dict[tuple[str, str], float]]:
+def _references(baseline: pd.DataFrame) -> tuple[dict[tuple[str, str, str], float], dict[tuple[str, str], float]]:
     """(level, key, metric) → center of own baselines, (model, metric) → center of model references."""
     own: dict[tuple[str, str, str], float] = {}
     model: dict[tuple[str, str], float] = {}

@@ -25,14 +25,7 @@ import numpy as np
 import pandas as pd
 import rfc8785
 
-__all__ = [
-    "LEGACY_SCHEMA",
-    "canonical_bytes",
-    "canonical_for",
-    "legacy_canonical_bytes",
-    "plain",
-    "sha256_hex",
-]
+__all__ = ["LEGACY_SCHEMA", "canonical_bytes", "canonical_for", "legacy_canonical_bytes", "plain", "sha256_hex"]
 
 #: The certificate schema whose bytes were Python's canonical JSON, not RFC 8785.
 LEGACY_SCHEMA: Final = "gpucert.certificate/1"

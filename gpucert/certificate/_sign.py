@@ -108,10 +108,7 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
     signature = cert.signature
     if signature is None:
         if public_key is not None:
-            return (
-                False,
-                f"the certificate is not signed; key {key_fingerprint(public_key)[:16]} was expected",
-            )
+            return (False, f"the certificate is not signed; key {key_fingerprint(public_key)[:16]} was expected")
         return True, "unsigned (nothing to check; sign with --key to make changes to it detectable)"
     try:
         embedded = Ed25519PublicKey.from_public_bytes(base64.b64decode(signature.public_key, validate=True))
@@ -130,10 +127,7 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
             f"the signature does not match the certificate's content (key {fingerprint[:16]}): it was changed",
         )
     if signature.key_sha256 != fingerprint:
-        return (
-            False,
-            f"the signature names key {signature.key_sha256[:16]} but was made by {fingerprint[:16]}",
-        )
+        return (False, f"the signature names key {signature.key_sha256[:16]} but was made by {fingerprint[:16]}")
     if public_key is None:
         return True, f"valid, by the embedded key {fingerprint[:16]} (give --public-key to check who signed)"
     return True, f"valid, by the given key {fingerprint[:16]}"

@@ -83,25 +83,10 @@ from ._links import (
 )
 from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
 from ._outcome import REASONS, STATES, JobOutcome, Reason, State, abandon, classify, job_pods, observe
-from ._record import (
-    common_stack,
-    job_failure_verdicts,
-    stack_changed_nodes,
-    update_baselines,
-)
+from ._record import common_stack, job_failure_verdicts, stack_changed_nodes, update_baselines
 from ._result import CertifyOutcome, NodeOutcome, TicketChange
 from ._rules import CertificationRules
-from ._run import (
-    DECISIONS,
-    POLICY,
-    RESULTS,
-    RUN_FILES,
-    STACK,
-    VERDICTS,
-    CertificationRun,
-    latest_decisions,
-    rerun_id,
-)
+from ._run import DECISIONS, POLICY, RESULTS, RUN_FILES, STACK, VERDICTS, CertificationRun, latest_decisions, rerun_id
 from ._select import busy_nodes, choose_nodes
 from ._settle import (
     DECISION_COLUMNS,
@@ -115,15 +100,7 @@ from ._settle import (
     settled_verdicts,
 )
 from ._shards import ShardParts, plan_shards, read_shards, write_shard
-from ._tickets import (
-    TicketStep,
-    held_back,
-    incident_summary,
-    pending_runs,
-    recorded_tickets,
-    ticket_audit,
-    ticket_step,
-)
+from ._tickets import TicketStep, held_back, incident_summary, pending_runs, recorded_tickets, ticket_audit, ticket_step
 from ._wave import (
     NodeRun,
     PairRound,

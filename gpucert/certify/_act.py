@@ -48,12 +48,7 @@ class NodeChange:
 
 
 def node_patch(
-    node: Mapping[str, Any],
-    decision: SettledDecision,
-    *,
-    prefix: str,
-    run_id: str,
-    now: datetime,
+    node: Mapping[str, Any], decision: SettledDecision, *, prefix: str, run_id: str, now: datetime
 ) -> tuple[dict[str, Any] | None, NodeChange]:
     """The merge patch that brings ``node`` in line with ``decision``, or None when nothing changes.
 
@@ -67,10 +62,7 @@ def node_patch(
     labels: dict[str, str | None] = {}
     if decision.state is not None:
         labels[f"{prefix}/state"] = decision.state
-    notes: dict[str, str | None] = {
-        f"{prefix}/last-run": run_id,
-        f"{prefix}/summary": decision.summary[:_SUMMARY_MAX],
-    }
+    notes: dict[str, str | None] = {f"{prefix}/last-run": run_id, f"{prefix}/summary": decision.summary[:_SUMMARY_MAX]}
     if decision.state == "certified":
         notes[f"{prefix}/certified-at"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     labels = {k: v for k, v in labels.items() if have_labels.get(k) != v}
@@ -146,14 +138,7 @@ def _same_taints(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> bool
     return sorted(map(key, a)) == sorted(map(key, b))
 
 
-def apply_decision(
-    kube: Kube,
-    decision: SettledDecision,
-    *,
-    prefix: str,
-    run_id: str,
-    now: datetime,
-) -> NodeChange:
+def apply_decision(kube: Kube, decision: SettledDecision, *, prefix: str, run_id: str, now: datetime) -> NodeChange:
     """Write ``decision`` to its node (see :func:`node_patch`, :func:`condition_patch`); the metadata patch
     is retried on a concurrent change (409).
 

@@ -339,12 +339,7 @@ def collect_results(
     return _validated(_read(kube, namespace, pod, job, expected_run, expected_node))
 
 
-def read_pod_log(
-    kube: Kube,
-    source: JobOutcome,
-    *,
-    run_id: str | None = None,
-) -> PodLog:
+def read_pod_log(kube: Kube, source: JobOutcome, *, run_id: str | None = None) -> PodLog:
     """Read the log of a succeeded benchmark Job's pod, split but not validated (see :func:`collect_results`,
     whose rules and errors it shares but for the rows' validation: :func:`validate_pod_logs` does that).
 

@@ -169,12 +169,7 @@ _MAX_PAIR_NAME = 61
 def policy_payload_args(policy: Policy) -> tuple[str, ...]:
     """The payload flags that carry ``policy``'s repeat rule where it differs from the payload's own defaults
     (which are the shipped policy's): expected CVs, per-metric repeats, the instability knobs."""
-    from ..bench import (
-        DEFAULT_CV_REP,
-        DEFAULT_REPEATS_OF,
-        DEFAULT_TRANSIENT_PCT,
-        DEFAULT_UNSTABLE_FACTOR,
-    )
+    from ..bench import DEFAULT_CV_REP, DEFAULT_REPEATS_OF, DEFAULT_TRANSIENT_PCT, DEFAULT_UNSTABLE_FACTOR
 
     args: list[str] = []
     for name, metric in sorted(policy.metrics.items()):
@@ -520,12 +515,7 @@ def _tolerations(label_prefix: str) -> list[dict[str, str]]:
 
 
 def benchmark_job(
-    run_id: str,
-    node: str,
-    gpus: int,
-    *,
-    payload: Mapping[str, Any],
-    settings: BenchmarkSettings | None = None,
+    run_id: str, node: str, gpus: int, *, payload: Mapping[str, Any], settings: BenchmarkSettings | None = None
 ) -> dict[str, Any]:
     """The benchmark Job of ``run_id`` on ``node``, requesting ``gpus`` (all the node's GPUs).
 

@@ -56,11 +56,7 @@ def run_verdicts(
 
 
 def judge_rerun(
-    rerun: pd.DataFrame,
-    cohort: pd.DataFrame | None,
-    nodes: Sequence[str],
-    baseline: pd.DataFrame,
-    policy: Policy,
+    rerun: pd.DataFrame, cohort: pd.DataFrame | None, nodes: Sequence[str], baseline: pd.DataFrame, policy: Policy
 ) -> pd.DataFrame:
     """The verdicts of ``rerun``'s ``nodes``, judged against ``baseline`` with the first run's other nodes
     (``cohort``, its results) as their peers. Both tables are results in the canonical dtypes."""

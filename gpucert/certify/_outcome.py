@@ -174,10 +174,7 @@ def _pod_problem(pod: Mapping[str, Any]) -> tuple[Reason, str] | None:
             why = str(waiting.get("reason") or "")
             if why in _IMAGE_PULL:
                 image = cs.get("image") or "the image"
-                return (
-                    "image_pull",
-                    f"pod {name} cannot pull {image}: {why}: {_short(waiting.get('message'))}",
-                )
+                return ("image_pull", f"pod {name} cannot pull {image}: {why}: {_short(waiting.get('message'))}")
             if why in _CANNOT_START:
                 said = _short(waiting.get("message"))
                 return "error", f"pod {name}: container {cs.get('name')} cannot start: {why}: {said}"

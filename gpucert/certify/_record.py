@@ -21,12 +21,7 @@ from ..policy import Policy
 from ..store import BaselineStore
 from ..verdict import VERDICT_COLUMNS
 
-__all__ = [
-    "common_stack",
-    "job_failure_verdicts",
-    "stack_changed_nodes",
-    "update_baselines",
-]
+__all__ = ["common_stack", "job_failure_verdicts", "stack_changed_nodes", "update_baselines"]
 
 _WHY = {
     "image_pull": "the benchmark image could not be pulled",
@@ -104,12 +99,7 @@ def stack_changed_nodes(table: pd.DataFrame, stacks: Mapping[str, Mapping[str, A
 
 
 def update_baselines(
-    store: BaselineStore,
-    results: pd.DataFrame,
-    stacks: Mapping[str, Mapping[str, Any]],
-    policy: Policy,
-    *,
-    run_id: str,
+    store: BaselineStore, results: pd.DataFrame, stacks: Mapping[str, Mapping[str, Any]], policy: Policy, *, run_id: str
 ) -> tuple[str, list[str]]:
     """Merge what the run's passing results teach into a new current baseline version.
 

@@ -47,11 +47,7 @@ def busy_nodes(kube: Kube, *, prefix: str = "gpucert.io") -> dict[str, str]:
 
 
 def choose_nodes(
-    gpu_nodes: Sequence[str],
-    asked: Iterable[str] | None,
-    busy: Mapping[str, str],
-    *,
-    include_busy: bool = False,
+    gpu_nodes: Sequence[str], asked: Iterable[str] | None, busy: Mapping[str, str], *, include_busy: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """The nodes to benchmark (sorted) and node → why each other asked-for node is skipped.
 

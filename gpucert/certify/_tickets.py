@@ -192,12 +192,7 @@ def ticket_step(
 
 
 def _tickets_of(
-    backend: TicketBackend,
-    run: CertificationRun,
-    incident: str | None,
-    *,
-    now: datetime,
-    escalation: EscalationPolicy,
+    backend: TicketBackend, run: CertificationRun, incident: str | None, *, now: datetime, escalation: EscalationPolicy
 ) -> list[TicketEvent]:
     """One run's ticket events: its incident ticket when it hit the blast radius, else one per fault (and
     an incident it measured its way out of resolved)."""

@@ -351,12 +351,7 @@ def _finished(job: Mapping[str, Any]) -> bool:
 
 
 def orphaned_jobs(
-    kube: Kube,
-    settings: BenchmarkSettings,
-    run_id: str,
-    nodes: Sequence[str],
-    *,
-    leases: NodeLeases | None = None,
+    kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str], *, leases: NodeLeases | None = None
 ) -> list[str]:
     """Names of unfinished benchmark and pair Jobs of *other* runs on any of ``nodes`` (a killed run's
     leftovers).

@@ -50,15 +50,7 @@ from ._gather import (
     parse_step_log,
     scrape_step,
 )
-from ._job import (
-    TIMELINES,
-    JobExplanation,
-    explain_id,
-    explain_job,
-    judge_gathered,
-    nothing_to_judge,
-    timeline_key,
-)
+from ._job import TIMELINES, JobExplanation, explain_id, explain_job, judge_gathered, nothing_to_judge, timeline_key
 from ._judge import explain
 from ._outcome import ExplainOutcome, SuspectLine
 from ._record import blank_record, read_record

@@ -340,11 +340,7 @@ def _pod(raw: Mapping[str, Any], node_gpus: Mapping[str, int]) -> TargetPod:
 
 
 def _window(
-    pods: Sequence[TargetPod],
-    *,
-    since: str | datetime | None,
-    until: str | datetime | None,
-    now: datetime,
+    pods: Sequence[TargetPod], *, since: str | datetime | None, until: str | datetime | None, now: datetime
 ) -> tuple[pd.Timestamp, pd.Timestamp]:
     """(start, end) of the window: as given, else the pods' lifetime (see the module docstring)."""
     now_ts = pd.Timestamp(now).tz_convert(UTC)

@@ -314,11 +314,7 @@ class Kube:
                 return
 
     def apply(
-        self,
-        obj: Mapping[str, Any],
-        *,
-        field_manager: str = FIELD_MANAGER,
-        before: Mapping[str, Any] | None = None,
+        self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER, before: Mapping[str, Any] | None = None
     ) -> dict[str, Any]:
         """Server-side apply of ``obj`` (forcing ownership of its fields); returns the object as stored.
 
@@ -408,13 +404,7 @@ class Kube:
         return stored
 
     def delete(
-        self,
-        api_version: str,
-        kind: str,
-        name: str,
-        namespace: str | None = None,
-        *,
-        propagation: str = "Background",
+        self, api_version: str, kind: str, name: str, namespace: str | None = None, *, propagation: str = "Background"
     ) -> bool:
         """Delete the object; True when it was there, False when it was already gone."""
         res = resource_of(api_version, kind)

@@ -31,14 +31,7 @@ from .._deadline import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Deadl
 from .._retry import RetryPolicy as _SharedPolicy
 from ._errors import KubeError, KubeThrottled, KubeUnavailable
 
-__all__ = [
-    "CONNECT_TIMEOUT_S",
-    "DEFAULT_TIMEOUT_S",
-    "TIMEOUT_ENV",
-    "Deadline",
-    "RetryPolicy",
-    "call_deadline_s",
-]
+__all__ = ["CONNECT_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "Deadline", "RetryPolicy", "call_deadline_s"]
 
 T = TypeVar("T")
 

@@ -562,11 +562,7 @@ def _validated(
         text = raw.astype(str).to_numpy(dtype=object)
         code = _codes(index, text)
         report(empty, column, lambda i, c=column: f"{c} is empty")
-        report(
-            ~empty & (code < 0),
-            column,
-            lambda i, t=text, c=column: f"{c} {t[i]!r} is not in the pairing plan",
-        )
+        report(~empty & (code < 0), column, lambda i, t=text, c=column: f"{c} {t[i]!r} is not in the pairing plan")
         codes[column] = code
     a, b = codes["node"], codes["peer"]
     known = (a >= 0) & (b >= 0)

@@ -295,14 +295,7 @@ class _Builder:
     """Builds a plan's rounds on node codes (nodes sorted by name), as arrays."""
 
     def __init__(
-        self,
-        *,
-        n: int,
-        group: IntArray,
-        zone: IntArray,
-        n_groups: int,
-        partners: int,
-        rng: np.random.Generator,
+        self, *, n: int, group: IntArray, zone: IntArray, n_groups: int, partners: int, rng: np.random.Generator
     ) -> None:
         self.n, self.group, self.zone, self.n_groups, self.partners = n, group, zone, n_groups, partners
         self.size = np.bincount(group, minlength=n_groups).astype(np.int64)

@@ -9,15 +9,7 @@ import pandas as pd
 
 from .._templates import html_environment
 from ..network import PAIR_METRIC, PairingPlan
-from ._charts import (
-    REFERENCE_TEXT,
-    VERDICT_COLOURS,
-    HeatMap,
-    StripChart,
-    heat_map,
-    relative_frame,
-    strip_charts,
-)
+from ._charts import REFERENCE_TEXT, VERDICT_COLOURS, HeatMap, StripChart, heat_map, relative_frame, strip_charts
 from ._common import NON_PASS, entity_kinds, for_run, require_columns
 from ._done import DoneView
 from ._drift import DriftView

@@ -190,8 +190,7 @@ def _numbers(frame: pd.DataFrame, column: str) -> FloatArray:
 
 def _severity(verdict: ObjectArray) -> IntArray:
     return np.asarray(
-        pd.Series(verdict, dtype=object).map(VERDICT_ORDER).fillna(VERDICT_ORDER["inconclusive"]),
-        dtype=np.int64,
+        pd.Series(verdict, dtype=object).map(VERDICT_ORDER).fillna(VERDICT_ORDER["inconclusive"]), dtype=np.int64
     )
 
 
@@ -424,8 +423,7 @@ def _fleet_findings(verdicts: pd.DataFrame, kinds: ObjectArray, group_names: Obj
         first_of[hit] = g
     second_of = np.full(len(part), -1, dtype=np.int64)
     tail = pd.Series(
-        [r[len(str(group_names[f])) + 5 :] if f >= 0 else "" for r, f in zip(rest, first_of, strict=True)],
-        dtype=object,
+        [r[len(str(group_names[f])) + 5 :] if f >= 0 else "" for r, f in zip(rest, first_of, strict=True)], dtype=object
     ).astype(str)
     for g in by_length:
         hit = (first_of >= 0) & tail.str.startswith(f"{group_names[g]}: ").to_numpy(dtype=bool) & (second_of < 0)

@@ -151,9 +151,7 @@ def summary_markdown(
     :func:`md_escape`. Raises ``ValueError`` when the table lacks a contract column it reads.
     """
     require_columns(
-        verdicts,
-        ("verdict", "node", "gpu", "reference_kind", "cause", "action", "ticket", "reasons"),
-        "verdicts",
+        verdicts, ("verdict", "node", "gpu", "reference_kind", "cause", "action", "ticket", "reasons"), "verdicts"
     )
     verdicts = for_run(verdicts, run_id)
     kinds = entity_kinds(verdicts)
@@ -179,10 +177,7 @@ def summary_markdown(
     out.append("")
     out.extend(_per_kind(verdicts, kinds))
     if report_link:
-        out += [
-            "",
-            f"[Open the full HTML report]({_link(report_link)}): charts per metric and a node × GPU map.",
-        ]
+        out += ["", f"[Open the full HTML report]({_link(report_link)}): charts per metric and a node × GPU map."]
 
     if len(fleet):
         out += ["", "## Fleet-level findings", ""]

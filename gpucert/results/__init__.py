@@ -148,11 +148,7 @@ def _read_and_check_values(
         return parts[0], _each(pending)
     combined = concat_frames(parts)
     names = tuple(os.fspath(p) for p in files)
-    rows = _Rows(
-        np.concatenate(numbers),
-        files=np.repeat(np.arange(len(parts)), [len(p) for p in parts]),
-        names=names,
-    )
+    rows = _Rows(np.concatenate(numbers), files=np.repeat(np.arange(len(parts)), [len(p) for p in parts]), names=names)
     source = ", ".join(names) if len(names) <= 3 else f"{names[0]} and {len(names) - 1} more files"
     pending.append(functools.partial(_check_across_rows, combined, _Findings(rows, len(combined)), source))
     return combined, _each(pending)

@@ -53,11 +53,7 @@ _NODE_RULE: Final = "a node name is a DNS subdomain: lower-case a-z, 0-9, '-' an
 
 
 def _validate(
-    frame: pd.DataFrame,
-    found: _Findings,
-    duplicated_columns: Sequence[str] = (),
-    *,
-    across_rows: bool = True,
+    frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequence[str] = (), *, across_rows: bool = True
 ) -> pd.DataFrame:
     """Check ``frame`` against the contract, recording problems in ``found``; return the canonical frame.
 
@@ -416,8 +412,7 @@ def _value_column(raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8
         negative = values < 0
     if negative.any():
         perf = np.array(
-            [METRICS[str(c)].kind == "perf" if str(c) in METRICS else False for c in metric.cat.categories],
-            dtype=bool,
+            [METRICS[str(c)].kind == "perf" if str(c) in METRICS else False for c in metric.cat.categories], dtype=bool
         )
         row_perf = _per_category(metric, perf)
 
@@ -499,9 +494,7 @@ def _ts_column(raw: pd.Series, found: _Findings) -> pd.Series:
     missing = utc.isna().to_numpy(dtype=bool) & ~garbage
     found.each(missing, "ts", lambda i: "ts is empty")
     found.each(
-        garbage,
-        "ts",
-        lambda i: f"ts {_text_at(raw, i)!r} is not a timestamp (ISO 8601, e.g. 2024-05-01T12:00:00Z)",
+        garbage, "ts", lambda i: f"ts {_text_at(raw, i)!r} is not a timestamp (ISO 8601, e.g. 2024-05-01T12:00:00Z)"
     )
     return utc if utc.name == "ts" else utc.rename("ts")
 

@@ -137,10 +137,7 @@ def _csv_table(path: PathArg, wanted: list[str], *, threads: bool) -> tuple[pa.T
         read_options=pa_csv.ReadOptions(block_size=32 << 20, use_threads=threads),
         parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, invalid_row_handler=skip),
         convert_options=pa_csv.ConvertOptions(
-            include_columns=wanted,
-            column_types=types,
-            strings_can_be_null=False,
-            quoted_strings_can_be_null=False,
+            include_columns=wanted, column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False
         ),
     )
     return table, skipped

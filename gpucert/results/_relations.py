@@ -183,32 +183,10 @@ def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
         listed = _values_with_rows(members, values, quoted("gpu_model"), found.rows)
         return f"node {codes.text('node', i)!r}{codes.in_run(i)} has several gpu_model values: {listed}"
 
+    _report(found, rows, uuid_conflicts, keys=gpu_key[0], column="gpu_uuid", describe=several_uuids, values=rows.uuid)
+    _report(found, rows, gpu_conflicts, keys=uuid_key[0], column="gpu_uuid", describe=several_gpus, values=gpu_key[0])
     _report(
-        found,
-        rows,
-        uuid_conflicts,
-        keys=gpu_key[0],
-        column="gpu_uuid",
-        describe=several_uuids,
-        values=rows.uuid,
-    )
-    _report(
-        found,
-        rows,
-        gpu_conflicts,
-        keys=uuid_key[0],
-        column="gpu_uuid",
-        describe=several_gpus,
-        values=gpu_key[0],
-    )
-    _report(
-        found,
-        rows,
-        model_conflicts,
-        keys=node_key[0],
-        column="gpu_model",
-        describe=several_models,
-        values=rows.model,
+        found, rows, model_conflicts, keys=node_key[0], column="gpu_model", describe=several_models, values=rows.model
     )
 
 

@@ -13,15 +13,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..kube import Kube, node_ready
-from ._labels import (
-    DEPLOY_PREFIX,
-    DRIVER_FULL,
-    DRIVER_PARTS,
-    GPU_COUNT,
-    GPU_PRESENT,
-    GPU_PRODUCT,
-    PRE_INSTALLED,
-)
+from ._labels import DEPLOY_PREFIX, DRIVER_FULL, DRIVER_PARTS, GPU_COUNT, GPU_PRESENT, GPU_PRODUCT, PRE_INSTALLED
 from ._model import NodeInfo
 
 __all__ = ["DEFAULT_GPU_SELECTOR", "node_info", "pick_targets", "take_inventory"]

@@ -11,24 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "COMPONENTS",
-    "DriverVariant",
-    "Manifest",
-    "NodeInfo",
-    "StackPlan",
-    "StackRequest",
-]
+__all__ = ["COMPONENTS", "DriverVariant", "Manifest", "NodeInfo", "StackPlan", "StackRequest"]
 
 #: The stack's components in the order configure installs them (docs/design/configure.md, "Why this order";
 #: the GPU Operator's state order): each waits for the one before it to be ready on every target node.
-COMPONENTS: tuple[str, ...] = (
-    "driver",
-    "container-toolkit",
-    "device-plugin",
-    "dcgm-exporter",
-    "gpu-feature-discovery",
-)
+COMPONENTS: tuple[str, ...] = ("driver", "container-toolkit", "device-plugin", "dcgm-exporter", "gpu-feature-discovery")
 
 
 @dataclass(frozen=True)

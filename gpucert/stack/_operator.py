@@ -473,8 +473,7 @@ class OperatorChange:
 def _pools(inventory: Sequence[NodeInfo], nodes: Sequence[str]) -> dict[str, list[str]]:
     """NVIDIADriver name → the target nodes whose driver it owns (``nvidia.com/gpu-operator.driver.owner``)."""
     labels = pd.DataFrame(
-        [(i.name, i.labels.get(DRIVER_OWNER, "")) for i in inventory if i.name in set(nodes)],
-        columns=["node", "owner"],
+        [(i.name, i.labels.get(DRIVER_OWNER, "")) for i in inventory if i.name in set(nodes)], columns=["node", "owner"]
     )
     owned = labels[labels["owner"] != ""]
     return {str(k): sorted(map(str, v)) for k, v in owned.groupby("owner")["node"]}

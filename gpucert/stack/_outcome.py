@@ -108,16 +108,10 @@ class ConfigureOutcome(BaseModel):
             ]
         lines += [f"- {s}" for s in self.suspects] + ([""] if self.suspects else [])
         if self.reused:
-            lines += [
-                f"Taken from the fleet's record (ConfigMap {RECORD_NAME}): {', '.join(self.reused)}.",
-                "",
-            ]
+            lines += [f"Taken from the fleet's record (ConfigMap {RECORD_NAME}): {', '.join(self.reused)}.", ""]
         if self.registry or self.pinned:
             pins = ", ".join(f"{c} {v}" for c, v in self.pinned.items())
-            lines += [
-                f"Registry {self.registry or 'of the compatibility matrix'}; pinned: {pins or 'nothing'}.",
-                "",
-            ]
+            lines += [f"Registry {self.registry or 'of the compatibility matrix'}; pinned: {pins or 'nothing'}.", ""]
         lines += [
             "| GPU model | " + " | ".join(_components(self.stack)) + " |",
             "|---|" + "---|" * len(_components(self.stack)),

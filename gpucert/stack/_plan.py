@@ -190,11 +190,7 @@ def _node_facts(node: NodeInfo, matrix: Matrix, problems: list[tuple[str, str, s
     if tag is None and host is None:
         # Only a node that gets gpucert's driver needs a driver image for its OS.
         problems.append(
-            (
-                f"no driver image for OS {node.os_image!r}: gpucert knows Ubuntu, RHEL and Rocky Linux",
-                name,
-                "",
-            )
+            (f"no driver image for OS {node.os_image!r}: gpucert knows Ubuntu, RHEL and Rocky Linux", name, "")
         )
     return _Facts(name, model, architecture, minor, runtime, tag, host)
 

@@ -29,14 +29,7 @@ from ..kube import Kube
 from ._matrix import RELEASE_COMPONENTS
 from ._model import COMPONENTS, StackPlan, StackRequest
 
-__all__ = [
-    "RECORD_FORMAT",
-    "RECORD_NAME",
-    "StackRecord",
-    "follow_record",
-    "read_record",
-    "record_departures",
-]
+__all__ = ["RECORD_FORMAT", "RECORD_NAME", "StackRecord", "follow_record", "read_record", "record_departures"]
 
 #: The ConfigMap, in the stack's namespace (the configure role may read and write ConfigMaps there).
 RECORD_NAME = "gpucert-stack"

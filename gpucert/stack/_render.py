@@ -63,10 +63,7 @@ STACK_SERVICE_ACCOUNT = "nvidia-stack"
 EXPORTER_PORT = 9400
 
 #: Labels on every object gpucert creates (docs/reference/labels-taints-conditions.md, "GPU stack (configure)").
-COMMON_LABELS: Mapping[str, str] = {
-    "app.kubernetes.io/part-of": "gpucert",
-    "app.kubernetes.io/managed-by": "gpucert",
-}
+COMMON_LABELS: Mapping[str, str] = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/managed-by": "gpucert"}
 #: Rolling-update budget per DaemonSet. A driver pod being replaced takes every GPU of its node away
 #: (running jobs lose them), so drivers go one node at a time. The other components restart without
 #: touching running GPU work (a device plugin restart keeps allocated devices; an exporter restart is a

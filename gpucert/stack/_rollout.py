@@ -62,13 +62,7 @@ def apply_manifests(kube: Kube, manifests: Iterable[Manifest]) -> list[Applied]:
         stored = kube.apply(manifest.obj, before=before)
         meta = stored.get("metadata") or {}
         out.append(
-            Applied(
-                manifest.step,
-                manifest.kind,
-                manifest.namespace,
-                manifest.name,
-                str(meta.get("resourceVersion")),
-            )
+            Applied(manifest.step, manifest.kind, manifest.namespace, manifest.name, str(meta.get("resourceVersion")))
         )
     return out
 

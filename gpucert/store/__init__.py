@@ -30,14 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._baselines import (
-    LINK_EXPIRES_S,
-    BaselineChange,
-    BaselineStore,
-    VersionInfo,
-    check_public_url,
-    open_store,
-)
+from ._baselines import LINK_EXPIRES_S, BaselineChange, BaselineStore, VersionInfo, check_public_url, open_store
 from ._errors import BucketNotFound, StoreNotFound, StoreURIError, UnknownVersion
 from ._format import BASELINE_COLUMNS, BASELINE_LEVELS, empty_baseline, validate_baseline
 from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store, require_root

@@ -393,13 +393,7 @@ class BaselineStore:
             pass
         return False
 
-    def update(
-        self,
-        fn: Callable[[pd.DataFrame], pd.DataFrame],
-        *,
-        message: str,
-        attempts: int = 8,
-    ) -> str:
+    def update(self, fn: Callable[[pd.DataFrame], pd.DataFrame], *, message: str, attempts: int = 8) -> str:
         """Apply ``fn`` to the current table and make the result the new current version; return its id.
 
         ``fn`` may run more than once (once per lost race, on the winner's table), so it must be a pure

@@ -34,14 +34,7 @@ import pandas as pd
 from ..errors import BaselineFormatError, Problem
 from ..metrics import PERF_METRICS
 
-__all__ = [
-    "BASELINE_COLUMNS",
-    "BASELINE_DTYPES",
-    "BASELINE_LEVELS",
-    "empty_baseline",
-    "run_count",
-    "validate_baseline",
-]
+__all__ = ["BASELINE_COLUMNS", "BASELINE_DTYPES", "BASELINE_LEVELS", "empty_baseline", "run_count", "validate_baseline"]
 
 BASELINE_COLUMNS: tuple[str, ...] = (
     "level",
@@ -116,10 +109,9 @@ class _Problems:
             return
         order = {c: i for i, c in enumerate(BASELINE_COLUMNS)}
         # Whole-table problems first (they usually explain the row problems), then in file order.
-        shown = sorted(
-            self.found,
-            key=lambda p: (p.row is not None, p.row or 0, order.get(p.column or "", -1)),
-        )[:_SHOWN]
+        shown = sorted(self.found, key=lambda p: (p.row is not None, p.row or 0, order.get(p.column or "", -1)))[
+            :_SHOWN
+        ]
         plural = "s" if self.total != 1 else ""
         lines = [f"{source}: {self.total} problem{plural} in the baseline table"]
         lines += [f"  {p}" for p in shown]

@@ -32,14 +32,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import StoreConflict, StoreUnavailable
 from ._errors import StoreNotFound, StoreURIError
 
-__all__ = [
-    "Blob",
-    "FileObjectStore",
-    "ObjectStore",
-    "check_key",
-    "open_object_store",
-    "require_root",
-]
+__all__ = ["Blob", "FileObjectStore", "ObjectStore", "check_key", "open_object_store", "require_root"]
 
 #: The lock file that serialises conditional writes; hidden, so :meth:`FileObjectStore.list` skips it.
 LOCK_NAME = ".gpucert-store.lock"

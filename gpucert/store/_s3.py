@@ -103,9 +103,7 @@ class _Deadline:
         self._retryable = standard.StandardRetryConditions(max_attempts=max_attempts)
         # With a "random" draw of 1, botocore's own back-off computes its longest wait for that try.
         self._longest = standard.ExponentialBackoff(
-            random=lambda: 1.0,
-            service_name="s3",
-            throttling_detector=standard.ThrottlingErrorDetector(self._adapter),
+            random=lambda: 1.0, service_name="s3", throttling_detector=standard.ThrottlingErrorDetector(self._adapter)
         )
 
     def install(self, client: S3Client) -> None:
@@ -131,11 +129,7 @@ class _Deadline:
             status = getattr(context.http_response, "status_code", None)
             last = f"{context.get_error_code() or 'error'} (HTTP {status})"
         raise DeadlineExceeded(
-            endpoint=self.endpoint,
-            seconds=self.seconds,
-            attempts=context.attempt_number,
-            elapsed=elapsed,
-            last=last,
+            endpoint=self.endpoint, seconds=self.seconds, attempts=context.attempt_number, elapsed=elapsed, last=last
         )
 
 
@@ -224,10 +218,7 @@ class S3ObjectStore:
             configured = endpoint_url or any(os.environ.get(name) for name in _BOTO_ENDPOINT_ENVS)
             # The endpoint botocore will use: ours, else the first of its own variables that is set.
             endpoint = None
-            for source, url in [
-                (given, endpoint_url),
-                *((n, os.environ.get(n)) for n in _BOTO_ENDPOINT_ENVS),
-            ]:
+            for source, url in [(given, endpoint_url), *((n, os.environ.get(n)) for n in _BOTO_ENDPOINT_ENVS)]:
                 if url:
                     _check_endpoint(url, source, root)
                     endpoint = url

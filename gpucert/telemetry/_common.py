@@ -26,15 +26,7 @@ from ..errors import TelemetryError
 from ..metrics import RESULT_COLUMNS, bound_arrays
 from ..results import parse_results
 
-__all__ = [
-    "HOST_LABELS",
-    "NIC_SERIES",
-    "SIGNALS",
-    "Signal",
-    "Telemetry",
-    "TelemetryError",
-    "to_results",
-]
+__all__ = ["HOST_LABELS", "NIC_SERIES", "SIGNALS", "Signal", "Telemetry", "TelemetryError", "to_results"]
 
 #: The DCGM exporter's host label: ``Hostname`` before NVIDIA/dcgm-exporter#655, ``hostname`` since.
 HOST_LABELS: tuple[str, str] = ("hostname", "Hostname")
@@ -345,8 +337,7 @@ def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Probl
     odd = ids.merge(main, on=["node", "gpu_model"], how="left", indicator=True)["_merge"].to_numpy() == "left_only"
     for row in ids[odd].itertuples(index=False):
         problems.add(
-            str(row.node),
-            f"gpu {row.gpu} reports model {row.gpu_model!r} unlike the node's other GPUs: dropped",
+            str(row.node), f"gpu {row.gpu} reports model {row.gpu_model!r} unlike the node's other GPUs: dropped"
         )
     settled: pd.DataFrame = ids[~odd][["node", "gpu", "gpu_uuid", "gpu_model"]].reset_index(drop=True)
     return settled
@@ -372,8 +363,7 @@ def _node_counts(
     for node in nodes:
         if node not in reporting.index:
             problems.add(
-                node,
-                "no GPU series at the end of the window (exporter or node down): its GPU count is unknown",
+                node, "no GPU series at the end of the window (exporter or node down): its GPU count is unknown"
             )
             continue
         rows.append((node, str(model[node]), "gpu_count", float(reporting[node])))

@@ -218,8 +218,7 @@ def _level_of(metric: pd.Series) -> npt.NDArray[np.object_]:
     """Each row's metric level (``gpu``, ``node``, ``pair`` or ``""``), looked up per category."""
     column = metric.astype("category")
     levels = np.array(
-        [METRICS[str(m)].level if str(m) in METRICS else "" for m in column.cat.categories] + [""],
-        dtype=object,
+        [METRICS[str(m)].level if str(m) in METRICS else "" for m in column.cat.categories] + [""], dtype=object
     )
     codes = column.cat.codes.to_numpy()
     return levels[np.where(codes < 0, len(levels) - 1, codes)]
@@ -1010,11 +1009,7 @@ def check_drift(store: BaselineStore, policy: Policy | None = None, *, workers: 
 def _reason(row: dict[str, Any], p: _Params, by_step: bool, step_u: float) -> str:
     metric, uuid = str(row["metric"]), row["gpu_uuid"]
     unit = METRICS[metric].unit if metric in METRICS else ""
-    statistic, threshold, deviation = (
-        float(row["statistic"]),
-        float(row["threshold"]),
-        float(row["deviation_pct"]),
-    )
+    statistic, threshold, deviation = (float(row["statistic"]), float(row["threshold"]), float(row["deviation_pct"]))
     if by_step:
         how = f"one run {abs(step_u):.1f} σ below it (limit {p.shewhart:g} σ) in run {row['first_run_over']}"
     elif p.method == "cusum":

@@ -254,8 +254,7 @@ class PrometheusSource:
         changed = [s for s in answers["xid_changed"] if s.labels.get("UUID") not in set(events["gpu_uuid"])]
         if changed:
             events = pd.concat(
-                [events, self._xid_changes(changed, start_utc.timestamp(), at, notes, skipped)],
-                ignore_index=True,
+                [events, self._xid_changes(changed, start_utc.timestamp(), at, notes, skipped)], ignore_index=True
             )
         for name, count in sorted(skipped.items()):
             label = self.host_label or "hostname or Hostname"
@@ -349,12 +348,7 @@ class PrometheusSource:
         return self.query_range(f"{self._sel(XID_COUNT)} > 0", at - (steps - 1) * span, at, span, notes)
 
     def _xid_changes(
-        self,
-        changed: Sequence[PromSeries],
-        start: float,
-        at: float,
-        notes: list[str],
-        skipped: dict[str, int],
+        self, changed: Sequence[PromSeries], start: float, at: float, notes: list[str], skipped: dict[str, int]
     ) -> pd.DataFrame:
         """XID events of GPUs without the exporter's counter: changes of the last-XID gauge to non-zero."""
         uuids = sorted({s.labels["UUID"] for s in changed if s.labels.get("UUID")})

@@ -70,19 +70,7 @@ def format_tickets(tickets: list[Ticket], *, state: State | None = None) -> str:
     """The tickets as an aligned text table, one line each (``no tickets`` when there are none)."""
     if not tickets:
         return f"no {state} tickets" if state else "no tickets"
-    header = (
-        "ID",
-        "STATE",
-        "KIND",
-        "NODE",
-        "GPU",
-        "CAUSE",
-        "ACTION",
-        "SEEN",
-        "FIXES",
-        "UPDATED",
-        "ESCALATION",
-    )
+    header = ("ID", "STATE", "KIND", "NODE", "GPU", "CAUSE", "ACTION", "SEEN", "FIXES", "UPDATED", "ESCALATION")
     rows = [
         (
             t.id,

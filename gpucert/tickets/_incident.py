@@ -57,13 +57,7 @@ def _finding_lines(findings: pd.DataFrame) -> list[str]:
 
 
 def open_incident(
-    backend: TicketBackend,
-    *,
-    run_id: str,
-    now: datetime,
-    incident: str,
-    findings: pd.DataFrame,
-    report: str = "",
+    backend: TicketBackend, *, run_id: str, now: datetime, incident: str, findings: pd.DataFrame, report: str = ""
 ) -> TicketEvent | None:
     """Open (or update, or reopen) the one incident ticket for ``run_id``'s blast-radius incident.
 

@@ -118,10 +118,7 @@ def _mount_deadline(session: Any, retry: RetryPolicy) -> None:
                     raise OutOfTime(f"not sent: the deadline of {deadline.seconds:g} s has passed", request=request)
                 timeout = kwargs.get("timeout")
                 connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
-                kwargs["timeout"] = (
-                    deadline.cap(connect or CONNECT_TIMEOUT_S),
-                    deadline.cap(read or deadline.seconds),
-                )
+                kwargs["timeout"] = (deadline.cap(connect or CONNECT_TIMEOUT_S), deadline.cap(read or deadline.seconds))
                 response = super(DeadlineAdapter, self).send(request, *args, **kwargs)
                 if response.status_code in _TRANSIENT_STATUS:
                     raise Transient(response)
@@ -314,11 +311,7 @@ class JiraTickets:
                     )
                 else:
                     jira = JIRA(
-                        self.server,
-                        options={"check_update": False},
-                        token_auth=token,
-                        timeout=first,
-                        max_retries=0,
+                        self.server, options={"check_update": False}, token_auth=token, timeout=first, max_retries=0
                     )
             # The client keeps its session private; it is the one place to set its transport and retries.
             session = jira._session

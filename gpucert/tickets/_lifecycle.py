@@ -128,14 +128,7 @@ def reconcile(
             first = rows.iloc[0]
             fingerprint = Fingerprint(node=first["_node"], gpu_uuid=first["_uuid"], cause=first["_cause"])
             occurrence = _occurrence_of(
-                fingerprint,
-                rows,
-                [records[i] for i in rows["_pos"]],
-                telemetry,
-                evidence,
-                run_id,
-                now,
-                policy,
+                fingerprint, rows, [records[i] for i in rows["_pos"]], telemetry, evidence, run_id, now, policy
             )
             event = backend.change(fingerprint, partial(_occur, occurrence=occurrence, policy=policy))
             if event is not None:
@@ -343,12 +336,7 @@ def _occur(
         return None  # this run was already counted
     if current is None:
         ticket = Ticket(
-            node=fp.node,
-            gpu_uuid=fp.gpu_uuid,
-            cause=fp.cause,
-            kind="remediation",
-            created=o.now,
-            updated=o.now,
+            node=fp.node, gpu_uuid=fp.gpu_uuid, cause=fp.cause, kind="remediation", created=o.now, updated=o.now
         )
         kind: EventKind = "opened"
         detail = f"opened: {o.verdict} in run {o.run_id}"
@@ -387,12 +375,7 @@ def _occur(
 
 
 def _escalation_reason(
-    ticket: Ticket,
-    others: Sequence[Ticket],
-    *,
-    occurrence: _Occurrence,
-    recurrence: bool,
-    policy: EscalationPolicy,
+    ticket: Ticket, others: Sequence[Ticket], *, occurrence: _Occurrence, recurrence: bool, policy: EscalationPolicy
 ) -> str:
     """Why ``ticket`` (already counting this occurrence) must become a replacement, or ``""``."""
     now = occurrence.now
@@ -548,8 +531,7 @@ def record_remediation(
         raise TicketError("a remediation needs an aware time (UTC), got a naive datetime")
     ticket = backend.get(ticket_id)
     event = backend.change(
-        ticket.fingerprint,
-        partial(_remediate, action=action.strip(), now=now, note=note, by=by, ticket_id=ticket_id),
+        ticket.fingerprint, partial(_remediate, action=action.strip(), now=now, note=note, by=by, ticket_id=ticket_id)
     )
     if event is None:  # pragma: no cover - _remediate always returns an event or raises
         raise TicketError(f"ticket {ticket_id}: the remediation was not recorded")
@@ -581,8 +563,7 @@ def record_repairs(
     for ticket in open_tickets:
         done = action or ticket.action or "repair"
         event = backend.change(
-            ticket.fingerprint,
-            partial(_remediate, action=done, now=now, note=note, by=by, ticket_id=ticket.id),
+            ticket.fingerprint, partial(_remediate, action=done, now=now, note=note, by=by, ticket_id=ticket.id)
         )
         if event is not None:
             events.append(event)
@@ -590,14 +571,7 @@ def record_repairs(
 
 
 def _remediate(
-    current: Ticket | None,
-    others: Sequence[Ticket],
-    *,
-    action: str,
-    now: datetime,
-    note: str,
-    by: str,
-    ticket_id: str,
+    current: Ticket | None, others: Sequence[Ticket], *, action: str, now: datetime, note: str, by: str, ticket_id: str
 ) -> TicketEvent:
     del others
     if current is None:

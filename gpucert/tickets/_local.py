@@ -200,8 +200,7 @@ class LocalTickets:
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     db.execute(statement)
                 db.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(SCHEMA_VERSION),),
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
                 found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 db.execute("COMMIT")

@@ -82,10 +82,7 @@ def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, A
     text = f"{_ICON[event.kind]} gpucert {event.kind}: {mrkdwn(t.title or t.fingerprint.key)}"
     facts = [
         ("Node", t.node),
-        (
-            "GPU",
-            f"{t.gpu if t.gpu is not None else '-'} {t.gpu_uuid}".strip() if t.gpu_uuid else "node-level",
-        ),
+        ("GPU", f"{t.gpu if t.gpu is not None else '-'} {t.gpu_uuid}".strip() if t.gpu_uuid else "node-level"),
         ("Cause", t.cause),
         ("Action", t.action or "none"),
         ("Kind", t.kind),
@@ -94,16 +91,10 @@ def slack_payload(event: TicketEvent, *, structured: bool = True) -> dict[str, A
         ("Remediations", ", ".join(r.action for r in t.remediations[-5:]) or "none"),
     ]
     blocks: list[dict[str, Any]] = [
-        {
-            "type": "header",
-            "text": {"type": "plain_text", "text": f"{event.kind}: ticket {t.id} {t.kind}"[:_HEADER]},
-        },
+        {"type": "header", "text": {"type": "plain_text", "text": f"{event.kind}: ticket {t.id} {t.kind}"[:_HEADER]}},
         {
             "type": "section",
-            "text": {
-                "type": "mrkdwn",
-                "text": _cut(f"*{mrkdwn(t.title)}*\n{mrkdwn(event.detail)}", _SECTION),
-            },
+            "text": {"type": "mrkdwn", "text": _cut(f"*{mrkdwn(t.title)}*\n{mrkdwn(event.detail)}", _SECTION)},
         },
         {
             "type": "section",
@@ -283,13 +274,7 @@ class WebhookTickets:
     def _scrub(self, text: str) -> str:
         url = reveal(self._url)
         parts = urlsplit(url)
-        secrets = [
-            url,
-            parts.path,
-            parts.query,
-            parts.password or "",
-            *(reveal(v) for v in self._headers.values()),
-        ]
+        secrets = [url, parts.path, parts.query, parts.password or "", *(reveal(v) for v in self._headers.values())]
         if self._signing is not None:
             secrets.append(reveal(self._signing))
         return scrub(text, secrets)

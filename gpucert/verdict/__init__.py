@@ -79,10 +79,7 @@ def judge(
 
 
 def judge_run(
-    results: pd.DataFrame,
-    baseline: pd.DataFrame,
-    policy: Policy,
-    floors: dict[tuple[str, str], float],
+    results: pd.DataFrame, baseline: pd.DataFrame, policy: Policy, floors: dict[tuple[str, str], float]
 ) -> pd.DataFrame:
     """Verdicts for one run."""
     return evaluate_run(results, baseline, policy, floors).verdicts
@@ -115,12 +112,7 @@ def evaluate_run(
     findings = concat_findings([gates, node_gates, node_stats, repeat_findings, judged.findings, missing()])
     findings = attribute_causes(run, findings, node_causes, policy)
     findings = concat_findings(
-        [
-            findings,
-            escalate_nodes(findings),
-            pair_node_findings(run, judged.table, policy, findings),
-            judged.fleet,
-        ]
+        [findings, escalate_nodes(findings), pair_node_findings(run, judged.table, policy, findings), judged.fleet]
     )
     medians = _medians(run, measured) if with_medians else pd.DataFrame()
     return RunEvaluation(verdicts=assemble(run, findings), medians=medians)

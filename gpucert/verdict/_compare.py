@@ -36,16 +36,7 @@ import pyarrow.compute as pc
 
 from ..policy import Policy
 from ._findings import SEVERITY, concat_findings, make_findings
-from ._index import (
-    MCODE,
-    METRIC_NAMES,
-    N_METRICS,
-    SCOPE_GPU,
-    SCOPE_NODE,
-    RunIndex,
-    group_positions,
-    nan_median,
-)
+from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex, group_positions, nan_median
 
 __all__ = [
     "HOST_METRICS",
@@ -639,12 +630,7 @@ def _host_low_nodes(
 
 
 def _spec(
-    run: RunIndex,
-    table: pd.DataFrame,
-    mask: np.ndarray,
-    floor: np.ndarray,
-    backing: _Backing,
-    host_low: _HostLow,
+    run: RunIndex, table: pd.DataFrame, mask: np.ndarray, floor: np.ndarray, backing: _Backing, host_low: _HostLow
 ) -> pd.DataFrame:
     """One finding per floor miss: a fail when something backs it, else a warn (see the module)."""
     rows = np.flatnonzero(mask)

@@ -86,8 +86,7 @@ def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
             return
         v = value[mask]
         r = np.broadcast_to(
-            np.asarray(reference, dtype=float) if not isinstance(reference, np.ndarray) else reference,
-            mask.shape,
+            np.asarray(reference, dtype=float) if not isinstance(reference, np.ndarray) else reference, mask.shape
         )[mask]
         parts.append(
             _gpu_findings(

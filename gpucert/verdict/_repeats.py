@@ -27,16 +27,7 @@ from .._background import on_two_threads
 from ..bench import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
 from ..policy import Policy
 from ._findings import concat_findings, make_findings
-from ._index import (
-    DIRECTION,
-    IS_PERF,
-    METRIC_NAMES,
-    N_METRICS,
-    RunIndex,
-    group_positions,
-    group_rows,
-    nan_median,
-)
+from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex, group_positions, group_rows, nan_median
 
 __all__ = ["RepeatStability", "judge_repeat_matrix", "nan_row_median", "reduce_repeats", "row_median"]
 
@@ -146,25 +137,11 @@ def judge_repeat_matrix(
             break
         rows = hit[some]
         again = _judge(
-            matrix[rows],
-            counts[rows],
-            direction[rows],
-            edges[some, k],
-            x[rows],
-            None,
-            unstable_factor,
-            transient_pct,
+            matrix[rows], counts[rows], direction[rows], edges[some, k], x[rows], None, unstable_factor, transient_pct
         )
         unstable[rows] |= again.unstable
     return RepeatStability(
-        judged.x,
-        judged.rel,
-        judged.transient,
-        judged.cv_mad,
-        judged.n_far,
-        judged.n_above,
-        judged.n_good,
-        unstable,
+        judged.x, judged.rel, judged.transient, judged.cv_mad, judged.n_far, judged.n_above, judged.n_good, unstable
     )
 
 
@@ -266,16 +243,7 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
         transient[members[block]] = judged.transient
 
     on_two_threads(judge, blocks)
-    measured = pd.DataFrame(
-        {
-            "eid": eids,
-            "mcode": mcodes,
-            "x": x_all,
-            "n": n,
-            "cv_mad": cv_mad,
-            "unstable": unstable,
-        }
-    )
+    measured = pd.DataFrame({"eid": eids, "mcode": mcodes, "x": x_all, "n": n, "cv_mad": cv_mad, "unstable": unstable})
     # The transients worth a note, in the run's order.
     named = np.flatnonzero(transient & ~unstable[grouping.ids])
     at = grouping.ids[named]
@@ -297,13 +265,7 @@ def _blocks(count: int) -> list[slice]:
 
 
 def _cohort_noise(
-    run: RunIndex,
-    eids: IntArray,
-    mcodes: IntArray,
-    n: IntArray,
-    x: FloatArray,
-    mad: FloatArray,
-    policy_cv: FloatArray,
+    run: RunIndex, eids: IntArray, mcodes: IntArray, n: IntArray, x: FloatArray, mad: FloatArray, policy_cv: FloatArray
 ) -> FloatArray:
     """Tonight's run-to-run CV of each result's cohort (scope, model, metric), the policy's where too few.
 

@@ -243,21 +243,10 @@ class DaemonSetController:
         }
         pod = self.store.create(
             PODS,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": pod_meta,
-                "spec": spec,
-                "status": {"phase": "Pending"},
-            },
+            {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec, "status": {"phase": "Pending"}},
         )
         record_event(
-            self.store,
-            ds,
-            "Normal",
-            "SuccessfulCreate",
-            f"Created pod: {pod['metadata']['name']}",
-            _COMPONENT,
+            self.store, ds, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", _COMPONENT
         )
         return pod
 

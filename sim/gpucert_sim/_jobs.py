@@ -146,13 +146,7 @@ class JobController:
         if complete and not active:
             status["completionTime"] = now_rfc3339()
             self._write(
-                job,
-                status,
-                active=0,
-                ready=0,
-                succeeded=succeeded,
-                failed=failed,
-                condition=("Complete", None, None),
+                job, status, active=0, ready=0, succeeded=succeeded, failed=failed, condition=("Complete", None, None)
             )
             record_event(self.store, job, "Normal", "Completed", "Job completed", _COMPONENT)
             return
@@ -267,21 +261,10 @@ class JobController:
             pod_meta["annotations"] = annotations
         pod = self.store.create(
             PODS,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": pod_meta,
-                "spec": spec,
-                "status": {"phase": "Pending"},
-            },
+            {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": spec, "status": {"phase": "Pending"}},
         )
         record_event(
-            self.store,
-            job,
-            "Normal",
-            "SuccessfulCreate",
-            f"Created pod: {pod['metadata']['name']}",
-            _COMPONENT,
+            self.store, job, "Normal", "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}", _COMPONENT
         )
         return pod
 
@@ -310,12 +293,7 @@ class JobController:
         if condition is not None:
             kind, reason, message = condition
             now = now_rfc3339()
-            cond: dict[str, Any] = {
-                "type": kind,
-                "status": "True",
-                "lastProbeTime": now,
-                "lastTransitionTime": now,
-            }
+            cond: dict[str, Any] = {"type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now}
             if reason:
                 cond.update(reason=reason, message=message)
             # Since v1.31 the Job controller first records the target it reached (SuccessCriteriaMet or

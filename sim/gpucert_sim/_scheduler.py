@@ -33,18 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._controllers import Runtime
-from ._objects import (
-    NODES,
-    PODS,
-    Key,
-    deleting,
-    key_of,
-    node_ready,
-    phase,
-    record_event,
-    set_condition,
-    terminal,
-)
+from ._objects import NODES, PODS, Key, deleting, key_of, node_ready, phase, record_event, set_condition, terminal
 from ._store import Obj, WatchEvent, now_rfc3339
 
 __all__ = [

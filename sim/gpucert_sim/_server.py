@@ -55,15 +55,7 @@ from ._endpoints import DcgmEndpoints
 from ._faults import ApiFaults, FaultInjector
 from ._fields import managed_fields_entry
 from ._gpufaults import GpuFaults
-from ._inject import (
-    FaultPlan,
-    InjectRoutes,
-    apply_plan,
-    check_plan,
-    delete_node,
-    load_fault_plan,
-    parse_fault_plan,
-)
+from ._inject import FaultPlan, InjectRoutes, apply_plan, check_plan, delete_node, load_fault_plan, parse_fault_plan
 from ._inject import set_node_ready as _set_node_ready
 from ._jobs import JobController
 from ._kubelet import loaded_driver, node_kubelets
@@ -203,11 +195,7 @@ class SimCluster:
         for name in _SYSTEM_NAMESPACES:
             self.store.create(
                 namespaces,
-                {
-                    "metadata": {"name": name},
-                    "spec": {"finalizers": ["kubernetes"]},
-                    "status": {"phase": "Active"},
-                },
+                {"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}},
             )
         register_nodes(self.store, self.fleet, preconfigured=self.preconfigured, label_prefix=self.label_prefix)
         if self.preconfigured:

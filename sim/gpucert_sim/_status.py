@@ -67,11 +67,7 @@ def status_body(code: int, reason: str, message: str, details: dict[str, Any] | 
 
 def not_found(group: str, plural: str, name: str) -> ApiError:
     what = f"{plural}.{group}" if group else plural
-    return ApiError(
-        404,
-        f'{what} "{name}" not found',
-        details={"name": name, "group": group, "kind": plural},
-    )
+    return ApiError(404, f'{what} "{name}" not found', details={"name": name, "group": group, "kind": plural})
 
 
 def conflict(group: str, plural: str, name: str, message: str, *, reason: str = "Conflict") -> ApiError:

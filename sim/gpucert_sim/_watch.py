@@ -79,12 +79,7 @@ async def _write(
 
 
 async def serve_watch(
-    request: web.Request,
-    target: Target,
-    store: Store,
-    faults: FaultInjector,
-    *,
-    bookmark_interval_s: float,
+    request: web.Request, target: Target, store: Store, faults: FaultInjector, *, bookmark_interval_s: float
 ) -> web.StreamResponse:
     query = request.query
     since, timeout = _since(query), _timeout(query)

@@ -748,12 +748,7 @@ class Fleet:
         gi, mi, ri = np.nonzero(np.arange(width) < counts[:, :, None])
         codes = np.array([_METRIC_CODE[m] for m in GPU_PERF_METRICS])
         rows.add(
-            node=node_of[gi],
-            gpu=g[gi] % per_node,
-            uuid=g[gi],
-            metric=codes[mi],
-            value=values[gi, mi, ri],
-            repeat=ri,
+            node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=codes[mi], value=values[gi, mi, ri], repeat=ri
         )
         gi, mi = np.nonzero(present[:, None] & eff.crash_gpu[g])
         rows.add(node=node_of[gi], gpu=g[gi] % per_node, uuid=g[gi], metric=_METRIC_CODE["error"], value=1.0)

@@ -237,3 +237,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = set(getattr(item, "fixturenames", ()))
         if module in END_TO_END_MODULES or fixtures & END_TO_END_FIXTURES:
             item.add_marker(pytest.mark.e2e)
+    # The end-to-end tests first (a stable sort: each module's order kept): the longest jobs start early and
+    # the quick ones fill the gaps at the end, so no worker runs a 100 s test alone while the other is idle.
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # The stamp names both projects' settings: gpucert's and the simulator's (gpucert-sim, in sim/).
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml sim/pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo check test static lint format layers types unit bench clean
+.PHONY: demo check test static lint format layers types unit bench docs clean
 
 $(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ unit: $(STAMP)
 bench: $(STAMP)         ## detection quality and compare speed: figures, not pass/fail
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/compare_speed.py
+
+docs: $(STAMP)          ## docs/reference/cli.md from the parser (tests/test_cli_reference.py checks it is current)
+	$(BIN)/python scripts/cli_reference.py
 
 clean:
 	rm -rf $(VENV) gpucert-demo .pytest_cache .mypy_cache .ruff_cache

@@ -68,7 +68,7 @@ def main() -> int:
 
     from gpucert.blocks.cluster import GpuCluster
     from gpucert.blocks.policy import CertificationPolicy
-    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.store import StoreLocation
     from gpucert.certify import CertifyOutcome
     from gpucert.flows.certify import certify
 
@@ -87,7 +87,7 @@ def main() -> int:
         ):
             print(f"simulated cluster of {args.nodes} nodes up in {time.perf_counter() - t1:.1f} s", flush=True)
             cluster = GpuCluster(kubeconfig=str(kubeconfig))
-            store = BaselineStore(uri=f"file://{d}/store")
+            store = StoreLocation(uri=f"file://{d}/store")
 
             fields: dict[str, Any] = {"shard_size": args.shard_size} if args.shard_size else {}
             if args.no_pairs:

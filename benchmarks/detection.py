@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from gpucert.baseline import build_baseline
-from gpucert.certify import NodeTaints, RunVerdicts, judge_rerun, settle, settled_verdicts
+from gpucert.certify import NodeTaints, RunVerdicts, rerun_verdicts, settle, settled_verdicts
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
@@ -95,7 +95,7 @@ def one_seed(seed: int, nodes: int, per_kind: int) -> tuple[pd.DataFrame, dict[s
             fleet_shift=-0.02,
             nodes=pending,
         )
-        rerun = judge_rerun(again.results, wave.results, pending, baseline, policy)
+        rerun = rerun_verdicts(again.results, wave.results, pending, baseline, policy)
         reruns.append(RunVerdicts(f"night-c{attempt}", rerun, tuple(pending)))
         settlement = settle(first, reruns, fleet=fleet_taints, policy=policy)
     settled = settled_verdicts(first_verdicts, settlement)

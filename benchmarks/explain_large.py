@@ -157,7 +157,7 @@ def explain_once(url: str, nodes: int, start: int, end: int) -> dict[str, Any]:
     """Gather and judge the job as ``gpucert explain`` does; the figures of this process."""
     import pandas as pd
 
-    from gpucert.explain import JobTarget, TargetPod, empty_record, gather, judge_gathered
+    from gpucert.explain import JobTarget, TargetPod, diagnose, empty_record, gather
     from gpucert.kube import KubeError
     from gpucert.telemetry import PrometheusSource
 
@@ -190,7 +190,7 @@ def explain_once(url: str, nodes: int, start: int, end: int) -> dict[str, Any]:
         job="bench/train", kind="Job", namespace="bench", selector="job-name=train", pods=pods, window=window
     )
     got = gather(NoCluster(), PrometheusSource(url, timeout_s=300), target, read_logs=False)  # type: ignore[arg-type]
-    explanation, html, judged = judge_gathered(target, got, empty_record(), list(got.notes))
+    explanation, html, judged = diagnose(target, got, empty_record(), list(got.notes))
     wall = time.perf_counter() - began
     usage = resource.getrusage(resource.RUSAGE_SELF)
     top = explanation.suspects[0] if explanation.suspects else None

@@ -3,8 +3,8 @@
 A fleet of leaves of ``--leaf-size`` nodes (the last one smaller when it does not divide), one NIC at half
 rate per 100 nodes and one slow link between two leaves (×0.6); pair results are synthetic (three repeats
 per pair, 4 % run-to-run noise, 1 % per node, 0.5 % transient bad samples), made outside the timed code.
-Timed, each the best of ``--repeats``: ``plan_rounds``; ``judge_pairs`` on the plan's results; ``repairs``;
-and ``judge_pairs`` again on the plan extended with the re-pairing round and its results (what certify
+Timed, each the best of ``--repeats``: ``plan_rounds``; ``pair_findings`` on the plan's results; ``repairs``;
+and ``pair_findings`` again on the plan extended with the re-pairing round and its results (what certify
 does after the re-pairing). Each size runs in a fresh process, so its peak RSS (``ru_maxrss``) is its own;
 the RSS after the imports is printed beside it.
 
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpucert.network import judge_pairs, plan_rounds, repairs
+from gpucert.network import pair_findings, plan_rounds, repairs
 
 LEAF = "gpucert.io/leaf"
 
@@ -97,11 +97,11 @@ def measure(nodes: int, leaf_size: int, repeats: int, seed: int) -> dict[str, An
     fabric = _Fabric(fleet, seed)
     t_plan, plan = _best(lambda: plan_rounds(fleet, leaf_label=LEAF, seed=seed), repeats)
     results = fabric.measure(plan.pairs)
-    t_judge, first = _best(lambda: judge_pairs(results, plan), repeats)
+    t_judge, first = _best(lambda: pair_findings(results, plan), repeats)
     t_repairs, more = _best(lambda: repairs(first, plan, seed=seed), repeats)
     full = plan.extended(more)
     everything = pd.concat([results, fabric.measure(more.pairs)], ignore_index=True)
-    t_again, final = _best(lambda: judge_pairs(everything, full), repeats)
+    t_again, final = _best(lambda: pair_findings(everything, full), repeats)
     return {
         "nodes": nodes,
         "leaves": int(fleet[LEAF].nunique()),

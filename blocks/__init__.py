@@ -1,4 +1,4 @@
-"""Prefect blocks: GpuCluster, BaselineStore, Ticketing, CertificationPolicy and Prometheus
+"""Prefect blocks: GpuCluster, StoreLocation, Ticketing, CertificationPolicy and Prometheus
 (docs/design/architecture.md, "Prefect: blocks, deployments, events").
 
 CertificationPolicy carries the same policy as ``gpucert.policy.Policy`` (the YAML defaults in
@@ -13,7 +13,7 @@ deployments name (``gpucert`` each; see prefect.yaml).
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.prometheus import Prometheus
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 
-__all__ = ["BaselineStore", "CertificationPolicy", "GpuCluster", "Prometheus", "Ticketing"]
+__all__ = ["CertificationPolicy", "GpuCluster", "Prometheus", "StoreLocation", "Ticketing"]

@@ -1,4 +1,8 @@
-"""The ``BaselineStore`` block: where baselines and run files live, and the AWS credentials to reach S3."""
+"""The ``StoreLocation`` block: where baselines and run files live, and the AWS credentials to reach S3.
+
+Named apart from the store it opens (:class:`gpucert.store.BaselineStore`); its Prefect type keeps the slug
+``gpucert-baseline-store``, so blocks saved before the rename still load.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,10 @@ from gpucert.blocks._schema import block_schema_extra
 from gpucert.store import BaselineStore as Store
 from gpucert.store import S3ObjectStore, StoreURIError, check_public_url, open_store
 
-__all__ = ["BaselineStore"]
+__all__ = ["StoreLocation"]
 
 
-class BaselineStore(Block):
+class StoreLocation(Block):
     """gpucert's store: versioned baselines and each run's results, verdicts, report and stack.
 
     ``uri`` is ``file:///path`` (the embedded default) or ``s3://bucket/prefix``; for S3 the credentials
@@ -26,8 +30,8 @@ class BaselineStore(Block):
 
     Example:
         ```python
-        from gpucert.blocks.store import BaselineStore
-        store = BaselineStore.load("BLOCK_NAME").open(create=False)   # a reader: the store must exist
+        from gpucert.blocks.store import StoreLocation
+        store = StoreLocation.load("BLOCK_NAME").open(create=False)   # a reader: the store must exist
         print(store.current_version())
         print(store.link("runs/date=2026-12-01/run=nightly-1/report.html"))
         ```
@@ -65,7 +69,7 @@ class BaselineStore(Block):
             raise ValueError(str(exc)) from None
 
     @classmethod
-    def default(cls) -> BaselineStore:
+    def default(cls) -> StoreLocation:
         """The store flows use when none is given: ``$GPUCERT_STORE``, else ``./gpucert-store`` (made absolute);
         its public URL ``$GPUCERT_STORE_PUBLIC_URL`` when set."""
         return cls(

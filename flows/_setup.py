@@ -30,7 +30,7 @@ from gpucert._memory import return_arrow_memory
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import BenchmarkSettings, CertificationRules, policy_payload_args
 from gpucert.errors import InputError, RunAttemptsExhausted, SetupMissing
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 
-BlockT = TypeVar("BlockT", GpuCluster, BaselineStore, CertificationPolicy, Ticketing)
+BlockT = TypeVar("BlockT", GpuCluster, StoreLocation, CertificationPolicy, Ticketing)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Setup:
     kube: Kube
     store: Store
     #: The blocks as given (or defaulted), to pass on to a sub-flow unchanged.
-    store_block: BaselineStore
+    store_block: StoreLocation
     policy: CertificationPolicy
     ticketing: Ticketing | None
     rules: CertificationRules
@@ -108,7 +108,7 @@ def check_attempts() -> int:
 
 def resolve(
     cluster: GpuCluster | None,
-    store: BaselineStore | None,
+    store: StoreLocation | None,
     policy: CertificationPolicy | None,
     ticketing: Ticketing | None,
     *,
@@ -175,22 +175,22 @@ def cluster_of(cluster: GpuCluster | None, name: str | None) -> GpuCluster:
     return GpuCluster()
 
 
-def store_of(store: BaselineStore | None, name: str | None) -> BaselineStore:
-    """``store``, else the saved BaselineStore block ``name``, else — outside a deployment, or with
-    ``$GPUCERT_STORE`` set in the worker's environment — :meth:`BaselineStore.default`. Raises
+def store_of(store: StoreLocation | None, name: str | None) -> StoreLocation:
+    """``store``, else the saved StoreLocation block ``name``, else — outside a deployment, or with
+    ``$GPUCERT_STORE`` set in the worker's environment — :meth:`StoreLocation.default`. Raises
     :class:`~gpucert.errors.SetupMissing` for a deployed run with none of these (never a file store in the
     worker's working folder) and for a name that is not saved."""
     if store is not None:
         return store
     if name:
-        return load_named(BaselineStore, name, "store_block")
+        return load_named(StoreLocation, name, "store_block")
     if _deployed() and not os.environ.get("GPUCERT_STORE"):
         raise SetupMissing(
             "no store: a deployed run takes it from the store parameter or store_block, the name of a saved "
-            "BaselineStore block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
+            "StoreLocation block (prefect.yaml names 'gpucert', which `gpucert setup` saves); it never "
             "writes a file store into the worker's working folder"
         )
-    return BaselineStore.default()
+    return StoreLocation.default()
 
 
 def load_named(block_type: type[BlockT], name: str, parameter: str) -> BlockT:

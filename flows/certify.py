@@ -12,12 +12,12 @@ The runbook, top to bottom:
 3. **links** (the policy's ``network.pairs``, on by default): the measured nodes in two-node all-reduce
    pairs, round by round, chosen by their leaf and zone labels, then re-paired where nothing explains a
    low pair yet (``tasks/links.py``);
-4. **judge** the results against the store's current baseline (own history, peers, spec), the pairs by
-   the run's pairing plan;
+4. **verdicts**: the results judged against the store's current baseline (own history, peers, spec), the
+   pairs by the run's pairing plan;
 5. **confirm**: re-run the nodes whose fail no hard gate backs, judged among this run's other nodes;
 6. **settle**: one decision per node — the fail stands when 2 of 3 runs fail; taints added, kept, lifted
    or refused by the blast radius (gpucert's taints in force, all runs together); observe-only taints
-   nothing — stored as ``decisions.parquet``;
+   nothing — stored once, with the verdicts made to agree: ``decisions.parquet``, ``verdicts.parquet``;
 7. **act**: state labels, annotations, the ``GpuCertified`` condition and the taint, from the decision;
 8. **keep**: the run's passing results merged into a new baseline version, ``stack.json`` stored;
 9. **report**: ``report.html``, the verdict and decision tables, a summary and a link, as artifacts;
@@ -38,7 +38,7 @@ from gpucert._crashpoints import crashpoint
 from gpucert._memory import release_freed_memory
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import (
     CertificationRun,
@@ -54,9 +54,10 @@ from gpucert.tasks.certify import (
     act_on_nodes,
     benchmark,
     fleet_state,
-    judge_run,
     keep_baselines,
+    make_verdicts,
     prepare,
+    record_settlement,
     select_nodes,
     settle_run,
 )
@@ -71,7 +72,7 @@ __all__ = ["certify", "certify_shard"]
 @flow(name="certify", flow_run_name=certify_run_id, log_prints=False)
 async def certify(
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     nodes: list[str] | None = None,
     include_busy: bool = False,
     run_id: str | None = None,
@@ -142,8 +143,7 @@ async def certify(
     )
     audit.flush()  # the Jobs created and deleted
     release_freed_memory()  # what the waves parsed, before the whole fleet is judged at once
-    first = judge_run(run, failed, list(gpus), rules.policy)
-    crashpoint("judged")
+    first = make_verdicts(run, failed, list(gpus), rules.policy)
 
     fleet = fleet_state(kube, setup.cluster.gpu_node_selector, prefix=prefix)
     settlement = settle_run(run, first, [], fleet, rules)
@@ -153,15 +153,17 @@ async def certify(
             break
         rerun, pending = run.rerun(attempt), {n: gpus[n] for n in settlement.pending}
         rerun_failed, _ = await benchmark(kube, pending, rerun, payload, settings, max_parallel=max_parallel)
-        reruns.append(judge_run(rerun, rerun_failed, list(pending), rules.policy, cohort=run))
+        reruns.append(make_verdicts(rerun, rerun_failed, list(pending), rules.policy, cohort=run))
         settlement = settle_run(run, first, reruns, fleet, rules)
+    record_settlement(run, first, settlement)
+    crashpoint("settled")
 
     audit.flush()
     audit.because(f"certify {run.run_id}: decision", per_object=settlement.reasons())
     actions = act_on_nodes(kube, settlement, prefix=prefix)
     audit.flush()
     audit.because(f"certify {run.run_id}: passing results merged")
-    release_freed_memory()  # the judge's and the settling's, before the merge takes the medians again
+    release_freed_memory()  # the verdicts' and the settling's, before the merge takes the medians again
     version, reseeded = keep_baselines(run, stacks, rules.policy)
     audit.flush()
     release_freed_memory()  # the merge's, before the report draws the fleet
@@ -243,7 +245,7 @@ async def certify_shard(
     index: int,
     nodes: dict[str, int],
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     policy: CertificationPolicy | None = None,
     image: str | None = None,
     max_parallel: int = 16,

@@ -31,7 +31,7 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 
 from gpucert.audit import AuditLog, AuditRecorder
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.flows._setup import check_attempts, cluster_of, publish_audit, run_trigger, store_of
 from gpucert.kube import Kube
 from gpucert.stack import (
@@ -97,7 +97,7 @@ def configure(
     dry_run_dir: str | None = None,
     gpus_per_node: int = 8,
     rollout_timeout_s: float = 900.0,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     cluster_block: str | None = None,
     store_block: str | None = None,
     installer: str = "auto",
@@ -221,7 +221,7 @@ def _adopt(
     targets: list[NodeInfo],
     request: StackRequest,
     *,
-    trail: BaselineStore | None,
+    trail: StoreLocation | None,
     dry_run_dir: str | None,
     gpus_per_node: int,
     timeout_s: float,
@@ -342,7 +342,7 @@ def _adopt(
 
 def _certify_changed(
     cluster: GpuCluster,
-    store: BaselineStore,
+    store: StoreLocation,
     outcome: ConfigureOutcome,
     nodes: list[str],
     changes: list[OperatorChange],

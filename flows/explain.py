@@ -27,10 +27,10 @@ from prefect.runtime import flow_run
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.prometheus import Prometheus
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.errors import InputError
-from gpucert.explain import STEP_METRIC, ExplainOutcome, LabelMap, explain_id, nothing_to_judge
+from gpucert.explain import STEP_METRIC, ExplainOutcome, LabelMap, explain_id, nothing_to_explain
 from gpucert.flows._setup import apublish_audit, resolve
 from gpucert.flows.certify import certify
 from gpucert.tasks.explain import act_on_suspect, explain_window, find_job, publish_explanation
@@ -53,7 +53,7 @@ async def explain_job(
     until: str | None = None,
     prometheus: Prometheus | None = None,
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     policy: CertificationPolicy | None = None,
     ticketing: Ticketing | None = None,
     step_metric: str | None = STEP_METRIC,
@@ -104,7 +104,7 @@ async def explain_job(
         labels=mapping,
     )
     if explanation.verdict == "no-data":
-        raise InputError(nothing_to_judge(explanation))
+        raise InputError(nothing_to_explain(explanation))
     answered = ExplainOutcome.of(explanation, timeline=timeline, timeline_link=link, seconds=seconds)
     if not act:
         publish_explanation(answered)

@@ -21,7 +21,7 @@ from prefect.runtime import flow_run
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.flows._setup import resolve
 from gpucert.flows.certify import certify
@@ -47,7 +47,7 @@ async def onboard(
     node: str,
     uid: str | None = None,
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     policy: CertificationPolicy | None = None,
     ticketing: Ticketing | None = None,
     ready_timeout_s: float = 900.0,

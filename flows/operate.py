@@ -27,7 +27,7 @@ from gpucert.audit import ticket_action
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.prometheus import Prometheus
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import busy_nodes
 from gpucert.flows._setup import resolve
@@ -57,7 +57,7 @@ def _night() -> str:
 @flow(name="operate", flow_run_name=_night, log_prints=False)
 async def operate(
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     policy: CertificationPolicy | None = None,
     ticketing: Ticketing | None = None,
     prometheus: Prometheus | None = None,

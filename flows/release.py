@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 from gpucert.audit import ticket_action
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.flows._setup import resolve
 from gpucert.flows.certify import certify
@@ -39,7 +39,7 @@ def _run_name() -> str:
 async def release(
     nodes: list[str],
     cluster: GpuCluster | None = None,
-    store: BaselineStore | None = None,
+    store: StoreLocation | None = None,
     policy: CertificationPolicy | None = None,
     ticketing: Ticketing | None = None,
     action: str | None = None,

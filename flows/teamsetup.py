@@ -7,7 +7,7 @@ The steps, each idempotent:
 2. **register** every gpucert block type (``prefect block register -m gpucert.blocks`` does the same);
 3. **save** the blocks prefect.yaml's deployments name (``gpucert``, or ``--name``): the GpuCluster (its
    kubeconfig's contents in a prefect-kubernetes ``KubernetesCredentials`` block, so a worker on another
-   machine reaches the cluster), the BaselineStore (S3 keys in a prefect-aws ``AwsCredentials`` block),
+   machine reaches the cluster), the StoreLocation (S3 keys in a prefect-aws ``AwsCredentials`` block),
    the Ticketing when the team has one, and the CertificationPolicy that names it; each overwritten;
 4. **create** the deployments' work pools (process pools) where missing;
 5. **deploy**: ``prefect deploy --all`` in the project folder (the one holding prefect.yaml);
@@ -32,14 +32,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from gpucert._yaml import read_yaml_mapping
-from gpucert.blocks import BaselineStore, CertificationPolicy, GpuCluster, Prometheus, Ticketing
+from gpucert.blocks import CertificationPolicy, GpuCluster, Prometheus, StoreLocation, Ticketing
 from gpucert.errors import InputError
 
 __all__ = ["DEFAULT_NAME", "SetupReport", "TeamFile", "setup_team"]
 
 #: The name prefect.yaml's deployments give every block (``cluster_block: gpucert``, …).
 DEFAULT_NAME = "gpucert"
-BLOCK_TYPES = (GpuCluster, BaselineStore, Ticketing, CertificationPolicy, Prometheus)
+BLOCK_TYPES = (GpuCluster, StoreLocation, Ticketing, CertificationPolicy, Prometheus)
 
 
 class _Strict(BaseModel):
@@ -131,7 +131,7 @@ class _Blocks:
     """The blocks to save, built and checked before anything is written to the server."""
 
     cluster: GpuCluster
-    store: BaselineStore
+    store: StoreLocation
     ticketing: Ticketing | None
     policy: CertificationPolicy
     kube_credentials: Any = None
@@ -161,7 +161,7 @@ def build_blocks(team: TeamFile) -> _Blocks:
     except ValidationError as exc:
         raise InputError(f"setup: cluster.{_first_error(exc)}") from None
     try:
-        store = BaselineStore(
+        store = StoreLocation(
             uri=team.store.uri, credentials=aws, endpoint_url=team.store.endpoint_url, public_url=team.store.public_url
         )
     except ValidationError as exc:
@@ -218,7 +218,7 @@ def save_blocks(blocks: _Blocks, name: str, report: SetupReport) -> None:
     blocks.cluster.save(name, overwrite=True)
     report.say(f"saved GpuCluster {name!r}: {_described(blocks.cluster.describe())}")
     blocks.store.save(name, overwrite=True)
-    report.say(f"saved BaselineStore {name!r}: {blocks.store.uri}")
+    report.say(f"saved StoreLocation {name!r}: {blocks.store.uri}")
     policy = blocks.policy
     if blocks.ticketing is not None:
         blocks.ticketing.save(name, overwrite=True)

@@ -1,9 +1,6 @@
-"""Work on a thread of its own, its result (or exception) handed back to whoever waits for it.
-
-The commands that read a fleet's tables overlap what does not depend on each other (the baseline read
-while the results are decoded; the checks across the results' rows while they are judged): the Parquet
-decoding, numpy and pandas leave the interpreter to the other thread for most of their time.
-"""
+"""Work on a thread of its own, its result (or exception) handed back to whoever waits for it: the commands
+that read a fleet's tables overlap what does not depend on each other, and Parquet decoding, numpy and
+pandas leave the interpreter to the other thread most of the time."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
 """The commands that run a lifecycle flow once, locally: the command line's one door to Prefect.
 
-Prefect is imported only here and only once a command was parsed, so ``gpucert compare`` and the
-rest start without it. Without ``PREFECT_API_URL`` Prefect runs the flow against a temporary local
-server; with it, the run shows up in that server's UI like a deployment's.
+Prefect is imported only here and only once a command was parsed, so ``gpucert compare`` and the rest start
+without it. Without ``PREFECT_API_URL`` Prefect runs the flow against a temporary local server; with it, the
+run shows up in that server's UI like a deployment's.
 
-Every input is checked before anything starts — the kubeconfig, the store, the policy file, the run id,
-node names, a saved block's name, configure's ``--dry-run`` folder — so a typo is one line and exit 2, never
-a temporary Prefect server started for nothing or a half-done run. The endpoints are asked first too: the
-API server (its ``/version``, within :data:`REACH_S`), an ``s3://`` store (one listing) and
-``--prometheus`` (one query, within :data:`REACH_S`), each within the call deadline (``gpucert --timeout``)
-too, so an endpoint that is down, or that accepts connections and never answers, fails the command in
-seconds (exit 1, naming it) instead of after a Prefect server started and a task's retries ran out.
+Every input is checked, and every endpoint asked once (the API server's ``/version``, an ``s3://`` store's
+listing, one ``--prometheus`` query, each within :data:`REACH_S`), before anything starts: a typo is one
+line and exit 2, an endpoint down or hung fails in seconds (exit 1, naming it), never a temporary Prefect
+server started for nothing, a task's retries run out or a half-done run.
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._names import check_run_id, dns_subdomain_ok
@@ -35,10 +33,10 @@ if TYPE_CHECKING:
     from gpucert._prometheus_cli import PrometheusOptions
     from gpucert.blocks.cluster import GpuCluster
     from gpucert.blocks.policy import CertificationPolicy
-    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.store import StoreLocation
     from gpucert.blocks.ticketing import Ticketing
 
-    B = TypeVar("B", GpuCluster, CertificationPolicy, BaselineStore, Ticketing)
+    B = TypeVar("B", GpuCluster, CertificationPolicy, StoreLocation, Ticketing)
 
 __all__ = [
     "FlowInputs",
@@ -50,6 +48,7 @@ __all__ = [
     "parse_versions",
     "release_command",
     "setup_command",
+    "tickets_command",
     "watch_nodes_command",
 ]
 
@@ -87,12 +86,11 @@ def parse_versions(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def check_nodes(nodes: Sequence[str], *, what: str = "node") -> list[str]:
-    """``nodes`` when each is a valid node name (a DNS subdomain); raises :class:`InputError` naming one."""
+def check_nodes(nodes: Sequence[str]) -> None:
+    """Raise :class:`InputError` naming the first of ``nodes`` that is not a node name (a DNS subdomain)."""
     for node in nodes:
         if not dns_subdomain_ok(node):
-            raise InputError(f"{what} {node!r} is not a node name (lower-case a-z, 0-9, '-' and '.', at most 253)")
-    return list(nodes)
+            raise InputError(f"node {node!r} is not a node name (lower-case a-z, 0-9, '-' and '.', at most 253)")
 
 
 @dataclass(frozen=True)
@@ -121,9 +119,13 @@ class FlowInputs:
     """The blocks a flow command passes, built and checked before any flow starts."""
 
     cluster: GpuCluster
-    store: BaselineStore | None = None
+    store: StoreLocation | None = None
     policy: CertificationPolicy | None = None
     ticketing: Ticketing | None = None
+
+    def blocks(self) -> dict[str, Any]:
+        """The blocks, as a certifying flow's keyword arguments."""
+        return {"cluster": self.cluster, "store": self.store, "policy": self.policy, "ticketing": self.ticketing}
 
 
 def flow_inputs(
@@ -140,19 +142,17 @@ def flow_inputs(
     blocks: NamedBlocks | None = None,
     needs_store: bool = False,
 ) -> FlowInputs:
-    """Check and build a flow's inputs; raises :class:`InputError` naming the one that is wrong.
+    """Check and build a flow's inputs (the kubeconfig read and its API server asked, the nodes looked up, the
+    policy validated, the store opened — a missing ``file://`` root is created: certify starts a store — and
+    reached, a saved ``Ticketing`` block loaded); raises :class:`InputError` naming the one that is wrong,
+    or the :class:`~gpucert.kube.KubeError` or :class:`~gpucert.errors.StoreError` of an endpoint that did
+    not answer in time.
 
-    ``blocks`` names saved blocks (``--cluster-block``, ``--store-block``, ``--policy-block``), each instead
-    of the options it stands for (both given: exit 2), or gives the cluster's storage location and stack
-    namespace; ``needs_store``: one of ``store`` and ``--store-block`` is required.
-
-    The kubeconfig is read, the API server asked for its version and the nodes asked for looked up, the policy
-    file fully validated, the store opened (a missing ``file://`` root is created: certify starts a store) and
-    reached, a saved ``Ticketing`` block loaded. Raises the :class:`~gpucert.kube.KubeError` or
-    :class:`~gpucert.errors.StoreError` of an endpoint that did not answer in time.
+    ``blocks`` names saved blocks, each instead of the options it stands for (both given: exit 2), or gives
+    the cluster's storage location and stack namespace; ``needs_store``: ``store`` or ``--store-block``.
     """
     from gpucert.blocks.policy import CertificationPolicy
-    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.store import StoreLocation
 
     named = blocks or NamedBlocks()
     namespace = namespace or named.namespace
@@ -167,9 +167,9 @@ def flow_inputs(
     if named.policy_block:
         policy = _saved(CertificationPolicy, named.policy_block, "--policy-block")
         policy.rules()  # a saved policy that no longer validates: named now, exit 2
-    store_block = BaselineStore(uri=store) if store is not None else None
+    store_block = StoreLocation(uri=store) if store is not None else None
     if named.store_block:
-        store_block = _saved(BaselineStore, named.store_block, "--store-block")
+        store_block = _saved(StoreLocation, named.store_block, "--store-block")
     opened = store_block.open(create=True) if store_block is not None else None  # a bad URI fails here
     # The local checks done, the endpoints: a server that is down or never answers fails here, in seconds.
     kube.version(within_s=REACH_S)
@@ -273,6 +273,22 @@ def _saved(block_type: type[B], name: str, flag: str) -> B:
     return loaded
 
 
+def _inputs_of(args: Any, *, nodes: Sequence[str] = (), needs_store: bool = True) -> FlowInputs:
+    """:func:`flow_inputs` of a command's parsed arguments (those it does not have: None)."""
+    return flow_inputs(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        label_prefix=args.label_prefix,
+        selector=args.selector,
+        store=getattr(args, "store", None),
+        policy_file=getattr(args, "policy", None),
+        ticketing=getattr(args, "ticketing", None),
+        nodes=nodes,
+        blocks=NamedBlocks.of(args),
+        needs_store=needs_store,
+    )
+
+
 def _print(outcome: Any, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(outcome.model_dump_json(indent=2) + "\n")
@@ -281,174 +297,90 @@ def _print(outcome: Any, as_json: bool) -> None:
         sys.stdout.write(text)
 
 
-def configure_command(
-    *,
-    kubeconfig: str | None,
-    context: str | None,
-    release: str | None,
-    versions: Sequence[str],
-    registry: str | None,
-    nodes: Sequence[str],
-    dry_run: str | None,
-    namespace: str,
-    label_prefix: str,
-    selector: str,
-    gpus_per_node: int,
-    timeout_s: float,
-    as_json: bool,
-    installer: str = "auto",
-    certify_changed: bool = True,
-) -> int:
+def configure_command(args: Any) -> int:
     """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
-    pinned = parse_versions(versions)
-    check_nodes(nodes)
-    if dry_run is not None:
+    pinned = parse_versions(args.versions)
+    check_nodes(args.nodes)
+    if args.dry_run is not None:
         from pathlib import Path
 
         from .stack import check_output_dir
 
-        check_output_dir(Path(dry_run))  # a file there, or a folder that cannot be written: exit 2 now
-    inputs = flow_inputs(
-        kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector, namespace=namespace
-    )
+        check_output_dir(Path(args.dry_run))  # a file there, or a folder that cannot be written: exit 2 now
+    inputs = _inputs_of(args, needs_store=False)
     _prepare_prefect()
     from gpucert.flows.configure import configure
 
     outcome = configure(
         cluster=inputs.cluster,
-        release=release,
+        release=args.release,
         versions=pinned,
-        registry=registry,
-        nodes=list(nodes) or None,
-        dry_run_dir=dry_run,
-        gpus_per_node=gpus_per_node,
-        rollout_timeout_s=timeout_s,
-        installer=installer,
-        certify_changed=certify_changed,
+        registry=args.registry,
+        nodes=list(args.nodes) or None,
+        dry_run_dir=args.dry_run,
+        gpus_per_node=args.gpus_per_node,
+        rollout_timeout_s=args.timeout,
+        installer=args.installer,
+        certify_changed=args.certify_changed,
     )
-    _print(outcome, as_json)
+    _print(outcome, args.json)
     return 0
 
 
-def certify_command(
-    *,
-    kubeconfig: str | None,
-    context: str | None,
-    store: str | None,
-    nodes: Sequence[str],
-    include_busy: bool,
-    run_id: str | None,
-    image: str | None,
-    policy_file: str | None,
-    ticketing: str | None,
-    observe_only: bool,
-    max_parallel: int,
-    payload_args: Sequence[str],
-    label_prefix: str,
-    selector: str,
-    blocks: NamedBlocks | None = None,
-    as_json: bool,
-) -> int:
+def certify_command(args: Any) -> int:
     """Run the certify flow once; prints what it found and did. Returns 0: a run that found faults did its job
     (they are in the labels, taints, report and the printed summary) — or 5 when it hit the blast radius
     (an incident: nothing tainted, one incident ticket, a page)."""
-    if run_id is not None:
-        check_run_id(run_id, what="--run-id")
-    inputs = flow_inputs(
-        kubeconfig=kubeconfig,
-        context=context,
-        label_prefix=label_prefix,
-        selector=selector,
-        store=store,
-        policy_file=policy_file,
-        ticketing=ticketing,
-        nodes=nodes,
-        blocks=blocks,
-        needs_store=True,
-    )
-    _check_payload_args(payload_args)
+    if args.run_id is not None:
+        check_run_id(args.run_id, what="--run-id")
+    inputs = _inputs_of(args, nodes=args.nodes)
+    if args.payload_args:  # checked as the Job would be
+        from .certify import check_payload_args
+
+        check_payload_args(tuple(args.payload_args))
     _prepare_prefect()
     from gpucert.flows.certify import certify
 
     outcome = asyncio.run(
         certify(
-            cluster=inputs.cluster,
-            store=inputs.store,
-            nodes=list(nodes) or None,
-            include_busy=include_busy,
-            run_id=run_id,
-            image=image,
-            policy=inputs.policy,
-            ticketing=inputs.ticketing,
-            observe_only=observe_only or None,
-            max_parallel=max_parallel,
-            payload_args=list(payload_args) or None,
+            **inputs.blocks(),
+            nodes=list(args.nodes) or None,
+            include_busy=args.include_busy,
+            run_id=args.run_id,
+            image=args.image,
+            observe_only=args.observe_only or None,
+            max_parallel=args.max_parallel,
+            payload_args=list(args.payload_args) or None,
         )
     )
-    _print(outcome, as_json)
+    _print(outcome, args.json)
     return _incident_exit(outcome) or 0
 
 
-def _check_payload_args(args: Sequence[str]) -> None:
-    """Raise :class:`InputError` unless the benchmark payload accepts ``args`` (checked as the Job would be)."""
-    if args:
-        from .certify import check_payload_args
-
-        check_payload_args(tuple(args))
-
-
-def operate_command(
-    *,
-    kubeconfig: str | None,
-    context: str | None,
-    store: str | None,
-    policy_file: str | None,
-    ticketing: str | None,
-    observe_only: bool,
-    prometheus_url: PrometheusOptions | str | None,
-    rotation_days: float | None,
-    max_nodes: int | None,
-    scrape_interval_s: float,
-    label_prefix: str,
-    selector: str,
-    namespace: str,
-    blocks: NamedBlocks | None = None,
-    as_json: bool,
-) -> int:
+def operate_command(args: Any) -> int:
     """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0, or 4 (the
     run completed but could not judge) with one line on stderr when the night read no telemetry at all: no
     DCGM exporter found, or no GPU node's telemetry readable. Some nodes unread is 0: those read were judged,
     and the unread are named in the report."""
-    inputs = flow_inputs(
-        kubeconfig=kubeconfig,
-        context=context,
-        label_prefix=label_prefix,
-        selector=selector,
-        store=store,
-        policy_file=policy_file,
-        ticketing=ticketing,
-        namespace=namespace,
-        blocks=blocks,
-        needs_store=True,
-    )
-    prometheus = _prometheus(prometheus_url)
+    from ._prometheus_cli import prometheus_options
+
+    given = prometheus_options(args)
+    inputs = _inputs_of(args)
+    prometheus = _prometheus(given)
     _prepare_prefect()
     from gpucert.flows.operate import operate
 
     outcome = asyncio.run(
         operate(
-            cluster=inputs.cluster,
-            store=inputs.store,
-            policy=inputs.policy,
-            ticketing=inputs.ticketing,
+            **inputs.blocks(),
             prometheus=prometheus,
-            observe_only=observe_only or None,
-            rotation_days=rotation_days,
-            max_nodes=max_nodes,
-            scrape_interval_s=scrape_interval_s,
+            observe_only=args.observe_only or None,
+            rotation_days=args.rotation_days,
+            max_nodes=args.max_nodes,
+            scrape_interval_s=args.scrape_interval,
         )
     )
-    _print(outcome, as_json)
+    _print(outcome, args.json)
     if outcome.telemetry_missing:
         # Not a clean night: nothing asked for re-certification for want of numbers, not of faults.
         sys.stderr.write(f"gpucert: operate: {outcome.telemetry_missing}\n")
@@ -488,97 +420,28 @@ def _prometheus(given: PrometheusOptions | str | None) -> Any:
     return block
 
 
-def onboard_command(
-    *,
-    node: str,
-    uid: str | None,
-    kubeconfig: str | None,
-    context: str | None,
-    store: str | None,
-    policy_file: str | None,
-    ticketing: str | None,
-    ready_timeout_s: float,
-    label_prefix: str,
-    selector: str,
-    blocks: NamedBlocks | None = None,
-    as_json: bool,
-) -> int:
-    """Onboard ``node`` once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
-    check_nodes([node])  # it may not have joined yet: the flow waits for it
-    inputs = flow_inputs(
-        kubeconfig=kubeconfig,
-        context=context,
-        label_prefix=label_prefix,
-        selector=selector,
-        store=store,
-        policy_file=policy_file,
-        ticketing=ticketing,
-        blocks=blocks,
-        needs_store=True,
-    )
+def onboard_command(args: Any) -> int:
+    """Onboard the node once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
+    check_nodes([args.node])  # it may not have joined yet: the flow waits for it
+    inputs = _inputs_of(args)
     _prepare_prefect()
     from gpucert.flows.onboard import onboard
 
-    outcome = asyncio.run(
-        onboard(
-            node=node,
-            uid=uid,
-            cluster=inputs.cluster,
-            store=inputs.store,
-            policy=inputs.policy,
-            ticketing=inputs.ticketing,
-            ready_timeout_s=ready_timeout_s,
-        )
-    )
-    _print(outcome, as_json)
+    outcome = asyncio.run(onboard(node=args.node, uid=args.uid, **inputs.blocks(), ready_timeout_s=args.ready_timeout))
+    _print(outcome, args.json)
     return _incident_exit(outcome.certify) or (0 if outcome.admitted else 3)
 
 
-def release_command(
-    *,
-    nodes: Sequence[str],
-    kubeconfig: str | None,
-    context: str | None,
-    store: str | None,
-    policy_file: str | None,
-    ticketing: str | None,
-    label_prefix: str,
-    selector: str,
-    action: str | None,
-    note: str,
-    blocks: NamedBlocks | None = None,
-    as_json: bool = False,
-) -> int:
+def release_command(args: Any) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
-    inputs = flow_inputs(
-        kubeconfig=kubeconfig,
-        context=context,
-        label_prefix=label_prefix,
-        selector=selector,
-        store=store,
-        policy_file=policy_file,
-        ticketing=ticketing,
-        nodes=nodes,
-        blocks=blocks,
-        needs_store=True,
-    )
+    inputs = _inputs_of(args, nodes=args.nodes)
     _prepare_prefect()
     from gpucert.flows.release import release
 
-    outcome = asyncio.run(
-        release(
-            nodes=list(nodes),
-            cluster=inputs.cluster,
-            store=inputs.store,
-            policy=inputs.policy,
-            ticketing=inputs.ticketing,
-            action=action,
-            note=note,
-        )
-    )
-    _print(outcome, as_json)
-    return _incident_exit(outcome.certify) or (0 if set(outcome.released) == set(nodes) else 3)
+    outcome = asyncio.run(release(nodes=list(args.nodes), **inputs.blocks(), action=args.action, note=args.note))
+    _print(outcome, args.json)
+    return _incident_exit(outcome.certify) or (0 if set(outcome.released) == set(args.nodes) else 3)
 
 
 def setup_command(args: Any) -> int:
@@ -586,10 +449,8 @@ def setup_command(args: Any) -> int:
     :class:`InputError` for no Prefect server, a bad team file or option, an unreachable store or cluster."""
     from pathlib import Path
 
-    token, secret_key = (
-        _from_env("--jira-token-env", args.jira_token_env),
-        _from_env("--s3-secret-key-env", args.s3_secret_key_env),
-    )
+    token = _from_env("--jira-token-env", args.jira_token_env)
+    secret_key = _from_env("--s3-secret-key-env", args.s3_secret_key_env)
     _prepare_prefect()
     from prefect.settings import PREFECT_API_URL
 
@@ -597,13 +458,6 @@ def setup_command(args: Any) -> int:
         raise InputError("setup: set PREFECT_API_URL to the team's Prefect server (a temporary one keeps nothing)")
     from gpucert.flows.teamsetup import read_team_file, setup_team
 
-    jira = {
-        "backend": "jira" if args.jira_url else None,
-        "server": args.jira_url,
-        "user": args.jira_user,
-        "project": args.jira_project,
-        "token": token,
-    }
     overrides = {
         "name": {"name": args.name},
         "cluster": {
@@ -623,16 +477,18 @@ def setup_command(args: Any) -> int:
             "aws_secret_access_key": secret_key,
             "region_name": args.s3_region,
         },
-        "ticketing": jira,
+        "ticketing": {
+            "backend": "jira" if args.jira_url else None,
+            "server": args.jira_url,
+            "user": args.jira_user,
+            "project": args.jira_project,
+            "token": token,
+        },
         "policy": {"file": args.policy},
     }
     team = read_team_file(args.team_file, overrides)
-
-    def say(line: str) -> None:
-        sys.stdout.write(f"{line}\n")
-        sys.stdout.flush()
-
-    setup_team(team, project=Path(args.project).resolve(), deploy=not args.no_deploy, reach_s=REACH_S, say=say)
+    project = Path(args.project).resolve()
+    setup_team(team, project=project, deploy=not args.no_deploy, reach_s=REACH_S, say=partial(print, flush=True))
     return 0
 
 
@@ -647,20 +503,15 @@ def _from_env(flag: str, variable: str | None) -> str | None:
     return value
 
 
-def watch_nodes_command(
-    *, kubeconfig: str | None, context: str | None, label_prefix: str, selector: str, once: bool
-) -> int:
-    """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (those present at
-    start and those that join), once per node UID, even across restarts; runs until interrupted
-    (``once``: only the present).
-
-    Once it has listed the nodes it rides out the API server going away, for as long as it takes, and
-    announces what joined meanwhile (:mod:`gpucert.kube._watch`); each outage is said on stderr when it
-    starts and when it ends. Raises :class:`InputError` (exit 2) when the kubeconfig's identity is refused
-    (401/403) past the bounded wait — at start, or during the run after it had permission — and the
-    :class:`~gpucert.kube.KubeError` of a server that does not answer at start (exit 1).
+def watch_nodes_command(args: Any) -> int:
+    """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (present at start, and
+    each that joins: ``--once``, only the present), once per node UID, even across restarts; runs until
+    interrupted, riding out the API server going away (each outage said on stderr) and announcing what joined
+    meanwhile (:mod:`gpucert.kube._watch`). Raises :class:`InputError` (exit 2) when the identity is refused
+    (401/403) past the bounded wait, and the :class:`~gpucert.kube.KubeError` of a server that does not answer
+    at start (exit 1).
     """
-    inputs = flow_inputs(kubeconfig=kubeconfig, context=context, label_prefix=label_prefix, selector=selector)
+    inputs = _inputs_of(args, needs_store=False)
     _prepare_prefect()
     from prefect.events import emit_event
 
@@ -684,7 +535,12 @@ def watch_nodes_command(
 
     try:
         announce_joined_nodes(
-            inputs.cluster.kube(), prefix=label_prefix, selector=selector, emit=emit, follow=not once, log=log
+            inputs.cluster.kube(),
+            prefix=args.label_prefix,
+            selector=args.selector,
+            emit=emit,
+            follow=not args.once,
+            log=log,
         )
     except KubeForbidden as exc:
         # Not a passing state any more but the identity's permissions: something for a person to fix.
@@ -695,22 +551,21 @@ def watch_nodes_command(
     return 0
 
 
-def tickets_command(
-    *, tickets: str | None, store: str | None, ticketing: str | None, state: str | None, nodes: list[str] | None
-) -> str:
-    """``gpucert tickets list``: the tickets of every backend as text — a saved ``Ticketing`` block's (Jira, a
+def tickets_command(args: Any) -> int:
+    """``gpucert tickets list``: prints the tickets of every backend — a saved ``Ticketing`` block's (Jira, a
     webhook's file), else the local ticket file (``--tickets``, a ``file://`` store's, or the default) —
     followed by those runs without ticketing recorded in ``--store`` and no run opened yet (an ``s3://``
     store has only these). Raises :class:`InputError` for a location or block that is not there."""
     from .tickets import DEFAULT_TICKETS, format_tickets, tickets_list
 
+    store, state, nodes = args.store, args.state, args.nodes or None
     parts: list[str] = []
     s3 = store is not None and store.strip().lower().startswith("s3://")
-    backend = _saved_ticketing(ticketing)
+    backend = _saved_ticketing(args.ticketing)
     if backend is not None:
         parts.append(tickets_list(backend.open(), state, nodes=nodes))
-    elif tickets is not None or not s3:
-        parts.append(tickets_list(tickets or store or DEFAULT_TICKETS, state, nodes=nodes))
+    elif args.tickets is not None or not s3:
+        parts.append(tickets_list(args.tickets or store or DEFAULT_TICKETS, state, nodes=nodes))
     if store is not None and state != "resolved":
         from .certify import recorded_tickets
         from .store import open_store
@@ -720,4 +575,18 @@ def tickets_command(
         if wanted or s3:
             head = f"recorded in {store} by runs without ticketing (opened by the first run that has it):"
             parts.append(head + "\n" + (format_tickets(wanted) if wanted else "no recorded tickets"))
-    return "\n\n".join(parts)
+    print("\n\n".join(parts))
+    return 0
+
+
+#: Each command that goes through Prefect (or a saved block) → what runs it, given the parsed arguments.
+COMMANDS: dict[str, Callable[[Any], int]] = {
+    "configure": configure_command,
+    "certify": certify_command,
+    "operate": operate_command,
+    "onboard": onboard_command,
+    "release": release_command,
+    "setup": setup_command,
+    "watch-nodes": watch_nodes_command,
+    "tickets": tickets_command,
+}

@@ -1,19 +1,14 @@
 """Giving freed memory back to the operating system, for a long flow process between its big steps; and
 keeping it, for a short command.
 
-A certify of 10,000 nodes reads and parses millions of rows in its shards, then judges them: CPython and
-glibc keep the freed arenas of the first for reuse, so the process's RSS after the shards stays near
-their peak and the judge's own memory comes on top. :func:`release_freed_memory` collects garbage and
-asks glibc (``malloc_trim``) to return free pages; elsewhere (macOS, musl) only the collection is done.
-:func:`return_arrow_memory` makes Arrow's buffers part of what it returns: Arrow's own pools (mimalloc,
-jemalloc) keep a parsed table's freed pages, about 350 MB of 3.9 million rows at the judge of 10,000 nodes.
+A certify of 10,000 nodes parses millions of rows in its shards, then judges them: glibc keeps the freed
+arenas for reuse, so the judge's memory comes on top of the shards' peak. :func:`release_freed_memory`
+collects garbage and asks glibc (``malloc_trim``) to return free pages; :func:`return_arrow_memory` has Arrow
+allocate from glibc too (its own pools kept about 350 MB of a 3.9-million-row table at that judge).
 
-A command that reads a fleet's results once and exits (``gpucert compare``) wants the opposite:
-:func:`keep_freed_memory` has glibc keep every freed block for the next allocation, of any thread, and
-Arrow allocate from glibc too, so the arrays each step frees are the memory the next step fills. By
+A command that reads once and exits (``gpucert compare``) wants the opposite, :func:`keep_freed_memory`: by
 default glibc maps each block over 32 MB (one float column of 4 million rows) afresh and unmaps it when
-freed, and Arrow's own pools keep their pages to themselves: the process faults in new pages all the way
-through, and page faults are dear on a virtual machine.
+freed, so the process faults in new pages all the way through, and page faults are dear on a virtual machine.
 """
 
 from __future__ import annotations
@@ -63,11 +58,7 @@ def release_freed_memory() -> bool:
 
 def return_arrow_memory() -> None:
     """From now on Arrow allocates from the C allocator (its system pool), whose free pages
-    :func:`release_freed_memory` returns, instead of mimalloc, which keeps them for reuse.
-
-    For a long flow process whose big steps (a shard's logs, a night's results) come one after another;
-    a command that reads once and exits keeps Arrow's faster pools (:mod:`gpucert._prefetch`).
-    """
+    :func:`release_freed_memory` returns, instead of mimalloc, which keeps them: for a long flow process."""
     import pyarrow as pa  # here: the module itself is imported by processes that never use Arrow
 
     pa.set_memory_pool(pa.system_memory_pool())
@@ -76,12 +67,10 @@ def return_arrow_memory() -> None:
 def keep_freed_memory() -> bool:
     """For the rest of this process glibc keeps freed memory for reuse and serves every thread from one
     heap, and Arrow (:func:`gpucert._prefetch.reading_pool`) allocates from glibc; returns whether glibc
-    was there to be told (elsewhere nothing changes).
+    was there to be told. Call it first, and only in a process that exits when its one job is done.
 
-    Call it first, before the big allocations, and only in a process that exits when its one job is
-    done: nothing it frees goes back to the system until then. Measured on ``gpucert compare`` of
-    100,000 GPUs × 3 repeats (2-core VM, ten runs side by side): 8 % less wall time, a third less system
-    time, 110 MB less peak memory.
+    Measured on ``gpucert compare`` of 100,000 GPUs × 3 repeats (2-core VM, ten runs side by side): 8 % less
+    wall time, a third less system time, 110 MB less peak memory.
     """
     mallopt = _libc_function("mallopt")
     if mallopt is None:

@@ -1,9 +1,6 @@
-"""Kubernetes name rules, written once: every layer that checks a run id, a namespace, a label value or
-a label prefix asks here (results, the store, the Job template, the simulator, the stack).
-
-A run id is a DNS label because it also labels the run's Jobs and names its store folder; a user who
-mistypes one gets :class:`~gpucert.errors.InputError` naming the rule, never a failure half-way
-through a run.
+"""Kubernetes name rules, written once: every layer that checks a run id, a namespace, a label value or a
+label prefix asks here. A run id is a DNS label because it also labels the run's Jobs and names its store
+folder: a mistyped one is an :class:`~gpucert.errors.InputError` naming the rule, never a failure half-way.
 """
 
 from __future__ import annotations

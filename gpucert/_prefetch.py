@@ -1,15 +1,12 @@
 """Reading Parquet results ahead, while the interpreter is still importing pandas, and the Arrow memory pool
 the results are read into.
 
-``gpucert compare`` spends its first half second importing (pandas above all), on one core; decoding a
-fleet's Parquet results takes about as long. :func:`prefetch_parquet` starts that decoding on a thread as
-soon as the arguments are parsed, on Arrow's own threads too (they share the other core while the import
-lasts, then take both; measured faster than one decoding thread on the 2-core machine, 1.79 s against
-1.90 s median of twelve compares of 100,000 GPUs), and :func:`gpucert.results.read_results` takes the table
-(:func:`take`) instead of reading the file again. Only the decoding is done ahead: the reader still
-validates every value, and a file that fails to decode is read again by the reader, which reports it.
-
-This module imports neither pandas nor :mod:`gpucert.results` (whose import is what it overlaps).
+``gpucert compare`` spends its first half second importing, on one core; decoding a fleet's Parquet results
+takes about as long. :func:`prefetch_parquet` starts the decoding on a thread once the arguments are parsed
+(on Arrow's threads too: measured faster than one decoding thread on 2 cores, 1.79 s against 1.90 s median
+of twelve compares of 100,000 GPUs), and :func:`gpucert.results.read_results` takes the table (:func:`take`)
+instead of reading the file again; it still validates every value, and reads again a file that failed to
+decode. This module imports neither pandas nor :mod:`gpucert.results` (whose import is what it overlaps).
 """
 
 from __future__ import annotations
@@ -100,15 +97,14 @@ def discard() -> None:
 
 
 def _pool() -> Any:
-    """The Arrow memory pool results are read into: the system's where glibc keeps freed memory for reuse
-    (:func:`gpucert._memory.keep_freed_memory`, a short command), else jemalloc where this pyarrow has it.
-    Asked each time, not cached: the answer follows the allocator's setting whenever that was made.
+    """The Arrow memory pool results are read into: the system's where glibc keeps freed memory
+    (:func:`gpucert._memory.keep_freed_memory`), else jemalloc where this pyarrow has it; asked each time, as
+    the allocator's setting may come later.
 
-    Not Arrow's default (mimalloc): reading a fleet's results through it spent three to four times the
-    system time (0.6 to 0.9 s against about 0.2 s on 100,000 GPUs × 3 repeats, measured on the project's
-    2-core VM), returning pages to the kernel and faulting them in again. The system's, where glibc keeps
-    what is freed, because the Arrow buffers the reader frees are then the very memory numpy's arrays
-    take next (jemalloc keeps them for Arrow alone).
+    Not Arrow's default (mimalloc): reading through it spent three to four times the system time (0.6 to 0.9 s
+    against about 0.2 s on 100,000 GPUs × 3 repeats, 2-core VM), returning pages to the kernel and faulting
+    them in again. The system's where glibc keeps what is freed, because the buffers the reader frees are
+    then the very memory numpy's arrays take next.
     """
     import pyarrow as pa
 

@@ -1,15 +1,5 @@
-"""``--prometheus`` on the command line: a URL with its credentials and TLS checks, or a saved Prometheus block.
-
-``operate`` and ``explain`` take the same options: ``--prometheus`` is a URL (``https://prometheus:9090``) or
-the name of a saved ``gpucert-prometheus`` block (its URL, credentials and CA are the block's). With a URL:
-
-* ``--prometheus-token-file PATH`` (or ``$GPUCERT_PROMETHEUS_TOKEN``): a bearer token, sent as
-  ``Authorization: Bearer``;
-* ``--prometheus-user USER`` with ``--prometheus-password-file PATH`` (or ``$GPUCERT_PROMETHEUS_PASSWORD``):
-  basic auth;
-* ``--prometheus-header 'NAME: VALUE'`` (repeatable): extra headers, a tenant's ``X-Scope-OrgID``;
-* ``--prometheus-ca-file PATH``: check the server's certificate against this CA; ``--prometheus-insecure``:
-  check nothing.
+"""``--prometheus`` on the command line (``operate``, ``explain``): a URL with its credentials and TLS checks
+(the options' help says which), or the name of a saved ``gpucert-prometheus`` block (its own stand).
 
 Secrets come from files or the environment, never from the command line (``ps`` shows it to every user).
 Nothing here imports Prefect until a block is named or made.
@@ -19,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,7 +130,7 @@ def _headers(raw: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def block_fields(options: PrometheusOptions, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def block_fields(options: PrometheusOptions) -> dict[str, Any]:
     """The fields of a ``Prometheus`` block for a URL and its companions (secrets read from their files or
     the environment). Raises :class:`InputError` naming the option that is wrong."""
     token = _secret_from(options.token_file, TOKEN_ENV, "token")

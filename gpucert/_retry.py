@@ -1,18 +1,12 @@
-"""One retry policy for every HTTP client of gpucert's own: Kubernetes, Jira and webhooks.
+"""One retry policy for every HTTP client of gpucert's own: Kubernetes, Jira and webhooks (the S3 store keeps
+botocore's own retries, cut to the same deadline).
 
-A loaded server answers 429 with ``Retry-After`` and the odd 5xx, and a connection drops now and then; a
-call must ride that out, within one deadline (:mod:`gpucert._deadline`). The loop is tenacity's
-(:class:`tenacity.Retrying`); what this module decides is the same for every caller:
-
-* the wait: capped exponential back-off (``base_delay_s`` × 2ⁿ up to ``max_delay_s``), with full jitter
-  by default (AWS's recommendation, which keeps many clients from retrying in step); a ``Retry-After``
-  the server gave is honoured as the least wait, itself cut to ``max_retry_after_s`` (a server asking for
-  minutes is a failure);
-* the stop: the attempts run out, or the next wait would pass the call's deadline;
-* the caller's: which errors are worth another attempt (``retryable``), what ``Retry-After`` an error
-  carries, what is logged before a wait and what is raised when it gives up.
-
-The S3 store keeps botocore's own retries (cut to the same deadline there).
+The loop is tenacity's; what this module decides is the same for every caller: capped exponential back-off
+with full jitter by default (AWS's recommendation: many clients do not retry in step), a server's
+``Retry-After`` honoured as the least wait but cut to ``max_retry_after_s`` (a server asking for minutes
+is a failure), and a stop when the attempts run out or the next wait would pass the call's deadline
+(:mod:`gpucert._deadline`). The caller says which errors are worth another attempt, what is logged before
+a wait and what is raised when it gives up.
 """
 
 from __future__ import annotations
@@ -27,13 +21,21 @@ from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from ._deadline import TIMEOUT_ENV, Deadline
 
-__all__ = ["RetryPolicy", "deadline_note"]
+__all__ = ["RetryPolicy", "deadline_note", "retry_after_s"]
 
 T = TypeVar("T")
 
 
 def _no_retry_after(error: BaseException) -> float | None:
     return None
+
+
+def retry_after_s(header: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds; None when absent or not a number (an HTTP date is not honoured)."""
+    try:
+        return max(0.0, float(header)) if header else None
+    except ValueError:
+        return None
 
 
 def deadline_note(attempt: int, deadline: Deadline) -> str:

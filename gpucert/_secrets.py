@@ -1,9 +1,6 @@
-"""Keeping secrets out of messages: a URL shown without its secret parts, a text scrubbed of known secrets,
-and a text scrubbed of whatever looks like a credential.
-
-Shared by every layer that holds a credential: the ticket backends and the Prometheus reader; the command
-line's last line of defence (an unexpected error's message) passes through :func:`redact_credentials`.
-"""
+"""Keeping secrets out of messages: a URL without its secret parts, a text scrubbed of known secrets, and a
+text scrubbed of whatever looks like a credential (the command line's last line of defence, for an
+unexpected error's message: :func:`redact_credentials`)."""
 
 from __future__ import annotations
 

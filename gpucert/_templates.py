@@ -1,15 +1,11 @@
 """The Jinja2 environment every template of ``templates/`` renders in.
 
 Two rules keep values read from a cluster (node names, labels, annotations) from bending a manifest:
-
-* ``StrictUndefined``: a name a template uses but nobody passed is an error, never an empty string;
-* every ``{{ expression }}`` is *serialised*, not pasted: ``finalize`` turns the value into a YAML
-  flow scalar or collection (JSON with the few characters YAML treats as line breaks escaped), so a
-  quote, a newline, ``{{ }}``, ``&anchor`` or ``*alias`` inside a value stays inside that value. A
-  template therefore computes whole values (``{{ "nvidia-" ~ name }}``), never splices text into one.
-
-Templates that produce text rather than YAML (the HTML report) use :func:`html_environment`, which
-autoescapes instead.
+``StrictUndefined`` (a name nobody passed is an error, never an empty string), and every ``{{ expression }}``
+*serialised* by ``finalize`` into a YAML flow scalar or collection, so a quote, a newline, ``{{ }}``,
+``&anchor`` or ``*alias`` inside a value stays inside it: a template computes whole values
+(``{{ "nvidia-" ~ name }}``), never splices text into one. HTML pages autoescape instead
+(:func:`html_environment`).
 """
 
 from __future__ import annotations

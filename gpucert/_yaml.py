@@ -1,15 +1,12 @@
-"""Reading a YAML file a user wrote, one way everywhere: a policy, a kubeconfig, a fault document.
-
-Every way such a file can be wrong — unreadable, not UTF-8, NUL bytes, not YAML, a key given twice (YAML
-says keys are unique; PyYAML would silently keep the last), a list as a key, nesting too deep, aliases that
-expand it far beyond its size (a "billion laughs" bomb) or a node holding an alias of itself, not a
-mapping — is one :class:`~gpucert.errors.InputError` line (or the caller's subclass) naming the file.
+"""Reading a YAML file a user wrote, one way everywhere: a policy, a kubeconfig, a fault document. Every way
+such a file can be wrong (unreadable, not UTF-8, NUL bytes, not YAML, a key given twice — PyYAML would keep
+the last —, a list as a key, nested too deep, an alias bomb or cycle, not a mapping) is one
+:class:`~gpucert.errors.InputError` line (or the caller's subclass) naming the file.
 
 Why aliases are bounded: PyYAML builds an alias as a second reference to one object, so loading a bomb is
 cheap, but whatever walks the result afterwards (pydantic, the Kubernetes client's loader, ``json.dumps``)
-meets every reference as a full copy: nine levels of nine aliases are 387 million strings. The loader
-counts the document as it would be once every alias is expanded, in time linear in its size, and refuses
-it past :data:`MAX_EXPANDED` (nodes plus scalar characters) or twice its own size, whichever is larger.
+meets every reference as a full copy: nine levels of nine aliases are 387 million strings. The document is
+weighed as if expanded, in linear time, and refused past :data:`MAX_EXPANDED` or twice its own size.
 """
 
 from __future__ import annotations

@@ -1,44 +1,18 @@
-"""Building baselines from runs (docs/design/verdict-engine.md, "Baselines"; docs/design/data-contracts.md,
-"Baselines").
+"""Building baselines from runs: the rules are docs/design/data-contracts.md, "Baselines".
 
-Three kinds of rows, in one table:
+Why they are so:
 
-* ``gpu`` (keyed by GPU UUID) and ``node`` (keyed by node name): an entity's **own** baseline. It is
-  seeded from the entity's first ``seed_runs`` *passing* runs — each run judged against the baseline as
-  it stands, so a GPU that is already slow when it arrives never teaches gpucert that slow is normal
-  (a mild warn against peers alone still seeds: see :func:`_seedable`) —
-  and then **held**: later runs do not move it, so slow drift stays measurable against it. Only a
-  deliberate re-baseline (:func:`forget`: a stack change, a repair, ``gpucert baseline rebuild``) clears
-  it to be seeded again. ``center`` is the mean of the run medians and ``spread`` their standard
-  deviation, merged run by run (Welford), so a build never needs the raw samples of earlier builds.
-* ``model`` (keyed by the NVML GPU model): the per-model reference, rebuilt from the passing results of
-  the build's runs, trimmed the SuperBench way: the mean of the samples, then drop every sample beyond
-  ±``trim_pct`` of it, repeat until nothing drops.
-
-A build *merges*: keys absent from its input keep their previous values.
-
-**A run counts once.** Every row names the runs it rests on (the ``runs`` column). A run already named
-by an own baseline never extends it again, and a model reference that already rests on every run of a
-build is kept as it is, so merging a run a second time (the same file built twice, a certify restarted
-under its run id) changes nothing. Rows of a table written before the column existed have unknown
-provenance (``runs`` empty): a run merged into them before cannot be recognised, only the runs merged
-from now on.
-
-**Implausible values never seed.** Two guards keep a broken measurement out of every baseline:
-
-* *physical bounds* (``gpucert/data/physical_bounds.csv``): a performance value beyond its GPU model's
-  ceiling (a few percent over the spec peak), or one that is not a finite number ≥ 0, is impossible. The
-  results reader already refuses values beyond what *any* GPU can measure (a corrupt file, exit 2);
-  here the tighter per-model ceilings apply. Every sample of that run × entity × metric is left out
-  before the run is judged, so the entity lacks the metric, is not a pass, and that run teaches nothing
-  about it — one impossible number says the benchmark of that GPU was broken in that run. Counted in
-  :attr:`BuildReport.implausible`.
-* *high outliers*: a passing median that sits far *above* its cohort in the run — at least the rise
-  that would make the next run at the cohort's level warn against it, and ``peers.seed_z`` spreads — is
-  not merged (that entity × metric only). Higher is better, so the verdict passes it; as a baseline it
-  would fail every healthy run after it. A GPU clearly below its peers never seeds either
-  (:func:`_seedable`). Needs a cohort of at least ``peers.min_nodes`` entities. Counted in
-  :attr:`BuildReport.outliers`.
+* an own baseline (``gpu``, ``node``) is seeded from passing runs, each judged against the baseline as it
+  stands, so a GPU already slow when it arrives never teaches gpucert that slow is normal (a mild warn
+  against peers alone still seeds: :func:`_seedable`); then held, so slow drift stays measurable against it.
+  ``center`` and ``spread`` are merged run by run (Welford): a build never needs earlier builds' samples;
+* a run counts once (the ``runs`` column), so merging a run again (a file built twice, a certify restarted
+  under its run id) changes nothing. Rows written before the column have unknown provenance: only runs
+  merged since are recognised;
+* one impossible value (beyond the model's ceiling in ``gpucert/data/physical_bounds.csv``, or not a finite
+  number ≥ 0) says that GPU's benchmark was broken in that run: its run × entity × metric teaches nothing
+  (:attr:`BuildReport.implausible`). A passing median far *above* its cohort is not merged either: the
+  verdict passes it, but as a baseline it would fail every healthy run after it (:attr:`BuildReport.outliers`).
 """
 
 from __future__ import annotations
@@ -47,6 +21,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -200,14 +175,10 @@ def update_store(
     forget_nodes: Sequence[str] | Callable[[pd.DataFrame], Sequence[str]] = (),
 ) -> BaselineUpdate:
     """The one baseline-update step: read the current version, forget the own baselines of ``forget_nodes``
-    (a list, or a function of the current table: the nodes whose stack changed), merge what ``results``
-    teach, and write it as a new version moved to current by compare-and-swap — re-done from the top if
-    another writer got there first.
-
-    An update that changes nothing (every run already merged, nothing to forget) writes no version: the
-    returned version is then the current one the update was judged against. Raises
-    :class:`~gpucert.errors.StoreError` when the store fails.
-    """
+    (or of a function of the current table: the nodes whose stack changed), merge what ``results`` teach,
+    and write a new version moved to current by compare-and-swap (re-done if another writer got there
+    first). An update that changes nothing writes no version: the current one is returned. Raises
+    :class:`~gpucert.errors.StoreError` when the store fails."""
     reports: list[BuildReport | None] = []
     forgotten: list[int] = []
 
@@ -311,16 +282,12 @@ def _codes(column: pd.Series) -> tuple[npt.NDArray[np.intp], list[str]]:
     return categorical.cat.codes.to_numpy().astype(np.intp), [str(c) for c in categorical.cat.categories]
 
 
-def _given(value: object) -> bool:
-    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)))
-
-
-def _where(run: object, node: object, gpu: object, peer: object) -> str:
+def _where(run: object, node: object, gpu: Any, peer: Any) -> str:
     """``run r1, node n1 GPU 3`` (or the node, or the pair), for a report line."""
     what = f"run {run}, node {node}"
-    if _given(gpu):
+    if pd.notna(gpu):
         return f"{what} GPU {gpu}"
-    if _given(peer):
+    if pd.notna(peer):
         return f"{what} with {peer}"
     return what
 
@@ -415,27 +382,13 @@ def _outlier_notes(
     rows = accepted[high].head(room)
     stats = _cohort_stats(rows, medians)
     return [
-        f"{_where(run_id, node, gpu if scope == 'gpu' else None, None)}: {metric} {x:.4g} is "
-        f"{(x / c - 1) * 100:+.0f} % above the median of its {int(k)} peers ({c:.4g}): not merged"
-        for scope, node, gpu, metric, x, c, k in zip(
-            rows["scope"],
-            rows["node"],
-            rows["gpu"],
-            rows["metric"],
-            rows["x"],
-            stats["center"],
-            stats["size"],
-            strict=True,
-        )
+        f"{_where(run_id, r.node, r.gpu if r.scope == 'gpu' else None, None)}: {r.metric} {r.x:.4g} is "
+        f"{(r.x / c - 1) * 100:+.0f} % above the median of its {int(k)} peers ({c:.4g}): not merged"
+        for r, c, k in zip(rows.itertuples(), stats["center"], stats["size"], strict=True)
     ]
 
 
 # --- merging ----------------------------------------------------------------------------------------------
-
-
-def _parse_runs(runs: str) -> list[str]:
-    parsed: list[str] = json.loads(runs) if runs else []
-    return parsed
 
 
 def _extend_own(
@@ -461,7 +414,7 @@ def _extend_own(
     # A fleet's rows share few distinct run lists (its GPUs are seeded by the same nights): each is
     # parsed once and the answers gathered back by code.
     codes, lists = pd.factorize(merged["runs"].fillna("").astype(object))
-    parsed = [_parse_runs(str(u)) for u in lists]
+    parsed: list[list[str]] = [json.loads(u) if u else [] for u in lists]
     named = np.array([run_id in p for p in parsed], dtype=bool)[codes]
     listed = np.array([len(p) for p in parsed], dtype=np.int64)[codes]
     extended = np.array([json.dumps([*p, run_id]) for p in parsed], dtype=object)
@@ -508,14 +461,10 @@ def _extend_own(
 
 
 def _brings_news(rested_on: tuple[set[str], pd.Timestamp] | None, runs: list[str], starts: pd.Series) -> bool:
-    """Whether a build's ``runs`` give a model reference (the runs it rests on and the start of its newest)
-    something new: a run it does not rest on, started no earlier than its newest.
-
-    A run it rests on is never new, whenever it was measured (a certify restarted under its run id
-    measures again, later). The reference follows the fleet forward, so an older run — superseded —
-    never rebuilds it either. A reference from before the ``runs`` column names no run: only a strictly
-    newer one is new to it.
-    """
+    """Whether a build's ``runs`` give a model reference (the runs it rests on, the start of its newest)
+    something new: a run it does not rest on (measured again or not: a restarted certify measures again),
+    started no earlier than its newest (the reference follows the fleet forward; a reference from before the
+    ``runs`` column names none, so only a strictly newer run is new to it)."""
     if rested_on is None:
         return True
     named, newest = rested_on
@@ -538,7 +487,7 @@ def _rebuild_models(
         return table, 0
     previous = table[table["level"] == "model"]
     rested_on = {
-        (str(k), str(m)): (set(_parse_runs(str(r))), pd.Timestamp(t))
+        (str(k), str(m)): (set(json.loads(r) if r else []), pd.Timestamp(t))
         for k, m, r, t in zip(previous["key"], previous["metric"], previous["runs"], previous["last_ts"], strict=True)
     }
     position = {str(r): i for i, r in enumerate(order.index)}

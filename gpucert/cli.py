@@ -1,17 +1,12 @@
 """The ``gpucert`` command line.
 
-Exit status: 0 done; 2 bad input (a file, flag or policy to fix; the message names it); 3 verdicts at or
-above ``--fail-on``; 1 the store or another part failed (nothing half-written is left behind); 4 the run
-completed but could not judge (``operate`` read no telemetry at all: no DCGM exporter found, or no GPU
-node's telemetry readable; one line on stderr says which); 5 a blast-radius incident (``certify``,
-``operate``, ``onboard``, ``release``: more nodes would have been tainted than the blast radius allows, so
-none was; one incident ticket names them, and a ``gpucert.incident.opened`` Prefect event was emitted). A
-user never sees a traceback: set
-``GPUCERT_DEBUG=1`` to get one when reporting a bug.
+Exit status (docs/reference/exit-codes.md): 0 done; 1 the store or another part failed (nothing half-written
+is left behind); 2 bad input (the message names the file, flag or policy to fix); 3 verdicts at or above
+``--fail-on``; 4 the run completed but could not judge; 5 a blast-radius incident. A user never sees a
+traceback: set ``GPUCERT_DEBUG=1`` to get one when reporting a bug.
 
-``gpucert --timeout SECONDS COMMAND …`` bounds every outbound call of the command (to the cluster, the
-store, Jira, a webhook, Prometheus), its retries included; it sets ``$GPUCERT_TIMEOUT`` for the command,
-which is read when the option is not given (20 s when neither is).
+``gpucert --timeout SECONDS COMMAND …`` bounds every outbound call of the command, its retries included, by
+setting ``$GPUCERT_TIMEOUT`` for it (read when the option is not given; 20 s when neither is).
 """
 
 from __future__ import annotations
@@ -19,19 +14,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn, TypeVar
 
 from . import __version__
-from ._prometheus_cli import add_prometheus_arguments, prometheus_options
+from ._prometheus_cli import add_prometheus_arguments
 from .errors import GpucertError, InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_VERDICTS, EXIT_UNJUDGED, EXIT_INCIDENT = 0, 1, 2, 3, 4, 5
 
 __all__ = ["console", "main"]
+
+T = TypeVar("T", int, float)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,50 +39,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
+def _checked(convert: Callable[[str], T], name: str, ok: Callable[[T], bool], rule: str) -> Callable[[str], T]:
+    """An argparse type: ``convert``, then ``ok`` or an error saying ``rule`` (``{value}``, ``{text}``).
+    argparse names the type by its ``__name__`` in its message ("invalid positive integer value: 'x'")."""
+
+    def check(text: str) -> T:
+        value = convert(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(rule.format(value=value, text=text))
+        return value
+
+    check.__name__ = name
+    return check
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, not {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-# argparse names the type in its message ("invalid positive integer value: 'x'").
-for _type, _name in (
-    (_positive_int, "positive integer"),
-    (_positive_float, "positive number"),
-    (_non_negative_float, "number"),
-    (_port, "port"),
-    (_count, "count"),
-):
-    _type.__name__ = _name
+_positive_int = _checked(int, "positive integer", lambda v: v >= 1, "must be 1 or more, not {value}")
+_positive_float = _checked(
+    float, "positive number", lambda v: 0 < v < math.inf, "must be a positive number, not {text}"
+)
+_non_negative_float = _checked(
+    float, "number", lambda v: 0 <= v < math.inf, "must be 0 or a positive number, not {text}"
+)
+_port = _checked(int, "port", lambda v: 0 <= v <= 65535, "a port is 0 to 65535, not {value}")
+_count = _checked(int, "count", lambda v: v >= 0, "must be 0 or more, not {value}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -500,7 +477,7 @@ def _parser() -> argparse.ArgumentParser:
     setup = commands.add_parser(
         "setup",
         help="set a team's Prefect server up: block types, the named blocks, work pool, deployments, automations",
-        description="Register gpucert's block types; save the GpuCluster, BaselineStore, CertificationPolicy and "
+        description="Register gpucert's block types; save the GpuCluster, StoreLocation, CertificationPolicy and "
         "(with a ticketing section or --jira-url) Ticketing blocks that prefect.yaml's deployments name, from "
         "--file TEAM.yaml and the options (options win); create the work pool, run `prefect deploy --all` in "
         "--project and create automations.yaml's automations. Safe to run again: blocks are overwritten, the "
@@ -652,7 +629,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store-block",
         metavar="NAME",
-        help="a saved BaselineStore block (its S3 endpoint and credentials too), as a deployment "
+        help="a saved StoreLocation block (its S3 endpoint and credentials too), as a deployment "
         "names it; on the Prefect server of PREFECT_API_URL",
     )
     parser.add_argument("--policy", metavar="FILE", help="policy YAML merged over the defaults")
@@ -821,8 +798,9 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
                 args.nodes, store=args.store, results=args.results, policy_file=args.policy
             )
         return commands.baseline_list(store=args.store)
-    if args.command == "sim" and args.action == "inject":
+    if args.command in ("sim", "demo"):
         _require_simulator()
+    if args.command == "sim" and args.action == "inject":
         from gpucert_sim._inject import inject_command
 
         return inject_command(
@@ -838,7 +816,6 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             clear_node=args.clear_node,
         )
     if args.command == "sim" and args.action == "kubelets":
-        _require_simulator()
         from gpucert_sim._attach import run_kubelets
 
         return run_kubelets(
@@ -850,7 +827,6 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             preconfigured=args.preconfigured,
         )
     if args.command == "sim":
-        _require_simulator()
         from gpucert_sim import serve
 
         return serve(
@@ -865,82 +841,17 @@ def _dispatch(args: argparse.Namespace, *, owns_process: bool = False) -> int:
             dcgm_host_label=args.dcgm_host_label,
             nodes_per_leaf=args.nodes_per_leaf,
         )
-    if args.command == "configure":
-        from ._flowcli import configure_command
+    from . import _flowcli  # no Prefect before one of its commands runs
 
-        return configure_command(
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            release=args.release,
-            versions=args.versions,
-            registry=args.registry,
-            nodes=args.nodes,
-            dry_run=args.dry_run,
-            namespace=args.namespace,
-            label_prefix=args.label_prefix,
-            selector=args.selector,
-            gpus_per_node=args.gpus_per_node,
-            timeout_s=args.timeout,
-            as_json=args.json,
-            installer=args.installer,
-            certify_changed=args.certify_changed,
-        )
-    if args.command in ("certify", "operate", "onboard", "release"):
-        return _run_flow_command(args)
+    if args.command in _flowcli.COMMANDS:
+        return _flowcli.COMMANDS[args.command](args)
     if args.command == "explain":
-        return commands.explain(
-            args.job,
-            selector=args.pod_selector,
-            since=args.since,
-            until=args.until,
-            prometheus=prometheus_options(args) or args.prometheus,
-            step_metric=args.step_metric,
-            labels=args.labels,
-            out=args.out,
-            act=args.act,
-            store=args.store,
-            policy_file=args.policy,
-            ticketing=args.ticketing,
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            label_prefix=args.label_prefix,
-            gpu_node_selector=args.gpu_node_selector,
-            as_json=args.json,
-        )
-    if args.command == "tickets":
-        from ._flowcli import tickets_command
-
-        print(
-            tickets_command(
-                tickets=args.tickets,
-                store=args.store,
-                ticketing=args.ticketing,
-                state=args.state,
-                nodes=args.nodes or None,
-            )
-        )
-        return EXIT_OK
-    if args.command == "setup":
-        from ._flowcli import setup_command
-
-        return setup_command(args)
-    if args.command == "watch-nodes":
-        from ._flowcli import watch_nodes_command
-
-        return watch_nodes_command(
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            label_prefix=args.label_prefix,
-            selector=args.selector,
-            once=args.once,
-        )
+        return commands.explain(args)
     if args.command == "demo" and args.verdicts_only:
-        _require_simulator()
         from gpucert_sim.demo import run_demo
 
         return run_demo(workdir=args.workdir, nodes=args.nodes, seed=7 if args.seed is None else args.seed)
     if args.command == "demo":
-        _require_simulator()
         from gpucert_sim._lifecycle import run_lifecycle_demo
 
         seed = 3 if args.seed is None else args.seed
@@ -961,47 +872,6 @@ def _require_simulator() -> None:
         if exc.name != "gpucert_sim":  # the simulator is there but something it needs is not: a real error
             raise
         raise InputError(SIMULATOR_MISSING) from None
-
-
-def _run_flow_command(args: argparse.Namespace) -> int:
-    """certify, operate, onboard and release: the flow commands that certify, with the same conventions."""
-    from . import _flowcli
-
-    common = {
-        "kubeconfig": args.kubeconfig,
-        "context": args.context,
-        "store": args.store,
-        "policy_file": args.policy,
-        "ticketing": args.ticketing,
-        "label_prefix": args.label_prefix,
-        "selector": args.selector,
-        "as_json": args.json,
-        "blocks": _flowcli.NamedBlocks.of(args),
-    }
-    if args.command == "certify":
-        return _flowcli.certify_command(
-            **common,
-            nodes=args.nodes,
-            include_busy=args.include_busy,
-            run_id=args.run_id,
-            image=args.image,
-            observe_only=args.observe_only,
-            max_parallel=args.max_parallel,
-            payload_args=args.payload_args,
-        )
-    if args.command == "operate":
-        return _flowcli.operate_command(
-            **common,
-            observe_only=args.observe_only,
-            prometheus_url=prometheus_options(args),
-            rotation_days=args.rotation_days,
-            max_nodes=args.max_nodes,
-            scrape_interval_s=args.scrape_interval,
-            namespace=args.namespace,
-        )
-    if args.command == "onboard":
-        return _flowcli.onboard_command(**common, node=args.node, uid=args.uid, ready_timeout_s=args.ready_timeout)
-    return _flowcli.release_command(**common, nodes=args.nodes, action=args.action, note=args.note)
 
 
 if __name__ == "__main__":

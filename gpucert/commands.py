@@ -6,10 +6,10 @@ after reading a fleet's results; each writes its output whole or not at all.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -149,7 +149,7 @@ def compare(
 
             verdicts, settlement = settle_offline(frame, rerun_frames, table, policy)
         else:
-            verdicts = _judged(frame, table, policy)
+            verdicts = _verdicts_of(frame, table, policy)
     if table.empty:
         print("gpucert: the store holds no baseline yet: GPUs are judged by their peers and the spec floors only")
     write_table(verdicts, out)
@@ -172,14 +172,14 @@ def compare(
     return 0
 
 
-def _judged(results: pd.DataFrame, baseline: pd.DataFrame, policy: Policy) -> pd.DataFrame:
+def _verdicts_of(results: pd.DataFrame, baseline: pd.DataFrame, policy: Policy) -> pd.DataFrame:
     """The verdicts of one run's results; its pairs, when it has any, judged together (which end of a low
     pair is at fault, or the link between) as certify judges them."""
     if not (results["metric"] == "nccl_pair_busbw_gbps").any():
         return judge(results, baseline, policy)
-    from .certify import judge_with_links  # only then: the certify package is a second of imports
+    from .certify import verdicts_with_links  # only then: the certify package is a second of imports
 
-    return judge_with_links(results, baseline, policy)
+    return verdicts_with_links(results, baseline, policy)
 
 
 def _read_stack(stack_file: str | None) -> dict[str, str]:
@@ -341,9 +341,12 @@ def audit_show(*, store: str, node: str | None, since: str | None, as_json: bool
 # --- gpucert certificate ---------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed over it)."""
-    # Not mkstemp: its file is private (0600); a certificate is for others to read, so the umask decides.
+def _atomic_write(path: Path, text: str, *, made: bool = False) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, renamed over it); ``made``:
+    make its folder first."""
+    if made:
+        make_out_folder(path.parent, f"--out {path}")
+    # Not mkstemp: its file is private (0600); a certificate or a timeline is for others to read.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         with tmp.open("x", encoding="utf-8") as out:
@@ -436,19 +439,6 @@ def _check_html_out(out: str) -> Path:
     return path
 
 
-def _write_text_atomically(path: Path, text: str) -> None:
-    make_out_folder(path.parent, f"--out {path}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _reachable_prometheus(given: PrometheusOptions | str) -> PrometheusSource:
     """The :class:`~gpucert.telemetry.PrometheusSource` of ``--prometheus`` and its companions (a URL with its
     credentials, or a saved block's name) whose server answered one query within a few seconds; raises
@@ -465,54 +455,39 @@ def _reachable_prometheus(given: PrometheusOptions | str) -> PrometheusSource:
     return source
 
 
-def explain(
-    job: str | None,
-    *,
-    selector: str | None,
-    since: str | None,
-    until: str | None,
-    prometheus: PrometheusOptions | str,
-    step_metric: str,
-    out: str | None,
-    act: bool,
-    store: str | None,
-    policy_file: str | None,
-    ticketing: str | None,
-    kubeconfig: str | None,
-    context: str | None,
-    label_prefix: str,
-    gpu_node_selector: str,
-    as_json: bool,
-    labels: str | None = None,
-) -> int:
-    """``gpucert explain``: why the job is slow; prints the answer (or the outcome as JSON), writes the
-    timeline to ``out`` and returns 0. Without ``act`` nothing is written to the cluster and Prefect is not
-    started; with it, the ``explain-job`` flow runs once and acts.
+def explain(args: argparse.Namespace) -> int:
+    """``gpucert explain`` (its parsed arguments): why the job is slow; prints the answer (or the outcome as
+    JSON), writes the timeline to ``--out`` and returns 0. Without ``--act`` nothing is written to the cluster
+    and Prefect is not started; with it, the ``explain-job`` flow runs once and acts.
 
     Raises :class:`InputError` (exit 2) for a malformed job, selector or time, an unknown job, a job without
     pods, an empty window, an unreachable Prometheus or cluster, a bad ``--out``, store or policy file.
     """
+    from ._prometheus_cli import prometheus_options
     from .explain import ExplainOutcome, LabelMap, explain_job, parse_job, resolve_target
     from .kube import KubeError, connect
     from .tickets import local_path, open_backend
 
+    job, selector, since, until = args.job, args.pod_selector, args.since, args.until
+    store, policy_file, step_metric = args.store, args.policy, args.step_metric or None
+    prometheus = prometheus_options(args) or args.prometheus
     if job is None and selector is None:
         raise InputError("name the job as NAMESPACE/NAME, or give --selector")
     if job is not None and selector is None:
         parse_job(job)
-    mapping = LabelMap.parse(labels)
-    target_out = _check_html_out(out or f"explain-{(job or 'selector').replace('/', '-')}.html")
+    mapping = LabelMap.parse(args.labels)
+    target_out = _check_html_out(args.out or f"explain-{(job or 'selector').replace('/', '-')}.html")
     policy = load_policy(policy_file) if policy_file else None
     uri = store or os.environ.get("GPUCERT_STORE") or Path("gpucert-store").resolve().as_uri()
     opened: BaselineStore | None = None
-    if not act:
+    if not args.act:
         try:
             opened = _open_existing(uri)
         except InputError:
             if store is not None:
                 raise
             # No default store yet: there is no record to read.
-    kube = connect(kubeconfig, context=context)
+    kube = connect(args.kubeconfig, context=args.context)
     try:
         from ._flowcli import REACH_S
 
@@ -522,114 +497,72 @@ def explain(
         resolve_target(kube, job, selector=selector, since=since, until=until)
     except KubeError as exc:
         raise InputError(f"the cluster {kube.host} did not answer: {exc}") from None
-    if act:
-        return _explain_act(
+    if args.act:  # the explain-job flow, once, acting; the timeline copied to out
+        import asyncio
+
+        from . import _flowcli
+
+        inputs = _flowcli.flow_inputs(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            label_prefix=args.label_prefix,
+            selector=args.gpu_node_selector,
+            store=uri,
+            policy_file=policy_file,
+            ticketing=args.ticketing,
+        )
+        prometheus_block = _flowcli._prometheus(prometheus)  # asked once already: the flow gets the same block
+        _flowcli._prepare_prefect()
+        from gpucert.flows.explain import explain_job as explain_flow
+
+        outcome = asyncio.run(
+            explain_flow(
+                job=job,
+                selector=selector,
+                since=since,
+                until=until,
+                prometheus=prometheus_block,
+                cluster=inputs.cluster,
+                store=inputs.store,
+                policy=inputs.policy,
+                ticketing=inputs.ticketing,
+                step_metric=step_metric,
+                act=True,
+                labels=args.labels,
+            )
+        )
+        stored = _open_existing(uri)
+        blob = stored.objects.get(outcome.timeline.removeprefix(stored.uri.rstrip("/") + "/"))
+        if blob is not None:
+            _atomic_write(target_out, blob.data.decode("utf-8"), made=True)
+            outcome = outcome.model_copy(update={"timeline": str(target_out)})
+    else:
+        tickets = None
+        if opened is not None and opened.uri.startswith("file://") and local_path(opened.uri).is_file():
+            tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
+        explained = explain_job(
+            kube,
+            source,
             job,
             selector=selector,
             since=since,
             until=until,
-            prometheus=prometheus,
+            store=opened,
+            tickets=tickets,
+            policy=policy,
             step_metric=step_metric,
-            out=target_out,
-            store=uri,
-            policy_file=policy_file,
-            ticketing=ticketing,
-            kubeconfig=kubeconfig,
-            context=context,
-            label_prefix=label_prefix,
-            gpu_node_selector=gpu_node_selector,
-            as_json=as_json,
-            labels=labels,
+            labels=mapping,
         )
-    tickets = None
-    if opened is not None and opened.uri.startswith("file://") and local_path(opened.uri).is_file():
-        tickets = open_backend(opened.uri)  # the local tickets certify opened, read only
-    explained = explain_job(
-        kube,
-        source,
-        job,
-        selector=selector,
-        since=since,
-        until=until,
-        store=opened,
-        tickets=tickets,
-        policy=policy,
-        step_metric=step_metric or None,
-        labels=mapping,
-    )
-    if explained.explanation.verdict == "no-data":
-        raise InputError(_nothing_to_judge(explained.explanation))
-    _write_text_atomically(target_out, explained.html)
-    outcome = ExplainOutcome.of(explained.explanation, timeline=str(target_out), seconds=explained.seconds)
-    print(outcome.model_dump_json(indent=2) if as_json else outcome.text(), end="" if not as_json else "\n")
+        if explained.explanation.verdict == "no-data":
+            raise InputError(_nothing_to_explain(explained.explanation))
+        _atomic_write(target_out, explained.html, made=True)
+        outcome = ExplainOutcome.of(explained.explanation, timeline=str(target_out), seconds=explained.seconds)
+    print(outcome.model_dump_json(indent=2) if args.json else outcome.text(), end="\n" if args.json else "")
     return 0
 
 
-def _nothing_to_judge(explanation: Explanation) -> str:
+def _nothing_to_explain(explanation: Explanation) -> str:
     """The one line of a window with no data (exit 2): the same line the ``explain-job`` flow fails with."""
-    from .explain import nothing_to_judge
+    from .explain import nothing_to_explain
 
-    return nothing_to_judge(explanation)
-
-
-def _explain_act(
-    job: str | None,
-    *,
-    selector: str | None,
-    since: str | None,
-    until: str | None,
-    prometheus: PrometheusOptions | str,
-    step_metric: str,
-    out: Path,
-    store: str,
-    policy_file: str | None,
-    ticketing: str | None,
-    kubeconfig: str | None,
-    context: str | None,
-    label_prefix: str,
-    gpu_node_selector: str,
-    as_json: bool,
-    labels: str | None = None,
-) -> int:
-    """``gpucert explain --act``: the ``explain-job`` flow, once, acting; the timeline copied to ``out``."""
-    import asyncio
-
-    from . import _flowcli
-
-    inputs = _flowcli.flow_inputs(
-        kubeconfig=kubeconfig,
-        context=context,
-        label_prefix=label_prefix,
-        selector=gpu_node_selector,
-        store=store,
-        policy_file=policy_file,
-        ticketing=ticketing,
-    )
-    prometheus_block = _flowcli._prometheus(prometheus)  # asked once already: the flow gets the same block
-    _flowcli._prepare_prefect()
-    from gpucert.flows.explain import explain_job as explain_flow
-
-    outcome = asyncio.run(
-        explain_flow(
-            job=job,
-            selector=selector,
-            since=since,
-            until=until,
-            prometheus=prometheus_block,
-            cluster=inputs.cluster,
-            store=inputs.store,
-            policy=inputs.policy,
-            ticketing=inputs.ticketing,
-            step_metric=step_metric or None,
-            act=True,
-            labels=labels,
-        )
-    )
-    opened = _open_existing(store)
-    key = outcome.timeline.removeprefix(opened.uri.rstrip("/") + "/")
-    blob = opened.objects.get(key)
-    if blob is not None:
-        _write_text_atomically(out, blob.data.decode("utf-8"))
-        outcome = outcome.model_copy(update={"timeline": str(out)})
-    print(outcome.model_dump_json(indent=2) if as_json else outcome.text(), end="" if not as_json else "\n")
-    return 0
+    return nothing_to_explain(explanation)

@@ -190,8 +190,8 @@ class StackConflict(InputError):
 
 
 class InstallerConflict(StackConflict):
-    """Two installers would run the GPU stack (the GPU Operator and gpucert's own DaemonSets, or another
-    installer's operands), or the installer asked for is not the one that runs it; nothing has been written."""
+    """Two installers would run the GPU stack, or the one asked for is not the one that runs it; nothing has
+    been written."""
 
 
 class RunIdError(InputError, ValueError):
@@ -207,17 +207,16 @@ class FileProblem(InputError):
 
 
 class SetupMissing(InputError):
-    """A block a run or command names (``cluster_block``, ``--store-block``, …) is not saved on the Prefect
-    server, or a deployed run has no cluster or store at all; the message names the parameter and says how
-    to set the team up (``gpucert setup``)."""
+    """A block a run or command names is not saved on the Prefect server, or a deployed run has no cluster or
+    store at all; the message names the parameter and says how to set the team up (``gpucert setup``)."""
 
 
 # --- the GPU stack and the benchmark Jobs -------------------------------------------------------------
 
 
 class RunAttemptsExhausted(GpucertError):
-    """A flow run started more often than ``$GPUCERT_MAX_RUN_ATTEMPTS`` allows: it fails (not crashes),
-    so the crashed-runs automation does not schedule it again."""
+    """A flow run started more often than ``$GPUCERT_MAX_RUN_ATTEMPTS`` allows: it fails (not crashes), so the
+    crashed-runs automation does not schedule it again."""
 
 
 class ShardFailed(GpucertError):
@@ -238,18 +237,15 @@ class StackNotReady(GpucertError):
 
 
 class StackRenderError(GpucertError):
-    """A template rendered into something that is not a set of Kubernetes objects (a template bug, or a
-    value that tried to bend a manifest); the message names the template."""
+    """A stack template rendered into something that is not Kubernetes objects; the message names it."""
 
 
 class JobRenderError(GpucertError):
-    """A benchmark template rendered into something that is not the expected object (a template bug,
-    or a value that tried to bend a manifest); the message names the template."""
+    """A benchmark template rendered into something that is not the expected object; the message names it."""
 
 
 class PayloadArgsError(JobRenderError, InputError, ValueError):
-    """Payload arguments the payload's command line would refuse, or that set a flag the Job sets; the
-    message names the argument. Bad input (exit 2), and a ``ValueError`` like every other bad setting."""
+    """Payload arguments the payload would refuse, or that set a flag the Job sets; names the argument."""
 
 
 # --- the Kubernetes API (mapped from the official client's exceptions by gpucert.kube) -----------------
@@ -319,21 +315,19 @@ class TicketNotFound(TicketError):
 
 
 class TicketConfigError(TicketError, InputError):
-    """A ticket backend cannot be opened as configured (a bad path, URI or block field): the user must fix it."""
+    """A ticket backend cannot be opened as configured (a bad path, URI or block field)."""
 
 
 class TicketActionError(TicketError, InputError):
-    """A repair does not fit its ticket's cause (a GPU reset on a network ticket): the user must say what was
-    really done."""
+    """A repair does not fit its ticket's cause (a GPU reset on a network ticket)."""
 
 
 # --- telemetry ----------------------------------------------------------------------------------------
 
 
 class TelemetryError(GpucertError):
-    """Telemetry could not be read at all (Prometheus refused or did not answer a query, the exporters'
-    Endpoints could not be listed); the message names the query or the call. A single exporter that does
-    not answer is not an error: it is a per-node problem in :attr:`gpucert.telemetry.Telemetry.problems`."""
+    """Telemetry could not be read at all; the message names the query or the call. A single exporter that
+    does not answer is no error: it is a per-node problem in :attr:`gpucert.telemetry.Telemetry.problems`."""
 
 
 class PrometheusAuthError(TelemetryError):
@@ -369,13 +363,11 @@ class VersionNotFound(StoreError):
 
 
 class UnknownVersion(VersionNotFound, InputError):
-    """The baseline version a caller named is not one of the store's versions (never current, or no such
-    version at all)."""
+    """The baseline version a caller named is not one of the store's versions."""
 
 
 class StoreURIError(StoreError, InputError):
-    """A store URI (or a public URL for links) cannot be used as written: an unknown scheme, an ``s3://``
-    URI without a bucket, a malformed URI. The message names it."""
+    """A store URI (or a public URL for links) cannot be used as written; the message names it."""
 
 
 class StoreNotFound(StoreError, InputError):

@@ -1,18 +1,10 @@
 """The metric registry (docs/reference/metrics.md): every metric a results row may carry, its level and direction.
 
-The registry itself (:data:`METRICS`, :class:`Metric`, :data:`RESULT_COLUMNS`) is the payload's
-(:mod:`gpucert.bench`, which writes the rows with the standard library only) and is re-exported here;
-this module adds what only the product needs.
-
-``level`` says which identity columns a row must fill: ``gpu`` rows name a GPU index (and UUID),
-``node`` rows leave ``gpu`` empty, ``pair`` rows name a ``peer`` node. ``kind`` separates what is
-judged statistically (``perf``) from what is read as a rule (``telemetry``), from events that may
-repeat (``event``: XIDs and benchmark-step errors).
-
-Every metric also has **physical bounds** (``gpucert/data/physical_bounds.csv``, each with its source):
-the range no working or broken GPU can measure beyond. The bounds of ``ANY_MODEL`` hold for every GPU and
-are what a results file is validated against; a GPU model's own, tighter ceilings (its spec peaks) keep
-impossible performance values out of baselines.
+The registry (:data:`METRICS`, :class:`Metric`, :data:`RESULT_COLUMNS`) is the payload's (:mod:`gpucert.bench`
+writes the rows with the standard library only), re-exported here; this module adds the **physical bounds**
+(``gpucert/data/physical_bounds.csv``, each with its source): the range no working or broken GPU can measure
+beyond. A results file is validated against those of ``ANY_MODEL``; a GPU model's own, tighter ceilings (its
+spec peaks) keep impossible values out of baselines.
 """
 
 from __future__ import annotations
@@ -43,14 +35,8 @@ __all__ = [
     "Level",
     "Metric",
     "bound_arrays",
-    "metric",
     "physical_bounds",
 ]
-
-
-def metric(name: str) -> Metric:
-    """Return the registry entry for ``name``; raises ``KeyError`` for an unknown metric."""
-    return METRICS[name]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,20 +19,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._yaml import UniqueKeyLoader, read_yaml_mapping
+from ._yaml import read_yaml_mapping
 from .errors import PolicyError
 from .metrics import METRICS, PERF_METRICS
 
-__all__ = [
-    "DriftPolicy",
-    "MetricPolicy",
-    "Policy",
-    "UniqueKeyLoader",
-    "default_policy",
-    "load_policy",
-    "read_policy_file",
-    "spec_floors",
-]
+__all__ = ["DriftPolicy", "MetricPolicy", "Policy", "default_policy", "load_policy", "read_policy_file", "spec_floors"]
 
 
 class _Strict(BaseModel):
@@ -194,10 +185,7 @@ def _build(raw: Mapping[str, Any], source: str) -> Policy:
     try:
         return Policy.model_validate(_merge(_defaults(), raw))
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            problems.append(f"{where}: {err['msg']}")
+        problems = [f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()]
         # One line however many problems: a command-line error is one line (they are few: keys, not rows).
         raise PolicyError(f"{source}: invalid policy: " + "; ".join(problems)) from None
 
@@ -212,9 +200,6 @@ def read_policy_file(path: str | Path) -> dict[str, Any]:
     """The raw mapping a policy YAML file holds (not yet merged or validated); raises ``PolicyError`` naming
     the file for one that cannot be read, is not UTF-8, is not YAML, repeats a key or is not a mapping."""
     return read_yaml_mapping(path, str(path), what="a mapping of policy sections", error=PolicyError)
-
-
-#: The loader's former, private name.
 
 
 def load_policy(

@@ -1,11 +1,8 @@
 """XID codes sorted into what they mean for a certification: ignore, warn, or fail with a cause.
 
-The NVIDIA Xid catalog (``data/xid_catalog.csv``, its "Xids" sheet) gives each code an
-*immediate action* bucket. docs/reference/causes-and-actions.md, "XID classes", groups those buckets into the
-project's classes and names the exceptions this module encodes: 48 is an ECC double-bit error, 64 a row-remap
-failure (RMA path), 74 an NVLink error, 79 a GPU fallen off the bus, 92 an SBE storm that warns when it
-repeats, 157 a retirement failure (an RMA candidate), and 167/168/169 have no bucket in the catalog (project
-defaults). Application-class XIDs (13, 31, 94, …) are the workload's fault, never the GPU's verdict.
+Each code of the NVIDIA Xid catalog (``data/xid_catalog.csv``) by its *immediate action* bucket, and the few
+codes more specific than their bucket (docs/reference/causes-and-actions.md, "XID classes", the table this
+module generates). Application-class XIDs (13, 31, 94, …) are the workload's fault, never the GPU's verdict.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""certify's tasks: choose nodes, benchmark them (async, bounded), judge, settle, act, keep the baseline.
+"""certify's tasks: choose nodes, benchmark them (async, bounded), make verdicts, settle, act, keep the baseline.
 
 Large data stays out of task boundaries: a wave's results go to the store, and the tasks after it get
 the :class:`~gpucert.certify.CertificationRun` that addresses them (and keeps what it read), as
@@ -54,9 +54,10 @@ __all__ = [
     "act_on_nodes",
     "benchmark",
     "fleet_state",
-    "judge_run",
     "keep_baselines",
+    "make_verdicts",
     "prepare",
+    "record_settlement",
     "select_nodes",
     "settle_run",
 ]
@@ -156,8 +157,8 @@ async def benchmark(
     return failed, wave.stacks
 
 
-@task(name="judge", task_run_name="judge {run.run_id}", cache_policy=NO_CACHE)
-def judge_run(
+@task(name="verdicts", task_run_name="verdicts of {run.run_id}", cache_policy=NO_CACHE)
+def make_verdicts(
     run: CertificationRun,
     failed: Mapping[str, tuple[str | None, str]],
     nodes: Sequence[str],
@@ -165,9 +166,9 @@ def judge_run(
     *,
     cohort: CertificationRun | None = None,
 ) -> RunVerdicts:
-    """Judge the run's results against the current baseline (plus an inconclusive row per failed Job) and
-    store its ``verdicts.parquet`` and ``policy.json`` (the policy and baseline version judged by); returns
-    the verdicts.
+    """Judge the run's results against the current baseline (plus an inconclusive row per failed Job), store
+    its ``policy.json`` (the policy and baseline version judged by) and return the verdicts. A re-run's
+    verdicts are stored here; the first run's only once settled (:func:`record_settlement`).
 
     A confirming re-run measures a few nodes: judged alone, its peers would be just those nodes. With
     ``cohort`` (the first run) the other nodes' results of that run join as peers, and only ``nodes``
@@ -189,7 +190,8 @@ def judge_run(
     verdicts = run_verdicts(
         run.run_id, results, failed, baseline, policy, plan=plan, cohort=peers, nodes=nodes if rerun else None
     )
-    run.write_table(VERDICTS, verdicts)
+    if rerun:
+        run.write_table(VERDICTS, verdicts)
     return RunVerdicts(run.run_id, verdicts, tuple(nodes))
 
 
@@ -207,10 +209,10 @@ def settle_run(
     fleet: Mapping[str, NodeTaints],
     rules: CertificationRules,
 ) -> Settlement:
-    """Settle the run (:func:`gpucert.certify.settle`) and store what it concluded: ``decisions.parquet``
-    and the verdicts made to agree with it; returns the settlement (its ``pending`` nodes need a re-run)."""
+    """Settle the run (:func:`gpucert.certify.settle`) on its verdicts so far; returns the settlement (its
+    ``pending`` nodes need a re-run). Nothing is stored: :func:`record_settlement` does, once."""
     measured = run.results_or_none()  # what the run measured, per node and GPU: the clearing rule's input
-    settlement = settle(
+    return settle(
         first,
         reruns,
         fleet=fleet,
@@ -218,6 +220,12 @@ def settle_run(
         observe_only=rules.observe_only,
         measured=measured if measured is not None else empty_results(),
     )
+
+
+@task(name="record the decisions", task_run_name="record {settlement.run_id}", cache_policy=NO_CACHE)
+def record_settlement(run: CertificationRun, first: RunVerdicts, settlement: Settlement) -> None:
+    """Store what the run concluded, once: ``verdicts.parquet`` (the first run's verdicts made to agree with
+    the decisions) and ``decisions.parquet``."""
     run.write_table(VERDICTS, settled_verdicts(first.verdicts, settlement))
     run.write_table(DECISIONS, settlement.frame(datetime.now(UTC)))
     log = get_run_logger()
@@ -225,7 +233,6 @@ def settle_run(
         log.warning("%s: %s", node, why)
     if settlement.incident:
         log.error(settlement.incident)
-    return settlement
 
 
 @kube_task("act on nodes")

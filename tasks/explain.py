@@ -20,8 +20,8 @@ from gpucert.explain import (
     JobTarget,
     LabelMap,
     act_on,
+    diagnose,
     gather,
-    judge_gathered,
     read_record,
     resolve_target,
     timeline_key,
@@ -77,7 +77,7 @@ def explain_window(
     seconds each part took; ``labels``: the label mapping where detection cannot tell."""
     gathered = gather(kube, source, target, step_metric=step_metric, labels=labels)
     record, notes = read_record(store, target.nodes, tickets=tickets, policy=policy)
-    explanation, html, seconds = judge_gathered(target, gathered, record, [*gathered.notes, *notes])
+    explanation, html, seconds = diagnose(target, gathered, record, [*gathered.notes, *notes])
     key = timeline_key(run_id, now)
     store.objects.put(key, html.encode("utf-8"))
     get_run_logger().info("%s: %s (%d queries to Prometheus)", target.job, explanation.answer[0], gathered.queries)

@@ -1,7 +1,7 @@
 """certify's link step: the nodes measured in pairs, round by round, then re-paired where nothing explains a
 low pair yet (``gpucert.network``). Each round is one task run, so the rounds and re-pairings show in the
 run; the pair rows join the run's ``results.parquet`` and the plan is stored with the run, which the
-judge step then reads (:func:`gpucert.certify.judge_with_links`)."""
+judge step then reads (:func:`gpucert.certify.verdicts_with_links`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gpucert.certify import (
     RESULTS,
     BenchmarkSettings,
     CertificationRun,
-    judge_links,
+    link_findings,
     link_plan,
     link_seed,
     run_pair_round,
@@ -127,7 +127,7 @@ async def measure_links(
 
     await measure(plan, 0, "pair")
     baseline = run.store.read() if run.store.current_version() is not None else empty_baseline()
-    judgement = judge_links(pd.concat(frames, ignore_index=True), plan, baseline, policy) if parts else None
+    judgement = link_findings(pd.concat(frames, ignore_index=True), plan, baseline, policy) if parts else None
     repaired = 0
     while judgement is not None and judgement.pending and repaired < policy.network.repair_rounds:
         more = repairs(judgement, plan, seed=link_seed(run.run_id) + repaired + 1)
@@ -136,7 +136,7 @@ async def measure_links(
         first = plan.rounds
         plan = plan.extended(more)
         await measure(plan, first, "re-pair")
-        judgement = judge_links(pd.concat(frames, ignore_index=True), plan, baseline, policy)
+        judgement = link_findings(pd.concat(frames, ignore_index=True), plan, baseline, policy)
         repaired += 1
     store_plan(run, plan)
     _append_results(run, parts)

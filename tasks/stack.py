@@ -136,7 +136,7 @@ def verify_gpus(kube: Kube, plan: StackPlan, expected: Mapping[str, int], timeou
     Raises ``StackNotReady`` naming each node short of GPUs when ``timeout_s`` runs out.
     """
     wait_until(
-        lambda: gpu_shortfall(kube, plan, expected),
+        lambda: gpu_shortfall(kube, expected),
         what="nvidia.com/gpu allocatable",
         total=len(expected),
         timeout_s=timeout_s,

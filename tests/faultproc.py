@@ -17,7 +17,7 @@ from typing import Any
 
 from gpucert._crashpoints import CRASH_ENV
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.flows.certify import certify
 
 __all__ = ["certify_in_child", "fork_server"]
@@ -42,6 +42,6 @@ def certify_in_child(
     with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         asyncio.run(
             certify(
-                cluster=GpuCluster(kubeconfig=kubeconfig), store=BaselineStore(uri=store_uri), run_id=run_id, **kwargs
+                cluster=GpuCluster(kubeconfig=kubeconfig), store=StoreLocation(uri=store_uri), run_id=run_id, **kwargs
             )
         )

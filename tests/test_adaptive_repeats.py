@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 from gpucert.baseline import build_baseline
-from gpucert.bench._stability import DEFAULT_CV_REP, DEFAULT_REPEATS_OF, RepeatRule, judge_repeats
+from gpucert.bench._stability import DEFAULT_CV_REP, DEFAULT_REPEATS_OF, RepeatRule, repeat_stability
 from gpucert.policy import default_policy
 from gpucert.store import empty_baseline
 from gpucert.verdict import judge
-from gpucert.verdict._repeats import judge_repeat_matrix
+from gpucert.verdict._repeats import repeat_matrix_stability
 from gpucert_sim.fleet import GPU_PERF_METRICS, Fleet, NoiseModel
 
 from .conftest import Seeded, flagged, row
@@ -51,9 +51,9 @@ def test_what_is_unstable_and_how_many_more_settle_it() -> None:
     more, verdict = rule.more(GEMM, [700.0, 560.0, 540.0])
     assert verdict.unstable
     assert more == 2
-    assert not rule.judge(GEMM, [700.0, 560.0, 540.0, 701.0, 699.0]).unstable
+    assert not rule.stability(GEMM, [700.0, 560.0, 540.0, 701.0, 699.0]).unstable
     # One transient of three is named by the verdict and ignored by the median: stable.
-    assert not rule.judge(GEMM, [700.0, 560.0, 701.0]).unstable
+    assert not rule.stability(GEMM, [700.0, 560.0, 701.0]).unstable
     # Spread beyond the noise model: one more at a time, never past the ceiling.
     spread = [700.0, 670.0, 730.0, 690.0, 715.0, 680.0, 720.0]
     assert rule.more(GEMM, spread[:6])[0] == 1
@@ -61,18 +61,18 @@ def test_what_is_unstable_and_how_many_more_settle_it() -> None:
     assert verdict.unstable
     assert more == 0
     # Fewer than three repeats are never judged, and a metric without an expected CV never gets more.
-    assert not rule.judge(GEMM, [700.0, 500.0]).unstable
-    assert not rule.judge("gpu_count", [1.0, 5.0, 9.0]).unstable
+    assert not rule.stability(GEMM, [700.0, 500.0]).unstable
+    assert not rule.stability("gpu_count", [1.0, 5.0, 9.0]).unstable
 
 
 def test_the_payload_also_asks_whether_a_noisier_night_would_call_it_unstable() -> None:
     # H2D at the policy's 1.5 %: 0.903 is a transient, and the two others alone cannot be judged. At 2 %
     # (the cohort's noise on a noisier night) it is an ordinary repeat, and the three spread 11 % robust CV.
     values = [0.9028, 1.0, 1.0753]
-    assert not judge_repeats(values, 0.015).unstable
-    assert judge_repeats(values, 0.02).unstable
-    assert judge_repeats(values, 0.015, or_noisier=True).unstable
-    assert RepeatRule().judge("h2d_gbps", values).unstable
+    assert not repeat_stability(values, 0.015).unstable
+    assert repeat_stability(values, 0.02).unstable
+    assert repeat_stability(values, 0.015, or_noisier=True).unstable
+    assert RepeatRule().stability("h2d_gbps", values).unstable
 
 
 @pytest.mark.parametrize("or_noisier", [False, True])
@@ -86,11 +86,11 @@ def test_the_payload_rule_and_the_vectorised_rule_agree(or_noisier: bool) -> Non
     hit = rng.random((size, width)) < 0.2
     values = np.where(hit, values * rng.uniform(0.7, 0.97, (size, width)), values)
     values = np.where(np.arange(width) < counts[:, None], values, np.nan)
-    judged = judge_repeat_matrix(
+    judged = repeat_matrix_stability(
         values, counts, np.ones(size), cv, unstable_factor=5.0, transient_pct=5.0, or_noisier=or_noisier
     )
     one_by_one = [
-        judge_repeats(list(v[:n]), c, or_noisier=or_noisier) for v, n, c in zip(values, counts, cv, strict=True)
+        repeat_stability(list(v[:n]), c, or_noisier=or_noisier) for v, n, c in zip(values, counts, cv, strict=True)
     ]
     assert judged.unstable.tolist() == [s.unstable for s in one_by_one]
     assert judged.settle.tolist() == [s.settle for s in one_by_one]

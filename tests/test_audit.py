@@ -18,7 +18,7 @@ import pytest
 import rfc8785
 from kubernetes import client
 
-from gpucert.audit import AuditAction, AuditLog, AuditRecorder, check_chain, event_of
+from gpucert.audit import AuditAction, AuditLog, AuditRecorder, check_chain
 from gpucert.cli import main
 from gpucert.kube import Kube, connect
 from gpucert.store import BaselineStore, FileObjectStore, empty_baseline
@@ -281,10 +281,7 @@ def test_every_write_is_recorded_with_what_it_changed_and_sent_as_an_event(
     assert "row remap" in str(added.note)
     assert "cert-1" in str(added.note)
     # Sent again (a retried step), an entry's Event is the same object: no duplicate.
-    for entry in entries:
-        body = event_of(entry, instance="again")
-        if body is not None:
-            recorder._send_events(kube, [entry])
+    recorder._send_events(kube, entries)
     again = client.EventsV1Api(sim.api_client()).list_namespaced_event("default").items
     assert len([e for e in again if e.reporting_controller == "gpucert"]) == len(
         [e for e in events if e.reporting_controller == "gpucert"]

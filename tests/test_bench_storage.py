@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpucert.bench import RepeatRule
 from gpucert.bench._cli import parse_args
 from gpucert.bench._run import Options, run
 from gpucert.bench._storage import BLOCK_BYTES, StorageBench, StorageError, parse_fio_json
@@ -197,7 +198,13 @@ def test_fio_that_fails_is_an_error_with_its_words(tmp_path: Path) -> None:
 def test_the_payload_writes_storage_read_gbps_per_repeat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "no-fio"))  # the payload's own reads
     opts = Options(
-        "t-st", "node-a", device="cpu", repeats=3, skip=SKIP_ALL, storage_path=str(tmp_path), storage_bytes=2 * MiB
+        "t-st",
+        "node-a",
+        device="cpu",
+        rule=RepeatRule(repeats=3),
+        skip=SKIP_ALL,
+        storage_path=str(tmp_path),
+        storage_bytes=2 * MiB,
     )
     rows, err = _run(opts)
     storage = [r for r in rows if r["metric"] == "storage_read_gbps"]

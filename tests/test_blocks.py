@@ -19,7 +19,7 @@ from pydantic import SecretStr, ValidationError
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
 from gpucert.blocks.prometheus import Prometheus
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.errors import InputError, PolicyError
 from gpucert.store import StoreNotFound, StoreURIError
@@ -153,18 +153,18 @@ def test_prometheus_saves_and_loads_with_its_secrets() -> None:
     assert loaded.source() == block.source()
 
 
-# --- the BaselineStore block -----------------------------------------------------------------------
+# --- the StoreLocation block -----------------------------------------------------------------------
 # Imported here rather than at the top, so that this section stands apart from the others.
 
 
-class TestBaselineStoreStandard(BlockStandardTestSuite):
+class TestStoreLocationStandard(BlockStandardTestSuite):
     @pytest.fixture
     def block(self) -> type[Block]:
-        return BaselineStore
+        return StoreLocation
 
 
 def test_baseline_store_opens_for_reading_only_a_store_that_exists(tmp_path: Path) -> None:
-    block = BaselineStore(uri=(tmp_path / "store").as_uri())
+    block = StoreLocation(uri=(tmp_path / "store").as_uri())
     with pytest.raises(StoreNotFound, match=str(tmp_path / "store")) as caught:
         block.open(create=False)
     assert isinstance(caught.value, InputError)
@@ -176,13 +176,13 @@ def test_baseline_store_opens_for_reading_only_a_store_that_exists(tmp_path: Pat
 
 
 def test_baseline_store_passes_its_public_url_down_and_refuses_a_bad_one(tmp_path: Path) -> None:
-    block = BaselineStore(uri=tmp_path.as_uri(), public_url="https://reports.example.com/gpucert/")
+    block = StoreLocation(uri=tmp_path.as_uri(), public_url="https://reports.example.com/gpucert/")
     key = "runs/date=2026-12-01/run=run-1/report.html"
     assert block.open().link(key) == f"https://reports.example.com/gpucert/{key}"
     with pytest.raises(ValidationError, match="public URL"):
-        BaselineStore(uri=tmp_path.as_uri(), public_url="reports.example.com")
+        StoreLocation(uri=tmp_path.as_uri(), public_url="reports.example.com")
     with pytest.raises(StoreURIError, match="gs://bucket"):
-        BaselineStore(uri="gs://bucket/gpucert").open()
+        StoreLocation(uri="gs://bucket/gpucert").open()
 
 
 def test_baseline_store_reaches_s3_with_prefect_aws_credentials_and_links_to_it(
@@ -197,7 +197,7 @@ def test_baseline_store_reaches_s3_with_prefect_aws_credentials_and_links_to_it(
         credentials = AwsCredentials.model_validate(
             {"aws_access_key_id": ACCESS_KEY, "aws_secret_access_key": SECRET_KEY, "region_name": REGION}
         )
-        block = BaselineStore(uri="s3://gpucert-blocks/fleet", credentials=credentials, endpoint_url=endpoint)
+        block = StoreLocation(uri="s3://gpucert-blocks/fleet", credentials=credentials, endpoint_url=endpoint)
         with pytest.raises(StoreNotFound, match="s3://gpucert-blocks/fleet"):
             block.open(create=False)
         key = block.open().write_run_file("run-1", date(2026, 12, 1), "report.html", b"<html>run-1</html>")
@@ -280,7 +280,7 @@ def test_prefect_block_register_m_blocks_registers_every_gpucert_block_type() ->
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Successfully registered 5 blocks" in " ".join(done.stdout.split()), done.stdout
-    for block in (GpuCluster, BaselineStore, Ticketing, CertificationPolicy, Prometheus):
+    for block in (GpuCluster, StoreLocation, Ticketing, CertificationPolicy, Prometheus):
         answer = httpx.get(f"{api}/block_types/slug/{block.get_block_type_slug()}", timeout=10)
         assert answer.status_code == 200, block.__name__
         schemas = httpx.post(

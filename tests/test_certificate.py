@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore as StoreBlock
+from gpucert.blocks.store import StoreLocation
 from gpucert.certificate import (
     SCHEMA,
     Certificate,
@@ -71,7 +71,7 @@ def certified(prefect_harness: None, tmp_path_factory: pytest.TempPathFactory) -
     del prefect_harness
     root = tmp_path_factory.mktemp("certificate") / "store"
     with SimCluster(nodes=6, preconfigured=True, seed=6) as sim:
-        cluster, block = GpuCluster(kubeconfig=str(sim.kubeconfig_path)), StoreBlock(uri=root.as_uri())
+        cluster, block = GpuCluster(kubeconfig=str(sim.kubeconfig_path)), StoreLocation(uri=root.as_uri())
         # Fixed run ids make the simulated measurements, and so these tests, repeatable.
         seed = asyncio.run(certify(cluster=cluster, store=block, run_id="cert-seed"))
         names = sim.fleet.node_names

@@ -215,7 +215,7 @@ def test_the_job_runs_the_payloads_real_command_line(cm: dict[str, Any]) -> None
     # The kubelet expands $(NODE_NAME) from the downward API; the payload's own parser takes the rest.
     args = [a.replace("$(NODE_NAME)", "gpu-node-00002") for a in c["args"]]
     opts = parse_args(args)
-    assert (opts.run_id, opts.node, opts.repeats, opts.expected_gpus) == ("night-1", "gpu-node-00002", 5, 4)
+    assert (opts.run_id, opts.node, opts.rule.repeats, opts.expected_gpus) == ("night-1", "gpu-node-00002", 5, 4)
     assert opts.gemm_seconds == 2.0
     assert opts.skip == frozenset({"copy"})
     assert c["args"][c["args"].index("--node") + 1] == "$(NODE_NAME)"
@@ -335,7 +335,7 @@ def test_payload_args_follow_the_jobs_own_and_reach_the_payload_as_written(cm: d
     assert args[-1] == f"--stack-json=/tmp/$$(NODE_NAME)-{evil.replace('$', '$$')}.json"
     env = {"NODE_NAME": "gpu-node-00002", "PYTHONPATH": PAYLOAD_DIR}
     opts = parse_args([kubelet_expand(a, env) for a in args])
-    assert (opts.node, opts.repeats, opts.expected_gpus) == ("gpu-node-00002", 3, 8)
+    assert (opts.node, opts.rule.repeats, opts.expected_gpus) == ("gpu-node-00002", 3, 8)
     assert (opts.gemm_seconds, opts.copy_bytes) == (5.0, 512 << 20)
     assert (opts.dcgm, opts.dcgm_level) == (True, 2)
     assert opts.nccl_tests_args == ("-d", "bfloat16", "-G", "1")
@@ -818,7 +818,6 @@ def test_an_image_that_cannot_be_pulled_is_classified_before_the_deadline(kube: 
     assert "does-not-exist" in stuck.message
     gave_up = abandon(kube, stuck)
     assert (gave_up.state, gave_up.reason) == ("failed", "image_pull")
-    assert gave_up.inconclusive
     assert kube.find("batch/v1", "Job", stuck.job, stuck.namespace) is None
     no_pods_left(kube, stuck)  # its GPUs come free for the next test on this node
 
@@ -861,7 +860,6 @@ def test_a_failed_job_is_classified_and_never_read(
     first, _ = start(kube, run_id, node(1), pod_annotations=annotations, deadline_s=deadline_s)
     outcome = until(kube, first)
     assert (outcome.state, outcome.reason) == ("failed", reason), outcome.message
-    assert outcome.inconclusive
     with pytest.raises(ValueError, match="has not succeeded"):
         collect_results(kube, outcome)
     if reason == "deadline":
@@ -873,6 +871,5 @@ def test_a_job_that_is_gone_has_vanished(kube: Kube) -> None:
     # ttlSecondsAfterFinished 0: the Job goes as soon as it completes, before anyone read it.
     gone = until(kube, first, lambda o: o.reason == "vanished")
     assert (gone.state, gone.node, gone.job) == ("failed", node(2), first.job)
-    assert gone.inconclusive
     missing = observe(kube, settings.namespace, "no-such-job", node="n9")
     assert (missing.state, missing.reason, missing.node) == ("failed", "vanished", "n9")

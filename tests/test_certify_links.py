@@ -1,4 +1,4 @@
-"""A run's links judged with its pairing plan (``gpucert.certify._links``), on the fleet model: the NIC
+"""A run's links judged with its pairing plan (``gpucert.certify._verdicts``), on the fleet model: the NIC
 at half rate is its node's own network fault (a hard fail, no confirming re-run of the node alone), the
 slow uplink one fleet row that blames nobody, every other node certified; the pairs' references are the
 nodes' own link baselines once seeded; ``gpucert compare`` on the same file reaches the node's fault
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gpucert.baseline import build_baseline
-from gpucert.certify import decide_nodes, judge_links, judge_with_links, link_seed
+from gpucert.certify import decide_nodes, link_findings, link_seed, verdicts_with_links
 from gpucert.cli import main
 from gpucert.network import PAIR_METRIC, PairingPlan, plan_rounds, repairs
 from gpucert.policy import default_policy
@@ -49,7 +49,7 @@ def _night(
     results = measure(plan, 1)
     for attempt in range(policy.network.repair_rounds):
         pair_rows = results[results["metric"] == PAIR_METRIC]
-        judgement = judge_links(pair_rows, plan, baseline, policy)
+        judgement = link_findings(pair_rows, plan, baseline, policy)
         if not judgement.pending:
             break
         more = repairs(judgement, plan, seed=attempt + 1)
@@ -70,7 +70,7 @@ def test_a_nic_and_an_uplink_are_named_to_the_network_and_nobody_else_is_blamed(
     nic = fleet.node_names[9]
     faults = [Fault("nic_half_rate", nic), Fault("slow_uplink", params={"leaf_a": 1, "leaf_b": 3})]
     results, plan = _night(fleet, "night-1", T0, faults, empty_baseline())
-    verdicts = judge_with_links(results, empty_baseline(), default_policy(), plan=plan)
+    verdicts = verdicts_with_links(results, empty_baseline(), default_policy(), plan=plan)
     pair_rows = verdicts[verdicts["metric"] == PAIR_METRIC]
     flagged = pair_rows[pair_rows["verdict"] != "pass"]
     mine = flagged[flagged["node"] == nic]
@@ -98,7 +98,7 @@ def test_the_pairs_are_held_to_the_nodes_own_link_baselines_once_seeded(fleet: F
     results, plan = _night(
         fleet, "night-2", T0 + timedelta(days=1), [Fault("nic_half_rate", fleet.node_names[20])], baseline
     )
-    verdicts = judge_with_links(results, baseline, policy, plan=plan)
+    verdicts = verdicts_with_links(results, baseline, policy, plan=plan)
     pairs = verdicts[(verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].notna()]
     assert set(pairs["reference_kind"]) == {"own"}
     [row] = verdicts[
@@ -126,7 +126,7 @@ def test_compare_judges_a_results_file_with_pairs_as_certify_does(
 def test_a_node_slow_in_its_pairs_for_its_own_pcie_fault_is_that_fault_one_ticket_not_two(fleet: Fleet) -> None:
     node = fleet.node_names[14]
     results, plan = _night(fleet, "night-4", T0, [Fault("pcie_gen4", node, 3)], empty_baseline())
-    verdicts = judge_with_links(results, empty_baseline(), default_policy(), plan=plan)
+    verdicts = verdicts_with_links(results, empty_baseline(), default_policy(), plan=plan)
     [link] = verdicts[
         (verdicts["node"] == node) & (verdicts["metric"] == PAIR_METRIC) & verdicts["peer"].isna()
     ].itertuples()

@@ -22,8 +22,8 @@ import pytest
 
 from gpucert import _prefetch
 from gpucert.baseline import build_baseline
-from gpucert.certify import judge_with_links
-from gpucert.certify._links import _without
+from gpucert.certify import verdicts_with_links
+from gpucert.certify._verdicts import _without
 from gpucert.errors import ResultsError
 from gpucert.policy import default_policy, spec_floors
 from gpucert.results import (
@@ -270,7 +270,7 @@ def test_pair_rows_after_the_nodes_are_left_out_without_a_copy(night: tuple[pd.D
     pd.testing.assert_frame_equal(nodes_only, _without(frame, is_pair), check_exact=True)
     policy = default_policy()
     pd.testing.assert_frame_equal(
-        judge_with_links(appended, baseline, policy), judge_with_links(frame, baseline, policy), check_exact=True
+        verdicts_with_links(appended, baseline, policy), verdicts_with_links(frame, baseline, policy), check_exact=True
     )
 
 

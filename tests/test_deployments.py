@@ -16,7 +16,7 @@ import yaml
 from gpucert._flowcli import NamedBlocks, flow_inputs
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.cli import _parser, main
 from gpucert.errors import InputError
 from gpucert_sim import SimCluster
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Each parameter that names a saved block, and the block it stands for (a parameter of the flow too).
 NAMED = {
     "cluster_block": ("cluster", GpuCluster),
-    "store_block": ("store", BaselineStore),
+    "store_block": ("store", StoreLocation),
     "policy_block": ("policy", CertificationPolicy),
 }
 

@@ -1,4 +1,4 @@
-"""The judgement of ``gpucert explain`` (gpucert.explain._judge) on synthetic frames of a training job.
+"""The diagnosis of ``gpucert explain`` (gpucert.explain._diagnose) on synthetic frames of a training job.
 
 Each frame is built by a small function below, as the gatherer would hand it over: telemetry in long format
 (category columns, UTC timestamps on the 15 s scrape grid), per-pod step lines, Kubernetes events, gpucert's
@@ -30,7 +30,8 @@ from gpucert.explain import (
     empty_telemetry,
     explain,
 )
-from gpucert.explain._judge import persistent_onset, step_change
+from gpucert.explain._diagnose import step_change
+from gpucert.explain._grid import persistent_onset
 
 START = pd.Timestamp("2026-12-01T08:00:00Z")
 STEP_S = 15.0

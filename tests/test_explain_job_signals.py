@@ -1,5 +1,5 @@
 """The judgement of issue 31 on synthetic frames: the straggler only the job sees, transients, hangs, routine
-stalls, PCIe and memory errors, two faults at once (the frames and helpers of ``tests/test_explain_judge.py``).
+stalls, PCIe and memory errors, two faults at once (the frames and helpers of ``tests/test_explain_diagnose.py``).
 
 The real-Prometheus side of the same scenarios (labels as real exporters write them) is
 ``tests/test_explain_labels.py``.
@@ -14,7 +14,7 @@ import pandas as pd
 
 from gpucert.explain import empty_collectives
 
-from .test_explain_judge import START, STEP_S, events, gauge_steps, job, nic, node_name, telemetry
+from .test_explain_diagnose import START, STEP_S, events, gauge_steps, job, nic, node_name, telemetry
 
 
 def collectives(

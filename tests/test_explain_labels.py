@@ -39,7 +39,7 @@ import pandas as pd
 import pytest
 
 from gpucert.errors import InputError
-from gpucert.explain import JobTarget, LabelMap, TargetPod, empty_record, gather, judge_gathered
+from gpucert.explain import JobTarget, LabelMap, TargetPod, diagnose, empty_record, gather
 from gpucert.kube import KubeError
 from gpucert.telemetry import PrometheusSource
 
@@ -313,7 +313,7 @@ def target(
 def explained(world: World, tgt: JobTarget, labels: str | None = None) -> Any:
     source = PrometheusSource(world.url)
     got = gather(_NoEvents(), source, tgt, read_logs=False, labels=LabelMap.parse(labels))  # type: ignore[arg-type]
-    explanation, _, seconds = judge_gathered(tgt, got, empty_record(), list(got.notes))
+    explanation, _, seconds = diagnose(tgt, got, empty_record(), list(got.notes))
     print(tgt.job, dict(got.seconds), seconds, got.queries)
     return got, explanation
 

@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from kubernetes import client
 
 from gpucert.errors import InputError
-from gpucert.explain import JobTarget, TargetPod, assign_gpus, holder_at, parse_job, parse_moment, resolve_target
+from gpucert.explain import JobTarget, TargetPod, assign_gpus, holders_at, parse_job, parse_moment, resolve_target
 from gpucert.kube import Kube
 
 from .conftest import eventually
@@ -242,8 +243,8 @@ def test_gpus_come_from_dcgm_pod_labels_else_the_device_plugins_allocation() -> 
     whole, notes = assign_gpus(target, labels)
     assert set(whole) == {"n1"}  # n0 is told by its labels; n2's pod asked for half of it
     assert [p.name for p in whole["n1"]] == ["w-1", "w-1b"]
-    assert holder_at(whole["n1"], pd.Timestamp("2026-01-01T01:00Z")).name == "w-1"  # type: ignore[union-attr]
-    assert holder_at(whole["n1"], pd.Timestamp("2026-01-01T03:00Z")).name == "w-1b"  # type: ignore[union-attr]
+    moments = np.array([pd.Timestamp(t).timestamp() for t in ("2026-01-01T01:00Z", "2026-01-01T03:00Z")])
+    assert [whole["n1"][i].name for i in holders_at(whole["n1"], moments)] == ["w-1", "w-1b"]
     [note] = notes
     assert "which GPUs 1 pod(s) hold is unknown" in note
     assert "half" in note

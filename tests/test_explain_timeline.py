@@ -19,7 +19,7 @@ from gpucert.explain import (
     explain,
     render_timeline,
 )
-from tests.test_explain_judge import START, STEP_S, Job, events, job, node_name
+from tests.test_explain_diagnose import START, STEP_S, Job, events, job, node_name
 
 HOSTILE = "<script>alert(1)</script>"
 

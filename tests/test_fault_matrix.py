@@ -63,7 +63,7 @@ import yaml
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import JOBS_NAMESPACE, CertificationRun, CertifyOutcome
 from gpucert.errors import StoreUnavailable
 from gpucert.flows.certify import certify
@@ -269,10 +269,10 @@ MATRIX: tuple[Row, ...] = (
         "the same run id adopts its Jobs (one per node), lifts the testing taints and completes",
     ),
     Row(
-        "killed-judged",
+        "killed-settled",
         "test_a_killed_run_started_again_completes_and_duplicates_nothing",
         "certify",
-        "SIGKILL once the first verdicts are stored",
+        "SIGKILL once the verdicts and decisions are stored",
         "started again: no duplicate Job, ticket, taint or baseline version; the run completes",
     ),
     Row(
@@ -331,11 +331,11 @@ def _cluster(sim: Any) -> GpuCluster:
     return GpuCluster(kubeconfig=str(sim.kubeconfig_path))
 
 
-def _file_store(root: Path) -> BaselineStore:
-    return BaselineStore(uri=f"file://{root}")
+def _file_store(root: Path) -> StoreLocation:
+    return StoreLocation(uri=f"file://{root}")
 
 
-def run_certify(sim: Any, store: BaselineStore, **kwargs: Any) -> CertifyOutcome:
+def run_certify(sim: Any, store: StoreLocation, **kwargs: Any) -> CertifyOutcome:
     """One certify flow run on ``sim``; returns its outcome."""
     outcome: CertifyOutcome = asyncio.run(certify(cluster=_cluster(sim), store=store, **kwargs))
     return outcome
@@ -727,14 +727,14 @@ def store_sim() -> Iterator[SimCluster]:
         yield sim
 
 
-def _s3_block(endpoint: str, prefix: str) -> BaselineStore:
+def _s3_block(endpoint: str, prefix: str) -> StoreLocation:
     from prefect_aws import AwsCredentials
     from pydantic import SecretStr
 
     credentials = AwsCredentials(
         aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY), region_name=REGION
     )
-    return BaselineStore(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
+    return StoreLocation(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
 
 
 def _writes(proxy: FaultProxy, prefix: str) -> list[str]:
@@ -844,7 +844,7 @@ def test_store_unreachable_the_run_fails_before_it_acts(store_sim: SimCluster) -
 #: The row → the crash point the process dies at (None: the test kills it once its Jobs run).
 KILLED = {
     "killed-jobs-started": None,
-    "killed-judged": "judged",
+    "killed-settled": "settled",
     "killed-between-taints": "between-taints",
     "killed-baseline-write": "baseline-written",
     "killed-between-tickets": "between-tickets",
@@ -922,8 +922,10 @@ def _what_the_kill_left(row: str, kube: Kube, store: Store, root: Path, run_id: 
     if row == "killed-jobs-started":
         assert {t.get(TESTING) for t in taints.values()} == {run_id}, "the Jobs ran under the testing taint"
         assert left == ([], 0, 0)
-    elif row == "killed-judged":
-        assert CertificationRun(store, run_id, _today()).has("verdicts.parquet")
+    elif row == "killed-settled":
+        run = CertificationRun(store, run_id, _today())
+        assert run.has("verdicts.parquet")
+        assert run.has("decisions.parquet")
         assert left == ([], 0, 0)
     elif row == "killed-between-taints":
         assert left == ([failing[0]], 0, 0)  # one taint written, the other not

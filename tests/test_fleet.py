@@ -663,8 +663,8 @@ def test_repeats_that_disagree_are_drawn_again_as_the_payload_does() -> None:
         b, top = rule.base(metric), rule.ceiling(metric)
         assert b <= n <= top
         # More only where the base repeats disagreed; it stops once they agree, or at the maximum.
-        assert rule.judge(metric, values[:b]).unstable == (n > b)
-        assert not rule.judge(metric, values).unstable or n == top
+        assert rule.stability(metric, values[:b]).unstable == (n > b)
+        assert not rule.stability(metric, values).unstable or n == top
         seen[metric, n > b] += 1
     assert seen[GEMM, True] > 0
     assert seen[NCCL, True] > 0

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import BenchmarkSettings, CertifyOutcome, benchmark_job, payload_configmap
 from gpucert.cli import main
 from gpucert.flows.certify import certify
@@ -36,7 +36,7 @@ FAULTS = {  # node index → (kind, gpu, expected taint cause)
 
 def _run(sim: SimCluster, store: Path, **kwargs: Any) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
-    return asyncio.run(certify(cluster=cluster, store=BaselineStore(uri=f"file://{store}"), **kwargs))
+    return asyncio.run(certify(cluster=cluster, store=StoreLocation(uri=f"file://{store}"), **kwargs))
 
 
 def _node_jobs(kube: Kube, namespace: str) -> list[dict[str, Any]]:

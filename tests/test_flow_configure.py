@@ -340,4 +340,4 @@ def test_a_node_run_with_nothing_recorded_behaves_as_before(tmp_path: Path) -> N
 def test_the_outcome_round_trips_as_json(configured: ConfigureOutcome) -> None:
     # What Prefect persists and `gpucert configure --json` prints.
     assert ConfigureOutcome.model_validate_json(configured.model_dump_json()) == configured
-    assert ConfigureOutcome.from_dict(configured.to_dict()) == configured
+    assert ConfigureOutcome.model_validate(configured.model_dump(mode="json")) == configured

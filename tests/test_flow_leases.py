@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import CertifyOutcome, latest_decisions
 from gpucert.flows.certify import certify
 from gpucert.kube import LEASE, connect
@@ -86,7 +86,7 @@ def sim16() -> Iterator[SimCluster]:
 
 def test_two_overlapping_certify_runs_benchmark_each_node_once_at_a_time(sim16: SimCluster, tmp_path: Path) -> None:
     cluster = GpuCluster(kubeconfig=str(sim16.kubeconfig_path))
-    store = BaselineStore(uri=f"file://{tmp_path}")
+    store = StoreLocation(uri=f"file://{tmp_path}")
     names = sim16.fleet.node_names
     record = JobRecord(sim16, first_job_of="night-a")
     outcomes: dict[str, CertifyOutcome] = {}

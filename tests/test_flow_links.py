@@ -21,7 +21,7 @@ import pytest
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import CertifyOutcome
 from gpucert.flows.certify import certify
 from gpucert.store import open_store
@@ -43,7 +43,7 @@ def sim() -> Iterator[SimCluster]:
 def _run(sim: SimCluster, store: Path, run_id: str, **kwargs: Any) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path), storage_host_path="/mnt/datasets")
     return asyncio.run(
-        certify(cluster=cluster, store=BaselineStore(uri=f"file://{store}"), policy=PAIRS, run_id=run_id, **kwargs)
+        certify(cluster=cluster, store=StoreLocation(uri=f"file://{store}"), policy=PAIRS, run_id=run_id, **kwargs)
     )
 
 

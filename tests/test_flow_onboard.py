@@ -41,14 +41,14 @@ def test_onboard_configures_certifies_and_admits_a_new_node(sim: SimCluster, tmp
     [new] = sim.add_nodes(1, uncertified_taint="gpucert.io/uncertified")
     kube = connect(sim.kubeconfig_path)
     uid = kube.get("v1", "Node", new)["metadata"]["uid"]
-    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.store import StoreLocation
 
     result = asyncio.run(
         onboard(
             node=new,
             uid=uid,
             cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
-            store=BaselineStore(uri=f"file://{tmp_path}"),
+            store=StoreLocation(uri=f"file://{tmp_path}"),
         )
     )
     assert result.state == "certified"

@@ -15,7 +15,7 @@ import pytest
 
 from gpucert._frames import empty_results
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import CertifyOutcome
 from gpucert.cli import main
 from gpucert.flows.operate import operate
@@ -44,7 +44,7 @@ def _night(sim: SimCluster, store: Path, *, rotation_days: float = 0.0) -> Opera
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
     return asyncio.run(
         operate(
-            cluster=cluster, store=BaselineStore(uri=store.as_uri()), rotation_days=rotation_days, scrape_interval_s=1.0
+            cluster=cluster, store=StoreLocation(uri=store.as_uri()), rotation_days=rotation_days, scrape_interval_s=1.0
         )
     )
 

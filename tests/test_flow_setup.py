@@ -10,7 +10,7 @@ import pytest
 from prefect import flow
 
 from gpucert.audit import AuditLog, AuditRecorder
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.errors import InputError, SetupMissing
 from gpucert.flows._setup import (
     MAX_RUN_ATTEMPTS_ENV,
@@ -80,7 +80,7 @@ def test_the_audit_artifact_keeps_one_key_per_flow_and_names_the_run(tmp_path: P
 
 def test_a_named_block_that_is_not_saved_is_named_with_its_parameter() -> None:
     with pytest.raises(SetupMissing, match=r"store_block 'not-saved': no gpucert Baseline Store block of that name"):
-        load_named(BaselineStore, "not-saved", "store_block")
+        load_named(StoreLocation, "not-saved", "store_block")
 
 
 def test_outside_a_deployment_no_name_means_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

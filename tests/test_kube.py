@@ -139,10 +139,17 @@ def test_retry_gives_up_after_its_attempts_and_never_retries_a_4xx() -> None:
 
 
 def test_a_long_retry_after_is_capped() -> None:
-    policy = RetryPolicy(max_retry_after_s=5)
-    import random
+    answers: list[Exception | str] = [KubeThrottled("x", retry_after=600), "ok"]
+    slept: list[float] = []
 
-    assert policy.delay(1, KubeThrottled("x", retry_after=600), random.Random(0)) == 5
+    def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert RetryPolicy(max_retry_after_s=5, deadline_s=60).call(call, sleep=slept.append) == "ok"
+    assert slept == [5]
 
 
 # --- verbs against the simulated API server ------------------------------------------------------------

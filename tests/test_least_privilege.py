@@ -60,7 +60,7 @@ import pytest
 
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import BenchmarkSettings, benchmark_job, payload_configmap
 from gpucert.flows.certify import certify
 from gpucert.flows.configure import configure
@@ -348,7 +348,7 @@ def _configure_runs(
         applied.extend(_rbac_in(cluster))
         rec.record("configure (driver upgrade)", CONFIGURE, lambda: configure(cluster=gpus, rollout_timeout_s=60))
         [new] = cluster.add_nodes(1, uncertified_taint=f"{PREFIX}/uncertified")
-        store = BaselineStore(uri=(folder / "onboard-store").as_uri())
+        store = StoreLocation(uri=(folder / "onboard-store").as_uri())
         rec.record(
             "onboard-node",
             CONFIGURE,
@@ -364,7 +364,7 @@ def _runtime_runs(server: str, folder: Path, rendered: list[dict[str, Any]]) -> 
         names = cluster.fleet.node_names
         path = rec.kubeconfig(RUNTIME)
         gpus = GpuCluster(kubeconfig=str(path))
-        store = BaselineStore(uri=(folder / "runtime-store").as_uri())
+        store = StoreLocation(uri=(folder / "runtime-store").as_uri())
         admin = connect(cluster.kubeconfig_path)
         # The stack Ready on every node first (on the real server its DaemonSets' pods start after the
         # cluster does): a benchmark pod that ran before its node's driver pod reads no GPU model.

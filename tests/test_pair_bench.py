@@ -484,7 +484,7 @@ def test_all_reduce_perf_built_without_mpi_is_no_pair_measurement(tmp_path: Path
 
 def test_pair_rows_name_the_peer_and_only_pair_metrics_take_one() -> None:
     out, err = io.StringIO(), io.StringIO()
-    rows = RowWriter("r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0, 0)}, out=out, err=err)
+    rows = RowWriter("r1", "n1", "NVIDIA H200", {0: Device(0, "GPU-x", "NVIDIA H200", 0)}, out=out, err=err)
     assert rows.pair_row(METRIC, "n2", 42.5, 1)
     assert not rows.pair_row(METRIC, "n2", float("inf"), 2)  # no measurement: the node's error row instead
     with pytest.raises(ValueError, match="peer is for pair metrics only"):
@@ -597,7 +597,7 @@ def test_the_pair_job_and_service_are_valid_indexed_and_meet_through_the_service
         opts = parse_pair_args(args)
         assert (opts.rank, opts.node, opts.nodes) == (index, node, ("gpu-node-00001", "gpu-node-00002"))
         assert opts.master == (f"{name}-0.{name}.gpucert-system.svc", 29500)
-        assert (opts.repeats, opts.deadline_s) == (3, 3300)
+        assert (opts.rule.repeats, opts.deadline_s) == (3, 3300)
 
 
 def test_a_pair_is_one_job_whichever_way_round_and_names_never_collide(cm: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from gpucert.certify import (
     split_pod_log,
 )
 from gpucert.certify._jobs import owned_by
-from gpucert.certify._wave import PairRun, _round_results, _Side
+from gpucert.certify._wave import UnitRun, _round_results, _Side
 from gpucert.kube import Kube, NodeLeases, RetryPolicy, connect
 from gpucert_sim import SimCluster
 
@@ -313,7 +313,7 @@ def test_both_pods_rows_are_kept_as_logged_error_rows_too() -> None:
             source=sides[0].log.source,
         ),
     )
-    runs = {pair: PairRun(pair, "j", "succeeded")}
+    runs = {pair: UnitRun(pair, "j", "succeeded")}
     kept = _round_results(runs, {pair: sides})
     assert kept is not None
     measured = kept[kept["metric"].astype(str) == METRIC]
@@ -333,7 +333,7 @@ def test_a_pod_whose_rows_name_another_peer_fails_its_pair_with_bad_results() ->
         good: [side("node-a", "node-b", [5.0]), side("node-b", "node-a", [5.0])],
         wrong: [side("node-c", "node-d", [5.0]), side("node-d", "node-x", [5.0])],
     }
-    runs = {p: PairRun(p, "j", "succeeded") for p in logs}
+    runs = {p: UnitRun(p, "j", "succeeded") for p in logs}
     kept = _round_results(runs, logs)
     assert (runs[wrong].state, runs[wrong].reason) == ("failed", "bad_results")
     assert "pod-node-d" in runs[wrong].message

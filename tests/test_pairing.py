@@ -19,12 +19,12 @@ from gpucert.network import (
     PAIR_COLUMNS,
     UNLABELLED,
     ZONE_LABEL,
+    PairFindings,
     PairingPlan,
-    PairJudgement,
     PairThresholds,
-    judge_pairs,
     link_verdicts,
     measured_plan,
+    pair_findings,
     pair_references,
     plan_rounds,
     repairs,
@@ -296,8 +296,8 @@ class Fabric:
 @dataclass
 class Run:
     plan: PairingPlan
-    judgement: PairJudgement
-    first: PairJudgement
+    judgement: PairFindings
+    first: PairFindings
     repairs: int
 
 
@@ -305,19 +305,19 @@ def _certify(fabric: Fabric, *, seed: int = 1, max_repairs: int = 2, **judge: ob
     """Plan, measure, judge, and re-pair while the judgement asks for it: what certify will do."""
     plan = plan_rounds(fabric.nodes, leaf_label=LEAF, seed=seed)
     results = fabric.measure(plan.pairs)
-    first = judgement = judge_pairs(results, plan, **judge)  # type: ignore[arg-type]
+    first = judgement = pair_findings(results, plan, **judge)  # type: ignore[arg-type]
     done = 0
     while judgement.pending and done < max_repairs:
         more = repairs(judgement, plan, seed=seed)
         assert len(more.pairs), "a pending judgement gets a re-pairing round"
         plan = plan.extended(more)
         results = pd.concat([results, fabric.measure(more.pairs)], ignore_index=True)
-        judgement = judge_pairs(results, plan, **judge)  # type: ignore[arg-type]
+        judgement = pair_findings(results, plan, **judge)  # type: ignore[arg-type]
         done += 1
     return Run(plan, judgement, first, done)
 
 
-def _blamed(j: PairJudgement) -> set[str]:
+def _blamed(j: PairFindings) -> set[str]:
     f = j.findings
     return set(f.loc[(f["scope"] == "node") & f["verdict"].isin(["warn", "fail"]), "node"])
 
@@ -441,7 +441,7 @@ def _one_slow_pair(seed: int) -> tuple[Fabric, str, str]:
 def test_a_single_slow_pair_is_re_paired_with_good_partners_then_cleared() -> None:
     fabric, x, y = _one_slow_pair(5)
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
-    j = judge_pairs(fabric.measure(plan.pairs), plan)
+    j = pair_findings(fabric.measure(plan.pairs), plan)
     assert set(j.suspects) == {x, y}
     assert not j.culprits
     assert not _blamed(j)
@@ -466,7 +466,7 @@ def test_a_single_slow_pair_is_re_paired_with_good_partners_then_cleared() -> No
 
     full = plan.extended(more)
     results = pd.concat([fabric.measure(plan.pairs), fabric.measure(more.pairs)], ignore_index=True)
-    after = judge_pairs(results, full)
+    after = pair_findings(results, full)
     assert not after.culprits
     assert not after.suspects
     assert not _blamed(after)
@@ -482,11 +482,11 @@ def test_a_single_slow_pair_whose_node_stays_slow_with_a_good_partner_is_that_no
     fabric, x, y = _one_slow_pair(6)
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
-    j = judge_pairs(results, plan)
+    j = pair_findings(results, plan)
     assert set(j.suspects) == {x, y}
     more = repairs(j, plan, seed=1)
     fabric.nic[x] = 0.6  # x's path is what was slow: it is slow with its known-good partner too
-    after = judge_pairs(pd.concat([results, fabric.measure(more.pairs)]), plan.extended(more))
+    after = pair_findings(pd.concat([results, fabric.measure(more.pairs)]), plan.extended(more))
     assert after.culprits == (x,)
     assert _blamed(after) == {x}
     assert y not in after.suspects
@@ -535,22 +535,22 @@ def test_the_reference_is_given_or_the_fleets_median() -> None:
     fabric = Fabric(NODES, seed=11)
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
-    fleet = judge_pairs(results, plan)
+    fleet = pair_findings(results, plan)
     assert re.fullmatch(r"the fleet median of \d\d healthy pairs in this run \(3\d\d\.\d GB/s\)", fleet.reference_note)
     assert set(fleet.pairs["reference_kind"]) == {"peer"}
     # The model says 400: every pair is 7.5 % below it, beyond the warn drop but within 3 spreads.
-    model = judge_pairs(results, plan, reference=400.0)
+    model = pair_findings(results, plan, reference=400.0)
     assert set(model.pairs["reference_kind"]) == {"model"}
     assert "400.0 GB/s" in model.reference_note
     assert model.pairs["deviation_pct"].median() == pytest.approx(-7.5, abs=1.0)
     # A reference per row; where it is empty, the scalar.
     rows = results.assign(reference=np.where(results["node"] == "node-00000", 370.0, np.nan))
-    mixed = judge_pairs(rows, plan, reference=300.0)
+    mixed = pair_findings(rows, plan, reference=300.0)
     kinds = mixed.pairs.set_index(["node", "peer"])["reference_kind"]
     assert (kinds.xs("node-00000", level="node") == "own").all()
     assert (mixed.pairs["reference"] == 300.0).sum() == len(plan.pairs) - ((plan.pairs["node"] == "node-00000").sum())
     with pytest.raises(InputError, match="reference -1"):
-        judge_pairs(results, plan, reference=-1)
+        pair_findings(results, plan, reference=-1)
 
 
 def test_policy_thresholds_and_tighter_gates() -> None:
@@ -561,7 +561,7 @@ def test_policy_thresholds_and_tighter_gates() -> None:
     fabric = Fabric(NODES, seed=12)
     fabric.nic["node-00010"] = 0.9  # 10 % slow: low with both partners, but not at fail level
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
-    j = judge_pairs(fabric.measure(plan.pairs, repeats=5), plan, thresholds=PairThresholds(z=2.0))
+    j = pair_findings(fabric.measure(plan.pairs, repeats=5), plan, thresholds=PairThresholds(z=2.0))
     assert j.culprits == ("node-00010",)
     row = j.findings[j.findings["node"] == "node-00010"].iloc[0]
     assert row["verdict"] == "warn"
@@ -573,7 +573,7 @@ def test_a_node_without_results_is_inconclusive() -> None:
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
     results = results[(results["node"] != "node-00020") & (results["peer"] != "node-00020")]
-    j = judge_pairs(results, plan)
+    j = pair_findings(results, plan)
     row = j.findings[j.findings["node"] == "node-00020"].iloc[0]
     assert (row["status"], row["verdict"]) == ("unmeasured", "inconclusive")
     assert set(j.pairs.loc[j.pairs["level"] == "missing", "status"]) == {"missing"}
@@ -588,10 +588,10 @@ def test_both_orientations_and_repeats_pool_into_one_pair() -> None:
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
     flipped = results.rename(columns={"node": "peer", "peer": "node"}).assign(repeat=results["repeat"] + 3)
-    j = judge_pairs(pd.concat([results, flipped], ignore_index=True), plan)
+    j = pair_findings(pd.concat([results, flipped], ignore_index=True), plan)
     assert (j.pairs["samples"] == 6).all()
     other = results[results["metric"] == "nccl_pair_busbw_gbps"].assign(metric="gemm_bf16_tflops", peer=None)
-    assert (judge_pairs(pd.concat([results, other]), plan).pairs["samples"] == 3).all()
+    assert (pair_findings(pd.concat([results, other]), plan).pairs["samples"] == 3).all()
 
 
 def _results() -> tuple[pd.DataFrame, PairingPlan]:
@@ -635,7 +635,7 @@ def _set(frame: pd.DataFrame, row: int, column: str, value: Any) -> pd.DataFrame
 def test_bad_results_name_the_row_and_field(change: object, message: str) -> None:
     results, plan = _results()
     with pytest.raises(ResultsError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        judge_pairs(change(results), plan)  # type: ignore[operator]
+        pair_findings(change(results), plan)  # type: ignore[operator]
 
 
 def test_a_pair_the_plan_does_not_have() -> None:
@@ -647,12 +647,12 @@ def test_a_pair_the_plan_does_not_have() -> None:
         if p != results.loc[0, "node"] and frozenset((results.loc[0, "node"], p)) not in planned
     )
     with pytest.raises(ResultsError, match=r"row 1, column 'peer': the pair \(.*\) is not in the pairing plan"):
-        judge_pairs(_set(results, 0, "peer", stranger), plan)
+        pair_findings(_set(results, 0, "peer", stranger), plan)
 
 
 def test_extending_a_plan_refuses_what_does_not_fit() -> None:
     results, plan = _results()
-    j = judge_pairs(results, plan)
+    j = pair_findings(results, plan)
     assert not j.pending
     assert repairs(j, plan).pairs.empty
     with pytest.raises(InputError, match="repeat a pair"):
@@ -665,7 +665,7 @@ def test_the_judgement_reads_as_lines() -> None:
     fabric = Fabric(NODES, seed=15)
     fabric.nic["node-00033"] = 0.5
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
-    lines = judge_pairs(fabric.measure(plan.pairs), plan).summary()
+    lines = pair_findings(fabric.measure(plan.pairs), plan).summary()
     assert lines[0].startswith("pairs: ")
     assert "2 node" in lines[0]
     assert lines[1].startswith("reference: the fleet median")
@@ -694,10 +694,10 @@ def test_a_suspect_pair_half_re_paired_stays_suspect_and_only_the_rest_is_re_pai
     fabric, x, y = _one_slow_pair(5)
     plan = plan_rounds(NODES, leaf_label=LEAF, seed=1)
     results = fabric.measure(plan.pairs)
-    more = repairs(judge_pairs(results, plan), plan, seed=1)
+    more = repairs(pair_findings(results, plan), plan, seed=1)
     again = more.pairs[(more.pairs["node"] == x) | (more.pairs["peer"] == x)]  # y's re-pairing never ran
     full = plan.extended(more)
-    after = judge_pairs(pd.concat([results, fabric.measure(again)], ignore_index=True), full)
+    after = pair_findings(pd.concat([results, fabric.measure(again)], ignore_index=True), full)
     assert set(after.suspects) == {x, y}
     assert not after.cleared
     assert after.pending
@@ -767,6 +767,6 @@ def test_a_stored_plan_reads_back_and_a_results_file_alone_gives_a_plan_of_its_p
     alone = measured_plan(mirrored)
     assert len(alone.pairs) == len(plan.pairs)
     assert alone.nodes["unlabelled"].all()
-    assert judge_pairs(mirrored, alone).culprits == ()
+    assert pair_findings(mirrored, alone).culprits == ()
     with pytest.raises(InputError, match="lack column"):
         stored_plan(plan.nodes.reset_index(), plan.pairs.drop(columns=["round"]), leaf_label=LEAF)

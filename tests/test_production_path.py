@@ -39,7 +39,7 @@ from prefect_aws import AwsCredentials
 from gpucert.audit import AuditLog
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome
 from gpucert.cli import main
@@ -83,16 +83,16 @@ def jira() -> Iterator[FakeJira]:
         yield fake
 
 
-def _store(endpoint: str) -> BaselineStore:
+def _store(endpoint: str) -> StoreLocation:
     credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION)
-    return BaselineStore(uri=f"s3://{BUCKET}/fleet", credentials=credentials, endpoint_url=endpoint)
+    return StoreLocation(uri=f"s3://{BUCKET}/fleet", credentials=credentials, endpoint_url=endpoint)
 
 
 def _ticketing(fake: FakeJira) -> Ticketing:
     return Ticketing(backend="jira", server=fake.base, user=USER, token=TOKEN, project="OPS")
 
 
-def _night(sim: SimCluster, store: BaselineStore, policy: CertificationPolicy) -> CertifyOutcome:
+def _night(sim: SimCluster, store: StoreLocation, policy: CertificationPolicy) -> CertifyOutcome:
     night = asyncio.run(
         operate(
             cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
@@ -106,7 +106,7 @@ def _night(sim: SimCluster, store: BaselineStore, policy: CertificationPolicy) -
     return night.certify
 
 
-def _check_decisions_agree(kube: Kube, store: BaselineStore, outcome: CertifyOutcome) -> None:
+def _check_decisions_agree(kube: Kube, store: StoreLocation, outcome: CertifyOutcome) -> None:
     """The run's decisions.parquet in the store says what the nodes carry: label, condition, taint."""
     run = CertificationRun(store.open(), outcome.run_id, outcome.day)
     stored = pd.read_parquet(io.BytesIO(run.store.read_run_file(run.run_id, run.day, "decisions.parquet")))
@@ -235,7 +235,7 @@ def test_a_sharded_night_on_s3_and_jira_measures_every_node_and_tickets_the_faul
     judged once over the whole fleet) reaches the same end as a night in one piece: the faulty node
     tainted and ticketed in Jira, every other node certified, decisions.parquet agreeing with the nodes."""
     credentials = AwsCredentials(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION)
-    store = BaselineStore(uri=f"s3://{BUCKET}/sharded", credentials=credentials, endpoint_url=s3)
+    store = StoreLocation(uri=f"s3://{BUCKET}/sharded", credentials=credentials, endpoint_url=s3)
     policy = CertificationPolicy(shard_size=2, ticketing=_ticketing(jira))
     with SimCluster(nodes=8, preconfigured=True, seed=5) as sim:
         names = sim.fleet.node_names
@@ -408,13 +408,13 @@ def _finished(api: str, run_id: str, timeout_s: float = 300.0) -> dict[str, Any]
     pytest.fail(f"flow run {run_id} did not finish in {timeout_s} s: {run.get('state')}")
 
 
-def _team_store() -> BaselineStore:
-    loaded = BaselineStore.load(TEAM)
-    assert isinstance(loaded, BaselineStore)
+def _team_store() -> StoreLocation:
+    loaded = StoreLocation.load(TEAM)
+    assert isinstance(loaded, StoreLocation)
     return loaded
 
 
-def _storage_rows(store: BaselineStore, run_id: str, day: Any) -> pd.DataFrame:
+def _storage_rows(store: StoreLocation, run_id: str, day: Any) -> pd.DataFrame:
     results = CertificationRun(store.open(), run_id, day).results()
     return results[results["metric"] == "storage_read_gbps"]
 
@@ -448,7 +448,7 @@ def test_setup_saves_the_named_blocks_deploys_and_runs_again_unchanged(team: Tea
     # Again: the blocks overwritten in place, the pool kept, each automation replaced, not added. (The
     # deployments' own `prefect deploy --all` updates them; it is not run twice here, for the time.)
     out, seconds = _setup(team.clone.parent / "team.yaml", team.clone, team.env, "--no-deploy")
-    assert f"saved BaselineStore {TEAM!r}: s3://{BUCKET}/team" in out
+    assert f"saved StoreLocation {TEAM!r}: s3://{BUCKET}/team" in out
     again = SetupReport()
     asyncio.run(ensure_pools(pool_names(team.clone), again))
     asyncio.run(replace_automations(team.clone, again))

@@ -24,7 +24,7 @@ import pytest
 from gpucert.audit import AuditLog
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.certify import CertifyOutcome
 from gpucert.flows.certify import certify
 from gpucert.flows.configure import configure
@@ -55,7 +55,7 @@ def _certify(cluster: Any, store: Path, run_id: str, **kwargs: Any) -> CertifyOu
     return asyncio.run(
         certify(
             cluster=GpuCluster(kubeconfig=str(cluster.kubeconfig_path)),
-            store=BaselineStore(uri=f"file://{store}"),
+            store=StoreLocation(uri=f"file://{store}"),
             policy=PAIRS,
             run_id=run_id,
             **kwargs,
@@ -221,7 +221,7 @@ def test_a_join_through_a_restart_is_onboarded_and_a_repair_released_on_both_ser
 ) -> None:
     cluster = configured
     kube = connect(cluster.kubeconfig_path)
-    store = BaselineStore(uri=f"file://{tmp_path}")
+    store = StoreLocation(uri=f"file://{tmp_path}")
     gpu_cluster = GpuCluster(kubeconfig=str(cluster.kubeconfig_path))
 
     # watch-nodes through an API server restart: what joined is announced once, nothing twice.

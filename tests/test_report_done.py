@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gpucert.blocks.cluster import GpuCluster
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.report import done_view, render_html
 from gpucert.store import open_store
 from gpucert.tickets import Ticket, TicketEvent
@@ -101,7 +101,7 @@ def test_a_certify_run_s_report_shows_its_taint_and_its_ticket(tmp_path: Path) -
         outcome = asyncio.run(
             certify(
                 cluster=GpuCluster(kubeconfig=str(sim.kubeconfig_path)),
-                store=BaselineStore(uri=store.as_uri()),
+                store=StoreLocation(uri=store.as_uri()),
                 run_id="done-1",
             )
         )

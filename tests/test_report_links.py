@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpucert.network import PAIR_METRIC, PairingPlan, judge_pairs, link_verdicts, plan_rounds, repairs
+from gpucert.network import PAIR_METRIC, PairingPlan, link_verdicts, pair_findings, plan_rounds, repairs
 from gpucert.report import link_view, render_html
 from gpucert.report._charts import VERDICT_COLOURS
 from gpucert_sim.fleet import Fault
@@ -82,11 +82,11 @@ def linked(seeded: Seeded) -> Linked:
     pick = intra[(intra["node"] != SLOW_NODE) & (intra["peer"] != SLOW_NODE)].iloc[0]
     transient = (str(pick["node"]), str(pick["peer"]))
     pairs.loc[pairs["node"].isin(transient) & pairs["peer"].isin(transient), "value"] *= 0.7
-    first = judge_pairs(pairs, plan)
+    first = pair_findings(pairs, plan)
     assert first.pending
     plan = plan.extended(repairs(first, plan, seed=1))
     pairs = pd.concat([pairs, _measure(plan.round(plan.rounds - 1), leaf, rng)], ignore_index=True)
-    judgement = judge_pairs(pairs, plan)
+    judgement = pair_findings(pairs, plan)
     assert judgement.culprits == (SLOW_NODE,)
     assert judgement.uplinks == ((HOSTILE_LEAF, "leaf-c"),)
     assert not judgement.pending
@@ -310,7 +310,7 @@ def test_a_thousand_node_plan_draws_fast_and_bounded() -> None:
     )
     leaf = dict(zip(names, [f"leaf-{i // 32:02d}" for i in range(1000)], strict=True))
     pairs = _measure(plan.pairs, leaf, np.random.default_rng(3))
-    verdicts = link_verdicts(judge_pairs(pairs, plan), run_id=RUN, models={})
+    verdicts = link_verdicts(pair_findings(pairs, plan), run_id=RUN, models={})
     link_view(pairs, verdicts, plan)
     started = time.perf_counter()
     view = link_view(pairs, verdicts, plan)

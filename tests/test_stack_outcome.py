@@ -28,13 +28,13 @@ def _outcome(**changes: object) -> ConfigureOutcome:
 
 def test_the_outcome_is_json_and_back() -> None:
     outcome = _outcome(pinned={"driver": "580.95.05"}, registry="r.local", reused=("release", "registry"))
-    data = outcome.to_dict()
+    data = outcome.model_dump(mode="json")
     assert json.loads(json.dumps(data)) == data
     assert data["drift"] == [
         {"node": "gpu-b", "component": "device-plugin", "expected": "v0.18.0", "found": "", "reason": "not running"}
     ]
     assert data["reused"] == ["release", "registry"]
-    assert ConfigureOutcome.from_dict(data) == outcome
+    assert ConfigureOutcome.model_validate(data) == outcome
     assert ConfigureOutcome.model_validate_json(outcome.model_dump_json()) == outcome
     assert outcome.drift[0].node == "gpu-b"
 
@@ -51,13 +51,13 @@ def test_the_dict_of_before_still_reads() -> None:
         "drift": [],
         "dry_run_files": [],
     }
-    outcome = ConfigureOutcome.from_dict(old)
+    outcome = ConfigureOutcome.model_validate(old)
     assert (outcome.reused, outcome.pinned, outcome.registry) == ((), {}, None)
 
 
 def test_unknown_fields_and_writes_are_refused() -> None:
     with pytest.raises(ValidationError, match="extra"):
-        ConfigureOutcome.from_dict({**_outcome().to_dict(), "surprise": 1})
+        ConfigureOutcome.model_validate({**_outcome().model_dump(mode="json"), "surprise": 1})
     with pytest.raises(ValidationError, match="frozen"):
         _outcome().release = "26.3.1"
 

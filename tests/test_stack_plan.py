@@ -75,7 +75,8 @@ def newest_covering(matrix: Matrix, minor: str) -> str:
 def test_the_sim_nodes_get_the_newest_release_that_accepts_their_kubelet(matrix: Matrix) -> None:
     nodes = [sim_node(f"gpu-node-{i:05d}", i, "NVIDIA H200" if i % 2 else "NVIDIA H100 80GB HBM3") for i in range(6)]
     plan = plan_stack(list(reversed(nodes)), StackRequest(), matrix, namespace=NS)
-    release = matrix.release(plan.release)
+    release = matrix.find_release(plan.release)
+    assert release is not None
     minor = ".".join(nodes[0].kubelet_version.lstrip("v").split(".")[:2])
     assert plan.release == newest_covering(matrix, minor)
     assert plan.nodes == tuple(sorted(n.name for n in nodes))

@@ -34,7 +34,7 @@ from pydantic import SecretStr
 from gpucert.audit import AuditLog
 from gpucert.blocks.cluster import GpuCluster
 from gpucert.blocks.policy import CertificationPolicy
-from gpucert.blocks.store import BaselineStore
+from gpucert.blocks.store import StoreLocation
 from gpucert.blocks.ticketing import Ticketing
 from gpucert.certify import CertificationRun, CertifyOutcome, ticket_step
 from gpucert.cli import main
@@ -94,11 +94,11 @@ def cli_env(s3: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return s3
 
 
-def _store(endpoint: str, prefix: str) -> BaselineStore:
+def _store(endpoint: str, prefix: str) -> StoreLocation:
     credentials = AwsCredentials(
         aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SecretStr(SECRET_KEY), region_name=REGION
     )
-    return BaselineStore(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
+    return StoreLocation(uri=f"s3://{BUCKET}/{prefix}", credentials=credentials, endpoint_url=endpoint)
 
 
 def _ticketing(fake: FakeJira, name: str) -> Ticketing:
@@ -112,7 +112,7 @@ def _issues(fake: FakeJira, label: str) -> list[dict[str, Any]]:
 
 
 def _certify(
-    sim: SimCluster, store: BaselineStore, policy: CertificationPolicy, *, storage: bool, nodes: list[str] | None = None
+    sim: SimCluster, store: StoreLocation, policy: CertificationPolicy, *, storage: bool, nodes: list[str] | None = None
 ) -> CertifyOutcome:
     cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path), storage_host_path="/mnt/datasets" if storage else None)
     return asyncio.run(certify(cluster=cluster, store=store, policy=policy, nodes=nodes))

@@ -1,27 +1,13 @@
 """The hash chain of the audit trail: how an entry is hashed, and how a stored trail is checked.
 
-An entry is one change gpucert made (a taint added, a Job created, a ticket opened, a baseline moved):
-a JSON object whose ``hash`` is the SHA-256 of its canonical JSON without the ``hash`` field, and whose
-``prev`` is the hash of the entry before it (:data:`GENESIS` for the first). The canonical JSON is RFC 8785
-(JCS) for an entry that says ``"canon": "rfc8785"`` — every entry written now — so any JCS library
-re-computes the hash; an entry without ``canon`` was written before and is hashed as it was then, over
-Python's JSON (a float as its ``repr``). ``seq`` numbers entries
-from 1. Entries are stored in *segments* (one per append, JSON lines) and a head object names the
-last entry; see :mod:`._log`.
-
-:func:`check_chain` walks the chain back from the head and then checks that the segments, read in key
-order and line by line, hold exactly that chain in that order. So it finds, and names:
-
-* an entry whose content was changed (its hash no longer matches what it says);
-* an entry removed (the chain breaks: some entry's ``prev`` is nowhere; or the head names a missing one);
-* entries swapped or moved (the stored order — segments by the number of their first entry, lines in
-  order — is not the chain's).
-
-Segments no entry of the chain is in are *orphans* — left by a writer that lost the race for the head,
-or crashed before it moved it — and are reported without failing the check. What the chain cannot show
-is a trail rewritten wholesale by someone with write access to the store, hashes recomputed and the
-head moved: anchor the head's hash outside the store (each run's Prefect artifact records it, as the
-acceptance certificate does) to catch that too.
+An entry's ``hash`` is the SHA-256 of its canonical JSON without the ``hash`` field, its ``prev`` the hash of the
+entry before it (:data:`GENESIS` for the first), ``seq`` its number from 1. The canonical JSON is RFC 8785 for an
+entry that says ``"canon": "rfc8785"`` (every entry written now); one without is hashed as it was written, over
+Python's JSON. :func:`check_chain` walks the chain back from the head, then checks that the segments, read in
+order line by line, hold exactly that chain, naming an entry changed, removed, swapped or moved; segments holding
+no entry of the chain are *orphans* (a writer that lost the race for the head, or died before moving it),
+reported without failing. A trail rewritten wholesale, hashes recomputed, is caught only against the head's hash
+anchored outside the store (each run's Prefect artifact records it).
 """
 
 from __future__ import annotations
@@ -45,7 +31,8 @@ RFC8785 = "rfc8785"
 
 
 def canonical_json(value: Any) -> bytes:
-    """``value`` as canonical JSON bytes: sorted keys, no spaces, UTF-8; NaN and infinities refused."""
+    """``value`` as Python's canonical JSON bytes (sorted keys, no spaces, UTF-8, a float as its ``repr``; NaN
+    and infinities refused): what entries and certificates were hashed over before RFC 8785."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 

@@ -1,16 +1,10 @@
-"""The audit trail in the store: append-only segments of JSON lines, and a head moved by compare-and-swap.
+"""The audit trail in the store (docs/reference/store-layout.md): append-only segments of JSON lines
+(``audit/date=<day>/<first seq>-<token>.jsonl``) and a head (``audit/HEAD``) moved by compare-and-swap.
 
-Layout (under the store's root)::
-
-    audit/HEAD                                        {"seq": 42, "hash": "…", "segment": "audit/date=…/…"}
-    audit/date=2026-12-03/000000000040-9f3ab2c1.jsonl entries #40-#42, one JSON object per line
-
-An append reads the head (and its etag), writes its entries as a new segment (create-only, named by
-its first entry's number and a random token, so two writers never write the same object), then moves
-the head to its last entry with the store's conditional write. Of two writers that read the same head
-only one moves it; the other deletes its segment and appends again on the new head, so the trail never
-forks. A writer that dies between the two writes leaves an orphan segment that no entry of the chain
-is in; :func:`~._chain.check_chain` reports it and ignores it.
+An append writes its entries as a new segment (create-only, its name holding a random token, so two writers
+never write the same object), then moves the head with the store's conditional write. Of two writers that read
+the same head only one moves it; the other deletes its segment and appends again on the new head, so the trail
+never forks. A writer that dies between the two writes leaves an orphan segment, reported and ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +22,7 @@ from ..errors import StoreConflict, StoreError
 from ..store import ObjectStore
 from ._chain import GENESIS, ChainCheck, Segment, canonical_json, check_chain, seal
 
-__all__ = ["AUDIT_PREFIX", "HEAD_KEY", "AuditAction", "AuditLog", "node_of", "select"]
+__all__ = ["AUDIT_PREFIX", "HEAD_KEY", "AuditAction", "AuditLog", "node_of"]
 
 AUDIT_PREFIX = "audit/"
 HEAD_KEY = "audit/HEAD"
@@ -63,7 +57,7 @@ class AuditAction:
         """The entry before it is chained; ``ts`` stamps it unless the action knows when it happened."""
         when = self.at or ts
         entry = {
-            "ts": when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
+            "ts": _stamp(when),
             "action": self.action,
             "object": {
                 "apiVersion": self.api_version,
@@ -100,11 +94,8 @@ class AuditLog:
         actor: str,
         now: datetime | None = None,
     ) -> list[dict[str, Any]]:
-        """Append ``actions`` as one segment; returns the entries as stored (empty for no actions).
-
-        Raises :class:`~gpucert.errors.StoreError` when the store fails, or when the head kept moving
-        under us for many attempts.
-        """
+        """Append ``actions`` as one segment; returns the entries as stored (empty for no actions). Raises
+        :class:`~gpucert.errors.StoreError` when the store fails, or the head kept moving under us for many attempts."""
         if not actions:
             return []
         ts = now or datetime.now(UTC)
@@ -168,20 +159,9 @@ class AuditLog:
         checked = self.check()
         if not checked.ok:
             raise StoreError(f"the audit trail does not check out: {checked.problem}")
-        return list(select(checked.entries, node=node, since=since))
-
-
-def select(
-    entries: Iterable[Mapping[str, Any]], *, node: str | None = None, since: datetime | None = None
-) -> Iterable[dict[str, Any]]:
-    """The entries about ``node`` (the object itself, or a Job, ticket or event for it) since ``since``."""
-    floor = since.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z") if since else None
-    for entry in entries:
-        if floor is not None and str(entry.get("ts", "")) < floor:
-            continue
-        if node is not None and node_of(entry) != node:
-            continue
-        yield dict(entry)
+        floor = _stamp(since) if since else ""  # the entries' own stamps, which sort as their times do
+        about = [e for e in checked.entries if node is None or node_of(e) == node]
+        return [dict(e) for e in about if str(e.get("ts", "")) >= floor]
 
 
 def node_of(entry: Mapping[str, Any]) -> str | None:
@@ -194,6 +174,11 @@ def node_of(entry: Mapping[str, Any]) -> str | None:
         if isinstance(side, Mapping) and isinstance(side.get("node"), str):
             return str(side["node"])
     return None
+
+
+def _stamp(when: datetime) -> str:
+    """An entry's time: RFC 3339 UTC to the microsecond (``2026-12-03T14:00:00.000000Z``)."""
+    return when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _parse_head(data: bytes) -> dict[str, Any]:

@@ -1,23 +1,10 @@
-"""Recording a run's changes: every Kubernetes write as it succeeds, tickets and baselines as they are told.
-
-A flow makes one :class:`AuditRecorder` per run and lets it watch the run's :class:`~gpucert.kube.Kube`
-(:meth:`AuditRecorder.watch`): each successful write becomes one or more :class:`~._log.AuditAction`
-(a node patch is split into its taints, labels, annotations and cordon, each with what it was before
-where the caller passed the node it read). Tickets and baselines are not Kubernetes objects; their code
-tells the recorder with :meth:`AuditRecorder.note`. :meth:`AuditRecorder.flush` — after each step —
-appends what was collected to the store's trail as one segment and sends each entry as a Kubernetes
-Event (``events.k8s.io/v1``, ``reportingController: gpucert``) on the object it touched (a ticket's on
-its node). An Event's name is derived from its entry's hash, so a step that is retried or a run that
-is restarted never sends one twice; Events are the cluster's view and are best effort (a failure is
-counted, the trail is the record).
-
-An Event names its object by uid as well as by kind and name: ``kubectl describe node`` lists the Events
-whose ``involvedObject.uid`` is the node's, and shows no other. The uid is the one of the object the
-write answered with (or the caller read), so it costs no request; a node this run did not write (a
-ticket's) is read once.
-
-Leases and the Events themselves are not recorded: a Lease is coordination between runs, not a change
-to what the cluster runs, and the taint that marks a node under test is recorded like any other.
+"""Recording a run's changes (docs/design/certificate-and-audit.md, "Audit trail"): every Kubernetes write as
+it succeeds, seen through :meth:`gpucert.kube.Kube.observe` (a node patch split into its taints, labels,
+annotations and cordon, with what each was before where the caller passed the node it read); tickets and
+baselines as they are told (:meth:`AuditRecorder.note`). :meth:`AuditRecorder.flush` appends them to the trail
+and sends each as an Event on the object it touched, named after its entry's hash so a retried step never sends
+one twice, and naming its uid (``kubectl describe node`` shows only those): the uid the write answered with, so
+it costs no request. Leases and Events are not recorded: a Lease is coordination, not a change to the cluster.
 """
 
 from __future__ import annotations
@@ -25,7 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -36,7 +23,7 @@ from ..store import BaselineChange, BaselineStore
 from ..tickets import Ticket, TicketEvent
 from ._log import AuditAction, AuditLog, node_of
 
-__all__ = ["CONTROLLER", "AuditRecorder", "actions_of_change", "event_of", "ticket_action"]
+__all__ = ["CONTROLLER", "AuditRecorder", "actions_of_change", "ticket_action"]
 
 #: ``reportingController`` of every Event gpucert sends.
 CONTROLLER = "gpucert"
@@ -151,16 +138,8 @@ class AuditRecorder:
     def _on_baseline(self, change: BaselineChange) -> None:
         action = "baseline.rollback" if change.action == "rollback" else "baseline.write"
         why = f"{self.default_why} ({change.message})" if self.default_why else change.message
-        self.note(
-            AuditAction(
-                action,
-                "Baseline",
-                change.version,
-                before={"version": change.previous},
-                after={"version": change.version},
-                why=why,
-            )
-        )
+        before, after = {"version": change.previous}, {"version": change.version}
+        self.note(AuditAction(action, "Baseline", change.version, before=before, after=after, why=why))
 
     @property
     def pending(self) -> int:
@@ -301,9 +280,9 @@ def _node_actions(change: KubeChange, act: Callable[..., AuditAction]) -> list[A
         # What the list replaced is unknown: recorded as it now is, never guessed as added or lifted.
         out.append(act("taint.set", after=spec.get("taints")))
     elif "taints" in spec:
-        new, old = _taint_keys(spec.get("taints") or ()), _taint_keys(old_spec.get("taints") or ())
-        out += [act("taint.add", after=_taint(spec.get("taints"), key)) for key in sorted(new - old)]
-        out += [act("taint.lift", before=_taint(old_spec.get("taints"), key)) for key in sorted(old - new)]
+        new, old = _taints(spec.get("taints")), _taints(old_spec.get("taints"))
+        out += [act("taint.add", after=new[key]) for key in sorted(new.keys() - old.keys())]
+        out += [act("taint.lift", before=old[key]) for key in sorted(old.keys() - new.keys())]
     for field, action in (("labels", "label"), ("annotations", "annotate")):
         changed = meta.get(field)
         if changed:
@@ -318,15 +297,13 @@ def _node_actions(change: KubeChange, act: Callable[..., AuditAction]) -> list[A
     return out or [act("apply", after=dict(patch))]
 
 
-def _taint_keys(taints: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
-    return {(str(t.get("key")), str(t.get("effect"))) for t in taints if isinstance(t, Mapping)}
-
-
-def _taint(taints: Any, key: tuple[str, str]) -> dict[str, Any] | None:
-    for t in taints or ():
-        if isinstance(t, Mapping) and (str(t.get("key")), str(t.get("effect"))) == key:
-            return {k: t[k] for k in ("key", "value", "effect") if k in t}
-    return None
+def _taints(taints: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each taint by its (key, effect), as the trail records it: its key, value and effect."""
+    listed = [t for t in taints or () if isinstance(t, Mapping)]
+    return {
+        (str(t.get("key")), str(t.get("effect"))): {k: t[k] for k in ("key", "value", "effect") if k in t}
+        for t in listed
+    }
 
 
 # --- an entry as an Event ------------------------------------------------------------------------------
@@ -359,19 +336,11 @@ def _node_uid(kube: Kube, name: str) -> str | None:
     return str((node.get("metadata") or {}).get("uid") or "") or None
 
 
-def event_of(entry: Mapping[str, Any], *, instance: str, uid: str | None = None) -> dict[str, Any] | None:
-    """The ``events.k8s.io/v1`` Event of an audit entry, on the object it touched (a ticket's on its node),
-    naming that object's ``uid`` when given (``kubectl describe`` shows only the Events that do); None
-    when there is no Kubernetes object to put it on (a baseline)."""
-    regarding = _regarding(entry)
-    return None if regarding is None else _event(entry, regarding, instance, uid)
-
-
 def _event(entry: Mapping[str, Any], regarding: dict[str, Any], instance: str, uid: str | None) -> dict[str, Any]:
     action = str(entry.get("action", ""))
     if uid:
         regarding = {**regarding, "uid": uid}
-    run = entry.get("run_id")
+    run, ts = entry.get("run_id"), str(entry.get("ts", ""))
     note = f"{entry.get('why') or action}" + (f" (run {run}" if run else " (") + f", audit #{entry.get('seq')})"
     name = f"{str(regarding.get('name'))[:200]}.{str(entry.get('hash'))[:16]}"
     return {
@@ -383,7 +352,7 @@ def _event(entry: Mapping[str, Any], regarding: dict[str, Any], instance: str, u
             "namespace": regarding.get("namespace") or "default",
             "labels": {"app.kubernetes.io/managed-by": CONTROLLER},
         },
-        "eventTime": _micro_time(str(entry.get("ts", ""))),
+        "eventTime": ts if ts.endswith("Z") else ts + "Z",  # a MicroTime: 2026-12-03T14:00:00.000000Z
         "reportingController": CONTROLLER,
         "reportingInstance": instance,
         "action": action[:128],
@@ -392,8 +361,3 @@ def _event(entry: Mapping[str, Any], regarding: dict[str, Any], instance: str, u
         "note": note[:_NOTE_MAX],
         "regarding": regarding,
     }
-
-
-def _micro_time(ts: str) -> str:
-    """The entry's time as a MicroTime (``2026-12-03T14:00:00.000000Z``)."""
-    return ts if ts.endswith("Z") else ts + "Z"

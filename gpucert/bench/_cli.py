@@ -1,25 +1,10 @@
 """``python -m gpucert.bench [pair] …``: one command line for both benchmark units.
 
-A unit is what one payload process measures: a node (``python -m gpucert.bench …``, every benchmark of
-the node's GPUs) or a pair (``python -m gpucert.bench pair …``, one side of a two-node all-reduce: a pair
-is a benchmark unit of two nodes). Both take the same shared arguments (the run, the node, the device,
-the repeat rule, the deadline, nccl-tests, the stack record) from one parser builder, resolve them the
-same way (environment fallbacks, per-device defaults) and run through :func:`gpucert.bench._run.run`,
-which prints rows only on stdout.
-
-Pair arguments::
-
-    python -m gpucert.bench pair --run-id RUN [--node NODE] [--nodes NODE_A NODE_B] [--rank 0|1]
-        --master HOST:PORT [--device cuda|cpu] [--repeats N] [-b MIN] [-e MAX] [-f FACTOR] …
-
-Each node of the pair runs it once (the two pods of the pair's Indexed Job). ``--rank`` is the node's rank
-in the pair, by default ``$JOB_COMPLETION_INDEX`` (what an Indexed Job gives each of its pods), else the
-rank an MPI launcher gives (``$OMPI_COMM_WORLD_RANK``, ``$PMI_RANK``: ``mpirun -np 2``); node rank 0
-serves the rendezvous at ``--master``, which node rank 1 connects to. ``--node`` is this node (default
-``$NODE_NAME``, the downward API's ``spec.nodeName``, else the hostname): a pod may land on either node of
-the pair, so it learns where it is rather than being told. ``--nodes`` names the pair: this node must be
-one of them and the peer the other. ``--peer`` says the other node when it is known in advance (required
-on the nccl-tests path, whose launcher is on neither node).
+A unit is what one payload process measures: a node (every benchmark of the node's GPUs) or a pair
+(``pair …``: one side of a two-node all-reduce). Both take the same shared arguments from one parser
+builder, resolve them the same way (environment fallbacks, per-device defaults) and run through
+:func:`gpucert.bench._run.run`. A pair's rank, node and rendezvous (``--rank``, ``--node``, ``--nodes``,
+``--master``, ``--peer``): docs/design/certify-runbook.md, "Pair benchmarks".
 """
 
 from __future__ import annotations
@@ -36,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO, TypeVar
 
 from ._dcgm import DIAG_LEVELS
-from ._metrics import METRICS
+from ._metrics import PERF_METRICS
 from ._nccl_tests import check_extra_args
 from ._nic import SYSFS_ROOT
 from ._pair import PairOptions, mpi_slots
@@ -47,18 +32,10 @@ from ._stability import (
     DEFAULT_REPEATS_OF,
     DEFAULT_TRANSIENT_PCT,
     DEFAULT_UNSTABLE_FACTOR,
+    RepeatRule,
 )
 
-__all__ = [
-    "ArgumentsError",
-    "build_pair_parser",
-    "build_parser",
-    "check_args",
-    "check_pair_args",
-    "main",
-    "parse_args",
-    "parse_pair_args",
-]
+__all__ = ["ArgumentsError", "check_args", "check_pair_args", "main", "parse_args", "parse_pair_args"]
 
 _RUN_ID = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _GiB, _MiB, _KiB = 1 << 30, 1 << 20, 1 << 10
@@ -135,9 +112,8 @@ def _perf_pair(text: str, form: str) -> tuple[str, str]:
     """``METRIC=VALUE`` split, METRIC a performance metric; raises ``ArgumentTypeError`` naming ``form``."""
     name, eq, value = text.partition("=")
     name = name.strip()
-    if not eq or name not in METRICS or METRICS[name].kind != "perf":
-        perf = ", ".join(m for m, spec in METRICS.items() if spec.kind == "perf")
-        raise argparse.ArgumentTypeError(f"{text!r} is not {form} with METRIC one of {perf}")
+    if not eq or name not in PERF_METRICS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {form} with METRIC one of {', '.join(PERF_METRICS)}")
     return name, value
 
 
@@ -442,7 +418,11 @@ _UNITS: dict[str, tuple[str, str, int, Callable[[argparse.ArgumentParser], None]
 }
 
 
-def _build(unit: str, strict: bool) -> argparse.ArgumentParser:
+@functools.cache
+def _parser(unit: str, strict: bool) -> argparse.ArgumentParser:
+    """A unit's argument parser, built once (the flow and the simulator check thousands of command lines a
+    run). ``strict`` (for checking arguments ahead of a run): no abbreviations, no ``--help``, and
+    :class:`ArgumentsError` instead of a usage message and exit 2."""
     prog, description, cpu_devices, add_own = _UNITS[unit]
     p = (_Checking if strict else argparse.ArgumentParser)(
         prog=prog,
@@ -454,24 +434,6 @@ def _build(unit: str, strict: bool) -> argparse.ArgumentParser:
     _shared_arguments(p, cpu_devices=cpu_devices)
     add_own(p)
     return p
-
-
-def build_parser(*, strict: bool = False) -> argparse.ArgumentParser:
-    """The node unit's argument parser. ``strict`` (for checking arguments ahead of a run): no
-    abbreviations, no ``--help``, and :class:`ArgumentsError` instead of a usage message and exit 2."""
-    return _build("node", strict)
-
-
-def build_pair_parser(*, strict: bool = False) -> argparse.ArgumentParser:
-    """The pair unit's argument parser (the arguments after ``pair``); ``strict`` as in :func:`build_parser`."""
-    return _build("pair", strict)
-
-
-@functools.cache
-def _parser(unit: str, strict: bool) -> argparse.ArgumentParser:
-    """A unit's parser, built once: parsing leaves it as it was, and the flow (each Job it renders) and the
-    simulator (each benchmark pod) check thousands of command lines a run."""
-    return _build(unit, strict)
 
 
 class _Parsed:
@@ -501,17 +463,15 @@ class _Parsed:
         """The options every unit takes (see :class:`gpucert.bench._run.UnitOptions`)."""
         a = self.a
         deadline = a.deadline_seconds if a.deadline_seconds is not None else self.env("GPUCERT_DEADLINE_S", _seconds)
+        expected = tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items())
+        base = tuple({**DEFAULT_REPEATS_OF, **dict(a.repeats_of)}.items())
+        rule = RepeatRule(a.repeats, max(a.repeats, a.max_repeats), expected, a.unstable_factor, a.transient_pct, base)
         return {
             "run_id": a.run_id,
             "node": a.node or os.environ.get("NODE_NAME", "").strip() or socket.gethostname(),
             "device": a.device,
             "cpu_devices": a.cpu_devices,
-            "repeats": a.repeats,
-            "max_repeats": max(a.repeats, a.max_repeats),
-            "cv_rep": tuple({**DEFAULT_CV_REP, **dict(a.cv_rep)}.items()),
-            "repeats_of": tuple({**DEFAULT_REPEATS_OF, **dict(a.repeats_of)}.items()),
-            "unstable_factor": a.unstable_factor,
-            "transient_pct": a.transient_pct,
+            "rule": rule,
             "deadline_s": deadline or 0.0,
             "nccl_tests": a.nccl_tests,
             "nccl_tests_args": a.nccl_tests_args,
@@ -527,7 +487,7 @@ def _gpu_count(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None, *, strict: bool = False) -> Options:
     """The node unit's :class:`Options` of a command line (``sys.argv`` when None). Bad arguments print
-    usage and exit 2, or with ``strict`` (see :func:`build_parser`) raise :class:`ArgumentsError`."""
+    usage and exit 2, or with ``strict`` (see :func:`_parser`) raise :class:`ArgumentsError`."""
     p = _Parsed("node", argv, strict)
     a = p.a
     n = int(p.pick("gemm_n"))
@@ -593,8 +553,8 @@ def parse_pair_args(argv: Sequence[str] | None = None, *, strict: bool = False) 
 
 
 def check_args(argv: Sequence[str]) -> Options:
-    """The :class:`Options` ``argv`` would run with, parsed strictly (see :func:`build_parser`); raises
-    :class:`ArgumentsError` naming what the payload would refuse."""
+    """The :class:`Options` ``argv`` would run with, parsed strictly; raises :class:`ArgumentsError` naming
+    what the payload would refuse."""
     return parse_args(list(argv), strict=True)
 
 

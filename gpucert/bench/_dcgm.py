@@ -1,16 +1,11 @@
 """``dcgmi diag -r LEVEL -j``: run it when the image has it, and read its JSON tolerantly.
 
-The level is ``--dcgm-level`` (1 quick, the default; 2 medium, about two minutes; 3 long and 4 extended,
-from half an hour to hours: the benchmark Job's deadline must allow for them); each level has its own
-timeout (:data:`DIAG_TIMEOUT_S`).
-
 DCGM's JSON has changed between releases (``"DCGM GPU Diagnostic"`` in 2.x/3.x, ``"DCGM Diagnostic"``
-with entity groups in 4.x), so the reader does not depend on one schema: it walks the document and
-takes every object with a ``name`` and a ``results`` list (or a ``status``) as a test, each result's
-``status`` as the outcome and ``gpu_id`` / ``gpu_ids`` / ``entity_id`` as the GPU it concerns. A test
-fails when any of its results says ``fail``; ``skip``, ``not run``, ``warn`` and the like are kept as
-they are but are not failures. The payload writes an ``error`` row per failed test (at the GPU's level
-when the result names one GPU) and the whole summary on stderr as ``gpucert-dcgm: {…}``.
+with entity groups in 4.x), so the reader walks the document and takes every object with a ``name`` and a
+``results`` list (or a ``status``) as a test, each result's ``status`` as the outcome and ``gpu_id`` /
+``gpu_ids`` / ``entity_id`` as the GPU it concerns. A test fails when any of its results says ``fail``;
+``skip``, ``warn`` and the like are not failures. Levels 3 and 4 take from half an hour to hours: the
+benchmark Job's deadline must allow for them.
 """
 
 from __future__ import annotations
@@ -47,19 +42,12 @@ class DcgmTest:
     @property
     def status(self) -> str:
         statuses = {s for _, s in self.results}
-        for word in ("fail", "warn", "pass", "skip"):
-            if word in statuses:
-                return word
-        return next(iter(sorted(statuses)), "unknown")
+        return next((w for w in ("fail", "warn", "pass", "skip") if w in statuses), min(statuses, default="unknown"))
 
 
 @dataclass(frozen=True)
 class DcgmDiag:
     tests: tuple[DcgmTest, ...]
-
-    @property
-    def passed(self) -> bool:
-        return not any(t.failed_gpus for t in self.tests)
 
     def summary(self) -> dict[str, str]:
         return {t.name: t.status for t in self.tests}
@@ -67,33 +55,22 @@ class DcgmDiag:
 
 def _status(value: object) -> str:
     word = str(value).strip().lower()
-    if word.startswith("fail"):
-        return "fail"
-    if word.startswith("pass"):
-        return "pass"
-    if word.startswith("warn"):
-        return "warn"
-    if word.startswith("skip") or word in {"not run", "notrun", "not_run"}:
-        return "skip"
-    return word or "unknown"
+    for status in ("fail", "pass", "warn", "skip"):
+        if word.startswith(status):
+            return status
+    return "skip" if word in {"not run", "notrun", "not_run"} else word or "unknown"
 
 
 def _gpu_of(result: dict[str, Any]) -> int | None:
-    for key in ("gpu_id", "entity_id", "gpu_ids"):
-        value = result.get(key)
-        if value is None:
-            continue
-        text = str(value).strip()
-        if text.isdigit():
-            return int(text)
-        return None  # several GPUs ("0,1,2") or a non-GPU entity: the node's
-    return None
+    value = next((result[k] for k in ("gpu_id", "entity_id", "gpu_ids") if result.get(k) is not None), None)
+    text = str(value).strip()
+    # Several GPUs ("0,1,2") or a non-GPU entity: the node's.
+    return int(text) if value is not None and text.isdigit() else None
 
 
 def _tests(node: Any) -> Iterator[DcgmTest]:
     if isinstance(node, dict):
-        name = node.get("name")
-        results = node.get("results")
+        name, results = node.get("name"), node.get("results")
         if isinstance(name, str) and isinstance(results, list):
             found = tuple(
                 (_gpu_of(r), _status(r.get("status"))) for r in results if isinstance(r, dict) and "status" in r
@@ -104,11 +81,9 @@ def _tests(node: Any) -> Iterator[DcgmTest]:
         if isinstance(name, str) and "status" in node and not isinstance(node.get("status"), dict | list):
             yield DcgmTest(name, ((None, _status(node["status"])),))
             return
-        for value in node.values():
-            yield from _tests(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _tests(value)
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for value in children:
+        yield from _tests(value)
 
 
 def parse_dcgm_diag(text: str) -> DcgmDiag:
@@ -126,18 +101,21 @@ def parse_dcgm_diag(text: str) -> DcgmDiag:
     return DcgmDiag(tests)
 
 
-def run_dcgm_diag(level: int = 1, *, timeout_s: float | None = None) -> DcgmDiag | None:
-    """Run ``dcgmi diag -r LEVEL -j`` (timeout: the level's :data:`DIAG_TIMEOUT_S` unless given); returns
-    ``None`` when ``dcgmi`` is not on the PATH. Raises ``ValueError`` for a level outside 1-4,
+def run_dcgm_diag(level: int = 1) -> DcgmDiag | None:
+    """Run ``dcgmi diag -r LEVEL -j`` (timeout: the level's :data:`DIAG_TIMEOUT_S`); returns ``None`` when
+    ``dcgmi`` is not on the PATH. Raises ``ValueError`` for a level outside 1-4,
     :class:`DcgmError` when no report comes back and ``subprocess.TimeoutExpired`` when it runs too long."""
     if level not in DIAG_LEVELS:
         raise ValueError(f"dcgmi diag level {level!r} is not one of {', '.join(map(str, DIAG_LEVELS))}")
-    timeout_s = DIAG_TIMEOUT_S[level] if timeout_s is None else timeout_s
     exe = shutil.which("dcgmi")
     if exe is None:
         return None
     done = subprocess.run(
-        [exe, "diag", "-r", str(level), "-j"], capture_output=True, text=True, timeout=timeout_s, check=False
+        [exe, "diag", "-r", str(level), "-j"],
+        capture_output=True,
+        text=True,
+        timeout=DIAG_TIMEOUT_S[level],
+        check=False,
     )
     try:
         # dcgmi exits non-zero when a test fails, and still prints the report: read it either way.

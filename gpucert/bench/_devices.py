@@ -1,28 +1,16 @@
 """Which devices the payload reports on, who they are, and the software stack they run on.
 
-Identity
---------
-On CUDA the GPUs are NVML's: ``gpu`` is the NVML index (the node's numbering, as ``nvidia-smi`` and
-DCGM show it), ``gpu_uuid`` NVML's UUID, ``gpu_model`` NVML's device name (``NVIDIA H200``). Torch's
-devices are matched to them by UUID (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set before CUDA starts, so
-the order agrees too, for a torch too old to report UUIDs). A GPU NVML sees but torch cannot use keeps
-its identity and gets ``error`` rows for its steps. Without NVML, torch's devices, UUIDs and names
-stand in.
+On CUDA the GPUs are NVML's (``gpu`` is the NVML index: the node's numbering, as ``nvidia-smi`` and DCGM
+show it). Torch's devices are matched to them by UUID (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set before
+CUDA starts, so the order agrees too, for a torch too old to report UUIDs). A GPU NVML sees but torch
+cannot use keeps its identity and gets ``error`` rows for its steps; without NVML, torch's devices stand
+in. Every row of one node carries one ``gpu_model`` (the contract: one node, one model), the most common
+of its devices', ``unknown`` when nothing names one.
 
-On the CPU (``--device cpu``: the pipeline test) there are ``--cpu-devices`` pretend GPUs, indices
-0..n−1, UUID ``CPU-<hostname>-<i>`` and model ``cpu``.
-
-Every row of one node carries one ``gpu_model`` (the contract: one node, one model): the most common
-model of its devices, ``unknown`` when nothing names one.
-
-Stack record
-------------
-A flat JSON object of component → version strings (the shape ``gpucert baseline build --stack`` reads):
-``driver`` and ``cuda_driver`` (NVML), ``cuda`` (``torch.version.cuda``), ``nccl``
-(``torch.cuda.nccl.version()``), ``torch``, ``vbios.<gpu>`` per GPU (NVML), ``gpu_model``, ``kernel``
-(``uname -r``), ``hostname``, ``node``, ``python`` and ``gpucert`` (the payload's version: a change of
-benchmark is a change of stack); and, not a version but the board's identity, ``serial.<gpu>`` (NVML; an
-acceptance certificate names each GPU by it). A component that cannot be read is left out, never guessed.
+The stack record is a flat JSON object of component → version strings (what ``gpucert baseline build
+--stack`` reads), ``gpucert`` among them (a change of benchmark is a change of stack), and the boards'
+serials (an acceptance certificate names each GPU by it). A component that cannot be read is left out,
+never guessed.
 """
 
 from __future__ import annotations
@@ -79,27 +67,22 @@ def discover(
     except StepUnavailable as exc:
         found.torch_reason = str(exc)
     if kind == "cpu":
-        found.handles = {}
         usable = found.torch is not None
-        found.devices = {
-            i: Device(i, f"CPU-{host}-{i}", "cpu", i if usable else None, None) for i in range(cpu_devices)
-        }
+        found.devices = {i: Device(i, f"CPU-{host}-{i}", "cpu", i if usable else None) for i in range(cpu_devices)}
         found.model = "cpu"
         if found.nvml is not None:
             found.notes.append("--device cpu: NVML telemetry of this machine's GPUs is not attributed to CPU devices")
         return found
-    nvml_devices = dict(found.devices)
+    nvml_devices = found.devices
     torch_devices = _torch_devices(found)
     by_uuid = {uuid: j for j, (uuid, _name) in torch_devices.items() if uuid}
     devices: dict[int, Device] = {}
-    matched: set[int] = set()
     for i, dev in nvml_devices.items():
         j = by_uuid.get(dev.uuid or "")
         if j is None and not by_uuid and len(torch_devices) == len(nvml_devices):
             j = i  # a torch without UUIDs: same order (PCI bus id) and count
-        if j is not None:
-            matched.add(j)
-        devices[i] = Device(i, dev.uuid, dev.model, j, i)
+        devices[i] = Device(i, dev.uuid, dev.model, j)
+    matched = {d.torch_index for d in devices.values()}
     for j, (uuid, name) in torch_devices.items():
         if j not in matched:
             index = j if found.nvml is None else max(devices, default=-1) + 1
@@ -107,7 +90,7 @@ def discover(
                 found.notes.append(
                     f"torch device {j} ({uuid}) is not among the GPUs NVML sees: reported as GPU {index}"
                 )
-            devices[index] = Device(index, uuid, name, j, None)
+            devices[index] = Device(index, uuid, name, j)
     found.devices = devices
     models = collections.Counter(d.model for d in devices.values() if d.model and d.model != "unknown")
     if models:
@@ -136,7 +119,7 @@ def _nvml_devices(found: Discovery, module: Any) -> None:
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
         except Exception as exc:
             found.gpu_problems[i] = f"NVML cannot open GPU {i}: {describe(exc)}"
-            found.devices[i] = Device(i, None, "unknown", None, i)
+            found.devices[i] = Device(i, None, "unknown")
             continue
         found.handles[i] = handle
         uuid: str | None = None
@@ -146,7 +129,7 @@ def _nvml_devices(found: Discovery, module: Any) -> None:
             model = text(nvml.nvmlDeviceGetName(handle))
         except Exception as exc:
             found.gpu_problems[i] = f"NVML cannot identify GPU {i}: {describe(exc)}"
-        found.devices[i] = Device(i, uuid, model, None, i)
+        found.devices[i] = Device(i, uuid, model)
 
 
 def _torch_devices(found: Discovery) -> dict[int, tuple[str | None, str]]:

@@ -1,14 +1,8 @@
-"""The metric registry: every metric a results row may carry, its level and direction, and the results
-contract's columns.
-
-``level`` says which identity columns a row must fill: ``gpu`` rows name a GPU index (and UUID),
-``node`` rows leave ``gpu`` empty, ``pair`` rows name a ``peer`` node. ``kind`` separates what is
-judged statistically (``perf``) from what is read as a rule (``telemetry``), from events that may
-repeat (``event``: XIDs and benchmark-step errors).
+"""The metric registry (docs/reference/metrics.md): every metric a results row may carry, its level, kind
+and direction, and the results contract's columns.
 
 The payload owns these definitions (it writes the rows; standard library only) and :mod:`gpucert.metrics`
-re-exports them for the product, beside the physical bounds: the dependency points from the product to
-the payload, never back.
+re-exports them beside the physical bounds: the dependency points from the product to the payload.
 """
 
 from __future__ import annotations
@@ -45,10 +39,6 @@ class Metric:
     #: +1 when higher is better, -1 when lower is better, 0 for telemetry read by rules.
     direction: int = 0
     optional: bool = False
-
-    @property
-    def is_bandwidth_or_rate(self) -> bool:
-        return self.kind == "perf"
 
 
 def _perf(name: str, level: Level, unit: str, *, optional: bool = False) -> Metric:

@@ -1,22 +1,18 @@
 """nccl-tests ``all_reduce_perf``: parse its stdout (a pure function) and run it when the image has it.
 
-The table ``all_reduce_perf`` prints has, per message size, an out-of-place and an in-place measurement:
-``size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong`` (older versions or
-other collectives may lack ``redop``/``root``, so the line is read from both ends). The figure the payload
-reports is the bus bandwidth at the largest size, the better of out-of-place and in-place, as the
-bandwidth of a large all-reduce is what the node is judged on (docs/reference/reference-values.md: busbw at 8 GB).
-
-More ``all_reduce_perf`` options (``--nccl-tests-args``: a data type, an operation, a CUDA graph…) go
-after the payload's own. The options that decide *what* is measured stay the payload's and are refused
-(:func:`check_extra_args`): the message sizes (``--allreduce-bytes``), iterations (``--allreduce-iters``),
-every GPU of the node in one process, one thread, and the data check the ``#wrong`` column needs.
+Its table has, per message size, an out-of-place and an in-place measurement: ``size count type redop root
+| time algbw busbw #wrong | time algbw busbw #wrong`` (older versions or other collectives may lack
+``redop``/``root``, so the line is read from both ends). The payload reports the bus bandwidth at the
+largest size, the better of the two (docs/reference/reference-values.md: busbw at 8 GB). More options
+(``--nccl-tests-args``) go after the payload's own; those that decide *what* is measured (sizes,
+iterations, GPUs per process, threads, the data check ``#wrong`` needs) stay the payload's.
 """
 
 from __future__ import annotations
 
 import math
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -61,9 +57,6 @@ class NcclTestsPoint:
 @dataclass(frozen=True)
 class AllReducePerf:
     points: tuple[NcclTestsPoint, ...]
-    #: the footer's "Avg bus bandwidth", when printed
-    avg_busbw_gbps: float | None
-    out_of_bounds: int | None
 
     @property
     def largest_size(self) -> int:
@@ -93,26 +86,12 @@ def _number(word: str, line_no: int, what: str) -> float:
 def parse_all_reduce_perf(text: str) -> AllReducePerf:
     """Parse ``all_reduce_perf`` stdout; raise :class:`NcclTestsError` when no table can be read."""
     points: list[NcclTestsPoint] = []
-    avg: float | None = None
-    oob: int | None = None
     for line_no, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line.startswith("#"):
-            body = line.lstrip("#").strip()
-            if body.lower().startswith("avg bus bandwidth") and ":" in body:
-                avg = _number(body.split(":", 1)[1].strip().split()[0], line_no, "average bus bandwidth")
-            elif body.lower().startswith("out of bounds values") and ":" in body:
-                words = body.split(":", 1)[1].split()
-                if words and words[0].isdigit():
-                    oob = int(words[0])
-            continue
-        words = line.split()
-        if not words[0].isdigit():
-            continue  # other tools' chatter (NCCL INFO lines, warnings): not part of the table
+        words = raw.split()
+        if not words or not words[0].isdigit():
+            continue  # headers, the footer, other tools' chatter (NCCL INFO lines, warnings): not the table
         if len(words) < 10:
-            raise NcclTestsError(f"line {line_no}: a table row with {len(words)} fields (truncated?): {line!r}")
+            raise NcclTestsError(f"line {line_no}: a table row with {len(words)} fields (truncated?): {raw.strip()!r}")
         size, count = int(words[0]), _number(words[1], line_no, "count")
         dtype = words[2]
         for in_place, part in ((False, words[-8:-4]), (True, words[-4:])):
@@ -123,7 +102,7 @@ def parse_all_reduce_perf(text: str) -> AllReducePerf:
             points.append(NcclTestsPoint(size, int(count), dtype, in_place, time_us, algbw, busbw, wrong))
     if not points:
         raise NcclTestsError("no all_reduce_perf table rows found (the run failed or the output is truncated)")
-    return AllReducePerf(tuple(points), avg, oob)
+    return AllReducePerf(tuple(points))
 
 
 def check_extra_args(args: Sequence[str]) -> tuple[str, ...]:
@@ -145,38 +124,28 @@ def check_extra_args(args: Sequence[str]) -> tuple[str, ...]:
 def run_all_reduce_perf(
     path: str,
     *,
+    sizes: tuple[int, int, int],
     gpus: int,
-    nbytes: int,
     iters: int = 20,
     warmup: int = 5,
     timeout_s: float = 600.0,
     extra_args: Sequence[str] = (),
+    mpirun: Sequence[str] = (),
+    check: Callable[[str], None] = lambda _stdout: None,
 ) -> tuple[AllReducePerf, str]:
-    """Run ``all_reduce_perf`` at one size over ``gpus`` GPUs of one process, ``extra_args`` after the
-    payload's options; return the parse and stdout. Raises ``ValueError`` for an ``extra_args`` entry that
-    sets an option the payload sets (:func:`check_extra_args`) and :class:`NcclTestsError` for a failed run."""
-    cmd = [
-        path,
-        "-b",
-        str(nbytes),
-        "-e",
-        str(nbytes),
-        "-f",
-        "2",
-        "-g",
-        str(gpus),
-        "-n",
-        str(iters),
-        "-w",
-        str(warmup),
-        "-c",
-        "1",
-        *check_extra_args(extra_args),
-    ]
+    """Run ``all_reduce_perf`` sweeping ``sizes`` = (min, max, factor) over ``gpus`` GPUs per process,
+    ``extra_args`` after the payload's options, under the ``mpirun`` command line when one is given (the
+    pair's); return the parse and stdout. Raises ``ValueError`` for an ``extra_args`` entry that sets an
+    option the payload sets (:func:`check_extra_args`) and :class:`NcclTestsError` for a failed run,
+    wrong results, or output that ``check`` refuses."""
+    low, high, factor = sizes
+    own = f"-b {low} -e {high} -f {factor} -g {gpus} -n {iters} -w {warmup} -c 1".split()
+    cmd = [*mpirun, path, *own, *check_extra_args(extra_args)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         tail = " ".join((done.stderr or done.stdout).split()[-40:])
-        raise NcclTestsError(f"{path} exited with status {done.returncode}: {tail}")
+        raise NcclTestsError(f"{'mpirun ' if mpirun else ''}{path} exited with status {done.returncode}: {tail}")
+    check(done.stdout)
     parsed = parse_all_reduce_perf(done.stdout)
     if parsed.wrong:
         raise NcclTestsError(f"{path}: {parsed.wrong} wrong result(s): the all-reduce corrupted data")

@@ -1,29 +1,17 @@
 """The node's RDMA NICs, read from sysfs before and after the benchmark: ports down, trained down, flapping.
 
 A port that is down, runs below its peers' rate (NDR trained down to HDR) or whose link drops and comes
-back (flapping) slows every multi-node job the node is in, while every GPU benchmark passes (docs/design/simulator.md,
-"Fault catalogue"). The kernel shows each RDMA port (InfiniBand or RoCE) under
-``/sys/class/infiniband/<device>/ports/<n>/``:
+back slows every multi-node job the node is in, while every GPU benchmark passes. The kernel shows each
+RDMA port (InfiniBand or RoCE) under ``/sys/class/infiniband/<device>/ports/<n>/``: ``state``,
+``phys_state`` (for the log only), ``rate`` (read for ACTIVE ports only: some drivers show none for a port
+that is down) and the ``counters/`` since last cleared.
 
-* ``state`` — ``"4: ACTIVE"`` (``1: DOWN``, ``2: INIT``, ``3: ARMED``, ``5: ACTIVE_DEFER``);
-* ``phys_state`` — ``"5: LinkUp"`` (``2: Polling``, ``3: Disabled``…): what the log says of a port down;
-* ``rate`` — ``"400 Gb/sec (4X NDR)"``, ``"2.5 Gb/sec (1X SDR)"``; read for ACTIVE ports only (a port
-  that is down has no rate worth reading, and some drivers refuse to show one);
-* ``counters/symbol_error``, ``counters/link_downed``, ``counters/port_rcv_errors`` — plain integers
-  since the counters were last cleared.
-
-Reading twice, at the start and at the end of the run, gives the node's rows (all node level, docs/reference/metrics.md,
-"Telemetry, node level"): ``ib_ports`` (ports seen in either reading), ``ib_ports_active`` (ACTIVE in both readings: a
-port that was down at either end was down during the benchmark), ``ib_rate_min_gbps`` and
-``ib_rate_max_gbps`` (the slowest and the fastest active port, over both readings), and
-``ib_symbol_errors``, ``ib_link_downed``, ``ib_rcv_errors`` (each counter's increase over the run,
-summed over the ports).
-
-No ``/sys/class/infiniband`` means no RDMA NIC: no rows and no error (a node without InfiniBand is not a
-broken node). A file that cannot be read or parsed is never a number: its metric is left out and the file
-is named in the problems, which the payload writes as one node-level ``error`` row. So is a counter already
-at the most its width holds (the port counters of the InfiniBand spec do not wrap, they stop): its
-increase cannot be measured until someone clears it (``perfquery -x -R``).
+Reading twice gives the node's rows (docs/reference/metrics.md, "Telemetry, node level"): a port counts
+as active only when ACTIVE in both readings, the rates span both readings, and each counter's increase is
+summed over the ports. No ``/sys/class/infiniband``: no RDMA NIC, no rows and no error. A file that cannot
+be read or parsed is never a number: its metric is left out and the file named in the problems (one
+node-level ``error`` row). So is a counter stuck at the most its width holds (InfiniBand's port counters
+stop, they do not wrap): its increase cannot be measured until someone clears it (``perfquery -x -R``).
 """
 
 from __future__ import annotations
@@ -169,10 +157,8 @@ def read_nics(root: str | os.PathLike[str] = SYSFS_ROOT, devices: Sequence[str] 
 
 
 def nic_rows(before: NicReading, after: NicReading) -> tuple[dict[str, float], list[str], list[str]]:
-    """The node's rows from a reading at the start and one at the end: (metric → value, problems, notes).
-
-    A metric whose inputs could not all be read is absent (and its reason is a problem); ``notes`` are
-    log lines naming the ports down or slow."""
+    """The node's rows from a reading at the start and one at the end: (metric → value, problems, notes:
+    log lines naming the ports down or slow). A metric whose inputs could not all be read is absent."""
     problems = list(dict.fromkeys([*before.problems, *after.problems]))
     notes: list[str] = []
     keys = sorted(set(before.ports) | set(after.ports))
@@ -198,12 +184,8 @@ def nic_rows(before: NicReading, after: NicReading) -> tuple[dict[str, float], l
             if down is not None:
                 phys = f", physical state {down.phys_state}" if down.phys_state else ""
                 notes.append(f"RDMA port {down.name} is {down.state_name}{phys}")
-        for p in seen:
-            if p.active:
-                if p.rate_gbps is None:
-                    rate_unknown = True
-                else:
-                    rates.append(p.rate_gbps)
+        rates += [p.rate_gbps for p in seen if p.active and p.rate_gbps is not None]
+        rate_unknown |= any(p.active and p.rate_gbps is None for p in seen)
     rows["ib_ports_active"] = float(active)
     if rates and not rate_unknown:
         rows["ib_rate_min_gbps"] = min(rates)

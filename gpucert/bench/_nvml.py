@@ -112,7 +112,6 @@ class GpuTelemetry:
 @dataclass
 class _State:
     handle: Any
-    uuid: str | None = None
     lost: bool = False
     samples: int = 0
     reasons_or: int = 0
@@ -134,12 +133,9 @@ class _State:
 
 
 class Sampler:
-    """Sample every GPU every ``interval`` seconds in a thread; collect XID events; summarise on stop.
-
-    ``gpus`` maps the ``gpu`` index of the results to an NVML device handle. Steps tell the sampler what
-    load a GPU is under with :meth:`loading`, so link width and slowdown share are judged under load.
-    :meth:`sample` and :meth:`wait_events` are what the thread does; tests call them directly.
-    """
+    """Sample every GPU (``gpu`` index → NVML handle) every ``interval`` seconds in a thread; collect XID
+    events; summarise on stop. Steps say what load a GPU is under (:meth:`loading`), so link width and
+    slowdown share are judged under load."""
 
     def __init__(
         self,
@@ -170,10 +166,9 @@ class Sampler:
         now = self.clock()
         for index, st in self._gpus.items():
             st.t_start = now
-            uuid = self._call(st, "uuid", "nvmlDeviceGetUUID", st.handle)
+            uuid = self._call(st, "uuid", "nvmlDeviceGetUUID")
             if uuid is not None:
-                st.uuid = text(uuid)
-                self._by_uuid[st.uuid] = index
+                self._by_uuid[text(uuid)] = index
             self._static(st)
         self._open_events()
 
@@ -203,8 +198,7 @@ class Sampler:
         """Mark ``gpus`` as under load (``"pcie"`` for host transfers) for the duration of the block."""
         chosen = list(gpus)
         with self._lock:
-            for g in chosen:
-                self._load[g] = kind
+            self._load.update(dict.fromkeys(chosen, kind))
         try:
             yield
         finally:
@@ -241,20 +235,18 @@ class Sampler:
                 if load is not None:
                     st.busy_samples += 1
                     st.busy_hw += hw
-            temp = self._call(
-                st, "temp_max_c", "nvmlDeviceGetTemperature", st.handle, self._const("NVML_TEMPERATURE_GPU")
-            )
+            temp = self._number(st, "temp_max_c", "nvmlDeviceGetTemperature", self._const("NVML_TEMPERATURE_GPU"))
             if temp is not None:
-                st.temp_max = float(temp) if st.temp_max is None else max(st.temp_max, float(temp))
-            gen = self._call(st, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", st.handle)
-            width = self._call(st, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", st.handle)
+                st.temp_max = temp if st.temp_max is None else max(st.temp_max, temp)
+            gen = self._number(st, "pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
+            width = self._number(st, "pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
             kinds = ["any"] + ([] if load is None else ["busy"]) + (["pcie"] if load == "pcie" else [])
             for kind in kinds:
                 best = st.link.setdefault(kind, [None, None])
                 for k, v in enumerate((gen, width)):
                     if v is not None:
                         old = best[k]
-                        best[k] = float(v) if old is None else max(old, float(v))
+                        best[k] = v if old is None else max(old, v)
 
     def wait_events(self, seconds: float) -> None:
         """Wait up to ``seconds`` for NVML events, recording XIDs; returns early on stop."""
@@ -280,13 +272,14 @@ class Sampler:
         return getattr(self.nvml, name, _DEFAULTS.get(name))
 
     def _call(self, st: _State, what: str, fn: str, *args: Any, quiet_codes: frozenset[int] = _ABSENT) -> Any:
-        """Call NVML's ``fn``; ``None`` on failure, noted (unsupported) or recorded (a problem) once per what."""
+        """NVML's ``fn`` of the GPU (its handle, then ``args``); ``None`` on failure, noted (unsupported) or
+        recorded (a problem) once per what."""
         func = getattr(self.nvml, fn, None)
         if func is None:
             self._note(st, what, f"{what}: this NVML has no {fn}")
             return None
         try:
-            return func(*args)
+            return func(st.handle, *args)
         except Exception as exc:
             code = _code(self.nvml, exc)
             if code in quiet_codes:
@@ -300,6 +293,17 @@ class Sampler:
                 st.out.problems.append(f"{what}: {fn} failed ({describe(exc)})")
             return None
 
+    def _number(self, st: _State, what: str, fn: str, *args: Any, per: float = 1.0) -> float | None:
+        """:meth:`_call` as a number, in NVML's units ``per`` one of ours (1000 for milliwatts)."""
+        value = self._call(st, what, fn, *args)
+        return None if value is None else float(value) / per
+
+    def _store(self, st: _State, metric: str, fn: str, *args: Any, per: float = 1.0) -> None:
+        """:meth:`_number` as ``metric``'s value of the GPU, unless it failed."""
+        value = self._number(st, metric, fn, *args, per=per)
+        if value is not None:
+            st.out.values[metric] = value
+
     def _note(self, st: _State, what: str, message: str) -> None:
         if what not in st.reported:
             st.reported.add(what)
@@ -310,34 +314,17 @@ class Sampler:
             fn = "nvmlDeviceGetCurrentClocksEventReasons"
         else:  # drivers and bindings before 535 name it "throttle reasons"
             fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
-        value = self._call(st, "clocks_event_reasons", fn, st.handle)
+        value = self._call(st, "clocks_event_reasons", fn)
         return None if value is None else int(value)
 
     def _static(self, st: _State) -> None:
-        h, values = st.handle, st.out.values
-        for metric, fn in (
-            ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
-            ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
-        ):
-            v = self._call(st, metric, fn, h)
-            if v is not None:
-                values[metric] = float(v)
-        slowdown = self._call(
-            st,
-            "temp_slowdown_c",
-            "nvmlDeviceGetTemperatureThreshold",
-            h,
-            self._const("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-        )
-        if slowdown is not None:
-            values["temp_slowdown_c"] = float(slowdown)
-        default = self._call(st, "power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", h)
-        if default is not None:
-            values["power_limit_default_w"] = float(default) / 1000.0  # mW
-        power = self._call(st, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
-        st.power_start = None if power is None else float(power) / 1000.0
-        replays = self._call(st, "pcie_replays_per_min", "nvmlDeviceGetPcieReplayCounter", h)
-        st.replays_start = None if replays is None else float(replays)
+        self._store(st, "pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration")
+        self._store(st, "pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
+        slowdown = self._const("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN")
+        self._store(st, "temp_slowdown_c", "nvmlDeviceGetTemperatureThreshold", slowdown)
+        self._store(st, "power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", per=1000.0)
+        st.power_start = self._number(st, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", per=1000.0)
+        st.replays_start = self._number(st, "pcie_replays_per_min", "nvmlDeviceGetPcieReplayCounter")
         st.links = self._present_links(st)
         if st.links:
             st.nvlink_down_start = self._links_down(st)
@@ -357,7 +344,7 @@ class Sampler:
                 if code in _ABSENT | {_INVALID_ARGUMENT}:
                     continue
                 if code == _GPU_IS_LOST:
-                    self._call(st, "nvlink_down", "nvmlDeviceGetNvLinkState", st.handle, link)
+                    self._call(st, "nvlink_down", "nvmlDeviceGetNvLinkState", link)
                     return []
                 if "nvlink_down" not in st.reported:
                     st.reported.add("nvlink_down")
@@ -372,32 +359,26 @@ class Sampler:
         disabled = self._const("NVML_FEATURE_DISABLED")
         down = 0
         for link in st.links or ():
-            state = self._call(st, "nvlink_down", "nvmlDeviceGetNvLinkState", st.handle, link)
+            state = self._call(st, "nvlink_down", "nvmlDeviceGetNvLinkState", link)
             if state is None:
                 return None
             down += int(state == disabled)
         return down
 
-    def _crc_total(self, st: _State) -> float | None:
+    def _crc_total(self, st: _State) -> float:
         total = 0.0
         counters = (self._const("NVML_NVLINK_ERROR_DL_CRC_FLIT"), self._const("NVML_NVLINK_ERROR_DL_CRC_DATA"))
+        quiet = _ABSENT | {_INVALID_ARGUMENT}
         for link in st.links or ():
             for counter in counters:
-                v = self._call(
-                    st,
-                    f"nvlink_crc_errors[{counter}]",
-                    "nvmlDeviceGetNvLinkErrorCounter",
-                    st.handle,
-                    link,
-                    counter,
-                    quiet_codes=_ABSENT | {_INVALID_ARGUMENT},
-                )
+                what = f"nvlink_crc_errors[{counter}]"
+                v = self._call(st, what, "nvmlDeviceGetNvLinkErrorCounter", link, counter, quiet_codes=quiet)
                 if v is not None:
                     total += float(v)
         return total
 
     def _finish(self, st: _State, now: float) -> None:
-        h, values = st.handle, st.out.values
+        values = st.out.values
         if st.reasons_seen:
             values["clocks_event_reasons"] = float(st.reasons_or)
             if st.busy_samples:
@@ -415,26 +396,19 @@ class Sampler:
         if st.lost:
             # A lost GPU answers nothing more; what was read before it fell off stays.
             return
-        power = self._call(st, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
-        limits = [v for v in (st.power_start, None if power is None else float(power) / 1000.0) if v is not None]
+        power = self._number(st, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", per=1000.0)
+        limits = [v for v in (st.power_start, power) if v is not None]
         if limits:
             values["power_limit_w"] = min(limits)
-        replays = self._call(st, "pcie_replays_per_min", "nvmlDeviceGetPcieReplayCounter", h)
+        replays = self._number(st, "pcie_replays_per_min", "nvmlDeviceGetPcieReplayCounter")
         if replays is not None and st.replays_start is not None:
             minutes = max(now - st.t_start, 1e-9) / 60.0
-            values["pcie_replays_per_min"] = max(0.0, float(replays) - st.replays_start) / minutes
+            values["pcie_replays_per_min"] = max(0.0, replays - st.replays_start) / minutes
+        volatile = self._const("NVML_VOLATILE_ECC")
         for metric, kind in (("ecc_dbe_volatile", "UNCORRECTED"), ("ecc_sbe_volatile", "CORRECTED")):
-            v = self._call(
-                st,
-                metric,
-                "nvmlDeviceGetTotalEccErrors",
-                h,
-                self._const(f"NVML_MEMORY_ERROR_TYPE_{kind}"),
-                self._const("NVML_VOLATILE_ECC"),
-            )
-            if v is not None:
-                values[metric] = float(v)
-        remap = self._call(st, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
+            errors = self._const(f"NVML_MEMORY_ERROR_TYPE_{kind}")
+            self._store(st, metric, "nvmlDeviceGetTotalEccErrors", errors, volatile)
+        remap = self._call(st, "remapped_rows", "nvmlDeviceGetRemappedRows")
         if remap is not None:
             _corr, _unc, pending, failure = remap
             values["remapped_rows_pending"] = float(bool(pending))
@@ -444,9 +418,8 @@ class Sampler:
             downs = [d for d in (st.nvlink_down_start, down_end) if d is not None]
             if downs:
                 values["nvlink_down"] = float(max(downs))
-            crc_end = self._crc_total(st)
-            if crc_end is not None and st.crc_start is not None:
-                values["nvlink_crc_errors"] = max(0.0, crc_end - st.crc_start)
+            if st.crc_start is not None:
+                values["nvlink_crc_errors"] = max(0.0, self._crc_total(st) - st.crc_start)
 
     # XID events -----------------------------------------------------------------------------------------
 
@@ -481,9 +454,7 @@ class Sampler:
         with contextlib.suppress(Exception):
             index = self._by_uuid.get(text(self.nvml.nvmlDeviceGetUUID(event.device)))
         if index is None:
-            for i, st in self._gpus.items():
-                if st.handle is event.device:
-                    index = i
+            index = next((i for i, st in self._gpus.items() if st.handle is event.device), None)
         if index is None:
             self._say(f"XID {getattr(event, 'eventData', '?')} from a GPU outside this run: not recorded")
             return

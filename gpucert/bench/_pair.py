@@ -1,51 +1,22 @@
 """Two-node all-reduce bus bandwidth: every GPU of both nodes of a pair in one collective.
 
-A pair is a benchmark unit of two nodes (:class:`PairOptions`, run by :func:`gpucert.bench._run.run` as
-a node is): one payload process runs on each node of the pair (``python -m gpucert.bench pair``, its
-arguments in :mod:`gpucert.bench._cli`; in a cluster, the two pods of the pair's Indexed Job,
-``templates/certify/pair-job.yaml.j2``). Standard library and torch only, like the rest of the payload.
+A pair is a benchmark unit of two nodes (:class:`PairOptions`, run as a node is): one payload process on
+each node (docs/design/certify-runbook.md, "Pair benchmarks"), each printing ``nccl_pair_busbw_gbps`` rows
+for its own node (``peer`` the other), the same values on both sides: the slowest rank's times of the one
+collective they ran together. Whatever stops the measurement is a node-level ``error`` row.
 
-What it prints, like the node unit: on stdout ``nccl_pair_busbw_gbps`` rows, level pair (``gpu`` empty,
-``peer`` the other node), one per repeat, values the busbw at the largest message size; on stderr the
-stack record, the sweep as a table (``gpucert-bench: pair: SIZE B …``) and messages. Anything that stops
-the measurement — no torch, a rendezvous that did not complete within ``--rendezvous-timeout``, a peer of
-another run, a failed rank — is a node-level ``error`` row with the reason on stderr, and the exit status
-is still 0. Both nodes print their rows (each pod's log is read as its own node's), and the values are the
-same on both sides: the times are the slowest rank's of the one collective they ran together.
+Rendezvous (:class:`Rendezvous`): node rank 0 serves a ``torch.distributed.TCPStore`` at ``--master``, node
+rank 1 connects to it, and before any GPU is touched the two exchange their run id, node, device kind and
+local ranks, so each side's rows can name the other node and a pod of another run, or two pods on one
+node, is refused instead of measured. Every wait is bounded by the rendezvous timeout: never a hang.
 
-Rendezvous (:class:`Rendezvous`)
---------------------------------
-Node rank 0's payload serves a ``torch.distributed.TCPStore`` at ``--master HOST:PORT``; node rank 1's
-connects to it. Through the store the two sides exchange, before any GPU is touched, their run id, node
-name, device kind and number of local ranks: so each side's rows can name the other node (``peer``), and
-a pod of another run, or two pods on one node, is refused instead of measured. Every wait is bounded by
-the rendezvous timeout: reaching the master (retried while its DNS name is not published yet or nothing
-listens there), then waiting for the other side's record. One that does not complete raises
-:class:`PairError`, which the caller writes as an ``error`` row: never a hang.
-
-Measurement (:func:`run_pair`)
-------------------------------
-Each side then spawns one process per local device: one per GPU on CUDA (backend NCCL, so the collective
-uses NVLink inside a node and the network between the two, as a training job's does), one per
-``--cpu-devices`` pretend GPU on the CPU (gloo). The two nodes' processes form one process group of
-``n`` = all the ranks of both nodes (node rank 0's first, then node rank 1's), meeting in the same store.
-Per repeat, every message size of the sweep (``-b``/``-e``/``-f`` as nccl-tests takes them) is timed
-over ``iters`` in-place float32 all-reduces, after a warm-up at the largest and the smallest size (what
-nccl-tests does); each size's time is the slowest rank's (one MAX all-reduce of the times per repeat),
-so both nodes report the same figures. Bus bandwidth as nccl-tests defines it: algbw = bytes / time,
-busbw = algbw · 2(n−1)/n. The value a row carries is the busbw at the largest size, the bandwidth a large
-gradient all-reduce sees (the sweep's other sizes go to stderr, as a table). Repeats as the payload makes
-them for every metric: the base count, then more while they disagree (:mod:`._stability`), decided by
-global rank 0 and broadcast, so both nodes run and report the same repeats.
-
-nccl-tests (:func:`run_pair_nccl_tests`)
-----------------------------------------
-``all_reduce_perf`` measures across nodes only as an MPI program: built with ``MPI=1`` and started by
-``mpirun``, which launches the ranks on the other host itself (through ssh or PMIx; the ``-g`` of one
-process covers only its own node's GPUs). A plain Indexed Job has no MPI launcher, so there the pair runs
-on torch.distributed; the nccl-tests path is for a payload that is an MPI launcher (an MPI Operator
-MPIJob's launcher pod): ``--nccl-tests PATH --mpi-hosts A:8,B:8`` with ``mpirun`` on the PATH runs
-``mpirun -np 16 -H A:8,B:8 all_reduce_perf -g 1 …`` and reads its table.
+Measurement (:func:`run_pair`): one process per local device (NCCL on GPUs, so the collective uses NVLink
+inside a node and the network between the two, as a training job's does), all the ranks of both nodes in
+one process group; per repeat every size of the sweep (``-b``/``-e``/``-f`` as nccl-tests takes them) is
+timed, and a row carries the busbw at the largest (the sweep goes to stderr). Extra repeats are decided by
+global rank 0 and broadcast, so both nodes report the same repeats. ``all_reduce_perf`` measures across
+nodes only as an MPI program, so the nccl-tests path (:func:`run_pair_nccl_tests`) is for a payload that
+is an MPI launcher.
 """
 
 from __future__ import annotations
@@ -53,35 +24,27 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import os
 import re
 import shutil
 import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._allreduce import busbw_gbps
+from ._allreduce import busbw_gbps, rank_device, spawn_ranks, sweep_buffer, timed_sweep
 from ._devices import Discovery
-from ._nccl_tests import AllReducePerf, NcclTestsError, check_extra_args, parse_all_reduce_perf
+from ._nccl_tests import AllReducePerf, NcclTestsError, run_all_reduce_perf
 from ._nvml import describe
 from ._rows import RowWriter, say
-from ._run import Session, StepError, UnitOptions, nccl_tests_failure
-from ._stability import RepeatRule
+from ._run import Session, StepError, UnitOptions, why_failed
 
 __all__ = [
     "METRIC",
-    "Meeting",
-    "PairConfig",
     "PairError",
     "PairMeasurement",
     "PairOptions",
-    "Rendezvous",
-    "Side",
     "mpi_slots",
     "run_pair",
     "run_pair_nccl_tests",
@@ -103,10 +66,7 @@ class PairError(StepError):
 
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: int) -> tuple[int, ...]:
     """The message sizes of a sweep, as nccl-tests' ``-b MIN -e MAX -f FACTOR``: MIN, MIN·FACTOR, … and
-    always MAX itself last (the size a row reports), each a whole number of float32 elements.
-
-    Raises ``ValueError`` when MIN exceeds MAX or FACTOR is below 2.
-    """
+    always MAX itself last (the size a row reports), each a whole number of float32 elements."""
     if min_bytes > max_bytes:
         raise ValueError(f"the smallest message ({min_bytes:,} B) is larger than the largest ({max_bytes:,} B)")
     if factor < 2:
@@ -133,25 +93,6 @@ class Side:
     ranks: int  # its local ranks: its GPUs (or pretend GPUs)
 
 
-@dataclass(frozen=True)
-class Meeting:
-    """Both sides of a completed rendezvous, from ``me``'s point of view."""
-
-    node_rank: int
-    me: Side
-    peer: Side
-
-    @property
-    def world(self) -> int:
-        """Ranks in the pair's process group: every local rank of both nodes."""
-        return self.me.ranks + self.peer.ranks
-
-    @property
-    def offset(self) -> int:
-        """The global rank of this node's first local rank (node rank 0's ranks come first)."""
-        return 0 if self.node_rank == 0 else self.peer.ranks
-
-
 def _side(raw: bytes | str, where: str) -> Side:
     """The other side's record; raises :class:`PairError` for one this payload did not write."""
     try:
@@ -165,11 +106,9 @@ def _side(raw: bytes | str, where: str) -> Side:
 
 
 def _reach(host: str, port: int, deadline: float, timeout_s: float) -> None:
-    """Return once a TCP connection to ``host:port`` succeeds; raise :class:`PairError` at ``deadline``.
-
-    Retried, because the other pod may not be there yet: its DNS name is published only once it has an
-    address, and its store listens only once its payload started (image pull, scheduling).
-    """
+    """Return once a TCP connection to ``host:port`` succeeds, retried until ``deadline`` (then
+    :class:`PairError`): the other pod's DNS name is published only once it has an address, and its store
+    listens only once its payload started (image pull, scheduling)."""
     last = "not tried"
     while True:
         left = deadline - time.monotonic()
@@ -187,10 +126,8 @@ def _reach(host: str, port: int, deadline: float, timeout_s: float) -> None:
 
 
 class Rendezvous:
-    """The meeting point of the two sides: a TCPStore that node rank 0 serves (see the module docstring).
-
-    ``timeout_s`` bounds :meth:`meet` as a whole; :meth:`finish` waits at most ``linger_s`` more.
-    """
+    """The meeting point of the two sides, a TCPStore that node rank 0 serves: ``timeout_s`` bounds
+    :meth:`meet` as a whole; :meth:`finish` waits at most ``linger_s`` more."""
 
     def __init__(
         self, torch: Any, host: str, port: int, node_rank: int, *, timeout_s: float, linger_s: float = 60.0
@@ -207,31 +144,23 @@ class Rendezvous:
     def _key(self, what: str, node_rank: int) -> str:
         return f"{_KEY}{what}/{node_rank}"
 
-    def meet(self, me: Side) -> Meeting:
-        """Exchange ``me`` for the other side's record; returns the :class:`Meeting`. Raises
+    def meet(self, me: Side) -> Side:
+        """Exchange ``me`` for the other side's record, and return that. Raises
         :class:`PairError` when the store cannot be served or reached, the other side does not come within
         the timeout, or it is of another run, on another kind of device, or on this very node."""
         dist, timedelta = self._dist, dt.timedelta
         deadline = time.monotonic() + self.timeout_s
+        master = self.node_rank == 0
         try:
-            if self.node_rank == 0:
-                # Listens on every address of the pod: the other pod connects through the Service's name.
-                self._store = dist.TCPStore(
-                    self.host,
-                    self.port,
-                    world_size=None,
-                    is_master=True,
-                    timeout=timedelta(seconds=self.timeout_s),
-                    wait_for_workers=False,
-                )
-            else:
+            if not master:
                 _reach(self.host, self.port, deadline, self.timeout_s)
-                left = max(1.0, deadline - time.monotonic())
-                self._store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=left))
+            # The master listens on every address of the pod: the other pod connects through the Service's name.
+            timeout = timedelta(seconds=self.timeout_s if master else max(1.0, deadline - time.monotonic()))
+            self._store = dist.TCPStore(self.host, self.port, is_master=master, timeout=timeout, wait_for_workers=False)
         except PairError:
             raise
         except Exception as exc:  # torch's DistNetworkError (a RuntimeError): port taken, connection refused
-            role = "serve" if self.node_rank == 0 else "reach"
+            role = "serve" if master else "reach"
             raise PairError(f"cannot {role} the rendezvous store at {self.where}: {describe(exc)}") from None
         other = 1 - self.node_rank
         try:
@@ -254,7 +183,7 @@ class Rendezvous:
             raise PairError(f"the other node ({peer.node}) runs on {peer.device}, this one on {me.device}")
         if peer.node == me.node:
             raise PairError(f"both sides of the pair run on node {me.node}: a pair is two nodes")
-        return Meeting(self.node_rank, me, peer)
+        return peer
 
     def peer_failed(self) -> str | None:
         """Why the other side gave up, once it has said so (None while it has not, or when it succeeded)."""
@@ -292,23 +221,18 @@ class Rendezvous:
 
 @dataclass(frozen=True)
 class PairConfig:
-    """What each of one side's spawned ranks needs (it crosses a process boundary: plain data)."""
+    """What each of one side's spawned ranks needs (it crosses a process boundary: plain data); the
+    options' ``step_timeout`` is each collective's timeout, and the process group's start."""
 
+    opts: PairOptions
     host: str
     port: int
     backend: str  # "nccl" or "gloo"
-    device: str  # "cuda" or "cpu"
     #: local ranks; on CUDA, rank ``i`` drives torch device ``devices[i]``
     ranks: int
     devices: tuple[int, ...]
     offset: int
     world: int
-    sizes: tuple[int, ...]
-    iters: int
-    warmup: int
-    rule: RepeatRule
-    #: each collective's timeout, and the process group's start (the other side's ranks must come)
-    timeout_s: float
     #: seconds, from the ranks' start, by which extra repeats must be done; 0: no deadline
     deadline_s: float = 0.0
 
@@ -337,13 +261,13 @@ class PairMeasurement:
 
 def _more(cfg: PairConfig, seconds: list[tuple[float, ...]], took: list[float], started: float) -> int:
     """Global rank 0's decision: how many more repeats all ranks run now (0: they agree, or no time)."""
-    values = [busbw_gbps(cfg.sizes[-1], per_size[-1], cfg.world) for per_size in seconds]
+    values = PairMeasurement(cfg.world, cfg.opts.sizes, tuple(seconds)).busbw()
 
     def late(more: int) -> str | None:
         fits = time.monotonic() - started + more * statistics.fmean(took) <= cfg.deadline_s
         return None if cfg.deadline_s <= 0 or fits else ""
 
-    more, message = cfg.rule.decide(METRIC, values, "pair", late)
+    more, message = cfg.opts.rule.decide(METRIC, values, "pair", late)
     if message:
         say(message)
     return more
@@ -352,38 +276,14 @@ def _more(cfg: PairConfig, seconds: list[tuple[float, ...]], took: list[float], 
 def _measure(torch: Any, dist: Any, device: Any, cfg: PairConfig, rank: int) -> list[tuple[float, ...]]:
     """One rank's share of the sweeps; returns the slowest rank's seconds per all-reduce, per repeat."""
     started = time.monotonic()
-    largest = cfg.sizes[-1]
-    # Zeros: a sum of ones, repeated, would overflow float32 into inf (harmless, but no data to look at).
-    buf = torch.zeros(largest // _FLOAT_BYTES, dtype=torch.float32, device=device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    # nccl-tests warms up at the largest size and at the smallest: connections made, buffers registered.
-    for size in dict.fromkeys((largest, cfg.sizes[0])):
-        view = buf[: size // _FLOAT_BYTES]
-        for _ in range(cfg.warmup):
-            dist.all_reduce(view)
-    sync()
+    o = cfg.opts
+    buf = sweep_buffer(torch, dist, device, o.sizes, o.warmup_iters)
     out: list[tuple[float, ...]] = []
     took: list[float] = []
-    target = cfg.rule.base(METRIC)
+    target = o.rule.base(METRIC)
     while len(out) < target:
         t_repeat = time.monotonic()
-        elapsed = []
-        for size in cfg.sizes:
-            view = buf[: size // _FLOAT_BYTES]
-            dist.barrier()  # every rank starts the size together: its time is the collective's, not skew
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(cfg.iters):
-                dist.all_reduce(view)
-            sync()
-            elapsed.append(time.perf_counter() - t0)
-        slowest = torch.tensor(elapsed, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        out.append(tuple(float(v) / cfg.iters for v in slowest.tolist()))
+        out.append(timed_sweep(torch, dist, device, buf, o.sizes, o.iters))
         took.append(time.monotonic() - t_repeat)
         if len(out) == target:
             more = torch.zeros(1, dtype=torch.int64, device=device)
@@ -395,19 +295,11 @@ def _measure(torch: Any, dist: Any, device: Any, cfg: PairConfig, rank: int) -> 
 
 
 def _worker(local: int, cfg: PairConfig, results: Any) -> None:
-    # Nothing a rank (or NCCL, which logs to stdout) prints may reach the payload's stdout: rows only.
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    import torch
-    import torch.distributed
+    torch, device = rank_device(cfg.opts.device, cfg.devices, local)
+    import torch.distributed as torch_distributed
 
-    dist: Any = torch.distributed  # TCPStore and PrefixStore are not in its typed exports
-    if cfg.device == "cuda":
-        device = torch.device("cuda", cfg.devices[local])
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    timeout = dt.timedelta(seconds=cfg.timeout_s)
+    dist: Any = torch_distributed  # TCPStore and PrefixStore are not in its typed exports
+    timeout = dt.timedelta(seconds=cfg.opts.step_timeout)
     store = dist.TCPStore(cfg.host, cfg.port, is_master=False, timeout=timeout)
     rank = cfg.offset + local
     dist.init_process_group(
@@ -430,42 +322,29 @@ def _last_line(exc: BaseException) -> str:
 def run_pair(
     torch: Any, cfg: PairConfig, *, limit_s: float, peer_failed: Callable[[], str | None] = lambda: None
 ) -> PairMeasurement:
-    """Spawn this side's ranks and return the pair's :class:`PairMeasurement`.
+    """Spawn this side's ranks and return the pair's :class:`PairMeasurement`. Raises :class:`PairError`
+    when a rank fails, the other side says it gave up (``peer_failed``, polled each second), or the ranks
+    are not done within ``limit_s``; every rank still alive is killed first."""
 
-    Raises :class:`PairError` when a rank fails, when the other side says it gave up (``peer_failed``,
-    polled each second), or when the ranks are not done within ``limit_s``; every rank still alive is
-    killed first, so nothing is left behind.
-    """
-    tmp = torch.multiprocessing
-    results = tmp.get_context("spawn").SimpleQueue()
-    procs = tmp.start_processes(_worker, args=(cfg, results), nprocs=cfg.ranks, join=False, start_method="spawn")
-    deadline = time.monotonic() + limit_s
-    next_check = 0.0
+    def poll() -> None:
+        why = peer_failed()
+        if why is not None:
+            raise PairError(f"the other node of the pair gave up: {why}")
+
     try:
-        while not procs.join(timeout=0.2):
-            now = time.monotonic()
-            if now > deadline:
-                raise PairError(f"the pair's ranks did not finish within {limit_s:.0f} s")
-            if now >= next_check:
-                why = peer_failed()
-                if why is not None:
-                    raise PairError(f"the other node of the pair gave up: {why}")
-                next_check = now + 1.0
+        got = spawn_ranks(torch, _worker, (cfg,), cfg.ranks, limit_s=limit_s, what="pair's", poll=poll)
     except PairError:
         raise
+    except TimeoutError as exc:
+        raise PairError(str(exc)) from None
     except Exception as exc:  # ProcessRaisedException / ProcessExitedException: a rank failed
         raise PairError(f"a rank of the pair failed: {_last_line(exc)}") from None
-    finally:
-        for p in procs.processes:
-            if p.is_alive():
-                p.kill()
-    # SimpleQueue has no timeout: it is read only once every rank has exited.
-    if results.empty():
+    if got is None:
         raise PairError("the pair's ranks finished without a result")
-    got = results.get()
-    if not isinstance(got, list) or not got or any(len(s) != len(cfg.sizes) for s in got):
+    sizes = cfg.opts.sizes
+    if not isinstance(got, list) or not got or any(len(s) != len(sizes) for s in got):
         raise PairError(f"the pair's ranks returned {got!r}")
-    return PairMeasurement(cfg.world, cfg.sizes, tuple(tuple(float(v) for v in s) for s in got))
+    return PairMeasurement(cfg.world, sizes, tuple(tuple(float(v) for v in s) for s in got))
 
 
 # --- nccl-tests under MPI -------------------------------------------------------------------------------
@@ -496,56 +375,34 @@ def run_pair_nccl_tests(
     extra_args: Sequence[str] = (),
     mpirun_args: Sequence[str] = (),
 ) -> tuple[AllReducePerf, str]:
-    """Run ``all_reduce_perf`` over both hosts of ``hosts`` under ``mpirun`` (one rank per GPU, ``-g 1``),
-    sweeping ``sizes`` = (min, max, factor); return the parse and stdout.
-
-    Raises ``ValueError`` for malformed ``hosts`` or an ``extra_args`` option the payload sets, and
-    :class:`~gpucert.bench.NcclTestsError` for a failed run, wrong results, or a run that was not one
-    job of every rank (an ``all_reduce_perf`` built without ``MPI=1`` runs each process on its own).
-    """
+    """:func:`._nccl_tests.run_all_reduce_perf` over both hosts of ``hosts`` under ``mpirun``, one rank per
+    GPU (``-g 1``); ``ValueError`` for malformed ``hosts``, and ``NcclTestsError`` also for a run that was
+    not one job of every rank (an ``all_reduce_perf`` built without ``MPI=1`` runs each process alone)."""
     ranks = mpi_slots(hosts)
-    low, high, factor = sizes
-    cmd = [
-        mpirun,
-        *mpirun_args,
-        "-np",
-        str(ranks),
-        "-H",
-        hosts,
+
+    def one_job_across_both(stdout: str) -> None:
+        listed = _RANK_LINE.findall(stdout)
+        seen = {int(rank) for rank, _host in listed}
+        if listed and (seen != set(range(ranks)) or len(listed) != ranks):
+            raise NcclTestsError(
+                f"all_reduce_perf listed ranks {sorted(seen)} in {len(listed)} lines, not the {ranks} ranks mpirun "
+                "started as one job: is it built with MPI=1?"
+            )
+        if listed and len({host for _rank, host in listed}) < 2:
+            raise NcclTestsError(f"all_reduce_perf ran every rank on {listed[0][1]}: not across the two nodes")
+
+    launcher = [mpirun, *mpirun_args, "-np", str(ranks), "-H", hosts]
+    return run_all_reduce_perf(
         path,
-        "-b",
-        str(low),
-        "-e",
-        str(high),
-        "-f",
-        str(factor),
-        "-g",
-        "1",
-        "-n",
-        str(iters),
-        "-w",
-        str(warmup),
-        "-c",
-        "1",
-        *check_extra_args(extra_args),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        tail = " ".join((done.stderr or done.stdout).split()[-40:])
-        raise NcclTestsError(f"mpirun {path} exited with status {done.returncode}: {tail}")
-    listed = _RANK_LINE.findall(done.stdout)
-    seen = {int(rank) for rank, _host in listed}
-    if listed and (seen != set(range(ranks)) or len(listed) != ranks):
-        raise NcclTestsError(
-            f"all_reduce_perf listed ranks {sorted(seen)} in {len(listed)} lines, not the {ranks} ranks mpirun "
-            "started as one job: is it built with MPI=1?"
-        )
-    if listed and len({host for _rank, host in listed}) < 2:
-        raise NcclTestsError(f"all_reduce_perf ran every rank on {listed[0][1]}: not across the two nodes")
-    parsed = parse_all_reduce_perf(done.stdout)
-    if parsed.wrong:
-        raise NcclTestsError(f"{path}: {parsed.wrong} wrong result(s): the all-reduce corrupted data")
-    return parsed, done.stdout
+        sizes=sizes,
+        gpus=1,
+        iters=iters,
+        warmup=warmup,
+        timeout_s=timeout_s,
+        extra_args=extra_args,
+        mpirun=launcher,
+        check=one_job_across_both,
+    )
 
 
 # --- the pair unit --------------------------------------------------------------------------------------
@@ -621,24 +478,20 @@ class _PairRun(Session[PairOptions]):
         if o.master is None or o.rank is None:  # the parser refuses this; options made by hand may not
             raise PairError("the torch path needs --master HOST:PORT and --rank")
         host, port = o.master
-        rendezvous = Rendezvous(
-            self.torch,
-            host,
-            port,
-            o.rank,
-            timeout_s=self.left(o.rendezvous_timeout),
-            linger_s=min(120.0, o.step_timeout),
-        )
+        timeout, linger = self.left(o.rendezvous_timeout), min(120.0, o.step_timeout)
+        rendezvous = Rendezvous(self.torch, host, port, o.rank, timeout_s=timeout, linger_s=linger)
         self.rows.say(
             f"pair: node rank {o.rank}, {ranks} local rank(s) ({backend}); rendezvous at {host}:{port} "
             f"within {rendezvous.timeout_s:.0f} s"
         )
-        failure: str | None = None
+        gave_up: str | None = None
         try:
-            meeting = rendezvous.meet(Side(o.run_id, o.node, o.device, ranks))
-            peer = meeting.peer.node
+            their = rendezvous.meet(Side(o.run_id, o.node, o.device, ranks))
+            peer = their.node
             self.check_peer(peer)
-            self.rows.say(f"pair: met {peer} ({meeting.peer.ranks} ranks): {meeting.world} ranks in all")
+            world = ranks + their.ranks  # one process group of every local rank of both nodes
+            offset = 0 if o.rank == 0 else their.ranks  # node rank 0's ranks come first
+            self.rows.say(f"pair: met {peer} ({their.ranks} ranks): {world} ranks in all")
             sizes = o.sizes
             # How long the sweeps may take at the slowest bandwidth a working pair has, every repeat run.
             planned = self.rule.ceiling(METRIC) * (o.iters + 1) * sum(sizes) / (_FLOOR_GBPS[o.device] * 1e9)
@@ -646,28 +499,14 @@ class _PairRun(Session[PairOptions]):
             # Node rank 0's ranks reach the store in their own pod: no DNS name needed (NCCL and gloo pick
             # their own addresses for the collective; the store only introduces the ranks).
             store_host = "127.0.0.1" if o.rank == 0 else host
-            cfg = PairConfig(
-                store_host,
-                port,
-                backend,
-                o.device,
-                ranks,
-                devices,
-                meeting.offset,
-                meeting.world,
-                sizes,
-                o.iters,
-                o.warmup_iters,
-                self.rule,
-                o.step_timeout,
-                deadline_s=max(0.0, limit - 60.0) if self.deadline is not None else 0.0,
-            )
+            deadline = max(0.0, limit - 60.0) if self.deadline is not None else 0.0
+            cfg = PairConfig(o, store_host, port, backend, ranks, devices, offset, world, deadline_s=deadline)
             measured = run_pair(self.torch, cfg, limit_s=limit, peer_failed=rendezvous.peer_failed)
         except PairError as exc:
-            failure = str(exc)
+            gave_up = str(exc)
             raise
         finally:
-            rendezvous.finish(failure)
+            rendezvous.finish(gave_up)
         for size, time_us, algbw, busbw in measured.table():
             self.rows.say(f"pair: {size:>14,} B {time_us:12.1f} us  algbw {algbw:10.4g} GB/s  busbw {busbw:10.4g} GB/s")
         for repeat, value in enumerate(measured.busbw()):
@@ -702,7 +541,8 @@ class _PairRun(Session[PairOptions]):
         try:
             self.repeat(METRIC, "pair", measure, emit, 0.0)
         except Exception as exc:
-            raise PairError(f"all_reduce_perf under mpirun: {nccl_tests_failure(exc)}") from None
+            why = why_failed(exc, NcclTestsError, OSError, ValueError)
+            raise PairError(f"all_reduce_perf under mpirun: {why}") from None
 
     def mpirun(self) -> str | None:
         """The ``mpirun`` to run ``all_reduce_perf`` under, when the nccl-tests path applies; else None."""

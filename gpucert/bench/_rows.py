@@ -1,8 +1,7 @@
-"""Row emission: every line the payload prints on stdout is one results row (docs/design/data-contracts.md, "Results").
+"""Every line the payload prints on stdout is one results row (docs/design/data-contracts.md, "Results").
 
-The writer knows the node's devices (index, UUID, model), so a caller names a metric, a GPU index (or
-none, for a node-level row), a value and a repeat. It refuses a value that is not a finite, non-negative
-number: such a measurement becomes an ``error`` row, never a number in the results.
+A value that is not a finite, non-negative number is refused: such a measurement becomes an ``error`` row,
+never a number in the results.
 """
 
 from __future__ import annotations
@@ -29,25 +28,16 @@ def say(message: str, *, err: TextIO | None = None) -> None:
     print(f"{PREFIX}: {message}", file=stream, flush=True)
 
 
-def utc_now() -> str:
-    """ISO 8601 in UTC with a ``Z``, to the microsecond."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @dataclass(frozen=True)
 class Device:
-    """One device the payload reports on.
-
-    ``index`` is the ``gpu`` column: the NVML index when NVML sees the GPU (the node's numbering, as
-    DCGM and ``nvidia-smi`` show it), else torch's. ``torch_index`` is ``None`` when torch cannot drive
-    it (its steps become ``error`` rows); ``nvml_index`` is ``None`` when NVML does not see it.
-    """
+    """One device the payload reports on. ``index`` is the ``gpu`` column: the NVML index when NVML sees
+    the GPU, else torch's; ``torch_index`` is ``None`` when torch cannot drive it (its steps become
+    ``error`` rows)."""
 
     index: int
     uuid: str | None
     model: str
     torch_index: int | None = None
-    nvml_index: int | None = None
 
 
 class RowWriter:
@@ -104,8 +94,6 @@ class RowWriter:
             self._closed = True
             self._out.flush()
 
-    # ---------------------------------------------------------------------------------------------------
-
     def _measured(self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None) -> bool:
         spec = METRICS[metric]  # an unknown metric is a bug of the payload: let it raise
         if spec.level == "gpu" and gpu is None:
@@ -124,14 +112,9 @@ class RowWriter:
 
     def _emit(self, metric: str, gpu: int | None, value: float, repeat: int, peer: str | None = None) -> None:
         uuid = None if gpu is None else self.devices[gpu].uuid
-        row = dict(
-            zip(
-                RESULT_COLUMNS,
-                (self.run_id, self.node, gpu, uuid, self.model, metric, value, repeat, peer, utc_now()),
-                strict=True,
-            )
-        )
-        line = json.dumps(row)
+        ts = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # ISO 8601 in UTC, to the microsecond
+        values = (self.run_id, self.node, gpu, uuid, self.model, metric, value, repeat, peer, ts)
+        line = json.dumps(dict(zip(RESULT_COLUMNS, values, strict=True)))
         with self._lock:
             if self._closed:
                 return

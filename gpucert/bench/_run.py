@@ -1,23 +1,14 @@
 """The payload's run, for every benchmark unit: discover, record the stack, measure, summarise.
 
-A unit is what one payload process measures: a node (:class:`Options`, below: each GPU in turn, then the
-node's all-reduce, storage and DCGM) or a pair (:class:`gpucert.bench._pair.PairOptions`: one side of a
-two-node all-reduce). :func:`run` frames both the same way — devices discovered, the stack record, the
-rows writer, the messages that open and close the log — and every benchmark of either goes through
-:class:`Session`'s repeat loop: ``--repeats`` times; when those disagree (:mod:`._stability`, the verdict
-engine's rule) it runs more, as many as could settle them, again while they still disagree, up to
-``--max-repeats`` in all, so that instability is resolved here rather than judged "re-run" later. Extra
-repeats start only while they, and the base work still ahead (the other GPUs, the all-reduce, DCGM),
-fit before ``--deadline-seconds``. The rows simply number the repeats ``0..n-1``.
-
-Around the node's benchmarks its RDMA ports are read from sysfs (:mod:`._nic`: ports down, trained down,
-error counters rising during the run), and with ``--storage-path`` a mounted volume's sequential read
-throughput is measured after the all-reduce (:mod:`._storage`).
-
-Every step that cannot run writes an ``error`` row (gpu level for a per-GPU step, node level otherwise)
-and a reason on stderr, and the run goes on with the next step. A step that hangs (a GPU that stopped
-answering) is caught by a watchdog: it writes the step's ``error`` row and the telemetry gathered so far,
-then ends the process with status 0, since a hung CUDA call cannot be interrupted.
+:func:`run` frames a node (:class:`Options`: each GPU in turn, then the node's all-reduce, storage and
+DCGM, the RDMA ports read around them) and a pair (:class:`gpucert.bench._pair.PairOptions`) the same way.
+Every benchmark goes through :class:`Session`'s repeat loop: ``--repeats`` times, then, while they disagree
+(:mod:`._stability`), as many more as could settle them, up to ``--max-repeats`` in all, so that
+instability is resolved here rather than judged "re-run" later; extra repeats start only while they, and
+the base work still ahead, fit before ``--deadline-seconds``. A step that cannot run writes an ``error``
+row and the run goes on. A step that hangs is caught by a watchdog: it writes the step's ``error`` row and
+the telemetry gathered so far, then ends the process with status 0, since a hung CUDA call cannot be
+interrupted.
 """
 
 from __future__ import annotations
@@ -42,18 +33,11 @@ from ._nccl_tests import NcclTestsError, run_all_reduce_perf
 from ._nic import SYSFS_ROOT, NicReading, nic_rows, read_nics
 from ._nvml import Sampler, describe
 from ._rows import RowWriter
-from ._stability import (
-    DEFAULT_CV_REP,
-    DEFAULT_MAX_REPEATS,
-    DEFAULT_REPEATS_OF,
-    DEFAULT_TRANSIENT_PCT,
-    DEFAULT_UNSTABLE_FACTOR,
-    RepeatRule,
-)
+from ._stability import RepeatRule
 from ._storage import StorageBench, StorageError
-from ._torch_steps import copy_gbps, gemm_tflops, heat, transfer_gbps
+from ._torch_steps import copy_gbps, gemm_tflops, transfer_gbps
 
-__all__ = ["STEPS", "Options", "Session", "StepError", "UnitOptions", "run"]
+__all__ = ["STEPS", "Options", "Session", "StepError", "UnitOptions", "run", "why_failed"]
 
 #: Steps ``--skip`` accepts.
 STEPS = ("gemm", "copy", "h2d", "d2h", "allreduce", "telemetry", "dcgm", "nic", "storage")
@@ -82,16 +66,8 @@ class UnitOptions:
     device: str = "cuda"
     #: pretend GPUs (one process each) on the CPU
     cpu_devices: int = 2
-    repeats: int = 3
-    #: more repeats while they disagree, up to this many in all (never fewer than ``repeats``)
-    max_repeats: int = DEFAULT_MAX_REPEATS
-    #: (metric, expected run-to-run CV): the policy's ``metrics.<name>.cv_rep``
-    cv_rep: tuple[tuple[str, float], ...] = tuple(DEFAULT_CV_REP.items())
-    unstable_factor: float = DEFAULT_UNSTABLE_FACTOR
-    transient_pct: float = DEFAULT_TRANSIENT_PCT
-    #: (metric, base repeats) for metrics measured more often than ``repeats``: the policy's
-    #: ``metrics.<name>.repeats``
-    repeats_of: tuple[tuple[str, int], ...] = tuple(DEFAULT_REPEATS_OF.items())
+    #: ``--repeats``, ``--max-repeats`` and the policy's expected CVs and knobs
+    rule: RepeatRule = field(default_factory=RepeatRule)
     #: seconds from the payload's start by which it must be done; 0: no deadline
     deadline_s: float = 0.0
     #: a node's: seconds before a step counts as hung, 0 derived from the step's length; a pair's: each
@@ -102,12 +78,6 @@ class UnitOptions:
     nccl_tests_args: tuple[str, ...] = ()
     stack_json: str | None = None
     hostname: str | None = None
-
-    @property
-    def rule(self) -> RepeatRule:
-        return RepeatRule(
-            self.repeats, self.max_repeats, self.cv_rep, self.unstable_factor, self.transient_pct, self.repeats_of
-        )
 
     @property
     def use_nvml(self) -> bool:
@@ -179,9 +149,7 @@ class Session(Generic[_O]):
 
     def fits(self, seconds: float) -> bool:
         """Whether ``seconds`` more work ends before the deadline (less its margin)."""
-        if self.deadline is None:
-            return True
-        return time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
+        return self.deadline is None or time.monotonic() + seconds + DEADLINE_MARGIN_S <= self.deadline
 
     def left(self, wanted: float) -> float:
         """``wanted`` seconds, or fewer when the deadline (less its margin) comes first (at least 1)."""
@@ -217,11 +185,8 @@ class Session(Generic[_O]):
     def more(
         self, metric: str, values: list[float], where: str, each: float, ahead: float, per_batch: float = 0.0
     ) -> int:
-        """How many more repeats of ``metric`` to run now: 0 when they agree, at the maximum, or out of time.
-
-        ``each``: seconds a repeat takes, ``per_batch`` on top for a batch of them; ``ahead``: seconds of
-        base work still to come after this step.
-        """
+        """How many more repeats of ``metric`` to run now: 0 when they agree, at the maximum, or out of time
+        (``each``: seconds a repeat takes, ``per_batch`` on top for a batch; ``ahead``: base work to come)."""
 
         def late(more: int) -> str | None:
             if self.fits(per_batch + more * each + ahead):
@@ -268,45 +233,27 @@ class Session(Generic[_O]):
         return False
 
 
-def nccl_tests_failure(exc: Exception) -> str:
-    """Why an ``all_reduce_perf`` run failed, in words: its own message, or the exception's (a timeout)."""
-    return str(exc) if isinstance(exc, NcclTestsError | OSError | ValueError) else describe(exc)
+def why_failed(exc: Exception, *ours: type[Exception]) -> str:
+    """Why a step failed, in words: the message of an error it raises itself (``ours``: a tool's failure,
+    a bad path), else the exception's type and message (a timeout, a bug)."""
+    return str(exc) if isinstance(exc, ours) else describe(exc)
 
 
 class Watchdog:
-    """Calls ``on_expiry(step, gpu, seconds)`` from its own thread when a guarded block runs too long."""
+    """Calls ``on_expiry(step, gpu, seconds)`` from a timer's thread when a guarded block runs too long."""
 
     def __init__(self, on_expiry: Callable[[str, int | None, float], None]) -> None:
         self._on_expiry = on_expiry
-        self._cond = threading.Condition()
-        self._armed: tuple[str, int | None, float, float] | None = None
-        self._thread = threading.Thread(target=self._loop, name="gpucert-watchdog", daemon=True)
-        self._thread.start()
 
     @contextlib.contextmanager
     def guard(self, step: str, gpu: int | None, seconds: float) -> Iterator[None]:
-        with self._cond:
-            self._armed = (step, gpu, seconds, time.monotonic() + seconds)
-            self._cond.notify()
+        timer = threading.Timer(seconds, self._on_expiry, (step, gpu, seconds))
+        timer.daemon = True
+        timer.start()
         try:
             yield
         finally:
-            with self._cond:
-                self._armed = None
-                self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._armed is None:
-                    self._cond.wait()
-                step, gpu, seconds, deadline = self._armed
-                left = deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._armed = None
-            self._on_expiry(step, gpu, seconds)
+            timer.cancel()
 
 
 class _Run(Session[Options]):
@@ -317,11 +264,10 @@ class _Run(Session[Options]):
         #: the longest a GPU's base repeats have taken so far (its steps' ``repeats``, warm-up included)
         self._gpu_seconds = 0.0
         self.sampler: Sampler | None = None
-        self._telemetry_written = False
-        self._telemetry_lock = threading.Lock()
         self._nic_before: NicReading | None = None
-        self._nic_written = False
-        self._nic_lock = threading.Lock()
+        #: the summaries written (telemetry, nic): once, whoever comes first (the run's end or the watchdog)
+        self._summarised: set[str] = set()
+        self._summary_lock = threading.Lock()
         self.exit: Callable[[int], None] = os._exit
         self.watchdog = Watchdog(self._hung)
 
@@ -343,35 +289,13 @@ class _Run(Session[Options]):
 
     def per_gpu_steps(self) -> None:
         o = self.opts
+        t, gs, bw, h2d = self.torch, o.gemm_seconds, o.bw_seconds, o.h2d_bytes
+        # (step, metric, load, seconds per repeat, one measurement on a device)
         steps: list[tuple[str, str, str, float, Callable[[Any], float]]] = [
-            (
-                "gemm",
-                "gemm_bf16_tflops",
-                "compute",
-                o.gemm_seconds,
-                lambda d: gemm_tflops(self.torch, d, o.gemm_shape, o.gemm_seconds),
-            ),
-            (
-                "copy",
-                "hbm_copy_gbps",
-                "compute",
-                o.bw_seconds,
-                lambda d: copy_gbps(self.torch, d, o.copy_bytes, o.bw_seconds),
-            ),
-            (
-                "h2d",
-                "h2d_gbps",
-                "pcie",
-                o.bw_seconds,
-                lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=True),
-            ),
-            (
-                "d2h",
-                "d2h_gbps",
-                "pcie",
-                o.bw_seconds,
-                lambda d: transfer_gbps(self.torch, d, o.h2d_bytes, o.bw_seconds, to_device=False),
-            ),
+            ("gemm", "gemm_bf16_tflops", "compute", gs, lambda d: gemm_tflops(t, d, o.gemm_shape, gs)),
+            ("copy", "hbm_copy_gbps", "compute", bw, lambda d: copy_gbps(t, d, o.copy_bytes, bw)),
+            ("h2d", "h2d_gbps", "pcie", bw, lambda d: transfer_gbps(t, d, h2d, bw, to_device=True)),
+            ("d2h", "d2h_gbps", "pcie", bw, lambda d: transfer_gbps(t, d, h2d, bw, to_device=False)),
         ]
         chosen = [s for s in steps if s[0] not in o.skip]
         if not chosen:
@@ -401,7 +325,8 @@ class _Run(Session[Options]):
                     with self._current(device), self._loaded([index], load):
                         if step == "gemm" and o.gemm_warmup_seconds > 0:
                             with self.watchdog.guard(metric, index, self._timeout(o.gemm_warmup_seconds)):
-                                heat(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
+                                # Untimed: the GPU reaches its working temperature before it is measured.
+                                gemm_tflops(self.torch, device, o.gemm_shape, o.gemm_warmup_seconds)
                         measure = functools.partial(self._guarded, metric, index, seconds, fn, device)
                         emit = functools.partial(self.rows.gpu, metric, index)
                         base_done = self.repeat(metric, f"GPU {index}", measure, emit, ahead)
@@ -410,7 +335,9 @@ class _Run(Session[Options]):
                 except Exception as exc:
                     self.rows.error(metric, describe(exc), index)
                 finally:
-                    self._free_memory()
+                    if o.device == "cuda":
+                        with contextlib.suppress(Exception):
+                            self.torch.cuda.empty_cache()
             self._gpu_seconds = max(self._gpu_seconds, gpu_seconds)
 
     def _guarded(self, metric: str, index: int, seconds: float, fn: Callable[[Any], float], device: Any) -> float:
@@ -435,22 +362,13 @@ class _Run(Session[Options]):
             self.rows.say(f"{ranks} device(s): no intra-node all-reduce to measure")
             return
         base = self.rule.base(metric)
-        timeout = self._timeout(max(30.0, base * o.allreduce_iters * 0.5))
-        cfg = AllReduceConfig(
-            ranks,
-            backend,
-            o.device,
-            o.allreduce_bytes,
-            base,
-            iters=o.allreduce_iters,
-            timeout_s=timeout,
-            devices=devices,
-        )
+        cfg = AllReduceConfig(ranks, backend, o.device, o.allreduce_bytes, base, o.allreduce_iters, devices=devices)
         self.rows.say(f"all-reduce: {ranks} ranks ({backend}), {o.allreduce_bytes:,} bytes × {base}")
         values: list[float] = []
         batch = base
         first = 0.0
         while batch:
+            cfg = replace(cfg, repeats=batch, timeout_s=self._timeout(max(30.0, batch * o.allreduce_iters * 0.5)))
             t = time.monotonic()
             try:
                 with self._loaded(sorted(found.devices), "compute"):
@@ -464,8 +382,6 @@ class _Run(Session[Options]):
                     values.append(value)
             # Each batch starts its ranks afresh: its start-up and warm-up cost about the whole first batch.
             batch = self.more(metric, values, "node", first / base, self._after_allreduce(), per_batch=first)
-            timeout = self._timeout(max(30.0, batch * o.allreduce_iters * 0.5))
-            cfg = replace(cfg, repeats=batch, timeout_s=timeout)
 
     def _nccl_tests(self) -> None:
         o, metric = self.opts, "nccl_allreduce_busbw_gbps"
@@ -474,8 +390,8 @@ class _Run(Session[Options]):
             with self._loaded(sorted(self.found.devices), "compute"):
                 parsed, _out = run_all_reduce_perf(
                     o.nccl_tests or "",
+                    sizes=(o.allreduce_bytes, o.allreduce_bytes, 2),
                     gpus=len(self.found.devices),
-                    nbytes=o.allreduce_bytes,
                     iters=o.allreduce_iters,
                     timeout_s=self._timeout(120.0),
                     extra_args=o.nccl_tests_args,
@@ -487,7 +403,7 @@ class _Run(Session[Options]):
         try:
             self.repeat(metric, "node", measure, emit, self._after_allreduce())
         except Exception as exc:
-            self.rows.error(metric, f"all_reduce_perf: {nccl_tests_failure(exc)}")
+            self.rows.error(metric, f"all_reduce_perf: {why_failed(exc, NcclTestsError, OSError, ValueError)}")
 
     def storage(self) -> None:
         """``storage_read_gbps`` of ``--storage-path``: the file written once, then read per repeat."""
@@ -513,10 +429,8 @@ class _Run(Session[Options]):
             with self.watchdog.guard(metric, None, timeout):
                 bench.prepare()
             self.repeat(metric, "node", measure, functools.partial(self.rows.node_row, metric), self._dcgm_work())
-        except StorageError as exc:
-            self.rows.error(metric, str(exc))
         except Exception as exc:
-            self.rows.error(metric, describe(exc))
+            self.rows.error(metric, why_failed(exc, StorageError))
         finally:
             bench.close()
 
@@ -525,11 +439,8 @@ class _Run(Session[Options]):
             return
         try:
             diag = run_dcgm_diag(self.opts.dcgm_level)
-        except (DcgmError, OSError, ValueError) as exc:
-            self.rows.error("dcgm_diag", str(exc))
-            return
         except Exception as exc:
-            self.rows.error("dcgm_diag", describe(exc))
+            self.rows.error("dcgm_diag", why_failed(exc, DcgmError, OSError, ValueError))
             return
         if diag is None:
             self.rows.say("dcgmi is not on the PATH: DCGM diagnostics skipped")
@@ -560,10 +471,10 @@ class _Run(Session[Options]):
             self.sampler.start()
 
     def finish_telemetry(self) -> None:
-        with self._telemetry_lock:
-            if self._telemetry_written or self.sampler is None:
+        with self._summary_lock:
+            if "telemetry" in self._summarised or self.sampler is None:
                 return
-            self._telemetry_written = True
+            self._summarised.add("telemetry")
             summary = self.sampler.stop()
             if self.sampler.event_problem:
                 self.rows.say(f"XID events: {self.sampler.event_problem}")
@@ -588,10 +499,10 @@ class _Run(Session[Options]):
 
     def finish_nic(self) -> None:
         """The second reading, and the node's NIC rows from the two (once, whoever calls first)."""
-        with self._nic_lock:
-            if self._nic_written or self._nic_before is None:
+        with self._summary_lock:
+            if "nic" in self._summarised or self._nic_before is None:
                 return
-            self._nic_written = True
+            self._summarised.add("nic")
             after = read_nics(self.opts.ib_sysfs, self.opts.ib_devices)
             if after is None:
                 after = NicReading({}, (f"{self.opts.ib_sysfs} disappeared during the run",))
@@ -622,15 +533,12 @@ class _Run(Session[Options]):
         return allreduce + self._after_allreduce()
 
     def _after_allreduce(self) -> float:
-        return self._storage_work() + self._dcgm_work()
-
-    def _storage_work(self) -> float:
-        """Planned seconds of the storage step: the file written once, then read per base repeat."""
+        """Planned seconds of the storage step (the file written once, then read per base repeat) and DCGM."""
         o = self.opts
-        if o.storage_path is None or "storage" in o.skip:
-            return 0.0
-        passes = 1 + self.rule.base("storage_read_gbps")
-        return _OVERHEAD * passes * o.storage_bytes / _STORAGE_PLAN_BPS
+        storage = 0.0
+        if o.storage_path is not None and "storage" not in o.skip:
+            storage = _OVERHEAD * (1 + self.rule.base("storage_read_gbps")) * o.storage_bytes / _STORAGE_PLAN_BPS
+        return storage + self._dcgm_work()
 
     def _dcgm_work(self) -> float:
         o = self.opts
@@ -640,34 +548,17 @@ class _Run(Session[Options]):
     # Helpers --------------------------------------------------------------------------------------------
 
     def _torch_device(self, torch_index: int) -> Any:
-        if self.opts.device == "cuda":
-            return self.torch.device("cuda", torch_index)
-        return self.torch.device("cpu")
+        return self.torch.device("cuda", torch_index) if self.opts.device == "cuda" else self.torch.device("cpu")
 
     def _current(self, device: Any) -> contextlib.AbstractContextManager[Any]:
         """Make ``device`` CUDA's current device, so every stream and event of the step is on it."""
-        if device.type == "cuda":
-            cm: contextlib.AbstractContextManager[Any] = self.torch.cuda.device(device)
-            return cm
-        return contextlib.nullcontext()
+        return self.torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def _loaded(self, gpus: list[int], kind: str) -> Iterator[None]:
-        if self.sampler is None:
-            yield
-            return
-        with self.sampler.loading(gpus, kind):
-            yield
-
-    def _free_memory(self) -> None:
-        if self.torch is not None and self.opts.device == "cuda":
-            with contextlib.suppress(Exception):
-                self.torch.cuda.empty_cache()
+    def _loaded(self, gpus: list[int], kind: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.sampler is None else self.sampler.loading(gpus, kind)
 
     def _timeout(self, seconds: float) -> float:
-        if self.opts.step_timeout > 0:
-            return self.opts.step_timeout
-        return max(120.0, 4.0 * seconds + 60.0)
+        return self.opts.step_timeout if self.opts.step_timeout > 0 else max(120.0, 4.0 * seconds + 60.0)
 
     def _hung(self, step: str, gpu: int | None, seconds: float) -> None:
         self.rows.error(step, f"timed out after {seconds:.0f} s: the device stopped answering; run aborted", gpu)

@@ -1,10 +1,8 @@
 """When a benchmark's repeats disagree, and how many more it takes to settle them
 (docs/design/verdict-engine.md, "Stage 1: repeats").
 
-The payload runs ``--repeats`` of each benchmark, then asks :meth:`RepeatRule.more` whether they agree;
-when they do not, it runs more, up to ``--max-repeats``, so instability is resolved before anyone judges.
 The rule is the verdict engine's (``gpucert/verdict/_repeats.py`` imports its constants from here), with
-the policy's expected run-to-run CVs, mirrored below so the payload needs neither pandas nor the policy
+the policy's expected run-to-run CVs mirrored below so the payload needs neither pandas nor the policy
 file; a result is UNSTABLE when, with ``m`` the median of its ``n ≥ 3`` repeats and ``e`` the expected CV:
 
 * at least half of its repeats are *transients*, farther below ``m`` than ``max(transient_pct, 5e)``
@@ -13,10 +11,8 @@ file; a result is UNSTABLE when, with ``m`` the median of its ``n ≥ 3`` repeat
 * or the robust CV (1.4826·MAD/median) of the other repeats exceeds ``unstable_factor`` × ``e``.
 
 The verdict engine holds a result to the larger of ``e`` and tonight's cohort noise, which the payload
-cannot know; so the payload (:meth:`RepeatRule.judge`) calls a result stable only when it would be at
+cannot know; so the payload (:meth:`RepeatRule.stability`) calls a result stable only when it would be at
 every larger ``e`` too, else the verdict could still find unstable what the payload stopped measuring.
-
-Standard library only: this module runs inside the benchmark pod.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ __all__ = [
     "TRANSIENT_SIGMAS",
     "RepeatRule",
     "Stability",
-    "judge_repeats",
+    "repeat_stability",
 ]
 
 MAD_TO_SIGMA = 1.4826
@@ -72,7 +68,7 @@ DEFAULT_REPEATS_OF: Mapping[str, int] = {"h2d_gbps": 12, "d2h_gbps": 12}
 
 @dataclass(frozen=True)
 class Stability:
-    """The judgement of one result's repeats."""
+    """Whether one result's repeats agree, and why not."""
 
     n: int
     #: repeats farther below the median than the noise allows
@@ -87,56 +83,50 @@ class Stability:
 
     @property
     def settle(self) -> int:
-        """The fewest more repeats that could make this result stable (0 when it is).
-
-        With ``k`` suspected transients the median is out of their reach from ``2k + 1`` repeats on; the
-        suspects are the far-below repeats, or, when one stands far above, every repeat that does not.
-        """
+        """The fewest more repeats that could make this result stable (0 when it is): with ``k`` suspected
+        transients the median is out of their reach from ``2k + 1`` repeats on; the suspects are the
+        far-below repeats, or, when one stands far above, every repeat that does not."""
         if not self.unstable:
             return 0
         suspects = max(self.n_far, self.n - self.n_above if self.n_above else 0)
         return max(1, 2 * suspects + 1 - self.n)
 
 
-def judge_repeats(
+def repeat_stability(
     values: Sequence[float],
     cv_rep: float,
     *,
-    direction: int = 1,
     unstable_factor: float = DEFAULT_UNSTABLE_FACTOR,
     transient_pct: float = DEFAULT_TRANSIENT_PCT,
     or_noisier: bool = False,
 ) -> Stability:
-    """Judge ``values`` (one result's repeats) against the expected run-to-run CV ``cv_rep``.
-
-    ``or_noisier`` (the payload's view): unstable also when it would be at any larger expected CV.
-    """
-    judged = _judge(values, cv_rep, direction, unstable_factor, transient_pct)
-    if judged.unstable or not or_noisier or judged.n_far == 0:
-        return judged
+    """The stability of ``values`` (one result's repeats) at the expected run-to-run CV ``cv_rep``; with
+    ``or_noisier`` (the payload's view), unstable also when it would be at any larger expected CV."""
+    found = _stability_at(values, cv_rep, unstable_factor, transient_pct)
+    if found.unstable or not or_noisier or found.n_far == 0:
+        return found
     # The verdict holds a result to the larger of the policy's CV and tonight's cohort noise, and at a
     # larger CV a transient becomes an ordinary repeat that may spread the others past the limit: so each
     # transient's breakpoint (the CV at which it stops being one) is tried too.
     median = statistics.median(values)
     limit = max(transient_pct / 100, TRANSIENT_SIGMAS * cv_rep)
-    far = sorted(-direction * (v - median) / median for v in values)
+    far = sorted((median - v) / median for v in values)
     for distance in (d for d in far if d > limit):
-        again = _judge(values, distance / TRANSIENT_SIGMAS * (1 + 1e-9), direction, unstable_factor, transient_pct)
+        again = _stability_at(values, distance / TRANSIENT_SIGMAS * (1 + 1e-9), unstable_factor, transient_pct)
         if again.unstable:
-            return Stability(judged.n, judged.n_far, judged.n_above, judged.cv, True, f"{again.why}, were it noisier")
-    return judged
+            return Stability(found.n, found.n_far, found.n_above, found.cv, True, f"{again.why}, were it noisier")
+    return found
 
 
-def _judge(
-    values: Sequence[float], cv_rep: float, direction: int, unstable_factor: float, transient_pct: float
-) -> Stability:
+def _stability_at(values: Sequence[float], cv_rep: float, unstable_factor: float, transient_pct: float) -> Stability:
+    """The stability of ``values`` at ``cv_rep``, a higher-is-better metric's (every performance metric is)."""
     n = len(values)
     if n < MIN_JUDGED or not math.isfinite(cv_rep):
         return Stability(n, 0, 0, math.nan, False)
     median = statistics.median(values)
     if median == 0:
         return Stability(n, 0, 0, math.nan, False)
-    rel = [direction * (v - median) / median for v in values]
+    rel = [(v - median) / median for v in values]
     limit = max(transient_pct / 100, TRANSIENT_SIGMAS * cv_rep)
     good = [v for v, r in zip(values, rel, strict=True) if r >= -limit]
     n_far = n - len(good)
@@ -182,9 +172,9 @@ class RepeatRule:
     def expected(self, metric: str) -> float:
         return dict(self.cv_rep).get(metric, math.inf)
 
-    def judge(self, metric: str, values: Sequence[float]) -> Stability:
+    def stability(self, metric: str, values: Sequence[float]) -> Stability:
         """The payload's view: unstable at the expected CV or any larger one the verdict may use."""
-        return judge_repeats(
+        return repeat_stability(
             values,
             self.expected(metric),
             unstable_factor=self.unstable_factor,
@@ -193,28 +183,25 @@ class RepeatRule:
         )
 
     def more(self, metric: str, values: Sequence[float]) -> tuple[int, Stability]:
-        """(repeats to add now, the judgement): 0 when they agree or the ceiling is reached."""
-        verdict = self.judge(metric, values)
-        return min(verdict.settle, max(0, self.ceiling(metric) - len(values))), verdict
+        """(repeats to add now, their stability): 0 when they agree or the ceiling is reached."""
+        stability = self.stability(metric, values)
+        return min(stability.settle, max(0, self.ceiling(metric) - len(values))), stability
 
     def decide(
         self, metric: str, values: Sequence[float], where: str, late: Callable[[int], str | None]
     ) -> tuple[int, str]:
-        """(repeats to add now, the line the payload says about it; empty when they agree).
-
-        Every benchmark of every unit decides here: 0 more when the repeats agree, at the ceiling, or when
-        ``late(more)`` says the extra repeats would not fit before the deadline (returning the detail to
-        say, ``""`` for none; None when they fit). ``where`` starts the line (``GPU 0``, ``node``, ``pair``).
-        """
-        more, verdict = self.more(metric, values)
-        if not verdict.unstable:
+        """(repeats to add now, the line the payload says about it; empty when they agree): every benchmark
+        of every unit decides here. 0 more when the repeats agree, at the ceiling, or when ``late(more)`` says
+        the extra repeats would not fit before the deadline (the detail to say, ``""`` for none; None when
+        they fit). ``where`` starts the line (``GPU 0``, ``node``, ``pair``)."""
+        more, stability = self.more(metric, values)
+        if not stability.unstable:
             return 0, ""
-        n, ceiling, head = len(values), self.ceiling(metric), f"{where}: {metric}: repeats"
+        n, ceiling, why = len(values), self.ceiling(metric), stability.why
+        head = f"{where}: {metric}: repeats"
         if more == 0:
-            return 0, f"{head} still disagree after {n} ({verdict.why}): at the maximum of {ceiling}"
+            return 0, f"{head} still disagree after {n} ({why}): at the maximum of {ceiling}"
         detail = late(more)
         if detail is not None:
-            return 0, (
-                f"{head} disagree after {n} ({verdict.why}), but {more} more would not fit before the deadline{detail}"
-            )
-        return more, f"{head} disagree ({verdict.why}): {more} more, {n + more} of at most {ceiling}"
+            return 0, f"{head} disagree after {n} ({why}), but {more} more would not fit before the deadline{detail}"
+        return more, f"{head} disagree ({why}): {more} more, {n + more} of at most {ceiling}"

@@ -1,25 +1,12 @@
-"""Sequential read throughput of a mounted volume (a PVC or a host path): ``storage_read_gbps``.
+"""Sequential read throughput of a mounted volume (a PVC or a host path): ``storage_read_gbps``, GB/s.
 
-Training reads its data and checkpoints through the node's storage path (the NVMe, the NIC to a parallel
-file system, the host's page cache and memory), so a node whose reads are slow stalls every rank it holds
-(docs/reference/metrics.md: ``storage_read_gbps``, node level, optional). What is measured must be the storage,
-not the page cache the file was just written through, so each repeat reads a file written once, end to
-end, in 16 MiB sequential reads, by the first method that works:
-
-1. **fio** (when ``fio`` is on the PATH): ``--rw=read --direct=1``, its JSON output's read ``bw_bytes``;
-   where the file system refuses direct I/O, ``--direct=0`` with ``--invalidate=1`` (fio drops the file's
-   cached pages before reading).
-2. **O_DIRECT** reads into page-aligned buffers (``mmap``-allocated: O_DIRECT needs aligned memory,
-   offsets and lengths), which bypass the page cache.
-3. Where the file system refuses O_DIRECT (tmpfs does, at ``open``), **posix_fadvise(DONTNEED)** on the
-   file (written and fsynced, so its pages are clean and can be dropped) before each read. A file system
-   that ignores it (tmpfs keeps its data nowhere else) then measures memory: the log line says which
-   method ran, so such a number is never taken for a disk's.
-
-GB/s are 10^9 bytes read per second. The file is named after the process, written once, read each
-repeat, and removed at the end. A path that is missing, is not a directory or cannot be written is a
-:class:`StorageError` naming it; the payload writes it as an ``error`` row, as it does for every step that
-cannot run.
+What is measured must be the storage, not the page cache the file was just written through: each repeat
+reads a file written once, in 16 MiB sequential reads, with **fio** when it is on the PATH (``--direct=1``;
+where the file system refuses direct I/O, ``--invalidate=1``: fio drops the file's cached pages first),
+else with **O_DIRECT** into page-aligned (``mmap``) buffers, else (tmpfs refuses O_DIRECT at ``open``)
+after **posix_fadvise(DONTNEED)** on the fsynced file. A file system that ignores that (tmpfs keeps its data
+nowhere else) then measures memory: the log line says which method ran, so such a number is never taken
+for a disk's. A path that is missing, is not a directory or cannot be written is a :class:`StorageError`.
 """
 
 from __future__ import annotations
@@ -117,9 +104,7 @@ class StorageBench:
         """GB/s of one read of the whole file; raises :class:`StorageError`."""
         if self._file is None:
             raise StorageError("the storage step was not prepared")
-        if self.fio is not None:
-            return self._fio()
-        return self._read()
+        return self._fio() if self.fio is not None else self._read()
 
     def close(self) -> None:
         if self._file is not None:
@@ -131,17 +116,9 @@ class StorageBench:
     def _fio(self) -> float:
         assert self._file is not None
         assert self.fio is not None
-        args = [
-            self.fio,
-            "--name=gpucert-read",
-            f"--filename={self._file}",
-            "--rw=read",
-            f"--bs={self.block_bytes}",
-            f"--size={self.size_bytes}",
-            "--ioengine=psync",
-            "--numjobs=1",
-            "--output-format=json",
-        ]
+        job = f"--rw=read --bs={self.block_bytes} --size={self.size_bytes} --ioengine=psync --numjobs=1"
+        args = [self.fio, "--name=gpucert-read", f"--filename={self._file}", *job.split(), "--output-format=json"]
+        refused = ""
         if self._direct:
             done = self._run_fio([*args, "--direct=1"])
             if done.returncode == 0:
@@ -149,8 +126,6 @@ class StorageBench:
                 return self._parsed(done)
             self._direct = False  # the file system refuses direct I/O (tmpfs): drop the cache instead
             refused = _tail(done.stderr or done.stdout)
-        else:
-            refused = ""
         done = self._run_fio([*args, "--direct=0", "--invalidate=1"])
         if done.returncode != 0:
             why = _tail(done.stderr or done.stdout)

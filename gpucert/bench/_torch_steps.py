@@ -1,9 +1,8 @@
 """The per-GPU benchmarks, on torch: BF16 GEMM, HBM copy, pinned host↔device copies.
 
-Each function measures once and returns the figure; the caller repeats and writes rows. On a CUDA
-device the time is taken with CUDA events around a sustained loop (synchronising between batches of
-about 0.1 s, so the host knows when to stop); on the CPU with ``time.perf_counter``. Nothing here
-catches errors: a failure (no CUDA, out of memory, a lost GPU) propagates and becomes an ``error`` row.
+Each function measures once. On a CUDA device the time is taken with CUDA events around a sustained loop
+(synchronising between batches of about 0.1 s, so the host knows when to stop); on the CPU with
+``time.perf_counter``. A failure (no CUDA, out of memory, a lost GPU) propagates: an ``error`` row.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StepUnavailable", "Timed", "copy_gbps", "gemm_tflops", "load_torch", "transfer_gbps"]
+__all__ = ["StepUnavailable", "copy_gbps", "gemm_tflops", "load_torch", "synchronize", "transfer_gbps"]
 
 #: The host-side time one batch of work should take between synchronisations.
 _BATCH_SECONDS = 0.1
@@ -33,25 +31,19 @@ def load_torch() -> Any:
     return torch
 
 
-@dataclass(frozen=True)
-class Timed:
-    iterations: int
-    seconds: float
-
-
-def _sync(torch: Any, device: Any) -> None:
+def synchronize(torch: Any, device: Any) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def sustain(torch: Any, device: Any, op: Callable[[], object], seconds: float, *, warmup: int = 2) -> Timed:
-    """Run ``op`` back to back for at least ``seconds`` (after ``warmup`` calls); return count and time."""
+def sustain(torch: Any, device: Any, op: Callable[[], object], seconds: float, *, warmup: int = 2) -> tuple[int, float]:
+    """Run ``op`` back to back for at least ``seconds`` (after ``warmup`` calls); return (count, seconds)."""
     for _ in range(max(1, warmup)):
         op()
-    _sync(torch, device)
+    synchronize(torch, device)
     t0 = time.perf_counter()
     op()
-    _sync(torch, device)
+    synchronize(torch, device)
     one = max(time.perf_counter() - t0, 1e-7)
     batch = max(1, min(10_000, int(_BATCH_SECONDS / one)))
     cuda = device.type == "cuda"
@@ -67,7 +59,7 @@ def sustain(torch: Any, device: Any, op: Callable[[], object], seconds: float, *
         for _ in range(batch):
             op()
         iterations += batch
-        _sync(torch, device)
+        synchronize(torch, device)
         if time.perf_counter() - t0 >= seconds:
             break
     if cuda:
@@ -78,7 +70,7 @@ def sustain(torch: Any, device: Any, op: Callable[[], object], seconds: float, *
         elapsed = time.perf_counter() - t0
     if not math.isfinite(elapsed) or elapsed <= 0:
         raise RuntimeError(f"the timer measured {elapsed!r} s for {iterations} iterations")
-    return Timed(iterations, elapsed)
+    return iterations, elapsed
 
 
 def gemm_tflops(torch: Any, device: Any, shape: tuple[int, int, int], seconds: float) -> float:
@@ -88,14 +80,8 @@ def gemm_tflops(torch: Any, device: Any, shape: tuple[int, int, int], seconds: f
     a = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
     b = torch.randn(k, n, device=device, dtype=torch.bfloat16, generator=gen)
     c = torch.empty(m, n, device=device, dtype=torch.bfloat16)
-    timed = sustain(torch, device, lambda: torch.mm(a, b, out=c), seconds, warmup=3)
-    return 2.0 * m * n * k * timed.iterations / timed.seconds / 1e12
-
-
-def heat(torch: Any, device: Any, shape: tuple[int, int, int], seconds: float) -> None:
-    """Run the GEMM for ``seconds`` without measuring: the GPU reaches its working temperature first."""
-    if seconds > 0:
-        gemm_tflops(torch, device, shape, seconds)
+    iterations, elapsed = sustain(torch, device, lambda: torch.mm(a, b, out=c), seconds, warmup=3)
+    return 2.0 * m * n * k * iterations / elapsed / 1e12
 
 
 def copy_gbps(torch: Any, device: Any, nbytes: int, seconds: float) -> float:
@@ -103,21 +89,19 @@ def copy_gbps(torch: Any, device: Any, nbytes: int, seconds: float) -> float:
     count = max(1, nbytes // 4)
     src = torch.ones(count, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    timed = sustain(torch, device, lambda: dst.copy_(src), seconds)
-    return 2.0 * count * 4 * timed.iterations / timed.seconds / 1e9
+    iterations, elapsed = sustain(torch, device, lambda: dst.copy_(src), seconds)
+    return 2.0 * count * 4 * iterations / elapsed / 1e9
 
 
 def transfer_gbps(torch: Any, device: Any, nbytes: int, seconds: float, *, to_device: bool) -> float:
-    """Pinned host memory to the device (``to_device``) or back: bytes moved / s / 1e9.
-
-    On the CPU (the pipeline test) both buffers are host memory and nothing is pinned.
-    """
+    """Pinned host memory to the device (``to_device``) or back: bytes moved / s / 1e9. On the CPU (the
+    pipeline test) both buffers are host memory and nothing is pinned."""
     count = max(1, nbytes // 4)
     pin = device.type == "cuda"
     host = torch.ones(count, dtype=torch.float32, pin_memory=pin)
     dev = torch.ones(count, dtype=torch.float32, device=device)
     if to_device:
-        timed = sustain(torch, device, lambda: dev.copy_(host, non_blocking=pin), seconds)
+        iterations, elapsed = sustain(torch, device, lambda: dev.copy_(host, non_blocking=pin), seconds)
     else:
-        timed = sustain(torch, device, lambda: host.copy_(dev, non_blocking=pin), seconds)
-    return count * 4 * timed.iterations / timed.seconds / 1e9
+        iterations, elapsed = sustain(torch, device, lambda: host.copy_(dev, non_blocking=pin), seconds)
+    return count * 4 * iterations / elapsed / 1e9

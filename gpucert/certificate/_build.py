@@ -7,7 +7,8 @@ files were, does not verify.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -72,20 +73,11 @@ def _rows(frame: pd.DataFrame, columns: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _references(baseline: pd.DataFrame) -> tuple[dict[tuple[str, str, str], float], dict[tuple[str, str], float]]:
-    """(level, key, metric) → center of own baselines, (model, metric) → center of model references."""
-    own: dict[tuple[str, str, str], float] = {}
-    model: dict[tuple[str, str], float] = {}
-    for level, key, name, center in zip(
-        baseline["level"], baseline["key"], baseline["metric"], baseline["center"], strict=True
-    ):
-        if pd.isna(center):
-            continue
-        if level == "model":
-            model[(str(key), str(name))] = float(center)
-        else:
-            own[(str(level), str(key), str(name))] = float(center)
-    return own, model
+def _references(baseline: pd.DataFrame) -> dict[tuple[str, str, str], float]:
+    """(level, key, metric) → center: own baselines (``gpu``, ``node``) and model references (``model``)."""
+    known = baseline[baseline["center"].notna()]
+    columns = (known[c].astype(str) for c in ("level", "key", "metric"))
+    return dict(zip(zip(*columns, strict=True), known["center"].astype(float), strict=True))
 
 
 def _figures(
@@ -103,7 +95,7 @@ def _figures(
     frame = rows[[*keys, "value"]].astype(dict.fromkeys(keys, object))
     medians = frame.groupby(keys, dropna=False, sort=True)["value"].median().reset_index()
     medians = medians[medians["value"].notna()]
-    own, model = _references(baseline)
+    references = _references(baseline)
     # No baseline yet (a fleet's first run): the run's own cohort, as the verdict engine's peer reference.
     cohorts = medians.groupby(["gpu_model", "metric"], dropna=False)["value"].median().reset_index()
     peers = {
@@ -116,9 +108,9 @@ def _figures(
         level = METRICS[str(name)].level
         gpu_model = _text(worst["gpu_model"]) or ""
         key = _text(worst["gpu_uuid"]) if level == "gpu" else str(node)
-        reference, kind = own.get((level, key or "", str(name))), "own"
+        reference, kind = references.get((level, key or "", str(name))), "own"
         if reference is None:
-            reference, kind = model.get((gpu_model, str(name))), "model"
+            reference, kind = references.get(("model", gpu_model, str(name))), "model"
         if reference is None:
             reference, kind = peers.get((gpu_model, str(name))), "peer"
         value = float(worst["value"])
@@ -151,19 +143,12 @@ def _inventory(results: pd.DataFrame | None, stacks: Mapping[str, Mapping[str, A
     for node, part in frame.groupby("node", sort=True):
         stack = stacks.get(str(node)) or {}
         models = part["gpu_model"].dropna().astype(str)
-        gpus = []
         listed = part[part["gpu"].notna()].drop_duplicates("gpu").sort_values("gpu")
-        for row in listed.to_dict(orient="records"):
-            index = int(row["gpu"])
-            gpus.append(
-                {
-                    "gpu": index,
-                    "uuid": _text(row["gpu_uuid"]),
-                    "model": _text(row["gpu_model"]),
-                    "serial": _text(stack.get(f"serial.{index}")),
-                    "vbios": _text(stack.get(f"vbios.{index}")),
-                }
-            )
+        gpus = [
+            {"gpu": int(gpu), "uuid": _text(uuid), "model": _text(model)}
+            | {"serial": _text(stack.get(f"serial.{int(gpu)}")), "vbios": _text(stack.get(f"vbios.{int(gpu)}"))}
+            for gpu, uuid, model in zip(listed["gpu"], listed["gpu_uuid"], listed["gpu_model"], strict=True)
+        ]
         out[str(node)] = {"gpu_model": models.mode().iloc[0] if len(models) else None, "gpus": gpus}
     return out
 
@@ -202,16 +187,9 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
         findings = _findings(verdicts, node)
         for _, frame in rerun_verdicts:
             findings += _findings(frame, node)
-        held = inventory.get(node, {})
+        held = inventory.get(node, {"gpu_model": None, "gpus": []})
         nodes.append(
-            {
-                "node": node,
-                "gpu_model": held.get("gpu_model"),
-                "gpus": held.get("gpus", []),
-                "decision": decision,
-                "figures": figures.get(node, []),
-                "findings": findings,
-            }
+            {"node": node, **held, "decision": decision, "figures": figures.get(node, []), "findings": findings}
         )
 
     measured: dict[str, Any] = {"from": None, "to": None}
@@ -219,10 +197,6 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
         stamps = pd.to_datetime(results["ts"], utc=True)
         measured = {"from": plain(stamps.min()), "to": plain(stamps.max())}
     decided = pd.to_datetime(decisions["decided_at"], utc=True) if "decided_at" in decisions else pd.Series([])
-    tally: dict[str, int] = {}
-    for entry in nodes:
-        word = _STATE_WORD.get(entry["decision"]["state"], "inconclusive")
-        tally[word] = tally.get(word, 0) + 1
     version = record.baseline_version
     return {
         "run_id": files.run_id,
@@ -242,7 +216,7 @@ def run_section(files: RunFiles, schema: str = SCHEMA) -> dict[str, Any]:
             "record": plain(record.raw),
         },
         "stack": {"common": common_stack(stacks), "nodes": plain(stacks)},
-        "tally": tally,
+        "tally": _tally(entry["decision"]["state"] for entry in nodes),
         "nodes": nodes,
         "fleet_findings": _findings(verdicts, None),
         "files": [
@@ -257,23 +231,18 @@ def summarise(runs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], 
     latest: dict[str, dict[str, Any]] = {}
     for run in runs:
         for entry in run["nodes"]:
-            decision = entry["decision"]
-            if decision["state"] is None and entry["node"] in latest:
+            node, decision = entry["node"], entry["decision"]
+            if decision["state"] is None and node in latest:
                 continue  # an inconclusive run leaves the node where it was
-            latest[entry["node"]] = {
-                "node": entry["node"],
-                "run_id": run["run_id"],
-                "state": decision["state"],
-                "verdict": decision["verdict"],
-                "cause": decision["cause"],
-                "gpus": len(entry["gpus"]),
-            }
+            standing = {k: decision[k] for k in ("state", "verdict", "cause")}
+            latest[node] = {"node": node, "run_id": run["run_id"], **standing, "gpus": len(entry["gpus"])}
     nodes = [latest[n] for n in sorted(latest)]
-    tally: dict[str, int] = {}
-    for entry in nodes:
-        word = _STATE_WORD.get(entry["state"], "inconclusive")
-        tally[word] = tally.get(word, 0) + 1
-    return nodes, tally
+    return nodes, _tally(entry["state"] for entry in nodes)
+
+
+def _tally(states: Iterable[str | None]) -> dict[str, int]:
+    """How many nodes stand in each state, in the order the states first come."""
+    return dict(Counter(_STATE_WORD.get(state, "inconclusive") for state in states))
 
 
 def choose_runs(

@@ -1,22 +1,16 @@
 """The exact bytes a certificate is hashed and signed over, and the plain values it is made of.
 
-Canonical JSON is RFC 8785, the JSON Canonicalization Scheme (the ``rfc8785`` package): keys sorted by
-their UTF-16 code units, no whitespace, UTF-8, numbers written as ECMAScript writes a double (``1.0`` is
-``1``, ``1e-05`` is ``0.00001``), no NaN or infinity and no integer beyond 2**53 - 1. Any language's JCS
-library reproduces these bytes from the certificate file, so a verifier needs neither Python nor gpucert;
-and parsing a certificate and writing it again gives the same bytes, so the signature holds over a file
-that was pretty-printed in between.
-
-Certificates of schema ``gpucert.certificate/1`` were signed over Python's own canonical JSON (sorted
-keys, ``","``/``":"``, a ``float`` written as its ``repr``): :func:`canonical_for` still gives those bytes
-for them, so a certificate issued before the change keeps verifying.
+Canonical JSON is RFC 8785 (the ``rfc8785`` package): any language's JCS library reproduces these bytes from the
+certificate file, so a verifier needs neither Python nor gpucert, and a file pretty-printed in between still
+verifies. Certificates of schema ``gpucert.certificate/1`` were signed over Python's own canonical JSON (a float
+as its ``repr``, as the audit trail's first entries were hashed): :func:`canonical_for` still gives those bytes
+for them, so they keep verifying.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -25,7 +19,9 @@ import numpy as np
 import pandas as pd
 import rfc8785
 
-__all__ = ["LEGACY_SCHEMA", "canonical_bytes", "canonical_for", "legacy_canonical_bytes", "plain", "sha256_hex"]
+from ..audit import canonical_json
+
+__all__ = ["LEGACY_SCHEMA", "canonical_bytes", "canonical_for", "plain", "sha256_hex"]
 
 #: The certificate schema whose bytes were Python's canonical JSON, not RFC 8785.
 LEGACY_SCHEMA: Final = "gpucert.certificate/1"
@@ -42,15 +38,9 @@ def canonical_bytes(value: Any) -> bytes:
     return rfc8785.dumps(value)
 
 
-def legacy_canonical_bytes(value: Any) -> bytes:
-    """``value`` as the canonical bytes of schema ``gpucert.certificate/1`` (Python's float ``repr``);
-    only to check what was signed before RFC 8785. Raises as :func:`canonical_bytes` does."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
 def canonical_for(schema: object) -> Callable[[Any], bytes]:
     """How a certificate of ``schema`` makes its canonical bytes: RFC 8785, except for the legacy schema."""
-    return legacy_canonical_bytes if schema == LEGACY_SCHEMA else canonical_bytes
+    return canonical_json if schema == LEGACY_SCHEMA else canonical_bytes
 
 
 def plain(value: Any) -> Any:

@@ -1,9 +1,7 @@
 """A run's stored objects, read once: what a certificate hashes is exactly what it is made from.
 
-:class:`RunFiles` holds the bytes of every object in a run's folder (``runs/date=<day>/run=<id>/``: the
-first run's files and its confirming re-runs') and of the baseline version the run was judged against
-(``baselines/v=<version>/baseline.parquet`` and ``meta.json``, docs/reference/store-layout.md). The tables, the
-stack record and the policy record are parsed from those bytes, never read again from the store.
+:class:`RunFiles` holds the bytes of every object of a run's folder (its re-runs' included) and of the baseline
+versions it was judged against (docs/reference/store-layout.md); tables and records are parsed from those bytes.
 """
 
 from __future__ import annotations
@@ -85,11 +83,9 @@ class RunFiles:
 
     @classmethod
     def read(cls, store: BaselineStore, day: date, run_id: str) -> RunFiles:
-        """Every object of the run's folder and of the baseline version its ``policy.json`` names.
-
-        Raises :class:`FileProblem` when the run has no ``policy.json`` or it cannot be used, and
-        :class:`~gpucert.errors.StoreError` when the store fails.
-        """
+        """Every object of the run's folder and of the baseline version its ``policy.json`` names. Raises
+        :class:`FileProblem` when the run has no usable ``policy.json``, :class:`~gpucert.errors.StoreError` when
+        the store fails."""
         objects = cls._get(store, store.objects.list(run_prefix(day, run_id)))
         files = cls(day, run_id, objects)
         wanted = [k for v in files.baseline_versions() for k in baseline_keys(v)]
@@ -106,12 +102,8 @@ class RunFiles:
 
     @staticmethod
     def _get(store: BaselineStore, keys: Iterable[str]) -> dict[str, bytes]:
-        found = {}
-        for key in keys:
-            blob = store.objects.get(key)
-            if blob is not None:
-                found[key] = blob.data
-        return found
+        blobs = {key: store.objects.get(key) for key in keys}
+        return {key: blob.data for key, blob in blobs.items() if blob is not None}
 
     # --- addressing -----------------------------------------------------------------------------------
 

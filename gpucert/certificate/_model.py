@@ -1,18 +1,15 @@
 """The certificate as data: :class:`Certificate` (the signed body, plain JSON) and its :class:`Signature`.
 
-The file is one JSON object: the body's keys and, when signed, a ``signature`` key beside them. The
-signature covers the canonical bytes of everything else (RFC 8785, :func:`~._canonical.canonical_bytes`),
-so a reader checks it after parsing, whatever whitespace the file was written with.
-
-The schema names how the bytes are made: ``gpucert.certificate/2`` is RFC 8785; ``gpucert.certificate/1``
-(issued before) was Python's canonical JSON, and is still read and verified as it was signed.
+The file is one JSON object: the body's keys and, when signed, a ``signature`` key beside them, over the
+canonical bytes of everything else (:mod:`._canonical`; the schema says how they are made), so a reader
+checks it after parsing, whatever whitespace the file was written with.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,12 +39,7 @@ class Signature:
     value: str
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "algorithm": self.algorithm,
-            "public_key": self.public_key,
-            "key_sha256": self.key_sha256,
-            "value": self.value,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -113,12 +105,12 @@ class Certificate:
         raw = data.get("signature")
         if raw is None:
             return cls(body)
-        fields = ("algorithm", "public_key", "key_sha256", "value")
-        if not isinstance(raw, dict) or not all(isinstance(raw.get(f), str) for f in fields):
-            raise InputError(f"{source}: 'signature' must be an object with {', '.join(fields)} (strings)")
+        names = [f.name for f in fields(Signature)]
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(f), str) for f in names):
+            raise InputError(f"{source}: 'signature' must be an object with {', '.join(names)} (strings)")
         if raw["algorithm"] != ALGORITHM:
             raise InputError(f"{source}: signature algorithm {raw['algorithm']!r}: only {ALGORITHM} is known")
-        return cls(body, Signature(**{f: raw[f] for f in fields}))
+        return cls(body, Signature(**{f: raw[f] for f in names}))
 
 
 def read_certificate(path: str | Path) -> Certificate:

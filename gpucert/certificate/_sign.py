@@ -1,13 +1,7 @@
-"""Ed25519 signing of certificates (``cryptography``), with keys as PEM files.
-
-* private key: PKCS#8 PEM, unencrypted (``-----BEGIN PRIVATE KEY-----``), as
-  ``openssl genpkey -algorithm ed25519`` or ``gpucert certificate keygen`` writes it;
-* public key: SubjectPublicKeyInfo PEM (``-----BEGIN PUBLIC KEY-----``), as
-  ``openssl pkey -in key.pem -pubout`` or ``keygen`` writes it.
-
-The signature is embedded in the certificate (:class:`~._model.Signature`) with the raw public key and its
-SHA-256 fingerprint. Checked without a trusted key it proves only that nobody changed the certificate
-since whoever holds that key signed it; checked against ``--public-key`` it proves who signed.
+"""Ed25519 signing of certificates (``cryptography``), with keys as PEM files: the private key PKCS#8,
+unencrypted (as ``openssl genpkey -algorithm ed25519`` or ``gpucert certificate keygen`` writes it), the public
+key SubjectPublicKeyInfo. Checked without a trusted key, a signature proves only that nobody changed the
+certificate since whoever holds that key signed it; checked against ``--public-key`` it proves who signed.
 """
 
 from __future__ import annotations
@@ -26,16 +20,7 @@ from ..errors import InputError
 from ._canonical import sha256_hex
 from ._model import ALGORITHM, Certificate, Signature
 
-__all__ = [
-    "PRIVATE_KEY_NAME",
-    "PUBLIC_KEY_NAME",
-    "check_signature",
-    "generate_keys",
-    "key_fingerprint",
-    "load_private_key",
-    "load_public_key",
-    "sign",
-]
+__all__ = ["check_signature", "generate_keys", "load_private_key", "load_public_key", "sign"]
 
 PRIVATE_KEY_NAME = "gpucert-signing.pem"
 PUBLIC_KEY_NAME = "gpucert-signing.pub.pem"
@@ -108,7 +93,7 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
     signature = cert.signature
     if signature is None:
         if public_key is not None:
-            return (False, f"the certificate is not signed; key {key_fingerprint(public_key)[:16]} was expected")
+            return False, f"the certificate is not signed; key {key_fingerprint(public_key)[:16]} was expected"
         return True, "unsigned (nothing to check; sign with --key to make changes to it detectable)"
     try:
         embedded = Ed25519PublicKey.from_public_bytes(base64.b64decode(signature.public_key, validate=True))
@@ -118,16 +103,13 @@ def check_signature(cert: Certificate, public_key: Ed25519PublicKey | None) -> t
     key = public_key or embedded
     fingerprint = key_fingerprint(key)
     if public_key is not None and key_fingerprint(embedded) != fingerprint:
-        return False, (f"signed by key {key_fingerprint(embedded)[:16]}, not by the given key {fingerprint[:16]}")
+        return False, f"signed by key {key_fingerprint(embedded)[:16]}, not by the given key {fingerprint[:16]}"
     try:
         key.verify(value, cert.canonical())
     except InvalidSignature:
-        return (
-            False,
-            f"the signature does not match the certificate's content (key {fingerprint[:16]}): it was changed",
-        )
+        return False, f"the signature does not match the certificate's content (key {fingerprint[:16]}): it was changed"
     if signature.key_sha256 != fingerprint:
-        return (False, f"the signature names key {signature.key_sha256[:16]} but was made by {fingerprint[:16]}")
+        return False, f"the signature names key {signature.key_sha256[:16]} but was made by {fingerprint[:16]}"
     if public_key is None:
         return True, f"valid, by the embedded key {fingerprint[:16]} (give --public-key to check who signed)"
     return True, f"valid, by the given key {fingerprint[:16]}"

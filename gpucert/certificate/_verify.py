@@ -1,22 +1,16 @@
-"""Verifying a certificate: :func:`verify_certificate` → :class:`VerifyReport`.
+"""Verifying a certificate: :func:`verify_certificate` → :class:`VerifyReport`, one :class:`Check` a line.
 
-The checks, in order (the first failure is the one a person reads first):
-
-1. **signature** — against ``public_key`` when given, else against the embedded key (see :mod:`._sign`);
-2. with the store, per run:
-   **files** — every file the certificate lists is in the store with the same SHA-256, and the run's
-   folder holds no file the certificate does not list;
-   **re-judgement** — the decisions and settled verdicts follow from the stored results, baseline and
-   policy (:mod:`._rejudge`), whatever the hashes say: a re-written ``decisions.parquet`` whose hash was
-   re-forged in an unsigned certificate still fails here, naming the node;
-   **contents** — the run's section of the certificate is what the stored files give (figures, stack,
-   decisions, inventory), naming the first field that differs;
-3. **summary** — the certificate's node standing and tally follow from its runs.
+The checks, in order (the first failure is the one a person reads first): the **signature** (:mod:`._sign`); with
+the store, per run, its **files** (each listed one there with its SHA-256, nothing unlisted in the run's folder),
+the **re-judgement** (the decisions and settled verdicts follow from the stored results, baseline and policy,
+whatever the hashes say: a re-written ``decisions.parquet`` whose hash was re-forged in an unsigned certificate
+still fails, naming the node; :mod:`._replay`) and its **contents** (what the stored files give); then the
+**summary** (each node's standing and the tally follow from the runs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -30,7 +24,7 @@ from ._build import run_section, summarise
 from ._canonical import sha256_hex
 from ._files import RunFiles, run_prefix
 from ._model import Certificate
-from ._rejudge import rejudge
+from ._replay import replay_differences
 from ._sign import check_signature
 
 __all__ = ["Check", "VerifyReport", "verify_certificate"]
@@ -116,38 +110,30 @@ def _run_checks(store: BaselineStore, run: Mapping[str, Any], schema: str) -> li
         return [Check(f"files of {run_id}", False, f"the certificate's date {run['date']!r} is not a date")]
     files_check, files = _files_check(store, run, day)
     checks = [files_check]
+    replayed, rebuilt = f"re-judgement of {run_id}", f"contents of {run_id}"
     try:
-        differences = rejudge(files)
+        differences = replay_differences(files)
     except (GpucertError, ValueError, KeyError, TypeError) as exc:
-        checks.append(Check(f"re-judgement of {run_id}", False, f"cannot re-judge: {exc}"))
+        checks.append(Check(replayed, False, f"cannot re-judge: {exc}"))
     else:
-        if differences:
-            more = f" (+{len(differences) - 1} more)" if len(differences) > 1 else ""
-            checks.append(Check(f"re-judgement of {run_id}", False, f"{differences[0]}{more}"))
-        else:
-            count = len(run.get("nodes") or [])
-            words = f"the decisions of {counted(count, 'node')} follow from the stored results, baseline and policy"
-            checks.append(Check(f"re-judgement of {run_id}", True, words))
+        more = f" (+{len(differences) - 1} more)" if len(differences) > 1 else ""
+        count = counted(len(run.get("nodes") or []), "node")
+        words = f"the decisions of {count} follow from the stored results, baseline and policy"
+        checks.append(Check(replayed, not differences, f"{differences[0]}{more}" if differences else words))
     try:
-        rebuilt = run_section(files, schema)
+        section = run_section(files, schema)
     except (GpucertError, ValueError, KeyError, TypeError) as exc:
-        checks.append(Check(f"contents of {run_id}", False, f"cannot rebuild from the store: {exc}"))
+        checks.append(Check(rebuilt, False, f"cannot rebuild from the store: {exc}"))
     else:
         # The files were compared above; here, what the certificate says they hold.
-        where = _first_difference(
-            {k: v for k, v in rebuilt.items() if k != "files"},
-            {k: v for k, v in run.items() if k != "files"},
-            f"runs[{run_id}]",
+        mine, theirs = ({k: v for k, v in part.items() if k != "files"} for part in (section, run))
+        where = _first_difference(mine, theirs, f"runs[{run_id}]")
+        words = (
+            "as the stored files give them"
+            if where is None
+            else f"{where}: the certificate says otherwise than the stored files"
         )
-        checks.append(
-            Check(
-                f"contents of {run_id}",
-                where is None,
-                "as the stored files give them"
-                if where is None
-                else f"{where}: the certificate says otherwise than the stored files",
-            )
-        )
+        checks.append(Check(rebuilt, where is None, words))
     return checks
 
 
@@ -166,20 +152,12 @@ def verify_certificate(
         return VerifyReport(tuple(checks))
     for run in cert.runs:
         checks += _run_checks(store, run, cert.schema)
-    runs: Sequence[Mapping[str, Any]] = cert.runs
     try:
-        nodes, tally = summarise(runs)
+        nodes, tally = summarise(cert.runs)
         stated = {"nodes": cert.body.get("nodes"), "tally": cert.body.get("tally")}
         where = _first_difference({"nodes": nodes, "tally": tally}, stated, "summary")
     except (KeyError, TypeError) as exc:
         where = f"summary (unreadable: {exc})"
-    checks.append(
-        Check(
-            "summary",
-            where is None,
-            "each node's standing follows from its runs"
-            if where is None
-            else f"{where}: does not follow from the runs",
-        )
-    )
+    words = "each node's standing follows from its runs" if where is None else f"{where}: does not follow from the runs"
+    checks.append(Check("summary", where is None, words))
     return VerifyReport(tuple(checks))

@@ -1,29 +1,23 @@
-"""Telling the cluster: state labels, annotations, the ``unhealthy`` taint and the ``GpuCertified``
-condition, written per node from its :class:`~gpucert.certify.SettledDecision`.
+"""Telling the cluster: state labels, annotations, the ``unhealthy`` taint and the ``GpuCertified`` condition,
+written per node from its :class:`~gpucert.certify.SettledDecision` (docs/reference/labels-taints-conditions.md).
 
-A node's labels, annotations and taints are changed in one merge patch that carries the
-``resourceVersion`` it was computed from, so a taint someone else added in between is never
-overwritten: the server answers 409 and the patch is recomputed from the node as it now is.
-Nothing is written to a node whose labels, annotations and taints would not change.
-
-The condition (``type: GpuCertified``; True for certified, False for degraded or failed; reason = the
-cause, message = the summary) goes to the node's ``status`` as a strategic merge patch keyed by type, so
-the kubelet's conditions stay; Kubernetes' Node Readiness Controller or a user's controller may own the
-taints from it. An inconclusive decision leaves it as it was, like the label.
+A node's labels, annotations and taints change in one merge patch carrying the ``resourceVersion`` it was
+computed from, so a taint someone else added in between is never overwritten: the server answers 409 and the
+patch is recomputed. Nothing is written to a node that would not change. The condition goes to ``status`` as a
+strategic merge patch keyed by type, so the kubelet's conditions stay; an inconclusive decision leaves it as it
+was, like the label.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from .._crashpoints import crashpoint
 from ..kube import Kube, KubeConflict, condition, node_name, taint_keys
 from ._settle import SettledDecision
-
-__all__ = ["CONDITION", "NodeChange", "apply_decision", "condition_patch", "node_patch"]
 
 #: The node condition a decision is written as.
 CONDITION = "GpuCertified"
@@ -105,9 +99,7 @@ def condition_patch(node: Mapping[str, Any], decision: SettledDecision, *, now: 
             return None
         status, reason, message = "Unknown", "NotCertified", f"never certified: {decision.summary}"[:_SUMMARY_MAX]
     else:
-        status = _CONDITION_STATUS[decision.state]
-        reason = _reason(decision)
-        message = decision.summary[:_SUMMARY_MAX]
+        status, reason, message = _CONDITION_STATUS[decision.state], _reason(decision), decision.summary[:_SUMMARY_MAX]
     if have is not None and (have.get("status"), have.get("reason"), have.get("message")) == (status, reason, message):
         return None
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -140,11 +132,8 @@ def _same_taints(a: list[Mapping[str, Any]], b: list[Mapping[str, Any]]) -> bool
 
 def apply_decision(kube: Kube, decision: SettledDecision, *, prefix: str, run_id: str, now: datetime) -> NodeChange:
     """Write ``decision`` to its node (see :func:`node_patch`, :func:`condition_patch`); the metadata patch
-    is retried on a concurrent change (409).
-
-    Raises :class:`~gpucert.kube.KubeNotFound` when the node is gone, :class:`KubeConflict` when it kept
-    changing under us.
-    """
+    is retried on a concurrent change (409). Raises :class:`~gpucert.kube.KubeNotFound` when the node is gone,
+    :class:`KubeConflict` when it kept changing under us."""
     for attempt in range(_ATTEMPTS):
         node = kube.get("v1", "Node", decision.node)
         patch, change = node_patch(node, decision, prefix=prefix, run_id=run_id, now=now)
@@ -159,12 +148,6 @@ def apply_decision(kube: Kube, decision: SettledDecision, *, prefix: str, run_id
         status = condition_patch(node, decision, now=now)
         if status is not None:
             kube.patch_status("v1", "Node", node_name(node) or decision.node, status)
-            change = NodeChange(
-                change.node,
-                change.labels,
-                change.annotations,
-                change.taint,
-                status["status"]["conditions"][0]["status"],
-            )
+            change = replace(change, condition=status["status"]["conditions"][0]["status"])
         return change
     raise AssertionError("unreachable")

@@ -1,27 +1,18 @@
 """A succeeded benchmark pod's log → validated results rows, the stack record and the payload's messages.
 
-The log mixes the payload's two streams, as ``kubectl logs`` shows them (:mod:`gpucert.bench`):
+The log mixes the payload's two streams as ``kubectl logs`` shows them (:mod:`gpucert.bench`): results rows on
+stdout, one JSON object a line; on stderr ``gpucert-bench: …`` messages (``gpucert-bench: error: …`` explains
+each ``error`` row), the stack record ``gpucert-stack: {…}`` and, with ``--dcgm``, ``gpucert-dcgm: {…}``; and
+whatever else the image or a library printed. The rows are read by the rule of
+:func:`gpucert.results.read_results` for a Pod log (an object with none of the contract's columns is some other
+tool's log line, skipped) and validated by :func:`gpucert.results.parse_results`, line numbers kept. Then every
+row must be the Job's run and node: a row of another is an error, never kept quietly (it would be judged as this
+node's). Every problem raises one :class:`~gpucert.errors.ResultsError` naming the pod, its Job and its node.
 
-* stdout: results rows, one JSON object a line with the contract's columns;
-* stderr: ``gpucert-bench: …`` messages (``gpucert-bench: error: <step> on <where>: <reason>`` explains
-  each ``error`` row), the stack record ``gpucert-stack: {…}`` and, with ``--dcgm``, ``gpucert-dcgm: {…}``;
-* anything else the image or a library printed (NCCL, CUDA, Python warnings, a traceback).
-
-The rows are read by the rule of :func:`gpucert.results.read_results` for a Pod log — a line that starts
-with ``{`` (after blanks) is an object, an object with none of the contract's columns is some other tool's
-structured log line and is skipped, and an object line that is not valid JSON is an error naming its
-line — and validated by :func:`gpucert.results.parse_results`, line numbers kept. Then every row must be
-the Job's: its ``run_id`` and ``node`` (the payload writes the node it ran on). A row of another run or
-node is an error, never kept quietly: it would be judged as this node's.
-
-Every problem raises one :class:`~gpucert.errors.ResultsError` whose source names the pod, its Job and its
-node; the certify flow records the node ``inconclusive`` for it.
-
-A wave reads its logs one by one (:func:`read_pod_log`: split, not yet validated) and validates them
-together (:func:`validate_pod_logs`): the contract's checks are vectorised, and on a few hundred rows their
-fixed cost was most of the time (90 % of a 1,000-node certify's log reading). When the batch is clean
-every log in it is (each check is of a row, or of rows of one node); when it is not, each log is validated
-on its own, so a bad log costs its node alone and its error reads exactly as :func:`parse_pod_log`'s.
+A wave reads its logs one by one (:func:`read_pod_log`) and validates them together (:func:`validate_pod_logs`):
+the contract's checks are vectorised, and their fixed cost was 90 % of a 1,000-node certify's log reading.
+When the batch is clean every log in it is (each check is of a row, or of one node's rows); when it is not,
+each log is validated on its own, so a bad log costs its node alone, its error as :func:`parse_pod_log`'s.
 """
 
 from __future__ import annotations
@@ -42,19 +33,6 @@ from ..results import parse_results
 from ._names import DEFAULT_LABEL_PREFIX
 from ._outcome import JobOutcome
 
-__all__ = [
-    "BENCH_PREFIX",
-    "DCGM_PREFIX",
-    "STACK_PREFIX",
-    "CollectedResults",
-    "PodLog",
-    "collect_results",
-    "parse_pod_log",
-    "read_pod_log",
-    "split_pod_log",
-    "validate_pod_logs",
-]
-
 BENCH_PREFIX = "gpucert-bench: "
 STACK_PREFIX = "gpucert-stack: "
 DCGM_PREFIX = "gpucert-dcgm: "
@@ -63,13 +41,9 @@ _SHOWN = 12
 
 @dataclass(frozen=True)
 class CollectedResults:
-    """What one benchmark pod's log held.
-
-    ``results`` is the canonical results frame (:func:`gpucert.results.parse_results`); ``stack`` the
-    stack record (the run's ``stack.json``), None when the log had none; ``dcgm`` the DCGM diagnostic
-    summary, when run; ``errors`` the payload's ``error:`` messages (what each ``error`` row was about);
-    ``warnings`` what was odd but did not stop the reading (no stack record, foreign lines).
-    """
+    """What one benchmark pod's log held: the canonical results frame; the stack record (the run's
+    ``stack.json``; None when the log had none); the DCGM diagnostic summary, when run; the payload's ``error:``
+    messages (what each ``error`` row was about); what was odd but did not stop the reading."""
 
     results: pd.DataFrame
     stack: dict[str, Any] | None
@@ -80,12 +54,9 @@ class CollectedResults:
 
 @dataclass(frozen=True)
 class PodLog:
-    """A benchmark pod's log split into its results records and the payload's messages, not yet validated.
-
-    ``records`` hold the contract's columns a row gave (cells as :func:`_cell` keeps them), ``numbers`` each
-    record's line in the log; ``columns`` the contract's columns some record gave. ``run_id`` and ``node``
-    are what every row must say; ``source`` names the log in errors.
-    """
+    """A benchmark pod's log split into its results records and the payload's messages, not yet validated:
+    ``records`` (the contract's columns a row gave), each one's line in the log (``numbers``), the contract's
+    columns some record gave; ``run_id`` and ``node`` are what every row must say, ``source`` names the log."""
 
     source: str
     run_id: str
@@ -312,34 +283,25 @@ def collect_results(
     node: str | None = None,
     label_prefix: str = DEFAULT_LABEL_PREFIX,
 ) -> CollectedResults:
-    """Read the log of a succeeded benchmark pod and return its validated rows and records.
+    """Read the log of a succeeded benchmark pod (``source``: the Job's :class:`JobOutcome`, or the Pod) and
+    return its validated rows and records. ``run_id`` and ``node`` are what every row must say; they default to
+    the outcome's (or the pod's ``<prefix>/run-id`` label and ``<prefix>/node`` annotation, else where it was
+    bound) — pass them to check against what the caller asked for rather than what the objects say.
 
-    ``source`` is the Job's :class:`JobOutcome` (state ``succeeded``) or the succeeded Pod itself.
-    ``run_id`` and ``node`` are what every row must say; they default to the outcome's (or the pod's
-    ``<prefix>/run-id`` label and ``<prefix>/node`` annotation, else where it was bound) — pass them to
-    check against what the caller asked for rather than what the objects say.
-
-    Raises ``ValueError`` for an outcome or pod that did not succeed (there is no log to trust) or when
-    no run id or node is known, a :class:`~gpucert.errors.ResultsError` naming the pod, Job and node for a
-    log whose rows cannot be used (see :func:`parse_pod_log`), and :class:`~gpucert.kube.KubeError` when
-    the log cannot be read (:class:`~gpucert.kube.KubeNotFound`: the pod is gone — the node is
-    ``vanished``).
+    Raises ``ValueError`` for an outcome or pod that did not succeed (no log to trust) or when no run id or node
+    is known, :class:`~gpucert.errors.ResultsError` for a log whose rows cannot be used (see
+    :func:`parse_pod_log`), and :class:`~gpucert.kube.KubeError` when the log cannot be read
+    (:class:`~gpucert.kube.KubeNotFound`: the pod is gone — the node is ``vanished``).
     """
-    expected_run: str | None
-    expected_node: str | None
     if isinstance(source, JobOutcome):
-        if source.state != "succeeded" or source.pod is None:
-            raise ValueError(f"Job {source.job} has not succeeded ({source.state}): no results to collect")
-        namespace, pod, job = source.namespace, source.pod, source.job
-        expected_run, expected_node = run_id or source.run_id, node or source.node
-    else:
-        namespace, pod, job, expected_run, expected_node = _pod_source(source, run_id, node, label_prefix)
+        return _validated(read_pod_log(kube, source, run_id=run_id, node=node))
+    namespace, pod, job, expected_run, expected_node = _pod_source(source, run_id, node, label_prefix)
     if not expected_run or not expected_node:
         raise ValueError(f"Pod {namespace}/{pod}: the run id and the node must be known to check its rows")
     return _validated(_read(kube, namespace, pod, job, expected_run, expected_node))
 
 
-def read_pod_log(kube: Kube, source: JobOutcome, *, run_id: str | None = None) -> PodLog:
+def read_pod_log(kube: Kube, source: JobOutcome, *, run_id: str | None = None, node: str | None = None) -> PodLog:
     """Read the log of a succeeded benchmark Job's pod, split but not validated (see :func:`collect_results`,
     whose rules and errors it shares but for the rows' validation: :func:`validate_pod_logs` does that).
 
@@ -348,12 +310,12 @@ def read_pod_log(kube: Kube, source: JobOutcome, *, run_id: str | None = None) -
     """
     if source.state != "succeeded" or source.pod is None:
         raise ValueError(f"Job {source.job} has not succeeded ({source.state}): no results to collect")
-    expected_run = run_id or source.run_id
-    if not expected_run or not source.node:
+    expected_run, expected_node = run_id or source.run_id, node or source.node
+    if not expected_run or not expected_node:
         raise ValueError(
             f"Pod {source.namespace}/{source.pod}: the run id and the node must be known to check its rows"
         )
-    return _read(kube, source.namespace, source.pod, source.job, expected_run, source.node)
+    return _read(kube, source.namespace, source.pod, source.job, expected_run, expected_node)
 
 
 def _read(kube: Kube, namespace: str, pod: str, job: str, run_id: str, node: str) -> PodLog:

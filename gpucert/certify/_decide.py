@@ -1,15 +1,9 @@
 """From one run's verdicts to what it says about each node: :class:`NodeDecision`, by pure functions.
 
-* state: any ``fail`` → ``failed``; else any ``warn`` → ``degraded``; else every row ``pass`` →
-  ``certified``; a node whose rows are only ``pass`` and ``inconclusive`` keeps the state it had (an
-  inconclusive run says nothing about the GPUs);
-* a hard hardware gate (row-remap failure, XID 64/79/95, a volatile double-bit ECC error, an RDMA port
-  down or degraded) and a node's own network path named by its pairs need no confirming re-run; any
-  other fail does, and so does a warn that no telemetry gate backs (a statistical deficit, or repeats too
-  unstable to judge): only a reproducible result marks a node —
-  :func:`deficit_stands` counts the 2 of 3 of docs/design/certify-runbook.md, "Confirm".
-
-Settling a run — its re-runs, taints, the blast radius — is :mod:`._settle`'s.
+The state is the worst row's (``fail`` → ``failed``, ``warn`` → ``degraded``, every row ``pass`` →
+``certified``); a node with only ``pass`` and ``inconclusive`` rows keeps its state (an inconclusive run says
+nothing about the GPUs). A fail needs a confirming re-run unless a hard gate backs it, a warn unless a
+telemetry gate does (docs/design/certify-runbook.md, "Confirm"). Settling a run is :mod:`._settle`'s.
 """
 
 from __future__ import annotations
@@ -20,9 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..network import PAIR_METRIC
 from ..verdict import VERDICT_OF, VERDICT_RANK
-
-__all__ = ["HARD_GATE_XIDS", "NodeDecision", "decide_nodes", "deficit_stands", "fail_stands", "hard_gate_rows"]
 
 #: XIDs whose fail needs no confirming re-run (docs/design/certify-runbook.md, "Confirm"): row remap failure,
 #: fallen off the bus, uncontained ECC error.
@@ -41,9 +34,6 @@ _HARD_GATE_METRICS = frozenset(
         "ib_rcv_errors",
     }
 )
-#: A node's own network path named by its pairs (gpucert.network): low with two partners that are fine
-#: elsewhere, after the re-pairings: a confirming re-run of the node alone measures no pair.
-_PAIR_METRIC = "nccl_pair_busbw_gbps"
 _STATE = {"pass": "certified", "warn": "degraded", "fail": "failed"}
 
 
@@ -75,15 +65,13 @@ class NodeDecision:
 def hard_gate_rows(rows: pd.DataFrame) -> pd.Series:
     """Which verdict rows fail a hard hardware gate (a row-remap failure, XID 64/79/95, a volatile DBE, an
     RDMA port down, a node's own network path): a fail that needs no confirming re-run."""
-    return _hard_gate(rows)
-
-
-def _hard_gate(rows: pd.DataFrame) -> pd.Series:
     metric = rows["metric"].astype("string")
     value = pd.to_numeric(rows["value"], errors="coerce")
     xid = (metric == "xid") & value.isin(list(HARD_GATE_XIDS))
     peer = rows["peer"] if "peer" in rows else pd.Series(pd.NA, index=rows.index)
-    own_path = (metric == _PAIR_METRIC) & peer.isna() & (rows["cause"].astype("string") == "network")
+    # A node's own network path named by its pairs: low with two partners that are fine elsewhere, after the
+    # re-pairings (a confirming re-run of the node alone measures no pair).
+    own_path = (metric == PAIR_METRIC) & peer.isna() & (rows["cause"].astype("string") == "network")
     return (rows["verdict"] == "fail") & (metric.isin(list(_HARD_GATE_METRICS)) | xid | own_path)
 
 
@@ -107,7 +95,9 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
     are built one by one.
     """
     rows = verdicts[verdicts["node"].notna()]
-    rows = rows.assign(_rank=rows["verdict"].astype("string").map(VERDICT_RANK).astype("int64"), _hard=_hard_gate(rows))
+    rows = rows.assign(
+        _rank=rows["verdict"].astype("string").map(VERDICT_RANK).astype("int64"), _hard=hard_gate_rows(rows)
+    )
     # Worst rows first (stable: in the table's order among equals), so each node's first row decides.
     rows = rows.sort_values(["node", "_rank"], ascending=[True, False], kind="stable").reset_index(drop=True)
     node = rows["node"].astype("string").to_numpy(dtype=object)
@@ -154,36 +144,26 @@ def decide_nodes(verdicts: pd.DataFrame, nodes: Iterable[str]) -> dict[str, Node
     return out
 
 
-def deficit_stands(runs: Iterable[NodeDecision]) -> bool | None:
-    """docs/design/certify-runbook.md, "Confirm", over a node's runs so far (first run first), for a first run
-    that warned or failed: True once 2 runs found a deficit as bad as the first's (a fail for a fail; a warn
-    or fail for a warn), False once 2 did not, None while undecided. An inconclusive run counts as neither."""
-    history = list(runs)
-    if not history:
-        return None
-    if history[0].state == "failed":
-        return fail_stands(history)
-    deficit = sum(1 for d in history if d.state in ("degraded", "failed"))
-    clean = sum(1 for d in history if d.state == "certified")
-    if deficit >= 2:
-        return True
-    if clean >= 2 or (clean >= 1 and deficit == 0):
-        return False
-    return None
-
-
 def fail_stands(runs: Iterable[NodeDecision]) -> bool | None:
     """docs/design/certify-runbook.md, "Confirm", over a node's runs so far (first run first): True once 2
     have failed, False once 2 have not, None while undecided (run once more). An inconclusive re-run counts as
     neither."""
-    failed = passed = 0
-    for decision in runs:
-        if decision.state == "failed":
-            failed += 1
-        elif decision.state is not None:
-            passed += 1
-    if failed >= 2:
+    return _reproduced(runs, ("failed",))
+
+
+def deficit_stands(runs: Iterable[NodeDecision]) -> bool | None:
+    """As :func:`fail_stands`, for a first run that warned: a warn or a fail is a deficit."""
+    return _reproduced(runs, ("degraded", "failed"))
+
+
+def _reproduced(runs: Iterable[NodeDecision], deficit: tuple[str, ...]) -> bool | None:
+    """True once 2 runs are in ``deficit``, False once 2 are not (or 1 is not and none is), None while
+    undecided; an inconclusive run (state None) counts as neither."""
+    states = [d.state for d in runs if d.state is not None]
+    bad = sum(state in deficit for state in states)
+    good = len(states) - bad
+    if bad >= 2:
         return True
-    if passed >= 2 or (passed >= 1 and failed == 0):
+    if good >= 2 or (good >= 1 and bad == 0):
         return False
     return None

@@ -1,58 +1,33 @@
-"""The benchmark units' Kubernetes objects and their payload ConfigMap, rendered from ``templates/certify/``.
+"""The benchmark units' Kubernetes objects and their payload ConfigMap, rendered from ``templates/certify/``
+(docs/design/certify-runbook.md, "Benchmark Jobs" and "Pair benchmarks").
 
-A benchmark unit is a node or a pair of nodes. A node is measured by one Job, in gpucert's own namespace,
-running ``python -m gpucert.bench`` on all of that node's GPUs (docs/design/certify-runbook.md, "Benchmark
-Jobs"). A pair is measured by one Indexed Job of two pods (``pair-job.yaml.j2``), one on each node with all
-its GPUs, running ``python -m gpucert.bench pair``: pod 0 serves the rendezvous, pod 1 reaches it at
-``<job>-0.<service>.<namespace>.svc`` through a headless Service (``pair-service.yaml.j2``), and the two
-run one all-reduce over every GPU of both nodes. The payload travels in a ConfigMap so that a stock
-PyTorch image serves: no image of gpucert's own to build, publish and keep in step with the code.
+A node is one Job on all its GPUs; a pair is one Indexed Job of two pods and the headless Service of their
+rendezvous. The payload travels in a ConfigMap so that a stock PyTorch image serves: no image of gpucert's own
+to build, publish and keep in step with the code. A template gets data computed here, and what comes back is
+parsed by the strict loader of :func:`gpucert.stack.load_manifests`, so a node name read from the cluster
+cannot add a key or a document to a manifest.
 
-What a template gets is data computed here (labels, the affinity, tolerations, arguments, the
-ConfigMap's items), serialised by the environment's ``finalize`` (:mod:`gpucert._templates`), and what
-comes back is parsed with the strict loader of :func:`gpucert.stack.load_manifests`, so a node name
-read from the cluster cannot add a key or a document to a manifest.
+Names (:func:`job_name`, :func:`pair_name`) are readable DNS labels ending in a hash of what they name. The
+payload ConfigMap is ``gpucert-payload-<hash of the files>``: a new payload is a new immutable object, so a
+running Job never sees its files change (old ones are not deleted yet; ~90 kB each).
 
-Names
------
-* Job: :func:`job_name` — a DNS label of at most 63 characters (the Job controller copies it into the
-  ``job-name`` label of its pods), readable (``<run id>-<node>``, cut to fit) and always ending in a
-  hash of the run id and the node, so that two runs or two nodes never share a name however their
-  texts line up (``a-b`` + ``c`` against ``a`` + ``b-c``) or get cut.
-* Pair Job and its Service: :func:`pair_name` — ``pair-<run id>-<node>-<node>`` (the two nodes sorted, so
-  a pair is one Job whichever way round it is asked for), cut to fit, ending in a hash of the run id and
-  both nodes; at most 61 characters (an Indexed Job's pods are named ``<job>-<index>`` as hostnames, which
-  stop at 63), starting with a letter, as a Service name must.
-* ConfigMap: ``gpucert-payload-<hash of the files>``: a new payload is a new object, so a Job still
-  running never sees its files change; the object is immutable, and :func:`ensure_payload` takes the
-  one already there (another run's is the same). Nothing deletes old payloads yet (they are ~90 kB).
+The node goes in the label ``<prefix>/node`` when it is a valid label value (label values stop at 63
+characters, node names at 253), and always in the annotation of the same name. A pair Job names both nodes in
+its annotation ``<prefix>/pair``; its label ``<prefix>/pair-job`` is what the Service and the pods'
+anti-affinity select. The Service is made the Job's (:func:`owned_by`, after the Job is created: it needs the
+uid), so it goes with the Job; node rank 1 retries the rendezvous until the name resolves.
 
-The node goes in the label ``<prefix>/node`` when it is a valid label value (node names may run to 253
-characters with dots; label values stop at 63), and always in the annotation of the same name. A pair
-Job has neither (it is on two nodes): its annotation ``<prefix>/pair`` names both (``node-a,node-b``) and
-its label ``<prefix>/pair-job`` (its name) is what the Service and the pods' anti-affinity select. The
-Job is created first, then its Service made the Job's with :func:`owned_by` (it needs the Job's uid), so
-the Service goes when the Job's TTL deletes the Job; node rank 1 retries the rendezvous until its name
-resolves, so the order costs nothing.
-
-Payload arguments
------------------
-``BenchmarkSettings.payload_args`` (sizes and durations, ``--skip``, ``--dcgm-level``,
-``--nccl-tests-args``…) follow the Job's own arguments. They are checked with the payload's own parser,
-strictly (:func:`gpucert.bench._cli.check_args`: no abbreviation, no ``--help``), when the settings are
-made and again on the whole command line when a Job is rendered (a pair Job's ``pair_args`` with the pair
-parser, :func:`gpucert.bench._cli.check_pair_args`), so a typo fails as a
-:class:`PayloadArgsError` naming it before any Job exists; the flags the Job sets itself
-(``--run-id``, ``--node``, ``--repeats``, ``--expected-gpus``) are refused. Each ``$`` is written as
-``$$``: the kubelet expands ``$(VAR)`` in a container's arguments, and a payload argument must reach the
-payload as it was written.
+Payload arguments are checked by the payload's own parser, strictly, when the settings are made and again on
+the whole command line when a Job is rendered, so a typo fails as a :class:`PayloadArgsError` before any Job
+exists. Each ``$`` is written ``$$``: the kubelet expands ``$(VAR)`` in a container's arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,38 +47,7 @@ from ..stack import (
     label_value_ok,
     load_manifests,
 )
-from ._names import COMMON_LABELS, COMPONENT, DEFAULT_LABEL_PREFIX
-
-__all__ = [
-    "COMPONENT",
-    "DEFAULT_IMAGE",
-    "DEFAULT_LABEL_PREFIX",
-    "JOBS_NAMESPACE",
-    "JOB_TEMPLATE",
-    "PAIR_JOB_TEMPLATE",
-    "PAIR_PORT",
-    "PAIR_SERVICE_TEMPLATE",
-    "PAYLOAD_DIR",
-    "PAYLOAD_TEMPLATE",
-    "BenchmarkSettings",
-    "JobRenderError",
-    "PairJob",
-    "PayloadArgsError",
-    "benchmark_job",
-    "check_pair_payload_args",
-    "check_payload_args",
-    "ensure_payload",
-    "job_labels",
-    "job_name",
-    "owned_by",
-    "pair_job",
-    "pair_name",
-    "payload_configmap",
-    "payload_items",
-    "payload_key",
-    "payload_path",
-    "policy_payload_args",
-]
+from ._names import COMMON_LABELS, DEFAULT_LABEL_PREFIX
 
 #: NVIDIA's PyTorch container: a tested torch + CUDA + NCCL build for every data-centre GPU gpucert
 #: certifies (Hopper, Blackwell), with ``python`` on the PATH and pynvml installed (it ships RAPIDS,
@@ -126,41 +70,17 @@ _KEY_WORD = re.compile(r"[-_a-zA-Z0-9]+")
 _QUANTITY = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 #: A ConfigMap's data may hold at most 1 MiB (the API server refuses more).
 _CONFIGMAP_LIMIT = 1 << 20
-#: The payload flags this module sets itself; ``payload_args`` may not set them again.
-_OWN_FLAGS = (
-    "--run-id",
-    "--node",
-    "--repeats",
-    "--expected-gpus",
-    "--deadline-seconds",
-    # The policy's, one home: metrics.<name>.cv_rep and .repeats, repeats.unstable_factor and .transient_pct.
-    "--cv-rep",
-    "--repeats-of",
-    "--unstable-factor",
-    "--transient-pct",
-)
-#: The pair flags a pair Job sets itself; ``pair_args`` may not set them again.
-_PAIR_OWN_FLAGS = (
-    "--run-id",
-    "--node",
-    "--nodes",
-    "--peer",
-    "--rank",
-    "--master",
-    "--repeats",
-    "--deadline-seconds",
-    "--cv-rep",
-    "--repeats-of",
-    "--unstable-factor",
-    "--transient-pct",
-    "--nccl-tests",
-    "--mpi-hosts",
-)
+#: The payload flags a Job sets itself: ``payload_args`` (a pair Job's ``pair_args``) may not set them again.
+#: The policy's have their one home there (metrics.<name>.cv_rep and .repeats, repeats.unstable_factor and
+#: .transient_pct).
+_POLICY_FLAGS = ("--cv-rep", "--repeats-of", "--unstable-factor", "--transient-pct")
+_JOB_FLAGS = ("--run-id", "--node", "--repeats", "--deadline-seconds", *_POLICY_FLAGS)
+_OWN_FLAGS = (*_JOB_FLAGS, "--expected-gpus")
+_PAIR_OWN_FLAGS = (*_JOB_FLAGS, "--nodes", "--peer", "--rank", "--master", "--nccl-tests", "--mpi-hosts")
 #: Of a Job's deadline, what image pull and scheduling may take before the payload starts.
 _START_ALLOWANCE_S = 300
-#: What the Job's own flags are checked with when ``payload_args`` (``pair_args``) are checked alone.
+#: What the Job's own flags are checked with when ``payload_args`` are checked alone.
 _CHECK_PREFIX = ("--run-id", "check", "--node", "check", "--repeats", "1", "--expected-gpus", "1")
-_PAIR_CHECK_PREFIX = ("--run-id", "check", "--node", "a", "--rank", "0", "--master", "host:1")
 _HASH = 8
 #: ``<job>-<index>`` is each pair pod's hostname, a DNS label: 63 characters less ``-0``/``-1``.
 _MAX_PAIR_NAME = 61
@@ -185,61 +105,25 @@ def policy_payload_args(policy: Policy) -> tuple[str, ...]:
     return tuple(args)
 
 
-def check_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX) -> tuple[str, ...]:
-    """``args`` as a tuple when the payload's parser takes ``prefix`` + ``args`` strictly (no abbreviation,
-    no ``--help``) and none of ``args`` sets a flag the Job sets; raises :class:`PayloadArgsError`."""
-    from ..bench import check_args
-
-    return checked_args(
-        args,
-        field="payload_args",
-        job="the Job",
-        payload="the payload",
-        own_flags=_OWN_FLAGS,
-        check=check_args,
-        prefix=prefix,
-    )
-
-
-def check_pair_payload_args(args: Sequence[str], *, prefix: Sequence[str] = _PAIR_CHECK_PREFIX) -> tuple[str, ...]:
-    """``args`` as a tuple when the pair payload's parser takes ``prefix`` + ``args`` strictly and none of
-    ``args`` sets a flag the pair Job sets; raises :class:`PayloadArgsError`."""
-    from ..bench import check_pair_args
-
-    return checked_args(
-        args,
-        field="pair_args",
-        job="the pair Job",
-        payload="the pair payload",
-        own_flags=_PAIR_OWN_FLAGS,
-        check=check_pair_args,
-        prefix=prefix,
-    )
-
-
-def checked_args(
-    args: Sequence[str],
-    *,
-    field: str,
-    job: str,
-    payload: str,
-    own_flags: Sequence[str],
-    check: Callable[[list[str]], object],
-    prefix: Sequence[str],
+def check_payload_args(
+    args: Sequence[str], *, prefix: Sequence[str] = _CHECK_PREFIX, pair: bool = False
 ) -> tuple[str, ...]:
-    """``args`` (the policy's ``field``) as a tuple when ``check`` takes ``prefix`` + ``args`` and none of
-    ``args`` sets one of ``own_flags`` (``job`` sets those); raises :class:`PayloadArgsError` naming them."""
-    from ..bench import ArgumentsError
+    """``args`` as a tuple when the payload's parser (the pair payload's, for ``pair``) takes ``prefix`` +
+    ``args`` strictly (no abbreviation, no ``--help``) and none of ``args`` sets a flag the Job sets; raises
+    :class:`PayloadArgsError` naming them."""
+    from ..bench import ArgumentsError, check_args, check_pair_args
 
+    field, job = ("pair_args", "the pair Job") if pair else ("payload_args", "the Job")
     if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
         raise PayloadArgsError(f"{field} must be a sequence of strings, not {args!r}")
     for arg in args:
         flag = arg.split("=", 1)[0]
-        if flag in own_flags:
+        if flag in (_PAIR_OWN_FLAGS if pair else _OWN_FLAGS):
             raise PayloadArgsError(f"{field} may not set {flag}: {job} sets it")
     try:
-        check([*prefix, *args])
+        (check_pair_args if pair else check_args)([*prefix, *args])
     except ArgumentsError as exc:
+        payload = "the pair payload" if pair else "the payload"
         raise PayloadArgsError(f"{field} {list(args)!r}: {payload} refuses them: {exc}") from None
     return tuple(args)
 
@@ -333,29 +217,22 @@ class BenchmarkSettings:
 
 
 def job_name(run_id: str, node: str) -> str:
-    """The benchmark Job's name for ``run_id`` on ``node``: a DNS label of at most 63 characters.
-
-    ``<run id>-<node>`` (characters other than ``a-z0-9-`` as ``-``), cut to fit, then ``-`` and 8 hex
-    digits of a hash of the run id and the node — the same two always give the same name, any other two
-    another. Raises ``ValueError`` when ``run_id`` is not a DNS label or ``node`` is empty.
-    """
+    """The benchmark Job's name for ``run_id`` on ``node``: a DNS label of at most 63 characters (the Job
+    controller copies it into its pods' ``job-name`` label). Raises ``ValueError`` when ``run_id`` is not a DNS
+    label or ``node`` is empty."""
     check_run_id(run_id)
     if not node:
         raise ValueError("node name is empty")
-    digest = hashlib.sha256(f"{run_id}\n{node}".encode()).hexdigest()[:_HASH]
-    readable = re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{node}".lower())
-    head = readable[: 63 - 1 - _HASH].rstrip("-")
+    return _hashed_name(f"{run_id}-{node}", f"{run_id}\n{node}", 63)
+
+
+def _hashed_name(readable: str, key: str, limit: int) -> str:
+    """``readable`` as ``a-z0-9-``, cut to fit ``limit`` characters with ``-`` and 8 hex digits of a hash of
+    ``key``: the same key always gives the same name, any other key another, however the texts line up
+    (``a-b`` + ``c`` against ``a`` + ``b-c``) or get cut."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:_HASH]
+    head = re.sub(r"[^a-z0-9-]+", "-", readable.lower())[: limit - 1 - _HASH].rstrip("-")
     return f"{head}-{digest}"
-
-
-def job_labels(run_id: str, node: str, label_prefix: str = DEFAULT_LABEL_PREFIX) -> dict[str, str]:
-    """The labels of a benchmark Job and its pods: gpucert's, ``<prefix>/run-id`` and, when the node's
-    name is a valid label value, ``<prefix>/node``. Raises ``ValueError`` for a bad run id."""
-    check_run_id(run_id)
-    labels = {**COMMON_LABELS, f"{label_prefix}/run-id": run_id}
-    if label_value_ok(node):
-        labels[f"{label_prefix}/node"] = node
-    return labels
 
 
 def _pair(node_a: str, node_b: str) -> tuple[str, str]:
@@ -371,14 +248,11 @@ def _pair(node_a: str, node_b: str) -> tuple[str, str]:
 
 
 def pair_name(run_id: str, node_a: str, node_b: str) -> str:
-    """The pair's Job and Service name (see the module docstring): a DNS label of at most 61 characters
-    that starts with a letter. Raises ``ValueError`` for a bad run id or node names (see :func:`pair_job`)."""
+    """The pair's Job and Service name: a DNS label of at most 61 characters that starts with a letter, as a
+    Service name must. Raises ``ValueError`` for a bad run id or node names (see :func:`pair_job`)."""
     check_run_id(run_id)
     a, b = _pair(node_a, node_b)
-    digest = hashlib.sha256(f"pair\n{run_id}\n{a}\n{b}".encode()).hexdigest()[:_HASH]
-    readable = re.sub(r"[^a-z0-9-]+", "-", f"pair-{run_id}-{a}-{b}".lower())
-    head = readable[: _MAX_PAIR_NAME - 1 - _HASH].rstrip("-")
-    return f"{head}-{digest}"
+    return _hashed_name(f"pair-{run_id}-{a}-{b}", f"pair\n{run_id}\n{a}\n{b}", _MAX_PAIR_NAME)
 
 
 # --- the payload ConfigMap ------------------------------------------------------------------------------
@@ -408,11 +282,9 @@ def payload_path(key: str) -> str:
     """
     head, dot, suffix = key.rpartition(".")
     path = f"{head.replace('.', '/')}.{suffix}"
-    try:
+    with contextlib.suppress(ValueError):
         if dot and payload_key(path) == key:
             return path
-    except ValueError:
-        pass
     raise ValueError(f"{key!r} is not a payload ConfigMap key")
 
 
@@ -517,40 +389,27 @@ def _tolerations(label_prefix: str) -> list[dict[str, str]]:
 def benchmark_job(
     run_id: str, node: str, gpus: int, *, payload: Mapping[str, Any], settings: BenchmarkSettings | None = None
 ) -> dict[str, Any]:
-    """The benchmark Job of ``run_id`` on ``node``, requesting ``gpus`` (all the node's GPUs).
+    """The benchmark Job of ``run_id`` on ``node``, requesting ``gpus`` (all the node's GPUs), as a dict;
+    ``payload`` is the payload ConfigMap (:func:`payload_configmap`, or as read back), mounted as the package tree.
 
-    ``payload`` is the payload ConfigMap (:func:`payload_configmap`, or as read back): the pod mounts
-    it by name, its keys as the package tree.
-    The pod runs ``python -m gpucert.bench --run-id RUN --node $(NODE_NAME) --repeats N --expected-gpus
-    GPUS`` plus ``settings.payload_args``. Returns the Job as a dict. Raises ``ValueError`` for a bad run
-    id, an empty node, fewer than 1 GPU or a ConfigMap that is not a payload's, :class:`PayloadArgsError`
-    when the payload's parser refuses the whole command line, and :class:`JobRenderError` when the
-    template does not render into one Job.
+    Raises ``ValueError`` for a bad run id, an empty node, fewer than 1 GPU or a ConfigMap that is not a
+    payload's, :class:`PayloadArgsError` when the payload's parser refuses the whole command line, and
+    :class:`JobRenderError` when the template does not render into one Job.
     """
     s = settings or BenchmarkSettings()
     name = job_name(run_id, node)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"a benchmark Job requests at least 1 GPU, not {gpus!r}")
     payload_name, items = _payload_ref(payload)
-    labels = job_labels(run_id, node, s.label_prefix)
     node_annotation = {f"{s.label_prefix}/node": node}
-    own = [
-        "--run-id",
-        run_id,
-        # $(NODE_NAME) is expanded by the kubelet from the downward API: the node the pod ran on.
-        "--node",
-        "$(NODE_NAME)",
-        "--repeats",
-        str(s.repeats),
-        "--expected-gpus",
-        str(gpus),
-        # Extra repeats (to settle disagreeing ones) start only if they fit before the Job's own deadline,
-        # less what pulling the image and scheduling may have taken.
-        "--deadline-seconds",
-        _payload_deadline(s),
-        *s.policy_args,
-        *(("--storage-path", STORAGE_MOUNT) if _storage_volume(s) else ()),
-    ]
+    labels = {**COMMON_LABELS, f"{s.label_prefix}/run-id": run_id}
+    if label_value_ok(node):  # node names run to 253 characters, label values stop at 63
+        labels.update(node_annotation)
+    # $(NODE_NAME) is expanded by the kubelet from the downward API: the node the pod ran on. Extra repeats (to
+    # settle disagreeing ones) start only if they fit before the Job's own deadline, less image pull and scheduling.
+    own = ["--run-id", run_id, "--node", "$(NODE_NAME)", "--repeats", str(s.repeats), "--expected-gpus", str(gpus)]
+    own += ["--deadline-seconds", _payload_deadline(s), *s.policy_args]
+    own += ["--storage-path", STORAGE_MOUNT] if _storage_volume(s) else []
     # The whole command line, as the payload will parse it: a typo fails here, before any Job exists.
     payload_args = check_payload_args(s.payload_args, prefix=own)
     args = [*own, *(_kubelet_literal(arg) for arg in payload_args)]
@@ -615,12 +474,9 @@ def pair_job(
 ) -> PairJob:
     """The pair benchmark of ``node_a`` and ``node_b`` in ``run_id``: its Job and headless Service.
 
-    Each pod requests ``gpus`` (all of a node's: the two nodes of a pair have as many) and runs ``python -m
-    gpucert.bench pair --run-id RUN --node $(NODE_NAME) --nodes A B --master <job>-0.<svc>.<ns>.svc:PORT
-    --repeats N --deadline-seconds D`` plus the settings' policy flags and ``pair_args`` (checked with the
-    pair payload's own parser); ``settings.payload_args`` are the node benchmark's and do not apply. The Job
-    carries what the node's does (labels, tolerations, deadline, TTL, no service account token) but the
-    pair's annotation and selector label instead of the node's. Returns a :class:`PairJob`. Raises
+    Each pod requests ``gpus`` (all of a node's: the two nodes of a pair have as many) and runs the pair payload
+    with the settings' policy flags and ``pair_args`` (``settings.payload_args`` are the node benchmark's). The
+    Job carries what the node's does, but the pair's annotation and selector label instead of the node's. Raises
     ``ValueError`` for a bad run id, node names that are not DNS subdomains or the same node twice, fewer
     than 1 GPU, a bad port or a ConfigMap that is not a payload's, :class:`PayloadArgsError` for arguments
     the payload refuses, and :class:`JobRenderError` when a template does not render into its one object.
@@ -637,43 +493,17 @@ def pair_job(
     labels = {**COMMON_LABELS, f"{s.label_prefix}/run-id": run_id, **selector}
     annotations = {f"{s.label_prefix}/pair": ",".join(nodes)}
     master = f"{name}-0.{name}.{s.namespace}.svc:{port}"
-    own = [
-        "pair",
-        "--run-id",
-        run_id,
-        # $(NODE_NAME): the node this pod was bound to, from the downward API (either of the two).
-        "--node",
-        "$(NODE_NAME)",
-        "--nodes",
-        *nodes,
-        # No --rank: the payload takes $JOB_COMPLETION_INDEX, which the Job controller gives each pod.
-        "--master",
-        master,
-        "--repeats",
-        str(s.repeats),
-        "--deadline-seconds",
-        _payload_deadline(s),
-        *s.policy_args,
-    ]
+    # $(NODE_NAME): the node this pod was bound to, from the downward API (either of the two). No --rank: the
+    # payload takes $JOB_COMPLETION_INDEX, which the Job controller gives each pod.
+    own = ["pair", "--run-id", run_id, "--node", "$(NODE_NAME)", "--nodes", *nodes, "--master", master]
+    own += ["--repeats", str(s.repeats), "--deadline-seconds", _payload_deadline(s), *s.policy_args]
     # Checked as the payload will parse it, with the rank each pod takes from $JOB_COMPLETION_INDEX.
-    extra = check_pair_payload_args(pair_args, prefix=[*own[1:], "--rank", "0"])
+    extra = check_payload_args(pair_args, prefix=[*own[1:], "--rank", "0"], pair=True)
     # The Job's own arguments hold no `$` but $(NODE_NAME) (run ids and node names are DNS names); the
     # extra ones reach the payload as written.
     args = [*own, *(_kubelet_literal(arg) for arg in extra)]
-    service = _render_one(
-        PAIR_SERVICE_TEMPLATE,
-        {
-            "svc": {
-                "name": name,
-                "namespace": s.namespace,
-                "labels": labels,
-                "annotations": annotations,
-                "selector": selector,
-                "port": port,
-            }
-        },
-        "Service",
-    )
+    svc = {"name": name, "namespace": s.namespace, "labels": labels, "annotations": annotations, "port": port}
+    service = _render_one(PAIR_SERVICE_TEMPLATE, {"svc": {**svc, "selector": selector}}, "Service")
     context = {
         **_pod_context(s, name, labels, annotations, gpus, payload_name, items, args),
         "subdomain": name,

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["COMMON_LABELS", "COMPONENT", "DEFAULT_LABEL_PREFIX"]
-
 #: The prefix of gpucert's labels, annotations and taints unless a cluster says otherwise
 #: (docs/reference/labels-taints-conditions.md).
 DEFAULT_LABEL_PREFIX: Final = "gpucert.io"

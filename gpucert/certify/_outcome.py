@@ -1,35 +1,27 @@
 """What became of a benchmark Job: a :class:`JobOutcome`, read from the Job and its pods.
 
-A benchmark that could not run says nothing about the GPUs. So every way a Job fails outside the
-payload — the image cannot be pulled, the pod cannot be scheduled, the container is OOM-killed, the
-deadline passes, the container exits non-zero, the Job disappears — is named here as a ``reason``,
-and the certify flow records the node ``inconclusive`` for it, never a GPU verdict. (A payload that
-ran exits 0 even when a GPU failed: it reports the failure as ``error`` rows, which the verdict engine
-judges.)
+A benchmark that could not run says nothing about the GPUs, so every way a Job fails outside the payload is
+named here as a ``reason`` and the node recorded ``inconclusive`` for it, never a GPU verdict (a payload that ran
+exits 0 even when a GPU failed: it reports ``error`` rows, which the verdict engine judges).
 
-States and reasons
-------------------
-``state`` is ``succeeded`` (the Job is Complete and its pod is there to read), ``failed`` (the Job
-failed, or vanished), ``running`` or ``pending`` (no container started yet). ``reason`` is None for a
-Job going well, else one of :data:`REASONS`:
+``state`` is ``succeeded`` (Complete, its pod there to read), ``failed`` (failed, or vanished), ``running`` or
+``pending`` (no container started yet). ``reason`` is None for a Job going well, else one of :data:`Reason`:
 
 * ``image_pull`` — a container waits with ``ErrImagePull``, ``ImagePullBackOff``, ``InvalidImageName``,
   ``ErrImageNeverPull`` or ``RegistryUnavailable``;
-* ``unschedulable`` — ``PodScheduled=False`` with reason ``Unschedulable``, or the kubelet refused the pod
-  at admission (``OutOf<resource>``, ``NodeAffinity``, ``UnexpectedAdmissionError``: the device plugin
-  could not hand out the GPUs);
-* ``oom`` — the container terminated ``OOMKilled``, or with exit code 137 (SIGKILL: the OOM killer, as
-  far as a pod can tell);
-* ``deadline`` — the Job failed with ``DeadlineExceeded`` (or its pod did);
-* ``error`` — any other failure: a non-zero exit, an eviction, a container that cannot be created
-  (``CreateContainerConfigError``…), a Job failure without a pod to explain it;
-* ``vanished`` — the Job is gone (deleted, or collected by its TTL before anyone read it), or it is
-  Complete but its pod, and so its log, is gone.
+* ``unschedulable`` — ``PodScheduled=False`` with reason ``Unschedulable``, or the kubelet refused the pod at
+  admission (``OutOf<resource>``, ``NodeAffinity``, ``UnexpectedAdmissionError``: the device plugin could not
+  hand out the GPUs);
+* ``oom`` — terminated ``OOMKilled``, or exit code 137 (SIGKILL: the OOM killer, as far as a pod can tell);
+* ``deadline`` — the Job (or its pod) failed with ``DeadlineExceeded``;
+* ``error`` — any other failure: a non-zero exit, an eviction, a container that cannot be created, a Job
+  failure without a pod to explain it;
+* ``vanished`` — the Job is gone (deleted, or collected by its TTL before anyone read it), or Complete without
+  its pod, and so its log.
 
-A Job whose pod waits on an image pull or cannot be scheduled is ``pending`` with that reason long
-before its deadline, so the caller can give up early (:func:`abandon`) instead of waiting out
-``activeDeadlineSeconds``. When the deadline hits such a Job, its pod's reason is kept (``image_pull``
-says more than ``deadline``) as long as the pod is still there to see.
+A pod stuck on an image pull or unschedulable makes the Job ``pending`` with that reason long before its
+deadline, so the caller can give up early (:func:`abandon`); when the deadline then hits, the pod's reason is
+kept (``image_pull`` says more than ``deadline``) while the pod is there to see.
 """
 
 from __future__ import annotations
@@ -41,12 +33,8 @@ from typing import Any, Final, Literal
 from ..kube import Kube
 from ._names import DEFAULT_LABEL_PREFIX
 
-__all__ = ["REASONS", "STATES", "JobOutcome", "Reason", "State", "abandon", "classify", "job_pods", "observe"]
-
 State = Literal["succeeded", "failed", "running", "pending"]
 Reason = Literal["image_pull", "unschedulable", "oom", "deadline", "error", "vanished"]
-STATES: Final[tuple[State, ...]] = ("succeeded", "failed", "running", "pending")
-REASONS: Final[tuple[Reason, ...]] = ("image_pull", "unschedulable", "oom", "deadline", "error", "vanished")
 
 _IMAGE_PULL: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
@@ -91,12 +79,6 @@ class JobOutcome:
         """Not finished, yet already known not to run as it should (a pull error, no room to schedule):
         the caller may give up now rather than wait for the deadline."""
         return not self.finished and self.reason is not None
-
-    @property
-    def inconclusive(self) -> bool:
-        """The node cannot be judged from this Job: it failed or vanished
-        (docs/reference/causes-and-actions.md, "Verdicts": ``inconclusive``)."""
-        return self.state == "failed"
 
 
 # --- reading objects ------------------------------------------------------------------------------------

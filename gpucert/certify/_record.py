@@ -1,11 +1,9 @@
-"""What a certify run keeps: verdict rows for nodes that could not be judged, the baseline update, and
-the run's files in the store.
+"""What a certify run keeps: verdict rows for nodes that could not be judged, and the baseline update.
 
-A node whose Job failed (an image that cannot be pulled, no room to schedule, OOM, a deadline) has no
-results, so the verdict engine has nothing to judge: it gets one node-level ``inconclusive`` row that
-says why, never a GPU verdict. Baselines are updated in one conditional write of a new version
-(:meth:`gpucert.store.BaselineStore.update`), so a run killed mid-way leaves the previous version
-current, never half a table.
+A node whose Job failed (an image that cannot be pulled, no room to schedule, OOM, a deadline) has no results:
+it gets one node-level ``inconclusive`` row that says why, never a GPU verdict. Baselines are updated in one
+conditional write of a new version (:meth:`gpucert.store.BaselineStore.update`), so a run killed mid-way leaves
+the previous version current, never half a table.
 """
 
 from __future__ import annotations
@@ -21,8 +19,6 @@ from ..policy import Policy
 from ..store import BaselineStore
 from ..verdict import VERDICT_COLUMNS
 
-__all__ = ["common_stack", "job_failure_verdicts", "stack_changed_nodes", "update_baselines"]
-
 _WHY = {
     "image_pull": "the benchmark image could not be pulled",
     "unschedulable": "the benchmark pod could not be scheduled on the node",
@@ -36,34 +32,22 @@ _WHY = {
 
 
 def job_failure_verdicts(run_id: str, failed: Mapping[str, tuple[str | None, str]]) -> pd.DataFrame:
-    """One ``inconclusive`` node row per node whose benchmark did not produce results.
-
-    ``failed`` maps node → (reason, message) as the wave classified it.
-    """
+    """One ``inconclusive`` node row per node whose benchmark did not produce results; ``failed`` maps node →
+    (reason, message) as the wave classified it."""
+    every = {  # what each such row says; only its node and why differ
+        **dict.fromkeys(("gpu_uuid", "gpu_model", "peer")),
+        **dict.fromkeys(("value", "reference", "deviation_pct", "z"), float("nan")),
+        **dict.fromkeys(("metric", "reference_kind", "cause"), ""),
+        "run_id": run_id,
+        "gpu": pd.NA,
+        "verdict": "inconclusive",
+        "action": "retest",
+        "ticket": "none",
+    }
     rows = []
     for node, (reason, message) in sorted(failed.items()):
         why = _WHY.get(reason or "", "the benchmark Job failed")
-        rows.append(
-            {
-                "run_id": run_id,
-                "node": node,
-                "gpu": pd.NA,
-                "gpu_uuid": None,
-                "verdict": "inconclusive",
-                "metric": "",
-                "value": float("nan"),
-                "reference": float("nan"),
-                "deviation_pct": float("nan"),
-                "z": float("nan"),
-                "reference_kind": "",
-                "cause": "",
-                "action": "retest",
-                "ticket": "none",
-                "reasons": f"{why}{': ' + message if message else ''}",
-                "gpu_model": None,
-                "peer": None,
-            }
-        )
+        rows.append({**every, "node": node, "reasons": f"{why}{': ' + message if message else ''}"})
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
     frame["gpu"] = frame["gpu"].astype("Int64")
     return frame

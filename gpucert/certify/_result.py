@@ -6,6 +6,7 @@ the command line and the demo read the same fields the labels and the report wer
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import date
 from typing import Any
 
@@ -14,8 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from .._text import counted
 from ..tickets import TicketEvent
 from ._settle import Settlement, tally_states
-
-__all__ = ["CertifyOutcome", "NodeOutcome", "TicketChange"]
 
 
 class _Model(BaseModel):
@@ -89,18 +88,7 @@ class CertifyOutcome(_Model):
     def of(cls, settlement: Settlement, **fields: Any) -> CertifyOutcome:
         """The outcome of a settled run; ``fields`` fill the rest."""
         decisions = [
-            NodeOutcome(
-                node=d.node,
-                state=d.state,
-                verdict=d.verdict,
-                cause=d.cause,
-                hard_gate=d.hard_gate,
-                confirmed=d.confirmed,
-                taint=d.taint,
-                runs=list(d.runs),
-                summary=d.summary,
-                settled=d.settled,
-            )
+            NodeOutcome(**{**asdict(d), "runs": list(d.runs)}, verdict=d.verdict)
             for _, d in sorted(settlement.decisions.items())
         ]
         return cls(run_id=settlement.run_id, decisions=decisions, incident=settlement.incident, **fields)

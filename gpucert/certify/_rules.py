@@ -12,8 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..policy import Policy, default_policy
 from ..tickets import EscalationPolicy
 
-__all__ = ["CertificationRules"]
-
 
 class CertificationRules(BaseModel):
     """Thresholds (``policy``), how a run measures and confirms, how operate rotates, when tickets escalate."""

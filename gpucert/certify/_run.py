@@ -1,14 +1,9 @@
-"""A certification run in the store: :class:`CertificationRun` addresses its files, once.
+"""A certification run in the store: :class:`CertificationRun` addresses its files, once
+(docs/reference/store-layout.md: ``runs/date=<day>/run=<run id>/``; a confirming re-run's files beside its
+parent's, ``results-c1.parquet``…: one run, one folder, one decision).
 
-A run is ``runs/date=<day>/run=<run id>/`` of the store (docs/reference/store-layout.md): ``results.parquet``,
-``verdicts.parquet``, ``decisions.parquet``, ``stack.json``, ``policy.json`` (the policy it was judged by and
-the baseline version it was judged against), ``report.html``, and the confirming re-runs'
-files beside them (``results-c1.parquet``, ``verdicts-c1.parquet``, …), reached through :meth:`rerun`.
-A re-run's Jobs carry a run id of their own (``<run id>-c1``: a Job name is made of it), but its files
-belong to the run that asked for it: one run, one folder, one decision.
-
-Tables are read once per object and kept: a flow's tasks share the object (tasks run in the flow's
-process), so no task re-reads ``results.parquet`` the run already holds.
+Tables are read once per object and kept: a flow's tasks share the object (tasks run in the flow's process),
+so no task re-reads ``results.parquet`` the run already holds.
 """
 
 from __future__ import annotations
@@ -28,16 +23,12 @@ from ..policy import Policy, spec_floors
 from ..results import parse_parquet
 from ..store import BaselineStore
 
-__all__ = ["RESULTS", "RUN_FILES", "CertificationRun", "latest_decisions", "rerun_id"]
-
 RESULTS = "results.parquet"
 VERDICTS = "verdicts.parquet"
 DECISIONS = "decisions.parquet"
 STACK = "stack.json"
 POLICY = "policy.json"
 REPORT = "report.html"
-#: The files a run may hold, by name.
-RUN_FILES = (RESULTS, VERDICTS, DECISIONS, STACK, POLICY, REPORT)
 
 
 def rerun_id(run_id: str, attempt: int) -> str:
@@ -104,7 +95,7 @@ class CertificationRun:
         """Store ``frame`` as the run's Parquet file ``name`` (and keep it); returns its key."""
         buffer = io.BytesIO()
         frame.to_parquet(buffer, index=False)
-        key = self.store.write_run_file(self.folder, self.day, self.file(name), buffer.getvalue())
+        key = self.write_file(name, buffer.getvalue())
         self._tables[name] = frame
         return key
 
@@ -114,10 +105,14 @@ class CertificationRun:
         self._tables.pop(name, None)
         return self.store.write_run_file(self.folder, self.day, self.file(name), data)
 
+    def read_file(self, name: str) -> bytes:
+        """The run's file ``name`` as stored; :class:`StoreError` when the run has none."""
+        return self.store.read_run_file(self.folder, self.day, self.file(name))
+
     def table(self, name: str) -> pd.DataFrame:
         """The run's Parquet file ``name`` as stored; :class:`StoreError` when the run has none."""
         if name not in self._tables:
-            raw = self.store.read_run_file(self.folder, self.day, self.file(name))
+            raw = self.read_file(name)
             source = f"results of run {self.run_id}"
             frame = parse_parquet(raw, source) if name == RESULTS else pd.read_parquet(io.BytesIO(raw))
             self._tables[name] = frame
@@ -147,13 +142,12 @@ class CertificationRun:
 
     def write_stack(self, stacks: Mapping[str, Mapping[str, Any]]) -> str:
         """Store ``stack.json`` (node → the versions it was measured on); returns its key."""
-        data = json.dumps(stacks, indent=2, sort_keys=True).encode()
-        return self.store.write_run_file(self.folder, self.day, self.file(STACK), data)
+        return self.write_file(STACK, json.dumps(stacks, indent=2, sort_keys=True).encode())
 
     def stack(self) -> dict[str, dict[str, Any]]:
         """``stack.json``; an empty mapping when the run has none."""
         try:
-            raw = self.store.read_run_file(self.folder, self.day, self.file(STACK))
+            raw = self.read_file(STACK)
         except StoreError:
             return {}
         loaded = json.loads(raw)
@@ -168,12 +162,11 @@ class CertificationRun:
             for (model, name), floor in sorted(spec_floors(policy).items())
         ]
         record = {"baseline_version": baseline_version, "policy": policy.model_dump(mode="json"), "spec_floors": floors}
-        data = json.dumps(record, indent=2, sort_keys=True).encode()
-        return self.store.write_run_file(self.folder, self.day, self.file(POLICY), data)
+        return self.write_file(POLICY, json.dumps(record, indent=2, sort_keys=True).encode())
 
     def write_report(self, html: str) -> str:
         """Store ``report.html``; returns its URI under the store root."""
-        self.store.write_run_file(self.folder, self.day, self.file(REPORT), html.encode("utf-8"))
+        self.write_file(REPORT, html.encode("utf-8"))
         return self.uri(REPORT)
 
 

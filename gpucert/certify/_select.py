@@ -12,8 +12,6 @@ from typing import Any
 
 from ..kube import Kube
 
-__all__ = ["busy_nodes", "choose_nodes"]
-
 _GPU = "nvidia.com/gpu"
 
 

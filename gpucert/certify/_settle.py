@@ -1,34 +1,17 @@
-"""Settling a run: from its first verdicts and its confirming re-runs to one decision per node.
+"""Settling a run: its first verdicts and its confirming re-runs → one :class:`SettledDecision` per node.
 
 :func:`settle` is the one place the run's rules live, as a pure function (tested without a cluster):
-
-* **confirmation** (docs/design/certify-runbook.md, "Confirm"): a fail that no hard hardware gate backs
-  (row-remap failure, XID 64/79/95, a volatile DBE) stands only when 2 of the node's runs fail, and a warn no
-  telemetry gate backs (a statistical deficit, repeats too unstable to judge) only when 2 runs find a deficit:
-  ``degraded`` means a reproduced deficit, never "we could not tell". A deficit the re-runs do not reproduce
-  is a pass; one still undecided when the re-runs ran out is inconclusive and not ``settled`` (never a mark on
-  a guess);
-* **taints**: a confirmed fail adds ``<prefix>/unhealthy`` (``added``, or ``kept`` when it is there), a
-  node that now passes or is only degraded has it ``lifted``, an inconclusive or unsettled node keeps
-  what it has — and so does a node whose taint's cause this run did not measure on it (the clearing rule:
-  a storage taint stays through a run without a storage location; its state is left as it was and its
-  summary says why);
-* **blast radius** (docs/design/certify-runbook.md, "Blast radius"): gpucert's taints *in force* after this
-  run — every run's, not this run's alone — never exceed ``policy.max_tainted_nodes(GPU nodes)``; past it no
-  taint is added (``refused``) and the run records one incident: the likelier culprit is the baseline, the
-  benchmark or the stack (the run opens one incident ticket naming what it held back and ends with exit status
-  5);
-* **observe-only**: states and summaries as usual, no taint added or lifted.
-
-:func:`settled_verdicts` makes the run's verdict table agree with the decisions (a row is never worse than
-its node's decision, and a lowered row asks for no ticket), so labels, conditions, taints, tickets and the report, all
-made from the same decision, can never disagree.
+confirmation, taints (and the clearing rule), the blast radius and observe-only, as
+docs/design/certify-runbook.md ("Confirm", "Settle", "Blast radius") states them. :func:`settled_verdicts`
+then makes the verdict table agree with the decisions, so labels, conditions, taints, tickets and the report,
+all made from the same decision, can never disagree.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -40,18 +23,6 @@ from ..tickets import CAUSE_METRICS, not_measured
 from ..tickets import measured as measured_on
 from ..verdict import VERDICT_RANK
 from ._decide import NodeDecision, decide_nodes, deficit_stands, fail_stands
-
-__all__ = [
-    "DECISION_COLUMNS",
-    "NodeTaints",
-    "RunVerdicts",
-    "SettledDecision",
-    "Settlement",
-    "TaintAction",
-    "fleet_taints",
-    "settle",
-    "settled_verdicts",
-]
 
 TaintAction = Literal["added", "kept", "lifted", "refused", "none"]
 #: The state each settled state reads as in a verdict table.
@@ -135,10 +106,6 @@ class Settlement:
         """Nodes that need one more run (their deficit is neither reproduced nor refuted yet)."""
         return sorted(n for n, d in self.decisions.items() if not d.settled)
 
-    def nodes(self, taint: TaintAction) -> list[str]:
-        """The nodes whose taint action is ``taint``."""
-        return sorted(n for n, d in self.decisions.items() if d.taint == taint)
-
     def reasons(self) -> dict[str, str]:
         """Node → why it is marked as it is (its state and summary), for the audit trail."""
         return {n: f"{d.state}: {d.summary}" if d.summary else str(d.state) for n, d in self.decisions.items()}
@@ -152,20 +119,7 @@ class Settlement:
         stamps them, so decisions of many runs sort in time."""
         stamp = pd.Timestamp(decided_at) if decided_at is not None else pd.NaT
         rows = [
-            {
-                "run_id": self.run_id,
-                "node": d.node,
-                "state": d.state,
-                "verdict": d.verdict,
-                "cause": d.cause,
-                "hard_gate": d.hard_gate,
-                "confirmed": d.confirmed,
-                "taint": d.taint,
-                "runs": ",".join(d.runs),
-                "summary": d.summary,
-                "settled": d.settled,
-                "decided_at": stamp,
-            }
+            {**asdict(d), "run_id": self.run_id, "verdict": d.verdict, "runs": ",".join(d.runs), "decided_at": stamp}
             for _, d in sorted(self.decisions.items())
         ]
         frame = pd.DataFrame(rows, columns=list(DECISION_COLUMNS))
@@ -177,19 +131,12 @@ class Settlement:
 
 def tally_states(states: Iterable[str | None]) -> dict[str, int]:
     """How many of each state (``unchanged`` for None: an inconclusive node keeps its label)."""
-    counts: dict[str, int] = {}
-    for state in states:
-        counts[state or "unchanged"] = counts.get(state or "unchanged", 0) + 1
-    return counts
+    return dict(Counter(state or "unchanged" for state in states))
 
 
 def _conclude(history: Sequence[tuple[str, NodeDecision]]) -> tuple[NodeDecision, bool, bool, tuple[str, ...]]:
-    """(the decision, confirmed, settled, the runs it rests on) from a node's runs, first run first.
-
-    Confirmed: the deficit stands — a hard gate or a telemetry-backed warn at once, else 2 runs. A fail the
-    re-runs do not reproduce as a fail may still be a reproduced warn (degraded); a deficit not reproduced
-    at all is a pass; one still undecided is inconclusive and not settled (never a mark on a guess).
-    """
+    """(the decision, confirmed, settled, the runs it rests on) from a node's runs, first run first
+    (docs/design/certify-runbook.md, "Confirm")."""
     runs = tuple(run for run, _ in history)
     first = history[0][1]
     if not first.needs_confirmation:
@@ -202,10 +149,7 @@ def _conclude(history: Sequence[tuple[str, NodeDecision]]) -> tuple[NodeDecision
             return first, True, True, runs
         if stands is None:
             return _undecided(first, reruns), False, False, runs
-    as_warn = [
-        NodeDecision(d.node, "degraded" if d.state == "failed" else d.state, None, False, d.summary) for d in decisions
-    ]
-    stands = deficit_stands(as_warn)
+    stands = deficit_stands(decisions)  # a fail not reproduced as one may still be a reproduced deficit
     if stands is None:
         return _undecided(first, reruns), False, False, runs
     if stands:
@@ -225,10 +169,8 @@ def _taint_action(
 ) -> TaintAction:
     if observe or state is None or not settled:
         return "kept" if taints.unhealthy else "none"
-    if state == "failed":
-        if not confirmed:  # pragma: no cover - an unconfirmed fail is degraded by then
-            return "kept" if taints.unhealthy else "none"
-        return "kept" if taints.unhealthy else "added"
+    if state == "failed":  # confirmed by then: an unconfirmed fail is degraded or undecided
+        return "kept" if taints.unhealthy else ("added" if confirmed else "none")
     # Passing lifts both of gpucert's taints (an onboarded node is admitted); degraded only the unhealthy one.
     lift = taints.unhealthy or (state == "certified" and taints.uncertified)
     return "lifted" if lift else "none"
@@ -290,17 +232,7 @@ def settle(
         )
         for node in added:
             d = decisions[node]
-            decisions[node] = SettledDecision(
-                d.node,
-                d.state,
-                d.cause,
-                d.hard_gate,
-                d.confirmed,
-                "refused",
-                d.runs,
-                f"{d.summary} (not tainted: blast radius reached)",
-                d.settled,
-            )
+            decisions[node] = replace(d, taint="refused", summary=f"{d.summary} (not tainted: blast radius reached)")
         in_force -= added
     return Settlement(first.run_id, decisions, incident, len(in_force), limit, unmeasured)
 

@@ -1,15 +1,10 @@
 """Shards: a certify of more nodes than one flow process should hold, cut into parts any worker can run.
 
-A shard is a fixed set of the run's nodes benchmarked under the run's own id (so its Jobs carry the run's
-name, and a shard started again adopts them, as a whole run does). It leaves three files in the run's
-folder — ``shard<k>-results.parquet`` (the rows its nodes logged; absent when none did),
-``shard<k>-failed.json`` (node → [reason, message] for each Job that failed outside the GPU) and
-``shard<k>-stack.json`` — and the parent joins them into the run's ``results.parquet``: the run is judged
-once, over the whole fleet, since peers are every node of the model and not a shard's.
-
-:func:`plan_shards` cuts the nodes into contiguous runs of names (sorted, so a rack named in sequence
-stays together and a run started again cuts the same shards), each of at most ``shard_size`` nodes and all
-within one node of each other in size.
+A shard is a fixed set of the run's nodes benchmarked under the run's own id (its Jobs carry the run's name, and
+a shard started again adopts them). It leaves ``shard<k>-results.parquet``, ``-failed.json`` and ``-stack.json``
+in the run's folder, which the parent joins: the run is judged once, over the whole fleet, since peers are every
+node of the model and not a shard's. :func:`plan_shards` cuts contiguous runs of sorted names (a rack named in
+sequence stays together; a run started again cuts the same shards), all within one node of each other in size.
 """
 
 from __future__ import annotations
@@ -29,8 +24,6 @@ import pyarrow.parquet as pq
 from ..errors import InputError, StoreError
 from ..results import join_parquet
 from ._run import RESULTS, CertificationRun
-
-__all__ = ["ShardParts", "plan_shards", "read_shards", "write_shard"]
 
 
 def plan_shards(nodes: Mapping[str, int], shard_size: int) -> list[dict[str, int]]:
@@ -62,14 +55,10 @@ def write_shard(
     if frame is not None:
         buffer = io.BytesIO()
         frame.to_parquet(buffer, index=False)
-        run.store.write_run_file(run.folder, run.day, run.file(_key(index, RESULTS)), buffer.getvalue())
-    run.store.write_run_file(
-        run.folder, run.day, run.file(_key(index, "stack.json")), json.dumps(stacks, sort_keys=True).encode()
-    )
+        run.write_file(_key(index, RESULTS), buffer.getvalue())
+    run.write_file(_key(index, "stack.json"), json.dumps(stacks, sort_keys=True).encode())
     record = {node: [reason, message] for node, (reason, message) in failed.items()}
-    run.store.write_run_file(
-        run.folder, run.day, run.file(_key(index, "failed.json")), json.dumps(record, sort_keys=True).encode()
-    )
+    run.write_file(_key(index, "failed.json"), json.dumps(record, sort_keys=True).encode())
 
 
 @dataclass(frozen=True)
@@ -90,12 +79,12 @@ def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> S
     measured: list[int] = []
     for index, nodes in enumerate(shards):
         try:
-            record = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "failed.json"))))
+            record = json.loads(run.read_file(_key(index, "failed.json")))
         except StoreError as exc:
             raise StoreError(
                 f"{run.run_id}: shard {index} ({len(nodes)} nodes from {min(nodes)}) did not finish: {exc}"
             ) from exc
-        stack = json.loads(run.store.read_run_file(run.folder, run.day, run.file(_key(index, "stack.json"))))
+        stack = json.loads(run.read_file(_key(index, "stack.json")))
         stray = sorted((set(record) | set(stack)) - set(nodes))
         if stray:
             raise InputError(f"{run.run_id}: shard {index} reports nodes it did not hold: {', '.join(stray[:5])}")
@@ -110,7 +99,7 @@ def read_shards(run: CertificationRun, shards: Sequence[Mapping[str, int]]) -> S
 def _join_results(run: CertificationRun, measured: Sequence[int]) -> int:
     """Stream the results of the ``measured`` shards into the run's ``results.parquet``, one shard in memory
     at a time; returns the rows joined."""
-    parts = (run.store.read_run_file(run.folder, run.day, run.file(_key(index, RESULTS))) for index in measured)
+    parts = (run.read_file(_key(index, RESULTS)) for index in measured)
     try:
         joined = join_parquet(parts)
     except (pa.ArrowException, KeyError) as exc:

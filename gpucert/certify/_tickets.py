@@ -1,17 +1,11 @@
-"""The ticket step of a run, so that no ticket decision is ever dropped.
+"""The ticket step of a run, so that no ticket decision is ever dropped (docs/design/certify-runbook.md, step
+10, and "Blast radius").
 
-With a ticket backend, a run reconciles its settled verdicts (open, update, escalate, resolve). Without
-one (an S3 store and no ``Ticketing`` configured), the run records in the store that its tickets are
-still to be opened — ``tickets/pending/run=<id>.json`` — and says so; the first run that has a backend
-reconciles every pending run first, oldest first, and marks each done (``tickets/opened/run=<id>.json``;
-both append-only, so two writers never lose each other's record). Reconciling a run twice changes
-nothing, so a crash between the two steps only repeats work.
-
-A run that hit the blast radius (an incident) opens no ticket per fault: it opens one ``incident`` ticket
-naming every node it held back and their findings, hard gates first (:func:`held_back`), recorded the same
-way when there is no backend. A later run without an incident that benchmarked every node the incident
-held back resolves it. A ticket whose hardware passed in a run that did not measure its fault stays open,
-reported as ``kept``.
+With a ticket backend, a run reconciles its settled verdicts (open, update, escalate, resolve). Without one, it
+records ``tickets/pending/run=<id>.json`` in the store; the first run that has a backend reconciles every pending
+run first, oldest first, and marks each done (``tickets/opened/run=<id>.json``; both append-only, so two writers
+never lose each other's record). Reconciling a run twice changes nothing, so a crash between the two steps only
+repeats work. A run that hit the blast radius opens one ``incident`` ticket instead (:func:`held_back`).
 """
 
 from __future__ import annotations
@@ -42,17 +36,6 @@ from ..tickets import (
 from ..tickets import recorded_tickets as recorded_from_verdicts
 from ._decide import hard_gate_rows
 from ._run import DECISIONS, REPORT, CertificationRun
-
-__all__ = [
-    "PENDING",
-    "TicketStep",
-    "held_back",
-    "incident_summary",
-    "pending_runs",
-    "recorded_tickets",
-    "ticket_audit",
-    "ticket_step",
-]
 
 PENDING = "tickets/pending/"
 _OPENED = "tickets/opened/"
@@ -97,11 +80,6 @@ def _marker(prefix: str, run: CertificationRun) -> str:
     return f"{prefix}run={run.run_id}.json"
 
 
-def pending_runs(store: BaselineStore) -> list[CertificationRun]:
-    """The runs whose tickets were recorded but not opened yet, oldest first."""
-    return [run for run, _ in _pending(store)]
-
-
 def _pending(store: BaselineStore) -> list[tuple[CertificationRun, str | None]]:
     """The pending runs, oldest first, each with the incident it hit (None when none)."""
     opened = {key.removeprefix(_OPENED) for key in store.objects.list(_OPENED)}
@@ -143,18 +121,10 @@ def recorded_tickets(store: BaselineStore) -> list[Ticket]:
         for found in recorded_from_verdicts(run.verdicts(), run_id=run.run_id, at=at):
             key = found.fingerprint.key
             before = merged.get(key)
-            # Recorded by an earlier run too: one ticket, one more occurrence.
-            merged[key] = (
-                found
-                if before is None
-                else found.model_copy(
-                    update={
-                        "occurrences": before.occurrences + 1,
-                        "created": before.created,
-                        "runs": [*before.runs, run.run_id],
-                    }
-                )
-            )
+            merged[key] = found
+            if before is not None:  # recorded by an earlier run too: one ticket, one more occurrence
+                more = {"occurrences": before.occurrences + 1, "runs": [*before.runs, run.run_id]}
+                merged[key] = found.model_copy(update={**more, "created": before.created})
     return list(merged.values())
 
 

@@ -1,35 +1,21 @@
-"""One wave of benchmark units: a Job per unit, at most N at once, each waited for with a deadline.
+"""One wave of benchmark units: a Job per unit, at most N at once, each waited for with a deadline
+(docs/design/certify-runbook.md, "Benchmark Jobs" and "One run per node").
 
-A benchmark unit is a node (one Job: :func:`run_wave`) or a pair of nodes (an Indexed Job of two pods and
-its headless Service: :func:`run_pair_round`, the pairs of a round disjoint). Both take one path: the
-unit's Leases taken, its nodes tainted, its Job started or adopted, watched to its end, its pods' logs
-read, and whatever happens its nodes let go. Only what a unit is differs (:class:`_NodeUnit`,
-:class:`_PairUnit`: how its objects are made, observed and read), and how the logs are validated (nodes
-in batches; a round's pairs together, each pod's rows checked to name the other as ``peer``, both pods'
-rows kept: each node's link baseline is made of the rows that name it, and
-:func:`gpucert.network.judge_pairs` pools a pair's two orientations into one pair).
+A unit is a node (:func:`run_wave`) or a pair of nodes (:func:`run_pair_round`, the pairs of a round
+disjoint). Both take one path: the unit's Leases taken (sorted, all or none: two runs asking for overlapping
+pairs never each hold one node and wait on the other), its nodes tainted, its Job started or adopted, watched to
+its end while the Leases are renewed, its pods' logs read, and whatever happens — an exception, the deadline,
+the wave cancelled — an unfinished Job stopped, the taints lifted and the Leases released. Only what a unit is
+differs (:class:`_NodeUnit`, :class:`_PairUnit`), and how the logs are validated (nodes in batches; a round's
+pairs together, each pod's rows checked to name the other as ``peer``, both pods' rows kept).
 
-Async so that hundreds of units are waited on together by one coroutine each, and so a Prefect task
-running it can be cancelled at an ``await`` (a blocking wait could not be). API calls are synchronous
-(the official client) and run in worker threads.
+Async, so that hundreds of units are waited on by one coroutine each and a Prefect task running it can be
+cancelled at an ``await``; API calls are synchronous (the official client) and run in worker threads.
 
-Restart safety: Job names are a function of (run id, unit), so a wave started again with the same run id
-adopts the Jobs already there (a pair's Service is its Job's, :func:`~gpucert.certify._jobs.owned_by`),
-and :func:`orphaned_jobs` finds the Jobs, node and pair, a killed run of another id left on these nodes.
-
-One run per node at a time (:mod:`gpucert.kube._lease`): before a unit's Job is created the wave takes
-its nodes' Leases under its run id, in sorted order, and taints each ``<prefix>/testing=<run id>:NoSchedule``
-(the Job tolerates it; no workload lands there mid-benchmark). When another run holds one, those taken
-are given back at once (two runs asking for overlapping pairs never each hold one node and wait on the
-other) and the unit is asked for again, outside the wave's parallel slots, with back-off, until that
-run's benchmark must have ended (its Job's deadline, the pending grace and one Lease duration, unless
-``lease_wait_s`` says otherwise), then left ``failed`` with reason ``leased`` and "benchmarked by run X"
-(inconclusive for this run, never a verdict). The polling loop renews the Leases; whatever the outcome —
-success, failure, an exception, the deadline, the wave cancelled — an unfinished Job is stopped, the
-taints lifted and the Leases released (one another run took over is left to it). The same run started
-again holds its own Leases under the same identity; a crashed run's Leases lapse and are taken over, its
-unfinished Jobs on the node deleted first. The Jobs of a run that still holds its nodes' Leases are never
-orphans.
+Job names are a function of (run id, unit), so a wave started again with the same run id adopts its Jobs, and
+:func:`orphaned_jobs` finds those a killed run of another id left. A unit another run holds is asked for again,
+with back-off and no slot held, until that run's benchmark must have ended, then left ``failed``/``leased``
+(inconclusive, never a verdict).
 """
 
 from __future__ import annotations
@@ -39,7 +25,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -63,19 +49,7 @@ from ..results import concat_frames
 from ._collect import CollectedResults, PodLog, read_pod_log, validate_pod_logs
 from ._jobs import BenchmarkSettings, _pair, benchmark_job, job_name, owned_by, pair_job, pair_name
 from ._names import COMPONENT
-from ._outcome import JobOutcome, _latest, abandon, classify, job_pods, observe
-
-__all__ = [
-    "NodeRun",
-    "PairRound",
-    "PairRun",
-    "Wave",
-    "delete_jobs",
-    "orphaned_jobs",
-    "run_pair_round",
-    "run_wave",
-    "sweep_orphans",
-]
+from ._outcome import JobOutcome, _latest, _true, abandon, classify, job_pods, observe
 
 #: How long a Job may wait on an image it cannot pull or a node it cannot be scheduled on before the
 #: wave gives up on it (a Job's own deadline counts only from its pod's start).
@@ -96,22 +70,11 @@ PAIR_METRICS = frozenset(name for name, m in METRICS.items() if m.level == "pair
 
 
 @dataclass(frozen=True)
-class NodeRun:
-    """How one node's benchmark ended: ``succeeded`` with results, or why not."""
+class UnitRun:
+    """How one unit's benchmark (a node's, or a pair's) ended: ``succeeded`` (``rows`` kept in the results) or
+    why not."""
 
-    node: str
-    job: str
-    state: str
-    reason: str | None = None
-    message: str = ""
-    rows: int = 0
-
-
-@dataclass(frozen=True)
-class PairRun:
-    """How one pair's benchmark ended: ``succeeded`` (``rows`` kept in the round's results) or why not."""
-
-    nodes: tuple[str, str]
+    nodes: tuple[str, ...]
     job: str
     state: str
     reason: str | None = None
@@ -125,7 +88,7 @@ class Wave:
     node → what could not be undone after its benchmark (a testing taint not lifted, a Lease not
     released: the API failed past its retries; also logged)."""
 
-    runs: dict[str, NodeRun] = field(default_factory=dict)
+    runs: dict[str, UnitRun] = field(default_factory=dict)
     results: list[pd.DataFrame] = field(default_factory=list)
     stacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     leftovers: dict[str, str] = field(default_factory=dict)
@@ -135,7 +98,7 @@ class Wave:
         parts = [p for p in self.results if len(p)]
         return pd.concat(parts, ignore_index=True) if parts else None
 
-    def failed(self) -> dict[str, NodeRun]:
+    def failed(self) -> dict[str, UnitRun]:
         return {n: r for n, r in self.runs.items() if r.state != "succeeded"}
 
 
@@ -145,11 +108,11 @@ class PairRound:
     that succeeded, both pods' rows (None when none gave any); and node → what could not be
     undone after its benchmark (a testing taint not lifted, a Lease not released; also logged)."""
 
-    runs: dict[tuple[str, str], PairRun] = field(default_factory=dict)
+    runs: dict[Pair, UnitRun] = field(default_factory=dict)
     results: pd.DataFrame | None = None
     leftovers: dict[str, str] = field(default_factory=dict)
 
-    def failed(self) -> dict[tuple[str, str], PairRun]:
+    def failed(self) -> dict[Pair, UnitRun]:
         return {p: r for p, r in self.runs.items() if r.state != "succeeded"}
 
 
@@ -161,16 +124,18 @@ class _Side:
     log: PodLog
 
 
-_Run = TypeVar("_Run", NodeRun, PairRun)
-_Run_co = TypeVar("_Run_co", NodeRun, PairRun, covariant=True)
 #: What one unit's benchmark gives: how it ended and its pods' logs (none unless it succeeded).
-_Result = tuple[_Run, list[_Side]]
+_Result = tuple[UnitRun, list[_Side]]
+
+
+def _ended(unit: _Unit, state: str, reason: str | None = None, message: str = "", rows: int = 0) -> UnitRun:
+    return UnitRun(unit.nodes, unit.job, state, reason, message, rows)
 
 
 # --- the units ------------------------------------------------------------------------------------------
 
 
-class _Unit(Protocol[_Run_co]):
+class _Unit(Protocol):
     """What a wave needs of a benchmark unit; the rest of its life (Leases, taints, the watch, the
     clean-up) is the wave's, the same for every unit."""
 
@@ -189,15 +154,13 @@ class _Unit(Protocol[_Run_co]):
     @property
     def what(self) -> str: ...  # the unit as the run's log names it
 
-    def ended(self, state: str, reason: str | None = None, message: str = "", rows: int = 0) -> _Run_co: ...
-
     def check(self) -> None: ...  # ValueError for what is refused before any Lease is taken
 
     def start(self, kube: Kube, payload: Mapping[str, Any], settings: BenchmarkSettings) -> None: ...
 
     def look(self, kube: Kube, settings: BenchmarkSettings) -> JobOutcome: ...
 
-    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> tuple[_Run_co, list[_Side]]: ...
+    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> _Result: ...
 
 
 @dataclass(frozen=True)
@@ -221,9 +184,6 @@ class _NodeUnit:
     def what(self) -> str:
         return f"node {self.node}"
 
-    def ended(self, state: str, reason: str | None = None, message: str = "", rows: int = 0) -> NodeRun:
-        return NodeRun(self.node, self.job, state, reason, message, rows)
-
     def check(self) -> None:
         pass  # the Job itself refuses a bad GPU count, once rendered
 
@@ -235,9 +195,9 @@ class _NodeUnit:
     def look(self, kube: Kube, settings: BenchmarkSettings) -> JobOutcome:
         return observe(kube, settings.namespace, self.job, node=self.node, label_prefix=settings.label_prefix)
 
-    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> _Result[NodeRun]:
+    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> _Result:
         log = read_pod_log(kube, outcome, run_id=self.run_id)
-        return self.ended("succeeded", rows=len(log.records)), [_Side(self.node, log)]
+        return _ended(self, "succeeded", rows=len(log.records)), [_Side(self.node, log)]
 
 
 @dataclass(frozen=True)
@@ -257,9 +217,6 @@ class _PairUnit:
     @property
     def what(self) -> str:
         return f"pair {self.nodes[0]} – {self.nodes[1]}"
-
-    def ended(self, state: str, reason: str | None = None, message: str = "", rows: int = 0) -> PairRun:
-        return PairRun(self.nodes, self.job, state, reason, message, rows)
 
     def check(self) -> None:
         self._gpus()
@@ -307,7 +264,7 @@ class _PairUnit:
         each = (classify(job, [pod], label_prefix=prefix) for pod in pods)
         return next((o for o in each if o.stuck), whole)
 
-    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> _Result[PairRun]:
+    def read(self, kube: Kube, settings: BenchmarkSettings, outcome: JobOutcome) -> _Result:
         """A completed pair Job's two pods' logs, one per node (where the pod was bound), unvalidated."""
         namespace, name = settings.namespace, self.job
         job = kube.find("batch/v1", "Job", name, namespace)
@@ -322,7 +279,7 @@ class _PairUnit:
             pod = _latest(done)
             if pod is None:
                 why = f"Job {namespace}/{name} completed but its pod on {node} is gone: its rows cannot be read"
-                return self.ended("failed", "vanished", why), []
+                return _ended(self, "failed", "vanished", why), []
             side = JobOutcome(
                 node=node,
                 job=name,
@@ -332,33 +289,22 @@ class _PairUnit:
                 run_id=self.run_id,
             )
             sides.append(_Side(node, read_pod_log(kube, side, run_id=self.run_id)))
-        return self.ended("succeeded", rows=sum(len(s.log.records) for s in sides)), sides
+        return _ended(self, "succeeded", rows=sum(len(s.log.records) for s in sides)), sides
 
 
 # --- orphans --------------------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def _no_limit() -> AsyncIterator[None]:
-    yield
-
-
 def _finished(job: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions") or ()
-    )
+    return _true(job, "Complete") is not None or _true(job, "Failed") is not None
 
 
 def orphaned_jobs(
     kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str], *, leases: NodeLeases | None = None
 ) -> list[str]:
     """Names of unfinished benchmark and pair Jobs of *other* runs on any of ``nodes`` (a killed run's
-    leftovers).
-
-    A Job whose run still holds the Leases of all its nodes (one, or a pair's two) belongs to a live run
-    benchmarking them now (a certify and the nightly overlapping): it is no orphan. ``leases`` reads them
-    (default: this run's).
+    leftovers). A Job whose run still holds the Leases of all its nodes belongs to a live run benchmarking them
+    now (a certify and the nightly overlapping): it is no orphan. ``leases`` reads them (default: this run's).
     """
     wanted = set(nodes)
     prefix = settings.label_prefix
@@ -384,13 +330,6 @@ def _job_nodes(job: Mapping[str, Any], prefix: str) -> tuple[str, ...]:
     if node := annotations.get(f"{prefix}/node"):
         return (str(node),)
     return tuple(n for n in str(annotations.get(f"{prefix}/pair") or "").split(",") if n)
-
-
-def sweep_orphans(
-    kube: Kube, settings: BenchmarkSettings, run_id: str, nodes: Sequence[str], leases: NodeLeases
-) -> int:
-    """Delete the unfinished Jobs, node and pair, that crashed runs left on ``nodes``."""
-    return delete_jobs(kube, settings, orphaned_jobs(kube, settings, run_id, nodes, leases=leases))
 
 
 def delete_jobs(kube: Kube, settings: BenchmarkSettings, names: Sequence[str]) -> int:
@@ -450,7 +389,7 @@ async def _watch(
 
 async def _run_unit(
     kube: Kube,
-    unit: _Unit[_Run],
+    unit: _Unit,
     payload: Mapping[str, Any],
     settings: BenchmarkSettings,
     *,
@@ -458,7 +397,7 @@ async def _run_unit(
     clock: Callable[[], float],
     renew: Callable[[], Awaitable[None]],
     renew_every_s: float,
-) -> _Result[_Run]:
+) -> _Result:
     """Start ``unit``'s Job (or adopt it), watch it to its end and read its pods' logs when it succeeded."""
     await _call(unit.start, kube, payload, settings)
     look = functools.partial(unit.look, kube, settings)
@@ -473,10 +412,10 @@ async def _run_unit(
             renew_every_s=renew_every_s,
         )
     except LeaseLost as exc:
-        return unit.ended("failed", "lease_lost", str(exc)), []
+        return _ended(unit, "failed", "lease_lost", str(exc)), []
     if outcome.state != "succeeded":
-        return unit.ended("failed", outcome.reason, outcome.message), []
-    result: _Result[_Run] = await _call(unit.read, kube, settings, outcome)
+        return _ended(unit, "failed", outcome.reason, outcome.message), []
+    result: _Result = await _call(unit.read, kube, settings, outcome)
     return result
 
 
@@ -512,13 +451,6 @@ def _take(leases: NodeLeases, nodes: Sequence[str], lapsed: set[str]) -> tuple[l
     return taken, None
 
 
-def _stop_job(kube: Kube, namespace: str, name: str) -> None:
-    """Delete the Job ``name`` unless it finished (a finished one keeps its pod's log for people)."""
-    job = kube.find("batch/v1", "Job", name, namespace)
-    if job is not None and not _finished(job):
-        kube.delete("batch/v1", "Job", name, namespace)
-
-
 def _let_go(
     kube: Kube, leases: NodeLeases, nodes: Sequence[str], settings: BenchmarkSettings, job: str | None
 ) -> dict[str, str]:
@@ -527,8 +459,10 @@ def _let_go(
     could not be done (also logged)."""
     problems: dict[str, list[str]] = {node: [] for node in nodes}
     if job is not None:
-        try:
-            _stop_job(kube, settings.namespace, job)
+        try:  # unless it finished: a finished one keeps its pod's log for people
+            found = kube.find("batch/v1", "Job", job, settings.namespace)
+            if found is not None and not _finished(found):
+                kube.delete("batch/v1", "Job", job, settings.namespace)
         except KubeError as exc:
             if nodes:  # with every Lease lost there is no node of ours to tell it of
                 problems[nodes[0]].append(f"its Job {job} was not stopped: {exc}")
@@ -550,7 +484,7 @@ def _let_go(
 async def _leased(
     kube: Kube,
     leases: NodeLeases,
-    unit: _Unit[_Run],
+    unit: _Unit,
     claims: Sequence[Claim],
     payload: Mapping[str, Any],
     settings: BenchmarkSettings,
@@ -559,7 +493,7 @@ async def _leased(
     poll_s: float,
     clock: Callable[[], float],
     leftovers: dict[str, str],
-) -> _Result[_Run]:
+) -> _Result:
     """Benchmark ``unit`` under the Leases we hold (``claims``): taint its nodes, clear the ``lapsed`` nodes'
     orphans, run its Job (renewing the Leases), and whatever happens lift the taints and release the Leases
     (unless another run took them over)."""
@@ -579,7 +513,8 @@ async def _leased(
         for node in unit.nodes if settings.taint_under_test else ():
             await _call(taint_testing, kube, node, prefix=settings.label_prefix, run_id=unit.run_id)
         if lapsed:  # a crashed run's Job may still hold a node's GPUs: it goes before ours
-            await _call(sweep_orphans, kube, settings, unit.run_id, lapsed, leases)
+            orphans = await _call(orphaned_jobs, kube, settings, unit.run_id, lapsed, leases=leases)
+            await _call(delete_jobs, kube, settings, orphans)
         result = await _run_unit(
             kube, unit, payload, settings, poll_s=poll_s, clock=clock, renew=renew, renew_every_s=leases.duration_s / 4
         )
@@ -596,11 +531,6 @@ async def _leased(
             # step is idempotent should the worker thread's attempt have run too.
             leftovers.update(_let_go(kube, leases, free, settings, job))
             raise
-
-
-def _trouble(exc: BaseException) -> str:
-    """The reason a benchmark that raised ``exc`` failed with: rows that break the contract, or an error."""
-    return "bad_results" if isinstance(exc, ResultsError) else "error"
 
 
 class LeaseWait:
@@ -654,39 +584,38 @@ class _Limits:
     poll_s: float
     slot: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None
     clock: Callable[[], float]
-    lease_s: int
     lease_wait_s: float | None
     say: Callable[[str], object]
 
 
 async def _run_units(
     kube: Kube,
-    units: Sequence[_Unit[_Run]],
+    units: Sequence[_Unit],
     run_id: str,
     payload: Mapping[str, Any],
     settings: BenchmarkSettings,
     limits: _Limits,
     *,
     leftovers: dict[str, str],
-    done: Callable[[_Result[_Run]], Awaitable[None]],
+    done: Callable[[_Result], Awaitable[None]],
 ) -> None:
     """Benchmark ``units`` with at most ``limits.max_parallel`` Jobs at once, each under its nodes' Leases;
     ``done`` gets each unit's result as it ends. One unit's trouble costs that unit alone: it ends
     ``failed`` with the reason, nothing is raised for it."""
     gate = asyncio.Semaphore(max(1, limits.max_parallel))
-    enter = limits.slot or _no_limit
+    enter = limits.slot or contextlib.nullcontext
     clock = limits.clock
-    leases = NodeLeases(kube, run_id, namespace=settings.namespace, duration_s=limits.lease_s)
+    leases = NodeLeases(kube, run_id, namespace=settings.namespace, duration_s=DEFAULT_LEASE_S)
     wait_s = limits.lease_wait_s
     if wait_s is None:  # what the holder's benchmark may last
-        wait_s = settings.deadline_s + PENDING_GRACE_S + limits.lease_s
+        wait_s = settings.deadline_s + PENDING_GRACE_S + DEFAULT_LEASE_S
 
-    async def one(unit: _Unit[_Run]) -> None:
+    async def one(unit: _Unit) -> None:
         refused = unit.busy
         lapsed: set[str] = set()
         waiting = LeaseWait(unit.what, wait_s, limits.say, clock)
 
-        async def attempt() -> _Result[_Run] | None:
+        async def attempt() -> _Result | None:
             nonlocal refused
             async with gate, enter():
                 try:
@@ -710,11 +639,12 @@ async def _run_units(
                         leftovers=leftovers,
                     )
                 except (GpucertError, ValueError) as exc:  # one unit's trouble costs that unit its verdict only
-                    return unit.ended("failed", _trouble(exc), str(exc)), []
+                    reason = "bad_results" if isinstance(exc, ResultsError) else "error"
+                    return _ended(unit, "failed", reason, str(exc)), []
 
         result = await _until_free(attempt, wait_s=wait_s, poll_s=limits.poll_s, clock=clock)
         if result is None:
-            result = unit.ended("failed", "leased", f"{refused}; waited {wait_s:.0f} s"), []
+            result = _ended(unit, "failed", "leased", f"{refused}; waited {wait_s:.0f} s"), []
         await done(result)
 
     await asyncio.gather(*(one(unit) for unit in units))
@@ -731,7 +661,6 @@ async def run_wave(
     poll_s: float = 0.5,
     slot: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     clock: Callable[[], float] = time.monotonic,
-    lease_s: int = DEFAULT_LEASE_S,
     lease_wait_s: float | None = None,
     say: Callable[[str], object] = _LOG.info,
 ) -> Wave:
@@ -739,21 +668,20 @@ async def run_wave(
 
     ``slot`` is entered around each Job's life (the caller's cross-run limit, e.g. a Prefect global
     concurrency limit). A node whose Job fails, times out or whose results do not validate gets a
-    ``failed`` :class:`NodeRun` with the reason; it never raises for one node's trouble.
+    ``failed`` :class:`UnitRun` with the reason; it never raises for one node's trouble.
 
-    Each node is benchmarked under its Lease (``lease_s`` long, renewed; see the module docstring). A node
-    another run holds is asked for again, with back-off and no slot held, for ``lease_wait_s`` (default:
-    the Job's deadline, :data:`PENDING_GRACE_S` and one ``lease_s``: what the holder's benchmark may last;
-    0: skip it at once), then left ``failed`` with reason ``leased``; ``say`` gets a line when such a wait
-    starts, when the Lease changes hands and when it ends (:class:`LeaseWait`).
+    Each node is benchmarked under its Lease (renewed). A node another run holds is asked for again for
+    ``lease_wait_s`` (default: the Job's deadline, :data:`PENDING_GRACE_S` and one Lease duration: what the
+    holder's benchmark may last; 0: skip it at once), then left ``failed`` with reason ``leased``; ``say`` gets
+    a line when such a wait starts, when the Lease changes hands and when it ends.
     """
     wave = Wave()
     logs: dict[str, PodLog] = {}
-    limits = _Limits(max_parallel, poll_s, slot, clock, lease_s, lease_wait_s, say)
+    limits = _Limits(max_parallel, poll_s, slot, clock, lease_wait_s, say)
 
-    async def done(result: _Result[NodeRun]) -> None:
+    async def done(result: _Result) -> None:
         run, sides = result
-        wave.runs[run.node] = run
+        wave.runs[run.nodes[0]] = run
         for side in sides:
             logs[side.node] = side.log
         if len(logs) >= VALIDATE_EVERY:
@@ -768,7 +696,9 @@ async def run_wave(
         checked = await _call(validate_pod_logs, list(batch.values()))
         for node, got in zip(batch, checked, strict=True):
             if isinstance(got, ResultsError):  # one node's bad rows cost that node its verdict only
-                wave.runs[node] = NodeRun(node, wave.runs[node].job, "failed", "bad_results", str(got))
+                wave.runs[node] = replace(
+                    wave.runs[node], state="failed", reason="bad_results", message=str(got), rows=0
+                )
                 continue
             wave.results.append(got.results)
             if got.stack is not None:
@@ -809,30 +739,27 @@ async def run_pair_round(
     poll_s: float = 0.5,
     slot: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
     clock: Callable[[], float] = time.monotonic,
-    lease_s: int = DEFAULT_LEASE_S,
     lease_wait_s: float | None = None,
     say: Callable[[str], object] = _LOG.info,
 ) -> PairRound:
     """Benchmark each of ``pairs`` (disjoint: ``ValueError`` naming a node in two) with at most
     ``max_parallel`` pair Jobs at once; ``gpus`` is node → GPUs (a pod requests all of its node's).
 
-    ``slot`` is entered around each pair Job's life (the caller's cross-run limit). A pair whose Job fails,
-    times out or whose logs do not validate gets a ``failed`` :class:`PairRun` with the reason; it never
-    raises for one pair's trouble. Leases, taints and waiting are those of :func:`run_wave` (see the module
-    docstring): a pair another run holds either node of is asked for again for ``lease_wait_s`` (default:
-    the Job's deadline, :data:`PENDING_GRACE_S` and one ``lease_s``; 0: skip it at once), then ``leased``,
-    each wait told to ``say`` (:class:`LeaseWait`).
+    A pair whose Job fails, times out or whose logs do not validate gets a ``failed`` :class:`UnitRun` with
+    the reason; it never raises for one pair's trouble. ``slot``, Leases, taints and waiting are those of
+    :func:`run_wave` (a pair waits while another run holds either node).
     """
     round_pairs = _disjoint(pairs, gpus)
     outcome = PairRound()
     logs: dict[Pair, list[_Side]] = {}
-    limits = _Limits(max_parallel, poll_s, slot, clock, lease_s, lease_wait_s, say)
+    limits = _Limits(max_parallel, poll_s, slot, clock, lease_wait_s, say)
 
-    async def done(result: _Result[PairRun]) -> None:
+    async def done(result: _Result) -> None:
         run, sides = result
-        outcome.runs[run.nodes] = run
+        pair = (run.nodes[0], run.nodes[1])
+        outcome.runs[pair] = run
         if sides:
-            logs[run.nodes] = sides
+            logs[pair] = sides
 
     units = [_PairUnit(pair, gpus, run_id) for pair in round_pairs]
     await _run_units(kube, units, run_id, payload, settings, limits, leftovers=outcome.leftovers, done=done)
@@ -867,11 +794,11 @@ def _peers_wrong(pair: Pair, sides: Sequence[_Side], got: Sequence[CollectedResu
     return ""
 
 
-def _round_results(runs: dict[Pair, PairRun], logs: Mapping[Pair, list[_Side]]) -> pd.DataFrame | None:
+def _round_results(runs: dict[Pair, UnitRun], logs: Mapping[Pair, list[_Side]]) -> pd.DataFrame | None:
     """Validate every log of the round together and keep each good pair's rows; a pair with a bad log, or
     a row naming the wrong peer, is ``failed``/``bad_results`` in ``runs``. A good pair keeps every row of
     both pods as they logged them, each pair row naming its own node (both orientations: the node's own
-    link baseline is keyed on the rows that name it, and the judgement pools them into one pair)."""
+    link baseline is keyed on the rows that name it, and the pair findings pool them into one pair)."""
     checked = iter(validate_pod_logs([side.log for sides in logs.values() for side in sides]))
     parts = []
     for pair, sides in logs.items():

@@ -1,34 +1,12 @@
-"""Acting on an explanation — never automatically: ``gpucert explain --act`` or the ``explain-job`` flow's
-``act`` parameter, through the code certify acts with.
+"""Acting on an explanation — never automatically (``gpucert explain --act``, the ``explain-job`` flow's ``act``),
+through the code certify acts with; docs/design/explain.md, "What --act does", has the whole table.
 
-For the first suspect of an explanation that blames hardware (``gpu``, ``nvlink``, ``network`` or
-``node``: an eviction or a slow input pipeline is nobody's hardware):
-
-1. **cordon** it: gpucert's ``<prefix>/unhealthy=<cause>:NoSchedule`` taint, written by
-   :func:`gpucert.certify.apply_decision` (the merge patch with its ``resourceVersion`` certify writes),
-   inside the policy's blast radius — gpucert's taints in force, all runs together, never beyond
-   ``policy.max_tainted_nodes`` — and not at all under an observe-only policy. The taint keeps new pods
-   off and lets the running ones finish (NoSchedule, not a drain); certify's benchmark tolerates it, so
-   the node can be re-certified, and a pass lifts it as for any confirmed fail. An explanation is no
-   certification, and a cordoned node is no longer certified either: its state label becomes
-   ``uncertified`` (docs/reference/labels-taints-conditions.md: a node awaiting certification) and its ``GpuCertified``
-   condition ``Unknown`` (reason ``Suspected``), so ``kubectl get nodes -L <prefix>/state`` never shows a
-   tainted node as ``certified``; the re-certification writes its real state;
-2. **ticket** it with the evidence, through :func:`gpucert.tickets.reconcile` and the backend certify
-   uses: one verdict row (``fail``, the suspect's cause and action, its evidence as the reasons) under a
-   run id of its own, so the fingerprint's ticket is opened, or updated when one is open;
-3. **re-certify** it: the ``explain-job`` flow runs certify on the node (idle nodes only: a node still
-   running the job is left for the next certify, and the outcome says so).
-
-A **silent straggler** (a suspect named by the job's own timings — its peers wait for it in every collective,
-or its pod's step time lags — while its DCGM telemetry shows no cause) is neither cordoned nor ticketed: a
-taint or a ticket on a guess would blame hardware nothing shows. Its one action is step 3, the
-re-certification, whose verdict settles the cause (and taints and tickets it, as certify does, if it fails).
-A ``transient`` (it departed, then ran in line with its peers) earns no action at all, and a ``hang`` is
-reported only: the job needs a restart, not a node taken out.
-
-Every write is recorded by the caller's :class:`~gpucert.audit.AuditRecorder` (the Kubernetes writes as
-it watches them; the ticket events are noted here), as certify's are.
+The first suspect that blames hardware (:data:`ACTABLE_LAYERS`) is cordoned with gpucert's ``unhealthy``
+NoSchedule taint inside the policy's blast radius (not a drain: the running pods finish), its state label set to
+``uncertified`` (an explanation is no certification), ticketed with the evidence, and re-certified once idle by
+the flow. A silent straggler, named by the job's own timings while its telemetry shows no cause, is only
+re-certified: a taint or a ticket on a guess would blame hardware nothing shows. Every write is recorded by the
+caller's :class:`~gpucert.audit.AuditRecorder`, as certify's are.
 """
 
 from __future__ import annotations
@@ -146,9 +124,8 @@ def act_on(
     fleet_nodes = kube.nodes(gpu_node_selector)
     fleet = fleet_taints(fleet_nodes, prefix=prefix)
     unhealthy, _ = taint_keys(prefix)
-    node_obj = next((n for n in fleet_nodes if (n.get("metadata") or {}).get("name") == suspect.node), None)
-    if node_obj is None:
-        node_obj = kube.get("v1", "Node", suspect.node)
+    mine = (n for n in fleet_nodes if (n.get("metadata") or {}).get("name") == suspect.node)
+    node_obj = next(mine, None) or kube.get("v1", "Node", suspect.node)
     in_force = {n for n, t in fleet.items() if t.unhealthy}
     limit = policy.max_tainted_nodes(len(fleet))
     if has_taint(node_obj, unhealthy):
@@ -156,12 +133,10 @@ def act_on(
     elif policy.observe_only:
         cordon, why = "refused", "the policy is observe-only: gpucert taints nothing"
     elif len(in_force) + 1 > limit:
-        cordon, why = (
-            "refused",
-            (
-                f"blast radius: {len(in_force)} of {len(fleet)} GPU nodes carry gpucert's taint already, the policy "
-                f"allows {limit}; the likelier culprit is elsewhere"
-            ),
+        cordon = "refused"
+        why = (
+            f"blast radius: {len(in_force)} of {len(fleet)} GPU nodes carry gpucert's taint already, the policy "
+            f"allows {limit}; the likelier culprit is elsewhere"
         )
     else:
         decision = SettledDecision(
@@ -188,7 +163,6 @@ def act_on(
         )
         audit.note(*(ticket_action(e) for e in events))
         audit.flush(now=now)
-    busy = busy_nodes(kube, prefix=prefix).get(suspect.node)
     return ActOutcome(
         node=suspect.node,
         gpu=suspect.gpu,
@@ -196,7 +170,7 @@ def act_on(
         why=why,
         tickets=tuple(dict.fromkeys(e.ticket.external_key or e.ticket.id for e in events)),
         ticket_events=tuple(events),
-        recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
+        recertify=_recertify(kube, suspect.node, prefix),
     )
 
 
@@ -214,15 +188,20 @@ _NOTHING_TO_DO = {
 def _recertify_only(suspect: Suspect, kube: Kube, *, prefix: str) -> ActOutcome:
     """A silent straggler: no taint and no ticket on a guess (nothing is written, so nothing is audited here);
     the re-certification (idle nodes only) is the action, and its verdict settles the cause."""
-    busy = busy_nodes(kube, prefix=prefix).get(suspect.node)
     return ActOutcome(
         node=suspect.node,
         gpu=suspect.gpu,
         cordon="none",
         silent=True,
         why="its telemetry shows no cause: re-certifying it settles one; a cordon or a ticket now would be a guess",
-        recertify=f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due",
+        recertify=_recertify(kube, suspect.node, prefix),
     )
+
+
+def _recertify(kube: Kube, node: str, prefix: str) -> str:
+    """``due`` for an idle node, else which pod holds its GPUs: a node still running the job waits for it."""
+    busy = busy_nodes(kube, prefix=prefix).get(node)
+    return f"busy: {busy} holds its GPUs; certify it once the job left" if busy else "due"
 
 
 def _suspected(kube: Kube, node: str, *, prefix: str, summary: str, now: datetime) -> None:
@@ -231,14 +210,8 @@ def _suspected(kube: Kube, node: str, *, prefix: str, summary: str, now: datetim
     state must not go on saying ``certified`` until a certification says so again."""
     kube.label_node(node, {f"{prefix}/state": UNCERTIFIED})
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    entry = {
-        "type": CONDITION,
-        "status": "Unknown",
-        "reason": "Suspected",
-        "message": summary,
-        "lastHeartbeatTime": stamp,
-        "lastTransitionTime": stamp,
-    }
+    entry = {"type": CONDITION, "status": "Unknown", "reason": "Suspected", "message": summary}
+    entry |= dict.fromkeys(("lastHeartbeatTime", "lastTransitionTime"), stamp)
     kube.patch_status("v1", "Node", node, {"status": {"conditions": [entry]}})
 
 
@@ -261,10 +234,7 @@ def _verdict_row(explanation: Explanation, suspect: Suspect, cause: str, run_id:
             "gpu_uuid": suspect.gpu_uuid,
             "verdict": "fail",
             "metric": "",
-            "value": float("nan"),
-            "reference": float("nan"),
-            "deviation_pct": float("nan"),
-            "z": float("nan"),
+            **dict.fromkeys(("value", "reference", "deviation_pct", "z"), float("nan")),
             "reference_kind": "peer",
             "cause": cause,
             "action": ACTION_FOR_CAUSE.get(cause, "retest"),

@@ -1,22 +1,19 @@
-"""The contract of ``gpucert explain`` in code: the frames it reads and the judgement it returns.
+"""The contract of ``gpucert explain`` in code: the frames it reads and the explanation it returns.
 
 Gathering (:mod:`gpucert.explain._gather`) fills these frames from Prometheus, the pod logs, the Kubernetes
-events and gpucert's own record; the engine (:func:`gpucert.explain.explain`) reads only them, so it is pure
-pandas and can be tested with frames built by hand. Every timestamp is tz-aware UTC.
-
-* ``telemetry`` — long format, one row per GPU × signal × scrape instant (:data:`TELEMETRY_COLUMNS`); ``signal``
-  is one of :data:`SIGNALS`, any of which may be missing;
-* ``nic`` — optional, one row per node × RDMA port × signal × instant (:data:`NIC_COLUMNS`); empty is normal;
-* ``steps`` — the job's own step times (:data:`STEPS_COLUMNS`); empty is allowed;
-* ``collectives`` — NCCL Inspector's per-collective timings (:data:`COLLECTIVES_COLUMNS`), optional;
-* ``events`` — Kubernetes events of the job's pods and nodes (:data:`EVENTS_COLUMNS`);
-* ``record`` — gpucert's history of the nodes, one row per node (:data:`RECORD_COLUMNS`).
+events and gpucert's own record; the diagnosis (:func:`gpucert.explain.explain`) reads only them, so it is pure
+pandas and can be tested with frames built by hand. The frames (columns in :data:`FRAME_COLUMNS`, every timestamp
+tz-aware UTC): ``telemetry`` (one row per GPU × signal × scrape instant, ``signal`` one of :data:`SIGNALS`, any of
+which may be missing), ``nic`` (optional, per node × RDMA port × signal × instant), ``steps`` (the job's own step
+times, may be empty), ``collectives`` (NCCL Inspector's per-collective timings, optional), ``events`` (Kubernetes
+events of the job's pods and nodes) and ``record`` (gpucert's history of the nodes, one row per node).
 
 String columns may be ``object``, ``string`` or ``category`` (category keeps 7 M telemetry rows small).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -30,14 +27,11 @@ __all__ = [
     "EVENTS_COLUMNS",
     "FRAME_COLUMNS",
     "LAYERS",
-    "NIC_COLUMNS",
     "NIC_SIGNALS",
     "OPTIONAL_SIGNALS",
     "RECORD_COLUMNS",
     "SIGNALS",
     "SPARSE_SIGNALS",
-    "STEPS_COLUMNS",
-    "TELEMETRY_COLUMNS",
     "VERDICTS",
     "Explanation",
     "StepChange",
@@ -51,21 +45,6 @@ __all__ = [
     "empty_steps",
     "empty_telemetry",
 ]
-
-TELEMETRY_COLUMNS: Final = ("ts", "node", "gpu", "gpu_uuid", "pod", "signal", "value")
-NIC_COLUMNS: Final = ("ts", "node", "device", "port", "signal", "value")
-STEPS_COLUMNS: Final = ("ts", "pod", "node", "step", "step_time_s")
-COLLECTIVES_COLUMNS: Final = ("ts", "node", "gpu", "comm", "collective", "busbw_gbps", "exec_time_us")
-EVENTS_COLUMNS: Final = ("ts", "object_kind", "object_name", "namespace", "node", "reason", "type", "note")
-RECORD_COLUMNS: Final = (
-    "node",
-    "last_run_id",
-    "last_decision",
-    "last_certified_at",
-    "open_tickets",
-    "drift_alarms",
-    "deviations",
-)
 
 #: The telemetry signals, each from one DCGM series (see the contract for the series and units).
 SIGNALS: Final = (
@@ -92,35 +71,15 @@ SIGNALS: Final = (
     "remapped_rows_uncorrectable",  # DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS
     "remapped_rows_correctable",  # DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS
 )
+_PCIE_LINK = ("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max")
+_ROW_REMAPS = ("row_remap_failure", "row_remap_pending", "remapped_rows_uncorrectable", "remapped_rows_correctable")
 #: Signals gathering reads only where they are non-zero (errors, flags) or differ (a link's maxima where it runs
 #: below them): their absence reads as zero (as "at its maximum"), never as unscraped.
 SPARSE_SIGNALS: Final = frozenset(
-    {
-        "xid",
-        "ecc_dbe",
-        "ecc_sbe",
-        "row_remap_failure",
-        "row_remap_pending",
-        "remapped_rows_uncorrectable",
-        "remapped_rows_correctable",
-        "pcie_link_gen_max",
-        "pcie_link_width_max",
-    }
+    {"xid", "ecc_dbe", "ecc_sbe", "pcie_link_gen_max", "pcie_link_width_max", *_ROW_REMAPS}
 )
 #: Signals many exporters' default counters leave out: their absence is no note.
-OPTIONAL_SIGNALS: Final = frozenset(
-    {
-        "pcie_link_gen",
-        "pcie_link_gen_max",
-        "pcie_link_width",
-        "pcie_link_width_max",
-        "ecc_sbe",
-        "row_remap_failure",
-        "row_remap_pending",
-        "remapped_rows_uncorrectable",
-        "remapped_rows_correctable",
-    }
-)
+OPTIONAL_SIGNALS: Final = frozenset({*_PCIE_LINK, "ecc_sbe", *_ROW_REMAPS})
 
 #: The NIC signals (node-exporter's infiniband collector); the counters are increases per step.
 NIC_SIGNALS: Final = ("rate_gbps", "symbol_errors", "link_downed", "rcv_errors")
@@ -168,15 +127,10 @@ _KINDS: Final[Mapping[str, Mapping[str, str]]] = {
 }
 
 #: The columns of each frame, by the frame's name.
-FRAME_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {
-    "telemetry": TELEMETRY_COLUMNS,
-    "nic": NIC_COLUMNS,
-    "steps": STEPS_COLUMNS,
-    "collectives": COLLECTIVES_COLUMNS,
-    "events": EVENTS_COLUMNS,
-    "record": RECORD_COLUMNS,
-}
-assert all(tuple(_KINDS[n]) == cols for n, cols in FRAME_COLUMNS.items())
+FRAME_COLUMNS: Final[Mapping[str, tuple[str, ...]]] = {name: tuple(kinds) for name, kinds in _KINDS.items()}
+COLLECTIVES_COLUMNS: Final = FRAME_COLUMNS["collectives"]
+EVENTS_COLUMNS: Final = FRAME_COLUMNS["events"]
+RECORD_COLUMNS: Final = FRAME_COLUMNS["record"]
 
 _EMPTY_DTYPES: Final[Mapping[str, object]] = {
     _TS: pd.DatetimeTZDtype(unit="ns", tz="UTC"),
@@ -187,41 +141,18 @@ _EMPTY_DTYPES: Final[Mapping[str, object]] = {
 
 
 def empty_frame(name: str) -> pd.DataFrame:
-    """An empty frame ``name`` ("telemetry", "nic", …) with the contract's columns and dtypes.
-
-    Raises ``KeyError`` for a name that is not a frame of the contract.
-    """
+    """An empty frame ``name`` ("telemetry", "nic", …) with the contract's columns and dtypes (``KeyError`` for
+    a name that is not a frame of the contract)."""
     return pd.DataFrame({c: pd.Series(dtype=_EMPTY_DTYPES[k]) for c, k in _KINDS[name].items()})  # type: ignore[call-overload]
 
 
-def empty_telemetry() -> pd.DataFrame:
-    """An empty ``telemetry`` frame."""
-    return empty_frame("telemetry")
-
-
-def empty_nic() -> pd.DataFrame:
-    """An empty ``nic`` frame."""
-    return empty_frame("nic")
-
-
-def empty_steps() -> pd.DataFrame:
-    """An empty ``steps`` frame."""
-    return empty_frame("steps")
-
-
-def empty_collectives() -> pd.DataFrame:
-    """An empty ``collectives`` frame."""
-    return empty_frame("collectives")
-
-
-def empty_events() -> pd.DataFrame:
-    """An empty ``events`` frame."""
-    return empty_frame("events")
-
-
-def empty_record() -> pd.DataFrame:
-    """An empty ``record`` frame."""
-    return empty_frame("record")
+# The empty frame of each name, as gathering and the tests start them.
+empty_telemetry = functools.partial(empty_frame, "telemetry")
+empty_nic = functools.partial(empty_frame, "nic")
+empty_steps = functools.partial(empty_frame, "steps")
+empty_collectives = functools.partial(empty_frame, "collectives")
+empty_events = functools.partial(empty_frame, "events")
+empty_record = functools.partial(empty_frame, "record")
 
 
 def _kind_ok(series: pd.Series, kind: str) -> str | None:
@@ -230,15 +161,11 @@ def _kind_ok(series: pd.Series, kind: str) -> str | None:
     if kind == _TS:
         if not isinstance(dtype, pd.DatetimeTZDtype):
             return f"must be tz-aware UTC timestamps, not {dtype}"
-        if str(dtype.tz) != "UTC":
-            return f"must be in UTC, not {dtype.tz}"
-        return None
+        return f"must be in UTC, not {dtype.tz}" if str(dtype.tz) != "UTC" else None
     if kind == _STR:
-        if isinstance(dtype, pd.CategoricalDtype) or pd.api.types.is_string_dtype(dtype) or dtype.kind == "O":
-            return None
-        if series.isna().all():  # an all-missing nullable column (e.g. no pod labels at all) is fine
-            return None
-        return f"must be text, not {dtype}"
+        text = isinstance(dtype, pd.CategoricalDtype) or pd.api.types.is_string_dtype(dtype) or dtype.kind == "O"
+        # An all-missing nullable column (e.g. no pod labels at all) is fine.
+        return None if text or series.isna().all() else f"must be text, not {dtype}"
     if pd.api.types.is_bool_dtype(dtype):
         return f"must be numbers, not {dtype}"
     if kind == _INT:
@@ -246,12 +173,8 @@ def _kind_ok(series: pd.Series, kind: str) -> str | None:
             return None
         if pd.api.types.is_float_dtype(dtype):
             values = series.dropna()
-            if (values == values.round()).all():
-                return None
-            return "must be whole numbers"
-        if series.isna().all():
-            return None
-        return f"must be integers, not {dtype}"
+            return None if (values == values.round()).all() else "must be whole numbers"
+        return None if series.isna().all() else f"must be integers, not {dtype}"
     if pd.api.types.is_numeric_dtype(dtype) or series.isna().all():
         return None
     return f"must be numbers, not {dtype}"
@@ -283,7 +206,7 @@ def check_frame(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Suspect:
-    """One thing the judgement blames, with the evidence behind it.
+    """One thing the diagnosis blames, with the evidence behind it.
 
     ``gpu`` is ``None`` when the node as a whole is blamed (its NIC, an event); ``layer`` is one of
     :data:`LAYERS`; ``onset`` is the first scrape instant from which it departs from its peers; ``evidence`` is

@@ -1,24 +1,13 @@
 """Gathering a job's signals over its window into the frames of :mod:`gpucert.explain._frames`.
 
-* **telemetry** — DCGM per GPU from Prometheus range queries at the exporters' scrape step (found from the
-  samples themselves, so the first scrape interval where a GPU departs is the onset), on the job's nodes
-  only, chunked by node (``NODES_PER_QUERY``) and by time so that no answer holds more than Prometheus'
-  11,000 points per series. Rates are ``irate`` over three scrape intervals: the change between the last two
-  samples, so a counter's onset is not smeared over a long window. Each sample is given to the pod that held
-  its GPU: dcgm-exporter's ``pod``/``namespace`` labels, else the device plugin's allocation
-  (:func:`gpucert.explain._target.assign_gpus`); a GPU held by a pod outside the job is left out.
-* **nic** — node-exporter's infiniband collector, where Prometheus has it (the node is its ``node`` label or
-  its ``instance`` without the port).
-* **steps** — the job's step time: the configured Prometheus gauge (``train_step_seconds{namespace,pod}``
-  by default) when it has series for the job's pods, else JSON lines in the pods' logs (``{"ts", "step",
-  "step_time_s"}``; any other line is ignored), read through :meth:`gpucert.kube.Kube.pod_log`.
-* **collectives** — NCCL Inspector's Prometheus metrics (``nccl_bus_bandwidth_gbs``,
-  ``nccl_collective_exec_time_microseconds``), else the collective lines of the pods' logs.
-* **events** — ``events.k8s.io/v1`` and core Events about the job's pods and nodes (the same Event may be
-  served by both: counted once), the nodes' condition changes in the window, and what the pods' own status
-  says (an eviction, an OOM kill) when its Event has expired — Events live an hour by default.
+What is read and how each source is tied to the job: docs/design/explain.md ("What explain reads"). The DCGM
+telemetry comes from Prometheus range queries at the exporters' own scrape step (so the first scrape interval
+where a GPU departs is its onset), chunked by node (:data:`NODES_PER_QUERY`) and by time so that no answer
+holds more than Prometheus' 11,000 points per series; rates are ``irate`` over three scrape intervals, so a
+counter's onset is not smeared over a long window. Kubernetes Events live an hour by default: what a pod's own
+status says (an eviction, an OOM kill) stands in for an Event that has expired.
 
-Nothing here judges: what could not be read is a note, never an invented number.
+Nothing here diagnoses: what could not be read is a note, never an invented number.
 """
 
 from __future__ import annotations
@@ -30,7 +19,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 
 import numpy as np
@@ -50,20 +38,9 @@ from ._frames import (
     empty_telemetry,
 )
 from ._grid import column_codes
-from ._target import JobTarget, LabelMap, TargetPod, assign_gpus, workload_of
+from ._target import JobTarget, LabelMap, TargetPod, assign_gpus, holders_at, parse_time, workload_of
 
-__all__ = [
-    "NODES_PER_QUERY",
-    "SIGNAL_QUERIES",
-    "STEP_METRIC",
-    "Gathered",
-    "gather",
-    "gather_events",
-    "gather_steps",
-    "gather_telemetry",
-    "parse_step_log",
-    "scrape_step",
-]
+__all__ = ["STEP_METRIC", "Gathered", "gather", "gather_events", "gather_steps", "gather_telemetry", "scrape_step"]
 
 #: The job's step-time gauge (seconds per step, labelled ``namespace`` and ``pod``) unless told otherwise.
 STEP_METRIC = "train_step_seconds"
@@ -114,8 +91,6 @@ _NIC_SERIES = (
     ("node_infiniband_link_downed_total", "link_downed", True),
     ("node_infiniband_port_errors_received_total", "rcv_errors", True),
 )
-#: The (namespace, pod) label pairs a job's own metric can carry: the scrape's, or renamed behind honorLabels false.
-_WORKLOAD_LABEL_PAIRS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
 _NCCL_BUSBW = "nccl_bus_bandwidth_gbs"
 _NCCL_TIME = "nccl_collective_exec_time_microseconds"
 #: A node's condition → (reason when it turns bad, reason when it turns good, the bad status).
@@ -147,10 +122,12 @@ class Gathered:
     queries: int = 0
 
 
-class _Clock:
-    """Seconds spent per part, from many threads."""
+class _Reader:
+    """One gathering's range queries, at one step, from many threads: the notes they leave and the seconds
+    spent per part."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: PrometheusSource, step_s: float, notes: list[str]) -> None:
+        self.source, self.step_s, self.notes = source, step_s, notes
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
         self.queries = 0
@@ -159,6 +136,13 @@ class _Clock:
         with self._lock:
             self.seconds[part] = self.seconds.get(part, 0.0) + seconds
             self.queries += queries
+
+    def query(self, expr: str, span: tuple[float, float]) -> list[dict[str, Any]]:
+        """The range query of ``expr`` over ``span``, its time counted as ``prometheus``."""
+        began = time.perf_counter()
+        answer = self.source.query_range_arrays(expr, span[0], span[1], self.step_s, self.notes)
+        self.add("prometheus", time.perf_counter() - began, queries=1)
+        return answer
 
 
 # --- the whole gathering ----------------------------------------------------------------------------------
@@ -169,44 +153,31 @@ def gather(
     source: PrometheusSource,
     target: JobTarget,
     *,
-    step_s: float | None = None,
     step_metric: str | None = STEP_METRIC,
     read_logs: bool = True,
     labels: LabelMap | None = None,
 ) -> Gathered:
-    """All frames of ``target``'s window (see the module docstring). ``step_s``: the resolution of the range
-    queries, default the exporters' scrape interval as Prometheus holds it; ``step_metric``: the job's step
-    gauge (None or ``""``: read the pods' logs only); ``read_logs``: False reads no pod log; ``labels``: the
-    label mapping where detection cannot tell (``--labels``), default detected.
+    """All frames of ``target``'s window, read at the exporters' scrape interval. ``step_metric``: the job's
+    step gauge (None or ``""``: read the pods' logs only); ``read_logs``: False reads no pod log; ``labels``:
+    the label mapping where detection cannot tell (``--labels``), default detected.
 
     Raises :class:`~gpucert.telemetry.PrometheusAuthError` / :class:`TelemetryError` when Prometheus refuses
     or does not answer, the :class:`~gpucert.kube.KubeError` of a cluster that does not answer.
     """
-    clock = _Clock()
     notes: list[str] = list(target.notes)
     started = time.perf_counter()
-    step = step_s or scrape_step(source, target, notes, labels=labels)
-    clock.add("prometheus", time.perf_counter() - started, queries=1)
-    telemetry, nic = gather_telemetry(source, target, step_s=step, notes=notes, clock=clock, labels=labels)
-    steps, collectives = gather_steps(
-        kube,
-        source,
-        target,
-        step_s=step,
-        step_metric=step_metric,
-        read_logs=read_logs,
-        notes=notes,
-        clock=clock,
-        gpus_of_pod=_gpus_of_pod(telemetry),
-        labels=labels,
-    )
+    reader = _Reader(source, scrape_step(source, target, notes, labels=labels), notes)
+    reader.add("prometheus", time.perf_counter() - started, queries=1)
+    telemetry, nic = gather_telemetry(reader, target, labels)
+    gpus_of_pod = _gpus_of_pod(telemetry)
+    steps, collectives = gather_steps(kube, reader, target, step_metric, read_logs, gpus_of_pod, labels or LabelMap())
     began = time.perf_counter()
     events = gather_events(kube, target, notes=notes)
-    clock.add("events", time.perf_counter() - began)
+    reader.add("events", time.perf_counter() - began)
     if telemetry.empty:
         notes.append("no DCGM telemetry of the job's GPUs in Prometheus for the window")
     # The answers' bytes and arrays (from several threads' arenas) are garbage now: give them back before the
-    # judgement builds its matrices, so the two do not add up.
+    # diagnosis builds its matrices, so the two do not add up.
     release_freed_memory()
     return Gathered(
         telemetry=telemetry,
@@ -214,10 +185,10 @@ def gather(
         steps=steps,
         collectives=collectives,
         events=events,
-        step_s=step,
+        step_s=reader.step_s,
         notes=tuple(dict.fromkeys(notes)),
-        seconds=dict(clock.seconds),
-        queries=clock.queries,
+        seconds=dict(reader.seconds),
+        queries=reader.queries,
     )
 
 
@@ -328,19 +299,10 @@ def scrape_step(
 # --- telemetry --------------------------------------------------------------------------------------------
 
 
-def gather_telemetry(
-    source: PrometheusSource,
-    target: JobTarget,
-    *,
-    step_s: float,
-    notes: list[str],
-    clock: _Clock | None = None,
-    labels: LabelMap | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def gather_telemetry(reader: _Reader, target: JobTarget, labels: LabelMap | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The telemetry frame (one row per GPU × signal × instant, the job's GPUs only) and the nic frame of
-    ``target``'s window, read at ``step_s``; ``labels`` as :func:`gather`. Raises as
-    :meth:`PrometheusSource.query` does."""
-    clock = clock or _Clock()
+    ``target``'s window; ``labels`` as :func:`gather`. Raises as :meth:`PrometheusSource.query` does."""
+    source, step_s, notes = reader.source, reader.step_s, reader.notes
     mapping = labels or LabelMap()
     candidates = _node_labels(source, labels)
     nodes = target.nodes
@@ -366,46 +328,26 @@ def gather_telemetry(
     host_labels = _seen_host_labels(candidates, (lab for _, _, lab in seen), nodes)
     holders, assigned = assign_gpus(target, seen, mapping)
     notes.extend(assigned)
-    clock.add("prometheus", time.perf_counter() - began, queries=len(_chunks(nodes, NODES_PER_QUERY * 4)))
+    reader.add("prometheus", time.perf_counter() - began, queries=len(_chunks(nodes, NODES_PER_QUERY * 4)))
 
     frames = _Frames(target, holders, source.host_label, mapping)
     jobs: list[Callable[[], None]] = []
     for signal, build in SIGNAL_QUERIES.items():
         for chunk in _chunks(nodes, NODES_PER_QUERY):
             expr = _over_hosts(source, chunk, lambda s, build=build: build(s, w, step), host_labels)  # type: ignore[misc]
-            for lo, hi in spans:
-                jobs.append(functools.partial(frames.read, source, signal, expr, lo, hi, step_s, notes, clock))
+            jobs += [functools.partial(frames.read, reader, signal, expr, span) for span in spans]
     nic_frames: list[pd.DataFrame] = []
+    read_nic = functools.partial(_read_nic, reader, nic_frames, nodes=set(nodes), node_label=mapping.node)
     for metric, signal, counter in _NIC_SERIES:
         for chunk in _chunks(nodes, NODES_PER_QUERY):  # 8 ports a node: as many series as a DCGM query
             expr = _nic_expr(metric, counter, chunk, w, step, mapping.node)
-            for lo, hi in spans:
-                jobs.append(
-                    functools.partial(
-                        _read_nic,
-                        source,
-                        nic_frames,
-                        signal,
-                        expr,
-                        lo,
-                        hi,
-                        step_s,
-                        set(nodes),
-                        notes,
-                        clock,
-                        counter,
-                        mapping.node,
-                    )
-                )
+            jobs += [functools.partial(read_nic, signal, expr, span) for span in spans]
     _run_all(jobs, workers=source.workers)
     telemetry = frames.frame()
     notes.extend(frames.untied_notes(telemetry))
-    nic = (
-        _categorical(pd.concat(nic_frames, ignore_index=True), ("node", "device", "signal"))
-        if nic_frames
-        else empty_nic()
-    )
-    return telemetry, nic
+    if not nic_frames:
+        return telemetry, empty_nic()
+    return telemetry, _categorical(pd.concat(nic_frames, ignore_index=True), ("node", "device", "signal"))
 
 
 def _categorical(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -467,23 +409,11 @@ class _Frames:
         #: Whether some GPU came in two series of one answer (a pod label that changed): dedupe then.
         self.repeated = False
 
-    def read(
-        self,
-        source: PrometheusSource,
-        signal: str,
-        expr: str,
-        lo: float,
-        hi: float,
-        step_s: float,
-        notes: list[str],
-        clock: _Clock,
-    ) -> None:
-        began = time.perf_counter()
-        answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
+    def read(self, reader: _Reader, signal: str, expr: str, span: tuple[float, float]) -> None:
+        answer = reader.query(expr, span)
         asked = time.perf_counter()
-        clock.add("prometheus", asked - began, queries=1)
         self._add(signal, answer)
-        clock.add("frames", time.perf_counter() - asked)
+        reader.add("frames", time.perf_counter() - asked)
 
     def _add(self, signal: str, answer: Sequence[Mapping[str, Any]]) -> None:
         times: list[np.ndarray] = []
@@ -522,24 +452,19 @@ class _Frames:
                 holders = self.holders[node]
                 if len(holders) > 1:
                     # Pods that held the whole node one after the other: each sample to the one holding it then.
-                    starts = np.array([(h.started or pd.Timestamp(0, tz=UTC)).timestamp() for h in holders])
-                    which = np.clip(np.searchsorted(starts, stamps, side="right") - 1, 0, len(holders) - 1)
+                    which = holders_at(holders, stamps)
                     cuts = np.flatnonzero(np.diff(which)) + 1
                     for part in np.split(np.arange(len(stamps)), cuts):
                         meta.append((node, gpu, uuid, holders[int(which[part[0]])].name, len(part)))
                     continue
                 pod = holders[0].name
             meta.append((node, gpu, uuid, pod, len(stamps)))
-        if not times:
-            with self._lock:
-                self.skipped += skipped
-            return
-        ts = np.concatenate(times)
-        value = np.concatenate(texts)
+        joined = (signal, np.concatenate(times), np.concatenate(texts), meta) if times else None
         with self._lock:
-            self._parts.append((signal, ts, value, meta))
             self.skipped += skipped
             self.repeated = self.repeated or repeated
+            if joined is not None:
+                self._parts.append(joined)
 
     def untied_notes(self, telemetry: pd.DataFrame) -> list[str]:
         """What was read but could not be tied to the job, precisely: GPUs held by pods outside it, series
@@ -613,14 +538,20 @@ def _points(values: Any) -> tuple[np.ndarray, np.ndarray]:
     return (np.asarray([p[0] for p in values], dtype=np.float64), np.asarray([p[1] for p in values], dtype=np.float64))
 
 
+def _series_frame(values: Any, column: str, **labels: Any) -> pd.DataFrame:
+    """One series' points as rows: ``ts``, the ``labels`` as constant columns, and its values as ``column``."""
+    times, figures = _points(values)
+    return pd.DataFrame({"ts": _unix(times), **labels, column: figures})
+
+
 def _unix(seconds: np.ndarray) -> pd.DatetimeIndex:
     """Unix seconds as the frames' timestamps (UTC, nanoseconds)."""
     return pd.to_datetime(seconds, unit="s", utc=True).as_unit("ns")
 
 
-def _iso(texts: Sequence[Any]) -> pd.Series:
+def _iso(texts: pd.Series) -> pd.Series:
     """RFC 3339 texts as the frames' timestamps; what does not parse is NaT."""
-    return pd.to_datetime(pd.Series(texts, dtype=object), utc=True, errors="coerce", format="ISO8601").dt.as_unit("ns")
+    return pd.to_datetime(texts, utc=True, errors="coerce", format="ISO8601").dt.as_unit("ns")
 
 
 def _repeat_category(labels: Sequence[str | None], counts: np.ndarray) -> pd.Categorical[str]:
@@ -650,24 +581,18 @@ def _nic_expr(
 
 
 def _read_nic(
-    source: PrometheusSource,
+    reader: _Reader,
     out: list[pd.DataFrame],
     signal: str,
     expr: str,
-    lo: float,
-    hi: float,
-    step_s: float,
+    span: tuple[float, float],
+    *,
     nodes: set[str],
-    notes: list[str],
-    clock: _Clock,
-    counter: bool,
-    node_label: str | None = None,
+    node_label: str | None,
 ) -> None:
-    began = time.perf_counter()
-    answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
-    clock.add("prometheus", time.perf_counter() - began, queries=1)
+    """One range query of a NIC signal into ``out``, as rows of the nic frame of ``nodes``."""
     rows = []
-    for series in answer:
+    for series in reader.query(expr, span):
         labels = series.get("metric") or {}
         node = labels.get(node_label or "node") or (labels.get("instance") or "").rsplit(":", 1)[0]
         if node not in nodes:
@@ -676,18 +601,9 @@ def _read_nic(
         values = series.get("values") or ()
         if not _n_points(values):
             continue
-        times, figures = _points(values)
+        port_no = int(port) if port.isdigit() else 1
         rows.append(
-            pd.DataFrame(
-                {
-                    "ts": _unix(times),
-                    "node": node,
-                    "device": labels.get("device") or "",
-                    "port": int(port) if port.isdigit() else 1,
-                    "signal": signal,
-                    "value": figures,
-                }
-            )
+            _series_frame(values, "value", node=node, device=labels.get("device") or "", port=port_no, signal=signal)
         )
     if rows:
         out.append(pd.concat(rows, ignore_index=True))
@@ -698,33 +614,25 @@ def _read_nic(
 
 def gather_steps(
     kube: Kube,
-    source: PrometheusSource,
+    reader: _Reader,
     target: JobTarget,
-    *,
-    step_s: float,
-    step_metric: str | None = STEP_METRIC,
-    read_logs: bool = True,
-    notes: list[str],
-    clock: _Clock | None = None,
-    gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
-    labels: LabelMap | None = None,
+    step_metric: str | None,
+    read_logs: bool,
+    gpus_of_pod: Mapping[str, Sequence[int]],
+    labels: LabelMap,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The steps and collectives frames: Prometheus first (the step gauge ``step_metric``, NCCL Inspector's
     metrics), the pods' logs for what Prometheus does not have. Raises as :meth:`PrometheusSource.query`."""
-    clock = clock or _Clock()
-    mapping = labels or LabelMap()
-    spans = _grid(target.window, step_s)
-    node_of = {p.name: p.node for p in target.pods}
+    spans = _grid(target.window, reader.step_s)
     steps = empty_steps()
     if step_metric:
-        steps = _steps_from_prometheus(
-            source, target, step_metric, spans, step_s, node_of, notes, clock, mapping.job_workload
-        )
-    collectives = _collectives_from_prometheus(source, target, spans, step_s, notes, clock, gpus_of_pod, mapping)
+        steps = _steps_from_prometheus(reader, target, step_metric, spans, labels.job_workload)
+    collectives = _collectives_from_prometheus(reader, target, spans, gpus_of_pod, labels)
+    notes = reader.notes
     if (steps.empty or collectives.empty) and read_logs:
         started = time.perf_counter()
         log_steps, log_collectives = _from_logs(kube, target, notes)
-        clock.add("logs", time.perf_counter() - started)
+        reader.add("logs", time.perf_counter() - started)
         if steps.empty:
             steps = log_steps
         if collectives.empty:
@@ -736,42 +644,27 @@ def gather_steps(
 
 
 def _steps_from_prometheus(
-    source: PrometheusSource,
+    reader: _Reader,
     target: JobTarget,
     metric: str,
     spans: Sequence[tuple[float, float]],
-    step_s: float,
-    node_of: Mapping[str, str | None],
-    notes: list[str],
-    clock: _Clock,
-    pairs: Sequence[tuple[str, str]] = _WORKLOAD_LABEL_PAIRS,
+    pairs: Sequence[tuple[str, str]],
 ) -> pd.DataFrame:
+    """The job's step gauge ``metric`` as the steps frame, its pods named by the first of ``pairs`` set."""
+    node_of = {p.name: p.node for p in target.pods}
     frames = []
     namespaces = sorted({p.namespace for p in target.pods})
     for chunk in _chunks(sorted({p.name for p in target.pods}), PODS_PER_QUERY):
         ns_re, pod_re = _regex(namespaces), _regex(chunk)
         expr = " or ".join(f'{metric}{{{ns}=~"{ns_re}",{pl}=~"{pod_re}"}}' for ns, pl in pairs)
-        for lo, hi in spans:
-            began = time.perf_counter()
-            answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
-            clock.add("prometheus", time.perf_counter() - began, queries=1)
-            for series in answer:
+        for span in spans:
+            for series in reader.query(expr, span):
                 pod = workload_of(series.get("metric") or {}, pairs)[1] or ""
                 values = series.get("values") or ()
                 if pod not in node_of or not _n_points(values):
                     continue
-                times, figures = _points(values)
-                frames.append(
-                    pd.DataFrame(
-                        {
-                            "ts": _unix(times),
-                            "pod": pod,
-                            "node": node_of[pod],
-                            "step": pd.array([pd.NA] * _n_points(values), dtype="Int64"),
-                            "step_time_s": figures,
-                        }
-                    )
-                )
+                no_step = pd.array([pd.NA] * _n_points(values), dtype="Int64")
+                frames.append(_series_frame(values, "step_time_s", pod=pod, node=node_of[pod], step=no_step))
     if not frames:
         return empty_steps()
     steps = pd.concat(frames, ignore_index=True)
@@ -800,22 +693,17 @@ _COLLECTIVE_KEYS = (
 
 
 def _collectives_from_prometheus(
-    source: PrometheusSource,
+    reader: _Reader,
     target: JobTarget,
     spans: Sequence[tuple[float, float]],
-    step_s: float,
-    notes: list[str],
-    clock: _Clock,
-    gpus_of_pod: Mapping[str, Sequence[int]] | None = None,
-    labels: LabelMap | None = None,
+    gpus_of_pod: Mapping[str, Sequence[int]],
+    mapping: LabelMap,
 ) -> pd.DataFrame:
     """NCCL Inspector's per-rank timings of the job, each tied to its node, GPU, pod and rank: the node from
     a scrape's ``node`` (or the label told) or ``hostname`` (a node's name under hostNetwork, else the pod's:
     its node), the GPU from ``gpu_device_id`` (the pod's n-th GPU by index, as the device plugin exposes them)."""
-    mapping = labels or LabelMap()
     nodes = set(target.nodes)
     pods = {p.name: p for p in target.pods if p.node}
-    gpus_of_pod = gpus_of_pod or {}
     parts: dict[str, list[pd.DataFrame]] = {"busbw_gbps": [], "exec_time_us": []}
     untied: set[str] = set()
     told = [label for pair in mapping.workload for label in pair] + ([mapping.node] if mapping.node else [])
@@ -830,13 +718,10 @@ def _collectives_from_prometheus(
             # Each dump is a new series (its coll_sn and timestamp labels change): only the samples of the last
             # step count, as they do live once Prometheus marks the older dumps stale (a backfill has no stale
             # markers, and the 5-minute lookback would mix ten dumps of one rank).
-            selectors = [f'last_over_time({metric}{{{label}=~"{regex}"}}[{step_s:g}s])' for label in name_labels]
+            selectors = [f'last_over_time({metric}{{{label}=~"{regex}"}}[{reader.step_s:g}s])' for label in name_labels]
             expr = f"max by ({by}) ({' or '.join(selectors)})"
-            for lo, hi in spans:
-                began = time.perf_counter()
-                answer = source.query_range_arrays(expr, lo, hi, step_s, notes)
-                clock.add("prometheus", time.perf_counter() - began, queries=1)
-                for series in answer:
+            for span in spans:
+                for series in reader.query(expr, span):
                     found = series.get("metric") or {}
                     values = series.get("values") or ()
                     tied = _tie_collective(found, nodes, pods, gpus_of_pod, mapping)
@@ -846,23 +731,20 @@ def _collectives_from_prometheus(
                     if not _n_points(values):
                         continue
                     node, pod, gpu, rank = tied
-                    times, figures = _points(values)
                     parts[column].append(
-                        pd.DataFrame(
-                            {
-                                "ts": _unix(times),
-                                "node": node,
-                                "gpu": float(gpu) if gpu is not None else np.nan,
-                                "comm": found.get("comm_id") or "",
-                                "collective": found.get("collective") or "",
-                                column: figures,
-                                "rank": float(rank) if rank is not None else np.nan,
-                                "pod": pod or "",
-                            }
+                        _series_frame(
+                            values,
+                            column,
+                            node=node,
+                            gpu=float(gpu) if gpu is not None else np.nan,
+                            comm=found.get("comm_id") or "",
+                            collective=found.get("collective") or "",
+                            rank=float(rank) if rank is not None else np.nan,
+                            pod=pod or "",
                         )
                     )
     if untied:
-        notes.append(
+        reader.notes.append(
             f"NCCL series of {len(untied)} host(s) could not be tied to a node of the job: "
             f"{', '.join(sorted(untied)[:5])}"
         )
@@ -870,12 +752,8 @@ def _collectives_from_prometheus(
     frames = [pd.concat(p, ignore_index=True) for p in parts.values() if p]
     if not frames:
         return empty_collectives()
-    merged = frames[0]
-    for other in frames[1:]:
-        merged = merged.merge(other, on=keys, how="outer")
-    for column in ("busbw_gbps", "exec_time_us"):
-        if column not in merged:
-            merged[column] = np.nan
+    merged = functools.reduce(lambda a, b: a.merge(b, on=keys, how="outer"), frames)
+    merged = merged.assign(**{column: np.nan for column in parts if column not in merged})
     merged["gpu"] = merged["gpu"].astype("Int64")
     merged["rank"] = merged["rank"].astype("Int64")
     ordered = _categorical(merged[[*COLLECTIVES_COLUMNS, "rank", "pod"]], ("node", "comm", "collective", "pod"))
@@ -919,8 +797,8 @@ def parse_step_log(text: str, *, pod: str, node: str | None) -> tuple[pd.DataFra
     """The steps and collectives in one pod's log: JSON lines with ``ts`` (RFC 3339) and ``step_time_s``
     (``step`` optional), or ``collective`` (``comm``, ``busbw_gbps``, ``exec_time_us``, ``gpu`` optional);
     every other line, and a line whose fields do not parse, is ignored."""
-    step_rows: list[tuple[str, Any, Any]] = []
-    coll_rows: list[tuple[str, Any, Any, Any, Any]] = []
+    step_rows: list[dict[str, Any]] = []
+    coll_rows: list[dict[str, Any]] = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line.startswith("{") or ('"step_time_s"' not in line and '"collective"' not in line):
@@ -932,41 +810,38 @@ def parse_step_log(text: str, *, pod: str, node: str | None) -> tuple[pd.DataFra
         if not isinstance(record, dict) or not isinstance(record.get("ts"), str):
             continue
         if "step_time_s" in record:
-            step_rows.append((record["ts"], record.get("step"), record["step_time_s"]))
+            step_rows.append(record)
         elif "collective" in record:
-            coll_rows.append(
-                (
-                    record["ts"],
-                    record.get("gpu"),
-                    record.get("comm"),
-                    record.get("collective"),
-                    (record.get("busbw_gbps"), record.get("exec_time_us")),
-                )
-            )
+            coll_rows.append(record)
+
+    def column(rows: list[dict[str, Any]], key: str) -> pd.Series:
+        return pd.Series([r.get(key) for r in rows], dtype=object)
+
+    def numbers(rows: list[dict[str, Any]], key: str) -> pd.Series:
+        return pd.to_numeric(column(rows, key), errors="coerce")
+
     steps = empty_steps()
     if step_rows:
-        ts, step, seconds = zip(*step_rows, strict=True)
         steps = pd.DataFrame(
             {
-                "ts": _iso(ts),
+                "ts": _iso(column(step_rows, "ts")),
                 "pod": pod,
                 "node": node,
-                "step": pd.to_numeric(pd.Series(step, dtype=object), errors="coerce").astype("Int64"),
-                "step_time_s": pd.to_numeric(pd.Series(seconds, dtype=object), errors="coerce"),
+                "step": numbers(step_rows, "step").astype("Int64"),
+                "step_time_s": numbers(step_rows, "step_time_s"),
             }
         ).dropna(subset=["ts", "step_time_s"])
     collectives = empty_collectives()
     if coll_rows:
-        ts, gpu, comm, coll, figures = zip(*coll_rows, strict=True)
         collectives = pd.DataFrame(
             {
-                "ts": _iso(ts),
+                "ts": _iso(column(coll_rows, "ts")),
                 "node": node,
-                "gpu": pd.to_numeric(pd.Series(gpu, dtype=object), errors="coerce").astype("Int64"),
-                "comm": pd.Series(comm, dtype=object).fillna("").astype(str),
-                "collective": pd.Series(coll, dtype=object).fillna("").astype(str),
-                "busbw_gbps": pd.to_numeric(pd.Series([f[0] for f in figures], dtype=object), errors="coerce"),
-                "exec_time_us": pd.to_numeric(pd.Series([f[1] for f in figures], dtype=object), errors="coerce"),
+                "gpu": numbers(coll_rows, "gpu").astype("Int64"),
+                "comm": column(coll_rows, "comm").fillna("").astype(str),
+                "collective": column(coll_rows, "collective").fillna("").astype(str),
+                "busbw_gbps": numbers(coll_rows, "busbw_gbps"),
+                "exec_time_us": numbers(coll_rows, "exec_time_us"),
             }
         ).dropna(subset=["ts"])
     return steps, collectives
@@ -990,16 +865,14 @@ def _from_logs(kube: Kube, target: JobTarget, notes: list[str]) -> tuple[pd.Data
     if unread:
         notes.append(f"the logs of {len(unread)} pod(s) could not be read: {', '.join(sorted(unread)[:5])}")
     start, end = target.window
-    step_parts = [s for s, _ in parts if len(s)]
-    coll_parts = [c for _, c in parts if len(c)]
-    steps = pd.concat(step_parts, ignore_index=True) if step_parts else empty_steps()
-    collectives = pd.concat(coll_parts, ignore_index=True) if coll_parts else empty_collectives()
-    steps = steps[(steps["ts"] >= start) & (steps["ts"] <= end)]
-    collectives = collectives[(collectives["ts"] >= start) & (collectives["ts"] <= end)]
-    return (
-        steps.sort_values("ts", kind="stable").reset_index(drop=True),
-        collectives.sort_values("ts", kind="stable").reset_index(drop=True),
-    )
+
+    def joined(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
+        frame = pd.concat(frames, ignore_index=True) if frames else empty
+        inside = frame[(frame["ts"] >= start) & (frame["ts"] <= end)]
+        return inside.sort_values("ts", kind="stable").reset_index(drop=True)
+
+    steps = joined([s for s, _ in parts if len(s)], empty_steps())
+    return steps, joined([c for _, c in parts if len(c)], empty_collectives())
 
 
 # --- events ------------------------------------------------------------------------------------------------
@@ -1013,7 +886,7 @@ def gather_events(kube: Kube, target: JobTarget, *, notes: list[str]) -> pd.Data
     pods = {(p.namespace, p.name): p for p in target.pods}
     node_of_pod = {key: p.node for key, p in pods.items()}
     nodes = set(target.nodes)
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []  # in the order of EVENTS_COLUMNS
     seen_uids: set[str] = set()
 
     def add(item: Mapping[str, Any], new_api: bool) -> None:
@@ -1033,18 +906,9 @@ def gather_events(kube: Kube, target: JobTarget, *, notes: list[str]) -> pd.Data
         if ts is None or not (start <= ts <= end):
             return
         seen_uids.add(uid)
-        note = item.get("note") if new_api else item.get("message")
+        note = str((item.get("note") if new_api else item.get("message")) or "")
         rows.append(
-            {
-                "ts": ts,
-                "object_kind": kind,
-                "object_name": name,
-                "namespace": namespace,
-                "node": node,
-                "reason": str(item.get("reason") or ""),
-                "type": str(item.get("type") or "Normal"),
-                "note": str(note or ""),
-            }
+            (ts, kind, name, namespace, node, str(item.get("reason") or ""), str(item.get("type") or "Normal"), note)
         )
 
     namespaces = sorted({p.namespace for p in target.pods})
@@ -1090,14 +954,7 @@ def _event_time(item: Mapping[str, Any], new_api: bool) -> pd.Timestamp | None:
             item.get("firstTimestamp"),
         )
     created = (item.get("metadata") or {}).get("creationTimestamp")
-    for value in (*candidates, created):
-        if value:
-            try:
-                stamp = pd.Timestamp(str(value))
-            except ValueError:
-                continue
-            return stamp.tz_localize(UTC) if stamp.tzinfo is None else stamp.tz_convert(UTC)
-    return None
+    return next((t for t in map(parse_time, (*candidates, created)) if t is not None), None)
 
 
 def _dedupe_events(frame: pd.DataFrame) -> pd.DataFrame:
@@ -1113,8 +970,9 @@ def _dedupe_events(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _condition_changes(
     kube: Kube, nodes: Sequence[str], start: pd.Timestamp, end: pd.Timestamp
-) -> list[dict[str, Any]]:
-    """Each node condition whose last transition falls in the window, as the event it stands for."""
+) -> list[tuple[Any, ...]]:
+    """Each node condition whose last transition falls in the window, as the event it stands for (a row of the
+    events frame)."""
     rows = []
     for name in nodes:
         try:
@@ -1123,29 +981,15 @@ def _condition_changes(
             continue
         for cond in (node.get("status") or {}).get("conditions") or ():
             kind = str(cond.get("type") or "")
-            when = cond.get("lastTransitionTime")
-            if kind not in _CONDITIONS or not when:
-                continue
-            ts = pd.Timestamp(str(when))
-            ts = ts.tz_localize(UTC) if ts.tzinfo is None else ts.tz_convert(UTC)
-            if not (start <= ts <= end):
+            ts = parse_time(cond.get("lastTransitionTime"))
+            if kind not in _CONDITIONS or ts is None or not (start <= ts <= end):
                 continue
             bad_reason, good_reason, bad = _CONDITIONS[kind]
             status = str(cond.get("status") or "Unknown")
             is_bad = status != "True" if bad == "notTrue" else status == "True"
-            rows.append(
-                {
-                    "ts": ts,
-                    "object_kind": "Node",
-                    "object_name": name,
-                    "namespace": None,
-                    "node": name,
-                    "reason": bad_reason if is_bad else good_reason,
-                    "type": "Warning" if is_bad else "Normal",
-                    "note": f"condition {kind}={status}"
-                    + (f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("reason") else ""),
-                }
-            )
+            reason, type_ = (bad_reason, "Warning") if is_bad else (good_reason, "Normal")
+            why = f" ({cond.get('reason')}: {cond.get('message')})" if cond.get("reason") else ""
+            rows.append((ts, "Node", name, None, name, reason, type_, f"condition {kind}={status}{why}"))
     return rows
 
 
@@ -1167,16 +1011,5 @@ def _pod_status_events(
             wanted = reason in _POD_REASONS and (pod.name, reason) not in have
             if wanted and when is not None and start <= when <= end:
                 have.add((pod.name, reason))
-                rows.append(
-                    {
-                        "ts": when,
-                        "object_kind": "Pod",
-                        "object_name": pod.name,
-                        "namespace": pod.namespace,
-                        "node": pod.node,
-                        "reason": reason,
-                        "type": "Warning",
-                        "note": note,
-                    }
-                )
+                rows.append((when, "Pod", pod.name, pod.namespace, pod.node, reason, "Warning", note))
     return pd.DataFrame(rows, columns=list(EVENTS_COLUMNS)) if rows else empty_events()

@@ -1,8 +1,9 @@
 """The long ``telemetry`` (and ``nic``) frames pivoted onto one time grid: a (instant × GPU) matrix per signal.
 
-The judgement and the timeline both read the frames this way. The pivot is vectorised: every row's instant is
+The diagnosis and the timeline both read the frames this way. The pivot is vectorised: every row's instant is
 its timestamp snapped to the scrape grid (``t0 + k · step_s``), every row's column its (node, GPU) key, and one
-fancy assignment per signal fills a NaN matrix. 7 M rows pivot in about a second; no per-GPU Python loop.
+fancy assignment per signal fills a NaN matrix. 7 M rows pivot in about a second; no per-GPU Python loop. Every
+departure found on a grid persists the same way (:func:`persistent_onset`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import pandas as pd
 
 from ..errors import InputError
 
-__all__ = ["FloatArray", "Grid", "bucket_ends", "column_codes", "nic_grid", "telemetry_grid", "to_ns"]
+__all__ = [
+    "ROBUST_Z",
+    "FloatArray",
+    "Grid",
+    "bucket_ends",
+    "column_codes",
+    "equal_runs",
+    "nic_grid",
+    "persistent_onset",
+    "telemetry_grid",
+    "to_ns",
+    "utc",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -23,6 +36,13 @@ BoolArray = npt.NDArray[np.bool_]
 
 #: More instants than this on one grid is a step that does not fit the window (1 s over a week is 604,800).
 MAX_INSTANTS = 1_000_000
+#: Every departure must also exceed this many robust standard deviations (1.4826 × MAD) of the peers.
+ROBUST_Z = 5.0
+#: Persistence: the onset is an instant departed and followed by PERSIST_RUN departed in a row, or by
+#: PERSIST_FRAC of the next PERSIST_WINDOW, or by half of the next 2 × PERSIST_WINDOW (a duty-cycled slowdown).
+PERSIST_RUN = 3
+PERSIST_WINDOW = 10
+PERSIST_FRAC = 0.8
 
 
 def to_ns(series: pd.Series) -> IntArray:
@@ -71,11 +91,6 @@ class Grid:
     def empty(self) -> bool:
         """True when the grid has no instant or no column."""
         return self.n_times == 0 or self.n_columns == 0
-
-    def times(self) -> pd.DatetimeIndex:
-        """The grid's instants as UTC timestamps."""
-        ns = self.t0_ns + self.step_ns * np.arange(self.n_times, dtype=np.int64)
-        return pd.DatetimeIndex(pd.to_datetime(ns, utc=True))
 
     def at(self, i: int) -> pd.Timestamp:
         """The ``i``-th instant as a UTC timestamp."""
@@ -274,11 +289,9 @@ def telemetry_grid(
     window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
     signals: tuple[str, ...] | None = None,
 ) -> Grid:
-    """The ``telemetry`` frame as a :class:`Grid` of GPUs (rows outside ``window`` dropped).
-
-    The grid starts at the first sample; ``signals`` keeps only those. Raises
-    :class:`~gpucert.errors.InputError` when ``step_s`` is not positive or does not fit the data's span.
-    """
+    """The ``telemetry`` frame as a :class:`Grid` of GPUs from its first sample (rows outside ``window`` dropped,
+    ``signals`` only). Raises :class:`~gpucert.errors.InputError` when ``step_s`` is not positive or does not fit
+    the data's span."""
     return _grid(telemetry, "gpu", "gpu_uuid", "pod", step_s, window, None, signals, id_in_key=False)
 
 
@@ -289,10 +302,8 @@ def nic_grid(
     window: tuple[pd.Timestamp, pd.Timestamp] | None = None,
     t0_ns: int | None = None,
 ) -> Grid:
-    """The ``nic`` frame as a :class:`Grid` of RDMA ports: ``index`` is the port, ``ids`` the device (``mlx5_0``).
-
-    ``t0_ns`` aligns it on the telemetry's grid (rows before it are dropped).
-    """
+    """The ``nic`` frame as a :class:`Grid` of RDMA ports (``index`` the port, ``ids`` the device, ``mlx5_0``),
+    aligned on the telemetry's grid by ``t0_ns`` (rows before it dropped)."""
     return _grid(nic, "port", "device", None, step_s, window, t0_ns, None, id_in_key=True)
 
 
@@ -300,3 +311,45 @@ def bucket_ends(n_times: int, n_buckets: int) -> IntArray:
     """The start index of each of at most ``n_buckets`` near-equal runs of ``n_times`` instants."""
     n = max(1, min(n_times, n_buckets))
     return np.unique(np.linspace(0, n_times, n + 1)[:-1].astype(np.int64))
+
+
+def persistent_onset(departed: BoolArray) -> npt.NDArray[np.int64]:
+    """Per column of the (instant × column) ``departed`` matrix, the first instant from which it persists; -1 if none.
+
+    An instant counts when it is departed and followed (itself included) by :data:`PERSIST_RUN` departed instants
+    in a row, by :data:`PERSIST_FRAC` departed of the next :data:`PERSIST_WINDOW`, or by half of the next
+    2 × :data:`PERSIST_WINDOW` (a slowdown that comes and goes with a duty cycle); fewer than
+    :data:`PERSIST_RUN` departed instants never count.
+    """
+    n_times, n_cols = departed.shape
+    if n_times == 0 or n_cols == 0:
+        return np.full(n_cols, -1, dtype=np.int64)
+    csum = np.zeros((n_times + 1, n_cols), dtype=np.int32)
+    np.cumsum(departed, axis=0, out=csum[1:])
+    t = np.arange(n_times)
+
+    def ahead(length: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        end = np.minimum(t + length, n_times)
+        return csum[end] - csum[t], (end - t)[:, None]
+
+    run_count, run_len = ahead(PERSIST_RUN)
+    confirmed = (run_len == PERSIST_RUN) & (run_count == PERSIST_RUN)
+    for length, frac in ((PERSIST_WINDOW, PERSIST_FRAC), (2 * PERSIST_WINDOW, 0.5)):
+        count, span = ahead(length)
+        confirmed |= (span >= PERSIST_RUN) & (count >= np.maximum(PERSIST_RUN, np.ceil(frac * span)))
+    confirmed &= departed
+    any_confirmed = confirmed.any(axis=0)
+    return np.where(any_confirmed, confirmed.argmax(axis=0), -1).astype(np.int64)
+
+
+def equal_runs(values: npt.NDArray[np.generic]) -> list[tuple[int, int]]:
+    """The runs of equal consecutive ``values`` as (first, last) indexes, in order."""
+    if not len(values):
+        return []
+    cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return list(zip(np.r_[0, cuts].tolist(), (np.r_[cuts, len(values)] - 1).tolist(), strict=True))
+
+
+def utc(stamp: pd.Timestamp) -> pd.Timestamp:
+    """``stamp`` in UTC; a naive one is taken as UTC."""
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")

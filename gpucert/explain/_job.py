@@ -1,5 +1,5 @@
 """Explaining one job end to end, without Prefect: find it, gather its signals, read gpucert's record of
-its nodes, judge, draw the timeline. ``gpucert explain`` calls :func:`explain_job`; the ``explain-job``
+its nodes, diagnose, draw the timeline. ``gpucert explain`` calls :func:`explain_job`; the ``explain-job``
 flow runs the same steps as tasks.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -17,22 +17,14 @@ from ..policy import Policy
 from ..store import BaselineStore
 from ..telemetry import PrometheusSource
 from ..tickets import TicketBackend
+from ._diagnose import explain
 from ._frames import Explanation
 from ._gather import STEP_METRIC, Gathered, gather
-from ._judge import explain
 from ._record import read_record
 from ._target import JobTarget, LabelMap, resolve_target
 from ._timeline import render_timeline
 
-__all__ = [
-    "TIMELINES",
-    "JobExplanation",
-    "explain_id",
-    "explain_job",
-    "judge_gathered",
-    "nothing_to_judge",
-    "timeline_key",
-]
+__all__ = ["TIMELINES", "JobExplanation", "diagnose", "explain_id", "explain_job", "nothing_to_explain", "timeline_key"]
 
 #: Where timelines are kept in the store: ``explain/date=YYYY-MM-DD/<explain id>.html``.
 TIMELINES = "explain/"
@@ -40,7 +32,7 @@ TIMELINES = "explain/"
 
 @dataclass(frozen=True)
 class JobExplanation:
-    """One job explained: what was found, read and judged, the timeline's HTML, and where time went."""
+    """One job explained: what was found, read and diagnosed, the timeline's HTML, and where time went."""
 
     target: JobTarget
     gathered: Gathered
@@ -67,7 +59,7 @@ def timeline_key(run_id: str, now: datetime) -> str:
     return f"{TIMELINES}date={now.astimezone(UTC):%Y-%m-%d}/{run_id}.html"
 
 
-def nothing_to_judge(explanation: Explanation) -> str:
+def nothing_to_explain(explanation: Explanation) -> str:
     """The one line of a window with no data (the verdict ``no-data``): the job, the window and what was
     missing. ``gpucert explain`` exits 2 with it and the ``explain-job`` flow fails with it: an answer about
     GPUs nobody saw is no answer."""
@@ -79,10 +71,11 @@ def nothing_to_judge(explanation: Explanation) -> str:
     )
 
 
-def judge_gathered(
+def diagnose(
     target: JobTarget, gathered: Gathered, record: pd.DataFrame, notes: list[str]
 ) -> tuple[Explanation, str, dict[str, float]]:
-    """The explanation of gathered frames, its timeline HTML, and the seconds each took."""
+    """The explanation of gathered frames (``notes``, what gathering could not read, first among its notes), its
+    timeline HTML, and the seconds each took."""
     began = time.perf_counter()
     explanation = explain(
         target.job,
@@ -96,18 +89,10 @@ def judge_gathered(
         step_s=gathered.step_s,
     )
     if notes:
-        # What gathering could not read belongs with what the judgement could not tell.
-        explanation = _with_notes(explanation, notes)
-    judged = time.perf_counter()
+        explanation = replace(explanation, notes=tuple(dict.fromkeys([*notes, *explanation.notes])))
+    diagnosed = time.perf_counter()
     html = render_timeline(explanation, telemetry=gathered.telemetry, steps=gathered.steps, events=gathered.events)
-    return explanation, html, {"judge": judged - began, "render": time.perf_counter() - judged}
-
-
-def _with_notes(explanation: Explanation, notes: list[str]) -> Explanation:
-    import dataclasses
-
-    merged = tuple(dict.fromkeys([*notes, *explanation.notes]))
-    return dataclasses.replace(explanation, notes=merged)
+    return explanation, html, {"judge": diagnosed - began, "render": time.perf_counter() - diagnosed}
 
 
 def explain_job(
@@ -122,8 +107,6 @@ def explain_job(
     tickets: TicketBackend | None = None,
     policy: Policy | None = None,
     step_metric: str | None = STEP_METRIC,
-    step_s: float | None = None,
-    drift: bool = True,
     now: datetime | None = None,
     labels: LabelMap | None = None,
 ) -> JobExplanation:
@@ -139,12 +122,12 @@ def explain_job(
     began = time.perf_counter()
     target = resolve_target(kube, job, selector=selector, since=since, until=until, now=now)
     resolved = time.perf_counter()
-    gathered = gather(kube, source, target, step_s=step_s, step_metric=step_metric, labels=labels)
+    gathered = gather(kube, source, target, step_metric=step_metric, labels=labels)
     gathered_at = time.perf_counter()
-    record, record_notes = read_record(store, target.nodes, tickets=tickets, policy=policy, drift=drift)
+    record, record_notes = read_record(store, target.nodes, tickets=tickets, policy=policy)
     recorded = time.perf_counter()
-    explanation, html, judged = judge_gathered(target, gathered, record, [*gathered.notes, *record_notes])
-    seconds = {"resolve": resolved - began, **gathered.seconds, "record": recorded - gathered_at, **judged}
+    explanation, html, diagnosed = diagnose(target, gathered, record, [*gathered.notes, *record_notes])
+    seconds = {"resolve": resolved - began, **gathered.seconds, "record": recorded - gathered_at, **diagnosed}
     seconds["gather"] = gathered_at - resolved
     return JobExplanation(
         target=target,

@@ -3,6 +3,7 @@ flow's result, and the CLI prints (``text()``) or dumps (``--json``)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -19,10 +20,8 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class SuspectLine(BaseModel):
+class SuspectLine(_Model):
     """One ranked suspect, as the outcome carries it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     node: str
     gpu: int | None = None
@@ -88,14 +87,7 @@ class ExplainOutcome(_Model):
                 )
                 for s in explanation.suspects
             ],
-            step_change=None
-            if change is None
-            else {
-                "before_s": change.before_s,
-                "after_s": change.after_s,
-                "at": change.at.isoformat(),
-                "change_pct": change.change_pct,
-            },
+            step_change=None if change is None else {**asdict(change), "at": change.at.isoformat()},
             events_of_note=list(explanation.events_of_note),
             recommendations=list(explanation.recommendations),
             notes=list(explanation.notes),

@@ -1,16 +1,10 @@
 """gpucert's own record of a job's nodes, from the store: what was known of each node before the job ran.
 
-One row per node (the record frame of :mod:`gpucert.explain._frames`):
-
-* ``last_run_id``, ``last_decision``, ``last_certified_at`` — from every run's ``decisions.parquet``
-  (:class:`gpucert.certify.CertificationRun`): the node's latest decision with a state, and when it was
-  last ``certified``;
-* ``open_tickets`` — its open tickets in the ticket backend (the Jira key where there is one);
-* ``drift_alarms`` — its GPUs' drift alarms on their own history (:func:`gpucert.telemetry.check_drift`);
-* ``deviations`` — the figures below the node's or its GPUs' own baseline in its last run (the verdict
-  rows judged against ``own``), in a few words.
-
-A store without runs gives every node an empty record and says so in the notes; nothing is invented.
+One row per node (the ``record`` frame): its latest decision with a state and when it was last ``certified``
+(every run's ``decisions.parquet``), its open tickets (the Jira key where there is one), its GPUs' drift alarms
+(:func:`gpucert.telemetry.check_drift`), and its figures below its own baseline in its last run (the verdict rows
+judged against ``own``), in a few words. A store without runs gives every node an empty record and says so in
+the notes; nothing is invented.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from ..telemetry import check_drift
 from ..tickets import TicketBackend, TicketError
 from ._frames import RECORD_COLUMNS
 
-__all__ = ["blank_record", "read_record"]
+__all__ = ["read_record"]
 
 _DEVIATIONS_SHOWN = 3
 
@@ -55,13 +49,11 @@ def read_record(
     *,
     tickets: TicketBackend | None = None,
     policy: Policy | None = None,
-    drift: bool = True,
 ) -> tuple[pd.DataFrame, list[str]]:
     """The record frame of ``nodes`` (see the module docstring) and notes on what could not be read.
 
-    ``drift`` False skips the drift chart (it reads each GPU's last runs' results). A store or ticket
-    backend that fails is a note, never an exception: the record is context, the explanation stands
-    without it.
+    A store or ticket backend that fails is a note, never an exception: the record is context, the
+    explanation stands without it.
     """
     record = blank_record(nodes)
     notes: list[str] = []
@@ -75,19 +67,18 @@ def read_record(
     if decisions.empty:
         notes.append(f"no certification of the job's nodes on record in {store.uri}")
     else:
-        judged = decisions[decisions["state"].notna()].sort_values("decided_at", kind="stable")
-        last = judged.drop_duplicates("node", keep="last").set_index("node")
-        certified = judged[judged["state"] == "certified"].groupby("node")["decided_at"].max()
+        settled = decisions[decisions["state"].notna()].sort_values("decided_at", kind="stable")
+        last = settled.drop_duplicates("node", keep="last").set_index("node")
+        certified = settled[settled["state"] == "certified"].groupby("node")["decided_at"].max()
         record["last_run_id"] = record["node"].map(last["run_id"]).astype(object)
         record["last_decision"] = record["node"].map(last["state"]).astype(object)
         record["last_certified_at"] = pd.to_datetime(record["node"].map(certified), utc=True)
         record["deviations"] = [
             _deviations(store, n, last.loc[n, "run_id"] if n in last.index else None, decisions) for n in record["node"]
         ]
-    record = record.astype({"last_run_id": object, "last_decision": object})
-    record[["last_run_id", "last_decision"]] = record[["last_run_id", "last_decision"]].where(
-        record[["last_run_id", "last_decision"]].notna(), None
-    )
+    last_of = ["last_run_id", "last_decision"]
+    record = record.astype(dict.fromkeys(last_of, object))
+    record[last_of] = record[last_of].where(record[last_of].notna(), None)
     if tickets is not None:
         try:
             open_ = tickets.tickets(state="open", nodes=wanted)
@@ -100,7 +91,7 @@ def read_record(
             record["open_tickets"] = [",".join(sorted(keys.get(n, []))) for n in record["node"]]
     else:
         notes.append("no ticket backend: open tickets not read")
-    if drift and not decisions.empty:
+    if not decisions.empty:
         try:
             alarms = check_drift(store, policy).alarms
         except (StoreError, OSError, ValueError) as exc:

@@ -1,14 +1,11 @@
 """The straggler as the job itself sees it: when a GPU's own telemetry is silent, its peers still wait for it.
 
-In synchronous training every rank enters each collective and leaves it together: the rank that finishes its
-compute last arrives last, so *its* collectives are the shortest and every other rank's are longer by the time
-they waited for it. NCCL Inspector reports each rank's execution time per collective; per (communicator,
-collective) and instant every rank's time is divided by the median of all ranks', so communicators of different
-sizes weigh alike, and a rank whose relative time sits persistently below its peers' (by
-:data:`COLLECTIVE_GATE` and :data:`ROBUST_Z` robust standard deviations) is the one they wait for. Where the
-job's step time is reported per pod and a pod is slower than its peers, that pod's node is the straggler too.
-
-Everything here is vectorised over (instant × rank) matrices on the telemetry's grid; nothing loops per row.
+In synchronous training the rank that finishes its compute last arrives last at each collective, so *its*
+collectives are the shortest and every other rank's are longer by the time they waited for it. Per
+(communicator, collective) and instant every rank's time is divided by the median of all ranks' (communicators of
+different sizes weigh alike), and a rank persistently below its peers is the one they wait for. Where the step
+time is reported per pod, a pod slower than its peers names its node the same way. Vectorised over (instant ×
+rank) matrices on the telemetry's grid.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ._grid import FloatArray, Grid, telemetry_grid
+from ._grid import ROBUST_Z, FloatArray, Grid, persistent_onset, telemetry_grid
 
 __all__ = ["COLLECTIVE_GATE", "POD_STEP_GATE", "JobFinding", "collective_grid", "pod_step_grid", "rank_departures"]
 
@@ -27,7 +24,6 @@ __all__ = ["COLLECTIVE_GATE", "POD_STEP_GATE", "JobFinding", "collective_grid", 
 COLLECTIVE_GATE = 0.10
 #: A pod whose step time exceeds its peers' by this much departs (pods that report their own compute time).
 POD_STEP_GATE = 0.05
-ROBUST_Z = 5.0
 #: Column indexes from here on are ranks whose GPU is unknown, not GPU indexes.
 NO_GPU = 100_000
 
@@ -51,6 +47,7 @@ class JobFinding:
 
 
 def _long(frame: pd.DataFrame, value: np.ndarray, column_id: pd.Series) -> pd.DataFrame:
+    """``value`` per row of ``frame`` as a long telemetry frame of one signal, ``rel``, its columns by ``column_id``."""
     return pd.DataFrame(
         {
             "ts": frame["ts"].to_numpy(),
@@ -84,15 +81,8 @@ def collective_grid(
     exec_ok = exec_us[ok]
     step_ns = max(1, round(step_s * 1e9))
     instant = pd.DatetimeIndex(part["ts"]).as_unit("ns").asi8 // step_ns
-    group = pd.DataFrame(
-        {
-            "i": instant,
-            "comm": part["comm"].astype(str).to_numpy(),
-            "coll": part["collective"].astype(str).to_numpy(),
-            "v": exec_ok,
-        }
-    )
-    median = group.groupby(["i", "comm", "coll"], sort=False)["v"].transform("median").to_numpy()
+    keys = [instant, part["comm"].astype(str).to_numpy(), part["collective"].astype(str).to_numpy()]
+    median = pd.Series(exec_ok).groupby(keys, sort=False).transform("median").to_numpy()
     rel = exec_ok / median
     rank = part["rank"] if "rank" in part else pd.Series(pd.NA, index=part.index)
     rank_text = rank.astype("string").fillna("")
@@ -103,11 +93,7 @@ def collective_grid(
         ranks = pd.to_numeric(rank_text[no_gpu], errors="coerce").fillna(0).to_numpy(dtype=np.float64)
         long.loc[no_gpu, "gpu"] = NO_GPU + ranks
     long["gpu"] = long["gpu"].astype(np.int64)
-    grid = telemetry_grid(long, step_s=step_s, window=window, signals=("rel",))
-    if grid.empty or t0_ns is None or grid.t0_ns == t0_ns:
-        return grid
-    # Align it on the telemetry's grid, so the onsets read on one time axis.
-    return _shift(grid, t0_ns)
+    return _aligned(telemetry_grid(long, step_s=step_s, window=window, signals=("rel",)), t0_ns)
 
 
 def pod_step_grid(
@@ -125,29 +111,17 @@ def pod_step_grid(
     step_ns = max(1, round(step_s * 1e9))
     instant = pd.DatetimeIndex(part["ts"]).as_unit("ns").asi8 // step_ns
     median = pd.Series(seconds[ok]).groupby(instant).transform("median").to_numpy()
-    rel = seconds[ok] / median
-    long = pd.DataFrame(
-        {
-            "ts": part["ts"].to_numpy(),
-            "node": part["node"].astype(object).to_numpy(),
-            "gpu": -1,
-            "gpu_uuid": "",
-            "pod": part["pod"].astype(object).to_numpy(),
-            "signal": "rel",
-            "value": rel,
-        }
-    )
-    # One column per pod: the pod's name is its id.
-    long["gpu_uuid"] = long["pod"]
+    long = _long(part, seconds[ok] / median, part["pod"])  # one column per pod: the pod's name is its id
     long["gpu"] = pd.factorize(long["pod"])[0]
     grid = telemetry_grid(long, step_s=step_s, window=window, signals=("rel",))
-    if grid.empty:
-        return None
-    return grid if t0_ns is None or grid.t0_ns == t0_ns else _shift(grid, t0_ns)
+    return None if grid.empty else _aligned(grid, t0_ns)
 
 
-def _shift(grid: Grid, t0_ns: int) -> Grid:
-    """``grid`` re-based to start at ``t0_ns`` (rows before it dropped, NaN where it starts later)."""
+def _aligned(grid: Grid, t0_ns: int | None) -> Grid:
+    """``grid`` re-based to start at ``t0_ns``, the telemetry's first instant, so that onsets read on one time
+    axis (rows before it dropped, NaN where it starts later)."""
+    if grid.empty or t0_ns is None or grid.t0_ns == t0_ns:
+        return grid
     offset = round((grid.t0_ns - t0_ns) / grid.step_ns)
     values: dict[str, FloatArray] = {}
     n_times = max(0, grid.n_times + offset)
@@ -161,10 +135,10 @@ def _shift(grid: Grid, t0_ns: int) -> Grid:
     return Grid(t0_ns, grid.step_ns, n_times, grid.nodes, grid.index, grid.ids, grid.pods, values)
 
 
-def rank_departures(grid: Grid, *, below: bool, gate: float, onset_of: object, gpus: bool = True) -> list[JobFinding]:
+def rank_departures(grid: Grid, *, below: bool, gate: float, gpus: bool = True) -> list[JobFinding]:
     """The columns of a relative grid (1.0 = the peers' median) that depart persistently: below the peers by
     ``gate`` (``below``: a rank the others wait for) or above them (a slower pod), and by :data:`ROBUST_Z` robust
-    standard deviations of the columns' spread. ``onset_of`` is :func:`~._judge.persistent_onset`."""
+    standard deviations of the columns' spread."""
     rel = grid.values.get("rel")
     if rel is None or grid.n_columns < 3:
         return []
@@ -177,7 +151,7 @@ def rank_departures(grid: Grid, *, below: bool, gate: float, onset_of: object, g
     sigma = 1.4826 * float(np.median(deviations)) if deviations.size else 0.0
     floor = max(gate, ROBUST_Z * sigma)
     departed = np.nan_to_num(gap > floor, nan=False).astype(bool)
-    onsets = onset_of(departed)  # type: ignore[operator]
+    onsets = persistent_onset(departed)
     out: list[JobFinding] = []
     for c in np.flatnonzero(onsets >= 0):
         t = int(onsets[c])

@@ -1,26 +1,19 @@
 """Finding the job: its pods, their nodes, the GPUs each pod holds, and the window to explain.
 
-A job is named ``NAMESPACE/NAME`` and found by what its controller stamps on its pods, in this order:
+A job is named ``NAMESPACE/NAME`` and found by what its controller stamps on its pods (:data:`JOB_LABELS`): a
+``batch/v1`` Job by its UID first (``batch.kubernetes.io/controller-uid``, ``controller-uid`` before Kubernetes
+1.27), so a Job deleted and created again under the same name is not mixed with its predecessor's pods; then a
+JobSet's or a Kubeflow PyTorchJob's or MPIJob's label. Only pods are read, never the JobSet or PyTorchJob objects
+themselves: what matters (nodes, GPUs, start and end) is on the pods, and reading pods needs no permission on
+those custom resources. ``--selector`` takes any set of pods instead (in one namespace, or in all).
 
-* a ``batch/v1`` Job: its pods carry ``batch.kubernetes.io/controller-uid`` (``controller-uid`` before
-  Kubernetes 1.27) with the Job's UID, so a Job deleted and created again under the same name is not
-  mixed with its predecessor's pods; with the Job gone, ``batch.kubernetes.io/job-name`` / ``job-name``;
-* a JobSet: ``jobset.sigs.k8s.io/jobset-name``;
-* a Kubeflow PyTorchJob or MPIJob (training-operator v1): ``training.kubeflow.org/job-name``.
+Which GPUs a pod holds: the pod labels dcgm-exporter puts on each GPU's series (:func:`assign_gpus`), else the
+device plugin's allocation (a pod that requests every ``nvidia.com/gpu`` of its node holds them all); otherwise
+they are unknown and the notes say so — never a guess.
 
-Only pods are read, never the JobSet or PyTorchJob objects themselves: what matters (nodes, GPUs, start
-and end) is on the pods, and reading pods needs no permission on those custom resources. ``--selector``
-takes any set of pods instead (in one namespace, or in all).
-
-Which GPUs a pod holds: dcgm-exporter in its Kubernetes mode labels each GPU's series with the ``pod``,
-``namespace`` and ``container`` holding it (:func:`assign_gpus` reads those first). Where a node's series
-carry no such labels, the device plugin's allocation is the fallback: a pod that requests every
-``nvidia.com/gpu`` its node has holds all of the node's GPUs; otherwise its GPUs are unknown and the notes
-say so — never a guess.
-
-The window: ``since``/``until`` when given (RFC 3339 / ISO 8601, UTC when no zone is written, or a
-duration ago: ``90m``, ``6h``, ``2d``), else the job's lifetime: from the earliest pod start to the last
-container's end, or to now while any pod has not finished.
+The window: ``since``/``until`` when given (RFC 3339 / ISO 8601, UTC when no zone is written, or a duration ago:
+``90m``, ``6h``, ``2d``), else the job's lifetime: from the earliest pod start to the last container's end, or to
+now while any pod has not finished.
 """
 
 from __future__ import annotations
@@ -31,23 +24,26 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from .._names import check_label_selector, dns_label_ok, dns_subdomain_ok
 from ..errors import InputError
 from ..kube import Kube, KubeError, KubeNotFound
+from ._grid import utc
 
 __all__ = [
-    "GPU_RESOURCE",
     "JOB_LABELS",
     "LABEL_PRESETS",
     "JobTarget",
     "LabelMap",
     "TargetPod",
     "assign_gpus",
-    "holder_at",
+    "holders_at",
     "parse_job",
     "parse_moment",
+    "parse_time",
     "resolve_target",
     "workload_of",
 ]
@@ -92,11 +88,6 @@ class TargetPod:
     terminations: tuple[tuple[str, pd.Timestamp, str], ...] = ()
 
     @property
-    def key(self) -> str:
-        """``namespace/name``."""
-        return f"{self.namespace}/{self.name}"
-
-    @property
     def holds_node(self) -> bool:
         """Whether the device plugin must have given it every GPU of its node (it asked for all of them)."""
         return self.node is not None and self.gpus > 0 and 0 < self.node_gpus <= self.gpus
@@ -121,10 +112,6 @@ class JobTarget:
     def nodes(self) -> list[str]:
         """The nodes its pods ran on, sorted."""
         return sorted({p.node for p in self.pods if p.node})
-
-    def pod(self, namespace: str, name: str) -> TargetPod | None:
-        """The job's pod of that name, or None."""
-        return next((p for p in self.pods if p.namespace == namespace and p.name == name), None)
 
 
 # --- input ----------------------------------------------------------------------------------------------
@@ -155,9 +142,7 @@ def parse_moment(text: str, *, now: datetime, what: str = "time") -> pd.Timestam
         raise InputError(
             f"{what} {text!r}: write an ISO 8601 time (2026-11-02T10:00:00Z) or a duration ago (90m, 6h, 2d)"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return pd.Timestamp(moment).tz_convert(UTC)
+    return utc(pd.Timestamp(moment))
 
 
 # --- resolution -----------------------------------------------------------------------------------------
@@ -202,9 +187,7 @@ def resolve_target(
         label = f"{namespace}/{name}"
         kind, used, raw = _find_job(kube, namespace, name)
 
-    nodes = _node_gpus(
-        kube, {str((p.get("spec") or {}).get("nodeName")) for p in raw if (p.get("spec") or {}).get("nodeName")}
-    )
+    nodes = _node_gpus(kube, {str(node) for p in raw if (node := (p.get("spec") or {}).get("nodeName"))})
     pods = tuple(sorted((_pod(p, nodes) for p in raw), key=lambda p: (p.namespace, p.name)))
     unscheduled = [p.name for p in pods if p.node is None]
     if unscheduled:
@@ -293,14 +276,14 @@ def _gpu_request(spec: Mapping[str, Any]) -> int:
     return total
 
 
-def _time(value: object) -> pd.Timestamp | None:
+def parse_time(value: object) -> pd.Timestamp | None:
+    """An API server's timestamp (RFC 3339) in UTC; None when empty or not a time."""
     if not value:
         return None
     try:
-        stamp = pd.Timestamp(str(value))
+        return utc(pd.Timestamp(str(value)))
     except ValueError:
         return None
-    return stamp.tz_localize(UTC) if stamp.tzinfo is None else stamp.tz_convert(UTC)
 
 
 def _pod(raw: Mapping[str, Any], node_gpus: Mapping[str, int]) -> TargetPod:
@@ -310,18 +293,18 @@ def _pod(raw: Mapping[str, Any], node_gpus: Mapping[str, int]) -> TargetPod:
     ends = []
     terminations = []
     for cs in status.get("containerStatuses") or []:
-        finished = _time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        finished = parse_time(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt"))
         if finished is not None:
             ends.append(finished)
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
             done = state.get("terminated") or {}
-            when = _time(done.get("finishedAt"))
+            when = parse_time(done.get("finishedAt"))
             if when is not None and done.get("reason") not in (None, "", "Completed"):
                 terminations.append((str(done["reason"]), when, str(cs.get("name") or "")))
     ended = max(ends) if ends and phase in _DONE else None
     if phase in _DONE and ended is None:
         # An evicted pod has no terminated container state: its end is the last condition change.
-        changes = [_time(c.get("lastTransitionTime")) for c in status.get("conditions") or ()]
+        changes = [parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or ()]
         ended = max((c for c in changes if c is not None), default=None)
     return TargetPod(
         namespace=str(meta.get("namespace") or ""),
@@ -332,7 +315,7 @@ def _pod(raw: Mapping[str, Any], node_gpus: Mapping[str, int]) -> TargetPod:
         reason=str(status.get("reason") or ""),
         gpus=_gpu_request(spec),
         node_gpus=node_gpus.get(str(node), 0) if node else 0,
-        started=_time(status.get("startTime")),
+        started=parse_time(status.get("startTime")),
         ended=ended,
         containers=tuple(str(c.get("name")) for c in spec.get("containers") or () if c.get("name")),
         terminations=tuple(sorted(set(terminations), key=lambda t: t[1])),
@@ -367,8 +350,7 @@ def _window(
 
 def _given(value: str | datetime, now: datetime, what: str) -> pd.Timestamp:
     if isinstance(value, datetime):
-        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return pd.Timestamp(moment).tz_convert(UTC)
+        return utc(pd.Timestamp(value))
     return parse_moment(value, now=now, what=what)
 
 
@@ -410,14 +392,10 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 @dataclass(frozen=True)
 class LabelMap:
     """Which labels of the scraped series name the workload's pod and namespace, and the node, where
-    explain's own detection cannot tell (``--labels``; :meth:`parse`).
+    explain's own detection cannot tell (``--labels``, :meth:`parse`; docs/design/explain.md).
 
-    ``workload``: the (namespace label, pod label) pairs read on dcgm-exporter's series, first set wins
-    (default: ``exported_*``, then ``pod``/``namespace``); ``node``: the one label naming the Kubernetes node
-    on every source (default: ``node``, ``kubernetes_node``, then the exporter's ``Hostname``/``hostname``).
-    The job's own series (its step gauge, NCCL Inspector scraped from its pods) are read by ``workload``
-    first and then by the defaults: a PodMonitor on the training pods names them ``pod`` whatever the DCGM
-    scrape does.
+    ``workload``: the (namespace label, pod label) pairs read on dcgm-exporter's series, first set wins;
+    ``node``: the one label naming the Kubernetes node on every source (None: detected).
     """
 
     workload: tuple[tuple[str, str], ...] = _WORKLOAD_LABELS
@@ -463,12 +441,10 @@ def assign_gpus(
     """How the GPUs of the job's nodes map to its pods where the DCGM series do not say; returns node → the
     pods that held all of its GPUs (the device plugin's allocation), earliest start first, and notes.
 
-    ``series_labels`` are (node, gpu index, labels) of the DCGM series read on the job's nodes. A series
-    labelled with a pod of the job (dcgm-exporter's Kubernetes mode: ``pod``, ``namespace``) names its
-    holder itself, so such nodes need no fallback. On any other node, the pods that requested every GPU of
-    the node held them all, one after the other (a replacement after an eviction): each sample belongs to
-    the one that had started by then (:func:`holder_at`). The notes name the pods whose GPUs cannot be
-    told (no pod labels, and only part of their node requested) and the nodes with no series at all.
+    ``series_labels`` are (node, gpu index, labels) of the DCGM series read on the job's nodes; a node whose
+    series name a pod of the job needs no fallback. On any other node, the pods that requested every GPU of
+    the node held them all, one after the other (a replacement after an eviction: :func:`holder_at`). The
+    notes name the pods whose GPUs cannot be told and the nodes with no series at all.
     """
     job_pods = {(p.namespace, p.name) for p in target.pods}
     labelled: set[str] = set()
@@ -513,11 +489,8 @@ def assign_gpus(
 _EPOCH = pd.Timestamp(0, tz=UTC)
 
 
-def holder_at(holders: Sequence[TargetPod], at: pd.Timestamp) -> TargetPod | None:
-    """Of the pods that held a whole node one after the other (earliest first), the one holding it at ``at``:
-    the last to have started by then (the first, before any started)."""
-    current = None
-    for pod in holders:
-        if pod.started is not None and pod.started <= at:
-            current = pod
-    return current or (holders[0] if holders else None)
+def holders_at(holders: Sequence[TargetPod], unix_s: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
+    """Of the pods that held a whole node one after the other (earliest first), the index of the one holding it
+    at each of the moments ``unix_s``: the last to have started by then (the first, before any started)."""
+    starts = np.array([(h.started or _EPOCH).timestamp() for h in holders])
+    return np.clip(np.searchsorted(starts, unix_s, side="right") - 1, 0, len(holders) - 1)

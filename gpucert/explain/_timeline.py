@@ -2,15 +2,17 @@
 
 From the top: the answer in three lines; the job's step time (median per bucket with its min–max envelope, the
 step-time change and the stalls marked, events as markers); then one lane per node, suspects first, each with its
-GPUs' SM clock, slowdown reasons, temperature and power. A lane draws its GPUs as a min–max envelope over at most
-:data:`MAX_BUCKETS` time buckets plus their mean; only suspect GPUs are drawn in full, against the job's peer median,
-so a 512-GPU job is a few hundred paths, not 512 lines of 1,440 points. Events are markers on the shared axis,
-drawn across every lane. Geometry is computed here with numpy; ``templates/explain.html.j2`` writes it, escaping
-every name (node, pod, event note) through Jinja's autoescape. No script, nothing fetched.
+GPUs' SM clock, slowdown reasons, temperature and power; last the suspects' evidence, recommendations and notes. A
+lane draws its GPUs as a min–max envelope over at most :data:`MAX_BUCKETS` time buckets plus their mean; only suspect
+GPUs are drawn in full, against the job's peer median, so a 512-GPU job is a few hundred paths, not 512 lines of 1,440
+points. Events are markers on the shared axis, drawn across every lane. Geometry is computed here with numpy;
+``templates/explain.html.j2`` writes it, escaping every name (node, pod, event note) through Jinja's autoescape. No
+script, nothing fetched.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,9 +22,9 @@ import numpy.typing as npt
 import pandas as pd
 
 from .._templates import html_environment
+from ._diagnose import DISRUPTIVE_REASONS, SLOWDOWN_BITS, _Event, _nanmedian, _secs
 from ._frames import Explanation, Suspect, check_frame
-from ._grid import FloatArray, Grid, bucket_ends, telemetry_grid, to_ns
-from ._judge import DISRUPTIVE_REASONS, SLOWDOWN_BITS, _Event, _secs, _text
+from ._grid import FloatArray, Grid, bucket_ends, equal_runs, telemetry_grid, to_ns
 
 __all__ = ["MAX_BUCKETS", "MAX_LANES", "TEMPLATE", "render_timeline"]
 
@@ -118,7 +120,6 @@ class StepChart:
     lo: str
     hi: str
     paths: tuple[Path, ...]
-    rects: tuple[Rect, ...]
     labels: tuple[tuple[float, float, str], ...]
     empty: bool
 
@@ -155,12 +156,10 @@ def _band(xs: FloatArray, lo: FloatArray, hi: FloatArray) -> str:
 
 
 def _scale(values: Sequence[FloatArray], pad: float = 0.06) -> tuple[float, float]:
-    finite = [v[np.isfinite(v)] for v in values]
-    finite = [v for v in finite if v.size]
-    if not finite:
+    finite = np.concatenate([v[np.isfinite(v)] for v in values])
+    if not finite.size:
         return 0.0, 1.0
-    lo = min(float(v.min()) for v in finite)
-    hi = max(float(v.max()) for v in finite)
+    lo, hi = float(finite.min()), float(finite.max())
     if hi - lo < 1e-9:
         lo, hi = lo - 1.0, hi + 1.0
     span = hi - lo
@@ -183,13 +182,8 @@ def _ticks(lo: pd.Timestamp, hi: pd.Timestamp, with_date: bool) -> list[Tick]:
         (m for m in (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080) if span_min / m <= 10), 10080
     )
     first = lo.ceil(f"{step}min") if step < 1440 else lo.ceil("1D")
-    out = []
-    t = first
     fmt = "%m-%d %H:%M" if with_date else "%H:%M"
-    while t <= hi:
-        out.append(Tick(round(_x_of(t, lo, hi), 1), t.strftime(fmt)))
-        t += pd.Timedelta(minutes=step)
-    return out
+    return [Tick(round(_x_of(t, lo, hi), 1), t.strftime(fmt)) for t in pd.date_range(first, hi, freq=f"{step}min")]
 
 
 def _x_of(ts: pd.Timestamp, lo: pd.Timestamp, hi: pd.Timestamp) -> float:
@@ -201,9 +195,7 @@ def _infer_step_s(telemetry: pd.DataFrame) -> float:
     """The scrape interval: the most common gap between the telemetry's distinct instants (15 s if unknown)."""
     if not len(telemetry):
         return 15.0
-    ns = np.sort(pd.unique(to_ns(telemetry["ts"])))
-    gaps = np.diff(ns)
-    gaps = gaps[gaps > 0]
+    gaps = np.diff(np.unique(to_ns(telemetry["ts"])))  # distinct instants, in order: every gap is positive
     if not gaps.size:
         return 15.0
     values, counts = np.unique(gaps, return_counts=True)
@@ -225,13 +217,6 @@ def _bucketed(
 # --- the page ---------------------------------------------------------------------------------------------------
 
 
-def _suspect_badges(suspects: Sequence[Suspect]) -> dict[str, list[tuple[int, Suspect]]]:
-    out: dict[str, list[tuple[int, Suspect]]] = {}
-    for rank, s in enumerate(suspects, start=1):
-        out.setdefault(s.node, []).append((rank, s))
-    return out
-
-
 def _step_chart(steps: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timestamp) -> StepChart:
     height = _STEP_H
     top, plot_h = 8.0, height - 22.0
@@ -241,50 +226,37 @@ def _step_chart(steps: pd.DataFrame, explanation: Explanation, lo: pd.Timestamp,
     ok = np.isfinite(secs) & (secs > 0) & (ts >= lo_ns) & (ts <= hi_ns)
     ts, secs = ts[ok], secs[ok]
     if not len(ts):
-        return StepChart(height, "", "", (), (), (), True)
+        return StepChart(height, "", "", (), (), True)
     span = max(1, hi_ns - lo_ns)
     bucket = np.minimum(((ts - lo_ns) / span * MAX_BUCKETS).astype(np.int64), MAX_BUCKETS - 1)
-    frame = pd.DataFrame({"b": bucket, "s": secs})
-    agg = frame.groupby("b", sort=True)["s"].agg(["min", "max", "median"])
-    b = agg.index.to_numpy(dtype=np.int64)
-    full = np.full(MAX_BUCKETS, np.nan)
-    series = {}
-    for col in ("min", "max", "median"):
-        arr = full.copy()
-        arr[b] = agg[col].to_numpy(dtype=np.float64)
-        series[col] = arr
+    agg = pd.Series(secs).groupby(bucket).agg(["min", "max", "median"]).reindex(range(MAX_BUCKETS))
+    series = {col: agg[col].to_numpy(dtype=np.float64) for col in agg}
     # The axis stops at the 99.5th percentile of the buckets' maxima, so one stalled step does not flatten the rest.
     ceiling = float(np.nanpercentile(series["max"], 99.5))
     y_lo, y_hi = 0.0, max(ceiling, float(np.nanmax(series["median"]))) * 1.08
     xs = (np.arange(MAX_BUCKETS) + 0.5) * PLOT_W / MAX_BUCKETS
-    clipped_hi = np.minimum(series["max"], y_hi)
+
+    def y(values: FloatArray) -> FloatArray:
+        return _y(values, y_lo, y_hi, top, plot_h)
+
     paths = [
-        Path(
-            _band(xs, _y(series["min"], y_lo, y_hi, top, plot_h), _y(clipped_hi, y_lo, y_hi, top, plot_h)), "envelope"
-        ),
-        Path(_points(xs, _y(series["median"], y_lo, y_hi, top, plot_h)), "median"),
+        Path(_band(xs, y(series["min"]), y(np.minimum(series["max"], y_hi))), "envelope"),
+        Path(_points(xs, y(series["median"])), "median"),
     ]
-    rects: list[Rect] = []
     labels: list[tuple[float, float, str]] = []
     change = explanation.step_change
     if change is not None:
         x_at = _x_of(change.at, lo, hi)
-        y_b = float(_y(np.array([change.before_s]), y_lo, y_hi, top, plot_h)[0])
-        y_a = float(_y(np.array([min(change.after_s, y_hi)]), y_lo, y_hi, top, plot_h)[0])
+        y_b, y_a = (float(v) for v in y(np.array([change.before_s, min(change.after_s, y_hi)])))
         paths.append(Path(f"M0,{y_b:.1f} L{x_at:.1f},{y_b:.1f} M{x_at:.1f},{y_a:.1f} L{PLOT_W:.1f},{y_a:.1f}", "level"))
         paths.append(Path(f"M{x_at:.1f},{top:.1f} L{x_at:.1f},{top + plot_h:.1f}", "change"))
-        labels.append(
-            (
-                min(x_at + 4, PLOT_W - 160),
-                top + plot_h - 14,
-                f"{_secs(change.before_s)} s → {_secs(change.after_s)} s ({change.change_pct:+.0f} %)",
-            )
-        )
-    return StepChart(height, _label(y_lo), _label(y_hi), tuple(paths), tuple(rects), tuple(labels), False)
+        text = f"{_secs(change.before_s)} s → {_secs(change.after_s)} s ({change.change_pct:+.0f} %)"
+        labels.append((min(x_at + 4, PLOT_W - 160), top + plot_h - 14, text))
+    return StepChart(height, _label(y_lo), _label(y_hi), tuple(paths), tuple(labels), False)
 
 
 def _stalls(steps: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> list[tuple[float, float]]:
-    """Gaps in the logged steps far longer than the usual gap (x from, x to), as the judgement finds them."""
+    """Gaps in the logged steps far longer than the usual gap (x from, x to), as the diagnosis finds them."""
     if len(steps) < 3:
         return []
     ts = np.unique(to_ns(steps["ts"]))
@@ -303,67 +275,45 @@ def _stalls(steps: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> list[tup
     return out
 
 
-def _reason_rects(
-    frac: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float, css: str, colour: str, title: str
-) -> list[Rect]:
-    """Runs of equal shading level (quarters of the share of samples with a hard slowdown reason) as rectangles."""
+def _reason_rects(frac: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float) -> list[Rect]:
+    """Runs of equal shading level (quarters of the share of a node's samples with a hard slowdown reason) as
+    rectangles."""
     level = np.where(np.isfinite(frac), np.ceil(np.clip(frac, 0, 1) * 4) / 4, 0.0)
-    out = []
-    i, n = 0, len(level)
-    while i < n:
-        j = i
-        while j + 1 < n and level[j + 1] == level[i]:
-            j += 1
-        if level[i] > 0:
-            out.append(
-                Rect(
-                    round(float(xs0[i]), 1),
-                    y,
-                    round(float(xs1[j] - xs0[i]), 1),
-                    _REASONS_H - 1,
-                    css,
-                    colour,
-                    float(level[i]),
-                    f"{title}: up to {level[i]:.0%} of samples".replace("%", " %"),
-                )
-            )
-        i = j + 1
-    return out
+    return [
+        Rect(
+            round(float(xs0[i]), 1),
+            y,
+            round(float(xs1[j] - xs0[i]), 1),
+            _REASONS_H - 1,
+            "reason-share",
+            "#c62828",
+            float(level[i]),
+            f"GPUs of this node with a HW/SW slowdown reason: up to {level[i]:.0%} of samples".replace("%", " %"),
+        )
+        for i, j in equal_runs(level)
+        if level[i] > 0
+    ]
 
 
 def _suspect_reason_rects(bits: FloatArray, xs0: FloatArray, xs1: FloatArray, y: float) -> list[Rect]:
     """One GPU's reasons per bucket, coloured by the dominant kind: thermal, power brake, other HW slowdown, cap."""
-    known = np.isfinite(bits)
-    b = np.where(known, bits, 0).astype(np.int64)
-    kind = np.where(
-        (b & _THERMAL) != 0,
-        "thermal",
-        np.where(
-            (b & _POWER) != 0, "power", np.where((b & 0x08) != 0, "slowdown", np.where((b & 0x04) != 0, "cap", ""))
-        ),
-    )
-    out = []
-    i, n = 0, len(kind)
-    while i < n:
-        j = i
-        while j + 1 < n and kind[j + 1] == kind[i]:
-            j += 1
-        if kind[i]:
-            names = [name for bit, name in SLOWDOWN_BITS.items() if any((b[i : j + 1] & bit) != 0)]
-            out.append(
-                Rect(
-                    round(float(xs0[i]), 1),
-                    y,
-                    round(max(0.6, float(xs1[j] - xs0[i])), 1),
-                    _REASONS_H - 1,
-                    "reason",
-                    _REASON_COLOURS[str(kind[i])],
-                    1.0,
-                    ", ".join(names),
-                )
-            )
-        i = j + 1
-    return out
+    b = np.where(np.isfinite(bits), bits, 0).astype(np.int64)
+    masks = (_THERMAL, _POWER, 0x08, 0x04)  # the first kind set wins
+    kind = np.select([(b & mask) != 0 for mask in masks], ["thermal", "power", "slowdown", "cap"], "")
+    return [
+        Rect(
+            round(float(xs0[i]), 1),
+            y,
+            round(max(0.6, float(xs1[j] - xs0[i])), 1),
+            _REASONS_H - 1,
+            "reason",
+            _REASON_COLOURS[str(kind[i])],
+            1.0,
+            ", ".join(name for bit, name in SLOWDOWN_BITS.items() if any((b[i : j + 1] & bit) != 0)),
+        )
+        for i, j in equal_runs(kind)
+        if kind[i]
+    ]
 
 
 def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timestamp) -> tuple[list[Lane], str]:
@@ -383,7 +333,9 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
     xs = (xs0 + xs1) / 2
     full_xs = PLOT_W * (grid.t0_ns + grid.step_ns * np.arange(grid.n_times) - lo.value) / span
 
-    badges = _suspect_badges(explanation.suspects)
+    badges: dict[str, list[tuple[int, Suspect]]] = {}  # node → its suspects, with their rank
+    for rank, suspect in enumerate(explanation.suspects, start=1):
+        badges.setdefault(suspect.node, []).append((rank, suspect))
     ranked = [s.node for s in explanation.suspects]
     index_of = {str(n): i for i, n in enumerate(node_names)}
     lane_nodes = [n for n in dict.fromkeys(ranked) if n in index_of]
@@ -402,20 +354,17 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
         b_lo, b_hi, b_sum, b_cnt = _bucketed(m, starts_t)
         n_lo = np.fmin.reduceat(b_lo, node_start, axis=1)
         n_hi = np.fmax.reduceat(b_hi, node_start, axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            n_mean = np.add.reduceat(b_sum, node_start, axis=1) / np.add.reduceat(b_cnt, node_start, axis=1)
-        peer = _peer_median(m)
+        n_mean = _mean(np.add.reduceat(b_sum, node_start, axis=1), np.add.reduceat(b_cnt, node_start, axis=1))
+        peer = _nanmedian(m, axis=1)
         y_lo, y_hi = _scale([n_lo, n_hi])
         per_signal[signal] = (n_lo, n_hi, n_mean, y_lo, y_hi, peer)
     reasons = grid.values.get("clock_event_reasons")
     hard_frac = None
     if reasons is not None:
         bits = np.where(np.isfinite(reasons), reasons, 0).astype(np.int64)
-        hard = ((bits & _HARD_MASK) != 0).astype(np.float64)
-        hard[~np.isfinite(reasons)] = np.nan
+        hard = np.where(np.isfinite(reasons), (bits & _HARD_MASK) != 0, np.nan)
         _, _, h_sum, h_cnt = _bucketed(hard, starts_t)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            hard_frac = np.add.reduceat(h_sum, node_start, axis=1) / np.add.reduceat(h_cnt, node_start, axis=1)
+        hard_frac = _mean(np.add.reduceat(h_sum, node_start, axis=1), np.add.reduceat(h_cnt, node_start, axis=1))
 
     col_of = {(grid.nodes[c], grid.index[c]): c for c in range(grid.n_columns)}
     lanes: list[Lane] = []
@@ -431,39 +380,22 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
             if signal not in per_signal:
                 continue
             n_lo, n_hi, n_mean, y_lo, y_hi, peer = per_signal[signal]
+            ys = functools.partial(_y, lo=y_lo, hi=y_hi, top=y, height=height)
             paths = [
-                Path(
-                    _band(xs, _y(n_lo[:, k], y_lo, y_hi, y, height), _y(n_hi[:, k], y_lo, y_hi, y, height)), "envelope"
-                ),
-                Path(_points(xs, _y(n_mean[:, k], y_lo, y_hi, y, height)), "mean"),
+                Path(_band(xs, ys(n_lo[:, k]), ys(n_hi[:, k])), "envelope"),
+                Path(_points(xs, ys(n_mean[:, k])), "mean"),
             ]
             if full_cols:
-                paths.append(Path(_points(xs, _y(_bucket_mean(peer, starts_t), y_lo, y_hi, y, height)), "peer"))
+                paths.append(Path(_points(xs, ys(_bucket_mean(peer, starts_t))), "peer"))
                 m = grid.values[signal]
                 for rank, s, c in full_cols:
                     colour = _SUSPECT_COLOURS[(rank - 1) % len(_SUSPECT_COLOURS)]
                     values, px = _full(m[:, c], full_xs)
-                    paths.append(
-                        Path(
-                            _points(px, _y(values, y_lo, y_hi, y, height)),
-                            "suspect-line",
-                            colour,
-                            f"suspect {rank}: GPU {s.gpu}",
-                        )
-                    )
+                    paths.append(Path(_points(px, ys(values)), "suspect-line", colour, f"suspect {rank}: GPU {s.gpu}"))
             tracks.append(Track(label, unit, y, height, _label(y_lo), _label(y_hi), tuple(paths)))
             y += height + _GAP
             if signal == "sm_clock_mhz" and hard_frac is not None:
-                rects = _reason_rects(
-                    hard_frac[:, k],
-                    xs0,
-                    xs1,
-                    y,
-                    "reason-share",
-                    "#c62828",
-                    "GPUs of this node with a HW/SW slowdown reason",
-                )
-                strips.append(("reasons", y, tuple(rects)))
+                strips.append(("reasons", y, tuple(_reason_rects(hard_frac[:, k], xs0, xs1, y))))
                 y += _REASONS_H + 1
                 for _, s, c in full_cols:
                     assert reasons is not None
@@ -475,45 +407,31 @@ def _lanes(grid: Grid, explanation: Explanation, lo: pd.Timestamp, hi: pd.Timest
         if suspects_here:
             rank, top = suspects_here[0]
             what = (
-                f"GPU {top.gpu}"
-                if top.gpu is not None
-                else {"network": "network", "event": "event"}.get(top.layer, "node")
+                {"network": "network", "event": "event"}.get(top.layer, "node") if top.gpu is None else f"GPU {top.gpu}"
             )
             badge = f"suspect {rank}: {what}"
             css = "lane suspect" if rank == 1 else "lane suspect other"
             note = top.evidence[0] if top.evidence else ""
+            pods = sorted({p for p, n in zip(grid.pods, grid.nodes, strict=True) if n == node and p})
         else:
-            badge, css, note = "", "lane", ""
-        pods = (
-            sorted({p for p, n in zip(grid.pods, grid.nodes, strict=True) if n == node and p}) if suspects_here else []
-        )
+            badge, css, note, pods = "", "lane", "", []
         title = f"{node} — {n_gpus} GPU{'s' if n_gpus != 1 else ''}" + (f", pod {', '.join(pods)}" if pods else "")
         lanes.append(Lane(node, title, css, badge, y + 2, tuple(tracks), tuple(strips), note))
-    note = (
-        (
-            f"{len(left_out):,} more node{'s' if len(left_out) != 1 else ''} without a suspect are not drawn "
-            f"(at most {MAX_LANES} lanes)"
-        )
-        if left_out
-        else ""
-    )
-    return lanes, note
+    if not left_out:
+        return lanes, ""
+    nodes_word = "nodes" if len(left_out) != 1 else "node"
+    return lanes, f"{len(left_out):,} more {nodes_word} without a suspect are not drawn (at most {MAX_LANES} lanes)"
 
 
-def _peer_median(matrix: FloatArray) -> FloatArray:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.asarray(np.nanmedian(matrix, axis=1), dtype=np.float64)
+def _mean(total: FloatArray, count: FloatArray) -> FloatArray:
+    """``total / count``, NaN where nothing was counted."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(total / count, dtype=np.float64)
 
 
 def _bucket_mean(values: FloatArray, starts: npt.NDArray[np.int64]) -> FloatArray:
-    finite = np.isfinite(values)
-    total = np.add.reduceat(np.where(finite, values, 0.0), starts)
-    count = np.add.reduceat(finite.astype(np.float64), starts)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.asarray(total / count, dtype=np.float64)
+    _, _, total, count = _bucketed(values, starts)
+    return _mean(total, count)
 
 
 def _bucket_or(bits: FloatArray, starts: npt.NDArray[np.int64]) -> FloatArray:
@@ -544,22 +462,10 @@ def _markers(
     blamed = {s.onset for s in explanation.suspects if s.layer == "event"}
     out = []
     for r in part.head(_MAX_EVENT_MARKERS).to_dict("records"):
-        at = pd.Timestamp(r["at_"])
-        reason = str(r["reason"])
-        warning = str(r["type"]) == "Warning" or reason in DISRUPTIVE_REASONS
-        css = "event suspect" if at in blamed and warning else ("event warning" if warning else "event normal")
-        title = _Event(
-            at,
-            str(r["object_kind"]),
-            str(r["object_name"]),
-            _text(r["namespace"]),
-            _text(r["node"]),
-            reason,
-            str(r["type"]),
-            _text(r["note"]) or "",
-            1,
-        ).line(with_date)
-        out.append(Marker(round(_x_of(at, lo, hi), 1), css, title, "▼" if warning else "▽"))
+        e = _Event.of(r, pd.Timestamp(r["at_"]))
+        warning = e.type == "Warning" or e.reason in DISRUPTIVE_REASONS
+        css = "event suspect" if e.ts in blamed and warning else ("event warning" if warning else "event normal")
+        out.append(Marker(round(_x_of(e.ts, lo, hi), 1), css, e.line(with_date), "▼" if warning else "▽"))
     return out
 
 
@@ -572,16 +478,13 @@ def render_timeline(
     step_s: float | None = None,
     title: str | None = None,
 ) -> str:
-    """The job's timeline as one self-contained HTML page (``templates/explain.html.j2``), returned as a string.
+    """The job's timeline (see the module docstring) as one self-contained HTML page, returned as a string.
 
-    ``step_s`` is the scrape interval of ``telemetry`` (found from the data when not given). The page holds the
-    answer, the step time, one lane per node with its GPUs' clock, slowdown reasons, temperature and power (the
-    suspects first and their GPUs in full), events as markers, the ranked suspects with their evidence, the
-    recommendations and the notes. Raises :class:`~gpucert.errors.InputError` when a frame breaks the contract.
+    ``step_s`` is the scrape interval of ``telemetry`` (found from the data when not given). Raises
+    :class:`~gpucert.errors.InputError` when a frame breaks the contract.
     """
-    check_frame("telemetry", telemetry)
-    check_frame("steps", steps)
-    check_frame("events", events)
+    for name, frame in (("telemetry", telemetry), ("steps", steps), ("events", events)):
+        check_frame(name, frame)
     lo, hi = explanation.window
     with_date = lo.normalize() != hi.normalize()
     if step_s is None:

@@ -1,21 +1,13 @@
 """Kubernetes access for gpucert: one dict-based facade over the official client.
 
-* :class:`Kube` — get, list (paged), server-side apply (field manager ``gpucert``), create, merge
-  patch, delete, node labels, pod logs; every failure a :class:`KubeError` naming the call;
-* :func:`connect` — a :class:`Kube` from a kubeconfig (file or data) or the in-cluster account;
-* :func:`announce_joined_nodes` — each node waiting to be onboarded announced once, across restarts
-  (its own and the API server's: :class:`Reconnect`);
-* :class:`NodeLeases` — one run per node at a time: a ``coordination.k8s.io`` Lease per node, taken,
-  renewed and released by its run, and the ``<prefix>/testing`` taint of a node under test;
-* :class:`RetryPolicy` — transient failures (5xx, 429 after ``Retry-After``, no answer) retried
-  with capped, jittered back-off inside each call.
-
-The error hierarchy is drawn in :mod:`gpucert.errors`. Nothing here imports Prefect.
+:class:`Kube` (get, paged lists, server-side apply with field manager ``gpucert``, merge patches, deletes,
+pod logs; every failure a :class:`KubeError` naming the call, a transient one retried by :class:`RetryPolicy`),
+:func:`connect` (from a kubeconfig or the in-cluster account), :func:`announce_joined_nodes` (each node
+waiting to be onboarded announced once, across restarts: :class:`Reconnect`) and :class:`NodeLeases` (one
+run per node at a time, and the ``<prefix>/testing`` taint). The errors are drawn in :mod:`gpucert.errors`.
 """
 
-from ._client import FIELD_MANAGER, KINDS, Kube, KubeChange, Resource, describe, resource_of
-from ._connect import connect, kubeconfig_file
-from ._errors import (
+from ..errors import (
     KubeConflict,
     KubeError,
     KubeForbidden,
@@ -26,14 +18,14 @@ from ._errors import (
     KubeThrottled,
     KubeUnavailable,
     KubeUnreachable,
+    LeaseLost,
 )
+from ._client import FIELD_MANAGER, KINDS, Kube, KubeChange, describe
+from ._connect import connect, kubeconfig_file
 from ._lease import (
     DEFAULT_LEASE_S,
     LEASE,
-    LEASE_PREFIX,
     Claim,
-    LeaseLost,
-    NodeLease,
     NodeLeases,
     lease_name,
     lift_testing_taint,
@@ -41,7 +33,6 @@ from ._lease import (
     testing_taint,
 )
 from ._nodes import (
-    CERTIFIED_CONDITION,
     condition,
     has_taint,
     mark_never_certified,
@@ -52,18 +43,15 @@ from ._nodes import (
     uncertified_taint,
     unhealthy_taint,
 )
-from ._retry import NO_RETRY, RetryPolicy
+from ._retry import RetryPolicy
 from ._watch import ANNOUNCED_ANNOTATION, Reconnect, announce_joined_nodes
 
 __all__ = [
     "ANNOUNCED_ANNOTATION",
-    "CERTIFIED_CONDITION",
     "DEFAULT_LEASE_S",
     "FIELD_MANAGER",
     "KINDS",
     "LEASE",
-    "LEASE_PREFIX",
-    "NO_RETRY",
     "Claim",
     "Kube",
     "KubeChange",
@@ -78,10 +66,8 @@ __all__ = [
     "KubeUnavailable",
     "KubeUnreachable",
     "LeaseLost",
-    "NodeLease",
     "NodeLeases",
     "Reconnect",
-    "Resource",
     "RetryPolicy",
     "announce_joined_nodes",
     "condition",
@@ -95,7 +81,6 @@ __all__ = [
     "never_certified_patch",
     "node_name",
     "node_ready",
-    "resource_of",
     "taint_keys",
     "taint_testing",
     "testing_taint",

@@ -1,14 +1,11 @@
 """A small dict-in, dict-out facade over the official client, with errors mapped and calls retried.
 
-Why not the typed APIs directly: they build a pydantic model per object (a list of 1,000 nodes costs
-more to model than to fetch), raise the client's exceptions, and need one method per kind. gpucert
-handles manifests as plain mappings — rendered from templates, compared, labelled — so every call
-goes through one path here: the official ``ApiClient`` serialises and authenticates the request
-(``param_serialize``, so tokens, client certificates and exec plugins of the kubeconfig work), the
-answer is parsed as JSON, a failure becomes a :class:`~._errors.KubeError`, and a transient one is
-retried by the :class:`~._retry.RetryPolicy`.
-
-Only the kinds gpucert manages are known (:data:`KINDS`); anything else is a programming error.
+Why not the typed APIs: they build a pydantic model per object (a list of 1,000 nodes costs more to model
+than to fetch), raise the client's exceptions, and need one method per kind. gpucert handles manifests as
+plain mappings, so every call goes through one path here: the official ``ApiClient`` serialises and
+authenticates the request (tokens, client certificates and exec plugins of the kubeconfig work), the answer
+is parsed as JSON, a failure becomes a :class:`KubeError`, and a transient one is retried. Only the kinds
+gpucert manages are known (:data:`KINDS`); anything else is a programming error.
 """
 
 from __future__ import annotations
@@ -22,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import urllib3
 
-from ._errors import KubeError, KubeNotFound, KubeUnreachable, from_api_exception, from_response
-from ._retry import CONNECT_TIMEOUT_S, Deadline, RetryPolicy
+from .._deadline import CONNECT_TIMEOUT_S, Deadline
+from ..errors import KubeError, KubeNotFound, KubeUnreachable
+from ._errors import from_api_exception, from_response
+from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -116,8 +115,11 @@ def _reason(exc: BaseException) -> str:
 def describe(obj: Mapping[str, Any]) -> str:
     """``Kind namespace/name`` of an object, for messages."""
     meta = obj.get("metadata") or {}
-    where = f"{meta['namespace']}/" if meta.get("namespace") else ""
-    return f"{obj.get('kind')} {where}{meta.get('name')}"
+    return _named(obj.get("kind"), meta.get("name"), meta.get("namespace"))
+
+
+def _named(kind: object, name: object, namespace: object) -> str:
+    return f"{kind} {f'{namespace}/' if namespace else ''}{name}"
 
 
 @dataclass(frozen=True)
@@ -149,12 +151,9 @@ class KubeChange:
 
 
 class Kube:
-    """The Kubernetes API as gpucert uses it; every method may raise a :class:`KubeError`.
-
-    Every write that succeeds (:meth:`apply`, :meth:`create`, :meth:`merge_patch`, :meth:`patch_status`,
-    :meth:`delete`) is told to the observers (:meth:`observe`) as a :class:`KubeChange`, so that no
-    change escapes the audit trail however deep the code that made it.
-    """
+    """The Kubernetes API as gpucert uses it; every method may raise a :class:`KubeError`. Every write that
+    succeeds is told to the observers (:meth:`observe`) as a :class:`KubeChange`, so that no change escapes
+    the audit trail however deep the code that made it."""
 
     def __init__(self, api_client: ApiClient, retry: RetryPolicy | None = None) -> None:
         self.api_client = api_client
@@ -197,19 +196,16 @@ class Kube:
     ) -> Any:
         """One API call, retried while transient; returns the parsed JSON body (text when not JSON).
 
-        ``timeout_s`` bounds one attempt's wait for the answer; all attempts together take at most the
-        retry policy's deadline (:func:`~._retry.call_deadline_s`), or ``deadline_s`` when that is shorter,
-        each attempt cut to what is left of it. Raises :class:`KubeError` (:class:`KubeUnreachable` naming
-        the server when nothing answered).
+        ``timeout_s`` bounds one attempt's wait for the answer; all attempts together take at most the retry
+        policy's deadline, or ``deadline_s`` when that is shorter, each attempt cut to what is left of it.
+        Raises :class:`KubeError` (:class:`KubeUnreachable` naming the server when nothing answered).
         """
         deadline = self.retry.start()
         if deadline_s is not None and deadline_s < deadline.seconds:
             deadline = Deadline(deadline_s, deadline.started)
 
         def once() -> Any:
-            headers = {"Accept": accept}
-            if content_type is not None:
-                headers["Content-Type"] = content_type
+            headers = {"Accept": accept} | ({"Content-Type": content_type} if content_type else {})
             params = self.api_client.param_serialize(
                 method,
                 path,
@@ -251,18 +247,14 @@ class Kube:
     # --- verbs ----------------------------------------------------------------------------------------
 
     def version(self, *, within_s: float = 10.0) -> dict[str, Any]:
-        """The server's ``/version`` (which every client may read), asked within ``within_s`` at most.
-
-        What a command asks before it starts any work, so that a server that is down, or that accepts
-        connections and never answers, fails it in seconds. Raises :class:`KubeError`.
-        """
+        """The server's ``/version`` (which every client may read), asked within ``within_s`` at most: what a
+        command asks before any work, so that a server that is down or never answers fails it in seconds."""
         return dict(self.request("GET", "/version", doing="read the server's version", deadline_s=within_s))
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         """The object; raises :class:`KubeNotFound` when it does not exist."""
-        res = resource_of(api_version, kind)
-        doing = f"get {kind} {namespace + '/' if namespace else ''}{name}"
-        return dict(self.request("GET", res.path(namespace, name), doing=doing))
+        path = resource_of(api_version, kind).path(namespace, name)
+        return dict(self.request("GET", path, doing=f"get {_named(kind, name, namespace)}"))
 
     def find(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -299,58 +291,33 @@ class Kube:
         """:meth:`list_objects`, one page in memory at a time: for a scan of every pod of a fleet (50,000
         at 10,000 nodes, over a gigabyte parsed at once), whose objects the caller does not keep."""
         res = resource_of(api_version, kind)
+        selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
         token: str | None = None
         while True:
-            query = {
-                "labelSelector": label_selector,
-                "fieldSelector": field_selector,
-                "limit": _PAGE,
-                "continue": token,
-            }
+            query = {**selectors, "limit": _PAGE, "continue": token}
             page = self.request("GET", res.path(namespace), doing=f"list {res.plural}", query=query)
             yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue") or None
             if not token:
                 return
 
-    def apply(
-        self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER, before: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def apply(self, obj: Mapping[str, Any], *, before: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Server-side apply of ``obj`` (forcing ownership of its fields); returns the object as stored.
 
         Applying what is already there writes nothing, so its ``resourceVersion`` stays put; ``before`` (the
         object as the caller read it) lets the observers tell such an apply from a change.
         """
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
-        meta = obj["metadata"]
-        stored = dict(
-            self.request(
-                "PATCH",
-                res.path(meta.get("namespace"), meta["name"]),
-                doing=f"apply {describe(obj)}",
-                query={"fieldManager": field_manager, "force": "true"},
-                body=dict(obj),
-                content_type=_APPLY,
-            )
-        )
-        self._changed(
-            KubeChange("apply", res.api_version, res.kind, meta["name"], meta.get("namespace"), obj, before, stored)
-        )
+        name, namespace = obj["metadata"]["name"], obj["metadata"].get("namespace")
+        stored = self._write("PATCH", res.path(namespace, name), f"apply {describe(obj)}", obj, _APPLY, force="true")
+        self._changed(KubeChange("apply", res.api_version, res.kind, name, namespace, obj, before, stored))
         return stored
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create ``obj``; raises :class:`KubeConflict` when it exists."""
         res = resource_of(str(obj.get("apiVersion")), str(obj.get("kind")))
         namespace = (obj.get("metadata") or {}).get("namespace")
-        stored = dict(
-            self.request(
-                "POST",
-                res.path(namespace),
-                doing=f"create {describe(obj)}",
-                body=dict(obj),
-                query={"fieldManager": FIELD_MANAGER},
-            )
-        )
+        stored = self._write("POST", res.path(namespace), f"create {describe(obj)}", obj)
         name = str((stored.get("metadata") or {}).get("name") or (obj.get("metadata") or {}).get("name"))
         self._changed(KubeChange("create", res.api_version, res.kind, name, namespace, obj, result=stored))
         return stored
@@ -369,19 +336,7 @@ class Kube:
         """JSON merge patch (RFC 7386): ``None`` deletes a key. Returns the patched object. ``before``: the
         object as the caller read it, for the observers (what the patch changed); ``why``: the reason the
         observers record for it (the audit trail)."""
-        res = resource_of(api_version, kind)
-        stored = dict(
-            self.request(
-                "PATCH",
-                res.path(namespace, name),
-                doing=f"patch {kind} {namespace + '/' if namespace else ''}{name}",
-                query={"fieldManager": FIELD_MANAGER},
-                body=dict(patch),
-                content_type=_MERGE,
-            )
-        )
-        self._changed(KubeChange("patch", res.api_version, res.kind, name, namespace, patch, before, stored, why))
-        return stored
+        return self._patch("patch", api_version, kind, name, namespace, patch, before=before, why=why)
 
     def patch_status(
         self, api_version: str, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None
@@ -389,19 +344,34 @@ class Kube:
         """Strategic merge patch of the ``status`` subresource: a list keyed by the API's merge key
         (``conditions`` by ``type``) keeps the entries the patch does not name, so writing one condition
         never drops the kubelet's. Returns the patched object."""
+        return self._patch("patch_status", api_version, kind, name, namespace, patch)
+
+    def _patch(
+        self,
+        verb: str,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None,
+        patch: Mapping[str, Any],
+        *,
+        before: Mapping[str, Any] | None = None,
+        why: str | None = None,
+    ) -> dict[str, Any]:
         res = resource_of(api_version, kind)
-        stored = dict(
-            self.request(
-                "PATCH",
-                res.path(namespace, name, "status"),
-                doing=f"patch the status of {kind} {namespace + '/' if namespace else ''}{name}",
-                query={"fieldManager": FIELD_MANAGER},
-                body=dict(patch),
-                content_type=_STRATEGIC,
-            )
-        )
-        self._changed(KubeChange("patch_status", res.api_version, res.kind, name, namespace, patch, result=stored))
+        status = verb == "patch_status"
+        path = res.path(namespace, name, "status" if status else None)
+        doing = f"{'patch the status of' if status else 'patch'} {_named(kind, name, namespace)}"
+        stored = self._write("PATCH", path, doing, patch, _STRATEGIC if status else _MERGE)
+        self._changed(KubeChange(verb, res.api_version, res.kind, name, namespace, patch, before, stored, why))
         return stored
+
+    def _write(
+        self, method: str, path: str, doing: str, body: Mapping[str, Any], content_type: str | None = None, **query: str
+    ) -> dict[str, Any]:
+        """A write under gpucert's field manager (``query``: more parameters); returns the object as stored."""
+        query = {"fieldManager": FIELD_MANAGER, **query}
+        return dict(self.request(method, path, doing=doing, query=query, body=dict(body), content_type=content_type))
 
     def delete(
         self, api_version: str, kind: str, name: str, namespace: str | None = None, *, propagation: str = "Background"
@@ -412,7 +382,7 @@ class Kube:
             self.request(
                 "DELETE",
                 res.path(namespace, name),
-                doing=f"delete {kind} {namespace + '/' if namespace else ''}{name}",
+                doing=f"delete {_named(kind, name, namespace)}",
                 body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation},
             )
         except KubeNotFound:
@@ -434,13 +404,6 @@ class Kube:
 
     def pod_log(self, name: str, namespace: str, *, container: str | None = None) -> str:
         """The log of a pod's container (the first one unless named)."""
-        res = resource_of("v1", "Pod")
-        return str(
-            self.request(
-                "GET",
-                res.path(namespace, name, "log"),
-                doing=f"read the log of Pod {namespace}/{name}",
-                query={"container": container},
-                accept="*/*",
-            )
-        )
+        path = resource_of("v1", "Pod").path(namespace, name, "log")
+        doing = f"read the log of Pod {namespace}/{name}"
+        return str(self.request("GET", path, doing=doing, query={"container": container}, accept="*/*"))

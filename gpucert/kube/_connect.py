@@ -4,9 +4,6 @@ The order is the one ``kubectl`` follows: an explicit kubeconfig, then ``$KUBECO
 ``~/.kube/config``, then the in-cluster service account (a worker running in the cluster). A
 kubeconfig that cannot be read, has no such context or names a server URL that cannot be one (a port
 out of range) is an :class:`InputError` naming it.
-
-The client never retries by itself (urllib3 would retry each read three times, at the full timeout
-each): :class:`~._retry.RetryPolicy` does, within the call's deadline.
 """
 
 from __future__ import annotations
@@ -46,7 +43,8 @@ def connect(
             path = Path(kubeconfig) if kubeconfig is not None else _default_kubeconfig()
             if path is None or not path.is_file():
                 raise InputError(f"kubeconfig {path}: no such file")
-            _check_kubeconfig(path)
+            # UTF-8 YAML holding a mapping: the client's loader fails on anything else with a bare parser error.
+            read_yaml_mapping(path, f"kubeconfig {path}", what="a kubeconfig (a mapping)")
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(path), context=context, client_configuration=configuration
             )
@@ -56,12 +54,12 @@ def connect(
         # The client's loader reads fields without checking their types: a wrong one is a bare error.
         typed = isinstance(exc, TypeError | KeyError | AttributeError)
         what = "a field has the wrong type or is missing: " if typed else ""
-        raise InputError(
-            f"{_source(kubeconfig, config_dict)}: {what}{type(exc).__name__ if not str(exc) else exc}"
-        ) from None
-    _check_server(str(configuration.host or ""), _source(kubeconfig, config_dict))
-    _check_credentials(configuration.api_key, _source(kubeconfig, config_dict))
-    # Retries are the RetryPolicy's, within the call's deadline; urllib3's own would multiply them.
+        raise InputError(f"{_source(kubeconfig, config_dict)}: {what}{str(exc) or type(exc).__name__}") from None
+    source = _source(kubeconfig, config_dict)
+    _check_server(str(configuration.host or ""), source)
+    _check_credentials(configuration.api_key, source)
+    # Retries are the RetryPolicy's, within the call's deadline: urllib3's own would retry each read three
+    # times, at the full timeout each.
     configuration.retries = False
     return Kube(client.ApiClient(configuration), retry=retry)
 
@@ -96,12 +94,6 @@ def _check_credentials(api_key: Mapping[str, Any], source: str) -> None:
                 f"{source}: the user's token (users[].user.token) holds a line break, a control character or a "
                 "character outside ASCII, which no HTTP header carries"
             )
-
-
-def _check_kubeconfig(path: Path) -> None:
-    """Raise :class:`InputError` naming ``path`` unless it is UTF-8 YAML holding a mapping (the client's
-    loader would fail on anything else with a bare parser error or a traceback)."""
-    read_yaml_mapping(path, f"kubeconfig {path}", what="a kubeconfig (a mapping)")
 
 
 def kubeconfig_file(given: str | os.PathLike[str] | None, *, option: str = "--kubeconfig") -> Path:

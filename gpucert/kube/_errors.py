@@ -1,14 +1,11 @@
-"""What can go wrong talking to the Kubernetes API, as gpucert's own exceptions.
+"""Every failure of a Kubernetes call mapped once onto the :class:`KubeError` branch of :mod:`gpucert.errors`.
 
-The official client raises ``ApiException`` (and its per-status subclasses) for an HTTP answer and
-urllib3's errors for no answer at all. Callers care about two things — is it worth retrying, and is it
-the object's absence or a conflict — so every failure is mapped once, here, onto the :class:`KubeError`
-branch of the tree drawn in :mod:`gpucert.errors` (where the classes live; they are re-exported here):
-no answer → :class:`KubeUnreachable`, 5xx → :class:`KubeServerError`, 429 → :class:`KubeThrottled`
-(with ``Retry-After``), 404 → :class:`KubeNotFound`, 409 → :class:`KubeConflict`, 401/403 →
-:class:`KubeForbidden`, 400/422 → :class:`KubeInvalid`, any other 4xx → :class:`KubeRequestError`.
-
-Following kopf, the mapping keeps the server's ``Status`` message, which is what a person needs.
+The official client raises ``ApiException`` for an HTTP answer and urllib3's errors for none. Callers care
+whether it is worth retrying and whether it is the object's absence or a conflict: no answer →
+:class:`KubeUnreachable`, 5xx → :class:`KubeServerError`, 429 → :class:`KubeThrottled` (with
+``Retry-After``), 404 → :class:`KubeNotFound`, 409 → :class:`KubeConflict`, 401/403 → :class:`KubeForbidden`,
+400/422 → :class:`KubeInvalid`, any other 4xx → :class:`KubeRequestError`. Following kopf, the message keeps
+the server's ``Status`` message, which is what a person needs.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .._retry import retry_after_s
 from ..errors import (
     KubeConflict,
     KubeError,
@@ -25,24 +23,19 @@ from ..errors import (
     KubeRequestError,
     KubeServerError,
     KubeThrottled,
-    KubeUnavailable,
     KubeUnreachable,
 )
 
-__all__ = [
-    "KubeConflict",
-    "KubeError",
-    "KubeForbidden",
-    "KubeInvalid",
-    "KubeNotFound",
-    "KubeRequestError",
-    "KubeServerError",
-    "KubeThrottled",
-    "KubeUnavailable",
-    "KubeUnreachable",
-    "from_api_exception",
-    "from_response",
-]
+__all__ = ["from_api_exception", "from_response"]
+
+_KINDS: dict[int, type[KubeRequestError]] = {
+    404: KubeNotFound,
+    409: KubeConflict,
+    401: KubeForbidden,
+    403: KubeForbidden,
+    400: KubeInvalid,
+    422: KubeInvalid,
+}
 
 
 def _server_message(body: Any) -> str:
@@ -54,18 +47,10 @@ def _server_message(body: Any) -> str:
     try:
         status = json.loads(body)
     except (TypeError, ValueError):
-        return str(body)[:300]
+        status = None
     if isinstance(status, dict) and status.get("message"):
         return str(status["message"])
     return str(body)[:300]
-
-
-def _retry_after(headers: Any) -> float | None:
-    raw = headers.get("Retry-After") if headers is not None else None
-    try:
-        return max(0.0, float(raw)) if raw is not None else None
-    except (TypeError, ValueError):
-        return None  # an HTTP-date form; the back-off schedule applies instead
 
 
 def from_api_exception(exc: Any, doing: str) -> KubeError:
@@ -82,15 +67,8 @@ def from_response(status: int, body: Any, headers: Any, doing: str) -> KubeError
     detail = _server_message(body)
     message = f"{doing}: HTTP {status}" + (f": {detail}" if detail else "")
     if status == 429:
-        return KubeThrottled(message, retry_after=_retry_after(headers))
+        # An HTTP-date Retry-After is not honoured: the back-off schedule applies instead.
+        return KubeThrottled(message, retry_after=retry_after_s(headers.get("Retry-After") if headers else None))
     if status >= 500:
         return KubeServerError(message, status=status)
-    kinds: dict[int, type[KubeRequestError]] = {
-        404: KubeNotFound,
-        409: KubeConflict,
-        401: KubeForbidden,
-        403: KubeForbidden,
-        400: KubeInvalid,
-        422: KubeInvalid,
-    }
-    return kinds.get(status, KubeRequestError)(message, status=status)
+    return _KINDS.get(status, KubeRequestError)(message, status=status)

@@ -1,31 +1,10 @@
 """One run per node at a time: a ``coordination.k8s.io/v1`` Lease per node, and the taint of a node under test.
 
-A manual certify, the nightly operate and an onboarding may pick the same node. Before a node is
-benchmarked its run takes the node's Lease ``gpucert-node-<node>`` (:func:`lease_name`), in the
-namespace of the benchmark Jobs, the Kubernetes way (client-go's leader election does the same):
-
-* **acquire** — create the Lease with ``holderIdentity`` = the run id; when it exists and another
-  holder renewed it less than ``leaseDurationSeconds`` ago, the node is not ours (:attr:`Claim.reason`
-  names the run that holds it); when that holder stopped renewing (a crashed run) the Lease is taken
-  over with an update conditioned on the ``resourceVersion`` read, so of two runs racing for it one
-  wins and the other gets 409 and reads the winner. A Lease already held under our own identity (a run
-  killed and started again with the same id) is simply ours again.
-* **renew** — the holder writes ``renewTime`` again, well within the duration (the certify wave does it
-  from its polling loop); a 409 or 404 where another holder now stands is :class:`LeaseLost`.
-* **release** — delete the Lease, conditioned on the ``resourceVersion`` of a read that shows us as the
-  holder: a Lease someone took over is never deleted under them.
-
-Times are ``MicroTime`` (RFC 3339 with microseconds, ``Z``), as the official client parses them.
-Expiry is judged on the reading machine's clock against the writer's ``renewTime``: the default duration
-(two minutes) is far beyond the clock skew of NTP-synchronised machines.
-
-A node under test also carries the taint ``<prefix>/testing=<run id>:NoSchedule`` (:func:`testing_taint`)
-so no workload is scheduled onto it mid-benchmark; the benchmark Job's pods tolerate it. It is written
-and lifted with a merge patch carrying the node's ``resourceVersion`` (409 → recomputed), like every
-taint gpucert writes, so another writer's taints in between are never lost.
-
-Every failure is a :class:`~gpucert.kube.KubeError` (:mod:`._errors`); :class:`LeaseLost` is a
-:class:`~gpucert.kube.KubeConflict` (both drawn in :mod:`gpucert.errors`).
+Why and how: docs/decisions/012-lease-and-testing-taint.md. Leases are taken the way client-go's leader
+election does (a takeover and a release conditioned on the ``resourceVersion`` read, so of two runs racing
+one gets 409); expiry is judged on the reader's clock against the writer's ``renewTime``, which the
+two-minute default puts far beyond NTP's skew. Taints are written with a merge patch carrying the node's
+``resourceVersion`` (409 → recomputed), so another writer's taints in between are never lost.
 """
 
 from __future__ import annotations
@@ -46,7 +25,6 @@ __all__ = [
     "LEASE",
     "LEASE_PREFIX",
     "Claim",
-    "LeaseLost",
     "NodeLease",
     "NodeLeases",
     "lease_name",
@@ -68,6 +46,7 @@ _LABELS = {"app.kubernetes.io/managed-by": "gpucert", "app.kubernetes.io/part-of
 _HASH = 8
 #: Rounds of read-and-write before a Lease or a node that keeps changing under us is an error.
 _ATTEMPTS = 5
+_METHODS = {"get": "GET", "create": "POST", "update": "PUT", "renew": "PATCH", "delete": "DELETE"}
 
 
 def lease_name(node: str) -> str:
@@ -93,11 +72,9 @@ def _micro(at: datetime) -> str:
 
 def _parse_time(value: Any) -> datetime | None:
     """A ``MicroTime`` (or RFC 3339) as an aware datetime; None when absent or unreadable."""
-    if not isinstance(value, str) or not value:
-        return None
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
@@ -151,10 +128,8 @@ class NodeLease:
 
 @dataclass(frozen=True)
 class Claim:
-    """What :meth:`NodeLeases.acquire` got for one node: the Lease, ``held`` by us or by another holder.
-
-    ``previous`` is the holder whose lapsed Lease we took over (a crashed run), None otherwise.
-    """
+    """What :meth:`NodeLeases.acquire` got for one node: the Lease, ``held`` by us or by another holder;
+    ``previous``: the holder whose lapsed Lease we took over (a crashed run)."""
 
     node: str
     held: bool
@@ -178,10 +153,7 @@ class Claim:
 
 class NodeLeases:
     """The node Leases of one holder (a run id) in ``namespace``; every method may raise a KubeError.
-
-    ``clock`` gives the time written into and judged against the Leases (UTC, aware). Raises
-    ``ValueError`` at construction for a holder that is not a run id or a duration under 1 second.
-    """
+    ``clock`` gives the time written into and judged against the Leases (UTC, aware)."""
 
     def __init__(
         self,
@@ -202,9 +174,8 @@ class NodeLeases:
 
     def read(self, node: str) -> NodeLease | None:
         """``node``'s Lease as stored, or None when there is none."""
-        name = lease_name(node)
         try:
-            return NodeLease.of(node, self._request("GET", f"get Lease {self.namespace}/{name}", name))
+            return NodeLease.of(node, self._request("get", node))
         except KubeNotFound:
             return None
 
@@ -216,22 +187,19 @@ class NodeLeases:
     # --- acquire, renew, release ------------------------------------------------------------------------
 
     def acquire(self, node: str) -> Claim:
-        """Take ``node``'s Lease (see the module docstring); returns the :class:`Claim`, held or not.
-
-        Raises :class:`~gpucert.kube.KubeConflict` when the Lease kept changing under us.
-        """
+        """Take ``node``'s Lease; returns the :class:`Claim`, held or not. Raises
+        :class:`~gpucert.kube.KubeConflict` when the Lease kept changing under us."""
         name = lease_name(node)
         for _ in range(_ATTEMPTS):
             now = self.clock()
             body = self._body(node, self._spec(now, now, 0))
             try:
-                stored = self._request("POST", f"create Lease {self.namespace}/{name}", None, body)
+                stored = self._request("create", node, body)
                 return Claim(node, True, NodeLease.of(node, stored))
             except KubeConflict:
                 pass  # it exists: whose is it, and is it live?
-            try:
-                current = NodeLease.of(node, self._request("GET", f"get Lease {self.namespace}/{name}", name))
-            except KubeNotFound:
+            current = self.read(node)
+            if current is None:
                 continue  # released between our create and our read: create again
             if current.holder != self.holder and current.live(now):
                 return Claim(node, False, current)
@@ -242,23 +210,15 @@ class NodeLeases:
                 current.transitions if mine else current.transitions + 1,
             )
             try:
-                stored = self._request(
-                    "PUT",
-                    f"update Lease {self.namespace}/{name}",
-                    name,
-                    self._body(node, spec, current.resource_version),
-                )
+                stored = self._request("update", node, self._body(node, spec, current.resource_version))
             except (KubeConflict, KubeNotFound):
                 continue  # another run wrote it first: read again (it won the race, or let go)
             return Claim(node, True, NodeLease.of(node, stored), previous=None if mine else current.holder)
         raise KubeConflict(f"acquire Lease {self.namespace}/{name}: it kept changing under us", status=409)
 
     def renew(self, claim: Claim) -> Claim:
-        """Write ``renewTime`` = now on a Lease we hold; returns the claim as renewed.
-
-        Raises :class:`LeaseLost` when another holder has it now or it is gone, and ``ValueError`` for a
-        claim that is not held.
-        """
+        """Write ``renewTime`` = now on a Lease we hold; returns the claim as renewed. Raises
+        :class:`LeaseLost` when another holder has it now or it is gone."""
         if not claim.held:
             raise ValueError(f"the Lease of {claim.node} is not ours to renew: {claim.reason}")
         lease = claim.lease
@@ -268,12 +228,7 @@ class NodeLeases:
                 # A merge patch, not a PUT: the API server creates a Lease that a PUT names and that is gone
                 # (Leases allow create-on-update), which would bring back a Lease someone deleted to take
                 # the node from us. A patch of a missing object is a 404, and its resourceVersion a 409.
-                stored = self._request(
-                    "PATCH",
-                    f"renew Lease {self.namespace}/{lease.name}",
-                    lease.name,
-                    self._body(claim.node, spec, lease.resource_version),
-                )
+                stored = self._request("renew", claim.node, self._body(claim.node, spec, lease.resource_version))
                 return replace(claim, lease=NodeLease.of(claim.node, stored))
             except (KubeConflict, KubeNotFound):
                 pass
@@ -298,13 +253,10 @@ class NodeLeases:
             current = self.read(node)
             if current is None or current.holder != self.holder:
                 return False
-            options = {
-                "kind": "DeleteOptions",
-                "apiVersion": "v1",
-                "preconditions": {"resourceVersion": current.resource_version},
-            }
+            preconditions = {"resourceVersion": current.resource_version}
+            options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions}
             try:
-                self._request("DELETE", f"delete Lease {self.namespace}/{name}", name, options)
+                self._request("delete", node, options)
             except KubeNotFound:
                 return False
             except KubeConflict:
@@ -329,10 +281,14 @@ class NodeLeases:
             meta["resourceVersion"] = resource_version  # the update holds only if nobody wrote in between
         return {"apiVersion": LEASE.api_version, "kind": LEASE.kind, "metadata": meta, "spec": dict(spec)}
 
-    def _request(self, method: str, doing: str, name: str | None, body: Any = None) -> dict[str, Any]:
-        path = LEASE.path(self.namespace, name)
+    def _request(self, verb: str, node: str, body: Any = None) -> dict[str, Any]:
+        """One call on ``node``'s Lease: ``get``, ``create``, ``update`` (a PUT), ``renew`` (a merge patch) or
+        ``delete``."""
+        name, method = lease_name(node), _METHODS[verb]
+        path = LEASE.path(self.namespace, None if verb == "create" else name)
         query = {"fieldManager": FIELD_MANAGER} if method in ("POST", "PUT", "PATCH") else None
         content_type = "application/merge-patch+json" if method == "PATCH" else None
+        doing = f"{verb} Lease {self.namespace}/{name}"
         return dict(
             self.kube.request(method, path, doing=doing, body=body, query=query, content_type=content_type) or {}
         )
@@ -375,12 +331,11 @@ def taint_testing(kube: Kube, node: str, *, prefix: str, run_id: str) -> bool:
     key = testing_taint(prefix)
     mine = {"key": key, "value": run_id, "effect": "NoSchedule"}
     why = f"run {run_id} benchmarks the node: no new workload lands on it until its benchmark ends"
-    return _edit_taints(
-        kube,
-        node,
-        lambda taints: [*(t for t in taints if t.get("key") != key), mine] if mine not in taints else taints,
-        why=why,
-    )
+
+    def edit(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return taints if mine in taints else [*(t for t in taints if t.get("key") != key), mine]
+
+    return _edit_taints(kube, node, edit, why=why)
 
 
 def lift_testing_taint(kube: Kube, node: str, *, prefix: str) -> bool:

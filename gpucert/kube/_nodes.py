@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ._errors import KubeNotFound
+from ..errors import KubeNotFound
 
 if TYPE_CHECKING:
     from ._client import Kube
@@ -38,10 +38,8 @@ def node_name(node: Mapping[str, Any]) -> str:
 
 def condition(node: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     """The node's status condition of type ``kind``, or None."""
-    for cond in (node.get("status") or {}).get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond
-    return None
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == kind), None)
 
 
 def node_ready(node: Mapping[str, Any]) -> bool:
@@ -56,8 +54,7 @@ def has_taint(node: Mapping[str, Any], key: str) -> bool:
 
 
 def unhealthy_taint(prefix: str) -> str:
-    """The key of the taint a confirmed fail puts on a node (docs/reference/labels-taints-conditions.md:
-    ``<prefix>/unhealthy``)."""
+    """The key of the taint a confirmed fail puts on a node (``<prefix>/unhealthy``)."""
     return f"{prefix}/unhealthy"
 
 

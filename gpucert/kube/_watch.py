@@ -1,35 +1,19 @@
 """Following nodes as they join: a list, then a watch from its resourceVersion, resumed after it ends.
 
-A watch ends by design (the server's timeout), and its resourceVersion may be too old — answered 410
-Gone/Expired, either as the HTTP status or, as a real API server does, as an ERROR event in a 200
-stream. A 410 can only be cured by listing again (re-watching the same version fails the same way);
-any other ERROR event is re-watched from the last good version, with back-off, and a run of them that
-does not end is an error rather than a busy loop. The facade reads an answer whole, so each watch is
-short (``timeout_s``, 5 s): a join is reported within that, and an idle cluster costs one small request
-per period. Reading whole also means a stream cut mid-way (a proxy dropping long requests) loses what it
-carried, so a watch that stays cut past the client's retries is answered by listing again.
+What the watcher promises is in docs/design/onboard.md; the non-obvious parts of how:
 
-The API server going away: a watcher runs for weeks, and the API server restarts under it (an upgrade, a
-control-plane node replaced) — connections refused for a minute, then, once it listens again, 401/403 for
-a moment while its RBAC authorizer loads the roles. Once the first list has succeeded, what fails past the
-client's own retries — a watch, a list, a mark — is followed by a list and a watch from its version,
-tried again with the :class:`~._retry.RetryPolicy`'s capped exponential back-off with full jitter (a 429's
-``Retry-After`` honoured) for as long as it takes: a watcher that once connected keeps trying. The outage
-is logged twice, when it starts and when it ends, not once per try. The list that succeeds is the new
-starting point: each node that joined or became eligible meanwhile is announced, one announced before is
-not (its mark, or the watcher's memory, says so), and one deleted meanwhile is simply not there. Taken for
-transient: no answer (refused, reset, timed out), 5xx, 429, and 401/403 for :attr:`Reconnect.forbidden_s`
-(60 s) from the first of a run of them — a denial that lasts longer is the permission gone, an error. At
-start, until the first list (and the marks it calls for) succeeded, only a 401/403 is waited out, and for
-:attr:`Reconnect.start_forbidden_s` (10 s): a server that does not answer, or an identity that may not
-list nodes, is reported to whoever started the watcher rather than waited out.
-
-:func:`announce_joined_nodes` remembers what it announced on the cluster itself: after ``emit`` returns
-it annotates the node ``<prefix>/join-announced: <uid>``, so a restarted watcher (or a second one after
-a failover) does not onboard the same node twice, while a node that rejoins — a new Node object, a new
-UID — is announced again. Emit first, mark second: a crash between the two announces a node twice
-(the onboarding deployment's idempotency key is per node UID), never zero times; a mark that fails in an
-outage is made when the node is listed again.
+* a 410 (too old a resourceVersion, as the HTTP status or, from a real API server, an ERROR event in a 200
+  stream) is cured only by listing again; any other ERROR event is re-watched from the last good version
+  with back-off, and a run of them that does not end is an error rather than a busy loop;
+* the facade reads an answer whole, so each watch is short (``timeout_s``) and a stream cut mid-way loses
+  what it carried: a watch that stays cut past the client's retries is answered by listing again;
+* once the first list succeeded, what fails past the client's retries is followed by a list and a watch,
+  retried with the :class:`~._retry.RetryPolicy`'s back-off for as long as it takes (401/403 only for
+  :attr:`Reconnect.forbidden_s`: a restarted API server refuses while its RBAC loads); before it, only a
+  401/403 is waited out (:attr:`Reconnect.start_forbidden_s`), so whoever started the watcher hears of a
+  server that does not answer;
+* emit first, mark second (``<prefix>/join-announced: <uid>``): a crash between the two announces a node
+  twice (onboarding is idempotent per node UID), never zero times.
 """
 
 from __future__ import annotations
@@ -44,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..errors import KubeError, KubeForbidden, KubeNotFound, KubeUnavailable, KubeUnreachable
 from ._client import Kube, resource_of
-from ._errors import KubeError, KubeForbidden, KubeNotFound, KubeUnavailable, KubeUnreachable
 from ._nodes import has_taint, mark_never_certified
 from ._retry import RetryPolicy
 
@@ -107,19 +91,15 @@ def announce_joined_nodes(
     reconnect: Reconnect | None = None,
     log: Callable[[str], None] | None = None,
 ) -> int:
-    """Call ``emit(name, uid)`` once per node waiting to be onboarded, then mark it announced.
+    """Call ``emit(name, uid)`` once per node waiting to be onboarded, then mark it announced; returns how
+    many were announced.
 
-    A node waits when it matches the label ``selector`` (None: every node), carries the
-    ``<prefix>/uncertified`` taint and its ``<prefix>/join-announced`` annotation does not hold its
-    current UID. Nodes present now are announced, then, with ``follow``, those that join or become
-    eligible later, until ``stop()`` is true (checked between watches, so within ``timeout_s``, and
-    between tries while the API server is away). ``reconnect`` (default :data:`DEFAULT_RECONNECT`) says
-    how the API server going away is ridden out; ``log`` (default: the ``gpucert.kube`` logger's warnings)
-    is told once when such an outage starts and once when it ends.
-
-    Returns how many nodes were announced. Raises whatever ``emit`` raises (that node is not marked),
-    :class:`KubeError` when the first list fails past the client's retries or watches keep ending in
-    errors, and :class:`KubeForbidden` when 401/403 lasts past ``reconnect``'s patience.
+    A node waits when it matches ``selector`` (None: every node), carries the ``<prefix>/uncertified`` taint
+    and its ``<prefix>/join-announced`` annotation does not hold its current UID. With ``follow``, nodes are
+    followed until ``stop()`` (checked within ``timeout_s``); ``log`` (default: the ``gpucert.kube`` logger) is
+    told when an outage starts and ends. Raises whatever ``emit`` raises (that node is not marked),
+    :class:`KubeError` when the first list fails or watches keep ending in errors, and :class:`KubeForbidden`
+    when 401/403 lasts past ``reconnect``'s patience.
     """
     taint, annotation = f"{prefix}/uncertified", f"{prefix}/{ANNOUNCED_ANNOTATION}"
     # Also remembered here: events queued before our own patch still show the node unmarked.
@@ -139,12 +119,18 @@ def announce_joined_nodes(
         if uid in announced and uid not in unmarked:
             return
         if uid not in announced:
-            _never_certified(kube, node)
+            # GpuCertified=Unknown until onboarding certifies it; best effort: the node is announced anyway.
+            try:
+                mark_never_certified(kube, node)
+            except KubeError as exc:
+                _LOG.warning("node %s: its GpuCertified condition (Unknown) was not written: %s", name, exc)
             emit(name, uid)
             announced.add(uid)
             unmarked.add(uid)
             count += 1
-        _mark(kube, name, annotation, uid)
+        # Gone since: nothing to mark, and a node that comes back has a new UID.
+        with contextlib.suppress(KubeNotFound):
+            kube.merge_patch("v1", "Node", name, {"metadata": {"annotations": {annotation: uid}}})
         unmarked.discard(uid)
 
     def listed(nodes: list[Node]) -> None:
@@ -194,13 +180,8 @@ def _follow(
     seen: Callable[[Node], None],
 ) -> None:
     """``listed(nodes)`` with every node matching ``selector``, then (``follow``) ``seen(node)`` with each
-    node a watch event shows, and ``listed`` again after each 410 or outage, until ``stopped()``.
-
-    Raises :class:`KubeError` when the first list fails past the client's retries (or a 401/403 past
-    ``reconnect.start_forbidden_s``), a 401/403 lasts past ``reconnect.forbidden_s``, a call fails in a way
-    no retry cures (a 404, a 422), or :data:`_MAX_WATCH_ERRORS` watches in a row end in an ERROR other
-    than 410.
-    """
+    node a watch event shows, and ``listed`` again after each 410 or outage, until ``stopped()``. Raises as
+    :func:`announce_joined_nodes` says, and for a failure no retry cures (a 404, a 422)."""
     policy = reconnect.policy()
 
     def start() -> str:
@@ -320,12 +301,8 @@ def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
         token: str | None = None
         try:
             while True:
-                page = kube.request(
-                    "GET",
-                    _NODES.path(),
-                    doing="list nodes",
-                    query={"labelSelector": selector, "limit": _PAGE, "continue": token},
-                )
+                query = {"labelSelector": selector, "limit": _PAGE, "continue": token}
+                page = kube.request("GET", _NODES.path(), doing="list nodes", query=query)
                 meta = page.get("metadata") or {}
                 # The first page's version: pages of a real list share it, and an older one only replays more.
                 version = str(meta.get("resourceVersion") or "") if version is None else version
@@ -341,25 +318,14 @@ def _list(kube: Kube, selector: str | None) -> tuple[list[Node], str]:
 
 def _watch(kube: Kube, selector: str | None, version: str, timeout_s: int, seen: Callable[[Node], None]) -> _Ended:
     """``seen(node)`` with the node of each ADDED and MODIFIED event of one watch from ``version``; returns
-    how it ended.
-
-    Raises :class:`KubeError` on a failed call other than 410, :class:`KubeUnavailable` when every try of
-    it was cut or unanswered (a proxy that drops long requests, the API server going away).
-    """
+    how it ended. Raises :class:`KubeError` on a failed call other than 410 (:class:`KubeUnavailable` when
+    every try was cut or unanswered: a proxy that drops long requests, the API server going away)."""
+    query = {"watch": "1", "resourceVersion": version, "timeoutSeconds": timeout_s, "labelSelector": selector}
+    query["allowWatchBookmarks"] = "true"
     try:
+        # The answer is read whole: the read waits past the server's own end of the watch.
         text = kube.request(
-            "GET",
-            _NODES.path(),
-            doing="watch nodes",
-            accept="*/*",
-            timeout_s=timeout_s + 10,
-            query={
-                "watch": "1",
-                "resourceVersion": version,
-                "timeoutSeconds": timeout_s,
-                "labelSelector": selector,
-                "allowWatchBookmarks": "true",
-            },
+            "GET", _NODES.path(), doing="watch nodes", accept="*/*", timeout_s=timeout_s + 10, query=query
         )
     except KubeError as exc:
         if exc.status == 410:
@@ -410,19 +376,3 @@ def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
 def _identity(node: Node) -> tuple[str, str]:
     meta = node.get("metadata") or {}
     return str(meta.get("name") or ""), str(meta.get("uid") or "")
-
-
-def _never_certified(kube: Kube, node: Node) -> None:
-    """Give a joining node the ``GpuCertified`` condition ``Unknown`` (``kubectl describe node`` shows it until
-    onboarding certifies it). Best effort: a node is announced whether or not it could be written."""
-    try:
-        mark_never_certified(kube, node)
-    except KubeError as exc:
-        _LOG.warning("node %s: its GpuCertified condition (Unknown) was not written: %s", _identity(node)[0], exc)
-
-
-def _mark(kube: Kube, name: str, annotation: str, uid: str) -> None:
-    """Annotate node ``name`` as announced under ``uid``; raises :class:`KubeError` unless it is gone."""
-    # Gone since: nothing to mark, and a node that comes back has a new UID.
-    with contextlib.suppress(KubeNotFound):
-        kube.merge_patch("v1", "Node", name, {"metadata": {"annotations": {annotation: uid}}})

@@ -1,34 +1,23 @@
-"""Inter-node network localisation: the pairing plan and its judgement (docs/design/verdict-engine.md, "Node
-and pair findings").
+"""Inter-node network localisation (docs/design/verdict-engine.md, "Node and pair findings").
 
-* :mod:`._plan` — :func:`plan_rounds`: rounds of two-node pairs chosen by the nodes' topology labels, so
-  every node meets partners in its own leaf and in another; a :class:`PairingPlan`;
-* :mod:`._judge` — :func:`judge_pairs`: the ``nccl_pair_busbw_gbps`` results of a plan localised to a
-  node's network path, the link between two leaves, a leaf, or a single pair to re-pair
-  (:class:`PairJudgement`); :func:`repairs` plans that re-pairing with known-good partners;
-* :mod:`._verdicts` — :func:`link_verdicts`: a judgement as verdict rows (a node failed only by a finding
-  resting on two partners); :func:`pair_references`: each pair's reference from the nodes' link baselines.
+* :mod:`._plan` — :func:`plan_rounds`: rounds of two-node pairs chosen by the nodes' topology labels, so every
+  node meets partners in its own leaf and in another (:class:`PairingPlan`);
+* :mod:`._findings` — :func:`pair_findings`: a plan's pair results localised to a node's network path, the link
+  between two leaves, a leaf, or a pair to re-pair (:class:`PairFindings`); :func:`repairs` plans that
+  re-pairing with known-good partners;
+* :mod:`._verdicts` — :func:`link_verdicts`: the findings as verdict rows; :func:`pair_references`: each pair's
+  reference from the nodes' link baselines.
 
 Pure pandas/numpy, vectorised over pairs; nothing here imports Prefect or the Kubernetes client.
 """
 
-from ._judge import (
-    FINDING_COLUMNS,
-    NIC_ADVICE,
-    PAIR_METRIC,
-    PAIR_STATUSES,
-    PairJudgement,
-    PairThresholds,
-    judge_pairs,
-    repairs,
-)
+from ._findings import FINDING_COLUMNS, NIC_ADVICE, PAIR_METRIC, PairFindings, PairThresholds, pair_findings, repairs
 from ._plan import (
     INTER_LEAF,
     INTER_ZONE,
     INTRA_LEAF,
     KINDS,
     PAIR_COLUMNS,
-    STAGES,
     UNLABELLED,
     ZONE_LABEL,
     PairingPlan,
@@ -47,16 +36,14 @@ __all__ = [
     "NIC_ADVICE",
     "PAIR_COLUMNS",
     "PAIR_METRIC",
-    "PAIR_STATUSES",
-    "STAGES",
     "UNLABELLED",
     "ZONE_LABEL",
-    "PairJudgement",
+    "PairFindings",
     "PairThresholds",
     "PairingPlan",
-    "judge_pairs",
     "link_verdicts",
     "measured_plan",
+    "pair_findings",
     "pair_references",
     "plan_rounds",
     "repairs",

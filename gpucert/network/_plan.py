@@ -1,11 +1,8 @@
 """The pairing plan: which two nodes measure their two-node NCCL all-reduce together, round by round.
 
-A node's pair bandwidth mixes three things: its own network path (NIC, cable, switch port), its partner's,
-and the fabric between them (the leaf switch for two nodes of one leaf, the leaf's uplinks and the spine
-for two leaves). One pair cannot tell them apart; a plan in which every node meets a partner in its own
-leaf *and* one in another leaf can (docs/design/verdict-engine.md, "Node and pair findings"): a node low with
-every partner is its own path, a deficit only between two leaves is the link between them, and one slow pair
-with no pattern is re-paired with known-good nodes (:func:`gpucert.network.repairs`) before anyone is blamed.
+A node's pair bandwidth mixes its own network path, its partner's and the fabric between them. One pair cannot
+tell them apart; a plan in which every node meets a partner in its own leaf *and* one in another leaf can
+(docs/design/verdict-engine.md, "Node and pair findings").
 
 The plan is built from *rounds*; in each round every node is in at most one pair, so a round is one batch
 of two-node Jobs that keeps the whole fleet busy once. Rounds alternate between intra-leaf and inter-leaf
@@ -28,13 +25,13 @@ once would measure half its bandwidth in each.
 
 Topology: the leaf of a node is ``(zone, leaf label)`` (``topology.kubernetes.io/zone`` and a configurable
 rack or leaf label). Nodes without a leaf label form one group of their own, ``(unlabelled)`` (within their
-zone, when they carry one); the plan pairs them like a leaf and says so in its notes, and the judgement
-never reports a link or a switch for that group, since it is not one place.
+zone, when they carry one); the plan pairs them like a leaf and says so in its notes, and the findings
+never name a link or a switch for that group, since it is not one place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -42,21 +39,6 @@ import pandas as pd
 
 from .._text import counted
 from ..errors import InputError
-
-__all__ = [
-    "INTER_LEAF",
-    "INTER_ZONE",
-    "INTRA_LEAF",
-    "KINDS",
-    "PAIR_COLUMNS",
-    "STAGES",
-    "UNLABELLED",
-    "ZONE_LABEL",
-    "PairingPlan",
-    "measured_plan",
-    "plan_rounds",
-    "stored_plan",
-]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -71,11 +53,9 @@ INTER_LEAF = "inter-leaf"
 INTER_ZONE = "inter-zone"
 #: What a pair crosses: its leaf switch only, the leaves' uplinks within a zone, or the tier above zones.
 KINDS: tuple[str, ...] = (INTRA_LEAF, INTER_LEAF, INTER_ZONE)
-#: ``plan``: a full round; ``makeup``: the few pairs the full rounds missed; ``re-pair``: suspects with
-#: known-good partners (:func:`gpucert.network.repairs`).
-STAGES: tuple[str, ...] = ("plan", "makeup", "re-pair")
 
-#: The plan's pairs table, one row per pair (each unordered pair at most once in a plan).
+#: The plan's pairs table, one row per pair (each unordered pair at most once in a plan); ``stage`` is ``plan``
+#: (a full round), ``makeup`` (the few pairs the full rounds missed) or ``re-pair`` (:func:`repairs`).
 PAIR_COLUMNS: tuple[str, ...] = ("round", "stage", "node", "peer", "kind", "node_group", "peer_group")
 
 # Makeup rounds beyond the planned ones. A fleet needing more than this (one leaf holding most of the
@@ -147,16 +127,9 @@ class PairingPlan:
         added = _pair_keys(index, more.pairs["node"], more.pairs["peer"])
         if np.isin(added, key).any():
             raise InputError("the added rounds repeat a pair the plan already has")
-        return PairingPlan(
-            nodes=self.nodes,
-            pairs=pd.concat([self.pairs, more.pairs], ignore_index=True),
-            idle=pd.concat([self.idle, more.idle], ignore_index=True),
-            notes=self.notes + more.notes,
-            partners=self.partners,
-            seed=self.seed,
-            leaf_label=self.leaf_label,
-            zone_label=self.zone_label,
-        )
+        pairs = pd.concat([self.pairs, more.pairs], ignore_index=True)
+        idle = pd.concat([self.idle, more.idle], ignore_index=True)
+        return replace(self, pairs=pairs, idle=idle, notes=self.notes + more.notes)
 
 
 def stored_plan(
@@ -203,15 +176,9 @@ def measured_plan(pairs: pd.DataFrame) -> PairingPlan:
 
 
 def plan_rounds(
-    nodes: pd.DataFrame,
-    *,
-    leaf_label: str,
-    zone_label: str = ZONE_LABEL,
-    partners: int = 2,
-    seed: int = 0,
-    node_column: str = "node",
+    nodes: pd.DataFrame, *, leaf_label: str, zone_label: str = ZONE_LABEL, partners: int = 2, seed: int = 0
 ) -> PairingPlan:
-    """Plan pairing rounds for ``nodes``: one row per node, with its name in ``node_column`` and its labels
+    """Plan pairing rounds for ``nodes``: one row per node, with its name in ``node`` and its labels
     in columns named by the label keys (``leaf_label``, ``zone_label``; a missing column or an empty value
     means the node does not carry that label).
 
@@ -222,21 +189,21 @@ def plan_rounds(
     fleet has another leaf. Every node is in at most one pair per round. The plan depends only on the set
     of nodes, their labels and ``seed`` (not on the frame's row order).
 
-    Raises ``InputError`` when ``node_column`` is missing, a name is empty or repeated, or ``partners`` is
+    Raises ``InputError`` when ``node`` is missing, a name is empty or repeated, or ``partners`` is
     below 1.
     """
     if isinstance(partners, bool) or not isinstance(partners, int | np.integer) or partners < 1:
         raise InputError(f"partners {partners!r}: must be a whole number of at least 1")
-    if node_column not in nodes.columns:
-        raise InputError(f"the node table has no column {node_column!r} (one row per node, its name there)")
-    names = nodes[node_column]
+    if "node" not in nodes.columns:
+        raise InputError("the node table has no column 'node' (one row per node, its name there)")
+    names = nodes["node"]
     bad = names.isna().to_numpy() | (names.astype(str).str.strip() == "").to_numpy()
     if bad.any():
-        raise InputError(f"row {int(np.flatnonzero(bad)[0]) + 1}, column {node_column!r}: empty node name")
+        raise InputError(f"row {int(np.flatnonzero(bad)[0]) + 1}, column 'node': empty node name")
     names = names.astype(str)
     repeated = names[names.duplicated()]
     if len(repeated):
-        raise InputError(f"column {node_column!r}: node {repeated.iloc[0]!r} appears more than once")
+        raise InputError(f"column 'node': node {repeated.iloc[0]!r} appears more than once")
 
     order = np.argsort(names.to_numpy(), kind="stable")
     frame = pd.DataFrame(
@@ -319,17 +286,12 @@ class _Builder:
     # -- full rounds --
 
     def full_rounds(self) -> None:
-        intra = inter = 0
+        one_leaf = self.n_groups < 2
         for r in range(self.partners):
-            if self.n_groups < 2 or r % 2 == 0:
-                partner = self._intra(intra if self.n_groups >= 2 else r)
-                intra += 1
-                self.round_kind.append(INTRA_LEAF)
-            else:
-                partner = self._inter(inter)
-                inter += 1
-                self.round_kind.append(INTER_LEAF)
-            self._add_round(partner, r)
+            kind = INTRA_LEAF if one_leaf or r % 2 == 0 else INTER_LEAF  # alternating, intra-leaf first
+            self.round_kind.append(kind)
+            q = r if one_leaf else r // 2  # the round's number among the rounds of its kind
+            self._add_round(self._intra(q) if kind == INTRA_LEAF else self._inter(q), r)
 
     def _intra(self, q: int) -> IntArray:
         s = self.team_size[self.team]
@@ -469,18 +431,7 @@ class _Builder:
         rounds = np.concatenate(self.round_of) if self.round_of else np.zeros(0, dtype=np.int64)
         stage = np.repeat(np.asarray(self.stage_of, dtype=object), [len(x) for x in self.a])
         names = index.to_numpy(dtype=object)
-        frame = pd.DataFrame(
-            {
-                "round": rounds,
-                "stage": stage.astype(str),
-                "node": names[a].astype(str),
-                "peer": names[b].astype(str),
-                "kind": _kinds(self.group[a], self.group[b], self.zone[a], self.zone[b]),
-                "node_group": group_names[self.group[a]].astype(str),
-                "peer_group": group_names[self.group[b]].astype(str),
-            },
-            columns=list(PAIR_COLUMNS),
-        )
+        frame = _pair_table(rounds, stage, a, b, names, self.group, self.zone, group_names)
         return frame.sort_values(["round", "node"], kind="stable").reset_index(drop=True)
 
     def idle_frame(self, index: pd.Index) -> pd.DataFrame:
@@ -493,6 +444,31 @@ class _Builder:
                 "node": np.concatenate(nodes) if nodes else np.zeros(0, dtype=str),
             }
         )
+
+
+def _pair_table(
+    rounds: IntArray,
+    stages: npt.NDArray[np.object_],
+    a: IntArray,
+    b: IntArray,
+    names: npt.NDArray[np.object_],
+    group: IntArray,
+    zone: IntArray,
+    group_names: npt.NDArray[np.object_],
+) -> pd.DataFrame:
+    """The pairs ``a``–``b`` (node codes) as :data:`PAIR_COLUMNS` rows; ``group`` and ``zone`` are each node's."""
+    return pd.DataFrame(
+        {
+            "round": rounds,
+            "stage": stages.astype(str),
+            "node": names[a].astype(str),
+            "peer": names[b].astype(str),
+            "kind": _kinds(group[a], group[b], zone[a], zone[b]),
+            "node_group": group_names[group[a]].astype(str),
+            "peer_group": group_names[group[b]].astype(str),
+        },
+        columns=list(PAIR_COLUMNS),
+    )
 
 
 def _kinds(ga: IntArray, gb: IntArray, za: IntArray, zb: IntArray) -> npt.NDArray[np.str_]:

@@ -1,9 +1,5 @@
-"""operate's core: which nodes are due for re-certification tonight, and what a night (an onboarding, a
-release) returns.
-
-The rest of a night — telemetry (:mod:`gpucert.telemetry`), drift (:mod:`gpucert.telemetry`), tickets
-(:mod:`gpucert.tickets`) — lives in its own package; this one holds the rotation, what the night's
-telemetry covered (:func:`telemetry_coverage`) and the outcomes.
+"""operate's core: which nodes are due for re-certification tonight, what the night's telemetry covered,
+and what a night (an onboarding, a release) returns. Telemetry and drift are :mod:`gpucert.telemetry`'s.
 """
 
 from .._text import counted

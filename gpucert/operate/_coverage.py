@@ -1,9 +1,5 @@
 """What a night's telemetry covered: the GPU nodes in scope it read, those it could not read and why, and
-whether it judged any telemetry at all.
-
-A quiet reading is only good news when it read something: a night that found no DCGM exporter (or whose
-every scrape failed) asks nothing of any node for want of numbers, not for want of faults, and must say
-so instead of reporting a clean night.
+whether it judged any telemetry at all (a night that read nothing is not a clean night: it says so).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The nightly rotation: every GPU node re-certified within N days, a cap on nodes under test at once.
-
-Order of priority: nodes telemetry or drift asked about (``asked``), then nodes never certified, then the
-longest since certification; idle nodes only (a busy node waits for the next night), and no more than
-``max_nodes``. The date comes from the ``<prefix>/certified-at`` annotation certify writes.
-
-A node that telemetry or drift asked about and that is busy is postponed — but not forever: each night
-records in the store which asked nodes it postponed for being busy (``operate/busy/night=<date>.json``),
-and :func:`busy_overdue` names those postponed ``nights`` nights in a row (nights operate ran), for a
-ticket asking for a maintenance window.
+"""The nightly rotation (docs/design/operate.md, "The night, step by step"): every GPU node re-certified within
+N days, asked nodes first, then never certified, then the longest since (``<prefix>/certified-at``); idle nodes
+only, at most ``max_nodes``. A busy asked node is postponed, but not forever: each night records the ones it
+postponed (``operate/busy/night=<date>.json``), and :func:`busy_overdue` names those postponed ``nights``
+nights in a row, for a ticket asking for a maintenance window.
 """
 
 from __future__ import annotations
@@ -94,10 +89,8 @@ def _busy_key(night: date) -> str:
 def busy_overdue(objects: ObjectStore, *, night: date, busy_asked: Mapping[str, str], nights: int) -> dict[str, str]:
     """Record tonight's busy asked nodes in the store and return those busy for ``nights`` nights in a row,
     tonight included (node → why it was asked, and for how long it waited). Only nights operate ran count;
-    a night a node was free (or not asked about) starts its count again. Reads at most ``nights`` records.
-
-    Raises :class:`~gpucert.errors.StoreError` when the store fails.
-    """
+    a night a node was free (or not asked about) starts its count again. Raises
+    :class:`~gpucert.errors.StoreError` when the store fails."""
     objects.put(_busy_key(night), json.dumps({"night": night.isoformat(), "nodes": dict(busy_asked)}).encode())
     if not busy_asked:
         return {}

@@ -1,17 +1,10 @@
 """The report's pictures as geometry: numbers computed with pandas, drawn as SVG by the template.
 
-Two pictures:
-
-* a *strip chart* per metric: each GPU's (or node's) median over its repeats, relative to its
-  reference, on a vertical symmetric-log axis (±1 % and −50 % both stay readable). Passing GPUs are
-  binned into a grey histogram; GPUs with another verdict are drawn as coloured dots, the worst of them
-  labelled node/GPU;
-* a *heat map*: rows nodes, columns GPU index plus the node's own row, coloured by the GPU's worst
-  relative performance over the per-GPU metrics and marked with its verdict.
-
-Everything over the results is vectorised; Python loops run only over what is drawn, which is capped
-(bins, dots, labels, heat-map rows), so a 1,000-node fleet draws as fast as a 10-node one. The template
-writes every string, so node names and reasons are escaped by Jinja's autoescape.
+A *strip chart* per metric: each GPU's (or node's) median relative to its reference on a symmetric-log axis
+(±1 % and −50 % both stay readable), passing GPUs binned into a grey histogram, the others coloured dots,
+the worst labelled. A *heat map*: nodes × (GPU index, the node's own row), coloured by the worst relative
+performance and marked with the verdict. Python loops run only over what is drawn, which is capped, so a
+1,000-node fleet draws as fast as a 10-node one. The template writes every string, escaped by its autoescape.
 """
 
 from __future__ import annotations
@@ -20,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +41,6 @@ FloatArray = npt.NDArray[np.float64]
 PRIMARY_METRICS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "nccl_allreduce_busbw_gbps")
 OPTIONAL_METRICS = ("gemm_fp8_tflops", "storage_read_gbps")
 CHART_METRICS = PRIMARY_METRICS + OPTIONAL_METRICS
-_GPU_METRICS = frozenset(m for m in CHART_METRICS if METRICS[m].level == "gpu")
 
 VERDICT_COLOURS = {"fail": "#c62828", "warn": "#e08600", "inconclusive": "#7e57c2", "pass": "#9e9e9e"}
 GLYPHS = {"fail": "✕", "warn": "!", "inconclusive": "?"}
@@ -196,6 +189,16 @@ def _baseline_references(med: pd.DataFrame, baseline: pd.DataFrame) -> tuple[Flo
 # --- strip charts -----------------------------------------------------------------------------------
 
 
+_W, _H = 380, 330
+_TOP, _BOTTOM = 16.0, 300.0
+_AXIS_X, _BAND_X, _BAND_W = 44.0, 48.0, 96.0
+_LANE_X, _LABEL_X = 154.0, 194.0
+_BIN_PX = 4.0
+_MAX_DOTS, _MAX_LABELS, _LABEL_GAP = 300, 20, 12.5
+_LABEL_THRESHOLD = -3.0  # a flagged point this much below its reference is labelled on any chart
+_NAME_CHARS = 22
+
+
 @dataclass(frozen=True)
 class Tick:
     y: float
@@ -242,14 +245,15 @@ class StripChart:
     metric: str
     unit: str
     entity: str  # "GPU" or "node"
-    width: int
-    height: int
-    top: float
-    bottom: float
-    axis_x: float
-    band_x: float
-    lane_x: float
     zero_y: float
+    # The geometry every strip chart shares.
+    width: ClassVar[int] = _W
+    height: ClassVar[int] = _H
+    top: ClassVar[float] = _TOP
+    bottom: ClassVar[float] = _BOTTOM
+    axis_x: ClassVar[float] = _AXIS_X
+    band_x: ClassVar[float] = _BAND_X
+    lane_x: ClassVar[float] = _LANE_X
     ticks: list[Tick] = field(default_factory=list)
     bars: list[Bar] = field(default_factory=list)
     dots: list[Dot] = field(default_factory=list)
@@ -267,16 +271,6 @@ class StripChart:
     @property
     def empty(self) -> bool:
         return self.n_points == 0
-
-
-_W, _H = 380, 330
-_TOP, _BOTTOM = 16.0, 300.0
-_AXIS_X, _BAND_X, _BAND_W = 44.0, 48.0, 96.0
-_LANE_X, _LABEL_X = 154.0, 194.0
-_BIN_PX = 4.0
-_MAX_DOTS, _MAX_LABELS, _LABEL_GAP = 300, 20, 12.5
-_LABEL_THRESHOLD = -3.0  # a flagged point this much below its reference is labelled on any chart
-_NAME_CHARS = 22
 
 
 def _short(name: str, limit: int = _NAME_CHARS) -> str:
@@ -334,13 +328,6 @@ def _strip(metric: str, part: pd.DataFrame, *, n_without_value: int) -> StripCha
         metric=metric,
         unit=METRICS[metric].unit,
         entity=entity,
-        width=_W,
-        height=_H,
-        top=_TOP,
-        bottom=_BOTTOM,
-        axis_x=_AXIS_X,
-        band_x=_BAND_X,
-        lane_x=_LANE_X,
         zero_y=(_TOP + _BOTTOM) / 2,
         n_without_value=n_without_value,
         n_without_reference=int((~has_rel).sum()),
@@ -493,7 +480,6 @@ class HeatMap:
     n_nodes: int
     n_drawn: int
     n_flagged: int
-    n_flagged_drawn: int
     note: str
 
 
@@ -644,6 +630,5 @@ def heat_map(rel: pd.DataFrame, verdicts: pd.DataFrame, *, max_nodes: int) -> He
         n_nodes=n_nodes,
         n_drawn=len(order),
         n_flagged=len(flagged),
-        n_flagged_drawn=len(drawn_flagged),
         note=note,
     )

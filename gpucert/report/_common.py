@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -11,6 +12,7 @@ import numpy.typing as npt
 import pandas as pd
 
 __all__ = [
+    "KIND_WORDS",
     "NON_PASS",
     "VERDICT_ORDER",
     "entity_kinds",
@@ -27,6 +29,8 @@ __all__ = [
 #: The order a reader wants: what is broken first, then what needs a look, then what could not be judged.
 NON_PASS: tuple[str, ...] = ("fail", "warn", "inconclusive")
 VERDICT_ORDER: dict[str, int] = {"fail": 0, "warn": 1, "inconclusive": 2, "pass": 3}
+#: The kinds of rows a report counts apart, and their words.
+KIND_WORDS = (("gpu", "GPUs"), ("node", "nodes"), ("pair", "node pairs"))
 
 
 def require_columns(frame: pd.DataFrame, columns: Iterable[str], what: str) -> None:
@@ -123,17 +127,6 @@ def text_or_none(value: Any) -> str | None:
 
 def format_gpus(gpus: Iterable[int]) -> str:
     """GPU indices as short ranges: ``[0, 1, 2, 3, 5]`` → ``"0–3, 5"``."""
-    values = sorted(set(gpus))
-    parts: list[str] = []
-    start = prev = None
-    for g in values:
-        if start is None:
-            start = prev = g
-        elif prev is not None and g == prev + 1:
-            prev = g
-        else:
-            parts.append(str(start) if start == prev else f"{start}–{prev}")
-            start = prev = g
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}–{prev}")
-    return ", ".join(parts)
+    # Consecutive indices keep the same difference to their position in the sorted list.
+    runs = [[g for _, g in run] for _, run in itertools.groupby(enumerate(sorted(set(gpus))), lambda p: p[1] - p[0])]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs)

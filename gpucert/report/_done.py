@@ -12,13 +12,13 @@ import pandas as pd
 
 from .._text import counted
 from ._common import json_value, require_columns
+from ._rows import DECISION_KEYS
 
 if TYPE_CHECKING:
     from ..tickets import TicketEvent
 
 __all__ = ["DoneView", "done_view"]
 
-_DECISION_COLUMNS = ("node", "state", "verdict", "cause", "taint", "confirmed", "summary")
 #: The states in the order the page counts them, worst first.
 _STATES = ("failed", "degraded", "inconclusive", "certified")
 
@@ -44,16 +44,13 @@ def done_view(
     incident: str = "",
     max_rows: int = 500,
 ) -> DoneView:
-    """The section from the settled ``decisions`` (``decisions.parquet`` rows), ``actions`` (node → what
-    the run changed on it), the ticket events of the run and how many tickets were only recorded (no
-    ticket backend), and the blast-radius ``incident`` (empty: none).
-
-    Every node the run changed or did not certify is listed (at most ``max_rows``, worst first; the page
-    says how many are left out); certified nodes the run left as they were are only counted.
-    Raises ``ValueError`` when ``decisions`` lacks a column it reads."""
-    require_columns(decisions, _DECISION_COLUMNS, "decisions")
+    """The section from the settled ``decisions`` (``decisions.parquet`` rows), ``actions`` (node → what the
+    run changed on it), its ticket events (``tickets``), how many tickets were only recorded (no backend) and
+    the blast-radius ``incident``: every node changed or not certified listed (worst first, at most
+    ``max_rows``), the rest counted. Raises ``ValueError`` when ``decisions`` lacks a column it reads."""
+    require_columns(decisions, DECISION_KEYS, "decisions")
     actions = dict(actions or {})
-    frame = decisions.loc[:, list(_DECISION_COLUMNS)].copy()
+    frame = decisions.loc[:, list(DECISION_KEYS)].copy()
     state = frame["state"].astype("string").fillna("unchanged")
     frame["done"] = frame["node"].astype(object).map(actions).astype("string").fillna("")
     quiet = (state == "certified") & (frame["done"] == "")

@@ -1,18 +1,16 @@
 """Each drifting GPU's own history, drawn: its baseline, every night's value, where the alarm rose and cleared.
 
-One small chart per alarmed series (GPU × metric, or node × metric), from :func:`gpucert.telemetry.drift_trace`:
-the horizontal axis is time (a rotation's gaps show as gaps), the vertical axis the value as a percentage
-of the GPU's own baseline centre. The dashed line is the baseline moved by the night's fleet factor (what
-the detector compared with), the grey band ±1 σ around it; dots are nights, red while in alarm, with a
-ring and a label where the alarm was raised and where it cleared. Geometry is computed here; the template
-writes the SVG, so every name is escaped by its autoescape.
+One small chart per alarmed series (GPU or node × metric, from :func:`gpucert.telemetry.drift_trace`): time
+across (a rotation's gaps show), the value as a percentage of the own baseline's centre up; the dashed line
+is the baseline moved by the night's fleet factor (what the detector compared with), the band ±1 σ around it.
+The template writes the SVG, so every name is escaped by its autoescape.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -65,12 +63,6 @@ class DriftChart:
     title: str
     subtitle: str
     reason: str
-    width: int
-    height: int
-    left: float
-    right: float
-    top: float
-    bottom: float
     zero_y: float
     expected: str  # polyline points: the baseline moved by each night's fleet factor
     band: str  # polygon points: ±1 σ around it
@@ -79,6 +71,13 @@ class DriftChart:
     markers: list[Marker] = field(default_factory=list)
     y_ticks: list[Tick] = field(default_factory=list)
     x_ticks: list[Tick] = field(default_factory=list)
+    # The geometry every drift chart shares.
+    width: ClassVar[int] = _W
+    height: ClassVar[int] = _H
+    left: ClassVar[float] = _LEFT
+    right: ClassVar[float] = _W - _RIGHT
+    top: ClassVar[float] = _TOP
+    bottom: ClassVar[float] = _BOTTOM
 
 
 @dataclass(frozen=True)
@@ -177,12 +176,6 @@ def _chart(part: pd.DataFrame, alarm: dict[str, Any]) -> DriftChart:
             f"deviation since the onset {float(alarm['deviation_pct']):+.1f} %"
         ),
         reason=str(alarm.get("reason") or ""),
-        width=_W,
-        height=_H,
-        left=x0,
-        right=x1,
-        top=_TOP,
-        bottom=_BOTTOM,
         zero_y=round(float(y_of(0.0)), 1),
         expected=_points(xs, y_of(expected)),
         band=_points(np.concatenate([xs, xs[::-1]]), y_of(np.concatenate([expected + band, (expected - band)[::-1]]))),

@@ -10,7 +10,7 @@ import pandas as pd
 from .._templates import html_environment
 from ..network import PAIR_METRIC, PairingPlan
 from ._charts import REFERENCE_TEXT, VERDICT_COLOURS, HeatMap, StripChart, heat_map, relative_frame, strip_charts
-from ._common import NON_PASS, entity_kinds, for_run, require_columns
+from ._common import KIND_WORDS, NON_PASS, entity_kinds, for_run, require_columns
 from ._done import DoneView
 from ._drift import DriftView
 from ._links import LinkView, link_view
@@ -36,7 +36,7 @@ def _counts(verdicts: pd.DataFrame, kinds: Any) -> tuple[list[_Count], list[tupl
     order = [*NON_PASS, "pass"]
     totals = [_Count(v, int((values == v).sum()), VERDICT_COLOURS.get(v, "#777")) for v in order]
     per_kind = []
-    for kind, word in (("gpu", "GPUs"), ("node", "nodes"), ("pair", "node pairs")):
+    for kind, word in KIND_WORDS:
         part = verdicts["verdict"].astype(object)[kinds == kind]
         if len(part):
             per_kind.append((word, len(part), [_Count(v, int((part == v).sum()), VERDICT_COLOURS[v]) for v in order]))
@@ -57,26 +57,17 @@ def render_html(
     max_link_nodes: int = 120,
     done: DoneView | None = None,
 ) -> str:
-    """The run's HTML report as one self-contained page, rendered from ``templates/report.html.j2``.
+    """The run's HTML report as one self-contained page (``templates/report.html.j2``; every value from the
+    data escaped by its autoescape).
 
-    ``results`` and ``verdicts`` are the tables of docs/design/data-contracts.md (rows of other runs are
-    ignored); ``baseline`` (the store's table), when given, supplies each GPU's own reference where its
-    verdict has none. The page holds the counts per verdict, the fleet-level findings, a node × GPU heat map
-    (every node with a verdict other than pass up to ``max_heatmap_nodes``, then a sample of passing ones; the
-    page says which), a strip chart per metric of each GPU's median relative to its reference with the
-    stragglers marked and labelled, and the table of verdicts other than pass (at most
-    ``max_table_rows``). ``drift`` (:func:`~gpucert.report.drift_view`), when given, adds each drifting
-    GPU's own history. ``links``, the plan the run measured its node pairs by
-    (``gpucert.certify.stored_plan_of``), adds a "Links" section when the run has pair results: the plan's
-    facts, a partner × node matrix of each pair's bandwidth relative to its reference (every node up to
-    ``max_link_nodes``, else the nodes flagged and their partners; the page says which) and a table per
-    leaf (:func:`~gpucert.report.link_view`). Without it, or without pairs, the page has no such
-    section. ``done`` (:func:`~gpucert.report.done_view`), when given, adds "What was done" at the top: the
-    settled decisions, the taints and labels the run wrote and the tickets it opened, updated or resolved.
-    Every value from the data is escaped by the template's autoescape.
-
-    Returns the page as a string. Raises ``ValueError`` when a table lacks a column the report reads
-    and ``jinja2.TemplateError`` when the template is broken.
+    ``results`` and ``verdicts`` are one run's tables (docs/design/data-contracts.md; rows of other runs are
+    ignored); ``baseline`` supplies each GPU's own reference where its verdict has none. The page: counts per
+    verdict, fleet findings, a node × GPU heat map (the nodes that did not pass up to ``max_heatmap_nodes``,
+    then a sample of passing ones), a strip chart per metric, and the verdicts other than pass (at most
+    ``max_table_rows``). ``drift`` (:func:`drift_view`), ``links`` (the plan the run measured its pairs by:
+    :func:`link_view`, up to ``max_link_nodes``) and ``done`` (:func:`done_view`, at the top) add their
+    sections. Raises ``ValueError`` for a table without a column it reads, ``jinja2.TemplateError`` for a
+    broken template.
     """
     require_columns(results, _RESULT_COLUMNS, "results")
     require_columns(verdicts, _VERDICT_COLUMNS, "verdicts")

@@ -1,22 +1,11 @@
 """The report's links: the run's two-node all-reduce pairs against their references, by the pairing plan.
 
-:func:`link_view` turns the run's pair results (``nccl_pair_busbw_gbps`` rows, ``peer`` set), its verdict
-rows (pair rows, the nodes' network rows, the fleet rows naming a leaf or the link between two leaves) and
-the plan the pairs were measured by (:class:`gpucert.network.PairingPlan`) into what the template draws:
-
-* the plan's facts: rounds, re-pairing rounds, pairs planned, measured and missing;
-* a *partner × node matrix*: nodes on both axes, ordered by leaf then name, leaf boundaries drawn; each
-  measured pair one cell below the diagonal, coloured by ``value / reference − 1`` on the GPU heat map's
-  scale, outlined in its verdict's colour when the pair or one of its nodes' network paths did not pass;
-  a named uplink's (or leaf's) block outlined too. Above ``max_nodes`` nodes it draws the nodes with a
-  verdict other than pass (or a low pair a finding explains) and their partners, and says what it left out;
-* a *per-leaf table*: per leaf (the plan's group), its nodes, the pairs measured within it and to other
-  leaves, the median relative bandwidth of each, the fleet findings on the leaf or its uplinks and the
-  nodes named in it.
-
-Everything over the pairs is vectorised; Python loops run only over what is drawn (the shown cells, the
-leaves, the few fleet findings). The template writes every string, so names and reasons are escaped by
-Jinja's autoescape.
+:func:`link_view` draws the plan's facts (rounds, pairs planned, measured and missing); a partner × node
+matrix (nodes on both axes by leaf then name, each measured pair one cell below the diagonal coloured by
+``value / reference − 1`` on the heat map's scale, outlined where it or a node's network path did not pass,
+a named uplink's or leaf's block outlined too); and a table per leaf (pairs within and across, their median
+relative bandwidth, the fleet findings on it, the nodes named). Everything over the pairs is vectorised:
+Python loops run only over what is drawn. The template writes every string, escaped by its autoescape.
 """
 
 from __future__ import annotations
@@ -127,7 +116,6 @@ class LinkMatrix:
     n_nodes: int
     n_drawn: int
     n_pairs_drawn: int
-    n_flagged_drawn: int
     note: str
 
 
@@ -160,10 +148,6 @@ class LinkView:
     """What the report's "Links" section draws (:func:`link_view`)."""
 
     facts: list[str]
-    rounds: int
-    repair_rounds: int
-    planned: int
-    measured: int
     missing: int
     matrix: LinkMatrix
     leaves: list[LeafRow]
@@ -223,13 +207,11 @@ def _gbps(value: float) -> str:
 def link_view(
     results: pd.DataFrame, verdicts: pd.DataFrame, plan: PairingPlan | None, *, max_nodes: int = 120
 ) -> LinkView | None:
-    """The "Links" section of the run's report, or None when there is nothing to draw (no plan, or neither
-    a pair result nor a pair verdict row). ``results`` and ``verdicts`` are the tables of
-    docs/design/data-contracts.md for one run; ``plan`` is the plan the run measured its pairs by
-    (``gpucert.certify.stored_plan_of``). The matrix draws every node of the plan up to ``max_nodes``; above,
-    the nodes with a verdict other than pass or a low pair (the worst first, at most ``max_nodes``), then
-    their partners, then a sample of other pairs' nodes to fill ``max_nodes``. Raises ``ValueError`` for
-    ``max_nodes`` below 2."""
+    """The "Links" section of the run's report, or None when there is nothing to draw (no plan, or neither a
+    pair result nor a pair verdict row). ``plan`` is the plan the run measured its pairs by
+    (``gpucert.certify.stored_plan_of``); above ``max_nodes`` nodes the matrix draws those that did not pass
+    or have a low pair (worst first), then their partners, then a sample of other pairs' nodes. Raises
+    ``ValueError`` for ``max_nodes`` below 2."""
     if max_nodes < 2:
         raise ValueError(f"max_nodes {max_nodes}: must be at least 2")
     if plan is None or plan.pairs.empty:
@@ -375,10 +357,6 @@ def link_view(
         facts.append("some pair results name pairs the plan does not have: they are not drawn")
     return LinkView(
         facts=facts,
-        rounds=n_rounds,
-        repair_rounds=repair_rounds,
-        planned=len(key),
-        measured=n_measured,
         missing=len(key) - n_measured,
         matrix=matrix,
         leaves=leaves,
@@ -654,7 +632,6 @@ def _matrix(
         n_nodes=n,
         n_drawn=m,
         n_pairs_drawn=len(cells),
-        n_flagged_drawn=sum(1 for c in cells if c.outline),
         note=note,
     )
 

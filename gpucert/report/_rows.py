@@ -35,10 +35,7 @@ _DIGITS = {"value": 4, "reference": 4, "deviation_pct": 2, "z": 2}
 
 
 def _note(verdict: str | None, text: str) -> dict[str, Any]:
-    row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
-    row["verdict"] = verdict
-    row["reasons"] = text
-    return row
+    return {**dict.fromkeys(ROW_KEYS), "verdict": verdict, "reasons": text}  # the keys in ROW_KEYS' order
 
 
 def is_summary_row(row: dict[str, Any]) -> bool:
@@ -47,21 +44,12 @@ def is_summary_row(row: dict[str, Any]) -> bool:
 
 
 def verdict_rows(verdicts: pd.DataFrame, *, limit: int = 500) -> list[dict[str, Any]]:
-    """JSON-able rows for a Prefect table artifact of ``verdicts`` (docs/design/data-contracts.md, "Verdicts").
+    """JSON-able rows for a Prefect table artifact of ``verdicts``: up to ``limit`` rows that are not ``pass``
+    (in :func:`ordered_non_pass`'s order), each a dict with the keys of :data:`ROW_KEYS` (None where empty,
+    numbers rounded for reading), then at most two *summary rows*, only ``verdict`` and ``reasons`` set: how
+    many rows were left out (``verdict`` None) and how many passed, per kind (``verdict`` ``"pass"``).
 
-    Returns up to ``limit`` rows that are not ``pass``, fail → warn → inconclusive (fleet findings
-    first within a verdict, then by node, the node's row before its GPUs'), each a dict with the keys of
-    :data:`ROW_KEYS` (None where a value is empty; numbers rounded for reading). Passing rows are not
-    listed: they are counted instead. After the listed rows come at most two *summary rows*, with only
-    ``verdict`` and ``reasons`` set (every other key None), so a caller can tell them apart:
-
-    * when more than ``limit`` rows did not pass: ``verdict`` None and ``reasons`` saying how many
-      were left out, per verdict;
-    * when any row passed: ``verdict`` ``"pass"`` and ``reasons`` counting them per kind (GPUs, nodes,
-      pairs).
-
-    So the list holds at most ``limit + 2`` rows and is empty only for an empty table. Raises
-    ``ValueError`` when the table lacks the ``verdict``, ``node`` or ``gpu`` column or ``limit`` < 0.
+    Raises ``ValueError`` when the table lacks a column it reads or ``limit`` < 0.
     """
     if limit < 0:
         raise ValueError(f"limit must be >= 0: {limit}")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from .._text import counted
 from ._common import (
+    KIND_WORDS,
     NON_PASS,
     entity_kinds,
     for_run,
@@ -36,12 +37,8 @@ _WHERE_NODES = 30
 
 
 def md_escape(value: Any) -> str:
-    """``value`` as markdown text that renders as itself, safe inside a table cell.
-
-    Newlines become a space (a table row is one line) and the ends are trimmed; markdown's punctuation
-    is backslash-escaped, so ``|`` stays in its cell and ``<script>``, ``[x](y)`` or ``**`` render as the
-    characters they are.
-    """
+    """``value`` as markdown text that renders as itself, safe inside a table cell: newlines a space (a row
+    is one line), the ends trimmed, markdown's punctuation backslash-escaped (``|``, ``<script>``, ``[x](y)``)."""
     text = "" if value is None else str(value)
     return _MD_SPECIAL.sub(r"\\\1", _NEWLINES.sub(" ", text).strip())
 
@@ -89,19 +86,13 @@ def _counts(verdicts: pd.DataFrame) -> str:
 
 def _per_kind(verdicts: pd.DataFrame, kinds: Any) -> list[str]:
     lines = []
-    sizes = pd.DataFrame({"k": kinds, "v": verdicts["verdict"].astype(object).to_numpy()}).value_counts()
-    keys = sizes.index
-    table = {
-        (str(k), str(v)): int(n)
-        for k, v, n in zip(keys.get_level_values(0), keys.get_level_values(1), sizes.to_numpy(), strict=True)
-    }
-    for kind, word in (("gpu", "GPUs"), ("node", "nodes"), ("pair", "node pairs")):
-        counts = {v: n for (k, v), n in table.items() if k == kind}
-        if not counts:
+    verdict = verdicts["verdict"].astype(object).to_numpy()
+    for kind, word in KIND_WORDS:
+        counts = pd.Series(verdict[kinds == kind], dtype=object).value_counts()
+        if counts.empty:
             continue
-        total = sum(counts.values())
-        bad = ", ".join(f"{counts[v]:,} {v}" for v in NON_PASS if counts.get(v, 0))
-        lines.append(f"- {word}: {total:,} judged" + (f", {bad}" if bad else ", all pass"))
+        bad = ", ".join(f"{int(counts[v]):,} {v}" for v in NON_PASS if counts.get(v, 0))
+        lines.append(f"- {word}: {int(counts.sum()):,} judged" + (f", {bad}" if bad else ", all pass"))
     return lines
 
 
@@ -140,15 +131,10 @@ def summary_markdown(
     actions_taken: Mapping[str, str] | None = None,
     max_rows: int = 100,
 ) -> str:
-    """A markdown summary of one run's ``verdicts`` for a Prefect markdown artifact.
-
-    Returns text with: counts per verdict and per kind of row (GPUs, nodes, pairs); a link to the HTML
-    report when ``report_link`` is given; the fleet-level findings; per verdict (fail, warn,
-    inconclusive) a table of what did not pass with its cause, action, ticket, deciding check and
-    reasons (at most ``max_rows`` rows per verdict, the number left out said); what to do, grouped by
-    action with the nodes and GPUs it applies to; and the node-level actions the caller took
-    (``actions_taken``: node → what was done, e.g. a taint). Every value is escaped with
-    :func:`md_escape`. Raises ``ValueError`` when the table lacks a contract column it reads.
+    """A markdown summary of one run's ``verdicts`` for a Prefect markdown artifact: counts, a link to the
+    HTML report, the fleet findings, per verdict what did not pass and why (at most ``max_rows`` rows each),
+    what to do grouped by action, and the node-level ``actions_taken`` (node → what was done). Every value
+    is escaped with :func:`md_escape`. Raises ``ValueError`` when the table lacks a contract column it reads.
     """
     require_columns(
         verdicts, ("verdict", "node", "gpu", "reference_kind", "cause", "action", "ticket", "reasons"), "verdicts"
@@ -225,9 +211,7 @@ def summary_markdown(
             if len(rows) > max_rows:
                 out += ["", f"… and {len(rows) - max_rows:,} more {md_escape(verdict)} rows: see the report."]
 
-        out += ["", "## What to do", ""]
-        out.append("| action | ticket | where |")
-        out.append("|---|---|---|")
+        out += ["", "## What to do", "", "| action | ticket | where |", "|---|---|---|"]
         # Non-pass rows are few, so plain records group faster than a pandas group-by per action.
         todo: dict[str, list[dict[str, Any]]] = {}
         for row in records(entity[["action", "ticket", "_node", "_kind", "_gpu", "_peer"]]):

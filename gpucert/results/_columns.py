@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,52 +16,36 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._frames import CATEGORY_COLUMNS, RESULT_DTYPES
-from .._names import dns_subdomain_ok
-from ..metrics import ANY_MODEL, METRICS, RESULT_COLUMNS, bound_arrays, physical_bounds
-from ._common import (
-    _GPU,
-    _GPU_OR_NODE,
-    _LEVEL_CODE,
-    _LEVEL_WORDS,
-    _NAN_TEXT,
-    _NODE,
-    _PAIR,
-    _REQUIRED_TEXT,
-    _RUN_ID,
-    _STR,
-    _TS,
-    _UNKNOWN,
-    Bools,
-    Floats,
-    _cat_codes,
-    _extremes,
-    _Findings,
-    _per_category,
-    _recode,
-    _text_at,
-)
+from .._names import DNS_LABEL, dns_subdomain_ok
+from ..metrics import ANY_MODEL, METRICS, PERF_METRICS, RESULT_COLUMNS, bound_arrays, physical_bounds
+from ._common import _STR, Bools, _cat_codes, _extremes, _Findings, _is_text, _per_category, _recode, _text_at
 from ._relations import _check_relations, _Codes
 
+Floats = npt.NDArray[np.float64]
+_REQUIRED_TEXT: Final = frozenset({"run_id", "node", "gpu_model", "metric"})
+_TS: Final = RESULT_DTYPES["ts"]
+_NAN_TEXT: Final = frozenset({"nan", "+nan", "-nan"})
+# Level of each registry metric, as a small integer so that a whole column maps through one gather.
+_UNKNOWN, _GPU, _NODE, _PAIR, _GPU_OR_NODE = range(5)
+_LEVEL_CODE: Final = {"gpu": _GPU, "node": _NODE, "pair": _PAIR}
+_LEVEL_WORDS: Final = {_GPU: "a per-GPU", _NODE: "a node-level", _PAIR: "a pair", _GPU_OR_NODE: "an event"}
 _NVML_MAX: Final = 95
 #: Rows per block of a check that gathers per-row bounds: small enough to stay in cache.
 _BLOCK: Final = 1 << 16
 #: (level, gpu given, peer given) combinations of :func:`_check_levels`: five levels × 4.
 _LEVEL_COMBOS: Final = 20
+_RUN_ID_RULE: Final = (
+    "is not a DNS label (at most 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit)"
+)
 _NODE_RULE: Final = "a node name is a DNS subdomain: lower-case a-z, 0-9, '-' and '.', at most 253 characters"
-
-# ---------------------------------------------------------------------------------------------------------
-# Validation
 
 
 def _validate(
     frame: pd.DataFrame, found: _Findings, duplicated_columns: Sequence[str] = (), *, across_rows: bool = True
 ) -> pd.DataFrame:
-    """Check ``frame`` against the contract, recording problems in ``found``; return the canonical frame.
-
-    The returned frame is only meaningful when nothing was found. ``across_rows=False`` leaves out the
-    checks across rows (duplicated samples, conflicting identities: :func:`._relations._check_relations`)
-    for the caller to make; every value of every row is still checked.
-    """
+    """Check ``frame`` against the contract, recording problems in ``found``; return the canonical frame
+    (meaningful only when nothing was found). ``across_rows=False`` leaves the checks across rows
+    (:func:`._relations._check_relations`) to the caller."""
     missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
     for name in duplicated_columns:
         found.whole("the header names this column more than once", column=name)
@@ -153,13 +138,12 @@ def _check_metrics(metric: pd.Series, found: _Findings) -> npt.NDArray[np.int8]:
     """Flag metric names outside the registry; return each row's level code (``_UNKNOWN`` if unknown)."""
     names = [str(c) for c in metric.cat.categories]
     levels = np.array([_level_code(n) for n in names] + [_UNKNOWN], dtype=np.int8)
-    row_levels = levels[_cat_codes(metric)]
+    codes = _cat_codes(metric)
     unknown = np.array([n not in METRICS for n in names], dtype=bool)
     if unknown.any():
-        codes = _cat_codes(metric)
         messages = {int(i): _unknown_metric(names[i]) for i in np.flatnonzero(unknown)}
         found.each(_per_category(metric, unknown), "metric", lambda i: messages[int(codes[i])])
-    return row_levels
+    return levels[codes]
 
 
 def _level_code(name: str) -> int:
@@ -178,53 +162,13 @@ def _unknown_metric(name: str) -> str:
 
 def _check_run_ids(run_id: pd.Series, found: _Findings) -> None:
     categories = run_id.cat.categories
-    bad = np.array([_RUN_ID.fullmatch(str(c)) is None for c in categories], dtype=bool)
+    bad = np.array([DNS_LABEL.fullmatch(str(c)) is None for c in categories], dtype=bool)
     if bad.any():
-        found.each(
-            _per_category(run_id, bad),
-            "run_id",
-            lambda i: (
-                f"run_id {_text_at(run_id, i)!r} is not a DNS label (at most 63 characters of "
-                "a-z, 0-9 and '-', starting and ending with a letter or digit)"
-            ),
-        )
+        found.each(_per_category(run_id, bad), "run_id", lambda i: f"run_id {_text_at(run_id, i)!r} {_RUN_ID_RULE}")
 
 
-#: What an identity must look like, per column, and the rule in words. A node (and a pair's peer) is a
-#: Kubernetes node name; a GPU UUID is NVML's (``GPU-…``, ``MIG-…``: visible ASCII, NVML's buffer of 96
-#: bytes holding at most 95); a model is NVML's device name (printable, at most 95 characters). So no name
-#: read from a file can carry a line break, a control character or a path into a report, a ticket or a
-#: terminal, and what is allowed (``<``, quotes, ``{{ }}``) is escaped where it is written.
-_NAME_RULES: Final[dict[str, tuple[Callable[[str], bool], str]]] = {
-    "node": (dns_subdomain_ok, _NODE_RULE),
-    "peer": (dns_subdomain_ok, _NODE_RULE),
-    "gpu_uuid": (
-        lambda v: 0 < len(v) <= _NVML_MAX and v.isascii() and v.isprintable() and " " not in v,
-        f"a GPU UUID is at most {_NVML_MAX} visible ASCII characters (no space or control character)",
-    ),
-    "gpu_model": (
-        lambda v: 0 < len(v) <= _NVML_MAX and v.isprintable(),
-        f"a GPU model is at most {_NVML_MAX} printable characters (no line break or control character)",
-    ),
-}
-
-
-def _check_names(out: dict[str, pd.Series], found: _Findings) -> None:
-    """Flag the node, peer, GPU UUID and model values that break their rule (:data:`_NAME_RULES`); checked
-    on the few categories, not the rows."""
-    for name, (ok, rule) in _NAME_RULES.items():
-        column = out[name]
-        categories = column.cat.categories
-        if name == "gpu_uuid":
-            bad = _bad_uuids(categories)
-        else:
-            bad = np.array([not ok(str(c)) for c in categories.tolist()], dtype=bool)
-        if bad.any():
-            found.each(_per_category(column, bad), name, _name_problem(column, name, rule))
-
-
-#: The GPU UUID rule of :data:`_NAME_RULES` as one pattern: 1 to 95 characters, each visible ASCII (``!``
-#: to ``~``: printable, no space, no control character).
+#: The GPU UUID rule as one pattern: 1 to 95 characters, each visible ASCII (``!`` to ``~``: printable, no
+#: space, no control character).
 _UUID_PATTERN: Final = f"^[!-~]{{1,{_NVML_MAX}}}$"
 
 
@@ -235,11 +179,42 @@ def _bad_uuids(categories: pd.Index) -> Bools:
     return ~np.asarray(ok.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _name_problem(column: pd.Series, name: str, rule: str) -> Callable[[int], str]:
-    def describe(i: int) -> str:
-        return f"{name} {_shown(_text_at(column, i))} is not valid: {rule}"
+def _bad_where(ok: Callable[[str], bool]) -> Callable[[pd.Index], Bools]:
+    """Which categories ``ok`` refuses, category by category."""
+    return lambda categories: np.array([not ok(str(c)) for c in categories.tolist()], dtype=bool)
 
-    return describe
+
+#: What an identity must look like, per column: which categories break the rule, and the rule in words. A
+#: node (and a pair's peer) is a Kubernetes node name; a GPU UUID is NVML's (``GPU-…``, ``MIG-…``: NVML's
+#: buffer of 96 bytes holds at most 95); a model is NVML's device name. So no name read from a file can
+#: carry a line break, a control character or a path into a report, a ticket or a terminal, and what is
+#: allowed (``<``, quotes, ``{{ }}``) is escaped where it is written.
+_NAME_RULES: Final[dict[str, tuple[Callable[[pd.Index], Bools], str]]] = {
+    "node": (_bad_where(dns_subdomain_ok), _NODE_RULE),
+    "peer": (_bad_where(dns_subdomain_ok), _NODE_RULE),
+    "gpu_uuid": (
+        _bad_uuids,
+        f"a GPU UUID is at most {_NVML_MAX} visible ASCII characters (no space or control character)",
+    ),
+    "gpu_model": (
+        _bad_where(lambda v: 0 < len(v) <= _NVML_MAX and v.isprintable()),
+        f"a GPU model is at most {_NVML_MAX} printable characters (no line break or control character)",
+    ),
+}
+
+
+def _check_names(out: dict[str, pd.Series], found: _Findings) -> None:
+    """Flag the node, peer, GPU UUID and model values that break their rule (:data:`_NAME_RULES`); checked
+    on the few categories, not the rows."""
+    for name, (bad_of, rule) in _NAME_RULES.items():
+        column = out[name]
+        bad = bad_of(column.cat.categories)
+        if bad.any():
+            found.each(_per_category(column, bad), name, functools.partial(_name_problem, column, name, rule))
+
+
+def _name_problem(column: pd.Series, name: str, rule: str, i: int) -> str:
+    return f"{name} {_shown(_text_at(column, i))} is not valid: {rule}"
 
 
 def _shown(text: str, limit: int = 80) -> str:
@@ -261,10 +236,7 @@ class _Numbers:
 
 def _parse_numbers(raw: pd.Series, *, nan_is_missing: bool) -> _Numbers:
     """Read any column as float64, telling apart missing values, text that is no number, and numbers.
-
-    ``nan_is_missing``: whether a NaN of a numeric column means "no value" (it does for ``gpu``, which a
-    float column stores as NaN) rather than a NaN measured (it does not for ``value``).
-    """
+    ``nan_is_missing``: whether a NaN of a numeric column is "no value" (``gpu``) or a NaN measured (``value``)."""
     n = len(raw)
     dtype = raw.dtype
     if isinstance(dtype, pd.CategoricalDtype):
@@ -327,15 +299,13 @@ def _blank(raw: pd.Series, *, nan_is_missing: bool = True) -> Bools:
 
 
 def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
-    """Cast a text column with Arrow (fast); ``None`` when some value does not cast cleanly.
-
-    Empty strings count as missing. Returns the cast Arrow array and the mask of missing values.
-    """
+    """Cast a text column with Arrow (fast): the cast array and the mask of missing values (empty strings
+    are); ``None`` when some value does not cast cleanly."""
     if raw.dtype == object:
         return None  # mixed Python objects: only the exact path knows what to make of them
     try:
         text = pa.array(raw)
-        if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+        if not _is_text(text.type):
             return None
         empty = pc.equal(text, pa.scalar("", text.type))
         cast = pc.cast(pc.if_else(empty, pa.scalar(None, text.type), text), to)
@@ -345,10 +315,8 @@ def _arrow_cast(raw: pd.Series, to: pa.DataType) -> tuple[Any, Bools] | None:
 
 
 def _integer_column(raw: pd.Series, name: str, found: _Findings, *, nullable: bool) -> tuple[pd.Series, Bools]:
-    """An integer ≥ 0 column: ``Int64`` when ``nullable``, else ``int64`` and required.
-
-    Also returns where a value was given, even a bad one (the level checks ask whether ``gpu`` is set).
-    """
+    """An integer ≥ 0 column (``Int64`` when ``nullable``, else ``int64`` and required), and where a value
+    was given, even a bad one (the level checks ask whether ``gpu`` is set)."""
     dtype = raw.dtype
     if dtype == RESULT_DTYPES[name]:
         # The usual case (Parquet, a generated frame): only a negative value or, for ``repeat``, a missing
@@ -411,9 +379,7 @@ def _value_column(raw: pd.Series, metric: pd.Series, levels: npt.NDArray[np.int8
     with np.errstate(invalid="ignore"):
         negative = values < 0
     if negative.any():
-        perf = np.array(
-            [METRICS[str(c)].kind == "perf" if str(c) in METRICS else False for c in metric.cat.categories], dtype=bool
-        )
+        perf = np.array([str(c) in PERF_METRICS for c in metric.cat.categories], dtype=bool)
         row_perf = _per_category(metric, perf)
 
         def describe(i: int) -> str:

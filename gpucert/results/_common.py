@@ -13,37 +13,22 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._frames import RESULT_DTYPES
-from .._names import DNS_LABEL
 from ..errors import Problem, ResultsError
 
 PathArg = str | os.PathLike[str]
 Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.int64]
-Floats = npt.NDArray[np.float64]
 Codes = npt.NDArray[np.integer[Any]]
 
-_REQUIRED_TEXT: Final = frozenset({"run_id", "node", "gpu_model", "metric"})
-_RUN_ID: Final = DNS_LABEL  # the run-id rule (gpucert._names)
 #: Problems built per rule; further hits are only counted, so a file wrong on every row stays fast.
 _CAP: Final = 50
 #: Rows listed in one message about a group of rows (a duplicated sample, a conflicting identity).
 _LISTED: Final = 5
 _STR: Final = pd.Index([], dtype="str").dtype
-_TS: Final = RESULT_DTYPES["ts"]
-_CSV: Final = frozenset({".csv"})
-_PARQUET: Final = frozenset({".parquet", ".pq"})
-_JSONL: Final = frozenset({".jsonl", ".ndjson", ".json", ".log"})
-_NAN_TEXT: Final = frozenset({"nan", "+nan", "-nan"})
-
-# Level of each registry metric, as a small integer so that a whole column maps through one gather.
-_UNKNOWN, _GPU, _NODE, _PAIR, _GPU_OR_NODE = range(5)
-_LEVEL_CODE: Final = {"gpu": _GPU, "node": _NODE, "pair": _PAIR}
-_LEVEL_WORDS: Final = {_GPU: "a per-GPU", _NODE: "a node-level", _PAIR: "a pair", _GPU_OR_NODE: "an event"}
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Problems and where they are
+#: The results file formats, by suffix.
+_FORMATS: Final = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"} | dict.fromkeys(
+    (".jsonl", ".ndjson", ".json", ".log"), "JSON-lines"
+)
 
 
 @dataclass(frozen=True)
@@ -106,12 +91,10 @@ class _Findings:
         describe: Callable[[Ints, Codes | None], str],
         values: Codes | None = None,
     ) -> None:
-        """One problem per group of flagged rows: ``positions`` (ascending) grouped by ``keys``.
-
-        ``describe`` gets a group's positions in row order and, when given, their ``values``. The problem
-        points at the first row whose value differs from the group's first, or without values at the
-        second row (the first repeat). Groups are reported in the order of their first row.
-        """
+        """One problem per group of flagged rows, ``positions`` (ascending) grouped by ``keys``, in the order
+        of their first row. ``describe`` gets a group's positions and, when given, their ``values``. The
+        problem points at the first row whose value differs from the group's first, or without values at
+        the second row (the first repeat)."""
         if positions.size == 0:
             return
         order = np.argsort(keys, kind="stable")
@@ -154,6 +137,19 @@ def _extremes(column: pd.Series) -> tuple[Any, Any]:
     if values.size == 0:
         return None, None
     return values.min(), values.max()
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    return bool(pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type))
+
+
+def _narrowest(top: int) -> type[np.signedinteger[Any]]:
+    """The narrowest integer type holding ``top`` (below its maximum): also the code dtype pandas gives a
+    categorical of ``top`` categories (so it keeps codes made in it as they are)."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if top < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
 
 
 def _cat_codes(column: pd.Series) -> Codes:

@@ -25,10 +25,7 @@ from .._frames import CATEGORY_COLUMNS
 from .._prefetch import reading_pool, take
 from ..errors import Problem, ResultsError
 from ..metrics import RESULT_COLUMNS
-from ._common import _CAP, _CSV, _JSONL, _PARQUET, _STR, Bools, Ints, PathArg, _per_category
-
-# ---------------------------------------------------------------------------------------------------------
-# Reading files
+from ._common import _CAP, _FORMATS, _STR, Bools, Ints, PathArg, _is_text, _narrowest, _per_category
 
 
 @dataclass
@@ -48,22 +45,18 @@ class _Raw:
 def _read_file(path: PathArg) -> _Raw:
     source = os.fspath(path)
     suffix = Path(path).suffix.lower()
-    if suffix not in _CSV | _PARQUET | _JSONL:
+    kind = _FORMATS.get(suffix)
+    if kind is None:
         raise ResultsError(source, [Problem(_unknown_suffix(suffix))])
     try:
         if not Path(path).is_file():
             os.stat(path)  # raises the precise OSError (no such file, permission denied)
             raise IsADirectoryError(21, "not a regular file")
         with reading_pool():
-            if suffix in _CSV:
-                return _read_csv(path)
-            if suffix in _PARQUET:
-                return _read_parquet(path)
-            return _read_jsonl(path)
+            return {"CSV": _read_csv, "Parquet": _read_parquet}.get(kind, _read_jsonl)(path)
     except OSError as exc:
         raise ResultsError(source, [Problem(f"cannot read the file: {exc.strerror or exc}")]) from None
     except (pa.ArrowException, ValueError, UnicodeDecodeError, csv.Error) as exc:
-        kind = {".csv": "CSV", ".parquet": "Parquet", ".pq": "Parquet"}.get(suffix, "JSON-lines")
         raise ResultsError(source, [Problem(f"cannot parse the {kind} file: {_one_line(exc)}")]) from None
 
 
@@ -101,6 +94,7 @@ def _read_csv(path: PathArg) -> _Raw:
     table, skipped = _csv_table(path, wanted, threads=True)
     rows = np.arange(2, table.num_rows + 2, dtype=np.int64)
     problems: list[Problem] = []
+    total = 0
     if skipped:
         # Arrow numbers the lines it skips only when it reads on one thread: read again to say where.
         table, skipped = _csv_table(path, wanted, threads=False)
@@ -112,9 +106,7 @@ def _read_csv(path: PathArg) -> _Raw:
             for line, expected, actual in ragged[:_CAP]
         ]
         total = len(ragged)
-    else:
-        total = 0
-    frame, rows = _drop_blank_lines(_arrow_to_frame(table), rows)
+    frame, rows = _drop_blank_lines(_arrow_to_frame(table)[0], rows)
     return _Raw(frame, rows, problems, total, duplicated)
 
 
@@ -166,18 +158,13 @@ def _read_parquet(path: PathArg | pa.NativeFile) -> _Raw:
     schema = pq.read_schema(path)
     names: list[str] = list(schema.names)
     wanted = [c for c in RESULT_COLUMNS if c in names]
-    text = [
-        c
-        for c in wanted
-        if c in CATEGORY_COLUMNS
-        and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))
-    ]
+    text = [c for c in wanted if c in CATEGORY_COLUMNS and _is_text(schema.field(c).type)]
     in_memory = isinstance(path, pa.NativeFile)
     ahead = take(path) if not in_memory and not text and len(set(names)) == len(names) else None
     # The table read ahead (gpucert._prefetch) holds every column the file has; the reader's own read
     # takes the contract's.
     table = ahead.select(wanted) if ahead is not None else pq.read_table(path, columns=wanted, read_dictionary=text)
-    frame, tidy = _arrow_to_frame_tidy(table)
+    frame, tidy = _arrow_to_frame(table)
     return _Raw(
         frame,
         np.arange(1, len(frame) + 1, dtype=np.int64),
@@ -186,18 +173,11 @@ def _read_parquet(path: PathArg | pa.NativeFile) -> _Raw:
     )
 
 
-def _arrow_to_frame(table: pa.Table) -> pd.DataFrame:
-    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``."""
-    return _arrow_to_frame_tidy(table)[0]
-
-
-def _arrow_to_frame_tidy(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """:func:`_arrow_to_frame`, and the category columns it made canonical (see :attr:`_Raw.tidy`).
-
-    A dictionary column of strings (what Parquet, the CSV reader and the JSON-lines path give) becomes a
-    categorical straight from its codes, its categories already sorted and all in use (the canonical
-    form, so no later pass recodes it); anything else goes through Arrow's own conversion.
-    """
+def _arrow_to_frame(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """An Arrow table as pandas, strings of the category columns as categoricals, ``gpu`` as ``Int64``; and
+    the category columns it made canonical (:attr:`_Raw.tidy`). A dictionary column of strings (what
+    Parquet, the CSV reader and the JSON-lines path give) becomes a categorical straight from its codes,
+    its categories sorted and all in use (so no later pass recodes it); anything else goes through Arrow."""
     for name in table.column_names:
         if pa.types.is_null(table.schema.field(name).type) and name in _ARROW_TYPES:
             # An all-empty column written without a type (no pair metric, no peer): typing it here spares a
@@ -209,7 +189,7 @@ def _arrow_to_frame_tidy(table: pa.Table) -> tuple[pd.DataFrame, dict[str, Any]]
     for name in CATEGORY_COLUMNS:
         if name in names:
             column = table.column(name)
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            if _is_text(column.type):
                 column = pa.chunked_array([column.combine_chunks().dictionary_encode()])
                 table = table.set_column(table.schema.get_field_index(name), name, column)
             if pa.types.is_dictionary(column.type):
@@ -262,7 +242,7 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
     """A dictionary column of strings as a categorical of the values in use, sorted, from its codes;
     ``None`` (Arrow's own conversion) for other values or a dictionary that repeats one."""
     value_type = column.type.value_type
-    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)) or column.num_chunks == 0:
+    if not _is_text(value_type) or column.num_chunks == 0:
         return None
     first = column.chunk(0).dictionary
     if not all(c.dictionary is first or c.dictionary.equals(first) for c in column.chunks[1:]):
@@ -303,7 +283,7 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
         if pc.any(pc.equal(values[1:], values[:-1])).as_py():
             return None
     categories = pd.Index(values.to_pandas(), dtype=_STR)
-    mapping: npt.NDArray[np.integer[Any]] = np.full(size + 1, -1, dtype=_code_dtype(len(categories)))
+    mapping: npt.NDArray[np.integer[Any]] = np.full(size + 1, -1, dtype=_narrowest(len(categories)))
     mapping[kept[order]] = np.arange(len(kept))
     # One gather per chunk straight into the final codes: no concatenated copy of Arrow's indices.
     out = np.empty(len(column), dtype=mapping.dtype)
@@ -320,15 +300,6 @@ def _dictionary_categorical(column: pa.ChunkedArray) -> pd.Categorical[Any] | No
             np.take(mapping, codes, out=out[start:stop])
         start = stop
     return pd.Categorical.from_codes(out, dtype=pd.CategoricalDtype(categories, ordered=False), validate=False)
-
-
-def _code_dtype(categories: int) -> type[np.signedinteger[Any]]:
-    """The code dtype pandas gives a categorical of this many categories (so it keeps the codes as they
-    are)."""
-    for dtype in (np.int8, np.int16, np.int32):
-        if categories < np.iinfo(dtype).max:
-            return dtype
-    return np.int64
 
 
 def _read_jsonl(path: PathArg) -> _Raw:
@@ -355,20 +326,16 @@ def _read_jsonl(path: PathArg) -> _Raw:
 
 
 def _count_object_lines(data: bytes) -> int | None:
-    """The number of lines if every line starts with ``{`` (no blank or other line), else ``None``.
-
-    Two byte counts in C, instead of classifying every line: a raw newline cannot occur inside JSON.
-    """
+    """The number of lines if every line starts with ``{`` (no blank or other line), else ``None``: two
+    byte counts in C instead of classifying every line (a raw newline cannot occur inside JSON)."""
     lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     objects = data.count(b"\n{") + data.startswith(b"{")
     return lines if data and objects == lines else None
 
 
 def _object_lines(data: bytes) -> tuple[Ints, Ints, Ints, bool]:
-    """Line bounds, the lines holding a JSON object, and whether every non-blank line does.
-
-    Vectorised over the bytes; only lines that start with a blank are looked at one by one.
-    """
+    """Line bounds, the lines holding a JSON object, and whether every non-blank line does. Vectorised
+    over the bytes; only lines that start with a blank are looked at one by one."""
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == 0x0A)
     starts = np.r_[0, newlines + 1].astype(np.int64)
@@ -386,25 +353,13 @@ def _object_lines(data: bytes) -> tuple[Ints, Ints, Ints, bool]:
     return starts, ends, np.flatnonzero(is_object), bool(np.all(is_object | blank))
 
 
-_JSON_TYPES: Final = {
-    "run_id": pa.string(),
-    "node": pa.string(),
-    "gpu": pa.int64(),
-    "gpu_uuid": pa.string(),
-    "gpu_model": pa.string(),
-    "metric": pa.string(),
-    "value": pa.float64(),
-    "repeat": pa.int64(),
-    "peer": pa.string(),
-    "ts": pa.string(),
-}
+#: The JSON-lines schema: the Parquet types, with plain strings (and timestamps read as text).
+_JSON_TYPES: Final = {c: pa.string() if c in CATEGORY_COLUMNS or c == "ts" else _ARROW_TYPES[c] for c in RESULT_COLUMNS}
 
 
 def _jsonl_fast(payload: bytes, rows: Ints) -> _Raw | None:
-    """Parse with Arrow when every object line is clean; ``None`` sends the file to the exact parser.
-
-    ``payload`` holds only object lines (and maybe blank ones); ``rows`` is each object's line number.
-    """
+    """Parse ``payload`` (object lines, maybe blank ones; ``rows``: each object's line number) with Arrow
+    when every object line is clean; ``None`` sends the file to the exact parser."""
     try:
         table = pa_json.read_json(
             io.BytesIO(payload),
@@ -432,7 +387,7 @@ def _jsonl_fast(payload: bytes, rows: Ints) -> _Raw | None:
     if nothing.any():
         rows = rows[~nothing]
         table = table.filter(pa.array(~nothing))
-    return _Raw(_arrow_to_frame(table), rows)
+    return _Raw(_arrow_to_frame(table)[0], rows)
 
 
 def _jsonl_slow(data: bytes, starts: Ints, ends: Ints, objects: Ints) -> _Raw:

@@ -4,8 +4,8 @@ the concatenation of several files into one canonical table."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -21,16 +21,14 @@ from ._common import (
     _cat_codes,
     _extremes,
     _Findings,
+    _narrowest,
     _per_category,
     _recode,
     _Rows,
     _text_at,
 )
 
-#: The ``gpu_model`` the payload writes where NVML cannot tell (``gpucert.bench._devices``: no driver loaded).
 UNKNOWN_MODEL = "unknown"
-
-# Across rows --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -79,20 +77,8 @@ class _Codes:
         if mask.all():
             return self
         idx = np.flatnonzero(mask)
-        return _Codes(
-            frame=self.frame,
-            run=self.run[idx],
-            node=self.node[idx],
-            gpu=self.gpu[idx],
-            uuid=self.uuid[idx],
-            model=self.model[idx],
-            unknown_model=self.unknown_model,
-            metric=self.metric[idx],
-            repeat=self.repeat[idx],
-            peer=self.peer[idx],
-            event=self.event[idx],
-            pos=idx if self.pos is None else self.pos[idx],
-        )
+        per_row = {name: getattr(self, name)[idx] for name in _PER_ROW}
+        return replace(self, **per_row, pos=idx if self.pos is None else self.pos[idx])
 
     def positions(self, mask: Bools) -> tuple[Ints, Ints]:
         """Where ``mask`` is set: the indices into this subset and the frame's positions."""
@@ -112,15 +98,15 @@ class _Codes:
         return f" in run {self.text('run_id', i)!r}" if several else ""
 
 
+#: The fields of :class:`_Codes` with one entry per row.
+_PER_ROW: Final = ("run", "node", "gpu", "uuid", "model", "metric", "repeat", "peer", "event")
+
+
 def _gpu_indices(column: pd.Series) -> Codes:
     """The GPU indices, -1 where empty, in the narrowest integer type that holds them (a fleet's rows are
     millions: a quarter of the memory of int64 to touch)."""
     _, top = _extremes(column)
-    high = -1 if top is None else int(top)
-    for dtype in (np.int8, np.int16, np.int32):
-        if high < np.iinfo(dtype).max:
-            return column.to_numpy(dtype=dtype, na_value=-1)
-    return column.to_numpy(dtype=np.int64, na_value=-1)
+    return column.to_numpy(dtype=_narrowest(-1 if top is None else int(top)), na_value=-1)
 
 
 def _check_relations(codes: _Codes, found: _Findings) -> None:
@@ -131,10 +117,8 @@ def _check_relations(codes: _Codes, found: _Findings) -> None:
 
 
 def _check_duplicates(codes: _Codes, rows: _Codes, found: _Findings) -> None:
-    """A sample is (run_id, node, gpu, metric, repeat, peer); events (XIDs, errors) may repeat.
-
-    A key holds one metric, so its rows are all events or none: dropping event rows afterwards is exact.
-    """
+    """A sample is (run_id, node, gpu, metric, repeat, peer); events (XIDs, errors) may repeat. A key holds
+    one metric, so its rows are all events or none: dropping event rows afterwards is exact."""
     key, span = _group_ids(
         [(rows.run, 0), (rows.node, 0), (rows.gpu, 1), (rows.metric, 0), (rows.repeat, 0), (rows.peer, 1)]
     )
@@ -155,10 +139,8 @@ def _check_duplicates(codes: _Codes, rows: _Codes, found: _Findings) -> None:
 
 
 def _check_identities(codes: _Codes, rows: _Codes, found: _Findings) -> None:
-    """Within a run, one GPU (node, index) has one UUID, one UUID is one GPU, one node one GPU model.
-
-    Rows without a GPU index or without a UUID (node-level rows) say nothing about the first two.
-    """
+    """Within a run, one GPU (node, index) has one UUID, one UUID is one GPU, one node one GPU model. Rows
+    without a GPU index or without a UUID (node-level rows) say nothing about the first two."""
     stretches = _stretches(rows)
     if stretches is not None and all(c is None for c in _identity_conflicts(stretches)):
         return  # the usual case, known from a fraction of the rows
@@ -283,7 +265,9 @@ def _group_ids(parts: Sequence[tuple[Codes, int]]) -> tuple[Codes, int]:
     digits = [(part, offset, int(part.max(initial=-offset)) + offset + 1) for part, offset in parts]
     # A part with one value only (a single run, no peers) tells no rows apart.
     digits = sorted((d for d in digits if d[2] > 1), key=lambda d: d[2])
-    limit = _dense_limit(n)
+    # A table indexed by id costs 4 to 8 bytes an entry: a few entries per row, or 4M, is cheap; a wider key
+    # goes through a hash factorization instead.
+    limit = 4 * n + (1 << 22)
     small = limit + len(digits) * n < 2**31  # every span met below stays under limit + n per digit
     key: Codes = np.zeros(n, dtype=np.int32 if small else np.int64)
     span = 1
@@ -319,12 +303,6 @@ def _sparse_digit(key: Codes, span: int, part: Codes, offset: int, radix: int) -
     out = key.copy()
     out[rows] = codes + span
     return out, span + len(uniques)
-
-
-def _dense_limit(n: int) -> int:
-    # A table indexed by id costs 4 to 8 bytes an entry: a few entries per row, or 4M, is cheap; a wider
-    # key goes through a hash factorization instead.
-    return 4 * n + (1 << 22)
 
 
 def _repeated(key: Codes, span: int, events: Bools | None = None) -> Bools | None:
@@ -384,11 +362,8 @@ def _conflicting(group: Codes, value: Codes, span: int, among: Bools | None = No
 
 
 def _tidy_categories(frame: pd.DataFrame, tidy: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """Sorted categories, each one used: the same table reads the same from any format.
-
-    ``tidy`` names columns known canonical already, by their dtype (:attr:`._read._Raw.tidy`): one that
-    still has that very dtype object is skipped, sparing a pass over a fleet's codes.
-    """
+    """Sorted categories, each one used: the same table reads the same from any format. A column of
+    ``tidy`` (:attr:`._read._Raw.tidy`) that still has that very dtype object is canonical already."""
     changed = {}
     for name in CATEGORY_COLUMNS:
         column = frame[name]

@@ -21,9 +21,6 @@ from ._read import _ARROW_TYPES
 #: The Parquet schema of a results file: strings as dictionaries, every column typed even when all empty.
 PARQUET_SCHEMA: Final = pa.schema([(name, _ARROW_TYPES[name]) for name in RESULT_COLUMNS])
 
-# ---------------------------------------------------------------------------------------------------------
-# Writing files
-
 
 def _write_parquet(frame: pd.DataFrame, path: PathArg) -> None:
     # Categoricals become dictionary columns, which the reader takes back as categoricals directly; the

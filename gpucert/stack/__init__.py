@@ -1,21 +1,12 @@
 """The GPU stack configure installs: what a node is, which stack fits it, its manifests, its rollout.
 
-Layers, each importing only those above it:
-
-* :mod:`._model` — the shared values: :class:`NodeInfo`, :class:`StackRequest`, :class:`StackPlan`, …;
-* :mod:`._matrix` — the compatibility matrix (``gpucert/data/compatibility.yaml``) and :func:`load_matrix`;
-* :mod:`._plan` — :func:`plan_stack`, preflight's decision, which refuses an incompatible request with a
-  :class:`~gpucert.errors.StackConflict` before anything is written;
-* :mod:`._render` — :func:`render_stack` (``templates/stack``, strict and injection-proof) and
-  :func:`write_manifests` for ``--dry-run``;
-* :mod:`._labels`, :mod:`._inventory` — the node labels read and written; :func:`take_inventory`;
-* :mod:`._rollout` — apply, label, wait per node, verify GPUs, observe versions (through :mod:`gpucert.kube`);
-* :mod:`._record` — what the fleet was configured with, kept in the cluster (ConfigMap ``gpucert-stack``),
-  which a configure limited to some nodes follows;
-* :mod:`._operator` — the NVIDIA GPU Operator a cluster already runs: what installs the stack, adopting the
-  operator (its release against the matrix, version changes through its ClusterPolicy or NVIDIADrivers,
-  the driver rollout followed node by node);
-* :mod:`._drift`, :mod:`._outcome` — what is off the chosen versions; what a run did.
+The modules: :mod:`._model` (the values shared: :class:`NodeInfo`, :class:`StackRequest`, :class:`StackPlan`,
+…), :mod:`._matrix` (the compatibility matrix), :mod:`._plan` (:func:`plan_stack`, which refuses an
+incompatible request before anything is written), :mod:`._render` (the manifests; ``--dry-run``),
+:mod:`._labels` and :mod:`._inventory` (the node labels read and written), :mod:`._rollout` (apply, label,
+wait per node, verify), :mod:`._record` (what the fleet was configured with, kept in the cluster),
+:mod:`._operator` (adopting the NVIDIA GPU Operator a cluster already runs), :mod:`._drift` and
+:mod:`._outcome` (what is off the chosen versions; what a run did). docs/design/configure.md tells the runbook.
 """
 
 from __future__ import annotations
@@ -23,32 +14,12 @@ from __future__ import annotations
 from ..errors import InstallerConflict, MatrixError, StackConflict, StackNotReady
 from ._drift import Drift, find_drift
 from ._inventory import DEFAULT_GPU_SELECTOR, node_info, pick_targets, take_inventory
-from ._labels import (
-    check_label_prefix,
-    dns_label_ok,
-    dns_subdomain_ok,
-    driver_label,
-    label_value_ok,
-    release_label,
-    stack_label,
-    version_label,
-)
-from ._matrix import (
-    RELEASE_COMPONENTS,
-    ComponentPin,
-    DriverBranch,
-    DriverChoice,
-    KubernetesRange,
-    Matrix,
-    Release,
-    load_matrix,
-)
+from ._labels import check_label_prefix, dns_label_ok, dns_subdomain_ok, driver_label, label_value_ok
+from ._matrix import RELEASE_COMPONENTS, Matrix, Release, load_matrix
 from ._model import COMPONENTS, DriverVariant, Manifest, NodeInfo, StackPlan, StackRequest
 from ._operator import (
     GPU_OPERATOR,
-    INSTALLERS,
     OWN,
-    UPGRADE_DONE,
     UPGRADE_FAILED,
     UPGRADE_STATE,
     OperatorChange,
@@ -105,25 +76,19 @@ __all__ = [
     "COMPONENTS",
     "DEFAULT_GPU_SELECTOR",
     "GPU_OPERATOR",
-    "INSTALLERS",
     "NODES_SHOWN",
     "OWN",
     "RECORD_NAME",
     "RELEASE_COMPONENTS",
     "STACK_NAMESPACE",
     "TARGET_CHARS",
-    "UPGRADE_DONE",
     "UPGRADE_FAILED",
     "UPGRADE_STATE",
     "Applied",
-    "ComponentPin",
     "ConfigureOutcome",
     "Drift",
-    "DriverBranch",
-    "DriverChoice",
     "DriverVariant",
     "InstallerConflict",
-    "KubernetesRange",
     "Manifest",
     "Matrix",
     "MatrixError",
@@ -175,18 +140,15 @@ __all__ = [
     "read_record",
     "record_departures",
     "record_manifest",
-    "release_label",
     "render_rbac",
     "render_stack",
     "rollout_check",
     "rollout_pending",
-    "stack_label",
     "stack_pods",
     "survey_stack",
     "take_inventory",
     "target_name",
     "untolerated_taints",
-    "version_label",
     "wait_until",
     "write_manifests",
     "write_operator_changes",

@@ -1,8 +1,7 @@
 """Drift: GPU nodes that do not run the versions configure chose, and why.
 
-Configure ends by listing them (a Prefect table artifact and the flow's result) rather than failing:
-a node that opted out of a component, a host driver other than the stack's choice, a node configured
-earlier with other versions and not part of this run — each is a fact for a person to weigh.
+Configure lists them rather than failing: an opted-out component, a host driver other than the stack's
+choice, a node configured earlier with other versions — each is a fact for a person to weigh.
 """
 
 from __future__ import annotations
@@ -42,17 +41,10 @@ def _target_drift(plan: StackPlan, info: NodeInfo, running: Mapping[str, str]) -
             out.append(Drift(info.name, component, want, have, "runs another version" if have else "not running"))
     model = info.gpu_model
     if info.name in plan.host_driver and model is not None and model in plan.model_driver:
-        chosen = plan.model_driver[model]
-        if plan.host_driver[info.name] != chosen:
-            out.append(
-                Drift(
-                    info.name,
-                    "driver",
-                    chosen,
-                    plan.host_driver[info.name],
-                    f"host driver kept; the stack's driver for {info.gpu_model} is {chosen}",
-                )
-            )
+        chosen, host = plan.model_driver[model], plan.host_driver[info.name]
+        if host != chosen:
+            why = f"host driver kept; the stack's driver for {info.gpu_model} is {chosen}"
+            out.append(Drift(info.name, "driver", chosen, host, why))
     return out
 
 

@@ -1,9 +1,7 @@
 """Preflight's inventory: what each GPU node is, read from its Node object (nothing runs on the host).
 
-A host driver is recognised the way the GPU Operator marks one — ``nvidia.com/gpu.deploy.driver=
-pre-installed`` — and its version read from GPU feature discovery's labels (see :mod:`._labels`). A
-node marked pre-installed without a readable version gets ``host_driver=""``: the planner refuses it,
-since an unknown driver cannot be verified against the matrix.
+A node the GPU Operator marks ``nvidia.com/gpu.deploy.driver=pre-installed`` without a readable driver
+version gets ``host_driver=""``, which the planner refuses: an unknown driver cannot be checked.
 """
 
 from __future__ import annotations
@@ -20,10 +18,6 @@ __all__ = ["DEFAULT_GPU_SELECTOR", "node_info", "pick_targets", "take_inventory"
 
 #: Which nodes are GPU nodes, unless told otherwise (NFD/GFD set it on every node with an NVIDIA GPU).
 DEFAULT_GPU_SELECTOR = f"{GPU_PRESENT}=true"
-
-
-def _product(model: str) -> str:
-    return model.replace(" ", "-")
 
 
 def _host_driver(labels: Mapping[str, str]) -> str | None:
@@ -50,7 +44,7 @@ def node_info(node: Mapping[str, Any], known_models: Iterable[str] = ()) -> Node
     product = labels.get(GPU_PRODUCT)
     model = None
     if product:
-        model = next((m for m in known_models if _product(m) == product), product.replace("-", " "))
+        model = next((m for m in known_models if m.replace(" ", "-") == product), product.replace("-", " "))
     try:
         count = int(labels[GPU_COUNT]) if GPU_COUNT in labels else None
     except ValueError:
@@ -81,10 +75,8 @@ def take_inventory(
 
 
 def pick_targets(inventory: Sequence[NodeInfo], names: Sequence[str] | None) -> list[NodeInfo]:
-    """The nodes of ``inventory`` named in ``names`` (all of them when None or empty).
-
-    Raises :class:`InputError` naming every one of ``names`` that is not a GPU node of the inventory.
-    """
+    """The nodes of ``inventory`` named in ``names`` (all of them when None or empty); raises
+    :class:`InputError` naming every one of ``names`` that is not a GPU node of the inventory."""
     if not names:
         return list(inventory)
     by_name = {info.name: info for info in inventory}

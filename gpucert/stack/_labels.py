@@ -1,18 +1,10 @@
-"""The node labels configure reads and writes, in one place.
+"""The node labels configure reads and writes, in one place (docs/reference/labels-taints-conditions.md).
 
-Read (set by NVIDIA's GPU feature discovery, NFD or the provisioning that registered the node):
-``nvidia.com/gpu.present``, ``nvidia.com/gpu.product`` (the NVML name with spaces as dashes),
-``nvidia.com/gpu.count``, the GPU Operator's per-node opt-outs ``nvidia.com/gpu.deploy.<component>``
-(``false`` keeps a component off the node; ``pre-installed`` on the driver says the host has its own),
-and a host driver's version as GFD publishes it (``nvidia.com/cuda.driver-version.full``, or
-``nvidia.com/cuda.driver.major``/``.minor``/``.rev`` from GFD before v0.15).
-
-Written, under gpucert's prefix (default ``gpucert.io``):
-
-* ``<prefix>/stack=managed`` — the node takes gpucert's stack; every stack DaemonSet selects on it,
-  so a node gets the stack when configure (or onboarding) says so, not merely by joining;
-* ``<prefix>/driver=<variant>`` — which driver DaemonSet runs there (absent on host-driver nodes);
-* ``<prefix>/stack.release`` and ``<prefix>/stack.<component>`` — the versions verified running there.
+Read: NVIDIA's GPU feature discovery and NFD labels (``nvidia.com/gpu.present``, ``.product``, ``.count``),
+the GPU Operator's per-node opt-outs ``nvidia.com/gpu.deploy.<component>`` and a host driver's version.
+Written, under gpucert's prefix: ``<prefix>/stack=managed`` (every stack DaemonSet selects on it, so a node
+gets the stack when configure says so, not merely by joining), ``<prefix>/driver=<variant>`` and the
+versions verified running there, ``<prefix>/stack.release`` and ``<prefix>/stack.<component>``.
 """
 
 from __future__ import annotations

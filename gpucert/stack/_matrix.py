@@ -1,25 +1,22 @@
 """The compatibility matrix: which driver, toolkit, device plugin and exporter go together, and where.
 
-The facts live in ``gpucert/data/compatibility.yaml`` (each block with its source). :func:`load_matrix`
-reads it, or a user's file of the same shape, into frozen pydantic models that forbid unknown keys and
-check every fact the planner relies on: versions are well formed, a release's default driver belongs to
-one of its branches and is a known release of that branch, every architecture a branch or a GPU model
-names is known, a Kubernetes range runs upwards, no release appears twice. A bad file is a
-:class:`~gpucert.errors.MatrixError` whose lines each name the file and the field path
-(``compatibility.yaml: releases[1].kubernetes.max: ...``).
+:func:`load_matrix` reads ``gpucert/data/compatibility.yaml`` (docs/design/configure.md, "The compatibility
+matrix"), or a user's file of the same shape, into frozen models that forbid unknown keys and check every
+fact the planner relies on. A bad file is a :class:`~gpucert.errors.MatrixError` whose lines each name the
+file and the field path (``compatibility.yaml: releases[1].kubernetes.max: ...``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -65,10 +62,8 @@ _CUDA = r"^\d{1,2}(\.\d{1,2})?$"
 
 
 def driver_key(version: str) -> tuple[int, ...]:
-    """The driver version as numbers, for ordering (``"580.95.05"`` → ``(580, 95, 5)``).
-
-    Raises ``ValueError`` when ``version`` is not a dotted number.
-    """
+    """The driver version as numbers, for ordering (``"580.95.05"`` → ``(580, 95, 5)``); ``ValueError``
+    when ``version`` is not a dotted number."""
     return tuple(int(part) for part in version.split("."))
 
 
@@ -92,15 +87,15 @@ class _Strict(BaseModel):
 
 
 def _unique(values: list[str], what: str) -> list[str]:
-    seen: set[str] = set()
-    dups: list[str] = []
-    for value in values:
-        if value in seen and value not in dups:
-            dups.append(value)
-        seen.add(value)
+    dups = dict.fromkeys(v for i, v in enumerate(values) if v in values[:i])
     if dups:
         raise ValueError(f"{what} listed more than once: {', '.join(dups)}")
     return values
+
+
+def _unique_list(what: str) -> AfterValidator:
+    """A field validator refusing a list that names one ``what`` twice."""
+    return AfterValidator(lambda values: _unique(values, what))
 
 
 class KubernetesRange(_Strict):
@@ -170,7 +165,7 @@ class Release(_Strict):
     source: str = Field(min_length=1)
     kubernetes: KubernetesRange
     os: list[str] = Field(min_length=1)
-    runtimes: list[Literal["containerd", "cri-o"]] = Field(min_length=1)
+    runtimes: Annotated[list[Literal["containerd", "cri-o"]], _unique_list("runtime")] = Field(min_length=1)
     driver: DriverChoice
     dcgm: str = Field(pattern=r"^\d+\.\d+\.\d+$")
     components: dict[str, ComponentPin]
@@ -182,11 +177,6 @@ class Release(_Strict):
         if bad:
             raise ValueError(f"not driver-image OS tags (ubuntuNN.NN, rhelN.N, rockyN.N): {', '.join(bad)}")
         return _unique(value, "OS tag")
-
-    @field_validator("runtimes")
-    @classmethod
-    def _runtimes_unique(cls, value: list[str]) -> list[str]:
-        return _unique(value, "runtime")
 
     @field_validator("components")
     @classmethod
@@ -223,13 +213,8 @@ class DriverBranch(_Strict):
     """A driver branch: the newest CUDA it runs, the architectures it drives, its known releases."""
 
     cuda: str = Field(pattern=_CUDA)
-    architectures: list[str] = Field(min_length=1)
+    architectures: Annotated[list[str], _unique_list("architecture")] = Field(min_length=1)
     releases: list[str] = Field(min_length=1)
-
-    @field_validator("architectures")
-    @classmethod
-    def _architectures_unique(cls, value: list[str]) -> list[str]:
-        return _unique(value, "architecture")
 
     @field_validator("releases")
     @classmethod
@@ -260,7 +245,7 @@ class Matrix(_Strict):
     """The whole compatibility matrix, with the queries the planner asks of it."""
 
     images: dict[str, str]
-    architectures: list[str] = Field(min_length=1)
+    architectures: Annotated[list[str], _unique_list("architecture")] = Field(min_length=1)
     drivers: dict[str, DriverBranch] = Field(min_length=1)
     gpu_models: dict[str, str] = Field(min_length=1)
     minimum_drivers: dict[str, str] = Field(default_factory=dict)
@@ -279,11 +264,6 @@ class Matrix(_Strict):
         if bad:
             raise ValueError(f"not image repositories (host/path, no tag): {'; '.join(bad)}")
         return value
-
-    @field_validator("architectures")
-    @classmethod
-    def _architectures(cls, value: list[str]) -> list[str]:
-        return _unique(value, "architecture")
 
     @model_validator(mode="after")
     def _consistent(self) -> Matrix:
@@ -351,18 +331,8 @@ class Matrix(_Strict):
     def find_release(self, name: str) -> Release | None:
         """The release called ``name`` (``26.3.1``, ``v26.3.1``), or the newest patch of ``YY.M``; else None."""
         wanted = name.strip().removeprefix("v")
-        for release in self.releases_newest_first():
-            if release.name == wanted or release.name.startswith(wanted + "."):
-                return release
-        return None
-
-    def release(self, name: str) -> Release:
-        """Like :meth:`find_release`, but raises ``KeyError`` naming the known releases when none fits."""
-        found = self.find_release(name)
-        if found is None:
-            known = ", ".join(r.name for r in self.releases_newest_first())
-            raise KeyError(f"unknown release {name!r} (the matrix knows {known})")
-        return found
+        releases = self.releases_newest_first()
+        return next((r for r in releases if r.name == wanted or r.name.startswith(wanted + ".")), None)
 
     def architecture(self, model: str) -> str | None:
         """The architecture of the GPU model ``model`` (NVML name, dashes or spaces), None when unknown."""
@@ -372,10 +342,7 @@ class Matrix(_Strict):
     def min_driver(self, model: str) -> str | None:
         """The first driver version ``model`` runs on when later than its branch's start, else None."""
         wanted = model_key(model)
-        for name, version in self.minimum_drivers.items():
-            if model_key(name) == wanted:
-                return version
-        return None
+        return next((v for name, v in self.minimum_drivers.items() if model_key(name) == wanted), None)
 
     @staticmethod
     def branch_of(driver_version: str) -> str:
@@ -403,28 +370,17 @@ class Matrix(_Strict):
         return self.images[component]
 
 
-def _where(loc: tuple[int | str, ...]) -> str:
-    return _path(*loc) if loc else ""
-
-
 def _problems(exc: ValidationError) -> list[str]:
     lines: list[str] = []
     for err in exc.errors():
         message = str(err["msg"]).removeprefix("Value error, ")
-        where = _where(tuple(err["loc"]))
+        where = _path(*err["loc"])
         if where:
             lines.append(f"{where}: {message}")
         else:
             # Cross-field checks already name their field paths, one per line.
             lines.extend(message.splitlines())
     return lines
-
-
-def _build(raw: Mapping[str, Any], source: str) -> Matrix:
-    try:
-        return Matrix.model_validate(raw)
-    except ValidationError as exc:
-        raise MatrixError("\n".join(f"{source}: {line}" for line in _problems(exc))) from None
 
 
 def _parse(text: str, source: str) -> Matrix:
@@ -439,7 +395,10 @@ def _parse(text: str, source: str) -> Matrix:
         raise MatrixError(f"{source}: not valid YAML (a mapping key is a list or a mapping)") from None
     if not isinstance(loaded, dict):
         raise MatrixError(f"{source}: a compatibility matrix is a mapping of sections, got {type(loaded).__name__}")
-    return _build(loaded, source)
+    try:
+        return Matrix.model_validate(loaded)
+    except ValidationError as exc:
+        raise MatrixError("\n".join(f"{source}: {line}" for line in _problems(exc))) from None
 
 
 @cache
@@ -449,11 +408,8 @@ def _packaged() -> Matrix:
 
 
 def load_matrix(path: Path | None = None) -> Matrix:
-    """The compatibility matrix: the packaged one, or the YAML file at ``path``.
-
-    Raises :class:`~gpucert.errors.MatrixError` when the file cannot be read, is not YAML, or breaks the
-    matrix's rules; each line of the message names the file and the field path.
-    """
+    """The compatibility matrix: the packaged one, or the YAML file at ``path``; raises
+    :class:`~gpucert.errors.MatrixError` when the file cannot be read, is not YAML, or breaks the rules."""
     if path is None:
         return _packaged()
     try:

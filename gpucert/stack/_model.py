@@ -1,7 +1,6 @@
 """The values configure passes between its steps: what a node is, what was asked, what was chosen.
 
-Plain frozen dataclasses, no behaviour beyond small conveniences, so the planner
-(:mod:`._plan`), the renderer (:mod:`._render`) and the flow share one vocabulary and each can be
+Plain frozen dataclasses, so the planner, the renderer and the flow share one vocabulary and each can be
 tested on its own.
 """
 
@@ -101,13 +100,9 @@ class StackPlan:
 
     def expected_versions(self, node: str) -> dict[str, str]:
         """Component → version this node should run once configured."""
-        versions = dict(self.versions)
         if node in self.host_driver:
-            versions["driver"] = self.host_driver[node]
-        else:
-            variant = {v.id: v for v in self.drivers}[self.node_driver[node]]
-            versions["driver"] = variant.version
-        return versions
+            return {**self.versions, "driver": self.host_driver[node]}
+        return {**self.versions, "driver": {v.id: v.version for v in self.drivers}[self.node_driver[node]]}
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,18 @@
 """The NVIDIA GPU Operator a cluster already runs: recognise it, plan against it, change it, follow it.
 
-Almost every GPU cluster gets its stack from the GPU Operator (a ``ClusterPolicy``, optionally
-``NVIDIADriver`` resources per node pool). gpucert never installs a second stack beside it:
-
-* :func:`survey_stack` says what installs the stack — the operator (its ClusterPolicy or NVIDIADrivers, its
-  operand DaemonSets, its node labels, its release from its Deployment or labels), gpucert's own DaemonSets,
-  operands some other installer runs, host drivers — and on which nodes;
-* :func:`choose_installer` picks configure's path: adopt the operator, gpucert's own manifests where nothing
-  else runs the stack, or a refusal (:class:`~gpucert.errors.InstallerConflict`, exit 2) naming both
-  installers when two would run it;
-* :func:`operator_release` finds the operator's release in the compatibility matrix (a patch release the
-  matrix does not list yet is planned against its minor's newest listed release);
-* :func:`operator_changes` turns a plan into what the operator is told: the ClusterPolicy's component
-  versions, or the ``spec.version`` of the NVIDIADriver of each affected node pool when the ClusterPolicy
-  delegates the driver to NVIDIADriver resources (server-side apply, gpucert's field manager). The
-  operator's DaemonSets are never edited: the operator owns them and would put them back;
-* :func:`rollout_pending` follows a driver change node by node through the upgrade controller's
-  ``nvidia.com/gpu-driver-upgrade-state`` label and the driver pod's version (the ClusterPolicy reads
-  ``ready`` before the last node is done, so its state alone says nothing of the rollout);
-* :func:`operand_versions` reads the versions each node runs from the operand pods' images;
-* :func:`exporter_sources` says where operate finds the DCGM exporters: gpucert's own Service, the
-  operator's (in the namespace its exporter pods run in), or both.
+gpucert never installs a second stack beside the operator (docs/design/configure.md, "A cluster that already
+runs the GPU Operator"; docs/decisions/016). :func:`survey_stack` says what installs the stack and where,
+:func:`choose_installer` picks configure's path or refuses two installers, :func:`operator_release` finds the
+operator's release in the matrix, :func:`operator_changes` turns a plan into server-side applies to its
+ClusterPolicy or NVIDIADrivers (never to its DaemonSets: the operator owns them and would put them back), and
+:func:`rollout_pending` follows a driver change node by node through the upgrade controller's state label and
+the driver pod's version (the ClusterPolicy reads ``ready`` before the last node is done).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,13 +28,13 @@ from ._inventory import node_info
 from ._labels import DEPLOY_PREFIX, PRE_INSTALLED, version_label
 from ._matrix import Matrix, Release
 from ._model import COMPONENTS, NodeInfo, StackPlan
+from ._plan import shown_nodes
 from ._render import check_output_dir
+from ._rollout import pod_ready
 
 __all__ = [
     "GPU_OPERATOR",
-    "INSTALLERS",
     "OWN",
-    "UPGRADE_DONE",
     "UPGRADE_FAILED",
     "UPGRADE_STATE",
     "OperatorChange",
@@ -113,7 +99,6 @@ _OPERAND_IMAGES = {
 _DRIVER_VERSION = re.compile(r"^(\d{3,4}\.\d{1,3}(?:\.\d{1,3})?)(?:-|$)")
 # An image tag's OS or flavour suffix: `-distroless`, `-ubuntu22.04`, `-ubi9`, `-rhel9.4`.
 _TAG_SUFFIX = re.compile(r"-(?:distroless|ubuntu\d+\.\d+|ubi\d+|rhel\d+(?:\.\d+)?|rocky\d+(?:\.\d+)?)$")
-_NODES_SHOWN = 5
 
 
 def normalise_version(component: str, value: str) -> str:
@@ -124,12 +109,6 @@ def normalise_version(component: str, value: str) -> str:
         match = _DRIVER_VERSION.match(value)
         return match.group(1) if match else value
     return _TAG_SUFFIX.sub("", value)
-
-
-def _names(nodes: Iterable[str]) -> str:
-    named = sorted(nodes)
-    more = f" and {len(named) - _NODES_SHOWN} more" if len(named) > _NODES_SHOWN else ""
-    return ", ".join(named[:_NODES_SHOWN]) + more
 
 
 def _tag(image: str) -> str:
@@ -200,14 +179,9 @@ class StackSurvey:
 
     @property
     def installers(self) -> tuple[str, ...]:
-        found = []
-        if self.operator is not None and (self.operator.policy or self.operator.daemonsets):
-            found.append(GPU_OPERATOR)
-        if self.own_daemonsets:
-            found.append(OWN)
-        if self.other_daemonsets:
-            found.append("other")
-        return tuple(found)
+        operator = self.operator is not None and bool(self.operator.policy or self.operator.daemonsets)
+        present = {GPU_OPERATOR: operator, OWN: bool(self.own_daemonsets), "other": bool(self.other_daemonsets)}
+        return tuple(name for name, there in present.items() if there)
 
     def lines(self) -> list[str]:
         """What was found, one plain sentence each."""
@@ -216,7 +190,7 @@ class StackSurvey:
             where = [n for n, i in self.node_installers.items() if GPU_OPERATOR in i]
             out.append(
                 f"{self.operator.describe()}; its operands run on {len(where)} nodes"
-                + (f" ({_names(where)})" if where else "")
+                + (f" ({shown_nodes(sorted(where))})" if where else "")
             )
         else:
             out.append("no NVIDIA GPU Operator (no ClusterPolicy, no operand DaemonSet)")
@@ -228,11 +202,11 @@ class StackSurvey:
         if self.host_driver_nodes:
             out.append(
                 f"host drivers (pre-installed) on {len(self.host_driver_nodes)} nodes "
-                f"({_names(self.host_driver_nodes)})"
+                f"({shown_nodes(sorted(self.host_driver_nodes))})"
             )
         both = [n for n, i in self.node_installers.items() if len(i) > 1]
         if both:
-            out.append(f"{len(both)} nodes run stack pods of two installers: {_names(both)}")
+            out.append(f"{len(both)} nodes run stack pods of two installers: {shown_nodes(sorted(both))}")
         return out
 
 
@@ -350,12 +324,8 @@ def survey_stack(kube: Kube, inventory: Sequence[NodeInfo]) -> StackSurvey:
 
 
 def choose_installer(survey: StackSurvey, asked: str = "auto") -> str:
-    """``gpu-operator`` (adopt it) or ``gpucert`` (own manifests) for ``asked`` (one of :data:`INSTALLERS`).
-
-    Raises :class:`InstallerConflict` (exit 2, nothing written) when two installers would run the stack:
-    the operator and gpucert's own DaemonSets both there, gpucert asked for where another installer runs
-    the stack, or the operator asked for where it does not run.
-    """
+    """``gpu-operator`` (adopt it) or ``gpucert`` (own manifests) for ``asked`` (one of :data:`INSTALLERS`);
+    raises :class:`InstallerConflict` (exit 2, nothing written) when two installers would run the stack."""
     if asked not in INSTALLERS:
         raise InstallerConflict([f"unknown installer {asked!r} (known: {', '.join(INSTALLERS)})"])
     operator, found = survey.operator, survey.installers
@@ -365,7 +335,8 @@ def choose_installer(survey: StackSurvey, asked: str = "auto") -> str:
         raise InstallerConflict(
             [
                 f"{operator.describe()} and gpucert's own stack ({', '.join(survey.own_daemonsets)}) both install "
-                f"the GPU stack" + (f"; both run pods on {len(both)} nodes ({_names(both)})" if both else ""),
+                f"the GPU stack"
+                + (f"; both run pods on {len(both)} nodes ({shown_nodes(sorted(both))})" if both else ""),
                 "remove one: gpucert's DaemonSets (kubectl delete -n <namespace> daemonset -l "
                 "app.kubernetes.io/part-of=gpucert) to let configure adopt the operator, or the operator",
             ],
@@ -388,7 +359,8 @@ def choose_installer(survey: StackSurvey, asked: str = "auto") -> str:
             ],
             header="--installer gpucert refused: the GPU Operator runs the GPU stack",
         )
-    if asked == GPU_OPERATOR and (operator is None or operator.policy is None):
+    adoptable = operator is not None and operator.policy is not None
+    if asked == GPU_OPERATOR and not adoptable:
         raise InstallerConflict(
             [
                 "no ClusterPolicy: the GPU Operator does not run the stack here (run configure without "
@@ -396,18 +368,16 @@ def choose_installer(survey: StackSurvey, asked: str = "auto") -> str:
             ],
             header="--installer gpu-operator refused: no GPU Operator runs the GPU stack",
         )
-    if GPU_OPERATOR in found:
-        if operator is None or operator.policy is None:
-            raise InstallerConflict(
-                [
-                    "operand DaemonSets of the GPU Operator run "
-                    f"({', '.join(operator.daemonsets if operator else ())}) "
-                    "but there is no ClusterPolicy to change them through"
-                ],
-                header="the GPU Operator's operands run without a ClusterPolicy",
-            )
-        return GPU_OPERATOR
-    return OWN
+    if GPU_OPERATOR in found and not adoptable:
+        raise InstallerConflict(
+            [
+                "operand DaemonSets of the GPU Operator run "
+                f"({', '.join(operator.daemonsets if operator else ())}) "
+                "but there is no ClusterPolicy to change them through"
+            ],
+            header="the GPU Operator's operands run without a ClusterPolicy",
+        )
+    return GPU_OPERATOR if GPU_OPERATOR in found else OWN
 
 
 def operator_release(matrix: Matrix, version: str | None) -> Release:
@@ -422,13 +392,10 @@ def operator_release(matrix: Matrix, version: str | None) -> Release:
             ]
         )
     name = version.strip().removeprefix("v")
-    exact = matrix.find_release(name)
-    if exact is not None:
-        return exact
-    minor = ".".join(name.split(".")[:2])
-    same_minor = [r for r in matrix.releases_newest_first() if ".".join(r.name.split(".")[:2]) == minor]
-    if same_minor:
-        return same_minor[0]
+    # find_release("26.7") is the newest release of that minor.
+    found = matrix.find_release(name) or matrix.find_release(".".join(name.split(".")[:2]))
+    if found is not None:
+        return found
     known = ", ".join(r.name for r in matrix.releases_newest_first())
     raise StackConflict(
         [f"the GPU Operator {version} is not in the compatibility matrix (it knows {known})"],
@@ -482,12 +449,9 @@ def _pools(inventory: Sequence[NodeInfo], nodes: Sequence[str]) -> dict[str, lis
 def operator_changes(
     operator: OperatorStack, plan: StackPlan, pinned: Mapping[str, str], inventory: Sequence[NodeInfo]
 ) -> list[OperatorChange]:
-    """What to apply so the operator runs ``pinned`` (component → version asked for) on the plan's nodes.
-
-    Only what was asked and differs is written: the ClusterPolicy's ``spec.<component>.version`` (the plan's
-    image tag), or, in NVIDIADriver mode, the driver's ``spec.version`` of each NVIDIADriver owning a target
-    node. Nothing asked, nothing changed: adopting writes nothing of the operator's.
-    """
+    """What to apply so the operator runs ``pinned`` (component → version asked for) on the plan's nodes:
+    only what was asked and differs, in the ClusterPolicy's ``spec.<component>.version`` (the plan's image
+    tag) or, in NVIDIADriver mode, the ``spec.version`` of each NVIDIADriver owning a target node."""
     if operator.policy is None:
         return []
     policy_spec: dict[str, Any] = {}
@@ -503,12 +467,7 @@ def operator_changes(
         if component == "driver" and operator.uses_nvidia_drivers:
             for name, nodes in _pools(inventory, [n for n in plan.nodes if n not in plan.host_driver]).items():
                 if normalise_version("driver", operator.drivers.get(name, "")) != want:
-                    body = {
-                        "apiVersion": NVIDIA_DRIVER[0],
-                        "kind": NVIDIA_DRIVER[1],
-                        "metadata": {"name": name},
-                        "spec": {"version": want},
-                    }
+                    body = _object(NVIDIA_DRIVER, name, {"version": want})
                     out.append(OperatorChange(body, {"driver": (operator.drivers.get(name, ""), want)}, tuple(nodes)))
             continue
         if have == want:
@@ -517,14 +476,13 @@ def operator_changes(
         policy_spec[SPEC_KEYS[component]] = {"version": tag}
         policy_changes[component] = (have, want)
     if policy_spec:
-        body = {
-            "apiVersion": CLUSTER_POLICY[0],
-            "kind": CLUSTER_POLICY[1],
-            "metadata": {"name": operator.policy},
-            "spec": policy_spec,
-        }
-        out.insert(0, OperatorChange(body, policy_changes, tuple(plan.nodes)))
+        out.insert(0, OperatorChange(_object(CLUSTER_POLICY, operator.policy, policy_spec), policy_changes, plan.nodes))
     return out
+
+
+def _object(kind: tuple[str, str], name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The object of the operator's ``kind`` (apiVersion, kind) named ``name`` that server-side applies ``spec``."""
+    return {"apiVersion": kind[0], "kind": kind[1], "metadata": {"name": name}, "spec": dict(spec)}
 
 
 def _image_of(pod: Mapping[str, Any], component: str) -> str:
@@ -536,58 +494,57 @@ def _image_of(pod: Mapping[str, Any], component: str) -> str:
     return str((containers[0] if containers else {}).get("image") or "")
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def _operand(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """An operator operand pod's component and version (normalised from its image tag)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    component = next((c for c, (k, v) in _OPERAND_PODS.items() if labels.get(k) == v), None)
+    return (component, normalise_version(component, _tag(_image_of(pod, component)))) if component else None
 
 
-def _operand_table(pods: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per operand pod: node, component, version (normalised from its image tag), ready."""
+def _own(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A pod of gpucert's own stack: its component and version (its labels carry both)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    component, version = labels.get("app.kubernetes.io/component"), labels.get("app.kubernetes.io/version")
+    return (str(component), str(version)) if component in COMPONENTS and version else None
+
+
+def _pod_table(
+    pods: Iterable[Mapping[str, Any]], what: Callable[[Mapping[str, Any]], tuple[str, str] | None]
+) -> pd.DataFrame:
+    """One row per placed pod ``what`` gives a (component, version): node, component, version, ready, created."""
     rows = []
     for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        node = (pod.get("spec") or {}).get("nodeName")
-        component = next((c for c, (k, v) in _OPERAND_PODS.items() if labels.get(k) == v), None)
-        if node and component:
-            version = normalise_version(component, _tag(_image_of(pod, component)))
+        node, found = (pod.get("spec") or {}).get("nodeName"), what(pod)
+        if node and found:
             created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-            rows.append((str(node), component, version, _ready(pod), created))
+            rows.append((str(node), *found, pod_ready(pod), created))
     return pd.DataFrame(rows, columns=["node", "component", "version", "ready", "created"])
+
+
+def _running(table: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(node, component) → the version its Ready pod runs; of two (the old one going) the newest says."""
+    ready = table.loc[table["ready"].astype(bool)].sort_values("created", kind="stable")
+    latest = ready.drop_duplicates(["node", "component"], keep="last")
+    return {(str(n), str(c)): str(v) for n, c, v in latest[["node", "component", "version"]].itertuples(index=False)}
 
 
 def operand_versions(pods: Iterable[Mapping[str, Any]], nodes: Sequence[str]) -> dict[str, dict[str, str]]:
     """Node → component → the version its Ready operand pod runs (``pods``: the operator's operand pods)."""
-    table = _operand_table(pods)
-    ready = table.loc[table["ready"].astype(bool) & table["node"].isin(list(nodes))]
-    # Two Ready pods of one component on a node (the old one going): the newest pod says what runs.
-    latest = ready.sort_values("created").drop_duplicates(["node", "component"], keep="last")
     out: dict[str, dict[str, str]] = {n: {} for n in nodes}
-    for node, component, version in latest[["node", "component", "version"]].itertuples(index=False):
-        out[str(node)][str(component)] = str(version)
+    for (node, component), version in _running(_pod_table(pods, _operand)).items():
+        if node in out:
+            out[node][component] = version
     return out
 
 
 def rollout_pending(
     nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], targets: Sequence[str], driver: str
 ) -> dict[str, str]:
-    """Target node → why its driver rollout to ``driver`` is not done (empty when every node is done).
-
-    Done on a node: the upgrade controller labelled it ``upgrade-done`` (or it has no state label, when
-    auto-upgrade is off) and a Ready driver pod there runs ``driver``, and the node is schedulable again.
-    """
+    """Target node → why its driver rollout to ``driver`` is not done: done is ``upgrade-done`` (or no state
+    label, when auto-upgrade is off), a Ready driver pod running ``driver``, and the node schedulable again."""
     labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {}) for n in nodes}
     cordoned = {str(n["metadata"]["name"]) for n in nodes if (n.get("spec") or {}).get("unschedulable")}
-    running = operand_versions(
-        [
-            p
-            for p in pods
-            if _OPERAND_PODS["driver"][1]
-            == ((p.get("metadata") or {}).get("labels") or {}).get(_OPERAND_PODS["driver"][0])
-        ],
-        targets,
-    )
+    running = operand_versions(pods, targets)
     pending = {}
     for node in targets:
         state = labels.get(node, {}).get(UPGRADE_STATE, "")
@@ -609,12 +566,9 @@ def stack_pods(kube: Kube) -> list[dict[str, Any]]:
 
 
 def exporter_sources(kube: Kube, stack_namespace: str) -> list[ExporterSource]:
-    """Where the DCGM exporters of whichever installer runs the stack are: gpucert's own exporter Service in
-    ``stack_namespace`` (always looked for: nothing there costs nothing), and the GPU Operator's
-    ``nvidia-dcgm-exporter`` Service in each namespace its exporter pods run in (usually ``gpu-operator``).
-
-    The operator's namespace is read from its operand pods, which the runtime role may already list in
-    every namespace: reading its ClusterPolicy or Deployment would need rights operate has no other use for.
+    """Where the DCGM exporters are: gpucert's own exporter Service in ``stack_namespace`` (always looked
+    for), and the GPU Operator's in each namespace its exporter pods run in. The namespace is read from the
+    pods, which the runtime role may list: its ClusterPolicy would need rights operate has no other use for.
     """
     pods = _list(kube, "v1", "Pod", label_selector=f"{_MANAGED_BY_OPERATOR},{OPERATOR_EXPORTER_SELECTOR}")
     namespaces = sorted({str(p["metadata"]["namespace"]) for p in pods if p["metadata"].get("namespace")})
@@ -682,18 +636,6 @@ def write_operator_changes(changes: Sequence[OperatorChange], directory: Path) -
     return [path]
 
 
-def _own_table(pods: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """gpucert's own stack pods as :func:`_operand_table` rows (their labels carry component and version)."""
-    rows = []
-    for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        node, component = (pod.get("spec") or {}).get("nodeName"), labels.get("app.kubernetes.io/component")
-        if node and component in COMPONENTS and labels.get("app.kubernetes.io/version"):
-            created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-            rows.append((str(node), component, str(labels["app.kubernetes.io/version"]), _ready(pod), created))
-    return pd.DataFrame(rows, columns=["node", "component", "version", "ready", "created"])
-
-
 def drift_since_configure(
     nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], prefix: str
 ) -> list[Drift]:
@@ -702,13 +644,7 @@ def drift_since_configure(
     stack's pods, the operator's and gpucert's): an operator upgrade, a ``helm upgrade``, a hand edit.
     A node configure never labelled is not judged; a host driver is read from its node's labels."""
     pods = list(pods)
-    table = pd.concat([_operand_table(pods), _own_table(pods)], ignore_index=True)
-    ready = (
-        table.loc[table["ready"].astype(bool)]
-        .sort_values("created")
-        .drop_duplicates(["node", "component"], keep="last")
-    )
-    running = {(str(n), str(c)): str(v) for n, c, v in ready[["node", "component", "version"]].itertuples(index=False)}
+    running = _running(pd.concat([_pod_table(pods, _operand), _pod_table(pods, _own)], ignore_index=True))
     out = []
     for node in nodes:
         info = node_info(node)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,15 +62,6 @@ class ConfigureOutcome(BaseModel):
         """GPU model → component → version, from a plan."""
         return {model: {"driver": driver, **plan.versions} for model, driver in sorted(plan.model_driver.items())}
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (lists for tuples; drift rows as dicts)."""
-        return self.model_dump(mode="json")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ConfigureOutcome:
-        """The inverse of :meth:`to_dict`; raises pydantic's ``ValidationError`` on a field it does not know."""
-        return cls.model_validate(data)
-
     def markdown(self) -> str:
         """A short report for people: the stack per model and where it came from, what changed, the drift."""
         dry = bool(self.dry_run_files)
@@ -112,12 +102,10 @@ class ConfigureOutcome(BaseModel):
         if self.registry or self.pinned:
             pins = ", ".join(f"{c} {v}" for c, v in self.pinned.items())
             lines += [f"Registry {self.registry or 'of the compatibility matrix'}; pinned: {pins or 'nothing'}.", ""]
-        lines += [
-            "| GPU model | " + " | ".join(_components(self.stack)) + " |",
-            "|---|" + "---|" * len(_components(self.stack)),
-        ]
+        components = list(next(iter(self.stack.values()), {}))
+        lines += ["| GPU model | " + " | ".join(components) + " |", "|---|" + "---|" * len(components)]
         for model, versions in self.stack.items():
-            lines.append(f"| {model} | " + " | ".join(versions.get(c, "") for c in _components(self.stack)) + " |")
+            lines.append(f"| {model} | " + " | ".join(versions.get(c, "") for c in components) + " |")
         lines.append("")
         if self.drift:
             lines.append(
@@ -129,11 +117,6 @@ class ConfigureOutcome(BaseModel):
         if dry:
             lines += ["", "Files:", *(f"- `{f}`" for f in self.dry_run_files)]
         return "\n".join(lines) + "\n"
-
-
-def _components(stack: dict[str, dict[str, str]]) -> Sequence[str]:
-    first = next(iter(stack.values()), {})
-    return list(first)
 
 
 def target_name(nodes: Sequence[str] | None, limit: int = TARGET_CHARS) -> str:

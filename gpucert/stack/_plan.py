@@ -1,39 +1,20 @@
 """Preflight's decision: which stack each GPU node gets, or every reason why it cannot have one.
 
-:func:`plan_stack` takes the inventory of the target nodes (:class:`~._model.NodeInfo`, read from their
-Node objects), what the user asked for (:class:`~._model.StackRequest`) and the compatibility matrix, and
-returns a :class:`~._model.StackPlan`, or raises one :class:`~gpucert.errors.StackConflict` listing every
-conflict found, each naming the nodes concerned. It is a pure function: nothing is written, so configure
-refuses an incompatible request before it touches the cluster.
-
-The rules, in the order a reader meets them in the code:
-
-* release: the requested one, else the newest release that accepts every node and the request;
-* per GPU model, the driver: the requested one, else the release's default when its branch drives the
-  model's architecture, else the newest known driver of the newest release branch that does;
-* a node with a host driver keeps it (no driver pod there) when its branch is one the release supports
-  and drives the node's GPUs;
-* the other nodes get one driver DaemonSet per (driver version, OS) pair, the OS read from ``osImage``;
-* each kubelet's minor version must lie in the release's Kubernetes range, each container runtime must
-  be one the release supports;
-* a requested component version must be the release's, or one the matrix lists in another release whose
-  Kubernetes range covers all the nodes (a newer patch of a single operand is a common, deliberate pin; a
-  version NVIDIA never paired with these Kubernetes versions is not);
-* ``StackRequest.registry`` replaces the registry host of every image, keeping the path (the layout
-  mirrors such as ``skopeo sync`` and Harbor proxies produce).
-
-Nodes are grouped by the facts that matter (model, driver, OS), so the cost is linear in the nodes for
-each release tried, and there are a handful of releases.
+:func:`plan_stack` is a pure function of the inventory (:class:`~._model.NodeInfo`), the request
+(:class:`~._model.StackRequest`) and the compatibility matrix: it returns a :class:`~._model.StackPlan` or
+raises one :class:`~gpucert.errors.StackConflict` naming every conflict and its nodes, so configure refuses
+an incompatible request before it touches the cluster. The rules it applies are listed in
+docs/design/configure.md, "How the plan is made". Nodes are grouped by the facts that matter (model,
+driver, OS), so the cost is linear in the nodes for each of the handful of releases tried.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import StackConflict
-from ._labels import dns_label_ok
 from ._matrix import RELEASE_COMPONENTS, Matrix, Release, driver_key, model_key
 from ._model import COMPONENTS, DriverVariant, NodeInfo, StackPlan, StackRequest
 
@@ -51,11 +32,8 @@ _REGISTRY = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:\d+)?(/[a-z0-9]+([._-]
 
 
 def os_tag(os_image: str) -> str | None:
-    """The driver image's OS tag for a node's ``osImage``, or None when gpucert does not recognise it.
-
-    ``Ubuntu 22.04.4 LTS`` → ``ubuntu22.04``; ``Red Hat Enterprise Linux 9.4 (Plow)`` → ``rhel9.4``;
-    ``Rocky Linux 9.7 (Blue Onyx)`` → ``rocky9.7``. Red Hat CoreOS and anything else → None.
-    """
+    """The driver image's OS tag for a node's ``osImage`` (``Ubuntu 22.04.4 LTS`` → ``ubuntu22.04``,
+    ``Red Hat Enterprise Linux 9.4 (Plow)`` → ``rhel9.4``, ``Rocky Linux 9.7`` → ``rocky9.7``), or None."""
     text = os_image.strip()
     for pattern, prefix in ((_UBUNTU, "ubuntu"), (_RHEL, "rhel"), (_ROCKY, "rocky")):
         found = pattern.match(text)
@@ -73,7 +51,8 @@ def _minor_text(minor: tuple[int, int]) -> str:
     return f"{minor[0]}.{minor[1]}"
 
 
-def _names(nodes: Sequence[str]) -> str:
+def shown_nodes(nodes: Sequence[str]) -> str:
+    """``a, b, c, d, e and 12 more``: at most :data:`NODES_SHOWN` names, the rest counted."""
     if len(nodes) <= NODES_SHOWN:
         return ", ".join(nodes)
     return f"{', '.join(nodes[:NODES_SHOWN])} and {len(nodes) - NODES_SHOWN} more"
@@ -104,7 +83,7 @@ class _Conflicts:
     def lines(self) -> list[str]:
         out = list(self._plain)
         for (text, subject), nodes in self._nodes.items():
-            where = f"{subject} on {_names(nodes)}" if subject else f"on {_names(nodes)}"
+            where = f"{subject} on {shown_nodes(nodes)}" if subject else f"on {shown_nodes(nodes)}"
             out.append(f"{text} ({where})")
         return out
 
@@ -127,7 +106,8 @@ class _Base:
     """The release-independent part of planning: node facts and the conflicts no release can fix."""
 
     facts: tuple[_Facts, ...]
-    node_conflicts: tuple[tuple[str, str, str], ...]
+    #: (conflict, node) for each node whatever the release.
+    node_conflicts: tuple[tuple[str, str], ...]
     request_conflicts: tuple[str, ...]
     minors: tuple[tuple[int, int], ...]
     driver: str | None
@@ -135,7 +115,7 @@ class _Base:
 
 def _inventory(nodes: Sequence[NodeInfo], request: StackRequest, matrix: Matrix) -> _Base:
     ordered = sorted(nodes, key=lambda n: n.name)
-    problems: list[tuple[str, str, str]] = []
+    problems: list[tuple[str, str]] = []
     request_conflicts: list[str] = []
     if not ordered:
         request_conflicts.append("no GPU nodes to configure")
@@ -146,7 +126,9 @@ def _inventory(nodes: Sequence[NodeInfo], request: StackRequest, matrix: Matrix)
             request_conflicts.append(f"node {node.name} is listed more than once")
             continue
         seen.add(node.name)
-        facts.append(_node_facts(node, matrix, problems))
+        found, wrong = _node_facts(node, matrix)
+        facts.append(found)
+        problems += [(text, node.name) for text in wrong]
     minors = tuple(sorted({f.minor for f in facts if f.minor is not None}))
     request_conflicts.extend(_request_conflicts(request, matrix))
     wanted = request.versions.get("driver")
@@ -154,52 +136,47 @@ def _inventory(nodes: Sequence[NodeInfo], request: StackRequest, matrix: Matrix)
     return _Base(tuple(facts), tuple(problems), tuple(request_conflicts), minors, driver)
 
 
-def _node_facts(node: NodeInfo, matrix: Matrix, problems: list[tuple[str, str, str]]) -> _Facts:
-    name = node.name
+def _node_facts(node: NodeInfo, matrix: Matrix) -> tuple[_Facts, list[str]]:
+    """What planning needs of ``node``, and what is wrong with it whatever the release."""
+    problems = []
     model = node.gpu_model.strip() if node.gpu_model and node.gpu_model.strip() else None
     architecture = None
     if model is None:
-        problems.append(("cannot tell the GPU model: no nvidia.com/gpu.product label", name, ""))
+        problems.append("cannot tell the GPU model: no nvidia.com/gpu.product label")
     else:
         architecture = matrix.architecture(model)
         if architecture is None:
-            problems.append((f"unknown GPU model {model!r}: not in the compatibility matrix", name, ""))
+            problems.append(f"unknown GPU model {model!r}: not in the compatibility matrix")
     minor = _kubelet_minor(node.kubelet_version)
     if minor is None:
-        problems.append((f"cannot read the kubelet version {node.kubelet_version!r}", name, ""))
-    runtime = None
+        problems.append(f"cannot read the kubelet version {node.kubelet_version!r}")
     scheme, sep, _ = node.container_runtime.partition("://")
-    if sep and scheme:
-        runtime = scheme
-    else:
-        problems.append((f"cannot read the container runtime {node.container_runtime!r}", name, ""))
+    runtime = scheme if sep and scheme else None
+    if runtime is None:
+        problems.append(f"cannot read the container runtime {node.container_runtime!r}")
     host = node.host_driver.strip() if node.host_driver is not None else None
     if host == "":
         # Marked pre-installed, but no label says which driver: it cannot be checked against the matrix.
         problems.append(
-            (
-                "host driver of unknown version: nvidia.com/gpu.deploy.driver=pre-installed without "
-                "nvidia.com/cuda.driver-version.full",
-                name,
-                "",
-            )
+            "host driver of unknown version: nvidia.com/gpu.deploy.driver=pre-installed without "
+            "nvidia.com/cuda.driver-version.full"
         )
     elif host is not None and not _DRIVER.match(host):
-        problems.append((f"host driver version {host!r} is not a driver version (like 580.95.05)", name, ""))
+        problems.append(f"host driver version {host!r} is not a driver version (like 580.95.05)")
     tag = os_tag(node.os_image)
     if tag is None and host is None:
         # Only a node that gets gpucert's driver needs a driver image for its OS.
-        problems.append(
-            (f"no driver image for OS {node.os_image!r}: gpucert knows Ubuntu, RHEL and Rocky Linux", name, "")
-        )
-    return _Facts(name, model, architecture, minor, runtime, tag, host)
+        problems.append(f"no driver image for OS {node.os_image!r}: gpucert knows Ubuntu, RHEL and Rocky Linux")
+    return _Facts(node.name, model, architecture, minor, runtime, tag, host), problems
 
 
 def _request_conflicts(request: StackRequest, matrix: Matrix) -> list[str]:
-    out: list[str] = []
-    for component in request.versions:
-        if component not in COMPONENTS:
-            out.append(f"unknown component {component!r} in the requested versions (known: {', '.join(COMPONENTS)})")
+    known = ", ".join(COMPONENTS)
+    out = [
+        f"unknown component {c!r} in the requested versions (known: {known})"
+        for c in request.versions
+        if c not in COMPONENTS
+    ]
     if request.registry is not None and not _REGISTRY.match(request.registry.strip().rstrip("/")):
         out.append(
             f"registry {request.registry!r} is not a registry host with an optional path "
@@ -244,14 +221,11 @@ class _Planner:
     """Plans the stack under one release; ``conflicts`` says what that release cannot accept."""
 
     def __init__(self, release: Release, base: _Base, request: StackRequest, matrix: Matrix) -> None:
-        self.release = release
-        self.base = base
-        self.request = request
-        self.matrix = matrix
+        self.release, self.base, self.request, self.matrix = release, base, request, matrix
         self.conflicts = _Conflicts()
         self._drivers: dict[str, _Driver] = {}
-        for text, node, subject in base.node_conflicts:
-            self.conflicts.add(text, node, subject)
+        for text, node in base.node_conflicts:
+            self.conflicts.add(text, node)
 
     # --- release-wide components -----------------------------------------------------------------
 
@@ -295,14 +269,18 @@ class _Planner:
         version = self.base.driver
         if version is None or not self.matrix.is_known_driver(version):
             return False  # malformed or unknown: already a request conflict
+        refused = self._branch_refused("requested driver", version)
+        if refused:
+            self.conflicts.add(refused)
+        return not refused
+
+    def _branch_refused(self, what: str, version: str) -> str | None:
+        """Why the release refuses driver ``version`` (``what``: whose) for its branch, or None."""
         branch = version.partition(".")[0]
-        if branch not in self.release.driver.branches:
-            self.conflicts.add(
-                f"requested driver {version}: {self.release.label} does not support branch {branch} "
-                f"(it supports {', '.join(self.release.driver.branches)})"
-            )
-            return False
-        return True
+        if branch in self.release.driver.branches:
+            return None
+        supported = ", ".join(self.release.driver.branches)
+        return f"{what} {version}: {self.release.label} does not support branch {branch} (it supports {supported})"
 
     def _fits(self, version: str, architecture: str, model: str) -> str | None:
         """Why ``version`` cannot drive ``model`` (of ``architecture``), or None when it can."""
@@ -315,11 +293,9 @@ class _Planner:
 
     def driver_for(self, model: str, architecture: str, requested_ok: bool) -> _Driver:
         key = model_key(model)
-        if key in self._drivers:
-            return self._drivers[key]
-        decision = self._decide(model, architecture, requested_ok)
-        self._drivers[key] = decision
-        return decision
+        if key not in self._drivers:
+            self._drivers[key] = self._decide(model, architecture, requested_ok)
+        return self._drivers[key]
 
     def _decide(self, model: str, architecture: str, requested_ok: bool) -> _Driver:
         requested = self.base.driver
@@ -347,13 +323,9 @@ class _Planner:
         assert version is not None
         if not _DRIVER.match(version):
             return False  # already a node conflict
-        branch = version.partition(".")[0]
-        if branch not in self.release.driver.branches:
-            self.conflicts.add(
-                f"host driver {version}: {self.release.label} does not support branch {branch} "
-                f"(it supports {', '.join(self.release.driver.branches)})",
-                facts.name,
-            )
+        refused = self._branch_refused("host driver", version)
+        if refused:
+            self.conflicts.add(refused, facts.name)
             return False
         why = self._fits(version, architecture, facts.model or "")
         if why:
@@ -404,16 +376,10 @@ class _Planner:
                     facts.name,
                 )
                 continue
+            # A DNS label, as the version and OS patterns above make it (render_stack checks it again).
             variant_id = f"{decision.version}-{facts.os_tag}".replace(".", "-")
-            if not dns_label_ok(variant_id):  # pragma: no cover - the patterns above make it one
-                raise AssertionError(f"driver variant id {variant_id!r} is not a DNS label")
-            if variant_id not in variants:
-                variants[variant_id] = DriverVariant(
-                    id=variant_id,
-                    version=decision.version,
-                    os_tag=facts.os_tag,
-                    image=f"{driver_repo}:{decision.version}-{facts.os_tag}",
-                )
+            image = f"{driver_repo}:{decision.version}-{facts.os_tag}"
+            variants.setdefault(variant_id, DriverVariant(variant_id, decision.version, facts.os_tag, image))
             node_driver[facts.name] = variant_id
             model_driver[facts.model] = decision.version
         if self.conflicts:
@@ -434,18 +400,6 @@ class _Planner:
         )
 
 
-def _attempt(
-    release: Release, base: _Base, request: StackRequest, matrix: Matrix, namespace: str, label_prefix: str
-) -> tuple[StackPlan | None, list[str]]:
-    planner = _Planner(release, base, request, matrix)
-    plan = planner.plan(namespace, label_prefix)
-    return plan, planner.conflicts.lines()
-
-
-def _refusal(conflicts: Iterable[str], header: str | None = None) -> StackConflict:
-    return StackConflict(list(conflicts), header=header)
-
-
 def plan_stack(
     nodes: Sequence[NodeInfo],
     request: StackRequest,
@@ -456,38 +410,39 @@ def plan_stack(
 ) -> StackPlan:
     """Choose the stack for ``nodes``: the release, a driver per GPU model, the images and their tags.
 
-    Returns the :class:`~._model.StackPlan` (nodes sorted by name; versions and images keyed by the
-    release-wide components in :data:`~._model.COMPONENTS` order; one driver variant per (driver, OS);
-    host-driver nodes in ``host_driver`` and in no variant; ``model_driver`` only for models with at least
-    one node that gets gpucert's driver; ``kubernetes_versions`` the sorted minor versions of the kubelets).
-
-    Raises :class:`~gpucert.errors.StackConflict` with every conflict found (``.conflicts``, one line each,
-    naming at most :data:`NODES_SHOWN` nodes and counting the rest) when the request names an unknown
-    release or component, or when no release accepts all the nodes; the error then says why the newest
-    release refuses them.
+    Raises :class:`~gpucert.errors.StackConflict` with every conflict found (one line each, naming at most
+    :data:`NODES_SHOWN` nodes) when the request names an unknown release or component, or when no release
+    accepts all the nodes; the error then says why the newest release refuses them.
     """
     base = _inventory(nodes, request, matrix)
+
+    def attempt(release: Release) -> tuple[StackPlan | None, list[str]]:
+        planner = _Planner(release, base, request, matrix)
+        return planner.plan(namespace, label_prefix), planner.conflicts.lines()
+
     if request.release is not None:
         release = matrix.find_release(request.release)
         if release is None:
             known = ", ".join(r.name for r in matrix.releases_newest_first())
-            raise _refusal([*base.request_conflicts, f"unknown release {request.release!r} (the matrix knows {known})"])
-        plan, conflicts = _attempt(release, base, request, matrix, namespace, label_prefix)
+            raise StackConflict(
+                [*base.request_conflicts, f"unknown release {request.release!r} (the matrix knows {known})"]
+            )
+        plan, conflicts = attempt(release)
         if plan is None or base.request_conflicts:
-            raise _refusal([*base.request_conflicts, *conflicts])
+            raise StackConflict([*base.request_conflicts, *conflicts])
         return plan
     refusal: list[str] | None = None
     for release in matrix.releases_newest_first():
-        plan, conflicts = _attempt(release, base, request, matrix, namespace, label_prefix)
+        plan, conflicts = attempt(release)
         if plan is not None:
             if base.request_conflicts:
-                raise _refusal(base.request_conflicts)
+                raise StackConflict(list(base.request_conflicts))
             return plan
         if refusal is None:
             refusal = conflicts
     newest = matrix.newest_release()
     lines = [*base.request_conflicts, *(refusal or [])]
-    raise _refusal(
+    raise StackConflict(
         lines,
         header=(
             f"no release of the compatibility matrix accepts these nodes and this request; the newest, "

@@ -1,27 +1,17 @@
 """What the fleet was configured with, kept in the cluster: the ConfigMap ``gpucert-stack``.
 
-The stack's DaemonSets pick their nodes by label, not by name, so a configure limited to some nodes
-(onboarding one that joined) re-applies the manifests the whole fleet runs: rendered from another release or
-registry, they would roll every node, and an air-gapped fleet would stop pulling images. So a full configure
-applies this record with the stack (in the namespace step, so ``--dry-run DIR`` writes it too), and a run
-limited to nodes takes from it whatever it was not given (:func:`follow_record`).
-
-Its data is plain strings, for ``kubectl get configmap gpucert-stack -o yaml`` to read:
-
-* ``format`` — ``1``;
-* ``release`` — the release the run chose (the one asked for, or the newest that fitted then);
-* ``registry`` — the registry asked for; absent when images come from the matrix's registries;
-* ``pinned.<component>`` — each version asked for (``--set``);
-* ``version.<component>``, ``image.<component>`` — each release-wide component as rendered: what a later
-  run from the same request should render again (:func:`record_departures` names what it would not).
-
-Nothing in it depends on the nodes or on the time, so re-applying it on an unchanged fleet writes nothing.
+The stack's DaemonSets pick their nodes by label, so a configure limited to some nodes (onboarding one that
+joined) re-applies the manifests the whole fleet runs: rendered from another release or registry they would
+roll every node, and an air-gapped fleet would stop pulling images. So a full configure applies this record
+with the stack, and a run limited to nodes takes from it whatever it was not given (:func:`follow_record`).
+Its data is plain strings for ``kubectl get`` to read (:meth:`StackRecord.data`) and depends on neither the
+nodes nor the time, so re-applying it on an unchanged fleet writes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InputError
@@ -65,13 +55,13 @@ class StackRecord:
         )
 
     def data(self) -> dict[str, str]:
-        """The ConfigMap's ``data``."""
+        """The ConfigMap's ``data``: ``format`` (``1``), ``release``, ``registry`` (when asked for), and per
+        component ``pinned.<c>`` (asked for), ``version.<c>`` and ``image.<c>`` (as rendered)."""
         data = {"format": RECORD_FORMAT, "release": self.release}
         if self.registry is not None:
             data["registry"] = self.registry
-        data.update({_PINNED + c: v for c, v in self.pinned.items()})
-        data.update({_VERSION + c: v for c, v in self.versions.items()})
-        data.update({_IMAGE + c: v for c, v in self.images.items()})
+        for prefix, values in ((_PINNED, self.pinned), (_VERSION, self.versions), (_IMAGE, self.images)):
+            data.update({prefix + c: v for c, v in values.items()})
         return data
 
     @classmethod
@@ -113,11 +103,8 @@ class StackRecord:
 
 
 def read_record(kube: Kube, namespace: str) -> StackRecord | None:
-    """The record in ``namespace``, or None when no full configure has written one yet.
-
-    Raises :class:`InputError` when the ConfigMap is there but is not a record this gpucert reads, and
-    :class:`~gpucert.kube.KubeError` when the API server fails.
-    """
+    """The record in ``namespace``, or None when no full configure has written one yet; raises
+    :class:`InputError` when the ConfigMap is there but is not a record this gpucert reads."""
     obj = kube.find("v1", "ConfigMap", RECORD_NAME, namespace)
     if obj is None:
         return None
@@ -125,38 +112,25 @@ def read_record(kube: Kube, namespace: str) -> StackRecord | None:
 
 
 def follow_record(asked: StackRequest, record: StackRecord | None) -> tuple[StackRequest, tuple[str, ...]]:
-    """``asked`` with what it leaves unset taken from ``record``; returns it and the fields taken
-    (``release``, ``versions``, ``registry``, in that order).
-
-    Each field is taken on its own and whole: a version pinned in the call replaces every recorded pin, an
-    explicit release keeps the recorded pins and registry. A record's default registry (none) and empty
-    pins are what an unset field means anyway, so they are not counted as taken. No record: ``asked``.
-    """
+    """``asked`` with what it leaves unset taken from ``record``, and the fields taken (``release``,
+    ``versions``, ``registry``, in that order). Each field is taken on its own and whole: a version pinned
+    in the call replaces every recorded pin; an explicit release keeps the recorded pins and registry."""
     if record is None:
         return asked, ()
-    unset = asked.unset()
-    taken = []
-    release, versions, registry = asked.release, asked.versions, asked.registry
-    if "release" in unset:
-        release = record.release
-        taken.append("release")
-    if "versions" in unset and record.pinned:
-        versions = dict(record.pinned)
-        taken.append("versions")
-    if "registry" in unset and record.registry is not None:
-        registry = record.registry
-        taken.append("registry")
-    return StackRequest(release=release, versions=versions, registry=registry), tuple(taken)
+    # No pins and no registry in the record are what an unset field means anyway: not counted as taken.
+    offered: dict[str, Any] = {
+        "release": record.release,
+        "versions": dict(record.pinned) or None,
+        "registry": record.registry,
+    }
+    taken = {name: value for name, value in offered.items() if name in asked.unset() and value is not None}
+    return replace(asked, **taken), tuple(taken)
 
 
 def record_departures(record: StackRecord | None, plan: StackPlan) -> list[str]:
     """What ``plan`` renders otherwise than ``record`` says the fleet runs, one line per change
-    (``release 25.3.4 → 26.3.1``, ``device-plugin <image> → <image>``); empty when nothing would change
-    or there is no record.
-
-    A run limited to some nodes re-applies the release-wide DaemonSets of every node: each line is a
-    rollout of the whole fleet. Components the record holds no image for are not compared.
-    """
+    (``release 25.3.4 → 26.3.1``, ``device-plugin <image> → <image>``): each is a rollout of the whole
+    fleet, since a run limited to some nodes re-applies the DaemonSets of every node."""
     if record is None:
         return []
     out = []

@@ -1,16 +1,11 @@
 """The stack's manifests: a :class:`StackPlan` rendered through ``templates/stack/``, parsed back, checked.
 
-What the templates get is data, never text to paste: every value is computed here (labels, selectors,
-tolerations, the counters file) and serialised by the environment's ``finalize``
-(:mod:`gpucert._templates`), so a GPU model name, a version or an image reference read from a cluster
-or a matrix cannot add a key, a document or an anchor to a manifest. What comes back is parsed with a
-loader that refuses anchors, aliases, explicit tags, merge keys and duplicate keys, none of which the
-templates use: if one ever appears, something bent a manifest, and rendering stops.
-
-The manifests do not depend on node names: which nodes run the stack is said by node labels that
-configure writes before applying (``<prefix>/stack=managed`` on every target node,
-``<prefix>/driver=<variant id>`` on nodes that get gpucert's driver: ``_rollout.desired_target_labels``),
-so a node that joins later changes no manifest.
+What the templates get is data, never text to paste: every value is computed here and serialised by the
+environment's ``finalize`` (:mod:`gpucert._templates`), so a model name, version or image read from a
+cluster or a matrix cannot add a key, a document or an anchor. What comes back is parsed with a loader that
+refuses anchors, aliases, tags, merge keys and duplicate keys, none of which the templates use: if one ever
+appears, something bent a manifest. The manifests name no node: node labels that configure writes say
+which nodes run the stack (``_rollout.desired_target_labels``), so a node that joins changes no manifest.
 """
 
 from __future__ import annotations
@@ -42,13 +37,10 @@ __all__ = [
     "STEPS",
     "TEMPLATES",
     "StackRenderError",
-    "counters_csv",
     "load_manifests",
     "record_manifest",
     "render_rbac",
     "render_stack",
-    "stack_node_selector",
-    "stack_tolerations",
     "write_manifests",
 ]
 
@@ -64,13 +56,6 @@ EXPORTER_PORT = 9400
 
 #: Labels on every object gpucert creates (docs/reference/labels-taints-conditions.md, "GPU stack (configure)").
 COMMON_LABELS: Mapping[str, str] = {"app.kubernetes.io/part-of": "gpucert", "app.kubernetes.io/managed-by": "gpucert"}
-#: Rolling-update budget per DaemonSet. A driver pod being replaced takes every GPU of its node away
-#: (running jobs lose them), so drivers go one node at a time. The other components restart without
-#: touching running GPU work (a device plugin restart keeps allocated devices; an exporter restart is a
-#: gap in metrics): 10 % keeps a rollout on a thousand nodes short while a broken image still stops
-#: after a tenth of the fleet (the controller waits for the replaced pods to be Ready).
-_MAX_UNAVAILABLE: Mapping[str, int | str] = {"driver": 1}
-_DEFAULT_MAX_UNAVAILABLE = "10%"
 
 #: The container each component's pods are about (``kubectl logs`` picks it by default).
 _MAIN_CONTAINER: Mapping[str, str] = {
@@ -80,24 +65,6 @@ _MAIN_CONTAINER: Mapping[str, str] = {
     "dcgm-exporter": "nvidia-dcgm-exporter",
     "gpu-feature-discovery": "gpu-feature-discovery",
 }
-
-
-# --- what the flow writes on nodes, and what the pods select and tolerate -------------------------------
-
-
-def stack_node_selector(label_prefix: str) -> dict[str, str]:
-    """The nodeSelector every stack pod has: ``{"<prefix>/stack": "managed"}``."""
-    return {stack_label(label_prefix): MANAGED}
-
-
-def stack_tolerations(label_prefix: str) -> list[dict[str, str]]:
-    """The tolerations every stack pod has: gpucert's own taints (a node being onboarded or found
-    unfit still runs its stack, which certification and diagnosis need) and ``nvidia.com/gpu``."""
-    return [
-        {"key": f"{label_prefix}/uncertified", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": f"{label_prefix}/unhealthy", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-    ]
 
 
 # --- the templates' context -----------------------------------------------------------------------------
@@ -143,8 +110,8 @@ def _daemonset(
     name: str,
     version: str,
     image: str,
-    node_selector: Mapping[str, str],
-    annotations: Mapping[str, str],
+    node_selector: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
     pod_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     selector = {"app.kubernetes.io/name": f"nvidia-{component}", "app.kubernetes.io/instance": name}
@@ -154,12 +121,17 @@ def _daemonset(
         **selector,
         "app.kubernetes.io/version": version,
     }
-    max_unavailable = _MAX_UNAVAILABLE.get(component, _DEFAULT_MAX_UNAVAILABLE)
+    # The rolling-update budget. A driver pod being replaced takes every GPU of its node away (running jobs
+    # lose them), so drivers go one node at a time. The other components restart without touching running GPU
+    # work (a device plugin restart keeps allocated devices; an exporter restart is a gap in metrics): 10 %
+    # keeps a rollout on a thousand nodes short while a broken image still stops after a tenth of the fleet
+    # (the controller waits for the replaced pods to be Ready).
+    max_unavailable = 1 if component == "driver" else "10%"
     return {
         "name": name,
         "namespace": plan.namespace,
         "labels": labels,
-        "annotations": {f"{plan.label_prefix}/release": plan.release, **annotations},
+        "annotations": {f"{plan.label_prefix}/release": plan.release, **(annotations or {})},
         # The selector is immutable: it names the DaemonSet, never a version, so upgrades roll in place.
         "selector": selector,
         "pod_labels": dict(labels),
@@ -167,9 +139,14 @@ def _daemonset(
             "kubectl.kubernetes.io/default-container": _MAIN_CONTAINER[component],
             **(pod_annotations or {}),
         },
-        "node_selector": {**stack_node_selector(plan.label_prefix), **node_selector},
+        "node_selector": {stack_label(plan.label_prefix): MANAGED, **(node_selector or {})},
         "affinity": _affinity(component),
-        "tolerations": stack_tolerations(plan.label_prefix),
+        # gpucert's own taints: a node being onboarded or found unfit still runs its stack, which
+        # certification and diagnosis need.
+        "tolerations": [
+            {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+            for key in (f"{plan.label_prefix}/uncertified", f"{plan.label_prefix}/unhealthy", "nvidia.com/gpu")
+        ],
         "update_strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": max_unavailable}},
         "image": image,
         "service_account": STACK_SERVICE_ACCOUNT,
@@ -201,20 +178,8 @@ def _component_context(plan: StackPlan, component: str, **pod_annotations: str) 
     except KeyError as exc:
         raise StackRenderError(f"{TEMPLATES[component]}: the plan has no version or image for {exc}") from None
     return _daemonset(
-        plan,
-        component,
-        name=f"nvidia-{component}",
-        version=version,
-        image=image,
-        node_selector={},
-        annotations={},
-        pod_annotations=pod_annotations,
+        plan, component, name=f"nvidia-{component}", version=version, image=image, pod_annotations=pod_annotations
     )
-
-
-def counters_csv() -> str:
-    """The DCGM exporter's counters file (``templates/stack/dcgm-metrics.csv``), as text."""
-    return (template_dir() / COUNTERS_FILE).read_text(encoding="utf-8")
 
 
 # --- rendering and parsing ------------------------------------------------------------------------------
@@ -261,12 +226,9 @@ class _StrictLoader(_SafeBase):  # type: ignore[valid-type,misc]
 
 
 def load_manifests(text: str, source: str) -> list[dict[str, Any]]:
-    """Parse multi-document YAML into Kubernetes objects, refusing anchors, aliases, tags, merge keys and
-    duplicate keys, and checking each document is a mapping with ``apiVersion``, ``kind`` and
-    ``metadata.name``. Empty documents are skipped.
-
-    Returns the objects in document order. Raises :class:`StackRenderError` naming ``source``.
-    """
+    """The Kubernetes objects of multi-document YAML, in order; raises :class:`StackRenderError` naming
+    ``source`` for an anchor, alias, tag, merge key or duplicate key, or a document that is not a mapping
+    with ``apiVersion``, ``kind`` and ``metadata.name`` (empty documents are skipped)."""
     try:
         # A SafeLoader subclass: no Python objects, and stricter still (see _StrictLoader).
         _refuse_references(text)
@@ -293,9 +255,7 @@ def load_manifests(text: str, source: str) -> list[dict[str, Any]]:
 def _render(template: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     try:
         text = yaml_environment().get_template(template).render(**context)
-    except jinja2.UndefinedError as exc:
-        raise StackRenderError(f"{template}: {exc}") from None
-    except jinja2.TemplateError as exc:
+    except jinja2.TemplateError as exc:  # StrictUndefined's UndefinedError among them
         raise StackRenderError(f"{template}: {exc}") from None
     except (TypeError, ValueError) as exc:
         # yaml_value could not serialise a value (not JSON data, or NaN): a renderer bug.
@@ -307,11 +267,8 @@ def _render(template: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def record_manifest(plan: StackPlan) -> Manifest:
-    """The ConfigMap ``gpucert-stack`` recording what ``plan`` applies (:mod:`._record`), in the namespace step.
-
-    Built here rather than from a template: its data is a map of strings made in code, so no value (a
-    version, a registry) passes through text on its way into the object.
-    """
+    """The ConfigMap ``gpucert-stack`` recording what ``plan`` applies (:mod:`._record`), in the namespace step;
+    built in code, not from a template, so no value (a version, a registry) passes through text."""
     obj = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -332,21 +289,16 @@ def render_rbac(stack_namespace: str, operator_namespace: str | None = None) -> 
 
 
 def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
-    """Every object of the stack, in install order: the namespace and (``record``) the ConfigMap recording
-    what this run applies (:func:`record_manifest`), RBAC, then the components in :data:`COMPONENTS`
-    order — one driver DaemonSet per ``plan.drivers`` variant (none when every node keeps its host driver),
-    the toolkit, the device plugin, the DCGM exporter (ConfigMap, DaemonSet, Service) and GPU feature
-    discovery.
+    """Every object of the stack, in install order: the namespace and (``record``) :func:`record_manifest`,
+    RBAC, then the components in :data:`COMPONENTS` order (one driver DaemonSet per ``plan.drivers`` variant).
 
-    Returns one :class:`Manifest` per object, ``step`` naming its install step. Raises
-    :class:`StackRenderError` when a template is missing a value (StrictUndefined), does not render
-    into Kubernetes objects, or when the plan lacks a component's version or image.
+    Raises :class:`StackRenderError` when a template is missing a value, does not render into Kubernetes
+    objects, or the plan lacks a component's version or image.
     """
     for variant in plan.drivers:
         # The id is a DaemonSet name suffix and a label value: a DNS label, which the planner promises.
         if not dns_label_ok(variant.id) or len(f"nvidia-driver-{variant.id}") > 63:
             raise StackRenderError(f"{TEMPLATES['driver']}: driver variant id {variant.id!r} is not a DNS label")
-    common = dict(COMMON_LABELS)
     manifests: list[Manifest] = []
 
     def add(step: str, context: Mapping[str, Any]) -> None:
@@ -358,7 +310,7 @@ def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
             # Not `namespace`: that name is a Jinja global, which a forgotten value would silently become.
             "stack_namespace": plan.namespace,
             # The driver and toolkit pods are privileged: Pod Security admission must allow them here.
-            "labels": {**common, "pod-security.kubernetes.io/enforce": "privileged"},
+            "labels": {**COMMON_LABELS, "pod-security.kubernetes.io/enforce": "privileged"},
             "annotations": {f"{plan.label_prefix}/release": plan.release},
         },
     )
@@ -369,7 +321,7 @@ def render_stack(plan: StackPlan, *, record: bool = True) -> list[Manifest]:
         add("driver", {"ds": _driver_context(plan, variant)})
     add("container-toolkit", {"ds": _component_context(plan, "container-toolkit")})
     add("device-plugin", {"ds": _component_context(plan, "device-plugin")})
-    csv_text = counters_csv()
+    csv_text = (template_dir() / COUNTERS_FILE).read_text(encoding="utf-8")
     digest = hashlib.sha256(csv_text.encode()).hexdigest()
     exporter = _component_context(plan, "dcgm-exporter", **{f"{plan.label_prefix}/counters-sha256": digest})
     add(
@@ -416,10 +368,6 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _NoAliasDumper.add_representer(str, _represent_str)
 
 
-def _file_name(step: str) -> str:
-    return f"{STEPS.index(step) + 1:02d}-{step}.yaml"
-
-
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -435,16 +383,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path]:
-    """Write ``manifests`` for ``--dry-run DIR``: one multi-document file per install step,
-    ``NN-<step>.yaml`` (NN is the step's place in :data:`STEPS`, so ``kubectl apply -f DIR`` applies them
-    in install order), each written through a temporary file and an atomic rename. ``directory`` is
-    created when missing. A ``NN-<step>.yaml`` left there by an earlier run for a step that has no
-    manifests now (e.g. the drivers, once every node keeps its host driver) is removed, so the directory
-    never holds objects the plan does not; nothing else in it is touched.
+    """Write ``manifests`` for ``--dry-run DIR``, one file per install step, ``NN-<step>.yaml`` in install
+    order (``kubectl apply -f DIR`` keeps it), each written whole or not at all; returns the paths written.
 
-    Returns the paths written, in install order. Raises :class:`InputError` when ``directory`` is a file
-    or cannot be made or written (:func:`check_output_dir`, before anything is written), ValueError for a
-    manifest of an unknown step, and OSError when a write fails all the same.
+    A file an earlier run left for a step without manifests now is removed, so the folder never holds
+    objects the plan does not. Raises :class:`InputError` when ``directory`` cannot be made or written
+    (before anything is written), ValueError for an unknown step.
     """
     check_output_dir(directory)
     by_step: dict[str, list[Mapping[str, Any]]] = {}
@@ -454,8 +398,8 @@ def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path
         by_step.setdefault(manifest.step, []).append(manifest.obj)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for step in STEPS:
-        path = directory / _file_name(step)
+    for number, step in enumerate(STEPS, start=1):
+        path = directory / f"{number:02d}-{step}.yaml"
         if step not in by_step:
             path.unlink(missing_ok=True)
             continue
@@ -471,22 +415,22 @@ def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path
     return written
 
 
-def check_output_dir(directory: Path, *, what: str = "--dry-run") -> None:
+def check_output_dir(directory: Path) -> None:
     """Return if ``directory`` is a folder that can be written, or can be made where it is named; raise
-    :class:`InputError` naming ``what`` and the path otherwise (an existing file, a path through a file, a
+    :class:`InputError` naming ``--dry-run`` and the path otherwise (an existing file, a path through a file, a
     folder that cannot be written). Writing is tried: a temporary file is made and removed."""
     if directory.exists() and not directory.is_dir():
-        raise InputError(f"{what} {directory}: is a file, not a folder; name a folder for the manifests")
+        raise InputError(f"--dry-run {directory}: is a file, not a folder; name a folder for the manifests")
     existing = directory
     while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
         existing = existing.parent  # the folder mkdir would make the rest in
     if not existing.is_dir():
-        raise InputError(f"{what} {directory}: {existing} is not a folder, so {directory} cannot be made")
+        raise InputError(f"--dry-run {directory}: {existing} is not a folder, so {directory} cannot be made")
     try:
         # The one sure test (root passes os.access; a read-only mount does not).
         fd, probe = tempfile.mkstemp(prefix=".gpucert-probe.", dir=existing)
     except OSError as exc:
-        raise InputError(f"{what} {directory}: cannot write in {existing} ({exc.strerror or exc})") from None
+        raise InputError(f"--dry-run {directory}: cannot write in {existing} ({exc.strerror or exc})") from None
     os.close(fd)
     os.unlink(probe)
 

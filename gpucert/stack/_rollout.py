@@ -1,13 +1,9 @@
 """Putting a rendered stack on the cluster and watching it take: apply, target, wait, verify, record.
 
-Each function does one step of configure's runbook against a :class:`~gpucert.kube.Kube` and is
-idempotent: applying what is there writes nothing (server-side apply), a node already labelled is not
-patched, so a second configure run moves no ``resourceVersion``.
-
-Readiness is judged per node, the way the GPU Operator's gates do (docs/design/configure.md, "Why this
-order"): a component is ready on a node when that node has a Ready pod of the component's DaemonSet made from
-its current template (as the DaemonSet controller judges it: its generation or its revision hash) — an
-aggregate ``numberReady`` cannot say *which* node is missing, and the error must name it.
+Each function does one step of configure's runbook and is idempotent, so a second configure run moves no
+``resourceVersion``. Readiness is judged per node, the way the GPU Operator's gates do: a component is ready
+on a node when it has a Ready pod made from the DaemonSet's current template, since an aggregate
+``numberReady`` cannot say *which* node is missing, and the error must name it.
 """
 
 from __future__ import annotations
@@ -82,15 +78,11 @@ def prune_driver_variants(kube: Kube, plan: StackPlan) -> list[str]:
     return pruned
 
 
-def _opted_out(labels: Mapping[str, str], component: str) -> bool:
-    return labels.get(f"{DEPLOY_PREFIX}{component}") == "false"
-
-
 def component_targets(plan: StackPlan, component: str, labels: Mapping[str, Mapping[str, str]]) -> list[str]:
     """The nodes that should run ``component``: the plan's nodes, less host-driver nodes for the driver
     and nodes that opted out with ``nvidia.com/gpu.deploy.<component>=false`` (``labels``: node → labels)."""
     nodes = plan.nodes if component != "driver" else tuple(n for n in plan.nodes if n in plan.node_driver)
-    return [n for n in nodes if not _opted_out(labels.get(n, {}), component)]
+    return [n for n in nodes if labels.get(n, {}).get(f"{DEPLOY_PREFIX}{component}") != "false"]
 
 
 def desired_target_labels(plan: StackPlan) -> dict[str, dict[str, str | None]]:
@@ -103,22 +95,16 @@ def desired_version_labels(
     plan: StackPlan, observed: Mapping[str, Mapping[str, str]]
 ) -> dict[str, dict[str, str | None]]:
     """Node → the version labels recording what was verified running there (absent components removed)."""
-    out: dict[str, dict[str, str | None]] = {}
-    for node in plan.nodes:
-        running = observed.get(node, {})
-        labels: dict[str, str | None] = {release_label(plan.label_prefix): plan.release}
-        for component in COMPONENTS:
-            labels[version_label(plan.label_prefix, component)] = running.get(component)
-        out[node] = labels
-    return out
+    versions = {c: version_label(plan.label_prefix, c) for c in COMPONENTS}
+    release: dict[str, str | None] = {release_label(plan.label_prefix): plan.release}
+    return {
+        node: {**release, **{versions[c]: observed.get(node, {}).get(c) for c in COMPONENTS}} for node in plan.nodes
+    }
 
 
 def label_nodes(kube: Kube, desired: Mapping[str, Mapping[str, str | None]]) -> list[str]:
-    """Patch the labels of the nodes whose labels differ from ``desired``; returns the nodes patched.
-
-    Labels are read afresh, so a node is patched only when it has to be (and a rerun patches none). A node
-    configure takes on that has no ``GpuCertified`` condition yet gets it ``Unknown``: never certified.
-    """
+    """Patch the labels of the nodes whose labels (read afresh) differ from ``desired``; returns the nodes
+    patched. A node without a ``GpuCertified`` condition gets it ``Unknown``: never certified."""
     nodes = {n["metadata"]["name"]: n for n in kube.nodes()}
     current = {name: n["metadata"].get("labels") or {} for name, n in nodes.items()}
     changed = []
@@ -133,7 +119,8 @@ def label_nodes(kube: Kube, desired: Mapping[str, Mapping[str, str | None]]) -> 
     return changed
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is Ready and not being deleted."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
     conditions = (pod.get("status") or {}).get("conditions") or ()
@@ -141,10 +128,8 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 
 def _owner_uid(pod: Mapping[str, Any]) -> str | None:
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or ():
-        if ref.get("controller") and ref.get("kind") == "DaemonSet":
-            return str(ref.get("uid"))
-    return None
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or ()
+    return next((str(r.get("uid")) for r in refs if r.get("controller") and r.get("kind") == "DaemonSet"), None)
 
 
 @dataclass(frozen=True)
@@ -211,7 +196,7 @@ def not_ready_nodes(kube: Kube, plan: StackPlan, component: str, targets: Sequen
     missing: dict[str, str] = {}
     for node in targets:
         current = by_node.get(node, [])
-        if any(_ready(p) for p in current):
+        if any(pod_ready(p) for p in current):
             continue
         if not current:
             missing[node] = "no pod of the current template"
@@ -222,7 +207,7 @@ def not_ready_nodes(kube: Kube, plan: StackPlan, component: str, targets: Sequen
     return missing
 
 
-def gpu_shortfall(kube: Kube, plan: StackPlan, expected: Mapping[str, int]) -> dict[str, str]:
+def gpu_shortfall(kube: Kube, expected: Mapping[str, int]) -> dict[str, str]:
     """Node → what it advertises when ``nvidia.com/gpu`` allocatable differs from ``expected[node]``."""
     nodes = {n["metadata"]["name"]: n for n in kube.nodes()}
     short: dict[str, str] = {}
@@ -246,7 +231,7 @@ def observed_versions(kube: Kube, plan: StackPlan) -> dict[str, dict[str, str]]:
         for pod in pods:
             node = str((pod.get("spec") or {}).get("nodeName") or "")
             version = ((pod.get("metadata") or {}).get("labels") or {}).get(_VERSION)
-            if node in out and version and _ready(pod) and _owner_uid(pod) in templates:
+            if node in out and version and pod_ready(pod) and _owner_uid(pod) in templates:
                 out[node][component] = str(version)
     for node, version in plan.host_driver.items():
         if node in out:

@@ -1,18 +1,9 @@
 """The baseline store: versioned baseline tables and run files under one root URI (docs/reference/store-layout.md).
 
-Two layers, so that a new backend implements only the small one:
-
-- :class:`ObjectStore`, whole-object get/put/delete plus one conditional put keyed on etags, a check that
-  the root exists and a link a browser can open; implemented by
-  :class:`FileObjectStore` (``file:///path`` or a local path) and :class:`S3ObjectStore`
-  (``s3://bucket/prefix``, boto3, any S3-compatible endpoint);
-- :class:`BaselineStore`, the versions, the ``current`` pointer moved by compare-and-swap, rollback,
-  run files and links to them, written once against that protocol.
-
-The errors a user fixes are :class:`~gpucert.errors.InputError` as well as
-:class:`~gpucert.errors.StoreError` (the command line exits 2): :class:`StoreURIError` (a URI that cannot
-be opened), :class:`StoreNotFound` (a reader's root does not exist), :class:`UnknownVersion` (a version
-the store does not list).
+Two layers: :class:`BaselineStore` (versions, the ``current`` pointer, rollback, run files, links) is written
+once against the small :class:`ObjectStore` protocol, which :class:`FileObjectStore` (``file:///path`` or a
+path) and :class:`S3ObjectStore` (``s3://bucket/prefix``) implement. :class:`StoreURIError`,
+:class:`StoreNotFound` and :class:`UnknownVersion` are also :class:`~gpucert.errors.InputError` (exit 2).
 
 Typical use::
 
@@ -30,17 +21,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import BucketNotFound, StoreNotFound, StoreURIError, UnknownVersion
 from ._baselines import LINK_EXPIRES_S, BaselineChange, BaselineStore, VersionInfo, check_public_url, open_store
-from ._errors import BucketNotFound, StoreNotFound, StoreURIError, UnknownVersion
-from ._format import BASELINE_COLUMNS, BASELINE_LEVELS, empty_baseline, validate_baseline
-from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store, require_root
+from ._format import BASELINE_COLUMNS, empty_baseline, validate_baseline
+from ._objects import Blob, FileObjectStore, ObjectStore, open_object_store
 
 if TYPE_CHECKING:
     from ._s3 import S3ObjectStore
 
 __all__ = [
     "BASELINE_COLUMNS",
-    "BASELINE_LEVELS",
     "LINK_EXPIRES_S",
     "BaselineChange",
     "BaselineStore",
@@ -57,7 +47,6 @@ __all__ = [
     "empty_baseline",
     "open_object_store",
     "open_store",
-    "require_root",
     "validate_baseline",
 ]
 

@@ -1,25 +1,10 @@
 """The baseline table's contract: its columns, their canonical dtypes, and the rules a stored table obeys.
 
-Every baseline that enters or leaves the store goes through :func:`validate_baseline`, in both
-directions: a bad table is refused before it becomes a version (so ``current`` never points at one),
-and a stored file that was edited by hand, truncated or written by a foreign tool is refused on read
-with a message naming the object, instead of surfacing later as a ``KeyError`` deep in the engine.
-
-The columns are the nine of docs/design/data-contracts.md, "Baselines", plus two gpucert extensions:
-
-* ``node``: for a ``gpu`` row, the node the GPU was last measured on, so a report can say where a GPU
-  with a drifting baseline lives; empty for ``node`` and ``model`` rows, whose key already is the node
-  or the model.
-* ``runs``: the run ids the row rests on, a JSON array of strings in the order they were merged
-  (``["seed-0", "seed-1"]``): for an own baseline the runs that seeded it, for a model reference the
-  runs it was rebuilt from. A run counts once: a baseline build never merges a run into a row that
-  already names it. Empty means unknown provenance — a table written before the column existed, whose
-  stored file has no ``runs`` column at all, still reads (every row empty). An own row names at most
-  ``n`` runs (fewer when some of its runs predate the column).
-
-Canonical dtypes: text columns use pandas' own ``str`` dtype (the default for text in pandas 3, and
-what Parquet reads back as), numbers are ``float64``/``int64``, timestamps ``datetime64[us, UTC]``, so
-a table read from the store compares equal to the one written.
+The columns are docs/design/data-contracts.md's, "Baselines". Every baseline entering or leaving the store
+goes through :func:`validate_baseline`: a bad table is refused before it becomes a version, and a stored
+file edited by hand, truncated or written by a foreign tool is refused on read, naming the object, instead
+of surfacing later as a ``KeyError`` deep in the engine. Canonical dtypes (pandas' ``str``, ``float64``,
+``int64``, ``datetime64[us, UTC]``) make a table read from the store compare equal to the one written.
 """
 
 from __future__ import annotations
@@ -36,25 +21,12 @@ from ..metrics import PERF_METRICS
 
 __all__ = ["BASELINE_COLUMNS", "BASELINE_DTYPES", "BASELINE_LEVELS", "empty_baseline", "run_count", "validate_baseline"]
 
-BASELINE_COLUMNS: tuple[str, ...] = (
-    "level",
-    "key",
-    "metric",
-    "center",
-    "spread",
-    "n",
-    "first_ts",
-    "last_ts",
-    "stack",
-    "node",
-    "runs",
-)
-
 #: What a row's ``key`` names: a GPU UUID, a node name, or a GPU model (the per-model reference).
 BASELINE_LEVELS: tuple[str, ...] = ("gpu", "node", "model")
 
 _TS = pd.DatetimeTZDtype(unit="us", tz="UTC")
 
+#: The columns (docs/design/data-contracts.md, "Baselines") and their canonical dtypes, in file order.
 BASELINE_DTYPES: dict[str, Any] = {
     "level": "str",
     "key": "str",
@@ -68,7 +40,7 @@ BASELINE_DTYPES: dict[str, Any] = {
     "node": "str",
     "runs": "str",
 }
-assert tuple(BASELINE_DTYPES) == BASELINE_COLUMNS
+BASELINE_COLUMNS: tuple[str, ...] = tuple(BASELINE_DTYPES)
 
 #: Text columns that identify a row and so may not be empty.
 _REQUIRED_TEXT = ("level", "key", "metric")
@@ -220,12 +192,9 @@ def _check_runs(
 
 
 def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
-    """Check ``frame`` against the baseline contract and return it with the canonical columns and dtypes.
-
-    ``source`` names where the table came from (an object key, a file) and starts the message of the
-    :class:`~gpucert.errors.BaselineFormatError` raised on any problem; row numbers are 1-based
-    positions in ``frame``. Row order is kept; the index is reset.
-    """
+    """Check ``frame`` against the baseline contract and return it with the canonical columns and dtypes
+    (row order kept, index reset). ``source`` (an object key, a file) starts the message of the
+    :class:`~gpucert.errors.BaselineFormatError` raised on any problem; rows are numbered from 1."""
     problems = _Problems()
     if not isinstance(frame, pd.DataFrame):
         problems.whole(f"expected a table, got {type(frame).__name__}")
@@ -311,11 +280,5 @@ def validate_baseline(frame: pd.DataFrame, source: str) -> pd.DataFrame:
             problems.rows(dup, "key", first_of)
 
     problems.raise_if_any(source)
-    out = {
-        **{c: text[c] for c in (*_REQUIRED_TEXT, *_OPTIONAL_TEXT)},
-        "center": numbers["center"],
-        "spread": numbers["spread"],
-        "n": np.asarray(numbers["n"]).astype("int64"),
-        **times,
-    }
+    out = {**text, **numbers, **times, "n": np.asarray(numbers["n"]).astype("int64")}
     return pd.DataFrame({c: pd.Series(out[c], dtype=BASELINE_DTYPES[c]) for c in BASELINE_COLUMNS})

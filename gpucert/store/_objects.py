@@ -1,19 +1,12 @@
 """The object layer: the few operations a storage backend must offer, and the local-file backend.
 
-The baseline store needs only whole-object reads and writes plus one conditional write, so a new
-backend (S3: :mod:`gpucert.store._s3`) implements this small :class:`ObjectStore` protocol and inherits every
-versioning rule from :mod:`gpucert.store._baselines` unchanged.
+A new backend (S3: :mod:`gpucert.store._s3`) implements only the small :class:`ObjectStore` protocol and
+inherits every versioning rule of :mod:`gpucert.store._baselines`. The conditional write compares etags, a
+hash of the content on files, so both backends answer the same question (docs/reference/store-layout.md).
 
-Why etags: the conditional write is compare-and-swap on the object's *content*, not on a clock or a
-modification time. A writer reads ``baselines/current`` with its etag, and moves it only if the etag is
-still the one it read; that is S3's ``If-Match`` (and ``If-None-Match: *`` for "must not exist yet"),
-and on a file system the etag is a hash of the content, so both backends answer the same question.
-
-Why a lock *and* an atomic rename on files: ``os.replace`` alone makes each write all-or-nothing (a
-reader sees the old object or the new one, never half of one; a crash leaves at most a hidden temp
-file), but two writers could both read etag A and both replace it. The exclusive ``flock`` makes
-read-compare-replace one step between writers, on one host or on a shared file system that honours
-``flock``. Readers never take the lock; the rename already protects them.
+Why a lock *and* an atomic rename on files: ``os.replace`` makes each write all-or-nothing, but two writers
+could both read etag A and both replace it; the exclusive ``flock`` makes read-compare-replace one step
+between writers (readers never take it: the rename already protects them).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
-from ..errors import StoreConflict, StoreUnavailable
-from ._errors import StoreNotFound, StoreURIError
+from ..errors import StoreConflict, StoreNotFound, StoreUnavailable, StoreURIError
 
 __all__ = ["Blob", "FileObjectStore", "ObjectStore", "check_key", "open_object_store", "require_root"]
 
@@ -57,45 +49,34 @@ class ObjectStore(Protocol):
     @property
     def uri(self) -> str:
         """The root, as a URI a user can pass back to ``--store``."""
-        ...
 
     def get(self, key: str) -> Blob | None:
         """The object's content and etag, or ``None`` when there is no such object."""
-        ...
 
     def put(self, key: str, data: bytes) -> str:
         """Write the object whatever was there (all-or-nothing); return its etag."""
-        ...
 
     def put_if(self, key: str, data: bytes, *, if_match: str | None) -> str:
-        """Write the object only if its etag is still ``if_match`` (``None``: only if it does not exist).
-
-        Raises :class:`~gpucert.errors.StoreConflict`, having written nothing, when the condition fails.
-        """
-        ...
+        """Write the object only if its etag is still ``if_match`` (``None``: only if it does not exist);
+        raises :class:`~gpucert.errors.StoreConflict`, having written nothing, when the condition fails."""
 
     def list(self, prefix: str) -> list[str]:
         """Every key that starts with ``prefix`` (a plain string prefix, as in S3), sorted."""
-        ...
 
     def exists(self, key: str) -> bool:
         """Whether the object exists."""
-        ...
 
     def delete(self, key: str) -> None:
         """Remove the object; a missing object is not an error."""
-        ...
 
     def root_exists(self) -> bool:
         """Whether the root itself exists (a folder; an S3 bucket with something under the prefix).
 
         Raises :class:`~gpucert.store.BucketNotFound` when an S3 store's bucket is missing."""
-        ...
 
     def link(self, key: str, *, expires_s: int) -> str:
         """A URL a browser can open to read the object (valid ``expires_s`` seconds where the backend
         signs links); the object need not exist yet."""
-        ...
 
 
 def check_key(key: str) -> str:
@@ -136,8 +117,7 @@ class FileObjectStore:
     """Objects as files under ``root``; the embedded default and the test bed.
 
     The root directory is created on the first write, not on open, so reading never leaves an empty
-    directory behind; a reading command opens with ``create=False`` (:func:`open_object_store`), which
-    refuses a root that does not exist instead of reading it as an empty store.
+    directory behind.
     """
 
     def __init__(self, root: Path) -> None:
@@ -289,37 +269,21 @@ class FileObjectStore:
 def _fsync_dir(folder: Path) -> None:
     # Makes the rename itself durable; some file systems cannot open a directory, which only costs
     # durability on a crash, not atomicity.
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _raise(exc: OSError) -> None:
     raise exc
 
 
-def _open_s3(uri: str) -> ObjectStore:
-    # The S3 backend (boto3, If-Match / If-None-Match conditional PUTs), credentials from the standard
-    # boto3 chain. Imported here so that a file store never pays for importing boto3; a caller with a
-    # client of its own (the Prefect block) uses S3ObjectStore.from_uri(uri, client=...) instead.
-    from ._s3 import S3ObjectStore
-
-    return S3ObjectStore.from_uri(uri)
-
-
 def require_root(objects: ObjectStore) -> None:
-    """Return if the store's root exists; raise :class:`~gpucert.store.StoreNotFound` naming it otherwise.
-
-    What a reading command checks before it reads: an absent root would otherwise read as an empty store,
-    and a typo in ``--store`` would silently drop every baseline.
-    """
+    """Return if the store's root exists; raise :class:`~gpucert.store.StoreNotFound` naming it otherwise
+    (read as an empty store, a typo in ``--store`` would silently drop every baseline)."""
     if not objects.root_exists():
         raise StoreNotFound(
             f"no store at {objects.uri}: its root does not exist (reading never creates one); check the "
@@ -328,23 +292,12 @@ def require_root(objects: ObjectStore) -> None:
 
 
 def open_object_store(uri: str, *, create: bool = True) -> ObjectStore:
-    """Open the object layer for a store root URI.
+    """The object layer for a store root URI: ``file:///abs/path`` or a local path, or ``s3://bucket/prefix``.
 
-    ``file:///abs/path`` and a plain local path open the file backend; ``s3://bucket/prefix`` opens
-    the S3 backend (:class:`~gpucert.store._s3.S3ObjectStore`). With ``create=False`` the root must
-    already exist (:func:`require_root`): readers pass it, writers that may make a new store do not.
-
-    Raises :class:`~gpucert.store.StoreURIError` (an :class:`~gpucert.errors.InputError`) naming the URI
-    for an empty or malformed URI, an unknown scheme or an ``s3://`` URI without a bucket, and
+    With ``create=False`` (readers) the root must already exist (:func:`require_root`). Raises
+    :class:`~gpucert.store.StoreURIError` naming a URI that cannot be opened, and
     :class:`~gpucert.store.StoreNotFound` for a missing root with ``create=False``.
     """
-    objects = _open(uri)
-    if not create:
-        require_root(objects)
-    return objects
-
-
-def _open(uri: str) -> ObjectStore:
     if not uri or not uri.strip():
         raise StoreURIError("the store URI is empty; give a file:// URI, a local path or an s3:// URI")
     try:
@@ -353,9 +306,13 @@ def _open(uri: str) -> ObjectStore:
     except ValueError as exc:
         raise StoreURIError(f"cannot open store {uri!r}: not a valid URI ({exc})") from None
     scheme = parts.scheme.lower()
+    objects: ObjectStore
     if scheme == "s3":
-        return _open_s3(uri)
-    if scheme == "file":
+        # Imported here so that a file store never pays for importing boto3; credentials from boto3's chain.
+        from ._s3 import S3ObjectStore
+
+        objects = S3ObjectStore.from_uri(uri)
+    elif scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise StoreURIError(
                 f"cannot open store {uri!r}: a file URI names a local absolute path, "
@@ -365,8 +322,12 @@ def _open(uri: str) -> ObjectStore:
             raise StoreURIError(f"cannot open store {uri!r}: the file URI has no path")
         if parts.query or parts.fragment:
             raise StoreURIError(f"cannot open store {uri!r}: a file store URI takes no ?query or #fragment")
-        return FileObjectStore(Path(unquote(parts.path)))
-    if not scheme or "://" not in uri:
+        objects = FileObjectStore(Path(unquote(parts.path)))
+    elif not scheme or "://" not in uri:
         # A plain path (relative or absolute); "C:" style drive letters are not a concern on Linux.
-        return FileObjectStore(Path(uri).expanduser())
-    raise StoreURIError(f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)")
+        objects = FileObjectStore(Path(uri).expanduser())
+    else:
+        raise StoreURIError(f"cannot open store {uri!r}: unknown scheme {scheme!r} (use file://, s3:// or a path)")
+    if not create:
+        require_root(objects)
+    return objects

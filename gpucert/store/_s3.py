@@ -1,47 +1,22 @@
 """The S3 backend of the object layer: boto3 against AWS or any S3-compatible endpoint.
 
-Every :class:`~gpucert.store._objects.ObjectStore` operation is one S3 request (``list`` is a paginated
-series), so the versioning rules of :mod:`gpucert.store._baselines` carry over unchanged:
+One S3 request per operation (docs/reference/store-layout.md says how each is made safe); etags are kept
+quoted, as S3 sends them (:func:`normalise_etag`), so any etag read is what the next ``put_if`` sends back.
+Each request, botocore's tries and back-offs included, ends within the call deadline (:class:`_Deadline`).
 
-- ``put``: PutObject. S3 makes a PUT all-or-nothing (a reader sees the old object or the new one), so
-  there is no temp-and-rename step; a failed PUT leaves nothing behind.
-- ``put_if``: PutObject with ``If-Match: <etag>`` (``If-None-Match: *`` when the object must not exist
-  yet). The server compares and writes in one step: HTTP 412 PreconditionFailed, 409
-  ConditionalRequestConflict (a concurrent conditional write to the same key), and 404 NoSuchKey (the
-  object named by ``If-Match`` is gone) all mean "someone else moved it" and raise
-  :class:`~gpucert.errors.StoreConflict`.
-- ``get``/``exists``/``list``/``delete``: GetObject, HeadObject, ListObjectsV2 (1,000 keys a page),
-  DeleteObject; ``root_exists``: one ListObjectsV2 of at most one key under the prefix.
-- ``link``: a presigned GetObject URL, signed locally (no request) for the client's endpoint, so a
-  browser reaches the object on AWS or on an S3-compatible server alike.
-
-Etags are kept exactly as S3 sends them, in double quotes (``"9b2cf535f27731c974343645a3985328"``). An
-etag that arrives without quotes (some S3-compatible servers, or a caller that stripped them) is quoted,
-and ``put_if`` quotes what it is given, so an etag from :meth:`S3ObjectStore.get` or a write is always
-the value the next conditional write sends back.
-
-Retries: botocore's *standard* retry mode retries dropped connections, timeouts, throttling and 5xx
-answers with jittered exponential backoff, up to ``max_attempts`` tries in all; whatever still fails
-becomes :class:`~gpucert.errors.StoreUnavailable`, naming the bucket, the key and the S3 error code.
-
-The deadline: one request takes at most the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``,
-20 s by default), every try and back-off included. botocore's timeouts are per try and fixed when the
-client is built, so a try waits at most a quarter of the deadline to connect and half of it for an
-answer, and a retry is made only when the longest back-off botocore may choose and one more whole try
-still fit before the deadline; otherwise the request fails with :class:`DeadlineExceeded` naming the
-endpoint. An endpoint that accepts connections and never answers fails in half the deadline.
-One case needs care: a conditional PUT whose answer was lost (the connection dropped after the server
-wrote it) is retried and then fails its own condition with 412. When a 412 comes after a retry, the
-object is read back; if it holds exactly the bytes this call wrote, the first attempt landed and the
-write succeeded, so :meth:`~gpucert.store.BaselineStore.update` does not re-apply a change it already
-made.
+One case needs care: a conditional PUT whose answer was lost (the server wrote it, then the connection
+dropped) is retried and fails its own condition with 412. After a retry, a 412 reads the object back: when
+it holds exactly our bytes the first try landed, so :meth:`~gpucert.store.BaselineStore.update` does not
+re-apply a change it already made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,8 +26,7 @@ from botocore.config import Config
 from botocore.retries import standard
 
 from .._deadline import call_deadline_s
-from ..errors import StoreConflict, StoreUnavailable
-from ._errors import BucketNotFound, StoreURIError
+from ..errors import BucketNotFound, StoreConflict, StoreUnavailable, StoreURIError
 from ._objects import Blob, _check_prefix, check_key
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DeadlineExceeded", "S3ObjectStore", "normalise_etag"]
@@ -88,17 +62,12 @@ class DeadlineExceeded(botocore.exceptions.BotoCoreError):  # type: ignore[misc]
 
 
 class _Deadline:
-    """botocore hooks that end a request's retries when the next one could not finish before its deadline.
-
-    botocore waits between tries and then makes one whose timeouts were fixed when the client was built; a
-    retry is allowed only when the longest wait it may choose plus a whole try (``attempt_s``) fit in what
-    is left, so the request ends by its deadline whatever the endpoint does.
-    """
+    """botocore hooks that end a request's retries when the next one could not finish before its deadline:
+    a retry is allowed only when the longest wait botocore may choose plus a whole try (``attempt_s``, its
+    timeouts fixed when the client was built) fit in what is left, whatever the endpoint does."""
 
     def __init__(self, endpoint: str, seconds: float, attempt_s: float, max_attempts: int) -> None:
-        self.endpoint = endpoint
-        self.seconds = seconds
-        self.attempt_s = attempt_s
+        self.endpoint, self.seconds, self.attempt_s = endpoint, seconds, attempt_s
         self._adapter = standard.RetryEventAdapter()
         self._retryable = standard.StandardRetryConditions(max_attempts=max_attempts)
         # With a "random" draw of 1, botocore's own back-off computes its longest wait for that try.
@@ -179,7 +148,7 @@ class S3ObjectStore:
     ``$AWS_ENDPOINT_URL``), ``region``, standard-mode retries and path-style addressing whenever an
     endpoint is configured (local and most S3-compatible servers need it). Each request of such a client
     ends within ``deadline_s`` (default: :func:`~gpucert._deadline.call_deadline_s`), its tries waiting
-    at most ``connect_timeout`` and ``read_timeout``, cut to a quarter and a half of it (see the module).
+    at most ``connect_timeout`` and ``read_timeout``, cut to a quarter and a half of it.
 
     The bucket must exist: the store never creates one, and a missing bucket is
     :class:`~gpucert.errors.StoreUnavailable` (``NoSuchBucket``) on every operation, reads included.
@@ -209,13 +178,11 @@ class S3ObjectStore:
                 raise StoreURIError(f"s3://{bucket}/{prefix} cannot be a store root: {exc}") from exc
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be ≥ 1, not {max_attempts}")
-        self.bucket = bucket
-        self.prefix = prefix
+        self.bucket, self.prefix = bucket, prefix
         if client is None:
             root = f"s3://{bucket}/{prefix}"
             given = "endpoint_url" if endpoint_url else ENDPOINT_ENV
             endpoint_url = endpoint_url or os.environ.get(ENDPOINT_ENV) or None
-            configured = endpoint_url or any(os.environ.get(name) for name in _BOTO_ENDPOINT_ENVS)
             # The endpoint botocore will use: ours, else the first of its own variables that is set.
             endpoint = None
             for source, url in [(given, endpoint_url), *((n, os.environ.get(n)) for n in _BOTO_ENDPOINT_ENVS)]:
@@ -230,7 +197,7 @@ class S3ObjectStore:
                 retries={"mode": "standard", "total_max_attempts": max_attempts},
                 connect_timeout=connect_s,
                 read_timeout=read_s,
-                s3={"addressing_style": "path" if configured else "auto"},
+                s3={"addressing_style": "path" if endpoint else "auto"},
                 # Said explicitly, because only then does botocore presign with SigV4 too: left unset, it
                 # presigns links with the legacy SigV2, which newer AWS regions refuse.
                 signature_version="s3v4",
@@ -250,11 +217,8 @@ class S3ObjectStore:
 
     @classmethod
     def from_uri(cls, uri: str, **options: Any) -> S3ObjectStore:
-        """Open ``s3://bucket/prefix``; ``options`` are those of the constructor (``client=`` …).
-
-        Raises :class:`~gpucert.store.StoreURIError` naming the URI when it is not ``s3://``, names no
-        bucket, carries a port, credentials, a query or a fragment, or does not parse.
-        """
+        """Open ``s3://bucket/prefix``; ``options`` are those of the constructor (``client=`` …). Raises
+        :class:`~gpucert.store.StoreURIError` naming a URI that is not one."""
         try:
             parts = urlsplit(uri)
             port = parts.port
@@ -310,6 +274,14 @@ class S3ObjectStore:
             detail = f"{code}: {exc}"
         return StoreUnavailable(f"S3 cannot {where}: {detail}")
 
+    @contextlib.contextmanager
+    def _calling(self, action: str, s3_key: str) -> Iterator[None]:
+        """Any failure of the requests in the block as :class:`StoreUnavailable` naming ``action`` and the key."""
+        try:
+            yield
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError, OSError) as exc:
+            raise self._unavailable(action, s3_key, exc) from exc
+
     # --- the ObjectStore protocol ---------------------------------------------------------------
 
     def get(self, key: str) -> Blob | None:
@@ -317,103 +289,86 @@ class S3ObjectStore:
 
     def _read(self, s3_key: str) -> Blob | None:
         """The object at ``s3_key`` (None when missing); any other failure is StoreUnavailable."""
-        try:
-            response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
+        with self._calling("read", s3_key):
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=s3_key)
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc)[0] in _MISSING_CODES:
+                    return None
+                raise
             data: bytes = response["Body"].read()
-        except botocore.exceptions.ClientError as exc:
-            if _error_code(exc)[0] in _MISSING_CODES:
-                return None
-            raise self._unavailable("read", s3_key, exc) from exc
-        except (botocore.exceptions.BotoCoreError, OSError) as exc:
-            raise self._unavailable("read", s3_key, exc) from exc
         return Blob(data, normalise_etag(str(response["ETag"])))
 
     def exists(self, key: str) -> bool:
         s3_key = self._key(key)
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=s3_key)
-        except botocore.exceptions.ClientError as exc:
-            if _error_code(exc)[0] in _MISSING_CODES:
-                return False
-            raise self._unavailable("look up", s3_key, exc) from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise self._unavailable("look up", s3_key, exc) from exc
+        with self._calling("look up", s3_key):
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=s3_key)
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc)[0] in _MISSING_CODES:
+                    return False
+                raise
         return True
 
     def put(self, key: str, data: bytes) -> str:
         s3_key = self._key(key)
-        try:
+        with self._calling("write", s3_key):
             response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise self._unavailable("write", s3_key, exc) from exc
         return self._etag_of(response, s3_key)
 
     def put_if(self, key: str, data: bytes, *, if_match: str | None) -> str:
         s3_key = self._key(key)
         condition: dict[str, str] = {"IfNoneMatch": "*"} if if_match is None else {"IfMatch": normalise_etag(if_match)}
-        try:
-            response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data, **condition)
-        except botocore.exceptions.ClientError as exc:
-            code, status = _error_code(exc)
-            gone = if_match is not None and code in _MISSING_CODES
-            if code in _CONFLICT_CODES or status in (409, 412) or gone:
-                landed = self._own_write_landed(s3_key, data) if _retried(exc) else None
-                if landed is not None:
-                    return landed
+        with self._calling("write", s3_key):
+            try:
+                response = self._client.put_object(Bucket=self.bucket, Key=s3_key, Body=data, **condition)
+            except botocore.exceptions.ClientError as exc:
+                code, status = _error_code(exc)
+                gone = if_match is not None and code in _MISSING_CODES
+                if not (code in _CONFLICT_CODES or status in (409, 412) or gone):
+                    raise
+                # After a retry, our own first try may be what the condition fails on (the module says why).
+                current = self._read(s3_key) if _retried(exc) else None
+                if current is not None and current.data == data:
+                    return current.etag
                 raise self._conflict(s3_key, if_match, code, gone=gone) from exc
-            raise self._unavailable("write", s3_key, exc) from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise self._unavailable("write", s3_key, exc) from exc
         return self._etag_of(response, s3_key)
 
     def delete(self, key: str) -> None:
         s3_key = self._key(key)
-        try:
+        with self._calling("delete", s3_key):
             # S3 answers 204 whether or not the object existed.
             self._client.delete_object(Bucket=self.bucket, Key=s3_key)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise self._unavailable("delete", s3_key, exc) from exc
 
     def root_exists(self) -> bool:
-        """Whether the bucket exists and holds at least one object under the prefix.
-
-        S3 has no folders: a prefix with nothing under it is indistinguishable from a mistyped one, so
-        both count as "no store here". A missing bucket is another matter: no write can ever start the
-        store (gpucert never creates buckets), so it raises :class:`~gpucert.store.BucketNotFound`, an
-        input error, and a command that checks its store first stops before it has started anything.
-        """
+        """Whether the bucket holds at least one object under the prefix (S3 has no folders: an empty prefix
+        and a mistyped one are both "no store here"). A missing bucket raises
+        :class:`~gpucert.store.BucketNotFound`: no write could ever start the store (gpucert never creates
+        buckets), so a command that checks its store first stops before it has started anything."""
         root = f"{self.prefix}/" if self.prefix else ""
-        try:
-            page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=root, MaxKeys=1)
-        except botocore.exceptions.ClientError as exc:
-            if _error_code(exc)[0] == "NoSuchBucket":
-                raise self._no_bucket() from None
-            raise self._unavailable("list", root + "*", exc) from exc
-        except botocore.exceptions.BotoCoreError as exc:
-            raise self._unavailable("list", root + "*", exc) from exc
+        with self._calling("list", root + "*"):
+            try:
+                page = self._client.list_objects_v2(Bucket=self.bucket, Prefix=root, MaxKeys=1)
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc)[0] == "NoSuchBucket":
+                    raise self._no_bucket() from None
+                raise
         return bool(page.get("Contents"))
 
     def link(self, key: str, *, expires_s: int) -> str:
-        """A presigned GetObject URL for the client's endpoint, valid ``expires_s`` seconds.
-
-        Signed the way the client is configured: SigV4 for a client this class built; a client passed in
-        should set ``signature_version="s3v4"`` too, or botocore falls back to SigV2 for links.
-        """
+        """A presigned GetObject URL for the client's endpoint, valid ``expires_s`` seconds; a client passed
+        in should set ``signature_version="s3v4"`` too, or botocore signs links with the legacy SigV2."""
         s3_key = self._key(key)
-        try:
-            url: str = self._client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": s3_key}, ExpiresIn=expires_s
-            )
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            # Signing is local: what fails here is the credentials (none found, or unusable).
-            raise self._unavailable("sign a link to", s3_key, exc) from exc
-        return url
+        # Signing is local: what fails here is the credentials (none found, or unusable).
+        with self._calling("sign a link to", s3_key):
+            params = {"Bucket": self.bucket, "Key": s3_key}
+            return str(self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
 
     def list(self, prefix: str) -> list[str]:
         _check_prefix(prefix)
         root = f"{self.prefix}/" if self.prefix else ""
         keys: list[str] = []
-        try:
+        with self._calling("list", root + prefix + "*"):
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root + prefix)
             for page in pages:
                 for item in page.get("Contents", ()):
@@ -423,8 +378,6 @@ class S3ObjectStore:
                     except ValueError:
                         continue  # a "folder" marker or a hidden name some other tool left: not an object
                     keys.append(key)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise self._unavailable("list", root + prefix + "*", exc) from exc
         return sorted(keys)
 
     # --- helpers --------------------------------------------------------------------------------
@@ -434,16 +387,9 @@ class S3ObjectStore:
         if etag:
             return normalise_etag(str(etag))
         # Some S3-compatible servers omit the etag from a PUT answer; ask for it.
-        try:
+        with self._calling("look up", s3_key):
             head = self._client.head_object(Bucket=self.bucket, Key=s3_key)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise self._unavailable("look up", s3_key, exc) from exc
         return normalise_etag(str(head["ETag"]))
-
-    def _own_write_landed(self, s3_key: str, data: bytes) -> str | None:
-        """After a retried conditional PUT failed: the etag if the object holds our bytes, else None."""
-        current = self._read(s3_key)
-        return current.etag if current is not None and current.data == data else None
 
     def _no_bucket(self) -> BucketNotFound:
         endpoint = getattr(self._client.meta, "endpoint_url", None) or "S3"

@@ -1,22 +1,19 @@
 """What both telemetry sources share: the signals gpucert reads, the reading they return, and how raw
 per-GPU readings become rows of the results contract (docs/design/data-contracts.md, "Results").
 
-A source first produces *readings*: one row per GPU (node, index, UUID, model), registry metric and
-value, already reduced over its window, possibly with duplicates (two Prometheus jobs scraping one
-exporter, an exporter pod restarted within the window). :func:`to_results` combines the duplicates the
-way the metric's reduction says (the worst of two minima is the lower one, of two maxima the higher),
-settles identities the results contract requires to be unique within a run (one UUID per GPU slot, one
-slot per UUID, one model per node), adds XID events, the node-level GPU counts and the node-level NIC
-readings (node-exporter's infiniband collector: :data:`NIC_SERIES`), and validates the frame with
-:func:`gpucert.results.parse_results`.
+A source produces *readings*, one row per GPU, registry metric and value, already reduced over its window and
+possibly with duplicates (two Prometheus jobs scraping one exporter, an exporter restarted within the window).
+:func:`to_results` combines the duplicates as the metric's reduction says, settles the identities the results
+contract requires to be unique within a run, adds XID events, GPU counts and NIC readings, and validates the frame.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import ssl
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -37,11 +34,8 @@ Reduce = Literal["max", "min", "last", "increase", "peak_rate_per_min", "bits_or
 
 @dataclass(frozen=True)
 class Signal:
-    """One registry metric read from DCGM series.
-
-    ``sources`` are DCGM names in order of preference (the first one a GPU has wins); ``reduce`` says how
-    the window's samples become one value.
-    """
+    """One registry metric read from DCGM series: ``sources`` in order of preference (the first one a GPU has
+    wins), ``reduce`` how the window's samples become one value."""
 
     metric: str
     sources: tuple[str, ...]
@@ -85,10 +79,8 @@ SIGNALS: tuple[Signal, ...] = (
 #: PCIe generation and width are the exception: their reading is already the best the link reached.
 _LOWER_WINS = frozenset({"temp_slowdown_c"})
 
-#: The bits of the clock-event reasons mask (docs/reference/telemetry.md, "Clock-event reasons") and the
-#: hardware-slowdown ones among them.
+#: The bits of the clock-event reasons mask (docs/reference/telemetry.md, "Clock-event reasons").
 CLOCK_EVENT_BITS: tuple[int, ...] = (0x001, 0x002, 0x004, 0x008, 0x010, 0x020, 0x040, 0x080, 0x100)
-HW_SLOWDOWN_BITS = 0x008 | 0x040 | 0x080
 
 #: node-exporter's infiniband collector (prometheus/node_exporter ``collector/infiniband_linux.go``), one
 #: series per RDMA port with labels ``device`` and ``port``, and the registry's NIC metrics made from them:
@@ -111,8 +103,10 @@ PRESENCE = "DCGM_FI_DEV_GPU_TEMP"
 #: blow up the frame, and the gates need only to know it repeated.
 MAX_EVENTS_PER_XID = 1000
 
-READING_COLUMNS = ("node", "gpu", "gpu_uuid", "gpu_model", "metric", "value")
-EVENT_COLUMNS = ("node", "gpu", "gpu_uuid", "gpu_model", "xid", "count", "ts")
+#: A GPU's identity in a reading or an event, then what each holds (and their dtypes, for an empty frame).
+_IDENTITY: dict[str, Any] = {"node": object, "gpu": np.int64, "gpu_uuid": object, "gpu_model": object}
+_READING: dict[str, Any] = {**_IDENTITY, "metric": object, "value": np.float64}
+_EVENT: dict[str, Any] = {**_IDENTITY, "xid": np.int64, "count": np.int64, "ts": "datetime64[us, UTC]"}
 
 
 @dataclass(frozen=True)
@@ -176,30 +170,11 @@ class Problems:
 
 
 def empty_readings() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "node": pd.Series(dtype=object),
-            "gpu": pd.Series(dtype=np.int64),
-            "gpu_uuid": pd.Series(dtype=object),
-            "gpu_model": pd.Series(dtype=object),
-            "metric": pd.Series(dtype=object),
-            "value": pd.Series(dtype=np.float64),
-        }
-    )
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _READING.items()})
 
 
 def empty_events() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "node": pd.Series(dtype=object),
-            "gpu": pd.Series(dtype=np.int64),
-            "gpu_uuid": pd.Series(dtype=object),
-            "gpu_model": pd.Series(dtype=object),
-            "xid": pd.Series(dtype=np.int64),
-            "count": pd.Series(dtype=np.int64),
-            "ts": pd.Series(dtype="datetime64[us, UTC]"),
-        }
-    )
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _EVENT.items()})
 
 
 def to_results(
@@ -224,36 +199,26 @@ def to_results(
     """
     stamp = pd.Timestamp(utc(ts)).as_unit("us")
     readings = _combine(readings)
-    keep = _settle_identities(
-        pd.concat([readings[list(READING_COLUMNS[:4])], events[list(EVENT_COLUMNS[:4])]], ignore_index=True),
-        present,
-        problems,
-    )
-    readings = readings.merge(keep, on=["node", "gpu", "gpu_uuid", "gpu_model"], how="inner")
-    events = events.merge(keep, on=["node", "gpu", "gpu_uuid", "gpu_model"], how="inner")
+    identity = list(_IDENTITY)
+    keep = _settle_identities(pd.concat([readings[identity], events[identity]], ignore_index=True), present, problems)
+    readings = readings.merge(keep, on=identity, how="inner")
+    events = events.merge(keep, on=identity, how="inner")
 
     parts: list[pd.DataFrame] = []
     if len(readings):
         parts.append(readings.assign(ts=stamp))
     if len(events):
         counts = np.minimum(events["count"].to_numpy(dtype=np.int64), MAX_EVENTS_PER_XID)
-        repeated = events.loc[events.index.repeat(counts)]
+        repeated = events.loc[events.index.repeat(counts)].reset_index(drop=True)
         parts.append(
-            pd.DataFrame(
-                {
-                    "node": repeated["node"].to_numpy(),
-                    "gpu": repeated["gpu"].to_numpy(),
-                    "gpu_uuid": repeated["gpu_uuid"].to_numpy(),
-                    "gpu_model": repeated["gpu_model"].to_numpy(),
-                    "metric": "xid",
-                    "value": repeated["xid"].to_numpy(dtype=np.float64),
-                    "ts": pd.to_datetime(repeated["ts"], utc=True).dt.as_unit("us").to_numpy(),
-                }
+            repeated[identity].assign(
+                metric="xid",
+                value=repeated["xid"].to_numpy(dtype=np.float64),
+                ts=pd.to_datetime(repeated["ts"], utc=True).dt.as_unit("us"),
             )
         )
-    parts.append(_node_counts(keep, present, expected_gpus, stamp, problems))
-    if node_readings is not None and len(node_readings):
-        parts.append(_node_rows(keep, node_readings, stamp))
+    node_level = pd.concat([_node_counts(keep, present, expected_gpus, problems), node_readings], ignore_index=True)
+    parts.append(_node_rows(keep, node_level, stamp))
     parts = [p for p in parts if len(p)]
     if not parts:
         return empty_results()
@@ -284,26 +249,26 @@ def _within_bounds(frame: pd.DataFrame, problems: Problems) -> pd.DataFrame:
 
 def _combine(readings: pd.DataFrame) -> pd.DataFrame:
     """One value per (GPU, metric): the worse of duplicates (see :data:`_LOWER_WINS`)."""
-    if readings.empty:
-        return empty_readings()
-    readings = readings[np.isfinite(readings["value"].to_numpy(dtype=np.float64))]
-    keys = ["node", "gpu", "gpu_uuid", "gpu_model", "metric"]
-    lower = readings["metric"].isin(_LOWER_WINS).to_numpy()
-    parts: list[pd.DataFrame] = []
-    if (~lower).any():
-        parts.append(readings[~lower].groupby(keys, sort=False)["value"].max().reset_index())
-    if lower.any():
-        parts.append(readings[lower].groupby(keys, sort=False)["value"].min().reset_index())
-    return pd.concat(parts, ignore_index=True) if parts else empty_readings()
+    finite = readings[np.isfinite(readings["value"].to_numpy(dtype=np.float64))]
+    return worst_of(finite, [*_IDENTITY, "metric"], _LOWER_WINS) if len(finite) else empty_readings()
+
+
+def worst_of(frame: pd.DataFrame, keys: list[str], lower_wins: Collection[str]) -> pd.DataFrame:
+    """One ``value`` per ``keys`` (``metric`` among them): of duplicates the worse, the lower for the metrics
+    of ``lower_wins``, else the higher."""
+    lower = frame["metric"].isin(lower_wins).to_numpy()
+    parts = [
+        frame[rows].groupby(keys, sort=False)["value"].agg(worse).reset_index()
+        for rows, worse in ((~lower, "max"), (lower, "min"))
+        if rows.any()
+    ]
+    return pd.concat(parts, ignore_index=True)
 
 
 def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Problems) -> pd.DataFrame:
-    """The identities (node, gpu, gpu_uuid, gpu_model) to keep: within one reading a GPU slot has one UUID,
-    a UUID one slot, a node one model (the results contract's rules for one run).
-
-    A slot that showed two UUIDs in the window (a GPU swapped) keeps the one reporting at the end, else
-    the one with more readings; the other is dropped and named in ``problems``.
-    """
+    """The identities (node, gpu, gpu_uuid, gpu_model) to keep: within one reading a GPU slot has one UUID, a
+    UUID one slot, a node one model (the results contract's rules for one run). Of two UUIDs in one slot (a GPU
+    swapped) the one reporting at the end stays; the other is dropped and named in ``problems``."""
     ids = ids.drop_duplicates(ignore_index=True)
     if ids.empty:
         return ids
@@ -344,40 +309,28 @@ def _settle_identities(ids: pd.DataFrame, present: pd.DataFrame, problems: Probl
 
 
 def _node_counts(
-    ids: pd.DataFrame,
-    present: pd.DataFrame,
-    expected_gpus: Mapping[str, int] | None,
-    stamp: pd.Timestamp,
-    problems: Problems,
+    ids: pd.DataFrame, present: pd.DataFrame, expected_gpus: Mapping[str, int] | None, problems: Problems
 ) -> pd.DataFrame:
-    """``gpu_count`` (GPUs reporting at the end) and ``gpu_count_expected`` for the nodes with telemetry.
-
-    A node none of whose GPUs reports at the end gets no count but a problem: its exporter (or the whole
-    node) went away, which says nothing about how many GPUs the node sees, and a count of 0 would fail
-    every GPU of it.
-    """
-    nodes = sorted(set(ids["node"].astype(str)))
+    """``gpu_count`` (GPUs reporting at the end) and ``gpu_count_expected`` of the nodes with telemetry. A node
+    none of whose GPUs reports at the end gets a problem, no count: its exporter (or the node) went away, which
+    says nothing about how many GPUs it sees, and a count of 0 would fail every GPU of it."""
     reporting = present.drop_duplicates(["node", "gpu"]).groupby("node").size() if len(present) else pd.Series()
-    model = ids.drop_duplicates("node").set_index("node")["gpu_model"]
-    rows: list[tuple[str, str, str, float]] = []
-    for node in nodes:
+    rows: list[tuple[str, str, float]] = []
+    for node in sorted(set(ids["node"].astype(str))):
         if node not in reporting.index:
             problems.add(
                 node, "no GPU series at the end of the window (exporter or node down): its GPU count is unknown"
             )
             continue
-        rows.append((node, str(model[node]), "gpu_count", float(reporting[node])))
+        rows.append((node, "gpu_count", float(reporting[node])))
         if expected_gpus is not None and node in expected_gpus:
-            rows.append((node, str(model[node]), "gpu_count_expected", float(expected_gpus[node])))
-    frame = pd.DataFrame(rows, columns=["node", "gpu_model", "metric", "value"])
-    frame["gpu"] = pd.NA
-    frame["gpu_uuid"] = None
-    frame["ts"] = stamp
-    return frame
+            rows.append((node, "gpu_count_expected", float(expected_gpus[node])))
+    return pd.DataFrame(rows, columns=["node", "metric", "value"])
 
 
 def _node_rows(ids: pd.DataFrame, node_readings: pd.DataFrame, stamp: pd.Timestamp) -> pd.DataFrame:
-    """``node_readings`` of the nodes in ``ids``, as node-level rows with the node's GPU model."""
+    """``node_readings`` (node, metric, value) of the nodes in ``ids``, as node-level rows with the node's GPU
+    model."""
     model = ids.drop_duplicates("node").set_index("node")["gpu_model"]
     frame = node_readings[node_readings["node"].isin(model.index)]
     return pd.DataFrame(
@@ -391,6 +344,31 @@ def _node_rows(ids: pd.DataFrame, node_readings: pd.DataFrame, stamp: pd.Timesta
             "ts": stamp,
         }
     )
+
+
+def transport_reason(exc: BaseException) -> str:
+    """What went wrong below HTTP, in the system's words (``connection refused``, an untrusted certificate):
+    the error httpx wraps, found along the chain of causes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"{_UNTRUSTED} ({seen.verify_message}): {_GIVE_THE_CA}"
+        if isinstance(seen, TimeoutError):
+            return "connection timed out"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror.lower()
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        detail = text.split("certificate verify failed:", 1)[-1].split("(_ssl", 1)[0].strip()
+        return f"{_UNTRUSTED} ({detail}): {_GIVE_THE_CA}"
+    if "refused" in text.lower():
+        return "connection refused"
+    return text or type(exc).__name__
+
+
+_UNTRUSTED = "TLS certificate not trusted"
+_GIVE_THE_CA = "give the CA that signed it, or turn verification off"
 
 
 def missing_nodes(expected: Iterable[str], reported: Iterable[str]) -> list[str]:

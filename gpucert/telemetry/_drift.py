@@ -1,47 +1,14 @@
-"""Slow drift on each GPU's own history (docs/design/operate.md, "Drift"): a lower CUSUM (or EWMA) per GPU × metric.
+"""Slow drift on each GPU's own history: a lower CUSUM (or EWMA) per GPU × metric (docs/design/operate.md, "Drift",
+with why k = 1.5, h = 6 and not the textbook's).
 
-Input: per run, each GPU's median of a performance metric (and each node's, for node metrics), with the
-count and standard deviation of the repeats behind it, from :func:`history_from_store` or
-:func:`run_medians`. Each GPU's series is its *own* last ``window_runs`` certifications, however many
-of the store's runs that takes (a 7-day rotation measures a GPU in one night of seven).
-
-Each run is judged against the entity's own baseline (the store's ``baseline.parquet``: ``center``,
-``spread``, ``n``; level ``gpu`` keyed by UUID or ``node`` keyed by node name), in three steps:
-
-1. **The fleet factor.** Per run and cohort (GPU model × metric), the median of value / centre over the
-   cohort's entities that have a baseline: a night where every GPU moved (a new driver, a warm hall)
-   is the fleet's, not each GPU's, and is divided out — as the verdict engine does, with the same
-   ``fleet`` policy (enough GPUs on enough nodes, else no correction).
-2. **The noise.** ``σ_t² = σ_med² + σ_c²``. ``σ_med`` is the noise of one run's median: the repeats'
-   own spread (a robust pool over the GPU's runs, shrunk toward and never below its cohort's typical
-   spread, so a GPU whose three repeats agreed by chance is not taken for a precise one), times the
-   spread of a median of ``n`` repeats. A run whose repeats disagree beyond chance (two transient bad
-   samples of three) is judged with the spread it showed, and neither raises a one-run alarm nor
-   clears one. ``σ_c = max(spread, σ_med) / √n`` is the uncertainty of the baseline's centre.
-3. ``u_t = dir · (x_t / f_t − center) / σ_t``: a drop is negative, clipped to ±``clip``.
-
-Then per series, from 0 at the start of its window: CUSUM ``C_t = max(0, C_{t−1} − u_t − k)``, alarm
-when ``C_t > h``, or EWMA ``z_t = λu_t + (1−λ)z_{t−1}``, alarm when ``z_t < −L·sqrt(λ/(2−λ))``; and,
-with either, a one-run limit: ``u_t < −shewhart`` alarms at once (a step). An alarm holds until a
-later run is back at the baseline (``u_t ≥ −clear``: the statistic restarts from 0) or the statistic
-is back at rest on its own.
-
-Why not the textbook k = 0.5, h = 5 (ARL0 ≈ 930): those ARLs assume μ0 known. A centre set from n = 5
-runs is off by σ/√5 ≈ 0.45 σ, the *same* error every night (u correlated 1/(n+1) between nights), so a
-stable GPU whose centre came out high sits at u ≈ −0.4 night after night and a k = 0.5 chart walks into
-alarm. A Monte Carlo of exactly that (normal noise, σ known, 4 metrics × 30 nights per GPU) flags
-~40 % of stable GPUs with k = 0.5, h = 5 (~4 % were the centre known). The bar is ≤ 0.5 % of GPUs, i.e.
-≲ 0.12 % per series within 30 runs, while GEMM (a median of 3 repeats at 0.7 %: σ_t ≈ 0.51 %) losing
-0.5 % a night (+1 σ a night) is seen within ~6 nights and a 3 % step (≈ 5.8 σ) the first night. The
-step needs a one-run limit below 5.8 σ; the decline wants the k that is optimal for the ~3 σ the drop
-reaches by night 3. k = 1.5, h = 6 with a one-run limit of 4 σ: in that Monte Carlo 0.12 % of series,
-0.47 % of GPUs alarm within 30 nights (the one-run limit is most of it; 4.25 σ would halve it and
-let one 3 % step in ten wait a night), the decline crosses in 4–5 nights, the step the first night in
-19 of 20. The EWMA defaults (λ = 0.3, L = 5.5: −2.31 σ) were chosen the same way. The fleet model
-(``benchmarks/drift_speed.py``: transient bad repeats, a larger σ_t) prints what it measures.
-
-An alarm asks for a re-certification only; it drains nothing by itself (docs/design/operate.md, "Drift"). The recursion
-runs over positions — few — with numpy across all series at once.
+Input: per run, each GPU's (or node's) median of a performance metric with the count and standard deviation of
+the repeats behind it (:func:`history_from_store`, :func:`run_medians`); each series is the entity's *own* last
+``window_runs`` certifications, however many of the store's runs that takes. Each run is judged against the
+entity's own baseline (the store's ``gpu`` and ``node`` rows) after the night's fleet factor is divided out,
+standardised by ``σ_t² = σ_med² + σ_c²`` (the run median's noise, from the repeats' spread pooled robustly per
+series and never below the cohort's; and the baseline centre's uncertainty). A run whose repeats disagree beyond
+chance is judged with the spread it showed, and neither raises a one-run alarm nor clears one. An alarm asks for
+a re-certification only. The recursion runs over positions — few — with numpy across all series at once.
 """
 
 from __future__ import annotations
@@ -88,32 +55,14 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 #: The performance metrics drift is watched on by default (GPU level, and the node's all-reduce).
-DRIFT_METRICS: tuple[str, ...] = (
-    "gemm_bf16_tflops",
-    "hbm_copy_gbps",
-    "h2d_gbps",
-    "d2h_gbps",
-    "nccl_allreduce_busbw_gbps",
-)
+DRIFT_METRICS = ("gemm_bf16_tflops", "hbm_copy_gbps", "h2d_gbps", "d2h_gbps", "nccl_allreduce_busbw_gbps")
 #: One row per run and GPU (or node) and metric: the median of its ``n`` repeats and their standard
 #: deviation ``rep_sd`` (NaN for a single repeat).
-HISTORY_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "ts",
-    "node",
-    "gpu",
-    "gpu_uuid",
-    "gpu_model",
-    "metric",
-    "value",
-    "n",
-    "rep_sd",
-)
+HISTORY_COLUMNS = ("run_id", "ts", "node", "gpu", "gpu_uuid", "gpu_model", "metric", "value", "n", "rep_sd")
+#: A series: the GPU (or node) and the metric.
+_SERIES = ("node", "gpu", "gpu_uuid", "metric")
 DRIFT_COLUMNS: tuple[str, ...] = (
-    "node",
-    "gpu",
-    "gpu_uuid",
-    "metric",
+    *_SERIES,
     "method",
     "statistic",
     "threshold",
@@ -129,12 +78,11 @@ DRIFT_COLUMNS: tuple[str, ...] = (
     "action",
     "reason",
 )
-#: One row per series and run of :func:`drift_trace`: what the detector saw that night.
+#: One row per series and run of :func:`drift_trace`: what the detector saw that night (the value, its own
+#: baseline's centre, the fleet factor, σ_t, the standardised u, the statistic against its threshold, and
+#: whether the series was in alarm, raised one or cleared one).
 TRACE_COLUMNS: tuple[str, ...] = (
-    "node",
-    "gpu",
-    "gpu_uuid",
-    "metric",
+    *_SERIES,
     "run_id",
     "ts",
     "value",
@@ -200,18 +148,19 @@ def _medians(results: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return out
 
 
+def _hash(column: pd.Series) -> npt.NDArray[np.uint64]:
+    """A 64-bit hash per value (a categorical is hashed per category): vectorised, instead of string keys."""
+    return np.asarray(pd.util.hash_pandas_object(column, index=False), dtype=np.uint64)
+
+
 def _entity_hashes(
     frame: pd.DataFrame,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
-    """Per history row, 64-bit keys of its series (entity × metric), its entity (GPU or node) and its
-    node: vectorised hashes instead of string keys (a categorical is hashed per category)."""
-    metric = frame["metric"]
-    gpu_level = _level_of(metric) == "gpu"
-    h_uuid = pd.util.hash_pandas_object(frame["gpu_uuid"], index=False).to_numpy(dtype=np.uint64)
-    h_node = pd.util.hash_pandas_object(frame["node"], index=False).to_numpy(dtype=np.uint64)
-    h_metric = pd.util.hash_pandas_object(metric, index=False).to_numpy(dtype=np.uint64)
-    entity = np.asarray(np.where(gpu_level, h_uuid, h_node ^ _NODE_SALT), dtype=np.uint64)
-    return np.asarray(entity * _MIX + h_metric, dtype=np.uint64), entity, np.asarray(h_node, dtype=np.uint64)
+    """Per history row, 64-bit keys of its series (entity × metric), its entity (GPU or node) and its node."""
+    gpu_level = _level_of(frame["metric"]) == "gpu"
+    h_node = _hash(frame["node"])
+    entity = np.asarray(np.where(gpu_level, _hash(frame["gpu_uuid"]), h_node ^ _NODE_SALT), dtype=np.uint64)
+    return np.asarray(entity * _MIX + _hash(frame["metric"]), dtype=np.uint64), entity, h_node
 
 
 def _level_of(metric: pd.Series) -> npt.NDArray[np.object_]:
@@ -231,19 +180,16 @@ def history_from_store(
     metrics: Sequence[str] = DRIFT_METRICS,
     last_runs: int = 30,
     max_days: float | None = 240.0,
-    max_runs: int | None = None,
     baseline: pd.DataFrame | None = None,
     workers: int = 8,
 ) -> pd.DataFrame:
     """Each GPU's (and node's) own last ``last_runs`` per-run medians (:func:`run_medians`) in ``store``,
     oldest first, from ``since`` on (a date: runs of that day and later; a datetime: runs whose first
-    sample is not earlier). A run without ``results.parquet`` is skipped.
+    sample is not earlier), at most ``max_days`` before the newest run. A run without results is skipped.
 
-    Runs are read newest first, ``2 × workers`` at a time in parallel, and reading stops once every
-    GPU and node in service (measured in its node's newest run: a replaced GPU's old UUID is not) has
-    ``last_runs`` points, or — with ``baseline`` given — once the runs read reach back past its
-    baseline's first run (older ones are not its history). The lookback never exceeds ``max_days``
-    before the newest run nor ``max_runs`` run folders.
+    Runs are read newest first, ``2 × workers`` at a time, until every GPU and node in service (measured in
+    its node's newest run) has ``last_runs`` points or, with ``baseline`` given, its whole history since its
+    baseline's first run.
 
     Raises :class:`~gpucert.errors.StoreError` when a results file cannot be read or parsed (naming the
     run), and ``ValueError`` when ``last_runs`` < 1.
@@ -254,7 +200,7 @@ def history_from_store(
     if since is not None:
         first_day = since.date() if isinstance(since, datetime) else since
         runs = [(day, run) for day, run in runs if day >= first_day]
-    candidates = runs[::-1] if max_runs is None else runs[::-1][: max(0, max_runs)]
+    candidates = runs[::-1]
     first_ts = _first_ts_index(baseline) if baseline is not None else None
 
     def load(entry: tuple[date, str]) -> pd.DataFrame | None:
@@ -315,11 +261,9 @@ def history_from_store(
 def _first_ts_index(baseline: pd.DataFrame) -> pd.Series:
     """The baseline's ``first_ts`` (int64 µs) per series key, as :func:`_entity_hashes` computes it."""
     own = baseline[baseline["level"].isin(["gpu", "node"])]
-    level = own["level"].astype(object).to_numpy()
-    h_key = pd.util.hash_pandas_object(own["key"].astype(object), index=False).to_numpy(dtype=np.uint64)
-    h_metric = pd.util.hash_pandas_object(own["metric"].astype(object), index=False).to_numpy(dtype=np.uint64)
-    entity = np.where(level == "gpu", h_key, h_key ^ _NODE_SALT)
-    keys = entity * _MIX + h_metric
+    h_key = _hash(own["key"].astype(object))
+    entity = np.where(own["level"].astype(object) == "gpu", h_key, h_key ^ _NODE_SALT)
+    keys = entity * _MIX + _hash(own["metric"].astype(object))
     return pd.Series(_micros(own["first_ts"]), index=pd.Index(keys)).groupby(level=0).max()
 
 
@@ -370,11 +314,8 @@ def _typed(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _empty_history() -> pd.DataFrame:
-    return _typed(
-        pd.DataFrame({c: pd.Series(dtype=object) for c in HISTORY_COLUMNS}).astype(
-            {"value": np.float64, "n": np.int64, "rep_sd": np.float64, "ts": "datetime64[us, UTC]"}
-        )
-    )
+    types = {"value": np.float64, "n": np.int64, "rep_sd": np.float64, "ts": "datetime64[us, UTC]"}
+    return _typed(_empty(HISTORY_COLUMNS, types))
 
 
 # --- the statistics ------------------------------------------------------------------------------------
@@ -427,22 +368,13 @@ class _Params:
         return self.h if self.method == "cusum" else ewma_limit(self.lam, self.L)
 
 
-def _params(policy: Policy, overrides: dict[str, Any]) -> _Params:
+def _params(policy: Policy, **overrides: Any) -> _Params:
     drift = policy.drift
-    given = {k: v for k, v in overrides.items() if v is not None}
-    values: dict[str, Any] = {
-        "method": drift.method,
-        "k": drift.k,
-        "h": drift.h,
-        "lam": drift.lam,
-        "L": drift.L,
-        "shewhart": drift.shewhart,
-        "clip": drift.clip,
-        "clear": drift.clear,
-        "window": drift.window_runs,
-        # A policy seeding from fewer runs than the drift minimum is still judged, on complete baselines.
-        "min_baseline_runs": min(drift.min_baseline_runs, policy.baseline.seed_runs),
-    } | given
+    values: dict[str, Any] = {name: getattr(drift, name) for name in ("method", "k", "h", "lam", "L", "shewhart")}
+    values |= {"clip": drift.clip, "clear": drift.clear, "window": drift.window_runs}
+    # A policy seeding from fewer runs than the drift minimum is still judged, on complete baselines.
+    values["min_baseline_runs"] = min(drift.min_baseline_runs, policy.baseline.seed_runs)
+    values |= {k: v for k, v in overrides.items() if v is not None}
     if values["method"] not in ("cusum", "ewma"):
         raise ValueError(f"method is 'cusum' or 'ewma', not {values['method']!r}")
     for name in ("k", "h", "lam", "L", "shewhart", "clip"):
@@ -487,10 +419,9 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     metric = history["metric"].astype("category")
     names = np.asarray(metric.cat.categories, dtype=object)
     mcode = metric.cat.codes.to_numpy().astype(np.int64)
-    known = [n in METRICS for n in names]
-    gpu_level = np.array([k and METRICS[n].level == "gpu" for n, k in zip(names, known, strict=True)] + [False])
-    node_level = np.array([k and METRICS[n].level == "node" for n, k in zip(names, known, strict=True)] + [False])
-    direction = np.array([METRICS[n].direction or 1 if k else 1 for n, k in zip(names, known, strict=True)])
+    level = np.array([METRICS[n].level if n in METRICS else "" for n in names] + [""])  # the last: no metric
+    gpu_level, node_level = level == "gpu", level == "node"
+    direction = np.array([METRICS[n].direction or 1 if n in METRICS else 1 for n in names])
     uuid = history["gpu_uuid"].astype("category")
     node = history["node"].astype("category")
     n_uuid = len(uuid.cat.categories)
@@ -561,16 +492,10 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     run_names = np.asarray(run.cat.categories, dtype=object)
     rcode = run.cat.codes.to_numpy().astype(np.int64)[idx]
     x = values[idx]
-    n_rep = (
-        pd.to_numeric(history["n"], errors="coerce").fillna(1).to_numpy(dtype=np.int64)[idx]
-        if "n" in history.columns
-        else np.ones(len(idx), dtype=np.int64)
-    )
-    rep_sd = (
-        pd.to_numeric(history["rep_sd"], errors="coerce").to_numpy(dtype=np.float64)[idx]
-        if "rep_sd" in history.columns
-        else np.full(len(idx), np.nan)
-    )
+    # Without ``n`` and ``rep_sd`` (a history built by hand): one repeat each, of unknown spread.
+    repeats = history.reindex(columns=["n", "rep_sd"]).apply(pd.to_numeric, errors="coerce")
+    n_rep = repeats["n"].fillna(1).to_numpy(dtype=np.int64)[idx]
+    rep_sd = repeats["rep_sd"].to_numpy(dtype=np.float64)[idx]
     model = history["gpu_model"].astype("category") if "gpu_model" in history.columns else None
     model_code = model.cat.codes.to_numpy().astype(np.int64)[idx] if model is not None else np.zeros(len(idx))
     cohort = (model_code.astype(np.int64) + 1) * len(names) + mcode[idx]
@@ -595,18 +520,8 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
             {"sid": sid, "rcode": rcode, "x": x, "n": n_rep, "v": rep_sd**2, "cohort": cohort}
             | {"node": node_k, "row": last_rows}
         )
-        frame = (
-            frame.groupby(["sid", "rcode"], sort=False)
-            .agg(
-                x=("x", "median"),
-                n=("n", "sum"),
-                v=("v", "mean"),
-                cohort=("cohort", "first"),
-                node=("node", "last"),
-                row=("row", "last"),
-            )
-            .reset_index()
-        )
+        how = {"x": "median", "n": "sum", "v": "mean", "cohort": "first", "node": "last", "row": "last"}
+        frame = frame.groupby(["sid", "rcode"], sort=False).agg(how).reset_index()
         frame = frame.iloc[
             np.argsort(frame["sid"].to_numpy() * (len(run_names) + 1) + rank[frame["rcode"]], kind="stable")
         ]
@@ -675,7 +590,7 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
     u = np.clip(sign * (grid_x / grid_f - c[:, None]) / grid_s, -p.clip, p.clip)
     rel = grid_x / (grid_f * c[:, None]) - 1
 
-    stat, alarm, raised, cleared, by_step, onset, raised_at = _recursion(u, steady, lengths, p)
+    chart = _recursion(u, steady, lengths, p)  # stat, alarm, raised, cleared, by_step, onset, raised_at
 
     # Where each series lives now: the node (and GPU index) of its latest row.
     latest = last_rows[np.cumsum(lengths) - 1]
@@ -689,25 +604,8 @@ def _evaluate(history: pd.DataFrame, baseline: pd.DataFrame, p: _Params, policy:
             "center": c,
         }
     )
-    return _Evaluated(
-        meta=meta,
-        run_names=run_names,
-        run_ts=run_ts,
-        lengths=lengths,
-        runs=runs,
-        x=grid_x,
-        fleet=grid_f,
-        sigma=grid_s,
-        u=u,
-        rel=rel,
-        stat=stat,
-        alarm=alarm,
-        raised=raised,
-        cleared=cleared,
-        by_step=by_step,
-        onset=onset,
-        raised_at=raised_at,
-    )
+    # The fields in their order: the series and their runs, the grids, then the chart.
+    return _Evaluated(meta, run_names, run_ts, lengths, runs, grid_x, grid_f, grid_s, u, rel, *chart)
 
 
 def _dense(keys: IntArray) -> tuple[IntArray, IntArray]:
@@ -808,36 +706,20 @@ def drift_alarms(
 ) -> pd.DataFrame:
     """The drift alarms of every GPU (and node) series in ``history`` against its own ``baseline``.
 
-    ``history``: :data:`HISTORY_COLUMNS` (at least run_id, ts, node, gpu, gpu_uuid, metric, value; without
-    ``n`` and ``rep_sd`` the policy's ``cv_rep`` stands in for the repeats' spread), one row per run and
-    entity and metric; ``baseline``: the store's table (``gpu`` and ``node`` rows). Every parameter left
-    None comes from ``policy.drift`` (see the module docstring); ``window`` is each series' last N runs.
+    ``history``: :data:`HISTORY_COLUMNS`, one row per run, entity and metric (without ``n`` and ``rep_sd`` the
+    policy's ``cv_rep`` stands in for the repeats' spread); ``baseline``: the store's table. Every parameter left
+    None comes from ``policy.drift``; ``window`` is each series' last N runs.
 
     Returns :data:`DRIFT_COLUMNS`, one row per series in alarm at its latest run (every series with
-    ``all_series``), alarms first, worst first: ``statistic`` (C ≥ 0, or z), ``threshold`` (h, or the
-    negative EWMA limit), ``runs`` (in the window), ``onset_run`` (the first run of the current excursion),
-    ``first_run_over`` (the run that raised the alarm), ``deviation_pct`` (mean deviation from the
-    fleet-corrected baseline since the onset), ``fleet_pct`` (the fleet's own shift at the last run),
-    ``center``, ``sigma`` (σ_t at the last run), ``action`` (``recertify``: an alarm drains nothing by
-    itself) and a ``reason`` in words. Series without a baseline (or whose baseline is still being seeded,
-    or whose GPU is no longer in its node) are left out.
+    ``all_series``), alarms first, worst first: ``statistic`` (C ≥ 0, or z) against ``threshold`` (h, or the
+    negative EWMA limit), ``onset_run`` (the first run of the current excursion), ``first_run_over`` (the run that
+    raised the alarm), ``deviation_pct`` (mean deviation from the fleet-corrected baseline since the onset),
+    ``fleet_pct`` (the fleet's own shift), ``sigma`` (σ_t at the last run), ``action`` (``recertify``) and a
+    ``reason`` in words. Series without a complete baseline, or whose GPU left its node, are left out.
     Raises ``ValueError`` for an unknown method or a non-positive parameter.
     """
     policy = policy or default_policy()
-    p = _params(
-        policy,
-        {
-            "method": method,
-            "k": k,
-            "h": h,
-            "lam": lam,
-            "L": L,
-            "shewhart": shewhart,
-            "clip": clip,
-            "clear": clear,
-            "window": window,
-        },
-    )
+    p = _params(policy, method=method, k=k, h=h, lam=lam, L=L, shewhart=shewhart, clip=clip, clear=clear, window=window)
     ev = _evaluate(history, baseline, p, policy)
     if ev is None:
         return _empty_alarms()
@@ -862,13 +744,9 @@ def drift_alarms(
         names[ok] = ev.run_names[ev.runs[chosen[ok], position[ok]]]
         return names
 
-    picked = ev.meta.iloc[chosen].reset_index(drop=True)
     out = pd.DataFrame(
         {
-            "node": picked["node"].to_numpy(),
-            "gpu": pd.array(picked["gpu"].to_numpy(), dtype="Int64"),
-            "gpu_uuid": picked["gpu_uuid"].to_numpy(),
-            "metric": picked["metric"].to_numpy(),
+            **_series_meta(ev, chosen),
             "method": p.method,
             "statistic": ev.stat[chosen, last_c],
             "threshold": p.threshold,
@@ -879,7 +757,6 @@ def drift_alarms(
             "last_run": run_at(last_c),
             "deviation_pct": deviation,
             "fleet_pct": (ev.fleet[chosen, last_c] - 1) * 100,
-            "center": picked["center"].to_numpy(),
             "sigma": ev.sigma[chosen, last_c],
             "action": np.where(alarm[chosen], "recertify", "none"),
         }
@@ -909,14 +786,11 @@ def drift_trace(
     window: int | None = None,
     policy: Policy | None = None,
 ) -> pd.DataFrame:
-    """Night by night, what the detector saw on ``series`` (rows naming ``metric`` and ``gpu_uuid``, or
-    ``node`` for node metrics — :func:`drift_alarms`' output does; None: every series): the value, its
-    own baseline ``center``, the ``fleet_factor``, ``sigma``, the standardised ``u``, the ``statistic``
-    against its ``threshold``, and whether that night the series was in ``alarm``, ``raised`` one or
-    ``cleared`` one. Returns :data:`TRACE_COLUMNS`, by series then time; the same parameters as
-    :func:`drift_alarms` (from ``policy.drift``)."""
+    """Night by night, what the detector saw on ``series`` (rows naming ``metric`` and ``gpu_uuid``, or ``node``
+    for node metrics, as :func:`drift_alarms`' do; None: every series): :data:`TRACE_COLUMNS`, by series then
+    time, with the same parameters as :func:`drift_alarms`."""
     policy = policy or default_policy()
-    p = _params(policy, {"method": method, "window": window})
+    p = _params(policy, method=method, window=window)
     ev = _evaluate(history, baseline, p, policy)
     if ev is None:
         return _empty_trace()
@@ -924,45 +798,21 @@ def drift_trace(
     if series is not None:
         if series.empty:
             return _empty_trace()
-        wanted = pd.DataFrame(
-            {
-                "metric": series["metric"].astype(object).to_numpy(),
-                "entity": np.where(
-                    series["gpu_uuid"].notna().to_numpy(),
-                    series["gpu_uuid"].astype(object).to_numpy(),
-                    series["node"].astype(object).to_numpy(),
-                ),
-                "keep": True,
-            }
-        ).drop_duplicates(["metric", "entity"])
-        have = pd.DataFrame(
-            {
-                "metric": ev.meta["metric"].to_numpy(),
-                "entity": np.where(
-                    ev.meta["gpu_uuid"].notna().to_numpy(),
-                    ev.meta["gpu_uuid"].to_numpy(dtype=object),
-                    ev.meta["node"].to_numpy(dtype=object),
-                ),
-            }
-        )
+        wanted = _series_names(series).assign(keep=True).drop_duplicates(["metric", "entity"])
+        have = _series_names(ev.meta)
         chosen = np.flatnonzero(have.merge(wanted, on=["metric", "entity"], how="left")["keep"].notna())
         if len(chosen) == 0:
             return _empty_trace()
     mask = np.arange(ev.runs.shape[1])[None, :] < ev.lengths[chosen][:, None]
     s, t = np.nonzero(mask)
     cells = chosen[s]
-    meta = ev.meta.iloc[cells].reset_index(drop=True)
     run_codes = ev.runs[cells, t]
     out = pd.DataFrame(
         {
-            "node": meta["node"].to_numpy(),
-            "gpu": pd.array(meta["gpu"].to_numpy(), dtype="Int64"),
-            "gpu_uuid": meta["gpu_uuid"].to_numpy(),
-            "metric": meta["metric"].to_numpy(),
+            **_series_meta(ev, cells),
             "run_id": ev.run_names[run_codes],
             "ts": pd.to_datetime(ev.run_ts[run_codes], unit="us", utc=True),
             "value": ev.x[cells, t],
-            "center": meta["center"].to_numpy(),
             "fleet_factor": ev.fleet[cells, t],
             "sigma": ev.sigma[cells, t],
             "u": ev.u[cells, t],
@@ -974,6 +824,21 @@ def drift_trace(
         }
     )
     return out[list(TRACE_COLUMNS)]
+
+
+def _series_meta(ev: _Evaluated, rows: IntArray) -> dict[str, Any]:
+    """The columns naming the series of ``rows`` (node, gpu, gpu_uuid, metric) and their own baseline's centre."""
+    picked = ev.meta.iloc[rows]
+    columns = {c: picked[c].to_numpy() for c in ("node", "gpu_uuid", "metric", "center")}
+    return columns | {"gpu": pd.array(picked["gpu"].to_numpy(), dtype="Int64")}
+
+
+def _series_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each row's series: its metric, and its entity (the GPU's UUID, else the node's name)."""
+    uuid = frame["gpu_uuid"].astype(object)
+    return pd.DataFrame(
+        {"metric": frame["metric"].astype(object).to_numpy(), "entity": uuid.where(uuid.notna(), frame["node"])}
+    )
 
 
 @dataclass(frozen=True)
@@ -1027,26 +892,16 @@ def _reason(row: dict[str, Any], p: _Params, by_step: bool, step_u: float) -> st
     )
 
 
+def _empty(columns: Sequence[str], types: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns}).astype(types)
+
+
 def _empty_alarms() -> pd.DataFrame:
-    frame = pd.DataFrame({c: pd.Series(dtype=object) for c in DRIFT_COLUMNS})
-    return frame.astype(
-        {
-            "gpu": "Int64",
-            "statistic": np.float64,
-            "threshold": np.float64,
-            "alarm": bool,
-            "runs": np.int64,
-            "deviation_pct": np.float64,
-            "fleet_pct": np.float64,
-            "center": np.float64,
-            "sigma": np.float64,
-        }
-    )
+    floats = dict.fromkeys(("statistic", "threshold", "deviation_pct", "fleet_pct", "center", "sigma"), np.float64)
+    return _empty(DRIFT_COLUMNS, {"gpu": "Int64", "alarm": bool, "runs": np.int64, **floats})
 
 
 def _empty_trace() -> pd.DataFrame:
-    frame = pd.DataFrame({c: pd.Series(dtype=object) for c in TRACE_COLUMNS})
-    types: dict[str, Any] = {"gpu": "Int64", "ts": "datetime64[us, UTC]", "alarm": bool, "raised": bool}
-    types |= {"cleared": bool} | dict.fromkeys(("value", "center", "fleet_factor", "sigma", "u"), np.float64)
-    types |= dict.fromkeys(("statistic", "threshold"), np.float64)
-    return frame.astype(types)
+    floats = dict.fromkeys(("value", "center", "fleet_factor", "sigma", "u", "statistic", "threshold"), np.float64)
+    flags = dict.fromkeys(("alarm", "raised", "cleared"), bool)
+    return _empty(TRACE_COLUMNS, {"gpu": "Int64", "ts": "datetime64[us, UTC]", **flags, **floats})

@@ -1,38 +1,17 @@
 """Passive telemetry from Prometheus' HTTP API: what the DCGM exporters reported over a window.
 
-Every signal is reduced inside Prometheus (``max_over_time``, ``increase``, subqueries) by one instant
-query at the window's end, so a fleet of thousands of GPUs costs a few dozen small answers, never the raw
-samples. Subqueries run in blocks (an inner ``[block:step]`` inside an outer ``[window:block]``) so that no
-query holds more than a few hundred points per series, whatever the window: Prometheus' default
-``--query.max-samples`` stays far away at fleet scale.
+Every signal is reduced inside Prometheus by one instant query at the window's end, so a fleet costs a few dozen
+small answers, never the raw samples; subqueries run in blocks (``[block:step]`` inside ``[window:block]``) so
+that no query holds more than a few hundred points per series and ``--query.max-samples`` stays far away. With
+``host_label=None`` each series is read by whichever host label it carries, so a fleet caught mid upgrade of the
+exporter (NVIDIA/dcgm-exporter#655) reads whole. XIDs: the exporter's 5-minute ``DCGM_EXP_XID_ERRORS_COUNT`` is
+read at instants 5 minutes apart and summed; without it, changes of the last-XID gauge to a non-zero value are
+the events (blind to a repeat of one XID). NIC series carry no DCGM host label: their node is their ``node``
+label, else their ``instance`` without its port.
 
-The host label: series carry ``Hostname`` (dcgm-exporter before NVIDIA/dcgm-exporter#655) or ``hostname``
-(since). With ``host_label=None`` each series is read by whichever it carries, so a fleet caught mid
-upgrade reads whole; naming one restricts the queries to series that carry it.
-
-XIDs: ``DCGM_EXP_XID_ERRORS_COUNT{xid}`` counts the XIDs of the exporter's last 5 minutes, so it is read at
-instants 5 minutes apart across the window and summed: each event is counted once. Where a GPU has no
-such series (the counter is off by default), changes of ``DCGM_FI_DEV_XID_ERRORS`` (the last XID seen)
-to a non-zero value are the events: a repeat of the same XID is invisible there, which the exporter's
-counter exists to fix.
-
-The node's RDMA NICs come from node-exporter's infiniband collector (:data:`~._common.NIC_SERIES`), reduced
-per node inside Prometheus too: the ports and the ACTIVE ones at the window's end, the slowest and the
-fastest active port's rate, and each error counter's ``increase`` over the window summed over the ports
-(the largest of duplicate series of one port, two jobs scraping one exporter, counts). Their series carry
-no DCGM host label: the node is their ``node`` label where a relabeling set one, else their ``instance``
-without its port (kube-prometheus-stack sets ``instance`` to the node's name). A node with NIC series but
-no DCGM series (an ``instance`` that is an address, not a node name) gets no NIC rows, and a note says so.
-
-A secured Prometheus (behind basic auth, a bearer token or a tenant header, over TLS with a private CA):
-every request carries the source's ``headers`` and ``basic_auth`` and checks TLS as ``verify`` says.
-Secrets are kept as ``SecretStr`` and never written into a message or a ``repr``; redirects are not
-followed, so that credentials never travel to an address nobody configured.
-
-HTTP goes through httpx: one client (a pool of kept-alive connections) per TLS setting, shared by every source
-and thread. A range query's points are cut straight from the answer's bytes into arrays
-(:meth:`PrometheusSource.query_range_arrays`): a large job's tens of millions of points never become Python
-objects.
+Secrets (``headers``, ``basic_auth``) stay ``SecretStr``, never in a message or a ``repr``; redirects are not
+followed, so that credentials never travel to an address nobody configured. A range query's points are cut
+straight from the answer's bytes into arrays (:meth:`PrometheusSource.query_range_arrays`).
 """
 
 from __future__ import annotations
@@ -46,7 +25,7 @@ import re
 import ssl
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
@@ -77,7 +56,9 @@ from ._common import (
     host_of,
     missing_nodes,
     to_results,
+    transport_reason,
     utc,
+    worst_of,
 )
 
 __all__ = ["PromSeries", "PrometheusAuthError", "PrometheusSource"]
@@ -104,23 +85,21 @@ class PromSeries:
 
 @dataclass(frozen=True, repr=False)
 class PrometheusSource:
-    """A Prometheus server gpucert reads the DCGM signals from, and how (see the module docstring): a
-    frozen value, safe to pass to a task, whose :meth:`read` does the reading.
+    """A Prometheus server gpucert reads the DCGM signals from, and how (see the module docstring): a frozen value,
+    safe to pass to a task, whose :meth:`read` does the reading.
 
-    ``url``: the server's base URL (``http://prometheus.monitoring:9090``; a path prefix is kept), http
-    or https, without credentials, query or fragment. ``host_label``: ``hostname``, ``Hostname``, or None
-    to read either per series. ``headers``: sent with every request (a tenant's ``X-Scope-OrgID``, an
-    ``Authorization: Bearer …``); their values are secrets. ``basic_auth``: (user, password), sent
-    with every request. ``verify``: check the server's TLS certificate against the system's CAs (True),
-    not at all (False), or against a CA file or directory (its path). ``timeout_s``: per HTTP request,
-    also passed to Prometheus as the query timeout; cut to the call deadline (``gpucert --timeout``,
-    ``$GPUCERT_TIMEOUT``, 20 s by default) when that is shorter. ``step_s``: the resolution of subqueries (clock-event
-    bits, slowdown shares): shorter sees shorter events and costs Prometheus more; at most the exporters'
-    scrape interval to see every sample. ``workers``: queries in flight at once.
+    ``url``: the server's base URL (``http://prometheus.monitoring:9090``; a path prefix is kept), http or https,
+    without credentials, query or fragment. ``host_label``: ``hostname``, ``Hostname``, or None to read either per
+    series. ``headers`` (their values are secrets: a tenant's ``X-Scope-OrgID``, an ``Authorization: Bearer …``)
+    and ``basic_auth`` (user, password) go with every request. ``verify``: check the server's TLS certificate
+    against the system's CAs (True), not at all (False), or against a CA file or directory (its path).
+    ``timeout_s``: per request, also Prometheus' query timeout; cut to the call deadline (``gpucert --timeout``,
+    ``$GPUCERT_TIMEOUT``, 20 s by default) when that is shorter. ``step_s``: the resolution of subqueries; shorter
+    sees shorter events and costs Prometheus more. ``workers``: queries in flight at once.
 
-    Raises :class:`gpucert.errors.InputError` for a URL that is not http(s), an unknown host label, a
-    non-positive duration, a header Python cannot send, an ``Authorization`` header beside
-    ``basic_auth``, or a CA file that cannot be read; no message holds a secret.
+    Raises :class:`gpucert.errors.InputError` for a URL that is not http(s), an unknown host label, a non-positive
+    duration, a header Python cannot send, an ``Authorization`` header beside ``basic_auth``, or a CA file that
+    cannot be read; no message holds a secret.
     """
 
     url: str
@@ -195,14 +174,9 @@ class PrometheusSource:
         expected_gpus: Mapping[str, int] | None = None,
         nodes: Iterable[str] = (),
     ) -> Telemetry:
-        """The telemetry of the window (``start``, ``end``] (``end`` defaults to now; naive times are UTC).
-
-        Returns a :class:`Telemetry` whose ``results`` hold, per GPU that reported in the window, the
-        registry's telemetry metrics (see :data:`gpucert.telemetry.SIGNALS` for how each is reduced), its
-        XID events, and per node ``gpu_count`` (GPUs reporting at ``end``) and, for the nodes in
-        ``expected_gpus``, ``gpu_count_expected``; ``run_id`` labels the rows. A node of ``nodes`` or
-        ``expected_gpus`` (the GPU nodes in scope) with no series at all is a problem, not a row; with no
-        GPU series of any node, :attr:`Telemetry.absent` says so.
+        """The :class:`Telemetry` of the window (``start``, ``end``] (``end`` defaults to now; naive times are
+        UTC), each signal reduced as :data:`gpucert.telemetry.SIGNALS` says; ``run_id`` labels the rows. A node
+        of ``nodes`` or ``expected_gpus`` (the GPU nodes in scope) with no series at all is a problem.
 
         Raises :class:`PrometheusAuthError` when Prometheus refuses the credentials (or their absence),
         :class:`TelemetryError` naming the query when it refuses, redirects or does not answer one,
@@ -279,12 +253,13 @@ class PrometheusSource:
                 f"node-exporter's infiniband series of {len(unmatched)} node(s) with no DCGM series ({shown}): "
                 "their NIC telemetry is not read (is their node or instance label the node's name?)"
             )
+        between = f"between {start_utc:%Y-%m-%d %H:%M:%S} and {end_utc:%Y-%m-%d %H:%M:%S} UTC"
         for node in missing_nodes({*(expected_gpus or {}), *nodes}, results["node"].astype(str).unique()):
             problems.add(
                 node,
-                f"no DCGM series in Prometheus for this node between {start_utc:%Y-%m-%d %H:%M:%S} "
-                f"and {end_utc:%Y-%m-%d %H:%M:%S} UTC (exporter not scraped, or the node was down)",
+                f"no DCGM series in Prometheus for this node {between} (exporter not scraped, or the node was down)",
             )
+        absent = f"no DCGM series in Prometheus {self.url} {between} (is it scraping the DCGM exporters?)"
         return Telemetry(
             results=results,
             problems=problems.as_dict(),
@@ -292,12 +267,7 @@ class PrometheusSource:
             start=start_utc,
             end=end_utc,
             source=f"Prometheus {self.url}",
-            absent=(
-                f"no DCGM series in Prometheus {self.url} between {start_utc:%Y-%m-%d %H:%M:%S} and "
-                f"{end_utc:%Y-%m-%d %H:%M:%S} UTC (is it scraping the DCGM exporters?)"
-                if results.empty
-                else None
-            ),
+            absent=absent if results.empty else None,
         )
 
     # --- PromQL --------------------------------------------------------------------------------------
@@ -364,40 +334,19 @@ class PrometheusSource:
     # --- HTTP ----------------------------------------------------------------------------------------
 
     def query(self, expr: str, at: float, notes: list[str] | None = None) -> list[PromSeries]:
-        """An instant query at unix time ``at``: each series of the vector with its one value.
-
-        Raises :class:`PrometheusAuthError` when Prometheus refuses the credentials, :class:`TelemetryError`
-        naming the query when it refuses, redirects or does not answer it.
-        """
-        data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr, notes)
-        if data.get("resultType") != "vector":
-            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
-        return [PromSeries(dict(r.get("metric") or {}), [_point(r["value"])]) for r in data.get("result") or ()]
+        """An instant query at unix time ``at``: each series of the vector with its one value. Raises
+        :class:`PrometheusAuthError` when Prometheus refuses the credentials, :class:`TelemetryError` naming the
+        query when it refuses, redirects or does not answer it."""
+        params = {"query": expr, "time": f"{at:.3f}"}
+        data = self._result(self._post("/api/v1/query", params, expr), expr, notes, "vector")
+        return [PromSeries(dict(r.get("metric") or {}), [_point(r["value"])]) for r in data]
 
     def query_range(
         self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
     ) -> list[PromSeries]:
         """A range query: each series with its (time, value) points. Raises as :meth:`query` does."""
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
-        data = self._call("/api/v1/query_range", params, expr, notes)
-        if data.get("resultType") != "matrix":
-            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
-        return [
-            PromSeries(dict(r.get("metric") or {}), [_point(v) for v in r.get("values") or ()])
-            for r in data.get("result") or ()
-        ]
-
-    def query_range_matrix(
-        self, expr: str, start: float, end: float, step: float, notes: list[str] | None = None
-    ) -> list[dict[str, Any]]:
-        """A range query's series as Prometheus answers them — ``{"metric": labels, "values": [[t, "v"], …]}``,
-        unparsed — for a reader that turns millions of points into arrays at once (:meth:`query_range` makes
-        a tuple per point). Raises as :meth:`query` does."""
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
-        data = self._call("/api/v1/query_range", params, expr, notes)
-        if data.get("resultType") != "matrix":
-            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
-        return list(data.get("result") or ())
+        data = self._result(self._post_range(expr, start, end, step), expr, notes, "matrix")
+        return [PromSeries(dict(r.get("metric") or {}), [_point(v) for v in r.get("values") or ()]) for r in data]
 
     def _plain_headers(self) -> dict[str, str]:
         return {name: reveal(value) for name, value in self.headers.items()}
@@ -426,23 +375,20 @@ class PrometheusSource:
         """:meth:`query_range_matrix` with each series' points as two arrays — ``{"metric": labels, "values":
         (unix seconds, values)}`` — cut straight from the answer's bytes: no Python object per point, so a
         fleet's millions of points cost what the bytes do. Raises as :meth:`query` does."""
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
-        raw = self._post("/api/v1/query_range", params, expr)
+        raw = self._post_range(expr, start, end, step)
         fast = _matrix_arrays(raw)
         if fast is not None:
             return fast
-        data = self._parse(raw, expr, notes)  # warnings, an error, another shape: the careful way
-        if data.get("resultType") != "matrix":
-            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
         out = []
-        for r in data.get("result") or ():
+        for r in self._result(raw, expr, notes, "matrix"):  # warnings, an error, another shape: the careful way
             values = r.get("values") or ()
             pairs = np.asarray([[p[0], p[1]] for p in values], dtype=np.float64).reshape(-1, 2)
             out.append({"metric": dict(r.get("metric") or {}), "values": (pairs[:, 0].copy(), pairs[:, 1].copy())})
         return out
 
-    def _call(self, path: str, params: Mapping[str, str], expr: str, notes: list[str] | None) -> dict[str, Any]:
-        return self._parse(self._post(path, params, expr), expr, notes)
+    def _post_range(self, expr: str, start: float, end: float, step: float) -> bytes:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        return self._post("/api/v1/query_range", params, expr)
 
     def _post(self, path: str, params: Mapping[str, str], expr: str) -> bytes:
         """The answer's bytes of one API call (HTTP 2xx); raises as :meth:`query` does."""
@@ -460,7 +406,7 @@ class PrometheusSource:
             ) from None
         except httpx.HTTPError as exc:
             raise TelemetryError(
-                f"{where} did not answer the query {expr!r}: {self._scrub(_transport_reason(exc))}"
+                f"{where} did not answer the query {expr!r}: {self._scrub(transport_reason(exc))}"
             ) from None
         status = response.status_code
         if status in (401, 403):
@@ -478,6 +424,13 @@ class PrometheusSource:
                 f"{where} refused the query {expr!r}: HTTP {status}: {detail or response.reason_phrase}"
             )
         return raw
+
+    def _result(self, raw: bytes, expr: str, notes: list[str] | None, kind: str) -> list[dict[str, Any]]:
+        """The series of an answer of result type ``kind``; raises as :meth:`query` does."""
+        data = self._parse(raw, expr, notes)
+        if data.get("resultType") != kind:
+            raise TelemetryError(f"Prometheus {self.url} answered the query {expr!r} with a {data.get('resultType')}")
+        return list(data.get("result") or ())
 
     def _parse(self, raw: bytes, expr: str, notes: list[str] | None) -> dict[str, Any]:
         where = f"Prometheus {self.url}"
@@ -515,27 +468,6 @@ def _client(verify: bool | str) -> httpx.Client:
             client = httpx.Client(verify=context, follow_redirects=False, trust_env=False, limits=limits)
             _CLIENTS[key] = client
         return client
-
-
-def _transport_reason(exc: BaseException) -> str:
-    """What went wrong below HTTP, in words: an untrusted certificate, a refused connection, or the error."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return (
-                f"TLS certificate not trusted ({seen.verify_message}): give the CA that signed it, "
-                "or turn verification off"
-            )
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror.lower()
-        seen = seen.__cause__ or seen.__context__
-    text = str(exc)
-    if "CERTIFICATE_VERIFY_FAILED" in text:
-        detail = text.split("certificate verify failed:", 1)[-1].split("(_ssl", 1)[0].strip()
-        return f"TLS certificate not trusted ({detail}): give the CA that signed it, or turn verification off"
-    if "refused" in text.lower():
-        return "connection refused"
-    return text or type(exc).__name__
 
 
 def _secret(value: SecretStr | str) -> SecretStr:
@@ -688,16 +620,9 @@ def _regex_escape(text: str) -> str:
 _NIC_BY = "node, instance"
 #: One series per port, the largest where two jobs scrape one exporter.
 _PORT_BY = "node, instance, device, port"
-#: Where two series name one node (two scrape jobs with different instance labels), the worse stands.
-_NIC_WORST = {
-    "ib_ports": "max",
-    "ib_ports_active": "min",
-    "ib_rate_min_gbps": "min",
-    "ib_rate_max_gbps": "max",
-    "ib_symbol_errors": "max",
-    "ib_link_downed": "max",
-    "ib_rcv_errors": "max",
-}
+#: Where two series name one node (two scrape jobs with different instance labels), the worse stands: the
+#: fewer active ports and the slower slowest port, else the more (ports, errors) and the faster fastest port.
+_NIC_LOWER_WINS = frozenset({"ib_ports_active", "ib_rate_min_gbps"})
 
 
 def _nic_queries(window: int) -> dict[str, str]:
@@ -752,11 +677,7 @@ def _nic_readings(answers: Mapping[str, Sequence[PromSeries]]) -> pd.DataFrame:
     if none_active:
         zeros = pd.DataFrame({"node": none_active, "metric": "ib_ports_active", "value": 0.0})
         frame = pd.concat([frame, zeros], ignore_index=True)
-    parts = [
-        part.groupby("node", sort=True)["value"].agg(_NIC_WORST[str(metric)]).reset_index().assign(metric=metric)
-        for metric, part in frame.groupby("metric", sort=True)
-    ]
-    return pd.concat(parts, ignore_index=True)[["node", "metric", "value"]]
+    return worst_of(frame, ["node", "metric"], _NIC_LOWER_WINS)
 
 
 def _gpu_identity(labels: Mapping[str, str], host_label: str | None) -> tuple[str, int, str, str] | None:
@@ -767,42 +688,43 @@ def _gpu_identity(labels: Mapping[str, str], host_label: str | None) -> tuple[st
     return node, int(gpu), uuid, labels.get("modelName") or "unknown"
 
 
-def _readings(
-    answers: Sequence[tuple[str, list[PromSeries]]], host_label: str | None, skipped: dict[str, int]
-) -> pd.DataFrame:
-    rows: list[tuple[str, int, str, str, str, float]] = []
-    for metric, series in answers:
-        for s in series:
-            ident = _gpu_identity(s.labels, host_label)
-            if ident is None:
-                skipped[metric] = skipped.get(metric, 0) + 1
-                continue
-            value = s.values[0][1]
-            if math.isfinite(value):
-                rows.append((*ident, metric, value))
-    if not rows:
-        return empty_readings()
-    return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid", "gpu_model", "metric", "value"])
-
-
-def _identities(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
-    rows = []
+def _identified(
+    series: Iterable[PromSeries], host_label: str | None, skipped: dict[str, int], name: str
+) -> Iterator[tuple[tuple[str, int, str, str], PromSeries]]:
+    """Each series that names its GPU, with that identity (node, index, UUID, model); the others counted in
+    ``skipped`` under ``name``."""
     for s in series:
         ident = _gpu_identity(s.labels, host_label)
         if ident is None:
-            skipped[PRESENCE] = skipped.get(PRESENCE, 0) + 1
+            skipped[name] = skipped.get(name, 0) + 1
         else:
-            rows.append(ident[:3])
+            yield ident, s
+
+
+def _readings(
+    answers: Sequence[tuple[str, list[PromSeries]]], host_label: str | None, skipped: dict[str, int]
+) -> pd.DataFrame:
+    rows = [
+        (*ident, metric, s.values[0][1])
+        for metric, series in answers
+        for ident, s in _identified(series, host_label, skipped, metric)
+        if math.isfinite(s.values[0][1])
+    ]
+    columns = ["node", "gpu", "gpu_uuid", "gpu_model", "metric", "value"]
+    return pd.DataFrame(rows, columns=columns) if rows else empty_readings()
+
+
+def _identities(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
+    rows = [ident[:3] for ident, _ in _identified(series, host_label, skipped, PRESENCE)]
     return pd.DataFrame(rows, columns=["node", "gpu", "gpu_uuid"]).astype({"gpu": np.int64})
 
 
 def _count_events(series: Sequence[PromSeries], host_label: str | None, skipped: dict[str, int]) -> pd.DataFrame:
     """XID events from the exporter's windowed counts: per (GPU, XID) the sum over disjoint windows."""
     rows = []
-    for s in series:
-        ident = _gpu_identity(s.labels, host_label)
+    for ident, s in _identified(series, host_label, skipped, XID_COUNT):
         xid = s.labels.get("xid", "")
-        if ident is None or not xid.isdigit():
+        if not xid.isdigit():
             skipped[XID_COUNT] = skipped.get(XID_COUNT, 0) + 1
             continue
         counts = [(t, v) for t, v in s.values if math.isfinite(v) and v > 0]
@@ -821,11 +743,7 @@ def _change_events(series: Sequence[PromSeries], host_label: str | None, skipped
     """XID events from the last-XID gauge: each change to a non-zero value (a first sample is no change)."""
     rows = []
     seen: set[tuple[str, int, str, str]] = set()
-    for s in series:
-        ident = _gpu_identity(s.labels, host_label)
-        if ident is None:
-            skipped[XID_LAST] = skipped.get(XID_LAST, 0) + 1
-            continue
+    for ident, s in _identified(series, host_label, skipped, XID_LAST):
         if ident in seen:
             continue  # a second series of the same GPU (two jobs scraping one exporter) saw the same changes
         seen.add(ident)

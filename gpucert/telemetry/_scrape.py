@@ -1,25 +1,12 @@
-"""Passive telemetry straight from the DCGM exporters, where no Prometheus is configured.
+"""Passive telemetry straight from the DCGM exporters, where no Prometheus is configured (docs/design/operate.md).
 
-The exporters are found as in any cluster: the Endpoints of the Service labelled
-``app.kubernetes.io/part-of=gpucert,app.kubernetes.io/component=dcgm-exporter`` in the stack's namespace
-(docs/reference/labels-taints-conditions.md, "GPU stack (configure)"), one target per address and port.
-Where the NVIDIA GPU Operator runs the stack its exporter is the Service ``nvidia-dcgm-exporter`` labelled
-``app=nvidia-dcgm-exporter`` (port ``gpu-metrics``, 9400) in the operator's namespace: each such place is
-an :class:`ExporterSource`, and one scrape reads every source given (both, on a cluster where both run). The
-path is ``/metrics`` (what a real exporter serves) unless the Endpoints carry the annotation
-``sim.gpucert.io/metrics-path``, a template with ``{node}`` (the simulated cluster serves every node's
-exporter on its own port).
-
-Every target is scraped concurrently, each within its own deadline; one that does not answer, answers
-an error or something unparsable is a problem of its node, returned with the telemetry of the others,
-and contributes no number. A scrape is an instant, so rates (PCIe replays per minute), increases (NVLink
-CRC errors) and slowdown shares need a second scrape ``interval_s`` later; with a single scrape they are
-left out, never guessed. dcgm-exporter refreshes its fields every 30 s by default (``-c 30000``), so an
-interval shorter than that sees little.
-
-The hardware-slowdown share is the thermal-violation counter's share of the interval and, on a GPU whose
-power-brake bit (0x80) was seen, the power-violation counter's: the latter also counts software power
-capping, which without the brake bit is a configuration fault the power-limit gate names, not a slowdown.
+The exporters are the addresses of the Endpoints of each :class:`ExporterSource` (gpucert's own exporter
+Service, the GPU Operator's, or both), at ``/metrics`` unless the Endpoints' ``sim.gpucert.io/metrics-path``
+(a template with ``{node}``) says otherwise. Every target is scraped concurrently, each within its own deadline;
+one that fails is a problem of its node and contributes no number. A scrape is an instant: rates, increases and
+slowdown shares need a second one ``interval_s`` later, else they are left out, never guessed. The power-violation
+counter counts toward the slowdown share only on a GPU whose power-brake bit (0x80) was seen: without it, its
+software power capping is a configuration fault, not a slowdown.
 """
 
 from __future__ import annotations
@@ -37,7 +24,6 @@ import pandas as pd
 
 from ._common import (
     CLOCK_EVENT_BITS,
-    HW_SLOWDOWN_BITS,
     PRESENCE,
     SIGNALS,
     XID_COUNT,
@@ -50,6 +36,7 @@ from ._common import (
     host_of,
     missing_nodes,
     to_results,
+    transport_reason,
 )
 
 __all__ = [
@@ -75,7 +62,8 @@ _MAX_BYTES = 32 << 20
 _PREFERRED_PORTS = ("gpu-metrics", "metrics", "http-metrics")
 _HEADERS = {"Accept": "text/plain", "User-Agent": "gpucert-telemetry"}
 _NS = 1e9
-_RAW_COLUMNS = ["node", "gpu", "gpu_uuid", "gpu_model", "name", "xid", "snap", "t", "value"]
+#: A scraped sample: its GPU, series name and XID label, value, and which scrape read it when.
+_RAW = ["node", "gpu", "gpu_uuid", "gpu_model", "name", "xid", "value", "snap", "t"]
 
 
 class _Lister(Protocol):
@@ -125,12 +113,10 @@ class _Scraped:
 class ExporterScrape:
     """Scrapes every DCGM exporter of the cluster directly (see the module docstring).
 
-    ``kube``: a :class:`gpucert.kube.Kube` (anything with its ``list_objects``). ``namespace`` and
-    ``label_selector``: where the exporter Service lives, and its label; ``sources``, when given, replaces
-    both with every place to look (gpucert's own exporter, the GPU Operator's, or both). ``host_label``:
-    read only for a target without a ``nodeName`` (the Endpoints' node is the name gpucert acts on); None
-    reads ``hostname`` or ``Hostname``.
-    ``timeout_s``: each target's deadline for the whole answer. ``workers``: concurrent scrapes.
+    ``kube``: anything with :class:`gpucert.kube.Kube`'s ``list_objects``. ``namespace`` and ``label_selector``:
+    where the exporter Service lives; ``sources``, when given, replaces both with every place to look.
+    ``host_label``: read only for a target without a ``nodeName`` (None: either spelling). ``timeout_s``: each
+    target's deadline for the whole answer. ``workers``: concurrent scrapes.
     """
 
     def __init__(
@@ -149,17 +135,12 @@ class ExporterScrape:
         self.kube = kube
         self.sources = tuple(dict.fromkeys(sources)) or (ExporterSource(namespace, label_selector),)
         self.namespace = ", ".join(dict.fromkeys(s.namespace for s in self.sources))
-        self.label_selector = "; ".join(dict.fromkeys(s.label_selector for s in self.sources))
         self.host_label = host_label
         self.timeout_s = timeout_s
         self.workers = max(1, workers)
 
     def __repr__(self) -> str:
         return f"ExporterScrape(namespace={self.namespace!r})"
-
-    def _where(self) -> str:
-        """Where the exporters were looked for, for a person: one source as before, several joined."""
-        return "; ".join(s.describe() for s in self.sources)
 
     def _endpoints(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The Endpoints of every source, and why a source's could not be listed (one line each).
@@ -185,11 +166,8 @@ class ExporterScrape:
         return endpoints, refused
 
     def targets(self) -> list[ExporterTarget]:
-        """Every exporter address of the labelled Endpoints of every source, ready ones and not, one per
-        URL, by node.
-
-        Raises :class:`TelemetryError` when no source's Endpoints can be listed.
-        """
+        """Every exporter address of the labelled Endpoints of every source, ready ones and not, one per URL, by
+        node. Raises :class:`TelemetryError` when no source's Endpoints can be listed."""
         return self._listed()[0]
 
     def _listed(self) -> tuple[list[ExporterTarget], list[str]]:
@@ -223,14 +201,10 @@ class ExporterScrape:
         expected_gpus: Mapping[str, int] | None = None,
         nodes: Iterable[str] = (),
     ) -> Telemetry:
-        """Scrape every exporter (twice, ``interval_s`` apart, when ``interval_s`` > 0) and return a
-        :class:`Telemetry`: per GPU the registry's telemetry metrics from the last scrape (and the rates,
-        increases and shares between the two), the XIDs the exporter counted in its last 5 minutes (or a
-        change of the last-XID gauge between the scrapes), per node ``gpu_count`` and, for the nodes in
-        ``expected_gpus``, ``gpu_count_expected``. A target that failed is a problem of its node; a node of
-        ``nodes`` or ``expected_gpus`` (the GPU nodes in scope) with no target at all is one too, its reason
-        starting ``no exporter``. With no target at all, :attr:`Telemetry.absent` says where they were
-        looked for.
+        """Scrape every exporter (twice, ``interval_s`` apart, when ``interval_s`` > 0: the rates, increases and
+        shares are between the two) into a :class:`Telemetry`. A target that failed is a problem of its node;
+        a node of ``nodes`` or ``expected_gpus`` (the GPU nodes in scope) with no target at all is one too,
+        its reason starting ``no exporter``.
 
         Raises :class:`TelemetryError` when no source's Endpoints can be listed (one that cannot, beside
         one that can, is named in :attr:`Telemetry.notes` and in the reason of each node without an
@@ -247,7 +221,8 @@ class ExporterScrape:
                 "no DCGM exporter listed in "
                 + "; ".join(f"namespace {s.namespace!r} ({s.label_selector})" for s in self.sources)
             )
-            absent = f"no DCGM exporter found — looked for the Endpoints of Services labelled {self._where()}"
+            where = "; ".join(s.describe() for s in self.sources)
+            absent = f"no DCGM exporter found — looked for the Endpoints of Services labelled {where}"
         rounds = [self._scrape_all(targets, 0, parse)]
         if interval_s > 0 and targets:
             time.sleep(interval_s)
@@ -256,33 +231,21 @@ class ExporterScrape:
             notes.append("a single scrape: PCIe replay rates, NVLink CRC increases and slowdown shares need two")
 
         problems = Problems()
-        raw_rows: list[tuple[str, int, str, str, str, str, int, float, float]] = []
-        for scraped in (s for r in rounds for s in r):
-            if scraped.rows is None:
-                continue
-            raw_rows += [(*row[:6], scraped.snap, scraped.t, row[6]) for row in scraped.rows]
         for target in targets:
             failures = [s for r in rounds for s in r if s.target == target and s.problem is not None]
             if not failures:
                 continue
-            state = "" if target.ready else " (listed not ready)"
-            if len(failures) == len(rounds):
-                problems.add(target.node, f"exporter {target.url}{state}: {failures[0].problem}")
-            else:
-                problems.add(
-                    target.node,
-                    f"exporter {target.url}{state} failed one of two scrapes ({failures[0].problem}): "
-                    "rates and shares unknown",
-                )
-        raw = pd.DataFrame(raw_rows, columns=_RAW_COLUMNS)
+            exporter = f"exporter {target.url}{'' if target.ready else ' (listed not ready)'}"
+            what = f": {failures[0].problem}"
+            if len(failures) < len(rounds):
+                what = f" failed one of two scrapes ({failures[0].problem}): rates and shares unknown"
+            problems.add(target.node, exporter + what)
+        raw = pd.DataFrame([(*row, s.snap, s.t) for r in rounds for s in r for row in s.rows or ()], columns=_RAW)
         end_t = max((s.t for r in rounds for s in r if s.rows is not None), default=time.time())
         start_t = min((s.t for s in rounds[0] if s.rows is not None), default=None) if len(rounds) > 1 else None
-        last = raw.groupby(["node", "gpu", "gpu_uuid"])["snap"].transform("max") == raw["snap"] if len(raw) else None
-        present = (
-            raw[last][["node", "gpu", "gpu_uuid"]].drop_duplicates().astype({"gpu": np.int64})
-            if last is not None
-            else pd.DataFrame({"node": [], "gpu": pd.Series(dtype=np.int64), "gpu_uuid": []})
-        )
+        # The GPUs reporting at the end: in the last scrape that read them.
+        last = raw.groupby(["node", "gpu", "gpu_uuid"])["snap"].transform("max") == raw["snap"]
+        present = raw[last][["node", "gpu", "gpu_uuid"]].drop_duplicates().astype({"gpu": np.int64})
         end = datetime.fromtimestamp(end_t, UTC)
         results = to_results(
             _reduce(raw),
@@ -350,7 +313,7 @@ class ExporterScrape:
         except ValueError as exc:
             return failed(f"answered {exc}: not an exporter")
         except (httpx.TransportError, OSError) as exc:
-            return failed(f"unreachable: {_reason(exc)}")
+            return failed(f"unreachable: {transport_reason(exc)}")
         try:
             rows = self._parse(text, target, parse)
         except ValueError as exc:
@@ -377,19 +340,9 @@ class ExporterScrape:
                 node = named or host_of(labels, self.host_label)
                 if not gpu.isdigit() or not uuid or node is None:
                     continue
-                value = float(sample.value)
+                value, model = float(sample.value), labels.get("modelName") or "unknown"
                 if np.isfinite(value):
-                    rows.append(
-                        (
-                            node,
-                            int(gpu),
-                            uuid,
-                            labels.get("modelName") or "unknown",
-                            family.name,
-                            labels.get("xid", ""),
-                            value,
-                        )
-                    )
+                    rows.append((node, int(gpu), uuid, model, family.name, labels.get("xid", ""), value))
         return rows
 
 
@@ -440,19 +393,6 @@ def _fetch(http: httpx.Client, url: str, timeout_s: float) -> str:
                 raise ValueError(f"more than {_MAX_BYTES >> 20} MiB")
             chunks.append(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
-
-
-def _reason(error: BaseException) -> str:
-    """Why a target was unreachable, in the system's words (``connection refused``): the OSError that httpx
-    wraps, found along the chain of causes."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, TimeoutError):
-            return "connection timed out"
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror.lower()
-        seen = seen.__cause__ or seen.__context__
-    return str(error) or type(error).__name__
 
 
 _GPU = ["node", "gpu", "gpu_uuid", "gpu_model"]
@@ -520,18 +460,11 @@ def _deltas(sub: pd.DataFrame) -> pd.DataFrame:
 
 def _hw_share(raw: pd.DataFrame) -> pd.DataFrame:
     """Share of the interval with a hardware slowdown (see the module docstring)."""
-    thermal = _deltas(raw[raw["name"] == _THERMAL_VIOLATION])
-    shares = [thermal["increase"] / _NS / thermal["dt"]] if len(thermal) else []
     clocks = raw[raw["name"] == _CLOCKS]
-    if len(clocks):
-        braked = ((clocks["value"].to_numpy(dtype=np.int64) & 0x080) > 0) & (
-            (clocks["value"].to_numpy(dtype=np.int64) & HW_SLOWDOWN_BITS) > 0
-        )
-        brake_gpus = clocks[braked][_GPU].drop_duplicates()
-        power = raw[raw["name"] == _POWER_VIOLATION].merge(brake_gpus, on=_GPU, how="inner")
-        power_delta = _deltas(power)
-        if len(power_delta):
-            shares.append(power_delta["increase"] / _NS / power_delta["dt"])
+    braked = clocks[(clocks["value"].to_numpy(dtype=np.int64) & 0x080) > 0][_GPU].drop_duplicates()
+    power = raw[raw["name"] == _POWER_VIOLATION].merge(braked, on=_GPU, how="inner")
+    counters = (_deltas(raw[raw["name"] == _THERMAL_VIOLATION]), _deltas(power))
+    shares = [delta["increase"] / _NS / delta["dt"] for delta in counters if len(delta)]
     if not shares:
         return empty_readings()
     share = pd.concat(shares).groupby(level=list(range(len(_GPU)))).max().clip(0.0, 1.0)
@@ -545,32 +478,24 @@ def _events(raw: pd.DataFrame) -> pd.DataFrame:
         return empty_events()
     last_snap = raw.groupby(_GPU)["snap"].transform("max") == raw["snap"]
     counted = raw[last_snap & (raw["name"] == XID_COUNT) & (raw["value"] > 0) & raw["xid"].str.isdigit()]
-    parts = []
-    if len(counted):
-        parts.append(
-            pd.DataFrame(
-                {
-                    **{c: counted[c].to_numpy() for c in _GPU},
-                    "xid": counted["xid"].astype(np.int64).to_numpy(),
-                    "count": np.rint(counted["value"].to_numpy()).astype(np.int64),
-                    "ts": pd.to_datetime(counted["t"].to_numpy(), unit="s", utc=True),
-                }
-            )
-        )
     both = _both(raw[raw["name"] == XID_LAST])
     changed = both[(both["v1"] != both["v0"]) & (both["v1"] > 0)].reset_index()
     changed = changed[~changed["gpu_uuid"].isin(set(counted["gpu_uuid"]))]
-    if len(changed):
-        parts.append(
-            pd.DataFrame(
-                {
-                    **{c: changed[c].to_numpy() for c in _GPU},
-                    "xid": changed["v1"].astype(np.int64).to_numpy(),
-                    "count": 1,
-                    "ts": pd.to_datetime(changed["t1"].to_numpy(), unit="s", utc=True),
-                }
-            )
-        )
-    if not parts:
-        return empty_events()
-    return pd.concat(parts, ignore_index=True)
+    parts = [
+        _event_rows(counted, counted["xid"], np.rint(counted["value"].to_numpy()), counted["t"]),
+        _event_rows(changed, changed["v1"], np.ones(len(changed)), changed["t1"]),
+    ]
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else empty_events()
+
+
+def _event_rows(gpus: pd.DataFrame, xid: pd.Series, count: np.ndarray, t: pd.Series) -> pd.DataFrame:
+    """Event rows of ``gpus`` (GPU identity columns), each its XID, count and time (unix seconds)."""
+    return pd.DataFrame(
+        {
+            **{c: gpus[c].to_numpy() for c in _GPU},
+            "xid": xid.astype(np.int64).to_numpy(),
+            "count": count.astype(np.int64),
+            "ts": pd.to_datetime(t.to_numpy(), unit="s", utc=True),
+        }
+    )

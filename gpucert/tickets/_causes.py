@@ -1,16 +1,10 @@
-"""What each cause is measured by, and what may be done about it: the rules that keep tickets and taints honest.
+"""What each cause is measured by, and what may be done about it: the rules that keep tickets and taints honest
+(docs/reference/causes-and-actions.md, "What clears a ticket and a taint" and "Remediation playbook").
 
-* **Clearing rule.** A fault is cleared — its ticket resolved, its taint lifted — only by a run that measured
-  what it was found on, on that hardware: the metrics its ticket's evidence names (``storage_read_gbps``
-  for a slow mount, ``nccl_pair_busbw_gbps`` for a node low with its partners…), else its cause's metrics
-  (:data:`CAUSE_METRICS`, grouped by the cause's layer), on its GPU (by UUID, or by index for a GPU
-  replaced since) or, for a node-level fault, anywhere on its node. A run that passed a node without
-  measuring that (no storage location configured, no pairs) leaves both in place and says so.
+* **Clearing rule.** A fault is cleared only by a run that measured what it was found on, on that hardware:
   :func:`measured` is the one vectorised check, for any number of faults at once.
-* **Fitting actions.** A repair recorded on a ticket must fit its cause (:func:`allowed_actions`): two GPU
-  resets on a network ticket are no repair of it, and would escalate it to a replacement by the reset rule
-  of docs/reference/causes-and-actions.md, "Escalation". :func:`check_action` refuses one that does not fit,
-  naming those that do.
+* **Fitting actions.** A repair recorded on a ticket must fit its cause (:func:`check_action`): two GPU resets
+  on a network ticket are no repair of it, and would escalate it to a replacement by the reset rule.
 """
 
 from __future__ import annotations
@@ -123,18 +117,16 @@ def fault_metrics(ticket: Ticket) -> tuple[str, ...]:
 
 
 def _text(column: pd.Series) -> pd.Series:
+    # Verdict and results tables carry names as categoricals or strings, with NaN or None where empty.
     return column.astype("string").fillna("")
 
 
 def measured(faults: pd.DataFrame, results: pd.DataFrame | None) -> np.ndarray:
     """For each fault (a row of ``node``, ``gpu_uuid`` — ``""`` for a node-level fault —, ``gpu`` — its
     index or NA — and ``metrics`` — a tuple of metric names), whether ``results`` (a run's results table,
-    long format) measured any of its metrics on its hardware: one vectorised check over every fault.
-
-    A GPU-level metric counts on the fault's GPU (its UUID, or its index on the node: a GPU replaced since
-    reports a new UUID), or anywhere on the node for a node-level fault; a node metric on the node; a pair
-    metric on either node of the pair. No results measured nothing.
-    """
+    long format) measured any of its metrics on its hardware: a GPU-level metric on its GPU (by UUID, or by
+    index: a GPU replaced since reports a new UUID) or anywhere on the node for a node-level fault; a node
+    metric on the node; a pair metric on either node of the pair."""
     if faults.empty:
         return np.zeros(0, dtype=bool)
     if results is None or results.empty:

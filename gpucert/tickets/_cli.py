@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ._backend import TicketBackend
 from ._local import LocalTickets
-from ._model import State, Ticket, TicketConfigError
+from ._model import State, Ticket, TicketBackend, TicketConfigError
 
 __all__ = ["DEFAULT_TICKETS", "TICKETS_FILE", "format_tickets", "local_path", "open_backend", "tickets_list"]
 
@@ -20,13 +19,10 @@ _FILE_SUFFIXES = frozenset({".sqlite", ".sqlite3", ".db"})
 
 
 def local_path(spec: str | os.PathLike[str]) -> Path:
-    """The SQLite file a local ticket spec names.
-
-    ``sqlite:///abs/path.sqlite`` and ``file:///abs/path`` are absolute (as in a ``file://`` store URI); a plain
-    path may be relative. A path ending in ``.sqlite``, ``.sqlite3`` or ``.db`` is the file itself; any other
-    is a store root (a folder) that holds ``tickets.sqlite``. Raises :class:`TicketConfigError` for an
-    ``s3://`` store (SQLite needs a local file), any other scheme or an empty spec.
-    """
+    """The SQLite file a local ticket spec names: ``sqlite:///abs/path.sqlite``, ``file:///abs/path`` (as in a
+    ``file://`` store URI) or a plain path; one ending in ``.sqlite``, ``.sqlite3`` or ``.db`` is the file,
+    any other a store root holding ``tickets.sqlite``. Raises :class:`TicketConfigError` for an ``s3://``
+    store (SQLite needs a local file), any other scheme or an empty spec."""
     return _resolve(spec)[0]
 
 
@@ -96,12 +92,9 @@ def format_tickets(tickets: list[Ticket], *, state: State | None = None) -> str:
 
 
 def _existing_backend(spec: str | os.PathLike[str]) -> LocalTickets | None:
-    """The local backend of an existing ticket file; ``None`` for a store root that has none yet.
-
-    Listing must never create anything (opening a :class:`LocalTickets` makes its folder and file), so a
-    location that does not exist raises :class:`TicketConfigError` naming it: a typo must not read as "no
-    tickets". A missing ``tickets.sqlite`` in a folder that exists is a store without tickets yet.
-    """
+    """The local backend of an existing ticket file; ``None`` for an existing store root without one yet.
+    Listing never creates anything (opening a :class:`LocalTickets` would), and a location that does not
+    exist raises :class:`TicketConfigError` naming it: a typo must not read as "no tickets"."""
     path, named_root = _resolve(spec)
     if path.is_file():
         return LocalTickets(path)

@@ -1,13 +1,10 @@
 """Tickets no single verdict row opens: a blast-radius incident, and a busy node's maintenance window.
 
-* **Incident.** When a run would taint more nodes than the blast radius allows, it taints none (the baseline,
-  the benchmark or the stack is the likelier culprit) and opens one ``incident`` ticket instead, naming every
-  node held back and each of its findings, hard gates first (a row-remap failure is never lost in the
-  crowd). The incident has one fingerprint (:data:`INCIDENT_NODE`, cause ``blast_radius``): a later run
-  still past the radius updates it, a run back within it resolves it.
-* **Maintenance window.** A node that telemetry or drift asked about, busy every night for
-  ``EscalationPolicy.busy_nights`` nights in a row, gets a ticket (cause ``maintenance_window``) asking for
-  a window to re-certify it; its next passing certification resolves it like any other ticket.
+A run that would taint more nodes than the blast radius allows taints none (the baseline, the benchmark or
+the stack is the likelier culprit) and opens one ``incident`` ticket (one fingerprint: :data:`INCIDENT_NODE`,
+cause ``blast_radius``) naming every node held back and its findings, hard gates first, so a row-remap
+failure is never lost in the crowd. A node that telemetry or drift asked about, busy ``busy_nights`` nights
+in a row, gets a ``maintenance_window`` ticket; its next passing certification resolves it.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 import pandas as pd
 
-from ._backend import TicketBackend
-from ._lifecycle import _resolve
-from ._model import MAX_EVIDENCE, MAX_HISTORY, EventKind, Evidence, Fingerprint, Ticket, TicketEvent
+from ._causes import _text
+from ._lifecycle import _occurred, _resolve
+from ._model import Evidence, Fingerprint, Kind, Ticket, TicketBackend, TicketEvent
 
 __all__ = [
     "INCIDENT_CAUSE",
@@ -40,10 +36,6 @@ MAINTENANCE_CAUSE = "maintenance_window"
 #: The findings an incident ticket lists one by one (every node is named all the same).
 _MAX_LISTED = 100
 _INCIDENT = Fingerprint(node=INCIDENT_NODE, cause=INCIDENT_CAUSE)
-
-
-def _text(column: pd.Series) -> pd.Series:
-    return column.astype("string").fillna("")
 
 
 def _finding_lines(findings: pd.DataFrame) -> list[str]:
@@ -138,7 +130,7 @@ def _occur_special(
     others: Sequence[Ticket],
     *,
     fingerprint: Fingerprint,
-    kind: Any,
+    kind: Kind,
     run_id: str,
     now: datetime,
     title: str,
@@ -151,20 +143,8 @@ def _occur_special(
     del others
     if current is not None and (run_id in current.runs or (only_new and current.state == "open")):
         return None
-    event: EventKind = "opened"
-    if current is None:
-        ticket = Ticket(node=fingerprint.node, cause=fingerprint.cause, kind=kind, created=now, updated=now)
-    else:
-        ticket = current.model_copy(deep=True)
-        event = "updated"
-        if current.state == "resolved":
-            ticket.state, ticket.resolved, event = "open", None, "reopened"
-            ticket.reopened = [*ticket.reopened, now][-MAX_HISTORY:]
-    ticket.occurrences += 1
-    ticket.seen = [*ticket.seen, now][-MAX_HISTORY:]
-    ticket.runs = [*ticket.runs, run_id][-MAX_HISTORY:]
-    ticket.evidence = [*ticket.evidence, evidence][-MAX_EVIDENCE:]
-    ticket.updated, ticket.title, ticket.action, ticket.reasons = now, title, action, reasons
+    ticket, event = _occurred(current, fingerprint, kind, run_id=run_id, now=now, evidence=evidence)
+    ticket.title, ticket.action, ticket.reasons = title, action, reasons
     return TicketEvent(
         kind=event, ticket=ticket, previous=current, detail=f"{event} by run {run_id}: {reasons}", at=now
     )

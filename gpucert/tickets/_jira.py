@@ -1,28 +1,17 @@
-"""``JiraTickets``: one Jira issue per fingerprint, through the ``jira`` client (REST API v2).
+"""``JiraTickets``: one Jira issue per fingerprint, through the ``jira`` client (REST API v2; on Jira Cloud
+the client speaks v3 by itself).
 
 The issue is the ticket: its labels say what it is (``gpucert``, ``gpucert-open`` while open,
-``gpucert-fp-<hash>`` for its fingerprint, ``gpucert-node-<node>``, ``gpucert-<kind>``,
-``gpucert-cause-<cause>``), its priority follows its kind, its description is the ticket in words followed
-by gpucert's record (the ticket as JSON, rewritten on each change), each change adds a comment, and
-resolving and reopening are workflow transitions (``Done``, ``Reopen`` by default). Jira's own status wins
-over the record: an issue a person closed is a resolved ticket, one they reopened an open ticket.
+``gpucert-fp-<hash>``, ``gpucert-node-<node>``, ``gpucert-<kind>``, ``gpucert-cause-<cause>``), its priority
+follows its kind, its description is the ticket in words then gpucert's record (the ticket as JSON), each
+change adds a comment, and resolving and reopening are workflow transitions. Jira's own status wins over
+the record: an issue a person closed is a resolved ticket, one they reopened an open ticket.
 
-Values read from a cluster or a results file (a GPU model, a UUID, a stack version) never act as Jira
-markup: a text holding a character that could start a link, an image, a macro, a table or an escape
-(``[ ] { } | !`` and the backslash) goes in a ``{noformat}`` block; the summary is one line; the record
-is found by a delimiter no JSON string can contain (a raw line break), so no value can forge or hide it.
-
-Jira offers no transaction: two gpucert processes reconciling the same fault at the same moment may
-both create an issue. Run one reconcile at a time per project (the certify flow does).
-
-The wire contract is REST v2 as Jira Server/Data Center speaks it; Jira Cloud's v3 differs (ADF bodies,
-``/rest/api/3/search/jql``), and the ``jira`` client switches to it on a Cloud server by itself.
-
-Each of gpucert's Jira calls (a search, a create, a transition: one or a few requests, their retries
-included) ends within the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``, 20 s by default):
-every request's timeout is cut to what is left of it, and no request is sent once it has passed. A request
-is retried (a refused or dropped connection, a 429, a 503) by the policy Kubernetes and webhooks share
-(:mod:`gpucert._retry`), not by the client's own session.
+Values read from a cluster or a results file never act as Jira markup (:func:`inert`), and the record is
+found by a delimiter no JSON string can contain (a raw line break), so no value can forge or hide it.
+Jira offers no transaction: two processes reconciling one fault at once may both create an issue, so run
+one reconcile at a time per project (the certify flow does). Each call, its retries included (the policy
+of :mod:`gpucert._retry`), ends within the call deadline (``gpucert --timeout``, ``$GPUCERT_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -40,10 +29,9 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from .._deadline import CONNECT_TIMEOUT_S, TIMEOUT_ENV, Deadline, call_deadline_s
-from .._retry import RetryPolicy
+from .._retry import RetryPolicy, retry_after_s
 from .._secrets import redact_url, reveal, scrub
-from ._backend import Change
-from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
+from ._model import Change, Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent, TicketNotFound
 
 if TYPE_CHECKING:
     from jira import JIRA
@@ -79,15 +67,10 @@ _TRANSIENT_STATUS = frozenset({429, 503})
 
 
 def _mount_deadline(session: Any, retry: RetryPolicy) -> None:
-    """Send each request of ``session`` (the jira client's) with ``retry``, the policy Kubernetes and
-    webhooks share, within what is left of its Jira call's deadline.
-
-    The client's own retries are off (``max_retries=0``): this transport retries a refused or dropped
-    connection, a 429 and a 503 (their ``Retry-After`` honoured), cuts each request's timeouts to the
-    deadline and sends nothing once it has passed, so a call ends by it. A request that failed every try
-    returns its last answer, which the client turns into its ``JIRAError``. (requests is imported here, as
-    everywhere in this module, only once Jira is used.)
-    """
+    """Send each request of ``session`` (the jira client's, its own retries off) with ``retry``: a refused or
+    dropped connection, a 429 and a 503 retried, each timeout cut to what is left of the Jira call's deadline,
+    nothing sent once it has passed. A request that failed every try returns its last answer, which the
+    client turns into its ``JIRAError``."""
     import requests.adapters
 
     class OutOfTime(requests.exceptions.ReadTimeout):
@@ -101,13 +84,7 @@ def _mount_deadline(session: Any, retry: RetryPolicy) -> None:
             self.response = response
 
     def retry_after(error: BaseException) -> float | None:
-        if not isinstance(error, Transient):
-            return None
-        value = error.response.headers.get("Retry-After")
-        try:
-            return float(value) if value else None
-        except ValueError:  # an HTTP date: not honoured
-            return None
+        return retry_after_s(error.response.headers.get("Retry-After")) if isinstance(error, Transient) else None
 
     class DeadlineAdapter(requests.adapters.HTTPAdapter):
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -300,19 +277,9 @@ class JiraTickets:
             seconds = call_deadline_s()
             connect = min(CONNECT_TIMEOUT_S, seconds / 4)
             first = (connect, min(self.timeout_s, seconds - connect))
+            auth: dict[str, Any] = {"basic_auth": (self.user, token)} if self.user else {"token_auth": token}
             with self._calling("connect"):
-                if self.user:
-                    jira = JIRA(
-                        self.server,
-                        options={"check_update": False},
-                        basic_auth=(self.user, token),
-                        timeout=first,
-                        max_retries=0,
-                    )
-                else:
-                    jira = JIRA(
-                        self.server, options={"check_update": False}, token_auth=token, timeout=first, max_retries=0
-                    )
+                jira = JIRA(self.server, options={"check_update": False}, timeout=first, max_retries=0, **auth)
             # The client keeps its session private; it is the one place to set its transport and retries.
             session = jira._session
             session.timeout = (CONNECT_TIMEOUT_S, self.timeout_s)

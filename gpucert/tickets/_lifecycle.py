@@ -1,21 +1,11 @@
 """The ticket lifecycle, as pure logic over a :class:`TicketBackend`: open, update, escalate, resolve.
 
-:func:`reconcile` takes one run's verdict table:
-
-- every ``fail`` or ``warn`` row whose ``ticket`` is not ``none`` is an occurrence of its fingerprint
-  (node, GPU UUID, cause): the fingerprint's ticket is opened, updated (occurrence + 1, evidence added) or,
-  when it was resolved, reopened; a node-wide cause (docs/design/data-contracts.md writes it on every GPU row
-  of the node) is one node-level fingerprint, not one ticket per GPU;
-- a remediation ticket escalates to replacement when its row asks for one or an :class:`EscalationPolicy`
-  rule fires (docs/reference/causes-and-actions.md, "Escalation");
-- an open ticket whose hardware passes in this run is resolved: a GPU ticket when its GPU's row passes (a
-  replaced GPU, seen under a new UUID at the same index, counts), a node ticket when every row of its node
-  passes (docs/design/certify-runbook.md, "Confirm": the full certification passes before a node returns) —
-  and only when the run measured what the fault was found on, on that hardware (the clearing rule of
-  :mod:`._causes`, given the run's results as ``evidence.results``): a pass that did not measure it leaves the
-  ticket open and is reported as a ``kept`` event.
-
-Reconciling the same run twice changes nothing the second time (a ticket remembers the runs it saw).
+:func:`reconcile` takes one run's verdict table: every ``fail`` or ``warn`` row asking for a ticket is an
+occurrence of its fingerprint (a node-wide cause, written on every GPU row of the node, is one node-level
+fingerprint); a row asking for a replacement, or an :class:`EscalationPolicy` rule, escalates a remediation.
+An open ticket whose hardware passes — its GPU (or one replaced at the same index), every row of its node —
+is resolved only when the run measured what the fault was found on (the clearing rule of :mod:`._causes`):
+a pass that did not is reported as a ``kept`` event. A run reconciled twice changes nothing the second time.
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ from gpucert._crashpoints import crashpoint
 from gpucert.metrics import METRICS
 from gpucert.verdict import TICKET_RANK, VERDICT_RANK
 
-from ._backend import TicketBackend
-from ._causes import check_action, fault_metrics, measured, not_measured
+from ._causes import _text, check_action, fault_metrics, measured, not_measured
 from ._model import (
     MAX_EVIDENCE,
     MAX_HISTORY,
@@ -45,6 +34,7 @@ from ._model import (
     Kind,
     Remediation,
     Ticket,
+    TicketBackend,
     TicketError,
     TicketEvent,
     TicketNotFound,
@@ -72,12 +62,9 @@ _WORST_IS_LOW = frozenset({"pcie_gen", "pcie_width", "gpu_count"})
 
 @dataclass(frozen=True)
 class RunEvidence:
-    """What a run adds to each of its tickets besides the verdict rows.
-
-    ``results`` is the run's results table (long format): the telemetry and events of each flagged GPU
-    and node are taken from it; ``stacks`` maps node → the stack versions it was measured on (the run's
-    ``stack.json``); ``report`` links the run's HTML report.
-    """
+    """What a run adds to each of its tickets besides the verdict rows: its results table (long format; the
+    flagged GPUs' and nodes' telemetry and events are taken from it), each node's stack versions (the run's
+    ``stack.json``) and a link to its HTML report."""
 
     report: str = ""
     stacks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -108,12 +95,9 @@ def reconcile(
     evidence: RunEvidence | None = None,
     policy: EscalationPolicy | None = None,
 ) -> list[TicketEvent]:
-    """Bring the tickets in line with one run's verdicts; returns what changed, occurrences first.
-
-    Raises :class:`TicketError` when the verdict table lacks a needed column or ``now`` has no time zone,
-    and whatever the backend raises (each fingerprint's change is atomic; the ones done before an error
-    stay done, and reconciling the run again finishes the rest).
-    """
+    """Bring the tickets in line with one run's verdicts; returns what changed, occurrences first. Raises
+    :class:`TicketError` for a table without a needed column or a naive ``now``, and whatever the backend
+    raises (each fingerprint's change is atomic: reconciling the run again finishes the rest)."""
     _check(verdicts, now)
     policy = policy or EscalationPolicy()
     evidence = evidence or RunEvidence()
@@ -146,11 +130,6 @@ def _check(verdicts: pd.DataFrame, now: datetime) -> None:
         raise TicketError(f"the verdict table lacks column(s) {missing}: it is not a gpucert verdict table")
     if now.tzinfo is None or now.utcoffset() is None:
         raise TicketError("reconcile needs an aware time (UTC), got a naive datetime")
-
-
-def _text(column: pd.Series) -> pd.Series:
-    # Verdict tables carry names as categoricals or strings, with NaN or None where empty.
-    return column.astype("string").fillna("")
 
 
 def recorded_tickets(verdicts: pd.DataFrame, *, run_id: str, at: datetime) -> list[Ticket]:
@@ -331,31 +310,13 @@ def _occur(
 ) -> TicketEvent | None:
     """The change one occurrence makes to its fingerprint's ticket (a :data:`Change`)."""
     o = occurrence
-    fp = o.fingerprint
     if current is not None and o.run_id in current.runs:
         return None  # this run was already counted
-    if current is None:
-        ticket = Ticket(
-            node=fp.node, gpu_uuid=fp.gpu_uuid, cause=fp.cause, kind="remediation", created=o.now, updated=o.now
-        )
-        kind: EventKind = "opened"
-        detail = f"opened: {o.verdict} in run {o.run_id}"
-    else:
-        ticket = current.model_copy(deep=True)
-        if current.state == "resolved":
-            ticket.state = "open"
-            ticket.resolved = None
-            ticket.reopened = [*ticket.reopened, o.now][-MAX_HISTORY:]
-            kind = "reopened"
-            detail = f"reopened: {o.verdict} again in run {o.run_id} (occurrence {current.occurrences + 1})"
-        else:
-            kind = "updated"
-            detail = f"recurred: {o.verdict} in run {o.run_id} (occurrence {current.occurrences + 1})"
-    ticket.occurrences += 1
-    ticket.seen = [*ticket.seen, o.now][-MAX_HISTORY:]
-    ticket.runs = [*ticket.runs, o.run_id][-MAX_HISTORY:]
-    ticket.evidence = [*ticket.evidence, o.evidence][-MAX_EVIDENCE:]
-    ticket.updated = o.now
+    ticket, kind = _occurred(current, o.fingerprint, "remediation", run_id=o.run_id, now=o.now, evidence=o.evidence)
+    detail = f"opened: {o.verdict} in run {o.run_id}"
+    if current is not None:
+        what = f"reopened: {o.verdict} again" if kind == "reopened" else f"recurred: {o.verdict}"
+        detail = f"{what} in run {o.run_id} (occurrence {ticket.occurrences})"
     ticket.action = o.action
     ticket.reasons = o.reasons
     ticket.gpu = o.gpu if o.gpu is not None else ticket.gpu
@@ -372,6 +333,35 @@ def _occur(
     if o.reasons:
         detail = f"{detail}: {o.reasons}"
     return TicketEvent(kind=kind, ticket=ticket, previous=current, detail=detail, at=o.now)
+
+
+def _occurred(
+    current: Ticket | None, fingerprint: Fingerprint, kind: Kind, *, run_id: str, now: datetime, evidence: Evidence
+) -> tuple[Ticket, EventKind]:
+    """The fingerprint's ticket with one more occurrence — new (of ``kind``), again, or reopened when it was
+    resolved — and which of these it is; its history kept to the last :data:`MAX_HISTORY`."""
+    event: EventKind = "opened"
+    if current is None:
+        ticket = Ticket(
+            node=fingerprint.node,
+            gpu_uuid=fingerprint.gpu_uuid,
+            cause=fingerprint.cause,
+            kind=kind,
+            created=now,
+            updated=now,
+        )
+    else:
+        ticket = current.model_copy(deep=True)
+        event = "updated"
+        if current.state == "resolved":
+            ticket.state, ticket.resolved, event = "open", None, "reopened"
+            ticket.reopened = [*ticket.reopened, now][-MAX_HISTORY:]
+    ticket.occurrences += 1
+    ticket.seen = [*ticket.seen, now][-MAX_HISTORY:]
+    ticket.runs = [*ticket.runs, run_id][-MAX_HISTORY:]
+    ticket.evidence = [*ticket.evidence, evidence][-MAX_EVIDENCE:]
+    ticket.updated = now
+    return ticket, event
 
 
 def _escalation_reason(
@@ -520,11 +510,8 @@ def record_remediation(
     backend: TicketBackend, ticket_id: str, action: str, now: datetime, *, note: str = "", by: str = ""
 ) -> TicketEvent:
     """Record that ``action`` (``reset_gpu``, ``reboot_node``, ``reseat``…) was done for a ticket at ``now``,
-    so that a later recurrence counts as one after it; returns the event.
-
-    Raises :class:`TicketNotFound` for an unknown id and :class:`TicketError` for an empty action or a
-    naive time.
-    """
+    so that a later recurrence counts as one after it; returns the event. Raises :class:`TicketNotFound`
+    for an unknown id and :class:`TicketError` for an empty action or a naive time."""
     if not action.strip():
         raise TicketError("a remediation needs an action (reset_gpu, reboot_node, reseat, …)")
     if now.tzinfo is None:
@@ -547,13 +534,10 @@ def record_repairs(
     note: str = "",
     by: str = "",
 ) -> list[TicketEvent]:
-    """Record a repair on every open ticket of ``nodes`` (``gpucert release``: the nodes were repaired and
-    are about to be re-certified); ``action`` defaults to what each ticket asked for. Returns the events.
-
-    Raises :class:`TicketError` for a naive time, and :class:`~gpucert.tickets.TicketActionError` (nothing
-    recorded) when ``action`` does not fit the cause of one of the tickets: a GPU reset is no repair of a
-    network fault, and recording it would count towards the reset rule's escalation.
-    """
+    """Record a repair on every open ticket of ``nodes`` (``gpucert release``: repaired, about to be
+    re-certified); ``action`` defaults to what each ticket asked for. Raises :class:`TicketError` for a naive
+    time, and :class:`~gpucert.tickets.TicketActionError` (nothing recorded) when ``action`` does not fit a
+    ticket's cause: a GPU reset is no repair of a network fault, and would count towards the reset rule."""
     if now.tzinfo is None:
         raise TicketError("a repair needs an aware time (UTC), got a naive datetime")
     open_tickets = backend.tickets(state="open", nodes=nodes)

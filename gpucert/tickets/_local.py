@@ -20,8 +20,7 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from ._backend import Change
-from ._model import Fingerprint, State, Ticket, TicketError, TicketEvent, TicketNotFound
+from ._model import Change, Fingerprint, State, Ticket, TicketError, TicketEvent, TicketNotFound
 
 __all__ = ["LocalTickets"]
 

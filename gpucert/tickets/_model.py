@@ -1,17 +1,13 @@
-"""The ticket model: what a ticket is, what happens to it, and the rules that escalate it.
-
-A ticket stands for one fault on one piece of hardware: its :class:`Fingerprint` is (node, GPU UUID — empty
-for a node-level fault —, cause). A fingerprint has exactly one ticket over its whole life: a recurrence
-updates it, a recurrence after it was resolved reopens it, so its history (occurrences, remediations,
-reopenings) is what the escalation rules count (docs/reference/causes-and-actions.md, "Escalation").
-"""
+"""The ticket model: what a ticket is, what happens to it, the rules that escalate it (a fingerprint's one
+ticket for life: see :mod:`gpucert.tickets`), and the protocol every ticket backend implements."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -19,6 +15,7 @@ from gpucert.errors import TicketConfigError, TicketError, TicketNotFound
 
 __all__ = [
     "MAX_EVIDENCE",
+    "Change",
     "EscalationPolicy",
     "EventKind",
     "Evidence",
@@ -27,6 +24,7 @@ __all__ = [
     "Remediation",
     "State",
     "Ticket",
+    "TicketBackend",
     "TicketConfigError",
     "TicketError",
     "TicketEvent",
@@ -176,14 +174,8 @@ def _short(value: Any) -> str:
 
 @dataclass(frozen=True)
 class TicketEvent:
-    """What happened to a ticket: its state after (``ticket``) and before (``previous``, None when new).
-
-    ``kind`` names the most significant change: ``opened`` (a new ticket, possibly a replacement straight
-    away), ``reopened`` (a resolved fault recurred), ``escalated`` (remediation → replacement),
-    ``updated`` (another occurrence), ``resolved`` (re-certification passed and measured the fault),
-    ``remediated`` (work recorded), ``kept`` (its hardware passed in a run that did not measure the fault:
-    left open, and only reported).
-    """
+    """What happened to a ticket: its state after (``ticket``) and before (``previous``, None when new);
+    ``kind`` names the most significant change (``escalated`` over ``updated`` or ``reopened``)."""
 
     kind: EventKind
     ticket: Ticket
@@ -199,37 +191,16 @@ class TicketEvent:
 
 
 class EscalationPolicy(BaseModel):
-    """When a remediation ticket becomes a replacement (docs/reference/causes-and-actions.md, "Escalation").
-
-    Any one rule escalates:
-
-    - the same fault recurs after ``resets`` resets or reboots recorded on its ticket (gpud's
-      ``DefaultRebootThreshold = 2``), except for the XIDs in ``reset_exempt_xids`` (Xid 94, a contained
-      ECC error the application survives); an RDMA port's reseats count alike (``reseat_nic``,
-      ``check_cable``: docs/reference/causes-and-actions.md, "Remediation playbook": a port that persists is replaced);
-    - ``node_remediations`` remediations on one node within ``node_window`` (NVSentinel's
-      health-events analyser: ≥ 5 within 7 days);
-    - a fault of a cause in ``burst_causes`` seen ``burst_count`` times within ``burst_window``, occurrences
-      closer than ``burst_merge`` counting once (NVSentinel: the same fatal XID 5× in 24 h, 3-minute bursts);
-    - the fault reopens ``flaps`` times within ``flap_window``: the node alternates pass and fail
-      (docs/reference/causes-and-actions.md, "Escalation"; project default: ≥ 3 times in 14 days is escalated,
-      not returned).
-
-    And one that is not about a fault's kind: a node telemetry or drift asked about that stays busy
-    ``busy_nights`` nights in a row gets a ticket asking for a maintenance window (operate would otherwise
-    postpone it forever).
-
-    A verdict row whose ``ticket`` is already ``replacement`` (a row-remap failure, an NVLink baseboard
-    fault) needs no rule: its ticket is a replacement from the start.
-    """
+    """When a remediation ticket becomes a replacement: any one rule escalates. The rules, their defaults and
+    their precedents (gpud, NVSentinel) are docs/reference/causes-and-actions.md, "Escalation"; a row whose
+    ticket is already ``replacement`` needs none. ``busy_nights`` is no escalation: a node telemetry or drift
+    asked about that stays busy that many nights gets a ticket asking for a maintenance window."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     resets: int = Field(default=2, ge=1, description="Resets or reboots after which a recurrence is hardware.")
     reset_actions: tuple[str, ...] = Field(
-        # An RDMA port's remediations count too: a port down, slow or flapping is brought up, its cable or
-        # transceiver reseated; when it persists, replaced (docs/reference/causes-and-actions.md, "Remediation
-        # playbook").
+        # An RDMA port's remediations count too: when a reseat does not cure a port, it is replaced.
         default=("reset_gpu", "reboot_node", "power_cycle", "reseat_nic", "check_cable"),
         description="Remediations that count as a reset (or, for a NIC, a reseat).",
     )
@@ -248,3 +219,32 @@ class EscalationPolicy(BaseModel):
         description="Nights in a row a node telemetry or drift asked about may stay busy (and so "
         "unre-certified) before operate opens a ticket asking for a maintenance window.",
     )
+
+
+#: A change to one fingerprint's ticket: given its ticket (None if it never had one) and the other tickets
+#: of its node (any state), the event to store, or None to change nothing. A change may raise to abort.
+Change = Callable[[Ticket | None, Sequence[Ticket]], TicketEvent | None]
+
+
+@runtime_checkable
+class TicketBackend(Protocol):
+    """Where tickets live. The lifecycle (:func:`gpucert.tickets.reconcile`) is written against this alone.
+
+    ``change`` is the only write: the backend reads the fingerprint's ticket and its node's other tickets,
+    calls the change, stores the event's ticket and announces it (a Jira comment, a webhook POST), as one
+    step where the backend allows it (a SQLite transaction; Jira has none, see :class:`JiraTickets`).
+    """
+
+    def change(self, fingerprint: Fingerprint, change: Change) -> TicketEvent | None:
+        """Apply ``change`` to the fingerprint's ticket; returns the stored event (its ticket carries the
+        backend's id) or None when the change made none. Raises :class:`TicketError` when the backend fails
+        (nothing is stored then) and whatever ``change`` raises."""
+        ...
+
+    def get(self, ticket_id: str) -> Ticket:
+        """The ticket with this id; raises :class:`TicketNotFound` when there is none."""
+        ...
+
+    def tickets(self, *, state: State | None = None, nodes: Iterable[str] | None = None) -> list[Ticket]:
+        """Every ticket (in ``state``, on ``nodes``, when given), oldest first."""
+        ...

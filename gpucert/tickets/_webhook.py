@@ -1,19 +1,15 @@
 """``WebhookTickets``: each ticket change POSTed as JSON, Slack-compatible (``text`` plus ``blocks``).
 
 A webhook keeps no state, so the tickets live in a :class:`LocalTickets` file and every change is announced
-inside its transaction: when the POST fails (after retrying 5xx, 429 and connection errors with the retry
-policy Kubernetes and Jira share, :mod:`gpucert._retry`), the change is rolled back and the next reconcile
-tries again, so no change is stored unannounced.
+inside its transaction: a POST that fails (after the retries of :mod:`gpucert._retry`) rolls the change back
+for the next reconcile to try again, so no change is stored unannounced.
 
-Values from a cluster or a results file (a GPU model, a UUID, reasons naming them) are data, never markup:
-Slack's mrkdwn reads ``<…>`` as a link or a mention (``<!channel>``), so every text of the message has its
-``&``, ``<`` and ``>`` escaped as Slack asks, and the report link is the one ``<url|report>`` gpucert writes.
-
-Secrets stay secret: the URL (a Slack webhook URL *is* its secret), header values and the signing secret
-are ``SecretStr``; messages and logs name the endpoint as ``scheme://host/…`` only. With a signing secret
-each request carries ``X-Gpucert-Signature: sha256=<HMAC-SHA256 of the body>`` for the receiver to check:
-the signed bytes are the bytes sent (httpx sends ``content=`` as given). A redirect is not followed: it
-would carry the signed body and the headers to a place the configuration never named.
+Values from a cluster or a results file are data, never markup: Slack's mrkdwn reads ``<…>`` as a link or a
+mention (``<!channel>``), so every text has its ``&``, ``<`` and ``>`` escaped (:func:`mrkdwn`). The URL (a
+Slack webhook URL *is* its secret), header values and the signing secret are ``SecretStr``, the endpoint
+named ``scheme://host/…`` only. With a signing secret each request carries ``X-Gpucert-Signature:
+sha256=<HMAC-SHA256 of the body sent>``. A redirect is not followed: it would carry the signed body and the
+headers to a place the configuration never named.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -31,11 +27,10 @@ import httpx
 from pydantic import SecretStr
 
 from .._deadline import TIMEOUT_ENV, Deadline
-from .._retry import RetryPolicy
+from .._retry import RetryPolicy, retry_after_s
 from .._secrets import redact_url, reveal, scrub
-from ._backend import Change
 from ._local import LocalTickets
-from ._model import Fingerprint, State, Ticket, TicketConfigError, TicketError, TicketEvent
+from ._model import TicketConfigError, TicketError, TicketEvent
 
 __all__ = ["WebhookTickets", "mrkdwn", "slack_payload"]
 
@@ -51,25 +46,22 @@ _ICON = {
 }
 
 
-class _SecretUrls(logging.Filter):
+#: The webhook URLs whose requests httpx logs (see :func:`_redact_secret_urls`).
+_SECRET_URLS: set[str] = set()
+
+
+def _redact_secret_urls(record: logging.LogRecord) -> bool:
     """httpx logs every request's full URL at INFO (``HTTP Request: POST https://…``): a webhook's URL is
-    its secret, so the URLs registered here are logged as ``scheme://host/…``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and self.urls:
-            record.args = tuple(
-                redact_url(str(arg)) if isinstance(arg, httpx.URL) and str(arg) in self.urls else arg
-                for arg in record.args
-            )
-        return True
+    its secret, so those of :data:`_SECRET_URLS` are logged as ``scheme://host/…``."""
+    if isinstance(record.args, tuple) and _SECRET_URLS:
+        record.args = tuple(
+            redact_url(str(arg)) if isinstance(arg, httpx.URL) and str(arg) in _SECRET_URLS else arg
+            for arg in record.args
+        )
+    return True
 
 
-_SECRET_URLS = _SecretUrls()
-logging.getLogger("httpx").addFilter(_SECRET_URLS)
+logging.getLogger("httpx").addFilter(_redact_secret_urls)
 
 #: Slack's limits: a section's text, a header's text, a field's text.
 _SECTION, _HEADER, _FIELD = 3000, 150, 2000
@@ -143,8 +135,9 @@ def _cut(text: str, limit: int) -> str:
     return cut[:amp] if amp >= 0 and ";" not in cut[amp:] else cut
 
 
-class WebhookTickets:
-    """Tickets kept in a SQLite file at ``state``, every change POSTed to ``url``.
+class WebhookTickets(LocalTickets):
+    """Tickets kept in a SQLite file at ``state``, every change POSTed to ``url`` (a change whose POST
+    fails is not stored).
 
     ``headers`` are sent with each request (``Authorization`` and the like); ``retries`` more attempts
     follow a 5xx, a 429 or a connection error, ``backoff_s`` × 2ⁿ apart (a 429's ``Retry-After`` when
@@ -187,25 +180,11 @@ class WebhookTickets:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.where = redact_url(plain)
-        _SECRET_URLS.urls.add(str(httpx.URL(plain)))
-        self.local = LocalTickets(state, on_event=self.announce)
+        _SECRET_URLS.add(str(httpx.URL(plain)))
+        super().__init__(state, on_event=self.announce)
 
     def __repr__(self) -> str:
-        return f"WebhookTickets(url={self.where!r}, state={str(self.local.path)!r})"
-
-    # --- the TicketBackend protocol, over the local file ------------------------------------------------
-
-    def change(self, fingerprint: Fingerprint, change: Change) -> TicketEvent | None:
-        """See :meth:`TicketBackend.change`; a change whose announcement fails is not stored."""
-        return self.local.change(fingerprint, change)
-
-    def get(self, ticket_id: str) -> Ticket:
-        """See :meth:`TicketBackend.get`."""
-        return self.local.get(ticket_id)
-
-    def tickets(self, *, state: State | None = None, nodes: Iterable[str] | None = None) -> list[Ticket]:
-        """See :meth:`TicketBackend.tickets`."""
-        return self.local.tickets(state=state, nodes=nodes)
+        return f"WebhookTickets(url={self.where!r}, state={str(self.path)!r})"
 
     # --- the POST ---------------------------------------------------------------------------------------
 
@@ -268,7 +247,7 @@ class WebhookTickets:
         raise _NotAccepted(
             f"HTTP {status}",
             retryable=status >= 500 or status == 429,
-            retry_after=_seconds(response.headers.get("Retry-After")),
+            retry_after=retry_after_s(response.headers.get("Retry-After")),
         )
 
     def _scrub(self, text: str) -> str:
@@ -288,11 +267,3 @@ class _NotAccepted(Exception):
         super().__init__(what)
         self.retryable = retryable
         self.retry_after = retry_after
-
-
-def _seconds(value: str | None) -> float | None:
-    """A ``Retry-After`` in seconds; None when absent or not a number (an HTTP date is not honoured)."""
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None

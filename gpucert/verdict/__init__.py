@@ -1,14 +1,9 @@
 """The verdict engine: results and baselines in, one explained verdict per GPU, node and pair out.
 
-Stages follow docs/design/verdict-engine.md: hard gates on telemetry and events (:mod:`._gates`), repeats reduced to
-medians (:mod:`._repeats`), each median compared with the GPU's own baseline, its cohort, its node and
-the spec (:mod:`._compare`), node-wide and pair findings (:mod:`._nodes`), causes read from the joined
-telemetry (:mod:`._causes`; :func:`layer_of` names each cause's layer), and the findings reduced to
-the verdict table of docs/design/data-contracts.md (:mod:`._assemble`).
-Everything is vectorised over the fleet; the only Python loops run over runs, metrics, cohorts, blocks of
-results, or the (few) flagged entities. Steps that need only the run's index (the telemetry gates, the
-store's references) run on a second thread beside the repeats, and the repeat blocks are shared by two:
-numpy leaves the interpreter to the other thread most of the time.
+Its stages, and the modules that hold them, are docs/design/verdict-engine.md's. Everything is vectorised over
+the fleet; the only Python loops run over runs, metrics, cohorts, blocks of results, or the (few) flagged
+entities. Steps that need only the run's index (the telemetry gates, the store's references) run on a second
+thread beside the repeats: numpy leaves the interpreter to the other thread most of the time.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from ._findings import TICKET_RANK, VERDICT_OF, VERDICT_RANK, concat_findings
 from ._gates import gate_findings, missing_findings, node_wide_gate_findings
 from ._index import METRIC_NAMES, SCOPE_NAMES, RunIndex, index_run
 from ._nodes import node_wide_findings, pair_node_findings
-from ._repeats import judge_repeat_matrix, reduce_repeats
+from ._repeats import reduce_repeats, repeat_matrix_stability
 
 __all__ = [
     "ACTION_FOR_CAUSE",
@@ -40,9 +35,9 @@ __all__ = [
     "RunEvaluation",
     "evaluate_run",
     "judge",
-    "judge_repeat_matrix",
     "judge_run",
     "layer_of",
+    "repeat_matrix_stability",
     "with_layer",
 ]
 
@@ -95,24 +90,22 @@ def evaluate_run(
 ) -> RunEvaluation:
     """Verdicts (and, when asked, the medians they were judged on) for one run."""
     run = index_run(results)
-    # What needs the run's index alone (its telemetry's gates, the store's references keyed on its codes)
-    # is made on a second thread while the repeats are reduced: numpy leaves the interpreter to the other
-    # thread most of the time, so the two take about as long as the longer.
+    # What needs the run's index alone is made on a second thread while the repeats are reduced.
     beside = in_background(lambda: _from_the_index(run, baseline, policy), name="gpucert-judge")
     measured, repeat_findings = reduce_repeats(run, policy)
     references, gates, node_gates = beside()
     missing = in_background(lambda: missing_findings(run, measured), name="gpucert-judge")  # medians alone
-    judged = compare_references(run, measured, references, policy, floors)
+    compared = compare_references(run, measured, references, policy, floors)
     gate_causes = (
         node_gates.drop_duplicates("node").set_index("node")["cause"] if len(node_gates) else pd.Series(dtype=object)
     )
-    node_stats = node_wide_findings(run, judged.table, policy, gate_causes)
+    node_stats = node_wide_findings(run, compared.table, policy, gate_causes)
     node_causes = pd.concat([gate_causes, node_stats.drop_duplicates("node").set_index("node")["cause"]])
     node_causes = node_causes[~node_causes.index.duplicated()]
-    findings = concat_findings([gates, node_gates, node_stats, repeat_findings, judged.findings, missing()])
+    findings = concat_findings([gates, node_gates, node_stats, repeat_findings, compared.findings, missing()])
     findings = attribute_causes(run, findings, node_causes, policy)
     findings = concat_findings(
-        [findings, escalate_nodes(findings), pair_node_findings(run, judged.table, policy, findings), judged.fleet]
+        [findings, escalate_nodes(findings), pair_node_findings(run, compared.table, policy, findings), compared.fleet]
     )
     medians = _medians(run, measured) if with_medians else pd.DataFrame()
     return RunEvaluation(verdicts=assemble(run, findings), medians=medians)

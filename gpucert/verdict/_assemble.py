@@ -1,12 +1,5 @@
 """Findings reduced to the verdict table (docs/design/data-contracts.md, "Verdicts"): one row per GPU, node
-and pair, plus fleet rows.
-
-The verdict is the worst severity among an entity's findings; the deciding comparison is the
-highest-ranked finding of that severity (a gate over a floor over a statistic); the cause is the most
-specific one among them (``row_remap`` over ``ecc`` over ``xid``…), with its action and the heaviest
-ticket; ``reasons`` lists every finding, worst first, notes (transients, application XIDs) last, after the
-cause's layer (``network: 1 of 8 RDMA ports down…``) when the row has a cause, so that the first words
-of a node's summary say where to look.
+and pair, plus fleet rows (the rules: docs/design/verdict-engine.md, "Causes and assembly").
 
 The work happens in entity-id space: findings (few) are mapped to ids and scattered into arrays as long
 as the fleet, and names come back as categoricals built from codes, so 100,000 passing GPUs cost a few
@@ -52,12 +45,9 @@ _TICKET_NAMES = np.array(sorted(TICKET_RANK, key=TICKET_RANK.__getitem__), dtype
 
 
 def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
-    """Node findings for nodes whose node benchmark could not run because one of their GPUs failed.
-
-    docs/reference/causes-and-actions.md, "Verdicts": inconclusive is for reasons outside the GPU; an NCCL job
-    that died with a GPU that fails a hard gate is explained by that GPU, so the node row fails with its cause
-    instead.
-    """
+    """Node findings for nodes whose node benchmark could not run because one of their GPUs failed a hard gate:
+    inconclusive is for reasons outside the GPU, so the node row fails with the GPU's cause instead
+    (docs/reference/causes-and-actions.md, "Verdicts")."""
     node_blocked = findings[(findings["scope"] == "node") & (findings["severity"] == SEVERITY["inconclusive"])]
     gpu_fails = findings[
         (findings["scope"] == "gpu") & (findings["severity"] == SEVERITY["fail"]) & (findings["rank"] >= 3)
@@ -84,10 +74,8 @@ def escalate_nodes(findings: pd.DataFrame) -> pd.DataFrame:
 
 
 def _entity_ids(run: RunIndex, findings: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Each finding's entity id; entities the run has no rows for (GPUs that report nothing) get new ids.
-
-    Returns the ids and the new entities (scope, node_code, gpu) in id order after the run's own.
-    """
+    """Each finding's entity id, and the entities the run has no rows for (GPUs that report nothing: scope,
+    node_code, gpu), which get new ids after the run's own."""
     keys, eid = run.locate(findings)
     scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
     node_code = run.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
@@ -127,15 +115,9 @@ def assemble(run: RunIndex, findings: pd.DataFrame) -> pd.DataFrame:
     out["verdict"] = np.array([VERDICT_OF[i] for i in range(4)], dtype=object)[verdict_sev]
     judged = verdict_sev >= SEVERITY["warn"]
     flagged_eids = np.flatnonzero(verdict_sev > 0)
-    for column, source, fill in (
-        ("metric", "metric", ""),
-        ("value", "value", np.nan),
-        ("reference", "reference", np.nan),
-        ("deviation_pct", "deviation_pct", np.nan),
-        ("z", "z", np.nan),
-        ("reference_kind", "reference_kind", ""),
-    ):
-        out[column] = _scatter(total, flagged_eids, entity[source].to_numpy()[deciding[flagged_eids]], fill)
+    for column in ("metric", "value", "reference", "deviation_pct", "z", "reference_kind"):
+        fill = "" if column in ("metric", "reference_kind") else np.nan
+        out[column] = _scatter(total, flagged_eids, entity[column].to_numpy()[deciding[flagged_eids]], fill)
     cause = _scatter(total, flagged_eids, entity["cause"].to_numpy()[causing[flagged_eids]], "")
     action = _scatter(total, flagged_eids, entity["action"].to_numpy()[causing[flagged_eids]], "none")
     cause[~judged] = ""
@@ -231,24 +213,16 @@ def _names(codes: np.ndarray, categories: pd.Index) -> pd.Categorical:
 
 
 def _fleet_frame(fleet: pd.DataFrame) -> pd.DataFrame:
-    count = len(fleet)
+    copied = ("metric", "value", "reference", "deviation_pct", "cause", "action")
     return pd.DataFrame(
         {
-            "node": [None] * count,
-            "gpu": pd.array([pd.NA] * count, dtype="Int64"),
-            "gpu_uuid": None,
+            "gpu": pd.array([pd.NA] * len(fleet), dtype="Int64"),
             "verdict": fleet["severity"].map(VERDICT_OF).to_numpy(),
-            "metric": fleet["metric"].to_numpy(),
-            "value": fleet["value"].to_numpy(),
-            "reference": fleet["reference"].to_numpy(),
-            "deviation_pct": fleet["deviation_pct"].to_numpy(),
+            **{c: fleet[c].to_numpy() for c in copied},
             "z": np.nan,
             "reference_kind": "fleet",
-            "cause": fleet["cause"].to_numpy(),
-            "action": fleet["action"].to_numpy(),
             "ticket": "none",
             "reasons": with_layer(fleet["cause"].to_numpy(dtype=object), fleet["reason"].to_numpy(dtype=object)),
-            "gpu_model": None,
-            "peer": None,
+            **dict.fromkeys(("node", "gpu_uuid", "gpu_model", "peer")),
         }
     )

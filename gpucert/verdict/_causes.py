@@ -1,22 +1,17 @@
-"""Causes for statistical findings, read from the telemetry joined on the same GPU or node (§4.7).
+"""Causes for statistical findings, read from the telemetry joined on the same GPU or node
+(docs/reference/causes-and-actions.md, "Causes").
 
-A drop the statistics found is named by what the telemetry says happened while it was measured: throttle
-bits (thermal, power), a power limit below default (config), a PCIe link below its maximum (pcie), NVLinks
-down (nvlink). Without a signature, a drop shared by the GPUs of a node is a node cause (the host for
-PCIe bandwidth, otherwise unknown), an intra-node NCCL deficit is the NVLink fabric
-(docs/reference/causes-and-actions.md, "Causes"), a node's storage reads are its storage path (``storage``:
-the mount, the volume, the NIC to it), another host-side node metric is the host's configuration, a pair
-deficit is the network, and a lone GPU that is slow against its peers is slow silicon.
-
-Every cause belongs to a *layer* (:func:`layer_of`): the GPU itself (its silicon, memory, power, cooling and
-PCIe link), the NVLink fabric between a node's GPUs, the network between nodes, the storage, the software
-stack and configuration (``stack``), or ``unknown``. The verdict's ``reasons`` start with it.
-
-A host-side metric the node carries as a host finding (docs/reference/causes-and-actions.md, "Causes") is not
-its GPUs' fault: on a GPU whose own link is at spec it is at most a warn, cause ``config``.
+A drop is named by what the telemetry says happened while it was measured (throttle bits, a power limit below
+default, a PCIe link below its maximum, NVLinks down); without a signature, by where it sits: shared by a node's
+GPUs, an intra-node NCCL deficit, a node's storage reads, a pair, or a lone GPU slow against its peers. Every
+cause belongs to a *layer* (:func:`layer_of`), the first words of the verdict's ``reasons``. A host-side metric
+the node carries as a host finding is not its GPUs' fault: on a GPU whose own link is at spec it is at most a
+warn, cause ``config``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,39 +99,23 @@ def attribute_causes(run: RunIndex, findings: pd.DataFrame, node_causes: pd.Seri
     nvlink_node = _nodes_with_nvlink_trouble(run, policy).reindex(part["node"]).fillna(False).to_numpy(bool)
     alone = part["reference_kind"].isin(["peer", "model", "node", "spec"]).to_numpy()
 
-    cause = np.select(
-        [
-            scope == "pair",
-            (scope == "node") & storage,
-            (scope == "node") & nvlink_node,
-            (scope == "node") & has_node_cause,
-            (scope == "node") & host,
-            scope == "node",
-            compute & ((bits & HW_POWER_BRAKE) > 0),
-            compute & (((bits & (HW_THERMAL | SW_THERMAL)) > 0) | hot),
-            compute & capped,
-            host & link_low,
-            has_node_cause,
-            host,
-            compute & alone,
-        ],
-        [
-            "network",
-            "storage",
-            "nvlink",
-            node_cause,
-            "config",
-            "nvlink",
-            "power",
-            "thermal",
-            "config",
-            "pcie",
-            node_cause,
-            "unknown",
-            "slow_silicon",
-        ],
-        default="unknown",
-    )
+    # The first that applies names the cause: a signature of the telemetry before where the drop sits.
+    rules: list[tuple[np.ndarray, Any]] = [
+        (scope == "pair", "network"),
+        ((scope == "node") & storage, "storage"),
+        ((scope == "node") & nvlink_node, "nvlink"),
+        ((scope == "node") & has_node_cause, node_cause),
+        ((scope == "node") & host, "config"),
+        (scope == "node", "nvlink"),
+        (compute & ((bits & HW_POWER_BRAKE) > 0), "power"),
+        (compute & (((bits & (HW_THERMAL | SW_THERMAL)) > 0) | hot), "thermal"),
+        (compute & capped, "config"),
+        (host & link_low, "pcie"),
+        (has_node_cause, node_cause),
+        (host, "unknown"),
+        (compute & alone, "slow_silicon"),
+    ]
+    cause = np.select([when for when, _ in rules], [what for _, what in rules], default="unknown")
     severity = part["severity"].to_numpy()
     action = np.where(severity >= 3, pd.Series(cause).map(ACTION_FOR_CAUSE).fillna("retest").to_numpy(), "retest")
     ticket = np.where(severity >= 3, "remediation", "none")

@@ -1,28 +1,13 @@
 """Stages 2 and 3 (docs/design/verdict-engine.md): each median against its references, flagged only when the drop
 is both large (a deviation gate) and strong (a z gate).
 
-References, per entity × metric:
-
-* **own** — the GPU's (or node's) own baseline. The most precise reference, because a GPU's unit-to-unit
-  offset is part of it; a GPU that has one is judged by it first. Corrected by the *fleet factor* — the
-  median ratio of the whole cohort to its own baselines — so a new driver that makes every GPU 2 % slower
-  flags no GPU and is reported once instead (a ``fleet`` row).
-* **peer** — the run's cohort of the same model: robust median and MAD, the spread floored at a share of
-  the expected GPU-to-GPU CV. It judges GPUs with no history (new or swapped); it needs ``peers.min_nodes``.
-  A GPU with history is still warned when it sits a fail-size drop and ``with_history_z`` spreads below its
-  peers, so a baseline seeded on an already-weak GPU cannot hide it for ever.
-* **model** — the stored per-model reference, for a GPU with no history in a cohort too small for peers.
-* **node** — the other GPUs of the same node (leave-one-out median), on baseline-normalised values, so a
-  GPU that falls behind its neighbours fails at a smaller drop than against its own history alone.
-* **spec** — the absolute floor per model (docs/reference/policy.md, "Spec floors"): a gross-fault catch, so a
-  miss fails only when something backs it — a warn-size drop against the GPU's (or node's) own baseline, or of
-  its whole cohort against theirs (a fleet collapsing under the floor still fails; a 2 % driver shift backs
-  nothing), the other GPUs of its node disagreeing, a PCIe link signature under a host-side miss, or no
-  history to weigh it against. A miss its own history and its node peers both call normal is noise at
-  the floor: a warn.
-  A host-side metric (:data:`HOST_METRICS`) under the floor on most GPUs of a node whose links are at spec
-  is the host's (NUMA binding, CPU contention, IOMMU, BIOS; docs/reference/causes-and-actions.md, "Causes"):
-  one node finding, cause ``config``, and its GPUs only warn.
+The references, per entity × metric, in the order they are preferred: **own** (the GPU's or node's own baseline,
+corrected by the *fleet factor*: the median ratio of the whole cohort to its own baselines, so a fleet-wide shift
+flags no GPU and is reported once, as a ``fleet`` row), **peer** (the run's cohort of the same model), **model**
+(the stored per-model reference). Beside them, **node** (the other GPUs of the node, leave-one-out, on
+baseline-normalised values) and **spec**, a floor that fails only when something backs the miss, else warns
+(docs/reference/policy.md, "Spec floors"); a host-side metric (:data:`HOST_METRICS`) under the floor on most GPUs
+of a node whose links are at spec is one node finding, cause ``config``, and its GPUs only warn.
 """
 
 from __future__ import annotations
@@ -35,18 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..policy import Policy
-from ._findings import SEVERITY, concat_findings, make_findings
+from ._findings import SEVERITY, concat_findings, entity_findings, make_findings
 from ._index import MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex, group_positions, nan_median
 
-__all__ = [
-    "HOST_METRICS",
-    "REF_WORDS",
-    "Judged",
-    "StoredReferences",
-    "compare_references",
-    "link_signature",
-    "per_metric",
-]
+__all__ = ["HOST_METRICS", "REF_WORDS", "StoredReferences", "compare_references", "link_signature", "per_metric"]
 
 _MAD_TO_SIGMA = 1.4826
 #: The kinds of primary reference, in order of preference ("" where there is none).
@@ -60,8 +37,8 @@ _IS_HOST = np.isin(np.array(METRIC_NAMES, dtype=object), list(HOST_METRICS))
 
 
 @dataclass(frozen=True)
-class Judged:
-    """Every entity × metric with the comparison that judged it, plus what it found."""
+class Comparison:
+    """Every entity × metric with its primary reference and what the comparisons found."""
 
     #: eid, mcode, x, kind, ref, d, z, sigma, has_own, d_node; one row per measured entity × metric
     table: pd.DataFrame
@@ -187,7 +164,7 @@ def compare_references(
     references: StoredReferences,
     policy: Policy,
     floors: dict[tuple[str, str], float],
-) -> Judged:
+) -> Comparison:
     eid = measured["eid"].to_numpy()
     mcode = measured["mcode"].to_numpy()
     x = measured["x"].to_numpy()
@@ -242,24 +219,17 @@ def compare_references(
         (fleet_stats["gpus"].to_numpy() >= policy.fleet.min_gpus) | (scope_of_cohort != SCOPE_GPU)
     )
     fleet_stats["usable"] = enough
-    factor_by_cohort = fleet_stats["f"].where(fleet_stats["usable"])
-    fleet_factor = factor_by_cohort.reindex(cohort).to_numpy()
+    fleet_factor = fleet_stats["f"].where(enough).reindex(cohort).to_numpy()
     fleet_factor = np.where(np.isfinite(fleet_factor), fleet_factor, 1.0)
 
     # -- the primary reference of each result ------------------------------------------------------
-    has_model = np.isfinite(model_center) & (model_center > 0)
-    kind = pd.Categorical.from_codes(
-        np.select([has_own, has_peers, has_model], [0, 1, 2], default=3), categories=_KINDS
-    )
-    ref = np.select(
-        [has_own, has_peers, has_model],
-        [own_center * fleet_factor, peer_median, model_center * fleet_factor],
-        default=np.nan,
-    )
+    primary = [has_own, has_peers, np.isfinite(model_center) & (model_center > 0)]
+    kind = pd.Categorical.from_codes(np.select(primary, [0, 1, 2], default=3), categories=_KINDS)
+    ref = np.select(primary, [own_center * fleet_factor, peer_median, model_center * fleet_factor], default=np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         own_sigma = np.maximum(own_spread / own_center, cv_rep)
         model_sigma = np.maximum(model_spread / model_center, cv_unit)
-    sigma = np.select([has_own, has_peers, has_model], [own_sigma, peer_sigma, model_sigma], default=np.nan)
+    sigma = np.select(primary, [own_sigma, peer_sigma, model_sigma], default=np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = x / ref - 1
         z = d / sigma
@@ -303,21 +273,8 @@ def compare_references(
 
     floor = _floors(run, model, mcode, floors)
     below_floor = np.isfinite(floor) & (x < floor) & ~unstable
-    backing = _floor_backing(
-        run,
-        eid,
-        mcode,
-        x,
-        own_center * fleet_factor,
-        own_sigma,
-        has_own,
-        fleet_factor,
-        d_node,
-        warn_drop,
-        warn_z,
-        policy,
-    )
-    node_low = _host_low_nodes(run, eid, mcode, x, floor, below_floor, backing, policy)
+    backing = _floor_backing(run, table, own_center * fleet_factor, own_sigma, warn_drop, warn_z, policy)
+    node_low = _host_low_nodes(run, table, floor, below_floor, backing, policy)
 
     shift = np.where(np.abs(fleet_factor - 1) >= 5e-4, fleet_factor - 1, np.nan)  # shown when it rounds to 0.1 %
     findings = concat_findings(
@@ -331,7 +288,7 @@ def compare_references(
         ]
     )
     fleet = _fleet_rows(run, fleet_stats, policy)
-    return Judged(table=table, findings=findings, fleet=fleet)
+    return Comparison(table=table, findings=findings, fleet=fleet)
 
 
 def _fleet_stats(cohort: np.ndarray, ratio: np.ndarray, node: np.ndarray) -> pd.DataFrame:
@@ -415,13 +372,11 @@ def _leave_one_out_by_rows(group: np.ndarray, values: np.ndarray, slot: np.ndarr
 
 
 def _floors(run: RunIndex, model: np.ndarray, mcode: np.ndarray, floors: dict[tuple[str, str], float]) -> np.ndarray:
-    if not floors:
-        return np.full(len(model), np.nan)
     table = np.full((len(run.models) + 1, N_METRICS), np.nan)
     model_pos = {str(name): i for i, name in enumerate(run.models)}
     for (model_name, metric_name), value in floors.items():
-        if model_name in model_pos and metric_name in METRIC_NAMES:
-            table[model_pos[model_name], METRIC_NAMES.index(metric_name)] = value
+        if model_name in model_pos and metric_name in MCODE:
+            table[model_pos[model_name], MCODE[metric_name]] = value
     out: np.ndarray = table[model, mcode]
     return out
 
@@ -461,11 +416,9 @@ def _stat(
         + ")"
         for m, xv, dv, k, rv, zv, sv in zip(names, x, d[rows], kinds, ref[rows], z[rows], shifts, strict=True)
     ]
-    return make_findings(
-        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
+    return entity_findings(
+        run,
+        eids,
         severity=severity,
         rank="stat",
         metric=names,
@@ -526,19 +479,17 @@ class _Backing:
 
 def _floor_backing(
     run: RunIndex,
-    eid: np.ndarray,
-    mcode: np.ndarray,
-    x: np.ndarray,
+    table: pd.DataFrame,
     own_center: np.ndarray,
     own_sigma: np.ndarray,
-    has_own: np.ndarray,
-    fleet_factor: np.ndarray,
-    d_node: np.ndarray,
     warn_drop: np.ndarray,
     warn_z: np.ndarray,
     policy: Policy,
 ) -> _Backing:
-    """``own_center`` is already shifted by the fleet factor."""
+    """What backs each result's floor miss (``table``: :class:`Comparison`'s); ``own_center`` is already
+    shifted by the fleet factor."""
+    eid, mcode, x, has_own = (table[c].to_numpy() for c in ("eid", "mcode", "x", "has_own"))
+    fleet_factor, d_node = table["fleet_factor"].to_numpy(), table["d_node"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         d_own = np.where(has_own, x / own_center - 1, np.nan)
         own = has_own & (d_own <= -warn_drop) & (d_own / own_sigma <= -warn_z)
@@ -546,17 +497,7 @@ def _floor_backing(
     gpu = run.scope[eid] == SCOPE_GPU
     node = gpu & ~(np.isfinite(d_node) & (d_node > -warn_drop))
     link = gpu & _IS_HOST[mcode] & link_signature(run.telemetry, policy)[eid]
-    return _Backing(
-        d_own=d_own,
-        own_center=own_center,
-        fleet_factor=fleet_factor,
-        d_node=d_node,
-        own=own,
-        fleet=fleet,
-        node=node,
-        link=link,
-        no_history=~has_own,
-    )
+    return _Backing(d_own, own_center, fleet_factor, d_node, own, fleet, node, link, no_history=~has_own)
 
 
 @dataclass(frozen=True)
@@ -571,20 +512,14 @@ class _HostLow:
 
 
 def _host_low_nodes(
-    run: RunIndex,
-    eid: np.ndarray,
-    mcode: np.ndarray,
-    x: np.ndarray,
-    floor: np.ndarray,
-    below_floor: np.ndarray,
-    backing: _Backing,
-    policy: Policy,
+    run: RunIndex, table: pd.DataFrame, floor: np.ndarray, below_floor: np.ndarray, backing: _Backing, policy: Policy
 ) -> _HostLow:
     """The nodes whose GPUs, links at spec, sit under a host-side floor by their median (at least half of
     them under it): the host moves them all, so the finding is the node's (docs/reference/causes-and-actions.md,
     "Remediation playbook": H2D low with the link at spec). It is backed (a fail) when the GPUs' median also
     dropped against their own baselines, or they have none; a node that has always measured this low only
     warns."""
+    eid, mcode, x = (table[c].to_numpy() for c in ("eid", "mcode", "x"))
     scope = run.scope[eid]
     host = (scope == SCOPE_GPU) & _IS_HOST[mcode] & np.isfinite(floor) & ~backing.link
     node = run.node_code[eid]
@@ -607,18 +542,9 @@ def _host_low_nodes(
             "fleet": backing.fleet[host],
         }
     )
-    agg = (
-        frame.groupby(["node", "mcode"], sort=True)
-        .agg(
-            x=("x", "median"),
-            floor=("floor", "first"),
-            gpus=("x", "size"),
-            below=("below", "sum"),
-            d_own=("d_own", "median"),
-            fleet=("fleet", "any"),
-        )
-        .reset_index()
-    )
+    grouped = frame.groupby(["node", "mcode"], sort=True)
+    how = {"x": "median", "floor": "first", "below": "sum", "d_own": "median", "fleet": "any"}
+    agg = grouped.agg(how).assign(gpus=grouped.size()).reset_index()
     low = agg[(agg["gpus"] >= 3) & (agg["x"] < agg["floor"])].reset_index(drop=True)
     warn_drop = per_metric(policy, "warn_drop_pct")[low["mcode"].to_numpy()] / 100
     # NaN (no history) is backed, and so is a fleet that collapsed under the floor as a whole.
@@ -650,27 +576,14 @@ def _spec(
         default="",
     )
     backed = backing.backed[rows] & ~on_host_node
-    why = [
-        _floor_words(b, do, oc, ff, dn, sc == SCOPE_GPU)
-        for b, do, oc, ff, dn, sc in zip(
-            backer,
-            backing.d_own[rows],
-            backing.own_center[rows],
-            backing.fleet_factor[rows],
-            backing.d_node[rows],
-            scope,
-            strict=True,
-        )
-    ]
+    why = [_floor_words(b, backing, i, s == SCOPE_GPU) for b, i, s in zip(backer, rows.tolist(), scope, strict=True)]
     reason = [
         f"{m} {xv:.4g} is under the spec floor {fv:.4g} for {mo}{w}"
         for m, xv, fv, mo, w in zip(names, x, f, models, why, strict=True)
     ]
-    return make_findings(
-        np.array(["gpu", "node", "pair"], dtype=object)[scope],
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
+    return entity_findings(
+        run,
+        eids,
         severity=np.where(backed, SEVERITY["fail"], SEVERITY["warn"]),
         rank="spec",
         metric=names,
@@ -686,8 +599,10 @@ def _spec(
     )
 
 
-def _floor_words(backer: str, d_own: float, own_center: float, fleet_factor: float, d_node: float, is_gpu: bool) -> str:
-    """What backs a floor miss, or why it does not fail (``backer`` empty)."""
+def _floor_words(backer: str, backing: _Backing, i: int, is_gpu: bool) -> str:
+    """What backs the floor miss of result ``i``, or why it does not fail (``backer`` empty)."""
+    d_own, own_center, d_node = backing.d_own[i], backing.own_center[i], backing.d_node[i]
+    fleet_factor = backing.fleet_factor[i]
     # The own baseline shown is the one judged: shifted as the whole cohort moved tonight.
     shifted = f", after the fleet-wide {(fleet_factor - 1) * 100:+.1f} % shift" if abs(fleet_factor - 1) >= 5e-4 else ""
     if backer == "host":

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ._index import SCOPE_NAMES, RunIndex
+
 __all__ = [
     "CAUSE_SPECIFICITY",
     "FINDING_COLUMNS",
@@ -23,6 +25,7 @@ __all__ = [
     "VERDICT_OF",
     "VERDICT_RANK",
     "concat_findings",
+    "entity_findings",
     "make_findings",
 ]
 
@@ -103,9 +106,7 @@ def make_findings(
         return empty_findings()
 
     def col(value_: Any) -> Any:
-        if isinstance(value_, pd.Series):
-            return value_.to_numpy()
-        return value_
+        return value_.to_numpy() if isinstance(value_, pd.Series) else value_
 
     def text(value_: Any) -> pd.Series:
         # Kept as Python objects: pandas would turn each text column of each of the engine's few dozen
@@ -115,8 +116,6 @@ def make_findings(
         else:
             values = np.asarray(col(value_), dtype=object)
         return pd.Series(values, index=index, dtype=object, copy=False)
-
-    sev = severity if isinstance(severity, (pd.Series, np.ndarray)) else SEVERITY[severity]
 
     def int64(value_: Any) -> Any:
         # Typed before the frame is built: astype on the frame would copy every column.
@@ -129,7 +128,7 @@ def make_findings(
             "node": text(nodes if nodes is not None else node),
             "gpu": int64(gpu),
             "peer": text(peer),
-            "severity": int64(sev),
+            "severity": int64(severity if isinstance(severity, (pd.Series, np.ndarray)) else SEVERITY[severity]),
             "rank": int64(RANK[rank]),
             "metric": text(metric),
             "value": col(value),
@@ -145,6 +144,12 @@ def make_findings(
         index=index,
     )
     return frame
+
+
+def entity_findings(run: RunIndex, eids: np.ndarray, **fields: Any) -> pd.DataFrame:
+    """:func:`make_findings` for the run's entities ``eids``: their scope, node, GPU index and peer."""
+    scope = np.asarray(SCOPE_NAMES, dtype=object)[run.scope[eids]]
+    return make_findings(scope, run.node_names(eids), gpu=run.gpu[eids], peer=run.peer_names(eids), **fields)
 
 
 def empty_findings() -> pd.DataFrame:

@@ -1,303 +1,261 @@
 """Stage 0 (docs/design/verdict-engine.md, "Stage 0: gates"): rules on telemetry and events that need no statistics.
 
-A gate names its cause from the signal itself (a PCIe link below its maximum is ``pcie``; a row-remap
-failure is ``row_remap``; an RDMA port down, trained down or flapping is ``network``), and its action and
-ticket from docs/reference/causes-and-actions.md, "Remediation playbook". This module also owns what is
-*missing*: a GPU the node should have but that reports nothing fails (docs/design/data-contracts.md,
-"Verdicts"), while a benchmark step that errored or a result that is absent, without a GPU signal, is
-inconclusive.
+A gate names its cause from the signal itself (a PCIe link below its maximum is ``pcie``), and its action and
+ticket from docs/reference/causes-and-actions.md, "Remediation playbook". What is *missing* is judged here too:
+a GPU the node should have but that reports nothing fails; a step that errored, or an absent result, is inconclusive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..policy import Policy
 from ..xid import xid_rules
-from ._findings import SEVERITY, concat_findings, empty_findings, make_findings
-from ._index import IS_PERF, MCODE, METRIC_NAMES, N_METRICS, SCOPE_GPU, SCOPE_NODE, RunIndex, group_positions
+from ._findings import SEVERITY, concat_findings, empty_findings, entity_findings, make_findings
+from ._index import (
+    IS_PERF,
+    MCODE,
+    METRIC_NAMES,
+    N_METRICS,
+    SCOPE_GPU,
+    SCOPE_NAMES,
+    SCOPE_NODE,
+    RunIndex,
+    group_positions,
+)
 
 __all__ = ["gate_findings", "missing_findings", "node_wide_gate_findings"]
 
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE, SW_POWER_CAP = 0x08, 0x20, 0x40, 0x80, 0x04
 
 
-def _gpu_findings(
-    run: RunIndex,
-    eids: np.ndarray,
-    *,
-    severity: str,
-    cause: object,
-    action: object,
-    ticket: object,
-    metric: str,
-    value: np.ndarray,
-    reference: object = np.nan,
-    reason: list[str],
-) -> pd.DataFrame:
-    return make_findings(
-        "gpu",
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        severity=severity,
-        rank="gate",
-        metric=metric,
-        value=value,
-        reference=reference,
-        reference_kind="gate",
-        cause=cause,
-        action=action,
-        ticket=ticket,
-        reason=reason,
-    )
+class _Gates:
+    """The gates of one scope (the run's GPUs, or its nodes): each :meth:`emit` adds the findings of one."""
 
+    def __init__(self, run: RunIndex, scope: int) -> None:
+        self.run = run
+        self.eids = np.flatnonzero(run.scope == scope)
+        self.scope = SCOPE_NAMES[scope]
+        self.parts: list[pd.DataFrame] = []
 
-def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
-    """Every telemetry gate, XID and benchmark error of the run."""
-    gates = policy.gates
-    gpus = np.flatnonzero(run.scope == SCOPE_GPU)
-    parts: list[pd.DataFrame] = []
-
-    def t(name: str) -> np.ndarray:
-        column: np.ndarray = run.telemetry[gpus, MCODE[name]]
+    def t(self, name: str) -> np.ndarray:
+        """The telemetry metric ``name`` of each entity of the scope."""
+        column: np.ndarray = self.run.telemetry[self.eids, MCODE[name]]
         return column
 
     def emit(
+        self,
         mask: np.ndarray,
         *,
         metric: str,
-        value: np.ndarray,
         reference: object = np.nan,
         severity: str = "fail",
         cause: object,
         action: object,
         ticket: object = "remediation",
-        reason: Callable[[np.ndarray, np.ndarray], list[str]],
+        reason: str | Callable[..., str],
+        also: np.ndarray | None = None,
     ) -> None:
-        """One gate: the GPUs where ``mask`` holds, with the masked value, reference and words."""
+        """One gate: the entities where ``mask`` holds, with their value of ``metric``, the reference and
+        the words: ``reason`` itself, or made of each one's value, reference and (when given) ``also``."""
 
         def pick(x: object) -> object:
             return x[mask] if isinstance(x, np.ndarray) else x
 
         if not mask.any():
             return
-        v = value[mask]
-        r = np.broadcast_to(
-            np.asarray(reference, dtype=float) if not isinstance(reference, np.ndarray) else reference, mask.shape
-        )[mask]
-        parts.append(
-            _gpu_findings(
-                run,
-                gpus[mask],
+        v, r = self.t(metric)[mask], np.broadcast_to(np.asarray(reference, dtype=float), mask.shape)[mask]
+        rows = zip(v, r, also[mask], strict=True) if also is not None else zip(v, r, strict=True)
+        words = [reason] * len(v) if isinstance(reason, str) else [reason(*row) for row in rows]
+        eids = self.eids[mask]
+        self.parts.append(
+            make_findings(
+                self.scope,
+                self.run.node_names(eids),
+                gpu=self.run.gpu[eids],
                 severity=severity,
-                cause=pick(cause),
-                action=pick(action),
-                ticket=pick(ticket),
+                rank="gate",
                 metric=metric,
                 value=v,
                 reference=r,
-                reason=reason(v, r),
+                reference_kind="gate",
+                cause=pick(cause),
+                action=pick(action),
+                ticket=pick(ticket),
+                reason=words,
             )
         )
 
-    failure = t("remapped_rows_failure")
+
+def gate_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
+    """Every telemetry gate, XID and benchmark error of the run."""
+    gates = policy.gates
+    on_gpus = _Gates(run, SCOPE_GPU)
+    t, emit = on_gpus.t, on_gpus.emit
+
     emit(
-        failure > 0,
+        t("remapped_rows_failure") > 0,
         metric="remapped_rows_failure",
-        value=failure,
         cause="row_remap",
         action="run_field_diag",
         ticket="replacement",
-        reason=lambda v, r: (
-            [
-                "row-remap failure: a memory bank has no spare rows left; drain, reset the GPU "
-                "and run the field diagnostic (NVIDIA's RMA criterion when it confirms)"
-            ]
-            * len(v)
-        ),
+        reason="row-remap failure: a memory bank has no spare rows left; drain, reset the GPU "
+        "and run the field diagnostic (NVIDIA's RMA criterion when it confirms)",
     )
 
     dbe, pending = t("ecc_dbe_volatile"), t("remapped_rows_pending") > 0
     emit(
         dbe > 0,
         metric="ecc_dbe_volatile",
-        value=dbe,
         reference=0.0,
         cause=np.where(pending, "row_remap", "ecc"),
         action="reset_gpu",
-        reason=lambda v, r: [
+        also=pending,
+        reason=lambda n, _, p: (
             f"{int(n)} uncorrectable ECC error(s) since the last reset"
             + (
                 "; a row remap is pending: reset the GPU to apply it, then re-certify"
                 if p
                 else ": reset the GPU and re-certify; recurring → RMA"
             )
-            for n, p in zip(v, pending[dbe > 0], strict=True)
-        ],
+        ),
     )
     emit(
         pending & ~(dbe > 0),
         metric="remapped_rows_pending",
-        value=t("remapped_rows_pending"),
         severity="warn",
         cause="row_remap",
         action="reset_gpu",
-        reason=lambda v, r: ["row remap pending: reset the GPU at the next idle window to apply it"] * len(v),
+        reason="row remap pending: reset the GPU at the next idle window to apply it",
     )
 
-    gen, width = t("pcie_gen"), t("pcie_width")
     emit(
-        gen < t("pcie_gen_max"),
+        t("pcie_gen") < t("pcie_gen_max"),
         metric="pcie_gen",
-        value=gen,
         reference=t("pcie_gen_max"),
         cause="pcie",
         action="reboot_node",
-        reason=lambda v, r: [
+        reason=lambda g, m: (
             f"PCIe link trained down to Gen{g:.0f} of Gen{m:.0f} under load: reboot to "
             "retrain; if it persists reseat the GPU, riser or cable"
-            for g, m in zip(v, r, strict=True)
-        ],
+        ),
     )
     emit(
-        width < t("pcie_width_max"),
+        t("pcie_width") < t("pcie_width_max"),
         metric="pcie_width",
-        value=width,
         reference=t("pcie_width_max"),
         cause="pcie",
         action="reseat",
-        reason=lambda v, r: [
+        reason=lambda w, m: (
             f"PCIe link at x{w:.0f} of x{m:.0f}: reseat the GPU or riser; if it persists "
             "replace the riser, retimer or GPU"
-            for w, m in zip(v, r, strict=True)
-        ],
+        ),
     )
     replays = t("pcie_replays_per_min")
     emit(
         replays > gates.pcie_replays_per_min,
         metric="pcie_replays_per_min",
-        value=replays,
         reference=gates.pcie_replays_per_min,
         cause="pcie",
         action="reseat",
         ticket=np.where(replays > gates.pcie_replays_replace_per_min, "replacement", "remediation"),
-        reason=lambda v, r: [
-            f"{n:.0f} PCIe replays/min (gate {gates.pcie_replays_per_min:g}): marginal "
-            "signal integrity; reseat at the next window"
-            for n in v
-        ],
+        reason=lambda n, g: (
+            f"{n:.0f} PCIe replays/min (gate {g:g}): marginal signal integrity; reseat at the next window"
+        ),
     )
 
-    down, crc = t("nvlink_down"), t("nvlink_crc_errors")
     emit(
-        down > 0,
+        t("nvlink_down") > 0,
         metric="nvlink_down",
-        value=down,
         reference=0.0,
         cause="nvlink",
         action="reset_gpu",
-        reason=lambda v, r: [
-            (
-                f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); reset "
-                "the GPU and restart Fabric Manager"
-            )
+        reason=lambda n, _: (
+            f"all {n:.0f} NVLinks down: the GPU left the NVLink fabric (traffic falls back to PCIe); "
+            "reset the GPU and restart Fabric Manager"
             if n >= 18
             else f"{n:.0f} NVLink(s) down: reset the GPU, then reboot; the same link again → reseat or baseboard"
-            for n in v
-        ],
+        ),
     )
     emit(
-        crc > gates.nvlink_crc_errors,
+        t("nvlink_crc_errors") > gates.nvlink_crc_errors,
         metric="nvlink_crc_errors",
-        value=crc,
         reference=gates.nvlink_crc_errors,
         cause="nvlink",
         action="reset_gpu",
-        reason=lambda v, r: [
+        reason=lambda n, _: (
             f"{n:.0f} NVLink CRC errors during certification: reset the GPU; persistent on "
             "the same link → reseat or baseboard"
-            for n in v
-        ],
+        ),
     )
 
     bits = np.nan_to_num(t("clocks_event_reasons"), nan=0).astype(np.int64)
-    temp, slowdown, frac = t("temp_max_c"), t("temp_slowdown_c"), t("hw_slowdown_frac")
-    hot = temp >= slowdown - gates.temp_margin_c
-    slowed = frac > gates.hw_slowdown_frac
+    slowdown = t("temp_slowdown_c")
+    hot = t("temp_max_c") >= slowdown - gates.temp_margin_c
+    slowed = t("hw_slowdown_frac") > gates.hw_slowdown_frac
     braked = (bits & HW_POWER_BRAKE) > 0
     thermal = ((bits & HW_THERMAL) > 0) | hot
     cause = np.where(braked | ~thermal, "power", "thermal")
     emit(
         slowed,
         metric="hw_slowdown_frac",
-        value=frac,
         reference=gates.hw_slowdown_frac,
         cause=cause,
         action=np.where(cause == "power", "check_power", "check_cooling"),
-        reason=lambda v, r: [
+        also=cause,
+        reason=lambda f, _, c: (
             f"hardware slowdown active {f * 100:.0f} % of the benchmark"
             + (
                 " (power brake): check the PSU, PDU and BMC power-capping events"
                 if c == "power"
                 else " (thermal): check fans, airflow and inlet temperature"
             )
-            for f, c in zip(v, cause[slowed], strict=True)
-        ],
+        ),
     )
     emit(
         hot & ~slowed,
         metric="temp_max_c",
-        value=temp,
         reference=slowdown,
         severity="warn",
         cause="thermal",
         action="check_cooling",
-        reason=lambda v, r: [
+        reason=lambda tv, sv: (
             f"peaked at {tv:.0f} °C, within {gates.temp_margin_c:g} °C of its slowdown "
             f"threshold {sv:.0f} °C: check fans, airflow and inlet temperature"
-            for tv, sv in zip(v, r, strict=True)
-        ],
+        ),
     )
 
-    limit, default = t("power_limit_w"), t("power_limit_default_w")
+    default = t("power_limit_default_w")
     emit(
-        limit < default * (1 - gates.power_limit_tolerance_pct / 100),
+        t("power_limit_w") < default * (1 - gates.power_limit_tolerance_pct / 100),
         metric="power_limit_w",
-        value=limit,
         reference=default,
         cause="config",
         action="fix_config",
-        reason=lambda v, r: [
+        reason=lambda lv, dv: (
             f"enforced power limit {lv:.0f} W is below the default {dv:.0f} W: restore it "
             "(nvidia-smi -pl) and fix the BMC or host power policy"
-            for lv, dv in zip(v, r, strict=True)
-        ],
+        ),
     )
-
-    sbe = t("ecc_sbe_volatile")
     emit(
-        sbe >= gates.sbe_volatile_warn,
+        t("ecc_sbe_volatile") >= gates.sbe_volatile_warn,
         metric="ecc_sbe_volatile",
-        value=sbe,
         reference=gates.sbe_volatile_warn,
         severity="warn",
         cause="ecc",
         action="run_field_diag",
-        reason=lambda v, r: [
+        reason=lambda n, _: (
             f"{n:.0f} corrected single-bit ECC errors since the last reset (SBE storm): "
             "schedule diagnostics; progression to uncorrectable errors → RMA"
-            for n in v
-        ],
+        ),
     )
 
-    parts.append(_xid_findings(run, policy))
-    parts.append(_nic_findings(run, policy))
-    parts.append(_error_findings(run))
-    parts.append(_gpu_count_findings(run))
-    return concat_findings(parts)
+    parts = [_xid_findings(run, policy), _nic_findings(run, policy), _error_findings(run), _gpu_count_findings(run)]
+    return concat_findings([*on_gpus.parts, *parts])
 
 
 def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
@@ -340,10 +298,9 @@ def _xid_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
         for x, m, c, k, u in zip(counts["xid"], rules["mnemonic"], count, rules["klass"], unknown, strict=True)
     ]
     is_note = severity == "note"
-    return make_findings(
-        "gpu",
-        run.node_names(eids),
-        gpu=run.gpu[eids],
+    return entity_findings(
+        run,
+        eids,
         severity=np.array([SEVERITY[s] for s in severity], dtype=np.int64),
         rank="gate",
         metric="xid",
@@ -367,107 +324,59 @@ def _nic_findings(run: RunIndex, policy: Policy) -> pd.DataFrame:
     rate, or leaves the others out in the payload's ``--ib-devices``); an error counter that rose more than
     its gate during the run. All fail, cause ``network``."""
     gates = policy.gates
-    nodes = np.flatnonzero(run.scope == SCOPE_NODE)
-    parts: list[pd.DataFrame] = []
+    on_nodes = _Gates(run, SCOPE_NODE)
+    t = on_nodes.t
 
-    def t(name: str) -> np.ndarray:
-        column: np.ndarray = run.telemetry[nodes, MCODE[name]]
-        return column
-
-    def emit(
-        mask: np.ndarray,
-        *,
-        metric: str,
-        value: np.ndarray,
-        reference: np.ndarray | float,
-        action: str,
-        reason: Callable[[np.ndarray, np.ndarray], list[str]],
-    ) -> None:
-        if not mask.any():
-            return
-        v, r = value[mask], np.broadcast_to(np.asarray(reference, dtype=float), mask.shape)[mask]
-        parts.append(
-            make_findings(
-                "node",
-                run.node_names(nodes[mask]),
-                severity="fail",
-                rank="gate",
-                metric=metric,
-                value=v,
-                reference=r,
-                reference_kind="gate",
-                cause="network",
-                action=action,
-                ticket="remediation",
-                reason=reason(v, r),
-            )
-        )
+    def emit(mask: np.ndarray, **gate: Any) -> None:
+        on_nodes.emit(mask, cause="network", **gate)
 
     ports, active = t("ib_ports"), t("ib_ports_active")
     emit(
         active < ports,
         metric="ib_ports_active",
-        value=active,
         reference=ports,
         action="reseat_nic",
-        reason=lambda v, r: [
-            f"{n - a:.0f} of {n:.0f} RDMA ports down: bring {'it' if n - a == 1 else 'them'} up, reseat the "
-            "cable, transceiver and NIC; if it persists replace the cable, transceiver or NIC"
-            for a, n in zip(v, r, strict=True)
-        ],
+        reason=lambda a, n: (
+            f"{n - a:.0f} of {n:.0f} RDMA ports down: bring {'it' if n - a == 1 else 'them'} up, "
+            "reseat the cable, transceiver and NIC; if it persists replace the cable, transceiver or NIC"
+        ),
     )
     slowest, fastest = t("ib_rate_min_gbps"), t("ib_rate_max_gbps")
     retrain = "trained down: reseat or replace its cable or transceiver, then check the switch port's speed"
     expected = gates.ib_rate_gbps
-    below = slowest < expected * (1 - _RATE_TOLERANCE) if expected is not None else np.zeros(len(nodes), dtype=bool)
+    below = slowest < expected * (1 - _RATE_TOLERANCE) if expected is not None else np.zeros(len(slowest), dtype=bool)
     emit(
         below,
         metric="ib_rate_min_gbps",
-        value=slowest,
         reference=float(expected or 0),
         action="check_cable",
-        reason=lambda v, r: [
-            f"an RDMA port at {s:g} Gb/s, below the expected {e:g}: {retrain}" for s, e in zip(v, r, strict=True)
-        ],
+        reason=lambda s, e: f"an RDMA port at {s:g} Gb/s, below the expected {e:g}: {retrain}",
     )
     emit(
         (expected is None) & (slowest < fastest * (1 - _RATE_TOLERANCE)),
         metric="ib_rate_min_gbps",
-        value=slowest,
         reference=fastest,
         action="check_cable",
-        reason=lambda v, r: [
-            f"an RDMA port at {s:g} Gb/s, the others at up to {f:g}: {retrain}" for s, f in zip(v, r, strict=True)
-        ],
+        reason=lambda s, f: f"an RDMA port at {s:g} Gb/s, the others at up to {f:g}: {retrain}",
     )
     seen: dict[str, Callable[[float], str]] = {
-        "ib_link_downed": lambda n: f"link downed {_times(n)} during the run: a flapping link",
+        "ib_link_downed": lambda n: (
+            f"link downed {'once' if n == 1 else f'{n:.0f} times'} during the run: a flapping link"
+        ),
         "ib_symbol_errors": lambda n: f"{n:.0f} symbol errors during the run: a marginal link",
         "ib_rcv_errors": lambda n: f"{n:.0f} packets received with errors during the run",
     }
 
-    def counted(words: Callable[[float], str]) -> Callable[[np.ndarray, np.ndarray], list[str]]:
-        return lambda v, r: [
+    def counted(words: Callable[[float], str]) -> Callable[[float, float], str]:
+        return lambda n, g: (
             f"{words(n)} (gate {g:g}, summed over the node's RDMA ports): check the cable and transceiver, "
             "then the switch port"
-            for n, g in zip(v, r, strict=True)
-        ]
+        )
 
     for metric, words in seen.items():
         limit = float(getattr(gates, metric))
-        emit(
-            t(metric) > limit,
-            metric=metric,
-            value=t(metric),
-            reference=limit,
-            action="check_cable",
-            reason=counted(words),
-        )
-    return concat_findings(parts)
-
-
-def _times(count: float) -> str:
-    return "once" if count == 1 else f"{count:.0f} times"
+        emit(t(metric) > limit, metric=metric, reference=limit, action="check_cable", reason=counted(words))
+    return concat_findings(on_nodes.parts)
 
 
 def _error_findings(run: RunIndex) -> pd.DataFrame:
@@ -476,16 +385,13 @@ def _error_findings(run: RunIndex) -> pd.DataFrame:
         return empty_findings()
     counts = pd.Series(1, index=run.eid[rows]).groupby(level=0).size()
     eids = counts.index.to_numpy(dtype=np.int64)
-    scope = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
     reason = [
-        f"{n} benchmark step(s) failed on this {s}: see the run's log"
-        for n, s in zip(counts.to_numpy(), scope, strict=True)
+        f"{n} benchmark step(s) failed on this {SCOPE_NAMES[s]}: see the run's log"
+        for n, s in zip(counts.to_numpy(), run.scope[eids], strict=True)
     ]
-    return make_findings(
-        scope,
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
+    return entity_findings(
+        run,
+        eids,
         severity="inconclusive",
         rank="missing",
         metric="error",
@@ -578,11 +484,9 @@ def missing_findings(run: RunIndex, measured: pd.DataFrame) -> pd.DataFrame:
     if len(eids) == 0:
         return empty_findings()
     names = np.array(METRIC_NAMES, dtype=object)[mcodes]
-    return make_findings(
-        np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]],
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
+    return entity_findings(
+        run,
+        eids,
         severity="inconclusive",
         rank="missing",
         metric=names,

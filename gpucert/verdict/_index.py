@@ -21,17 +21,7 @@ import pyarrow.compute as pc
 
 from ..metrics import METRICS
 
-__all__ = [
-    "MCODE",
-    "METRIC_NAMES",
-    "Grouping",
-    "RunIndex",
-    "entity_key",
-    "group_positions",
-    "group_rows",
-    "index_run",
-    "nan_median",
-]
+__all__ = ["MCODE", "METRIC_NAMES", "RunIndex", "group_positions", "group_rows", "index_run", "nan_median"]
 
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
 MCODE: dict[str, int] = {name: i for i, name in enumerate(METRIC_NAMES)}
@@ -119,11 +109,7 @@ class RunIndex:
         scope = findings["scope"].map(_SCOPE_CODE).to_numpy(dtype=np.int64)
         node_code = self.nodes.get_indexer(pd.Index(findings["node"].astype(str))).astype(np.int64)
         gpu = findings["gpu"].to_numpy(dtype=np.int64)
-        peer_code = (
-            self.peers.get_indexer(pd.Index(findings["peer"].astype(str))).astype(np.int64)
-            if len(self.peers)
-            else np.full(len(findings), -1, dtype=np.int64)
-        )
+        peer_code = self.peers.get_indexer(pd.Index(findings["peer"].astype(str))).astype(np.int64)
         sub = np.where(scope == SCOPE_GPU, gpu, np.where(scope == SCOPE_PAIR, peer_code, 0))
         keys = entity_key(scope, node_code, sub)
         eid = np.where(node_code >= 0, self._key_index.get_indexer(pd.Index(keys)), -1).astype(np.int64)
@@ -147,23 +133,45 @@ def _small_ints(column: pd.Series, missing: int) -> tuple[np.ndarray, int]:
     # The largest through Arrow: pandas' minimum or maximum of a nullable column copies its values.
     top = pc.max(pa.array(column.array)).as_py() if isinstance(column.dtype, pd.Int64Dtype) else column.max()
     high = -1 if top is None or pd.isna(top) else int(top)
-    dtype: type[np.signedinteger[Any]] = np.int64
-    for narrow in (np.int8, np.int16, np.int32):
-        if high < np.iinfo(narrow).max:
-            dtype = narrow
-            break
+    narrow: tuple[type[np.signedinteger[Any]], ...] = (np.int8, np.int16, np.int32)
+    dtype = next((t for t in narrow if high < np.iinfo(t).max), np.int64)
     return column.to_numpy(dtype=dtype, na_value=missing), high
 
 
-class _Groups(NamedTuple):
-    ids: np.ndarray  #: each row's id, in order of first appearance
-    first: np.ndarray  #: the row where each id first appears
-    contiguous: bool  #: each id's rows are one stretch, starting at ``first`` (reduceat works)
+class Grouping(NamedTuple):
+    """Rows grouped by a key (:func:`group_rows`)."""
+
+    ids: np.ndarray  #: each row's group, in order of first appearance
+    first: np.ndarray  #: each group's first row
+    contiguous: bool  #: each group's rows are one stretch from its first (reduceat works)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Rows per group (counted at each call)."""
+        if self.contiguous:
+            return np.diff(np.append(self.first, len(self.ids)))
+        return np.bincount(self.ids, minlength=len(self.first))
+
+    def by_width(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """For each number of rows a group has: those groups, and a (groups × that many) array of their
+        rows, each group's in row order. A statistic of each group is then one over the rows of a matrix
+        without padding (the three repeats of a GEMM never wait on the twelve of a copy)."""
+        counts = self.counts
+        if self.contiguous:
+            starts, order = self.first, None
+        else:
+            order = np.argsort(self.ids, kind="stable")
+            starts = np.cumsum(counts) - counts
+        for width in np.unique(counts):
+            groups = np.flatnonzero(counts == width)
+            cells = starts[groups][:, None] + np.arange(width)
+            yield groups, (cells if order is None else order[cells])
 
 
-def _first_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> _Groups:
-    """Ids in order of first appearance for the dense ids of each row (all below ``span``): each row's
-    id and the row where each id first appears. What ``pd.factorize`` gives, without hashing."""
+def group_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> Grouping:
+    """Group rows by ``dense`` (integers ≥ 0 below ``span``, e.g. entity × metric): each row's group and the
+    row where each group first appears, groups in order of first appearance. What ``pd.factorize`` gives,
+    without hashing."""
     grouped = _grouped_rows(dense, span)
     if grouped is not None:
         return grouped
@@ -175,11 +183,11 @@ def _first_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> _Groups:
     order = np.argsort(first[present], kind="stable")
     ids = np.full(span, -1, dtype=np.int32 if len(present) < 2**31 else np.int64)
     ids[present[order]] = np.arange(len(present), dtype=ids.dtype)
-    return _Groups(ids[dense], first[present[order]].astype(np.int64), contiguous=False)
+    return Grouping(ids[dense], first[present[order]].astype(np.int64), contiguous=False)
 
 
-def _grouped_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> _Groups | None:
-    """:func:`_first_rows` when each id's rows are contiguous (how the payload prints a GPU's results and
+def _grouped_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> Grouping | None:
+    """:func:`group_rows` when each id's rows are contiguous (how the payload prints a GPU's results and
     a run's files follow one another), from where the id changes: a few passes over the rows instead of a
     scatter into a table as wide as ``span``. ``None`` when some id comes back after another."""
     n = len(dense)
@@ -195,46 +203,13 @@ def _grouped_rows(dense: npt.NDArray[np.integer[Any]], span: int) -> _Groups | N
     ids = np.zeros(n, dtype=np.int32)
     ids[starts[1:]] = 1
     np.cumsum(ids, out=ids)
-    return _Groups(ids, starts.astype(np.int64), contiguous=True)
-
-
-class Grouping(NamedTuple):
-    """Rows grouped by a key (:func:`group_rows`)."""
-
-    ids: np.ndarray  #: each row's group, in order of first appearance
-    first: np.ndarray  #: each group's first row
-    counts: np.ndarray  #: rows per group
-    contiguous: bool  #: each group's rows are one stretch from its first
-
-    def by_width(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """For each number of rows a group has: those groups, and a (groups × that many) array of their
-        rows, each group's in row order. A statistic of each group is then one over the rows of a matrix
-        without padding (the three repeats of a GEMM never wait on the twelve of a copy)."""
-        if self.contiguous:
-            starts, order = self.first, None
-        else:
-            order = np.argsort(self.ids, kind="stable")
-            starts = np.cumsum(self.counts) - self.counts
-        for width in np.unique(self.counts):
-            groups = np.flatnonzero(self.counts == width)
-            cells = starts[groups][:, None] + np.arange(width)
-            yield groups, (cells if order is None else order[cells])
-
-
-def group_rows(key: npt.NDArray[np.integer[Any]], span: int) -> Grouping:
-    """Group rows by ``key`` (integers ≥ 0 below ``span``, e.g. entity × metric)."""
-    ids, first, contiguous = _first_rows(key, span)
-    counts = np.diff(np.append(first, len(key))) if contiguous else np.bincount(ids, minlength=len(first))
-    return Grouping(ids, first, counts, contiguous)
+    return Grouping(ids, starts.astype(np.int64), contiguous=True)
 
 
 def group_positions(codes: np.ndarray) -> list[np.ndarray]:
-    """The positions of each distinct value of ``codes`` (small integers ≥ 0: cohorts), the groups in
-    order of first appearance (as a pandas groupby without sort), positions ascending.
-
-    For a statistic over a few large groups (a model × metric cohort of 100,000 GPUs), a counting sort
-    of the codes and one numpy call per group are several times faster than a pandas groupby.
-    """
+    """The positions of each distinct value of ``codes`` (small integers ≥ 0: cohorts), the groups in order of
+    first appearance, positions ascending: for a few large groups (a cohort of 100,000 GPUs), a counting sort of
+    the codes and one numpy call per group are several times faster than a pandas groupby."""
     if len(codes) == 0:
         return []
     narrow = codes.astype(np.int16) if int(codes.max()) < 2**15 else codes  # 16 bits: a radix sort
@@ -282,7 +257,7 @@ def index_run(results: pd.DataFrame) -> RunIndex:
         dense[pair_rows] = base + pair_ids
         span += len(pair_keys)
         pair_peer = np.asarray(pair_keys, dtype=np.int64) % (len(peers) + 1)
-    eid, first, contiguous = _first_rows(dense, span)
+    eid, first, contiguous = group_rows(dense, span)
     n_ent = len(first)
 
     ent_dense = dense[first].astype(np.int64)

@@ -21,11 +21,8 @@ _PAIR_Z = 2.5
 
 
 def node_wide_findings(run: RunIndex, table: pd.DataFrame, policy: Policy, gate_causes: pd.Series) -> pd.DataFrame:
-    """Node findings where the GPUs of a node all lose about the same share on one metric.
-
-    The median drop of a node's GPUs is far more precise than any one GPU's, so a node-wide cause (a host
-    that starves PCIe, cooling, power) is found at half the single-GPU warn drop (``node_wide``).
-    """
+    """Node findings where the GPUs of a node all lose about the same share on one metric: their median drop is
+    far more precise than any one GPU's, so a node-wide cause is found at half the single-GPU warn drop."""
     eid = table["eid"].to_numpy()
     rows = np.flatnonzero((run.scope[eid] == SCOPE_GPU) & np.isfinite(table["d"].to_numpy()))
     if len(rows) == 0:
@@ -104,27 +101,19 @@ def node_wide_findings(run: RunIndex, table: pd.DataFrame, policy: Policy, gate_
 def pair_node_findings(run: RunIndex, table: pd.DataFrame, policy: Policy, findings: pd.DataFrame) -> pd.DataFrame:
     """A node whose every pair is low is the likelier culprit (docs/design/verdict-engine.md, "Node and pair findings").
 
-    The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in,
-    while each of its partners keeps one good pair. The best pair must be low by the metric's warn drop
-    and by 2.5 of its spreads — two independent pairs both that low happen by chance in about four
-    healthy nodes in 100,000. A node sitting between two partners that are flagged themselves (a candidate
-    of this rule, or a node with findings of its own, such as a GPU on a degraded PCIe link) cannot be
-    told apart by its pairs alone: it gets a note asking to re-pair it with a known-good node, not a flag.
+    The node's evidence is the *best* of its pairs: a bad port drags down every pair the node is in, while each
+    of its partners keeps one good pair. A node between two partners flagged themselves (candidates of this rule,
+    or with findings of their own) cannot be told apart by its pairs alone: a note asks to re-pair it instead.
     """
     pair_rows = table[run.scope[table["eid"].to_numpy()] == SCOPE_PAIR]
     pair_rows = pair_rows[np.isfinite(pair_rows["d"])]
     if pair_rows.empty:
         return make_findings("node", [], severity="warn", rank="stat", reason=[])
     eids = pair_rows["eid"].to_numpy()
-    ends = pd.DataFrame(
-        {
-            "node": np.r_[run.node_names(eids), run.peer_names(eids)],
-            "partner": np.r_[run.peer_names(eids), run.node_names(eids)],
-            "d": np.r_[pair_rows["d"].to_numpy(), pair_rows["d"].to_numpy()],
-            "sigma": np.r_[pair_rows["sigma"].to_numpy(), pair_rows["sigma"].to_numpy()],
-            "mcode": np.r_[pair_rows["mcode"].to_numpy(), pair_rows["mcode"].to_numpy()],
-        }
-    )
+    # Each pair seen from both of its ends.
+    measured = {c: pair_rows[c].to_numpy() for c in ("d", "sigma", "mcode")}
+    one = pd.DataFrame({"node": run.node_names(eids), "partner": run.peer_names(eids), **measured})
+    ends = pd.concat([one, one.rename(columns={"node": "partner", "partner": "node"})], ignore_index=True)
     ends = ends[ends["node"] != ""]
     per = (
         ends.groupby(["node", "mcode"], sort=False)

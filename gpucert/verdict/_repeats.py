@@ -1,22 +1,15 @@
-"""Stage 1 (docs/design/verdict-engine.md, "Stage 1: repeats"): repeated measurements reduced to a median, and
-their stability judged.
+"""Stage 1 (docs/design/verdict-engine.md, "Stage 1: repeats"): repeats reduced to a median, their stability ruled.
 
-The median of the repeats is what the references compare, so a transient bad repeat among several moves
-nothing; it is still *named*, because a technician reading the report should know it happened. When the
-repeats disagree as a whole (robust CV above ``unstable_factor`` × the expected run-to-run CV, or so many
-transients that the median itself may be one) the result is UNSTABLE — oscillating throttling or a noisy
-neighbour — which warns and asks for a re-run.
-
-The payload applies the same rule while it measures (``gpucert/bench/_stability.py``, whose constants
-this module shares) and runs more repeats, up to its ``--max-repeats``, until they agree; so a result may
-have any number of repeats, and every one is used. The repeats of each result are one row of a matrix of
-the results with as many repeats (no padding: three GEMM repeats never wait on twelve copies), so the
-usual three repeats need no sort, and the few rows with a transient are re-sorted without it.
+A transient bad repeat moves no median but is still *named* (a technician should know it happened); repeats
+that disagree as a whole make the result UNSTABLE, which warns and asks for a re-run. The payload applies the
+same rule while it measures (``gpucert/bench/_stability.py``, whose constants this module shares), so a result
+may have any number of repeats: those of each result are one row of a matrix of the results with as many
+(no padding: three GEMM repeats never wait on twelve copies).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,10 +19,11 @@ import pandas as pd
 from .._background import on_two_threads
 from ..bench import ABOVE_FACTOR, MAD_TO_SIGMA, MIN_JUDGED, TRANSIENT_SIGMAS
 from ..policy import Policy
-from ._findings import concat_findings, make_findings
+from ._compare import per_metric
+from ._findings import concat_findings, entity_findings
 from ._index import DIRECTION, IS_PERF, METRIC_NAMES, N_METRICS, RunIndex, group_positions, group_rows, nan_median
 
-__all__ = ["RepeatStability", "judge_repeat_matrix", "nan_row_median", "reduce_repeats", "row_median"]
+__all__ = ["RepeatStability", "nan_row_median", "reduce_repeats", "repeat_matrix_stability", "row_median"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -42,10 +36,8 @@ _MIN_COHORT = 30  # results needed before tonight's noise is estimated from the 
 
 
 def row_median(matrix: FloatArray, counts: IntArray) -> FloatArray:
-    """The median of each row's first ``counts`` values (the rest is padding).
-
-    Rows are taken a repeat count at a time, so the usual three repeats need no sort at all.
-    """
+    """The median of each row's first ``counts`` values (the rest is padding), a repeat count at a time: the
+    usual three repeats need no sort at all."""
     if len(counts) and counts.min() == counts.max() == matrix.shape[1]:
         return _full_row_median(matrix)  # no padding: every row at once, without selecting
     out = np.full(len(matrix), np.nan)
@@ -102,7 +94,7 @@ class RepeatStability:
         return more
 
 
-def judge_repeat_matrix(
+def repeat_matrix_stability(
     matrix: FloatArray,
     counts: IntArray,
     direction: FloatArray,
@@ -121,7 +113,7 @@ def judge_repeat_matrix(
     ``or_noisier`` (the payload's view): unstable also when it would be at any larger expected CV.
     """
     x = row_median(matrix, counts) if x is None else x
-    judged = _judge(matrix, counts, direction, expected, x, mad, unstable_factor, transient_pct)
+    judged = _stability(matrix, counts, direction, expected, x, mad, unstable_factor, transient_pct)
     if not or_noisier:
         return judged
     # The verdict holds a result to the larger of the policy's CV and tonight's cohort noise, and at a
@@ -136,16 +128,14 @@ def judge_repeat_matrix(
         if not len(some):
             break
         rows = hit[some]
-        again = _judge(
+        again = _stability(
             matrix[rows], counts[rows], direction[rows], edges[some, k], x[rows], None, unstable_factor, transient_pct
         )
         unstable[rows] |= again.unstable
-    return RepeatStability(
-        judged.x, judged.rel, judged.transient, judged.cv_mad, judged.n_far, judged.n_above, judged.n_good, unstable
-    )
+    return replace(judged, unstable=unstable)
 
 
-def _judge(
+def _stability(
     matrix: FloatArray,
     counts: IntArray,
     direction: FloatArray,
@@ -186,7 +176,7 @@ def _judge(
 def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Return (one row per entity × perf metric: eid, mcode, x, n, cv_mad, unstable; findings)."""
     rows = np.flatnonzero(IS_PERF[run.mcode])
-    policy_cv = np.array([_cv_rep(policy, METRIC_NAMES[m]) for m in range(N_METRICS)])
+    policy_cv = per_metric(policy, "cv_rep", np.inf)
 
     # Results (entity × metric) numbered in order of first appearance, from a dense key: no hash.
     key: npt.NDArray[np.integer[Any]] = run.eid[rows].astype(
@@ -226,10 +216,10 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
     unstable = np.empty(len(keys), dtype=bool)
     transient = np.empty(len(rows), dtype=bool)  # per result row, in the run's order
 
-    def judge(part: tuple[IntArray, IntArray, FloatArray, slice]) -> None:
+    def rule(part: tuple[IntArray, IntArray, FloatArray, slice]) -> None:
         results, members, matrix, block = part
         at = results[block]
-        judged = _judge(
+        judged = _stability(
             matrix[block],
             n[at],
             direction[at],
@@ -242,7 +232,7 @@ def reduce_repeats(run: RunIndex, policy: Policy) -> tuple[pd.DataFrame, pd.Data
         cv_mad[at], unstable[at] = judged.cv_mad, judged.unstable
         transient[members[block]] = judged.transient
 
-    on_two_threads(judge, blocks)
+    on_two_threads(rule, blocks)
     measured = pd.DataFrame({"eid": eids, "mcode": mcodes, "x": x_all, "n": n, "cv_mad": cv_mad, "unstable": unstable})
     # The transients worth a note, in the run's order.
     named = np.flatnonzero(transient & ~unstable[grouping.ids])
@@ -286,11 +276,6 @@ def _cohort_noise(
     return filled
 
 
-def _cv_rep(policy: Policy, metric: str) -> float:
-    entry = policy.metrics.get(metric)
-    return entry.cv_rep if entry is not None else np.inf
-
-
 def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: FloatArray) -> pd.DataFrame:
     eids = unstable["eid"].to_numpy()
     names = np.array(METRIC_NAMES, dtype=object)[unstable["mcode"].to_numpy()]
@@ -301,11 +286,9 @@ def _unstable_findings(run: RunIndex, unstable: pd.DataFrame, expected_cv: Float
         "their median): oscillating throttling or a noisy neighbour; re-run before judging"
         for m, k, c, e in zip(names, unstable["n"].to_numpy(), np.nan_to_num(cv), expected, strict=True)
     ]
-    return make_findings(
-        _scope_name(run, eids),
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
+    return entity_findings(
+        run,
+        eids,
         severity="warn",
         rank="stat",
         metric=names,
@@ -324,17 +307,4 @@ def _transient_notes(run: RunIndex, rows: IntArray, rel: FloatArray) -> pd.DataF
         f"{m}: repeat {r} was a transient ({p:+.1f} % from the median of its repeats), ignored"
         for m, r, p in zip(names.tolist(), run.repeat[rows].tolist(), (rel * 100).tolist(), strict=True)
     ]
-    return make_findings(
-        _scope_name(run, eids),
-        run.node_names(eids),
-        gpu=run.gpu[eids],
-        peer=run.peer_names(eids),
-        severity="note",
-        rank="note",
-        reason=reason,
-    )
-
-
-def _scope_name(run: RunIndex, eids: IntArray) -> np.ndarray:
-    names: np.ndarray = np.array(["gpu", "node", "pair"], dtype=object)[run.scope[eids]]
-    return names
+    return entity_findings(run, eids, severity="note", rank="note", reason=reason)

@@ -180,7 +180,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
     import httpx
 
     from gpucert.blocks.cluster import GpuCluster
-    from gpucert.blocks.store import BaselineStore
+    from gpucert.blocks.store import StoreLocation
     from gpucert.flows.certify import certify
     from gpucert.flows.configure import configure
     from gpucert.flows.onboard import idempotency_key, onboard
@@ -193,7 +193,7 @@ def _lifecycle(console: Any, root: Path, *, nodes: int, seed: int, api: str) -> 
     with SimCluster(nodes=nodes, seed=seed, kubeconfig=root / "kubeconfig") as sim:
         os.environ["KUBECONFIG"] = str(sim.kubeconfig_path)
         cluster = GpuCluster(kubeconfig=str(sim.kubeconfig_path))
-        store = BaselineStore.default()  # the store, and where its files are served (report links)
+        store = StoreLocation.default()  # the store, and where its files are served (report links)
         names = sim.fleet.node_names
         kube = connect(sim.kubeconfig_path)
 

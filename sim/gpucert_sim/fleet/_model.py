@@ -54,7 +54,7 @@ import pandas as pd
 
 from gpucert.bench import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS_OF, MIN_JUDGED, RepeatRule
 from gpucert.metrics import METRICS, PERF_METRICS, RESULT_COLUMNS
-from gpucert.verdict import judge_repeat_matrix
+from gpucert.verdict import repeat_matrix_stability
 
 from ._faults import (
     D2H,
@@ -1115,7 +1115,7 @@ def _repeat_counts(values: FloatArray, ran: BoolArray, rule: RepeatRule, metrics
     while len(active):
         n = counts[active]
         shown = np.where(columns < n[:, None], flat[active], np.nan)
-        judged = judge_repeat_matrix(
+        judged = repeat_matrix_stability(
             shown,
             n,
             np.ones(len(active)),

@@ -1,62 +1,46 @@
-"""The judgement: why a training job is slow, from the frames of :mod:`gpucert.explain._frames`.
+"""The diagnosis: why a training job is slow, from the frames of :mod:`gpucert.explain._frames`.
 
 Within a job, GPUs are peers: in synchronous training every rank does the same work per step, so the straggler
-is the GPU that departs from the others. Per signal the telemetry is pivoted to an (instant × GPU) matrix and
-each GPU is compared, instant by instant, with its peers' median; the noise scale is the median absolute
-deviation across GPUs (pooled over the window, so one outlier cannot widen it). A GPU *departs* at an instant
-when
-
-* its SM clock is more than :data:`CLOCK_GATE` below the peers' median with a slowdown reason set (HW slowdown
-  0x08, HW thermal 0x40, HW power brake 0x80, SW thermal 0x20, SW power cap 0x04; an idle GPU's low clock
-  carries none of them, so a GPU that merely waits is never blamed);
-* or it is busier than its peers by :data:`BUSY_GATE` (it computes while they wait in collectives);
-* or its NVLink or PCIe throughput is more than :data:`LINK_GATE` below its peers';
-
-and every departure must also exceed :data:`ROBUST_Z` robust standard deviations of the peers' spread. Its
-*onset* is the first instant from which the departure persists (:func:`persistent_onset`), so a noisy sample
-cannot set it. The job's step time gets one robust change point (the split minimising the absolute deviations
-around the two medians, kept when the shift is at least :data:`STEP_SHIFT_GATE` and well above the noise); a
-suspect whose onset comes at most :data:`TIE_S` before it is tied to it. A NIC port below its rated rate or with
-rising error counters blames the node's network; a disruptive Kubernetes event that lines up with a step stall
-or change, with no GPU departing, is the verdict ``event``; steps that slowed while GPUs and nodes show nothing
-is ``elsewhere``. Nothing is blamed without evidence, and gpucert's own record of a suspect's node (its last
-certification, open tickets, drift alarms) is added to that suspect's evidence.
+is the GPU that departs from the others (docs/design/explain.md). Per signal the telemetry is pivoted to an
+(instant × GPU) matrix and each GPU is compared, instant by instant, with its peers' median; the noise scale is
+the median absolute deviation across GPUs, pooled over the window so one outlier cannot widen it. A departure
+must pass its gate (:data:`CLOCK_GATE` with a slowdown reason set — an idle GPU's low clock carries none, so a GPU
+that merely waits is never blamed —, :data:`BUSY_GATE`, :data:`LINK_GATE`) and exceed :data:`ROBUST_Z` robust
+standard deviations; its onset is the first instant from which it persists (:func:`persistent_onset`). The step
+time gets one robust change point (:func:`step_change`); a suspect whose onset comes at most :data:`TIE_S` before
+it is tied to it. Nothing is blamed without evidence.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from ._frames import OPTIONAL_SIGNALS, SIGNALS, SPARSE_SIGNALS, Explanation, StepChange, Suspect, check_frame
-from ._grid import FloatArray, Grid, column_codes, nic_grid, telemetry_grid, to_ns
-from ._straggler import POD_STEP_GATE, JobFinding, collective_grid, pod_step_grid, rank_departures
+from ._grid import (
+    PERSIST_WINDOW,
+    ROBUST_Z,
+    BoolArray,
+    FloatArray,
+    Grid,
+    column_codes,
+    equal_runs,
+    nic_grid,
+    persistent_onset,
+    telemetry_grid,
+    to_ns,
+    utc,
+)
+from ._straggler import COLLECTIVE_GATE, POD_STEP_GATE, JobFinding, collective_grid, pod_step_grid, rank_departures
 
-__all__ = [
-    "BUSY_GATE",
-    "CLOCK_GATE",
-    "DISRUPTIVE_REASONS",
-    "LINK_GATE",
-    "NIC_RATE_GATE",
-    "PERSIST_FRAC",
-    "PERSIST_RUN",
-    "PERSIST_WINDOW",
-    "ROBUST_Z",
-    "SLOWDOWN_BITS",
-    "STEP_SHIFT_GATE",
-    "TIE_S",
-    "explain",
-    "persistent_onset",
-    "step_change",
-]
-
-BoolArray = npt.NDArray[np.bool_]
+__all__ = ["DISRUPTIVE_REASONS", "SLOWDOWN_BITS", "explain", "step_change"]
 
 #: The clock-event reasons that slow a GPU down, with the words the evidence uses.
 SLOWDOWN_BITS: Mapping[int, str] = {
@@ -67,7 +51,6 @@ SLOWDOWN_BITS: Mapping[int, str] = {
     0x04: "SW power cap",
 }
 _SLOWDOWN_MASK = sum(SLOWDOWN_BITS)
-_HARD_MASK = 0x08 | 0x40 | 0x80 | 0x20  # what the timeline shades: the power cap alone is normal under load
 
 #: An SM clock this far below the peers' median (with a slowdown reason) departs: FALCON's 10 % shift gate.
 CLOCK_GATE = 0.10
@@ -75,43 +58,20 @@ CLOCK_GATE = 0.10
 BUSY_GATE: Mapping[str, float] = {"engine_active": 0.10, "util_pct": 10.0}
 #: NVLink or PCIe throughput this far below the peers' departs (throughputs vary more than clocks).
 LINK_GATE = 0.25
-#: Every departure must also exceed this many robust standard deviations (1.4826 × MAD) of the peers.
-ROBUST_Z = 5.0
-#: Persistence: the onset is an instant departed and followed by PERSIST_RUN departed in a row, or by
-#: PERSIST_FRAC of the next PERSIST_WINDOW, or by half of the next 2 × PERSIST_WINDOW (a duty-cycled slowdown).
-PERSIST_RUN = 3
-PERSIST_WINDOW = 10
-PERSIST_FRAC = 0.8
 #: A step-time change smaller than this is not reported.
 STEP_SHIFT_GATE = 0.10
 #: A suspect's onset at most this long before the step-time change (or an event this close to a stall) is tied.
 TIE_S = 300.0
 #: A departure followed by this long in line with the peers (to the window's end) recovered: a transient.
 RECOVERED_S = 600.0
-#: A rank whose collectives are this much shorter than its peers' is the one they wait for (see _straggler).
-COLLECTIVE_GATE = 0.10
 #: A NIC port this far below its rated rate (the 95th percentile of its device's ports) departs.
 NIC_RATE_GATE = 0.10
 
+_POD_DISRUPTIONS = ("Evicted", "OOMKilling", "OOMKilled", "BackOff", "Killing", "Preempted", "Preempting")
+_NODE_DISRUPTIONS = ("NodeNotReady", "NodeHasDiskPressure", "NodeHasMemoryPressure", "NodeHasPIDPressure", "Rebooted")
 #: Kubernetes event reasons that disrupt a job: one lining up with a step stall or change is the verdict "event".
 DISRUPTIVE_REASONS = frozenset(
-    {
-        "Evicted",
-        "OOMKilling",
-        "OOMKilled",
-        "BackOff",
-        "Killing",
-        "Preempted",
-        "Preempting",
-        "NodeNotReady",
-        "NodeHasDiskPressure",
-        "NodeHasMemoryPressure",
-        "NodeHasPIDPressure",
-        "Rebooted",
-        "FailedScheduling",
-        "TaintManagerEviction",
-        "Tainted",
-    }
+    {*_POD_DISRUPTIONS, *_NODE_DISRUPTIONS, "FailedScheduling", "TaintManagerEviction", "Tainted"}
 )
 _NOTABLE_NORMAL = frozenset({"Certified", "Tainted", "Uncordoned", "Cordoned", "NodeReady", "Started", "Scheduled"})
 _MAX_EVENTS_OF_NOTE = 20
@@ -182,46 +142,16 @@ def _text(value: object) -> str | None:
     return text if text and text.lower() not in ("nan", "none", "<na>") else None
 
 
-def persistent_onset(departed: BoolArray) -> npt.NDArray[np.int64]:
-    """Per column of the (instant × column) ``departed`` matrix, the first instant from which it persists; -1 if none.
-
-    An instant counts when it is departed and followed (itself included) by :data:`PERSIST_RUN` departed instants
-    in a row, by :data:`PERSIST_FRAC` departed of the next :data:`PERSIST_WINDOW`, or by half of the next
-    2 × :data:`PERSIST_WINDOW` (a slowdown that comes and goes with a duty cycle); fewer than
-    :data:`PERSIST_RUN` departed instants never count.
-    """
-    n_times, n_cols = departed.shape
-    if n_times == 0 or n_cols == 0:
-        return np.full(n_cols, -1, dtype=np.int64)
-    csum = np.zeros((n_times + 1, n_cols), dtype=np.int32)
-    np.cumsum(departed, axis=0, out=csum[1:])
-    t = np.arange(n_times)
-
-    def ahead(length: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-        end = np.minimum(t + length, n_times)
-        return csum[end] - csum[t], (end - t)[:, None]
-
-    run_count, run_len = ahead(PERSIST_RUN)
-    confirmed = (run_len == PERSIST_RUN) & (run_count == PERSIST_RUN)
-    for length, frac in ((PERSIST_WINDOW, PERSIST_FRAC), (2 * PERSIST_WINDOW, 0.5)):
-        count, span = ahead(length)
-        confirmed |= (span >= PERSIST_RUN) & (count >= np.maximum(PERSIST_RUN, np.ceil(frac * span)))
-    confirmed &= departed
-    any_confirmed = confirmed.any(axis=0)
-    return np.where(any_confirmed, confirmed.argmax(axis=0), -1).astype(np.int64)
-
-
 # --- the GPUs ---------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Criterion:
-    """One way a GPU departs from its peers: at which instants, by how much, and the sentence for it."""
+    """One way a GPU departs from its peers: at which instants, against which peer median, of which values."""
 
     name: str
     layer: str
     departed: BoolArray  # (T × G)
-    gap: FloatArray  # (T × G): how far from the peers, relative (clock, links) or absolute (busy)
     peer: FloatArray  # (T,) the peers' median
     values: FloatArray  # (T × G)
 
@@ -242,7 +172,7 @@ def _criteria(grid: Grid) -> list[_Criterion]:
     vals = grid.values
     use_sigma = grid.n_columns >= 4  # with fewer GPUs the spread is the outlier's own: the gates alone decide
 
-    def below(signal: str, gate: float) -> tuple[BoolArray, FloatArray, FloatArray] | None:
+    def below(signal: str, gate: float) -> tuple[BoolArray, FloatArray] | None:
         matrix = vals.get(signal)
         if matrix is None:
             return None
@@ -252,30 +182,29 @@ def _criteria(grid: Grid) -> list[_Criterion]:
             shortfall = peer[:, None] - matrix
         floor = ROBUST_Z * sigma if use_sigma else 0.0
         departed = (gap > gate) & (shortfall > floor) & (counts >= 2)[:, None] & (peer > 0)[:, None]
-        return np.nan_to_num(departed, nan=False).astype(bool), gap, peer
+        return np.nan_to_num(departed, nan=False).astype(bool), peer
 
     clock = below("sm_clock_mhz", CLOCK_GATE)
     if clock is not None:
-        departed, gap, peer = clock
+        departed, peer = clock
         reasons = vals.get("clock_event_reasons")
         if reasons is not None:
             bits = np.nan_to_num(reasons, nan=-1).astype(np.int64)
             slowed = (bits & _SLOWDOWN_MASK) != 0
             departed &= slowed | (bits < 0)  # an unknown reason at one instant does not acquit the clock
-        out.append(_Criterion("clock", "gpu", departed, gap, peer, vals["sm_clock_mhz"]))
+        out.append(_Criterion("clock", "gpu", departed, peer, vals["sm_clock_mhz"]))
     for signal, gate in BUSY_GATE.items():
         matrix = vals.get(signal)
         if matrix is None:
             continue
         peer, sigma, counts = _peer_stats(matrix)
-        gap = matrix - peer[:, None]
         floor = max(gate, ROBUST_Z * sigma) if use_sigma else gate
-        departed = np.nan_to_num((gap > floor) & (counts >= 2)[:, None], nan=False).astype(bool)
-        out.append(_Criterion(signal, "gpu", departed, gap, peer, matrix))
+        departed = np.nan_to_num((matrix - peer[:, None] > floor) & (counts >= 2)[:, None], nan=False).astype(bool)
+        out.append(_Criterion(signal, "gpu", departed, peer, matrix))
     for signal, layer in (("nvlink_gbps", "nvlink"), ("pcie_gbps", "gpu")):
         low = below(signal, LINK_GATE)
         if low is not None:
-            out.append(_Criterion(signal, layer, low[0], low[1], low[2], vals[signal]))
+            out.append(_Criterion(signal, layer, *low, vals[signal]))
     return out
 
 
@@ -298,13 +227,12 @@ class _Finding:
 
 def _bit_words(bits: npt.NDArray[np.int64], peer_bits: npt.NDArray[np.int64]) -> list[str]:
     """The slowdown reasons a GPU has and its peers rarely do, as "HW thermal slowdown (0x40) set 97 %"."""
-    words: list[str] = []
-    known = bits >= 0
-    if not known.any():
-        return words
+    known, peers_known = bits[bits >= 0], peer_bits[peer_bits >= 0]
+    if not known.size:
+        return []
+    words = []
     for bit, name in SLOWDOWN_BITS.items():
-        own = float(np.mean((bits[known] & bit) != 0))
-        peers_known = peer_bits[peer_bits >= 0]
+        own = float(np.mean((known & bit) != 0))
         peers = float(np.mean((peers_known & bit) != 0)) if peers_known.size else 0.0
         if own >= 0.2 and own - peers >= 0.2:
             words.append(f"{name} (0x{bit:02x}) set {_share(own)}")
@@ -335,16 +263,14 @@ def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
             peer = float(np.median(crit.peer[at]))
             frac_text = f"departed {_share(persistence)} of the {len(dep)} instants since"
             when = _fmt_time(grid.at(t), with_date)
+            rel = own / peer - 1 if peer else math.nan
+            severity = -rel
             if crit.name == "clock":
-                rel = own / peer - 1 if peer else math.nan
                 sentence = f"SM clock {own:,.0f} MHz vs peers' {peer:,.0f} ({_pct(100 * rel)}) from {when}"
-                severity = -rel
                 reasons = vals.get("clock_event_reasons")
                 if reasons is not None:
                     bits = np.nan_to_num(reasons[at, g], nan=-1).astype(np.int64)
-                    peer_cols = np.ones(grid.n_columns, dtype=bool)
-                    peer_cols[g] = False
-                    peer_bits = np.nan_to_num(reasons[np.ix_(at, peer_cols)], nan=-1).astype(np.int64).ravel()
+                    peer_bits = np.nan_to_num(np.delete(reasons[at], g, axis=1), nan=-1).astype(np.int64).ravel()
                     words = _bit_words(bits, peer_bits)
                     hard_bits = hard_bits or bool(((bits[bits >= 0] & _SLOWDOWN_MASK) != 0).any())
                     if words:
@@ -353,43 +279,29 @@ def _gpu_findings(grid: Grid, with_date: bool) -> list[_Finding]:
                     sentence += " (no clock-event reasons were scraped)"
                 sentence += f"; {frac_text}"
             elif crit.name in BUSY_GATE:
-                label, unit, scale = (
-                    ("engine activity", "", 1.0) if crit.name == "engine_active" else ("utilisation", " %", 1.0)
-                )
+                engine = crit.name == "engine_active"
+                label, unit, full = ("engine activity", "", 1.0) if engine else ("utilisation", " %", 100.0)
                 sentence = (
                     f"{label} {own:.2f}{unit} vs peers' {peer:.2f}{unit} from {when}: busy while its peers "
                     f"wait; {frac_text}"
                 )
-                severity = (own - peer) / (1.0 if crit.name == "engine_active" else 100.0) * scale
+                severity = (own - peer) / full
             else:
-                rel = own / peer - 1 if peer else math.nan
                 label = "NVLink" if crit.name == "nvlink_gbps" else "PCIe"
                 sentence = (
                     f"{label} throughput {_num(own)} GB/s vs peers' {_num(peer)} ({_pct(100 * rel)}) "
                     f"from {when}; {frac_text}"
                 )
-                severity = -rel
             scored.append((max(0.0, severity) * persistence, crit, sentence))
         scored.sort(key=lambda s: -s[0])
         best_score, best, _ = scored[0]
         score = best_score + 0.25 * sum(s for s, _, _ in scored[1:]) + (0.25 if hard_bits else 0.0)
-        evidence = [s for _, _, s in scored]
-        evidence += _corroboration(grid, g, since)
+        evidence = [s for _, _, s in scored] + _corroboration(grid, g, since)
         last = max(int(np.flatnonzero(c.departed[:, g])[-1]) for c, _ in hits)
-        findings.append(
-            _Finding(
-                grid.nodes[g],
-                grid.index[g] if grid.index[g] >= 0 else None,
-                grid.ids[g],
-                best.layer,
-                score,
-                onset,
-                evidence,
-                hard_bits,
-                grid.pods[g],
-                until=last if _recovered(grid, g, last) else None,
-            )
-        )
+        until = last if _recovered(grid, g, last) else None
+        gpu = grid.index[g] if grid.index[g] >= 0 else None
+        node, pod = grid.nodes[g], grid.pods[g]
+        findings.append(_Finding(node, gpu, grid.ids[g], best.layer, score, onset, evidence, hard_bits, pod, until))
     return findings
 
 
@@ -435,40 +347,6 @@ def _corroboration(grid: Grid, g: int, since: slice) -> list[str]:
     return lines
 
 
-def _hard_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str]]]:
-    """Per GPU column with an XID (not the workload's) or an ECC double-bit error: its first instant and the lines."""
-    out: dict[int, tuple[int, list[str]]] = {}
-    xid = grid.values.get("xid")
-    if xid is not None:
-        hit = np.nan_to_num(xid, nan=0.0) > 0
-        hit &= ~np.isin(np.nan_to_num(xid, nan=0.0).astype(np.int64), list(_XID_APPLICATION))
-        for g in np.flatnonzero(hit.any(axis=0)):
-            at = np.flatnonzero(hit[:, g])
-            codes = sorted({int(v) for v in xid[at, g]})
-            line = (
-                f"XID {', '.join(map(str, codes))} from {_fmt_time(grid.at(at[0]), with_date)} "
-                f"({len(at)} instant{'s' if len(at) != 1 else ''})"
-            )
-            out[int(g)] = (int(at[0]), [line])
-    dbe = grid.values.get("ecc_dbe")
-    if dbe is not None:
-        hit = np.nan_to_num(dbe, nan=0.0) > 0
-        for g in np.flatnonzero(hit.any(axis=0)):
-            at = np.flatnonzero(hit[:, g])
-            total = float(np.nansum(dbe[at, g]))
-            plural = "s" if total != 1 else ""
-            line = f"{total:,.0f} ECC double-bit error{plural} from {_fmt_time(grid.at(at[0]), with_date)}"
-            first, lines = out.get(int(g), (int(at[0]), []))
-            out[int(g)] = (min(first, int(at[0])), [*lines, line])
-    replays = grid.values.get("pcie_replays_per_min")
-    if replays is not None and out:
-        for col, (first, lines) in out.items():
-            rate = _nanmean(replays[first:, col])
-            if math.isfinite(rate) and rate >= 1:
-                lines.append(f"{rate:,.0f} PCIe replays per minute")
-    return out
-
-
 #: PCIe generation → GT/s per lane: a link's speed is this × its width.
 _PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 #: PCIe replays per minute below this are noise, whatever the peers do.
@@ -479,18 +357,23 @@ SBE_FLOOR = 100.0
 SBE_PEER_FACTOR = 10.0
 
 
-def _link_text(gen: float, width: float) -> str:
-    parts = []
-    if math.isfinite(gen):
-        parts.append(f"Gen{gen:.0f}")
-    if math.isfinite(width):
-        parts.append(f"x{width:.0f}")
-    return " ".join(parts) or "n/a"
+def _link_text(link: Mapping[str, float]) -> str:
+    """A PCIe link (its ``gen`` and ``width``) as ``Gen5 x16``, leaving out what was not read."""
+    gen, width = link.get("gen", math.nan), link.get("width", math.nan)
+    return " ".join(text for v, text in ((gen, f"Gen{gen:.0f}"), (width, f"x{width:.0f}")) if math.isfinite(v)) or "n/a"
 
 
-def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str], float]]:
-    """Per GPU column with a PCIe or memory sign: (first instant, evidence lines, score).
+def _link_speed(link: Mapping[str, float]) -> float:
+    """A PCIe link's GT/s: its generation's per lane (:data:`_PCIE_GTS`) × its width, a figure not read as 1."""
+    gen, width = link.get("gen", math.nan), link.get("width", math.nan)
+    return (_PCIE_GTS.get(round(gen), 1.0) if math.isfinite(gen) else 1.0) * (width if math.isfinite(width) else 1.0)
 
+
+def _error_signs(grid: Grid, with_date: bool) -> dict[int, tuple[int, list[str], float]]:
+    """Per GPU column with an error or a PCIe or memory sign: (first instant, evidence lines, score).
+
+    * an XID (not the workload's) or an ECC double-bit error (with the GPU's PCIe replays since): a suspect on
+      its own, :data:`_HARD_SCORE` however many;
     * a link trained below its maximum (generation or width) while its peers run at theirs: links train down
       when idle, so only a link below both its own maximum and its peers' current state counts;
     * PCIe replays per minute above the peers' (their median plus :data:`ROBUST_Z` robust deviations, three
@@ -508,17 +391,40 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
         f0, lines, s0 = out.get(col, (first, [], 0.0))
         out[col] = (min(f0, first), [*lines, line], s0 + score)
 
-    gen, width = vals.get("pcie_link_gen"), vals.get("pcie_link_width")
-    if gen is not None or width is not None:
+    xid = vals.get("xid")
+    if xid is not None:
+        hit = np.nan_to_num(xid, nan=0.0) > 0
+        hit &= ~np.isin(np.nan_to_num(xid, nan=0.0).astype(np.int64), list(_XID_APPLICATION))
+        for g in np.flatnonzero(hit.any(axis=0)):
+            at = np.flatnonzero(hit[:, g])
+            codes = sorted({int(v) for v in xid[at, g]})
+            line = (
+                f"XID {', '.join(map(str, codes))} from {_fmt_time(grid.at(at[0]), with_date)} "
+                f"({len(at)} instant{'s' if len(at) != 1 else ''})"
+            )
+            add(int(g), int(at[0]), line, _HARD_SCORE)
+    dbe = vals.get("ecc_dbe")
+    if dbe is not None:
+        hit = np.nan_to_num(dbe, nan=0.0) > 0
+        for g in np.flatnonzero(hit.any(axis=0)):
+            at = np.flatnonzero(hit[:, g])
+            total = float(np.nansum(dbe[at, g]))
+            plural = "s" if total != 1 else ""
+            line = f"{total:,.0f} ECC double-bit error{plural} from {_fmt_time(grid.at(at[0]), with_date)}"
+            add(int(g), int(at[0]), line, 0.0 if int(g) in out else _HARD_SCORE)
+    replays = vals.get("pcie_replays_per_min")
+    if replays is not None:
+        for col, (first, lines, _) in out.items():
+            rate = _nanmean(replays[first:, col])
+            if math.isfinite(rate) and rate >= 1:
+                lines.append(f"{rate:,.0f} PCIe replays per minute")
+
+    links = {name: m for name in ("gen", "width") if (m := vals.get(f"pcie_link_{name}")) is not None}
+    if links:
         down = np.zeros((grid.n_times, grid.n_columns), dtype=bool)
         refs: dict[str, FloatArray] = {}
-        for cur, top, name in (
-            (gen, vals.get("pcie_link_gen_max"), "gen"),
-            (width, vals.get("pcie_link_width_max"), "width"),
-        ):
-            if cur is None:
-                continue
-            peer = _nanmedian(cur, axis=1)[:, None]
+        for name, cur in links.items():
+            top, peer = vals.get(f"pcie_link_{name}_max"), _nanmedian(cur, axis=1)[:, None]
             ref = np.where(np.isfinite(top), top, peer) if top is not None else np.broadcast_to(peer, cur.shape)
             refs[name] = np.asarray(ref, dtype=np.float64)
             down |= np.nan_to_num((cur < ref) & (cur < peer), nan=False).astype(bool)
@@ -526,31 +432,21 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
         for g in np.flatnonzero(onsets >= 0):
             t = int(onsets[g])
             at = np.flatnonzero(down[t:, g]) + t
-            own_gen = float(np.median(gen[at, g])) if gen is not None else math.nan
-            own_w = float(np.median(width[at, g])) if width is not None else math.nan
-            max_gen = float(np.median(refs["gen"][at, g])) if "gen" in refs else math.nan
-            max_w = float(np.median(refs["width"][at, g])) if "width" in refs else math.nan
-            peers = np.ones(grid.n_columns, dtype=bool)
-            peers[g] = False
-            peer_gen = float(np.nanmedian(gen[np.ix_(at, peers)])) if gen is not None and peers.any() else math.nan
-            peer_w = float(np.nanmedian(width[np.ix_(at, peers)])) if width is not None and peers.any() else math.nan
-            speed = (_PCIE_GTS.get(round(own_gen), 1.0) if math.isfinite(own_gen) else 1.0) * (
-                own_w if math.isfinite(own_w) else 1.0
-            )
-            full = (_PCIE_GTS.get(round(max_gen), 1.0) if math.isfinite(max_gen) else 1.0) * (
-                max_w if math.isfinite(max_w) else 1.0
-            )
-            lost = max(0.0, 1.0 - speed / full) if full > 0 else 0.0
+            # The link's generation and width as it ran, at their maximum, and as its peers ran.
+            link = {name: float(np.median(cur[at, g])) for name, cur in links.items()}
+            top_link = {name: float(np.median(refs[name][at, g])) for name in links}
+            alone = grid.n_columns < 2
+            peer_link = {n: float(np.nanmedian(np.delete(m[at], g, axis=1))) for n, m in links.items() if not alone}
+            full = _link_speed(top_link)
+            lost = max(0.0, 1.0 - _link_speed(link) / full) if full > 0 else 0.0
             persistence = float(down[t:, g].mean())
             line = (
-                f"PCIe link trained down to {_link_text(own_gen, own_w)} vs its maximum "
-                f"{_link_text(max_gen, max_w)} (peers run {_link_text(peer_gen, peer_w)}) from "
-                f"{_fmt_time(grid.at(t), with_date)}: {_share(lost)} of its host bandwidth lost; "
-                f"{_share(persistence)} of the instants since"
+                f"PCIe link trained down to {_link_text(link)} vs its maximum {_link_text(top_link)} (peers run "
+                f"{_link_text(peer_link)}) from {_fmt_time(grid.at(t), with_date)}: {_share(lost)} of its host "
+                f"bandwidth lost; {_share(persistence)} of the instants since"
             )
             add(int(g), t, line, max(_HARD_SCORE, lost * persistence))
 
-    replays = vals.get("pcie_replays_per_min")
     if replays is not None and grid.n_columns >= 2:
         peer, sigma, counts = _peer_stats(replays)
         with warnings.catch_warnings():
@@ -615,12 +511,8 @@ def _pcie_memory_errors(grid: Grid, with_date: bool) -> dict[int, tuple[int, lis
         for g in np.flatnonzero(rose.any(axis=0)):
             first = int(np.flatnonzero(rose[:, g])[0]) + 1
             grown = float(rows[:, g].max() - rows[:, g].min())
-            add(
-                int(g),
-                first,
-                f"{grown:,.0f} more {kind} remapped rows (ECC) from {_fmt_time(grid.at(first), with_date)}",
-                weight,
-            )
+            line = f"{grown:,.0f} more {kind} remapped rows (ECC) from {_fmt_time(grid.at(first), with_date)}"
+            add(int(g), first, line, weight)
     return out
 
 
@@ -644,18 +536,9 @@ def _merge_nodes(findings: list[_Finding], grid: Grid, with_date: bool) -> list[
             f"{_fmt_time(grid.at(onset), with_date)}",
             f"GPU {best.gpu}: {best.evidence[0]}",
         ]
+        hard_bits = any(f.hard_bits for f in group)
         merged.append(
-            _Finding(
-                node,
-                None,
-                None,
-                "node",
-                best.score + 0.1,
-                onset,
-                lead + best.evidence[1:],
-                any(f.hard_bits for f in group),
-                best.pod,
-            )
+            _Finding(node, None, None, "node", best.score + 0.1, onset, lead + best.evidence[1:], hard_bits, best.pod)
         )
         absorbed.update(id(f) for f in group)
     return merged + [f for f in findings if id(f) not in absorbed]
@@ -741,11 +624,9 @@ def _nic_findings(
 class _Steps:
     """The job's step time on the scrape grid (median per instant, NaN where nothing finished) and its stalls."""
 
-    t0_ns: int
-    step_ns: int
+    times: npt.NDArray[np.int64]  # the instants, in ns
     values: FloatArray
     stalls: tuple[tuple[pd.Timestamp, pd.Timestamp], ...]
-    median_s: float
 
 
 def _job_steps(
@@ -772,8 +653,7 @@ def _job_steps(
     if not len(idx):
         return None
     n = int(idx.max()) + 1
-    frame = pd.DataFrame({"i": idx, "s": sec_k})
-    med = frame.groupby("i", sort=True)["s"].median()
+    med = pd.Series(sec_k).groupby(idx, sort=True).median()
     values = np.full(n, np.nan)
     values[med.index.to_numpy(dtype=np.int64)] = med.to_numpy(dtype=np.float64)
     median_s = float(np.median(seconds))
@@ -797,7 +677,7 @@ def _job_steps(
         ):
             stalls.append((begin, end))
     stalls.sort()
-    return _Steps(start, step_ns, values, tuple(stalls), median_s)
+    return _Steps(start + step_ns * np.arange(n, dtype=np.int64), values, tuple(stalls))
 
 
 def _idle_stalls(grid: Grid) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
@@ -822,19 +702,11 @@ def _idle_stalls(grid: Grid) -> list[tuple[pd.Timestamp, pd.Timestamp]]:
         share = np.where(reporting >= 2, idle / np.maximum(reporting, 1), np.nan)
     stalled = share >= 0.9
     busy = share <= 0.5
-    out = []
-    t, n = 0, len(stalled)
-    while t < n:
-        if not stalled[t]:
-            t += 1
-            continue
-        end = t
-        while end + 1 < n and stalled[end + 1]:
-            end += 1
-        if end - t + 1 >= 2 and busy[:t].any() and busy[end + 1 :].any():
-            out.append((grid.at(t), grid.at(end + 1)))
-        t = end + 1
-    return out
+    return [
+        (grid.at(t), grid.at(end + 1))
+        for t, end in equal_runs(stalled)
+        if stalled[t] and end > t and busy[:t].any() and busy[end + 1 :].any()
+    ]
 
 
 def _merge_spans(
@@ -856,6 +728,9 @@ def _l1_cost(x: FloatArray, k: int) -> tuple[float, float, float]:
     return float(np.abs(a - ma).sum() + np.abs(b - mb).sum()), ma, mb
 
 
+_Split = tuple[float, int, float, float]  # a change point: (cost, split, median before, median after)
+
+
 def step_change(times_ns: npt.NDArray[np.int64], values: FloatArray) -> StepChange | None:
     """The step-time slowdown in ``values`` (at ``times_ns``), or ``None`` when there is none worth naming.
 
@@ -870,19 +745,19 @@ def step_change(times_ns: npt.NDArray[np.int64], values: FloatArray) -> StepChan
         return None
     # Long series are searched on coarser buckets first, then refined at full resolution around the best split.
     stride = max(1, math.ceil(n / _MAX_STEP_BUCKETS))
-    candidates = range(_MIN_SEGMENT, n - _MIN_SEGMENT + 1, stride)
-    best: tuple[float, int, float, float] | None = None
-    for k in candidates:
-        cost, ma, mb = _l1_cost(x, k)
-        if mb > ma and (best is None or cost < best[0]):
-            best = (cost, k, ma, mb)
+
+    def cheapest(splits: Iterable[int], best: _Split | None) -> _Split | None:
+        for k in splits:
+            cost, ma, mb = _l1_cost(x, k)
+            if mb > ma and (best is None or cost < best[0]):
+                best = (cost, k, ma, mb)
+        return best
+
+    best = cheapest(range(_MIN_SEGMENT, n - _MIN_SEGMENT + 1, stride), None)
+    if best is not None and stride > 1:
+        best = cheapest(range(max(_MIN_SEGMENT, best[1] - stride), min(n - _MIN_SEGMENT, best[1] + stride) + 1), best)
     if best is None:
         return None
-    if stride > 1:
-        for k in range(max(_MIN_SEGMENT, best[1] - stride), min(n - _MIN_SEGMENT, best[1] + stride) + 1):
-            cost, ma, mb = _l1_cost(x, k)
-            if mb > ma and cost < best[0]:
-                best = (cost, k, ma, mb)
     _, k, before, after = best
     if before <= 0 or (after - before) / before < STEP_SHIFT_GATE:
         return None
@@ -900,6 +775,8 @@ def step_change(times_ns: npt.NDArray[np.int64], values: FloatArray) -> StepChan
 
 @dataclass(frozen=True)
 class _Event:
+    """One Kubernetes event of the job (``count``: how many times its object had it in the window)."""
+
     ts: pd.Timestamp
     kind: str
     name: str
@@ -908,7 +785,14 @@ class _Event:
     reason: str
     type: str
     note: str
-    count: int
+    count: int = 1
+
+    @classmethod
+    def of(cls, row: Mapping[Hashable, Any], at: pd.Timestamp) -> _Event:
+        """The event of one row of the events frame, at ``at``."""
+        kind, name, reason = str(row["object_kind"]), str(row["object_name"]), str(row["reason"])
+        namespace, node, type_, note = (_text(row[c]) for c in ("namespace", "node", "type", "note"))
+        return cls(at, kind, name, namespace, node, reason, type_ or "", note or "")
 
     def object(self) -> str:
         name = f"{self.namespace}/{self.name}" if self.namespace and self.kind == "Pod" else self.name
@@ -937,21 +821,9 @@ def _events(events: pd.DataFrame, window: tuple[pd.Timestamp, pd.Timestamp]) -> 
     part = part.sort_values("at_", kind="stable")
     out: dict[tuple[str, str, str], _Event] = {}
     for r in part.to_dict("records"):
-        key = (str(r["object_kind"]), str(r["object_name"]), str(r["reason"]))
-        if key in out:
-            out[key] = replace(out[key], count=out[key].count + 1)
-            continue
-        out[key] = _Event(
-            pd.Timestamp(r["at_"]),
-            key[0],
-            key[1],
-            _text(r["namespace"]),
-            _text(r["node"]),
-            key[2],
-            _text(r["type"]) or "",
-            _text(r["note"]) or "",
-            1,
-        )
+        e = _Event.of(r, pd.Timestamp(r["at_"]))
+        key = (e.kind, e.name, e.reason)
+        out[key] = replace(out[key], count=out[key].count + 1) if key in out else e
     return sorted(out.values(), key=lambda e: e.ts)
 
 
@@ -1007,8 +879,7 @@ def _collective_line(collectives: pd.DataFrame, node: str, gpu: int | None, sinc
         ok = np.isfinite(values)
         if not (mine & ok).any() or not (~mine & ok).any():
             return None
-        frame = pd.DataFrame({"g": groups[ok], "mine": mine[ok], "v": values[ok]})
-        medians = frame.groupby(["g", "mine"])["v"].median().unstack()
+        medians = pd.Series(values[ok]).groupby([groups[ok], mine[ok]]).median().unstack()
         if True not in medians or False not in medians:
             return None
         both = medians.dropna()
@@ -1067,11 +938,11 @@ def _job_signal_findings(
     uuid_of = {(n, i): u for n, i, u in zip(grid.nodes, grid.index, grid.ids, strict=True)}
     seen_cols = set(zip(grid.nodes, grid.index, strict=True))
     if coll is not None and not coll.empty:
-        for jf in rank_departures(coll, below=True, gate=COLLECTIVE_GATE, onset_of=persistent_onset):
+        for jf in rank_departures(coll, below=True, gate=COLLECTIVE_GATE):
             out.append(_silent_finding(jf, coll, with_date, uuid_of, seen_cols, "collective"))
     pods = pod_step_grid(steps, step_s=step_s, window=window, t0_ns=t0)
     if pods is not None and not pods.empty:
-        for jf in rank_departures(pods, below=False, gate=POD_STEP_GATE, onset_of=persistent_onset, gpus=False):
+        for jf in rank_departures(pods, below=False, gate=POD_STEP_GATE, gpus=False):
             if any(f.node == jf.node for f in out):
                 continue  # the collectives named its GPU already
             used = used if used is not None and not used.empty else pods
@@ -1111,20 +982,10 @@ def _silent_finding(
     else:
         cause = "no DCGM telemetry of it was read: the job's own timings name it"
     layer = "gpu" if jf.gpu is not None else "node"
+    uuid = uuid_of.get((jf.node, jf.gpu)) if jf.gpu is not None else None
+    until = jf.last if _recovered(on, jf.column, jf.last) else None
     score = max(0.05, jf.gap) * jf.persistence
-    return _Finding(
-        jf.node,
-        jf.gpu,
-        uuid_of.get((jf.node, jf.gpu)) if jf.gpu is not None else None,
-        layer,
-        score,
-        jf.onset,
-        [line, cause],
-        False,
-        jf.pod,
-        until=jf.last if _recovered(on, jf.column, jf.last) else None,
-        silent=True,
-    )
+    return _Finding(jf.node, jf.gpu, uuid, layer, score, jf.onset, [line, cause], pod=jf.pod, until=until, silent=True)
 
 
 def _make_transient(f: _Finding, on: Grid, with_date: bool) -> None:
@@ -1186,13 +1047,8 @@ def _frozen_spans(steps: pd.DataFrame, min_s: float) -> list[tuple[pd.Timestamp,
     frozen = runs[(runs["lo"] <= hi) & (runs["hi"] >= lo)]
     if frozen["pod"].nunique() * 2 < n_pods or hi <= lo:
         return []
-    return [
-        (
-            pd.Timestamp(int(frozen["lo"].min()), unit="ns", tz="UTC"),
-            pd.Timestamp(int(frozen["hi"].max()), unit="ns", tz="UTC"),
-            int(frozen["pod"].nunique()),
-        )
-    ]
+    start, end = (pd.Timestamp(int(ns), unit="ns", tz="UTC") for ns in (frozen["lo"].min(), frozen["hi"].max()))
+    return [(start, end, int(frozen["pod"].nunique()))]
 
 
 def _busy_share(grid: Grid, begin: pd.Timestamp, end: pd.Timestamp) -> float | None:
@@ -1279,24 +1135,12 @@ def _in_flight(collectives: pd.DataFrame, begin: pd.Timestamp, step_s: float) ->
     return lines
 
 
-@dataclass(frozen=True)
-class _Periodic:
-    count: int
-    every_s: float
-    lasting_s: float
-
-    def line(self) -> str:
-        return (
-            f"{self.count} periodic stalls of ~{_fmt_duration(self.lasting_s)} every "
-            f"{_fmt_duration(self.every_s)} (checkpoints, most likely): routine, not a fault"
-        )
-
-
 def _split_periodic(
     stalls: Sequence[tuple[pd.Timestamp, pd.Timestamp]],
-) -> tuple[_Periodic | None, tuple[tuple[pd.Timestamp, pd.Timestamp], ...]]:
+) -> tuple[str | None, tuple[tuple[pd.Timestamp, pd.Timestamp], ...]]:
     """Stalls that recur at a steady period with a steady length (three or more; their spacing and length
-    within 20 % and 50 % of their medians) are routine — checkpoints —: split off from the others."""
+    within 20 % and 50 % of their medians) are routine — checkpoints —: split off from the others, and said in
+    one line."""
     if len(stalls) < 3:
         return None, tuple(stalls)
     starts = np.array([b.value for b, _ in stalls], dtype=np.float64) / 1e9
@@ -1311,7 +1155,11 @@ def _split_periodic(
     if member.sum() < 3 or lasting >= 0.5 * every:
         return None, tuple(stalls)
     rest = tuple(st for st, m in zip(stalls, member, strict=True) if not m)
-    return _Periodic(int(member.sum()), every, lasting), rest
+    line = (
+        f"{int(member.sum())} periodic stalls of ~{_fmt_duration(lasting)} every {_fmt_duration(every)} "
+        "(checkpoints, most likely): routine, not a fault"
+    )
+    return line, rest
 
 
 def _who(s: Suspect) -> str:
@@ -1334,27 +1182,19 @@ def explain(
     nic: pd.DataFrame | None = None,
     step_s: float = 15.0,
 ) -> Explanation:
-    """Why ``job`` was slow over ``window``, judged from the contract's frames (see the module docstring).
+    """Why ``job`` was slow over ``window``, diagnosed from the contract's frames (see the module docstring).
 
     Returns the :class:`~gpucert.explain.Explanation`: the verdict, the ranked suspects with their evidence, the
     step-time change, the events of note, the answer in three lines, recommendations (text only) and notes on what
     could not be read. Raises :class:`~gpucert.errors.InputError` when a frame breaks the contract or ``step_s`` is
     not a positive number.
     """
-    for name, frame in (
-        ("telemetry", telemetry),
-        ("steps", steps),
-        ("collectives", collectives),
-        ("events", events),
-        ("record", record),
-    ):
+    for name, frame in (("telemetry", telemetry), ("steps", steps), ("collectives", collectives), ("events", events)):
         check_frame(name, frame)
+    check_frame("record", record)
     if nic is not None:
         check_frame("nic", nic)
-    lo, hi = (pd.Timestamp(w) for w in window)
-    lo = lo.tz_localize("UTC") if lo.tzinfo is None else lo.tz_convert("UTC")
-    hi = hi.tz_localize("UTC") if hi.tzinfo is None else hi.tz_convert("UTC")
-    window = (lo, hi)
+    lo, hi = window = (utc(pd.Timestamp(window[0])), utc(pd.Timestamp(window[1])))
     with_date = lo.normalize() != hi.normalize()
     notes: list[str] = []
 
@@ -1363,46 +1203,30 @@ def explain(
         for matrix in grid.values.values():
             matrix[~grid.held] = np.nan
     t0 = grid.t0_ns if not grid.empty else None
-    present = set(grid.values)
     if grid.empty:
         notes.append("no GPU telemetry for the job in the window: the GPUs were not judged")
     else:
-        missing = [s for s in SIGNALS if s not in present and s not in OPTIONAL_SIGNALS | SPARSE_SIGNALS]
+        missing = [s for s in SIGNALS if s not in grid.values and s not in OPTIONAL_SIGNALS | SPARSE_SIGNALS]
         if missing:
             notes.append(f"signals not scraped: {', '.join(missing)} (judged with the rest)")
         if grid.n_columns < 3:
-            notes.append(
-                f"only {grid.n_columns} GPU{'s' if grid.n_columns != 1 else ''} in the job: too few "
-                "peers to outvote an outlier"
-            )
+            few = f"{grid.n_columns} GPU{'s' if grid.n_columns != 1 else ''}"
+            notes.append(f"only {few} in the job: too few peers to outvote an outlier")
         unknown = sorted(set(column_codes(telemetry["signal"])[1]) - set(SIGNALS))
         if unknown:
             notes.append(f"unknown signals ignored: {', '.join(unknown[:5])}")
 
     findings = _merge_nodes(_gpu_findings(grid, with_date), grid, with_date)
-    hard = {col: (first, found, _HARD_SCORE) for col, (first, found) in _hard_errors(grid, with_date).items()}
-    for col, (first, found, weight) in _pcie_memory_errors(grid, with_date).items():
-        f0, l0, s0 = hard.get(col, (first, [], 0.0))
-        hard[col] = (min(f0, first), [*l0, *found], s0 + weight)
-    for col, (first, hard_lines, hard_score) in hard.items():
-        target = next((f for f in findings if f.node == grid.nodes[col] and f.gpu == grid.index[col]), None)
+    for col, (first, hard_lines, hard_score) in _error_signs(grid, with_date).items():
+        node, gpu = grid.nodes[col], grid.index[col]
+        target = next((f for f in findings if f.node == node and f.gpu == gpu), None)
         if target is not None:
             target.evidence.extend(hard_lines)
             target.score += hard_score
             target.until = None  # an error counted is no transient
         else:
             findings.append(
-                _Finding(
-                    grid.nodes[col],
-                    grid.index[col],
-                    grid.ids[col],
-                    "gpu",
-                    hard_score,
-                    first,
-                    hard_lines,
-                    True,
-                    grid.pods[col],
-                )
+                _Finding(node, gpu, grid.ids[col], "gpu", hard_score, first, hard_lines, True, grid.pods[col])
             )
 
     nic_findings, nic_g = _nic_findings(nic, step_s, window, t0, with_date)
@@ -1410,18 +1234,12 @@ def explain(
         notes.append("no NIC counters: the network was judged only through the GPUs")
 
     job_steps = _job_steps(steps, step_s, window, t0)
-    change: StepChange | None = None
+    change = step_change(job_steps.times, job_steps.values) if job_steps is not None else None
     if job_steps is None:
         notes.append("no step timings: the answer rests on telemetry")
-    else:
-        times = job_steps.t0_ns + job_steps.step_ns * np.arange(len(job_steps.values), dtype=np.int64)
-        change = step_change(times, job_steps.values)
-    stalls = _merge_spans(
-        [*(job_steps.stalls if job_steps is not None else ()), *_idle_stalls(grid)], pd.Timedelta(seconds=2 * step_s)
-    )
-    hangs = _hangs(
-        steps, grid, collectives, step_s, window, with_date, gaps=job_steps.stalls if job_steps is not None else ()
-    )
+    gaps = job_steps.stalls if job_steps is not None else ()
+    stalls = _merge_spans([*gaps, *_idle_stalls(grid)], pd.Timedelta(seconds=2 * step_s))
+    hangs = _hangs(steps, grid, collectives, step_s, window, with_date, gaps=gaps)
     # A stall inside a hang is the hang: said once, as the hang.
     stalls = tuple(
         st for st in stalls if not any(h.start - pd.Timedelta(seconds=2 * step_s) <= st[0] <= h.end for h in hangs)
@@ -1432,14 +1250,8 @@ def explain(
     job_findings, job_grid = _job_signal_findings(grid, collectives, steps, step_s, window, t0, with_date)
     job_only: list[_Finding] = []
     for jf in job_findings:
-        same = next(
-            (
-                f
-                for f in findings
-                if f.node == jf.node and (jf.gpu is None or f.gpu in (None, jf.gpu)) and f.layer != "network"
-            ),
-            None,
-        )
+        on_node = [f for f in findings if f.node == jf.node and f.layer != "network"]
+        same = next((f for f in on_node if jf.gpu is None or f.gpu in (None, jf.gpu)), None)
         if same is not None:
             same.evidence.append(jf.evidence[0])  # the GPU's own telemetry names a cause: the job confirms it
             same.score += 0.25 * jf.score
@@ -1464,9 +1276,8 @@ def explain(
 
     # A disruptive event explains a stall that begins around it, or a change that follows it.
     event_findings: list[tuple[_Event, float, list[str]]] = []
-    for e in evs:
-        if e.reason not in DISRUPTIVE_REASONS and e.type != "Warning":
-            continue
+    disruptions = [e for e in evs if e.reason in DISRUPTIVE_REASONS or e.type == "Warning"]
+    for e in disruptions:
         lines: list[str] = []
         score = 0.0
         for begin, end in stalls:
@@ -1482,31 +1293,23 @@ def explain(
         if score == 0.0 and job_steps is None and e.reason in DISRUPTIVE_REASONS and e.reason != "Tainted":
             score = 0.5  # no timings to line it up with: a disruption of the job's own pods is still the best lead
         if score > 0:
-            if e.type != "Warning" and e.reason not in DISRUPTIVE_REASONS:
-                score *= 0.5
             event_findings.append((e, score, lines))
 
     # A GPU departing only when its pod was disrupted (its NVLink idle while evicted) is the event's doing,
     # whether or not the steps show a stall there (a replacement on the same node idles while it waits).
-    disrupted = [(node_of(e), e) for e in evs if e.reason in DISRUPTIVE_REASONS or e.type == "Warning"]
+    disrupted = [(node_of(e), e) for e in disruptions]
     explained: dict[int, tuple[_Event, pd.Timestamp, list[_Finding]]] = {}
     kept: list[_Finding] = []
     for f in findings:
-        onset_ts = grid.at(f.onset) if f.onset is not None else None
-        blamed = next(
-            (
-                e
-                for n, e in disrupted
-                if n == f.node and onset_ts is not None and e.ts - slack <= onset_ts <= e.ts + tie
-            ),
-            None,
-        )
-        if blamed is not None and onset_ts is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
-            _, since, fs = explained.setdefault(id(blamed), (blamed, onset_ts, []))
-            fs.append(f)
-            explained[id(blamed)] = (blamed, onset_ts if onset_ts < since else since, fs)
-            continue
-        kept.append(f)
+        blamed = None
+        if f.onset is not None and not f.hard_bits and f.layer in ("gpu", "nvlink", "node"):
+            onset_ts = grid.at(f.onset)
+            blamed = next((e for n, e in disrupted if n == f.node and e.ts - slack <= onset_ts <= e.ts + tie), None)
+            if blamed is not None:
+                _, since, fs = explained.get(id(blamed), (blamed, onset_ts, []))
+                explained[id(blamed)] = (blamed, min(since, onset_ts), [*fs, f])
+        if blamed is None:
+            kept.append(f)
     named = {id(e) for e, _, _ in event_findings}
     for key, (e, since, fs) in explained.items():
         if key not in named:  # no stall or change to line it up with: the GPUs it idled are its evidence
@@ -1516,13 +1319,8 @@ def explain(
                 if any(f.gpu is None for f in fs)
                 else f"its GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
             )
-            event_findings.append(
-                (
-                    e,
-                    0.5,
-                    [f"{who} departed from the job's other GPUs from {_fmt_time(since, with_date)}, when it happened"],
-                )
-            )
+            line = f"{who} departed from the job's other GPUs from {_fmt_time(since, with_date)}, when it happened"
+            event_findings.append((e, 0.5, [line]))
     findings = kept
 
     # Tie suspects to the step-time change that follows their onset.
@@ -1539,17 +1337,13 @@ def explain(
         lead = (change.at - onset_ts).total_seconds()
         if -2 * step_s <= lead <= TIE_S:
             f.score += _TIE_BONUS
+            when = "within a scrape interval of its onset"
+            if abs(lead) >= step_s:
+                when = f"{_fmt_duration(abs(lead))} {'after' if lead > 0 else 'before'} its onset"
             f.evidence.insert(
                 1,
                 f"the job's step time rose {_secs(change.before_s)} s → {_secs(change.after_s)} s "
-                f"({_pct(change.change_pct)}) at {_fmt_time(change.at, with_date)}, "
-                + (
-                    f"{_fmt_duration(lead)} after its onset"
-                    if lead >= step_s
-                    else "within a scrape interval of its onset"
-                    if lead > -step_s
-                    else f"{_fmt_duration(-lead)} before its onset"
-                ),
+                f"({_pct(change.change_pct)}) at {_fmt_time(change.at, with_date)}, {when}",
             )
 
     record_lines = _record_lines(record)
@@ -1574,30 +1368,13 @@ def explain(
         )
     for e, score, lines in event_findings:
         node = node_of(e) or "(unknown node)"
-        head = e.line(with_date)
+        evidence = (e.line(with_date), *lines, *record_lines.get(node, []))
         suspects.append(
             Suspect(
-                node=node,
-                gpu=None,
-                gpu_uuid=None,
-                layer="event",
-                score=round(score, 4),
-                onset=e.ts,
-                evidence=(head, *lines, *record_lines.get(node, [])),
+                node=node, gpu=None, gpu_uuid=None, layer="event", score=round(score, 4), onset=e.ts, evidence=evidence
             )
         )
-    for h in hangs:
-        suspects.append(
-            Suspect(
-                node=h.node,
-                gpu=None,
-                gpu_uuid=None,
-                layer="hang",
-                score=_HANG_SCORE,
-                onset=h.start,
-                evidence=h.evidence,
-            )
-        )
+    suspects += [Suspect(h.node, None, None, "hang", _HANG_SCORE, h.start, h.evidence) for h in hangs]
     suspects.sort(key=lambda s: (-s.score, s.node, -1 if s.gpu is None else s.gpu))
 
     nothing = grid.empty and job_steps is None and not evs and not nic_findings and not len(collectives)
@@ -1622,20 +1399,9 @@ def explain(
     )
 
 
-_VERDICT_OF_LAYER = {
-    "gpu": "gpu",
-    "nvlink": "gpu",
-    "node": "gpu",
-    "network": "network",
-    "event": "event",
-    "transient": "transient",
-    "hang": "hang",
-}
-
-
 def _verdict(suspects: Sequence[Suspect], nothing: bool, no_telemetry: bool, steady: bool) -> str:
-    if suspects:
-        return _VERDICT_OF_LAYER[suspects[0].layer]
+    if suspects:  # the first suspect's layer names the verdict; a GPU's NVLink or a whole node is the GPU's
+        return "gpu" if suspects[0].layer in ("nvlink", "node") else suspects[0].layer
     if nothing or no_telemetry:
         return "no-data"  # GPUs that were not seen cannot be said to show nothing
     return "healthy" if steady else "elsewhere"
@@ -1650,18 +1416,17 @@ def _recommendations(
 ) -> list[str]:
     out: list[str] = []
     for s in suspects[:3]:
+        what = {"network": "its network", "nvlink": "its NVLink", "node": "all its GPUs"}.get(s.layer, f"GPU {s.gpu}")
         if s.layer == "event":
             out.append(
                 f"look into the {s.evidence[0].split(' ', 1)[1]}; if it recurs on {s.node}, cordon it and re-certify it"
             )
-            continue
-        if s.layer == "hang":
+        elif s.layer == "hang":
             out.append(
                 "the job is hung: dump its ranks' stacks (py-spy dump, NCCL's flight recorder) and restart it"
                 + (f"; look first at {s.node}" if not s.node.startswith("(") else "")
             )
-            continue
-        if s.layer == "transient":
+        elif s.layer == "transient":
             window = (
                 f"{_fmt_time(s.onset, with_date)}–{_fmt_time(s.until, with_date)}"
                 if s.onset is not None and s.until is not None
@@ -1671,16 +1436,14 @@ def _recommendations(
                 f"nothing to do now: {_who(s)} departed {window} and recovered (transient, no cordon); "
                 f"if it recurs, re-certify {s.node}"
             )
-            continue
-        what = {"network": "its network", "nvlink": "its NVLink", "node": "all its GPUs"}.get(s.layer, f"GPU {s.gpu}")
-        if s.silent:
+        elif s.silent:
             out.append(
                 f"re-certify {s.node} ({what}): certify runs when it is idle, and its verdict settles the "
                 "cause its telemetry does not show"
             )
-            continue
-        out.append(f"cordon {s.node} and re-certify it ({what})")
-        out.append(f"open a ticket for {_who(s)} with the evidence: {'; '.join(s.evidence[:2])}")
+        else:
+            out.append(f"cordon {s.node} and re-certify it ({what})")
+            out.append(f"open a ticket for {_who(s)} with the evidence: {'; '.join(s.evidence[:2])}")
     if verdict == "elsewhere":
         since = f" from {_fmt_time(change.at, with_date)}" if change is not None else ""
         if change is not None or stalls:
@@ -1729,19 +1492,14 @@ def _answer(
     recommendations: Sequence[str],
     with_date: bool,
     notes: Sequence[str],
-    periodic: _Periodic | None = None,
+    periodic: str | None = None,
 ) -> tuple[str, str, str]:
     if suspects:
         top = suspects[0]
         # Every standing fault that carries a real share of the slowdown is named, the largest first.
-        faults = [
-            s
-            for s in suspects
-            if s.layer not in ("transient",) and s.score >= _HEADLINE_SHARE * top.score and s.score > 0
-        ] or [top]
-        if top.layer == "transient":
-            faults = [top]
-        faults = faults[:_HEADLINE_MAX]
+        bar = _HEADLINE_SHARE * top.score
+        standing = [s for s in suspects if s.layer != "transient" and s.score >= bar and s.score > 0]
+        faults = ([top] if top.layer == "transient" else standing or [top])[:_HEADLINE_MAX]
         what = "; and ".join(_describe(s) for s in faults)
         others = len(suspects) - len(faults)
         if others:
@@ -1774,7 +1532,7 @@ def _answer(
             f"({_fmt_duration((end - begin).total_seconds())})"
         )
     if periodic is not None:
-        parts.append(periodic.line())
+        parts.append(periodic)
     if not have_steps:
         parts.append("no step timings: the answer rests on telemetry")
     elif change is None and not stalls:

@@ -1,19 +1,10 @@
-"""Re-judging a stored run: do its decisions follow from its results, its baseline and its policy?
+"""Replaying a stored run: do its decisions follow from its results, its baseline and its policy?
 
-:func:`rejudge` replays what the certify flow did (flows/certify.py), with the functions it used: the first
-run's results judged against the recorded baseline version under the recorded policy
-(:func:`gpucert.certify.run_verdicts`: its pairs by its stored pairing plan), each confirming re-run
-judged among the first run's other nodes (:func:`gpucert.certify.judge_rerun`) for exactly the nodes the
-settlement so far left pending, and the whole settled (:func:`gpucert.certify.settle`).
-:func:`gpucert.certify.settle_offline` is not used as is: it takes a run's nodes from its results, so a
-node whose Job failed (no results, inconclusive) would drop out, and a re-run's nodes from what it
-measured rather than from what the settlement asked for.
-
-What is compared, per node: state, verdict, cause, hard gate, confirmed, settled and the runs the decision
-rests on — all of which follow from the verdicts alone. The taint action is not: it depends on the
-cluster's taints at the time (the blast radius counts the fleet's), which no stored file holds. The
-settled verdicts are compared row by row too (verdict, cause, metric, reference kind per GPU, node or
-pair), so a re-written ``verdicts.parquet`` is caught as well as a re-written ``decisions.parquet``.
+:func:`replay` does what the certify flow did, with the functions it used, from the stored files alone; not
+:func:`gpucert.certify.settle_offline`, which takes a run's nodes from its results (a node whose Job failed would
+drop out) and a re-run's from what it measured rather than what the settlement asked for. Compared per node:
+what follows from the verdicts alone (not the taint action, which depends on the cluster's taints at the time);
+and the settled verdicts row by row, so a re-written ``verdicts.parquet`` is caught as well.
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ from ..certify import (
     RunVerdicts,
     Settlement,
     job_failure_verdicts,
-    judge_rerun,
+    rerun_verdicts,
     run_verdicts,
     settle,
     settled_verdicts,
@@ -41,7 +32,7 @@ from ..policy import Policy
 from ._canonical import plain
 from ._files import RunFiles
 
-__all__ = ["Difference", "rejudge"]
+__all__ = ["Difference", "replay", "replay_differences"]
 
 _COMPARED = ("state", "verdict", "cause", "hard_gate", "confirmed", "settled")
 _ROW_KEY = ("node", "gpu", "peer", "metric", "reference_kind", "verdict", "cause")
@@ -103,7 +94,7 @@ def replay(files: RunFiles) -> tuple[Settlement, pd.DataFrame, list[Difference]]
                 if results is None or results.empty:
                     verdicts = job_failure_verdicts(rerun_id, {})
                 else:
-                    verdicts = judge_rerun(results, first_results, pending, files.baseline(attempt), rerun_policy)
+                    verdicts = rerun_verdicts(results, first_results, pending, files.baseline(attempt), rerun_policy)
             reruns.append(RunVerdicts(rerun_id, verdicts, tuple(pending)))
             settlement = settle(first, reruns, fleet=fleet, policy=policy, observe_only=policy.observe_only)
     return settlement, settled_verdicts(first_verdicts, settlement), problems
@@ -120,7 +111,7 @@ def _row_keys(frame: pd.DataFrame) -> list[tuple[str, ...]]:
     return sorted(tuple(_word(r[c]) for c in columns) for r in rows)
 
 
-def rejudge(files: RunFiles) -> list[Difference]:
+def replay_differences(files: RunFiles) -> list[Difference]:
     """Where the run's stored decisions (``decisions.parquet``) and settled verdicts (``verdicts.parquet``)
     differ from what its stored results, baseline and policy lead to; empty when they follow. Raises
     :class:`~._files.FileProblem` naming a stored file that is missing or cannot be read."""
@@ -134,16 +125,8 @@ def rejudge(files: RunFiles) -> list[Difference]:
             where = "decisions.parquet has no row for it" if theirs is None else "the re-judgement has no decision"
             problems.append(Difference(f"node {node}: {where}"))
             continue
-        again = {
-            "state": mine.state,
-            "verdict": mine.verdict,
-            "cause": mine.cause,
-            "hard_gate": mine.hard_gate,
-            "confirmed": mine.confirmed,
-            "settled": mine.settled,
-            "runs": ",".join(mine.runs),
-        }
-        for name in (*_COMPARED, "runs"):
+        again = {name: getattr(mine, name) for name in _COMPARED} | {"runs": ",".join(mine.runs)}
+        for name in again:
             if _word(theirs.get(name)) != _word(again[name]):
                 problems.append(
                     Difference(

@@ -1,53 +1,40 @@
-"""The judgement of a pairing plan's results: which network component a low pair bandwidth points at.
+"""The findings of a pairing plan's results: which network component a low pair bandwidth points at
+(docs/reference/causes-and-actions.md, "Inter-node network").
 
-Each measured pair is compared with a reference (docs/reference/causes-and-actions.md,
-"Inter-node network"): its deviation ``d = value / reference − 1`` and ``z = d / spread``. A pair is *low* when
-``d ≤ −warn`` (5 %) and ``z ≤ −z`` (3): the deviation gate alone would flag about one healthy pair in
-twenty at the 4 % run-to-run noise of a two-node all-reduce, and a node low in two such pairs by chance
-would then be blamed in most runs of a few hundred nodes. A low pair is at *fail* level when
-``d ≤ −fail`` (15 %). The spread is the fleet's robust spread of ``d`` (1.4826·MAD, never below
-``min_spread``), or ``default_spread`` with fewer than ``min_pairs_for_spread`` pairs.
-
-Then the low pairs are explained, most specific layer first (docs/design/verdict-engine.md, "Node and pair findings"):
+Each measured pair is compared with a reference: ``d = value / reference − 1`` and ``z = d / spread``. A pair
+is *low* when ``d ≤ −warn`` (5 %) and ``z ≤ −z`` (3): the deviation gate alone would flag about one healthy
+pair in twenty at the 4 % run-to-run noise of a two-node all-reduce, and a node low in two such pairs by chance
+would then be blamed in most runs of a few hundred nodes. It is at *fail* level when ``d ≤ −fail`` (15 %). The
+spread is the fleet's robust spread of ``d`` (1.4826·MAD, at least ``min_spread``), or ``default_spread`` with
+fewer than ``min_pairs_for_spread`` pairs. Low pairs are explained most specific layer first:
 
 1. **the link between two leaves** — an end of a low pair between leaves A and B is a *witness* when it is
-   fine with its partners outside the other leaf (passing, or low only with a culprit of step 2). The
-   link is named when at least two *clean* low pairs (both ends witnesses) cross it that no single node is
-   in (a node low only towards one leaf is that node, not the link), and they are at least
-   ``uplink_share`` of its clean low and passing pairs. One fleet-level finding names both leaves; no
-   node is blamed. A low pair across the named link is the link's unless it is well below the link's
+   fine with its partners outside the other leaf (passing, or low only with a culprit of step 2). The link is
+   named when at least two *clean* low pairs (both ends witnesses) cross it that no single node is in (a node
+   low only towards one leaf is that node, not the link), and they are at least ``uplink_share`` of its clean
+   low and passing pairs. A low pair across the named link is the link's unless it is well below the link's
    level, which a bad NIC behind the slow link makes it.
-2. **a node's own network path** (NIC, cable, switch port) — the node is low with at least two partners
-   that are not such candidates themselves (a candidate: a node in two low pairs), counting the pairs no
-   link and no other culprit explains (docs/reference/causes-and-actions.md, "Inter-node network": the node
-   appears in ≥ 2 failing pairs; a NIC at half rate is low with every partner). A node between a culprit and
-   one other low pair is re-paired, not blamed. Steps 1 and 2 depend on each other and are repeated until
-   neither changes.
-3. **a leaf** — when at least ``leaf_min_nodes`` nodes and ``leaf_share`` of a leaf's measured nodes
-   come out of step 2, the cause is the leaf (its switch or its uplinks): one fleet finding, and its
-   nodes are not blamed; step 2 runs again without the leaf's pairs.
-4. **a single slow pair** — whatever low pair is left: both nodes are *suspects*, blamed for nothing.
-   :func:`repairs` plans a round pairing each with a known-good partner (a node whose pairs all passed):
-   across leaves, each suspect meets a good node of the *other* suspect's leaf, so the link between the
-   two leaves is measured again by fresh ends (a suspect already re-paired into that leaf meets one of
-   its own leaf next). Judged again with those results, a suspect low with its good partner too is
-   named by step 2; a slow link now has disjoint clean low pairs and is named by step 1; and a pair is
-   *cleared* (a transient) once both its nodes passed a re-pairing after it and, across leaves, some pair
-   between the same two leaves passed.
+2. **a node's own network path** — the node is low with at least two partners that are not candidates
+   themselves (a candidate: a node in two low pairs), counting the pairs no link and no other culprit explains
+   (a NIC at half rate is low with every partner). A node between a culprit and one other low pair is
+   re-paired, not blamed. Steps 1 and 2 depend on each other and are repeated until neither changes.
+3. **a leaf** — at least ``leaf_min_nodes`` and ``leaf_share`` of a leaf's measured nodes come out of step 2:
+   the leaf's switch or uplinks, not its nodes; step 2 runs again without the leaf's pairs.
+4. **a single slow pair** — both nodes are *suspects*, blamed for nothing; :func:`repairs` pairs each with a
+   known-good partner (across leaves, one of the *other* suspect's leaf, so the link is measured again by fresh
+   ends). Judged again, a suspect low with its good partner too is named by step 2, a slow link now has disjoint
+   clean low pairs for step 1, and a pair is *cleared* (a transient) once both its nodes passed a re-pairing
+   after it and, across leaves, some pair between the same two leaves passed.
 
-A culprit's pair across two leaves well below its other low pairs has a second cause, probably the link:
-it is a *probe* until two re-pairings without a culprit have crossed that link (:func:`repairs` plans
-the culprit's partner with a good node of the culprit's leaf, and two good nodes of the two leaves).
-
-A node none of whose planned pairs has a result is ``inconclusive`` (its Job did not run); pairs without
-results are ``missing``.
-
-The work is a handful of ``bincount``/``unique`` passes over the pairs; only the findings (few) get text.
+A culprit's pair across two leaves well below its other low pairs has a second cause, probably the link: it is
+a *probe* until two re-pairings without a culprit have crossed that link. A node none of whose planned pairs
+has a result is ``inconclusive``; pairs without results are ``missing``. The work is a handful of
+``bincount``/``unique`` passes over the pairs; only the findings (few) get text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,18 +43,7 @@ import pandas as pd
 
 from ..errors import InputError, Problem, ResultsError
 from ..policy import Policy
-from ._plan import PAIR_COLUMNS, PairingPlan, _codes, _kinds, _pair_keys
-
-__all__ = [
-    "FINDING_COLUMNS",
-    "NIC_ADVICE",
-    "PAIR_METRIC",
-    "PAIR_STATUSES",
-    "PairJudgement",
-    "PairThresholds",
-    "judge_pairs",
-    "repairs",
-]
+from ._plan import PAIR_COLUMNS, BoolArray, IntArray, PairingPlan, _codes, _pair_keys, _pair_table
 
 #: What a node's own-network-path finding asks of a person, the end of its reasons: the NIC side. A caller that
 #: finds another cause for the node's low pairs (its own PCIe link, say) replaces it with that cause's.
@@ -76,13 +52,11 @@ NIC_ADVICE = (
     "and switch port"
 )
 
-IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 PAIR_METRIC = "nccl_pair_busbw_gbps"
 
-#: A pair's status in :attr:`PairJudgement.pairs`: no result, passed, or low and explained by a node, the
+#: A pair's status in :attr:`PairFindings.pairs`: no result, passed, or low and explained by a node, the
 #: link between two leaves, a leaf, or nothing yet (a suspect), or cleared by its re-pairing.
 PAIR_STATUSES: tuple[str, ...] = ("missing", "pass", "node", "uplink", "leaf", "suspect", "cleared")
 
@@ -117,11 +91,13 @@ FINDING_COLUMNS: tuple[str, ...] = (
 )
 
 _SHOWN = ResultsError.SHOWN
+#: A finding's numbers: the medians over the pairs it rests on.
+_NUMBERS = ("value", "reference", "deviation_pct", "z")
 
 
 @dataclass(frozen=True)
 class PairThresholds:
-    """The pair judgement's thresholds (docs/reference/policy.md, "`network`"; :meth:`from_policy` takes the
+    """The pair findings' thresholds (docs/reference/policy.md, "`network`"; :meth:`from_policy` takes the
     policy's own).
 
     ``warn_drop_pct`` / ``fail_drop_pct``: the deviation gates; ``z``: the statistical gate, in spreads;
@@ -160,22 +136,16 @@ class PairThresholds:
                 raise InputError(f"pair threshold {name}={value!r} is impossible")
 
     @classmethod
-    def from_policy(cls, policy: Policy, **overrides: Any) -> PairThresholds:
-        """The thresholds of ``policy``'s ``nccl_pair_busbw_gbps`` entry (warn and fail drops, ``warn_z``),
-        the rest as given or the defaults."""
+    def from_policy(cls, policy: Policy) -> PairThresholds:
+        """The thresholds of ``policy``'s ``nccl_pair_busbw_gbps`` entry (warn and fail drops, ``warn_z``), the
+        rest the defaults."""
         entry = policy.metrics[PAIR_METRIC]
-        values: dict[str, Any] = {
-            "warn_drop_pct": entry.warn_drop_pct,
-            "fail_drop_pct": entry.fail_drop_pct,
-            "z": entry.warn_z,
-        }
-        values.update(overrides)
-        return cls(**values)
+        return cls(warn_drop_pct=entry.warn_drop_pct, fail_drop_pct=entry.fail_drop_pct, z=entry.warn_z)
 
 
 @dataclass(frozen=True)
-class PairJudgement:
-    """A plan's pair results, judged.
+class PairFindings:
+    """A plan's pair results, localised: each pair's status and the findings.
 
     ``pairs``: one row per planned pair — the plan's :data:`PAIR_COLUMNS` plus ``samples``, ``value``
     (median GB/s), ``reference``, ``reference_kind``, ``deviation_pct``, ``z``, ``level`` (``pass``,
@@ -200,7 +170,7 @@ class PairJudgement:
     spread: float
 
     def summary(self) -> list[str]:
-        """The judgement in a few lines, for a run's log and its markdown artifact."""
+        """The findings in a few lines, for a run's log and its markdown artifact."""
         counts = self.pairs["status"].value_counts()
         lines = [
             "pairs: " + ", ".join(f"{int(counts[s])} {s}" for s in PAIR_STATUSES if s in counts.index),
@@ -219,7 +189,7 @@ class PairJudgement:
         return bool(self.suspects) or bool(self.pairs["probe"].any())
 
 
-def judge_pairs(
+def pair_findings(
     results: pd.DataFrame,
     plan: PairingPlan,
     *,
@@ -227,7 +197,7 @@ def judge_pairs(
     reference_kind: str | None = None,
     thresholds: PairThresholds | None = None,
     source: str = "pair results",
-) -> PairJudgement:
+) -> PairFindings:
     """Judge ``results`` against ``plan`` (the plan the pairs were measured by, with its re-pairing rounds:
     :meth:`PairingPlan.extended`).
 
@@ -239,7 +209,7 @@ def judge_pairs(
     run's healthy pairs (those within the warn drop of the median of all), as the evidence says;
     ``reference_kind`` overrides the contract's word for the first two (``own``, ``model``).
 
-    Returns a :class:`PairJudgement`. Raises ``ResultsError`` (an ``InputError``) naming the rows (1-based
+    Returns a :class:`PairFindings`. Raises ``ResultsError`` (an ``InputError``) naming the rows (1-based
     positions in the frame) and columns of every problem: a missing column, an empty or unknown node or
     peer, a node paired with itself, a pair the plan does not have, a missing, non-finite or negative value
     or reference, a repeated sample; ``InputError`` for an impossible ``reference``.
@@ -261,12 +231,11 @@ def judge_pairs(
     planned = plan.pairs.reset_index(drop=True)
     pa, pb = _codes(nodes, planned["node"]), _codes(nodes, planned["peer"])
     a, b = np.minimum(pa, pb), np.maximum(pa, pb)
-    at = np.searchsorted(agg.index.to_numpy(), a * n + b)
-    at = np.minimum(at, max(len(agg) - 1, 0))
-    measured = (agg.index.to_numpy()[at] == a * n + b) if len(agg) else np.zeros(len(a), dtype=bool)
-    v = np.where(measured, agg["value"].to_numpy()[at] if len(agg) else np.nan, np.nan)
-    samples = np.where(measured, agg["samples"].to_numpy()[at] if len(agg) else 0, 0).astype(np.int64)
-    ref_col = np.where(measured, agg["ref"].to_numpy()[at] if len(agg) else np.nan, np.nan)
+    at = agg.reindex(a * n + b)  # NaN where a planned pair has no sample
+    measured = at["samples"].notna().to_numpy()
+    v = at["value"].to_numpy(dtype=float)
+    samples = at["samples"].fillna(0).to_numpy().astype(np.int64)
+    ref_col = at["ref"].to_numpy(dtype=float)
 
     ref, ref_kind, note = _reference(v, measured, ref_col, reference, reference_kind, limits)
     d = v / ref - 1.0
@@ -277,17 +246,13 @@ def judge_pairs(
 
     group_code, group_names = pd.factorize(plan.nodes["group"], sort=True)
     group = group_code.astype(np.int64)
-    unlabelled = np.zeros(len(group_names), dtype=bool)
-    unlabelled[group[plan.nodes["unlabelled"].to_numpy(dtype=bool)]] = True
+    unlabelled = np.isin(np.arange(len(group_names)), group[plan.nodes["unlabelled"].to_numpy(dtype=bool)])
     stage = planned["stage"].to_numpy()
     rounds = planned["round"].to_numpy().astype(np.int64)
 
     loc = _localise(a, b, v, group, unlabelled, low, measured, n, len(group_names), spread, limits)
-    status = np.full(len(a), "pass", dtype=object)
-    status[~measured] = "missing"
-    status[loc.by_node] = "node"
-    status[loc.by_uplink] = "uplink"
-    status[loc.by_leaf] = "leaf"
+    explained = [loc.by_leaf, loc.by_uplink, loc.by_node]  # most specific first
+    status = np.select([~measured, *explained], ["missing", "leaf", "uplink", "node"], "pass").astype(object)
     rest = low & ~(loc.by_node | loc.by_uplink | loc.by_leaf)
     # A pair is cleared once each of its nodes has passed a re-pairing after it and, across two leaves,
     # some pair between the same two leaves passed: neither node nor the link is slow.
@@ -319,20 +284,15 @@ def judge_pairs(
     table["blamed"] = blamed.astype(str)
     table["probe"] = probe
 
-    suspect_nodes = np.zeros(n, dtype=bool)
     sus = status == "suspect"
-    suspect_nodes[a[sus]] = True
-    suspect_nodes[b[sus]] = True
-    suspect_nodes &= ~culprit
+    suspect_nodes = np.isin(np.arange(n), np.r_[a[sus], b[sus]]) & ~culprit
     ends_low = np.bincount(np.r_[a[low], b[low]], minlength=n)
     ends_meas = np.bincount(np.r_[a[measured], b[measured]], minlength=n)
     good = (ends_meas > 0) & (ends_low == 0) & ~culprit
-    cleared_nodes = np.zeros(n, dtype=bool)
-    cleared_nodes[a[cleared]] = True
-    cleared_nodes[b[cleared]] = True
+    cleared_nodes = np.isin(np.arange(n), np.r_[a[cleared], b[cleared]])
 
     findings = _findings(table, a, b, group, names, np.asarray(group_names, dtype=object), loc, ends_meas, note, limits)
-    return PairJudgement(
+    return PairFindings(
         pairs=table,
         findings=findings,
         culprits=tuple(names[culprit].astype(str)),
@@ -348,11 +308,11 @@ def judge_pairs(
     )
 
 
-def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> PairingPlan:
-    """The re-pairing round for ``judgement``'s suspects and probes, as a plan to append to ``plan``
-    (``plan.extended(repairs(judgement, plan))``; ``plan`` is the one ``judgement`` was made on).
+def repairs(found: PairFindings, plan: PairingPlan, *, seed: int = 0) -> PairingPlan:
+    """The re-pairing round for ``found``'s suspects and probes, as a plan to append to ``plan``
+    (``plan.extended(repairs(found, plan))``; ``plan`` is the one ``found`` was made on).
 
-    Each suspect not yet re-paired meets one known-good partner (``judgement.good``) it has not met: for
+    Each suspect not yet re-paired meets one known-good partner (``found.good``) it has not met: for
     a slow pair across two leaves, a good node of the *other* suspect's leaf (so that link is measured
     again with fresh ends; these go first, since a node is re-paired once per round), for one within a
     leaf, a good node of that leaf; failing that, any good node outside its own leaf, then any good node.
@@ -366,12 +326,12 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
     group_code, group_names = pd.factorize(plan.nodes["group"], sort=True)
     zone_code = pd.factorize(plan.nodes["zone"], sort=True)[0].astype(np.int64)
     group = group_code.astype(np.int64)
-    table = judgement.pairs
+    table = found.pairs
     pa, pb = _codes(nodes, table["node"]), _codes(nodes, table["peer"])
     if (pa < 0).any() or (pb < 0).any() or len(table) != len(plan.pairs):
-        raise InputError("the judgement was not made on this plan: judge the plan you re-pair")
+        raise InputError("these findings were not made on this plan: re-pair the plan they were made on")
     rounds = table["round"].to_numpy().astype(np.int64)
-    culprit = nodes.isin(judgement.culprits)
+    culprit = nodes.isin(found.culprits)
     names = nodes.to_numpy(dtype=object)
     measured = table["level"].to_numpy() != "missing"
     stage = table["stage"].to_numpy()
@@ -410,12 +370,9 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
         requests.append((-1, int(group[x]), int(group[y]), "a probe of the link between their leaves"))
 
     rng = np.random.default_rng(seed)
-    pool = np.flatnonzero(nodes.isin(judgement.good) & ~nodes.isin(judgement.suspects))
+    pool = np.flatnonzero(nodes.isin(found.good) & ~nodes.isin(found.suspects))
     pool = pool[rng.permutation(len(pool))]
-    used = np.zeros(n, dtype=bool)
-    for u, *_ in requests:
-        if u >= 0:
-            used[u] = True
+    used = np.isin(np.arange(n), [u for u, *_ in requests if u >= 0])
     ends_a, ends_b = np.r_[pa, pb], np.r_[pb, pa]
     sort = np.argsort(ends_a, kind="stable")
     ends_a, ends_b = ends_a[sort], ends_b[sort]
@@ -464,21 +421,9 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
         new_a.append(u)
         new_b.append(v)
         lines.append(f"{names[u]} with {names[v]} ({group_names[group[v]]}: {why})")
-    a = np.asarray(new_a, dtype=np.int64)
-    b = np.asarray(new_b, dtype=np.int64)
-    gnames = np.asarray(group_names, dtype=object)
-    pairs = pd.DataFrame(
-        {
-            "round": np.full(len(a), plan.rounds, dtype=np.int64),
-            "stage": np.full(len(a), "re-pair", dtype=object).astype(str),
-            "node": names[a].astype(str),
-            "peer": names[b].astype(str),
-            "kind": _kinds(group[a], group[b], zone_code[a], zone_code[b]),
-            "node_group": gnames[group[a]].astype(str),
-            "peer_group": gnames[group[b]].astype(str),
-        },
-        columns=list(PAIR_COLUMNS),
-    )
+    a, b = np.asarray(new_a, dtype=np.int64), np.asarray(new_b, dtype=np.int64)
+    rounds, stages = np.full(len(a), plan.rounds, dtype=np.int64), np.full(len(a), "re-pair", dtype=object)
+    pairs = _pair_table(rounds, stages, a, b, names, group, zone_code, np.asarray(group_names, dtype=object))
     notes: list[str] = []
     if lines:
         shown = "; ".join(lines[:_SHOWN]) + (f"; and {len(lines) - _SHOWN} more" if len(lines) > _SHOWN else "")
@@ -488,23 +433,14 @@ def repairs(judgement: PairJudgement, plan: PairingPlan, *, seed: int = 0) -> Pa
         )
     if missing:
         notes.append(f"no known-good partner left for {', '.join(missing)}: they stay unresolved")
-    return PairingPlan(
-        nodes=plan.nodes,
-        pairs=pairs,
-        idle=pd.DataFrame({"round": np.zeros(0, dtype=np.int64), "node": np.zeros(0, dtype=str)}),
-        notes=tuple(notes),
-        partners=plan.partners,
-        seed=seed,
-        leaf_label=plan.leaf_label,
-        zone_label=plan.zone_label,
-    )
+    idle = pd.DataFrame({"round": np.zeros(0, dtype=np.int64), "node": np.zeros(0, dtype=str)})
+    return replace(plan, pairs=pairs, idle=idle, notes=tuple(notes), seed=seed)
 
 
 def _last_pass(rounds: IntArray, rows: BoolArray, a: IntArray, b: IntArray, n: int) -> IntArray:
     """Per node, the last round of its ``rows`` (-1: none)."""
     last = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last, a[rows], rounds[rows])
-    np.maximum.at(last, b[rows], rounds[rows])
+    np.maximum.at(last, np.r_[a[rows], b[rows]], np.tile(rounds[rows], 2))
     return last
 
 
@@ -687,11 +623,7 @@ def _localise(
 ) -> _Located:
     """Steps 1-3 of the module docstring. Links and culprits depend on each other (a culprit's pairs are
     no evidence about a link; a link's pairs no evidence about a node), so both are recomputed from the
-    other's last answer until neither changes.
-
-    A low pair across a named link is the link's unless it is well below the link's level (the median of
-    its clean low pairs): a bad NIC behind a slow link drags its pairs lower still, and those stay
-    evidence against the node."""
+    other's last answer until neither changes. A link's level is the median of its clean low pairs."""
     g = max(n_groups, 1)
     gp = _gp(a, b, group, g)
     gate = _second_cause_gate(spread, limits)
@@ -761,14 +693,9 @@ def _links(
     g: int,
     limits: PairThresholds,
 ) -> tuple[BoolArray, BoolArray]:
-    """Step 1: the *clean* low pairs (across two labelled leaves, both ends witnesses) and, per pair of
-    leaves, whether its link is named.
-
-    An end is a witness for the link to its partner's leaf B when it is no culprit and its pairs with
-    partners outside B (at least one) are all fine, or low only with a culprit. A link is named when at
-    least two clean low pairs cross it that no single node is in (so, in a bipartite set, two disjoint
-    ones: a node low only towards one leaf is that node, not the link) and they are at least
-    ``uplink_share`` of its clean low and passing pairs."""
+    """Step 1 of the module docstring: the *clean* low pairs (across two labelled leaves, both ends witnesses)
+    and, per pair of leaves, whether its link is named. "No single node is in them" means, in a bipartite set,
+    two disjoint ones."""
     ga, gb = group[a], group[b]
     ends = np.r_[a, b]
     partner = np.r_[b, a]
@@ -806,10 +733,8 @@ def _count_at(pool: IntArray, keys: IntArray) -> IntArray:
 
 
 def _culprits(a: IntArray, b: IntArray, low: BoolArray, n: int) -> BoolArray:
-    """Step 2: nodes low with at least two partners that are not candidates themselves (a candidate being
-    a node in two low pairs), counting only pairs no culprit already explains; repeated until nothing
-    changes. A node low with a culprit and with one other partner is not blamed on that evidence: it is
-    re-paired instead."""
+    """Step 2 of the module docstring: the culprits, counting only pairs no culprit already explains, repeated
+    until nothing changes."""
     culprit = np.zeros(n, dtype=bool)
     for _ in range(8):  # each pass only removes evidence; two or three settle any fleet seen
         rest = low & ~(culprit[a] | culprit[b])
@@ -905,14 +830,8 @@ def _findings(
         return row
 
     def stats(idx: IntArray) -> dict[str, Any]:
-        return {
-            "value": float(np.median(value[idx])),
-            "reference": float(np.median(ref[idx])),
-            "deviation_pct": float(np.median(dev[idx])),
-            "z": float(np.median(z[idx])),
-            "reference_kind": str(rkind[idx[0]]),
-            "partners": len(idx),
-        }
+        medians = {c: float(np.median(x[idx])) for c, x in zip(_NUMBERS, (value, ref, dev, z), strict=True)}
+        return {**medians, "reference_kind": str(rkind[idx[0]]), "partners": len(idx)}
 
     measured = level != "missing"
     # Only the pairs of culprits are read one by one, through an index of each node's pairs.
@@ -1075,14 +994,11 @@ def _findings(
                 ticket="none",
                 partners=0,
                 reasons="none of this node's planned pairs has a result: its pair Jobs did not run or wrote nothing",
-                value=np.nan,
-                reference=np.nan,
-                deviation_pct=np.nan,
-                z=np.nan,
+                **dict.fromkeys(_NUMBERS, np.nan),
             )
         )
     frame = pd.DataFrame(rows, columns=list(FINDING_COLUMNS))
-    for column in ("value", "reference", "deviation_pct", "z"):
+    for column in _NUMBERS:
         frame[column] = pd.to_numeric(frame[column]).astype(float)
     frame["partners"] = pd.to_numeric(frame["partners"]).astype(np.int64)
     return frame

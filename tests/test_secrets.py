@@ -223,6 +223,10 @@ def test_a_full_run_leaks_no_secret_anywhere(
     root = logging.getLogger()
     root.addHandler(caplog.handler)
     caplog.set_level(logging.DEBUG)
+    # Every layer at DEBUG for this run, whatever an earlier test in this process left: kubernetes_asyncio's
+    # Configuration (prefect-kubernetes makes one) sets urllib3's logger to WARNING, and it stays so.
+    for layer in ("urllib3", "botocore", "httpx", "httpcore"):
+        caplog.set_level(logging.DEBUG, logger=layer)
     # The console shows what it shows by default (Prefect's INFO, others' WARNING), not the DEBUG captured.
     console = [h for h in root.handlers if h is not caplog.handler]
     for handler in console:

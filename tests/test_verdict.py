@@ -265,6 +265,7 @@ def test_application_xids_are_notes_and_unknown_xids_warn(seeded: Seeded) -> Non
     unknown = row(verdicts, node, 2)
     assert unknown["verdict"] == "warn"
     assert unknown["cause"] == "xid"
+    assert (unknown["metric"], unknown["value"]) == ("xid", 250.0)  # the deciding XID, not only its words
 
 
 def test_an_sbe_xid_warns_only_when_it_repeats() -> None:
@@ -288,7 +289,9 @@ def test_a_missing_gpu_gets_a_failing_row_even_without_any_row_of_its_own(seeded
     got = row(verdicts, node, 7)
     assert got["verdict"] == "fail"
     assert "reports nothing" in got["reasons"]
-    assert row(verdicts, node)["verdict"] == "fail"
+    node_row = row(verdicts, node)
+    assert node_row["verdict"] == "fail"
+    assert (node_row["metric"], node_row["value"]) == ("gpu_count", 7.0)  # the count the node reported
 
 
 def test_observe_only_and_policy_thresholds_come_from_the_policy(seeded: Seeded, tmp_path) -> None:  # type: ignore[no-untyped-def]

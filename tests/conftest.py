@@ -237,6 +237,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         fixtures = set(getattr(item, "fixturenames", ()))
         if module in END_TO_END_MODULES or fixtures & END_TO_END_FIXTURES:
             item.add_marker(pytest.mark.e2e)
-    # The end-to-end tests first (a stable sort: each module's order kept): the longest jobs start early and
-    # the quick ones fill the gaps at the end, so no worker runs a 100 s test alone while the other is idle.
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    items[:] = _longest_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def _longest_first(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The end-to-end tests before the quick ones (a stable sort: each module's order kept), and each of the
+    few :data:`LONGEST` tests at the head of a worker's share: pytest-xdist's worksteal hands each worker a
+    contiguous share and steals from its tail, so a long test at a share's head starts at once and never
+    runs alone at the end while the other workers are idle."""
+    longest = [i for i in items if i.nodeid.startswith(LONGEST)]
+    ordered = sorted(
+        (i for i in items if not i.nodeid.startswith(LONGEST)), key=lambda i: not i.get_closest_marker("e2e")
+    )
+    share = len(items) // max(workers, 1)
+    heads = (
+        sorted(((k % workers) * share + k // workers, item) for k, item in enumerate(longest)) if workers > 1 else []
+    )
+    for position, item in heads or enumerate(longest):
+        ordered.insert(position, item)
+    return ordered
+
+
+#: The slowest tests (over 30 s each on 2 cores), from the `--durations` of CI logs: a stale entry only orders
+#: worse.
+LONGEST = (
+    "tests/test_fault_matrix.py::test_a_killed_workers_run_is_brought_back_by_prefect",
+    "tests/test_least_privilege.py::test_each_flow_asks_only_what_its_role_grants_and_uses_all_it_grants[real]",
+    "tests/test_real_control_plane.py::test_a_join_through_a_restart_is_onboarded_and_a_repair_released_on_both",
+    "tests/test_production_path.py::test_nightly_operate_on_s3_and_jira_opens_escalates_and_resolves_tickets",
+    "tests/test_demo_lifecycle.py::test_the_lifecycle_demo_runs_and_catches_every_injected_fault",
+)

@@ -12,6 +12,7 @@ server started for nothing, a task's retries run out or a half-done run.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -106,7 +107,7 @@ class NamedBlocks:
     namespace: str | None = None
 
     @classmethod
-    def of(cls, args: Any) -> NamedBlocks:
+    def of(cls, args: argparse.Namespace) -> NamedBlocks:
         """The fields from parsed arguments (those a command does not have: None)."""
         return cls(**{name: getattr(args, name, None) for name in cls.__dataclass_fields__})
 
@@ -273,7 +274,7 @@ def _saved(block_type: type[B], name: str, flag: str) -> B:
     return loaded
 
 
-def _inputs_of(args: Any, *, nodes: Sequence[str] = (), needs_store: bool = True) -> FlowInputs:
+def _inputs_of(args: argparse.Namespace, *, nodes: Sequence[str] = (), needs_store: bool = True) -> FlowInputs:
     """:func:`flow_inputs` of a command's parsed arguments (those it does not have: None)."""
     return flow_inputs(
         kubeconfig=args.kubeconfig,
@@ -297,7 +298,7 @@ def _print(outcome: Any, as_json: bool) -> None:
         sys.stdout.write(text)
 
 
-def configure_command(args: Any) -> int:
+def configure_command(args: argparse.Namespace) -> int:
     """Run the configure flow once; prints its summary (or its result as JSON) and returns 0."""
     pinned = parse_versions(args.versions)
     check_nodes(args.nodes)
@@ -327,7 +328,7 @@ def configure_command(args: Any) -> int:
     return 0
 
 
-def certify_command(args: Any) -> int:
+def certify_command(args: argparse.Namespace) -> int:
     """Run the certify flow once; prints what it found and did. Returns 0: a run that found faults did its job
     (they are in the labels, taints, report and the printed summary) — or 5 when it hit the blast radius
     (an incident: nothing tainted, one incident ticket, a page)."""
@@ -357,7 +358,7 @@ def certify_command(args: Any) -> int:
     return _incident_exit(outcome) or 0
 
 
-def operate_command(args: Any) -> int:
+def operate_command(args: argparse.Namespace) -> int:
     """Run one night of operate; prints the fleet report (or the outcome as JSON) and returns 0, or 4 (the
     run completed but could not judge) with one line on stderr when the night read no telemetry at all: no
     DCGM exporter found, or no GPU node's telemetry readable. Some nodes unread is 0: those read were judged,
@@ -420,7 +421,7 @@ def _prometheus(given: PrometheusOptions | str | None) -> Any:
     return block
 
 
-def onboard_command(args: Any) -> int:
+def onboard_command(args: argparse.Namespace) -> int:
     """Onboard the node once (configure, certify, admit); returns 0 when it was admitted, 3 when kept out."""
     check_nodes([args.node])  # it may not have joined yet: the flow waits for it
     inputs = _inputs_of(args)
@@ -432,7 +433,7 @@ def onboard_command(args: Any) -> int:
     return _incident_exit(outcome.certify) or (0 if outcome.admitted else 3)
 
 
-def release_command(args: Any) -> int:
+def release_command(args: argparse.Namespace) -> int:
     """``gpucert release``: record the repair on the nodes' open tickets, re-certify them; 0 when every one
     passed (its taint lifted), 3 when one did not."""
     inputs = _inputs_of(args, nodes=args.nodes)
@@ -444,7 +445,7 @@ def release_command(args: Any) -> int:
     return _incident_exit(outcome.certify) or (0 if set(outcome.released) == set(args.nodes) else 3)
 
 
-def setup_command(args: Any) -> int:
+def setup_command(args: argparse.Namespace) -> int:
     """``gpucert setup`` (``flows/teamsetup.py`` does the work); prints each step, returns 0. Raises
     :class:`InputError` for no Prefect server, a bad team file or option, an unreachable store or cluster."""
     from pathlib import Path
@@ -503,7 +504,7 @@ def _from_env(flag: str, variable: str | None) -> str | None:
     return value
 
 
-def watch_nodes_command(args: Any) -> int:
+def watch_nodes_command(args: argparse.Namespace) -> int:
     """Emit ``gpucert.node.joined`` for every node that carries ``<prefix>/uncertified`` (present at start, and
     each that joins: ``--once``, only the present), once per node UID, even across restarts; runs until
     interrupted, riding out the API server going away (each outage said on stderr) and announcing what joined
@@ -551,7 +552,7 @@ def watch_nodes_command(args: Any) -> int:
     return 0
 
 
-def tickets_command(args: Any) -> int:
+def tickets_command(args: argparse.Namespace) -> int:
     """``gpucert tickets list``: prints the tickets of every backend — a saved ``Ticketing`` block's (Jira, a
     webhook's file), else the local ticket file (``--tickets``, a ``file://`` store's, or the default) —
     followed by those runs without ticketing recorded in ``--store`` and no run opened yet (an ``s3://``
@@ -580,7 +581,7 @@ def tickets_command(args: Any) -> int:
 
 
 #: Each command that goes through Prefect (or a saved block) → what runs it, given the parsed arguments.
-COMMANDS: dict[str, Callable[[Any], int]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configure": configure_command,
     "certify": certify_command,
     "operate": operate_command,

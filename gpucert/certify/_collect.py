@@ -29,7 +29,7 @@ import pandas as pd
 from ..errors import Problem, ResultsError
 from ..kube import Kube
 from ..metrics import RESULT_COLUMNS
-from ..results import parse_results
+from ..results import parse_results, result_record
 from ._names import DEFAULT_LABEL_PREFIX
 from ._outcome import JobOutcome
 
@@ -82,16 +82,6 @@ def _record(line: str, prefix: str, number: int, warnings: list[str]) -> dict[st
     return value
 
 
-def _cell(value: object) -> object:
-    """Numbers and strings as they are; anything else as its JSON text, so no check mistakes its type
-    (the rule of the JSON-lines reader)."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return json.dumps(value)
-    return value
-
-
 def parse_pod_log(text: str, *, run_id: str, node: str, source: str) -> CollectedResults:
     """Split a benchmark pod's log and validate its rows as ``run_id`` on ``node``.
 
@@ -132,8 +122,8 @@ def split_pod_log(text: str, *, run_id: str, node: str, source: str) -> PodLog:
                 if len(problems) < _SHOWN:
                     problems.append(Problem(f"not valid JSON: {exc}", row=number))
                 continue
-            if isinstance(obj, dict) and any(c in obj for c in RESULT_COLUMNS):
-                record = {c: _cell(obj[c]) for c in RESULT_COLUMNS if c in obj}
+            record = result_record(obj)
+            if record is not None:
                 if len(record) == len(RESULT_COLUMNS):
                     full = True
                 else:

@@ -38,7 +38,7 @@ from ..errors import Problem, ResultsError
 from ..metrics import RESULT_COLUMNS
 from ._columns import _validate
 from ._common import _FORMATS, Ints, PathArg, _Findings, _Rows
-from ._read import _one_line, _Raw, _read_file, _read_parquet, _unknown_suffix
+from ._read import _one_line, _Raw, _read_file, _read_parquet, _unknown_suffix, result_record
 from ._relations import _check_relations, _Codes, _tidy_categories, concat_frames
 from ._write import PARQUET_SCHEMA, _write_csv, _write_jsonl, _write_parquet
 
@@ -49,6 +49,7 @@ __all__ = [
     "parse_parquet",
     "parse_results",
     "read_results",
+    "result_record",
     "results_checked_alongside",
     "write_results",
 ]

@@ -399,10 +399,9 @@ def _jsonl_slow(data: bytes, starts: Ints, ends: Ints, objects: Ints) -> _Raw:
     for i in objects:
         line_no = int(i) + 1
         try:
-            obj = json.loads(data[starts[i] : ends[i]])
-            if not isinstance(obj, dict) or not any(c in obj for c in RESULT_COLUMNS):
+            record = result_record(json.loads(data[starts[i] : ends[i]]))
+            if record is None:
                 continue
-            record = {c: _json_value(obj[c]) for c in RESULT_COLUMNS if c in obj}
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             total += 1
             if len(problems) < _CAP:
@@ -416,8 +415,16 @@ def _jsonl_slow(data: bytes, starts: Ints, ends: Ints, objects: Ints) -> _Raw:
     return _Raw(frame, np.asarray(rows, dtype=np.int64), problems, total)
 
 
+def result_record(obj: object) -> dict[str, object] | None:
+    """The result columns of one parsed JSON line (a JSON-lines file's, or a benchmark pod log's), or None
+    for a line that is no result row. Numbers and strings stay as they are; anything else becomes its JSON
+    text, so that no check mistakes its type."""
+    if not isinstance(obj, dict) or not any(c in obj for c in RESULT_COLUMNS):
+        return None
+    return {c: _json_value(obj[c]) for c in RESULT_COLUMNS if c in obj}
+
+
 def _json_value(value: object) -> object:
-    """Numbers and strings as they are; anything else as its JSON text, so no check mistakes its type."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):

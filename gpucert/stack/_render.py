@@ -23,6 +23,7 @@ import yaml
 from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent, ScalarEvent
 from yaml.nodes import MappingNode
 
+from .._io import check_out_folder
 from .._templates import template_dir, yaml_environment
 from ..errors import InputError, StackRenderError
 from ._labels import DEPLOY_PREFIX, MANAGED, PRE_INSTALLED, dns_label_ok, driver_label, stack_label
@@ -418,21 +419,10 @@ def write_manifests(manifests: Iterable[Manifest], directory: Path) -> list[Path
 def check_output_dir(directory: Path) -> None:
     """Return if ``directory`` is a folder that can be written, or can be made where it is named; raise
     :class:`InputError` naming ``--dry-run`` and the path otherwise (an existing file, a path through a file, a
-    folder that cannot be written). Writing is tried: a temporary file is made and removed."""
+    folder that cannot be written)."""
     if directory.exists() and not directory.is_dir():
         raise InputError(f"--dry-run {directory}: is a file, not a folder; name a folder for the manifests")
-    existing = directory
-    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
-        existing = existing.parent  # the folder mkdir would make the rest in
-    if not existing.is_dir():
-        raise InputError(f"--dry-run {directory}: {existing} is not a folder, so {directory} cannot be made")
-    try:
-        # The one sure test (root passes os.access; a read-only mount does not).
-        fd, probe = tempfile.mkstemp(prefix=".gpucert-probe.", dir=existing)
-    except OSError as exc:
-        raise InputError(f"--dry-run {directory}: cannot write in {existing} ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(probe)
+    check_out_folder(directory, f"--dry-run {directory}")
 
 
 def _plain(value: Any) -> Any:
